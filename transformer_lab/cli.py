@@ -1,0 +1,44 @@
+"""The ``transformer-lab`` console script.
+
+Subcommands:
+
+* ``fit`` / ``validate`` / ``test`` / ``predict``: Lightning's own CLI
+  (``LightningCLI``) over the kit's modules and data, configured by YAML files in
+  ``configs/`` (``transformer-lab fit --config configs/reverse.yaml``).
+* ``generate``: decode from a trained checkpoint.
+* ``info``: device, precision and library versions.
+* ``labs``: the instructor's nbgrader pipeline (``build``, ``check``, ``grade``).
+
+Each subcommand lives in its own module and is imported only when used, so that
+``transformer-lab info`` does not pay for nbgrader and ``labs`` does not pay for Lightning.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the subcommand named by the first argument."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else ""
+    if command == "labs":
+        from transformer_lab.grading.cli import main as labs_main
+
+        return labs_main(args[1:])
+    if command == "generate":
+        from transformer_lab.training.generate_cli import main as generate_main
+
+        return generate_main(args[1:])
+    if command == "info":
+        from transformer_lab.training.devices import print_info
+
+        print_info()
+        return 0
+    from transformer_lab.training.cli import run_lightning_cli
+
+    return run_lightning_cli(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
