@@ -1,0 +1,377 @@
+"""Helpers every lab's checks share: comparisons with actionable messages, safe calls, bans.
+
+A check in ``transformer_lab/checks/labNN.py`` calls the student's function, compares what
+it returns with an independent oracle and, when something is off, raises ``AssertionError``
+with a message that says what is wrong in the student's terms ("row 3 of your encoding ...
+did you swap sin and cos?"). nbgrader shows that message in the feedback, so it is the
+only explanation a student gets: it must name the likely mistake, not just "mismatch".
+
+The helpers here keep those messages uniform across labs:
+
+* :func:`call_student` runs the student's function and turns its exceptions into
+  ``AssertionError`` messages ("not implemented yet", "raised IndexError: ...").
+* :func:`expect_shape` and :func:`expect_close` compare a result with what was expected
+  and say where it differs, adding the caller's ``hint`` about the likely cause.
+* :func:`forbidden` is a context manager under which the package's own implementation
+  and named torch functions refuse to run, so a graded function that merely wraps them
+  earns nothing. Python functions (including ``torch.nn.functional.softmax``) are
+  disabled by swapping their ``__code__``: every alias, e.g. ``from
+  transformer_lab.positional import sinusoidal_encoding as pe``, shares the function
+  object and is caught. Builtins such as ``torch.softmax`` are replaced on the named
+  namespace and on every one of ``torch``, ``torch.nn.functional``, ``torch.special``,
+  ``torch.linalg`` and ``torch.Tensor`` that binds the same object. Methods are separate
+  objects: ban ``"torch.Tensor.softmax"`` explicitly alongside ``"torch.softmax"``.
+
+Reference: nbgrader's autograding model (a test cell scores when it runs without raising),
+https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assignments.html
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ForbiddenCallError",
+    "call_student",
+    "expect_close",
+    "expect_shape",
+    "expect_true",
+    "forbidden",
+]
+
+
+class ForbiddenCallError(AssertionError):
+    """Raised when a graded function calls something :func:`forbidden` has disabled."""
+
+
+# --------------------------------------------------------------------------------------
+# Calling the student's code
+# --------------------------------------------------------------------------------------
+
+
+def call_student(fn: Callable[..., Any], *args: Any, what: str = "your function", **kw: Any) -> Any:
+    """Call ``fn(*args, **kw)`` and translate its failures into student-facing messages.
+
+    Args:
+        fn: the student's function (or class).
+        *args: positional arguments for ``fn``.
+        what: how to name the call in messages, e.g. ``"sinusoidal_encoding(4, 6)"``.
+        **kw: keyword arguments for ``fn``.
+
+    Returns:
+        Whatever ``fn`` returns.
+
+    Raises:
+        AssertionError: ``fn`` is not callable, still raises ``NotImplementedError``, or
+            raised any other exception (named, with its message). Assertion errors,
+            including those of :func:`forbidden`, pass through unchanged.
+    """
+    if not callable(fn):
+        raise AssertionError(f"{what}: expected a function, got {type(fn).__name__}.")
+    try:
+        return fn(*args, **kw)
+    except NotImplementedError as exc:
+        raise AssertionError(
+            f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code."
+        ) from exc
+    except AssertionError:
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------
+# Comparisons
+# --------------------------------------------------------------------------------------
+
+
+def _as_tensor(value: Any, what: str) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    got = "None (did you forget to `return` it?)" if value is None else type(value).__name__
+    raise AssertionError(f"{what} should be a torch.Tensor, got {got}.")
+
+
+def _fmt_shape(shape: Sequence[int | None]) -> str:
+    return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+
+
+def expect_true(condition: bool, message: str) -> None:
+    """Raise ``AssertionError(message)`` unless ``condition`` holds (a readable ``assert``).
+
+    Plain ``assert`` statements vanish under ``python -O``; checks must not.
+    """
+    if not condition:
+        raise AssertionError(message)
+
+
+def expect_shape(t: Any, shape: Sequence[int | None], what: str) -> Tensor:
+    """Check that ``t`` is a tensor of the given shape.
+
+    Args:
+        t: the value to check.
+        shape: the expected shape; ``None`` entries match any size.
+        what: how to name ``t`` in messages, e.g. ``"sinusoidal_encoding(4, 6)"``.
+
+    Returns:
+        ``t``, now known to be a tensor.
+
+    Raises:
+        AssertionError: ``t`` is not a tensor, or its shape differs; the message says when
+            the dimensions are merely in the wrong order (a transpose) or one is missing.
+    """
+    t = _as_tensor(t, what)
+    got = tuple(t.shape)
+    want = tuple(shape)
+    ok = len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want, strict=False))
+    if ok:
+        return t
+    msg = f"{what} has shape {_fmt_shape(got)}, expected {_fmt_shape(want)}"
+    if None not in want and len(got) == len(want) and sorted(got) == sorted(want):
+        msg += ": the sizes are right but in the wrong order. Did you transpose or swap two axes?"
+    elif len(got) == len(want) - 1:
+        msg += ": one dimension is missing. Did a sum, indexing or squeeze drop an axis?"
+    elif len(got) == len(want) + 1:
+        msg += ": there is an extra dimension. Did you forget to squeeze or index an axis?"
+    else:
+        msg += "."
+    raise AssertionError(msg)
+
+
+def expect_close(
+    actual: Any,
+    expected: Tensor,
+    what: str,
+    hint: str | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> Tensor:
+    """Check that ``actual`` matches ``expected`` in shape, dtype kind and values.
+
+    Args:
+        actual: the student's result.
+        expected: the oracle's result.
+        what: how to name ``actual`` in messages, e.g. ``"sinusoidal_encoding(8, 6)"``.
+        hint: the likely mistake, appended to a value mismatch, e.g. ``"Did you swap sin and
+            cos?"``. Checks that can tell mistakes apart pass a specific hint.
+        atol: absolute tolerance.
+        rtol: relative tolerance (of ``expected``).
+
+    Returns:
+        ``actual`` as a tensor.
+
+    Raises:
+        AssertionError: wrong type or shape, NaN/inf where the oracle is finite, an integer
+            result where floats are expected, or values off by more than the tolerance; the
+            message gives the largest difference, where it is, and ``hint``.
+    """
+    t = expect_shape(actual, tuple(expected.shape), what)
+    if expected.is_floating_point() and not (t.is_floating_point() or t.is_complex()):
+        raise AssertionError(
+            f"{what} has dtype {t.dtype}, expected a floating-point tensor ({expected.dtype}). "
+            "Did integer arithmetic (e.g. torch.arange without dtype=torch.float32) creep in?"
+        )
+    got = t.detach().to("cpu", torch.float64)
+    want = expected.detach().to("cpu", torch.float64)
+    bad_finite = ~torch.isfinite(got) & torch.isfinite(want)
+    if bool(bad_finite.any()):
+        idx = tuple(int(i) for i in bad_finite.nonzero()[0])
+        kind = "NaN" if math.isnan(float(got[idx])) else "inf"
+        raise AssertionError(
+            f"{what} contains {kind} at index {idx} where {float(want[idx]):.4g} was expected. "
+            "Look for a division by zero, an overflow or log of 0."
+        )
+    diff = (got - want).abs()
+    diff = torch.where(torch.isnan(diff) & torch.isnan(want), torch.zeros_like(diff), diff)
+    allowed = atol + rtol * want.abs()
+    if bool((diff <= allowed).all()):
+        return t
+    idx = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0]) if diff.numel() else ()
+    n_bad = int((diff > allowed).sum())
+    msg = (
+        f"{what} is wrong at {n_bad} of {diff.numel()} entries; the largest difference is "
+        f"{float(diff.max()):.3g} at index {idx} (you returned {float(got[idx]):.4g}, "
+        f"expected {float(want[idx]):.4g})."
+    )
+    if hint:
+        msg += " " + hint
+    raise AssertionError(msg)
+
+
+# --------------------------------------------------------------------------------------
+# Forbidding the package's own implementation and torch shortcuts
+# --------------------------------------------------------------------------------------
+
+# Namespaces searched for aliases of a builtin target (torch.softmax is bound in several).
+_BUILTIN_HOMES = (
+    "torch",
+    "torch.nn.functional",
+    "torch.special",
+    "torch.linalg",
+    "torch.Tensor",
+)
+
+# Active bans: key -> message. The disabled code reports here (see _blocked_code).
+_BANNED: dict[int, str] = {}
+_CALLS: list[str] = []
+_next_key = 0
+
+
+def _forbidden_call(key: int) -> None:
+    """Called by every disabled function: record the call and raise."""
+    message = _BANNED.get(key, "a forbidden function was called")
+    _CALLS.append(message)
+    raise ForbiddenCallError(message)
+
+
+def _blocked_code(n_free: int, key: int) -> types.CodeType:
+    """Code for a function that reports ``key`` and has ``n_free`` free variables.
+
+    A function's ``__code__`` can only be replaced by code with as many free variables as
+    its closure holds, so a decorated function (a closure) needs a matching replacement.
+    The code imports this module itself because it will run with the *target's* globals.
+    """
+    names = [f"_free{i}" for i in range(n_free)]
+    lines = ["def _factory():"]
+    lines += [f"    {n} = None" for n in names]
+    lines.append("    def _blocked(*args, **kwargs):")
+    if names:
+        lines.append(f"        ({', '.join(names)},)")
+    lines.append("        from transformer_lab.checks._common import _forbidden_call")
+    lines.append(f"        _forbidden_call({key})")
+    lines.append("    return _blocked")
+    scope: dict[str, Any] = {}
+    exec("\n".join(lines), scope)
+    return scope["_factory"]().__code__
+
+
+def _resolve(target: str) -> Any:
+    """Import the object a dotted name such as ``torch.nn.functional.softmax`` refers to."""
+    parts = target.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ValueError(f"forbidden target {target!r} cannot be imported")
+
+
+def _display_name(obj: Any, fallback: str) -> str:
+    module = getattr(obj, "__module__", None) or ""
+    qual = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or fallback
+    if module and not qual.startswith("_VariableFunctions"):
+        return f"{module}.{qual}"
+    return fallback
+
+
+@contextlib.contextmanager
+def forbidden(*targets: Any, reason: str = "") -> Iterator[None]:
+    """Disable ``targets`` while the block runs; calling one raises :class:`ForbiddenCallError`.
+
+    Use it around the call of a graded function, never around the oracle::
+
+        expected = oracle(...)
+        with forbidden(transformer_lab.positional.sinusoidal_encoding, "torch.softmax",
+                       reason="write the encoding yourself"):
+            got = call_student(fn, 8, 6, what="sinusoidal_encoding(8, 6)")
+
+    A call that the student's code catches and hides is still detected: leaving the block
+    raises if any disabled target was called inside it.
+
+    Args:
+        *targets: Python functions (disabled through ``__code__``, so every alias is caught),
+            builtin torch functions, or dotted names of either, e.g. ``"torch.softmax"``,
+            ``"torch.Tensor.softmax"``, ``"torch.nn.functional.scaled_dot_product_attention"``.
+        reason: appended to the message, e.g. ``"the lab asks for your own softmax"``.
+
+    Raises:
+        ValueError: a target that cannot be resolved or disabled.
+        ForbiddenCallError: (an ``AssertionError``) when a disabled target is called.
+    """
+    global _next_key
+    restore: list[Callable[[], None]] = []
+    keys: list[int] = []
+    calls_before = len(_CALLS)
+    try:
+        for target in targets:
+            label = target if isinstance(target, str) else None
+            obj = _resolve(target) if isinstance(target, str) else target
+            name = label or _display_name(obj, repr(obj))
+            message = (
+                f"your graded function called {name}, which this exercise does not allow: "
+                "write the computation yourself."
+            )
+            if reason:
+                message += f" ({reason})"
+            key = _next_key
+            _next_key += 1
+            _BANNED[key] = message
+            keys.append(key)
+            restore.extend(_disable(obj, key, label))
+        yield
+    finally:
+        for undo in reversed(restore):
+            undo()
+        for key in keys:
+            _BANNED.pop(key, None)
+        hidden = _CALLS[calls_before:]
+        del _CALLS[calls_before:]
+    if hidden:
+        raise ForbiddenCallError(hidden[0] + " (the error was caught inside your code)")
+
+
+def _disable(obj: Any, key: int, label: str | None) -> list[Callable[[], None]]:
+    """Disable ``obj``; return the undo actions."""
+    func = obj.__func__ if isinstance(obj, types.MethodType) else obj
+    if isinstance(func, types.FunctionType):
+        original = func.__code__
+        func.__code__ = _blocked_code(len(func.__closure__ or ()), key)
+
+        def undo_code() -> None:
+            func.__code__ = original
+
+        return [undo_code]
+
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        _forbidden_call(key)
+
+    homes: list[tuple[Any, str]] = []
+    if label is not None:
+        owner_name, _, attr = label.rpartition(".")
+        homes.append((_resolve(owner_name), attr))
+    name = getattr(func, "__name__", None)
+    if name:
+        for home_name in _BUILTIN_HOMES:
+            home = _resolve(home_name)
+            if (home, name) not in homes and _same(getattr(home, name, None), func):
+                homes.append((home, name))
+    if not homes:
+        raise ValueError(
+            f"forbidden target {obj!r} is neither a Python function nor a torch builtin"
+        )
+    undo: list[Callable[[], None]] = []
+    for home, attr in homes:
+        had_own = isinstance(home, type) and attr in home.__dict__
+        saved = home.__dict__[attr] if isinstance(home, type) and had_own else getattr(home, attr)
+        setattr(home, attr, blocked)
+        if isinstance(home, type) and not had_own:
+            undo.append(lambda home=home, attr=attr: delattr(home, attr))
+        else:
+            undo.append(lambda home=home, attr=attr, saved=saved: setattr(home, attr, saved))
+    return undo
+
+
+def _same(candidate: Any, func: Any) -> bool:
+    """True when ``candidate`` is the very object ``func`` (an alias of the same builtin)."""
+    return candidate is not None and candidate is func
