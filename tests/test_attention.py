@@ -1,0 +1,224 @@
+"""Tests for transformer_lab.attention against torch's own attention and between our three forms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_lab.attention import (
+    MultiHeadAttention,
+    fast_attention,
+    load_torch_weights,
+    merge_heads,
+    scaled_dot_product_attention,
+    self_attention_loop,
+    self_attention_matrix,
+    softmax,
+    split_heads,
+)
+from transformer_lab.masks import causal_mask, padding_mask
+
+F64 = torch.float64
+
+
+def test_softmax_matches_torch_and_is_stable() -> None:
+    x = torch.randn(3, 5, 7, dtype=F64)
+    for dim in (0, 1, -1):
+        torch.testing.assert_close(softmax(x, dim=dim), torch.softmax(x, dim=dim))
+    big = torch.tensor([1000.0, 1001.0, 1002.0])
+    out = softmax(big)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, torch.softmax(big - 1000.0, dim=-1))
+
+
+def test_softmax_of_all_minus_inf_row_is_zero() -> None:
+    x = torch.tensor([[0.0, 1.0], [-math.inf, -math.inf]])
+    out = softmax(x)
+    torch.testing.assert_close(out[1], torch.zeros(2))
+    torch.testing.assert_close(out[0].sum(), torch.tensor(1.0))
+
+
+def _weights(D: int = 6, Dk: int = 4, Dv: int = 5, bias: bool = True):
+    g = torch.Generator().manual_seed(1)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=F64)
+
+    return (
+        r(D, Dk),
+        r(Dk) if bias else None,
+        r(D, Dk),
+        r(Dk) if bias else None,
+        r(D, Dv),
+        r(Dv) if bias else None,
+    )
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_loop_matrix_batched_and_torch_agree(bias: bool) -> None:
+    X = torch.randn(5, 6, dtype=F64)
+    W_q, b_q, W_k, b_k, W_v, b_v = _weights(bias=bias)
+    loop = self_attention_loop(X, W_q, b_q, W_k, b_k, W_v, b_v)
+    matrix = self_attention_matrix(X, W_q, b_q, W_k, b_k, W_v, b_v)
+    assert loop.shape == (5, 5)
+    torch.testing.assert_close(loop, matrix)
+    Q = X @ W_q + (b_q if bias else 0)
+    K = X @ W_k + (b_k if bias else 0)
+    V = X @ W_v + (b_v if bias else 0)
+    batched, w = scaled_dot_product_attention(Q[None], K[None], V[None])
+    torch.testing.assert_close(batched[0], matrix)
+    torch.testing.assert_close(F.scaled_dot_product_attention(Q, K, V), matrix)
+    torch.testing.assert_close(w.sum(-1), torch.ones(1, 5, dtype=F64))
+
+
+def test_scaling_is_one_over_sqrt_dk() -> None:
+    q = torch.tensor([[[2.0, 0.0, 0.0, 0.0]]], dtype=F64)
+    k = torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]], dtype=F64)
+    v = torch.eye(2, dtype=F64)[None]
+    _, w = scaled_dot_product_attention(q, k, v)
+    # scores are 2/sqrt(4) = 1 and 0
+    expected = torch.softmax(torch.tensor([1.0, 0.0], dtype=F64), -1)
+    torch.testing.assert_close(w[0, 0], expected)
+
+
+@pytest.mark.parametrize("leading", [(), (3,), (2, 3)])
+def test_sdpa_any_leading_dims_with_mask_matches_torch(leading: tuple[int, ...]) -> None:
+    q = torch.randn(*leading, 4, 8, dtype=F64)
+    k = torch.randn(*leading, 6, 8, dtype=F64)
+    v = torch.randn(*leading, 6, 3, dtype=F64)
+    mask = torch.rand(4, 6) > 0.3
+    mask[:, 0] = True  # no fully masked row: torch would give NaN there
+    out, w = scaled_dot_product_attention(q, k, v, mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, ref)
+    assert (w[..., ~mask] == 0).all()
+    torch.testing.assert_close(fast_attention(q, k, v, mask), ref)
+
+
+def test_sdpa_gradcheck_float64() -> None:
+    q = torch.randn(1, 2, 3, 4, dtype=F64, requires_grad=True)
+    k = torch.randn(1, 2, 3, 4, dtype=F64, requires_grad=True)
+    v = torch.randn(1, 2, 3, 4, dtype=F64, requires_grad=True)
+    mask = causal_mask(3)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: scaled_dot_product_attention(a, b, c)[0], (q, k, v)
+    )
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: scaled_dot_product_attention(a, b, c, mask)[0], (q, k, v)
+    )
+
+
+def test_mha_gradcheck_float64() -> None:
+    mha = MultiHeadAttention(4, 2).double()
+    x = torch.randn(1, 3, 4, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: mha(t, t, t, causal_mask(3))[0], (x,))
+
+
+def test_split_and_merge_heads_roundtrip_and_layout() -> None:
+    x = torch.arange(2 * 3 * 6, dtype=torch.float32).view(2, 3, 6)
+    h = split_heads(x, 3)
+    assert h.shape == (2, 3, 3, 2)
+    # head 1 of token 2 in batch 0 holds columns 2:4 of that token
+    torch.testing.assert_close(h[0, 1, 2], x[0, 2, 2:4])
+    torch.testing.assert_close(merge_heads(h), x)
+
+
+def test_split_heads_rejects_indivisible_width() -> None:
+    with pytest.raises(ValueError, match=r"d_model=10 is not divisible by n_heads=4"):
+        split_heads(torch.zeros(1, 2, 10), 4)
+    with pytest.raises(ValueError, match=r"d_model=10 is not divisible by n_heads=4"):
+        MultiHeadAttention(10, 4)
+
+
+def _pair(d_model: int = 8, n_heads: int = 2, bias: bool = True):
+    theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True).double()
+    ours = MultiHeadAttention(d_model, n_heads, bias=bias).double()
+    load_torch_weights(ours, theirs)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_mha_matches_torch_without_mask(bias: bool, need_weights: bool) -> None:
+    ours, theirs = _pair(bias=bias)
+    q = torch.randn(2, 4, 8, dtype=F64)
+    kv = torch.randn(2, 5, 8, dtype=F64)
+    out, w = ours(q, kv, kv, need_weights=need_weights)
+    ref, ref_w = theirs(q, kv, kv, average_attn_weights=False)
+    torch.testing.assert_close(out, ref)
+    if need_weights:
+        assert w.shape == (2, 2, 4, 5)
+        torch.testing.assert_close(w, ref_w)
+        _, ref_avg = theirs(q, kv, kv)
+        torch.testing.assert_close(w.mean(dim=1), ref_avg)
+    else:
+        assert w is None
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_mha_matches_torch_with_causal_and_padding_masks(need_weights: bool) -> None:
+    ours, theirs = _pair()
+    x = torch.randn(3, 5, 8, dtype=F64)
+    causal = causal_mask(5)
+    # torch's boolean attn_mask means "NOT allowed": invert ours
+    out, w = ours(x, x, x, mask=causal, need_weights=need_weights)
+    ref, ref_w = theirs(x, x, x, attn_mask=~causal, average_attn_weights=False)
+    torch.testing.assert_close(out, ref)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w)
+    pad = padding_mask([5, 3, 1], 5)  # (B, S), True at real tokens
+    out, w = ours(x, x, x, mask=pad[:, None, None, :], need_weights=need_weights)
+    ref, ref_w = theirs(x, x, x, key_padding_mask=~pad, average_attn_weights=False)
+    torch.testing.assert_close(out, ref)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w)
+
+
+def test_mha_rejects_bad_masks() -> None:
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match="boolean"):
+        mha(x, x, x, mask=torch.ones(5, 5))
+    with pytest.raises(ValueError, match=r"\(4, 5\).*\(2, 2, 5, 5\)"):
+        mha(x, x, x, mask=torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(4, 5\).*\(2, 2, 5, 5\)"):
+        mha(x, x, x, mask=torch.ones(4, 5, dtype=torch.bool), need_weights=False)
+
+
+def test_load_torch_weights_rejects_mismatch() -> None:
+    with pytest.raises(ValueError, match=r"embed_dim=8, num_heads=4.*d_model=8, n_heads=2"):
+        load_torch_weights(MultiHeadAttention(8, 2), nn.MultiheadAttention(8, 4))
+    with pytest.raises(ValueError, match="bias"):
+        load_torch_weights(MultiHeadAttention(8, 2, bias=False), nn.MultiheadAttention(8, 2))
+
+
+def test_mha_heads_are_independent() -> None:
+    """Zeroing head 0's value projection leaves head 1's output slice unchanged."""
+    mha = MultiHeadAttention(4, 2).double()
+    with torch.no_grad():
+        mha.out_proj.weight.copy_(torch.eye(4))
+        mha.out_proj.bias.zero_()
+    x = torch.randn(1, 3, 4, dtype=F64)
+    before, _ = mha(x, x, x)
+    with torch.no_grad():
+        mha.v_proj.weight[:2].zero_()
+        mha.v_proj.bias[:2].zero_()
+    after, _ = mha(x, x, x)
+    torch.testing.assert_close(after[..., 2:], before[..., 2:])
+    torch.testing.assert_close(after[..., :2], torch.zeros(1, 3, 2, dtype=F64))
+
+
+def test_mha_dropout_only_in_training() -> None:
+    mha = MultiHeadAttention(8, 2, dropout=0.5)
+    x = torch.randn(2, 5, 8)
+    mha.eval()
+    a, _ = mha(x, x, x)
+    b, _ = mha(x, x, x, need_weights=False)
+    torch.testing.assert_close(a, b)
+    mha.train()
+    c, _ = mha(x, x, x)
+    assert not torch.allclose(a, c)
