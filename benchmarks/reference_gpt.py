@@ -119,8 +119,8 @@ class RefGPT(nn.Module):
         Returns:
             logits of shape (B, T, V).
         """
-        B, T = idx.shape
-        if T > self.cfg.n_ctx:
+        T = idx.shape[1]
+        if self.cfg.n_ctx < T:
             raise ValueError(f"sequence length T={T} exceeds n_ctx={self.cfg.n_ctx}")
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok(idx) + self.pos(pos))  # (B, T, D)
@@ -157,7 +157,9 @@ def load_chars(path: Path, train_fraction: float = 0.9) -> CharData:
     return CharData(train=ids[:n], val=ids[n:], chars=chars)
 
 
-def get_batch(data: Tensor, batch_size: int, block: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+def get_batch(
+    data: Tensor, batch_size: int, block: int, gen: torch.Generator
+) -> tuple[Tensor, Tensor]:
     """Random contiguous windows: inputs (B, T) and the same windows shifted by one (B, T)."""
     starts = torch.randint(len(data) - block - 1, (batch_size,), generator=gen)
     offs = torch.arange(block)
@@ -277,7 +279,9 @@ def train(
             g["lr"] = lr_at(step, tc)
         x, y = get_batch(data.train, tc.batch_size, block, gen)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        with torch.autocast(
+            device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None
+        ):
             logits = model(x)  # (B, T, V)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
         opt.zero_grad(set_to_none=True)
@@ -303,7 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     """Train the reference GPT on a character corpus and print the validation loss."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = Path(__file__).resolve().parent
-    p.add_argument("--data", type=Path, default=here.parent.parent / "shared/data/tinyshakespeare.txt")
+    p.add_argument(
+        "--data", type=Path, default=here.parent.parent / "shared/data/tinyshakespeare.txt"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
@@ -326,7 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     tc = TrainConfig(a.steps, a.batch, a.lr, a.min_lr, a.warmup, a.schedule)
     stats = train(model, data, tc, device=device, log_every=a.log_every)
     val = evaluate(model, data.val, a.ctx, device=device)
-    print(f"val_loss {val:.4f}  train {stats['train_seconds']:.1f}s  {stats['tokens_per_s']:.0f} tok/s")
+    secs, rate = stats["train_seconds"], stats["tokens_per_s"]
+    print(f"val_loss {val:.4f}  train {secs:.1f}s  {rate:.0f} tok/s")
 
 
 if __name__ == "__main__":
