@@ -535,3 +535,41 @@ def test_trained_encoder_check_measures_accuracy() -> None:
         lab04.check_trained_encoder(_Tagger(False), batches, Block, min_accuracy=0.9)
     with pytest.raises(AssertionError, match=r"none of your EncoderBlocks"):
         lab04.check_trained_encoder(_Tagger(True), batches, FFSequential, min_accuracy=0.5)
+
+
+# --------------------------------------------------------------------------------------------------
+# the package's own implementations: usable as parts, refused as answers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_block_built_on_the_kits_attention_passes() -> None:
+    """The notebook's solution uses the package's MultiHeadAttention (written in lab 03)."""
+    from transformer_lab.attention import MultiHeadAttention
+
+    class KitBlock(Block):
+        def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
+                     norm_first: bool = False) -> None:  # fmt: skip
+            super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+            self.self_attn = MultiHeadAttention(d_model, n_heads)
+
+    for check in BLOCK_CHECKS.values():
+        check(KitBlock)
+
+
+@pytest.mark.parametrize(
+    ("name", "checks"),
+    [
+        ("layer_norm", LN_CHECKS),
+        ("FeedForward", FF_CHECKS),
+        ("EncoderBlock", BLOCK_CHECKS),
+    ],
+)
+def test_the_packages_own_implementation_earns_nothing(
+    name: str, checks: dict[str, Callable[..., None]]
+) -> None:
+    from transformer_lab import blocks
+
+    answer = getattr(blocks, name)
+    for check in checks.values():
+        with pytest.raises(AssertionError, match=r"does not allow"):
+            check(answer)

@@ -479,15 +479,18 @@ def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int =
     expected, _ = _ff_variants(l1, l2, x)
     ff.train()
     torch.manual_seed(seed + 1)
-    a = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
-    b = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
+    with forbidden(
+        *_bans(*_FEED_FORWARD_FORBIDDEN), reason="write the feed-forward layer yourself"
+    ):
+        a = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
+        b = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
+        ff.eval()
+        c = call_student(ff, x.clone(), what=f"{what}(x) in eval mode").detach()
     if _close(a, b) and _close(a, expected):
         raise AssertionError(
             f"{what} in training mode gives the same output as without dropout: store "
             "nn.Dropout(dropout) and apply it in forward (after the ReLU, before linear2)."
         )
-    ff.eval()
-    c = call_student(ff, x.clone(), what=f"{what}(x) in eval mode").detach()
     if not _close(c, expected):
         raise AssertionError(
             f"{what} in eval mode should equal linear2(relu(linear1(x))) exactly, but it is off by "
