@@ -1,0 +1,95 @@
+"""Plots return populated matplotlib figures and reject inconsistent input."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from transformer_lab.plots import (
+    plot_attention_maps,
+    plot_loss_curves,
+    plot_positional_encoding,
+    plot_similarity_vs_distance,
+    read_metrics_csv,
+)
+from transformer_lab.positional import sinusoidal_encoding
+
+
+def _write_metrics(path: Path) -> Path:
+    """A metrics.csv laid out as Lightning's CSVLogger writes it (sparse columns)."""
+    rows = [
+        {"epoch": 0, "step": 9, "train_loss": 2.0, "val_loss": "", "val_acc": ""},
+        {"epoch": 0, "step": 19, "train_loss": 1.5, "val_loss": "", "val_acc": ""},
+        {"epoch": 0, "step": 19, "train_loss": "", "val_loss": 1.4, "val_acc": 0.5},
+        {"epoch": 1, "step": 29, "train_loss": 0.7, "val_loss": "", "val_acc": ""},
+        {"epoch": 1, "step": 39, "train_loss": "", "val_loss": 0.6, "val_acc": 0.9},
+    ]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_read_metrics_csv_skips_empty_cells(tmp_path: Path) -> None:
+    series = read_metrics_csv(_write_metrics(tmp_path / "metrics.csv"))
+    assert series["train_loss"] == [(9, 2.0), (19, 1.5), (29, 0.7)]
+    assert series["val_acc"] == [(19, 0.5), (39, 0.9)]
+    assert "step" not in series and "epoch" not in series
+
+
+def test_loss_curves_draw_one_line_per_loss(tmp_path: Path) -> None:
+    fig = plot_loss_curves(_write_metrics(tmp_path / "metrics.csv"))
+    assert isinstance(fig, Figure)
+    lines = fig.axes[0].get_lines()
+    assert sorted(line.get_label() for line in lines) == ["train_loss", "val_loss"]
+    val = next(line for line in lines if line.get_label() == "val_loss")
+    assert list(val.get_xdata()) == [19, 39] and list(val.get_ydata()) == [1.4, 0.6]
+
+
+def test_loss_curves_reject_unknown_metric(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="bogus"):
+        plot_loss_curves(_write_metrics(tmp_path / "metrics.csv"), metrics=["bogus"])
+
+
+def test_attention_grid_is_layers_by_heads() -> None:
+    weights = [torch.softmax(torch.randn(2, 3, 5, 5), dim=-1) for _ in range(2)]  # (B, H, T, S)
+    fig = plot_attention_maps(weights, query_tokens=list("abcde"))
+    images = [ax for ax in fig.axes if ax.get_images()]
+    assert len(images) == 2 * 3
+    # The second example of the batch is drawn when asked for.
+    fig1 = plot_attention_maps(weights, batch_index=1)
+    first = next(ax for ax in fig1.axes if ax.get_images()).get_images()[0].get_array()
+    torch.testing.assert_close(torch.as_tensor(first.data), weights[0][1, 0].float())
+
+
+def test_attention_rejects_wrong_labels() -> None:
+    with pytest.raises(ValueError, match="query labels"):
+        plot_attention_maps(torch.rand(1, 2, 4, 4), query_tokens=["a", "b"])
+
+
+def test_positional_heatmap_shows_the_table() -> None:
+    pe = sinusoidal_encoding(16, 8)
+    fig = plot_positional_encoding(pe)
+    shown = fig.axes[0].get_images()[0].get_array()
+    torch.testing.assert_close(torch.as_tensor(shown.data), pe)
+    with pytest.raises(ValueError, match="expected"):
+        plot_positional_encoding(pe[0])
+
+
+def test_similarity_depends_only_on_distance_for_sinusoids() -> None:
+    pe = sinusoidal_encoding(32, 16)
+    fig = plot_similarity_vs_distance(pe, reference_positions=[0, 8])
+    a, b = fig.axes[0].get_lines()[:2]
+    # Curves of p=0 and p=8 coincide where both are defined: similarity is a function of q - p.
+    ya = dict(zip(a.get_xdata(), a.get_ydata(), strict=True))
+    yb = dict(zip(b.get_xdata(), b.get_ydata(), strict=True))
+    common = sorted(set(ya) & set(yb))
+    assert len(common) > 10
+    assert max(abs(ya[k] - yb[k]) for k in common) < 1e-6
+    with pytest.raises(ValueError, match="outside"):
+        plot_similarity_vs_distance(pe, reference_positions=[40])

@@ -1,0 +1,44 @@
+"""The Lightning training layer: modules, LR schedule, device choice and the CLI.
+
+What lives here:
+
+* :mod:`.modules`: thin ``LightningModule`` wrappers around the kit's plain ``nn.Module`` models
+  (:class:`ClassifierModule`, :class:`Seq2SeqModule`, :class:`CausalLMModule`).
+* :mod:`.schedule`: linear warm-up followed by cosine decay, stepped once per optimizer step.
+* :mod:`.devices`: which accelerator and precision to use, and ``transformer-lab info``.
+* :mod:`.callbacks`: the end-of-fit callback that prints a few validation examples.
+* :mod:`.cli`: ``transformer-lab fit|validate|test|predict`` (Lightning's ``LightningCLI``).
+* :mod:`.generate_cli`: ``transformer-lab generate``.
+
+Names are imported lazily so that ``import transformer_lab.training`` (and ``transformer-lab info``)
+does not pay for importing Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ClassifierModule": "modules",
+    "Seq2SeqModule": "modules",
+    "CausalLMModule": "modules",
+    "OptimConfig": "modules",
+    "warmup_cosine_lambda": "schedule",
+    "warmup_cosine_scheduler": "schedule",
+    "weight_decay_groups": "schedule",
+    "choose_precision": "devices",
+    "choose_accelerator": "devices",
+    "print_info": "devices",
+    "ShowExamples": "callbacks",
+    "run_lightning_cli": "cli",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

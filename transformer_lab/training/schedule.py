@@ -1,0 +1,106 @@
+"""Learning-rate schedule and optimizer parameter groups for the kit's training runs.
+
+Transformers are usually trained with a short linear warm-up (large early updates through
+freshly initialised attention and LayerNorm are unstable with Adam) followed by a cosine decay
+to a small floor; see Vaswani et al., "Attention Is All You Need" (2017), section 5.3, and
+Loshchilov & Hutter, "SGDR" (2017) for the cosine shape. The schedule here is stepped once per
+optimizer step (Lightning ``interval="step"``), so it is independent of the epoch length.
+
+Weight decay follows Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (AdamW, 2019),
+applied to weight matrices only: biases and LayerNorm gains are 1-D and are left undecayed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def warmup_cosine_lambda(
+    warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
+) -> Callable[[int], float]:
+    """Return the multiplier of the base learning rate as a function of the step.
+
+    The multiplier rises linearly from ``1 / (warmup_steps + 1)`` to 1 over ``warmup_steps``
+    steps, then follows half a cosine from 1 down to ``min_lr_ratio`` at ``total_steps`` and stays
+    there afterwards.
+
+    Args:
+        warmup_steps: number of warm-up steps (0 starts at the full rate).
+        total_steps: step at which the cosine reaches its floor; must exceed ``warmup_steps``.
+        min_lr_ratio: floor of the multiplier, in ``[0, 1]``.
+
+    Returns:
+        A function ``step -> multiplier`` suitable for ``torch.optim.lr_scheduler.LambdaLR``.
+
+    Raises:
+        ValueError: if the arguments are inconsistent.
+    """
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps} must be >= 0")
+    if total_steps <= warmup_steps:
+        raise ValueError(
+            f"total_steps={total_steps} must be greater than warmup_steps={warmup_steps}"
+        )
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio={min_lr_ratio} must lie in [0, 1]")
+
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
+
+    return multiplier
+
+
+def warmup_cosine_scheduler(
+    optimizer: Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
+) -> LambdaLR:
+    """Wrap :func:`warmup_cosine_lambda` in a ``LambdaLR`` for ``optimizer``.
+
+    Args:
+        optimizer: the optimizer whose groups' learning rates are scaled.
+        warmup_steps: see :func:`warmup_cosine_lambda`.
+        total_steps: see :func:`warmup_cosine_lambda`.
+        min_lr_ratio: see :func:`warmup_cosine_lambda`.
+
+    Returns:
+        The scheduler; call ``scheduler.step()`` once per optimizer step.
+    """
+    return LambdaLR(optimizer, warmup_cosine_lambda(warmup_steps, total_steps, min_lr_ratio))
+
+
+def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Split ``model``'s trainable parameters into decayed matrices and undecayed vectors.
+
+    Parameters with two or more dimensions (linear weights, embeddings) are decayed; biases and
+    LayerNorm parameters (one dimension) are not, since shrinking them toward zero only
+    distorts the normalisation and offsets.
+
+    Args:
+        model: the module to optimise.
+        weight_decay: decay applied to the matrix group (``>= 0``).
+
+    Returns:
+        Two AdamW parameter groups: ``[{"params": matrices, "weight_decay": weight_decay},
+        {"params": vectors, "weight_decay": 0.0}]``. Tied parameters appear once.
+
+    Raises:
+        ValueError: if ``weight_decay`` is negative.
+    """
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay={weight_decay} must be >= 0")
+    # named_parameters() yields a tied parameter once, so nothing is optimised twice.
+    params = [p for _, p in model.named_parameters() if p.requires_grad]
+    matrices = [p for p in params if p.dim() >= 2]
+    vectors = [p for p in params if p.dim() < 2]
+    return [
+        {"params": matrices, "weight_decay": weight_decay},
+        {"params": vectors, "weight_decay": 0.0},
+    ]
