@@ -1,0 +1,272 @@
+"""Tests for transformer_lab.models: configs, encoder properties, seq2seq masking, GPT, KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from transformer_lab.masks import depends_on_future, padding_mask
+from transformer_lab.models import (
+    GPT,
+    GPT_PRESETS,
+    EncoderClassifier,
+    EncoderConfig,
+    GPTConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+)
+from transformer_lab.scale import gpt_param_count
+
+# ----------------------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "pattern"),
+    [
+        (
+            EncoderConfig,
+            dict(vocab_size=10, d_model=10, n_heads=4),
+            "d_model=10 is not divisible by n_heads=4",
+        ),
+        (EncoderConfig, dict(vocab_size=0), "vocab_size=0"),
+        (EncoderConfig, dict(vocab_size=10, positional="rope"), "positional='rope'"),
+        (EncoderConfig, dict(vocab_size=10, head="cls"), "head='cls'"),
+        (EncoderConfig, dict(vocab_size=10, dropout=1.5), r"dropout=1.5"),
+        (
+            Seq2SeqConfig,
+            dict(src_vocab_size=5, tgt_vocab_size=5, n_decoder_layers=0),
+            "n_decoder_layers=0",
+        ),
+        (
+            Seq2SeqConfig,
+            dict(src_vocab_size=5, tgt_vocab_size=5, eos_id=7),
+            "eos_id=7.*tgt_vocab_size=5",
+        ),
+        (
+            GPTConfig,
+            dict(vocab_size=10, d_model=10, n_heads=4),
+            "d_model=10 is not divisible by n_heads=4",
+        ),
+        (GPTConfig, dict(vocab_size=10, n_ctx=0, n_layers=-1), "n_ctx=0, n_layers=-1"),
+    ],
+)
+def test_configs_validate_and_name_values(cls, kwargs, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        cls(**kwargs)
+
+
+def test_gpt_presets() -> None:
+    small = GPTConfig.from_name("char-small")
+    assert (small.n_layers, small.n_heads, small.d_model, small.n_ctx) == (4, 4, 128, 64)
+    medium = GPTConfig.from_name("char-medium", vocab_size=80)
+    assert (medium.n_layers, medium.n_heads, medium.d_model, medium.n_ctx) == (6, 6, 384, 256)
+    assert medium.vocab_size == 80
+    gpt2 = GPTConfig.from_name("gpt2")
+    assert (gpt2.n_layers, gpt2.d_model, gpt2.vocab_size, gpt2.n_ctx) == (12, 768, 50257, 1024)
+    gpt3 = GPTConfig.from_name("gpt3")
+    assert (gpt3.n_layers, gpt3.d_model, gpt3.n_heads, gpt3.n_ctx) == (96, 12288, 96, 2048)
+    with pytest.raises(ValueError, match=r"'gpt5'.*char-small"):
+        GPTConfig.from_name("gpt5")
+
+
+@pytest.mark.parametrize("name", sorted(GPT_PRESETS))
+@pytest.mark.parametrize(("bias", "tie"), [(True, True), (False, False)])
+def test_preset_param_counts_match_model(name: str, bias: bool, tie: bool) -> None:
+    config = GPTConfig.from_name(name, bias=bias, tie_weights=tie)
+    with torch.device("meta"):  # no memory, no init cost, even for GPT-3
+        model = GPT(config)
+    counted = sum(p.numel() for p in model.parameters())
+    assert counted == config.param_count()
+    assert counted == gpt_param_count(
+        config.n_layers, config.d_model, config.vocab_size, config.n_ctx, bias=bias, tie_weights=tie
+    )
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+def _encoder(**kwargs) -> EncoderClassifier:
+    config = EncoderConfig(vocab_size=11, max_len=12, d_model=16, n_heads=2, n_layers=2, **kwargs)
+    return EncoderClassifier(config).eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_without_positions_is_permutation_equivariant(norm_first: bool) -> None:
+    tokens = torch.randint(0, 11, (2, 7))
+    perm = torch.randperm(7)
+    model = _encoder(positional="none", norm_first=norm_first)
+    torch.testing.assert_close(model(tokens)[:, perm], model(tokens[:, perm]))
+    for kind in ("sinusoidal", "learned"):
+        model = _encoder(positional=kind, norm_first=norm_first)
+        assert not torch.allclose(model(tokens)[:, perm], model(tokens[:, perm]), atol=1e-4)
+
+
+@pytest.mark.parametrize("head", ["token", "sequence"])
+def test_padding_does_not_change_real_positions(head: str) -> None:
+    model = _encoder(head=head, num_classes=3)
+    lengths = torch.tensor([7, 4])
+    tokens = torch.randint(3, 11, (2, 7))
+    pad = padding_mask(lengths, 7)
+    out = model(tokens, pad)
+    other = tokens.masked_fill(~pad, 0)  # different pad ids
+    out2 = model(other, pad)
+    alone = model(tokens[1:, :4])  # the short sequence without any padding
+    if head == "token":
+        assert out.shape == (2, 7, 3)
+        torch.testing.assert_close(out[pad], out2[pad])
+        torch.testing.assert_close(out[1, :4], alone[0])
+    else:
+        assert out.shape == (2, 3)
+        torch.testing.assert_close(out, out2)
+        torch.testing.assert_close(out[1], alone[0])
+
+
+def test_encoder_uses_student_blocks_and_checks_lengths() -> None:
+    calls: list[tuple[int, ...] | None] = []
+
+    class Recorder(nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+            calls.append(None if mask is None else tuple(mask.shape))
+            return x
+
+    config = EncoderConfig(vocab_size=11, max_len=12, d_model=16, n_heads=2)
+    model = EncoderClassifier(config, blocks=[Recorder(), Recorder(), Recorder()])
+    tokens = torch.randint(0, 11, (2, 5))
+    model(tokens, padding_mask([5, 3], 5))
+    assert calls == [(2, 1, 1, 5)] * 3
+    with pytest.raises(ValueError, match=r"T=13 exceeds max_len=12"):
+        model(torch.zeros(1, 13, dtype=torch.long))
+    with pytest.raises(ValueError, match="padding_mask"):
+        model(tokens, torch.ones(2, 4, dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------------- seq2seq
+
+
+def _seq2seq(norm_first: bool = False) -> Seq2SeqTransformer:
+    config = Seq2SeqConfig(
+        src_vocab_size=9, tgt_vocab_size=8, max_len=10, d_model=16, n_heads=2, norm_first=norm_first
+    )
+    return Seq2SeqTransformer(config).eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_seq2seq_decoder_is_causal_and_source_padding_is_hidden(norm_first: bool) -> None:
+    model = _seq2seq(norm_first)
+    src = torch.randint(3, 9, (2, 6))
+    src_pad = padding_mask([6, 4], 6)
+    tgt = torch.randint(3, 8, (2, 5))
+    logits = model(src, tgt, src_pad)
+    assert logits.shape == (2, 5, 8)
+    memory = model.encode(src, src_pad)
+    assert not depends_on_future(lambda t: model.decode(t, memory, src_pad), tgt, vocab_size=8)
+    # padded source tokens are invisible
+    src2 = src.masked_fill(~src_pad, 0)
+    torch.testing.assert_close(model(src2, tgt, src_pad), logits)
+    # but real source tokens matter
+    src3 = src.clone()
+    src3[:, 0] = (src3[:, 0] + 1 - 3) % 6 + 3
+    assert not torch.allclose(model(src3, tgt, src_pad), logits)
+
+
+def test_seq2seq_target_padding_leaves_real_positions() -> None:
+    model = _seq2seq()
+    src = torch.randint(3, 9, (1, 6))
+    tgt = torch.randint(3, 8, (1, 5))
+    tgt_pad = padding_mask([3], 5)
+    full = model(src, tgt, tgt_padding_mask=tgt_pad)
+    short = model(src, tgt[:, :3])
+    torch.testing.assert_close(full[:, :3], short)
+
+
+def test_seq2seq_learns_to_copy_a_batch() -> None:
+    torch.manual_seed(0)
+    model = _seq2seq().train()
+    src = torch.randint(3, 8, (8, 5))
+    tgt_in = torch.cat([torch.ones(8, 1, dtype=torch.long), src], dim=1)  # BOS + copy
+    tgt_out = torch.cat([src, torch.full((8, 1), 2)], dim=1)  # copy + EOS
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+    model.eval()
+    assert torch.equal(model(src, tgt_in).argmax(-1), tgt_out)
+
+
+# ----------------------------------------------------------------------------- GPT
+
+
+def _gpt(**kwargs) -> GPT:
+    config = GPTConfig(vocab_size=13, n_ctx=16, d_model=16, n_layers=2, n_heads=2, **kwargs)
+    return GPT(config).eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_future_tokens_leave_past_logits_exactly_unchanged(bias: bool) -> None:
+    model = _gpt(bias=bias)
+    idx = torch.randint(0, 13, (2, 10))
+    logits = model(idx)
+    assert logits.shape == (2, 10, 13)
+    for t in (0, 4, 8):
+        changed = idx.clone()
+        changed[:, t + 1 :] = (changed[:, t + 1 :] + 5) % 13
+        assert torch.equal(model(changed)[:, : t + 1], logits[:, : t + 1])
+        assert not torch.allclose(model(changed)[:, t + 1 :], logits[:, t + 1 :])
+
+
+def test_gpt_rejects_too_long_input() -> None:
+    model = _gpt()
+    with pytest.raises(ValueError, match=r"T=17 exceeds n_ctx=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    cache = model.new_kv_cache(1)
+    model(torch.zeros(1, 10, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match=r"10 cached \+ T=7 new positions exceed n_ctx=16"):
+        model(torch.zeros(1, 7, dtype=torch.long), cache)
+
+
+def test_gpt_kv_cache_matches_full_forward() -> None:
+    model = _gpt().double()
+    idx = torch.randint(0, 13, (3, 12))
+    full = model(idx)
+    cache = model.new_kv_cache(3)
+    assert cache.k.dtype == torch.float64
+    chunks = [model(idx[:, :5], cache), model(idx[:, 5:6], cache), model(idx[:, 6:9], cache)]
+    chunks += [model(idx[:, t : t + 1], cache) for t in range(9, 12)]
+    assert cache.length == 12
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full)
+
+
+def test_gpt_weight_tying_and_init() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, n_ctx=32, d_model=64, n_layers=4, n_heads=4))
+    assert model.lm_head.weight is model.tok_emb.weight
+    assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    proj = model.blocks[0].attn.proj.weight
+    assert proj.std().item() == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.1)
+    untied = GPT(GPTConfig(vocab_size=50, n_ctx=32, d_model=64, tie_weights=False))
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    no_bias = GPT(GPTConfig(vocab_size=50, n_ctx=32, d_model=64, bias=False))
+    assert not any(name.endswith("bias") for name, _ in no_bias.named_parameters())
+
+
+def test_gpt_dropout_only_in_training_and_overfits() -> None:
+    torch.manual_seed(0)
+    model = _gpt(dropout=0.1)
+    idx = torch.randint(0, 13, (4, 16))
+    model.eval()
+    torch.testing.assert_close(model(idx), model(idx))
+    model.train()
+    assert not torch.allclose(model(idx), model(idx))
+    model = _gpt().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(80):
+        logits = model(idx[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.2

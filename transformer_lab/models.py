@@ -1,0 +1,676 @@
+"""Whole models built from the package's blocks: an encoder classifier, an encoder-decoder
+(seq2seq) Transformer, and a decoder-only GPT with a KV cache.
+
+* :class:`EncoderClassifier` -- token embeddings, positions, a stack of :class:`EncoderBlock`\\ s
+  and a linear head, per token (tagging: copy, reverse, sort) or per sequence (mean-pooled over
+  real tokens). Accepts student-written blocks so a lab can train its own.
+* :class:`Seq2SeqTransformer` -- the architecture of "Attention Is All You Need": an encoder over
+  the source and a decoder with causal self-attention and cross-attention to the encoder output.
+* :class:`GPT` -- GPT-2's layout: learned positions, pre-norm blocks, a final layer norm and an
+  output layer tied to the token embedding. Training uses the fused causal attention kernel; a
+  :class:`KVCache` keeps past keys/values so generation costs one token per step.
+
+Each model has a validated config dataclass; ``GPTConfig.from_name`` holds named presets.
+
+Shape letters: ``B`` batch, ``T`` target/time, ``S`` source time, ``D`` width, ``H`` heads,
+``Dh`` head width, ``V`` vocabulary, ``C`` classes.
+
+References: Vaswani et al., "Attention Is All You Need", 2017; Devlin et al., "BERT", 2019
+(encoders for classification); Radford et al., "Language Models are Unsupervised Multitask
+Learners" (GPT-2), 2019; Brown et al., "Language Models are Few-Shot Learners" (GPT-3), 2020.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer_lab.attention import fast_attention, merge_heads, split_heads
+from transformer_lab.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerNorm
+from transformer_lab.masks import causal_mask, combine_masks, key_padding_to_attention
+from transformer_lab.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+
+__all__ = [
+    "GPT",
+    "GPT_PRESETS",
+    "CausalSelfAttention",
+    "Encoder",
+    "EncoderClassifier",
+    "EncoderConfig",
+    "GPTBlock",
+    "GPTConfig",
+    "KVCache",
+    "Seq2SeqConfig",
+    "Seq2SeqTransformer",
+]
+
+POSITIONAL_KINDS = ("sinusoidal", "learned", "none")
+HEAD_KINDS = ("token", "sequence")
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_positive(**values: int | None) -> None:
+    bad = {k: v for k, v in values.items() if v is not None and v < 1}
+    if bad:
+        listed = ", ".join(f"{k}={v}" for k, v in bad.items())
+        raise ValueError(f"{listed}: must be >= 1")
+
+
+def _check_heads(d_model: int, n_heads: int) -> None:
+    if d_model % n_heads != 0:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+
+
+def _check_dropout(dropout: float) -> None:
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout={dropout} must lie in [0, 1)")
+
+
+def _check_tokens(tokens: Tensor, max_len: int, name: str = "max_len") -> None:
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
+    if tokens.shape[1] > max_len:
+        raise ValueError(f"sequence length T={tokens.shape[1]} exceeds {name}={max_len}")
+
+
+def _check_padding(padding_mask: Tensor | None, tokens: Tensor) -> None:
+    if padding_mask is None:
+        return
+    if padding_mask.dtype != torch.bool or padding_mask.shape != tokens.shape:
+        raise ValueError(
+            f"padding_mask must be bool of shape {tuple(tokens.shape)} (True at real tokens), "
+            f"got {padding_mask.dtype} of shape {tuple(padding_mask.shape)}"
+        )
+
+
+class _TokenEmbedding(nn.Module):
+    """Token embedding scaled by ``sqrt(D)`` (as in the paper).
+
+    Weights start at ``N(0, 1/D)``, so after the scaling each embedding has unit variance per
+    coordinate, the same scale as the sinusoidal table it is added to.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int) -> None:
+        super().__init__()
+        self.scale = math.sqrt(d_model)
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embedding.weight, 0.0, 1.0 / self.scale)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.embedding(tokens) * self.scale  # (B, T, D)
+
+
+def _positions(kind: str, d_model: int, max_len: int, dropout: float) -> nn.Module:
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len, dropout=dropout)
+    if kind == "learned":
+        return LearnedPositionalEncoding(d_model, max_len, dropout=dropout)
+    return nn.Dropout(dropout)  # "none": a bag of tokens, permutation-equivariant
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+@dataclass
+class EncoderConfig:
+    """Hyper-parameters of :class:`EncoderClassifier`."""
+
+    vocab_size: int  # number of input token ids
+    max_len: int = 64  # longest input sequence
+    d_model: int = 64  # model width D
+    n_layers: int = 2  # encoder blocks
+    n_heads: int = 4  # attention heads; must divide d_model
+    d_ff: int | None = None  # feed-forward width, default 4 * d_model
+    dropout: float = 0.0  # embeddings, attention weights and residual branches
+    norm_first: bool = False  # post-norm ("Add & Norm") by default
+    positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "none"
+    num_classes: int | None = None  # output classes, default vocab_size
+    head: str = "token"  # "token": (B, T, C) | "sequence": (B, C), mean over real tokens
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            vocab_size=self.vocab_size,
+            max_len=self.max_len,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            num_classes=self.num_classes,
+        )
+        _check_heads(self.d_model, self.n_heads)
+        _check_dropout(self.dropout)
+        if self.positional not in POSITIONAL_KINDS:
+            raise ValueError(f"positional={self.positional!r} is not one of {POSITIONAL_KINDS}")
+        if self.head not in HEAD_KINDS:
+            raise ValueError(f"head={self.head!r} is not one of {HEAD_KINDS}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"d_model={self.d_model} must be even for sinusoidal positions")
+
+    @property
+    def ff_dim(self) -> int:
+        """Feed-forward width actually used."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def n_classes(self) -> int:
+        """Number of outputs of the head."""
+        return self.num_classes if self.num_classes is not None else self.vocab_size
+
+
+class Encoder(nn.Module):
+    """Embeddings, positions and a stack of encoder blocks: tokens ``(B, T)`` to ``(B, T, D)``.
+
+    Args:
+        config: sizes and options.
+        blocks: optional replacement blocks (e.g. a student's), each ``forward(x, mask=None)``
+            with ``mask`` broadcasting to ``(B, H, T, T)``; default ``config.n_layers``
+            :class:`EncoderBlock`\\ s.
+    """
+
+    def __init__(self, config: EncoderConfig, blocks: Sequence[nn.Module] | None = None) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.embed = _TokenEmbedding(c.vocab_size, c.d_model)
+        self.positions = _positions(c.positional, c.d_model, c.max_len, c.dropout)
+        if blocks is None:
+            blocks = [
+                EncoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
+                for _ in range(c.n_layers)
+            ]
+        self.blocks = nn.ModuleList(blocks)
+        # Pre-norm leaves the residual stream unnormalised: normalise once at the end.
+        self.final_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Encode.
+
+        Args:
+            tokens: ``(B, T)`` token ids, ``T <= max_len``.
+            padding_mask: ``(B, T)`` bool, True at real tokens; padded keys are hidden.
+
+        Returns:
+            ``(B, T, D)``.
+        """
+        _check_tokens(tokens, self.config.max_len)
+        _check_padding(padding_mask, tokens)
+        mask = None if padding_mask is None else key_padding_to_attention(padding_mask)
+        x = self.positions(self.embed(tokens))  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, mask=mask)
+        return self.final_norm(x)
+
+
+class EncoderClassifier(nn.Module):
+    """An :class:`Encoder` with a linear head per token or per sequence.
+
+    Args:
+        config: sizes, options and ``head`` ("token" or "sequence").
+        blocks: optional student blocks, see :class:`Encoder`.
+    """
+
+    def __init__(self, config: EncoderConfig, blocks: Sequence[nn.Module] | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config, blocks)
+        self.head = nn.Linear(config.d_model, config.n_classes)
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Classify.
+
+        Args:
+            tokens: ``(B, T)`` token ids.
+            padding_mask: ``(B, T)`` bool, True at real tokens.
+
+        Returns:
+            Logits ``(B, T, C)`` for the token head, ``(B, C)`` for the sequence head (mean of
+            the encoder states over real tokens).
+        """
+        h = self.encoder(tokens, padding_mask)  # (B, T, D)
+        if self.config.head == "token":
+            return self.head(h)  # (B, T, C)
+        if padding_mask is None:
+            pooled = h.mean(dim=1)
+        else:
+            m = padding_mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+            pooled = (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, D)
+        return self.head(pooled)  # (B, C)
+
+
+# ----------------------------------------------------------------------------- seq2seq
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Hyper-parameters of :class:`Seq2SeqTransformer`."""
+
+    src_vocab_size: int  # source token ids
+    tgt_vocab_size: int  # target token ids (the output layer's size)
+    max_len: int = 64  # longest source or target sequence
+    d_model: int = 64  # model width D (even: sinusoidal positions)
+    n_encoder_layers: int = 2  # encoder blocks
+    n_decoder_layers: int = 2  # decoder blocks
+    n_heads: int = 4  # attention heads; must divide d_model
+    d_ff: int | None = None  # feed-forward width, default 4 * d_model
+    dropout: float = 0.0  # embeddings, attention weights and residual branches
+    norm_first: bool = False  # post-norm by default
+    pad_id: int = 0  # padding token id (both vocabularies)
+    bos_id: int = 1  # beginning-of-sequence id, starts every decoder input
+    eos_id: int = 2  # end-of-sequence id
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            src_vocab_size=self.src_vocab_size,
+            tgt_vocab_size=self.tgt_vocab_size,
+            max_len=self.max_len,
+            d_model=self.d_model,
+            n_encoder_layers=self.n_encoder_layers,
+            n_decoder_layers=self.n_decoder_layers,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+        )
+        _check_heads(self.d_model, self.n_heads)
+        _check_dropout(self.dropout)
+        if self.d_model % 2:
+            raise ValueError(f"d_model={self.d_model} must be even for sinusoidal positions")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not 0 <= value < self.tgt_vocab_size:
+                raise ValueError(f"{name}={value} is outside tgt_vocab_size={self.tgt_vocab_size}")
+
+    @property
+    def ff_dim(self) -> int:
+        """Feed-forward width actually used."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder-decoder Transformer with sinusoidal positions.
+
+    The decoder's self-attention is causal (plus target padding); its cross-attention sees every
+    real source token. Logits for position ``t`` depend on ``tgt_in[:, :t+1]`` only, so with
+    ``tgt_in`` = BOS + targets shifted right, the model never sees the token it predicts.
+
+    Args:
+        config: sizes and options.
+    """
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.src_embed = _TokenEmbedding(c.src_vocab_size, c.d_model)
+        self.tgt_embed = _TokenEmbedding(c.tgt_vocab_size, c.d_model)
+        self.src_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
+        self.tgt_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
+        self.encoder_blocks = nn.ModuleList(
+            EncoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
+            for _ in range(c.n_encoder_layers)
+        )
+        self.decoder_blocks = nn.ModuleList(
+            DecoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
+            for _ in range(c.n_decoder_layers)
+        )
+        self.encoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        self.decoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        self.output = nn.Linear(c.d_model, c.tgt_vocab_size)
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """Encode the source.
+
+        Args:
+            src: ``(B, S)`` token ids.
+            src_padding_mask: ``(B, S)`` bool, True at real tokens.
+
+        Returns:
+            Memory ``(B, S, D)``.
+        """
+        _check_tokens(src, self.config.max_len)
+        _check_padding(src_padding_mask, src)
+        mask = None if src_padding_mask is None else key_padding_to_attention(src_padding_mask)
+        x = self.src_positions(self.src_embed(src))  # (B, S, D)
+        for block in self.encoder_blocks:
+            x = block(x, mask=mask)
+        return self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Decode all target positions in parallel (teacher forcing).
+
+        Args:
+            tgt_in: ``(B, T)`` decoder input ids (BOS first).
+            memory: ``(B, S, D)`` from :meth:`encode`.
+            src_padding_mask: ``(B, S)`` bool, True at real source tokens.
+            tgt_padding_mask: ``(B, T)`` bool, True at real target tokens.
+
+        Returns:
+            Logits ``(B, T, V_tgt)``.
+        """
+        _check_tokens(tgt_in, self.config.max_len)
+        _check_padding(tgt_padding_mask, tgt_in)
+        T = tgt_in.shape[1]
+        self_mask = combine_masks(tgt_padding_mask, causal_mask(T, device=tgt_in.device))
+        memory_mask = (
+            None if src_padding_mask is None else key_padding_to_attention(src_padding_mask)
+        )
+        x = self.tgt_positions(self.tgt_embed(tgt_in))  # (B, T, D)
+        for block in self.decoder_blocks:
+            x = block(x, memory, self_mask=self_mask, memory_mask=memory_mask)
+        return self.output(self.decoder_norm(x))  # (B, T, V)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Encode ``src`` and decode ``tgt_in``: logits ``(B, T, V_tgt)``."""
+        memory = self.encode(src, src_padding_mask)
+        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
+
+
+# ----------------------------------------------------------------------------- GPT
+
+#: Named GPT sizes. Character presets default to Tiny Shakespeare's 65 characters; pass
+#: ``vocab_size=...`` to ``GPTConfig.from_name`` for another vocabulary.
+GPT_PRESETS: dict[str, dict[str, Any]] = {
+    "gpt-nano": dict(n_layers=3, n_heads=3, d_model=48, n_ctx=128, vocab_size=65),
+    "gpt-micro": dict(n_layers=4, n_heads=4, d_model=128, n_ctx=256, vocab_size=65),
+    "char-small": dict(n_layers=4, n_heads=4, d_model=128, n_ctx=64, vocab_size=65),
+    # nanoGPT's shakespeare_char recipe (dropout 0.2 as there).
+    "char-medium": dict(n_layers=6, n_heads=6, d_model=384, n_ctx=256, vocab_size=65, dropout=0.2),
+    "gpt2": dict(n_layers=12, n_heads=12, d_model=768, n_ctx=1024, vocab_size=50257),
+    # The lecture's GPT-3 (175B): build it on the meta device only.
+    "gpt3": dict(n_layers=96, n_heads=96, d_model=12288, n_ctx=2048, vocab_size=50257),
+}
+
+
+@dataclass
+class GPTConfig:
+    """Hyper-parameters of :class:`GPT`."""
+
+    vocab_size: int  # token ids (the output layer's size)
+    n_ctx: int = 256  # context length: the position table's size
+    d_model: int = 128  # residual stream width D
+    n_layers: int = 4  # transformer blocks
+    n_heads: int = 4  # attention heads; must divide d_model
+    d_ff: int | None = None  # MLP width, default 4 * d_model
+    dropout: float = 0.0  # embeddings, attention weights and residual branches
+    bias: bool = True  # biases in linear layers and layer norms (GPT-2 has them)
+    tie_weights: bool = True  # output layer shares the token embedding matrix
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            vocab_size=self.vocab_size,
+            n_ctx=self.n_ctx,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+        )
+        _check_heads(self.d_model, self.n_heads)
+        _check_dropout(self.dropout)
+
+    @property
+    def ff_dim(self) -> int:
+        """MLP width actually used."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, ``Dh = D / H``."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> GPTConfig:
+        """A named preset (see ``GPT_PRESETS``), with fields overridden by keyword.
+
+        Raises:
+            ValueError: for an unknown name (the message lists the known ones).
+        """
+        if name not in GPT_PRESETS:
+            raise ValueError(f"unknown GPT preset {name!r}; known presets: {sorted(GPT_PRESETS)}")
+        return cls(**{**GPT_PRESETS[name], **overrides})
+
+    def param_count(self) -> int:
+        """Number of parameters of ``GPT(self)`` (shared tied weights counted once)."""
+        from transformer_lab.scale import gpt_param_count
+
+        return gpt_param_count(
+            self.n_layers,
+            self.d_model,
+            self.vocab_size,
+            self.n_ctx,
+            bias=self.bias,
+            tie_weights=self.tie_weights,
+            d_ff=self.ff_dim,
+        )
+
+
+class KVCache:
+    """Keys and values of past positions for every layer, preallocated to the context length.
+
+    Incremental decoding feeds only the new tokens; each layer appends their keys/values here and
+    attends over everything stored. ``length`` counts the positions stored so far.
+
+    Args:
+        n_layers: number of blocks.
+        batch_size: ``B``.
+        n_heads: ``H``.
+        n_ctx: capacity in positions.
+        head_dim: ``Dh``.
+        dtype: dtype of the stored tensors.
+        device: device of the stored tensors.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_heads: int,
+        n_ctx: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        shape = (n_layers, batch_size, n_heads, n_ctx, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        """Most positions the cache can hold."""
+        return self.k.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        """Batch size the cache was built for."""
+        return self.k.shape[1]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new keys/values of ``layer`` after the current ones.
+
+        Args:
+            layer: block index.
+            k: ``(B, H, T_new, Dh)``; v: same shape.
+
+        Returns:
+            All keys and values so far, ``(B, H, length + T_new, Dh)`` each (views).
+        """
+        end = self.length + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"KV cache full: {end} positions exceed capacity {self.capacity}")
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        """Mark ``n`` more positions as stored (after every layer has called :meth:`update`)."""
+        self.length += n
+
+    def reset(self) -> None:
+        """Forget everything stored (the memory is reused)."""
+        self.length = 0
+
+
+class CausalSelfAttention(nn.Module):
+    """Masked multi-head self-attention with one fused query/key/value projection.
+
+    Training and full-sequence calls use the fused kernel's built-in causal mask. With a
+    :class:`KVCache`, new queries attend to the cached keys plus their own prefix.
+
+    Args:
+        config: the GPT's config (width, heads, bias, dropout).
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        D = config.d_model
+        self.n_heads = config.n_heads
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(D, 3 * D, bias=config.bias)
+        self.proj = nn.Linear(D, D, bias=config.bias)
+
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        """``(B, T, D) -> (B, T, D)``; with a cache, ``x`` holds only the new positions."""
+        _, T, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
+        q = split_heads(q, self.n_heads)  # (B, H, T, Dh)
+        k = split_heads(k, self.n_heads)  # (B, H, T, Dh)
+        v = split_heads(v, self.n_heads)  # (B, H, T, Dh)
+        p = self.dropout if self.training else 0.0
+        past = 0 if kv_cache is None else kv_cache.length
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer, k, v)  # (B, H, past + T, Dh)
+        if past == 0:
+            out = fast_attention(q, k, v, dropout_p=p, is_causal=True)
+        elif T == 1:
+            out = fast_attention(q, k, v, dropout_p=p)  # one new query sees every stored key
+        else:
+            # query i sits at position past + i and may see keys 0 .. past + i
+            q_pos = torch.arange(past, past + T, device=x.device)  # (T,)
+            k_pos = torch.arange(past + T, device=x.device)  # (S,)
+            mask = k_pos[None, :] <= q_pos[:, None]  # (T, S)
+            out = fast_attention(q, k, v, mask, dropout_p=p)
+        return self.proj(merge_heads(out))  # (B, T, D)
+
+
+class GPTBlock(nn.Module):
+    """Pre-norm decoder-only block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        D = config.d_model
+        self.ln1 = LayerNorm(D, bias=config.bias, fused=True)
+        self.attn = CausalSelfAttention(config)
+        self.ln2 = LayerNorm(D, bias=config.bias, fused=True)
+        self.mlp = FeedForward(D, config.ff_dim, 0.0, activation="gelu", bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        """``(B, T, D) -> (B, T, D)``."""
+        x = x + self.dropout(self.attn(self.ln1(x), kv_cache, layer))
+        return x + self.dropout(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer language model (GPT-2 layout).
+
+    Token + learned position embeddings, ``n_layers`` pre-norm blocks with causal attention, a
+    final layer norm, and an output layer (tied to the token embedding by default). Weights start
+    at ``N(0, 0.02)``; the projections writing into the residual stream at
+    ``N(0, 0.02 / sqrt(2 n_layers))`` so the stream's variance does not grow with depth.
+
+    Args:
+        config: sizes and options.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = nn.Embedding(c.n_ctx, c.d_model)
+        self.dropout = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(GPTBlock(c) for _ in range(c.n_layers))
+        self.ln_f = LayerNorm(c.d_model, bias=c.bias, fused=True)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation (see the class docstring)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if name.endswith(("attn.proj", "mlp.linear2")) else 0.02
+                nn.init.normal_(module.weight, 0.0, std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def new_kv_cache(
+        self, batch_size: int, *, device: torch.device | str | None = None, dtype=None
+    ) -> KVCache:
+        """An empty :class:`KVCache` sized for this model (on its device and dtype by default)."""
+        c = self.config
+        w = self.tok_emb.weight
+        return KVCache(
+            c.n_layers,
+            batch_size,
+            c.n_heads,
+            c.n_ctx,
+            c.head_dim,
+            dtype=dtype or w.dtype,
+            device=device or w.device,
+        )
+
+    def forward(self, idx: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+        """Next-token logits.
+
+        Args:
+            idx: ``(B, T)`` token ids. With a cache, only the positions not yet cached.
+            kv_cache: optional cache; positions continue from ``kv_cache.length`` and the cache
+                is advanced by ``T``.
+
+        Returns:
+            Logits ``(B, T, V)``; position ``t`` depends on ``idx[:, :t+1]`` (and the cache) only.
+
+        Raises:
+            ValueError: if the positions would run past ``n_ctx``.
+        """
+        if idx.ndim != 2:
+            raise ValueError(f"idx must be (B, T), got shape {tuple(idx.shape)}")
+        B, T = idx.shape
+        past = 0 if kv_cache is None else kv_cache.length
+        if past + T > self.config.n_ctx:
+            if past:
+                raise ValueError(
+                    f"{past} cached + T={T} new positions exceed n_ctx={self.config.n_ctx}"
+                )
+            raise ValueError(f"sequence length T={T} exceeds n_ctx={self.config.n_ctx}")
+        if kv_cache is not None and kv_cache.batch_size != B:
+            raise ValueError(f"batch size {B} != KV cache batch size {kv_cache.batch_size}")
+        pos = torch.arange(past, past + T, device=idx.device)  # (T,)
+        x = self.dropout(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        return self.lm_head(self.ln_f(x))  # (B, T, V)
