@@ -1,0 +1,47 @@
+"""Data for the kit: seeded synthetic tasks, a sentence grammar, Tiny Shakespeare, DataModules.
+
+What lives here:
+
+* :mod:`.synthetic`: copy, reverse, sort and addition drawn from a seeded ``torch.Generator``
+  (special ids pad=0, bos=1, eos=2, then symbols).
+* :mod:`.grammar`: a small English grammar ("the man ate the fish") for word-order translation
+  into a made-up verb-final language and for language modelling with agreement.
+* :mod:`.corpus`: the Tiny Shakespeare download (in ``prepare_data`` only), checksum and cache.
+* :mod:`.datamodules`: ``SyntheticDataModule``, ``GrammarDataModule``, ``CharCorpusDataModule``.
+
+Names are imported lazily (PEP 562), so ``from transformer_lab.data import make_task`` does not
+pay for importing Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BOS_ID": "synthetic",
+    "EOS_ID": "synthetic",
+    "IGNORE_INDEX": "synthetic",
+    "PAD_ID": "synthetic",
+    "TASKS": "synthetic",
+    "make_addition": "synthetic",
+    "make_sequence_task": "synthetic",
+    "make_split": "synthetic",
+    "make_task": "synthetic",
+    "split_generator": "synthetic",
+    "TensorDictDataset": "datamodules",
+    "SyntheticDataModule": "datamodules",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,255 @@
+"""Lightning DataModules for the kit's tasks: synthetic, sentence grammar and Tiny Shakespeare.
+
+A DataModule owns everything about the data of one task: how it is made or downloaded
+(``prepare_data``), split (``setup``) and batched (the dataloaders), plus the numbers a model
+needs to be built (vocabulary sizes, special ids, lengths). The training layer links those
+attributes into the model config, so a YAML file never repeats them.
+
+Every batch is a ``dict`` of tensors in one of the three formats of ``docs/contracts.md``
+(``"tagging"``, ``"seq2seq"``, ``"lm"``); see :mod:`transformer_lab.data.synthetic` for the
+encoding of the synthetic tasks.
+
+Reference: Lightning's ``LightningDataModule`` guide,
+https://lightning.ai/docs/pytorch/stable/data/datamodule.html
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from transformer_lab.data.synthetic import (
+    BOS_ID,
+    EOS_ID,
+    FORMATS,
+    NUM_SPECIAL,
+    PAD_ID,
+    TASKS,
+    make_split,
+    task_symbols,
+)
+
+__all__ = ["SyntheticDataModule", "TensorDictDataset"]
+
+
+class TensorDictDataset(Dataset):
+    """A map-style dataset over a dict of tensors sharing their first dimension.
+
+    Item ``i`` is ``{key: tensor[i]}``; PyTorch's default collate stacks items back into a dict
+    of ``(B, ...)`` tensors, which is the batch format the kit's LightningModules expect.
+
+    Args:
+        tensors: the columns, e.g. ``{"tokens": (N, T), "targets": (N, T)}``.
+
+    Raises:
+        ValueError: if the columns have different lengths or the dict is empty.
+    """
+
+    def __init__(self, tensors: dict[str, Tensor]) -> None:
+        if not tensors:
+            raise ValueError("tensors is empty: a dataset needs at least one column")
+        lengths = {k: len(v) for k, v in tensors.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"all columns need the same first dimension, got {lengths}")
+        self.tensors = tensors
+        self._n = next(iter(lengths.values()))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return {k: v[index] for k, v in self.tensors.items()}
+
+
+def _loader(
+    dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int
+) -> DataLoader:
+    # A seeded generator makes the shuffling order reproducible and independent of the global RNG.
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=generator,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def _check_positive(**values: int) -> None:
+    bad = {k: v for k, v in values.items() if v < 1}
+    if bad:
+        raise ValueError(", ".join(f"{k}={v}" for k, v in bad.items()) + " must be >= 1")
+
+
+class SyntheticDataModule(pl.LightningDataModule):
+    """Copy, reverse, sort or addition, generated from a seed (no files, no network).
+
+    How to use::
+
+        dm = SyntheticDataModule(task="reverse", seq_len=16, num_symbols=10)
+        dm.setup("fit")
+        batch = next(iter(dm.train_dataloader()))
+        batch["tokens"].shape   # (64, 16); keys: tokens, padding_mask, targets
+        dm.vocab_size           # 13 = pad, bos, eos + 10 symbols
+        dm.decode(batch["tokens"][0])  # "3071..." (symbols as characters)
+
+    Args:
+        task: ``"copy"``, ``"reverse"``, ``"sort"`` or ``"addition"``.
+        seq_len: longest input sequence ``T`` (copy/reverse/sort).
+        num_symbols: alphabet size (copy/reverse/sort); ids ``3 .. 2 + num_symbols``.
+        num_train: training examples (drawn once in ``setup``).
+        num_val: validation examples; never equal (as input) to any training example.
+        batch_size: examples per batch.
+        seed: seeds the train stream, the validation stream and the shuffling; same seed, same
+            data and order everywhere.
+        format: ``"tagging"`` (encoder, copy/reverse/sort), ``"seq2seq"`` (all tasks) or
+            ``"lm"`` (addition).
+        min_len: shortest input for variable-length, padded sequences; None = fixed ``seq_len``.
+        num_digits: digits per operand (addition).
+        num_workers: DataLoader workers (0 is fastest for in-memory tensors).
+
+    Batches (dicts; see :mod:`transformer_lab.data.synthetic`):
+        tagging: ``tokens``, ``padding_mask``, ``targets`` ``(B, T)``;
+        seq2seq: ``src``, ``src_padding_mask`` ``(B, S)``, ``tgt_in``, ``tgt_out``,
+        ``tgt_padding_mask`` ``(B, T)``; lm: ``tokens``, ``targets`` ``(B, T)``.
+
+    Attributes:
+        vocab_size, src_vocab_size, tgt_vocab_size: all equal (one shared vocabulary).
+        num_classes: ``vocab_size`` (tagging targets are token ids).
+        pad_id, bos_id, eos_id: 0, 1, 2.
+        max_len: longest sequence any batch holds (input or target), for positional tables.
+        block_size: the LM sequence length (``lm`` format), else ``max_len``.
+        symbols: printable symbol of each symbol id (id ``3 + i`` prints ``symbols[i]``).
+        tokenizer: a :class:`~transformer_lab.tokenizers.CharTokenizer` over ``symbols`` with
+            specials pad/bos/eos at 0/1/2 (encode a prompt, decode predictions).
+        train_data, val_data: the tensor dicts, after ``setup``.
+    """
+
+    def __init__(
+        self,
+        task: str = "reverse",
+        seq_len: int = 16,
+        num_symbols: int = 10,
+        num_train: int = 10_000,
+        num_val: int = 1_000,
+        batch_size: int = 64,
+        seed: int = 0,
+        format: str = "tagging",
+        min_len: int | None = None,
+        num_digits: int = 2,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if task not in TASKS:
+            raise ValueError(f"task={task!r} is not one of {TASKS}")
+        if format not in FORMATS:
+            raise ValueError(f"format={format!r} is not one of {FORMATS}")
+        allowed = ("seq2seq", "lm") if task == "addition" else ("tagging", "seq2seq")
+        if format not in allowed:
+            raise ValueError(
+                f"format={format!r} is not available for task={task!r}: use one of {allowed}"
+            )
+        _check_positive(
+            seq_len=seq_len, num_train=num_train, num_val=num_val, batch_size=batch_size
+        )
+        self.save_hyperparameters()
+        self.task = task
+        self.format = format
+        self.seq_len = seq_len
+        self.num_symbols = num_symbols
+        self.num_train = num_train
+        self.num_val = num_val
+        self.batch_size = batch_size
+        self.seed = seed
+        self.min_len = min_len
+        self.num_digits = num_digits
+        self.num_workers = num_workers
+        self.symbols = task_symbols(task, num_symbols)  # validates num_symbols
+
+        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        self.vocab_size = NUM_SPECIAL + len(self.symbols)
+        self.src_vocab_size = self.tgt_vocab_size = self.num_classes = self.vocab_size
+        if task == "addition":
+            lengths = {"seq2seq": (2 * num_digits + 1, num_digits + 2), "lm": (3 * num_digits + 4,)}
+            self.max_len = max(lengths[format])
+        else:
+            self.max_len = seq_len + 1 if format == "seq2seq" else seq_len
+        self.block_size = self.max_len
+        self.train_data: dict[str, Tensor] | None = None
+        self.val_data: dict[str, Tensor] | None = None
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):  # -> CharTokenizer (imported lazily: keeps this module light)
+        """A character tokenizer over :attr:`symbols` with pad/bos/eos at ids 0/1/2."""
+        if self._tokenizer is None:
+            from transformer_lab.tokenizers import CharTokenizer
+
+            self._tokenizer = CharTokenizer.from_symbols(
+                self.symbols, specials=("<pad>", "<bos>", "<eos>")
+            )
+        return self._tokenizer
+
+    def decode(self, ids: Tensor | list[int], *, skip_special: bool = True) -> str:
+        """Print ids with one character per symbol (special ids dropped by default)."""
+        return self.tokenizer.decode(ids, skip_special=skip_special)
+
+    def _params(self) -> dict[str, int | None]:
+        if self.task == "addition":
+            return {"num_digits": self.num_digits}
+        return {"seq_len": self.seq_len, "num_symbols": self.num_symbols, "min_len": self.min_len}
+
+    def setup(self, stage: str | None = None) -> None:
+        """Draw the training and validation sets (idempotent; cheap: tensors in memory)."""
+        if self.train_data is not None:
+            return
+        params = self._params()
+        self.train_data = make_split(
+            self.task, self.num_train, seed=self.seed, split="train", format=self.format, **params
+        )
+        self.val_data = make_split(
+            self.task,
+            self.num_val,
+            seed=self.seed,
+            split="val",
+            format=self.format,
+            exclude=self.train_data,
+            **params,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches (seeded order)."""
+        self._require_setup()
+        return _loader(
+            TensorDictDataset(self.train_data),
+            self.batch_size,
+            shuffle=True,
+            seed=self.seed,
+            num_workers=self.num_workers,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation batches in a fixed order."""
+        self._require_setup()
+        return _loader(
+            TensorDictDataset(self.val_data),
+            self.batch_size,
+            shuffle=False,
+            seed=self.seed,
+            num_workers=self.num_workers,
+        )
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation set (the synthetic tasks have no separate test split)."""
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        """The validation set, for ``transformer-lab predict``."""
+        return self.val_dataloader()
+
+    def _require_setup(self) -> None:
+        if self.train_data is None:
+            self.setup()
