@@ -171,8 +171,12 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
 
 
 def fmt(x: float | None, spec: str = ".3g") -> str:
-    """Format a figure, ``n/a`` for missing ones."""
-    return "n/a" if x is None else format(x, spec)
+    """Format a figure, ``n/a`` for missing ones; large figures with thousands separators."""
+    if x is None:
+        return "n/a"
+    if isinstance(x, float) and abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return format(x, spec)
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:

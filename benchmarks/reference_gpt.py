@@ -251,21 +251,27 @@ def train(
     device: torch.device,
     amp_dtype: torch.dtype | None = None,
     log_every: int = 0,
+    skip_steps: int = 0,
+    block: int | None = None,
 ) -> dict[str, float]:
     """Train ``model`` on random windows of ``data.train`` with the plain loop.
 
     Args:
-        model: maps (B, T) ids to (B, T, V) logits; its ``cfg.n_ctx`` sets the window length.
+        model: maps (B, T) ids to (B, T, V) logits.
         data: the corpus.
         tc: loop settings.
         device: where to train.
         amp_dtype: autocast dtype (bf16/fp16) or None for fp32; fp16 uses a GradScaler.
         log_every: print the training loss every this many steps (0: never).
+        skip_steps: leave the first steps out of the timing (warm-up of allocator and caches).
+        block: window length (default ``model.cfg.n_ctx``; pass it for models without ``cfg``).
 
     Returns:
         ``{"train_seconds", "tokens_per_s", "last_loss"}``; evaluation is left to the caller.
     """
-    block = model.cfg.n_ctx
+    if not 0 <= skip_steps < tc.steps:
+        raise ValueError(f"skip_steps={skip_steps} must lie in [0, steps={tc.steps})")
+    block = block or model.cfg.n_ctx
     gen = torch.Generator().manual_seed(tc.seed)
     opt = make_optimizer(model, tc, device)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
@@ -275,6 +281,10 @@ def train(
     t0 = time.perf_counter()
     loss = torch.zeros(())
     for step in range(tc.steps):
+        if step == skip_steps and step > 0:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
         x, y = get_batch(data.train, tc.batch_size, block, gen)
@@ -298,7 +308,7 @@ def train(
     seconds = time.perf_counter() - t0
     return {
         "train_seconds": seconds,
-        "tokens_per_s": tc.steps * tc.batch_size * block / seconds,
+        "tokens_per_s": (tc.steps - skip_steps) * tc.batch_size * block / seconds,
         "last_loss": float(loss.item()),
     }
 

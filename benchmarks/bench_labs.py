@@ -1,0 +1,130 @@
+"""Item 4: how long the labs take, per solution notebook.
+
+For every ``solutions/NN_name/`` that exists when it runs, the script measures:
+
+* ``execute_s``: executing the solution notebook top to bottom in a fresh kernel (nbclient),
+  under the profile chosen with ``--profile`` (``grading``: the instructor's CPU budget, the
+  target being about a minute of training per lab; ``full``: the student's GPU run);
+* ``autograde_s``: autograding one submission of that lab (the solution itself, submitted as a
+  student would) through the kit's nbgrader pipeline in ``transformer_lab.grading``, in a
+  throw-away course directory.
+
+Nothing is written inside the repository: executed notebooks and the course live in a
+temporary directory. Reference: nbgrader's autograding workflow (``nbgrader autograde``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import REPO_ROOT, machine, now, print_table, write_json
+from _common import base_parser as _base_parser
+
+
+def find_labs(solutions: Path, only: list[str] | None = None) -> list[Path]:
+    """Solution notebooks ``solutions/<lab>/<lab>.ipynb``, sorted by lab number."""
+    labs = []
+    for lab_dir in sorted(p for p in solutions.glob("*/") if p.is_dir()):
+        if only and lab_dir.name not in only:
+            continue
+        nb = lab_dir / f"{lab_dir.name}.ipynb"
+        if nb.exists():
+            labs.append(nb)
+        else:
+            labs.extend(sorted(lab_dir.glob("*.ipynb"))[:1])
+    return labs
+
+
+def execute_notebook(nb_path: Path, workdir: Path, profile: str, timeout: int) -> float:
+    """Execute a copy of ``nb_path`` in ``workdir`` under ``profile``; return the seconds taken."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    lab_copy = workdir / nb_path.parent.name
+    shutil.copytree(nb_path.parent, lab_copy, dirs_exist_ok=True)
+    nb = nbformat.read(lab_copy / nb_path.name, as_version=4)
+    old = os.environ.get("TRANSFORMER_LAB_PROFILE")
+    os.environ["TRANSFORMER_LAB_PROFILE"] = profile
+    try:
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(lab_copy)}},
+        )
+        t0 = time.perf_counter()
+        client.execute()
+        return time.perf_counter() - t0
+    finally:
+        if old is None:
+            os.environ.pop("TRANSFORMER_LAB_PROFILE", None)
+        else:
+            os.environ["TRANSFORMER_LAB_PROFILE"] = old
+
+
+def autograde_one(nb_path: Path, workdir: Path) -> float:
+    """Autograde the solution as one student's submission through ``transformer_lab.grading``.
+
+    Returns the seconds of the autograde step alone (course setup and release excluded).
+    """
+    from grading_glue import autograde_solution
+
+    return autograde_solution(nb_path, workdir)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the labs benchmark and return its results."""
+    p = _base_parser(__doc__.splitlines()[0])
+    p.add_argument("--profile", choices=["grading", "full"], default="grading")
+    p.add_argument("--labs", nargs="*", default=None, help="lab folder names (default: all)")
+    p.add_argument("--solutions", type=Path, default=REPO_ROOT / "solutions")
+    p.add_argument("--no-autograde", action="store_true")
+    p.add_argument("--timeout", type=int, default=1200, help="per-cell timeout, seconds")
+    a = p.parse_args(argv)
+    labs = find_labs(a.solutions, a.labs)
+    if a.smoke:
+        labs = labs[:1]
+    if not labs:
+        print(f"no solution notebooks under {a.solutions}")
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench_labs_") as tmp:
+        for nb in labs:
+            row: dict[str, Any] = {"lab": nb.parent.name}
+            try:
+                row["execute_s"] = execute_notebook(nb, Path(tmp) / "exec", a.profile, a.timeout)
+            except Exception as e:  # report and go on: one broken lab must not hide the others
+                row["execute_s"] = None
+                row["error"] = f"execute: {type(e).__name__}: {str(e)[:200]}"
+            if not a.no_autograde:
+                try:
+                    row["autograde_s"] = autograde_one(nb, Path(tmp) / "course")
+                except Exception as e:
+                    row["autograde_s"] = None
+                    row.setdefault("error", f"autograde: {type(e).__name__}: {str(e)[:200]}")
+            rows.append(row)
+            print(
+                f"{row['lab']}: execute {row.get('execute_s')}, autograde {row.get('autograde_s')}"
+                + (f"  [{row['error']}]" if "error" in row else ""),
+                flush=True,
+            )
+    print_table(rows, ["lab", "execute_s", "autograde_s"])
+    import torch
+
+    result = {
+        "benchmark": "labs",
+        "machine": machine(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        "date": now(),
+        "settings": {"profile": a.profile, "smoke": a.smoke},
+        "rows": rows,
+    }
+    write_json(a.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

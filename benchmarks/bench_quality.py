@@ -1,0 +1,169 @@
+"""Item 3: validation loss at a fixed budget, character LM on Tiny Shakespeare.
+
+Two runs on the same corpus and split (90/10 by characters), evaluated by the *same* function
+(``reference_gpt.evaluate``: mean cross-entropy over every non-overlapping window of the
+validation characters):
+
+* ``plain`` -- the reference GPT and hand-written loop with the standard recipe
+  (CPU: 4 layers, 4 heads, width 128, context 64, batch 12, 2000 steps, peak LR 1e-3 with
+  100 warm-up steps and cosine decay to 1e-4, AdamW, no dropout;
+  GPU: 6 layers, 6 heads, width 384, context 256, batch 64, 1750 steps, dropout 0.2, fp32);
+* ``kit`` -- the kit's GPT trained through its ``CausalLMModule`` and a Lightning ``Trainer``
+  with the kit's recipe from ``configs/charlm_cpu.yaml`` / ``configs/charlm_gpu.yaml``.
+
+Targets: CPU, the kit reaches a lower validation loss than the plain run in no more wall time;
+GPU, the kit reaches <= 1.47 in at most half the plain run's wall time. Wall time is the whole
+training call (model on device to last optimizer step), excluding the final evaluation.
+
+Reference: Karpathy's nanoGPT ``shakespeare_char`` recipes (the plain baselines).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import (
+    REPO_ROOT,
+    TINY_SHAKESPEARE,
+    base_parser,
+    machine,
+    now,
+    print_table,
+    setup,
+    write_json,
+)
+from reference_gpt import RefConfig, RefGPT, TrainConfig, evaluate, load_chars, train
+
+# The plain baselines (not the kit's recipes: those live in configs/).
+PLAIN = {
+    "cpu": {
+        "model": {"n_ctx": 64, "d_model": 128, "n_layers": 4, "n_heads": 4, "dropout": 0.0},
+        "train": {"steps": 2000, "batch_size": 12, "lr": 1e-3, "min_lr": 1e-4, "warmup": 100},
+    },
+    "cuda": {
+        "model": {"n_ctx": 256, "d_model": 384, "n_layers": 6, "n_heads": 6, "dropout": 0.2},
+        "train": {"steps": 1750, "batch_size": 64, "lr": 1e-3, "min_lr": 1e-4, "warmup": 100},
+    },
+    "smoke": {
+        "model": {"n_ctx": 16, "d_model": 16, "n_layers": 1, "n_heads": 2, "dropout": 0.0},
+        "train": {"steps": 5, "batch_size": 4, "lr": 1e-3, "min_lr": 1e-4, "warmup": 2},
+    },
+}
+
+
+def run_plain(
+    data_path: Path, recipe: dict[str, Any], device: torch.device, *, max_windows: int | None
+) -> dict[str, Any]:
+    """Train and evaluate the reference GPT with the plain loop."""
+    data = load_chars(data_path)
+    torch.manual_seed(1337)
+    model = RefGPT(RefConfig(vocab_size=data.vocab_size, **recipe["model"])).to(device)
+    stats = train(model, data, TrainConfig(**recipe["train"]), device=device, log_every=500)
+    val = evaluate(
+        model, data.val, recipe["model"]["n_ctx"], device=device, max_windows=max_windows
+    )
+    return {
+        "val_loss": val,
+        "wall_s": stats["train_seconds"],
+        "tokens_per_s": stats["tokens_per_s"],
+    }
+
+
+def run_kit(
+    config: Path,
+    data_path: Path,
+    device: torch.device,
+    *,
+    overrides: list[str],
+    max_windows: int | None,
+) -> dict[str, Any]:
+    """Train the kit's GPT with its recipe (a LightningCLI YAML); evaluate it like the plain run."""
+    from kit_runner import build_from_config
+
+    run = build_from_config(config, data_path, device, overrides=overrides)
+    t0 = time.perf_counter()
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    data = load_chars(data_path)
+    if run.chars is not None and run.chars != data.chars:
+        raise RuntimeError("the kit's character vocabulary differs from the reference's sorted one")
+    val = evaluate(run.gpt, data.val, run.n_ctx, device=device, max_windows=max_windows)
+    steps = run.trainer.global_step
+    return {
+        "val_loss": val,
+        "wall_s": wall,
+        "steps": steps,
+        "tokens_per_s": steps * run.batch_size * run.n_ctx / wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the quality benchmark and return its results."""
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=TINY_SHAKESPEARE)
+    p.add_argument("--config", type=Path, default=None, help="kit recipe (default by device)")
+    p.add_argument("--only", choices=["plain", "kit"], default=None)
+    p.add_argument("--kit-override", action="append", default=[], help="extra CLI args for the kit")
+    a = p.parse_args(argv)
+    device = setup(a)
+    key = "smoke" if a.smoke else device.type
+    config = a.config or REPO_ROOT / "configs" / (
+        "charlm_gpu.yaml" if device.type == "cuda" else "charlm_cpu.yaml"
+    )
+    max_windows = 8 if a.smoke else None
+    overrides = list(a.kit_override)
+    if a.smoke:
+        overrides += [
+            "--trainer.max_steps=5",
+            "--model.config.n_ctx=16",
+            "--model.config.d_model=16",
+            "--model.config.n_layers=1",
+            "--model.config.n_heads=2",
+            "--data.block_size=16",
+            "--data.batch_size=4",
+        ]
+    rows: list[dict[str, Any]] = []
+    plain = kit = None
+    if a.only in (None, "plain"):
+        plain = run_plain(a.data, PLAIN[key], device, max_windows=max_windows)
+        rows.append({"run": "plain", **plain})
+        print(f"plain: val {plain['val_loss']:.4f} in {plain['wall_s']:.1f}s", flush=True)
+    if a.only in (None, "kit"):
+        try:
+            kit = run_kit(config, a.data, device, overrides=overrides, max_windows=max_windows)
+        except ImportError as e:
+            print(f"kit recipe not runnable yet: {e}")
+        else:
+            rows.append({"run": f"kit ({config.name})", **kit})
+            print(f"kit: val {kit['val_loss']:.4f} in {kit['wall_s']:.1f}s", flush=True)
+    print_table(rows, ["run", "val_loss", "wall_s", "tokens_per_s"])
+    verdict = None
+    if plain and kit:
+        if device.type == "cuda":
+            ok = kit["val_loss"] <= 1.47 and kit["wall_s"] <= 0.5 * plain["wall_s"]
+            target = "kit val <= 1.47 in <= 0.5x plain wall time"
+        else:
+            ok = kit["val_loss"] < plain["val_loss"] and kit["wall_s"] <= plain["wall_s"]
+            target = "kit val < plain val in <= plain wall time"
+        wall_ratio = kit["wall_s"] / plain["wall_s"]
+        verdict = f"{target}: {'met' if ok else 'not met'} (wall ratio {wall_ratio:.2f})"
+        print(verdict)
+    result = {
+        "benchmark": "quality",
+        "machine": machine(device),
+        "date": now(),
+        "settings": {"plain": PLAIN[key], "kit_config": str(config), "overrides": overrides},
+        "rows": rows,
+        "verdict": verdict,
+    }
+    write_json(a.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Glue between the benchmarks and the kit's training layer (GPT, ``CausalLMModule``, Trainer).
+
+Two ways to get a kit training run:
+
+* :func:`lightning_run` builds ``CausalLMModule`` + ``lightning.Trainer`` directly for a given
+  ``GPTConfig`` and optimiser, fed by the same random-window batches as the plain loop, with a
+  callback that times the steady state (used by the throughput benchmark: any gap is the
+  LightningModule/Trainer overhead);
+* :func:`build_from_config` reads one of the kit's YAML recipes through the kit's own
+  ``LightningCLI`` (without running it), so the quality benchmark trains exactly what
+  ``transformer-lab fit --config configs/charlm_cpu.yaml`` would.
+
+Reference: Lightning's ``Trainer`` and ``LightningCLI`` documentation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from reference_gpt import CharData, get_batch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+
+
+class RandomWindows(IterableDataset):
+    """Endless random training windows, already batched, as ``"lm"`` dicts.
+
+    The same sampler as the plain loop (``reference_gpt.get_batch``) so both sides see the same
+    data at the same cost.
+    """
+
+    def __init__(self, data: Tensor, batch_size: int, block: int, seed: int) -> None:
+        super().__init__()
+        self.data, self.batch_size, self.block, self.seed = data, batch_size, block, seed
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        gen = torch.Generator().manual_seed(self.seed)
+        while True:
+            x, y = get_batch(self.data, self.batch_size, self.block, gen)
+            yield {"tokens": x, "targets": y}
+
+
+class StepTimer:
+    """Lightning callback: wall time from the start of batch ``skip`` to the end of training."""
+
+    def __init__(self, skip: int, device: torch.device) -> None:
+        import lightning as L
+
+        outer = self
+
+        class _CB(L.Callback):
+            def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+                if trainer.global_step == outer.skip and outer.t0 is None:
+                    outer._sync()
+                    outer.t0 = time.perf_counter()
+
+            def on_train_end(self, trainer: Any, *args: Any) -> None:
+                outer._sync()
+                outer.t1 = time.perf_counter()
+
+        self.skip, self.device = skip, device
+        self.t0: float | None = None
+        self.t1: float | None = None
+        self.callback = _CB()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @property
+    def seconds(self) -> float:
+        if self.t0 is None or self.t1 is None:
+            raise RuntimeError("the timed window was never entered: steps <= skip?")
+        return self.t1 - self.t0
+
+
+def trainer_kwargs(device: torch.device, precision: str) -> dict[str, Any]:
+    """Trainer options for a benchmark run: no progress bar, logger, summary or checkpoints."""
+    return {
+        "accelerator": "gpu" if device.type == "cuda" else "cpu",
+        "devices": 1,
+        "precision": precision,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "logger": False,
+        "log_every_n_steps": 50,
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 0,
+    }
+
+
+def lightning_run(
+    gpt_kwargs: dict[str, Any],
+    optim_kwargs: dict[str, Any],
+    data: CharData,
+    *,
+    batch_size: int,
+    steps: int,
+    skip: int,
+    device: torch.device,
+    precision: str,
+    grad_clip: float,
+    seed: int,
+) -> dict[str, float]:
+    """Train the kit's GPT for ``steps`` steps through ``CausalLMModule`` and a ``Trainer``.
+
+    Returns:
+        ``{"tokens_per_s", "seconds"}`` over the steps after the first ``skip``.
+    """
+    import lightning as L
+
+    from transformer_lab.models import GPTConfig
+    from transformer_lab.training.modules import CausalLMModule, OptimConfig
+
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab_size=data.vocab_size, **gpt_kwargs)
+    module = CausalLMModule(config=cfg, optim=OptimConfig(**optim_kwargs, total_steps=steps))
+    loader = DataLoader(
+        RandomWindows(data.train, batch_size, cfg.n_ctx, seed),
+        batch_size=None,
+        pin_memory=device.type == "cuda",
+    )
+    timer = StepTimer(skip, device)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[timer.callback],
+        gradient_clip_val=grad_clip or None,
+        **trainer_kwargs(device, precision),
+    )
+    trainer.fit(module, train_dataloaders=loader)
+    seconds = timer.seconds
+    return {"tokens_per_s": (steps - skip) * batch_size * cfg.n_ctx / seconds, "seconds": seconds}
+
+
+@dataclass
+class KitRun:
+    """A kit training run built from a YAML recipe, ready for ``trainer.fit``."""
+
+    trainer: Any
+    module: Any
+    datamodule: Any
+    gpt: torch.nn.Module
+    n_ctx: int
+    batch_size: int
+    chars: list[str] | None
+
+
+def build_from_config(
+    config: Path, data_path: Path, device: torch.device, *, overrides: list[str]
+) -> KitRun:
+    """Instantiate (without running) the kit's ``LightningCLI`` for ``fit --config config``.
+
+    The data path, accelerator and the benchmark's Trainer quietness are passed as overrides;
+    ``overrides`` come last and win.
+    """
+    from transformer_lab.training.cli import build_cli
+
+    args = [
+        "--config",
+        str(config),
+        f"--data.path={data_path}",
+        f"--trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}",
+        "--trainer.devices=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.logger=false",
+        *overrides,
+    ]
+    cli = build_cli(args)
+    dm = cli.datamodule
+    tokenizer = getattr(dm, "tokenizer", None)
+    chars = None
+    if tokenizer is not None and hasattr(tokenizer, "chars"):
+        chars = list(tokenizer.chars)
+    module = cli.model
+    return KitRun(
+        trainer=cli.trainer,
+        module=module,
+        datamodule=dm,
+        gpt=module.model,
+        n_ctx=module.model.config.n_ctx,
+        batch_size=dm.batch_size,
+        chars=chars,
+    )

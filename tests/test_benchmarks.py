@@ -1,0 +1,180 @@
+"""Smoke and semantics tests for ``benchmarks/``.
+
+Each benchmark script is run as a subprocess in its ``--smoke`` mode (tiny sizes, seconds) and
+its JSON output is checked for what the figures must mean (kit and reference agree, the cache
+gives the same tokens, losses are finite). No timing is asserted. The reference GPT, being the
+yardstick for the kit, gets semantic tests of its own (causality, evaluation, schedule).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCH = REPO_ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from _common import alternate, kit_available  # noqa: E402
+from reference_gpt import (  # noqa: E402
+    CharData,
+    RefConfig,
+    RefGPT,
+    TrainConfig,
+    evaluate,
+    load_chars,
+    lr_at,
+    train,
+)
+
+
+def run_script(name: str, tmp_path: Path, *extra: str) -> dict:
+    """Run ``benchmarks/<name>.py --smoke --device cpu`` and return its JSON results."""
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / f"{name}.py"),
+            "--smoke",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+# ----------------------------------------------------------------------------- reference GPT
+
+
+def test_reference_gpt_is_causal() -> None:
+    model = RefGPT(RefConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=2, n_heads=2)).eval()
+    idx = torch.randint(11, (2, 8))
+    changed = idx.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 11
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:]), "later positions must see the change"
+
+
+def test_reference_gpt_rejects_bad_config() -> None:
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=4"):
+        RefConfig(vocab_size=5, d_model=10, n_heads=4)
+
+
+def test_lr_schedule_warms_up_then_decays_to_floor() -> None:
+    tc = TrainConfig(steps=100, lr=1e-2, min_lr=1e-3, warmup=10)
+    lrs = [lr_at(s, tc) for s in range(100)]
+    assert lrs[0] < lrs[9] == pytest.approx(1e-2)
+    assert all(x >= y for x, y in itertools.pairwise(lrs[10:])), "cosine must not rise"
+    assert lrs[-1] == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_evaluate_matches_manual_cross_entropy() -> None:
+    torch.manual_seed(0)
+    model = RefGPT(RefConfig(vocab_size=7, n_ctx=4, d_model=8, n_layers=1, n_heads=2))
+    data = torch.randint(7, (25,))
+    got = evaluate(model, data, 4, batch_size=2)
+    x, y = data[:24].view(6, 4), data[1:25].view(6, 4)
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_plain_loop_learns_a_repeating_sequence() -> None:
+    ids = torch.tensor([0, 1, 2, 3, 4] * 200)
+    data = CharData(train=ids, val=ids[:101], chars=list("abcde"))
+    model = RefGPT(RefConfig(vocab_size=5, n_ctx=8, d_model=16, n_layers=1, n_heads=2))
+    before = evaluate(model, data.val, 8)
+    train(
+        model,
+        data,
+        TrainConfig(steps=60, batch_size=8, lr=1e-2, warmup=5),
+        device=torch.device("cpu"),
+    )
+    after = evaluate(model, data.val, 8)
+    assert before > 1.0 and after < 0.3 * before, (before, after)
+
+
+def test_load_chars_splits_90_10(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("abcdefghij" * 10)
+    data = load_chars(path)
+    assert (len(data.train), len(data.val)) == (90, 10)
+    assert data.chars == list("abcdefghij")
+
+
+def test_alternate_returns_a_median_per_candidate() -> None:
+    calls: list[str] = []
+    med = alternate(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        torch.device("cpu"),
+        repeats=3,
+        warmup=1,
+    )
+    assert set(med) == {"a", "b"} and calls.count("a") == 4
+    assert calls[:4] == ["a", "b", "b", "a"], "order must rotate between rounds"
+    with pytest.raises(ValueError, match="repeats=0"):
+        alternate({"a": lambda: None}, torch.device("cpu"), repeats=0, warmup=0)
+
+
+# ----------------------------------------------------------------------------- scripts, --smoke
+
+
+@pytest.mark.skipif(not kit_available("attention", "MultiHeadAttention"), reason="kit attention")
+def test_attention_smoke(tmp_path: Path) -> None:
+    res = run_script("bench_attention", tmp_path)
+    cases = {r["case"] for r in res["rows"]}
+    assert {"matrix", "sdpa_fn", "mha_weights", "mha_fast"} <= cases
+    assert all(r["max_abs_diff"] < 1e-4 for r in res["rows"]), "kit and SDPA must agree"
+    assert all(r["kit_ms"] > 0 and r["ref_ms"] > 0 for r in res["rows"])
+    assert (tmp_path / "bench_attention.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(not kit_available("models", "GPT"), reason="kit GPT")
+def test_throughput_smoke(tmp_path: Path) -> None:
+    res = run_script("bench_throughput", tmp_path)
+    raw = next(r for r in res["rows"] if r["measure"] == "raw fwd+bwd")
+    assert raw["kit_params"] == raw["ref_params"], "kit and reference GPT must be the same size"
+    assert all(r["ratio"] > 0 for r in res["rows"])
+
+
+@pytest.mark.skipif(not kit_available("generation", "generate"), reason="kit generate")
+def test_generation_smoke(tmp_path: Path) -> None:
+    res = run_script("bench_generation", tmp_path)
+    assert [r["batch"] for r in res["rows"]] == [1, 8]
+    assert all(r["greedy_equal"] == "yes" for r in res["rows"]), "KV cache changed the tokens"
+
+
+def test_quality_smoke(tmp_path: Path, tiny_shakespeare_path: Path) -> None:
+    res = run_script("bench_quality", tmp_path, "--data", str(tiny_shakespeare_path))
+    losses = {r["run"]: r["val_loss"] for r in res["rows"]}
+    assert "plain" in losses
+    # A 65-character vocabulary: an untrained model sits near ln(65) = 4.17.
+    assert all(math.isfinite(v) and 0 < v < 5 for v in losses.values()), losses
+
+
+@pytest.mark.slow
+def test_labs_smoke(tmp_path: Path) -> None:
+    res = run_script("bench_labs", tmp_path)
+    for row in res["rows"]:
+        assert "error" not in row, row
+        assert row["execute_s"] > 0
