@@ -1,0 +1,324 @@
+"""Decoding: logit filters for sampling, greedy seq2seq decoding, GPT generation with a KV cache,
+and beam search.
+
+Sampling draws the next token from ``softmax(logits / temperature)``, optionally restricted to the
+``k`` most likely tokens (top-k) or to the smallest set whose probability reaches ``p`` (top-p,
+"nucleus"). Filters return logits with removed entries at ``-inf`` so they compose and feed
+straight into a softmax. :func:`generate` keeps past keys/values in a
+:class:`~transformer_lab.models.KVCache`, so each new token costs one position instead of the whole
+prefix; it gives the same tokens as recomputing the prefix every step.
+
+Tie rules (stated in the lab too):
+
+* top-k keeps every token whose logit equals the ``k``-th largest, so ties at the boundary can
+  keep more than ``k`` tokens.
+* top-p sorts tokens by probability, highest first, equal probabilities in order of token id
+  (lowest first); it keeps each token whose preceding mass is ``< p``, i.e. the token that makes
+  the running total cross ``p`` is kept, and always keeps the most likely token.
+
+References: Holtzman et al., "The Curious Case of Neural Text Degeneration", ICLR 2020 (top-p);
+Fan et al., "Hierarchical Neural Story Generation", 2018 (top-k); Wu et al., "Google's Neural
+Machine Translation System", 2016 (beam search length normalisation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "apply_temperature",
+    "beam_search",
+    "generate",
+    "greedy_decode",
+    "sample_next",
+    "top_k_filter",
+    "top_p_filter",
+]
+
+
+def apply_temperature(logits: Tensor, t: float) -> Tensor:
+    """Divide logits by the temperature: ``t < 1`` sharpens, ``t > 1`` flattens.
+
+    Args:
+        logits: ``(..., V)``.
+        t: temperature, ``> 0``.
+
+    Returns:
+        ``logits / t``.
+
+    Raises:
+        ValueError: if ``t <= 0`` (use greedy decoding for the ``t -> 0`` limit).
+    """
+    if not t > 0:
+        raise ValueError(f"temperature t={t} must be > 0 (for t -> 0 use greedy decoding)")
+    return logits / t
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep the ``k`` largest logits of each row; the rest become ``-inf``.
+
+    Ties: every entry equal to the ``k``-th largest value is kept. ``k >= V`` keeps everything.
+
+    Args:
+        logits: ``(..., V)``.
+        k: number of tokens to keep, ``>= 1``.
+
+    Returns:
+        Filtered logits, same shape.
+
+    Raises:
+        ValueError: if ``k < 1``.
+    """
+    if k < 1:
+        raise ValueError(f"top-k needs k >= 1, got k={k}")
+    if k >= logits.shape[-1]:
+        return logits.clone()
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Nucleus filter: keep the most likely tokens until their total probability reaches ``p``.
+
+    A token is kept when the probability of the tokens ranked before it is ``< p``: the token
+    that crosses ``p`` is kept, the most likely token always is. Ties in probability are ranked
+    by token id, lowest first. ``p = 1`` keeps everything.
+
+    Args:
+        logits: ``(..., V)``.
+        p: probability mass in ``(0, 1]``.
+
+    Returns:
+        Filtered logits, same shape, removed entries ``-inf``.
+
+    Raises:
+        ValueError: if ``p`` is outside ``(0, 1]``.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top-p needs p in (0, 1], got p={p}")
+    if p == 1.0:
+        return logits.clone()
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove_sorted = mass_before >= p
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, -math.inf)
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Pick one token per row from ``(B, V)`` logits; ``temperature=0`` means argmax.
+
+    Returns:
+        ``(B, 1)`` token ids.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = apply_temperature(logits.float(), temperature)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue token sequences with a GPT.
+
+    Without the cache, every step runs the model on the last ``n_ctx`` tokens. With it, the prompt
+    (its last ``n_ctx`` tokens) is run once and each step feeds only the new token. Once the
+    cache holds ``n_ctx`` positions, generation falls back to recomputing over the last ``n_ctx``
+    tokens, exactly as the uncached path does, so both give the same tokens throughout.
+
+    The model is used in its current mode: call ``model.eval()`` first to disable dropout.
+
+    Args:
+        model: a :class:`~transformer_lab.models.GPT` (anything with ``config.n_ctx`` and
+            ``forward(idx) -> (B, T, V)`` works without the cache).
+        idx: prompt ``(B, T)``, ``T >= 1``.
+        max_new_tokens: tokens to append.
+        temperature: softmax temperature; ``0`` picks the argmax (greedy).
+        top_k: keep the ``k`` most likely tokens (see :func:`top_k_filter`).
+        top_p: nucleus mass (see :func:`top_p_filter`).
+        use_cache: use the model's KV cache.
+        generator: random source for sampling, on the model's device.
+
+    Returns:
+        ``(B, T + max_new_tokens)``: the prompt followed by the new tokens.
+
+    Raises:
+        ValueError: on a negative ``max_new_tokens``, an empty prompt, or bad filter values.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+    if idx.ndim != 2 or idx.shape[1] < 1:
+        raise ValueError(f"idx must be a (B, T) prompt with T >= 1, got shape {tuple(idx.shape)}")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0")
+    if max_new_tokens == 0:
+        return idx
+    n_ctx = model.config.n_ctx
+    cache = model.new_kv_cache(idx.shape[0]) if use_cache else None
+    context = idx[:, -n_ctx:]  # (B, <=n_ctx)
+    logits = (model(context, cache) if cache is not None else model(context))[:, -1]  # (B, V)
+    for step in range(max_new_tokens):
+        nxt = sample_next(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )
+        idx = torch.cat([idx, nxt], dim=1)  # (B, T + step + 1)
+        if step == max_new_tokens - 1:
+            break
+        if cache is not None and cache.length < n_ctx:
+            logits = model(nxt, cache)[:, -1]
+        else:
+            cache = None  # full (or unused): slide the window and recompute
+            logits = model(idx[:, -n_ctx:])[:, -1]
+    return idx
+
+
+@torch.no_grad()
+def greedy_decode(
+    model: nn.Module,
+    src: Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len: int,
+    src_padding_mask: Tensor | None = None,
+) -> Tensor:
+    """Greedy decoding with a :class:`~transformer_lab.models.Seq2SeqTransformer`.
+
+    The source is encoded once; the target grows one argmax token at a time from BOS. A sequence
+    that has produced EOS is continued with the model's ``pad_id`` (EOS if it has none); decoding
+    stops when every sequence has finished or the length reaches ``max_len``.
+
+    Args:
+        model: has ``encode(src, src_padding_mask)`` and
+            ``decode(tgt_in, memory, src_padding_mask)``.
+        src: ``(B, S)`` source ids.
+        bos_id: first decoder input.
+        eos_id: end token.
+        max_len: longest output, counting BOS.
+        src_padding_mask: ``(B, S)`` bool, True at real source tokens.
+
+    Returns:
+        ``(B, L)`` with ``L <= max_len``, starting with BOS.
+
+    Raises:
+        ValueError: if ``max_len < 1``.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len={max_len} must be >= 1 (it counts the BOS token)")
+    pad_id = getattr(getattr(model, "config", None), "pad_id", eos_id)
+    memory = model.encode(src, src_padding_mask)
+    B = src.shape[0]
+    ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    while ys.shape[1] < max_len and not bool(done.all()):
+        logits = model.decode(ys, memory, src_padding_mask)[:, -1]  # (B, V)
+        nxt = logits.argmax(dim=-1)
+        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)
+        done |= nxt == eos_id
+    return ys
+
+
+def beam_search(
+    step_fn: Callable[[list[int]], Tensor | Sequence[float]],
+    bos_id: int,
+    eos_id: int,
+    beam_width: int,
+    max_len: int,
+    *,
+    length_penalty: float = 0.0,
+) -> list[int]:
+    """Beam search over a next-token distribution.
+
+    Each step extends every live hypothesis with its ``beam_width`` best tokens and keeps the
+    ``beam_width`` best extensions by total log-probability; extensions ending in EOS (ranked
+    within the best ``beam_width``) are set aside as finished. With ``length_penalty = 0`` the
+    search stops as soon as the best finished hypothesis scores at least as well as every live
+    one (log-probs are ``<= 0``, so live ones can only get worse). ``beam_width = 1`` is greedy
+    decoding.
+
+    Length normalisation: the final choice ranks hypotheses by ``score / n**length_penalty`` with
+    ``n`` the number of generated tokens. ``0`` uses the raw sum (which favours short outputs);
+    ``1`` the mean log-probability per token.
+
+    Args:
+        step_fn: ``step_fn(prefix) -> (V,)`` log-probabilities of the next token.
+        bos_id: start token (the first prefix is ``[bos_id]``).
+        eos_id: end token.
+        beam_width: hypotheses kept per step, ``>= 1``.
+        max_len: longest hypothesis, counting BOS (and EOS).
+        length_penalty: exponent of the length normalisation, ``>= 0``.
+
+    Returns:
+        The best hypothesis as a list of ids, starting with BOS (ending with EOS if it finished).
+
+    Raises:
+        ValueError: if ``beam_width < 1``, ``max_len < 1`` or ``length_penalty < 0``.
+    """
+    if beam_width < 1:
+        raise ValueError(f"beam_width={beam_width} must be >= 1")
+    if max_len < 1:
+        raise ValueError(f"max_len={max_len} must be >= 1")
+    if length_penalty < 0:
+        raise ValueError(f"length_penalty={length_penalty} must be >= 0")
+
+    def normalised(hyp: tuple[list[int], float]) -> float:
+        seq, score = hyp
+        n = max(len(seq) - 1, 1)
+        return score / n**length_penalty if length_penalty else score
+
+    alive: list[tuple[list[int], float]] = [([bos_id], 0.0)]
+    finished: list[tuple[list[int], float]] = []
+    while alive and len(alive[0][0]) < max_len:
+        candidates: list[tuple[list[int], float]] = []
+        for seq, score in alive:
+            logp = torch.as_tensor(step_fn(seq), dtype=torch.float64).flatten()  # (V,)
+            top = torch.topk(logp, min(beam_width, logp.numel()))
+            for lp, tok in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                candidates.append(([*seq, tok], score + lp))
+        candidates.sort(key=lambda c: c[1], reverse=True)  # stable: ties keep earlier beams first
+        alive = []
+        for rank, (seq, score) in enumerate(candidates):
+            if seq[-1] == eos_id:
+                if rank < beam_width:
+                    finished.append((seq, score))
+            elif len(alive) < beam_width:
+                alive.append((seq, score))
+            if len(alive) == beam_width and rank >= beam_width - 1:
+                break
+        if (
+            length_penalty == 0
+            and finished
+            and alive
+            and max(s for _, s in finished) >= alive[0][1]
+        ):
+            break
+    pool = finished + alive
+    return max(pool, key=normalised)[0]
