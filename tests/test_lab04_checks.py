@@ -513,28 +513,42 @@ def test_block_hidden_checks_pass_for_every_seed(seed: int) -> None:
 
 
 class _Tagger(nn.Module):
-    """A stand-in model that predicts a fixed permutation of its input tokens."""
+    """A stand-in model that answers the sort task perfectly, or copies its input."""
 
-    def __init__(self, reverse: bool) -> None:
+    def __init__(self, solve: bool) -> None:
         super().__init__()
-        self.reverse = reverse
+        self.solve = solve
         self.block = Block(4, 1, 8)
-        self.vocab = 10
+        self.vocab = 13
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        out = tokens.flip(-1) if self.reverse else tokens
+        out = tokens
+        if self.solve:
+            # Padding (id 0) sorts first; roll each row so the real tokens come first, sorted.
+            ordered = tokens.sort(dim=-1).values
+            pads = (tokens == 0).sum(-1)
+            idx = (torch.arange(tokens.shape[1])[None, :] + pads[:, None]) % tokens.shape[1]
+            out = ordered.gather(1, idx)
         return F.one_hot(out, self.vocab).float()  # (B, T, V)
 
 
+def test_held_out_batches_are_the_sort_task() -> None:
+    batches = lab04.held_out_batches("sort", seq_len=8, min_len=4, n=300)
+    assert [b["tokens"].shape[0] for b in batches] == [128, 128, 44]
+    b = batches[0]
+    real = b["targets"] != -100
+    assert torch.equal(real, b["padding_mask"])
+    assert bool((b["targets"][:, 1:] >= b["targets"][:, :-1])[real[:, 1:]].all())
+
+
 def test_trained_encoder_check_measures_accuracy() -> None:
-    tokens = torch.randint(0, 10, (4, 6))
-    batches = [{"tokens": tokens, "padding_mask": torch.ones(4, 6, dtype=torch.bool),
-                "targets": tokens.flip(-1)}]  # fmt: skip
-    assert lab04.check_trained_encoder(_Tagger(True), batches, Block, min_accuracy=0.99) == 1.0
-    with pytest.raises(AssertionError, match=r"token accuracy"):
-        lab04.check_trained_encoder(_Tagger(False), batches, Block, min_accuracy=0.9)
+    assert lab04.check_trained_encoder(_Tagger(True), Block, min_accuracy=0.99) == 1.0
+    with pytest.raises(AssertionError, match=r"token accuracy on new sort sequences"):
+        lab04.check_trained_encoder(_Tagger(False), Block, min_accuracy=0.9)
     with pytest.raises(AssertionError, match=r"none of your EncoderBlocks"):
-        lab04.check_trained_encoder(_Tagger(True), batches, FFSequential, min_accuracy=0.5)
+        lab04.check_trained_encoder(_Tagger(True), FFSequential, min_accuracy=0.5)
+    with pytest.raises(AssertionError, match=r"did the training cell run"):
+        lab04.check_trained_encoder(None, Block, min_accuracy=0.5)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------------

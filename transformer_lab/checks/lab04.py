@@ -48,6 +48,7 @@ __all__ = [
     "check_feed_forward",
     "check_layer_norm",
     "check_trained_encoder",
+    "held_out_batches",
     "hidden_check_encoder_block_mask",
     "hidden_check_encoder_block_post_norm",
     "hidden_check_encoder_block_pre_norm",
@@ -881,34 +882,79 @@ def accuracy_on_fresh_data(model: nn.Module, batches: Sequence[dict[str, Tensor]
     return correct / total
 
 
+def held_out_batches(
+    task: str = "sort",
+    *,
+    seq_len: int = 8,
+    min_len: int | None = 4,
+    num_symbols: int = 10,
+    n: int = 512,
+    batch_size: int = 128,
+    seed: int = 2024,
+) -> list[dict[str, Tensor]]:
+    """Fresh tagging batches of a synthetic task, from a seed no training split uses.
+
+    Returns:
+        ``ceil(n / batch_size)`` dicts with ``tokens``, ``padding_mask``, ``targets`` ``(b, T)``.
+    """
+    from transformer_lab.data.synthetic import make_task
+
+    data = make_task(
+        task,
+        n,
+        format="tagging",
+        generator=torch.Generator().manual_seed(seed),
+        seq_len=seq_len,
+        num_symbols=num_symbols,
+        min_len=min_len,
+    )
+    return [{k: v[i : i + batch_size] for k, v in data.items()} for i in range(0, n, batch_size)]
+
+
 def check_trained_encoder(
     model: nn.Module,
-    batches: Sequence[dict[str, Tensor]],
     block_cls: type,
     *,
     min_accuracy: float,
+    task: str = "sort",
+    seq_len: int = 8,
+    min_len: int | None = 4,
+    num_symbols: int = 10,
 ) -> float:
     """Graded check of the trained encoder: built from the student's blocks, accurate on new data.
 
     Args:
-        model: the trained ``EncoderClassifier``.
-        batches: held-out tagging batches the model never trained on.
+        model: the trained ``EncoderClassifier`` (token head).
         block_cls: the student's ``EncoderBlock`` class; the model must contain its blocks.
-        min_accuracy: token accuracy the model must reach.
+        min_accuracy: token accuracy the model must reach on sequences it has never seen.
+        task, seq_len, min_len, num_symbols: the task the notebook trains on.
 
     Returns:
         The measured token accuracy.
     """
+    if not isinstance(model, nn.Module):
+        raise AssertionError(
+            f"`model` should be your trained EncoderClassifier, got {type(model).__name__}: did "
+            "the training cell run?"
+        )
     if not any(isinstance(m, block_cls) for m in model.modules()):
         raise AssertionError(
             "your model contains none of your EncoderBlocks: build it with "
             "EncoderClassifier(config, blocks=[EncoderBlock(...) for _ in range(n_layers)])."
         )
-    acc = accuracy_on_fresh_data(model, batches)
+    batches = held_out_batches(task, seq_len=seq_len, min_len=min_len, num_symbols=num_symbols)
+    try:
+        acc = accuracy_on_fresh_data(model, batches)
+    except AssertionError:
+        raise
+    except Exception as exc:
+        raise AssertionError(
+            f"running your model on new {task} sequences raised {type(exc).__name__}: {exc}"
+        ) from exc
     if acc < min_accuracy:
         raise AssertionError(
-            f"your encoder reaches {acc:.1%} token accuracy on new sequences, expected at least "
-            f"{min_accuracy:.0%}: check that the training cell ran to the end, that your blocks "
-            "pass the checks above, and that the mask reaches self_attn."
+            f"your encoder reaches {acc:.1%} token accuracy on new {task} sequences, expected at "
+            f"least {min_accuracy:.0%}: check that the training cell ran to the end, that your "
+            "blocks pass the checks above, and that the mask reaches self_attn."
         )
     return acc
