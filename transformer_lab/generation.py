@@ -182,7 +182,9 @@ def generate(
     if max_new_tokens == 0:
         return idx
     n_ctx = model.config.n_ctx
-    cache = model.new_kv_cache(idx.shape[0]) if use_cache else None
+    # Models without a cache (e.g. a plain reference GPT) simply recompute every step.
+    can_cache = use_cache and hasattr(model, "new_kv_cache")
+    cache = model.new_kv_cache(idx.shape[0]) if can_cache else None
     context = idx[:, -n_ctx:]  # (B, <=n_ctx)
     logits = (model(context, cache) if cache is not None else model(context))[:, -1]  # (B, V)
     for step in range(max_new_tokens):
