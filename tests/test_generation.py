@@ -158,6 +158,9 @@ def test_greedy_decode_matches_step_by_step_argmax_and_stops_at_eos() -> None:
             assert (out[b, n:] == config.pad_id).all()  # after EOS: padding
     with pytest.raises(ValueError, match="max_len=0"):
         greedy_decode(model, src, 1, 2, 0)
+    # a max_len beyond the model's position table is capped, not an error mid-decoding
+    model.output.bias.data[2] = -1e4  # never EOS: decode to the cap
+    assert greedy_decode(model, src, 1, 2, 50).shape == (4, config.max_len)
 
 
 def test_greedy_decode_respects_source_padding() -> None:

@@ -215,7 +215,8 @@ def greedy_decode(
 
     The source is encoded once; the target grows one argmax token at a time from BOS. A sequence
     that has produced EOS is continued with the model's ``pad_id`` (EOS if it has none); decoding
-    stops when every sequence has finished or the length reaches ``max_len``.
+    stops when every sequence has finished or the length reaches ``max_len`` (capped at the
+    model's ``config.max_len``, the longest target its position table covers).
 
     Args:
         model: has ``encode(src, src_padding_mask)`` and
@@ -234,7 +235,10 @@ def greedy_decode(
     """
     if max_len < 1:
         raise ValueError(f"max_len={max_len} must be >= 1 (it counts the BOS token)")
-    pad_id = getattr(getattr(model, "config", None), "pad_id", eos_id)
+    config = getattr(model, "config", None)
+    pad_id = getattr(config, "pad_id", eos_id)
+    # The decoder cannot read past its position table: stop there rather than fail mid-way.
+    max_len = min(max_len, getattr(config, "max_len", max_len))
     memory = model.encode(src, src_padding_mask)
     B = src.shape[0]
     ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
