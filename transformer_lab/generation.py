@@ -247,7 +247,7 @@ def greedy_decode(
         logits = model.decode(ys, memory, src_padding_mask)[:, -1]  # (B, V)
         nxt = logits.argmax(dim=-1)
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        ys = torch.cat([ys, nxt[:, None]], dim=1)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)  # (B, L + 1)
         done |= nxt == eos_id
     return ys
 
