@@ -222,3 +222,18 @@ def test_mha_dropout_only_in_training() -> None:
     mha.train()
     c, _ = mha(x, x, x)
     assert not torch.allclose(a, c)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_mha_is_causal_equals_explicit_causal_mask(need_weights: bool) -> None:
+    mha = MultiHeadAttention(8, 2).double()
+    x = torch.randn(2, 5, 8, dtype=F64)
+    ref, ref_w = mha(x, x, x, mask=causal_mask(5), need_weights=need_weights)
+    out, w = mha(x, x, x, is_causal=True, need_weights=need_weights)
+    torch.testing.assert_close(out, ref)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w)
+    with pytest.raises(ValueError, match=r"is_causal=True.*\(5, 5\)"):
+        mha(x, x, x, mask=causal_mask(5), is_causal=True)
+    with pytest.raises(ValueError, match=r"T=5, S=3"):
+        mha(x, x[:, :3], x[:, :3], is_causal=True)

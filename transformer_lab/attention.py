@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_lab.masks import check_mask
+from transformer_lab.masks import causal_mask, check_mask
 
 __all__ = [
     "MultiHeadAttention",
@@ -261,6 +261,8 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         need_weights: bool = True,
+        *,
+        is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -271,6 +273,9 @@ class MultiHeadAttention(nn.Module):
             mask: bool broadcasting to ``(B, H, T, S)``, True = may attend.
             need_weights: return the per-head weights (explicit path); if False, use the
                 fused kernel and return ``None`` for the weights.
+            is_causal: apply the causal mask (query ``t`` sees keys ``0..t``) without building
+                it; the fused path then uses the kernel's own causal mode, which skips the
+                masked half of the work. Requires ``mask=None`` and ``T == S``.
 
         Returns:
             ``(out (B, T, D), weights (B, H, T, S) or None)``. The weights are those before
@@ -278,16 +283,25 @@ class MultiHeadAttention(nn.Module):
         """
         if query.shape[-1] != self.d_model:
             raise ValueError(f"query width {query.shape[-1]} != d_model={self.d_model}")
+        if is_causal and (mask is not None or query.shape[1] != key.shape[1]):
+            raise ValueError(
+                f"is_causal=True needs mask=None and T == S; got mask "
+                f"{None if mask is None else tuple(mask.shape)}, T={query.shape[1]}, "
+                f"S={key.shape[1]}"
+            )
         q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
         k = split_heads(self.k_proj(key), self.n_heads)  # (B, H, S, Dh)
         v = split_heads(self.v_proj(value), self.n_heads)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
         if need_weights:
+            if is_causal:
+                mask = causal_mask(query.shape[1], device=query.device)
             out, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T, Dh)
             if p > 0.0:
                 out = F.dropout(weights, p=p, training=True) @ v
         else:
-            out, weights = fast_attention(q, k, v, mask, dropout_p=p), None
+            out = fast_attention(q, k, v, mask, dropout_p=p, is_causal=is_causal)
+            weights = None
         return self.out_proj(merge_heads(out)), weights  # (B, T, D)
 
 
