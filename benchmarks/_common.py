@@ -174,6 +174,8 @@ def fmt(x: float | None, spec: str = ".3g") -> str:
     """Format a figure, ``n/a`` for missing ones; large figures with thousands separators."""
     if x is None:
         return "n/a"
+    if isinstance(x, int):
+        return str(x)
     if isinstance(x, float) and abs(x) >= 1000:
         return f"{x:,.0f}"
     return format(x, spec)
