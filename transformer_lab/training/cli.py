@@ -1,0 +1,289 @@
+"""``transformer-lab fit|validate|test|predict``: Lightning's ``LightningCLI`` over the kit.
+
+A run is described by a YAML file in ``configs/`` naming a LightningModule (``model``), a
+DataModule (``data``) and Trainer options; every option can be overridden on the command line
+(``--trainer.max_steps 500``, ``--trainer.devices 2 --trainer.strategy ddp``,
+``--model.optim.lr 1e-3``). What this module adds to Lightning's CLI:
+
+* **Linked sizes.** ``vocab_size``, the special ids and lengths are read from the instantiated
+  DataModule and written into the model config (``link_arguments(..., apply_on="instantiate")``),
+  so a YAML file never repeats them. A link whose source or target does not exist for the chosen
+  pair (a GPT has no ``pad_id``) is skipped.
+* **Precision.** ``--trainer.precision`` defaults to the device's best choice
+  (:func:`~transformer_lab.training.devices.choose_precision`); giving it overrides that.
+* **Checkpoints.** ``ModelCheckpoint`` keeps the best epoch (by the ``checkpoint.monitor`` metric)
+  and ``last.ckpt`` under ``runs/<name>/version_<n>/checkpoints/``. ``--ckpt_path last`` (or
+  ``best``) resumes from the newest such file of the same run name, in a new version directory;
+  checkpoints of another model or config, and unreadable files, are refused with one line.
+* **Loggers.** By default ``runs/<name>/version_<n>/`` gets a ``CSVLogger`` (``metrics.csv``, read
+  by :func:`transformer_lab.plots.plot_loss_curves`) and, when the ``tensorboard`` package is
+  installed, a ``TensorBoardLogger`` in the same directory (``tensorboard --logdir runs``).
+  ``--run.logger csv`` keeps only the CSV file; an explicit ``--trainer.logger`` replaces both.
+  ``<name>`` is ``--run.name``, by default the config file's stem (``reverse``).
+* **Examples.** At the end of ``fit``, a few validation examples are printed (``--examples.*``).
+
+Reference: https://lightning.ai/docs/pytorch/stable/cli/lightning_cli.html
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+
+from transformer_lab.training.callbacks import ShowExamples
+from transformer_lab.training.devices import choose_precision
+from transformer_lab.training.modules import (
+    CHECKPOINT_KEY,
+    CheckpointMismatchError,
+    check_checkpoint_matches,
+)
+
+__all__ = [
+    "DATA_LINKS",
+    "TransformerLabCLI",
+    "find_checkpoint",
+    "load_checkpoint_file",
+    "run_lightning_cli",
+]
+
+RUNS_DIR = "runs"
+
+# (DataModule attribute, model config field): applied where both exist.
+DATA_LINKS: tuple[tuple[str, str], ...] = (
+    ("vocab_size", "vocab_size"),
+    ("src_vocab_size", "src_vocab_size"),
+    ("tgt_vocab_size", "tgt_vocab_size"),
+    ("num_classes", "num_classes"),
+    ("pad_id", "pad_id"),
+    ("bos_id", "bos_id"),
+    ("eos_id", "eos_id"),
+    ("max_len", "max_len"),
+    ("block_size", "n_ctx"),
+)
+
+
+def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU, turning every failure into one readable error.
+
+    Args:
+        path: the ``.ckpt`` file.
+
+    Returns:
+        The checkpoint dict.
+
+    Raises:
+        CheckpointMismatchError: if the file is missing, unreadable, or not a transformer_lab
+            checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointMismatchError(f"checkpoint {path} does not exist")
+    try:
+        # weights_only=False: Lightning checkpoints hold optimizer and callback state. Only load
+        # checkpoints you wrote yourself.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises many types for a damaged file
+        raise CheckpointMismatchError(
+            f"checkpoint {path} cannot be read (corrupt, truncated or not a checkpoint): "
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        ) from None
+    if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint:
+        raise CheckpointMismatchError(
+            f"checkpoint {path} was not written by transformer-lab (no {CHECKPOINT_KEY!r} entry)"
+        )
+    return checkpoint
+
+
+def find_checkpoint(alias: str, run_root: str | Path) -> Path:
+    """Resolve ``"last"`` or ``"best"`` to a file of the newest version of a run.
+
+    Args:
+        alias: ``"last"`` or ``"best"``.
+        run_root: the run's directory, ``runs/<name>``, holding ``version_<n>/checkpoints/``.
+
+    Returns:
+        The newest ``last.ckpt`` (``"last"``) or the best checkpoint recorded in it (``"best"``).
+
+    Raises:
+        CheckpointMismatchError: if the run has no checkpoint yet.
+        ValueError: for another alias.
+    """
+    if alias not in ("last", "best"):
+        raise ValueError(f"alias={alias!r} must be 'last' or 'best'")
+    run_root = Path(run_root)
+    candidates = sorted(
+        run_root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime
+    )
+    if not candidates:
+        raise CheckpointMismatchError(
+            f"--ckpt_path {alias}: no {run_root}/version_*/checkpoints/last.ckpt yet; "
+            "train first (or pass a checkpoint file)"
+        )
+    last = candidates[-1]
+    if alias == "last":
+        return last
+    state = load_checkpoint_file(last).get("callbacks", {})
+    for key, value in state.items():
+        if "ModelCheckpoint" in str(key) and value.get("best_model_path"):
+            best = Path(value["best_model_path"])
+            if best.is_file():
+                return best
+    raise CheckpointMismatchError(f"--ckpt_path best: {last} records no best checkpoint on disk")
+
+
+def _default_loggers(save_dir: str, name: str, kind: str) -> list[Logger]:
+    csv = CSVLogger(save_dir=save_dir, name=name)
+    loggers: list[Logger] = [csv]
+    has_tensorboard = any(
+        importlib.util.find_spec(package) is not None for package in ("tensorboard", "tensorboardX")
+    )
+    if kind == "tensorboard" and not has_tensorboard:
+        raise ValueError("--run.logger tensorboard needs the tensorboard package: pip install it")
+    if kind == "tensorboard" or (kind == "auto" and has_tensorboard):
+        # Same directory as the CSV files: one folder per run version.
+        loggers.append(
+            TensorBoardLogger(save_dir=save_dir, name=name, version=csv.version, sub_dir=None)
+        )
+    return loggers
+
+
+class TransformerLabCLI(LightningCLI):
+    """``LightningCLI`` with linked data sizes, automatic precision, checkpoints and examples."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for source, target in DATA_LINKS:
+            parser.link_arguments(
+                f"data.{source}", f"model.init_args.config.{target}", apply_on="instantiate"
+            )
+        parser.add_argument(
+            "--run.name",
+            type=str | None,
+            default=None,
+            help="run name: logs and checkpoints go to runs/<name>/ (default: config file stem)",
+        )
+        parser.add_argument(
+            "--run.logger",
+            type=Literal["auto", "csv", "tensorboard"],
+            default="auto",
+            help="auto: CSV, plus TensorBoard when installed; csv: CSV only; tensorboard: both",
+        )
+        parser.add_argument("--run.save_dir", type=str, default=RUNS_DIR, help="root of all runs")
+        parser.add_argument(
+            "--run.num_threads",
+            type=int | None,
+            default=None,
+            help="CPU threads for torch (default: torch's choice); 1 suits tiny models best",
+        )
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val_loss",
+                "checkpoint.mode": "min",
+                "checkpoint.save_last": True,
+                "checkpoint.save_top_k": 1,
+                "checkpoint.filename": "best-{epoch}-{step}",
+                "trainer.precision": choose_precision(),
+            }
+        )
+        parser.add_lightning_class_args(ShowExamples, "examples")
+
+    # -- run name and loggers ---------------------------------------------------------------------
+
+    def _section(self, config: Any) -> Any:
+        return config[self.subcommand] if self.subcommand else config
+
+    def _run_name(self) -> str:
+        section = self._section(self.config)
+        name = section.get("run", {}).get("name") if hasattr(section, "get") else None
+        if name:
+            return str(name)
+        configs = section.get("config") or []
+        if configs:
+            return Path(str(configs[-1])).stem
+        return type(self.model).__name__.removesuffix("Module").lower() or "run"
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        section = self._section(self.config_init)
+        threads = (section.get("run") or {}).get("num_threads")
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"run.num_threads={threads} must be >= 1")
+            torch.set_num_threads(threads)
+        if section["trainer"].get("logger") in (True, None) and "logger" not in kwargs:
+            # Lightning's default logger (TensorBoard, or CSV in lightning_logs/) is replaced
+            # by ours under runs/<name>/; `--trainer.logger false` still disables logging.
+            run = section.get("run") or {}
+            kwargs["logger"] = _default_loggers(
+                str(run.get("save_dir") or RUNS_DIR), self._run_name(), run.get("logger", "auto")
+            )
+        return super().instantiate_trainer(**kwargs)
+
+    # -- checkpoint resolution and validation -------------------------------------------------
+
+    def _prepare_checkpoint(self) -> None:
+        section = self._section(self.config_init)
+        ckpt_path = section.get("ckpt_path")
+        if ckpt_path is None:
+            return
+        if ckpt_path in ("last", "best"):
+            logger = self.trainer.loggers[0] if self.trainer.loggers else None
+            if logger is None or logger.save_dir is None:
+                return  # no run directory to search: leave it to Lightning
+            resolved = find_checkpoint(ckpt_path, Path(logger.save_dir) / str(logger.name))
+            print(f"resuming from {resolved}", file=sys.stderr)
+            section["ckpt_path"] = ckpt_path = str(resolved)
+        checkpoint = load_checkpoint_file(ckpt_path)
+        check_checkpoint_matches(checkpoint, self.model)
+
+    def before_fit(self) -> None:
+        self._prepare_checkpoint()
+
+    def before_validate(self) -> None:
+        self._prepare_checkpoint()
+
+    def before_test(self) -> None:
+        self._prepare_checkpoint()
+
+    def before_predict(self) -> None:
+        self._prepare_checkpoint()
+
+
+def run_lightning_cli(args: list[str] | None = None) -> int:
+    """Run ``transformer-lab fit|validate|test|predict`` with ``args`` (the words after the
+    program name).
+
+    Args:
+        args: command-line words, e.g. ``["fit", "--config", "configs/reverse.yaml"]``;
+            ``None`` reads ``sys.argv``.
+
+    Returns:
+        The process exit status: 0 on success, 2 for a refused checkpoint or bad value, or the
+        code of the argument parser's exit (``--help`` gives 0).
+    """
+    try:
+        TransformerLabCLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            seed_everything_default=0,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"default_env": False},
+            # Lightning warns when given args equal to the process's own argv: pass None then.
+            args=None if args is None or list(args) == sys.argv[1:] else args,
+        )
+    except CheckpointMismatchError as error:
+        print(f"transformer-lab: error: {error}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0

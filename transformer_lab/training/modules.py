@@ -1,0 +1,621 @@
+"""LightningModules: thin training wrappers around the kit's plain ``nn.Module`` models.
+
+Each module owns exactly one model and adds what training needs around it: the loss, metrics,
+the optimizer and its schedule, and checkpoint bookkeeping. The model itself stays a plain
+PyTorch module from :mod:`transformer_lab.models`, so the same object can be used in a notebook,
+by the benchmarks or by the decoding functions without Lightning.
+
+* :class:`ClassifierModule`: an encoder with a token head (tagging tasks such as copy, reverse,
+  sort: logits ``(B, T, C)``) or a sequence head (one label per sequence: logits ``(B, C)``).
+* :class:`Seq2SeqModule`: an encoder-decoder trained with teacher forcing.
+* :class:`CausalLMModule`: a decoder-only GPT trained on next-token prediction.
+
+A module is built either from a config (the CLI and YAML files do this; ``vocab_size`` and the
+other data-dependent fields are linked in from the DataModule) or from a ready model, e.g. one
+assembled from a student's blocks::
+
+    ClassifierModule(model=EncoderClassifier(cfg, blocks=my_blocks))
+
+The pattern (``save_hyperparameters``, one ``_shared_step(batch, stage)`` logging
+``f"{stage}_loss"``, a per-step schedule from ``configure_optimizers``) follows the Lightning
+documentation and the UvA deep-learning tutorials (tutorial 6, Transformers).
+Optimisation: AdamW (Loshchilov & Hutter, 2019) with decay on matrices only, linear warm-up and
+cosine decay (:mod:`transformer_lab.training.schedule`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import Perplexity
+
+from transformer_lab.models import (
+    GPT,
+    EncoderClassifier,
+    EncoderConfig,
+    GPTConfig,
+    Seq2SeqConfig,
+    Seq2SeqTransformer,
+)
+from transformer_lab.training.schedule import warmup_cosine_scheduler, weight_decay_groups
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "CausalLMModule",
+    "CheckpointMismatchError",
+    "ClassifierModule",
+    "OptimConfig",
+    "Seq2SeqModule",
+]
+
+IGNORE_INDEX = -100
+CHECKPOINT_KEY = "transformer_lab"
+STAGES = ("train", "val", "test")
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint that does not belong to the model it is loaded into (or cannot be read)."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and learning-rate schedule settings shared by every module.
+
+    Attributes:
+        lr: peak learning rate, reached at the end of warm-up.
+        weight_decay: AdamW decay on weight matrices (biases and norms are never decayed).
+        betas: Adam's moment coefficients.
+        warmup_steps: linear warm-up length in optimizer steps (cut short for very short runs).
+        total_steps: step where the cosine reaches its floor; ``None`` uses the Trainer's
+            estimate (``max_steps``, or ``max_epochs`` times the batches per epoch).
+        min_lr_ratio: floor of the cosine as a fraction of ``lr``.
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = 100
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.total_steps is not None and self.total_steps <= 0:
+            raise ValueError(f"total_steps={self.total_steps} must be > 0 (or None)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
+        self.betas = tuple(self.betas)  # YAML gives a list
+
+
+def _as_config(config: Any, cls: type) -> Any:
+    """Accept a config dataclass or its ``asdict`` form (how checkpoints store it)."""
+    if config is None or isinstance(config, cls):
+        return config
+    if isinstance(config, Mapping):
+        return cls(**config)
+    raise ValueError(f"config must be a {cls.__name__} or a mapping, got {type(config).__name__}")
+
+
+def _config_dict(config: Any) -> dict[str, Any] | None:
+    return None if config is None else dataclasses.asdict(config)
+
+
+class _TransformerModule(L.LightningModule):
+    """What all three modules share: optimizer, schedule, checkpoint checks, metric plumbing."""
+
+    model: nn.Module
+    config_class: type
+
+    def __init__(self, config: Any, model: nn.Module | None, optim: OptimConfig | None) -> None:
+        super().__init__()
+        config = _as_config(config, self.config_class)
+        if model is None and config is None:
+            raise ValueError(f"{type(self).__name__} needs a config or a model (both are None)")
+        if model is not None and config is None:
+            config = getattr(model, "config", None)
+            config = config if isinstance(config, self.config_class) else None
+        self.config = config
+        self.optim = _as_config(optim, OptimConfig) or OptimConfig()
+        self.model = model if model is not None else self.build_model(config)
+        # Store plain dicts: they round-trip through hparams.yaml and checkpoints without pickling
+        # the dataclasses. The model instance itself is never a hyperparameter.
+        self.save_hyperparameters(ignore=["model"])
+        self.hparams["config"] = _config_dict(config)
+        self.hparams["optim"] = dataclasses.asdict(self.optim)
+        # Filled from the DataModule when training starts so checkpoints can rebuild the vocabulary.
+        self.data_info: dict[str, Any] = {}
+
+    def build_model(self, config: Any) -> nn.Module:
+        raise NotImplementedError
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self.model(*args, **kwargs)
+
+    def _metrics(self, stage: str) -> MetricCollection:
+        return self.metrics[f"{stage}_metrics"]
+
+    def _log_stage(self, stage: str, loss: Tensor, batch_size: int) -> None:
+        on_step = stage == "train"
+        self.log(
+            f"{stage}_loss",
+            loss,
+            on_step=on_step,
+            on_epoch=not on_step,
+            prog_bar=True,
+            batch_size=batch_size,
+        )
+        # Metric objects are computed and reset by Lightning at epoch end (no per-step sync).
+        self.log_dict(self._metrics(stage), on_step=False, on_epoch=True, prog_bar=stage != "train")
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "test")
+
+    def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+        raise NotImplementedError
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optim
+        groups = weight_decay_groups(self.model, cfg.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        total = cfg.total_steps
+        if total is None:
+            estimate = self.trainer.estimated_stepping_batches
+            if not math.isfinite(estimate):
+                raise ValueError(
+                    "the learning-rate schedule needs a finite length: set --trainer.max_steps, "
+                    "--trainer.max_epochs or --model.optim.total_steps"
+                )
+            total = int(estimate)
+        total = max(1, total)
+        # A run shorter than the warm-up (fast_dev_run, smoke tests) still gets a valid schedule.
+        warmup = min(cfg.warmup_steps, total - 1)
+        scheduler = warmup_cosine_scheduler(optimizer, warmup, total, cfg.min_lr_ratio)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def on_fit_start(self) -> None:
+        self.data_info = describe_datamodule(getattr(self.trainer, "datamodule", None))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from transformer_lab import __version__
+
+        checkpoint[CHECKPOINT_KEY] = {
+            "module": f"{type(self).__module__}.{type(self).__qualname__}",
+            "config": self.hparams.get("config"),
+            "data": self.data_info,
+            "version": __version__,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        check_checkpoint_matches(checkpoint, self)
+        self.data_info = dict(checkpoint.get(CHECKPOINT_KEY, {}).get("data") or {})
+
+
+def describe_datamodule(datamodule: Any) -> dict[str, Any]:
+    """Collect what decoding needs from a DataModule: ids, sizes and the tokenizer's state.
+
+    Args:
+        datamodule: the DataModule of the run (or ``None``).
+
+    Returns:
+        A JSON-friendly dict with the DataModule's class path, its special ids and sizes, and
+        ``"tokenizer"``: the tokenizer's ``to_dict()`` form (with its class path) where one exists.
+    """
+    if datamodule is None:
+        return {}
+    info: dict[str, Any] = {
+        "datamodule": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
+    }
+    for name in (
+        "task",
+        "format",
+        "vocab_size",
+        "src_vocab_size",
+        "tgt_vocab_size",
+        "num_classes",
+        "pad_id",
+        "bos_id",
+        "eos_id",
+        "max_len",
+        "block_size",
+    ):
+        value = getattr(datamodule, name, None)
+        if isinstance(value, int | float | str | bool):
+            info[name] = value
+    for name in ("tokenizer", "src_tokenizer", "tgt_tokenizer"):
+        try:
+            tokenizer = getattr(datamodule, name, None)
+        except ImportError:  # a lazily imported tokenizer module that is not available
+            tokenizer = None
+        to_dict = getattr(tokenizer, "to_dict", None)
+        if callable(to_dict):
+            info[name] = {
+                "class": f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}",
+                "state": to_dict(),
+            }
+    vocabulary = getattr(datamodule, "vocabulary", None) or getattr(datamodule, "itos", None)
+    if isinstance(vocabulary, list | tuple) and all(isinstance(s, str) for s in vocabulary):
+        info["vocabulary"] = list(vocabulary)
+    return info
+
+
+def check_checkpoint_matches(checkpoint: Mapping[str, Any], module: L.LightningModule) -> None:
+    """Refuse a checkpoint written by another kind of module or another model configuration.
+
+    Args:
+        checkpoint: the loaded checkpoint dict.
+        module: the module about to receive its weights.
+
+    Raises:
+        CheckpointMismatchError: naming the differing module class or config fields.
+    """
+    ours = checkpoint.get(CHECKPOINT_KEY)
+    if not isinstance(ours, Mapping):
+        raise CheckpointMismatchError(
+            "the checkpoint was not written by a transformer_lab module (no "
+            f"{CHECKPOINT_KEY!r} entry); keys found: {sorted(checkpoint)[:8]}"
+        )
+    expected = f"{type(module).__module__}.{type(module).__qualname__}"
+    if ours.get("module") != expected:
+        raise CheckpointMismatchError(
+            f"the checkpoint holds a {ours.get('module')}, but this run builds a {expected}: "
+            "pass the config the checkpoint was trained with"
+        )
+    theirs_cfg = ours.get("config") or {}
+    our_cfg = module.hparams.get("config") or {}
+    differing = {
+        key: (theirs_cfg.get(key), our_cfg.get(key))
+        for key in sorted(set(theirs_cfg) | set(our_cfg))
+        if theirs_cfg.get(key) != our_cfg.get(key)
+    }
+    if differing:
+        details = ", ".join(
+            f"{key}: checkpoint {a!r} vs run {b!r}" for key, (a, b) in differing.items()
+        )
+        raise CheckpointMismatchError(
+            f"the checkpoint's model config differs from this run's ({details}): "
+            "it belongs to another config"
+        )
+
+
+def _flat_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int) -> Tensor:
+    """Mean cross-entropy over the non-ignored positions; logits ``(..., V)``, targets ``(...)``."""
+    vocab = logits.shape[-1]
+    # Loss in float32 even under mixed precision: log-softmax over V in bf16 loses digits.
+    return F.cross_entropy(
+        logits.reshape(-1, vocab).float(),  # (B*T, V)
+        targets.reshape(-1),  # (B*T,)
+        ignore_index=ignore_index,
+    )
+
+
+def _exact_match(predictions: Tensor, targets: Tensor, ignore_index: int) -> Tensor:
+    """Per-sequence 1.0 where every non-ignored position is right; inputs ``(B, T)``."""
+    correct = (predictions == targets) | (targets == ignore_index)  # (B, T)
+    return correct.all(dim=-1).float()  # (B,)
+
+
+class ClassifierModule(_TransformerModule):
+    """Train an :class:`~transformer_lab.models.EncoderClassifier` (token or sequence head).
+
+    Batches (``"tagging"``, see ``docs/contracts.md``): ``tokens (B, T)``, ``padding_mask (B, T)``
+    (True at real tokens) and ``targets``: ``(B, T)`` with ``-100`` where nothing is predicted for
+    a token head, ``(B,)`` for a sequence head.
+
+    Logged: ``{stage}_loss``, ``{stage}_acc`` (token accuracy over non-ignored positions, or
+    sequence accuracy for a sequence head) and ``{stage}_exact_match`` (token head: fraction of
+    sequences with every position right).
+
+    Args:
+        config: model configuration (``vocab_size``/``max_len`` are linked from the DataModule
+            by the CLI); ignored when ``model`` is given.
+        model: a ready model, e.g. one built from a student's blocks.
+        optim: optimizer and schedule settings.
+    """
+
+    config_class = EncoderConfig
+
+    def __init__(
+        self,
+        config: EncoderConfig | None = None,
+        model: nn.Module | None = None,
+        optim: OptimConfig | None = None,
+    ) -> None:
+        super().__init__(config, model, optim)
+        num_classes = self._num_classes()
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_metrics": MetricCollection(
+                    {
+                        "acc": MulticlassAccuracy(
+                            num_classes, average="micro", ignore_index=IGNORE_INDEX
+                        ),
+                        "exact_match": MeanMetric(),
+                    },
+                    prefix=f"{stage}_",
+                )
+                for stage in STAGES
+            }
+        )
+
+    def build_model(self, config: EncoderConfig) -> nn.Module:
+        return EncoderClassifier(config)
+
+    def _num_classes(self) -> int:
+        config = self.config
+        if config is not None:
+            return config.num_classes if config.num_classes is not None else config.vocab_size
+        head = getattr(self.model, "head", None)
+        out = getattr(head, "out_features", None)
+        if out is None:
+            raise ValueError(
+                "cannot tell the number of classes: pass a model with a `config` attribute "
+                "(EncoderConfig) or an `nn.Linear` named `head`"
+            )
+        return int(out)
+
+    def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+        tokens, targets = batch["tokens"], batch["targets"]
+        logits = self.model(tokens, padding_mask=batch.get("padding_mask"))  # (B, T, C) | (B, C)
+        loss = _flat_cross_entropy(logits, targets, IGNORE_INDEX)
+        predictions = logits.argmax(dim=-1)  # (B, T) | (B,)
+        metrics = self._metrics(stage)
+        metrics["acc"].update(predictions.reshape(-1), targets.reshape(-1))
+        if targets.dim() == 2:
+            metrics["exact_match"].update(_exact_match(predictions, targets, IGNORE_INDEX))
+        else:
+            metrics["exact_match"].update((predictions == targets).float())
+        self._log_stage(stage, loss, tokens.shape[0])
+        return loss
+
+    @torch.no_grad()
+    def predict_batch(self, batch: dict[str, Tensor]) -> Tensor:
+        """Argmax predictions ``(B, T)`` (token head) or ``(B,)`` (sequence head)."""
+        logits = self.model(batch["tokens"], padding_mask=batch.get("padding_mask"))
+        return logits.argmax(dim=-1)
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self.predict_batch(batch)
+
+    @torch.no_grad()
+    def examples(self, batch: dict[str, Tensor], n: int) -> list[dict[str, Any]]:
+        """The first ``n`` examples of ``batch`` as id lists: input, prediction, target.
+
+        Token head: prediction and target cover the scored (non-ignored) positions. Sequence
+        head: prediction and target are one class id each (``"labels": True``).
+        """
+        batch = {k: v[:n] for k, v in batch.items()}
+        tokens, targets = batch["tokens"], batch["targets"]
+        predictions = self.predict_batch(batch)  # (n, T) | (n,)
+        mask = batch.get("padding_mask")
+        rows = []
+        for i in range(tokens.shape[0]):
+            real = tokens[i] if mask is None else tokens[i][mask[i]]
+            if targets.dim() == 1:
+                prediction, target = [int(predictions[i])], [int(targets[i])]
+            else:
+                scored = targets[i] != IGNORE_INDEX
+                prediction = predictions[i][scored].tolist()
+                target = targets[i][scored].tolist()
+            rows.append(
+                {
+                    "input": real.tolist(),
+                    "prediction": prediction,
+                    "target": target,
+                    "labels": targets.dim() == 1,
+                }
+            )
+        return rows
+
+
+class Seq2SeqModule(_TransformerModule):
+    """Train a :class:`~transformer_lab.models.Seq2SeqTransformer` with teacher forcing.
+
+    Batches (``"seq2seq"``): ``src (B, S)``, ``src_padding_mask (B, S)``, ``tgt_in (B, T)``
+    (starts with BOS), ``tgt_out (B, T)`` (ends with EOS, padded with ``pad_id``),
+    ``tgt_padding_mask (B, T)``. Padding in ``tgt_out`` is ignored by the loss and the metrics.
+
+    Logged: ``{stage}_loss``, ``{stage}_acc`` (teacher-forced token accuracy) and
+    ``{stage}_exact_match`` (every target token right under teacher forcing).
+
+    Args:
+        config: model configuration (vocabulary sizes, special ids and ``max_len`` are linked
+            from the DataModule by the CLI); ignored when ``model`` is given.
+        model: a ready model.
+        optim: optimizer and schedule settings.
+    """
+
+    config_class = Seq2SeqConfig
+
+    def __init__(
+        self,
+        config: Seq2SeqConfig | None = None,
+        model: nn.Module | None = None,
+        optim: OptimConfig | None = None,
+    ) -> None:
+        super().__init__(config, model, optim)
+        cfg = self.config if self.config is not None else getattr(self.model, "config", None)
+        if cfg is None:
+            raise ValueError("Seq2SeqModule needs a model with a `config` (Seq2SeqConfig)")
+        self.pad_id = int(cfg.pad_id)
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_metrics": MetricCollection(
+                    {
+                        "acc": MulticlassAccuracy(
+                            cfg.tgt_vocab_size, average="micro", ignore_index=self.pad_id
+                        ),
+                        "exact_match": MeanMetric(),
+                    },
+                    prefix=f"{stage}_",
+                )
+                for stage in STAGES
+            }
+        )
+
+    def build_model(self, config: Seq2SeqConfig) -> nn.Module:
+        return Seq2SeqTransformer(config)
+
+    def _strip(self, ids: list[int]) -> list[int]:
+        """Cut a target-side sequence at its EOS and drop BOS/padding."""
+        cfg = self.model.config
+        out = []
+        for token in ids:
+            if token == cfg.eos_id:
+                break
+            if token not in (cfg.bos_id, cfg.pad_id):
+                out.append(token)
+        return out
+
+    @torch.no_grad()
+    def examples(self, batch: dict[str, Tensor], n: int) -> list[dict[str, Any]]:
+        """The first ``n`` examples of ``batch`` decoded greedily (no teacher forcing)."""
+        from transformer_lab.generation import greedy_decode
+
+        cfg = self.model.config
+        src = batch["src"][:n]
+        src_mask = batch.get("src_padding_mask")
+        src_mask = None if src_mask is None else src_mask[:n]
+        tgt_out = batch["tgt_out"][:n]
+        decoded = greedy_decode(
+            self.model, src, cfg.bos_id, cfg.eos_id, tgt_out.shape[1], src_padding_mask=src_mask
+        )  # (n, <= T)
+        rows = []
+        for i in range(src.shape[0]):
+            real = src[i] if src_mask is None else src[i][src_mask[i]]
+            rows.append(
+                {
+                    "input": real.tolist(),
+                    "prediction": self._strip(decoded[i].tolist()),
+                    "target": self._strip(tgt_out[i].tolist()),
+                    "labels": False,
+                }
+            )
+        return rows
+
+    def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+        tgt_out = batch["tgt_out"]
+        logits = self.model(
+            batch["src"],
+            batch["tgt_in"],
+            src_padding_mask=batch.get("src_padding_mask"),
+            tgt_padding_mask=batch.get("tgt_padding_mask"),
+        )  # (B, T, V_tgt)
+        loss = _flat_cross_entropy(logits, tgt_out, self.pad_id)
+        predictions = logits.argmax(dim=-1)  # (B, T)
+        metrics = self._metrics(stage)
+        metrics["acc"].update(predictions.reshape(-1), tgt_out.reshape(-1))
+        metrics["exact_match"].update(_exact_match(predictions, tgt_out, self.pad_id))
+        self._log_stage(stage, loss, tgt_out.shape[0])
+        return loss
+
+
+class CausalLMModule(_TransformerModule):
+    """Train a decoder-only :class:`~transformer_lab.models.GPT` on next-token prediction.
+
+    Batches (``"lm"``): ``tokens (B, T)`` and ``targets (B, T)`` (the tokens shifted by one,
+    ``-100`` where ignored).
+
+    Logged: ``{stage}_loss`` (nats per token), ``{stage}_acc`` (next-token accuracy) and
+    ``{stage}_ppl`` (perplexity, ``exp`` of the mean loss over the epoch).
+
+    Args:
+        config: model configuration (``vocab_size`` and ``n_ctx`` are linked from the
+            DataModule by the CLI); ignored when ``model`` is given.
+        model: a ready model.
+        optim: optimizer and schedule settings.
+    """
+
+    config_class = GPTConfig
+
+    def __init__(
+        self,
+        config: GPTConfig | None = None,
+        model: nn.Module | None = None,
+        optim: OptimConfig | None = None,
+    ) -> None:
+        super().__init__(config, model, optim)
+        cfg = self.config if self.config is not None else getattr(self.model, "config", None)
+        if cfg is None:
+            raise ValueError("CausalLMModule needs a model with a `config` (GPTConfig)")
+
+        def stage_metrics(stage: str) -> MetricCollection:
+            accuracy = MulticlassAccuracy(
+                cfg.vocab_size, average="micro", ignore_index=IGNORE_INDEX
+            )
+            metrics: dict[str, Any] = {"acc": accuracy}
+            if stage != "train":  # perplexity re-runs a softmax over V: only where it is reported
+                metrics["ppl"] = Perplexity(ignore_index=IGNORE_INDEX)
+            return MetricCollection(metrics, prefix=f"{stage}_")
+
+        self.metrics = nn.ModuleDict({f"{stage}_metrics": stage_metrics(stage) for stage in STAGES})
+
+    def build_model(self, config: GPTConfig) -> nn.Module:
+        return GPT(config)
+
+    @torch.no_grad()
+    def examples(self, batch: dict[str, Tensor], n: int) -> list[dict[str, Any]]:
+        """Greedy continuations of the first ``n`` sequences of ``batch``.
+
+        The prompt is everything before the first scored target (the question of a task such
+        as addition) or, when every position is scored (plain text), the first half.
+        """
+        from transformer_lab.generation import generate
+
+        tokens, targets = batch["tokens"][:n], batch["targets"][:n]
+        rows = []
+        for i in range(tokens.shape[0]):
+            scored = (targets[i] != IGNORE_INDEX).nonzero().flatten()
+            if scored.numel() == 0:
+                continue
+            first = int(scored[0])
+            prompt_len = first + 1 if first > 0 else max(1, tokens.shape[1] // 2)
+            target = [int(t) for t in targets[i][prompt_len - 1 :] if t != IGNORE_INDEX]
+            out = generate(
+                self.model, tokens[i : i + 1, :prompt_len], len(target), top_k=1
+            )  # (1, prompt_len + len(target))
+            rows.append(
+                {
+                    "input": tokens[i, :prompt_len].tolist(),
+                    "prediction": out[0, prompt_len:].tolist(),
+                    "target": target,
+                    "labels": False,
+                }
+            )
+        return rows
+
+    def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+        tokens, targets = batch["tokens"], batch["targets"]
+        logits = self.model(tokens)  # (B, T, V)
+        loss = _flat_cross_entropy(logits, targets, IGNORE_INDEX)
+        metrics = self._metrics(stage)
+        metrics["acc"].update(logits.argmax(dim=-1).reshape(-1), targets.reshape(-1))
+        if "ppl" in metrics:
+            metrics["ppl"].update(logits.float(), targets)
+        self._log_stage(stage, loss, tokens.shape[0])
+        return loss
