@@ -1,0 +1,172 @@
+"""``transformer-lab labs check``: is every lab releasable?
+
+For each selected lab:
+
+1. **In sync**: the release is regenerated into a temporary folder and compared byte for
+   byte with ``labs/<lab>/`` (a hand-edited or stale release fails).
+2. **No leaks**: no released notebook holds a solution or hidden-test delimiter, a call of a
+   ``hidden_check_*`` function, a mark scheme, or a line of solution code.
+3. **Round trip**: in a temporary course, the solution notebook (as a student would submit
+   it) and the untouched release are autograded by :func:`grade_course` with the grading
+   profile. The solution must earn every autograded point and run without errors; the
+   release must score zero, and the grader must finish.
+
+Every problem is returned as a sentence; the CLI exits non-zero when there is any.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+import tempfile
+from pathlib import Path
+
+from transformer_lab.grading.build import generate_release
+from transformer_lab.grading.course import LABS, SOLUTIONS, read_notebook, select_labs
+from transformer_lab.grading.grade import grade_course
+
+__all__ = ["check_labs", "check_leaks", "check_sync"]
+
+_MARKERS = (
+    "BEGIN SOLUTION",
+    "END SOLUTION",
+    "BEGIN HIDDEN TESTS",
+    "END HIDDEN TESTS",
+    "BEGIN MARK SCHEME",
+    "END MARK SCHEME",
+    "hidden_check_",
+)
+
+
+def check_sync(repo: Path, labs: list[str], built: Path) -> list[str]:
+    """Compare ``labs/<lab>`` with a fresh build in ``built/<lab>``."""
+    problems: list[str] = []
+    for lab in labs:
+        fresh, committed = built / lab, repo / LABS / lab
+        if not committed.is_dir():
+            problems.append(f"{LABS}/{lab}/ is missing: run `transformer-lab labs build {lab}`")
+            continue
+        want = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
+        have = {p.relative_to(committed) for p in committed.rglob("*") if p.is_file()}
+        for rel in sorted(want - have):
+            problems.append(f"{LABS}/{lab}/{rel} is missing from the release")
+        for rel in sorted(have - want):
+            problems.append(f"{LABS}/{lab}/{rel} is not generated from {SOLUTIONS}/ (stray file)")
+        for rel in sorted(want & have):
+            if not filecmp.cmp(fresh / rel, committed / rel, shallow=False):
+                where = ""
+                if rel.suffix == ".ipynb":
+                    a, b = read_notebook(fresh / rel).cells, read_notebook(committed / rel).cells
+                    diff = [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
+                    where = f" (first differing cell: {diff[0] + 1})" if diff else ""
+                problems.append(
+                    f"{LABS}/{lab}/{rel} differs from what {SOLUTIONS}/ generates{where}: "
+                    f"edit {SOLUTIONS}/ and run `transformer-lab labs build {lab}`"
+                )
+    return problems
+
+
+def _solution_lines(source_nb: Path) -> set[str]:
+    """Substantial code lines that appear only inside solution or hidden-test regions."""
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for cell in read_notebook(source_nb).cells:
+        region = False
+        for line in cell.source.splitlines():
+            stripped = line.strip()
+            if "BEGIN SOLUTION" in line or "BEGIN HIDDEN TESTS" in line:
+                region = True
+            elif "END SOLUTION" in line or "END HIDDEN TESTS" in line:
+                region = False
+            elif len(stripped) >= 20 and not stripped.startswith("#"):
+                (inside if region else outside).add(stripped)
+    return inside - outside
+
+
+def check_leaks(repo: Path, labs: list[str], release_root: Path | None = None) -> list[str]:
+    """Look for solution text and hidden tests in the released notebooks."""
+    problems: list[str] = []
+    release_root = release_root or repo / LABS
+    for lab in labs:
+        secret = _solution_lines(repo / SOLUTIONS / lab / f"{lab}.ipynb")
+        for nb_path in sorted((release_root / lab).glob("*.ipynb")):
+            for i, cell in enumerate(read_notebook(nb_path).cells, start=1):
+                for marker in _MARKERS:
+                    if marker in cell.source:
+                        problems.append(f"{LABS}/{lab}/{nb_path.name} cell {i} contains {marker!r}")
+                lines = {line.strip() for line in cell.source.splitlines()}
+                for line in sorted(lines & secret):
+                    problems.append(
+                        f"{LABS}/{lab}/{nb_path.name} cell {i} leaks solution code: {line!r}"
+                    )
+    return problems
+
+
+def check_labs(
+    repo: Path,
+    labs: list[str] | None = None,
+    *,
+    grade: bool = True,
+    timeout: int | None = None,
+    keep: Path | None = None,
+) -> list[str]:
+    """Run every check on the selected labs.
+
+    Args:
+        repo: repository root.
+        labs: lab names or prefixes (default: all).
+        grade: run the nbgrader round trip (the slow part: two notebook executions per lab).
+        timeout: seconds per cell for the round trip (default: the config's).
+        keep: if given, the round trip's course folder is kept there for inspection.
+
+    Returns:
+        Problems found, as sentences (empty when everything is releasable).
+    """
+    chosen = select_labs(repo, labs)
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tlab-check-") as tmp:
+        built = Path(tmp) / "built"
+        generate_release(repo, built, chosen)
+        problems += check_sync(repo, chosen, built)
+        problems += check_leaks(repo, chosen)
+        if not grade:
+            return problems
+        course = keep or Path(tmp) / "course"
+        for lab in chosen:
+            for student, src in (
+                ("solution", repo / SOLUTIONS / lab),
+                ("release", built / lab),
+            ):
+                dst = course / "submitted" / student / lab
+                if dst.exists():
+                    shutil.rmtree(dst)
+                shutil.copytree(src, dst)
+        report = grade_course(course, repo, chosen, timeout=timeout)
+        for lab in chosen:
+            sol, rel = report.find("solution", lab), report.find("release", lab)
+            if sol.status != "graded":
+                problems.append(f"{lab}: the solution could not be graded: {sol.error}")
+            elif not sol.auto_max:
+                problems.append(f"{lab}: the solution has no autograded points")
+            elif sol.auto_score != sol.auto_max:
+                problems.append(
+                    f"{lab}: the solution earns {sol.auto_score:g} of {sol.auto_max:g} "
+                    "autograded points (see the feedback of student 'solution')"
+                )
+            if sol.status == "graded":
+                for nb_path in sorted((course / "autograded" / "solution" / lab).glob("*.ipynb")):
+                    for i, cell in enumerate(read_notebook(nb_path).cells, start=1):
+                        for out in cell.get("outputs", []):
+                            if out.get("output_type") == "error":
+                                problems.append(
+                                    f"{lab}: the solution fails in cell {i} "
+                                    f"({out.get('ename')}: {out.get('evalue')})"
+                                )
+            if rel.status != "graded":
+                problems.append(f"{lab}: the untouched release could not be graded: {rel.error}")
+            elif rel.auto_score != 0:
+                problems.append(
+                    f"{lab}: the untouched release earns {rel.auto_score:g} points; "
+                    "a test cell passes without any student code"
+                )
+    return problems

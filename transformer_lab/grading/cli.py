@@ -1,0 +1,80 @@
+"""``transformer-lab labs build|check|grade``: the instructor's commands.
+
+* ``build [LAB ...]``: regenerate ``labs/`` from ``solutions/`` (a no-op when up to date).
+* ``check [LAB ...] [--no-grade]``: release in sync, nothing leaked, solution gets full
+  marks and the untouched release zero (exit 1 with the reasons otherwise).
+* ``grade --course DIR [LAB ...] [--student ID ...]``: autograde ``DIR/submitted`` into
+  ``DIR/gradebook.db``, write ``DIR/grades.csv`` and ``DIR/feedback/`` (exit 1 if any
+  submission could not be graded; the others are graded regardless).
+
+Labs are named in full (``01_positional_encoding``) or by prefix (``01``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from transformer_lab.grading.course import GradingError, find_repo
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="transformer-lab labs", description=__doc__.split("\n")[0])
+    p.add_argument("--repo", type=Path, default=None, help="repository root (default: found)")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="regenerate labs/ from solutions/")
+    b.add_argument("labs", nargs="*", help="lab names or prefixes (default: all)")
+    c = sub.add_parser("check", help="release in sync, no leaks, solution full, release zero")
+    c.add_argument("labs", nargs="*")
+    c.add_argument("--no-grade", action="store_true", help="skip the nbgrader round trip")
+    c.add_argument("--timeout", type=int, default=None, help="seconds per cell")
+    c.add_argument("--keep", type=Path, default=None, help="keep the round-trip course here")
+    g = sub.add_parser("grade", help="autograde a course folder")
+    g.add_argument("--course", type=Path, required=True, help="folder holding submitted/")
+    g.add_argument("labs", nargs="*")
+    g.add_argument("--student", action="append", default=None, help="only this student")
+    g.add_argument("--timeout", type=int, default=None, help="seconds per cell")
+    return p
+
+
+def main(args: list[str]) -> int:
+    """Run a ``labs`` subcommand; return the process exit code."""
+    ns = _parser().parse_args(args)
+    try:
+        repo = find_repo(ns.repo)
+        if ns.command == "build":
+            from transformer_lab.grading.build import build_labs
+
+            changed = build_labs(repo, ns.labs)
+            for path in changed:
+                print(f"wrote {path}")
+            print("labs/ is up to date" if not changed else f"{len(changed)} file(s) updated")
+            return 0
+        if ns.command == "check":
+            from transformer_lab.grading.check import check_labs
+
+            start = time.perf_counter()
+            problems = check_labs(
+                repo, ns.labs, grade=not ns.no_grade, timeout=ns.timeout, keep=ns.keep
+            )
+            for problem in problems:
+                print(f"FAIL {problem}")
+            took = time.perf_counter() - start
+            summary = f"{len(problems)} problem(s)" if problems else "ok"
+            print(f"{summary} ({took:.0f} s)")
+            return 1 if problems else 0
+        from transformer_lab.grading.grade import grade_course
+
+        report = grade_course(ns.course, repo, ns.labs, students=ns.student, timeout=ns.timeout)
+        print(report.table())
+        print(f"gradebook: {ns.course / 'gradebook.db'}")
+        print(f"grades:    {report.csv_path}")
+        print(f"feedback:  {report.feedback_dir}")
+        return 0 if report.ok else 1
+    except GradingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

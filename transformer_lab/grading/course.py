@@ -1,0 +1,164 @@
+"""Plumbing shared by ``build``, ``check`` and ``grade``: paths, nbgrader config, converters.
+
+Everything here wraps nbgrader's own classes (``CourseDirectory``, the converters
+``GenerateAssignment``/``Autograde``/``GenerateFeedback``) and its configuration file
+(``nbgrader_config.py`` at the repository root); nothing reimplements them.
+
+nbgrader's gradebook shells out to ``alembic`` (and executes notebooks in a kernel that
+inherits this process's environment), so :func:`grading_env` puts the running interpreter's
+``bin`` directory first on ``PATH`` and selects the ``grading`` profile while it runs.
+
+Reference: nbgrader 0.9 (https://nbgrader.readthedocs.io), ``nbgrader/converters/*.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.utils import capture_log
+from traitlets.config import Config
+from traitlets.config.loader import PyFileConfigLoader
+
+CONFIG_FILE = "nbgrader_config.py"
+SOLUTIONS = "solutions"
+LABS = "labs"
+LAB_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
+
+
+class GradingError(RuntimeError):
+    """A pipeline step failed for a reason the instructor must fix (message says which)."""
+
+
+def find_repo(start: Path | None = None) -> Path:
+    """The repository root: the nearest folder holding ``nbgrader_config.py`` and ``solutions/``.
+
+    Searched from ``start`` (default: the working directory) upwards, then next to the
+    installed package (an editable install lives in the repository).
+
+    Raises:
+        GradingError: no such folder.
+    """
+    here = Path(start or Path.cwd()).resolve()
+    package_repo = Path(__file__).resolve().parents[2]
+    for candidate in [here, *here.parents, package_repo]:
+        if (candidate / CONFIG_FILE).is_file() and (candidate / SOLUTIONS).is_dir():
+            return candidate
+    raise GradingError(
+        f"no {CONFIG_FILE} with a {SOLUTIONS}/ folder found from {here} upwards; "
+        "run from the repository or pass --repo"
+    )
+
+
+def list_labs(repo: Path) -> list[str]:
+    """Names of the labs in ``solutions/`` (folders ``NN_name`` holding ``NN_name.ipynb``)."""
+    root = repo / SOLUTIONS
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and LAB_PATTERN.match(p.name) and (p / f"{p.name}.ipynb").is_file()
+    )
+
+
+def select_labs(repo: Path, wanted: list[str] | None) -> list[str]:
+    """Resolve lab names or prefixes (``01`` or ``01_positional_encoding``) to lab names.
+
+    Raises:
+        GradingError: a name matches no lab, or several.
+    """
+    labs = list_labs(repo)
+    if not wanted:
+        return labs
+    chosen: list[str] = []
+    for name in wanted:
+        name = name.strip("/").split("/")[-1]
+        hits = [lab for lab in labs if lab == name] or [lab for lab in labs if lab.startswith(name)]
+        if len(hits) != 1:
+            raise GradingError(
+                f"lab {name!r} matches {hits or 'nothing'}; available labs: {', '.join(labs)}"
+            )
+        if hits[0] not in chosen:
+            chosen.append(hits[0])
+    return chosen
+
+
+def load_config(repo: Path, **overrides: Any) -> Config:
+    """The repository's nbgrader configuration, with ``Section__option=value`` overrides."""
+    config = PyFileConfigLoader(CONFIG_FILE, path=str(repo)).load_config()
+    for key, value in overrides.items():
+        section, option = key.split("__")
+        config[section][option] = value
+    return config
+
+
+def make_coursedir(config: Config, root: Path, **settings: str) -> CourseDirectory:
+    """A ``CourseDirectory`` rooted at ``root`` with ``settings`` (e.g. ``source_directory``)."""
+    coursedir = CourseDirectory(config=config)
+    coursedir.root = str(Path(root).resolve())
+    for key, value in settings.items():
+        setattr(coursedir, key, value)
+    return coursedir
+
+
+@contextlib.contextmanager
+def grading_env(profile: str = "grading") -> Iterator[None]:
+    """Environment for nbgrader runs: venv ``bin`` on ``PATH``, the given profile, Agg backend.
+
+    Kernels started by nbgrader inherit ``os.environ``, so the profile reaches the notebooks.
+    The previous values are restored afterwards.
+    """
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    new = {
+        "PATH": bin_dir + os.pathsep + path if path.split(os.pathsep)[0] != bin_dir else path,
+        "TRANSFORMER_LAB_PROFILE": profile,
+        "MPLBACKEND": "Agg",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    }
+    saved = {k: os.environ.get(k) for k in new}
+    os.environ.update(new)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_converter(converter_cls: type, coursedir: CourseDirectory, config: Config, **attrs: Any):
+    """Run an nbgrader converter (``GenerateAssignment``, ``Autograde``...) and capture its log.
+
+    Args:
+        converter_cls: the nbgrader converter class.
+        coursedir: where it works (its ``assignment_id``/``student_id`` select what).
+        config: nbgrader configuration.
+        **attrs: attributes set on the converter (``force=True``, ...).
+
+    Returns:
+        nbgrader's ``capture_log`` dict: ``success`` (bool), ``log`` and, on failure, ``error``.
+    """
+    converter = converter_cls(coursedir=coursedir, config=config)
+    for key, value in attrs.items():
+        setattr(converter, key, value)
+    return capture_log(converter)
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    """Read a notebook as nbformat v4 (raises ``nbformat`` errors on broken JSON)."""
+    return nbformat.read(str(path), as_version=4)
+
+
+def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Write ``nb`` deterministically (nbformat's own serialisation, trailing newline)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = nbformat.writes(nb)
+    path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
