@@ -20,6 +20,7 @@ Reference: Karpathy's nanoGPT ``shakespeare_char`` recipes (the plain baselines)
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -80,25 +81,35 @@ def run_kit(
     overrides: list[str],
     max_windows: int | None,
 ) -> dict[str, Any]:
-    """Train the kit's GPT with its recipe (a LightningCLI YAML); evaluate it like the plain run."""
+    """Train the kit's GPT with its recipe (a LightningCLI YAML); evaluate it like the plain run.
+
+    The validation characters are the same last tenth of the file as for the plain run, encoded
+    with the kit's own tokenizer (whose ids may include special tokens).
+    """
     from kit_runner import build_from_config
 
-    run = build_from_config(config, data_path, device, overrides=overrides)
-    t0 = time.perf_counter()
-    run.trainer.fit(run.module, datamodule=run.datamodule)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall = time.perf_counter() - t0
-    data = load_chars(data_path)
-    if run.chars is not None and run.chars != data.chars:
-        raise RuntimeError("the kit's character vocabulary differs from the reference's sorted one")
-    val = evaluate(run.gpt, data.val, run.n_ctx, device=device, max_windows=max_windows)
+    with tempfile.TemporaryDirectory(prefix="bench_quality_") as root:
+        run = build_from_config(config, device, root_dir=Path(root), overrides=overrides)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - t0
+    text = Path(data_path).read_text(encoding="utf-8")
+    val_text = text[int(0.9 * len(text)) :]
+    val_ids = torch.tensor(run.datamodule.tokenizer.encode(val_text), dtype=torch.long)
+    gpt = run.model.to(device)
+    n_ctx = gpt.config.n_ctx
+    val = evaluate(gpt, val_ids, n_ctx, device=device, max_windows=max_windows)
     steps = run.trainer.global_step
+    batch = run.datamodule.batch_size
     return {
         "val_loss": val,
         "wall_s": wall,
         "steps": steps,
-        "tokens_per_s": steps * run.batch_size * run.n_ctx / wall,
+        "tokens_per_s": steps * batch * n_ctx / wall,
     }
 
 

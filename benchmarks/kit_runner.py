@@ -145,47 +145,50 @@ class KitRun:
     trainer: Any
     module: Any
     datamodule: Any
-    gpt: torch.nn.Module
-    n_ctx: int
-    batch_size: int
-    chars: list[str] | None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The plain model inside the LightningModule."""
+        return self.module.model
 
 
 def build_from_config(
-    config: Path, data_path: Path, device: torch.device, *, overrides: list[str]
+    config: Path,
+    device: torch.device,
+    *,
+    root_dir: Path,
+    overrides: list[str],
 ) -> KitRun:
-    """Instantiate (without running) the kit's ``LightningCLI`` for ``fit --config config``.
+    """Instantiate (without running) the kit's ``LightningCLI`` as ``fit --config config`` would.
 
-    The data path, accelerator and the benchmark's Trainer quietness are passed as overrides;
-    ``overrides`` come last and win.
+    The benchmark adds: the accelerator, one device, no progress bar, logger or model summary,
+    and ``root_dir`` for checkpoints; ``overrides`` (CLI words) come last and win.
     """
-    from transformer_lab.training.cli import build_cli
+    import lightning as L
+
+    from transformer_lab.training.cli import TransformerLabCLI
 
     args = [
         "--config",
         str(config),
-        f"--data.path={data_path}",
         f"--trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}",
         "--trainer.devices=1",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
-        "--trainer.enable_checkpointing=false",
         "--trainer.logger=false",
+        f"--trainer.default_root_dir={root_dir}",
+        "--examples.num_examples=0",
         *overrides,
     ]
-    cli = build_cli(args)
-    dm = cli.datamodule
-    tokenizer = getattr(dm, "tokenizer", None)
-    chars = None
-    if tokenizer is not None and hasattr(tokenizer, "chars"):
-        chars = list(tokenizer.chars)
-    module = cli.model
-    return KitRun(
-        trainer=cli.trainer,
-        module=module,
-        datamodule=dm,
-        gpt=module.model,
-        n_ctx=module.model.config.n_ctx,
-        batch_size=dm.batch_size,
-        chars=chars,
+    cli = TransformerLabCLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        seed_everything_default=0,
+        save_config_callback=None,
+        parser_kwargs={"default_env": False},
+        run=False,
+        args=args,
     )
+    return KitRun(trainer=cli.trainer, module=cli.model, datamodule=cli.datamodule)
