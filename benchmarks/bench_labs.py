@@ -67,14 +67,36 @@ def execute_notebook(nb_path: Path, workdir: Path, profile: str, timeout: int) -
             os.environ["TRANSFORMER_LAB_PROFILE"] = old
 
 
-def autograde_one(nb_path: Path, workdir: Path) -> float:
+def autograde_one(nb_path: Path, workdir: Path, profile: str) -> dict[str, Any]:
     """Autograde the solution as one student's submission through ``transformer_lab.grading``.
 
-    Returns the seconds of the autograde step alone (course setup and release excluded).
-    """
-    from grading_glue import autograde_solution
+    A fresh course folder gets ``submitted/solution/<lab>/<lab>.ipynb``; the timed call is the
+    kit's whole ``grade_course`` (record the lab in a new gradebook, repair metadata, execute
+    and score, write feedback and the CSV), i.e. what ``transformer-lab labs grade`` costs for
+    one submission.
 
-    return autograde_solution(nb_path, workdir)
+    Returns:
+        ``{"autograde_s", "auto_score", "auto_max", "status"}``.
+    """
+    from transformer_lab.grading.grade import grade_course
+
+    lab = nb_path.parent.name
+    course = workdir / lab
+    dst = course / "submitted" / "solution" / lab
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(nb_path, dst / nb_path.name)
+    t0 = time.perf_counter()
+    report = grade_course(course, REPO_ROOT, labs=[lab], profile=profile)
+    seconds = time.perf_counter() - t0
+    res = report.find("solution", lab)
+    if res.status != "graded":
+        raise RuntimeError(f"{lab}: {res.status}: {res.error[:300]}")
+    return {
+        "autograde_s": seconds,
+        "auto_score": res.auto_score,
+        "auto_max": res.auto_max,
+        "status": res.status,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -102,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 row["error"] = f"execute: {type(e).__name__}: {str(e)[:200]}"
             if not a.no_autograde:
                 try:
-                    row["autograde_s"] = autograde_one(nb, Path(tmp) / "course")
+                    row.update(autograde_one(nb, Path(tmp) / "course", a.profile))
                 except Exception as e:
                     row["autograde_s"] = None
                     row.setdefault("error", f"autograde: {type(e).__name__}: {str(e)[:200]}")
@@ -112,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 + (f"  [{row['error']}]" if "error" in row else ""),
                 flush=True,
             )
-    print_table(rows, ["lab", "execute_s", "autograde_s"])
+    print_table(rows, ["lab", "execute_s", "autograde_s", "auto_score", "auto_max"])
     import torch
 
     result = {
