@@ -195,6 +195,12 @@ def _shift_mistakes(offset: float, d_model: int, base: float) -> dict[str, Tenso
     return mistakes
 
 
+def _shift_hint(m: Tensor, offset: int, d_model: int, hint: str) -> str:
+    """``hint``, preceded by the name of the mistake ``m = M(offset)`` reproduces, if any."""
+    known = _diagnose(m, _shift_mistakes(offset, d_model, 10000.0), "")
+    return f"{known} {hint}" if known else hint
+
+
 def _diagnose(got: Tensor, mistakes: dict[str, Tensor], fallback: str) -> str:
     """The hint of the first mistake whose output ``got`` reproduces, else ``fallback``."""
     if tuple(got.shape) == () or not got.is_floating_point():
@@ -345,13 +351,10 @@ def check_sinusoidal_encoding_shape(fn: Callable[..., Tensor]) -> None:
             "Row 0 of sinusoidal_encoding(4, 6) is [1, 0, 1, 0, 1, 0], expected "
             "[0, 1, 0, 1, 0, 1] (sin 0 = 0, cos 0 = 1): your sin and cos are swapped."
         )
-    expect_close(
-        row0,
-        want0,
-        "row 0 (position 0) of sinusoidal_encoding(4, 6)",
-        hint="Position 0 has every angle 0, so sin columns are 0 and cos columns are 1. "
-        "Are positions counted from 0?",
-    )
+    hint = "Position 0 has every angle 0, so sin columns are 0 and cos columns are 1."
+    if not torch.allclose(row0, want0, atol=1e-4):
+        hint = _diagnose(got, _encoding_mistakes(4, 6, 10000.0), hint)
+    expect_close(row0, want0, "row 0 (position 0) of sinusoidal_encoding(4, 6)", hint=hint)
 
 
 def check_sinusoidal_encoding(fn: Callable[..., Tensor]) -> None:
@@ -455,8 +458,13 @@ def hidden_check_relative_shift_matrix_properties(fn: Callable[..., Tensor], see
         ma @ ma.T,
         torch.eye(d_model, dtype=torch.float64),
         f"M @ M.T for M = relative_shift_matrix({a}, {d_model})",
-        hint="Moving an encoding does not change its length, so M is a rotation (orthogonal). "
-        "Each 2x2 block needs cos on the diagonal and +/-sin off it.",
+        hint=_shift_hint(
+            ma,
+            a,
+            d_model,
+            "Moving an encoding does not change its length, so M is a rotation (orthogonal). "
+            "Each 2x2 block needs cos on the diagonal and +/-sin off it.",
+        ),
         atol=1e-4,
     )
     mab = _shift(fn, a + b, d_model)
@@ -464,7 +472,9 @@ def hidden_check_relative_shift_matrix_properties(fn: Callable[..., Tensor], see
         ma @ mb,
         expect_shape(mab, (d_model, d_model), f"relative_shift_matrix({a + b}, {d_model})"),
         f"relative_shift_matrix({a}, {d_model}) @ relative_shift_matrix({b}, {d_model})",
-        hint=f"Moving by {a} then by {b} positions must equal moving by {a + b}.",
+        hint=_shift_hint(
+            ma, a, d_model, f"Moving by {a} then by {b} positions must equal moving by {a + b}."
+        ),
         atol=1e-4,
     )
     _expect_shift(fn, -a, d_model, 10000.0)

@@ -1,0 +1,147 @@
+"""Tests of the shared check helpers (transformer_lab.checks._common): messages and bans."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_lab.checks._common import (
+    ForbiddenCallError,
+    call_student,
+    expect_close,
+    expect_shape,
+    expect_true,
+    forbidden,
+)
+
+
+def test_expect_shape_names_a_transpose_and_missing_axes() -> None:
+    expect_shape(torch.zeros(3, 4), (3, None), "x")
+    with pytest.raises(AssertionError, match=r"x has shape \(4, 3\), expected \(3, 4\).*transpose"):
+        expect_shape(torch.zeros(4, 3), (3, 4), "x")
+    with pytest.raises(AssertionError, match="one dimension is missing"):
+        expect_shape(torch.zeros(3), (3, 4), "x")
+    with pytest.raises(AssertionError, match="extra dimension"):
+        expect_shape(torch.zeros(3, 4, 1), (3, 4), "x")
+    with pytest.raises(AssertionError, match="forget to `return`"):
+        expect_shape(None, (3,), "x")
+
+
+def test_expect_close_reports_where_and_hint() -> None:
+    want = torch.zeros(2, 3)
+    got = want.clone()
+    got[1, 2] = 0.5
+    with pytest.raises(AssertionError) as info:
+        expect_close(got, want, "f(2, 3)", hint="Did you add one?")
+    msg = str(info.value)
+    assert "1 of 6 entries" in msg and "(1, 2)" in msg and "Did you add one?" in msg
+    expect_close(want + 1e-7, want, "f")
+    with pytest.raises(AssertionError, match="NaN at index"):
+        expect_close(torch.tensor([0.0, float("nan")]), torch.zeros(2), "g")
+    with pytest.raises(AssertionError, match=r"dtype torch\.int64"):
+        expect_close(torch.zeros(2, dtype=torch.long), torch.zeros(2), "g")
+
+
+def test_expect_true_survives_optimisation_flags() -> None:
+    expect_true(True, "never shown")
+    with pytest.raises(AssertionError, match="shown"):
+        expect_true(False, "shown")
+
+
+def test_call_student_translates_exceptions() -> None:
+    def todo() -> None:
+        raise NotImplementedError()
+
+    def broken() -> None:
+        [][1]
+
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        call_student(todo, what="todo()")
+    with pytest.raises(AssertionError, match=r"broken\(\) raised IndexError"):
+        call_student(broken, what="broken()")
+    with pytest.raises(AssertionError, match="expected a function"):
+        call_student(3, what="x")
+    assert call_student(lambda a, b=1: a + b, 1, b=2) == 3
+
+
+def _package_like(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def _decorated(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_decorated
+def _closure_target(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def test_forbidden_catches_aliases_and_restores() -> None:
+    alias = _package_like
+
+    def student(x: torch.Tensor) -> torch.Tensor:
+        return alias(x)
+
+    with pytest.raises(ForbiddenCallError, match="_package_like"), forbidden(_package_like):
+        student(torch.ones(2))
+    assert torch.equal(_package_like(torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(ForbiddenCallError, match="_closure_target"), forbidden(_closure_target):
+        _closure_target(torch.ones(1))
+    assert torch.equal(_closure_target(torch.ones(1)), torch.full((1,), 2.0))
+
+
+def test_forbidden_detects_a_swallowed_call() -> None:
+    def sneaky(x: torch.Tensor) -> torch.Tensor:
+        try:
+            return _package_like(x)
+        except Exception:
+            return x * 2
+
+    with (
+        pytest.raises(ForbiddenCallError, match="caught inside your code"),
+        forbidden(_package_like),
+    ):
+        sneaky(torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    ("call", "target"),
+    [
+        (lambda x: torch.softmax(x, -1), "torch.softmax"),
+        (lambda x: x.softmax(-1), "torch.Tensor.softmax"),
+        (lambda x: F.softmax(x, -1), "torch.nn.functional.softmax"),
+        (
+            lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None]),
+            "torch.nn.functional.scaled_dot_product_attention",
+        ),
+    ],
+)
+def test_forbidden_torch_functions(call, target: str) -> None:
+    x = torch.randn(3, 4)
+    before = call(x)
+    banned = (
+        "torch.softmax",
+        "torch.Tensor.softmax",
+        "torch.nn.functional.softmax",
+        "torch.nn.functional.scaled_dot_product_attention",
+    )
+    with pytest.raises(ForbiddenCallError, match=target.replace(".", r"\.")), forbidden(*banned):
+        call(x)
+    # Everything is back afterwards, and allowed functions kept working inside.
+    assert torch.allclose(call(x), before)
+    assert "softmax" not in torch.Tensor.__dict__
+    with forbidden(*banned, reason="write your own"):
+        assert torch.allclose(torch.exp(x), x.exp())
+
+
+def test_forbidden_rejects_unknown_targets() -> None:
+    with pytest.raises(ValueError, match="cannot be imported"), forbidden("no_such_module.fn"):
+        pass
