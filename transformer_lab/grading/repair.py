@@ -187,10 +187,19 @@ def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairRes
         ]
         if not gap:
             continue
+        # Release cells of this type still waiting for a partner in the same gap.
+        rivals = [
+            rr
+            for rr in graded
+            if rr not in match
+            and bounds(rr) == (lo, hi)
+            and rel_cells[rr].cell_type == rel_cells[r].cell_type
+        ]
+        one_to_one = len(gap) == 1 and len(rivals) == 1
         scores = {s: _similarity(sub_src[s], rel_src[r]) for s in gap}
         best = max(gap, key=lambda s: scores[s])
         threshold = 0.3 if meta.get("solution") else 0.5
-        if scores[best] >= threshold or (meta.get("solution") and len(gap) == 1):
+        if scores[best] >= threshold or one_to_one:
             match[r], how[r] = best, "position"
             taken.add(best)
 
