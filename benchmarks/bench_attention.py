@@ -31,7 +31,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _common import (
-    BENCH_DIR,
     alternate,
     base_parser,
     kit_available,
@@ -195,6 +194,33 @@ def check_agreement(kit: Callable[[], Tensor], ref: Callable[[], Tensor], name: 
     return diff
 
 
+SIDE_COLUMNS = [
+    "case",
+    "T",
+    "fwd kit ms",
+    "fwd ref ms",
+    "fwd ratio",
+    "fwd+bwd kit ms",
+    "fwd+bwd ref ms",
+    "fwd+bwd ratio",
+    "kit peak MiB",
+    "ref peak MiB",
+]
+
+
+def side_by_side(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (case, T) with forward and forward+backward figures next to each other."""
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        m = merged.setdefault((r["case"], r["T"]), {"case": r["case"], "T": r["T"]})
+        m[f"{r['mode']} kit ms"] = r["kit_ms"]
+        m[f"{r['mode']} ref ms"] = r["ref_ms"]
+        m[f"{r['mode']} ratio"] = r["ratio"]
+        if r["mode"] == "fwd+bwd":
+            m["kit peak MiB"], m["ref peak MiB"] = r["kit_peak_mib"], r["ref_peak_mib"]
+    return list(merged.values())
+
+
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Log-log time against T for every case and mode; quadratic growth is slope 2."""
     import matplotlib
@@ -285,8 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"ref {row['ref_ms']:9.3f} ms  ratio {row['ratio']:.2f}",
                     flush=True,
                 )
-    cols = ["case", "mode", "T", "kit_ms", "ref_ms", "ratio", "kit_peak_mib", "ref_peak_mib"]
-    print_table(rows, cols)
+    print_table(side_by_side(rows), SIDE_COLUMNS)
     fast = [r for r in rows if r["case"] == "mha_fast"]
     worst = max((r["ratio"] for r in fast), default=None)
     if worst is not None:
@@ -309,10 +334,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     out = a.out
     write_json(out, result)
-    png = a.plot or (
-        out.with_suffix(".png") if out else BENCH_DIR / "results" / f"attention_{device.type}.png"
-    )
-    if rows:
+    png = a.plot or (out.with_suffix(".png") if out else None)
+    if rows and png is not None:
         png.parent.mkdir(parents=True, exist_ok=True)
         plot(rows, png, f"attention, B={B} D={D} H={H}; {result['machine']}")
     return result

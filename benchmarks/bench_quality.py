@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plain = run_plain(a.data, PLAIN[key], device, max_windows=max_windows)
         rows.append({"run": "plain", **plain})
         print(f"plain: val {plain['val_loss']:.4f} in {plain['wall_s']:.1f}s", flush=True)
-    if a.only in (None, "kit"):
+    if a.only in (None, "kit") and not config.exists():
+        print(f"kit recipe {config} does not exist: kit run skipped")
+    elif a.only in (None, "kit"):
         try:
             kit = run_kit(config, a.data, device, overrides=overrides, max_windows=max_windows)
         except ImportError as e:
