@@ -348,6 +348,8 @@ class Block(nn.Module):
         return self.dropout1(out)
 
     def _ff(self, h: Tensor) -> Tensor:
+        if self.mistake == "dropout_always_on":
+            return F.dropout(self.ff(h), 0.1)  # training=True whatever the mode
         return self.dropout2(self.ff(h))
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -441,6 +443,7 @@ def test_correct_blocks_pass(torch_attention: bool, check: str) -> None:
         ("no_norms", "visible", r"no layer norm at all"),
         ("mask_ignored", "mask", r"without the mask"),
         ("mask_inverted", "mask", r"inverted mask"),
+        ("dropout_always_on", "post", r"different output each call.*eval mode"),
     ],
 )
 def test_block_mistakes_are_named(mistake: str, check: str, message: str) -> None:

@@ -568,7 +568,6 @@ def load_torch_encoder_layer(block: nn.Module, layer: nn.TransformerEncoderLayer
             "linear1, linear2), self.norm1 (attention sublayer) and self.norm2 (feed-forward "
             "sublayer)."
         )
-    d = layer.self_attn.embed_dim
     with torch.no_grad():
         attn = block.self_attn
         if isinstance(attn, nn.MultiheadAttention):
@@ -609,7 +608,6 @@ def load_torch_encoder_layer(block: nn.Module, layer: nn.TransformerEncoderLayer
             src = getattr(layer, name)
             _copy(getattr(norm, "weight", None), src.weight, f"{name}.weight")
             _copy(getattr(norm, "bias", None), src.bias, f"{name}.bias")
-    del d
     return block
 
 
@@ -773,6 +771,12 @@ def _expect_block(
     ban = forbidden(*_bans(*_BLOCK_FORBIDDEN), reason="build the block from its sublayers yourself")
     with ban, torch.no_grad():
         actual = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")
+        again = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")
+    if isinstance(actual, Tensor) and isinstance(again, Tensor) and not _close(actual, again):
+        raise AssertionError(
+            f"{what} in eval mode gives a different output each call: dropout must switch off in "
+            "eval mode. Use nn.Dropout modules, or F.dropout(..., training=self.training)."
+        )
     form = "x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))"
     _compare(
         actual,
