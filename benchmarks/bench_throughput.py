@@ -192,20 +192,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base = statistics.median(rates["plain/ref"])
         for n in names:
             med = statistics.median(rates[n])
+            # Same-round ratios pair runs made back to back, so slow drift cancels in each.
+            paired = [k / r for k, r in zip(rates[n], rates["plain/ref"], strict=True)]
             rows.append(
                 {
                     "measure": f"train {n}",
                     "kit_tok_s": med,
                     "ref_tok_s": base,
                     "ratio": med / base,
+                    "paired_ratio": statistics.median(paired),
                     "all_rounds": [round(v) for v in rates[n]],
                 }
             )
-    print_table(rows, ["measure", "kit_tok_s", "ref_tok_s", "ratio"])
+    print_table(rows, ["measure", "kit_tok_s", "ref_tok_s", "ratio", "paired_ratio"])
     for row in rows:
         if row["measure"] in ("raw fwd+bwd", "train lightning/kit"):
-            verdict = "met" if row["ratio"] >= 0.95 else "not met"
-            print(f"target >= 0.95 for {row['measure']}: {row['ratio']:.3f} -> {verdict}")
+            ratio = row.get("paired_ratio", row["ratio"])
+            verdict = "met" if ratio >= 0.95 else "not met"
+            print(f"target >= 0.95 for {row['measure']}: {ratio:.3f} -> {verdict}")
     result["rows"] = rows
     write_json(a.out, result)
     return result
