@@ -31,6 +31,12 @@ _EXPORTS = {
     "split_generator": "synthetic",
     "TensorDictDataset": "datamodules",
     "SyntheticDataModule": "datamodules",
+    "GrammarDataModule": "datamodules",
+    "GrammarConfig": "grammar",
+    "grammar_text": "grammar",
+    "sample_sentences": "grammar",
+    "make_grammar_lm": "grammar",
+    "make_grammar_translation": "grammar",
 }
 
 __all__ = sorted(_EXPORTS)

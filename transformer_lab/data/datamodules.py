@@ -15,11 +15,14 @@ https://lightning.ai/docs/pytorch/stable/data/datamodule.html
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from transformer_lab.data import grammar
 from transformer_lab.data.synthetic import (
     BOS_ID,
     EOS_ID,
@@ -27,11 +30,14 @@ from transformer_lab.data.synthetic import (
     NUM_SPECIAL,
     PAD_ID,
     TASKS,
+    draw_disjoint,
     make_split,
+    split_generator,
     task_symbols,
 )
+from transformer_lab.tokenizers import CharTokenizer
 
-__all__ = ["SyntheticDataModule", "TensorDictDataset"]
+__all__ = ["GrammarDataModule", "SyntheticDataModule", "TensorDictDataset"]
 
 
 class TensorDictDataset(Dataset):
@@ -84,7 +90,51 @@ def _check_positive(**values: int) -> None:
         raise ValueError(", ".join(f"{k}={v}" for k, v in bad.items()) + " must be >= 1")
 
 
-class SyntheticDataModule(pl.LightningDataModule):
+class _InMemoryDataModule(pl.LightningDataModule):
+    """Dataloaders over ``self.train_data`` / ``self.val_data`` dicts drawn in ``setup``."""
+
+    batch_size: int
+    seed: int
+    num_workers: int
+    train_data: dict[str, Tensor] | None
+    val_data: dict[str, Tensor] | None
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches (seeded order)."""
+        self._require_setup()
+        return _loader(
+            TensorDictDataset(self.train_data),
+            self.batch_size,
+            shuffle=True,
+            seed=self.seed,
+            num_workers=self.num_workers,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation batches in a fixed order."""
+        self._require_setup()
+        return _loader(
+            TensorDictDataset(self.val_data),
+            self.batch_size,
+            shuffle=False,
+            seed=self.seed,
+            num_workers=self.num_workers,
+        )
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation set (these tasks have no separate test split)."""
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        """The validation set, for ``transformer-lab predict``."""
+        return self.val_dataloader()
+
+    def _require_setup(self) -> None:
+        if self.train_data is None:
+            self.setup()
+
+
+class SyntheticDataModule(_InMemoryDataModule):
     """Copy, reverse, sort or addition, generated from a seed (no files, no network).
 
     How to use::
@@ -180,18 +230,9 @@ class SyntheticDataModule(pl.LightningDataModule):
         self.block_size = self.max_len
         self.train_data: dict[str, Tensor] | None = None
         self.val_data: dict[str, Tensor] | None = None
-        self._tokenizer = None
-
-    @property
-    def tokenizer(self):  # -> CharTokenizer (imported lazily: keeps this module light)
-        """A character tokenizer over :attr:`symbols` with pad/bos/eos at ids 0/1/2."""
-        if self._tokenizer is None:
-            from transformer_lab.tokenizers import CharTokenizer
-
-            self._tokenizer = CharTokenizer.from_symbols(
-                self.symbols, specials=("<pad>", "<bos>", "<eos>")
-            )
-        return self._tokenizer
+        self.tokenizer = CharTokenizer.from_symbols(
+            self.symbols, specials=("<pad>", "<bos>", "<eos>")
+        )
 
     def decode(self, ids: Tensor | list[int], *, skip_special: bool = True) -> str:
         """Print ids with one character per symbol (special ids dropped by default)."""
@@ -220,36 +261,107 @@ class SyntheticDataModule(pl.LightningDataModule):
             **params,
         )
 
-    def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches (seeded order)."""
-        self._require_setup()
-        return _loader(
-            TensorDictDataset(self.train_data),
-            self.batch_size,
-            shuffle=True,
-            seed=self.seed,
-            num_workers=self.num_workers,
+
+class GrammarDataModule(_InMemoryDataModule):
+    """Sentences of a small English grammar: translation to a verb-final language, or an LM.
+
+    See :mod:`transformer_lab.data.grammar` for the grammar and the made-up target language
+    ("the big men ate a fish" -> "tori gran li pesk un mangon").
+
+    How to use::
+
+        dm = GrammarDataModule(task="translation")
+        dm.setup("fit")
+        batch = next(iter(dm.train_dataloader()))   # src (64, 7), tgt_in/tgt_out (64, 8), masks
+        dm.src_tokenizer.decode(batch["src"][0], skip_special=True)  # "the dogs chased the child"
+        dm.tgt_tokenizer.decode(batch["tgt_out"][0], skip_special=True)
+
+        lm = GrammarDataModule(task="lm")        # tokens/targets (64, 8): BOS sentence EOS
+
+    Args:
+        task: ``"translation"`` (seq2seq format) or ``"lm"`` (lm format, English only).
+        num_train: training sentences.
+        num_val: validation sentences, none of which occurs in the training set.
+        batch_size: sentences per batch.
+        seed: seeds the train and validation streams and the shuffling.
+        adjective_prob, plural_prob, indefinite_prob, present_prob: see
+            :class:`~transformer_lab.data.grammar.GrammarConfig`.
+        num_workers: DataLoader workers.
+
+    Attributes:
+        src_tokenizer, tgt_tokenizer: word tokenizers of English and of the target language
+            (for ``lm`` both are the English one); ``tokenizer`` is the English one.
+        src_vocab_size, tgt_vocab_size, vocab_size (= src for lm, tgt for translation).
+        pad_id, bos_id, eos_id: 0, 1, 2 (``<unk>`` is 3 and never occurs).
+        max_len, block_size: 8, the longest sequence in any batch.
+        train_data, val_data: the tensor dicts, after ``setup``.
+    """
+
+    TASKS: tuple[str, ...] = ("translation", "lm")
+
+    def __init__(
+        self,
+        task: str = "translation",
+        num_train: int = 5_000,
+        num_val: int = 500,
+        batch_size: int = 64,
+        seed: int = 0,
+        adjective_prob: float = 0.5,
+        plural_prob: float = 0.3,
+        indefinite_prob: float = 0.3,
+        present_prob: float = 0.5,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if task not in self.TASKS:
+            raise ValueError(f"task={task!r} is not one of {self.TASKS}")
+        _check_positive(num_train=num_train, num_val=num_val, batch_size=batch_size)
+        self.save_hyperparameters()
+        self.task = task
+        self.num_train, self.num_val = num_train, num_val
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.config = grammar.GrammarConfig(
+            adjective_prob=adjective_prob,
+            plural_prob=plural_prob,
+            indefinite_prob=indefinite_prob,
+            present_prob=present_prob,
+        )
+        self.src_tokenizer = grammar.english_tokenizer()
+        self.tokenizer = self.src_tokenizer
+        self.tgt_tokenizer = (
+            grammar.verbal_tokenizer() if task == "translation" else self.src_tokenizer
+        )
+        self.src_vocab_size = self.src_tokenizer.vocab_size
+        self.tgt_vocab_size = self.tgt_tokenizer.vocab_size
+        self.vocab_size = self.tgt_vocab_size
+        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        self.max_len = self.block_size = grammar.MAX_SENTENCE_WORDS + 1
+        self.train_data = None
+        self.val_data = None
+
+    def _draw(self, split: str) -> Callable[[int], dict[str, Tensor]]:
+        generator = split_generator(self.seed, f"grammar-{self.task}-{split}")
+        if self.task == "translation":
+            return lambda k: grammar.make_grammar_translation(
+                k,
+                generator=generator,
+                config=self.config,
+                src_tokenizer=self.src_tokenizer,
+                tgt_tokenizer=self.tgt_tokenizer,
+            )
+        return lambda k: grammar.make_grammar_lm(
+            k, generator=generator, config=self.config, tokenizer=self.src_tokenizer
         )
 
-    def val_dataloader(self) -> DataLoader:
-        """Validation batches in a fixed order."""
-        self._require_setup()
-        return _loader(
-            TensorDictDataset(self.val_data),
-            self.batch_size,
-            shuffle=False,
-            seed=self.seed,
-            num_workers=self.num_workers,
+    def setup(self, stage: str | None = None) -> None:
+        """Draw the training and validation sentences (idempotent)."""
+        if self.train_data is not None:
+            return
+        self.train_data = self._draw("train")(self.num_train)
+        self.val_data = draw_disjoint(
+            self._draw("val"),
+            self.num_val,
+            exclude=self.train_data,
+            what=f"validation sentences (task={self.task!r})",
+            key=lambda d: d["src"] if "src" in d else d["tokens"],
         )
-
-    def test_dataloader(self) -> DataLoader:
-        """The validation set (the synthetic tasks have no separate test split)."""
-        return self.val_dataloader()
-
-    def predict_dataloader(self) -> DataLoader:
-        """The validation set, for ``transformer-lab predict``."""
-        return self.val_dataloader()
-
-    def _require_setup(self) -> None:
-        if self.train_data is None:
-            self.setup()

@@ -53,12 +53,15 @@ __all__ = [
     "PAD_ID",
     "SYMBOL_CHARS",
     "TASKS",
+    "draw_disjoint",
+    "input_key",
     "make_addition",
     "make_sequence_task",
     "make_split",
     "make_task",
     "split_generator",
     "task_symbols",
+    "to_seq2seq",
 ]
 
 PAD_ID = 0
@@ -197,13 +200,24 @@ def make_sequence_task(
             "padding_mask": mask,
             "targets": answer.masked_fill(~mask, IGNORE_INDEX),
         }
-    return _seq2seq(tokens, mask, answer, lengths)
+    return to_seq2seq(tokens, mask, answer, lengths)
 
 
-def _seq2seq(
+def to_seq2seq(
     src: Tensor, src_mask: Tensor, answer: Tensor, answer_len: Tensor
 ) -> dict[str, Tensor]:
-    """Wrap right-padded answers ``(N, L)`` as decoder input (BOS first) and output (EOS last)."""
+    """Package a seq2seq batch: the answers become decoder input (BOS first) and output (EOS last).
+
+    Args:
+        src: encoder input ``(N, S)``, padded with 0.
+        src_mask: ``(N, S)``, True at real source tokens.
+        answer: right-padded answers ``(N, L)``.
+        answer_len: real length of each answer ``(N,)``.
+
+    Returns:
+        ``src``, ``src_padding_mask`` ``(N, S)``; ``tgt_in``, ``tgt_out``, ``tgt_padding_mask``
+        ``(N, L + 1)``.
+    """
     n, length = answer.shape
     pad_col = torch.full((n, 1), PAD_ID, dtype=torch.long)
     tgt_in = torch.cat([torch.full((n, 1), BOS_ID, dtype=torch.long), answer], dim=1)  # (N, L+1)
@@ -283,7 +297,7 @@ def make_addition(
         answer_len = torch.tensor([len(a) for a in answers], dtype=torch.long)
         q_len = torch.tensor([len(q) for q in questions], dtype=torch.long)
         src_mask = torch.arange(src_len)[None, :] < q_len[:, None]  # (N, S)
-        return _seq2seq(src, src_mask, answer, answer_len)
+        return to_seq2seq(src, src_mask, answer, answer_len)
 
     # LM: BOS q = c EOS, padded; 3d+5 ids in the longest row, so inputs/targets have 3d+4.
     full_len = 3 * num_digits + 5
@@ -327,14 +341,69 @@ def make_task(
     )
 
 
-def _input_key(data: dict[str, Tensor]) -> Tensor:
-    """What the model is shown: the encoder input, or the LM sequence up to '='."""
+def input_key(data: dict[str, Tensor]) -> Tensor:
+    """What the model is shown, one row per example: the encoder input, or the LM question.
+
+    Two examples with equal rows count as the same example when splits are made disjoint.
+    """
     if "src" in data:
         return data["src"]
     if "padding_mask" in data:  # tagging
         return data["tokens"]
     # LM: the question is everything before the first scored position.
     return data["tokens"].masked_fill(data["targets"] != IGNORE_INDEX, PAD_ID)
+
+
+def draw_disjoint(
+    draw: Callable[[int], dict[str, Tensor]],
+    n: int,
+    *,
+    exclude: dict[str, Tensor] | None = None,
+    what: str = "examples",
+    key: Callable[[dict[str, Tensor]], Tensor] = input_key,
+    max_rounds: int = 50,
+) -> dict[str, Tensor]:
+    """Call ``draw(k)`` until ``n`` examples whose input is absent from ``exclude`` are collected.
+
+    Args:
+        draw: returns ``k`` fresh examples as a dict of tensors (first dimension ``k``); it must
+            advance its own generator so that repeated calls give new examples.
+        n: number of examples wanted.
+        exclude: another split; no returned example has the same ``key`` row as one of its
+            examples.
+        what: a description for the error message.
+        key: maps a batch dict to one row per example identifying it (default
+            :func:`input_key`); rows equal to a row of ``exclude`` are dropped.
+        max_rounds: how many top-ups to try after removing clashes before giving up.
+
+    Returns:
+        A dict of tensors with first dimension ``n``.
+
+    Raises:
+        ValueError: if ``n`` unseen examples cannot be found (too few distinct inputs exist).
+    """
+    if exclude is None:
+        return draw(n)
+    seen = {tuple(row) for row in key(exclude).tolist()}
+    parts: list[dict[str, Tensor]] = []
+    have = 0
+    for _ in range(max_rounds):
+        if have >= n:
+            break
+        chunk = draw(max(n - have, 16))
+        keep = torch.tensor(
+            [tuple(row) not in seen for row in key(chunk).tolist()], dtype=torch.bool
+        )
+        if keep.any():
+            parts.append({k: v[keep] for k, v in chunk.items()})
+            have += int(keep.sum())
+    if have < n:
+        raise ValueError(
+            f"could not draw {n} {what} absent from the other split's {len(seen)} distinct "
+            "inputs: the task has too few distinct inputs; lower num_train/num_val or make the "
+            "task larger"
+        )
+    return {k: torch.cat([p[k] for p in parts])[:n] for k in parts[0]}
 
 
 def make_split(
@@ -345,7 +414,6 @@ def make_split(
     split: str,
     format: str,
     exclude: dict[str, Tensor] | None = None,
-    max_rounds: int = 50,
     **params: int | None,
 ) -> dict[str, Tensor]:
     """Draw one split of a task from its own seed stream, optionally disjoint from another split.
@@ -357,7 +425,6 @@ def make_split(
         split: name of the split (``"train"``, ``"val"``, ...).
         exclude: another split (e.g. the training set); no returned example has the same input
             as any example in it, so validation measures generalisation to unseen sequences.
-        max_rounds: how many times to top up after removing clashes before giving up.
 
     Returns:
         The split as a dict of tensors with first dimension ``n``.
@@ -367,25 +434,10 @@ def make_split(
             distinct inputs, e.g. one-digit addition has only 100).
     """
     generator = split_generator(seed, split)
-    if exclude is None:
-        return make_task(task, n, format=format, generator=generator, **params)  # type: ignore[arg-type]
-    seen = {tuple(row) for row in _input_key(exclude).tolist()}
-    parts: list[dict[str, Tensor]] = []
-    have = 0
-    for _ in range(max_rounds):
-        if have >= n:
-            break
-        chunk = make_task(task, max(n - have, 16), format=format, generator=generator, **params)  # type: ignore[arg-type]
-        keep = torch.tensor(
-            [tuple(row) not in seen for row in _input_key(chunk).tolist()], dtype=torch.bool
-        )
-        if keep.any():
-            parts.append({k: v[keep] for k, v in chunk.items()})
-            have += int(keep.sum())
-    if have < n:
-        raise ValueError(
-            f"could not draw {n} {split} examples of task={task!r} ({params}) absent from the "
-            f"other split's {len(seen)} distinct inputs: the task has too few distinct inputs; "
-            "lower num_train/num_val or make the task larger (seq_len, num_symbols, num_digits)"
-        )
-    return {k: torch.cat([p[k] for p in parts])[:n] for k in parts[0]}
+
+    def draw(k: int) -> dict[str, Tensor]:
+        return make_task(task, k, format=format, generator=generator, **params)  # type: ignore[arg-type]
+
+    return draw_disjoint(
+        draw, n, exclude=exclude, what=f"{split} examples of task={task!r} ({params})"
+    )
