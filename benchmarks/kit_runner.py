@@ -15,6 +15,7 @@ Reference: Lightning's ``Trainer`` and ``LightningCLI`` documentation.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,7 +47,11 @@ class RandomWindows(IterableDataset):
 
 
 class StepTimer:
-    """Lightning callback: wall time from the start of batch ``skip`` to the end of training."""
+    """Lightning callback: wall time from the start of batch ``skip`` to the end of training.
+
+    It also keeps the clock at the start of every batch and at the end (``stamps``), the same
+    stamps the plain loop records, so per-step intervals can be compared one to one.
+    """
 
     def __init__(self, skip: int, device: torch.device) -> None:
         import lightning as L
@@ -55,6 +60,8 @@ class StepTimer:
 
         class _CB(L.Callback):
             def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+                outer._sync()
+                outer.stamps.append(time.perf_counter())
                 if trainer.global_step == outer.skip and outer.t0 is None:
                     outer._sync()
                     outer.t0 = time.perf_counter()
@@ -62,10 +69,12 @@ class StepTimer:
             def on_train_end(self, trainer: Any, *args: Any) -> None:
                 outer._sync()
                 outer.t1 = time.perf_counter()
+                outer.stamps.append(outer.t1)
 
         self.skip, self.device = skip, device
         self.t0: float | None = None
         self.t1: float | None = None
+        self.stamps: list[float] = []
         self.callback = _CB()
 
     def _sync(self) -> None:
@@ -135,7 +144,20 @@ def lightning_run(
     )
     trainer.fit(module, train_dataloaders=loader)
     seconds = timer.seconds
-    return {"tokens_per_s": (steps - skip) * batch_size * cfg.n_ctx / seconds, "seconds": seconds}
+    tokens = batch_size * cfg.n_ctx
+    return {
+        "tokens_per_s": (steps - skip) * tokens / seconds,
+        "median_step_tokens_per_s": tokens / median_interval(timer.stamps, skip),
+        "seconds": seconds,
+    }
+
+
+def median_interval(stamps: list[float], skip: int) -> float:
+    """Median time between consecutive stamps, leaving out the first ``skip`` intervals."""
+    gaps = [b - a for a, b in zip(stamps[skip:], stamps[skip + 1 :], strict=False)]
+    if not gaps:
+        raise ValueError(f"{len(stamps)} stamps leave no interval after skip={skip}")
+    return statistics.median(gaps)
 
 
 @dataclass

@@ -253,6 +253,7 @@ def train(
     log_every: int = 0,
     skip_steps: int = 0,
     block: int | None = None,
+    step_times: list[float] | None = None,
 ) -> dict[str, float]:
     """Train ``model`` on random windows of ``data.train`` with the plain loop.
 
@@ -265,6 +266,8 @@ def train(
         log_every: print the training loss every this many steps (0: never).
         skip_steps: leave the first steps out of the timing (warm-up of allocator and caches).
         block: window length (default ``model.cfg.n_ctx``; pass it for models without ``cfg``).
+        step_times: if given, the clock at the start of every step (device synchronised) and
+            at the end of the last one is appended to it.
 
     Returns:
         ``{"train_seconds", "tokens_per_s", "last_loss"}``; evaluation is left to the caller.
@@ -281,6 +284,10 @@ def train(
     t0 = time.perf_counter()
     loss = torch.zeros(())
     for step in range(tc.steps):
+        if step_times is not None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            step_times.append(time.perf_counter())
         if step == skip_steps and step > 0:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -306,6 +313,8 @@ def train(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
+    if step_times is not None:
+        step_times.append(time.perf_counter())
     return {
         "train_seconds": seconds,
         "tokens_per_s": (tc.steps - skip_steps) * tc.batch_size * block / seconds,
