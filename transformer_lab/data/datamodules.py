@@ -15,14 +15,16 @@ https://lightning.ai/docs/pytorch/stable/data/datamodule.html
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from transformer_lab.data import grammar
+from transformer_lab.data import corpus, grammar
 from transformer_lab.data.synthetic import (
     BOS_ID,
     EOS_ID,
@@ -37,7 +39,13 @@ from transformer_lab.data.synthetic import (
 )
 from transformer_lab.tokenizers import CharTokenizer
 
-__all__ = ["GrammarDataModule", "SyntheticDataModule", "TensorDictDataset"]
+__all__ = [
+    "BlockDataset",
+    "CharCorpusDataModule",
+    "GrammarDataModule",
+    "SyntheticDataModule",
+    "TensorDictDataset",
+]
 
 
 class TensorDictDataset(Dataset):
@@ -365,3 +373,250 @@ class GrammarDataModule(_InMemoryDataModule):
             what=f"validation sentences (task={self.task!r})",
             key=lambda d: d["src"] if "src" in d else d["tokens"],
         )
+
+
+class BlockDataset(Dataset):
+    """Windows of a long id sequence: item ``i`` starts at ``offsets[i]``.
+
+    Args:
+        data: the corpus as ids ``(N,)``.
+        block_size: window length ``T``.
+        offsets: start of each window ``(M,)``; every ``offset + T + 1 <= N``.
+
+    Items are ``{"tokens": data[o : o + T], "targets": data[o + 1 : o + T + 1]}``.
+    """
+
+    def __init__(self, data: Tensor, block_size: int, offsets: Tensor) -> None:
+        if len(offsets) and int(offsets.max()) + block_size + 1 > len(data):
+            raise ValueError(
+                f"a window at offset {int(offsets.max())} with block_size={block_size} runs past "
+                f"the end of the data (length {len(data)})"
+            )
+        self.data, self.block_size, self.offsets = data, block_size, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        start = int(self.offsets[index])
+        window = self.data[start : start + self.block_size + 1]  # (T + 1,)
+        return {"tokens": window[:-1], "targets": window[1:]}
+
+
+class CharCorpusDataModule(pl.LightningDataModule):
+    """A character-level language-modelling corpus: Tiny Shakespeare by default.
+
+    How to use::
+
+        dm = CharCorpusDataModule()            # downloads once into the cache (prepare_data)
+        dm = CharCorpusDataModule(path="../shared/data/tinyshakespeare.txt")  # a local file
+        dm = CharCorpusDataModule(fallback="grammar")  # offline: synthetic sentences instead
+        dm.prepare_data(); dm.setup("fit")
+        batch = next(iter(dm.train_dataloader()))      # tokens, targets: (12, 64) int64
+        dm.tokenizer.decode(batch["tokens"][0])        # 64 characters of a play
+
+    The text is split by characters: the first ``1 - val_fraction`` of it trains, the rest
+    validates (no window crosses the boundary). Training windows start at random offsets (a
+    seeded permutation of all offsets, a fresh one each epoch); validation windows are fixed,
+    non-overlapping, in order.
+
+    Args:
+        path: a local text file, used as is (no download). A checksum that differs from
+            ``sha256`` only warns.
+        url: where ``prepare_data`` downloads the corpus when ``path`` is None.
+        sha256: expected digest of the download (None: no check).
+        cache_dir: download cache (default ``$TRANSFORMER_LAB_CACHE`` or
+            ``~/.cache/transformer_lab``).
+        block_size: characters per window ``T`` (the model's context length).
+        batch_size: windows per batch.
+        val_fraction: share of the characters kept for validation (the end of the text).
+        seed: seeds the training offsets.
+        train_samples: training windows per epoch (default: one pass worth of characters,
+            ``len(train) // block_size``).
+        val_blocks: cap on validation windows (default: all of them).
+        fallback: ``"grammar"`` to train on sentences of :mod:`transformer_lab.data.grammar`
+            when the corpus can be neither found nor downloaded (a warning says so); None to
+            raise a :class:`~transformer_lab.data.corpus.CorpusUnavailableError`.
+        timeout: seconds to wait for the download server.
+        num_workers: DataLoader workers.
+
+    Attributes:
+        tokenizer: a :class:`~transformer_lab.tokenizers.CharTokenizer`. For the default corpus
+            its alphabet is the 65 known characters of Tiny Shakespeare (ids 4..68 after pad, bos,
+            eos, unk), so it exists before any download; for ``path=`` it is fitted on the file.
+        vocab_size: ``tokenizer.vocab_size`` (69 for Tiny Shakespeare).
+        pad_id, bos_id, eos_id: 0, 1, 2 (unused by the windows, kept for the shared contract).
+        block_size, max_len: ``T``.
+        source: after ``setup``: the file read, or ``"fallback:grammar"``.
+        train_ids, val_ids: the two parts of the corpus as ids ``(N,)``, after ``setup``.
+    """
+
+    FALLBACKS: tuple[str, ...] = ("grammar",)
+
+    def __init__(
+        self,
+        path: str | None = None,
+        url: str = corpus.DEFAULT_URL,
+        sha256: str | None = corpus.TINY_SHAKESPEARE_SHA256,
+        cache_dir: str | None = None,
+        block_size: int = 64,
+        batch_size: int = 12,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        train_samples: int | None = None,
+        val_blocks: int | None = None,
+        fallback: str | None = None,
+        timeout: float = 30.0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        _check_positive(block_size=block_size, batch_size=batch_size)
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be strictly between 0 and 1")
+        if fallback is not None and fallback not in self.FALLBACKS:
+            raise ValueError(f"fallback={fallback!r} is not None or one of {self.FALLBACKS}")
+        for name, value in (("train_samples", train_samples), ("val_blocks", val_blocks)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value} must be >= 1 (or None)")
+        self.save_hyperparameters()
+        self.path, self.url, self.sha256, self.cache_dir = path, url, sha256, cache_dir
+        self.block_size = self.max_len = block_size
+        self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
+        self.train_samples, self.val_blocks = train_samples, val_blocks
+        self.fallback, self.timeout, self.num_workers = fallback, timeout, num_workers
+        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        self.source: str | None = None
+        self.train_ids: Tensor | None = None
+        self.val_ids: Tensor | None = None
+        self._tokenizer: CharTokenizer | None = None
+
+    # -- vocabulary ---------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> CharTokenizer:
+        """The character tokenizer (reads ``path`` if one was given; never downloads)."""
+        if self._tokenizer is None:
+            if self.path is None:
+                self._tokenizer = CharTokenizer.from_symbols(
+                    corpus.TINY_SHAKESPEARE_CHARS, unk="<unk>"
+                )
+            else:
+                self._tokenizer = CharTokenizer().fit(self._read(Path(self.path)))
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the model must handle."""
+        return self.tokenizer.vocab_size
+
+    # -- data ---------------------------------------------------------------------------------
+
+    def _cached_path(self) -> Path:
+        root = Path(self.cache_dir).expanduser() if self.cache_dir else corpus.default_cache_dir()
+        return root / corpus.TINY_SHAKESPEARE_FILENAME
+
+    @staticmethod
+    def _read(path: Path) -> str:
+        return path.read_text(encoding="utf-8")
+
+    def prepare_data(self) -> None:
+        """Make sure the corpus is on disk: check ``path``, or download into the cache.
+
+        Raises:
+            ChecksumError: a download had the wrong checksum (nothing was cached).
+            CorpusUnavailableError: offline without a cached copy and without ``fallback``.
+        """
+        try:
+            corpus.fetch_corpus(
+                self.path,
+                url=self.url,
+                sha256=self.sha256,
+                cache_dir=self.cache_dir,
+                timeout=self.timeout,
+            )
+        except corpus.ChecksumError:
+            raise
+        except corpus.CorpusUnavailableError as err:
+            if self.fallback is None:
+                raise
+            warnings.warn(
+                f"{err}\nFalling back to the synthetic {self.fallback!r} corpus.", stacklevel=2
+            )
+
+    def _load_text(self) -> tuple[str, str]:
+        if self.path is not None:
+            path = Path(self.path).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"path={self.path!r} does not exist or is not a file")
+            return self._read(path), str(path)
+        cached = self._cached_path()
+        if cached.is_file():
+            return self._read(cached), str(cached)
+        if self.fallback == "grammar":
+            # About 1 MB of sentences, like the real corpus; the same for every seed of the run.
+            return grammar.grammar_text(30_000, seed=self.seed), "fallback:grammar"
+        raise corpus.CorpusUnavailableError(
+            f"no corpus at {cached}: call prepare_data() first (it downloads the file), or "
+            "pass path='/path/to/tinyshakespeare.txt', or use fallback='grammar'"
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read, encode and split the corpus (idempotent; never downloads)."""
+        if self.train_ids is not None:
+            return
+        text, self.source = self._load_text()
+        ids = torch.tensor(self.tokenizer.encode(text), dtype=torch.long)  # (N,)
+        n_train = int(len(ids) * (1.0 - self.val_fraction))
+        train, val = ids[:n_train], ids[n_train:]
+        shortest = min(len(train), len(val))
+        if shortest < self.block_size + 1:
+            raise ValueError(
+                f"block_size={self.block_size} needs at least {self.block_size + 1} characters in "
+                f"each split, but the {len(ids)}-character corpus with val_fraction="
+                f"{self.val_fraction} leaves {len(train)} for training and {len(val)} for "
+                "validation"
+            )
+        self.train_ids, self.val_ids = train, val
+
+    def train_dataloader(self) -> DataLoader:
+        """Windows at random offsets: a seeded permutation, different each epoch."""
+        self._require_setup()
+        assert self.train_ids is not None
+        offsets = torch.arange(len(self.train_ids) - self.block_size)  # every valid start
+        num_samples = self.train_samples or max(1, len(self.train_ids) // self.block_size)
+        sampler = RandomSampler(
+            BlockDataset(self.train_ids, self.block_size, offsets),
+            replacement=num_samples > len(offsets),
+            num_samples=num_samples,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        return DataLoader(
+            sampler.data_source,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """Fixed, non-overlapping windows of the validation text, in order."""
+        self._require_setup()
+        assert self.val_ids is not None
+        offsets = torch.arange(0, len(self.val_ids) - self.block_size, self.block_size)
+        if self.val_blocks is not None:
+            offsets = offsets[: self.val_blocks]
+        return _loader(
+            BlockDataset(self.val_ids, self.block_size, offsets),
+            self.batch_size,
+            shuffle=False,
+            seed=self.seed,
+            num_workers=self.num_workers,
+        )
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation windows."""
+        return self.val_dataloader()
+
+    def _require_setup(self) -> None:
+        if self.train_ids is None:
+            self.setup()
