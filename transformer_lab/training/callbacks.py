@@ -1,5 +1,9 @@
 """Callbacks of the training CLI: show what the trained model does with unseen examples.
 
+:class:`RunCheckpoint` is Lightning's ``ModelCheckpoint`` that also writes ``last.ckpt`` when a
+run stops between epochs (``--trainer.max_steps``), so ``--ckpt_path last`` resumes from the step
+where training actually stopped.
+
 A falling loss is an abstract reward; seeing the model reverse a sequence it never saw is the
 concrete one. :class:`ShowExamples` runs at the end of ``fit`` and prints a few validation
 examples (input, prediction, target) with the model in its final state, then where the
@@ -20,7 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
-__all__ = ["ShowExamples", "make_decoder"]
+__all__ = ["RunCheckpoint", "ShowExamples", "make_decoder"]
 
 
 def make_decoder(datamodule: Any) -> Callable[[Sequence[int]], str]:
@@ -92,3 +96,21 @@ class ShowExamples(Callback):
                 if callback.last_model_path:
                     print(f"last checkpoint: {callback.last_model_path}", file=out)
         out.flush()
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` is always the state at the end of training.
+
+    Lightning saves ``last`` at epoch ends (and once at the end of a run that never saved one);
+    a run cut short by ``max_steps`` in the middle of an epoch would otherwise leave a ``last``
+    from the previous epoch end, and a resumed run would silently repeat those steps.
+    """
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if (
+            self.save_last
+            and not trainer.fast_dev_run
+            and getattr(self, "_last_global_step_saved", trainer.global_step) != trainer.global_step
+        ):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

@@ -11,10 +11,11 @@ DataModule (``data``) and Trainer options; every option can be overridden on the
   pair (a GPT has no ``pad_id``) is skipped.
 * **Precision.** ``--trainer.precision`` defaults to the device's best choice
   (:func:`~transformer_lab.training.devices.choose_precision`); giving it overrides that.
-* **Checkpoints.** ``ModelCheckpoint`` keeps the best epoch (by the ``checkpoint.monitor`` metric)
-  and ``last.ckpt`` under ``runs/<name>/version_<n>/checkpoints/``. ``--ckpt_path last`` (or
-  ``best``) resumes from the newest such file of the same run name, in a new version directory;
-  checkpoints of another model or config, and unreadable files, are refused with one line.
+* **Checkpoints.** A ``ModelCheckpoint`` (:class:`~.callbacks.RunCheckpoint`) keeps the best
+  epoch (by the ``checkpoint.monitor`` metric) and ``last.ckpt`` under
+  ``runs/<name>/version_<n>/checkpoints/``. ``--ckpt_path last`` (or ``best``) resumes from the
+  newest such file of the same run name, in a new version directory; checkpoints of another
+  model or config, and unreadable files, are refused with one line.
 * **Loggers.** By default ``runs/<name>/version_<n>/`` gets a ``CSVLogger`` (``metrics.csv``, read
   by :func:`transformer_lab.plots.plot_loss_curves`) and, when the ``tensorboard`` package is
   installed, a ``TensorBoardLogger`` in the same directory (``tensorboard --logdir runs``).
@@ -34,11 +35,10 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
-from transformer_lab.training.callbacks import ShowExamples
+from transformer_lab.training.callbacks import RunCheckpoint, ShowExamples
 from transformer_lab.training.devices import choose_precision
 from transformer_lab.training.modules import (
     CHECKPOINT_KEY,
@@ -51,6 +51,7 @@ __all__ = [
     "TransformerLabCLI",
     "find_checkpoint",
     "load_checkpoint_file",
+    "make_cli",
     "run_lightning_cli",
 ]
 
@@ -182,7 +183,7 @@ class TransformerLabCLI(LightningCLI):
             default=None,
             help="CPU threads for torch (default: torch's choice); 1 suits tiny models best",
         )
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val_loss",
@@ -243,6 +244,18 @@ class TransformerLabCLI(LightningCLI):
         checkpoint = load_checkpoint_file(ckpt_path)
         check_checkpoint_matches(checkpoint, self.model)
 
+    def _parse_ckpt_path(self) -> None:
+        # Lightning >= 2.5 reads a checkpoint file given on the command line before anything is
+        # built and silently replaces the model's arguments with the checkpoint's. Here the run's
+        # config stays authoritative: an unreadable file is refused now, and a checkpoint of
+        # another config is refused in before_<subcommand> instead of being adopted.
+        subcommand = self.config.get("subcommand") if hasattr(self.config, "get") else None
+        if not subcommand:
+            return
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry"):
+            load_checkpoint_file(ckpt_path)
+
     def before_fit(self) -> None:
         self._prepare_checkpoint()
 
@@ -256,6 +269,31 @@ class TransformerLabCLI(LightningCLI):
         self._prepare_checkpoint()
 
 
+def make_cli(args: list[str] | None, **kwargs: Any) -> TransformerLabCLI:
+    """Build (and, unless ``run=False``, run) the kit's ``LightningCLI`` on ``args``.
+
+    Args:
+        args: command-line words, e.g. ``["fit", "--config", "configs/reverse.yaml"]``;
+            ``None`` reads ``sys.argv``.
+        **kwargs: overrides of ``LightningCLI``'s constructor arguments, e.g. ``run=False`` or
+            ``trainer_defaults={"callbacks": [...]}``.
+
+    Returns:
+        The CLI object (``.trainer``, ``.model``, ``.datamodule``).
+    """
+    options: dict[str, Any] = {
+        "subclass_mode_model": True,
+        "subclass_mode_data": True,
+        "seed_everything_default": 0,
+        "save_config_kwargs": {"overwrite": True},
+        "parser_kwargs": {"default_env": False},
+        # Lightning warns when given args equal to the process's own argv: pass None then.
+        "args": None if args is None or list(args) == sys.argv[1:] else args,
+    }
+    options.update(kwargs)
+    return TransformerLabCLI(L.LightningModule, L.LightningDataModule, **options)
+
+
 def run_lightning_cli(args: list[str] | None = None) -> int:
     """Run ``transformer-lab fit|validate|test|predict`` with ``args`` (the words after the
     program name).
@@ -265,21 +303,11 @@ def run_lightning_cli(args: list[str] | None = None) -> int:
             ``None`` reads ``sys.argv``.
 
     Returns:
-        The process exit status: 0 on success, 2 for a refused checkpoint or bad value, or the
-        code of the argument parser's exit (``--help`` gives 0).
+        The process exit status: 0 on success, 2 for a refused checkpoint, or the code of the
+        argument parser's exit (``--help`` gives 0, a bad option 2).
     """
     try:
-        TransformerLabCLI(
-            L.LightningModule,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            seed_everything_default=0,
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={"default_env": False},
-            # Lightning warns when given args equal to the process's own argv: pass None then.
-            args=None if args is None or list(args) == sys.argv[1:] else args,
-        )
+        make_cli(args)
     except CheckpointMismatchError as error:
         print(f"transformer-lab: error: {error}", file=sys.stderr)
         return 2

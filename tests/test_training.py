@@ -1,0 +1,347 @@
+"""The Lightning training layer: schedule, precision choice, modules, checkpoints and resuming."""
+
+from __future__ import annotations
+
+import copy
+import io
+import itertools
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from transformer_lab.training.devices import choose_precision, print_info
+from transformer_lab.training.schedule import (
+    warmup_cosine_lambda,
+    warmup_cosine_scheduler,
+    weight_decay_groups,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+QUIET = [
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--examples.num_examples=0",
+]
+
+
+# -- schedule ---------------------------------------------------------------------------------
+
+
+def test_warmup_is_linear_then_cosine_reaches_the_floor() -> None:
+    f = warmup_cosine_lambda(warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    assert [f(s) for s in range(4)] == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert f(4) == pytest.approx(1.0)
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
+    assert f(14) == pytest.approx(0.1) and f(1000) == pytest.approx(0.1)
+    decay = [f(s) for s in range(4, 15)]
+    assert all(a > b for a, b in itertools.pairwise(decay))
+
+
+def test_scheduler_scales_the_optimizer_rate() -> None:
+    p = nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.5)
+    sched = warmup_cosine_scheduler(opt, warmup_steps=1, total_steps=3)
+    rates = []
+    for _ in range(4):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates == pytest.approx([0.25, 0.5, 0.25, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("warmup", "total", "floor", "message"),
+    [(-1, 10, 0.0, "warmup_steps=-1"), (10, 10, 0.0, "total_steps=10"), (0, 5, 1.5, "1.5")],
+)
+def test_schedule_rejects_bad_values(warmup: int, total: int, floor: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        warmup_cosine_lambda(warmup, total, floor)
+
+
+def test_weight_decay_only_on_matrices_and_tied_weights_once() -> None:
+    model = nn.Sequential(nn.Embedding(5, 4), nn.LayerNorm(4), nn.Linear(4, 5))
+    model[2].weight = model[0].weight  # tied output layer
+    decayed, plain = weight_decay_groups(model, 0.1)
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert [p.shape for p in decayed["params"]] == [torch.Size([5, 4])]
+    assert sorted(p.numel() for p in plain["params"]) == [4, 4, 5]  # LN weight, LN bias, bias
+    with pytest.raises(ValueError, match="weight_decay=-1"):
+        weight_decay_groups(model, -1)
+
+
+# -- devices ----------------------------------------------------------------------------------
+
+
+def test_precision_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert choose_precision("cpu") == "32-true"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert choose_precision("cuda") == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # a T4
+    assert choose_precision("cuda") == "16-mixed"
+    with pytest.raises(ValueError, match="'tpu'"):
+        choose_precision("tpu")
+
+
+def test_print_info_names_device_precision_and_versions() -> None:
+    out = io.StringIO()
+    print_info(out)
+    text = out.getvalue()
+    for word in ("device", "precision", "python", "torch", "lightning", "torchmetrics"):
+        assert word in text
+    assert torch.__version__ in text and "transformer_lab" in text
+
+
+# -- modules ----------------------------------------------------------------------------------
+
+
+def _tagging_batch(n: int = 8, t: int = 6, vocab: int = 7) -> dict[str, torch.Tensor]:
+    tokens = torch.randint(3, vocab, (n, t))
+    return {
+        "tokens": tokens,
+        "padding_mask": torch.ones(n, t, dtype=torch.bool),
+        "targets": tokens.flip(1),
+    }
+
+
+def test_classifier_accepts_a_model_built_from_student_blocks() -> None:
+    from transformer_lab.blocks import EncoderBlock
+    from transformer_lab.models import EncoderClassifier, EncoderConfig
+    from transformer_lab.training.modules import ClassifierModule
+
+    cfg = EncoderConfig(vocab_size=7, max_len=6, d_model=16, n_layers=1, n_heads=2)
+    blocks = [EncoderBlock(16, 2, 32)]
+    module = ClassifierModule(model=EncoderClassifier(cfg, blocks=blocks))
+    assert "model" not in module.hparams
+    assert module.hparams["config"]["d_model"] == 16  # taken from the model's config
+    assert module.model.encoder is not None
+    loss = module._shared_step(_tagging_batch(), "val")
+    assert loss.ndim == 0 and math.isfinite(float(loss))
+
+
+def test_module_needs_a_config_or_a_model() -> None:
+    from transformer_lab.training.modules import ClassifierModule, OptimConfig
+
+    with pytest.raises(ValueError, match="needs a config or a model"):
+        ClassifierModule()
+    with pytest.raises(ValueError, match="lr=0"):
+        OptimConfig(lr=0)
+
+
+def test_classifier_overfits_one_batch() -> None:
+    """A semantic check of the training step: the loss goes down and accuracy reaches 1."""
+    from transformer_lab.models import EncoderConfig
+    from transformer_lab.training.modules import ClassifierModule, OptimConfig
+
+    cfg = EncoderConfig(vocab_size=7, max_len=6, d_model=32, n_layers=1, n_heads=2)
+    module = ClassifierModule(cfg, optim=OptimConfig(lr=3e-3, warmup_steps=0, total_steps=300))
+    batch = _tagging_batch()
+    opt = torch.optim.AdamW(module.parameters(), lr=3e-3)
+    first = None
+    for _ in range(150):
+        logits = module(batch["tokens"], padding_mask=batch["padding_mask"])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+        first = float(loss) if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    predictions = module.predict_batch(batch)
+    assert float(loss) < 0.1 * first
+    assert torch.equal(predictions, batch["targets"])
+
+
+# -- every config under fast_dev_run ----------------------------------------------------------
+
+
+def _config_args(config: Path, tmp_path: Path) -> list[str]:
+    args = ["fit", "--config", str(config), "--run.save_dir", str(tmp_path / "runs"), *QUIET]
+    text = config.read_text()
+    if "CharCorpusDataModule" in text:
+        from conftest import TINY_SHAKESPEARE
+
+        if not TINY_SHAKESPEARE.exists():
+            pytest.skip("Tiny Shakespeare is not present")
+        args += ["--data.init_args.path", str(TINY_SHAKESPEARE)]
+    return args
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_config_runs_under_fast_dev_run(config: Path, tmp_path: Path) -> None:
+    from transformer_lab.training.cli import make_cli
+
+    args = [*_config_args(config, tmp_path), "--trainer.fast_dev_run=true"]
+    cli = make_cli(args)
+    assert cli.trainer.global_step == 1
+    assert math.isfinite(float(cli.trainer.callback_metrics["val_loss"]))
+    # The DataModule's sizes were linked into the model config, not repeated in the YAML.
+    config_dict = cli.model.hparams["config"]
+    for attr in ("vocab_size", "src_vocab_size", "tgt_vocab_size"):
+        if attr in config_dict:
+            assert config_dict[attr] == getattr(cli.datamodule, attr)
+
+
+# -- checkpoints: resume, foreign and corrupt files -------------------------------------------
+
+
+class _RecordStart(Callback):
+    """Remember the step and optimizer state at the moment training (re)starts."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.global_step = trainer.global_step
+        self.optimizer_state = copy.deepcopy(trainer.optimizers[0].state_dict())
+        self.lr = trainer.optimizers[0].param_groups[0]["lr"]
+
+
+def _reverse_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        "--config",
+        str(CONFIGS / "reverse.yaml"),
+        "--run.save_dir",
+        str(tmp_path / "runs"),
+        "--run.logger",
+        "csv",
+        "--data.init_args.num_train",
+        "640",
+        "--data.init_args.num_val",
+        "64",
+        *QUIET,
+        *extra,
+    ]
+
+
+def test_resume_from_last_continues_with_the_same_state(tmp_path: Path) -> None:
+    from transformer_lab.training.cli import make_cli
+
+    make_cli(_reverse_args(tmp_path, "--trainer.max_steps", "12", "--trainer.max_epochs", "-1"))
+    last = tmp_path / "runs" / "reverse" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 12
+
+    recorder = _RecordStart()
+    cli = make_cli(
+        _reverse_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "15",
+            "--trainer.max_epochs",
+            "-1",
+            "--ckpt_path",
+            "last",
+        ),
+        trainer_defaults={"callbacks": [recorder]},
+    )
+    assert recorder.global_step == 12
+    assert cli.trainer.global_step == 15
+    theirs = saved["optimizer_states"][0]
+    ours = recorder.optimizer_state
+    assert ours["param_groups"][0]["lr"] == pytest.approx(theirs["param_groups"][0]["lr"])
+    assert ours["state"].keys() == theirs["state"].keys()
+    for key, state in theirs["state"].items():
+        torch.testing.assert_close(ours["state"][key]["exp_avg"], state["exp_avg"])
+        torch.testing.assert_close(ours["state"][key]["exp_avg_sq"], state["exp_avg_sq"])
+        assert float(ours["state"][key]["step"]) == 12
+    # The resumed run logs to a new version directory; the old one is untouched.
+    assert (tmp_path / "runs" / "reverse" / "version_1" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_foreign_and_corrupt_checkpoints_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformer_lab.training.cli import run_lightning_cli
+
+    steps = ["--trainer.max_steps", "2", "--trainer.max_epochs", "-1"]
+    assert run_lightning_cli(_reverse_args(tmp_path, *steps)) == 0
+    last = tmp_path / "runs" / "reverse" / "version_0" / "checkpoints" / "last.ckpt"
+
+    # Same task, another model width: refused before any weight is touched.
+    wider = ["--model.init_args.config.d_model", "64", "--ckpt_path", str(last)]
+    assert run_lightning_cli(_reverse_args(tmp_path, *steps, *wider)) == 2
+    err = capsys.readouterr().err
+    assert "d_model: checkpoint 32 vs run 64" in err and "Traceback" not in err
+
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(last.read_bytes()[:1000])  # a truncated file
+    assert run_lightning_cli(_reverse_args(tmp_path, *steps, "--ckpt_path", str(corrupt))) == 2
+    assert "cannot be read" in capsys.readouterr().err
+
+    stranger = tmp_path / "stranger.ckpt"
+    torch.save({"state_dict": {}}, stranger)
+    assert run_lightning_cli(_reverse_args(tmp_path, *steps, "--ckpt_path", str(stranger))) == 2
+    assert "not written by transformer-lab" in capsys.readouterr().err
+
+    empty_root = tmp_path / "elsewhere"
+    args = _reverse_args(empty_root, *steps, "--ckpt_path", "last")
+    assert run_lightning_cli(args) == 2
+    assert "train first" in capsys.readouterr().err
+
+
+# -- short real training runs -----------------------------------------------------------------
+
+
+def _final_metric(metrics_csv: Path, name: str) -> float:
+    from transformer_lab.plots import read_metrics_csv
+
+    return read_metrics_csv(metrics_csv)[name][-1][1]
+
+
+@pytest.mark.slow
+def test_reverse_reaches_99_percent(tmp_path: Path) -> None:
+    """The README's main job, in process: the shipped config reaches >= 99% token accuracy."""
+    from transformer_lab.training.cli import make_cli
+
+    args = [
+        "fit",
+        "--config",
+        str(CONFIGS / "reverse.yaml"),
+        "--run.save_dir",
+        str(tmp_path / "runs"),
+        "--run.logger",
+        "csv",
+        *QUIET,
+    ]
+    cli = make_cli(args)
+    assert float(cli.trainer.callback_metrics["val_acc"]) >= 0.99
+    run = tmp_path / "runs" / "reverse" / "version_0"
+    assert _final_metric(run / "metrics.csv", "val_acc") >= 0.99
+    assert (run / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_char_lm_beats_the_unigram_baseline(tmp_path: Path, tiny_shakespeare_path: Path) -> None:
+    """A short run on Tiny Shakespeare gets clearly below the unigram entropy of the text."""
+    from collections import Counter
+
+    from transformer_lab.training.cli import make_cli
+
+    text = tiny_shakespeare_path.read_text()
+    counts = Counter(text)
+    total = sum(counts.values())
+    unigram = -sum(c / total * math.log(c / total) for c in counts.values())  # nats, ~3.3
+    args = [
+        "fit",
+        "--config",
+        str(CONFIGS / "charlm_cpu.yaml"),
+        "--data.init_args.path",
+        str(tiny_shakespeare_path),
+        "--run.save_dir",
+        str(tmp_path / "runs"),
+        "--run.logger",
+        "csv",
+        "--trainer.max_steps",
+        "300",
+        "--trainer.val_check_interval",
+        "300",
+        "--trainer.limit_val_batches",
+        "20",
+        *QUIET,
+    ]
+    cli = make_cli(args)
+    val_loss = float(cli.trainer.callback_metrics["val_loss"])
+    assert val_loss < unigram - 0.5, f"val_loss {val_loss:.3f} vs unigram {unigram:.3f}"
