@@ -16,6 +16,7 @@ Reference: Lightning's ``Trainer`` and ``LightningCLI`` documentation.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -202,15 +203,20 @@ def build_from_config(
         "--examples.num_examples=0",
         *overrides,
     ]
-    cli = TransformerLabCLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        seed_everything_default=0,
-        save_config_callback=None,
-        parser_kwargs={"default_env": False},
-        run=False,
-        args=args,
-    )
+    # LightningCLI warns when given args while the process has its own argv: hide ours.
+    saved_argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        cli = TransformerLabCLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            seed_everything_default=0,
+            save_config_callback=None,
+            parser_kwargs={"default_env": False},
+            run=False,
+            args=args,
+        )
+    finally:
+        sys.argv = saved_argv
     return KitRun(trainer=cli.trainer, module=cli.model, datamodule=cli.datamodule)
