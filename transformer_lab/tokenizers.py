@@ -394,6 +394,20 @@ class CharTokenizer(Tokenizer):
         """The characters of ``text``."""
         return list(text)
 
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Text to ids, one per character (see :meth:`Tokenizer.encode`)."""
+        lookup = self._ids.get
+        ids = [lookup(c, -1) for c in text]  # one dict lookup per character: corpora are long
+        if -1 in ids:
+            first = ids.index(-1)
+            unknown = self.token_to_id(text[first])  # raises when unk is None
+            ids = [unknown if i == -1 else i for i in ids]
+        if add_bos:
+            ids.insert(0, self._require_special("<bos>"))
+        if add_eos:
+            ids.append(self._require_special("<eos>"))
+        return ids
+
     def detokenize(self, tokens: list[str]) -> str:
         """Concatenate characters."""
         return "".join(tokens)
