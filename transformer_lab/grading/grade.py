@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,6 +77,7 @@ class SubmissionResult:
         needs_manual: cells waiting for a human grader (written answers).
         repairs: what :func:`repair_notebook` changed, per notebook.
         error: why grading failed (``failed``/``unmatched``).
+        seconds: wall time spent on this submission (repair, autograde, feedback).
     """
 
     student: str
@@ -88,6 +90,7 @@ class SubmissionResult:
     needs_manual: int = 0
     repairs: list[str] = field(default_factory=list)
     error: str = ""
+    seconds: float = 0.0
 
 
 @dataclass
@@ -113,11 +116,13 @@ class GradeReport:
 
     def table(self) -> str:
         """A plain-text summary, one line per submission."""
-        lines = [f"{'student':<20} {'lab':<28} {'status':<9} {'auto':>11} {'manual':>7}"]
+        head = f"{'student':<20} {'lab':<28} {'status':<9} {'auto':>9} {'manual':>6} {'s':>5}"
+        lines = [head]
         for r in self.results:
             auto = f"{r.auto_score:g}/{r.auto_max:g}" if r.auto_score is not None else "-"
             lines.append(
-                f"{r.student:<20} {r.lab:<28} {r.status:<9} {auto:>11} {r.needs_manual:>7}"
+                f"{r.student:<20} {r.lab:<28} {r.status:<9} {auto:>9} {r.needs_manual:>6} "
+                f"{r.seconds:>5.1f}"
             )
             lines += [f"    repaired: {a}" for a in r.repairs]
             if r.error:
@@ -165,6 +170,24 @@ def _prepare(
         result.repairs += repaired.actions
         write_notebook(repaired.notebook, target)
     return True
+
+
+def _autograde(course: Path, coursedir, config, result: SubmissionResult) -> None:
+    """Repair, autograde and write feedback for one submission; failures go into ``result``."""
+    student, lab = result.student, result.lab
+    if not _prepare(course, student, lab, course / RELEASE_DIR / lab, result):
+        return
+    coursedir.assignment_id, coursedir.student_id = lab, student
+    out = run_converter(Autograde, coursedir, config, force=True, create_student=True)
+    if not out["success"]:
+        result.status = "failed"
+        result.error = "nbgrader could not autograde it:\n" + _tail(
+            out.get("log", "") + "\n" + out.get("error", "")
+        )
+        return
+    fb = run_converter(GenerateFeedback, coursedir, config, force=True)
+    if not fb["success"]:
+        result.error = "feedback not generated:\n" + _tail(fb.get("log", ""))
 
 
 def _scores(gb: Gradebook, result: SubmissionResult) -> None:
@@ -253,19 +276,9 @@ def grade_course(
         for student, lab in pairs:
             result = SubmissionResult(student, lab, "graded")
             results.append(result)
-            if not _prepare(course, student, lab, course / RELEASE_DIR / lab, result):
-                continue
-            coursedir.assignment_id, coursedir.student_id = lab, student
-            out = run_converter(Autograde, coursedir, config, force=True, create_student=True)
-            if not out["success"]:
-                result.status = "failed"
-                result.error = "nbgrader could not autograde it:\n" + _tail(
-                    out.get("log", "") + "\n" + out.get("error", "")
-                )
-                continue
-            fb = run_converter(GenerateFeedback, coursedir, config, force=True)
-            if not fb["success"]:
-                result.error = "feedback not generated:\n" + _tail(fb.get("log", ""))
+            start = time.perf_counter()
+            _autograde(course, coursedir, config, result)
+            result.seconds = round(time.perf_counter() - start, 2)
         coursedir.student_id = "*"
         with Gradebook(coursedir.db_url) as gb:
             for result in results:
