@@ -1,0 +1,112 @@
+"""``transformer-lab labs build|check``: deterministic builds, sync and leak detection, verdicts.
+
+Builds run nbgrader's GenerateAssignment without a kernel (a few seconds); the round-trip
+verdicts of ``check`` are tested here on hand-made grade reports, and for real in
+tests/test_grading_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from transformer_lab.cli import main as cli_main
+from transformer_lab.grading import check as check_module
+from transformer_lab.grading.cli import main
+from transformer_lab.grading.course import GradingError, select_labs
+from transformer_lab.grading.grade import GradeReport, SubmissionResult
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = "01_positional_encoding"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A copy of the repository's lab 01 (config, source, release) to edit freely."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copy(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    shutil.copytree(REPO / "solutions" / LAB, root / "solutions" / LAB)
+    shutil.copytree(REPO / "labs" / LAB, root / "labs" / LAB)
+    return root
+
+
+def test_committed_release_is_what_the_build_generates(repo: Path, capsys) -> None:
+    before = (repo / "labs" / LAB / f"{LAB}.ipynb").read_bytes()
+    assert main(["--repo", str(repo), "build", "01"]) == 0
+    assert "labs/ is up to date" in capsys.readouterr().out
+    assert (repo / "labs" / LAB / f"{LAB}.ipynb").read_bytes() == before
+    assert cli_main(["labs", "--repo", str(repo), "check", "01", "--no-grade"]) == 0
+
+
+def test_hand_edited_or_stray_release_files_fail_check(repo: Path, capsys) -> None:
+    path = repo / "labs" / LAB / f"{LAB}.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[3].source += "\n# a quick fix made in labs/ by hand"
+    nbformat.write(nb, str(path))
+    (repo / "labs" / LAB / "notes.txt").write_text("stray")
+    assert main(["--repo", str(repo), "check", LAB, "--no-grade"]) == 1
+    out = capsys.readouterr().out
+    assert "differs from what solutions/ generates (first differing cell: 4)" in out
+    assert "notes.txt is not generated" in out
+    # Rebuilding repairs both, and a second build is a no-op.
+    assert main(["--repo", str(repo), "build"]) == 0
+    assert "2 file(s) updated" in capsys.readouterr().out
+    assert main(["--repo", str(repo), "build"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert main(["--repo", str(repo), "check", "--no-grade"]) == 0
+
+
+def test_leaked_solution_and_hidden_tests_are_found(repo: Path) -> None:
+    path = repo / "labs" / LAB / f"{LAB}.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    src = nbformat.read(str(repo / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    answer = next(c for c in src.cells if c.get("id") == "sinusoidal_encoding")
+    solution_line = next(line for line in answer.source.splitlines() if "angles =" in line)
+    nb.cells[5].source += "\n" + solution_line
+    nb.cells[6].source += "\nlab01.hidden_check_sinusoidal_encoding(sinusoidal_encoding, seed=1)"
+    nbformat.write(nb, str(path))
+    problems = check_module.check_leaks(repo, [LAB])
+    assert any("leaks solution code" in p and "angles =" in p for p in problems)
+    assert any("'hidden_check_'" in p for p in problems)
+
+
+def test_lab_selection_by_prefix(repo: Path) -> None:
+    assert select_labs(repo, ["01"]) == [LAB]
+    assert select_labs(repo, None) == [LAB]
+    with pytest.raises(GradingError, match="matches nothing"):
+        select_labs(repo, ["07"])
+    assert main(["--repo", str(repo), "build", "07"]) == 2
+
+
+def _report(course: Path, solution: tuple, release: tuple) -> GradeReport:
+    results = [
+        SubmissionResult("solution", LAB, solution[0], auto_score=solution[1], auto_max=12.0),
+        SubmissionResult("release", LAB, release[0], auto_score=release[1], auto_max=12.0),
+    ]
+    return GradeReport(course, results, course / "grades.csv", course / "feedback")
+
+
+@pytest.mark.parametrize(
+    ("solution", "release", "words"),
+    [
+        (("graded", 12.0), ("graded", 0.0), None),
+        (("graded", 10.0), ("graded", 0.0), "the solution earns 10 of 12"),
+        (("graded", 12.0), ("graded", 1.0), "the untouched release earns 1 points"),
+        (("failed", None), ("graded", 0.0), "the solution could not be graded"),
+        (("graded", 12.0), ("failed", None), "the untouched release could not be graded"),
+    ],
+)
+def test_check_verdicts(repo: Path, monkeypatch, solution, release, words) -> None:
+    def fake_grade_course(course, repo_, labs, timeout=None):
+        return _report(Path(course), solution, release)
+
+    monkeypatch.setattr(check_module, "grade_course", fake_grade_course)
+    problems = check_module.check_labs(repo, ["01"])
+    if words is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and words in problems[0]
