@@ -126,6 +126,8 @@ def test_addition_lm_scores_only_the_answer() -> None:
         ({"task": "copy", "num_symbols": 0}, "num_symbols=0"),
         ({"task": "copy", "seq_len": 0}, "seq_len=0"),
         ({"task": "copy", "batch_size": 0}, "batch_size=0"),
+        ({"task": "copy", "seq_len": 4, "min_len": 5}, "min_len=5"),
+        ({"task": "addition", "format": "lm", "num_digits": 0}, "num_digits=0"),
     ],
 )
 def test_bad_arguments_name_the_values(kwargs: dict, match: str) -> None:
@@ -213,6 +215,11 @@ def test_main_job_defaults() -> None:
     dm.setup()
     tokens = dm.train_data["tokens"][0]
     assert dm.decode(dm.train_data["targets"][0]) == dm.decode(tokens)[::-1]
+    padded = SyntheticDataModule(seq_len=6, min_len=2, num_train=50, num_val=5)
+    padded.setup()
+    short = int(padded.train_data["padding_mask"].sum(1).argmin())
+    text = padded.decode(padded.train_data["tokens"][short])
+    assert padded.decode(padded.train_data["targets"][short]) == text[::-1] and len(text) < 6
 
 
 def test_training_order_is_seeded() -> None:

@@ -29,6 +29,8 @@ from transformer_lab.data.synthetic import (
     BOS_ID,
     EOS_ID,
     FORMATS,
+    IGNORE_INDEX,
+    MAX_DIGITS,
     NUM_SPECIAL,
     PAD_ID,
     TASKS,
@@ -213,6 +215,10 @@ class SyntheticDataModule(_InMemoryDataModule):
         _check_positive(
             seq_len=seq_len, num_train=num_train, num_val=num_val, batch_size=batch_size
         )
+        if min_len is not None and not 1 <= min_len <= seq_len:
+            raise ValueError(f"min_len={min_len} must be between 1 and seq_len={seq_len}")
+        if task == "addition" and not 1 <= num_digits <= MAX_DIGITS:
+            raise ValueError(f"num_digits={num_digits} must be between 1 and {MAX_DIGITS}")
         self.save_hyperparameters()
         self.task = task
         self.format = format
@@ -243,7 +249,13 @@ class SyntheticDataModule(_InMemoryDataModule):
         )
 
     def decode(self, ids: Tensor | list[int], *, skip_special: bool = True) -> str:
-        """Print ids with one character per symbol (special ids dropped by default)."""
+        """Print ids with one character per symbol.
+
+        Special ids and the ignore index -100 (padding in ``targets``) are dropped by default.
+        """
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        if skip_special:
+            ids = [i for i in ids if i != IGNORE_INDEX]
         return self.tokenizer.decode(ids, skip_special=skip_special)
 
     def _params(self) -> dict[str, int | None]:

@@ -49,6 +49,7 @@ __all__ = [
     "EOS_ID",
     "FORMATS",
     "IGNORE_INDEX",
+    "MAX_DIGITS",
     "NUM_SPECIAL",
     "PAD_ID",
     "SYMBOL_CHARS",
@@ -74,7 +75,7 @@ ADDITION_SYMBOLS = "0123456789+="
 TASKS: tuple[str, ...] = ("copy", "reverse", "sort", "addition")
 FORMATS: tuple[str, ...] = ("tagging", "seq2seq", "lm")
 _SEQUENCE_TASKS = ("copy", "reverse", "sort")
-_MAX_DIGITS = 18  # 10**18 still fits in int64
+MAX_DIGITS = 18  # 10**18 still fits in int64
 
 
 def split_generator(seed: int, split: str) -> torch.Generator:
@@ -280,8 +281,8 @@ def make_addition(
         raise ValueError(
             f"format={format!r} is not available for task='addition': use 'seq2seq' or 'lm'"
         )
-    if not 1 <= num_digits <= _MAX_DIGITS:
-        raise ValueError(f"num_digits={num_digits} must be between 1 and {_MAX_DIGITS}")
+    if not 1 <= num_digits <= MAX_DIGITS:
+        raise ValueError(f"num_digits={num_digits} must be between 1 and {MAX_DIGITS}")
     if n < 0:
         raise ValueError(f"n={n} must be >= 0")
     operands = torch.randint(0, 10**num_digits, (n, 2), generator=generator)  # (N, 2)
