@@ -69,6 +69,8 @@ def run_plain(
     return {
         "val_loss": val,
         "wall_s": stats["train_seconds"],
+        "cpu_s": stats["train_cpu_seconds"],
+        "steps": recipe["train"]["steps"],
         "tokens_per_s": stats["tokens_per_s"],
     }
 
@@ -95,11 +97,11 @@ def run_kit(
         run.datamodule.setup("fit")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         run.trainer.fit(run.module, datamodule=run.datamodule)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     text = Path(data_path).read_text(encoding="utf-8")
     val_text = text[int(0.9 * len(text)) :]
     val_ids = torch.tensor(run.datamodule.tokenizer.encode(val_text), dtype=torch.long)
@@ -111,6 +113,7 @@ def run_kit(
     return {
         "val_loss": val,
         "wall_s": wall,
+        "cpu_s": cpu,
         "steps": steps,
         "tokens_per_s": steps * batch * n_ctx / wall,
     }
@@ -142,6 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "--data.init_args.val_blocks=4",
         ]
     overrides += a.kit_override
+    # The first AdamW pulls in heavy imports (seconds): pay that before any clock starts.
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
     rows: list[dict[str, Any]] = []
     plain = kit = None
     if a.only in (None, "plain"):
@@ -158,17 +163,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             rows.append({"run": f"kit ({config.name})", **kit})
             print(f"kit: val {kit['val_loss']:.4f} in {kit['wall_s']:.1f}s", flush=True)
-    print_table(rows, ["run", "val_loss", "wall_s", "tokens_per_s"])
+    print_table(rows, ["run", "val_loss", "wall_s", "cpu_s", "steps", "tokens_per_s"])
     verdict = None
     if plain and kit:
+        # On a CPU shared with other jobs, process CPU time is the contention-robust twin of
+        # wall time (one thread: equal on an idle machine); both are judged and reported.
+        wall_ratio = kit["wall_s"] / plain["wall_s"]
+        cpu_ratio = kit["cpu_s"] / plain["cpu_s"]
         if device.type == "cuda":
-            ok = kit["val_loss"] <= 1.47 and kit["wall_s"] <= 0.5 * plain["wall_s"]
+            ok = kit["val_loss"] <= 1.47 and wall_ratio <= 0.5
             target = "kit val <= 1.47 in <= 0.5x plain wall time"
         else:
-            ok = kit["val_loss"] < plain["val_loss"] and kit["wall_s"] <= plain["wall_s"]
+            ok = kit["val_loss"] < plain["val_loss"] and wall_ratio <= 1.0
             target = "kit val < plain val in <= plain wall time"
-        wall_ratio = kit["wall_s"] / plain["wall_s"]
-        verdict = f"{target}: {'met' if ok else 'not met'} (wall ratio {wall_ratio:.2f})"
+        verdict = (
+            f"{target}: {'met' if ok else 'not met'} (val {kit['val_loss']:.4f} vs "
+            f"{plain['val_loss']:.4f}; wall ratio {wall_ratio:.2f}, CPU-time ratio {cpu_ratio:.2f})"
+        )
         print(verdict)
     result = {
         "benchmark": "quality",

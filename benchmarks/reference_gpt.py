@@ -270,7 +270,8 @@ def train(
             at the end of the last one is appended to it.
 
     Returns:
-        ``{"train_seconds", "tokens_per_s", "last_loss"}``; evaluation is left to the caller.
+        ``{"train_seconds", "train_cpu_seconds", "tokens_per_s", "last_loss"}`` (process CPU
+        time, all threads, over the same window); evaluation is left to the caller.
     """
     if not 0 <= skip_steps < tc.steps:
         raise ValueError(f"skip_steps={skip_steps} must lie in [0, steps={tc.steps})")
@@ -281,7 +282,7 @@ def train(
     model.train()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = torch.zeros(())
     for step in range(tc.steps):
         if step_times is not None:
@@ -291,7 +292,7 @@ def train(
         if step == skip_steps and step > 0:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
         x, y = get_batch(data.train, tc.batch_size, block, gen)
@@ -312,11 +313,12 @@ def train(
             print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, tc):.2e}", flush=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     if step_times is not None:
         step_times.append(time.perf_counter())
     return {
         "train_seconds": seconds,
+        "train_cpu_seconds": cpu_seconds,
         "tokens_per_s": (tc.steps - skip_steps) * tc.batch_size * block / seconds,
         "last_loss": float(loss.item()),
     }

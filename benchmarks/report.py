@@ -47,7 +47,7 @@ def render(res: dict[str, Any]) -> str:
             rows, ["measure", "kit_tok_s", "ref_tok_s", "ratio", "paired_ratio", "wall_ratio"]
         )
     elif name == "quality":
-        body = _table(rows, ["run", "val_loss", "wall_s", "steps", "tokens_per_s"])
+        body = _table(rows, ["run", "val_loss", "wall_s", "cpu_s", "steps", "tokens_per_s"])
         body += f"\n\n{res.get('verdict')}"
     elif name == "generation":
         body = _table(
