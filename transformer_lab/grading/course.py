@@ -112,6 +112,9 @@ def grading_env(profile: str = "grading") -> Iterator[None]:
     """Environment for nbgrader runs: venv ``bin`` on ``PATH``, the given profile, Agg backend.
 
     Kernels started by nbgrader inherit ``os.environ``, so the profile reaches the notebooks.
+    When this interpreter's environment has its own ``python3`` kernel spec (``setup.sh``
+    installs one), it is put first on ``JUPYTER_PATH`` so that notebooks run with the
+    interpreter that has the kit, not with another ``python3`` kernel of the user.
     The previous values are restored afterwards.
     """
     bin_dir = str(Path(sys.executable).parent)
@@ -122,6 +125,10 @@ def grading_env(profile: str = "grading") -> Iterator[None]:
         "MPLBACKEND": "Agg",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
     }
+    own_share = Path(sys.prefix) / "share" / "jupyter"
+    if (own_share / "kernels" / "python3" / "kernel.json").is_file():
+        jupyter_path = os.environ.get("JUPYTER_PATH", "")
+        new["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(own_share), jupyter_path) if p)
     saved = {k: os.environ.get(k) for k in new}
     os.environ.update(new)
     try:

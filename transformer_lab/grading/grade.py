@@ -277,7 +277,11 @@ def grade_course(
             result = SubmissionResult(student, lab, "graded")
             results.append(result)
             start = time.perf_counter()
-            _autograde(course, coursedir, config, result)
+            try:
+                _autograde(course, coursedir, config, result)
+            except Exception as exc:  # one broken submission never stops the batch
+                result.status = "failed"
+                result.error = f"{type(exc).__name__}: {exc}"
             result.seconds = round(time.perf_counter() - start, 2)
         coursedir.student_id = "*"
         with Gradebook(coursedir.db_url) as gb:
