@@ -167,7 +167,8 @@ def _config_args(config: Path, tmp_path: Path) -> list[str]:
 
         if not TINY_SHAKESPEARE.exists():
             pytest.skip("Tiny Shakespeare is not present")
-        args += ["--data.init_args.path", str(TINY_SHAKESPEARE)]
+        # The GPU recipe's shapes cost a minute per step on a CPU: the wiring is what is tested.
+        args += ["--data.init_args.path", str(TINY_SHAKESPEARE), "--data.init_args.block_size=32"]
     return args
 
 
@@ -176,6 +177,7 @@ def test_every_config_runs_under_fast_dev_run(config: Path, tmp_path: Path) -> N
     from transformer_lab.training.cli import make_cli
 
     args = [*_config_args(config, tmp_path), "--trainer.fast_dev_run=true"]
+    args += ["--data.init_args.batch_size=4"]
     cli = make_cli(args)
     assert cli.trainer.global_step == 1
     assert math.isfinite(float(cli.trainer.callback_metrics["val_loss"]))

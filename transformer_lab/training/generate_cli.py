@@ -146,8 +146,8 @@ def _generate_lm(module: Any, tokenizer: Any, data: dict[str, Any], args: Any) -
     bos_id = data.get("bos_id") if tokenizer is None else tokenizer.bos_id
     eos_id = data.get("eos_id") if tokenizer is None else tokenizer.eos_id
     prompt = _encode(tokenizer, args.prompt)
-    # Where the vocabulary has a BOS (addition, grammar), training sequences start with it.
-    if bos_id is not None and prompt[:1] != [bos_id]:
+    # Sentences and addition problems were trained from BOS; text windows were not.
+    if data.get("starts_with_bos") and bos_id is not None and prompt[:1] != [bos_id]:
         prompt = [bos_id, *prompt]
     if not prompt:
         raise ValueError("the prompt is empty: an LM needs at least one token to continue")

@@ -611,6 +611,13 @@ class CausalLMModule(_TransformerModule):
 
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         tokens, targets = batch["tokens"], batch["targets"]
+        if stage == "train" and "starts_with_bos" not in self.data_info and self.data_info:
+            # Whether training sequences begin with BOS (sentences, addition) or are windows
+            # of a stream (characters of a play): `generate` must build its prompts the same way.
+            bos = self.data_info.get("bos_id")
+            self.data_info["starts_with_bos"] = bos is not None and bool(
+                (tokens[:, 0] == bos).all()
+            )
         logits = self.model(tokens)  # (B, T, V)
         loss = _flat_cross_entropy(logits, targets, IGNORE_INDEX)
         metrics = self._metrics(stage)
