@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = setup(a)
     key = "smoke" if a.smoke else device.type
     config = a.config or REPO_ROOT / "configs" / (
-        "charlm_gpu.yaml" if device.type == "cuda" else "charlm_cpu.yaml"
+        "bench_charlm_gpu.yaml" if device.type == "cuda" else "bench_charlm_cpu.yaml"
     )
     max_windows = 8 if a.smoke else None
     overrides = [f"--data.init_args.path={a.data}"]
