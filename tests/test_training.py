@@ -287,34 +287,6 @@ def test_foreign_and_corrupt_checkpoints_are_refused(
 # -- short real training runs -----------------------------------------------------------------
 
 
-def _final_metric(metrics_csv: Path, name: str) -> float:
-    from transformer_lab.plots import read_metrics_csv
-
-    return read_metrics_csv(metrics_csv)[name][-1][1]
-
-
-@pytest.mark.slow
-def test_reverse_reaches_99_percent(tmp_path: Path) -> None:
-    """The README's main job, in process: the shipped config reaches >= 99% token accuracy."""
-    from transformer_lab.training.cli import make_cli
-
-    args = [
-        "fit",
-        "--config",
-        str(CONFIGS / "reverse.yaml"),
-        "--run.save_dir",
-        str(tmp_path / "runs"),
-        "--run.logger",
-        "csv",
-        *QUIET,
-    ]
-    cli = make_cli(args)
-    assert float(cli.trainer.callback_metrics["val_acc"]) >= 0.99
-    run = tmp_path / "runs" / "reverse" / "version_0"
-    assert _final_metric(run / "metrics.csv", "val_acc") >= 0.99
-    assert (run / "checkpoints" / "last.ckpt").exists()
-
-
 @pytest.mark.slow
 def test_char_lm_beats_the_unigram_baseline(tmp_path: Path, tiny_shakespeare_path: Path) -> None:
     """A short run on Tiny Shakespeare gets clearly below the unigram entropy of the text."""
