@@ -65,16 +65,17 @@ class StepTimer:
                 outer.stamps.append(time.perf_counter())
                 if trainer.global_step == outer.skip and outer.t0 is None:
                     outer._sync()
-                    outer.t0 = time.perf_counter()
+                    outer.t0, outer.c0 = time.perf_counter(), time.process_time()
 
             def on_train_end(self, trainer: Any, *args: Any) -> None:
                 outer._sync()
-                outer.t1 = time.perf_counter()
+                outer.t1, outer.c1 = time.perf_counter(), time.process_time()
                 outer.stamps.append(outer.t1)
 
         self.skip, self.device = skip, device
         self.t0: float | None = None
         self.t1: float | None = None
+        self.c0 = self.c1 = 0.0  # process CPU time at t0 and t1
         self.stamps: list[float] = []
         self.callback = _CB()
 
@@ -149,6 +150,7 @@ def lightning_run(
     return {
         "tokens_per_s": (steps - skip) * tokens / seconds,
         "median_step_tokens_per_s": tokens / median_interval(timer.stamps, skip),
+        "cpu_tokens_per_s": (steps - skip) * tokens / (timer.c1 - timer.c0),
         "seconds": seconds,
     }
 

@@ -44,7 +44,16 @@ def render(res: dict[str, Any]) -> str:
             body += f"\n\nmha_fast worst ratio {worst:.2f} (target <= 1.10: {verdict})"
     elif name == "throughput":
         body = _table(
-            rows, ["measure", "kit_tok_s", "ref_tok_s", "ratio", "paired_ratio", "wall_ratio"]
+            rows,
+            [
+                "measure",
+                "kit_tok_s",
+                "ref_tok_s",
+                "ratio",
+                "paired_ratio",
+                "wall_ratio",
+                "cpu_ratio",
+            ],
         )
     elif name == "quality":
         body = _table(rows, ["run", "val_loss", "wall_s", "cpu_s", "steps", "tokens_per_s"])
