@@ -25,6 +25,7 @@ from transformer_lab.data.grammar import (
     make_grammar_lm,
     make_grammar_translation,
     sample_sentences,
+    target_vocabulary,
 )
 
 SEQ_CASES = [(t, f) for t in ("copy", "reverse", "sort") for f in ("tagging", "seq2seq")]
@@ -304,10 +305,13 @@ def test_grammar_datamodule(task: str) -> None:
     assert all(v.shape[1] <= dm.max_len for v in batch.values())
     assert _rows(dm.train_data).isdisjoint(_rows(dm.val_data))
     if task == "translation":
-        assert dm.src_vocab_size != dm.tgt_vocab_size
-        assert batch["tgt_out"].max() < dm.tgt_vocab_size and batch["src"].max() < dm.src_vocab_size
-        sentence = dm.src_tokenizer.decode(batch["src"][0], skip_special=True)
+        assert dm.src_vocab_size == dm.tgt_vocab_size == dm.vocab_size
+        assert dm.vocab_size == 4 + len(english_vocabulary()) + len(target_vocabulary())
+        assert batch["tgt_out"].max() < dm.vocab_size and batch["src"].max() < dm.vocab_size
+        sentence = dm.tokenizer.decode(batch["src"][0], skip_special=True)
+        translation = dm.tokenizer.decode(batch["tgt_out"][0], skip_special=True)
         assert sentence.split()[0] in {"the", "a"}
+        assert set(translation.split()) <= set(target_vocabulary())
     else:
         assert dm.vocab_size == dm.src_vocab_size == dm.tokenizer.vocab_size
     with pytest.raises(ValueError, match="task='poetry'"):

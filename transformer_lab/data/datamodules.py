@@ -293,8 +293,8 @@ class GrammarDataModule(_InMemoryDataModule):
         dm = GrammarDataModule(task="translation")
         dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))   # src (64, 7), tgt_in/tgt_out (64, 8), masks
-        dm.src_tokenizer.decode(batch["src"][0], skip_special=True)  # "the dogs chased the child"
-        dm.tgt_tokenizer.decode(batch["tgt_out"][0], skip_special=True)
+        dm.tokenizer.decode(batch["src"][0], skip_special=True)      # "the dogs chased the child"
+        dm.tokenizer.decode(batch["tgt_out"][0], skip_special=True)  # "huni li kimo la kuron"
 
         lm = GrammarDataModule(task="lm")        # tokens/targets (64, 8): BOS sentence EOS
 
@@ -309,9 +309,11 @@ class GrammarDataModule(_InMemoryDataModule):
         num_workers: DataLoader workers.
 
     Attributes:
-        src_tokenizer, tgt_tokenizer: word tokenizers of English and of the target language
-            (for ``lm`` both are the English one); ``tokenizer`` is the English one.
-        src_vocab_size, tgt_vocab_size, vocab_size (= src for lm, tgt for translation).
+        tokenizer: a :class:`~transformer_lab.tokenizers.WordTokenizer`; for translation one
+            vocabulary holds the words of both languages (disjoint lists), so it decodes source,
+            prediction and target alike; for ``lm`` it holds the English words.
+        src_tokenizer, tgt_tokenizer: the same object as ``tokenizer``.
+        src_vocab_size, tgt_vocab_size, vocab_size: all ``tokenizer.vocab_size``.
         pad_id, bos_id, eos_id: 0, 1, 2 (``<unk>`` is 3 and never occurs).
         max_len, block_size: 8, the longest sequence in any batch.
         train_data, val_data: the tensor dicts, after ``setup``.
@@ -346,11 +348,12 @@ class GrammarDataModule(_InMemoryDataModule):
             indefinite_prob=indefinite_prob,
             present_prob=present_prob,
         )
-        self.src_tokenizer = grammar.english_tokenizer()
-        self.tokenizer = self.src_tokenizer
-        self.tgt_tokenizer = (
-            grammar.verbal_tokenizer() if task == "translation" else self.src_tokenizer
+        # Translation shares one vocabulary across both languages, so ``tokenizer`` decodes
+        # source and target ids alike (the word lists are disjoint).
+        self.tokenizer = (
+            grammar.shared_tokenizer() if task == "translation" else grammar.english_tokenizer()
         )
+        self.src_tokenizer = self.tgt_tokenizer = self.tokenizer
         self.src_vocab_size = self.src_tokenizer.vocab_size
         self.tgt_vocab_size = self.tgt_tokenizer.vocab_size
         self.vocab_size = self.tgt_vocab_size

@@ -58,6 +58,7 @@ __all__ = [
     "make_grammar_lm",
     "make_grammar_translation",
     "sample_sentences",
+    "shared_tokenizer",
     "target_vocabulary",
     "verbal_tokenizer",
 ]
@@ -234,6 +235,15 @@ def english_tokenizer() -> WordTokenizer:
 def verbal_tokenizer() -> WordTokenizer:
     """Word tokenizer over :func:`target_vocabulary` (pad, bos, eos, unk = 0, 1, 2, 3)."""
     return WordTokenizer.from_vocab(target_vocabulary())
+
+
+def shared_tokenizer() -> WordTokenizer:
+    """One word tokenizer over both languages (pad, bos, eos, unk = 0, 1, 2, 3).
+
+    The two word lists do not overlap, so any id sequence, source or target, decodes with it;
+    sharing one vocabulary across languages is common in translation systems.
+    """
+    return WordTokenizer.from_vocab(sorted(set(english_vocabulary()) | set(target_vocabulary())))
 
 
 def _pad(rows: list[list[int]], length: int) -> tuple[Tensor, Tensor]:
