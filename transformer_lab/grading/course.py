@@ -33,8 +33,11 @@ LABS = "labs"
 LAB_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
 
 
-class GradingError(RuntimeError):
-    """A pipeline step failed for a reason the instructor must fix (message says which)."""
+class GradingError(ValueError):
+    """Bad input to the pipeline (unknown lab, missing folder, a source nbgrader rejects).
+
+    The message names the bad value and what to do about it.
+    """
 
 
 def find_repo(start: Path | None = None) -> Path:
@@ -141,7 +144,9 @@ def grading_env(profile: str = "grading") -> Iterator[None]:
                 os.environ[key] = value
 
 
-def run_converter(converter_cls: type, coursedir: CourseDirectory, config: Config, **attrs: Any):
+def run_converter(
+    converter_cls: type, coursedir: CourseDirectory, config: Config, **attrs: Any
+) -> dict[str, Any]:
     """Run an nbgrader converter (``GenerateAssignment``, ``Autograde``...) and capture its log.
 
     Args:

@@ -40,8 +40,10 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.converters import Autograde, GenerateAssignment, GenerateFeedback
+from nbgrader.coursedir import CourseDirectory
 from nbgrader.plugins.export import CsvExportPlugin
 from sqlalchemy.exc import SAWarning
+from traitlets.config import Config
 
 from transformer_lab.grading.course import (
     SOLUTIONS,
@@ -172,7 +174,9 @@ def _prepare(
     return True
 
 
-def _autograde(course: Path, coursedir, config, result: SubmissionResult) -> None:
+def _autograde(
+    course: Path, coursedir: CourseDirectory, config: Config, result: SubmissionResult
+) -> None:
     """Repair, autograde and write feedback for one submission; failures go into ``result``."""
     student, lab = result.student, result.lab
     if not _prepare(course, student, lab, course / RELEASE_DIR / lab, result):
