@@ -298,6 +298,18 @@ def test_char_lm_beats_the_unigram_baseline(tmp_path: Path, tiny_shakespeare_pat
     counts = Counter(text)
     total = sum(counts.values())
     unigram = -sum(c / total * math.log(c / total) for c in counts.values())  # nats, ~3.3
+    # The CPU recipe's data and optimizer, with a smaller model and context so it takes seconds.
+    small = {
+        "model.init_args.config.d_model": 64,
+        "model.init_args.config.n_layers": 2,
+        "model.init_args.optim.lr": 0.005,
+        "model.init_args.optim.warmup_steps": 20,
+        "data.init_args.block_size": 32,
+        "data.init_args.batch_size": 16,
+        "trainer.max_steps": 150,
+        "trainer.val_check_interval": 150,
+        "trainer.limit_val_batches": 10,
+    }
     args = [
         "fit",
         "--config",
@@ -308,13 +320,8 @@ def test_char_lm_beats_the_unigram_baseline(tmp_path: Path, tiny_shakespeare_pat
         str(tmp_path / "runs"),
         "--run.logger",
         "csv",
-        "--trainer.max_steps",
-        "300",
-        "--trainer.val_check_interval",
-        "300",
-        "--trainer.limit_val_batches",
-        "20",
         *QUIET,
+        *(f"--{key}={value}" for key, value in small.items()),
     ]
     cli = make_cli(args)
     val_loss = float(cli.trainer.callback_metrics["val_loss"])
