@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -58,6 +60,24 @@ def test_tagging_targets_are_the_task_answer(min_len: int | None) -> None:
             assert (tokens[~mask] == PAD_ID).all() and (targets[~mask] == IGNORE_INDEX).all()
             expected = {"copy": real, "reverse": real[::-1], "sort": sorted(real)}[task]
             assert targets[mask].tolist() == expected
+
+
+def test_majority_label_by_counting() -> None:
+    d = make_sequence_task("majority", 200, seq_len=9, num_symbols=4, min_len=3, generator=_gen())
+    assert d["targets"].shape == (200,)
+    for tokens, mask, label in zip(d["tokens"], d["padding_mask"], d["targets"], strict=True):
+        counts = Counter(tokens[mask].tolist())
+        best = max(counts.values())
+        assert int(label) == min(t for t, c in counts.items() if c == best)
+
+
+def test_majority_datamodule_gives_sequence_labels() -> None:
+    dm = SyntheticDataModule(task="majority", num_train=64, num_val=16, batch_size=8)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["tokens"].shape == (8, 16) and batch["targets"].shape == (8,)
+    assert batch["targets"].min() >= 3 and batch["targets"].max() < dm.num_classes
+    with pytest.raises(ValueError, match="format='seq2seq'"):
+        SyntheticDataModule(task="majority", format="seq2seq")
 
 
 def test_variable_lengths_really_vary() -> None:
@@ -161,7 +181,7 @@ def test_data_does_not_depend_on_global_rng() -> None:
     assert split_generator(0, "train").initial_seed() != split_generator(0, "val").initial_seed()
 
 
-@pytest.mark.parametrize(("task", "fmt"), ALL_CASES)
+@pytest.mark.parametrize(("task", "fmt"), [*ALL_CASES, ("majority", "tagging")])
 def test_validation_is_disjoint_from_training(task: str, fmt: str) -> None:
     kw = {"num_digits": 1} if task == "addition" else {"seq_len": 3, "num_symbols": 3}
     # Small spaces (27 sequences, 100 sums) make clashes certain without the filter.

@@ -145,7 +145,7 @@ class _InMemoryDataModule(pl.LightningDataModule):
 
 
 class SyntheticDataModule(_InMemoryDataModule):
-    """Copy, reverse, sort or addition, generated from a seed (no files, no network).
+    """Copy, reverse, sort, majority or addition, generated from a seed (no files, no network).
 
     How to use::
 
@@ -157,28 +157,29 @@ class SyntheticDataModule(_InMemoryDataModule):
         dm.decode(batch["tokens"][0])  # "3071..." (symbols as characters)
 
     Args:
-        task: ``"copy"``, ``"reverse"``, ``"sort"`` or ``"addition"``.
-        seq_len: longest input sequence ``T`` (copy/reverse/sort).
-        num_symbols: alphabet size (copy/reverse/sort); ids ``3 .. 2 + num_symbols``.
+        task: ``"copy"``, ``"reverse"``, ``"sort"``, ``"majority"`` (one label per sequence, for
+            a sequence head) or ``"addition"``.
+        seq_len: longest input sequence ``T`` (all tasks but addition).
+        num_symbols: alphabet size (all tasks but addition); ids ``3 .. 2 + num_symbols``.
         num_train: training examples (drawn once in ``setup``).
         num_val: validation examples; never equal (as input) to any training example.
         batch_size: examples per batch.
         seed: seeds the train stream, the validation stream and the shuffling; same seed, same
             data and order everywhere.
-        format: ``"tagging"`` (encoder, copy/reverse/sort), ``"seq2seq"`` (all tasks) or
-            ``"lm"`` (addition).
+        format: ``"tagging"`` (encoder; all tasks but addition), ``"seq2seq"`` (all tasks but
+            majority) or ``"lm"`` (addition).
         min_len: shortest input for variable-length, padded sequences; None = fixed ``seq_len``.
         num_digits: digits per operand (addition).
         num_workers: DataLoader workers (0 is fastest for in-memory tensors).
 
     Batches (dicts; see :mod:`transformer_lab.data.synthetic`):
-        tagging: ``tokens``, ``padding_mask``, ``targets`` ``(B, T)``;
+        tagging: ``tokens``, ``padding_mask``, ``targets`` ``(B, T)`` (majority: ``(B,)``);
         seq2seq: ``src``, ``src_padding_mask`` ``(B, S)``, ``tgt_in``, ``tgt_out``,
         ``tgt_padding_mask`` ``(B, T)``; lm: ``tokens``, ``targets`` ``(B, T)``.
 
     Attributes:
         vocab_size, src_vocab_size, tgt_vocab_size: all equal (one shared vocabulary).
-        num_classes: ``vocab_size`` (tagging targets are token ids).
+        num_classes: ``vocab_size`` (tagging targets, majority labels too, are token ids).
         pad_id, bos_id, eos_id: 0, 1, 2.
         max_len: longest sequence any batch holds (input or target), for positional tables.
         block_size: the LM sequence length (``lm`` format), else ``max_len``.
@@ -207,7 +208,9 @@ class SyntheticDataModule(_InMemoryDataModule):
             raise ValueError(f"task={task!r} is not one of {TASKS}")
         if format not in FORMATS:
             raise ValueError(f"format={format!r} is not one of {FORMATS}")
-        allowed = ("seq2seq", "lm") if task == "addition" else ("tagging", "seq2seq")
+        allowed = {"addition": ("seq2seq", "lm"), "majority": ("tagging",)}.get(
+            task, ("tagging", "seq2seq")
+        )
         if format not in allowed:
             raise ValueError(
                 f"format={format!r} is not available for task={task!r}: use one of {allowed}"

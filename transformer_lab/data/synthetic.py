@@ -1,10 +1,11 @@
-"""Seeded synthetic tasks: copy, reverse, sort and addition, as batches of token ids.
+"""Seeded synthetic tasks: copy, reverse, sort, majority and addition, as batches of token ids.
 
 Toy tasks let a Transformer be trained in seconds on a CPU while still needing what makes the
 architecture interesting: reversing a sequence cannot be done token by token, a token must *look
 at another position*, and that position is only known through the positional encoding. Sorting
-needs every token to compare itself with all others; addition needs carries that travel from the
-last digit to the first.
+needs every token to compare itself with all others; majority (which symbol occurs most often)
+needs one label for a whole sequence, the job of a sequence-level head; addition needs carries
+that travel from the last digit to the first.
 
 Every function here draws from an explicit ``torch.Generator`` (never the global RNG), so the
 same seed gives the same data on every machine and in every process.
@@ -21,7 +22,8 @@ Formats (the batch contract of ``docs/contracts.md``):
 * ``"tagging"`` (encoder; copy, reverse, sort): ``tokens (N, T)``, ``padding_mask (N, T)``
   (True at real tokens), ``targets (N, T)`` with the answer symbol at every real position and
   -100 (ignored by the loss) at padding. Example, reverse: tokens ``[3 5 4]`` -> targets
-  ``[4 5 3]``.
+  ``[4 5 3]``. The majority task is the sequence-head variant: ``targets (N,)`` holds the id of
+  the symbol that occurs most often among the real tokens (ties go to the smallest symbol).
 * ``"seq2seq"`` (encoder-decoder; all tasks): ``src (N, S)``, ``src_padding_mask (N, S)``,
   ``tgt_in (N, T)`` = BOS followed by the answer, ``tgt_out (N, T)`` = the answer followed by EOS,
   both padded with 0, and ``tgt_padding_mask (N, T)``.
@@ -72,9 +74,9 @@ NUM_SPECIAL = 3  # ids below this are pad, bos, eos; symbols start here
 IGNORE_INDEX = -100  # what ``nn.CrossEntropyLoss`` ignores by default
 SYMBOL_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 ADDITION_SYMBOLS = "0123456789+="
-TASKS: tuple[str, ...] = ("copy", "reverse", "sort", "addition")
+TASKS: tuple[str, ...] = ("copy", "reverse", "sort", "majority", "addition")
 FORMATS: tuple[str, ...] = ("tagging", "seq2seq", "lm")
-_SEQUENCE_TASKS = ("copy", "reverse", "sort")
+_SEQUENCE_TASKS = ("copy", "reverse", "sort", "majority")
 MAX_DIGITS = 18  # 10**18 still fits in int64
 
 
@@ -132,6 +134,15 @@ def _sort_real(tokens: Tensor, lengths: Tensor) -> Tensor:
     return torch.where(real, ordered, PAD_ID)
 
 
+def _majority(tokens: Tensor, lengths: Tensor) -> Tensor:
+    """Id of the most frequent real symbol of each row ``(N,)``; ties go to the smallest id."""
+    n, t = tokens.shape
+    real = torch.arange(t)[None, :] < lengths[:, None]  # (N, T)
+    counts = torch.zeros(n, int(tokens.max()) + 1, dtype=torch.long)  # (N, V)
+    counts.scatter_add_(1, tokens, real.long())
+    return counts.argmax(dim=1)  # argmax returns the first (smallest) id among equal counts
+
+
 _ANSWER: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "copy": lambda tokens, lengths: tokens.clone(),
     "reverse": _reverse_real,
@@ -154,7 +165,7 @@ def make_sequence_task(
     Symbols are drawn uniformly and independently (sort therefore sees repeated symbols).
 
     Args:
-        task: ``"copy"``, ``"reverse"`` or ``"sort"``.
+        task: ``"copy"``, ``"reverse"``, ``"sort"`` or ``"majority"`` (tagging only).
         n: number of examples ``N``.
         seq_len: longest input ``T`` (every input has this length when ``min_len`` is None).
         num_symbols: size of the alphabet; symbol ids are ``3 .. 2 + num_symbols``.
@@ -165,8 +176,9 @@ def make_sequence_task(
 
     Returns:
         A dict of tensors, first dimension ``N``. Tagging: ``tokens``, ``padding_mask``,
-        ``targets``, each ``(N, T)``. Seq2seq: ``src``, ``src_padding_mask`` ``(N, T)`` and
-        ``tgt_in``, ``tgt_out``, ``tgt_padding_mask`` ``(N, T + 1)``.
+        ``targets``, each ``(N, T)`` (majority: ``targets (N,)``). Seq2seq: ``src``,
+        ``src_padding_mask`` ``(N, T)`` and ``tgt_in``, ``tgt_out``, ``tgt_padding_mask``
+        ``(N, T + 1)``.
 
     Raises:
         ValueError: for an unknown task or format, or inconsistent lengths.
@@ -193,6 +205,12 @@ def make_sequence_task(
         lengths = torch.full((n,), seq_len, dtype=torch.long)
     mask = torch.arange(seq_len)[None, :] < lengths[:, None]  # (N, T), True at real tokens
     tokens = tokens.masked_fill(~mask, PAD_ID)
+    if task == "majority":
+        if format != "tagging":
+            raise ValueError(
+                f"format={format!r} is not available for task='majority': use 'tagging'"
+            )
+        return {"tokens": tokens, "padding_mask": mask, "targets": _majority(tokens, lengths)}
     answer = _ANSWER[task](tokens, lengths)  # (N, T), padded with PAD_ID
 
     if format == "tagging":
