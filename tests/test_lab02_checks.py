@@ -436,3 +436,19 @@ def test_forbidden_is_lifted_after_a_check() -> None:
     x = torch.randn(3, 4)
     torch.testing.assert_close(torch.softmax(x, -1), softmax(x))
     torch.testing.assert_close(F.softmax(x, dim=0), softmax(x, 0))
+
+
+def test_the_kits_own_attention_passes_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks' oracle and the kit's implementation agree (with the kit's names unbanned)."""
+    from transformer_lab import attention as kit
+
+    torch_only = tuple(n for n in lab02._SOFTMAX_BANS if not n.startswith("transformer_lab."))
+    monkeypatch.setattr(lab02, "_SOFTMAX_BANS", torch_only)
+    for fn, checks in (
+        (kit.softmax, SOFTMAX_CHECKS),
+        (kit.self_attention_loop, LOOP_CHECKS),
+        (kit.self_attention_matrix, MATRIX_CHECKS),
+        (kit.scaled_dot_product_attention, SDPA_CHECKS),
+    ):
+        for check in checks:
+            check(fn)
