@@ -20,8 +20,10 @@ from transformer_lab.data import (
     split_generator,
 )
 from transformer_lab.data.grammar import (
+    NOUNS,
     VERBS,
     GrammarConfig,
+    agreement_probes,
     english_vocabulary,
     grammar_text,
     make_grammar_lm,
@@ -286,6 +288,15 @@ def test_grammar_example_by_hand() -> None:
     swapped = Sentence(subject=fish, verb=0, tense="present", obj=men)
     assert " ".join(swapped.english()) == "a fish eats the big men"
     assert " ".join(swapped.verbal()) == "pesk un tori gran li manga"
+
+
+def test_agreement_probes_are_minimal_pairs() -> None:
+    probes = agreement_probes(100, generator=_gen())
+    plurals = {noun[1] for noun in NOUNS}
+    assert any(p[0][-1] in plurals for p in probes) and any(p[0][-1] not in plurals for p in probes)
+    for prefix, good, bad in probes:
+        assert prefix[0] in {"the", "a"} and good != bad
+        assert good.endswith("s") == (prefix[-1] not in plurals)  # "the man eats", "the men eat"
 
 
 def test_grammar_config_validates() -> None:

@@ -11,6 +11,9 @@ What lives here:
 
 Names are imported lazily (PEP 562), so ``from transformer_lab.data import make_task`` does not
 pay for importing Lightning.
+
+Reference: the batch formats are those of ``docs/contracts.md``; Lightning's DataModule guide,
+https://lightning.ai/docs/pytorch/stable/data/datamodule.html
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ _EXPORTS = {
     "DEFAULT_URL": "corpus",
     "TINY_SHAKESPEARE_SHA256": "corpus",
     "GrammarConfig": "grammar",
+    "agreement_probes": "grammar",
     "grammar_text": "grammar",
     "sample_sentences": "grammar",
     "make_grammar_lm": "grammar",

@@ -52,6 +52,7 @@ __all__ = [
     "VERBS",
     "GrammarConfig",
     "Sentence",
+    "agreement_probes",
     "english_tokenizer",
     "english_vocabulary",
     "grammar_text",
@@ -207,6 +208,31 @@ def sample_sentences(
         )
         for row in u
     ]
+
+
+def agreement_probes(
+    n: int, *, generator: torch.Generator, config: GrammarConfig | None = None
+) -> list[tuple[list[str], str, str]]:
+    """Minimal pairs for testing subject-verb agreement in a language model.
+
+    Each probe is a subject noun phrase and two present-tense verbs, the one that agrees with it
+    and the one that does not: ``(["the", "hungry", "kings"], "eat", "eats")``. A model that
+    learned agreement gives the first verb the higher probability after the prefix.
+
+    Args:
+        n: number of probes.
+        generator: the source of randomness.
+        config: sentence probabilities (the tense is always present here).
+
+    Returns:
+        A list of ``(prefix words, agreeing verb, non-agreeing verb)``.
+    """
+    probes = []
+    for s in sample_sentences(n, generator=generator, config=config):
+        _, singular, plural, _ = VERBS[s.verb]
+        good, bad = (plural, singular) if s.subject.plural else (singular, plural)
+        probes.append((s.subject.english(), good, bad))
+    return probes
 
 
 def english_vocabulary() -> list[str]:
