@@ -439,8 +439,9 @@ def _mha_candidates(
 
 
 def _instantiate(cls: Callable[..., Any], *args: Any, what: str, **kw: Any) -> nn.Module:
-    torch.manual_seed(0)
-    module = _run(cls, *args, what=what, **kw)
+    with torch.random.fork_rng():  # deterministic init without touching the notebook's RNG
+        torch.manual_seed(0)
+        module = _run(cls, *args, what=what, **kw)
     if not isinstance(module, nn.Module):
         raise AssertionError(
             f"{what} should build an nn.Module, got {type(module).__name__}: does your class "
