@@ -11,14 +11,17 @@ from __future__ import annotations
 import copy
 import csv
 import hashlib
+import json
+import os
 import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
+from filelock import FileLock
 from nbgrader.api import Gradebook
 
-from transformer_lab.grading.grade import GradeReport, grade_course
+from transformer_lab.grading.grade import GradeReport, SubmissionResult, grade_course
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
@@ -83,9 +86,35 @@ def _mangled_solution() -> nbformat.NotebookNode:
     return nb
 
 
+def _hashes(course: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(course)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((course / "submitted").rglob("*.ipynb"))
+    }
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> tuple[GradeReport, dict[str, str]]:
-    course = tmp_path_factory.mktemp("course")
+    """The graded course, built once even when pytest-xdist spreads the tests over workers."""
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker has base = <run dir>/popen-gwN: share the run dir, not more.
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    course = shared / "lab01_course"
+    done = shared / "lab01_course.json"
+    with FileLock(str(shared / "lab01_course.lock")):
+        if not done.exists():
+            hashes = _build_and_grade(course)
+            done.write_text(json.dumps(hashes))
+    hashes = json.loads(done.read_text())
+    results = [
+        SubmissionResult(**r) for r in json.loads((course / "grading_report.json").read_text())
+    ]
+    report = GradeReport(course, results, course / "grades.csv", course / "feedback")
+    return report, hashes
+
+
+def _build_and_grade(course: Path) -> dict[str, str]:
+    """Write the submissions, grade them; return the submitted files' hashes before grading."""
     _write(course, "solution", nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), 4))
     _write(course, "release", _release())
     _write(course, "mangled", _mangled_solution(), name=f"{LAB} (1).ipynb")
@@ -113,12 +142,9 @@ def graded(tmp_path_factory) -> tuple[GradeReport, dict[str, str]]:
     broken.mkdir(parents=True)
     (broken / f"{LAB}.ipynb").write_text('{"cells": [')
 
-    hashes = {
-        str(p.relative_to(course)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in (course / "submitted").rglob("*.ipynb")
-    }
-    report = grade_course(course, REPO, [LAB], timeout=TIMEOUT)
-    return report, hashes
+    hashes = _hashes(course)
+    grade_course(course, REPO, [LAB], timeout=TIMEOUT)
+    return hashes
 
 
 def _grade(report: GradeReport, student: str, grade_id: str) -> float:
@@ -207,14 +233,12 @@ def test_csv_and_feedback_hold_the_gradebook_scores(graded) -> None:
         assert f"{result.score:g} / 16" in " ".join(html.read_text().split()).replace(".0", "")
 
 
-def test_originals_untouched_and_regrading_is_safe(graded) -> None:
+def test_originals_untouched_and_regrading_is_safe(graded, tmp_path) -> None:
     report, hashes = graded
-    course = report.course
-    now = {
-        str(p.relative_to(course)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in (course / "submitted").rglob("*.ipynb")
-    }
-    assert now == hashes
+    assert _hashes(report.course) == hashes
+    # Grade a late submission into a copy of the course (other tests read the original).
+    course = tmp_path / "course"
+    shutil.copytree(report.course, course)
     db = course / "gradebook.db"
     inode = db.stat().st_ino
     shutil.copytree(course / "submitted" / "release", course / "submitted" / "late")
