@@ -255,6 +255,15 @@ class MaskRepeatedWrongly(MHA):
         return out.view(B, H, T, Dh), w.view(B, H, T, S)
 
 
+class MaskFirstHeadOnly(MHA):
+    """Assumes one mask for all heads: a (B, H, T, S) mask is cut to its first head."""
+
+    def attend(self, q, k, v, mask):
+        if mask is not None and mask.dim() == 4:
+            mask = mask[:, :1]
+        return kit.scaled_dot_product_attention(q, k, v, mask)
+
+
 class AlwaysBias(MHA):
     def __init__(self, d_model, n_heads, bias=True):
         super().__init__(d_model, n_heads, bias=True)
@@ -439,7 +448,8 @@ MISTAKES = [
     (MergeNoTranspose, [MH_VIS, MH_HID, MH_MASK], "no transpose"),
     (MaskIgnored, [MH_VIS, MH_MASK], "without the mask"),
     (MaskInverted, [MH_VIS, MH_MASK], "mask inverted"),
-    (MaskRepeatedWrongly, [MH_MASK], "mask"),
+    (MaskRepeatedWrongly, [MH_MASK], "line up with the batch axis"),
+    (MaskFirstHeadOnly, [MH_MASK], "follows the mask of head 0"),
     (AlwaysBias, [MH_VIS], "bias=False"),
     (NoDivisibilityCheck, [MH_DIV], "instead of raising ValueError"),
     (PerHeadLinears, [MH_VIS], "parameters"),
@@ -472,7 +482,11 @@ def test_mistake_fails_with_a_message_that_names_it(case: tuple) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    [c for c in MISTAKES if c[0] in (MaskIgnored, MaskInverted, MaskRepeatedWrongly)],
+    [
+        c
+        for c in MISTAKES
+        if c[0] in (MaskIgnored, MaskInverted, MaskRepeatedWrongly, MaskFirstHeadOnly)
+    ],
     ids=lambda c: c[0].__name__,
 )
 def test_mask_mistakes_keep_the_unmasked_points(case: tuple) -> None:

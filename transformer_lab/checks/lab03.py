@@ -483,6 +483,11 @@ def _expect_mha(
     w = expect_shape(w, (B, n_heads, T, S), f"the weights of {what}, (B, H, T_q, T_k)")
     out = expect_shape(out, (B, T, D), f"the output of {what}")
     cands = _mha_candidates(p, query, key, value, n_heads, mask)
+    named = any(c is not None and _close(w, c[1]) for c, _ in cands)
+    if mask is not None and not named and not _close(w, w_exp):
+        misaligned = _mask_alignment(w, mask, n_heads, what)
+        if misaligned:
+            raise AssertionError(misaligned)
     _compare(
         w,
         w_exp,
@@ -500,6 +505,32 @@ def _expect_mha(
         "heads, then out_proj.",
     )
     return out, w
+
+
+def _mask_alignment(w: Tensor, mask: Tensor, n_heads: int, what: str) -> str | None:
+    """Name the example or head whose mask the student's weights follow, if not their own."""
+    B, H, T, S = w.shape
+    blocked = ~torch.broadcast_to(mask, (B, H, T, S))
+    zeros = w.detach().abs() < 1e-12  # masked weights are exactly 0
+    for b in range(B):
+        for h in range(H):
+            if torch.equal(zeros[b, h], blocked[b, h]):
+                continue
+            for b2 in range(B):
+                if b2 != b and torch.equal(zeros[b, h], blocked[b2, h]):
+                    return (
+                        f"the weights of {what} are zero where the mask of example {b2} blocks, "
+                        f"but they belong to example {b} (head {h}): the mask does not line up "
+                        "with the batch axis. Keep the batch axis first and let the mask "
+                        "broadcast to (B, H, T, S); do not repeat or flatten it in another order."
+                    )
+            for h2 in range(H):
+                if h2 != h and torch.equal(zeros[b, h], blocked[b, h2]):
+                    return (
+                        f"head {h} of {what} follows the mask of head {h2}: a (B, H, T, S) mask "
+                        "gives every head its own mask; keep the head axis in place."
+                    )
+    return None
 
 
 def copy_to_torch(module: nn.Module, n_heads: int) -> nn.MultiheadAttention:
