@@ -165,6 +165,15 @@ def test_mangled_colab_copy_grades_like_the_intact_one(graded) -> None:
     mangled, sol = report.find("mangled", LAB), report.find("solution", LAB)
     assert mangled.status == "graded"
     assert (mangled.auto_score, mangled.max_score) == (sol.auto_score, sol.max_score)
+    with Gradebook(f"sqlite:///{report.course / 'gradebook.db'}") as gb:
+        per_cell = {
+            student: {
+                g.name: (g.score, g.max_score, g.needs_manual_grade)
+                for g in gb.find_submission_notebook(LAB, LAB, student).grades
+            }
+            for student in ("solution", "mangled")
+        }
+    assert per_cell["mangled"] == per_cell["solution"] and len(per_cell["solution"]) == 10
     text = "\n".join(mangled.repairs)
     assert f"used {LAB} (1).ipynb" in text
     assert "restored the lost metadata" in text and "appeared in 2 cells" in text
