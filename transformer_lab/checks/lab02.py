@@ -172,10 +172,6 @@ def _randint(low: int, high: int, g: torch.Generator) -> int:
     return int(torch.randint(low, high + 1, (1,), generator=g))
 
 
-def _fmt(values: Tensor) -> str:
-    return "[" + ", ".join(f"{float(v):.3g}" for v in values.flatten()[:6]) + "]"
-
-
 # --------------------------------------------------------------------------------------------------
 # softmax
 # --------------------------------------------------------------------------------------------------
