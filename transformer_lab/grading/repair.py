@@ -122,6 +122,8 @@ def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairRes
     result = RepairResult(notebook=None, expected=len(graded))
     sub_src = [_norm(c.get("source", "")) for c in sub_cells]
     rel_src = [_norm(c.source) for c in rel_cells]
+    # Compared without hidden tests: the release has none (a solution notebook does).
+    sub_cmp = [_without_hidden_tests(x) for x in sub_src]
     match: dict[int, int] = {}  # release index -> submission index
     how: dict[int, str] = {}
     taken: set[int] = set()
@@ -168,7 +170,7 @@ def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairRes
             if (
                 s not in taken
                 and sub_cells[s].get("cell_type") == cell.cell_type
-                and sub_src[s] == rel_src[r]
+                and sub_cmp[s] == rel_src[r]
             ):
                 match[r], how[r] = s, "content"
                 taken.add(s)
@@ -196,7 +198,7 @@ def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairRes
             and rel_cells[rr].cell_type == rel_cells[r].cell_type
         ]
         one_to_one = len(gap) == 1 and len(rivals) == 1
-        scores = {s: _similarity(sub_src[s], rel_src[r]) for s in gap}
+        scores = {s: _similarity(sub_cmp[s], rel_src[r]) for s in gap}
         best = max(gap, key=lambda s: scores[s])
         threshold = 0.3 if meta.get("solution") else 0.5
         if scores[best] >= threshold or one_to_one:
@@ -276,7 +278,7 @@ def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairRes
                     meta.pop(key, None)
             if cell.get("cell_type") != rel_cells[r].cell_type:
                 result.actions.append(f"cell '{gid}' changed type; nbgrader restores it")
-            edited = _without_hidden_tests(sub_src[s]) != rel_src[r]
+            edited = sub_cmp[s] != rel_src[r]
             if not new.get("solution") and new.get("grade") and edited:
                 result.actions.append(
                     f"test cell '{gid}' was edited; the original is restored for grading"
