@@ -36,6 +36,7 @@ Authoring a lab (``NN_name``)
 
 Grading a course
 ----------------
+Keep ``DIR`` outside the repository (or at ``course/`` in it, which git ignores).
 Put submissions in ``DIR/submitted/<student>/<lab>/<lab>.ipynb`` (Colab downloads may be
 renamed ``<lab> (1).ipynb``; that is handled) and run
 ``transformer-lab labs grade --course DIR``. The gradebook ``DIR/gradebook.db`` is created on
