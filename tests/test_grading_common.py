@@ -145,3 +145,14 @@ def test_forbidden_torch_functions(call, target: str) -> None:
 def test_forbidden_rejects_unknown_targets() -> None:
     with pytest.raises(ValueError, match="cannot be imported"), forbidden("no_such_module.fn"):
         pass
+
+
+def test_forbidden_kit_class_disables_its_methods() -> None:
+    from transformer_lab.positional import SinusoidalPositionalEncoding
+
+    with (
+        pytest.raises(ForbiddenCallError, match="SinusoidalPositionalEncoding"),
+        forbidden(SinusoidalPositionalEncoding),
+    ):
+        SinusoidalPositionalEncoding(8, max_len=4)
+    assert SinusoidalPositionalEncoding(8, max_len=4)(torch.zeros(1, 3, 8)).shape == (1, 3, 8)

@@ -291,7 +291,8 @@ def forbidden(*targets: Any, reason: str = "") -> Iterator[None]:
 
     Args:
         *targets: Python functions (disabled through ``__code__``, so every alias is caught),
-            builtin torch functions, or dotted names of either, e.g. ``"torch.softmax"``,
+            classes of the kit (every method they define), builtin torch functions, or
+            dotted names of any of these, e.g. ``"torch.softmax"``,
             ``"torch.Tensor.softmax"``, ``"torch.nn.functional.scaled_dot_product_attention"``.
         reason: appended to the message, e.g. ``"the lab asks for your own softmax"``.
 
@@ -333,6 +334,17 @@ def forbidden(*targets: Any, reason: str = "") -> Iterator[None]:
 
 def _disable(obj: Any, key: int, label: str | None) -> list[Callable[[], None]]:
     """Disable ``obj``; return the undo actions."""
+    if isinstance(obj, type) and obj.__module__.startswith("transformer_lab"):
+        # A class of the kit: every method it defines (``__init__``, ``forward``, ...).
+        methods = [
+            m.__func__ if isinstance(m, (staticmethod, classmethod)) else m
+            for m in vars(obj).values()
+        ]
+        undo: list[Callable[[], None]] = []
+        for method in methods:
+            if isinstance(method, types.FunctionType):
+                undo += _disable(method, key, None)
+        return undo
     func = obj.__func__ if isinstance(obj, types.MethodType) else obj
     if isinstance(func, types.FunctionType):
         original = func.__code__
