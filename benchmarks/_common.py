@@ -56,6 +56,13 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="untimed repetitions first")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=None, help="write results as JSON here")
+    p.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="time kernels by wall clock or by this process's CPU time (steadier on a shared "
+        "CPU with --threads 1; ignored on CUDA)",
+    )
     return p
 
 
@@ -68,6 +75,8 @@ def setup(args: argparse.Namespace) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device={args.device!r} but CUDA is not available")
+    if name.startswith("cuda") and getattr(args, "clock", "wall") == "cpu":
+        args.clock = "wall"  # GPU work does not show in the process's CPU time
     # TF32 stays at PyTorch's default (off for matmuls): the plain runs are plain fp32, and the
     # kit's recipes choose their own precision.
     return torch.device(name)
@@ -93,13 +102,24 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], Any], device: torch.device) -> float:
-    """Seconds taken by one call of ``fn``, device synchronised on both sides."""
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, clock: str = "wall") -> float:
+    """Seconds taken by one call of ``fn``, device synchronised on both sides.
+
+    ``clock="cpu"`` counts this process's CPU time instead of wall time: with one CPU thread it
+    equals the wall time of an idle machine and ignores the time other jobs hold the core, so
+    it is the steadier measure on a shared CPU (meaningless for GPU work, which it omits).
+    """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock={clock!r} is not one of {sorted(CLOCKS)}")
+    now_ = CLOCKS[clock]
     sync(device)
-    t0 = time.perf_counter()
+    t0 = now_()
     fn()
     sync(device)
-    return time.perf_counter() - t0
+    return now_() - t0
 
 
 def alternate(
@@ -108,6 +128,7 @@ def alternate(
     *,
     repeats: int,
     warmup: int,
+    clock: str = "wall",
 ) -> dict[str, float]:
     """Median seconds per call of each candidate, timed in interleaved rounds.
 
@@ -119,6 +140,7 @@ def alternate(
         device: where the work runs (for synchronisation).
         repeats: timed rounds.
         warmup: untimed rounds first.
+        clock: ``"wall"`` or ``"cpu"`` (see :func:`time_call`).
 
     Returns:
         name -> median seconds.
@@ -130,7 +152,7 @@ def alternate(
     for r in range(warmup + repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
-            t = time_call(candidates[n], device)
+            t = time_call(candidates[n], device, clock)
             if r >= warmup:
                 times[n].append(t)
     return {n: statistics.median(ts) for n, ts in times.items()}

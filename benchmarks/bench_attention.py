@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -292,7 +293,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     k_run, r_run = _no_grad(kit), _no_grad(ref)
                 else:
                     k_run, r_run = _fwd_bwd(kit, leaves), _fwd_bwd(ref, leaves)
-                med = alternate({"kit": k_run, "ref": r_run}, device, repeats=reps, warmup=warmup)
+                med = alternate(
+                    {"kit": k_run, "ref": r_run},
+                    device,
+                    repeats=reps,
+                    warmup=warmup,
+                    clock=a.clock,
+                )
                 row = {
                     "case": name,
                     "mode": mode,
@@ -314,9 +321,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_table(side_by_side(rows), SIDE_COLUMNS)
     fast = [r for r in rows if r["case"] == "mha_fast"]
     worst = max((r["ratio"] for r in fast), default=None)
+    median = statistics.median(r["ratio"] for r in fast) if fast else None
     if worst is not None:
         verdict = "met" if worst <= 1.10 else "not met"
-        print(f"issue 2 target (mha_fast <= 1.10x bare SDPA): worst ratio {worst:.2f} -> {verdict}")
+        print(
+            f"issue 2 target (mha_fast <= 1.10x bare SDPA at every T and mode): worst ratio "
+            f"{worst:.2f} -> {verdict}; median ratio {median:.2f}"
+        )
     result = {
         "benchmark": "attention",
         "machine": machine(device),
@@ -327,10 +338,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "H": H,
             "repeats": repeats,
             "warmup": warmup,
+            "clock": a.clock,
             "smoke": a.smoke,
         },
         "rows": rows,
         "mha_fast_worst_ratio": worst,
+        "mha_fast_median_ratio": median,
     }
     out = a.out
     write_json(out, result)

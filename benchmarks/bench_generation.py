@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             device,
             repeats=repeats,
             warmup=warmup,
+            clock=a.clock,
         )
         row = {
             "batch": B,

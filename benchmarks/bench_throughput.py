@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             device,
             repeats=raw_reps,
             warmup=warmup,
+            clock=a.clock,
         )
         row = {
             "measure": "raw fwd+bwd",
