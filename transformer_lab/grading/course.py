@@ -17,11 +17,13 @@ import contextlib
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
+from nbformat.warnings import MissingIDFieldWarning
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.utils import capture_log
 from traitlets.config import Config
@@ -165,8 +167,14 @@ def run_converter(
 
 
 def read_notebook(path: Path) -> nbformat.NotebookNode:
-    """Read a notebook as nbformat v4 (raises ``nbformat`` errors on broken JSON)."""
-    return nbformat.read(str(path), as_version=4)
+    """Read a notebook as nbformat v4 (raises ``nbformat`` errors on broken JSON).
+
+    Notebooks saved by Colab often lack cell ids; nbformat warns and the repair step assigns
+    them, so that warning is silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MissingIDFieldWarning)
+        return nbformat.read(str(path), as_version=4)
 
 
 def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
