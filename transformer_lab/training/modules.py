@@ -60,7 +60,9 @@ __all__ = [
 
 IGNORE_INDEX = -100
 CHECKPOINT_KEY = "transformer_lab"
-STAGES = ("train", "val", "test")
+# Metrics are computed on validation and test only: updating torchmetrics objects and logging
+# them on every training step costs more than the step itself for the kit's small models.
+STAGES = ("val", "test")
 
 
 class CheckpointMismatchError(ValueError):
@@ -150,17 +152,18 @@ class _TransformerModule(L.LightningModule):
         return self.metrics[f"{stage}_metrics"]
 
     def _log_stage(self, stage: str, loss: Tensor, batch_size: int) -> None:
-        on_step = stage == "train"
-        self.log(
-            f"{stage}_loss",
-            loss,
-            on_step=on_step,
-            on_epoch=not on_step,
-            prog_bar=True,
-            batch_size=batch_size,
-        )
+        if stage == "train":
+            # Each self.log call has a fixed cost of a few milliseconds on a CPU, as much as a
+            # whole step of a small model: log the training loss only on the steps the logger
+            # writes (the progress bar shows the latest value).
+            trainer = self._trainer
+            every = max(1, trainer.log_every_n_steps) if trainer is not None else 1
+            if self.global_step % every == 0:
+                self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+            return
+        self.log(f"{stage}_loss", loss, on_epoch=True, prog_bar=True, batch_size=batch_size)
         # Metric objects are computed and reset by Lightning at epoch end (no per-step sync).
-        self.log_dict(self._metrics(stage), on_step=False, on_epoch=True, prog_bar=stage != "train")
+        self.log_dict(self._metrics(stage), on_step=False, on_epoch=True, prog_bar=True)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         return self._shared_step(batch, "train")
@@ -327,7 +330,8 @@ class ClassifierModule(_TransformerModule):
     (True at real tokens) and ``targets``: ``(B, T)`` with ``-100`` where nothing is predicted for
     a token head, ``(B,)`` for a sequence head.
 
-    Logged: ``{stage}_loss``, ``{stage}_acc`` (token accuracy over non-ignored positions, or
+    Logged: ``train_loss`` (every ``log_every_n_steps``), ``{stage}_loss``, and for validation
+    and test ``{stage}_acc`` (token accuracy over non-ignored positions, or
     sequence accuracy for a sequence head) and ``{stage}_exact_match`` (token head: fraction of
     sequences with every position right).
 
@@ -383,13 +387,14 @@ class ClassifierModule(_TransformerModule):
         tokens, targets = batch["tokens"], batch["targets"]
         logits = self.model(tokens, padding_mask=batch.get("padding_mask"))  # (B, T, C) | (B, C)
         loss = _flat_cross_entropy(logits, targets, IGNORE_INDEX)
-        predictions = logits.argmax(dim=-1)  # (B, T) | (B,)
-        metrics = self._metrics(stage)
-        metrics["acc"].update(predictions.reshape(-1), targets.reshape(-1))
-        if targets.dim() == 2:
-            metrics["exact_match"].update(_exact_match(predictions, targets, IGNORE_INDEX))
-        else:
-            metrics["exact_match"].update((predictions == targets).float())
+        if stage in STAGES:
+            predictions = logits.argmax(dim=-1)  # (B, T) | (B,)
+            metrics = self._metrics(stage)
+            metrics["acc"].update(predictions.reshape(-1), targets.reshape(-1))
+            if targets.dim() == 2:
+                metrics["exact_match"].update(_exact_match(predictions, targets, IGNORE_INDEX))
+            else:
+                metrics["exact_match"].update((predictions == targets).float())
         self._log_stage(stage, loss, tokens.shape[0])
         return loss
 
@@ -440,7 +445,8 @@ class Seq2SeqModule(_TransformerModule):
     (starts with BOS), ``tgt_out (B, T)`` (ends with EOS, padded with ``pad_id``),
     ``tgt_padding_mask (B, T)``. Padding in ``tgt_out`` is ignored by the loss and the metrics.
 
-    Logged: ``{stage}_loss``, ``{stage}_acc`` (teacher-forced token accuracy) and
+    Logged: ``train_loss``, ``{stage}_loss``, and for validation and test ``{stage}_acc``
+    (teacher-forced token accuracy) and
     ``{stage}_exact_match`` (every target token right under teacher forcing).
 
     Args:
@@ -527,10 +533,11 @@ class Seq2SeqModule(_TransformerModule):
             tgt_padding_mask=batch.get("tgt_padding_mask"),
         )  # (B, T, V_tgt)
         loss = _flat_cross_entropy(logits, tgt_out, self.pad_id)
-        predictions = logits.argmax(dim=-1)  # (B, T)
-        metrics = self._metrics(stage)
-        metrics["acc"].update(predictions.reshape(-1), tgt_out.reshape(-1))
-        metrics["exact_match"].update(_exact_match(predictions, tgt_out, self.pad_id))
+        if stage in STAGES:
+            predictions = logits.argmax(dim=-1)  # (B, T)
+            metrics = self._metrics(stage)
+            metrics["acc"].update(predictions.reshape(-1), tgt_out.reshape(-1))
+            metrics["exact_match"].update(_exact_match(predictions, tgt_out, self.pad_id))
         self._log_stage(stage, loss, tgt_out.shape[0])
         return loss
 
@@ -541,7 +548,8 @@ class CausalLMModule(_TransformerModule):
     Batches (``"lm"``): ``tokens (B, T)`` and ``targets (B, T)`` (the tokens shifted by one,
     ``-100`` where ignored).
 
-    Logged: ``{stage}_loss`` (nats per token), ``{stage}_acc`` (next-token accuracy) and
+    Logged: ``train_loss``, ``{stage}_loss`` (nats per token), and for validation and test
+    ``{stage}_acc`` (next-token accuracy) and
     ``{stage}_ppl`` (perplexity, ``exp`` of the mean loss over the epoch).
 
     Args:
@@ -564,16 +572,20 @@ class CausalLMModule(_TransformerModule):
         if cfg is None:
             raise ValueError("CausalLMModule needs a model with a `config` (GPTConfig)")
 
-        def stage_metrics(stage: str) -> MetricCollection:
-            accuracy = MulticlassAccuracy(
-                cfg.vocab_size, average="micro", ignore_index=IGNORE_INDEX
-            )
-            metrics: dict[str, Any] = {"acc": accuracy}
-            if stage != "train":  # perplexity re-runs a softmax over V: only where it is reported
-                metrics["ppl"] = Perplexity(ignore_index=IGNORE_INDEX)
-            return MetricCollection(metrics, prefix=f"{stage}_")
-
-        self.metrics = nn.ModuleDict({f"{stage}_metrics": stage_metrics(stage) for stage in STAGES})
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_metrics": MetricCollection(
+                    {
+                        "acc": MulticlassAccuracy(
+                            cfg.vocab_size, average="micro", ignore_index=IGNORE_INDEX
+                        ),
+                        "ppl": Perplexity(ignore_index=IGNORE_INDEX),
+                    },
+                    prefix=f"{stage}_",
+                )
+                for stage in STAGES
+            }
+        )
 
     def build_model(self, config: GPTConfig) -> nn.Module:
         return GPT(config)
@@ -620,9 +632,9 @@ class CausalLMModule(_TransformerModule):
             )
         logits = self.model(tokens)  # (B, T, V)
         loss = _flat_cross_entropy(logits, targets, IGNORE_INDEX)
-        metrics = self._metrics(stage)
-        metrics["acc"].update(logits.argmax(dim=-1).reshape(-1), targets.reshape(-1))
-        if "ppl" in metrics:
+        if stage in STAGES:
+            metrics = self._metrics(stage)
+            metrics["acc"].update(logits.argmax(dim=-1).reshape(-1), targets.reshape(-1))
             metrics["ppl"].update(logits.float(), targets)
         self._log_stage(stage, loss, tokens.shape[0])
         return loss
