@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any
 
 import lightning as L
 import torch
@@ -55,21 +55,19 @@ class ShowExamples(Callback):
 
     Args:
         num_examples: how many examples to show (0 disables the callback).
-        stream: where to print (standard output by default).
     """
 
-    def __init__(self, num_examples: int = 4, stream: TextIO | None = None) -> None:
+    def __init__(self, num_examples: int = 4) -> None:
         if num_examples < 0:
             raise ValueError(f"num_examples={num_examples} must be >= 0")
         self.num_examples = num_examples
-        self.stream = stream
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or self.num_examples == 0 or trainer.sanity_checking:
             return
         if getattr(trainer, "fast_dev_run", False):
             return
-        out = self.stream if self.stream is not None else sys.stdout
+        out = sys.stdout
         datamodule = getattr(trainer, "datamodule", None)
         examples_fn = getattr(pl_module, "examples", None)
         if datamodule is not None and callable(examples_fn):

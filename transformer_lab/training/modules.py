@@ -158,7 +158,8 @@ class _TransformerModule(L.LightningModule):
             # writes (the progress bar shows the latest value).
             trainer = self._trainer
             every = max(1, trainer.log_every_n_steps) if trainer is not None else 1
-            if self.global_step % every == 0:
+            # Same rule as Lightning's logger connector (it counts the step being taken).
+            if (self.global_step + 1) % every == 0:
                 self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
             return
         self.log(f"{stage}_loss", loss, on_epoch=True, prog_bar=True, batch_size=batch_size)
