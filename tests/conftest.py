@@ -10,8 +10,8 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TRANSFORMER_LAB_PROFILE", "grading")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 # Two cores: pytest runs two workers (pytest -n 2), each with one thread, so they never thrash.
 torch.set_num_threads(int(os.environ.get("TRANSFORMER_LAB_TEST_THREADS", "1")))
