@@ -181,7 +181,7 @@ def _generate_lm(module: Any, tokenizer: Any, data: dict[str, Any], args: Any) -
     texts = []
     for ids in outputs:
         new = _cut_at(ids[len(prompt) :], eos_id)
-        texts.append(_decode(tokenizer, prompt) + _decode(tokenizer, new))
+        texts.append(_decode(tokenizer, prompt + new))  # one call: word tokenizers add spaces
     return texts
 
 
