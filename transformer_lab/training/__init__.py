@@ -31,6 +31,9 @@ _EXPORTS = {
     "choose_accelerator": "devices",
     "print_info": "devices",
     "ShowExamples": "callbacks",
+    "RunCheckpoint": "callbacks",
+    "CheckpointMismatchError": "modules",
+    "make_cli": "cli",
     "run_lightning_cli": "cli",
 }
 

@@ -162,7 +162,16 @@ class _TransformerModule(L.LightningModule):
             if (self.global_step + 1) % every == 0:
                 self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
             return
-        self.log(f"{stage}_loss", loss, on_epoch=True, prog_bar=True, batch_size=batch_size)
+        # Averaging the epoch loss over processes is only needed (and only paid) under DDP.
+        distributed = self._trainer is not None and self._trainer.world_size > 1
+        self.log(
+            f"{stage}_loss",
+            loss,
+            on_epoch=True,
+            prog_bar=True,
+            batch_size=batch_size,
+            sync_dist=distributed,
+        )
         # Metric objects are computed and reset by Lightning at epoch end (no per-step sync).
         self.log_dict(self._metrics(stage), on_step=False, on_epoch=True, prog_bar=True)
 
