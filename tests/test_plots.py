@@ -10,6 +10,7 @@ import torch
 from matplotlib.figure import Figure
 
 from transformer_lab.plots import (
+    collect_attention,
     plot_attention_maps,
     plot_loss_curves,
     plot_positional_encoding,
@@ -93,3 +94,22 @@ def test_similarity_depends_only_on_distance_for_sinusoids() -> None:
     assert max(abs(ya[k] - yb[k]) for k in common) < 1e-6
     with pytest.raises(ValueError, match="outside"):
         plot_similarity_vs_distance(pe, reference_positions=[40])
+
+
+def test_collect_attention_from_an_encoder_respects_padding() -> None:
+    from transformer_lab.models import EncoderClassifier, EncoderConfig
+
+    cfg = EncoderConfig(vocab_size=9, max_len=6, d_model=16, n_layers=2, n_heads=2)
+    model = EncoderClassifier(cfg).eval()
+    tokens = torch.randint(3, 9, (2, 6))
+    padding = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    before = model(tokens, padding)
+    maps = collect_attention(model, tokens, padding_mask=padding)
+    assert [tuple(m.shape) for m in maps] == [(2, 2, 6, 6)] * 2
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 2, 6))
+    assert float(maps[1][1, :, :, 4:].abs().max()) == 0.0  # padded keys get no attention
+    # The hooks are gone afterwards and the model computes what it computed before.
+    torch.testing.assert_close(model(tokens, padding), before)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    fig = plot_attention_maps(maps, query_tokens=[str(int(t)) for t in tokens[0]])
+    assert len([ax for ax in fig.axes if ax.get_images()]) == 4

@@ -17,12 +17,14 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from matplotlib.figure import Figure
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
+    "collect_attention",
     "plot_attention_maps",
     "plot_loss_curves",
     "plot_positional_encoding",
@@ -127,6 +129,61 @@ def _as_layer_stack(weights: Tensor | Sequence[Tensor], batch_index: int) -> Ten
     if len(shapes) != 1:
         raise ValueError(f"layers have different attention shapes: {sorted(shapes)}")
     return torch.stack(stack)  # (L, H, T, S)
+
+
+@torch.no_grad()
+def collect_attention(
+    model: nn.Module, *args: Any, module_types: tuple[type, ...] | None = None, **kwargs: Any
+) -> list[Tensor]:
+    """Run ``model(*args, **kwargs)`` and return the attention weights of every attention layer.
+
+    The kit's blocks call their attention with ``need_weights=False`` (the fused kernel); a
+    forward pre-hook switches each call to the explicit path, and a forward hook keeps the
+    weights, so the model itself needs no changes. Layers appear in the order they ran (encoder
+    blocks first; a decoder block's self-attention before its cross-attention).
+
+    Args:
+        model: e.g. an ``EncoderClassifier`` or ``Seq2SeqTransformer`` (in eval mode).
+        *args: the model's inputs, e.g. ``tokens``.
+        module_types: attention classes to record (default the kit's ``MultiHeadAttention``);
+            their ``forward`` must accept ``need_weights`` and return ``(out, weights)``.
+        **kwargs: more inputs, e.g. ``padding_mask=...``.
+
+    Returns:
+        One ``(B, H, T, S)`` tensor per attention call, ready for :func:`plot_attention_maps`.
+
+    Raises:
+        ValueError: if the model ran no attention layer of the given types.
+    """
+    if module_types is None:
+        from transformer_lab.attention import MultiHeadAttention
+
+        module_types = (MultiHeadAttention,)
+    maps: list[Tensor] = []
+
+    def ask_for_weights(module: nn.Module, a: tuple, kw: dict) -> tuple[tuple, dict]:
+        return a, {**kw, "need_weights": True}
+
+    def keep_weights(module: nn.Module, a: tuple, kw: dict, output: Any) -> None:
+        if isinstance(output, tuple) and len(output) == 2 and output[1] is not None:
+            maps.append(output[1].detach())
+
+    handles = []
+    for module in model.modules():
+        if isinstance(module, module_types):
+            handles.append(module.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
+            handles.append(module.register_forward_hook(keep_weights, with_kwargs=True))
+    try:
+        model(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not maps:
+        raise ValueError(
+            f"{type(model).__name__} ran no attention layer of types "
+            f"{[t.__name__ for t in module_types]}: nothing to collect"
+        )
+    return maps
 
 
 def plot_attention_maps(
