@@ -9,7 +9,7 @@ validation characters):
   100 warm-up steps and cosine decay to 1e-4, AdamW, no dropout;
   GPU: 6 layers, 6 heads, width 384, context 256, batch 64, 1750 steps, dropout 0.2, fp32);
 * ``kit`` -- the kit's GPT trained through its ``CausalLMModule`` and a Lightning ``Trainer``
-  with the kit's recipe from ``configs/charlm_cpu.yaml`` / ``configs/charlm_gpu.yaml``.
+  with the kit's recipe from ``configs/bench_charlm_cpu.yaml`` / ``configs/bench_charlm_gpu.yaml``.
 
 Targets: CPU, the kit reaches a lower validation loss than the plain run in no more wall time;
 GPU, the kit reaches <= 1.47 in at most half the plain run's wall time. Wall time is the whole

@@ -8,7 +8,7 @@ Two ways to get a kit training run:
   LightningModule/Trainer overhead);
 * :func:`build_from_config` reads one of the kit's YAML recipes through the kit's own
   ``LightningCLI`` (without running it), so the quality benchmark trains exactly what
-  ``transformer-lab fit --config configs/charlm_cpu.yaml`` would.
+  ``transformer-lab fit --config configs/bench_charlm_cpu.yaml`` would.
 
 Reference: Lightning's ``Trainer`` and ``LightningCLI`` documentation.
 """
