@@ -225,6 +225,11 @@ def test_resume_from_last_continues_with_the_same_state(tmp_path: Path) -> None:
     last = tmp_path / "runs" / "reverse" / "version_0" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, map_location="cpu", weights_only=False)
     assert saved["global_step"] == 12
+    from transformer_lab.training.cli import find_checkpoint
+
+    assert find_checkpoint("last", tmp_path / "runs" / "reverse") == last
+    best = find_checkpoint("best", tmp_path / "runs" / "reverse")
+    assert best.name.startswith("best-") and best.parent == last.parent
 
     recorder = _RecordStart()
     cli = make_cli(

@@ -133,7 +133,8 @@ def find_checkpoint(alias: str, run_root: str | Path) -> Path:
         return last
     state = load_checkpoint_file(last).get("callbacks", {})
     for key, value in state.items():
-        if "ModelCheckpoint" in str(key) and value.get("best_model_path"):
+        # Keys are the callback's class name and options, e.g. "RunCheckpoint{'monitor': ...}".
+        if "Checkpoint" in str(key) and isinstance(value, dict) and value.get("best_model_path"):
             best = Path(value["best_model_path"])
             if best.is_file():
                 return best
@@ -239,7 +240,7 @@ class TransformerLabCLI(LightningCLI):
             if logger is None or logger.save_dir is None:
                 return  # no run directory to search: leave it to Lightning
             resolved = find_checkpoint(ckpt_path, Path(logger.save_dir) / str(logger.name))
-            print(f"resuming from {resolved}", file=sys.stderr)
+            print(f"--ckpt_path {ckpt_path}: {resolved}", file=sys.stderr)
             section["ckpt_path"] = ckpt_path = str(resolved)
         checkpoint = load_checkpoint_file(ckpt_path)
         check_checkpoint_matches(checkpoint, self.model)
