@@ -39,7 +39,7 @@ step() {  # step NAME LIMIT_SECONDS ARGS...
     {
         echo
         echo "## $name (exit $rc, $((SECONDS - t0)) s)"
-        grep -E '^\||target|verdict|met' "$OUT/$name.log" || true
+        grep -E '^\||^target|^issue|: (met|not met)' "$OUT/$name.log" || true
     } | tee -a "$OUT/summary.md"
     [[ $rc -ne 0 ]] && status=1 && tail -n 20 "$OUT/$name.log"
 }
