@@ -24,6 +24,7 @@ GPU, the 6-layer, 6-head, width-384, context-256 recipe at batch 64 with bf16 au
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,21 @@ def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def raw_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device, dtype):
-    """A zero-argument callable: forward, cross-entropy and backward of ``model`` on ``x``."""
+def raw_step(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: torch.device,
+    dtype: torch.dtype | None,
+) -> Callable[[], None]:
+    """A zero-argument callable: forward, cross-entropy and backward of ``model``.
+
+    Args:
+        model: maps (B, T) ids to (B, T, V) logits.
+        x: inputs (B, T); y: targets (B, T).
+        device: where ``model`` lives.
+        dtype: autocast dtype, or None for fp32.
+    """
 
     def run() -> None:
         model.zero_grad(set_to_none=True)
