@@ -1,0 +1,161 @@
+"""Structure checks every lab's notebook test shares (``tests/test_labNN_notebook.py``).
+
+Each lab's test file names what is particular to it (the checks module, the points per graded
+function, the intro's points table, which cells hold the answers, how many test cells there are)
+and calls these helpers for the rest: nbgrader metadata (unique grade ids, points, locked tests,
+solution and hidden-test markers, no outputs), the locked setup cell, the checks the test cells
+call, running the solution through its own test cells without nbgrader, and a release that
+leaks no solution. The slow end-to-end round trip (solution = full marks, untouched release =
+zero) goes through the pipeline's :func:`transformer_lab.grading.check.check_labs`.
+
+Reference: nbgrader's cell metadata (``grade_id``, ``grade``, ``solution``, ``locked``,
+``points``), https://nbgrader.readthedocs.io/en/stable/contributor_guide/metadata.html
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Text that only the solution notebook may hold; each lab adds a line of its model answer.
+RELEASE_LEAKS = ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "hidden_check", "Model answer")
+
+
+def source_path(lab: str) -> Path:
+    """The nbgrader source notebook ``solutions/<lab>/<lab>.ipynb``."""
+    return REPO / "solutions" / lab / f"{lab}.ipynb"
+
+
+def release_path(lab: str) -> Path:
+    """The generated student notebook ``labs/<lab>/<lab>.ipynb``."""
+    return REPO / "labs" / lab / f"{lab}.ipynb"
+
+
+def read_source(lab: str) -> Any:
+    """The lab's source notebook, as an ``nbformat`` v4 node."""
+    return nbformat.read(str(source_path(lab)), as_version=4)
+
+
+def meta(cell: Any) -> dict[str, Any]:
+    """A cell's nbgrader metadata (empty for a cell nbgrader does not know)."""
+    return cell.metadata.get("nbgrader", {})
+
+
+def _group(grade_id: str, groups: Iterable[str]) -> str:
+    for key in groups:
+        if key in grade_id:
+            return key
+    raise AssertionError(f"grade id {grade_id} belongs to no graded function")
+
+
+def assert_metadata(notebook: Any, points: Mapping[str, int]) -> None:
+    """Unique grade ids, no outputs, locked tests, markers in place, ``points`` per group.
+
+    Args:
+        notebook: the source notebook.
+        points: points per graded function, keyed by a substring of its cells' grade ids
+            (e.g. ``{"softmax": 3, ..., "written": 5}``), as the introduction announces them.
+    """
+    ids = [meta(c)["grade_id"] for c in notebook.cells if meta(c)]
+    assert ids, "the notebook has no nbgrader cells"
+    assert len(ids) == len(set(ids)), "grade ids must be unique"
+    got = dict.fromkeys(points, 0)
+    for cell in notebook.cells:
+        cell_meta = meta(cell)
+        assert cell.get("outputs", []) == [] and cell.get("execution_count") is None
+        if cell_meta.get("grade"):
+            assert cell_meta.get("locked") or cell.cell_type == "markdown", cell_meta["grade_id"]
+            got[_group(cell_meta["grade_id"], points)] += cell_meta["points"]
+        if cell.cell_type == "code" and cell_meta.get("solution"):
+            assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source
+        if "hidden_check" in cell.source:
+            assert cell_meta.get("grade") and cell_meta.get("locked"), cell_meta.get("grade_id")
+            assert "### BEGIN HIDDEN TESTS" in cell.source, cell_meta.get("grade_id")
+            hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+            assert "hidden_check" in hidden
+            assert "hidden_check" not in cell.source.replace(hidden, "")
+    assert got == dict(points)
+
+
+def assert_points_table(notebook: Any, rows: Iterable[tuple[str, int]]) -> None:
+    """The first cell's table gives ``points`` to each row that starts with `` `name``."""
+    table = "\n".join(c.source for c in notebook.cells[:1])
+    for name, pts in rows:
+        assert re.search(rf"`{name}[^|]*\|\s*{pts}\s*\|", table), name
+
+
+def assert_locked_setup_first(notebook: Any) -> Any:
+    """The first code cell is the locked setup cell that installs the kit; returns it."""
+    first = next(c for c in notebook.cells if c.cell_type == "code")
+    assert meta(first).get("grade_id") == "setup" and meta(first).get("locked") is True
+    assert "KIT_SOURCE = " in first.source and "current_profile" in first.source
+    return first
+
+
+def called_checks(notebook: Any, module: ModuleType) -> set[str]:
+    """Names the notebook calls as ``<module>.<name>`` (e.g. ``lab02.check_softmax``)."""
+    short = module.__name__.rpartition(".")[2]
+    return set(re.findall(rf"\b{short}\.(\w+)", "\n".join(c.source for c in notebook.cells)))
+
+
+def assert_checks_exist_and_are_called(notebook: Any, module: ModuleType) -> None:
+    """Every check the notebook calls exists, and every public check is called somewhere."""
+    called = called_checks(notebook, module)
+    assert called, f"the notebook calls no {module.__name__} checks"
+    assert sorted(n for n in called if not hasattr(module, n)) == []
+    public = {n for n in module.__all__ if n.startswith(("check_", "hidden_check_"))}
+    assert public <= called, f"checks never called: {sorted(public - called)}"
+
+
+def run_test_cells(notebook: Any, answers: Iterable[str], *, skip: str | None = None) -> int:
+    """Run the answer cells, then every graded code cell on a copy of their namespace.
+
+    Hidden parts run too (this is the source notebook). A failing check raises.
+
+    Args:
+        notebook: the source notebook.
+        answers: grade ids of the cells that define the answers (``setup`` included).
+        skip: graded cells whose grade id contains this text are not run (e.g. training).
+
+    Returns:
+        How many test cells ran, for the caller to compare with the lab's count.
+    """
+    wanted = set(answers)
+    namespace: dict[str, Any] = {}
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and meta(cell).get("grade_id") in wanted:
+            exec(compile(cell.source, meta(cell)["grade_id"], "exec"), namespace)
+    ran = 0
+    for cell in notebook.cells:
+        grade_id = meta(cell).get("grade_id", "")
+        if meta(cell).get("grade") and cell.cell_type == "code":
+            if skip is not None and skip in grade_id:
+                continue
+            exec(compile(cell.source, grade_id, "exec"), dict(namespace))
+            ran += 1
+    return ran
+
+
+def assert_release_clean(lab: str, *leaks: str) -> None:
+    """The generated release holds no markers, hidden checks, model answers or ``leaks``."""
+    release = release_path(lab)
+    if not release.exists():
+        pytest.skip("labs/ not generated yet (transformer-lab labs build)")
+    text = release.read_text()
+    for leak in (*RELEASE_LEAKS, *leaks):
+        assert leak not in text, leak
+
+
+def assert_round_trip(lab: str) -> None:
+    """Solution full marks, untouched release zero, through nbgrader in the grading profile."""
+    from transformer_lab.grading.check import check_labs
+
+    assert check_labs(REPO, [lab]) == []
