@@ -7,14 +7,22 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from transformer_lab.checks._common import (
     ForbiddenCallError,
+    available,
+    call_forbidding,
     call_student,
+    close,
+    compare,
     expect_close,
+    expect_module,
     expect_shape,
     expect_true,
     forbidden,
+    generator,
+    randint,
 )
 
 
@@ -156,3 +164,69 @@ def test_forbidden_kit_class_disables_its_methods() -> None:
     ):
         SinusoidalPositionalEncoding(8, max_len=4)
     assert SinusoidalPositionalEncoding(8, max_len=4)(torch.zeros(1, 3, 8)).shape == (1, 3, 8)
+
+
+def test_close_compares_across_float_dtypes_and_never_matches_nan() -> None:
+    a = torch.tensor([1.0, 2.0])
+    assert close(a, a.double() + 1e-6)
+    assert not close(a, a + 1e-2)
+    assert not close(a, torch.tensor([1.0, 2.0, 3.0]))
+    nan = torch.tensor([float("nan"), 2.0])
+    assert not close(nan, nan)
+
+
+def test_compare_names_the_matching_candidate_or_falls_back_to_the_hint() -> None:
+    want = torch.tensor([1.0, 2.0, 3.0])
+    assert compare(want.clone(), want, what="f(x)", hint="generic") is not None
+    wrong = want * 2
+    cands = [(None, "not applicable"), (wrong + 5, "adds five"), (wrong, "doubles")]
+    with pytest.raises(AssertionError, match="doubles") as info:
+        compare(wrong.clone(), want, what="f(x)", candidates=cands, hint="generic")
+    assert "generic" not in str(info.value)
+    with pytest.raises(AssertionError, match="generic"):
+        compare(want + 1, want, what="f(x)", candidates=cands, hint="generic")
+    # NaNs the oracle lacks: a candidate with NaNs in the same places is named, and the advice
+    # survives expect_close's own NaN wording.
+    got = torch.tensor([float("nan"), 4.0, 6.0])
+    cands = [(torch.tensor([float("nan"), 4.0, 6.0]), "divides by zero somewhere")]
+    with pytest.raises(AssertionError, match=r"NaN.*divides by zero somewhere"):
+        compare(got, want, what="f(x)", candidates=cands, hint="generic")
+
+
+def test_available_skips_missing_kit_names_but_not_missing_torch_names() -> None:
+    names = ("torch.softmax", "transformer_lab.attention.no_such_function")
+    assert available(names) == ("torch.softmax",)
+    with pytest.raises(AttributeError):
+        available(("torch.no_such_function",))
+
+
+def test_call_forbidding_disables_the_bans_and_adds_advice_to_crashes() -> None:
+    def cheat(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1)
+
+    def crash(x: torch.Tensor) -> torch.Tensor:
+        raise IndexError("boom")
+
+    x = torch.randn(3)
+    bans = ("torch.softmax", "transformer_lab.attention.no_such_function")
+    with pytest.raises(ForbiddenCallError, match=r"torch\.softmax.*\(own softmax\)"):
+        call_forbidding(cheat, (x,), {}, bans=bans, reason="own softmax", what="f(x)")
+    torch.testing.assert_close(torch.softmax(x, -1), torch.exp(x) / torch.exp(x).sum())
+    with pytest.raises(AssertionError, match=r"f\(x\) raised IndexError: boom Check the index"):
+        call_forbidding(
+            crash, (x,), {}, bans=bans, reason="r", what="f(x)", on_error="Check the index."
+        )
+    got = call_forbidding(torch.add, (x,), {"other": 1.0}, bans=bans, reason="r", what="add")
+    torch.testing.assert_close(got, x + 1.0)
+
+
+def test_expect_module_and_seeded_helpers() -> None:
+    layer = nn.Linear(2, 2)
+    assert expect_module(layer, "Linear(2, 2)") is layer
+    with pytest.raises(AssertionError, match=r"inherit from nn\.Module"):
+        expect_module(object(), "Thing()")
+    draws = [randint(2, 4, generator(0)) for _ in range(3)]
+    assert draws == [randint(2, 4, generator(0))] * 3
+    g = generator(1)
+    seen = {randint(2, 4, g) for _ in range(200)}
+    assert seen == {2, 3, 4}

@@ -12,6 +12,8 @@ The helpers here keep those messages uniform across labs:
   ``AssertionError`` messages ("not implemented yet", "raised IndexError: ...").
 * :func:`expect_shape` and :func:`expect_close` compare a result with what was expected
   and say where it differs, adding the caller's ``hint`` about the likely cause.
+* :func:`compare` goes one step further for checks that know the typical wrong answers: it
+  names the one the student's output reproduces (:func:`close` is its elementwise test).
 * :func:`forbidden` is a context manager under which the package's own implementation
   and named torch functions refuse to run, so a graded function that merely wraps them
   earns nothing. Python functions (including ``torch.nn.functional.softmax``) are
@@ -21,6 +23,10 @@ The helpers here keep those messages uniform across labs:
   namespace and on every one of ``torch``, ``torch.nn.functional``, ``torch.special``,
   ``torch.linalg`` and ``torch.Tensor`` that binds the same object. Methods are separate
   objects: ban ``"torch.Tensor.softmax"`` explicitly alongside ``"torch.softmax"``.
+  :func:`available` keeps the names a given install has, and :func:`call_forbidding` runs
+  the student's function with them disabled.
+* :func:`generator`, :func:`randint` and :func:`expect_module` are the small pieces the
+  hidden checks share (seeded inputs that leave the notebook's RNG alone, built modules).
 
 Reference: nbgrader's autograding model (a test cell scores when it runs without raising),
 https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assignments.html
@@ -32,20 +38,32 @@ import contextlib
 import importlib
 import math
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
     "ForbiddenCallError",
+    "available",
+    "call_forbidding",
     "call_student",
+    "close",
+    "compare",
     "expect_close",
+    "expect_module",
     "expect_shape",
     "expect_true",
     "forbidden",
+    "generator",
+    "randint",
 ]
+
+# A correct float32 answer differs from a float64 oracle by ~1e-6; every typical mistake by far
+# more. The defaults of :func:`close` and :func:`compare`.
+_ATOL = 1e-4
+_RTOL = 1e-4
 
 
 class ForbiddenCallError(AssertionError):
@@ -206,6 +224,113 @@ def expect_close(
     raise AssertionError(msg)
 
 
+def close(a: Tensor, b: Tensor, atol: float = _ATOL, rtol: float = _RTOL) -> bool:
+    """True when ``a`` and ``b`` have one shape and agree elementwise in float64.
+
+    NaNs never agree. Unlike ``torch.allclose``, tensors of different float dtypes compare.
+    """
+    return a.shape == b.shape and bool(
+        torch.allclose(a.detach().double(), b.detach().double(), atol=atol, rtol=rtol)
+    )
+
+
+def _has_nan_like(got: Tensor, wrong: Tensor, atol: float, rtol: float) -> bool:
+    """True when ``got`` has NaNs exactly where ``wrong`` has them and agrees elsewhere."""
+    if got.shape != wrong.shape:
+        return False
+    nan_got, nan_wrong = torch.isnan(got), torch.isnan(wrong.double())
+    if not bool((nan_got == nan_wrong).all()):
+        return False
+    keep = ~nan_got
+    return bool(torch.allclose(got[keep], wrong.double()[keep], atol=atol, rtol=rtol))
+
+
+def compare(
+    actual: Any,
+    expected: Tensor,
+    *,
+    what: str,
+    candidates: Sequence[tuple[Tensor | None, str]] = (),
+    hint: str,
+    atol: float = _ATOL,
+    rtol: float = _RTOL,
+) -> Tensor:
+    """Check ``actual`` against ``expected``; on failure name the typical mistake it matches.
+
+    Args:
+        actual: the student's result.
+        expected: the oracle's result.
+        what: how to name ``actual`` in messages.
+        candidates: ``(output of a typical wrong answer, what to fix)`` pairs; ``None``
+            outputs (a variant that does not apply to these sizes) are skipped. When
+            ``actual`` has NaNs the oracle lacks, a candidate matches if it has NaNs in the
+            same places and agrees elsewhere.
+        hint: what to say when no candidate matches.
+        atol: absolute tolerance.
+        rtol: relative tolerance.
+
+    Returns:
+        ``actual`` as a tensor.
+
+    Raises:
+        AssertionError: as :func:`expect_close`, with the matched candidate's advice (or
+            ``hint``) in the message, NaN and dtype failures included.
+    """
+    t = expect_shape(actual, tuple(expected.shape), what)
+    if close(t, expected, atol=atol, rtol=rtol):
+        return t
+    got = t.detach().double()
+    if bool(torch.isnan(got).any()) and not bool(torch.isnan(expected).any()):
+        named = next(
+            (h for w, h in candidates if w is not None and _has_nan_like(got, w, atol, rtol)),
+            None,
+        )
+    else:
+        named = next(
+            (h for w, h in candidates if w is not None and close(got, w, atol=atol, rtol=rtol)),
+            None,
+        )
+    advice = named or hint
+    try:
+        expect_close(t, expected, what, hint=advice, atol=atol, rtol=rtol)
+    except AssertionError as exc:
+        # expect_close words NaN/inf and dtype failures itself; keep the advice in the message.
+        message = str(exc)
+        if advice not in message:
+            message += " " + advice
+        raise AssertionError(message) from None
+    return t
+
+
+def expect_module(obj: Any, what: str) -> nn.Module:
+    """Check that a student's class built an ``nn.Module``; return it.
+
+    Raises:
+        AssertionError: ``obj`` is not a module (a class that forgot to inherit from it).
+    """
+    if not isinstance(obj, nn.Module):
+        raise AssertionError(
+            f"{what} should build an nn.Module, got {type(obj).__name__}: does your class "
+            "inherit from nn.Module and call super().__init__()?"
+        )
+    return obj
+
+
+# --------------------------------------------------------------------------------------
+# Seeded inputs
+# --------------------------------------------------------------------------------------
+
+
+def generator(seed: int) -> torch.Generator:
+    """A CPU generator seeded with ``seed`` (hidden checks draw from it, not the global RNG)."""
+    return torch.Generator().manual_seed(seed)
+
+
+def randint(low: int, high: int, g: torch.Generator) -> int:
+    """A random integer in ``[low, high]`` (both ends included)."""
+    return int(torch.randint(low, high + 1, (1,), generator=g))
+
+
 # --------------------------------------------------------------------------------------
 # Forbidding the package's own implementation and torch shortcuts
 # --------------------------------------------------------------------------------------
@@ -330,6 +455,60 @@ def forbidden(*targets: Any, reason: str = "") -> Iterator[None]:
         del _CALLS[calls_before:]
     if hidden:
         raise ForbiddenCallError(hidden[0] + " (the error was caught inside your code)")
+
+
+def available(names: Iterable[str]) -> tuple[str, ...]:
+    """The dotted names among ``names`` that this install can resolve, for :func:`forbidden`.
+
+    The package's own implementations may be absent from an older kit on a student's machine
+    and are then skipped; torch's names must always resolve.
+
+    Raises:
+        ImportError, AttributeError, ValueError: a name outside ``transformer_lab`` is missing.
+    """
+    found = []
+    for name in names:
+        try:
+            _resolve(name)
+        except (ImportError, AttributeError, ValueError):
+            if not name.startswith("transformer_lab."):
+                raise
+            continue
+        found.append(name)
+    return tuple(found)
+
+
+def call_forbidding(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    *,
+    bans: Iterable[str],
+    reason: str,
+    what: str,
+    on_error: str = "",
+) -> Any:
+    """:func:`call_student` ``fn(*args, **kwargs)`` with the available ``bans`` disabled.
+
+    Args:
+        fn: the student's function or class.
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+        bans: dotted names to disable (see :func:`available`).
+        reason: why, appended to a forbidden call's message.
+        what: how to name the call in messages.
+        on_error: appended to the message when the student's code raises an exception.
+
+    Returns:
+        Whatever ``fn`` returns.
+    """
+    try:
+        with forbidden(*available(bans), reason=reason):
+            return call_student(fn, *args, what=what, **kwargs)
+    except AssertionError as exc:
+        if on_error and f"{what} raised " in str(exc):
+            raise AssertionError(f"{exc} {on_error}") from exc
+        raise
 
 
 def _disable(obj: Any, key: int, label: str | None) -> list[Callable[[], None]]:

@@ -36,11 +36,16 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from transformer_lab.checks._common import (
-    _resolve,
+    available,
+    call_forbidding,
     call_student,
+    close,
+    compare,
     expect_close,
     expect_shape,
     forbidden,
+    generator,
+    randint,
 )
 
 __all__ = [
@@ -89,87 +94,14 @@ _REASON = "this lab asks for your own softmax and attention"
 # --------------------------------------------------------------------------------------------------
 
 
-def _bans() -> tuple[str, ...]:
-    """The banned names that exist in this install (the kit's own may be missing on old kits)."""
-    found = []
-    for name in _SOFTMAX_BANS:
-        try:
-            _resolve(name)
-        except (ImportError, AttributeError, ValueError):
-            if not name.startswith("transformer_lab."):
-                raise
-            continue
-        found.append(name)
-    return tuple(found)
-
-
 def _run(fn: Callable[..., Any], *args: Any, what: str, on_error: str = "", **kwargs: Any) -> Any:
     """Call the student's ``fn`` with every shortcut disabled.
 
     ``on_error`` is appended to the message when the student's code raises an exception.
     """
-    try:
-        with forbidden(*_bans(), reason=_REASON):
-            return call_student(fn, *args, what=what, **kwargs)
-    except AssertionError as exc:
-        if on_error and f"{what} raised " in str(exc):
-            raise AssertionError(f"{exc} {on_error}") from exc
-        raise
-
-
-def _close(a: Tensor, b: Tensor, atol: float = _ATOL, rtol: float = _RTOL) -> bool:
-    """True when ``a`` and ``b`` have one shape and agree elementwise (NaNs never agree)."""
-    return a.shape == b.shape and bool(
-        torch.allclose(a.detach().double(), b.detach().double(), atol=atol, rtol=rtol)
+    return call_forbidding(
+        fn, args, kwargs, bans=_SOFTMAX_BANS, reason=_REASON, what=what, on_error=on_error
     )
-
-
-def _compare(
-    actual: Any,
-    expected: Tensor,
-    *,
-    what: str,
-    candidates: Sequence[tuple[Tensor | None, str]] = (),
-    hint: str,
-) -> Tensor:
-    """Assert ``actual`` equals ``expected``; on failure name the typical mistake it matches."""
-    t = expect_shape(actual, tuple(expected.shape), what)
-    if _close(t, expected):
-        return t
-    got = t.detach().double()
-    if bool(torch.isnan(got).any()) and not bool(torch.isnan(expected).any()):
-        named = next((h for w, h in candidates if w is not None and _has_nan_like(got, w)), None)
-    else:
-        named = next((h for w, h in candidates if w is not None and _close(got, w)), None)
-    try:
-        expect_close(t, expected, what, hint=named or hint, atol=_ATOL, rtol=_RTOL)
-    except AssertionError as exc:
-        # expect_close words NaN/inf failures itself; make sure the diagnosis is still there.
-        message = str(exc)
-        if (named or hint) not in message:
-            message += " " + (named or hint)
-        raise AssertionError(message) from None
-    return t
-
-
-def _has_nan_like(got: Tensor, wrong: Tensor) -> bool:
-    """True when ``got`` has NaNs exactly where ``wrong`` has them and agrees elsewhere."""
-    if got.shape != wrong.shape:
-        return False
-    nan_got, nan_wrong = torch.isnan(got), torch.isnan(wrong.double())
-    if not bool((nan_got == nan_wrong).all()):
-        return False
-    keep = ~nan_got
-    return bool(torch.allclose(got[keep], wrong.double()[keep], atol=_ATOL, rtol=_RTOL))
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randint(low: int, high: int, g: torch.Generator) -> int:
-    """A random integer in ``[low, high]``."""
-    return int(torch.randint(low, high + 1, (1,), generator=g))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -245,9 +177,7 @@ def _expect_softmax(fn: Callable[..., Tensor], x: Tensor, dim: int | None, what:
     t = expect_shape(actual, tuple(x.shape), what)
     if not t.is_floating_point():
         raise AssertionError(f"{what} returned dtype {t.dtype}; softmax gives floats.")
-    return _compare(
-        t, expected, what=what, candidates=_softmax_candidates(x, d), hint=_SOFTMAX_HINT
-    )
+    return compare(t, expected, what=what, candidates=_softmax_candidates(x, d), hint=_SOFTMAX_HINT)
 
 
 def check_softmax(fn: Callable[..., Tensor]) -> None:
@@ -265,7 +195,7 @@ def check_softmax(fn: Callable[..., Tensor]) -> None:
 
 def hidden_check_softmax(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """Hidden check: random shapes, ``dim`` values and scales against torch's softmax."""
-    g = _gen(seed)
+    g = generator(seed)
     for trial, (shape, dim) in enumerate(
         [((7,), -1), ((3, 5), 0), ((2, 3, 4), 1), ((4, 1, 6), -1), ((2, 5, 3), -2)]
     ):
@@ -278,7 +208,7 @@ def hidden_check_softmax(fn: Callable[..., Tensor], seed: int = 0) -> None:
 
 def hidden_check_softmax_stability(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """Hidden check: huge logits, rows on very different scales, ``-inf`` entries."""
-    g = _gen(seed)
+    g = generator(seed)
     x = torch.randn(4, 6, generator=g) * 3 + torch.tensor([[5e3], [-5e3], [0.0], [80.0]])
     _expect_softmax(fn, x, -1, "softmax of rows offset by +5000, -5000, 0 and 80")
     cols = torch.randn(5, 3, generator=g) + torch.tensor([1e4, -1e4, 90.0])
@@ -410,12 +340,12 @@ def _expect_self_attention(fn: Callable[..., Tensor], args: Sequence[Tensor], wh
     actual = _run(fn, *args, what=what)
     if not all(torch.equal(a, b) for a, b in zip(args, before, strict=True)):
         raise AssertionError(f"{what} changed one of its inputs in place: work on new tensors.")
-    return _compare(actual, expected, what=what, candidates=_sa_candidates(*args), hint=_SA_HINT)
+    return compare(actual, expected, what=what, candidates=_sa_candidates(*args), hint=_SA_HINT)
 
 
 def _worked_example() -> tuple[Tensor, ...]:
     """N=5 tokens of width D=6, queries/keys of width d_k=4, values of width d_v=3."""
-    return _inputs(5, 6, 4, 3, _gen(2))
+    return _inputs(5, 6, 4, 3, generator(2))
 
 
 def check_self_attention_loop(fn: Callable[..., Tensor]) -> None:
@@ -430,7 +360,7 @@ def check_self_attention_matrix(fn: Callable[..., Tensor]) -> None:
 
 def _check_self_attention_values(fn: Callable[..., Tensor], name: str) -> None:
     # One token attends only to itself: the output is its own value vector.
-    one = _inputs(1, 6, 4, 3, _gen(1))
+    one = _inputs(1, 6, 4, 3, generator(1))
     X, _, _, _, _, W_v, b_v = one
     got = _run(fn, *one, what=f"{name} on a single token")
     expect_shape(got, (1, 3), f"{name} on a single token (N=1, D=6, d_v=3)")
@@ -450,9 +380,9 @@ def _check_self_attention_values(fn: Callable[..., Tensor], name: str) -> None:
 
 
 def _hidden_self_attention(fn: Callable[..., Tensor], name: str, seed: int) -> None:
-    g = _gen(seed)
+    g = generator(seed)
     for _ in range(4):
-        n, d, dk, dv = (_randint(2, 9, g), _randint(2, 8, g), _randint(1, 8, g), _randint(1, 8, g))
+        n, d, dk, dv = (randint(2, 9, g), randint(2, 8, g), randint(1, 8, g), randint(1, 8, g))
         args = _inputs(n, d, dk, dv, g)
         _expect_self_attention(fn, args, f"{name} with N={n}, D={d}, d_k={dk}, d_v={dv}")
     # Larger queries and keys: the 1/sqrt(d_k) scale matters a lot here.
@@ -522,9 +452,9 @@ def count_operations(fn: Callable[..., Any], *args: Any) -> list[tuple[str, list
 def _student_ops(
     fn: Callable[..., Tensor], n: int, name: str
 ) -> list[tuple[str, list[tuple[int, ...]]]]:
-    args = _inputs(n, 5, 3, 2, _gen(n))
+    args = _inputs(n, 5, 3, 2, generator(n))
     log = _OpLog()
-    with forbidden(*_bans(), reason=_REASON), log:
+    with forbidden(*available(_SOFTMAX_BANS), reason=_REASON), log:
         call_student(fn, *args, what=f"{name} with N={n} tokens")
     return log.ops
 
@@ -764,21 +694,21 @@ def _expect_sdpa(
     if bool(bad.any()):
         row = tuple(int(i) for i in bad.nonzero()[0])
         named = next(
-            (h for c, h in cands if c is not None and _close(w, c[1])),
+            (h for c, h in cands if c is not None and close(w, c[1])),
             "the weights of each query must sum to 1 over the keys (softmax over the last axis).",
         )
         raise AssertionError(
             f"row {row} of the weights of {what} sums to {float(sums[row]):.3g}, expected 1. "
             + named
         )
-    _compare(
+    compare(
         w,
         w_exp,
         what=f"the weights of {what}",
         candidates=[(None if c is None else c[1], h) for c, h in cands],
         hint=_SDPA_HINT,
     )
-    _compare(
+    compare(
         out,
         out_exp,
         what=f"the output of {what}",
@@ -790,7 +720,7 @@ def _expect_sdpa(
 
 def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
     """Visible check of ``scaled_dot_product_attention(q, k, v)`` without a mask."""
-    g = _gen(3)
+    g = generator(3)
     q, k, v = (torch.randn(4, 3, generator=g) * 2 for _ in range(3))
     v = torch.randn(4, 5, generator=g)
     _expect_sdpa(fn, q, k, v, None, "scaled_dot_product_attention(q, k, v) with T=S=4, d_k=3")
@@ -805,7 +735,7 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
 
 def check_scaled_dot_product_attention_mask(fn: Callable[..., Any]) -> None:
     """Visible check of the boolean mask: a causal mask and a fully masked row."""
-    g = _gen(4)
+    g = generator(4)
     q, k, v = (torch.randn(2, 4, 3, generator=g) * 2 for _ in range(3))
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
     _expect_sdpa(fn, q, k, v, causal, "scaled_dot_product_attention with a causal (4, 4) mask")
@@ -823,9 +753,9 @@ def check_scaled_dot_product_attention_mask(fn: Callable[..., Any]) -> None:
 
 def hidden_check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0) -> None:
     """Hidden check: random leading dims, ``T != S``, ``d_v != d_k``, large logits."""
-    g = _gen(seed)
+    g = generator(seed)
     for lead in [(), (3,), (2, 2), (1, 3, 2)]:
-        t, s, dk, dv = (_randint(1, 6, g), _randint(1, 7, g), _randint(1, 9, g), _randint(1, 5, g))
+        t, s, dk, dv = (randint(1, 6, g), randint(1, 7, g), randint(1, 9, g), randint(1, 5, g))
         q = torch.randn(*lead, t, dk, generator=g) * 2
         k = torch.randn(*lead, s, dk, generator=g) * 2
         v = torch.randn(*lead, s, dv, generator=g)
@@ -840,7 +770,7 @@ def hidden_check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int 
 
 def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed: int = 0) -> None:
     """Hidden check: random masks of several broadcast shapes, empty rows, finite gradients."""
-    g = _gen(seed)
+    g = generator(seed)
     b, h, t, s, dk, dv = 2, 3, 5, 6, 4, 3
     q = torch.randn(b, h, t, dk, generator=g) * 2
     k = torch.randn(b, h, s, dk, generator=g) * 2

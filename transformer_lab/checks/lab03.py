@@ -36,11 +36,16 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks._common import (
-    _resolve,
-    call_student,
+    available,
+    call_forbidding,
+    close,
+    compare,
     expect_close,
+    expect_module,
     expect_shape,
     forbidden,
+    generator,
+    randint,
 )
 
 __all__ = [
@@ -57,9 +62,6 @@ __all__ = [
     "hidden_check_multi_head_attention_mask",
     "hidden_check_split_heads",
 ]
-
-_ATOL = 1e-4
-_RTOL = 1e-4
 
 _BANNED = (
     "torch.nn.MultiheadAttention.forward",
@@ -82,67 +84,11 @@ _REASON = (
 # --------------------------------------------------------------------------------------------------
 
 
-def _bans() -> tuple[str, ...]:
-    """The banned names that exist in this install (the kit's own may be missing on old kits)."""
-    found = []
-    for name in _BANNED:
-        try:
-            _resolve(name)
-        except (ImportError, AttributeError, ValueError):
-            if not name.startswith("transformer_lab."):
-                raise
-            continue
-        found.append(name)
-    return tuple(found)
-
-
 def _run(fn: Callable[..., Any], *args: Any, what: str, on_error: str = "", **kwargs: Any) -> Any:
     """Call the student's ``fn`` with every shortcut disabled; add ``on_error`` to a crash."""
-    try:
-        with forbidden(*_bans(), reason=_REASON):
-            return call_student(fn, *args, what=what, **kwargs)
-    except AssertionError as exc:
-        if on_error and f"{what} raised " in str(exc):
-            raise AssertionError(f"{exc} {on_error}") from exc
-        raise
-
-
-def _close(a: Tensor, b: Tensor, atol: float = _ATOL, rtol: float = _RTOL) -> bool:
-    return a.shape == b.shape and bool(
-        torch.allclose(a.detach().double(), b.detach().double(), atol=atol, rtol=rtol)
+    return call_forbidding(
+        fn, args, kwargs, bans=_BANNED, reason=_REASON, what=what, on_error=on_error
     )
-
-
-def _compare(
-    actual: Any,
-    expected: Tensor,
-    *,
-    what: str,
-    candidates: Sequence[tuple[Tensor | None, str]] = (),
-    hint: str,
-) -> Tensor:
-    """Assert ``actual`` equals ``expected``; on failure name the typical mistake it matches."""
-    t = expect_shape(actual, tuple(expected.shape), what)
-    if _close(t, expected):
-        return t
-    named = next((h for w, h in candidates if w is not None and _close(t, w)), None)
-    try:
-        expect_close(t, expected, what, hint=named or hint, atol=_ATOL, rtol=_RTOL)
-    except AssertionError as exc:
-        message = str(exc)
-        if (named or hint) not in message:
-            message += " " + (named or hint)
-        raise AssertionError(message) from None
-    return t
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randint(low: int, high: int, g: torch.Generator) -> int:
-    """A random integer in ``[low, high]``."""
-    return int(torch.randint(low, high + 1, (1,), generator=g))
 
 
 def _expect_value_error(
@@ -154,7 +100,7 @@ def _expect_value_error(
         'raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}").'
     )
     try:
-        with forbidden(*_bans(), reason=_REASON):
+        with forbidden(*available(_BANNED), reason=_REASON):
             result = fn(*args)
     except ValueError as exc:
         missing = [n for n in names if n not in str(exc)]
@@ -241,7 +187,7 @@ def _expect_split(fn: Callable[..., Any], x: Tensor, h: int, what: str) -> None:
     B, T, D = x.shape
     out = _run(fn, x, h, what=what)
     out = expect_shape(out, (B, h, T, D // h), f"{what}, (B, T, D) -> (B, H, T, D/H)")
-    _compare(
+    compare(
         out,
         _split(x, h),
         what=what,
@@ -254,7 +200,7 @@ def _expect_merge(fn: Callable[..., Any], x: Tensor, what: str) -> None:
     B, H, T, Dh = x.shape
     out = _run(fn, x, what=what, on_error=_CONTIGUOUS_HINT)
     out = expect_shape(out, (B, T, H * Dh), f"{what}, (B, H, T, Dh) -> (B, T, H*Dh)")
-    _compare(
+    compare(
         out,
         _merge(x),
         what=what,
@@ -282,9 +228,9 @@ def check_split_heads_divisible(fn: Callable[..., Any]) -> None:
 
 def hidden_check_split_heads(fn: Callable[..., Any], seed: int = 0) -> None:
     """Hidden check: random sizes, including one head and one feature per head."""
-    g = _gen(seed)
-    for h, dh in [(_randint(2, 6, g), _randint(2, 5, g)), (3, 1), (1, 5), (_randint(2, 4, g), 3)]:
-        B, T = _randint(1, 3, g), _randint(1, 6, g)
+    g = generator(seed)
+    for h, dh in [(randint(2, 6, g), randint(2, 5, g)), (3, 1), (1, 5), (randint(2, 4, g), 3)]:
+        B, T = randint(1, 3, g), randint(1, 6, g)
         x = torch.randn(B, T, h * dh, generator=g)
         _expect_split(fn, x, h, f"split_heads(x, {h}) for x of shape {(B, T, h * dh)}")
 
@@ -298,7 +244,7 @@ def check_merge_heads(fn: Callable[..., Any]) -> None:
     y = torch.randn(2, 3, 12)
     heads = _split(y, 3)  # non-contiguous, as split_heads returns it
     out = _run(fn, heads, what="merge_heads(split_heads(y, 3))", on_error=_CONTIGUOUS_HINT)
-    _compare(
+    compare(
         out,
         y,
         what="merge_heads(split_heads(y, 3))",
@@ -309,9 +255,9 @@ def check_merge_heads(fn: Callable[..., Any]) -> None:
 
 def hidden_check_merge_heads(fn: Callable[..., Any], seed: int = 0) -> None:
     """Hidden check: random sizes, non-contiguous inputs straight from a split."""
-    g = _gen(seed)
+    g = generator(seed)
     for _ in range(3):
-        B, H, T, Dh = _randint(1, 3, g), _randint(1, 5, g), _randint(1, 6, g), _randint(1, 5, g)
+        B, H, T, Dh = randint(1, 3, g), randint(1, 5, g), randint(1, 6, g), randint(1, 5, g)
         y = torch.randn(B, T, H * Dh, generator=g)
         _expect_merge(fn, _split(y, H), f"merge_heads(x) for x of shape {(B, H, T, Dh)}")
     x = torch.randn(2, 4, 3, 2, generator=g)
@@ -442,12 +388,7 @@ def _instantiate(cls: Callable[..., Any], *args: Any, what: str, **kw: Any) -> n
     with torch.random.fork_rng():  # deterministic init without touching the notebook's RNG
         torch.manual_seed(0)
         module = _run(cls, *args, what=what, **kw)
-    if not isinstance(module, nn.Module):
-        raise AssertionError(
-            f"{what} should build an nn.Module, got {type(module).__name__}: does your class "
-            "inherit from nn.Module and call super().__init__()?"
-        )
-    return module
+    return expect_module(module, what)
 
 
 def _randomise(module: nn.Module, g: torch.Generator) -> None:
@@ -483,12 +424,12 @@ def _expect_mha(
     w = expect_shape(w, (B, n_heads, T, S), f"the weights of {what}, (B, H, T_q, T_k)")
     out = expect_shape(out, (B, T, D), f"the output of {what}")
     cands = _mha_candidates(p, query, key, value, n_heads, mask)
-    named = any(c is not None and _close(w, c[1]) for c, _ in cands)
-    if mask is not None and not named and not _close(w, w_exp):
+    named = any(c is not None and close(w, c[1]) for c, _ in cands)
+    if mask is not None and not named and not close(w, w_exp):
         misaligned = _mask_alignment(w, mask, n_heads, what)
         if misaligned:
             raise AssertionError(misaligned)
-    _compare(
+    compare(
         w,
         w_exp,
         what=f"the weights of {what}",
@@ -496,7 +437,7 @@ def _expect_mha(
         hint="Per head: softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), masked where the "
         "mask is False.",
     )
-    _compare(
+    compare(
         out,
         out_exp,
         what=f"the output of {what}",
@@ -609,7 +550,7 @@ def check_multi_head_attention(cls: Callable[..., Any]) -> None:
             "MultiHeadAttention(8, 2, bias=False) still has biases: pass bias=bias to every "
             "nn.Linear."
         )
-    g = _gen(5)
+    g = generator(5)
     _randomise(module, g)
     x = torch.randn(2, 3, 8, generator=g)
     _expect_mha(module, x, x, x, 2, None, f"{what}(x, x, x) for x of shape (2, 3, 8)")
@@ -626,11 +567,11 @@ def check_multi_head_attention_divisible(cls: Callable[..., Any]) -> None:
 
 def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) -> None:
     """Hidden check: random sizes, with and without bias, against ``nn.MultiheadAttention``."""
-    g = _gen(seed)
+    g = generator(seed)
     for trial in range(3):
-        H, dh = _randint(1, 4, g), _randint(1, 5, g)
+        H, dh = randint(1, 4, g), randint(1, 5, g)
         D = H * dh
-        B, T, S = _randint(1, 3, g), _randint(1, 6, g), _randint(1, 6, g)
+        B, T, S = randint(1, 3, g), randint(1, 6, g), randint(1, 6, g)
         bias = trial != 1
         what = f"MultiHeadAttention({D}, {H}, bias={bias})"
         module = _instantiate(cls, D, H, bias=bias, what=what)
@@ -640,8 +581,8 @@ def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) ->
         call = f"{what} on query {(B, T, D)}, key/value {(B, S, D)}"
         out, w = _expect_mha(module, query, kv, kv, H, None, call)
         ref_out, ref_w = _torch_reference(module, H, query, kv, kv, None)
-        _compare(out, ref_out, what=f"the output of {call}", hint="It differs from torch's.")
-        _compare(w, ref_w, what=f"the weights of {call}", hint="They differ from torch's.")
+        compare(out, ref_out, what=f"the output of {call}", hint="It differs from torch's.")
+        compare(w, ref_w, what=f"the weights of {call}", hint="They differ from torch's.")
     # Large head width with a small model: the scale must be the head width, not d_model.
     module = _instantiate(cls, 16, 4, what="MultiHeadAttention(16, 4)")
     _randomise(module, g)
@@ -653,7 +594,7 @@ def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) ->
 
 def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 0) -> None:
     """Hidden check: masks of every broadcast shape, per-example and per-head, empty rows."""
-    g = _gen(seed)
+    g = generator(seed)
     B, H, T, S, D = 3, 2, 4, 5, 6
     module = _instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
     _randomise(module, g)
@@ -673,8 +614,8 @@ def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 
         what = f"MultiHeadAttention({D}, {H})(query, kv, kv, mask=...) with {label}"
         out, w = _expect_mha(module, query, kv, kv, H, mask, what)
         ref_out, ref_w = _torch_reference(module, H, query, kv, kv, mask)
-        _compare(out, ref_out, what=f"the output of {what}", hint="It differs from torch's.")
-        _compare(w, ref_w, what=f"the weights of {what}", hint="They differ from torch's.")
+        compare(out, ref_out, what=f"the output of {what}", hint="It differs from torch's.")
+        compare(w, ref_w, what=f"the weights of {what}", hint="They differ from torch's.")
     # Rows with no allowed key: zero weights, no NaN (torch itself gives NaN here).
     empty = per_head.clone()
     empty[1, 0, 2] = False
@@ -726,16 +667,16 @@ def _expect_loaded(ours: nn.Module, theirs: nn.MultiheadAttention, what: str) ->
                 f"after {what}, {name}.weight was not filled: copy "
                 f"in_proj_weight[{i}*D:{i + 1}*D] into it (with torch.no_grad(), .copy_)."
             )
-        if _close(got, chunks[i]):
+        if close(got, chunks[i]):
             continue
         for j, other in enumerate(chunks):
-            if j != i and _close(got, other):
+            if j != i and close(got, other):
                 raise AssertionError(
                     f"after {what}, {name}.weight holds rows {j}*D:{j + 1}*D of in_proj_weight, "
                     f"the {_NAMES[j]} projection: torch stacks them in the order query, key, "
                     f"value, so {name} takes rows {i}*D:{i + 1}*D."
                 )
-            if _close(got, other.T):
+            if close(got, other.T):
                 raise AssertionError(
                     f"after {what}, {name}.weight holds the transpose of a chunk of "
                     "in_proj_weight: torch's chunks are already in nn.Linear's (out, in) layout, "
@@ -744,22 +685,22 @@ def _expect_loaded(ours: nn.Module, theirs: nn.MultiheadAttention, what: str) ->
         expect_close(got, chunks[i], f"{name}.weight after {what}", atol=1e-6, rtol=0)
     for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
         b = bias_chunks[i]
-        if b is not None and not _close(getattr(ours, name).bias.detach(), b):
+        if b is not None and not close(getattr(ours, name).bias.detach(), b):
             raise AssertionError(
                 f"after {what}, {name}.bias is not in_proj_bias[{i}*D:{i + 1}*D]: copy the "
                 "biases too, in the same q, k, v order."
             )
     got_w = ours.out_proj.weight.detach()
-    if not _close(got_w, theirs.out_proj.weight.detach()):
+    if not close(got_w, theirs.out_proj.weight.detach()):
         hint = (
             "copy it without .T (both are (out, in))"
-            if _close(got_w, theirs.out_proj.weight.detach().T)
+            if close(got_w, theirs.out_proj.weight.detach().T)
             else "copy theirs.out_proj.weight into it"
         )
         raise AssertionError(
             f"after {what}, out_proj.weight is not torch's out_proj.weight: {hint}."
         )
-    if theirs.out_proj.bias is not None and not _close(
+    if theirs.out_proj.bias is not None and not close(
         ours.out_proj.bias.detach(), theirs.out_proj.bias.detach()
     ):
         raise AssertionError(
@@ -776,7 +717,7 @@ def _expect_loaded(ours: nn.Module, theirs: nn.MultiheadAttention, what: str) ->
 
 def check_load_torch_weights(fn: Callable[..., Any]) -> None:
     """Visible check of ``load_torch_weights(ours, theirs)`` on a bare module of projections."""
-    g = _gen(7)
+    g = generator(7)
     theirs = _torch_mha(6, 2, True, g)
     ours = _Holder(6, 2)
     what = "load_torch_weights(ours, theirs) with d_model=6, n_heads=2"
@@ -794,9 +735,9 @@ def hidden_check_load_torch_weights(
         cls: the student's ``MultiHeadAttention``.
         seed: seed of the random sizes and weights.
     """
-    g = _gen(seed)
+    g = generator(seed)
     for bias in (True, False):
-        H, dh = _randint(1, 4, g), _randint(2, 4, g)
+        H, dh = randint(1, 4, g), randint(2, 4, g)
         D = H * dh
         theirs = _torch_mha(D, H, bias, g)
         ours = _Holder(D, H, bias=bias)
@@ -813,7 +754,7 @@ def hidden_check_load_torch_weights(
         ref_out, _ = theirs(x, x, x, attn_mask=~mask, need_weights=False)
     what = "your MultiHeadAttention(8, 2) loaded from torch's, with a causal mask"
     out, _ = _expect_mha(module, x, x, x, 2, mask, what)
-    _compare(
+    compare(
         out,
         ref_out,
         what=f"the output of {what}",

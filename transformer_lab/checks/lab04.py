@@ -35,11 +35,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_lab.checks._common import (
-    _resolve,
+    available,
     call_student,
-    expect_close,
+    close,
+    compare,
+    expect_module,
     expect_shape,
     forbidden,
+    generator,
+    randint,
 )
 
 __all__ = [
@@ -59,10 +63,6 @@ __all__ = [
     "load_torch_encoder_layer",
     "torch_encoder_layer",
 ]
-
-# Float32: a correct answer differs from torch by ~1e-6; every typical mistake by far more.
-_ATOL = 1e-4
-_RTOL = 1e-4
 
 # What a graded function may not call (swapped out by ``forbidden`` while the student's code runs).
 _LAYER_NORM_FORBIDDEN = (
@@ -85,60 +85,8 @@ _BLOCK_FORBIDDEN = (
 # --------------------------------------------------------------------------------------------------
 
 
-def _close(a: Tensor, b: Tensor, atol: float = _ATOL, rtol: float = _RTOL) -> bool:
-    """True when ``a`` and ``b`` have one shape and agree elementwise (NaNs never agree)."""
-    return a.shape == b.shape and bool(torch.allclose(a, b, atol=atol, rtol=rtol))
-
-
 def _max_err(a: Tensor, b: Tensor) -> float:
     return float((a.detach().float() - b.detach().float()).abs().max())
-
-
-def _diagnose(actual: Tensor, candidates: Sequence[tuple[Tensor, str]]) -> str | None:
-    """Return the hint of the first typical-mistake output that ``actual`` reproduces, if any."""
-    for wrong, hint in candidates:
-        if _close(actual, wrong):
-            return hint
-    return None
-
-
-def _compare(
-    actual: Any,
-    expected: Tensor,
-    *,
-    what: str,
-    candidates: Sequence[tuple[Tensor, str]] = (),
-    hint: str,
-    atol: float = _ATOL,
-) -> None:
-    """Assert ``actual`` equals ``expected``; on failure name the typical mistake it matches."""
-    t = expect_shape(actual, tuple(expected.shape), what).detach()
-    if _close(t, expected, atol=atol):
-        return
-    named = _diagnose(t, candidates)
-    expect_close(t, expected, what, hint=named or hint, atol=atol, rtol=_RTOL)
-
-
-def _bans(*names: str) -> tuple[str, ...]:
-    """The dotted names among ``names`` that exist in this install (``forbidden`` needs them).
-
-    The package's own implementations may be absent from an older kit on a student's machine;
-    torch's names always resolve.
-    """
-    found = []
-    for name in names:
-        try:
-            _resolve(name)
-        except (ImportError, AttributeError, ValueError):
-            if not name.startswith("transformer_lab."):
-                raise
-            continue
-        found.append(name)
-    return tuple(found)
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _randn(*shape: int, g: torch.Generator, scale: float = 1.0, shift: float = 0.0) -> Tensor:
@@ -146,13 +94,7 @@ def _randn(*shape: int, g: torch.Generator, scale: float = 1.0, shift: float = 0
 
 
 def _instantiate(cls: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> nn.Module:
-    module = call_student(cls, *args, what=what, **kwargs)
-    if not isinstance(module, nn.Module):
-        raise AssertionError(
-            f"{what} should build an nn.Module, got {type(module).__name__}: "
-            "does your class inherit from nn.Module and call super().__init__()?"
-        )
-    return module
+    return expect_module(call_student(cls, *args, what=what, **kwargs), what)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,10 +200,10 @@ def _expect_layer_norm(
     expected = F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     candidates = _ln_variants(x, weight, bias, eps)
     with forbidden(
-        *_bans(*_LAYER_NORM_FORBIDDEN), reason="layer_norm must compute the statistics itself"
+        *available(_LAYER_NORM_FORBIDDEN), reason="layer_norm must compute the statistics itself"
     ):
         actual = call_student(fn, x.clone(), weight.clone(), bias.clone(), eps=eps, what=what)
-    _compare(actual, expected, what=what, candidates=candidates, hint=_LN_HINT)
+    compare(actual, expected, what=what, candidates=candidates, hint=_LN_HINT)
 
 
 def check_layer_norm(fn: Callable[..., Tensor]) -> None:
@@ -272,7 +214,7 @@ def check_layer_norm(fn: Callable[..., Tensor]) -> None:
     actual = call_student(fn, x.clone(), ones, zeros, what="layer_norm(x, ones, zeros)")
     expect_shape(actual, (2, 4), "layer_norm(x, ones, zeros) for x of shape (2, 4)")
     first = torch.tensor([-1.5, -0.5, 0.5, 1.5]) / math.sqrt(1.25 + 1e-5)
-    _compare(
+    compare(
         actual[0],
         first,
         what="layer_norm of the row (1, 2, 3, 4) with weight 1 and bias 0",
@@ -282,14 +224,14 @@ def check_layer_norm(fn: Callable[..., Tensor]) -> None:
     _expect_layer_norm(fn, x, ones, zeros, 1e-5, "layer_norm(x, ones, zeros) on a (2, 4) input")
 
     # Batched input: every token is normalised on its own, over its features.
-    g = _generator(4)
+    g = generator(4)
     x3 = _randn(2, 3, 5, g=g, scale=3.0, shift=1.0)
     out = call_student(
         fn, x3.clone(), torch.ones(5), torch.zeros(5), what="layer_norm on (2, 3, 5)"
     )
     expect_shape(out, (2, 3, 5), "layer_norm(x) for x of shape (2, 3, 5)")
     row_means = out.detach().mean(-1)
-    if not _close(row_means, torch.zeros(2, 3), atol=1e-4, rtol=0):
+    if not close(row_means, torch.zeros(2, 3), atol=1e-4, rtol=0):
         raise AssertionError(
             f"with weight 1 and bias 0, each token of your output should have mean 0 over its "
             f"features, but the means go up to {float(row_means.abs().max()):.3g}: normalise over "
@@ -309,7 +251,7 @@ def check_layer_norm(fn: Callable[..., Tensor]) -> None:
 
 def hidden_check_layer_norm(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """Hidden check: random shapes, weights and biases against ``F.layer_norm``."""
-    g = _generator(seed)
+    g = generator(seed)
     for trial in range(3):
         d = int(torch.randint(2, 17, (1,), generator=g))
         shape: tuple[int, ...] = ((int(torch.randint(1, 5, (1,), generator=g)),), (3,), (2, 4))[
@@ -325,7 +267,7 @@ def hidden_check_layer_norm(fn: Callable[..., Tensor], seed: int = 0) -> None:
 
 def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """Hidden check: eps inside the root, constant tokens, biased variance, large offsets."""
-    g = _generator(seed)
+    g = generator(seed)
     # A large eps and small spread tell eps inside the square root from eps outside it.
     x = _randn(3, 6, g=g, scale=0.3)
     weight, bias = _randn(6, g=g), _randn(6, g=g)
@@ -341,7 +283,7 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
     big = _randn(3, 16, g=g) + 3000.0
     expected = F.layer_norm(big, (16,), None, None, 1e-5)
     with forbidden(
-        *_bans(*_LAYER_NORM_FORBIDDEN), reason="layer_norm must compute the statistics itself"
+        *available(_LAYER_NORM_FORBIDDEN), reason="layer_norm must compute the statistics itself"
     ):
         actual = call_student(
             fn,
@@ -351,7 +293,7 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
             eps=1e-5,
             what="layer_norm of tokens around 3000",
         )
-    _compare(
+    compare(
         actual,
         expected,
         what="layer_norm of tokens whose features are around 3000 (spread 1)",
@@ -430,10 +372,10 @@ def _expect_feed_forward(ff: nn.Module, d_model: int, d_ff: int, x: Tensor, what
     l1, l2 = _ff_parts(ff, d_model, d_ff, what)
     expected, wrong = _ff_variants(l1, l2, x)
     with forbidden(
-        *_bans(*_FEED_FORWARD_FORBIDDEN), reason="write the feed-forward layer yourself"
+        *available(_FEED_FORWARD_FORBIDDEN), reason="write the feed-forward layer yourself"
     ):
         actual = call_student(ff, x.clone(), what=f"{what}(x)")
-    _compare(
+    compare(
         actual,
         expected,
         what=f"{what}(x) on an input of shape {tuple(x.shape)}",
@@ -448,7 +390,7 @@ def check_feed_forward(cls: Callable[..., nn.Module]) -> None:
     ff = _instantiate(cls, 8, 32, what="FeedForward(8, 32)")
     ff.eval()
     _ff_parts(ff, 8, 32, "FeedForward(8, 32)")
-    x = _randn(2, 5, 8, g=_generator(1))
+    x = _randn(2, 5, 8, g=generator(1))
     out = call_student(ff, x.clone(), what="FeedForward(8, 32)(x)")
     expect_shape(out, (2, 5, 8), "FeedForward(8, 32)(x) for x of shape (2, 5, 8)")
     _expect_feed_forward(ff, 8, 32, x, "FeedForward(8, 32)")
@@ -456,7 +398,7 @@ def check_feed_forward(cls: Callable[..., nn.Module]) -> None:
 
 def hidden_check_feed_forward(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Hidden check: random sizes, 2-D and 3-D inputs, tokens processed independently."""
-    g = _generator(seed)
+    g = generator(seed)
     for _ in range(2):
         d_model = int(torch.randint(3, 13, (1,), generator=g))
         d_ff = int(torch.randint(5, 40, (1,), generator=g))
@@ -470,7 +412,7 @@ def hidden_check_feed_forward(cls: Callable[..., nn.Module], seed: int = 0) -> N
 
 def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Hidden check: dropout acts in training mode only."""
-    g = _generator(seed)
+    g = generator(seed)
     d_model, d_ff = 6, 24
     what = f"FeedForward({d_model}, {d_ff}, dropout=0.5)"
     torch.manual_seed(seed)
@@ -481,18 +423,18 @@ def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int =
     ff.train()
     torch.manual_seed(seed + 1)
     with forbidden(
-        *_bans(*_FEED_FORWARD_FORBIDDEN), reason="write the feed-forward layer yourself"
+        *available(_FEED_FORWARD_FORBIDDEN), reason="write the feed-forward layer yourself"
     ):
         a = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
         b = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
         ff.eval()
         c = call_student(ff, x.clone(), what=f"{what}(x) in eval mode").detach()
-    if _close(a, b) and _close(a, expected):
+    if close(a, b) and close(a, expected):
         raise AssertionError(
             f"{what} in training mode gives the same output as without dropout: store "
             "nn.Dropout(dropout) and apply it in forward (after the ReLU, before linear2)."
         )
-    if not _close(c, expected):
+    if not close(c, expected):
         raise AssertionError(
             f"{what} in eval mode should equal linear2(relu(linear1(x))) exactly, but it is off by "
             f"up to {_max_err(c, expected):.3g}: use an nn.Dropout module (it switches off in "
@@ -768,17 +710,19 @@ def _expect_block(
 ) -> Tensor:
     expected, wrong = _block_variants(layer, x, keep, norm_first)
     mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, T)
-    ban = forbidden(*_bans(*_BLOCK_FORBIDDEN), reason="build the block from its sublayers yourself")
+    ban = forbidden(
+        *available(_BLOCK_FORBIDDEN), reason="build the block from its sublayers yourself"
+    )
     with ban, torch.no_grad():
         actual = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")
         again = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")
-    if isinstance(actual, Tensor) and isinstance(again, Tensor) and not _close(actual, again):
+    if isinstance(actual, Tensor) and isinstance(again, Tensor) and not close(actual, again):
         raise AssertionError(
             f"{what} in eval mode gives a different output each call: dropout must switch off in "
             "eval mode. Use nn.Dropout modules, or F.dropout(..., training=self.training)."
         )
     form = "x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))"
-    _compare(
+    compare(
         actual,
         expected,
         what=f"{what}(x{'' if keep is None else ', mask'}) on an input of shape {tuple(x.shape)}",
@@ -792,7 +736,7 @@ def _expect_block(
 def check_encoder_block(cls: Callable[..., nn.Module]) -> None:
     """Visible check of ``EncoderBlock``: attribute names, shapes, and post-norm against torch."""
     block, layer, what = _build_block(cls, 16, 4, 32, norm_first=False, seed=0)
-    x = _randn(2, 5, 16, g=_generator(2))
+    x = _randn(2, 5, 16, g=generator(2))
     with torch.no_grad():
         out = call_student(block, x.clone(), what=f"{what}(x)")
     expect_shape(out, (2, 5, 16), f"{what}(x) for x of shape (2, 5, 16)")
@@ -801,39 +745,44 @@ def check_encoder_block(cls: Callable[..., nn.Module]) -> None:
 
 
 def _random_sizes(g: torch.Generator) -> tuple[int, int, int, int, int]:
-    n_heads = int(torch.randint(1, 4, (1,), generator=g))
-    d_model = n_heads * int(torch.randint(2, 6, (1,), generator=g))
-    d_ff = int(torch.randint(8, 33, (1,), generator=g))
-    batch = int(torch.randint(1, 4, (1,), generator=g))
-    seq = int(torch.randint(2, 8, (1,), generator=g))
+    n_heads = randint(1, 3, g)
+    d_model = n_heads * randint(2, 5, g)
+    d_ff = randint(8, 32, g)
+    batch = randint(1, 3, g)
+    seq = randint(2, 7, g)
     return d_model, n_heads, d_ff, batch, seq
+
+
+def _random_blocks(cls: Callable[..., nn.Module], seed: int, norm_first: bool) -> None:
+    """Two blocks of random sizes (dropout 0, then 0.1, in eval mode) against torch's layer."""
+    g = generator(seed)
+    for trial in range(2):
+        d_model, n_heads, d_ff, batch, seq = _random_sizes(g)
+        block, layer, what = _build_block(
+            cls,
+            d_model,
+            n_heads,
+            d_ff,
+            norm_first=norm_first,
+            dropout=0.1 * trial,
+            seed=seed + trial,
+        )
+        _expect_block(block, layer, _randn(batch, seq, d_model, g=g), None, norm_first, what)
 
 
 def hidden_check_encoder_block_post_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Hidden check: post-norm blocks of random sizes against ``nn.TransformerEncoderLayer``."""
-    g = _generator(seed)
-    for trial in range(2):
-        d_model, n_heads, d_ff, batch, seq = _random_sizes(g)
-        block, layer, what = _build_block(
-            cls, d_model, n_heads, d_ff, norm_first=False, dropout=0.1 * trial, seed=seed + trial
-        )
-        _expect_block(block, layer, _randn(batch, seq, d_model, g=g), None, False, what)
+    _random_blocks(cls, seed, norm_first=False)
 
 
 def hidden_check_encoder_block_pre_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Hidden check: pre-norm blocks (``norm_first=True``) against torch's pre-norm layer."""
-    g = _generator(seed)
-    for trial in range(2):
-        d_model, n_heads, d_ff, batch, seq = _random_sizes(g)
-        block, layer, what = _build_block(
-            cls, d_model, n_heads, d_ff, norm_first=True, dropout=0.1 * trial, seed=seed + trial
-        )
-        _expect_block(block, layer, _randn(batch, seq, d_model, g=g), None, True, what)
+    _random_blocks(cls, seed, norm_first=True)
 
 
 def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Hidden check: a padding mask ``(B, 1, 1, T)`` in both norm placements; padding has no say."""
-    g = _generator(seed)
+    g = generator(seed)
     for norm_first in (False, True):
         d_model, n_heads, d_ff, _, _ = _random_sizes(g)
         batch, seq = 3, 6
