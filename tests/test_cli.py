@@ -109,3 +109,46 @@ def test_main_job_reverses_unseen_sequences(
         digits = "".join(str(int(d)) for d in torch.randint(0, 10, (16,), generator=generator))
         assert main(["generate", "--ckpt_path", str(last), "--prompt", digits]) == 0
         assert capsys.readouterr().out.strip() == digits[::-1]
+
+
+@pytest.mark.parametrize(
+    ("config", "prompt", "extra"),
+    [
+        ("grammar_lm", "the", ["--max_new_tokens", "4", "--num_samples", "2", "--top_k", "3"]),
+        ("grammar_lm", "the man", ["--max_new_tokens", "3", "--beam_width", "2"]),
+        ("grammar_translation", "the dogs chased the child", []),
+        ("grammar_translation", "the dogs chased the child", ["--beam_width", "2"]),
+    ],
+)
+def test_generate_decodes_lm_and_seq2seq_checkpoints(
+    config: str,
+    prompt: str,
+    extra: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [
+        "fit",
+        "--config",
+        str(CONFIGS / f"{config}.yaml"),
+        "--run.save_dir",
+        str(tmp_path),
+        "--run.logger=csv",
+        "--trainer.max_steps=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--examples.num_examples=0",
+        "--data.init_args.num_train=128",
+        "--data.init_args.num_val=32",
+    ]
+    assert main(args) == 0
+    last = tmp_path / config / "version_0" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    assert main(["generate", "--ckpt_path", str(last), "--prompt", prompt, *extra]) == 0
+    # An untrained decoder may stop at once: an empty line is still one output.
+    lines = capsys.readouterr().out.rstrip("\n").split("\n")
+    expected_lines = 2 if "--num_samples" in extra else 1
+    assert len(lines) == expected_lines
+    if config == "grammar_lm":  # an LM continues its prompt (the BOS it was trained with is hidden)
+        assert all(line.startswith(prompt) for line in lines)
+    assert "<" not in " ".join(lines)  # special tokens are not printed
