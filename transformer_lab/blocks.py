@@ -146,23 +146,16 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(ACTIVATIONS[self.activation](self.linear1(x))))
 
 
-class EncoderBlock(nn.Module):
-    """Self-attention and feed-forward sub-layers with residuals and layer norms.
+class _ResidualBlock(nn.Module):
+    """The constructor encoder and decoder blocks share: attention, feed-forward, norms, dropouts.
 
-    Post-norm: ``x = norm1(x + attn(x)); x = norm2(x + ff(x))``.
-    Pre-norm:  ``x = x + attn(norm1(x)); x = x + ff(norm2(x))``.
-
-    Args:
-        d_model: model width ``D``.
-        n_heads: attention heads ``H``.
-        d_ff: feed-forward width ``F``.
-        dropout: dropout on attention weights, the feed-forward hidden layer and both residual
-            branches (as in ``nn.TransformerEncoderLayer``).
-        norm_first: pre-norm if True, post-norm ("Add & Norm") if False.
-        activation: feed-forward activation.
-        eps: layer norm epsilon.
-        bias: biases in the linear layers and layer norms.
+    A subclass with ``_cross_attention = True`` also gets ``cross_attn`` and a third norm and
+    dropout. Sub-modules are registered in the order of the computation (self-attention, then
+    cross-attention, then feed-forward), which fixes their initialisation order and state-dict
+    layout. Arguments as in :class:`EncoderBlock`.
     """
+
+    _cross_attention = False
 
     def __init__(
         self,
@@ -179,15 +172,40 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
+        if self._cross_attention:
+            self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
         self.ff = FeedForward(d_model, d_ff, dropout, activation, bias=bias)
         self.norm1 = LayerNorm(d_model, eps, bias=bias)
         self.norm2 = LayerNorm(d_model, eps, bias=bias)
+        if self._cross_attention:
+            self.norm3 = LayerNorm(d_model, eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
+        if self._cross_attention:
+            self.dropout3 = nn.Dropout(dropout)
 
     def _sa(self, x: Tensor, mask: Tensor | None) -> Tensor:
         out, _ = self.self_attn(x, x, x, mask=mask, need_weights=False)
         return self.dropout1(out)
+
+
+class EncoderBlock(_ResidualBlock):
+    """Self-attention and feed-forward sub-layers with residuals and layer norms.
+
+    Post-norm: ``x = norm1(x + attn(x)); x = norm2(x + ff(x))``.
+    Pre-norm:  ``x = x + attn(norm1(x)); x = x + ff(norm2(x))``.
+
+    Args:
+        d_model: model width ``D``.
+        n_heads: attention heads ``H``.
+        d_ff: feed-forward width ``F``.
+        dropout: dropout on attention weights, the feed-forward hidden layer and both residual
+            branches (as in ``nn.TransformerEncoderLayer``).
+        norm_first: pre-norm if True, post-norm ("Add & Norm") if False.
+        activation: feed-forward activation.
+        eps: layer norm epsilon.
+        bias: biases in the linear layers and layer norms.
+    """
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Apply the block.
@@ -207,7 +225,7 @@ class EncoderBlock(nn.Module):
         return self.norm2(x + self.dropout2(self.ff(x)))
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(_ResidualBlock):
     """Masked self-attention, cross-attention to the encoder memory, then feed-forward.
 
     Post-norm: ``x = norm1(x + self_attn(x)); x = norm2(x + cross_attn(x, memory));
@@ -224,33 +242,7 @@ class DecoderBlock(nn.Module):
         bias: biases in the linear layers and layer norms.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float = 0.0,
-        norm_first: bool = False,
-        *,
-        activation: str = "relu",
-        eps: float = 1e-5,
-        bias: bool = True,
-    ) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
-        self.ff = FeedForward(d_model, d_ff, dropout, activation, bias=bias)
-        self.norm1 = LayerNorm(d_model, eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps, bias=bias)
-        self.norm3 = LayerNorm(d_model, eps, bias=bias)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
-
-    def _sa(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        out, _ = self.self_attn(x, x, x, mask=mask, need_weights=False)
-        return self.dropout1(out)
+    _cross_attention = True
 
     def _ca(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
         out, _ = self.cross_attn(x, memory, memory, mask=mask, need_weights=False)
@@ -328,18 +320,23 @@ def _copy_norm(dst: LayerNorm, src: nn.LayerNorm) -> None:
     dst.eps = src.eps
 
 
-def load_torch_encoder_layer(ours: EncoderBlock, theirs: nn.TransformerEncoderLayer) -> None:
-    """Copy an ``nn.TransformerEncoderLayer`` (batch_first) into an :class:`EncoderBlock`.
-
-    Raises:
-        ValueError: if norm placement, activation or sizes differ.
-    """
+def _load_shared(ours: _ResidualBlock, theirs: nn.Module) -> None:
+    """Copy what encoder and decoder layers share: self-attention, feed-forward, norms 1 and 2."""
     _check_layer(ours, theirs)
     load_torch_weights(ours.self_attn, theirs.self_attn)
     _copy_linear(ours.ff.linear1, theirs.linear1)
     _copy_linear(ours.ff.linear2, theirs.linear2)
     _copy_norm(ours.norm1, theirs.norm1)
     _copy_norm(ours.norm2, theirs.norm2)
+
+
+def load_torch_encoder_layer(ours: EncoderBlock, theirs: nn.TransformerEncoderLayer) -> None:
+    """Copy an ``nn.TransformerEncoderLayer`` (batch_first) into an :class:`EncoderBlock`.
+
+    Raises:
+        ValueError: if norm placement, activation or sizes differ.
+    """
+    _load_shared(ours, theirs)
 
 
 def load_torch_decoder_layer(ours: DecoderBlock, theirs: nn.TransformerDecoderLayer) -> None:
@@ -350,11 +347,6 @@ def load_torch_decoder_layer(ours: DecoderBlock, theirs: nn.TransformerDecoderLa
     Raises:
         ValueError: if norm placement, activation or sizes differ.
     """
-    _check_layer(ours, theirs)
-    load_torch_weights(ours.self_attn, theirs.self_attn)
+    _load_shared(ours, theirs)
     load_torch_weights(ours.cross_attn, theirs.multihead_attn)
-    _copy_linear(ours.ff.linear1, theirs.linear1)
-    _copy_linear(ours.ff.linear2, theirs.linear2)
-    _copy_norm(ours.norm1, theirs.norm1)
-    _copy_norm(ours.norm2, theirs.norm2)
     _copy_norm(ours.norm3, theirs.norm3)
