@@ -111,25 +111,11 @@ class _InMemoryDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches (seeded order)."""
-        self._require_setup()
-        return _loader(
-            TensorDictDataset(self.train_data),
-            self.batch_size,
-            shuffle=True,
-            seed=self.seed,
-            num_workers=self.num_workers,
-        )
+        return self._dataloader(train=True)
 
     def val_dataloader(self) -> DataLoader:
         """Validation batches in a fixed order."""
-        self._require_setup()
-        return _loader(
-            TensorDictDataset(self.val_data),
-            self.batch_size,
-            shuffle=False,
-            seed=self.seed,
-            num_workers=self.num_workers,
-        )
+        return self._dataloader(train=False)
 
     def test_dataloader(self) -> DataLoader:
         """The validation set (these tasks have no separate test split)."""
@@ -142,6 +128,17 @@ class _InMemoryDataModule(pl.LightningDataModule):
     def _require_setup(self) -> None:
         if self.train_data is None:
             self.setup()
+
+    def _dataloader(self, *, train: bool) -> DataLoader:
+        """Batches of the training split (shuffled, seeded) or the validation split (in order)."""
+        self._require_setup()
+        return _loader(
+            TensorDictDataset(self.train_data if train else self.val_data),
+            self.batch_size,
+            shuffle=train,
+            seed=self.seed,
+            num_workers=self.num_workers,
+        )
 
 
 class SyntheticDataModule(_InMemoryDataModule):
