@@ -1,12 +1,14 @@
 """Structure checks every lab's notebook test shares (``tests/test_labNN_notebook.py``).
 
-Each lab's test file names what is particular to it (the checks module, the points per graded
-function, the intro's points table, which cells hold the answers, how many test cells there are)
-and calls these helpers for the rest: nbgrader metadata (unique grade ids, points, locked tests,
-solution and hidden-test markers, no outputs), the locked setup cell, the checks the test cells
-call, running the solution through its own test cells without nbgrader, and a release that
-leaks no solution. The slow end-to-end round trip (solution = full marks, untouched release =
-zero) goes through the pipeline's :func:`transformer_lab.grading.check.check_labs`.
+Each lab's test file subclasses :class:`LabNotebookTests` and names what is particular to it
+(the checks module, the points per graded function, the intro's points table, which cells hold
+the answers, how many test cells there are, a line of its model answer); the inherited
+tests, built from the helpers below, check the rest: nbgrader metadata (unique grade ids,
+points, locked tests, solution and hidden-test markers, no outputs), the locked setup cell,
+the checks the test cells call, running the solution through its own test cells without
+nbgrader, and a release that leaks no solution. The slow end-to-end round trip (solution =
+full marks, untouched release = zero) goes through the pipeline's
+:func:`transformer_lab.grading.check.check_labs`.
 
 Reference: nbgrader's cell metadata (``grade_id``, ``grade``, ``solution``, ``locked``,
 ``points``), https://nbgrader.readthedocs.io/en/stable/contributor_guide/metadata.html
@@ -18,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import nbformat
 import pytest
@@ -159,3 +161,44 @@ def assert_round_trip(lab: str) -> None:
     from transformer_lab.grading.check import check_labs
 
     assert check_labs(REPO, [lab]) == []
+
+
+class LabNotebookTests:
+    """The tests every lab notebook gets; a ``TestLabNN`` subclass sets the class attributes."""
+
+    LAB: ClassVar[str]  # folder and notebook name, e.g. "02_self_attention"
+    CHECKS: ClassVar[ModuleType]  # transformer_lab.checks.labNN
+    POINTS: ClassVar[dict[str, int]]  # grade-id substring -> points, as the intro states them
+    TABLE: ClassVar[tuple[tuple[str, int], ...]]  # rows of the intro's points table
+    ANSWERS: ClassVar[tuple[str, ...]]  # grade ids of the cells that define the answers
+    TEST_CELLS: ClassVar[int]  # how many test cells run against the answers
+    SKIP: ClassVar[str | None] = None  # test cells left out of that run (e.g. training)
+    LEAK: ClassVar[str]  # a line of the model answer the release must not hold
+    ROUND_TRIP: ClassVar[bool] = True  # False where another test grades the lab already
+
+    @pytest.fixture(scope="class")
+    def notebook(self) -> Any:
+        return read_source(self.LAB)
+
+    def test_metadata_ids_points_and_markers(self, notebook: Any) -> None:
+        assert_metadata(notebook, self.POINTS)
+        assert_points_table(notebook, self.TABLE)
+
+    def test_first_code_cell_is_the_locked_setup(self, notebook: Any) -> None:
+        assert_locked_setup_first(notebook)
+
+    def test_every_check_the_notebook_calls_exists(self, notebook: Any) -> None:
+        assert_checks_exist_and_are_called(notebook, self.CHECKS)
+
+    def test_solution_passes_its_own_test_cells(self, notebook: Any) -> None:
+        assert run_test_cells(notebook, self.ANSWERS, skip=self.SKIP) == self.TEST_CELLS
+
+    def test_release_is_generated_and_holds_no_solution(self) -> None:
+        assert_release_clean(self.LAB, self.LEAK)
+
+    @pytest.mark.slow
+    def test_round_trip(self) -> None:
+        """Solution full marks, untouched release zero, through nbgrader in the grading profile."""
+        if not self.ROUND_TRIP:
+            pytest.skip("another test grades this lab end to end")
+        assert_round_trip(self.LAB)
