@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -57,6 +59,18 @@ def test_expect_true_survives_optimisation_flags() -> None:
     expect_true(True, "never shown")
     with pytest.raises(AssertionError, match="shown"):
         expect_true(False, "shown")
+    # Under `python -O` a bare `assert` vanishes; expect_true must still raise.
+    code = (
+        "from transformer_lab.checks._common import expect_true\n"
+        "assert False, 'bare asserts are stripped'\n"
+        "expect_true(False, 'still raised under -O')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode != 0
+    assert "still raised under -O" in run.stderr
+    assert "bare asserts are stripped" not in run.stderr
 
 
 def test_call_student_translates_exceptions() -> None:
