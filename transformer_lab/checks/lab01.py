@@ -78,10 +78,24 @@ def oracle_relative_shift_matrix(offset: float, d_model: int, base: float = 1000
 
     Row vector ``[sin a, cos a] @ [[cos b, -sin b], [sin b, cos b]] = [sin(a+b), cos(a+b)]``.
     """
+    return _rotations(
+        d_model, lambda pair: _angle(offset, pair, d_model, base), lambda pair: 2 * pair
+    )
+
+
+def _rotations(
+    d_model: int, angle: Callable[[int], float], sin_col: Callable[[int], int], cos_gap: int = 1
+) -> Tensor:
+    """``(d_model, d_model)`` float64 matrix of 2x2 rotations, one per sin/cos pair.
+
+    Pair ``i`` turns by ``b = angle(i)``: ``[[cos b, -sin b], [sin b, cos b]]`` on rows and
+    columns ``s = sin_col(i)`` and ``s + cos_gap``. Loops over Python floats, like the oracles.
+    """
     m = torch.zeros(d_model, d_model, dtype=torch.float64)
     for pair in range(d_model // 2):
-        b = _angle(offset, pair, d_model, base)
-        s, c = 2 * pair, 2 * pair + 1
+        b = angle(pair)
+        s = sin_col(pair)
+        c = s + cos_gap
         m[s, s], m[s, c] = math.cos(b), -math.sin(b)
         m[c, s], m[c, c] = math.sin(b), math.cos(b)
     return m
@@ -156,12 +170,7 @@ def _shift_mistakes(offset: float, d_model: int, base: float) -> dict[str, Tenso
         "Your matrix is the identity: it does not move the encoding. Each 2x2 block must "
         "rotate by the angle offset / base**(2i/d)."
     ] = torch.eye(d_model, dtype=torch.float64)
-    wrong_freq = torch.zeros(d_model, d_model, dtype=torch.float64)
-    for pair in range(d_model // 2):
-        b = offset / base ** (pair / d_model)
-        s, c = 2 * pair, 2 * pair + 1
-        wrong_freq[s, s], wrong_freq[s, c] = math.cos(b), -math.sin(b)
-        wrong_freq[c, s], wrong_freq[c, c] = math.sin(b), math.cos(b)
+    wrong_freq = _rotations(d_model, lambda p: offset / base ** (p / d_model), lambda p: 2 * p)
     mistakes[
         "Your rotation angles use base**(i/d) with the pair index i; the angle of pair i is "
         "offset / base**(2i/d), the frequency of columns 2i and 2i+1 of the encoding."
@@ -181,13 +190,9 @@ def _shift_mistakes(offset: float, d_model: int, base: float) -> dict[str, Tenso
         "Your 2x2 blocks have sin and cos in each other's places; the block is "
         "[[cos b, -sin b], [sin b, cos b]] (cos on the diagonal)."
     ] = sin_cos_swapped
-    half = d_model // 2
-    halves = torch.zeros(d_model, d_model, dtype=torch.float64)
-    for pair in range(half):
-        b = _angle(offset, pair, d_model, base)
-        s, c = pair, pair + half
-        halves[s, s], halves[s, c] = math.cos(b), -math.sin(b)
-        halves[c, s], halves[c, c] = math.sin(b), math.cos(b)
+    halves = _rotations(
+        d_model, lambda pair: _angle(offset, pair, d_model, base), lambda p: p, d_model // 2
+    )
     mistakes[
         "Your matrix rotates column i together with column i + d/2; in the lecture's "
         "encoding the pairs are neighbours: columns 2i (sin) and 2i+1 (cos)."
