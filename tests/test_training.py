@@ -177,7 +177,8 @@ def test_every_config_runs_under_fast_dev_run(config: Path, tmp_path: Path) -> N
     from transformer_lab.training.cli import make_cli
 
     args = [*_config_args(config, tmp_path), "--trainer.fast_dev_run=true"]
-    args += ["--data.init_args.batch_size=4"]
+    # torch.compile (GPU recipes) costs a minute of compiling on a CPU: its switch is tested apart.
+    args += ["--data.init_args.batch_size=4", "--model.init_args.compile_model=false"]
     cli = make_cli(args)
     assert cli.trainer.global_step == 1
     assert math.isfinite(float(cli.trainer.callback_metrics["val_loss"]))
@@ -331,3 +332,21 @@ def test_char_lm_beats_the_unigram_baseline(tmp_path: Path, tiny_shakespeare_pat
     cli = make_cli(args)
     val_loss = float(cli.trainer.callback_metrics["val_loss"])
     assert val_loss < unigram - 0.5, f"val_loss {val_loss:.3f} vs unigram {unigram:.3f}"
+
+
+def test_compile_model_compiles_in_place_once_and_keeps_parameter_names(monkeypatch) -> None:
+    from transformer_lab.models import GPTConfig
+    from transformer_lab.training.modules import CausalLMModule
+
+    calls: list[nn.Module] = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, *a, **k: calls.append(self))
+    cfg = GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=1, n_heads=2)
+    eager = CausalLMModule(config=cfg)
+    eager.configure_model()
+    assert calls == []  # off by default
+    module = CausalLMModule(config=cfg, compile_model=True)
+    module.configure_model()
+    module.configure_model()  # Lightning may call the hook again (e.g. when resuming)
+    assert calls == [module.model]
+    assert module.hparams["compile_model"] is True
+    assert list(module.state_dict()) == list(eager.state_dict())

@@ -123,7 +123,13 @@ class _TransformerModule(L.LightningModule):
     model: nn.Module
     config_class: type
 
-    def __init__(self, config: Any, model: nn.Module | None, optim: OptimConfig | None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        model: nn.Module | None,
+        optim: OptimConfig | None,
+        compile_model: bool = False,
+    ) -> None:
         super().__init__()
         config = _as_config(config, self.config_class)
         if model is None and config is None:
@@ -141,6 +147,18 @@ class _TransformerModule(L.LightningModule):
         self.hparams["optim"] = dataclasses.asdict(self.optim)
         # Filled from the DataModule when training starts so checkpoints can rebuild the vocabulary.
         self.data_info: dict[str, Any] = {}
+        self.compile_model = compile_model
+
+    def configure_model(self) -> None:
+        """Compile the model in place with ``torch.compile`` when ``compile_model`` is set.
+
+        ``nn.Module.compile`` keeps the parameter names, so checkpoints of compiled and eager
+        runs are interchangeable. Worth it on GPUs for long runs; on a CPU the compile time
+        usually exceeds what a short run saves.
+        """
+        if self.compile_model and not getattr(self, "_compiled", False):
+            self.model.compile()
+            self._compiled = True
 
     def build_model(self, config: Any) -> nn.Module:
         raise NotImplementedError
@@ -350,6 +368,7 @@ class ClassifierModule(_TransformerModule):
             by the CLI); ignored when ``model`` is given.
         model: a ready model, e.g. one built from a student's blocks.
         optim: optimizer and schedule settings.
+        compile_model: compile the model with ``torch.compile`` before training (GPU runs).
     """
 
     config_class = EncoderConfig
@@ -359,8 +378,9 @@ class ClassifierModule(_TransformerModule):
         config: EncoderConfig | None = None,
         model: nn.Module | None = None,
         optim: OptimConfig | None = None,
+        compile_model: bool = False,
     ) -> None:
-        super().__init__(config, model, optim)
+        super().__init__(config, model, optim, compile_model)
         num_classes = self._num_classes()
         self.metrics = nn.ModuleDict(
             {
@@ -464,6 +484,7 @@ class Seq2SeqModule(_TransformerModule):
             from the DataModule by the CLI); ignored when ``model`` is given.
         model: a ready model.
         optim: optimizer and schedule settings.
+        compile_model: compile the model with ``torch.compile`` before training (GPU runs).
     """
 
     config_class = Seq2SeqConfig
@@ -473,8 +494,9 @@ class Seq2SeqModule(_TransformerModule):
         config: Seq2SeqConfig | None = None,
         model: nn.Module | None = None,
         optim: OptimConfig | None = None,
+        compile_model: bool = False,
     ) -> None:
-        super().__init__(config, model, optim)
+        super().__init__(config, model, optim, compile_model)
         cfg = self.config if self.config is not None else getattr(self.model, "config", None)
         if cfg is None:
             raise ValueError("Seq2SeqModule needs a model with a `config` (Seq2SeqConfig)")
@@ -567,6 +589,7 @@ class CausalLMModule(_TransformerModule):
             DataModule by the CLI); ignored when ``model`` is given.
         model: a ready model.
         optim: optimizer and schedule settings.
+        compile_model: compile the model with ``torch.compile`` before training (GPU runs).
     """
 
     config_class = GPTConfig
@@ -576,8 +599,9 @@ class CausalLMModule(_TransformerModule):
         config: GPTConfig | None = None,
         model: nn.Module | None = None,
         optim: OptimConfig | None = None,
+        compile_model: bool = False,
     ) -> None:
-        super().__init__(config, model, optim)
+        super().__init__(config, model, optim, compile_model)
         cfg = self.config if self.config is not None else getattr(self.model, "config", None)
         if cfg is None:
             raise ValueError("CausalLMModule needs a model with a `config` (GPTConfig)")
