@@ -1,0 +1,35 @@
+"""Every notebook installs the kit (on Colab) from the one source the project declares."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(ROOT.glob("solutions/*/*.ipynb")) + sorted(ROOT.glob("labs/*/*.ipynb"))
+
+
+def _declared_source() -> str:
+    # tomllib is Python 3.11+ and the kit supports 3.10: the one line is read directly.
+    text = (ROOT / "pyproject.toml").read_text()
+    match = re.search(r'^Source\s*=\s*"([^"]+)"', text, flags=re.M)
+    assert match, "pyproject.toml declares no [project.urls] Source"
+    return "git+" + match.group(1)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: f"{p.parent.parent.name}/{p.stem}")
+def test_setup_cell_installs_from_the_declared_source(notebook: Path) -> None:
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    setup = "".join(cells[0]["source"])
+    sources = re.findall(r'^KIT_SOURCE\s*=\s*"([^"]+)"', setup, flags=re.M)
+    assert sources == [_declared_source()], (
+        f"{notebook}: the first code cell must set KIT_SOURCE once to {_declared_source()!r} "
+        f"(found {sources})"
+    )
+
+
+def test_there_are_notebooks() -> None:
+    assert len(NOTEBOOKS) >= 8
