@@ -80,6 +80,24 @@ def test_fit_then_generate_with_an_untrained_model(
     assert len(out) == 16 and set(out) <= set("0123456789")
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--model.init_args.config.n_heads=3", "d_model=32 is not divisible by n_heads=3"),
+        ("--data.init_args.seq_len=0", "seq_len=0"),
+    ],
+)
+def test_fit_refuses_a_bad_value_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, message: str
+) -> None:
+    args = ["fit", "--config", str(CONFIGS / "reverse.yaml"), option]
+    args += ["--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps=1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"transformer-lab: error: {message}" in err
+    assert "jsonargparse" not in err  # none of the parser's nested traceback
+
+
 def test_generate_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.ckpt"
     bad.write_text("not a checkpoint")

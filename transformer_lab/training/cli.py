@@ -157,8 +157,44 @@ def _default_loggers(save_dir: str, name: str, kind: str) -> list[Logger]:
     return loggers
 
 
+class ConfigError(ValueError):
+    """A value in the run's configuration was refused while building the model, data or trainer."""
+
+
+def _user_error(error: BaseException) -> BaseException | None:
+    """The deepest ``ValueError`` in ``error``'s chain of causes.
+
+    jsonargparse wraps the kit's own error (``d_model=10 is not divisible by n_heads=4``) in
+    errors of its own ("Does not validate against any of the Union subtypes"); the root cause is
+    the one that names the bad value.
+    """
+    seen: set[int] = set()
+    found: BaseException | None = None
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ValueError):
+            found = current
+        current = current.__cause__ or current.__context__
+    return found
+
+
 class TransformerLabCLI(LightningCLI):
     """``LightningCLI`` with linked data sizes, automatic precision, checkpoints and examples."""
+
+    def instantiate_classes(self) -> None:
+        """Build model, data and trainer; a refused value becomes one clear :class:`ConfigError`.
+
+        Without this, a bad value (``--model.init_args.config.d_model 10`` with four heads) would
+        surface as jsonargparse's nested traceback instead of the kit's own message.
+        """
+        try:
+            super().instantiate_classes()
+        except Exception as error:
+            cause = _user_error(error)
+            if cause is None:
+                raise
+            raise ConfigError(str(cause).strip().splitlines()[0]) from error
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for source, target in DATA_LINKS:
@@ -304,12 +340,12 @@ def run_lightning_cli(args: list[str] | None = None) -> int:
             ``None`` reads ``sys.argv``.
 
     Returns:
-        The process exit status: 0 on success, 2 for a refused checkpoint, or the code of the
-        argument parser's exit (``--help`` gives 0, a bad option 2).
+        The process exit status: 0 on success, 2 for a refused checkpoint or configuration
+        value, or the code of the argument parser's exit (``--help`` gives 0, a bad option 2).
     """
     try:
         make_cli(args)
-    except CheckpointMismatchError as error:
+    except (CheckpointMismatchError, ConfigError) as error:
         print(f"transformer-lab: error: {error}", file=sys.stderr)
         return 2
     except SystemExit as exit_:
