@@ -160,6 +160,16 @@ class _TransformerModule(L.LightningModule):
             self.model.compile()
             self._compiled = True
 
+    def _required_config(self) -> Any:
+        """The model's configuration, for modules whose metrics need its sizes."""
+        cfg = self.config if self.config is not None else getattr(self.model, "config", None)
+        if cfg is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a model with a `config` "
+                f"({self.config_class.__name__})"
+            )
+        return cfg
+
     def build_model(self, config: Any) -> nn.Module:
         raise NotImplementedError
 
@@ -497,9 +507,7 @@ class Seq2SeqModule(_TransformerModule):
         compile_model: bool = False,
     ) -> None:
         super().__init__(config, model, optim, compile_model)
-        cfg = self.config if self.config is not None else getattr(self.model, "config", None)
-        if cfg is None:
-            raise ValueError("Seq2SeqModule needs a model with a `config` (Seq2SeqConfig)")
+        cfg = self._required_config()
         self.pad_id = int(cfg.pad_id)
         self.metrics = nn.ModuleDict(
             {
@@ -602,9 +610,7 @@ class CausalLMModule(_TransformerModule):
         compile_model: bool = False,
     ) -> None:
         super().__init__(config, model, optim, compile_model)
-        cfg = self.config if self.config is not None else getattr(self.model, "config", None)
-        if cfg is None:
-            raise ValueError("CausalLMModule needs a model with a `config` (GPTConfig)")
+        cfg = self._required_config()
 
         self.metrics = nn.ModuleDict(
             {
