@@ -18,8 +18,7 @@ https://lightning.ai/docs/pytorch/stable/data/datamodule.html
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from transformer_lab._lazy import lazy_exports
 
 _EXPORTS = {
     "BOS_ID": "synthetic",
@@ -57,12 +56,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -16,8 +16,7 @@ does not pay for importing Lightning.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from transformer_lab._lazy import lazy_exports
 
 _EXPORTS = {
     "ClassifierModule": "modules",
@@ -40,8 +39,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
