@@ -26,6 +26,17 @@ from _common import (
     write_json,
 )
 
+# The table's columns (report.py renders RESULTS.md with the same ones).
+COLUMNS = [
+    "batch",
+    "prompt",
+    "new_tokens",
+    "cache_tok_s",
+    "no_cache_tok_s",
+    "speedup",
+    "greedy_equal",
+]
+
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the generation benchmark and return its results."""
@@ -96,18 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"greedy outputs equal: {row['greedy_equal']}",
             flush=True,
         )
-    print_table(
-        rows,
-        [
-            "batch",
-            "prompt",
-            "new_tokens",
-            "cache_tok_s",
-            "no_cache_tok_s",
-            "speedup",
-            "greedy_equal",
-        ],
-    )
+    print_table(rows, COLUMNS)
     dims = {
         "n_ctx": cfg.n_ctx,
         "d_model": cfg.d_model,

@@ -65,18 +65,9 @@ def render(res: dict[str, Any]) -> str:
         body = _table(rows, ["run", "val_loss", "wall_s", "cpu_s", "steps", "tokens_per_s"])
         body += f"\n\n{res.get('verdict')}"
     elif name == "generation":
-        body = _table(
-            rows,
-            [
-                "batch",
-                "prompt",
-                "new_tokens",
-                "cache_tok_s",
-                "no_cache_tok_s",
-                "speedup",
-                "greedy_equal",
-            ],
-        )
+        from bench_generation import COLUMNS
+
+        body = _table(rows, COLUMNS)
     elif name == "labs":
         body = _table(rows, ["lab", "execute_s", "autograde_s", "auto_score", "auto_max", "error"])
     else:
