@@ -31,7 +31,12 @@ import torch
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-TINY_SHAKESPEARE = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+# The corpus beside the checkout (../shared/data), unless TRANSFORMER_LAB_TINY_SHAKESPEARE names
+# another copy (gpu.sh points it at the one carried to a GPU machine, where ../shared is absent).
+TINY_SHAKESPEARE = Path(
+    os.environ.get("TRANSFORMER_LAB_TINY_SHAKESPEARE")
+    or REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+)
 
 
 def kit_available(module: str, *names: str) -> bool:

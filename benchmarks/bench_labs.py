@@ -4,7 +4,10 @@ For every ``solutions/NN_name/`` that exists when it runs, the script measures:
 
 * ``execute_s``: executing the solution notebook top to bottom in a fresh kernel (nbclient),
   under the profile chosen with ``--profile`` (``grading``: the instructor's CPU budget, the
-  target being about a minute of training per lab; ``full``: the student's GPU run);
+  target being about a minute of training per lab; ``full``: the student's GPU run). Where
+  Jupyter is not installed (a lent GPU machine with only its own torch stack), ``--runner
+  script`` runs the notebook's code cells in order in a fresh Python process instead: the same
+  code and the same namespace rules, minus the kernel's start-up (about a second);
 * ``autograde_s``: autograding one submission of that lab (the solution itself, submitted as a
   student would) through the kit's nbgrader pipeline in ``transformer_lab.grading``, in a
   throw-away course directory.
@@ -67,6 +70,48 @@ def execute_notebook(nb_path: Path, workdir: Path, profile: str, timeout: int) -
             os.environ["TRANSFORMER_LAB_PROFILE"] = old
 
 
+# Runs a notebook's code cells in one namespace, as a kernel would; `display` is IPython's.
+_SCRIPT_RUNNER = """
+import json, sys
+cells = json.load(open(sys.argv[1], encoding="utf-8"))["cells"]
+namespace = {"__name__": "__main__", "display": lambda *objects, **kwargs: None}
+for number, cell in enumerate(cells):
+    if cell["cell_type"] == "code":
+        source = "".join(cell["source"])
+        exec(compile(source, f"<cell {number}>", "exec"), namespace)
+"""
+
+
+def execute_as_script(nb_path: Path, workdir: Path, profile: str, timeout: int) -> float:
+    """Run a copy of ``nb_path``'s code cells in a fresh Python process; return the seconds."""
+    import subprocess
+    import sys
+
+    lab_copy = workdir / nb_path.parent.name
+    shutil.copytree(nb_path.parent, lab_copy, dirs_exist_ok=True)
+    env = {**os.environ, "TRANSFORMER_LAB_PROFILE": profile, "MPLBACKEND": "Agg"}
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT_RUNNER, nb_path.name],
+        cwd=lab_copy,
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
+    return seconds
+
+
+def jupyter_available() -> bool:
+    """Whether nbclient and a Python kernel are installed (the ``kernel`` runner's needs)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("nbclient", "nbformat", "ipykernel"))
+
+
 def autograde_one(nb_path: Path, workdir: Path, profile: str) -> dict[str, Any]:
     """Autograde the solution as one student's submission through ``transformer_lab.grading``.
 
@@ -107,7 +152,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--solutions", type=Path, default=REPO_ROOT / "solutions")
     p.add_argument("--no-autograde", action="store_true")
     p.add_argument("--timeout", type=int, default=1200, help="per-cell timeout, seconds")
+    p.add_argument(
+        "--runner",
+        choices=["auto", "kernel", "script"],
+        default="auto",
+        help="execute in a Jupyter kernel (nbclient) or as a script; auto: kernel if installed",
+    )
     a = p.parse_args(argv)
+    runner = a.runner
+    if runner == "auto":
+        runner = "kernel" if jupyter_available() else "script"
+    execute = execute_notebook if runner == "kernel" else execute_as_script
+    if runner == "script" and not a.no_autograde:
+        print("no Jupyter here (script runner): autograding skipped")
+        a.no_autograde = True
     labs = find_labs(a.solutions, a.labs)
     if a.smoke:
         labs = labs[:1]
@@ -118,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for nb in labs:
             row: dict[str, Any] = {"lab": nb.parent.name}
             try:
-                row["execute_s"] = execute_notebook(nb, Path(tmp) / "exec", a.profile, a.timeout)
+                row["execute_s"] = execute(nb, Path(tmp) / "exec", a.profile, a.timeout)
             except Exception as e:  # report and go on: one broken lab must not hide the others
                 row["execute_s"] = None
                 row["error"] = f"execute: {type(e).__name__}: {str(e)[:200]}"
@@ -141,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "labs",
         "machine": machine(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         "date": now(),
-        "settings": {"profile": a.profile, "smoke": a.smoke},
+        "settings": {"profile": a.profile, "smoke": a.smoke, "runner": runner},
         "rows": rows,
     }
     write_json(a.out, result)

@@ -63,7 +63,7 @@ def render(res: dict[str, Any]) -> str:
         )
     elif name == "quality":
         body = _table(rows, ["run", "val_loss", "wall_s", "cpu_s", "steps", "tokens_per_s"])
-        body += f"\n\n{res.get('verdict')}"
+        body += "".join(f"\n\n{v}" for v in [res.get("verdict"), *res.get("variant_verdicts", [])])
     elif name == "generation":
         from bench_generation import COLUMNS
 

@@ -178,3 +178,76 @@ def test_labs_smoke(tmp_path: Path) -> None:
     for row in res["rows"]:
         assert "error" not in row, row
         assert row["execute_s"] > 0
+
+
+def test_labs_script_runner_needs_no_jupyter(tmp_path: Path) -> None:
+    """The runner used on a GPU machine without Jupyter runs the solution's cells in order."""
+    res = run_script("bench_labs", tmp_path, "--runner", "script")
+    assert res["settings"]["runner"] == "script"
+    (row,) = res["rows"]
+    assert "error" not in row, row
+    assert row["execute_s"] > 0 and row.get("autograde_s") is None  # no nbgrader without Jupyter
+
+
+def test_labs_script_runner_reports_a_failing_cell(tmp_path: Path) -> None:
+    lab = tmp_path / "solutions" / "09_broken"
+    lab.mkdir(parents=True)
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# A broken lab"]},
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": ["x = 1\n", "raise ValueError(f'boom {x}')"],
+        },
+    ]
+    notebook = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (lab / "09_broken.ipynb").write_text(json.dumps(notebook))
+    res = run_script(
+        "bench_labs", tmp_path, "--runner", "script", "--solutions", str(tmp_path / "solutions")
+    )
+    (row,) = res["rows"]
+    assert row["execute_s"] is None and "ValueError: boom 1" in row["error"]
+
+
+def _gpu_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "RESULTS_DIR": str(tmp_path / "results"),
+        "BUNDLE_TO": str(tmp_path / "bundle"),
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        ["bash", str(BENCH / "gpu.sh"), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_gpu_script_rehearses_every_step_on_the_cpu(tmp_path: Path) -> None:
+    """``gpu.sh --rehearse``: the GPU script's own logic, checked before a lease is spent on it."""
+    import tarfile
+
+    proc = _gpu_sh(tmp_path, "--rehearse")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    for name in ("bench_attention", "bench_throughput", "bench_quality", "bench_generation"):
+        assert f"## {name} (exit 0," in summary, summary
+        json.loads((tmp_path / "results" / f"{name}.json").read_text())
+    with tarfile.open(tmp_path / "bundle" / "gpu_results.tar.gz") as bundle:
+        names = {Path(n).name for n in bundle.getnames()}
+    assert {"summary.md", "bench_quality.json", "bench_quality.log"} <= names
+
+
+def test_gpu_script_refuses_without_cuda_or_with_unknown_arguments(tmp_path: Path) -> None:
+    proc = _gpu_sh(tmp_path, "--fast")
+    assert proc.returncode == 2 and "unknown argument '--fast'" in proc.stderr
+    if not torch.cuda.is_available():
+        proc = _gpu_sh(tmp_path)
+        assert proc.returncode == 1 and "no CUDA device" in proc.stderr

@@ -16,6 +16,7 @@ from torch import nn
 
 from transformer_lab.training.devices import choose_precision, print_info
 from transformer_lab.training.schedule import (
+    build_adamw,
     warmup_cosine_lambda,
     warmup_cosine_scheduler,
     weight_decay_groups,
@@ -73,6 +74,30 @@ def test_weight_decay_only_on_matrices_and_tied_weights_once() -> None:
     assert sorted(p.numel() for p in plain["params"]) == [4, 4, 5]  # LN weight, LN bias, bias
     with pytest.raises(ValueError, match="weight_decay=-1"):
         weight_decay_groups(model, -1)
+
+
+def test_adamw_is_fused_where_torch_can_and_never_beside_a_grad_scaler() -> None:
+    groups = weight_decay_groups(nn.Linear(3, 2), 0.1)
+    assert build_adamw(groups, 1e-3, (0.9, 0.99)).defaults["fused"]  # CPU, torch >= 2.4
+    assert not build_adamw(groups, 1e-3, (0.9, 0.99), grad_scaler=True).defaults["fused"]
+    assert not build_adamw(groups, 1e-3, (0.9, 0.99), fused=False).defaults["fused"]
+    with pytest.raises(ValueError, match="fused=True cannot be combined with fp16"):
+        build_adamw(groups, 1e-3, (0.9, 0.99), fused=True, grad_scaler=True)
+
+
+def test_adamw_without_a_fused_kernel_falls_back_or_names_the_device(monkeypatch) -> None:
+    real = torch.optim.AdamW
+
+    def old_torch(params, *args, fused=None, **kwargs):  # torch < 2.4 had no fused CPU AdamW
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be on CUDA")
+        return real(params, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", old_torch)
+    groups = weight_decay_groups(nn.Linear(3, 2), 0.1)
+    assert not build_adamw(groups, 1e-3, (0.9, 0.99)).defaults.get("fused")
+    with pytest.raises(ValueError, match="no fused AdamW for parameters on cpu"):
+        build_adamw(groups, 1e-3, (0.9, 0.99), fused=True)
 
 
 # -- devices ----------------------------------------------------------------------------------
@@ -350,3 +375,73 @@ def test_compile_model_compiles_in_place_once_and_keeps_parameter_names(monkeypa
     assert calls == [module.model]
     assert module.hparams["compile_model"] is True
     assert list(module.state_dict()) == list(eager.state_dict())
+
+
+def _lm_fit(module, **trainer_kwargs) -> L.Trainer:
+    """Three steps of next-token training on random tokens, validation and a checkpoint off."""
+    torch.manual_seed(0)
+    batches = [
+        {"tokens": torch.randint(0, 11, (4, 8)), "targets": torch.randint(0, 11, (4, 8))}
+        for _ in range(3)
+    ]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        **trainer_kwargs,
+    )
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    return trainer
+
+
+def test_fp16_with_a_grad_scaler_and_clipping_trains_as_on_a_t4() -> None:
+    """The T4 recipe (16-mixed, GradScaler, gradient clipping), rehearsed on the CPU.
+
+    Lightning only builds a scaler for CUDA, so the CPU stand-in passes one explicitly; what is
+    tested is the kit's side: the optimizer it builds must let Lightning unscale and clip.
+    """
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from transformer_lab.models import GPTConfig
+    from transformer_lab.training.modules import CausalLMModule
+
+    cfg = GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=1, n_heads=2)
+    module = CausalLMModule(config=cfg)
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    trainer = _lm_fit(module, plugins=[plugin])
+    assert trainer.global_step == 3
+    assert not trainer.optimizers[0].defaults["fused"]
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+    # Without a scaler (fp32 here, bf16 on a GPU) the same module gets the fused kernel.
+    trainer = _lm_fit(CausalLMModule(config=cfg))
+    assert trainer.optimizers[0].defaults["fused"]
+
+
+def test_compiled_training_runs_and_its_checkpoint_loads_eagerly(tmp_path: Path) -> None:
+    """``compile_model: true`` for real (TorchInductor on the CPU, as on a GPU minus CUDA)."""
+    import shutil
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("TorchInductor needs a C++ compiler on the CPU")
+    from transformer_lab.models import GPTConfig
+    from transformer_lab.training.modules import CausalLMModule
+
+    # Dropout on, and a validation pass after training (eval mode compiles a second graph).
+    cfg = GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=1, n_heads=2, dropout=0.1)
+    module = CausalLMModule(config=cfg, compile_model=True)
+    trainer = _lm_fit(module)
+    assert trainer.global_step == 3
+    val = [{"tokens": torch.randint(0, 11, (4, 8)), "targets": torch.randint(0, 11, (4, 8))}]
+    (metrics,) = trainer.validate(module, torch.utils.data.DataLoader(val, batch_size=None))
+    assert math.isfinite(metrics["val_loss"])
+    trainer.save_checkpoint(tmp_path / "compiled.ckpt")
+    eager = CausalLMModule.load_from_checkpoint(tmp_path / "compiled.ckpt")
+    tokens = torch.randint(0, 11, (2, 8))
+    module.model.eval()
+    eager.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(eager.model(tokens), module.model(tokens), atol=1e-5, rtol=1e-4)

@@ -47,7 +47,11 @@ from transformer_lab.models import (
     Seq2SeqConfig,
     Seq2SeqTransformer,
 )
-from transformer_lab.training.schedule import warmup_cosine_scheduler, weight_decay_groups
+from transformer_lab.training.schedule import (
+    build_adamw,
+    warmup_cosine_scheduler,
+    weight_decay_groups,
+)
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -81,6 +85,9 @@ class OptimConfig:
         total_steps: step where the cosine reaches its floor; ``None`` uses the Trainer's
             estimate (``max_steps``, or ``max_epochs`` times the batches per epoch).
         min_lr_ratio: floor of the cosine as a fraction of ``lr``.
+        fused: AdamW's fused kernel: ``None`` (automatic) uses it where torch has one for the
+            device, except under fp16 mixed precision with its gradient scaler;
+            ``True``/``False`` force it on/off (see ``schedule.build_adamw``).
     """
 
     lr: float = 1e-3
@@ -89,6 +96,7 @@ class OptimConfig:
     warmup_steps: int = 100
     total_steps: int | None = None
     min_lr_ratio: float = 0.1
+    fused: bool | None = None
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -218,7 +226,11 @@ class _TransformerModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim
         groups = weight_decay_groups(self.model, cfg.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        # fp16 mixed precision (a T4) brings a gradient scaler; bf16 and fp32 have none.
+        scaler = getattr(getattr(self._trainer, "precision_plugin", None), "scaler", None)
+        optimizer = build_adamw(
+            groups, cfg.lr, cfg.betas, fused=cfg.fused, grad_scaler=scaler is not None
+        )
         total = cfg.total_steps
         if total is None:
             estimate = self.trainer.estimated_stepping_batches

