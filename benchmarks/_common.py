@@ -134,32 +134,50 @@ def alternate(
     repeats: int,
     warmup: int,
     clock: str = "wall",
+    min_seconds: float = 0.0,
+    max_repeats: int = 1000,
 ) -> dict[str, float]:
     """Median seconds per call of each candidate, timed in interleaved rounds.
 
     Each round runs every candidate once (order rotated every round so none always goes
-    first); ``warmup`` rounds are discarded.
+    first); ``warmup`` rounds are discarded. Short calls get more rounds: timing goes on until
+    every candidate has ``repeats`` timed calls *and* the candidates together have
+    ``min_seconds`` of timed work each on average (at most ``max_repeats`` rounds), so that a
+    sub-millisecond kernel is not judged on seven samples, while a slow candidate beside a fast
+    one (the loop form beside SDPA) does not multiply the rounds.
 
     Args:
         candidates: name -> zero-argument callable.
         device: where the work runs (for synchronisation).
-        repeats: timed rounds.
+        repeats: timed rounds, at least.
         warmup: untimed rounds first.
         clock: ``"wall"`` or ``"cpu"`` (see :func:`time_call`).
+        min_seconds: average timed work per candidate to reach before stopping (0: exactly
+            ``repeats`` rounds).
+        max_repeats: cap on the timed rounds.
 
     Returns:
         name -> median seconds.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    if repeats < 1 or warmup < 0 or max_repeats < repeats:
+        raise ValueError(
+            f"repeats={repeats} must be >= 1 and <= max_repeats={max_repeats}, warmup={warmup} >= 0"
+        )
     names = list(candidates)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + repeats):
+    r = 0
+    while True:
+        timed = r - warmup
+        if timed >= repeats and (
+            timed >= max_repeats or sum(map(sum, times.values())) >= min_seconds * len(names)
+        ):
+            break
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             t = time_call(candidates[n], device, clock)
             if r >= warmup:
                 times[n].append(t)
+        r += 1
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 

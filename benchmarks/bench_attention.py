@@ -265,6 +265,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--loop-max-t", type=int, default=128, help="longest T for the loop form")
     p.add_argument("--plot", type=Path, default=None, help="png path (default: next to --out)")
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.3,
+        help="timed work per candidate and case at least (short kernels get more repeats)",
+    )
     a = p.parse_args(argv)
     device = setup(a)
     if a.smoke:
@@ -300,6 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         repeats=reps,
                         warmup=warmup,
                         clock=a.clock,
+                        min_seconds=0.0 if a.smoke else a.min_seconds,
                     )
                     peaks = (peak_memory_mb(k_run, device), peak_memory_mb(r_run, device))
                 except torch.cuda.OutOfMemoryError:
@@ -344,6 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "D": D,
             "H": H,
             "repeats": repeats,
+            "min_seconds": 0.0 if a.smoke else a.min_seconds,
             "warmup": warmup,
             "clock": a.clock,
             "smoke": a.smoke,

@@ -98,7 +98,7 @@ step() {  # step NAME LIMIT_SECONDS ARGS...
 # Limits fit an H100/H200-class GPU (about 8 minutes in all); a T4 needs longer for the
 # quality runs (QUALITY_LIMIT=1200 benchmarks/gpu.sh).
 if [[ $ONLY_LABS -eq 0 ]]; then
-    step bench_attention "${ATTENTION_LIMIT:-100}"
+    step bench_attention "${ATTENTION_LIMIT:-100}" --min-seconds 0.1
     step bench_throughput "${THROUGHPUT_LIMIT:-100}"
     step bench_quality "${QUALITY_LIMIT:-240}"
     step bench_generation "${GENERATION_LIMIT:-50}"

@@ -220,6 +220,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = 1.0  # 0 disables clipping
     seed: int = 1337
+    fused: bool | None = None  # AdamW's fused kernel; None: on CUDA only (torch's own default)
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -240,7 +241,8 @@ def make_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> t
         {"params": decay, "weight_decay": tc.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, fused=device.type == "cuda")
+    fused = device.type == "cuda" if tc.fused is None else tc.fused
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, fused=fused)
 
 
 def train(

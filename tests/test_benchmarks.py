@@ -136,6 +136,24 @@ def test_alternate_returns_a_median_per_candidate() -> None:
         alternate({"a": lambda: None}, torch.device("cpu"), repeats=0, warmup=0)
 
 
+def test_alternate_gives_short_calls_more_rounds() -> None:
+    import time
+
+    calls: list[str] = []
+
+    def short() -> None:
+        calls.append("short")
+        time.sleep(0.001)
+
+    alternate({"short": short}, torch.device("cpu"), repeats=3, warmup=0, min_seconds=0.02)
+    assert 10 <= len(calls) <= 21, "about 20 calls of 1 ms reach 0.02 s of timed work"
+    calls.clear()
+    alternate(
+        {"short": short}, torch.device("cpu"), repeats=3, warmup=0, min_seconds=1, max_repeats=5
+    )
+    assert len(calls) == 5, "max_repeats caps the rounds"
+
+
 # ----------------------------------------------------------------------------- scripts, --smoke
 
 
