@@ -280,7 +280,7 @@ def train(
     block = block or model.cfg.n_ctx
     gen = torch.Generator().manual_seed(tc.seed)
     opt = make_optimizer(model, tc, device)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     model.train()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

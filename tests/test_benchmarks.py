@@ -114,6 +114,27 @@ def test_plain_loop_learns_a_repeating_sequence() -> None:
     assert before > 1.0 and after < 0.3 * before, (before, after)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_plain_loop_learns_in_fp16_with_a_grad_scaler(fused: bool) -> None:
+    """The plain loop's T4 path (fp16 autocast, GradScaler, unscale + clip, fused AdamW as on
+    CUDA), rehearsed on the CPU, whose autocast and GradScaler take the same code path."""
+    ids = torch.tensor([0, 1, 2, 3, 4] * 200)
+    data = CharData(train=ids, val=ids[:101], chars=list("abcde"))
+    torch.manual_seed(0)
+    model = RefGPT(RefConfig(vocab_size=5, n_ctx=8, d_model=16, n_layers=1, n_heads=2))
+    before = evaluate(model, data.val, 8)
+    stats = train(
+        model,
+        data,
+        TrainConfig(steps=60, batch_size=8, lr=1e-2, warmup=5, fused=fused),
+        device=torch.device("cpu"),
+        amp_dtype=torch.float16,
+    )
+    after = evaluate(model, data.val, 8)
+    assert math.isfinite(stats["last_loss"])
+    assert after < 0.3 * before, (before, after)
+
+
 def test_load_chars_splits_90_10(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     path.write_text("abcdefghij" * 10)
