@@ -192,10 +192,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append({"run": "plain", **plain})
         print(f"plain: val {plain['val_loss']:.4f} in {plain['wall_s']:.1f}s", flush=True)
         write_json(a.out, result)  # a time limit cutting a later run keeps this one
-    if a.only in (None, "kit") and not config.exists():
-        print(f"kit recipe {config} does not exist: kit run skipped")
+    if a.only == "plain":
         variants = []
-    elif a.only == "plain":
+    elif not config.exists():
+        print(f"kit recipe {config} does not exist: kit run skipped")
         variants = []
     verdicts = []
     for name, extra in variants:
