@@ -14,6 +14,7 @@ import torch
 
 from transformer_lab.data import (
     TINY_SHAKESPEARE_SHA256,
+    BlockDataset,
     CharCorpusDataModule,
     ChecksumError,
     CorpusUnavailableError,
@@ -178,6 +179,21 @@ def test_local_path_split_and_batches(tiny_shakespeare_path: Path) -> None:
     torch.testing.assert_close(batch["tokens"][:, 1:], batch["targets"][:, :-1])
     for row in batch["tokens"]:  # every training window lies in the first 90%
         assert dm.tokenizer.decode(row) in text[: n_train + 1]
+
+
+def test_block_dataset_gathers_a_batch_like_its_single_windows() -> None:
+    data = torch.arange(100)
+    dataset = BlockDataset(data, block_size=5, offsets=torch.tensor([0, 7, 30, 94]))
+    batch = dataset[[3, 0, 2]]
+    singles = [dataset[i] for i in (3, 0, 2)]
+    for key in ("tokens", "targets"):
+        torch.testing.assert_close(batch[key], torch.stack([item[key] for item in singles]))
+    torch.testing.assert_close(batch["tokens"][0], torch.arange(94, 99))
+    loader = dataset.loader(torch.utils.data.SequentialSampler(dataset), 3, num_workers=0)
+    shapes = [tuple(b["tokens"].shape) for b in loader]
+    assert shapes == [(3, 5), (1, 5)] and len(loader) == 2  # the last batch may be smaller
+    with pytest.raises(ValueError, match="offset 96 with block_size=5"):
+        BlockDataset(data, block_size=5, offsets=torch.tensor([96]))
 
 
 def test_train_offsets_seeded_and_val_fixed(tiny_shakespeare_path: Path) -> None:
