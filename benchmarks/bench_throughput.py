@@ -95,9 +95,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=None, help="optimiser steps per training run")
     p.add_argument("--skip", type=int, default=None, help="untimed steps at the start of a run")
     p.add_argument("--only", choices=["raw", "train"], default=None)
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the smoke model (1 layer, width 16, batch 4) at full repeats: a step costs almost "
+        "nothing, so the gap between the loops is each one's fixed per-step cost",
+    )
     a = p.parse_args(argv)
     device = setup(a)
-    key = "smoke" if a.smoke else device.type
+    key = "smoke" if a.smoke or a.tiny else device.type
     size = dict(SIZES[key])
     B = size.pop("batch")
     dtype = amp_dtype(device)
@@ -123,7 +129,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "throughput",
         "machine": machine(device),
         "date": now(),
-        "settings": {**size, "batch": B, "precision": precision, "steps": steps, "skip": skip},
+        "settings": {
+            **size,
+            "batch": B,
+            "precision": precision,
+            "steps": steps,
+            "skip": skip,
+            "tiny": a.tiny,
+        },
     }
 
     if a.only in (None, "raw"):
@@ -267,7 +280,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows,
         ["measure", "kit_tok_s", "ref_tok_s", "ratio", "paired_ratio", "wall_ratio", "cpu_ratio"],
     )
-    for row in rows:
+    if a.tiny:
+        # No target at this size: the difference of step times is each loop's fixed cost.
+        ms = {r["measure"]: 1e3 * B * T / r["kit_tok_s"] for r in rows}
+        # The plain loop with the same (fused) AdamW as the kit: its own on the CPU.
+        base = "train plain/ref+fused" if "train plain/ref+fused" in ms else "train plain/ref"
+        for name in ("train lightning/kit", base):
+            if name in ms:
+                print(f"{name}: {ms[name]:.3f} ms per step (median)")
+        if "train lightning/kit" in ms:
+            cost = ms["train lightning/kit"] - ms[base]
+            print(f"Lightning's fixed cost per step (same fused AdamW): {cost:.3f} ms")
+            result["lightning_fixed_ms"] = cost
+    for row in [] if a.tiny else rows:
         if row["measure"] in ("raw fwd+bwd", "train lightning/kit"):
             ratio = row.get("paired_ratio", row["ratio"])
             verdict = "met" if ratio >= 0.95 else "not met"

@@ -196,6 +196,12 @@ def test_throughput_smoke(tmp_path: Path) -> None:
     assert all(r["ratio"] > 0 for r in res["rows"])
 
 
+def test_throughput_tiny_reports_lightnings_fixed_cost_without_a_verdict(tmp_path: Path) -> None:
+    res = run_script("bench_throughput", tmp_path, "--tiny", "--only", "train")
+    assert res["settings"]["tiny"] is True and "lightning_fixed_ms" in res
+    assert {r["measure"] for r in res["rows"]} >= {"train lightning/kit", "train plain/ref+fused"}
+
+
 @pytest.mark.skipif(not kit_available("generation", "generate"), reason="kit generate")
 def test_generation_smoke(tmp_path: Path) -> None:
     res = run_script("bench_generation", tmp_path)
