@@ -398,6 +398,19 @@ def _lm_fit(module, **trainer_kwargs) -> L.Trainer:
     return trainer
 
 
+def test_hook_name_fast_path_keeps_module_attributes_intact() -> None:
+    from transformer_lab.models import GPTConfig
+    from transformer_lab.training.modules import CausalLMModule
+
+    module = CausalLMModule(config=GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=1))
+    module._current_fx_name = "training_step"  # what Lightning does before each hook
+    assert module._current_fx_name == "training_step"
+    params = dict(module.named_parameters())
+    module.head_note = nn.Linear(2, 2)  # every other attribute still goes through nn.Module
+    assert "head_note.weight" in dict(module.named_parameters())
+    assert params.keys() <= dict(module.named_parameters()).keys()
+
+
 def test_fp16_with_a_grad_scaler_and_clipping_trains_as_on_a_t4() -> None:
     """The T4 recipe (16-mixed, GradScaler, gradient clipping), rehearsed on the CPU.
 

@@ -157,6 +157,16 @@ class _TransformerModule(L.LightningModule):
         self.data_info: dict[str, Any] = {}
         self.compile_model = compile_model
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Lightning writes the running hook's name to the module before every hook call (about
+        # 45 times per training step). nn.Module.__setattr__ searches parameters, buffers and
+        # submodules each time: a quarter of Lightning's fixed per-step cost, which counts for
+        # small models on fast GPUs. The name is a plain string attribute, so store it directly.
+        if name == "_current_fx_name":
+            self.__dict__[name] = value
+        else:
+            super().__setattr__(name, value)
+
     def configure_model(self) -> None:
         """Compile the model in place with ``torch.compile`` when ``compile_model`` is set.
 
