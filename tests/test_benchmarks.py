@@ -218,6 +218,20 @@ def test_quality_smoke(tmp_path: Path, tiny_shakespeare_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_quality_compiled_kit_run_is_scored_like_the_eager_one(
+    tmp_path: Path, tiny_shakespeare_path: Path
+) -> None:
+    """The GPU benchmark's compiled variant: trained compiled, scored through an eager copy."""
+    common = ["--data", str(tiny_shakespeare_path), "--only", "kit"]
+    eager = run_script("bench_quality", tmp_path, *common)
+    compiled = run_script(
+        "bench_quality", tmp_path, *common, "--kit-override=--model.init_args.compile_model=true"
+    )
+    (eager_row,), (compiled_row,) = eager["rows"], compiled["rows"]
+    assert compiled_row["val_loss"] == pytest.approx(eager_row["val_loss"], abs=1e-3)
+
+
+@pytest.mark.slow
 def test_labs_smoke(tmp_path: Path) -> None:
     res = run_script("bench_labs", tmp_path)
     for row in res["rows"]:
