@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_lab.graded import graded
 from transformer_lab.masks import causal_mask, check_mask
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 
+@graded("02_self_attention")
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Numerically stable softmax, written out (no ``torch.softmax``).
 
@@ -73,6 +75,7 @@ def _project(X: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
     return X @ W if b is None else X @ W + b
 
 
+@graded("02_self_attention")
 def self_attention_loop(
     X: Tensor,
     W_q: Tensor,
@@ -113,6 +116,7 @@ def self_attention_loop(
     return torch.stack(rows)  # (N, Dv)
 
 
+@graded("02_self_attention")
 def self_attention_matrix(
     X: Tensor,
     W_q: Tensor,
@@ -137,6 +141,7 @@ def self_attention_matrix(
     return A @ V
 
 
+@graded("02_self_attention")
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -208,6 +213,7 @@ def fast_attention(
     return out.masked_fill(~row_ok, 0.0)
 
 
+@graded("03_multi_head_attention")
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
     """Split the model width into heads: ``(B, T, D) -> (B, H, T, D/H)``.
 
@@ -220,12 +226,14 @@ def split_heads(x: Tensor, n_heads: int) -> Tensor:
     return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)  # (B, H, T, Dh)
 
 
+@graded("03_multi_head_attention")
 def merge_heads(x: Tensor) -> Tensor:
     """Inverse of :func:`split_heads`: ``(B, H, T, Dh) -> (B, T, H*Dh)``."""
     B, H, T, Dh = x.shape
     return x.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
 
 
+@graded("03_multi_head_attention")
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate query/key/value/output projections.
 
@@ -305,6 +313,7 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(merge_heads(out)), weights  # (B, T, D)
 
 
+@graded("03_multi_head_attention")
 @torch.no_grad()
 def load_torch_weights(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
     """Copy the weights of ``torch.nn.MultiheadAttention`` into :class:`MultiHeadAttention`.

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_lab.attention import MultiHeadAttention, load_torch_weights
+from transformer_lab.graded import graded
 
 __all__ = [
     "ACTIVATIONS",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 
+@graded("04_transformer_block")
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
     """Layer normalisation over the last dim, written out.
 
@@ -109,6 +111,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+@graded("04_transformer_block")
 class FeedForward(nn.Module):
     """Position-wise feed-forward net: ``linear2(dropout(act(linear1(x))))``.
 
@@ -189,6 +192,7 @@ class _ResidualBlock(nn.Module):
         return self.dropout1(out)
 
 
+@graded("04_transformer_block")
 class EncoderBlock(_ResidualBlock):
     """Self-attention and feed-forward sub-layers with residuals and layer norms.
 

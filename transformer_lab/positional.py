@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.graded import graded
+
 __all__ = [
     "LearnedPositionalEncoding",
     "SinusoidalPositionalEncoding",
@@ -42,6 +44,7 @@ def _frequencies(d_model: int, base: float, dtype: torch.dtype, device=None) -> 
     return torch.exp(-two_i * (math.log(base) / d_model)).to(dtype)
 
 
+@graded("01_positional_encoding")
 def sinusoidal_encoding(
     seq_len: int,
     d_model: int,
@@ -77,6 +80,7 @@ def sinusoidal_encoding(
     return pe.to(dtype)
 
 
+@graded("01_positional_encoding")
 def relative_shift_matrix(
     offset: int | float,
     d_model: int,
