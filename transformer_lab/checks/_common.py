@@ -1,10 +1,11 @@
 """Helpers every lab's checks share: comparisons with actionable messages, safe calls, bans.
 
-A check in ``transformer_lab/checks/labNN.py`` calls the student's function, compares what
-it returns with an independent oracle and, when something is off, raises ``AssertionError``
-with a message that says what is wrong in the student's terms ("row 3 of your encoding ...
-did you swap sin and cos?"). nbgrader shows that message in the feedback, so it is the
-only explanation a student gets: it must name the likely mistake, not just "mismatch".
+A check calls the student's function, compares what it returns with what is expected (a worked
+example's stored values, a PyTorch reference, or an independent oracle in the hidden checks)
+and, when something is off, raises ``AssertionError`` with a message that says what is wrong in
+the student's terms ("row 3 of your encoding ... did you swap sin and cos?"). nbgrader shows
+that message in the feedback, so it is the only explanation a student gets: it must name the
+likely mistake, not just "mismatch".
 
 The helpers here keep those messages uniform across labs:
 
@@ -14,17 +15,10 @@ The helpers here keep those messages uniform across labs:
   and say where it differs, adding the caller's ``hint`` about the likely cause.
 * :func:`compare` goes one step further for checks that know the typical wrong answers: it
   names the one the student's output reproduces (:func:`close` is its elementwise test).
-* :func:`forbidden` is a context manager under which the package's own implementation
-  and named torch functions refuse to run, so a graded function that merely wraps them
-  earns nothing. Python functions (including ``torch.nn.functional.softmax``) are
-  disabled by swapping their ``__code__``: every alias, e.g. ``from
-  transformer_lab.positional import sinusoidal_encoding as pe``, shares the function
-  object and is caught. Builtins such as ``torch.softmax`` are replaced on the named
-  namespace and on every one of ``torch``, ``torch.nn.functional``, ``torch.special``,
-  ``torch.linalg`` and ``torch.Tensor`` that binds the same object. Methods are separate
-  objects: ban ``"torch.Tensor.softmax"`` explicitly alongside ``"torch.softmax"``.
-  :func:`available` keeps the names a given install has, and :func:`call_forbidding` runs
-  the student's function with them disabled.
+* :func:`call_forbidding` runs the student's function under a
+  :class:`~transformer_lab.checks._bans.Ban` (what computes the answer: torch operation
+  families such as softmax or normalisation, and Python functions such as the kit's
+  implementation of an earlier lab), so a graded function that merely wraps them earns nothing.
 * :func:`generator`, :func:`randint` and :func:`expect_module` are the small pieces the
   hidden checks share (seeded inputs that leave the notebook's RNG alone, built modules).
 
@@ -34,19 +28,18 @@ https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assign
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import math
-import types
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.checks._bans import Ban, ForbiddenCallError, forbidden
+
 __all__ = [
+    "Ban",
     "ForbiddenCallError",
-    "available",
     "call_forbidding",
     "call_student",
     "close",
@@ -64,10 +57,6 @@ __all__ = [
 # more. The defaults of :func:`close` and :func:`compare`.
 _ATOL = 1e-4
 _RTOL = 1e-4
-
-
-class ForbiddenCallError(AssertionError):
-    """Raised when a graded function calls something :func:`forbidden` has disabled."""
 
 
 # --------------------------------------------------------------------------------------
@@ -331,171 +320,22 @@ def randint(low: int, high: int, g: torch.Generator) -> int:
     return int(torch.randint(low, high + 1, (1,), generator=g))
 
 
-# --------------------------------------------------------------------------------------
-# Forbidding the package's own implementation and torch shortcuts
-# --------------------------------------------------------------------------------------
-
-# Namespaces searched for aliases of a builtin target (torch.softmax is bound in several).
-_BUILTIN_HOMES = (
-    "torch",
-    "torch.nn.functional",
-    "torch.special",
-    "torch.linalg",
-    "torch.Tensor",
-)
-
-# Active bans: key -> message. The disabled code reports here (see _blocked_code).
-_BANNED: dict[int, str] = {}
-_CALLS: list[str] = []
-_next_key = 0
-
-
-def _forbidden_call(key: int) -> None:
-    """Called by every disabled function: record the call and raise."""
-    message = _BANNED.get(key, "a forbidden function was called")
-    _CALLS.append(message)
-    raise ForbiddenCallError(message)
-
-
-def _blocked_code(n_free: int, key: int) -> types.CodeType:
-    """Code for a function that reports ``key`` and has ``n_free`` free variables.
-
-    A function's ``__code__`` can only be replaced by code with as many free variables as
-    its closure holds, so a decorated function (a closure) needs a matching replacement.
-    The code imports this module itself because it will run with the *target's* globals.
-    """
-    names = [f"_free{i}" for i in range(n_free)]
-    lines = ["def _factory():"]
-    lines += [f"    {n} = None" for n in names]
-    lines.append("    def _blocked(*args, **kwargs):")
-    if names:
-        lines.append(f"        ({', '.join(names)},)")
-    lines.append("        from transformer_lab.checks._common import _forbidden_call")
-    lines.append(f"        _forbidden_call({key})")
-    lines.append("    return _blocked")
-    scope: dict[str, Any] = {}
-    exec("\n".join(lines), scope)
-    return scope["_factory"]().__code__
-
-
-def _resolve(target: str) -> Any:
-    """Import the object a dotted name such as ``torch.nn.functional.softmax`` refers to."""
-    parts = target.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ValueError(f"forbidden target {target!r} cannot be imported")
-
-
-def _display_name(obj: Any, fallback: str) -> str:
-    module = getattr(obj, "__module__", None) or ""
-    qual = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or fallback
-    if module and not qual.startswith("_VariableFunctions"):
-        return f"{module}.{qual}"
-    return fallback
-
-
-@contextlib.contextmanager
-def forbidden(*targets: Any, reason: str = "") -> Iterator[None]:
-    """Disable ``targets`` while the block runs; calling one raises :class:`ForbiddenCallError`.
-
-    Use it around the call of a graded function, never around the oracle::
-
-        expected = oracle(...)
-        with forbidden(transformer_lab.positional.sinusoidal_encoding, "torch.softmax",
-                       reason="write the encoding yourself"):
-            got = call_student(fn, 8, 6, what="sinusoidal_encoding(8, 6)")
-
-    A call that the student's code catches and hides is still detected: leaving the block
-    raises if any disabled target was called inside it.
-
-    Args:
-        *targets: Python functions (disabled through ``__code__``, so every alias is caught),
-            classes of the kit (every method they define), builtin torch functions, or
-            dotted names of any of these, e.g. ``"torch.softmax"``,
-            ``"torch.Tensor.softmax"``, ``"torch.nn.functional.scaled_dot_product_attention"``.
-        reason: appended to the message, e.g. ``"the lab asks for your own softmax"``.
-
-    Raises:
-        ValueError: a target that cannot be resolved or disabled.
-        ForbiddenCallError: (an ``AssertionError``) when a disabled target is called.
-    """
-    global _next_key
-    restore: list[Callable[[], None]] = []
-    keys: list[int] = []
-    calls_before = len(_CALLS)
-    try:
-        for target in targets:
-            label = target if isinstance(target, str) else None
-            obj = _resolve(target) if isinstance(target, str) else target
-            name = label or _display_name(obj, repr(obj))
-            message = (
-                f"your graded function called {name}, which this exercise does not allow: "
-                "write the computation yourself."
-            )
-            if reason:
-                message += f" ({reason})"
-            key = _next_key
-            _next_key += 1
-            _BANNED[key] = message
-            keys.append(key)
-            restore.extend(_disable(obj, key, label))
-        yield
-    finally:
-        for undo in reversed(restore):
-            undo()
-        for key in keys:
-            _BANNED.pop(key, None)
-        hidden = _CALLS[calls_before:]
-        del _CALLS[calls_before:]
-    if hidden:
-        raise ForbiddenCallError(hidden[0] + " (the error was caught inside your code)")
-
-
-def available(names: Iterable[str]) -> tuple[str, ...]:
-    """The dotted names among ``names`` that this install can resolve, for :func:`forbidden`.
-
-    The package's own implementations may be absent from an older kit on a student's machine
-    and are then skipped; torch's names must always resolve.
-
-    Raises:
-        ImportError, AttributeError, ValueError: a name outside ``transformer_lab`` is missing.
-    """
-    found = []
-    for name in names:
-        try:
-            _resolve(name)
-        except (ImportError, AttributeError, ValueError):
-            if not name.startswith("transformer_lab."):
-                raise
-            continue
-        found.append(name)
-    return tuple(found)
-
-
 def call_forbidding(
     fn: Callable[..., Any],
     args: Sequence[Any],
     kwargs: dict[str, Any],
     *,
-    bans: Iterable[str],
-    reason: str,
+    ban: Ban,
     what: str,
     on_error: str = "",
 ) -> Any:
-    """:func:`call_student` ``fn(*args, **kwargs)`` with the available ``bans`` disabled.
+    """:func:`call_student` ``fn(*args, **kwargs)`` with ``ban`` enforced.
 
     Args:
         fn: the student's function or class.
         args: its positional arguments.
         kwargs: its keyword arguments.
-        bans: dotted names to disable (see :func:`available`).
-        reason: why, appended to a forbidden call's message.
+        ban: what the call may not use (:class:`~transformer_lab.checks._bans.Ban`).
         what: how to name the call in messages.
         on_error: appended to the message when the student's code raises an exception.
 
@@ -503,66 +343,9 @@ def call_forbidding(
         Whatever ``fn`` returns.
     """
     try:
-        with forbidden(*available(bans), reason=reason):
+        with forbidden(ban):
             return call_student(fn, *args, what=what, **kwargs)
     except AssertionError as exc:
         if on_error and f"{what} raised " in str(exc):
             raise AssertionError(f"{exc} {on_error}") from exc
         raise
-
-
-def _disable(obj: Any, key: int, label: str | None) -> list[Callable[[], None]]:
-    """Disable ``obj``; return the undo actions."""
-    if isinstance(obj, type) and obj.__module__.startswith("transformer_lab"):
-        # A class of the kit: every method it defines (``__init__``, ``forward``, ...).
-        methods = [
-            m.__func__ if isinstance(m, (staticmethod, classmethod)) else m
-            for m in vars(obj).values()
-        ]
-        undo: list[Callable[[], None]] = []
-        for method in methods:
-            if isinstance(method, types.FunctionType):
-                undo += _disable(method, key, None)
-        return undo
-    func = obj.__func__ if isinstance(obj, types.MethodType) else obj
-    if isinstance(func, types.FunctionType):
-        original = func.__code__
-        func.__code__ = _blocked_code(len(func.__closure__ or ()), key)
-
-        def undo_code() -> None:
-            func.__code__ = original
-
-        return [undo_code]
-
-    def blocked(*args: Any, **kwargs: Any) -> Any:
-        _forbidden_call(key)
-
-    homes: list[tuple[Any, str]] = []
-    if label is not None:
-        owner_name, _, attr = label.rpartition(".")
-        homes.append((_resolve(owner_name), attr))
-    name = getattr(func, "__name__", None)
-    if name:
-        for home_name in _BUILTIN_HOMES:
-            home = _resolve(home_name)
-            if (home, name) not in homes and _same(getattr(home, name, None), func):
-                homes.append((home, name))
-    if not homes:
-        raise ValueError(
-            f"forbidden target {obj!r} is neither a Python function nor a torch builtin"
-        )
-    undo: list[Callable[[], None]] = []
-    for home, attr in homes:
-        had_own = isinstance(home, type) and attr in home.__dict__
-        saved = home.__dict__[attr] if isinstance(home, type) and had_own else getattr(home, attr)
-        setattr(home, attr, blocked)
-        if isinstance(home, type) and not had_own:
-            undo.append(lambda home=home, attr=attr: delattr(home, attr))
-        else:
-            undo.append(lambda home=home, attr=attr, saved=saved: setattr(home, attr, saved))
-    return undo
-
-
-def _same(candidate: Any, func: Any) -> bool:
-    """True when ``candidate`` is the very object ``func`` (an alias of the same builtin)."""
-    return candidate is not None and candidate is func

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import (
+    Ban,
     call_student,
     expect_close,
     expect_shape,
@@ -257,7 +258,7 @@ def _package_functions() -> list[types.FunctionType]:
 
 @contextmanager
 def _no_shortcuts() -> Iterator[None]:
-    with forbidden(*_package_functions(), reason=_REASON):
+    with forbidden(Ban(functions=tuple(_package_functions()), reason=_REASON)):
         yield
 
 

@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from transformer_lab.checks._common import (
-    available,
+    Ban,
     call_forbidding,
     call_student,
     close,
@@ -69,26 +69,19 @@ __all__ = [
 _ATOL = 1e-4
 _RTOL = 1e-4
 
-_SOFTMAX_BANS = (
-    "torch.softmax",
-    "torch.Tensor.softmax",
-    "torch.nn.functional.softmax",
-    "torch.special.softmax",
-    "torch.log_softmax",
-    "torch.Tensor.log_softmax",
-    "torch.nn.functional.log_softmax",
-    "torch.nn.functional.scaled_dot_product_attention",
-    "torch.nn.functional.multi_head_attention_forward",
-    "torch.nn.MultiheadAttention.forward",
-    "transformer_lab.attention.softmax",
-    "transformer_lab.attention.scaled_dot_product_attention",
-    "transformer_lab.attention.self_attention_loop",
-    "transformer_lab.attention.self_attention_matrix",
-    "transformer_lab.attention.MultiHeadAttention.forward",
-)
 _REASON = "this lab asks for your own softmax and attention"
-
-
+_BAN = Ban(
+    ops=("softmax", "attention"),
+    functions=(
+        "torch.nn.MultiheadAttention",
+        "transformer_lab.attention.softmax",
+        "transformer_lab.attention.scaled_dot_product_attention",
+        "transformer_lab.attention.self_attention_loop",
+        "transformer_lab.attention.self_attention_matrix",
+        "transformer_lab.attention.MultiHeadAttention",
+    ),
+    reason=_REASON,
+)
 # --------------------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------------------
@@ -99,9 +92,7 @@ def _run(fn: Callable[..., Any], *args: Any, what: str, on_error: str = "", **kw
 
     ``on_error`` is appended to the message when the student's code raises an exception.
     """
-    return call_forbidding(
-        fn, args, kwargs, bans=_SOFTMAX_BANS, reason=_REASON, what=what, on_error=on_error
-    )
+    return call_forbidding(fn, args, kwargs, ban=_BAN, what=what, on_error=on_error)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -454,7 +445,7 @@ def _student_ops(
 ) -> list[tuple[str, list[tuple[int, ...]]]]:
     args = _inputs(n, 5, 3, 2, generator(n))
     log = _OpLog()
-    with forbidden(*available(_SOFTMAX_BANS), reason=_REASON), log:
+    with forbidden(_BAN), log:
         call_student(fn, *args, what=f"{name} with N={n} tokens")
     return log.ops
 

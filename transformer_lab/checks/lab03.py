@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks._common import (
-    available,
+    Ban,
     call_forbidding,
     close,
     compare,
@@ -63,19 +63,20 @@ __all__ = [
     "hidden_check_split_heads",
 ]
 
-_BANNED = (
-    "torch.nn.MultiheadAttention.forward",
-    "torch.nn.functional.multi_head_attention_forward",
-    "torch.nn.functional.scaled_dot_product_attention",
-    "transformer_lab.attention.split_heads",
-    "transformer_lab.attention.merge_heads",
-    "transformer_lab.attention.MultiHeadAttention.forward",
-    "transformer_lab.attention.load_torch_weights",
-    "transformer_lab.blocks.load_torch_mha",
-)
 _REASON = (
     "this lab asks for your own heads; transformer_lab.attention.scaled_dot_product_attention "
     "(lab 02) may be reused"
+)
+_BAN = Ban(
+    ops=("attention",),
+    functions=(
+        "torch.nn.MultiheadAttention",
+        "transformer_lab.attention.split_heads",
+        "transformer_lab.attention.merge_heads",
+        "transformer_lab.attention.MultiHeadAttention",
+        "transformer_lab.attention.load_torch_weights",
+    ),
+    reason=_REASON,
 )
 
 
@@ -86,9 +87,7 @@ _REASON = (
 
 def _run(fn: Callable[..., Any], *args: Any, what: str, on_error: str = "", **kwargs: Any) -> Any:
     """Call the student's ``fn`` with every shortcut disabled; add ``on_error`` to a crash."""
-    return call_forbidding(
-        fn, args, kwargs, bans=_BANNED, reason=_REASON, what=what, on_error=on_error
-    )
+    return call_forbidding(fn, args, kwargs, ban=_BAN, what=what, on_error=on_error)
 
 
 def _expect_value_error(
@@ -100,7 +99,7 @@ def _expect_value_error(
         'raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}").'
     )
     try:
-        with forbidden(*available(_BANNED), reason=_REASON):
+        with forbidden(_BAN):
             result = fn(*args)
     except ValueError as exc:
         missing = [n for n in names if n not in str(exc)]

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_lab.checks._common import (
-    available,
+    Ban,
     call_student,
     close,
     compare,
@@ -64,19 +64,24 @@ __all__ = [
     "torch_encoder_layer",
 ]
 
-# What a graded function may not call (swapped out by ``forbidden`` while the student's code runs).
-_LAYER_NORM_FORBIDDEN = (
-    "torch.nn.functional.layer_norm",
-    "torch.layer_norm",
-    "torch.nn.LayerNorm.forward",
-    "transformer_lab.blocks.layer_norm",
-    "transformer_lab.blocks.LayerNorm.forward",
+# What a graded function may not use while the checks run it.
+_LAYER_NORM_BAN = Ban(
+    ops=("normalization",),
+    functions=("transformer_lab.blocks.layer_norm", "transformer_lab.blocks.LayerNorm"),
+    reason="layer_norm must compute the statistics itself",
 )
-_FEED_FORWARD_FORBIDDEN = ("transformer_lab.blocks.FeedForward.forward",)
-_BLOCK_FORBIDDEN = (
-    "torch.nn.TransformerEncoderLayer.forward",
-    "torch.nn.TransformerEncoder.forward",
-    "transformer_lab.blocks.EncoderBlock.forward",
+_FEED_FORWARD_BAN = Ban(
+    functions=("transformer_lab.blocks.FeedForward",),
+    reason="write the feed-forward layer yourself",
+)
+_BLOCK_BAN = Ban(
+    functions=(
+        "torch.nn.TransformerEncoderLayer",
+        "torch.nn.TransformerEncoder",
+        "transformer_lab.blocks.EncoderBlock",
+    ),
+    ops=("_transformer_encoder_layer_fwd",),
+    reason="build the block from its sublayers yourself",
 )
 
 
@@ -199,9 +204,7 @@ def _expect_layer_norm(
 ) -> None:
     expected = F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     candidates = _ln_variants(x, weight, bias, eps)
-    with forbidden(
-        *available(_LAYER_NORM_FORBIDDEN), reason="layer_norm must compute the statistics itself"
-    ):
+    with forbidden(_LAYER_NORM_BAN):
         actual = call_student(fn, x.clone(), weight.clone(), bias.clone(), eps=eps, what=what)
     compare(actual, expected, what=what, candidates=candidates, hint=_LN_HINT)
 
@@ -282,9 +285,7 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
     # Centre before squaring: E[x^2] - E[x]^2 loses every digit when the mean is large.
     big = _randn(3, 16, g=g) + 3000.0
     expected = F.layer_norm(big, (16,), None, None, 1e-5)
-    with forbidden(
-        *available(_LAYER_NORM_FORBIDDEN), reason="layer_norm must compute the statistics itself"
-    ):
+    with forbidden(_LAYER_NORM_BAN):
         actual = call_student(
             fn,
             big.clone(),
@@ -371,9 +372,7 @@ _FF_HINT = "Expected linear2(relu(linear1(x))), applied to every token on its ow
 def _expect_feed_forward(ff: nn.Module, d_model: int, d_ff: int, x: Tensor, what: str) -> None:
     l1, l2 = _ff_parts(ff, d_model, d_ff, what)
     expected, wrong = _ff_variants(l1, l2, x)
-    with forbidden(
-        *available(_FEED_FORWARD_FORBIDDEN), reason="write the feed-forward layer yourself"
-    ):
+    with forbidden(_FEED_FORWARD_BAN):
         actual = call_student(ff, x.clone(), what=f"{what}(x)")
     compare(
         actual,
@@ -422,9 +421,7 @@ def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int =
     expected, _ = _ff_variants(l1, l2, x)
     ff.train()
     torch.manual_seed(seed + 1)
-    with forbidden(
-        *available(_FEED_FORWARD_FORBIDDEN), reason="write the feed-forward layer yourself"
-    ):
+    with forbidden(_FEED_FORWARD_BAN):
         a = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
         b = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
         ff.eval()
@@ -710,9 +707,7 @@ def _expect_block(
 ) -> Tensor:
     expected, wrong = _block_variants(layer, x, keep, norm_first)
     mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, T)
-    ban = forbidden(
-        *available(_BLOCK_FORBIDDEN), reason="build the block from its sublayers yourself"
-    )
+    ban = forbidden(_BLOCK_BAN)
     with ban, torch.no_grad():
         actual = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")
         again = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")

@@ -1,0 +1,269 @@
+"""What a graded function may not call while a check runs it, and how the refusal is enforced.
+
+A lab asks for the student's own softmax, layer norm or attention; a graded function that
+calls PyTorch's (or the kit's) version must earn nothing. A ban names what computes the answer,
+not one spelling of it:
+
+* **torch operations by family** (:data:`OP_FAMILIES`): ``"softmax"`` refuses ``torch.softmax``,
+  ``F.softmax``, ``x.softmax``, ``F.log_softmax``, ``F.softmin`` ... however the student reached
+  them (an alias saved before the check, a default argument, ``torch.ops.aten._softmax``). Two
+  documented PyTorch hooks see every call: a ``TorchFunctionMode`` sees the public function
+  (``F.group_norm``), a ``TorchDispatchMode`` the ATen operator underneath
+  (``aten.native_group_norm``), so ``F.group_norm(x.reshape(-1, D), 1)`` is refused as a
+  normalisation just like ``F.layer_norm``.
+* **Python functions and classes** (the kit's implementation of an earlier lab that computes
+  this lab's answer, PyTorch modules such as ``nn.MultiheadAttention``): refused by the identity
+  of their code objects through ``sys.setprofile``, which sees every call of every alias.
+
+A refusal raises :class:`ForbiddenCallError` (an ``AssertionError``, so the test cell fails with
+its message) at the call and is also recorded: if the student's code catches and hides it, the
+check still fails when the ban ends.
+
+Reference: PyTorch, "Extending torch with a Tensor-like type" (``__torch_function__`` modes) and
+``torch.utils._python_dispatch.TorchDispatchMode``; Python's ``sys.setprofile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["OP_FAMILIES", "Ban", "ForbiddenCallError", "forbidden"]
+
+#: Operations that compute the same thing under several names (public functions and the
+#: ATen operators they dispatch to). A ban of a family refuses every name in it.
+OP_FAMILIES: dict[str, frozenset[str]] = {
+    "softmax": frozenset(
+        {"softmax", "log_softmax", "_softmax", "_log_softmax", "softmin", "gumbel_softmax"}
+    ),
+    "normalization": frozenset(
+        {
+            "layer_norm",
+            "native_layer_norm",
+            "group_norm",
+            "native_group_norm",
+            "batch_norm",
+            "native_batch_norm",
+            "_native_batch_norm_legit",
+            "_native_batch_norm_legit_no_training",
+            "_batch_norm_impl_index",
+            "cudnn_batch_norm",
+            "instance_norm",
+            "rms_norm",
+            "_fused_rms_norm",
+            "local_response_norm",
+        }
+    ),
+    "attention": frozenset(
+        {
+            "scaled_dot_product_attention",
+            "_scaled_dot_product_attention_math",
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_fused_attention_overrideable",
+            "multi_head_attention_forward",
+            "_native_multi_head_attention",
+            "_transformer_encoder_layer_fwd",
+        }
+    ),
+    "embedding": frozenset({"embedding", "embedding_bag", "_embedding_bag"}),
+    "cross_entropy": frozenset({"cross_entropy", "nll_loss", "nll_loss_nd", "nll_loss2d"}),
+}
+
+
+class ForbiddenCallError(AssertionError):
+    """A graded function called something its check does not allow."""
+
+
+@dataclass(frozen=True)
+class Ban:
+    """What a graded function may not use while a check runs it.
+
+    Attributes:
+        ops: torch operation families (keys of :data:`OP_FAMILIES`) or single operator names
+            (``"tril"``), refused under every spelling.
+        functions: Python functions or classes (or dotted names of them, e.g.
+            ``"transformer_lab.attention.scaled_dot_product_attention"`` or
+            ``"torch.nn.MultiheadAttention"``); a class bans every method it defines. Dotted names
+            of the kit that this install lacks are skipped.
+        reason: said after the refusal, e.g. ``"lab 02 asks for your own softmax"``.
+    """
+
+    ops: tuple[str, ...] = ()
+    functions: tuple[Any, ...] = ()
+    reason: str = ""
+    _names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names: set[str] = set()
+        for op in self.ops:
+            names |= OP_FAMILIES.get(op, frozenset({op}))
+        object.__setattr__(self, "_names", frozenset(names))
+
+    def __or__(self, other: Ban) -> Ban:
+        reason = self.reason if self.reason == other.reason else self.reason or other.reason
+        return Ban(self.ops + other.ops, self.functions + other.functions, reason)
+
+    def op_refused(self, name: str) -> bool:
+        """Whether the torch operation ``name`` (``"softmax"``, ``"aten::_softmax"``) is refused."""
+        return name.rpartition("::")[2].split(".")[0] in self._names
+
+
+def _resolve(target: str) -> Any:
+    """The object a dotted name such as ``torch.nn.functional.softmax`` refers to."""
+    parts = target.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"cannot import {target!r}")
+
+
+def _label(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or ""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    return f"{module}.{name}" if module else name
+
+
+def _code_objects(targets: Iterable[Any]) -> dict[types.CodeType, str]:
+    """Code object -> display name for every Python function (or class method) in ``targets``."""
+    codes: dict[types.CodeType, str] = {}
+    for target in targets:
+        label = target if isinstance(target, str) else None
+        if isinstance(target, str):
+            try:
+                target = _resolve(target)
+            except (ImportError, AttributeError):
+                if label.startswith("transformer_lab."):
+                    continue  # an older kit without this name: nothing to ban
+                raise
+        if isinstance(target, type):
+            owner = label or _label(target)
+            members = [
+                (f"{owner}.{name}", member)
+                for name, member in vars(target).items()
+                if not name.startswith("__") or name in ("__init__", "__call__")
+            ]
+        else:
+            members = [(label, target)]
+        for name, member in members:
+            func = getattr(member, "__func__", member)  # staticmethod, classmethod, bound method
+            # A decorated function (``@torch.no_grad()``) runs the decorator's shared wrapper
+            # code first: ban the code of the function it wraps, not the wrapper.
+            func = inspect.unwrap(func) if callable(func) else func
+            code = getattr(func, "__code__", None)
+            if isinstance(code, types.CodeType):
+                codes[code] = name or _label(func)
+            elif member is target:
+                raise ValueError(f"cannot ban {target!r}: not a Python function or class")
+    return codes
+
+
+class _Refusals:
+    """The refusals of one :func:`forbidden` block (first message kept, every call counted)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.messages: list[str] = []
+
+    def refuse(self, what: str) -> None:
+        message = (
+            f"your graded function called {what}, which this exercise does not allow: write the "
+            "computation yourself"
+        )
+        message += f" ({self.reason})." if self.reason else "."
+        self.messages.append(message)
+        raise ForbiddenCallError(message)
+
+
+class _FunctionBan(TorchFunctionMode):
+    """Refuses banned torch functions at the level of the public API (``F.group_norm``)."""
+
+    def __init__(self, ban: Ban, refusals: _Refusals) -> None:
+        super().__init__()
+        self.ban, self.refusals = ban, refusals
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if self.ban.op_refused(name):
+            self.refusals.refuse(_torch_label(func, name))
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchBan(TorchDispatchMode):
+    """Refuses banned ATen operators, whatever route reached them (``torch.ops.aten``...)."""
+
+    def __init__(self, ban: Ban, refusals: _Refusals) -> None:
+        super().__init__()
+        self.ban, self.refusals = ban, refusals
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name() if hasattr(func, "name") else str(func)
+        if self.ban.op_refused(name):
+            self.refusals.refuse(f"torch operator {name}")
+        return func(*args, **(kwargs or {}))
+
+
+def _torch_label(func: Any, name: str) -> str:
+    module = getattr(func, "__module__", None) or ""
+    if module.startswith(("torch.nn.functional", "torch._C._nn")):
+        return f"torch.nn.functional.{name}"
+    if isinstance(func, types.MethodDescriptorType | types.WrapperDescriptorType) or (
+        getattr(func, "__objclass__", None) is torch.Tensor
+    ):
+        return f"torch.Tensor.{name}"
+    return f"torch.{name}"
+
+
+@contextlib.contextmanager
+def forbidden(ban: Ban) -> Iterator[None]:
+    """Run the block with ``ban`` enforced; wrap only the student's call, never the oracle.
+
+    ::
+
+        with forbidden(Ban(ops=("softmax",), reason="lab 02 asks for your own softmax")):
+            got = call_student(fn, x, what="softmax(x)")
+
+    Raises:
+        ForbiddenCallError: at the refused call, and again when the block ends if the student's
+            code caught and hid a refusal.
+        ValueError, ImportError: a banned target that does not exist.
+    """
+    refusals = _Refusals(ban.reason)
+    codes = _code_objects(ban.functions)
+    previous = sys.getprofile()
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            refusals.refuse(codes[frame.f_code])
+        if previous is not None:
+            previous(frame, event, arg)
+
+    modes: list[Any] = []
+    if ban.ops:
+        modes = [_FunctionBan(ban, refusals), _DispatchBan(ban, refusals)]
+    with contextlib.ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode)
+        if codes:
+            sys.setprofile(profile)
+            stack.callback(sys.setprofile, previous)
+        yield
+    if refusals.messages:
+        raise ForbiddenCallError(refusals.messages[0] + " (the error was caught inside your code)")
