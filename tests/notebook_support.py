@@ -98,23 +98,28 @@ def assert_locked_setup_first(notebook: Any) -> Any:
     """The first code cell is the locked setup cell that installs the kit; returns it."""
     first = next(c for c in notebook.cells if c.cell_type == "code")
     assert meta(first).get("grade_id") == "setup" and meta(first).get("locked") is True
-    assert "KIT_SOURCE = " in first.source and "current_profile" in first.source
+    assert "KIT_SOURCE = " in first.source and "lab.setup(" in first.source
     return first
 
 
 def called_checks(notebook: Any, module: ModuleType) -> set[str]:
-    """Names the notebook calls as ``<module>.<name>`` (e.g. ``lab02.check_softmax``)."""
-    short = module.__name__.rpartition(".")[2]
+    """Names the notebook calls on ``module`` (``lab02.check_softmax``, ``hidden02.hidden_...``).
+
+    The visible checks are imported as ``labNN``, the hidden ones as ``hiddenNN``.
+    """
+    number = module.__name__.rpartition(".")[2][3:]
+    short = f"hidden{number}" if ".grading.hidden." in module.__name__ else f"lab{number}"
     return set(re.findall(rf"\b{short}\.(\w+)", "\n".join(c.source for c in notebook.cells)))
 
 
-def assert_checks_exist_and_are_called(notebook: Any, module: ModuleType) -> None:
+def assert_checks_exist_and_are_called(notebook: Any, *modules: ModuleType) -> None:
     """Every check the notebook calls exists, and every public check is called somewhere."""
-    called = called_checks(notebook, module)
-    assert called, f"the notebook calls no {module.__name__} checks"
-    assert sorted(n for n in called if not hasattr(module, n)) == []
-    public = {n for n in module.__all__ if n.startswith(("check_", "hidden_check_"))}
-    assert public <= called, f"checks never called: {sorted(public - called)}"
+    for module in modules:
+        called = called_checks(notebook, module)
+        assert called, f"the notebook calls no {module.__name__} checks"
+        assert sorted(n for n in called if not hasattr(module, n)) == []
+        public = {n for n in module.__all__ if n.startswith(("check_", "hidden_check_"))}
+        assert public <= called, f"checks never called: {sorted(public - called)}"
 
 
 def run_test_cells(notebook: Any, answers: Iterable[str], *, skip: str | None = None) -> int:
@@ -168,6 +173,7 @@ class LabNotebookTests:
 
     LAB: ClassVar[str]  # folder and notebook name, e.g. "02_self_attention"
     CHECKS: ClassVar[ModuleType]  # transformer_lab.checks.labNN
+    HIDDEN: ClassVar[ModuleType | None] = None  # transformer_lab.grading.hidden.labNN
     POINTS: ClassVar[dict[str, int]]  # grade-id substring -> points, as the intro states them
     TABLE: ClassVar[tuple[tuple[str, int], ...]]  # rows of the intro's points table
     ANSWERS: ClassVar[tuple[str, ...]]  # grade ids of the cells that define the answers
@@ -188,7 +194,13 @@ class LabNotebookTests:
         assert_locked_setup_first(notebook)
 
     def test_every_check_the_notebook_calls_exists(self, notebook: Any) -> None:
-        assert_checks_exist_and_are_called(notebook, self.CHECKS)
+        modules = [self.CHECKS] + ([self.HIDDEN] if self.HIDDEN is not None else [])
+        assert_checks_exist_and_are_called(notebook, *modules)
+
+    def test_follows_the_lab_standard(self, notebook: Any) -> None:
+        from transformer_lab.grading.standard import lint_lab
+
+        assert lint_lab(notebook, self.LAB) == []
 
     def test_solution_passes_its_own_test_cells(self, notebook: Any) -> None:
         assert run_test_cells(notebook, self.ANSWERS, skip=self.SKIP) == self.TEST_CELLS

@@ -14,18 +14,19 @@ import torch
 
 import transformer_lab.positional as positional
 from transformer_lab.checks import lab01
+from transformer_lab.grading.hidden import lab01 as hidden01
 
 ENC_CHECKS = {
     "shape": lab01.check_sinusoidal_encoding_shape,
     "values": lab01.check_sinusoidal_encoding,
-    "hidden": lambda fn: lab01.hidden_check_sinusoidal_encoding(fn, seed=1101),
-    "properties": lambda fn: lab01.hidden_check_sinusoidal_encoding_properties(fn, seed=1103),
+    "hidden": lambda fn: hidden01.hidden_check_sinusoidal_encoding(fn, seed=1101),
+    "properties": lambda fn: hidden01.hidden_check_sinusoidal_encoding_properties(fn, seed=1103),
 }
 SHIFT_CHECKS = {
     "shape": lab01.check_relative_shift_matrix_shape,
     "values": lab01.check_relative_shift_matrix,
-    "hidden": lambda fn: lab01.hidden_check_relative_shift_matrix(fn, seed=1201),
-    "properties": lambda fn: lab01.hidden_check_relative_shift_matrix_properties(fn, seed=1203),
+    "hidden": lambda fn: hidden01.hidden_check_relative_shift_matrix(fn, seed=1201),
+    "properties": lambda fn: hidden01.hidden_check_relative_shift_matrix_properties(fn, seed=1203),
 }
 
 
@@ -264,10 +265,10 @@ def test_shift_calling_the_package_earns_nothing() -> None:
 def test_oracles_agree_with_the_package() -> None:
     # The oracle is independent code: it must agree with the kit's implementation.
     torch.testing.assert_close(
-        lab01.oracle_sinusoidal_encoding(50, 12, 500.0),
+        hidden01.oracle_sinusoidal_encoding(50, 12, 500.0),
         positional.sinusoidal_encoding(50, 12, 500.0, dtype=torch.float64),
     )
     torch.testing.assert_close(
-        lab01.oracle_relative_shift_matrix(-7, 12),
+        hidden01.oracle_relative_shift_matrix(-7, 12),
         positional.relative_shift_matrix(-7, 12, dtype=torch.float64),
     )

@@ -22,10 +22,11 @@ be decorated too), otherwise the student package still gives the answer away. Th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["GRADED", "LockedAnswerError", "graded"]
+__all__ = ["GRADED", "LockedAnswerError", "graded", "is_locked"]
 
 T = TypeVar("T", bound=Callable[..., object])
 
@@ -58,3 +59,11 @@ def graded(lab: str) -> Callable[[T], T]:
         return obj
 
     return mark
+
+
+def is_locked(obj: object) -> bool:
+    """True when ``obj`` is a locked stub of a student package (its body only raises)."""
+    func = getattr(obj, "__init__", None) if isinstance(obj, type) else obj
+    func = inspect.unwrap(func) if callable(func) else func
+    code = getattr(func, "__code__", None)
+    return code is not None and "LockedAnswerError" in code.co_names

@@ -15,6 +15,10 @@ not one spelling of it:
   this lab's answer, PyTorch modules such as ``nn.MultiheadAttention``): refused by the identity
   of their code objects through ``sys.setprofile``, which sees every call of every alias.
 
+Whatever a ban names, the oracles of the checks are refused too: every function of a loaded
+hidden-check module (``transformer_lab.grading.hidden.*``) and every ``reference_*`` helper of
+the visible checks. The rule for check authors: only the student's call runs inside a ban.
+
 A refusal raises :class:`ForbiddenCallError` (an ``AssertionError``, so the test cell fails with
 its message) at the call and is also recorded: if the student's code catches and hides it, the
 check still fails when the ban ends.
@@ -94,9 +98,10 @@ class Ban:
     Attributes:
         ops: torch operation families (keys of :data:`OP_FAMILIES`) or single operator names
             (``"tril"``), refused under every spelling.
-        functions: Python functions or classes (or dotted names of them, e.g.
-            ``"transformer_lab.attention.scaled_dot_product_attention"`` or
-            ``"torch.nn.MultiheadAttention"``); a class bans every method it defines. Dotted names
+        functions: Python functions, classes or modules (or dotted names of them, e.g.
+            ``"transformer_lab.attention.scaled_dot_product_attention"``,
+            ``"torch.nn.MultiheadAttention"``, ``"transformer_lab.positional"``); a class bans
+            every method it defines, a module every function and class it defines. Dotted names
             of the kit that this install lacks are skipped.
         reason: said after the refusal, e.g. ``"lab 02 asks for your own softmax"``.
     """
@@ -153,6 +158,16 @@ def _code_objects(targets: Iterable[Any]) -> dict[types.CodeType, str]:
                 if label.startswith("transformer_lab."):
                     continue  # an older kit without this name: nothing to ban
                 raise
+        if isinstance(target, types.ModuleType):
+            # A module: every function and class it defines (helpers included).
+            defined = [
+                v
+                for v in vars(target).values()
+                if getattr(v, "__module__", None) == target.__name__
+                and (isinstance(v, type) or callable(v))
+            ]
+            codes.update(_code_objects(defined))
+            continue
         if isinstance(target, type):
             owner = label or _label(target)
             members = [
@@ -173,6 +188,33 @@ def _code_objects(targets: Iterable[Any]) -> dict[types.CodeType, str]:
             elif member is target:
                 raise ValueError(f"cannot ban {target!r}: not a Python function or class")
     return codes
+
+
+#: Modules whose every function and class is refused inside a ban (the hidden checks and their
+#: oracles, where a grader loaded them), and the prefix of visible-check helpers that compute an
+#: expected answer (``reference_*``): a student's function must not call them.
+_ORACLE_MODULES = "transformer_lab.grading.hidden."
+_REFERENCE_PREFIX = "reference_"
+
+
+def _checker_codes() -> dict[types.CodeType, str]:
+    """Code objects of every loaded oracle: hidden-check modules, visible ``reference_*`` helpers.
+
+    Check code therefore never runs inside a ban window: only the student's call does.
+    """
+    found: list[Any] = []
+    for name, module in list(sys.modules.items()):
+        if module is None:
+            continue
+        if name.startswith(_ORACLE_MODULES):
+            found.append(module)
+        elif name.startswith("transformer_lab.checks."):
+            found += [
+                v
+                for k, v in vars(module).items()
+                if k.startswith(_REFERENCE_PREFIX) and callable(v)
+            ]
+    return _code_objects(found)
 
 
 class _Refusals:
@@ -246,7 +288,7 @@ def forbidden(ban: Ban) -> Iterator[None]:
         ValueError, ImportError: a banned target that does not exist.
     """
     refusals = _Refusals(ban.reason)
-    codes = _code_objects(ban.functions)
+    codes = {**_checker_codes(), **_code_objects(ban.functions)}
     previous = sys.getprofile()
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:

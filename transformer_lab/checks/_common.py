@@ -19,6 +19,9 @@ The helpers here keep those messages uniform across labs:
   :class:`~transformer_lab.checks._bans.Ban` (what computes the answer: torch operation
   families such as softmax or normalisation, and Python functions such as the kit's
   implementation of an earlier lab), so a graded function that merely wraps them earns nothing.
+* :func:`stored` reads the expected values of a visible check's worked example (and the
+  outputs of the typical mistakes on it) from ``checks/fixtures/labNN.json``, which the
+  instructor's build writes from the hidden checks' oracles: the student package needs no oracle.
 * :func:`generator`, :func:`randint` and :func:`expect_module` are the small pieces the
   hidden checks share (seeded inputs that leave the notebook's RNG alone, built modules).
 
@@ -28,16 +31,21 @@ https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assign
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks._bans import Ban, ForbiddenCallError, forbidden
+from transformer_lab.graded import LockedAnswerError
 
 __all__ = [
+    "FIXTURES",
     "Ban",
     "ForbiddenCallError",
     "call_forbidding",
@@ -51,6 +59,7 @@ __all__ = [
     "forbidden",
     "generator",
     "randint",
+    "stored",
 ]
 
 # A correct float32 answer differs from a float64 oracle by ~1e-6; every typical mistake by far
@@ -85,6 +94,10 @@ def call_student(fn: Callable[..., Any], *args: Any, what: str = "your function"
         raise AssertionError(f"{what}: expected a function, got {type(fn).__name__}.")
     try:
         return fn(*args, **kw)
+    except LockedAnswerError as exc:
+        raise AssertionError(
+            f"{what} needs something your installed kit does not hold yet: {exc}"
+        ) from exc
     except NotImplementedError as exc:
         raise AssertionError(
             f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code."
@@ -349,3 +362,45 @@ def call_forbidding(
         if on_error and f"{what} raised " in str(exc):
             raise AssertionError(f"{exc} {on_error}") from exc
         raise
+
+
+# --------------------------------------------------------------------------------------
+# Stored worked examples
+# --------------------------------------------------------------------------------------
+
+#: Folder of the visible checks' stored examples (``labNN.json``), written by ``labs build``.
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@functools.cache
+def _fixture_file(lab: str) -> dict[str, Any]:
+    path = FIXTURES / f"{lab}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AssertionError(
+            f"the kit's stored examples {path.name} are missing: reinstall the kit"
+        ) from None
+
+
+def stored(lab: str, key: str) -> tuple[Tensor, dict[str, Tensor]]:
+    """A visible check's worked example: expected value and the typical mistakes' outputs.
+
+    Args:
+        lab: ``"lab01"``...
+        key: the example's name, the call as a student would write it
+            (``"sinusoidal_encoding(5, 4)"``).
+
+    Returns:
+        ``(expected, {hint: what that mistake returns})``, float64 tensors.
+
+    Raises:
+        KeyError: no such example (a bug in the checks: ``labs build`` writes them all).
+    """
+    entry = _fixture_file(lab)[key]
+    expected = torch.tensor(entry["expected"], dtype=torch.float64)
+    mistakes = {
+        hint: torch.tensor(value, dtype=torch.float64)
+        for hint, value in entry.get("mistakes", {}).items()
+    }
+    return expected, mistakes

@@ -1,11 +1,18 @@
-"""``transformer-lab labs build``: generate the student release ``labs/`` from ``solutions/``.
+"""``transformer-lab labs build``: everything students receive, generated from the source.
 
-nbgrader's ``GenerateAssignment`` converter does the work (lock cells, replace solution
-regions by stubs, drop hidden tests and mark schemes, clear outputs, checksums), with the
-gradebook switched off (``--no-db``: ``SaveCells`` disabled, ``no_database``), so building
-needs no database. The release is generated into a temporary folder and then synchronised
-into ``labs/``: only files whose bytes changed are rewritten and stale files are removed,
-so re-running the build is a no-op for git (and for file times).
+One command, four outputs, each written only where its bytes change (a rerun is a no-op):
+
+1. the **setup cells** of ``solutions/*/*.ipynb``, rendered from the lab standard's template
+   with the course's ``kit_source`` (:mod:`transformer_lab.grading.standard`), so every lab
+   installs the kit the same way;
+2. the visible checks' **stored examples** ``transformer_lab/checks/fixtures/labNN.json``,
+   computed by the hidden checks' oracles (:mod:`transformer_lab.grading.fixtures`);
+3. the **release** ``labs/`` through nbgrader's ``GenerateAssignment`` (lock cells, replace
+   solution regions by stubs, drop hidden tests and mark schemes, clear outputs), with the
+   gradebook switched off (``--no-db``);
+4. the **student package** ``dist/student/transformer_lab-<version>-py3-none-any.whl``: the
+   kit without the grader and without the answers of labs whose deadline has not passed
+   (:mod:`transformer_lab.grading.student`). The course publishes it at ``kit_source``.
 
 Reference: ``nbgrader generate_assignment --no-db`` (nbgrader/converters/generate_assignment.py).
 """
@@ -23,6 +30,8 @@ from transformer_lab.grading.course import (
     LABS,
     SOLUTIONS,
     GradingError,
+    course_settings,
+    list_labs,
     load_config,
     make_coursedir,
     read_notebook,
@@ -31,7 +40,10 @@ from transformer_lab.grading.course import (
     write_notebook,
 )
 
-__all__ = ["build_labs", "generate_release", "sync_tree"]
+__all__ = ["STUDENT_DIST", "build_labs", "generate_release", "render_setup_cells", "sync_tree"]
+
+#: Where ``labs build`` writes the student package (git-ignored).
+STUDENT_DIST = Path("dist") / "student"
 
 
 def generate_release(repo: Path, out_dir: Path, labs: list[str]) -> None:
@@ -83,6 +95,8 @@ def sync_tree(src: Path, dst: Path) -> list[str]:
             changed.append(str(Path(dst.name) / rel))
     for path in sorted(dst.rglob("*"), reverse=True):
         rel = path.relative_to(dst)
+        if ".ipynb_checkpoints" in rel.parts:
+            continue  # an editor's autosaves: not ours to remove
         if path.is_file() and rel not in wanted:
             path.unlink()
             changed.append(f"{Path(dst.name) / rel} (removed)")
@@ -91,20 +105,68 @@ def sync_tree(src: Path, dst: Path) -> list[str]:
     return changed
 
 
-def build_labs(repo: Path, labs: list[str] | None = None) -> list[str]:
-    """Regenerate ``labs/<lab>/`` from ``solutions/<lab>/`` for the selected labs.
+def render_setup_cells(repo: Path, labs: list[str], kit_source: str) -> list[str]:
+    """Rewrite each source notebook's setup cell from the standard template where it differs.
+
+    The lab's own import lines are kept; everything else comes from the template.
+
+    Returns:
+        The source notebooks that changed.
+    """
+    from transformer_lab.grading.standard import setup_cell_imports, setup_cell_source
+
+    changed = []
+    for lab in labs:
+        path = repo / SOLUTIONS / lab / f"{lab}.ipynb"
+        nb = read_notebook(path)
+        cell = next(
+            (c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "setup"),
+            None,
+        )
+        if cell is None:
+            raise GradingError(f"{path} has no setup cell (grade_id 'setup'): see docs/labs.md")
+        want = setup_cell_source(lab, kit_source, setup_cell_imports(cell.source))
+        if cell.source != want:
+            cell.source = want
+            write_notebook(nb, path)
+            changed.append(f"{SOLUTIONS}/{lab}/{lab}.ipynb (setup cell)")
+    return changed
+
+
+def build_student_package(repo: Path) -> tuple[Path, list[str]] | None:
+    """Build ``dist/student/*.whl`` with the labs that are still locked; None without sources."""
+    from transformer_lab.grading.student import build_student_wheel, locked_labs
+
+    if not (repo / "transformer_lab").is_dir() or not (repo / "pyproject.toml").is_file():
+        return None
+    settings = course_settings(repo)
+    locked = locked_labs(list_labs(repo), settings.deadlines)
+    build = build_student_wheel(repo, repo / STUDENT_DIST, locked)
+    return build.wheel, list(build.locked_labs)
+
+
+def build_labs(repo: Path, labs: list[str] | None = None, *, student: bool = True) -> list[str]:
+    """Regenerate setup cells, stored examples and ``labs/<lab>/`` for the selected labs.
 
     Args:
         repo: repository root.
         labs: lab names or prefixes; all labs when empty.
+        student: also build the student package into ``dist/student/``.
 
     Returns:
-        The release files that changed (empty when ``labs/`` was already up to date).
+        The files that changed (empty when everything was already up to date; the student
+        package, which git ignores, is not listed).
     """
+    from transformer_lab.grading.fixtures import write_fixtures
+
     chosen = select_labs(repo, labs)
-    changed: list[str] = []
+    settings = course_settings(repo)
+    changed = render_setup_cells(repo, chosen, settings.kit_source)
+    changed += write_fixtures(repo, chosen)
     with tempfile.TemporaryDirectory(prefix="tlab-build-") as tmp:
         generate_release(repo, Path(tmp), chosen)
         for lab in chosen:
             changed += [f"{LABS}/{c}" for c in sync_tree(Path(tmp) / lab, repo / LABS / lab)]
+    if student:
+        build_student_package(repo)
     return changed

@@ -2,8 +2,13 @@
 
 For each selected lab:
 
-1. **In sync**: the release is regenerated into a temporary folder and compared byte for
-   byte with ``labs/<lab>/`` (a hand-edited or stale release fails).
+0. **The lab standard**: the source notebook follows ``docs/labs.md``
+   (:func:`transformer_lab.grading.standard.lint_lab`), and the visible checks' stored examples
+   are what the hidden checks compute.
+1. **In sync**: the release is regenerated into a temporary folder and compared with
+   ``labs/<lab>/`` by content: cells, sources and nbgrader metadata (a hand-edited or stale
+   release fails; what an editor adds, such as kernel metadata, outputs or
+   ``.ipynb_checkpoints/``, is ignored).
 2. **No leaks**: no released notebook holds a solution or hidden-test delimiter, a call of a
    ``hidden_check_*`` function, a mark scheme, or a line of solution code.
 3. **Round trip**: in a temporary course, the solution notebook (as a student would submit
@@ -25,7 +30,7 @@ from transformer_lab.grading.build import generate_release
 from transformer_lab.grading.course import LABS, SOLUTIONS, read_notebook, select_labs
 from transformer_lab.grading.grade import grade_course
 
-__all__ = ["check_labs", "check_leaks", "check_sync"]
+__all__ = ["check_labs", "check_leaks", "check_standard", "check_sync"]
 
 _MARKERS = (
     "BEGIN SOLUTION",
@@ -38,32 +43,72 @@ _MARKERS = (
 )
 
 
+def _content(path: Path) -> list[tuple[str, str, dict]]:
+    """A notebook's content as grading sees it: cell types, sources and nbgrader metadata.
+
+    Editors rewrite the rest (JupyterLab the kernel and language metadata, a run the outputs,
+    nbgrader's Validate button saves the notebook), so it does not count.
+    """
+    cells = []
+    for cell in read_notebook(path).cells:
+        meta = cell.get("metadata", {})
+        kept = {k: meta[k] for k in ("nbgrader", "editable", "deletable") if k in meta}
+        cells.append((cell.cell_type, cell.source, kept))
+    return cells
+
+
 def check_sync(repo: Path, labs: list[str], built: Path) -> list[str]:
-    """Compare ``labs/<lab>`` with a fresh build in ``built/<lab>``."""
+    """Compare ``labs/<lab>`` with a fresh build in ``built/<lab>`` (by content)."""
     problems: list[str] = []
     for lab in labs:
         fresh, committed = built / lab, repo / LABS / lab
         if not committed.is_dir():
             problems.append(f"{LABS}/{lab}/ is missing: run `transformer-lab labs build {lab}`")
             continue
-        want = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
-        have = {p.relative_to(committed) for p in committed.rglob("*") if p.is_file()}
+
+        def files(root: Path) -> set[Path]:
+            return {
+                p.relative_to(root)
+                for p in root.rglob("*")
+                if p.is_file() and ".ipynb_checkpoints" not in p.relative_to(root).parts
+            }
+
+        want, have = files(fresh), files(committed)
         for rel in sorted(want - have):
             problems.append(f"{LABS}/{lab}/{rel} is missing from the release")
         for rel in sorted(have - want):
             problems.append(f"{LABS}/{lab}/{rel} is not generated from {SOLUTIONS}/ (stray file)")
         for rel in sorted(want & have):
-            if not filecmp.cmp(fresh / rel, committed / rel, shallow=False):
+            if rel.suffix == ".ipynb":
+                a, b = _content(fresh / rel), _content(committed / rel)
+                same = a == b
+            else:
+                same = filecmp.cmp(fresh / rel, committed / rel, shallow=False)
+            if not same:
                 where = ""
                 if rel.suffix == ".ipynb":
-                    a, b = read_notebook(fresh / rel).cells, read_notebook(committed / rel).cells
                     diff = [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
-                    where = f" (first differing cell: {diff[0] + 1})" if diff else ""
+                    diff = diff or [min(len(a), len(b))]
+                    where = f" (first differing cell: {diff[0] + 1})"
                 problems.append(
                     f"{LABS}/{lab}/{rel} differs from what {SOLUTIONS}/ generates{where}: "
                     f"edit {SOLUTIONS}/ and run `transformer-lab labs build {lab}`"
                 )
     return problems
+
+
+def check_standard(repo: Path, labs: list[str]) -> list[str]:
+    """The lab standard (:func:`~transformer_lab.grading.standard.lint_lab`) and fixtures."""
+    from transformer_lab.grading.course import course_settings
+    from transformer_lab.grading.fixtures import check_fixtures
+    from transformer_lab.grading.standard import lint_lab
+
+    kit_source = course_settings(repo).kit_source
+    problems: list[str] = []
+    for lab in labs:
+        nb = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
+        problems += lint_lab(nb, lab, kit_source)
+    return problems + check_fixtures(repo, labs)
 
 
 def _solution_lines(source_nb: Path) -> set[str]:
@@ -127,6 +172,7 @@ def check_labs(
     with tempfile.TemporaryDirectory(prefix="tlab-check-") as tmp:
         built = Path(tmp) / "built"
         generate_release(repo, built, chosen)
+        problems += check_standard(repo, chosen)
         problems += check_sync(repo, chosen, built)
         problems += check_leaks(repo, chosen)
         if not grade:

@@ -1,6 +1,8 @@
 """``transformer-lab labs build|check|grade``: the instructor's commands.
 
-* ``build [LAB ...]``: regenerate ``labs/`` from ``solutions/`` (a no-op when up to date).
+* ``build [LAB ...]``: regenerate ``labs/`` from ``solutions/`` (a no-op when up to date) and
+  the student package ``dist/student/*.whl`` that the setup cells install.
+* ``new NN_name --title TITLE``: start a lab from the lab standard (notebook and checks).
 * ``check [LAB ...] [--no-grade]``: release in sync, nothing leaked, solution gets full
   marks and the untouched release zero (exit 1 with the reasons otherwise).
 * ``grade --course DIR [LAB ...] [--student ID ...]``: autograde ``DIR/submitted`` into
@@ -26,8 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="transformer-lab labs", description=__doc__.split("\n")[0])
     p.add_argument("--repo", type=Path, default=None, help="repository root (default: found)")
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="regenerate labs/ from solutions/")
+    b = sub.add_parser("build", help="regenerate labs/ and the student package from solutions/")
     b.add_argument("labs", nargs="*", help="lab names or prefixes (default: all)")
+    b.add_argument("--no-student", action="store_true", help="skip the student package")
+    n = sub.add_parser("new", help="start a lab from the lab standard")
+    n.add_argument("lab", help="the new lab's folder name, NN_name (e.g. 09_vision_transformer)")
+    n.add_argument("--title", required=True, help="the lab's title, e.g. 'Vision Transformers'")
     c = sub.add_parser("check", help="release in sync, no leaks, solution full, release zero")
     c.add_argument("labs", nargs="*")
     c.add_argument("--no-grade", action="store_true", help="skip the nbgrader round trip")
@@ -47,12 +53,17 @@ def main(args: list[str]) -> int:
     try:
         repo = find_repo(ns.repo)
         if ns.command == "build":
-            from transformer_lab.grading.build import build_labs
+            return _build(repo, ns.labs, student=not ns.no_student)
+        if ns.command == "new":
+            from transformer_lab.grading.course import course_settings
+            from transformer_lab.grading.standard import new_lab
 
-            changed = build_labs(repo, ns.labs)
-            for path in changed:
-                print(f"wrote {path}")
-            print("labs/ is up to date" if not changed else f"{len(changed)} file(s) updated")
+            for path in new_lab(repo, ns.lab, ns.title, course_settings(repo).kit_source):
+                print(f"wrote {path.relative_to(repo)}")
+            print(
+                f"next: write the lab, then `transformer-lab labs build {ns.lab[:2]}` and "
+                f"`transformer-lab labs check {ns.lab[:2]}` (docs/labs.md)"
+            )
             return 0
         if ns.command == "check":
             from transformer_lab.grading.check import check_labs
@@ -75,6 +86,34 @@ def main(args: list[str]) -> int:
         print(f"grades:    {report.csv_path}")
         print(f"feedback:  {report.feedback_dir}")
         return 0 if report.ok else 1
-    except GradingError as exc:
+    except (GradingError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _build(repo: Path, labs: list[str], *, student: bool) -> int:
+    from transformer_lab.grading.build import build_labs, build_student_package
+    from transformer_lab.grading.course import course_settings
+    from transformer_lab.grading.standard import DEFAULT_KIT_SOURCE
+
+    changed = build_labs(repo, labs, student=False)
+    for path in changed:
+        print(f"wrote {path}")
+    print("labs/ is up to date" if not changed else f"{len(changed)} file(s) updated")
+    if student:
+        built = build_student_package(repo)
+        if built is not None:
+            wheel, locked = built
+            kit_source = course_settings(repo).kit_source
+            print(
+                f"student package: {wheel.relative_to(repo)} (answers left out: "
+                f"{', '.join(locked) or 'none'})"
+            )
+            if kit_source == DEFAULT_KIT_SOURCE:
+                print(
+                    "note: c.TransformerLab.kit_source in nbgrader_config.py is still the "
+                    "placeholder; set it to where you publish the student package"
+                )
+            else:
+                print(f"publish it at {kit_source} (the labs' setup cells install it from there)")
+    return 0

@@ -19,6 +19,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
 CONFIG_FILE = "nbgrader_config.py"
+#: The section of ``nbgrader_config.py`` that holds the kit's own course settings.
+SETTINGS_SECTION = "TransformerLab"
 SOLUTIONS = "solutions"
 LABS = "labs"
 LAB_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
@@ -101,6 +104,34 @@ def load_config(repo: Path, **overrides: Any) -> Config:
         section, option = key.split("__")
         config[section][option] = value
     return config
+
+
+@dataclass(frozen=True)
+class CourseSettings:
+    """The kit's course settings (``c.TransformerLab.*`` in ``nbgrader_config.py``).
+
+    Attributes:
+        kit_source: what the notebooks' setup cells ``pip install``: the address where the
+            course publishes the student package that ``labs build`` writes to ``dist/student/``.
+        deadlines: lab -> deadline; the student package holds a lab's answers only after it.
+    """
+
+    kit_source: str
+    deadlines: dict[str, Any]
+
+
+def course_settings(repo: Path) -> CourseSettings:
+    """Read :class:`CourseSettings` from the repository's ``nbgrader_config.py``."""
+    from transformer_lab.grading.standard import DEFAULT_KIT_SOURCE
+
+    section = load_config(repo).get(SETTINGS_SECTION, {})
+    kit_source = str(section.get("kit_source", DEFAULT_KIT_SOURCE))
+    deadlines = section.get("deadlines", {})
+    if not isinstance(deadlines, dict):
+        raise GradingError(
+            f"c.{SETTINGS_SECTION}.deadlines must be a dict of lab -> date, got {deadlines!r}"
+        )
+    return CourseSettings(kit_source, dict(deadlines))
 
 
 def make_coursedir(config: Config, root: Path, **settings: str) -> CourseDirectory:

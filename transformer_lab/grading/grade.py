@@ -31,10 +31,13 @@ Reference: nbgrader's autograde/feedback/export (nbgrader/converters, nbgrader/p
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -194,6 +197,43 @@ def _autograde(
         result.error = "feedback not generated:\n" + _tail(fb.get("log", ""))
 
 
+def _grading_views(repo: Path, labs: list[str], course: Path) -> dict[str, Path]:
+    """Per lab, the package the kernel imports: the student package of that lab's deadline.
+
+    The graded lab and every later one are locked (their answers left out), the hidden checks
+    are in; earlier labs are whole. Without the kit's sources (an installed kit) no view is
+    built and the installed package is used.
+    """
+    from transformer_lab.grading.student import build_package_tree
+
+    if not (repo / "transformer_lab").is_dir():
+        return {}
+    all_labs = select_labs(repo, None)
+    views = {}
+    for lab in labs:
+        view = course / ".grading" / "views" / lab
+        build_package_tree(repo, view, all_labs[all_labs.index(lab) :], grader=True)
+        views[lab] = view
+    return views
+
+
+@contextlib.contextmanager
+def _kernel_path(view: Path | None) -> Iterator[None]:
+    """Put ``view`` first on the ``PYTHONPATH`` the grading kernels inherit."""
+    if view is None:
+        yield
+        return
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(view), saved) if p)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
 def _scores(gb: Gradebook, result: SubmissionResult) -> None:
     submission = gb.find_submission(result.lab, result.student)
     result.score = float(submission.score)
@@ -277,12 +317,14 @@ def grade_course(
             out = run_converter(GenerateAssignment, coursedir, config, force=True)
             if not out["success"]:
                 raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
+        views = _grading_views(repo, sorted({lab for _, lab in pairs}), course)
         for student, lab in pairs:
             result = SubmissionResult(student, lab, "graded")
             results.append(result)
             start = time.perf_counter()
             try:
-                _autograde(course, coursedir, config, result)
+                with _kernel_path(views.get(lab)):
+                    _autograde(course, coursedir, config, result)
             except Exception as exc:  # one broken submission never stops the batch
                 result.status = "failed"
                 result.error = f"{type(exc).__name__}: {exc}"

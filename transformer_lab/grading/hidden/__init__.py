@@ -1,0 +1,13 @@
+"""Hidden checks: what the grader runs and students never receive (one module per lab).
+
+``labNN.py`` holds the lab's ``hidden_check_<name>(fn, seed=...)`` functions, which the hidden
+regions of the source notebook's test cells call, the independent oracles they compare with
+(``oracle_*``), the catalogues of typical mistakes that name what a wrong answer did, and
+``fixtures()``: the expected values of the visible checks' worked examples, which
+``transformer-lab labs build`` stores in ``transformer_lab/checks/fixtures/labNN.json`` so that
+the visible checks need no oracle.
+
+The student package leaves this folder out (:mod:`transformer_lab.grading.student`); inside a
+ban (:mod:`transformer_lab.checks._bans`) every function defined here is refused, so a
+submission that reaches an oracle at grading time earns nothing from it.
+"""

@@ -1,0 +1,182 @@
+"""What a lab notebook calls around the student's code: setup, and "yours or the kit's" for demos.
+
+Every lab's locked setup cell ends with ``session = lab.setup("NN_name")``. One call makes a
+notebook behave the same on Colab, on a laptop and in the grader:
+
+* it seeds PyTorch, so the demos and training cells print the same numbers each run;
+* it pins the CPU threads (``TRANSFORMER_LAB_THREADS``, default 1 on a CPU): the labs' models
+  are small, and on a busy two-core laptop more threads made a training cell 100x slower;
+* it picks the device (CUDA when present), the training precision the CLI would pick
+  (``bf16-mixed`` on recent GPUs, ``16-mixed`` on a T4, ``32-true`` on CPUs) and the run profile
+  (``full`` unless the grader asks for ``grading``), and prints them on one line.
+
+Demo cells draw their figures with the student's own function once its visible check passes:
+:func:`yours_or_kit` runs that check quietly and returns the student's function, or the kit's
+version (where the student package already holds it) with a line saying which one is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["THREADS_ENV", "Session", "setup", "yours_or_kit"]
+
+THREADS_ENV = "TRANSFORMER_LAB_THREADS"
+_LAB = re.compile(r"^\d\d_[a-z0-9_]+$")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Session:
+    """What :func:`setup` chose for a notebook.
+
+    Attributes:
+        lab: the lab's folder name, e.g. ``"01_positional_encoding"``.
+        device: where the notebook's tensors and models go.
+        profile: ``"grading"`` (small, CPU, the grader's) or ``"full"``.
+        precision: the Lightning precision for training cells (``"32-true"``, ``"bf16-mixed"``...).
+        threads: CPU threads PyTorch uses.
+        runs: folder for this lab's training logs and checkpoints (beside the notebook).
+    """
+
+    lab: str
+    device: Any
+    profile: str
+    precision: str
+    threads: int
+    runs: Path
+
+    @property
+    def grading(self) -> bool:
+        """True in the grading profile (small training budgets)."""
+        return self.profile == "grading"
+
+
+def _threads() -> int:
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return 1
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{THREADS_ENV}={value!r} must be a positive whole number of threads")
+    return threads
+
+
+def setup(lab: str, *, seed: int = 0) -> Session:
+    """Prepare a lab notebook: seed, threads, device, precision and profile; print them.
+
+    Args:
+        lab: the lab's folder name (``NN_name``).
+        seed: seed of PyTorch's global random generator.
+
+    Returns:
+        The :class:`Session`.
+
+    Raises:
+        ValueError: ``lab`` is not a lab name, or ``TRANSFORMER_LAB_THREADS`` is not a positive
+            integer, or ``TRANSFORMER_LAB_PROFILE`` is not a profile.
+    """
+    if not _LAB.match(lab):
+        raise ValueError(f"lab={lab!r} is not a lab folder name such as '01_positional_encoding'")
+    import torch
+
+    import transformer_lab
+    from transformer_lab.profiles import current_profile
+    from transformer_lab.training.devices import choose_accelerator, choose_precision
+
+    threads = _threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    accelerator = "cuda" if choose_accelerator() == "cuda" else "cpu"
+    device = torch.device(accelerator)
+    precision = choose_precision(accelerator)
+    if accelerator == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls on tensor cores
+        torch.backends.cudnn.allow_tf32 = True
+    profile = current_profile()
+    _quiet()
+    _inline_figures()
+    session = Session(lab, device, profile, precision, threads, Path("runs") / lab)
+    where = f"{accelerator}, {threads} thread{'s' * (threads != 1)}"
+    print(
+        f"transformer_lab {transformer_lab.__version__} | lab {lab[:2]} | profile: {profile} | "
+        f"device: {where} | precision: {precision}"
+    )
+    return session
+
+
+def _quiet() -> None:
+    """Silence warnings a student cannot act on (deprecations inside libraries)."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="lightning")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+
+
+def _inline_figures() -> None:
+    """In a notebook, show matplotlib figures (``plt`` and returned ``Figure`` objects) inline.
+
+    A kernel that started with another backend (the grader's is headless) would otherwise show
+    nothing, and the feedback would lose the figures the written questions refer to.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "kernel"):
+        shell.run_line_magic("matplotlib", "inline")
+
+
+def _kit_function(dotted: str) -> Callable[..., Any] | None:
+    """The kit's object at ``dotted`` (``"transformer_lab.positional.sinusoidal_encoding"``)."""
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def yours_or_kit(yours: F, *, check: Callable[[Any], None], kit: str, quiet: bool = False) -> F:
+    """The student's function if its visible check passes, else the kit's, saying which.
+
+    Args:
+        yours: the student's function or class from the notebook.
+        check: its visible check, e.g. ``lab01.check_sinusoidal_encoding``.
+        kit: dotted name of the kit's version (used only when the student's fails).
+        quiet: print nothing when the student's function is used.
+
+    Returns:
+        ``yours``, or the kit's version.
+
+    Raises:
+        RuntimeError: the student's version does not pass its check yet and the installed kit
+            does not hold an answer of this lab yet (it is still open): fix the exercise first.
+    """
+    from transformer_lab.graded import is_locked
+
+    name = getattr(yours, "__name__", kit.rpartition(".")[2])
+    try:
+        check(yours)
+    except AssertionError as exc:
+        theirs = _kit_function(kit)
+        if theirs is None or is_locked(theirs):
+            reason = str(exc).split("\n")[0]
+            raise RuntimeError(
+                f"This cell needs your {name}, which does not pass its visible check yet "
+                f"({reason}). Fix it above and run this cell again."
+            ) from None
+        print(f"Your {name} does not pass its visible check yet, so this uses the kit's version.")
+        return theirs  # type: ignore[return-value]
+    if not quiet:
+        print(f"(This uses your {name}.)")
+    return yours
