@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ __all__ = [
     "randint",
     "stored",
 ]
+
+#: The audit event raised after every call of a student's function (see ``grading/guard.py``).
+STUDENT_CALL_EVENT = "transformer_lab.student_call"
 
 # A correct float32 answer differs from a float64 oracle by ~1e-6; every typical mistake by far
 # more. The defaults of :func:`close` and :func:`compare`.
@@ -106,6 +110,10 @@ def call_student(fn: Callable[..., Any], *args: Any, what: str = "your function"
         raise
     except Exception as exc:
         raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        # The grader's guard (if any) checks here that the student's code left the checks and
+        # what they use as they were; without a guard this event goes nowhere.
+        sys.audit(STUDENT_CALL_EVENT)
 
 
 # --------------------------------------------------------------------------------------

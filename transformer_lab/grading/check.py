@@ -191,7 +191,8 @@ def check_labs(
         for lab in chosen:
             sol, rel = report.find("solution", lab), report.find("release", lab)
             if sol.status != "graded":
-                problems.append(f"{lab}: the solution could not be graded: {sol.error}")
+                why = "; ".join([sol.error, *sol.flags, *sol.problems][:4]).strip("; ")
+                problems.append(f"{lab}: the solution was {sol.status}, not graded: {why}")
             elif not sol.auto_max:
                 problems.append(f"{lab}: the solution has no autograded points")
             elif sol.auto_score != sol.auto_max:
@@ -209,7 +210,8 @@ def check_labs(
                                     f"({out.get('ename')}: {out.get('evalue')})"
                                 )
             if rel.status != "graded":
-                problems.append(f"{lab}: the untouched release could not be graded: {rel.error}")
+                why = "; ".join([rel.error, *rel.flags, *rel.problems][:4]).strip("; ")
+                problems.append(f"{lab}: the untouched release was {rel.status}: {why}")
             elif rel.auto_score != 0:
                 problems.append(
                     f"{lab}: the untouched release earns {rel.auto_score:g} points; "

@@ -5,9 +5,13 @@
 * ``new NN_name --title TITLE``: start a lab from the lab standard (notebook and checks).
 * ``check [LAB ...] [--no-grade]``: release in sync, nothing leaked, solution gets full
   marks and the untouched release zero (exit 1 with the reasons otherwise).
-* ``grade --course DIR [LAB ...] [--student ID ...]``: autograde ``DIR/submitted`` into
-  ``DIR/gradebook.db``, write ``DIR/grades.csv`` and ``DIR/feedback/`` (exit 1 if any
-  submission could not be graded; the others are graded regardless).
+* ``grade --course DIR [LAB ...] [--student ID ...] [--jobs N]``: autograde ``DIR/submitted``
+  into ``DIR/gradebook.db`` (each submission in a sandbox), write ``DIR/grades.csv`` (with
+  ``status`` and ``flags``), ``DIR/feedback/`` and ``DIR/grading_report.json`` (exit 1 if any
+  submission is not cleanly graded: flagged, crashed, incomplete, unmatched or failed; the
+  others are graded regardless).
+* ``merge --course DIR GRADEBOOK ...``: merge gradebooks graded on other machines into
+  ``DIR/gradebook.db``.
 
 Labs are named in full (``01_positional_encoding``) or by prefix (``01``).
 """
@@ -44,6 +48,19 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("labs", nargs="*")
     g.add_argument("--student", action="append", default=None, help="only this student")
     g.add_argument("--timeout", type=int, default=None, help="seconds per cell")
+    g.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
+    g.add_argument("--budget", type=float, default=300.0, help="seconds per submission")
+    g.add_argument("--memory-gb", type=float, default=8.0, help="memory limit per kernel")
+    g.add_argument(
+        "--sandbox",
+        choices=("auto", "required", "off"),
+        default="auto",
+        help="bubblewrap sandbox: auto (use it where it works), required, off",
+    )
+    g.add_argument("--keep-work", action="store_true", help="keep the per-submission workspaces")
+    m = sub.add_parser("merge", help="merge gradebooks graded elsewhere into DIR/gradebook.db")
+    m.add_argument("--course", type=Path, required=True, help="folder holding gradebook.db")
+    m.add_argument("gradebooks", nargs="+", type=Path, help="other gradebook.db files")
     return p
 
 
@@ -78,9 +95,32 @@ def main(args: list[str]) -> int:
             summary = f"{len(problems)} problem(s)" if problems else "ok"
             print(f"{summary} ({took:.0f} s)")
             return 1 if problems else 0
-        from transformer_lab.grading.grade import grade_course
+        if ns.command == "merge":
+            from transformer_lab.grading.grade import merge_gradebooks
 
-        report = grade_course(ns.course, repo, ns.labs, students=ns.student, timeout=ns.timeout)
+            target = ns.course / "gradebook.db"
+            if not target.is_file():
+                raise GradingError(f"{target} does not exist: grade or generate the labs first")
+            for item in merge_gradebooks(target, ns.gradebooks):
+                print(f"merged {item}")
+            return 0
+        from transformer_lab.grading.grade import GradingOptions, grade_course
+
+        options = GradingOptions(
+            budget=ns.budget,
+            memory_gb=ns.memory_gb,
+            sandbox=ns.sandbox,
+            keep_work=ns.keep_work,
+        )
+        report = grade_course(
+            ns.course,
+            repo,
+            ns.labs,
+            students=ns.student,
+            timeout=ns.timeout,
+            jobs=ns.jobs,
+            options=options,
+        )
         print(report.table())
         print(f"gradebook: {ns.course / 'gradebook.db'}")
         print(f"grades:    {report.csv_path}")

@@ -1,52 +1,68 @@
-"""``transformer-lab labs grade --course DIR``: autograde a course folder into its gradebook.
+"""``transformer-lab labs grade --course DIR``: grade untrusted submissions into the gradebook.
 
-Layout of ``DIR`` (nbgrader's own)::
+Grading runs untrusted code. The threat model and its answers (``docs/grading.md``):
+
+* a submission can read nothing of the course and write nothing outside its own workspace: its
+  kernel runs in a bubblewrap sandbox (:mod:`~transformer_lab.grading.sandbox`) that holds the
+  system, the Python environment, the grader's package tree of the lab (the lab and every later
+  one locked, so the kit's answer cannot be called) and one writable folder, with no network and
+  limits on memory, CPU time and wall time. Without bubblewrap the run says "UNSANDBOXED";
+* scores reach the gradebook only through this process: each submission is autograded by
+  nbgrader against a throw-away gradebook of its own, and the scores this process validated are
+  then written into ``DIR/gradebook.db`` (checked unchanged by anyone else in between);
+* tampering is visible: the kernel's guard (:mod:`~transformer_lab.grading.guard`) logs what ran,
+  signed; a test cell counts only when the log confirms that the grader's checks ran and passed
+  in it (:mod:`~transformer_lab.grading.integrity`); tampering, forged or missing records, and
+  cheat constructs in the student's code flag the submission, whose autograded points are then
+  withheld (zero) until an instructor reviews it.
+
+Layout of ``DIR`` (nbgrader's own, plus the grader's working folder)::
 
     DIR/submitted/<student>/<lab>/<lab>.ipynb   what the students handed in (never modified)
-    DIR/gradebook.db                            nbgrader's SQLite gradebook (created once, kept)
+    DIR/gradebook.db                            nbgrader's gradebook (created once, only updated)
     DIR/release/<lab>/                          the release, regenerated from solutions/
-    DIR/repaired/<student>/<lab>/               working copies, metadata repaired (see below)
     DIR/autograded/<student>/<lab>/             executed notebooks
-    DIR/feedback/<student>/<lab>/<lab>.html     per-student feedback
-    DIR/grades.csv                              nbgrader's CSV export of the gradebook
-    DIR/grading_report.json                     per submission: status, scores, repairs
+    DIR/feedback/<student>/<lab>/<lab>.html     feedback without hidden tests
+    DIR/grades.csv                              nbgrader's CSV export plus status and flags
+    DIR/grading_report.json                     every run's records (appended, never lost)
+    DIR/.grading/                               package views, templates, workspaces
 
-Steps, all through nbgrader's converters:
+``--jobs N`` grades N submissions at once in separate processes (one CPU thread each); a term
+can also be split across machines and the gradebooks merged (:func:`merge_gradebooks`).
 
-1. ``GenerateAssignment`` from the repository's ``solutions/`` records every lab's cells
-   (with hidden tests) in the gradebook; re-running it updates the gradebook in place.
-2. Every submission is copied to ``repaired/`` and its cell metadata is rebuilt from the
-   release (:mod:`transformer_lab.grading.repair`): the student's file stays as submitted
-   (documented choice: repair in a working copy, which nbgrader then reads as the submitted
-   folder). A renamed notebook (Colab's ``lab (1).ipynb``) is used if it is the only one.
-   A submission that cannot be matched is reported and not graded.
-3. ``Autograde`` runs each submission (``TRANSFORMER_LAB_PROFILE=grading``, the cell
-   timeout of ``nbgrader_config.py``); deleted or edited test cells are restored by
-   nbgrader. A failure is recorded for that submission and the batch goes on.
-4. Scores are read back from the gradebook (not from exit codes), then
-   ``GenerateFeedback`` writes the HTML feedback and ``CsvExportPlugin`` the CSV.
-
-Reference: nbgrader's autograde/feedback/export (nbgrader/converters, nbgrader/plugins).
+Reference: nbgrader's converters (``GenerateAssignment``, ``Autograde``) and gradebook API.
 """
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
+import csv
+import datetime as dt
+import hashlib
 import json
-import os
+import multiprocessing
+import re
 import shutil
+import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.api import Gradebook, MissingEntry
-from nbgrader.converters import Autograde, GenerateAssignment, GenerateFeedback
-from nbgrader.coursedir import CourseDirectory
+from nbgrader.converters import Autograde, GenerateAssignment
 from nbgrader.plugins.export import CsvExportPlugin
+from nbgrader.preprocessors import (
+    AssignLatePenalties,
+    CheckCellMetadata,
+    IgnorePattern,
+    LimitOutput,
+    SaveAutoGrades,
+)
 from sqlalchemy.exc import SAWarning
-from traitlets.config import Config
+from traitlets import List
 
 from transformer_lab.grading.course import (
     SOLUTIONS,
@@ -60,11 +76,58 @@ from transformer_lab.grading.course import (
     write_notebook,
 )
 from transformer_lab.grading.repair import repair_notebook
+from transformer_lab.grading.sandbox import (
+    DEAD_ENAME,
+    TIMEOUT_ENAMES,
+    BudgetedExecute,
+    find_bwrap,
+)
 
-__all__ = ["GradeReport", "SubmissionResult", "grade_course"]
+__all__ = [
+    "GradeReport",
+    "GradingOptions",
+    "SubmissionResult",
+    "grade_course",
+    "merge_gradebooks",
+]
 
-WORK_DIR = "repaired"
 RELEASE_DIR = "release"
+WORK = ".grading"
+REPORT = "grading_report.json"
+STATUSES = ("graded", "incomplete", "crashed", "flagged", "unmatched", "failed")
+
+
+@dataclass
+class GradingOptions:
+    """How submissions are run.
+
+    Attributes:
+        profile: ``TRANSFORMER_LAB_PROFILE`` of the kernels (``grading``).
+        cell_timeout: seconds one cell may run (default: ``nbgrader_config.py``'s).
+        budget: seconds one whole submission may run, all cells together.
+        memory_gb: address-space limit of a kernel.
+        cpu_seconds: CPU-time limit of a kernel.
+        threads: CPU threads per kernel (``TRANSFORMER_LAB_THREADS``, ``OMP_NUM_THREADS``).
+        sandbox: ``auto`` (bubblewrap where it works, else unsandboxed, said loudly),
+            ``required`` (refuse to grade without it) or ``off``.
+        keep_work: keep each submission's workspace under ``DIR/.grading/work``.
+    """
+
+    profile: str = "grading"
+    cell_timeout: int | None = None
+    budget: float = 300.0
+    memory_gb: float = 8.0
+    cpu_seconds: int = 900
+    threads: int = 1
+    sandbox: str = "auto"
+    keep_work: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sandbox not in ("auto", "required", "off"):
+            raise GradingError(f"sandbox={self.sandbox!r} is not one of auto, required, off")
+        for name in ("budget", "memory_gb", "cpu_seconds", "threads"):
+            if getattr(self, name) <= 0:
+                raise GradingError(f"{name}={getattr(self, name)} must be positive")
 
 
 @dataclass
@@ -74,15 +137,25 @@ class SubmissionResult:
     Attributes:
         student: student id (folder name).
         lab: lab name.
-        status: ``graded``, ``unmatched`` (not graded: notebook not recognised) or ``failed``.
+        status: ``graded``; ``incomplete`` (a cell timed out or the time budget ran out: the
+            rest was graded; worth re-grading with more time); ``crashed`` (the kernel died);
+            ``flagged`` (tampering or cheat constructs found: autograded points withheld until
+            an instructor reviews); ``unmatched`` (not graded: not this lab's notebook);
+            ``failed`` (the grader itself failed on it).
         score: total score in the gradebook (autograded plus any manual grades so far).
         max_score: the lab's maximum.
-        auto_score: points from the autograded test cells.
+        auto_score: points from the autograded test cells, as recorded.
         auto_max: points available in autograded test cells.
+        raw_auto_score: what the test cells earned before flags (for the reviewer).
         needs_manual: cells waiting for a human grader (written answers).
+        flags: why the submission is flagged, one sentence each.
+        problems: cells that timed out, ran out of budget, died or were not confirmed.
+        notes: things a reviewer may want to know that are not cheats.
         repairs: what :func:`repair_notebook` changed, per notebook.
+        ignored: other notebooks found in the submission folder that were not graded.
         error: why grading failed (``failed``/``unmatched``).
-        seconds: wall time spent on this submission (repair, autograde, feedback).
+        sandbox: ``bubblewrap`` or ``none``.
+        seconds: wall time spent on this submission.
     """
 
     student: str
@@ -92,10 +165,20 @@ class SubmissionResult:
     max_score: float | None = None
     auto_score: float | None = None
     auto_max: float | None = None
+    raw_auto_score: float | None = None
     needs_manual: int = 0
+    flags: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
     error: str = ""
+    sandbox: str = ""
     seconds: float = 0.0
+    cell_scores: dict[str, list[float]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -106,10 +189,12 @@ class GradeReport:
     results: list[SubmissionResult]
     csv_path: Path
     feedback_dir: Path
+    sandbox: str = ""
+    run_id: str = ""
 
     @property
     def ok(self) -> bool:
-        """True when every submission was graded."""
+        """True when every submission was graded, with no flag and no cell cut short."""
         return all(r.status == "graded" for r in self.results)
 
     def find(self, student: str, lab: str) -> SubmissionResult:
@@ -120,133 +205,537 @@ class GradeReport:
         raise KeyError(f"no result for student={student!r} lab={lab!r}")
 
     def table(self) -> str:
-        """A plain-text summary, one line per submission."""
-        head = f"{'student':<20} {'lab':<28} {'status':<9} {'auto':>9} {'manual':>6} {'s':>5}"
-        lines = [head]
+        """A plain-text summary, one line per submission, with flags and problems below."""
+        head = f"{'student':<20} {'lab':<26} {'status':<10} {'auto':>9} {'manual':>6} {'s':>6}"
+        lines = []
+        if self.sandbox == "none":
+            lines.append(
+                "WARNING: UNSANDBOXED: submissions ran without an OS sandbox (bubblewrap not "
+                "available); the guard and limits still applied. Install bubblewrap."
+            )
+        lines.append(head)
         for r in self.results:
             auto = f"{r.auto_score:g}/{r.auto_max:g}" if r.auto_score is not None else "-"
             lines.append(
-                f"{r.student:<20} {r.lab:<28} {r.status:<9} {auto:>9} {r.needs_manual:>6} "
-                f"{r.seconds:>5.1f}"
+                f"{r.student:<20} {r.lab:<26} {r.status:<10} {auto:>9} {r.needs_manual:>6} "
+                f"{r.seconds:>6.1f}"
             )
+            lines += [f"    flag: {f}" for f in r.flags]
+            lines += [f"    problem: {p}" for p in r.problems]
+            lines += [f"    ignored: {i}" for i in r.ignored]
             lines += [f"    repaired: {a}" for a in r.repairs]
             if r.error:
                 lines.append(f"    error: {r.error}")
         return "\n".join(lines)
 
 
-def _tail(text: str, n: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-n:])
+# --------------------------------------------------------------------------------------
+# Choosing the notebook of a submission
+# --------------------------------------------------------------------------------------
+
+_COPY = re.compile(r"^(?P<stem>.+?)(?: \((?P<n>\d+)\))?$")
 
 
-def _prepare(
-    course: Path, student: str, lab: str, release_dir: Path, result: SubmissionResult
-) -> bool:
-    """Copy the submission to the working folder and repair it; False if it can't be graded."""
-    src = course / "submitted" / student / lab
-    dst = course / WORK_DIR / student / lab
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
-    for release_nb in sorted(release_dir.glob("*.ipynb")):
-        target = dst / release_nb.name
-        if not target.exists():
-            others = sorted(p for p in dst.glob("*.ipynb") if not (release_dir / p.name).exists())
-            if len(others) != 1:
-                result.status, result.error = (
-                    "unmatched",
-                    f"{release_nb.name} not found in the submission "
-                    f"(notebooks there: {[p.name for p in dst.glob('*.ipynb')] or 'none'})",
-                )
-                return False
-            others[0].rename(target)
-            result.repairs.append(f"used {others[0].name} as {release_nb.name}")
-        try:
-            submitted = read_notebook(target)
-        except Exception as exc:
-            result.status = "unmatched"
-            result.error = f"{release_nb.name} is not a readable notebook: {exc}"
-            return False
-        repaired = repair_notebook(submitted, read_notebook(release_nb))
-        if not repaired.ok:
-            result.status = "unmatched"
-            result.error = f"{release_nb.name}: {repaired.reason}"
-            return False
-        result.repairs += repaired.actions
-        write_notebook(repaired.notebook, target)
-    return True
+def choose_notebook(folder: Path, name: str) -> tuple[Path | None, list[str]]:
+    """The notebook to grade in a submission folder, and the others found there.
 
-
-def _autograde(
-    course: Path, coursedir: CourseDirectory, config: Config, result: SubmissionResult
-) -> None:
-    """Repair, autograde and write feedback for one submission; failures go into ``result``."""
-    student, lab = result.student, result.lab
-    if not _prepare(course, student, lab, course / RELEASE_DIR / lab, result):
-        return
-    coursedir.assignment_id, coursedir.student_id = lab, student
-    out = run_converter(Autograde, coursedir, config, force=True, create_student=True)
-    if not out["success"]:
-        result.status = "failed"
-        result.error = "nbgrader could not autograde it:\n" + _tail(
-            out.get("log", "") + "\n" + out.get("error", "")
-        )
-        return
-    fb = run_converter(GenerateFeedback, coursedir, config, force=True)
-    if not fb["success"]:
-        result.error = "feedback not generated:\n" + _tail(fb.get("log", ""))
-
-
-def _grading_views(repo: Path, labs: list[str], course: Path) -> dict[str, Path]:
-    """Per lab, the package the kernel imports: the student package of that lab's deadline.
-
-    The graded lab and every later one are locked (their answers left out), the hidden checks
-    are in; earlier labs are whole. Without the kit's sources (an installed kit) no view is
-    built and the installed package is used.
+    The release's own name wins only if it is the newest: browsers and Colab save a later
+    download as ``<lab> (1).ipynb``, so the newest of the lab's copies (by modification time,
+    then by copy number) is graded and every other notebook is reported.
     """
+    notebooks = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    if not notebooks:
+        return None, []
+    stem = Path(name).stem
+
+    def copy_number(path: Path) -> int:
+        found = _COPY.match(path.stem)
+        return int(found.group("n") or 0) if found else 0
+
+    same_lab = [p for p in notebooks if _COPY.match(p.stem).group("stem") == stem]
+    pool = same_lab or (notebooks if len(notebooks) == 1 else [])
+    if not pool:
+        return None, [p.name for p in notebooks]
+    chosen = max(pool, key=lambda p: (p.stat().st_mtime, copy_number(p)))
+    return chosen, [p.name for p in notebooks if p != chosen]
+
+
+# --------------------------------------------------------------------------------------
+# One submission (runs in a worker process)
+# --------------------------------------------------------------------------------------
+
+
+class GuardedAutograde(Autograde):
+    """nbgrader's ``Autograde`` with the sandboxed, time-budgeted ``Execute``."""
+
+    autograde_preprocessors = List(
+        [
+            BudgetedExecute,
+            IgnorePattern,
+            ClearMetadataPreprocessor,
+            LimitOutput,
+            SaveAutoGrades,
+            AssignLatePenalties,
+            CheckCellMetadata,
+        ]
+    ).tag(config=True)
+
+
+@dataclass
+class Job:
+    """Everything a worker needs to grade one submission (plain values: it crosses processes)."""
+
+    repo: str
+    course: str
+    student: str
+    lab: str
+    notebook: str
+    ignored: list[str]
+    release: str
+    template_db: str
+    view: str
+    mpl_cache: str
+    options: dict[str, Any]
+    use_bwrap: bool
+
+
+def _kernel_workspace(job: Job) -> tuple[Path, Path, Path]:
+    """A short private folder for one kernel: ``home`` (its cwd) and ``run`` (sockets, log)."""
+    base = Path(tempfile.mkdtemp(prefix="tlk-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    home, run = base / "home", base / "run"
+    home.mkdir()
+    run.mkdir()
+    if Path(job.mpl_cache).is_dir():
+        shutil.copytree(job.mpl_cache, home / ".matplotlib")
+    return base, home, run
+
+
+def _read_scores(db_url: str, lab: str, student: str) -> tuple[dict[str, list[float]], int]:
+    """Test cell grade id -> [auto score, max] from a gradebook; and cells needing a human."""
+    scores: dict[str, list[float]] = {}
+    manual = 0
+    with Gradebook(db_url) as gb:
+        submission = gb.find_submission(lab, student)
+        for notebook in submission.notebooks:
+            for grade in notebook.grades:
+                if grade.cell_type == "code" and not grade.needs_manual_grade:
+                    scores[grade.name] = [float(grade.auto_score or 0.0), float(grade.max_score)]
+                elif grade.needs_manual_grade:
+                    manual += 1
+    return scores, manual
+
+
+def _cell_problems(executed: Any) -> tuple[list[str], bool, bool]:
+    """Cells that timed out, ran out of budget or died; and whether any did each.
+
+    The cells that were then not run at all are counted, not listed one by one.
+    """
+    problems, timed_out, died = [], False, False
+    not_run = 0
+    for index, cell in enumerate(executed.cells, start=1):
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        for output in cell.get("outputs", []):
+            if output.get("output_type") != "error":
+                continue
+            ename = output.get("ename", "")
+            if ename not in (*TIMEOUT_ENAMES, DEAD_ENAME):
+                continue
+            timed_out |= ename in TIMEOUT_ENAMES
+            died |= ename == DEAD_ENAME
+            evalue = str(output.get("evalue", "")) or "no reply before the cell's timeout"
+            if evalue.startswith("not run"):
+                not_run += 1
+                continue
+            what = f"cell {index}" + (f" ({gid})" if gid else "")
+            problems.append(f"{what}: {ename}: {evalue}"[:300])
+    if not_run:
+        problems.append(f"{not_run} later cell(s) were not run")
+    return problems, timed_out, died
+
+
+def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
+    """Grade one submission in its own workspace; return the result and the files to keep."""
+    from transformer_lab.grading.feedback import feedback_notebook, render_html
+    from transformer_lab.grading.integrity import (
+        confirmations,
+        plan_for,
+        read_log,
+        scan_student_code,
+    )
+
+    options = GradingOptions(**job.options)
+    result = SubmissionResult(job.student, job.lab, "graded", ignored=list(job.ignored))
+    result.sandbox = "bubblewrap" if job.use_bwrap else "none"
+    repo, course, lab, student = Path(job.repo), Path(job.course), job.lab, job.student
+    work = Path(tempfile.mkdtemp(prefix=f"{student}-{lab[:2]}-", dir=course / WORK / "work"))
+    files: dict[str, str] = {}
+    base = None
+    try:
+        # 1. The submission, repaired, in the workspace.
+        try:
+            submitted = read_notebook(Path(job.notebook))
+        except Exception as exc:
+            result.status, result.error = "unmatched", f"not a readable notebook: {exc}"
+            return result, files
+        release = read_notebook(Path(job.release))
+        repaired = repair_notebook(submitted, release)
+        if not repaired.ok:
+            result.status, result.error = (
+                "unmatched",
+                f"{Path(job.notebook).name}: {repaired.reason}",
+            )
+            return result, files
+        result.repairs = list(repaired.actions)
+        if Path(job.notebook).name != f"{lab}.ipynb":
+            result.repairs.insert(0, f"graded {Path(job.notebook).name} as {lab}.ipynb")
+        target = work / "submitted" / student / lab / f"{lab}.ipynb"
+        write_notebook(repaired.notebook, target)
+        flags = [f"student code: {f}" for f in scan_student_code(repaired.notebook)]
+
+        # 2. The kernel's sandbox, the guard's plan and the per-submission gradebook.
+        source = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
+        plan = plan_for(source, lab)
+        base, home, run = _kernel_workspace(job)
+        view = Path(job.view)
+        hidden_root = view / "transformer_lab" / "grading"
+        guard_file = run / "guard.json"
+        log = run / "guard.log"
+        sandbox_paths = {
+            "workspace": str(home),
+            "log": str(log),
+            "hidden_root": str(hidden_root),
+            "read_roots": [],
+            "write_roots": [],
+        }
+        from transformer_lab.grading.sandbox import KernelSandbox
+
+        box = KernelSandbox(
+            workspace=home,
+            run_dir=run,
+            python_path=[view],
+            hidden=[hidden_root],
+            use_bwrap=job.use_bwrap,
+            memory_bytes=int(options.memory_gb * 2**30),
+            cpu_seconds=options.cpu_seconds,
+            env={
+                "TRANSFORMER_LAB_PROFILE": options.profile,
+                "TRANSFORMER_LAB_THREADS": str(options.threads),
+                "OMP_NUM_THREADS": str(options.threads),
+                "MKL_NUM_THREADS": str(options.threads),
+                "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+                "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            },
+        )
+        sandbox_paths["read_roots"] = box.read_roots()
+        sandbox_paths["write_roots"] = [str(box.tmp_dir)]
+        guard_file.write_text(json.dumps(plan.guard_config(lab, **sandbox_paths)))
+        db = work / "gradebook.db"
+        shutil.copyfile(job.template_db, db)
+        overrides: dict[str, Any] = {
+            "BudgetedExecute__budget": float(options.budget),
+            "BudgetedExecute__finish_source": plan.finish_source,
+            "SandboxedKernelManager__guard_config": str(guard_file),
+            "SandboxedKernelManager__sandbox": {
+                "workspace": str(home),
+                "run_dir": str(run),
+                "python_path": [str(view)],
+                "hidden": [str(hidden_root)],
+                "env": box.env,
+                "memory_bytes": box.memory_bytes,
+                "cpu_seconds": box.cpu_seconds,
+                "use_bwrap": box.use_bwrap,
+                "masked": [str(p) for p in _installed_kits()],
+            },
+        }
+        if options.cell_timeout:
+            overrides["Execute__timeout"] = int(options.cell_timeout)
+        config = load_config(repo, **overrides)
+        coursedir = make_coursedir(
+            config,
+            work,
+            source_directory=str((repo / SOLUTIONS).resolve()),
+            submitted_directory="submitted",
+            autograded_directory="autograded",
+            db_url=f"sqlite:///{db}",
+        )
+        coursedir.assignment_id, coursedir.student_id = lab, student
+
+        # 3. Run it.
+        out = run_converter(GuardedAutograde, coursedir, config, force=True, create_student=True)
+        if not out["success"]:
+            result.status = "failed"
+            tail = "\n".join((out.get("log", "") + out.get("error", "")).strip().splitlines()[-12:])
+            result.error = f"nbgrader could not autograde it:\n{tail}"
+            return result, files
+
+        # 4. What the log confirms, what nbgrader scored, and the verdict.
+        executed_path = work / "autograded" / student / lab / f"{lab}.ipynb"
+        executed = read_notebook(executed_path)
+        problems, timed_out, died = _cell_problems(executed)
+        scores, manual = _read_scores(f"sqlite:///{db}", lab, student)
+        reading = read_log(log, plan.key)
+        confirmed = confirmations(reading, plan)
+        flags += reading.problems
+        for record in reading.records:
+            event = record.get("event")
+            if event == "tamper":
+                flags.append(
+                    f"tampering {record.get('where')}: {'; '.join(record.get('what', []))}"
+                )
+            elif event == "violation":
+                flags.append(
+                    f"refused during grading: {record.get('what')} {record.get('detail', '')} "
+                    f"({record.get('where', '')})"
+                )
+            elif event == "forged":
+                flags.append(f"forged grader record: {record.get('what')}")
+            elif event == "note":
+                result.notes.append(str(record.get("what")))
+        if not reading.finished and not (died or timed_out):
+            flags.append("the grader's closing record is missing: the notebook's execution was cut")
+        notes: dict[str, str] = {}
+        for gid, (score, maximum) in scores.items():
+            check = confirmed.get(gid)
+            if check is not None and not check.confirmed and score > 0:
+                flags.append(
+                    f"test cell {gid} passed in the notebook but the grader's checks did not "
+                    f"confirm it ({check.reason})"
+                )
+                scores[gid] = [0.0, maximum]
+                notes[gid] = "(not confirmed by the grader's checks)"
+        result.raw_auto_score = sum(s for s, _ in scores.values())
+        result.flags = list(dict.fromkeys(flags))
+        result.notes = list(dict.fromkeys(result.notes))[:20]
+        result.problems = problems
+        if result.flags:
+            result.status = "flagged"
+            scores = {gid: [0.0, m] for gid, (_, m) in scores.items()}
+        elif died:
+            result.status = "crashed"
+        elif timed_out:
+            result.status = "incomplete"
+        result.cell_scores = scores
+        result.auto_score = sum(s for s, _ in scores.values())
+        result.auto_max = sum(m for _, m in scores.values())
+        result.needs_manual = manual
+
+        # 5. Feedback without hidden tests.
+        feedback = feedback_notebook(
+            executed,
+            {gid: (s, m) for gid, (s, m) in scores.items()},
+            title=f"lab {lab}, {student}",
+            status=result.status,
+            notes=notes,
+            flags=result.flags,
+        )
+        feedback_path = work / "feedback" / f"{lab}.html"
+        feedback_path.parent.mkdir(parents=True, exist_ok=True)
+        feedback_path.write_text(render_html(feedback), encoding="utf-8")
+        files = {"autograded": str(executed_path), "feedback": str(feedback_path)}
+        return result, files
+    except Exception as exc:  # one broken submission never stops the batch
+        result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+        return result, files
+    finally:
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
+        result_work = str(work)
+        files.setdefault("work", result_work)
+
+
+def _run_job(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        # nbgrader's gradebook triggers SQLAlchemy autoflush warnings that mean nothing here.
+        warnings.filterwarnings("ignore", category=SAWarning)
+        result, files = grade_one(job)
+    result.seconds = round(time.perf_counter() - start, 2)
+    return result, files
+
+
+def _installed_kits() -> list[Path]:
+    """Installed (non-editable) copies of the kit, hidden inside the sandbox."""
+    import transformer_lab
+
+    here = Path(transformer_lab.__file__).resolve().parent
+    return [here] if "site-packages" in here.parts else []
+
+
+# --------------------------------------------------------------------------------------
+# The gradebook (only this process writes it)
+# --------------------------------------------------------------------------------------
+
+
+def _fingerprint(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+
+
+def record_result(db_url: str, result: SubmissionResult) -> None:
+    """Write one validated result into a gradebook (manual grades already there are kept)."""
+    with Gradebook(db_url) as gb:
+        gb.update_or_create_student(result.student)
+        submission = gb.update_or_create_submission(result.lab, result.student)
+        for notebook in submission.notebooks:
+            notebook.flagged = result.status == "flagged"
+            for grade in notebook.grades:
+                if grade.name in result.cell_scores:
+                    grade.auto_score = result.cell_scores[grade.name][0]
+                    grade.needs_manual_grade = False
+                elif grade.cell_type == "markdown":
+                    grade.needs_manual_grade = grade.manual_score is None
+        gb.db.commit()
+        submission = gb.find_submission(result.lab, result.student)
+        result.score = float(submission.score)
+        result.max_score = float(submission.max_score)
+
+
+def merge_gradebooks(into: Path, sources: list[Path]) -> list[str]:
+    """Copy every submission's grades and comments from ``sources`` into ``into``.
+
+    How a term's grading is split across machines: each machine grades some students into its
+    own course folder; the gradebooks are then merged into one. A grade (autograded or manual)
+    already present in ``into`` is replaced by the source's only when the source has one.
+
+    Returns:
+        ``"student/lab"`` for every submission merged.
+    """
+    merged = []
+    target_url = f"sqlite:///{Path(into).resolve()}"
+    for source in sources:
+        with Gradebook(f"sqlite:///{Path(source).resolve()}") as theirs:
+            for assignment in theirs.assignments:
+                for sub in assignment.submissions:
+                    with Gradebook(target_url) as ours:
+                        try:
+                            ours.find_assignment(assignment.name)
+                        except MissingEntry as exc:
+                            raise GradingError(
+                                f"{into} has no lab {assignment.name}: grade or generate it first"
+                            ) from exc
+                        ours.update_or_create_student(sub.student.id)
+                        mine = ours.update_or_create_submission(assignment.name, sub.student.id)
+                        grades = {
+                            (g.notebook.name, g.name): g for nb in sub.notebooks for g in nb.grades
+                        }
+                        for nb in mine.notebooks:
+                            nb.flagged = any(o.flagged for o in sub.notebooks if o.name == nb.name)
+                            for grade in nb.grades:
+                                other = grades.get((nb.name, grade.name))
+                                if other is None:
+                                    continue
+                                if other.auto_score is not None:
+                                    grade.auto_score = other.auto_score
+                                if other.manual_score is not None:
+                                    grade.manual_score = other.manual_score
+                                grade.needs_manual_grade = other.needs_manual_grade
+                        ours.db.commit()
+                    merged.append(f"{sub.student.id}/{assignment.name}")
+    return merged
+
+
+# --------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------
+
+
+def _append_report(path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Append ``run`` to the report file (every run is kept); return the latest per submission."""
+    runs: list[dict[str, Any]] = []
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            backup = path.with_suffix(f".unreadable-{int(time.time())}.json")
+            path.rename(backup)
+            old = {}
+        if isinstance(old, list):  # the format before runs were kept
+            runs = [{"run": "earlier", "results": old}]
+        elif isinstance(old, dict):
+            runs = list(old.get("runs", []))
+    runs.append(run)
+    latest: dict[str, dict[str, Any]] = {}
+    for one in runs:
+        for item in one.get("results", []):
+            latest[f"{item.get('student')}/{item.get('lab')}"] = item
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"runs": runs, "latest": latest}, indent=2) + "\n")
+    tmp.replace(path)
+    return latest
+
+
+def _write_csv(db_url: str, csv_path: Path, latest: dict[str, dict[str, Any]]) -> None:
+    """nbgrader's CSV export with two more columns: ``status`` and ``flags``."""
+    exporter = CsvExportPlugin()
+    tmp = csv_path.with_suffix(".csv.tmp")
+    exporter.to = str(tmp)
+    with Gradebook(db_url) as gb:
+        exporter.export(gb)
+    with open(tmp, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    fields = [*(rows[0].keys() if rows else ["assignment", "student_id"]), "status", "flags"]
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            item = latest.get(f"{row['student_id']}/{row['assignment']}", {})
+            submitted = row.get("timestamp") not in ("", None, "None")
+            row["status"] = item.get("status", "graded" if submitted else "missing")
+            row["flags"] = " | ".join(item.get("flags", []))
+            writer.writerow(row)
+    tmp.replace(csv_path)
+
+
+# --------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------
+
+
+def _prepare_lab(repo: Path, course: Path, lab: str, config: Any) -> tuple[Path, Path, Path]:
+    """Release, template gradebook and package view of ``lab`` for this run."""
     from transformer_lab.grading.student import build_package_tree
 
-    if not (repo / "transformer_lab").is_dir():
-        return {}
-    all_labs = select_labs(repo, None)
-    views = {}
-    for lab in labs:
-        view = course / ".grading" / "views" / lab
-        build_package_tree(repo, view, all_labs[all_labs.index(lab) :], grader=True)
-        views[lab] = view
-    return views
+    work = course / WORK
+    template = work / "templates" / lab
+    if template.exists():
+        shutil.rmtree(template)
+    template.mkdir(parents=True)
+    tdir = make_coursedir(
+        config,
+        template,
+        source_directory=str((repo / SOLUTIONS).resolve()),
+        release_directory=str(course / RELEASE_DIR),
+        db_url=f"sqlite:///{template / 'gradebook.db'}",
+    )
+    tdir.assignment_id, tdir.student_id = lab, "."
+    out = run_converter(GenerateAssignment, tdir, config, force=True)
+    if not out["success"]:
+        raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
+    view = work / "views" / lab
+    labs = select_labs(repo, None)
+    if (repo / "transformer_lab").is_dir():
+        build_package_tree(repo, view, labs[labs.index(lab) :], grader=True)
+    else:  # an installed kit: the kernel imports it as it is
+        view.mkdir(parents=True, exist_ok=True)
+    return course / RELEASE_DIR / lab, template / "gradebook.db", view
 
 
-@contextlib.contextmanager
-def _kernel_path(view: Path | None) -> Iterator[None]:
-    """Put ``view`` first on the ``PYTHONPATH`` the grading kernels inherit."""
-    if view is None:
-        yield
-        return
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(view), saved) if p)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+def _matplotlib_cache(course: Path) -> Path:
+    """A matplotlib font cache built once, copied into every kernel's home."""
+    import os
+    import subprocess
+    import sys
 
-
-def _scores(gb: Gradebook, result: SubmissionResult) -> None:
-    submission = gb.find_submission(result.lab, result.student)
-    result.score = float(submission.score)
-    result.max_score = float(submission.max_score)
-    auto, auto_max, manual = 0.0, 0.0, 0
-    for notebook in submission.notebooks:
-        for grade in notebook.grades:
-            if grade.cell_type != "code" or grade.needs_manual_grade:
-                manual += int(bool(grade.needs_manual_grade))
-                continue
-            auto += float(grade.auto_score or 0.0)
-            auto_max += float(grade.max_score)
-    result.auto_score, result.auto_max, result.needs_manual = auto, auto_max, manual
+    cache = course / WORK / "matplotlib"
+    if not any(cache.glob("fontlist*.json")):
+        cache.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "MPLCONFIGDIR": str(cache), "MPLBACKEND": "Agg"}
+        subprocess.run(
+            [sys.executable, "-c", "import matplotlib.font_manager"],
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
+    return cache
 
 
 def grade_course(
@@ -256,8 +745,11 @@ def grade_course(
     students: list[str] | None = None,
     timeout: int | None = None,
     profile: str = "grading",
+    *,
+    jobs: int = 1,
+    options: GradingOptions | None = None,
 ) -> GradeReport:
-    """Autograde ``course/submitted`` into ``course/gradebook.db``; write feedback and CSV.
+    """Autograde ``course/submitted`` into ``course/gradebook.db``; write feedback, CSV, report.
 
     Args:
         course: the course folder (layout in the module docstring).
@@ -266,17 +758,42 @@ def grade_course(
         students: student ids to grade (default: all).
         timeout: seconds per cell (default: ``nbgrader_config.py``'s ``Execute.timeout``).
         profile: value of ``TRANSFORMER_LAB_PROFILE`` while notebooks run.
+        jobs: submissions graded at once, each in its own process.
+        options: everything else (:class:`GradingOptions`).
 
     Returns:
         A :class:`GradeReport`; failures of single submissions are recorded, not raised.
 
     Raises:
-        GradingError: the course folder has no ``submitted/``, or a lab's source is broken.
+        GradingError: no ``submitted/``, a broken lab source, ``sandbox="required"`` without
+            bubblewrap, or a gradebook changed by someone else during the run.
     """
+    options = options or GradingOptions()
+    options.profile = profile
+    if timeout:
+        options.cell_timeout = int(timeout)
+    if jobs < 1:
+        raise GradingError(f"jobs={jobs} must be at least 1")
     course = Path(course).resolve()
+    repo = Path(repo).resolve()
     submitted = course / "submitted"
     if not submitted.is_dir():
         raise GradingError(f"{submitted} does not exist: expected submitted/<student>/<lab>/")
+    use_bwrap = options.sandbox != "off" and find_bwrap() is not None
+    if options.sandbox == "required" and not use_bwrap:
+        raise GradingError(
+            "the sandbox is required but bubblewrap does not work here: install it "
+            "(Debian/Ubuntu: apt-get install bubblewrap) or pass --sandbox auto"
+        )
+    sandbox = "bubblewrap" if use_bwrap else "none"
+    if not use_bwrap:
+        warnings.warn(
+            "UNSANDBOXED grading: bubblewrap is not available, so submissions run without an OS "
+            "sandbox (the guard, limits and flags still apply). Grading runs untrusted code: "
+            "install bubblewrap.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     known = select_labs(repo, None)
     wanted = select_labs(repo, labs) if labs else None
     pairs: list[tuple[str, str]] = []
@@ -298,51 +815,116 @@ def grade_course(
                 )
                 continue
             pairs.append((student_dir.name, lab_dir.name))
-    overrides = {"Execute__timeout": int(timeout)} if timeout else {}
-    config = load_config(repo, **overrides)
-    coursedir = make_coursedir(
-        config,
-        course,
-        source_directory=str((repo / SOLUTIONS).resolve()),
-        release_directory=RELEASE_DIR,
-        submitted_directory=WORK_DIR,
-    )
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{id(pairs) % 9973}"
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    config = load_config(repo)
+    main_db = course / "gradebook.db"
+    db_url = f"sqlite:///{main_db}"
     csv_path = course / "grades.csv"
+    (course / WORK / "work").mkdir(parents=True, exist_ok=True)
     with grading_env(profile), warnings.catch_warnings():
         # nbgrader's gradebook triggers SQLAlchemy autoflush warnings that mean nothing here.
         warnings.filterwarnings("ignore", category=SAWarning)
+        main_dir = make_coursedir(
+            config,
+            course,
+            source_directory=str((repo / SOLUTIONS).resolve()),
+            release_directory=RELEASE_DIR,
+        )
+        prepared: dict[str, tuple[Path, Path, Path]] = {}
         for lab in sorted({lab for _, lab in pairs}):
-            coursedir.assignment_id = lab
-            coursedir.student_id = "."
-            out = run_converter(GenerateAssignment, coursedir, config, force=True)
+            main_dir.assignment_id, main_dir.student_id = lab, "."
+            out = run_converter(GenerateAssignment, main_dir, config, force=True)
             if not out["success"]:
                 raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
-        views = _grading_views(repo, sorted({lab for _, lab in pairs}), course)
+            prepared[lab] = _prepare_lab(repo, course, lab, config)
+        mpl_cache = str(_matplotlib_cache(course)) if pairs else ""
+        job_list: list[Job] = []
         for student, lab in pairs:
-            result = SubmissionResult(student, lab, "graded")
+            chosen, others = choose_notebook(submitted / student / lab, f"{lab}.ipynb")
+            if chosen is None:
+                results.append(
+                    SubmissionResult(
+                        student,
+                        lab,
+                        "unmatched",
+                        error=f"{lab}.ipynb not found in the submission (notebooks there: "
+                        f"{others or 'none'})",
+                    )
+                )
+                continue
+            release, template_db, view = prepared[lab]
+            job_list.append(
+                Job(
+                    repo=str(repo),
+                    course=str(course),
+                    student=student,
+                    lab=lab,
+                    notebook=str(chosen),
+                    ignored=others,
+                    release=str(release / f"{lab}.ipynb"),
+                    template_db=str(template_db),
+                    view=str(view),
+                    mpl_cache=mpl_cache,
+                    options=asdict(options),
+                    use_bwrap=use_bwrap,
+                )
+            )
+        expected = _fingerprint(main_db)
+
+        def accept(result: SubmissionResult, files: dict[str, str]) -> None:
+            nonlocal expected
+            if _fingerprint(main_db) != expected:
+                raise GradingError(
+                    f"{main_db} was changed by something else while submissions ran: stopping "
+                    "before writing any more grades (look at the last grading_report.json)"
+                )
+            if result.status not in ("unmatched", "failed"):
+                record_result(db_url, result)
+                for kind, dest in (
+                    ("autograded", course / "autograded" / result.student / result.lab),
+                    ("feedback", course / "feedback" / result.student / result.lab),
+                ):
+                    if kind in files and Path(files[kind]).is_file():
+                        dest.mkdir(parents=True, exist_ok=True)
+                        name = Path(files[kind]).name
+                        shutil.copyfile(files[kind], dest / name)
+            expected = _fingerprint(main_db)
+            if not options.keep_work and files.get("work"):
+                shutil.rmtree(files["work"], ignore_errors=True)
             results.append(result)
-            start = time.perf_counter()
-            try:
-                with _kernel_path(views.get(lab)):
-                    _autograde(course, coursedir, config, result)
-            except Exception as exc:  # one broken submission never stops the batch
-                result.status = "failed"
-                result.error = f"{type(exc).__name__}: {exc}"
-            result.seconds = round(time.perf_counter() - start, 2)
-        coursedir.student_id = "*"
-        with Gradebook(coursedir.db_url) as gb:
-            for result in results:
-                if result.status == "graded":
+
+        if jobs == 1 or len(job_list) <= 1:
+            for job in job_list:
+                accept(*_run_job(job))
+        else:
+            context = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+                futures = {pool.submit(_run_job, job): job for job in job_list}
+                for future in concurrent.futures.as_completed(futures):
+                    job = futures[future]
                     try:
-                        _scores(gb, result)
-                    except MissingEntry:
-                        result.status = "failed"
-                        result.error = "no submission in the gradebook after autograding"
-            exporter = CsvExportPlugin()
-            exporter.to = str(csv_path)
-            exporter.export(gb)
-    report = GradeReport(course, results, csv_path, course / "feedback")
-    (course / "grading_report.json").write_text(
-        json.dumps([asdict(r) for r in results], indent=2) + "\n"
-    )
-    return report
+                        accept(*future.result())
+                    except GradingError:
+                        raise
+                    except Exception as exc:
+                        accept(
+                            SubmissionResult(
+                                job.student, job.lab, "failed", error=f"{type(exc).__name__}: {exc}"
+                            ),
+                            {},
+                        )
+        order = {(s, lab): i for i, (s, lab) in enumerate(pairs)}
+        results.sort(key=lambda r: order.get((r.student, r.lab), -1))
+        run = {
+            "run": run_id,
+            "started": started,
+            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "sandbox": sandbox,
+            "jobs": jobs,
+            "options": asdict(options),
+            "results": [r.to_json() for r in results],
+        }
+        latest = _append_report(course / REPORT, run)
+        _write_csv(db_url, csv_path, latest)
+    return GradeReport(course, results, csv_path, course / "feedback", sandbox, run_id)

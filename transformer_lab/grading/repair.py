@@ -37,7 +37,7 @@ __all__ = ["RepairResult", "repair_notebook"]
 
 # Cell-metadata keys added by Colab (and Jupyter front ends) that carry nothing for grading.
 _EDITOR_KEYS = ("id", "colab", "colab_type", "executionInfo", "outputId", "cellView")
-# Fraction of the release's graded cells that must be found for the notebook to count as matched.
+# Fraction of the release's answer cells that must be found for the notebook to count as matched.
 _MIN_MATCHED = 0.5
 
 
@@ -104,6 +104,212 @@ def _similarity(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
+@dataclass
+class _Match:
+    """The matching state: release cell index -> submission cell index, and how."""
+
+    sub_cells: list[NotebookNode]
+    rel_cells: list[NotebookNode]
+    graded: list[int]  # release cells with a grade id
+    sub_src: list[str]
+    rel_src: list[str]
+    sub_cmp: list[str]  # submission sources without hidden-test regions
+    match: dict[int, int] = field(default_factory=dict)
+    how: dict[int, str] = field(default_factory=dict)
+    taken: set[int] = field(default_factory=set)
+
+    def take(self, r: int, s: int, how: str) -> None:
+        self.match[r], self.how[r] = s, how
+        self.taken.add(s)
+
+    def bounds(self, r: int) -> tuple[int, int]:
+        """Submission indices of the matched neighbours of release cell ``r``."""
+        lo = max((s for rr, s in self.match.items() if rr < r), default=-1)
+        hi = min((s for rr, s in self.match.items() if rr > r), default=len(self.sub_cells))
+        return lo, hi
+
+
+def _match_by_grade_id(m: _Match, actions: list[str]) -> None:
+    """Step 1: cells whose grade id survived; of duplicates, keep the most plausible copy."""
+    by_id: dict[str, list[int]] = {}
+    for s, cell in enumerate(m.sub_cells):
+        gid = _nbgrader(cell).get("grade_id")
+        if isinstance(gid, str):
+            by_id.setdefault(gid, []).append(s)
+    for r in m.graded:
+        gid = m.rel_cells[r].metadata.nbgrader["grade_id"]
+        candidates = [s for s in by_id.get(gid, []) if s not in m.taken]
+        if not candidates:
+            continue
+        if len(candidates) > 1:
+            locked = not _nbgrader(m.rel_cells[r]).get("solution")
+            same = [s for s in candidates if m.sub_src[s] == m.rel_src[r]]
+            changed = [s for s in candidates if m.sub_src[s] != m.rel_src[r]]
+            keep = ((same if locked else changed) or candidates)[0]
+            dropped = ", ".join(str(s + 1) for s in candidates if s != keep)
+            actions.append(
+                f"'{gid}' appeared in {len(candidates)} cells (copied cell?): kept cell "
+                f"{keep + 1}, removed the grading metadata of cell(s) {dropped}"
+            )
+            candidates = [keep]
+        m.take(r, candidates[0], "grade_id")
+
+
+def _match_by_content(m: _Match) -> None:
+    """Step 2: identical content, in order (every release cell: prose anchors the gaps)."""
+    for r, cell in enumerate(m.rel_cells):
+        if r in m.match or not m.rel_src[r]:
+            continue
+        lo, hi = m.bounds(r)
+        for s in range(lo + 1, hi):
+            if (
+                s not in m.taken
+                and m.sub_cells[s].get("cell_type") == cell.cell_type
+                and m.sub_cmp[s] == m.rel_src[r]
+            ):
+                m.take(r, s, "content")
+                break
+
+
+def _match_by_position(m: _Match) -> None:
+    """Step 3: position and similarity inside the gap between matched neighbours."""
+    for r in m.graded:
+        if r in m.match:
+            continue
+        lo, hi = m.bounds(r)
+        kind = m.rel_cells[r].cell_type
+        gap = [
+            s
+            for s in range(lo + 1, hi)
+            if s not in m.taken and m.sub_cells[s].get("cell_type") == kind
+        ]
+        if not gap:
+            continue
+        # Release cells of this type still waiting for a partner in the same gap.
+        rivals = [
+            rr
+            for rr in m.graded
+            if rr not in m.match and m.bounds(rr) == (lo, hi) and m.rel_cells[rr].cell_type == kind
+        ]
+        scores = {s: _similarity(m.sub_cmp[s], m.rel_src[r]) for s in gap}
+        best = max(gap, key=lambda s: scores[s])
+        threshold = 0.3 if _nbgrader(m.rel_cells[r]).get("solution") else 0.5
+        if scores[best] >= threshold or (len(gap) == 1 and len(rivals) == 1):
+            m.take(r, best, "position")
+
+
+def _recognised(m: _Match) -> tuple[int, int]:
+    """``(found, needed)``: the release's student cells found in the submission.
+
+    Test cells do not count: nbgrader puts deleted ones back, so a submission whose test
+    cells were all deleted is still recognised by its answers and written answers (and, when
+    it has none, by its locked cells).
+    """
+    own = [r for r in m.graded if _nbgrader(m.rel_cells[r]).get("solution")]
+    basis = own or [r for r in m.graded if not _nbgrader(m.rel_cells[r]).get("grade")]
+    basis = basis or m.graded
+    return sum(1 for r in basis if r in m.match), len(basis)
+
+
+def _describe_change(old: object, new: dict, gid: str, s: int, how: str) -> str | None:
+    """A report line for replacing ``old`` metadata by ``new`` (None: nothing worth saying)."""
+    derived = ("checksum", "cell_type")  # nbgrader recomputes these itself
+    if (
+        isinstance(old, dict)
+        and not (set(old) - set(new))
+        and all(old.get(k) == v for k, v in new.items() if k not in derived)
+    ):
+        return None
+    if not isinstance(old, dict) or not old:
+        return (
+            f"restored the lost metadata of {_kind(new)} '{gid}' (cell {s + 1}, matched by {how})"
+        )
+    if old.get("grade_id") == gid:
+        detail = []
+        extra = sorted(set(old) - set(new))
+        changed = sorted(k for k in new if k in old and old[k] != new[k])
+        missing = sorted(set(new) - set(old))
+        if extra:
+            detail.append(f"extra keys {extra}")
+        if changed:
+            detail.append(f"changed {changed}")
+        if missing:
+            detail.append(f"missing {missing}")
+        return f"reset the metadata of {_kind(new)} '{gid}' ({'; '.join(detail)})"
+    return (
+        f"replaced the metadata of cell {s + 1} ('{old.get('grade_id')}') by that of "
+        f"{_kind(new)} '{gid}' (matched by {how})"
+    )
+
+
+def _rebuild_metadata(m: _Match, actions: list[str]) -> None:
+    """Give every matched cell the release's metadata and ids; strip the rest."""
+    sub_for = {s: r for r, s in m.match.items()}
+    cleaned_editor = 0
+    used_ids: set[str] = set()
+    for s, cell in enumerate(m.sub_cells):
+        meta = cell.setdefault("metadata", {})
+        if any(k in meta for k in _EDITOR_KEYS):
+            cleaned_editor += 1
+            for key in _EDITOR_KEYS:
+                meta.pop(key, None)
+        r = sub_for.get(s)
+        old = meta.get("nbgrader")
+        if r is None or not _nbgrader(m.rel_cells[r]):
+            if old is not None:
+                gid = old.get("grade_id", "?") if isinstance(old, dict) else "?"
+                if not (r is None and any(f"'{gid}' appeared" in a for a in actions)):
+                    actions.append(f"removed stray grading metadata ('{gid}') from cell {s + 1}")
+                del meta["nbgrader"]
+            for key in ("editable", "deletable"):
+                meta.pop(key, None)
+        else:
+            rel_meta = m.rel_cells[r].metadata
+            new = copy.deepcopy(dict(rel_meta["nbgrader"]))
+            gid = new["grade_id"]
+            line = _describe_change(old, new, gid, s, m.how[r])
+            if line:
+                actions.append(line)
+            meta["nbgrader"] = new
+            for key in ("editable", "deletable"):
+                if key in rel_meta:
+                    meta[key] = rel_meta[key]
+                else:
+                    meta.pop(key, None)
+            if cell.get("cell_type") != m.rel_cells[r].cell_type:
+                actions.append(f"cell '{gid}' changed type; nbgrader restores it")
+            if not new.get("solution") and new.get("grade") and m.sub_cmp[s] != m.rel_src[r]:
+                actions.append(
+                    f"test cell '{gid}' was edited; the original is restored for grading"
+                )
+        # Cell ids: keep the release's id for matched cells, make the rest unique.
+        rid = m.rel_cells[r].get("id") if r is not None else None
+        cid = cell.get("id")
+        if rid and rid not in used_ids:
+            cell["id"] = rid
+        elif not cid or cid in used_ids:
+            cell["id"] = f"extra-{s + 1}"
+        used_ids.add(cell["id"])
+    if cleaned_editor:
+        actions.append(f"dropped editor metadata (Colab ids) from {cleaned_editor} cells")
+
+
+def _report_missing(m: _Match, actions: list[str]) -> None:
+    for r in m.graded:
+        if r in m.match:
+            continue
+        meta = m.rel_cells[r].metadata.nbgrader
+        if meta.get("grade"):
+            actions.append(
+                f"{_kind(meta)} '{meta['grade_id']}' is missing; nbgrader puts it back for grading"
+            )
+        else:
+            actions.append(
+                f"{_kind(meta)} '{meta['grade_id']}' is missing and could not be matched; "
+                "the tests that need it will fail"
+            )
+
+
 def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairResult:
     """Match ``submitted`` against ``release`` and return a copy with the release's metadata.
 
@@ -113,199 +319,35 @@ def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairRes
 
     Returns:
         A :class:`RepairResult`; ``result.notebook`` is ``None`` when fewer than half of the
-        release's graded cells could be found.
+        release's answer cells (the cells a student fills in) could be found.
     """
     sub = copy.deepcopy(submitted)
     sub_cells = list(sub.get("cells", []))
     rel_cells = list(release.cells)
-    graded = [i for i, c in enumerate(rel_cells) if _nbgrader(c).get("grade_id")]
-    result = RepairResult(notebook=None, expected=len(graded))
     sub_src = [_norm(c.get("source", "")) for c in sub_cells]
-    rel_src = [_norm(c.source) for c in rel_cells]
-    # Compared without hidden tests: the release has none (a solution notebook does).
-    sub_cmp = [_without_hidden_tests(x) for x in sub_src]
-    match: dict[int, int] = {}  # release index -> submission index
-    how: dict[int, str] = {}
-    taken: set[int] = set()
-
-    def bounds(r: int) -> tuple[int, int]:
-        lo = max((s for rr, s in match.items() if rr < r), default=-1)
-        hi = min((s for rr, s in match.items() if rr > r), default=len(sub_cells))
-        return lo, hi
-
-    # 1. grade_id
-    by_id: dict[str, list[int]] = {}
-    for s, cell in enumerate(sub_cells):
-        gid = _nbgrader(cell).get("grade_id")
-        if isinstance(gid, str):
-            by_id.setdefault(gid, []).append(s)
-    for r in graded:
-        gid = rel_cells[r].metadata.nbgrader["grade_id"]
-        candidates = [s for s in by_id.get(gid, []) if s not in taken]
-        if not candidates:
-            continue
-        if len(candidates) > 1:
-            locked = not _nbgrader(rel_cells[r]).get("solution")
-            same = [s for s in candidates if sub_src[s] == rel_src[r]]
-            changed = [s for s in candidates if sub_src[s] != rel_src[r]]
-            preferred = (same if locked else changed) or candidates
-            keep = preferred[0]
-            dropped = [s for s in candidates if s != keep]
-            result.actions.append(
-                f"'{gid}' appeared in {len(candidates)} cells (copied cell?): kept cell "
-                f"{keep + 1}, removed the grading metadata of cell(s) "
-                f"{', '.join(str(s + 1) for s in dropped)}"
-            )
-            candidates = [keep]
-        match[r] = candidates[0]
-        how[r] = "grade_id"
-        taken.add(candidates[0])
-
-    # 2. identical content, in order (all release cells: prose anchors the gaps)
-    for r, cell in enumerate(rel_cells):
-        if r in match or not rel_src[r]:
-            continue
-        lo, hi = bounds(r)
-        for s in range(lo + 1, hi):
-            if (
-                s not in taken
-                and sub_cells[s].get("cell_type") == cell.cell_type
-                and sub_cmp[s] == rel_src[r]
-            ):
-                match[r], how[r] = s, "content"
-                taken.add(s)
-                break
-
-    # 3. position and similarity within the gap between matched neighbours
-    for r in graded:
-        if r in match:
-            continue
-        meta = _nbgrader(rel_cells[r])
-        lo, hi = bounds(r)
-        gap = [
-            s
-            for s in range(lo + 1, hi)
-            if s not in taken and sub_cells[s].get("cell_type") == rel_cells[r].cell_type
-        ]
-        if not gap:
-            continue
-        # Release cells of this type still waiting for a partner in the same gap.
-        rivals = [
-            rr
-            for rr in graded
-            if rr not in match
-            and bounds(rr) == (lo, hi)
-            and rel_cells[rr].cell_type == rel_cells[r].cell_type
-        ]
-        one_to_one = len(gap) == 1 and len(rivals) == 1
-        scores = {s: _similarity(sub_cmp[s], rel_src[r]) for s in gap}
-        best = max(gap, key=lambda s: scores[s])
-        threshold = 0.3 if meta.get("solution") else 0.5
-        if scores[best] >= threshold or one_to_one:
-            match[r], how[r] = best, "position"
-            taken.add(best)
-
-    result.matched = sum(1 for r in graded if r in match)
-    if not graded or result.matched < _MIN_MATCHED * len(graded):
+    m = _Match(
+        sub_cells=sub_cells,
+        rel_cells=rel_cells,
+        graded=[i for i, c in enumerate(rel_cells) if _nbgrader(c).get("grade_id")],
+        sub_src=sub_src,
+        rel_src=[_norm(c.source) for c in rel_cells],
+        # Compared without hidden tests: the release has none (a solution notebook does).
+        sub_cmp=[_without_hidden_tests(x) for x in sub_src],
+    )
+    result = RepairResult(notebook=None, expected=len(m.graded))
+    _match_by_grade_id(m, result.actions)
+    _match_by_content(m)
+    _match_by_position(m)
+    result.matched = sum(1 for r in m.graded if r in m.match)
+    found, needed = _recognised(m)
+    if not needed or found < _MIN_MATCHED * needed:
         result.reason = (
-            f"only {result.matched} of the {len(graded)} graded cells of the release were found: "
+            f"only {found} of the {needed} answer cells of the release were found: "
             "is this the right lab's notebook?"
         )
         return result
-
-    # Rebuild the metadata.
-    sub_for = {s: r for r, s in match.items()}
-    cleaned_editor = 0
-    used_ids: set[str] = set()
-    for s, cell in enumerate(sub_cells):
-        meta = cell.setdefault("metadata", {})
-        if any(k in meta for k in _EDITOR_KEYS):
-            cleaned_editor += 1
-            for key in _EDITOR_KEYS:
-                meta.pop(key, None)
-        r = sub_for.get(s)
-        old = meta.get("nbgrader")
-        if r is None or not _nbgrader(rel_cells[r]):
-            if old is not None:
-                gid = old.get("grade_id", "?") if isinstance(old, dict) else "?"
-                if not (r is None and any(f"'{gid}' appeared" in a for a in result.actions)):
-                    result.actions.append(
-                        f"removed stray grading metadata ('{gid}') from cell {s + 1}"
-                    )
-                del meta["nbgrader"]
-            for key in ("editable", "deletable"):
-                meta.pop(key, None)
-        else:
-            rel_meta = rel_cells[r].metadata
-            new = copy.deepcopy(dict(rel_meta["nbgrader"]))
-            gid = new["grade_id"]
-            # nbgrader recomputes checksums and cell types itself: not worth a report line.
-            derived = ("checksum", "cell_type")
-            same = isinstance(old, dict) and all(
-                old.get(k) == v for k, v in new.items() if k not in derived
-            )
-            same = same and not (set(old) - set(new))
-            if not same:
-                if not isinstance(old, dict) or not old:
-                    result.actions.append(
-                        f"restored the lost metadata of {_kind(new)} '{gid}' "
-                        f"(cell {s + 1}, matched by {how[r]})"
-                    )
-                elif old.get("grade_id") == gid:
-                    extra = sorted(set(old) - set(new))
-                    changed = sorted(k for k in new if k in old and old[k] != new[k])
-                    detail = []
-                    if extra:
-                        detail.append(f"extra keys {extra}")
-                    if changed:
-                        detail.append(f"changed {changed}")
-                    missing = sorted(set(new) - set(old))
-                    if missing:
-                        detail.append(f"missing {missing}")
-                    result.actions.append(
-                        f"reset the metadata of {_kind(new)} '{gid}' ({'; '.join(detail)})"
-                    )
-                else:
-                    result.actions.append(
-                        f"replaced the metadata of cell {s + 1} ('{old.get('grade_id')}') by "
-                        f"that of {_kind(new)} '{gid}' (matched by {how[r]})"
-                    )
-            meta["nbgrader"] = new
-            for key in ("editable", "deletable"):
-                if key in rel_meta:
-                    meta[key] = rel_meta[key]
-                else:
-                    meta.pop(key, None)
-            if cell.get("cell_type") != rel_cells[r].cell_type:
-                result.actions.append(f"cell '{gid}' changed type; nbgrader restores it")
-            edited = sub_cmp[s] != rel_src[r]
-            if not new.get("solution") and new.get("grade") and edited:
-                result.actions.append(
-                    f"test cell '{gid}' was edited; the original is restored for grading"
-                )
-        # Cell ids: keep the release's id for matched cells, make the rest unique.
-        rid = rel_cells[r].get("id") if r is not None else None
-        cid = cell.get("id")
-        if rid and rid not in used_ids:
-            cell["id"] = rid
-        elif not cid or cid in used_ids:
-            cell["id"] = f"extra-{s + 1}"
-        used_ids.add(cell["id"])
-    for r in graded:
-        if r not in match:
-            meta = rel_cells[r].metadata.nbgrader
-            kind = _kind(meta)
-            if meta.get("grade"):
-                result.actions.append(
-                    f"{kind} '{meta['grade_id']}' is missing; nbgrader puts it back for grading"
-                )
-            else:
-                result.actions.append(
-                    f"{kind} '{meta['grade_id']}' is missing and could not be matched; "
-                    "the tests that need it will fail"
-                )
-    if cleaned_editor:
-        result.actions.append(f"dropped editor metadata (Colab ids) from {cleaned_editor} cells")
+    _rebuild_metadata(m, result.actions)
+    _report_missing(m, result.actions)
     sub.nbformat = 4
     sub.nbformat_minor = max(int(sub.get("nbformat_minor", 5)), 5)
     sub.cells = sub_cells

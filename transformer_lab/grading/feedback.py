@@ -1,0 +1,181 @@
+"""Feedback a student can read: which checks failed and why, never the hidden tests' code.
+
+From a submission's executed notebook and its final scores, :func:`feedback_notebook` builds the
+notebook the student gets back:
+
+* a summary at the top: autograded points, the status (and, for a flagged submission, that an
+  instructor will review it), and the written answers still to be graded by hand;
+* every test cell followed by its points; a **hidden** test cell shows only its first line (what
+  it checks and its points) and, if it failed, the check's message, never its code or seeds;
+* errors keep their message (the line that names the mistake) but lose the traceback, which
+  would show the checks' source;
+* figures stay (the written questions refer to "your curves").
+
+:func:`render_html` turns it into one self-contained HTML file: math converted to MathML (read
+by every current browser, offline; no MathJax from a CDN), long messages wrapped, images inline.
+
+Reference: nbconvert's ``HTMLExporter``; MathML Core (W3C).
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import re
+
+import nbformat
+from nbformat import NotebookNode
+
+__all__ = ["feedback_notebook", "math_to_mathml", "render_html"]
+
+_CSS = """
+<style>
+  body { max-width: 1100px; margin: 0 auto; }
+  pre, .jp-OutputArea-output pre, .output_text pre, code {
+    white-space: pre-wrap !important; word-break: break-word; overflow-wrap: anywhere;
+  }
+  .tl-points { font-weight: 600; padding: 0.3em 0.6em; border-radius: 4px; }
+  .tl-pass { background: #e6f4ea; } .tl-fail { background: #fdecea; }
+  math { font-size: 1.05em; }
+  img { max-width: 100%; }
+</style>
+"""
+
+
+def _meta(cell: NotebookNode) -> dict:
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _tex(expression: str, display: bool) -> str:
+    try:
+        from latex2mathml.converter import convert
+    except ImportError:  # the optional converter is missing: show the TeX as code
+        return f"<code>{html.escape(expression)}</code>"
+    try:
+        return convert(expression, display="block" if display else "inline")
+    except Exception:  # an expression the converter does not know: keep it readable
+        return f"<code>{html.escape(expression)}</code>"
+
+
+def math_to_mathml(markdown: str) -> str:
+    """Replace ``$$...$$`` and ``$...$`` (outside code) by MathML."""
+    parts = re.split(r"(```.*?```|`[^`\n]*`)", markdown, flags=re.S)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:  # code: untouched
+            out.append(part)
+            continue
+        part = re.sub(r"\$\$(.+?)\$\$", lambda m: _tex(m.group(1).strip(), True), part, flags=re.S)
+        part = re.sub(r"(?<![\\$])\$([^$\n]+?)\$", lambda m: _tex(m.group(1), False), part)
+        out.append(part)
+    return "".join(out)
+
+
+def _message_only(output: NotebookNode) -> NotebookNode:
+    """An error output reduced to its name and message (no traceback, no source lines)."""
+    evalue = str(output.get("evalue", ""))
+    return nbformat.v4.new_output(
+        "error", ename=output.get("ename", "Error"), evalue=evalue, traceback=[]
+    )
+
+
+def _as_stream(output: NotebookNode) -> NotebookNode:
+    text = f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"
+    return nbformat.v4.new_output("stream", name="stderr", text=text + "\n")
+
+
+def _points_cell(score: float, maximum: float, note: str = "") -> NotebookNode:
+    ok = score >= maximum and maximum > 0
+    label = "passed" if ok else "did not pass"
+    text = (
+        f'<span class="tl-points {"tl-pass" if ok else "tl-fail"}">'
+        f"{score:g} / {maximum:g} point{'s' * (maximum != 1)}: {label}</span>"
+    )
+    if note:
+        text += f" {html.escape(note)}"
+    return nbformat.v4.new_markdown_cell(text)
+
+
+def feedback_notebook(
+    executed: NotebookNode,
+    scores: dict[str, tuple[float, float]],
+    *,
+    title: str,
+    status: str,
+    notes: dict[str, str] | None = None,
+    flags: list[str] | None = None,
+) -> NotebookNode:
+    """The notebook a student receives as feedback (see the module docstring).
+
+    Args:
+        executed: the autograded (executed) notebook.
+        scores: test cell grade id -> (points earned, points possible), as recorded.
+        title: e.g. ``"Lab 01 (01_positional_encoding), student alice"``.
+        status: the submission's status (``graded``, ``incomplete``, ``crashed``, ``flagged``).
+        notes: test cell grade id -> a sentence shown next to its points.
+        flags: why the submission was flagged (shown as "will be reviewed", not in detail).
+    """
+    notes = notes or {}
+    nb = copy.deepcopy(executed)
+    earned = sum(s for s, _ in scores.values())
+    possible = sum(m for _, m in scores.values())
+    manual = sum(
+        1
+        for c in nb.cells
+        if _meta(c).get("grade") and _meta(c).get("solution") and c.cell_type == "markdown"
+    )
+    summary = [f"# Feedback: {title}", "", f"**Autograded points: {earned:g} / {possible:g}.**"]
+    if manual:
+        summary.append(f"Your {manual} written answer(s) are graded by hand.")
+    if status == "flagged":
+        summary.append(
+            "**This submission was flagged for review**: the grader found code that changes how "
+            "the checks run or what they use. An instructor will look at it; the points above are "
+            "withheld until then."
+        )
+    elif status in ("incomplete", "crashed"):
+        summary.append(
+            f"**Grading was {status}**: some cells did not run to the end (see below). If your "
+            "code is correct, ask your instructor to grade it again."
+        )
+    cells = [nbformat.v4.new_markdown_cell("\n\n".join(summary))]
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("transformer_lab_finish"):
+            continue
+        meta = _meta(cell)
+        if cell.cell_type == "markdown":
+            cell.source = math_to_mathml(cell.source)
+            cells.append(cell)
+            continue
+        if cell.cell_type != "code":
+            cells.append(cell)
+            continue
+        hidden = "### BEGIN HIDDEN TESTS" in cell.source
+        outputs = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                outputs.append(_as_stream(output) if hidden else _message_only(output))
+            elif not hidden:
+                outputs.append(output)
+        if hidden:
+            head = cell.source.split("### BEGIN HIDDEN TESTS")[0].rstrip()
+            cell.source = head + "\n# (a hidden check: its code is not shown)"
+        cell.outputs = outputs
+        cells.append(cell)
+        gid = meta.get("grade_id")
+        if meta.get("grade") and gid in scores:
+            cells.append(_points_cell(*scores[gid], notes.get(gid, "")))
+    nb.cells = cells
+    return nb
+
+
+def render_html(nb: NotebookNode) -> str:
+    """One self-contained HTML page of ``nb``: images inline, MathML, wrapped messages."""
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab")
+    body, _ = exporter.from_notebook_node(nb)
+    body = re.sub(r"<script[^>]*mathjax[^>]*>\s*</script>", "", body, flags=re.I)
+    body = re.sub(r"<script[^>]*>[^<]*MathJax[^<]*</script>", "", body, flags=re.S)
+    return body.replace("</head>", _CSS + "</head>", 1)

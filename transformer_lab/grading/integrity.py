@@ -1,0 +1,329 @@
+"""What the grader trusts: the guard's log, the checks each test cell must run, and static flags.
+
+The grader (this side, never inside the sandbox) prepares a :class:`GuardPlan` for a submission:
+a fresh secret key, a nonce for the closing cell, the digests of the notebook's locked cells
+(which the guard recognises when IPython compiles them) and, for every test cell, the checks its
+source calls with their seeds. After the kernel ran, :func:`read_log` verifies every record of
+the guard (MAC, sequence, start and closing records) and :func:`confirmations` decides for each
+test cell whether the grader's own checks ran in it and passed. A test cell that nbgrader scored
+but the log does not confirm earns nothing and flags the submission.
+
+:func:`scan_student_code` reads the student's cells (answer cells and any cell the student added)
+for the constructs a cheat needs: assigning to a module the checks use, ``sys.modules``,
+``builtins``, the notebook's execution hooks, ``os._exit``, tracing, frames and code objects,
+PyTorch's dispatch internals, the grader's own modules, the course's files. They are reported as
+flags (and make the submission's autograded score zero until an instructor reviews it).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nbformat import NotebookNode
+
+from transformer_lab.grading.guard import FINISH_EVENT
+
+__all__ = [
+    "GuardPlan",
+    "LogReading",
+    "confirmations",
+    "plan_for",
+    "read_log",
+    "scan_student_code",
+]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
+
+
+def _meta(cell: NotebookNode) -> dict:
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return meta if isinstance(meta, dict) else {}
+
+
+@dataclass
+class GuardPlan:
+    """What the grader tells the guard, and what it expects to read back.
+
+    Attributes:
+        key: hex secret of the records' MACs (never in the notebook).
+        nonce: the closing cell's secret word.
+        trusted_cells: digest of a locked cell's source -> its grade id.
+        expected: test cell grade id -> ``(check label, repr(seed))`` calls its source makes.
+        points: test cell grade id -> its points.
+    """
+
+    key: str
+    nonce: str
+    trusted_cells: dict[str, str]
+    expected: dict[str, list[tuple[str, str]]]
+    points: dict[str, float]
+
+    def guard_config(self, lab: str, **paths: object) -> dict:
+        """The guard's configuration (written to a file the kernel deletes after reading)."""
+        return {
+            "key": self.key,
+            "lab": lab[:2],
+            "trusted_cells": {**self.trusted_cells, _digest(self.finish_source): "finish"},
+            "finish": _digest(self.nonce),
+            **paths,
+        }
+
+    @property
+    def finish_source(self) -> str:
+        return f'__import__("sys").audit("{FINISH_EVENT}", "{self.nonce}")'
+
+
+def _expected_calls(source: str, number: str) -> list[tuple[str, str]]:
+    """The checks a test cell calls: ``labNN.check_x(...)``, ``hiddenNN.hidden_check_x(...)``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    calls = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in (f"lab{number}", f"hidden{number}")
+            and node.func.attr.startswith(("check_", "hidden_check_"))
+        ):
+            seed = next((k.value for k in node.keywords if k.arg == "seed"), None)
+            seed_value = seed.value if isinstance(seed, ast.Constant) else None
+            calls.append((f"lab{number}.{node.func.attr}", repr(seed_value)))
+    return calls
+
+
+def plan_for(source: NotebookNode, lab: str) -> GuardPlan:
+    """A fresh :class:`GuardPlan` for one submission of ``lab`` (source notebook with tests)."""
+    trusted, expected, points = {}, {}, {}
+    for cell in source.cells:
+        meta = _meta(cell)
+        if cell.cell_type != "code" or not meta.get("locked"):
+            continue
+        trusted[_digest(cell.source)] = meta.get("grade_id", "")
+        if meta.get("grade"):
+            expected[meta["grade_id"]] = _expected_calls(cell.source, lab[:2])
+            points[meta["grade_id"]] = float(meta.get("points", 0))
+    return GuardPlan(secrets.token_hex(32), secrets.token_hex(16), trusted, expected, points)
+
+
+@dataclass
+class LogReading:
+    """The verified records of a guard log and what was wrong with the log itself."""
+
+    records: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    started: bool = False
+    finished: bool = False
+
+    def of(self, event: str) -> list[dict]:
+        return [r for r in self.records if r.get("event") == event]
+
+
+def read_log(path: Path, key: str) -> LogReading:
+    """Read and verify the guard's log at ``path`` (MACs, sequence, start, closing record)."""
+    reading = LogReading()
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        reading.problems.append("the guard's log is missing (the kernel never started properly)")
+        return reading
+    expected_seq = 1
+    secret = bytes.fromhex(key)
+    for number, line in enumerate(lines, start=1):
+        body, _, mac = line.rpartition("\t")
+        want = hashlib.blake2b(body.encode(), key=secret, digest_size=16).hexdigest()
+        if not body or not hmac.compare_digest(mac, want):
+            reading.problems.append(f"log line {number} was not written by the guard (forged)")
+            continue
+        record = json.loads(body)
+        if record.get("seq") != expected_seq:
+            reading.problems.append(
+                f"the guard's log skips from record {expected_seq - 1} to {record.get('seq')}"
+            )
+        expected_seq = int(record.get("seq", expected_seq)) + 1
+        reading.records.append(record)
+    reading.started = bool(reading.of("start"))
+    reading.finished = bool(reading.of("finish"))
+    if not reading.started:
+        reading.problems.append("the guard's log has no start record")
+    return reading
+
+
+@dataclass
+class Confirmation:
+    """Whether the grader's checks confirm one test cell."""
+
+    confirmed: bool
+    reason: str = ""
+
+
+def confirmations(reading: LogReading, plan: GuardPlan) -> dict[str, Confirmation]:
+    """For each test cell: did the grader's own checks run in it and pass?
+
+    A cell is confirmed when the log shows the cell starting and, before the next cell starts,
+    a ``pass`` of every check its source calls (with the same seed) and no ``fail``.
+    """
+    windows: dict[str, list[dict]] = {}
+    current = None
+    for record in reading.records:
+        if record.get("event") == "cell":
+            current = record.get("grade_id") or None
+            if current is not None:
+                windows[current] = []
+        elif record.get("event") == "check" and current is not None:
+            windows[current].append(record)
+    result = {}
+    for gid, calls in plan.expected.items():
+        if gid not in windows:
+            result[gid] = Confirmation(False, "the test cell never ran as the grader wrote it")
+            continue
+        records = windows[gid]
+        failed = [r for r in records if r.get("phase") == "fail"]
+        passed = [(r.get("check"), r.get("seed")) for r in records if r.get("phase") == "pass"]
+        missing = [c for c in calls if c not in passed]
+        if failed:
+            result[gid] = Confirmation(False, f"{failed[0]['check']} failed")
+        elif missing:
+            result[gid] = Confirmation(False, f"{missing[0][0]} did not report a pass")
+        else:
+            result[gid] = Confirmation(True)
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# Static scan of the student's code
+# --------------------------------------------------------------------------------------
+
+# Names whose attributes a submission must not assign to (the modules the checks rely on).
+_PROTECTED_ROOTS = {
+    "torch", "F", "nn", "math", "np", "numpy", "sys", "builtins", "transformer_lab", "lab",
+    "plots", "diagrams", "plt", "os", "importlib", "types",
+}  # fmt: skip
+_FORBIDDEN_NAMES = {
+    "__builtins__": "uses __builtins__",
+    "__code__": "reads or replaces a function's code (__code__)",
+    "__globals__": "reaches into a function's globals (__globals__)",
+    "__closure__": "reaches into a function's closure (__closure__)",
+    "tb_frame": "walks the interpreter's frames (tb_frame)",
+    "f_back": "walks the interpreter's frames (f_back)",
+    "f_globals": "reads another frame's globals (f_globals)",
+    "f_locals": "reads another frame's variables (f_locals)",
+    "_getframe": "walks the interpreter's frames (sys._getframe)",
+    "settrace": "installs a tracer (settrace)",
+    "setprofile": "installs a profiler (setprofile)",
+    "addaudithook": "installs an audit hook",
+    "set_custom_exc": "hides exceptions from the grader (set_custom_exc)",
+    "__torch_function__": "intercepts torch calls (__torch_function__)",
+    "__torch_dispatch__": "intercepts torch calls (__torch_dispatch__)",
+    "TorchFunctionMode": "intercepts torch calls (TorchFunctionMode)",
+    "TorchDispatchMode": "intercepts torch calls (TorchDispatchMode)",
+    "_python_dispatch": "uses torch's dispatch internals",
+    "DisableTorchFunction": "switches off torch's function hooks",
+    "_disable_current_modes": "switches off torch's dispatch hooks",
+    "_exit": "kills the kernel (os._exit)",
+    "get_referrers": "searches the interpreter's objects (gc)",
+    "get_objects": "searches the interpreter's objects (gc)",
+}
+_FORBIDDEN_MODULES = {
+    "ctypes", "gc", "sqlite3", "subprocess", "socket", "signal", "pty", "multiprocessing",
+    "inspect", "importlib", "shutil",
+}  # fmt: skip
+_FORBIDDEN_TEXT = {
+    "transformer_lab.grading": "imports the grader's own modules",
+    "hidden_check": "calls the hidden checks",
+    "oracle_": "calls the grader's oracles",
+    "gradebook": "touches the gradebook",
+    "solutions/": "reads the course's solutions",
+    "submitted/": "touches other submissions",
+    "sys.modules": "changes sys.modules",
+}
+_HOOK_ATTRS = {"run_cell", "run_cell_async", "events", "input_transformers_post",
+               "input_transformers_cleanup", "ast_transformers", "showtraceback"}  # fmt: skip
+
+
+def _student_cells(submission: NotebookNode) -> Iterable[tuple[int, NotebookNode]]:
+    """Code cells the student wrote: answer cells and cells without grading metadata."""
+    for index, cell in enumerate(submission.cells, start=1):
+        if cell.cell_type != "code":
+            continue
+        meta = _meta(cell)
+        if meta.get("solution") or not meta:
+            yield index, cell
+
+
+def scan_student_code(submission: NotebookNode) -> list[str]:
+    """Flags for constructs a cheat needs, as ``cell N line L: what`` sentences."""
+    flags: list[str] = []
+    for index, cell in _student_cells(submission):
+        source = cell.source
+        lines = "\n".join(
+            line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))
+        )
+        for needle, what in _FORBIDDEN_TEXT.items():
+            if needle in source:
+                line = next(i for i, t in enumerate(source.splitlines(), 1) if needle in t)
+                flags.append(f"cell {index} line {line}: {what} ({needle!r})")
+        try:
+            tree = ast.parse(lines)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            where = f"cell {index} line {getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Attribute | ast.Name):
+                name = node.attr if isinstance(node, ast.Attribute) else node.id
+                if name in _FORBIDDEN_NAMES:
+                    flags.append(f"{where}: {_FORBIDDEN_NAMES[name]}")
+                if (
+                    isinstance(node, ast.Attribute)
+                    and name in _HOOK_ATTRS
+                    and "get_ipython" in ast.unparse(node.value)
+                ):
+                    flags.append(f"{where}: changes how the notebook runs cells ({name})")
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                for module in modules:
+                    if module.split(".")[0] in _FORBIDDEN_MODULES or module == "builtins":
+                        flags.append(f"{where}: imports {module}")
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.Delete | ast.AnnAssign):
+                targets = (
+                    node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+                )
+                for target in targets:
+                    root = target
+                    while isinstance(root, ast.Attribute | ast.Subscript):
+                        root = root.value
+                    if (
+                        isinstance(target, ast.Attribute | ast.Subscript)
+                        and isinstance(root, ast.Name)
+                        and (root.id in _PROTECTED_ROOTS or root.id.startswith(("lab", "hidden")))
+                    ):
+                        flags.append(f"{where}: changes {ast.unparse(target)}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("setattr", "delattr")
+                and node.args
+            ):
+                root = node.args[0]
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and (
+                    root.id in _PROTECTED_ROOTS or root.id.startswith(("lab", "hidden"))
+                ):
+                    flags.append(f"{where}: changes {ast.unparse(node.args[0])} with setattr")
+    return list(dict.fromkeys(flags))

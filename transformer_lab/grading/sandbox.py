@@ -1,0 +1,319 @@
+"""Where a submission's code runs: a kernel in an OS sandbox, limited in memory, CPU and time.
+
+Grading runs untrusted code. Each submission's kernel is started (by nbgrader's ``Execute``, through
+:class:`SandboxedKernelManager`) as::
+
+    python -m transformer_lab.grading.limits ... -- bwrap <mounts> -- python -m \\
+        transformer_lab.grading.guard -f <connection file>
+
+* ``limits`` (this package) sets the resource limits (address space, CPU seconds, file size,
+  open files) and replaces itself with the sandbox;
+* ``bwrap`` (bubblewrap, the sandbox of Flatpak; Debian package ``bubblewrap``) gives the kernel
+  new namespaces: no network (loopback only), its own process tree, a private ``/tmp``, and a
+  file system of read-only system folders (``/usr``, the Python environment, the grader's package
+  tree of the lab) plus ONE writable folder, the submission's workspace. The course (other
+  submissions, the gradebook, solutions, the kit's sources) is not there at all;
+* the kernel talks to the grader over Unix sockets in the workspace (ZeroMQ's ``ipc``
+  transport), since it has no network;
+* :mod:`transformer_lab.grading.guard` then installs the tamper-evident audit hook before IPython.
+
+Where bubblewrap is missing (macOS, a container without user namespaces), grading still runs:
+the same limits and guard, without the namespaces, and every report says "unsandboxed".
+
+The total time a submission may take is bounded too (:class:`BudgetedExecute`): each cell gets at
+most the time left, and cells after the budget or after the kernel died are marked as not run.
+
+Reference: bubblewrap(1); jupyter_client's ``KernelManager`` (``format_kernel_cmd``, ``transport``);
+nbclient's ``NotebookClient.async_execute_cell``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat import NotebookNode
+from nbgrader.preprocessors import Execute
+from traitlets import Dict, Float, Unicode
+
+__all__ = [
+    "BudgetedExecute",
+    "KernelSandbox",
+    "SandboxedKernelManager",
+    "find_bwrap",
+]
+
+#: Output names of the cells the grader did not run to the end, and why.
+TIMEOUT_ENAMES = ("CellTimeoutError", "TimeBudgetExceeded")
+DEAD_ENAME = "DeadKernelError"
+
+
+@functools.cache
+def find_bwrap() -> str | None:
+    """The path of a working ``bwrap``, or None (missing, or the kernel refuses namespaces)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        probe = subprocess.run(
+            [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+            capture_output=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return path if probe.returncode == 0 else None
+
+
+@dataclass
+class KernelSandbox:
+    """Everything needed to start one submission's kernel.
+
+    Attributes:
+        workspace: the only writable folder (the kernel's working directory and home).
+        run_dir: short folder for the kernel's sockets, connection file, guard config and log.
+        python_path: folders put first on the kernel's ``PYTHONPATH`` (the grader's package tree).
+        hidden: folders the kernel must not read from student code (the hidden checks).
+        env: extra environment variables for the kernel.
+        memory_bytes: address-space limit (0: none).
+        cpu_seconds: CPU-time limit for the whole kernel (0: none).
+        use_bwrap: run inside bubblewrap (False: unsandboxed, guard and limits only).
+        masked: installed copies of the kit to hide inside the sandbox (tmpfs over them).
+    """
+
+    workspace: Path
+    run_dir: Path
+    python_path: list[Path] = field(default_factory=list)
+    hidden: list[Path] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    memory_bytes: int = 0
+    cpu_seconds: int = 0
+    use_bwrap: bool = True
+    masked: list[Path] = field(default_factory=list)
+
+    @property
+    def connection_file(self) -> Path:
+        return self.run_dir / "kernel.json"
+
+    @property
+    def socket_prefix(self) -> Path:
+        return self.run_dir / "k"
+
+    def read_roots(self) -> list[str]:
+        """Folders the kernel's code may read (besides the workspace)."""
+        roots = {
+            sys.prefix,
+            sys.base_prefix,
+            sys.exec_prefix,
+            sysconfig.get_paths()["stdlib"],
+            *(str(p) for p in self.python_path),
+            "/usr",
+            "/lib",
+            "/lib64",
+            "/etc",
+            "/proc",
+            "/sys",
+            "/dev",
+            str(self.run_dir),
+            str(self.tmp_dir),
+        }
+        return sorted(roots)
+
+    @property
+    def tmp_dir(self) -> Path:
+        """The kernel's temporary folder: a private ``/tmp`` in the sandbox, else its own."""
+        return Path("/tmp") if self.use_bwrap else self.run_dir.parent / "tmp"
+
+    def command(self, kernel_argv: Sequence[str]) -> list[str]:
+        """The full command line: limits, then (maybe) bubblewrap, then the guarded kernel."""
+        limits = [sys.executable, "-m", "transformer_lab.grading.limits"]
+        limits += ["--output", str(self.run_dir / "kernel-output.txt")]
+        if self.memory_bytes:
+            limits += ["--memory", str(self.memory_bytes)]
+        if self.cpu_seconds:
+            limits += ["--cpu", str(self.cpu_seconds)]
+        limits.append("--")
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(self.workspace),
+            "MPLCONFIGDIR": str(self.workspace / ".matplotlib"),
+            "PYTHONPATH": os.pathsep.join(str(p) for p in self.python_path),
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "TMPDIR": str(self.tmp_dir),
+            "LANG": "C.UTF-8",
+            **self.env,
+        }
+        if not self.use_bwrap:
+            self.tmp_dir.mkdir(exist_ok=True)
+            exports = [f"{k}={v}" for k, v in env.items()]
+            return [*limits, "/usr/bin/env", "-i", *exports, *kernel_argv]
+        bwrap = find_bwrap()
+        if bwrap is None:
+            raise RuntimeError("bubblewrap is not available: grade with use_bwrap=False")
+        # No --new-session: the grader interrupts a cell that runs too long by signalling the
+        # kernel's process group. The kernel has no terminal to abuse.
+        args = [bwrap, "--die-with-parent", "--unshare-all", "--clearenv"]
+        for name in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"):
+            if os.path.exists(name):
+                args += ["--ro-bind", name, name]
+        args += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
+        # A private /tmp first: the folders below may live under the host's /tmp.
+        args += ["--tmpfs", "/tmp"]
+        for name in sorted(
+            {sys.base_prefix, sys.prefix, sys.exec_prefix, *map(str, self.python_path)}
+        ):
+            if os.path.exists(name):
+                args += ["--ro-bind", name, name]
+        for path in self.masked:
+            if path.is_dir():
+                args += ["--tmpfs", str(path)]
+        for folder in (self.workspace, self.run_dir):
+            args += ["--bind", str(folder), str(folder)]
+        for key, value in env.items():
+            args += ["--setenv", key, value]
+        args += ["--chdir", str(self.workspace), "--"]
+        return [*limits, *args, *kernel_argv]
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager that starts the guarded kernel inside a :class:`KernelSandbox`.
+
+    Configured per submission (traitlets config ``SandboxedKernelManager.sandbox``: the
+    sandbox's fields as strings and lists; ``guard_config``: the path of the guard's config).
+    """
+
+    sandbox = Dict(help="KernelSandbox fields").tag(config=True)
+    guard_config = Unicode("", help="path of the guard's configuration file").tag(config=True)
+    startup_timeout = Float(120.0).tag(config=True)
+
+    def _sandbox(self) -> KernelSandbox:
+        fields = dict(self.sandbox)
+        for key in ("workspace", "run_dir"):
+            fields[key] = Path(fields[key])
+        for key in ("python_path", "hidden", "masked"):
+            fields[key] = [Path(p) for p in fields.get(key, [])]
+        return KernelSandbox(**fields)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        box = self._sandbox()
+        self.transport = "ipc"
+        self.ip = str(box.socket_prefix)
+        self.connection_file = str(box.connection_file)
+        # Interrupt a cell through the kernel's control channel: a signal from outside the
+        # sandbox's process tree may not reach it.
+        self.kernel_spec.interrupt_mode = "message"
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        box = self._sandbox()
+        box.env = {**box.env, "TRANSFORMER_LAB_GUARD": self.guard_config}
+        kernel = [
+            sys.executable,
+            "-m",
+            "transformer_lab.grading.guard",
+            "-f",
+            str(box.connection_file),
+            *(extra_arguments or []),
+        ]
+        return box.command(kernel)
+
+
+def _error_output(ename: str, evalue: str) -> NotebookNode:
+    return NotebookNode(
+        output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"]
+    )
+
+
+class BudgetedExecute(Execute):
+    """nbgrader's ``Execute`` in the sandbox, with one time budget for the whole submission.
+
+    Each cell may run for the configured cell timeout or the time left, whichever is shorter; a
+    cell reached after the budget is spent, or after the kernel died, is not run and gets an
+    error output that says why (``TimeBudgetExceeded``, ``DeadKernelError``). Threads are pinned
+    by the kernel's environment (``TRANSFORMER_LAB_THREADS``, ``OMP_NUM_THREADS``).
+    """
+
+    budget = Float(600.0, help="seconds a whole submission may run").tag(config=True)
+    finish_source = Unicode("", help="the grader's closing cell, run after the notebook").tag(
+        config=True
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["kernel_manager_class"] = SandboxedKernelManager
+        super().__init__(*args, **kwargs)
+        self._started = 0.0
+        self._dead = ""
+        self._cell_timeout = self.timeout
+
+    def preprocess(
+        self, nb: NotebookNode, resources: Any = None, km: Any = None
+    ) -> tuple[NotebookNode, Any]:
+        """Run the notebook, then the closing cell (which is removed again afterwards)."""
+        self._started, self._dead, self._cell_timeout = 0.0, "", self.timeout
+        if self.finish_source:
+            closing = nbformat.v4.new_code_cell(self.finish_source)
+            closing.metadata["transformer_lab_finish"] = True
+            nb.cells.append(closing)
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            nb.cells = [
+                c for c in nb.cells if not c.get("metadata", {}).get("transformer_lab_finish")
+            ]
+
+    @property
+    def dead(self) -> str:
+        """Why the kernel died, or ``""``."""
+        return self._dead
+
+    async def async_execute_cell(
+        self,
+        cell: NotebookNode,
+        cell_index: int,
+        execution_count: int | None = None,
+        store_history: bool = True,
+    ) -> NotebookNode:
+        run = super().async_execute_cell
+        if cell.cell_type != "code" or not cell.source.strip():
+            return await run(cell, cell_index, execution_count, store_history)
+        if not self._started:
+            self._started = time.monotonic()
+        if self._dead:
+            cell.outputs = [_error_output(DEAD_ENAME, f"not run: {self._dead}")]
+            return cell
+        left = self.budget - (time.monotonic() - self._started)
+        if left <= 1:
+            message = f"not run: the submission used its whole time budget of {self.budget:g} s"
+            cell.outputs = [_error_output("TimeBudgetExceeded", message)]
+            return cell
+        self.timeout = int(min(self._cell_timeout or left, left))
+        try:
+            return await run(cell, cell_index, execution_count, store_history)
+        except DeadKernelError as exc:
+            self._dead = f"the kernel died while cell {cell_index + 1} ran ({exc})"
+            cell.outputs = [*cell.get("outputs", []), _error_output(DEAD_ENAME, self._dead)]
+            return cell
+        except CellTimeoutError:
+            # The kernel stopped answering altogether (not even its output channel): nothing
+            # later can run in it.
+            self._dead = f"the kernel stopped answering in cell {cell_index + 1}"
+            message = "no reply from the kernel before the timeout; the kernel stopped answering"
+            cell.outputs = [*cell.get("outputs", []), _error_output("CellTimeoutError", message)]
+            return cell
+
+    # nbclient binds the synchronous wrapper to its own coroutine: bind it to this one.
+    execute_cell = run_sync(async_execute_cell)
