@@ -64,7 +64,11 @@ def test_leaked_solution_and_hidden_tests_are_found(repo: Path) -> None:
     path = repo / "labs" / LAB / f"{LAB}.ipynb"
     nb = nbformat.read(str(path), as_version=4)
     src = nbformat.read(str(repo / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
-    answer = next(c for c in src.cells if c.get("id") == "sinusoidal_encoding")
+    answer = next(
+        c
+        for c in src.cells
+        if c.metadata.get("nbgrader", {}).get("grade_id") == "sinusoidal_encoding"
+    )
     solution_line = next(line for line in answer.source.splitlines() if "angles =" in line)
     nb.cells[5].source += "\n" + solution_line
     nb.cells[6].source += "\nlab01.hidden_check_sinusoidal_encoding(sinusoidal_encoding, seed=1)"
@@ -96,8 +100,8 @@ def _report(course: Path, solution: tuple, release: tuple) -> GradeReport:
         (("graded", 12.0), ("graded", 0.0), None),
         (("graded", 10.0), ("graded", 0.0), "the solution earns 10 of 12"),
         (("graded", 12.0), ("graded", 1.0), "the untouched release earns 1 points"),
-        (("failed", None), ("graded", 0.0), "the solution could not be graded"),
-        (("graded", 12.0), ("failed", None), "the untouched release could not be graded"),
+        (("failed", None), ("graded", 0.0), "the solution was failed, not graded"),
+        (("graded", 12.0), ("failed", None), "the untouched release was failed"),
     ],
 )
 def test_check_verdicts(repo: Path, monkeypatch, solution, release, words) -> None:
@@ -110,3 +114,27 @@ def test_check_verdicts(repo: Path, monkeypatch, solution, release, words) -> No
         assert problems == []
     else:
         assert len(problems) == 1 and words in problems[0]
+
+
+def test_opening_a_release_in_an_editor_does_not_break_check(repo: Path) -> None:
+    """JupyterLab rewrites kernel and language metadata, a run adds outputs, Validate saves,
+    and autosaves land in .ipynb_checkpoints/: none of it is a change to the lab."""
+    path = repo / "labs" / LAB / f"{LAB}.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)"}
+    nb.metadata["language_info"] = {"name": "python", "version": "3.12.1", "mimetype": "x"}
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n")]
+    code.execution_count = 3
+    code.metadata["execution"] = {"iopub.status.idle": "2026-12-01T10:00:00Z"}
+    nbformat.write(nb, str(path))
+    autosave = repo / "labs" / LAB / ".ipynb_checkpoints"
+    autosave.mkdir()
+    (autosave / f"{LAB}-checkpoint.ipynb").write_text(path.read_text())
+    assert main(["--repo", str(repo), "check", LAB, "--no-grade"]) == 0
+    # A real change still fails, and a build leaves the editor's autosaves alone.
+    nb.cells[0].source += "\nedited by hand"
+    nbformat.write(nb, str(path))
+    assert main(["--repo", str(repo), "check", LAB, "--no-grade"]) == 1
+    assert main(["--repo", str(repo), "build", LAB, "--no-student"]) == 0
+    assert (autosave / f"{LAB}-checkpoint.ipynb").is_file()

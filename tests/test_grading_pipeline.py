@@ -3,7 +3,8 @@
 One module-scoped course is graded once (each notebook starts a kernel, so the scenarios
 share it): the solution, the untouched release, a Colab-mangled copy of the solution, a
 submission that only calls the package, one with an infinite loop, one that edits and deletes
-test cells, another lab's notebook and a broken file.
+test cells, one whose test cells were all deleted, a newer Colab copy beside an older one,
+another lab's notebook and a broken file.
 """
 
 from __future__ import annotations
@@ -106,9 +107,8 @@ def graded(tmp_path_factory) -> tuple[GradeReport, dict[str, str]]:
             hashes = _build_and_grade(course)
             done.write_text(json.dumps(hashes))
     hashes = json.loads(done.read_text())
-    results = [
-        SubmissionResult(**r) for r in json.loads((course / "grading_report.json").read_text())
-    ]
+    runs = json.loads((course / "grading_report.json").read_text())["runs"]
+    results = [SubmissionResult(**r) for r in runs[-1]["results"]]
     report = GradeReport(course, results, course / "grades.csv", course / "feedback")
     return report, hashes
 
@@ -136,6 +136,17 @@ def _build_and_grade(course: Path) -> dict[str, str]:
     nb.cells.remove(_cell(nb, "test_sinusoidal_encoding_values"))
     _write(course, "cheater", nb)
 
+    nb = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), 4)
+    tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    nb.cells = [c for c in nb.cells if c not in tests or c.cell_type == "markdown"]
+    _write(course, "notests", nb)
+
+    _write(course, "twocopies", _release())
+    old = course / "submitted" / "twocopies" / LAB / f"{LAB}.ipynb"
+    os.utime(old, (old.stat().st_atime - 3600, old.stat().st_mtime - 3600))
+    newer = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), 4)
+    _write(course, "twocopies", newer, name=f"{LAB} (1).ipynb")
+
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('lab 2?')")])
     _write(course, "wronglab", other)
     broken = course / "submitted" / "broken" / LAB
@@ -156,8 +167,9 @@ def test_solution_full_marks_and_release_zero(graded) -> None:
     report, _ = graded
     sol, rel = report.find("solution", LAB), report.find("release", LAB)
     assert (sol.status, sol.auto_score, sol.auto_max) == ("graded", 12.0, 12.0)
-    assert sol.needs_manual == 2  # the written answers wait for a human
-    assert (rel.status, rel.auto_score, rel.max_score) == ("graded", 0.0, 16.0)
+    assert sol.needs_manual == 3  # the written answers wait for a human
+    assert (rel.status, rel.auto_score, rel.max_score) == ("graded", 0.0, 18.0)
+    assert sol.flags == [] and rel.flags == []
 
 
 def test_mangled_colab_copy_grades_like_the_intact_one(graded) -> None:
@@ -173,9 +185,9 @@ def test_mangled_colab_copy_grades_like_the_intact_one(graded) -> None:
             }
             for student in ("solution", "mangled")
         }
-    assert per_cell["mangled"] == per_cell["solution"] and len(per_cell["solution"]) == 10
+    assert per_cell["mangled"] == per_cell["solution"] and len(per_cell["solution"]) == 11
     text = "\n".join(mangled.repairs)
-    assert f"used {LAB} (1).ipynb" in text
+    assert f"graded {LAB} (1).ipynb as {LAB}.ipynb" in text
     assert "restored the lost metadata" in text and "appeared in 2 cells" in text
 
 
@@ -191,7 +203,8 @@ def test_infinite_loop_is_cut_and_the_rest_graded(graded) -> None:
     loop = report.find("loop", LAB)
     # sinusoidal_encoding was defined before the loop: 6 points; the transposed matrix keeps
     # only the shape point (M(0) is the identity either way).
-    assert (loop.status, loop.auto_score) == ("graded", 7.0)
+    assert (loop.status, loop.auto_score) == ("incomplete", 7.0)
+    assert any("sinusoidal_encoding" in p and "CellTimeoutError" in p for p in loop.problems)
     assert _grade(report, "loop", "test_relative_shift_matrix_shape") == 1.0
     assert _grade(report, "loop", "test_relative_shift_matrix_values") == 0.0
     nb = nbformat.read(str(report.course / "autograded" / "loop" / LAB / f"{LAB}.ipynb"), 4)
@@ -226,6 +239,8 @@ def test_unmatched_submissions_are_reported_not_zeroed(graded) -> None:
             "shortcut",
             "loop",
             "cheater",
+            "notests",
+            "twocopies",
         }
 
 
@@ -233,13 +248,28 @@ def test_csv_and_feedback_hold_the_gradebook_scores(graded) -> None:
     report, _ = graded
     rows = {r["student_id"]: r for r in csv.DictReader(report.csv_path.open())}
     for result in report.results:
-        if result.status != "graded":
+        if result.status in ("unmatched", "failed"):
             assert result.student not in rows
             continue
         assert float(rows[result.student]["score"]) == result.score
-        assert float(rows[result.student]["max_score"]) == 16.0
+        assert float(rows[result.student]["max_score"]) == 18.0
+        assert rows[result.student]["status"] == result.status
         html = report.feedback_dir / result.student / LAB / f"{LAB}.html"
-        assert f"{result.score:g} / 16" in " ".join(html.read_text().split()).replace(".0", "")
+        assert f"Autograded points: {result.auto_score:g} / 12" in html.read_text()
+
+
+def test_a_submission_without_test_cells_is_recognised_and_graded(graded) -> None:
+    report, _ = graded
+    result = report.find("notests", LAB)
+    assert (result.status, result.auto_score) == ("graded", 12.0)
+    assert "is missing; nbgrader puts it back" in "\n".join(result.repairs)
+
+
+def test_the_newest_colab_copy_is_graded_and_the_other_reported(graded) -> None:
+    report, _ = graded
+    result = report.find("twocopies", LAB)
+    assert (result.status, result.auto_score) == ("graded", 12.0)
+    assert result.ignored == [f"{LAB}.ipynb"]
 
 
 def test_originals_untouched_and_regrading_is_safe(graded, tmp_path) -> None:

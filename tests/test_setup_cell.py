@@ -46,12 +46,16 @@ def wheel_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fresh_kernel(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
     """A new venv that sees this environment's packages (torch, Lightning...) but not the kit."""
     root = tmp_path_factory.mktemp("colab")
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # Without its own pip and setuptools: those of this environment serve (on Colab they are
+    # recent; a new venv's bundled setuptools is older than torch requires).
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300
+    )
     python = venv / "bin" / "python"
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import types
 from typing import Any
@@ -47,8 +48,16 @@ STUDENT_CALL_EVENT = "transformer_lab.student_call"
 FINISH_EVENT = "transformer_lab.finish"
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
+# nbgrader puts a deleted test cell back with this notice in front of its source.
+_RESTORED = re.compile(
+    r"^(# )?This cell \(id:[^)]*\) was missing from the submission\. It was added back by "
+    r"nbgrader\.\s*"
+)
+
+
+def cell_digest(text: str) -> str:
+    """The digest by which the guard recognises a locked cell (restored cells included)."""
+    return hashlib.sha256(_RESTORED.sub("", text.strip()).strip().encode("utf-8")).hexdigest()
 
 
 def _cell_file(filename: str) -> bool:
@@ -82,6 +91,14 @@ def install(config: dict[str, Any]) -> None:
 
     # Capture what the hook calls, so that patching a module later cannot reach into it.
     blake2b, dumps, write = hashlib.blake2b, json.dumps, os.write
+    sha256, unrestore, cell_file = hashlib.sha256, _RESTORED.sub, _cell_file
+    fsdecode, sep, path_like = os.fsdecode, os.sep, os.PathLike
+    o_write = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+    events = (CHECK_EVENT, STUDENT_CALL_EVENT, FINISH_EVENT)
+
+    def digest(text: str) -> str:  # cell_digest, from captured parts only
+        return sha256(unrestore("", text.strip()).strip().encode("utf-8")).hexdigest()
+
     getframe, realpath, isinstance_, id_ = sys._getframe, os.path.realpath, isinstance, id
     function_type = types.FunctionType
     modules = sys.modules
@@ -234,13 +251,13 @@ def install(config: dict[str, Any]) -> None:
             filename = frame.f_code.co_filename
             if filename in state["trusted_files"]:
                 return None
-            if filename in state["student_files"] or _cell_file(filename):
+            if filename in state["student_files"] or cell_file(filename):
                 return frame
             frame = frame.f_back
         return None
 
     def inside(path: str, roots: tuple[str, ...]) -> bool:
-        return any(path == r or path.startswith(r + os.sep) for r in roots)
+        return any(path == r or path.startswith(r + sep) for r in roots)
 
     def verify(where: str) -> None:
         found = differences()
@@ -358,8 +375,8 @@ def install(config: dict[str, Any]) -> None:
             source, filename = args[0], str(args[1])
             if isinstance_(source, bytes):
                 source = source.decode("utf-8", "replace")
-            if isinstance_(source, str) and _cell_file(filename):
-                gid = trusted_cells.get(_digest(source))
+            if isinstance_(source, str) and cell_file(filename):
+                gid = trusted_cells.get(digest(source))
                 if gid is not None:
                     state["trusted_files"].add(filename)
                     state["student_files"].discard(filename)
@@ -371,7 +388,7 @@ def install(config: dict[str, Any]) -> None:
                     record("cell", grade_id="", student=True)
             return
         caller = getframe(2)  # hook <- handle: the frame that raised the event
-        if event == CHECK_EVENT:
+        if event == events[0]:
             frame = caller
             if frame.f_code is not wrapper_code:
                 record("forged", what="a check event not raised by the grader's wrapper")
@@ -390,11 +407,11 @@ def install(config: dict[str, Any]) -> None:
                 fields["message"] = args[3]
             record("check", **fields)
             return
-        if event == STUDENT_CALL_EVENT:
+        if event == events[1]:
             verify("after a call of the student's code")
             return
-        if event == FINISH_EVENT:
-            if finish_digest and _digest(str(args[0])) == finish_digest:
+        if event == events[2]:
+            if finish_digest and digest(str(args[0])) == finish_digest:
                 verify("at the end")
                 record("finish")
             else:
@@ -404,19 +421,19 @@ def install(config: dict[str, Any]) -> None:
         if student is None:
             return
         if event in refused_everywhere:
-            if event in file_events and args and isinstance_(args[0], str | bytes | os.PathLike):
-                path = realpath(os.fsdecode(args[0]))
+            if event in file_events and args and isinstance_(args[0], str | bytes | path_like):
+                path = realpath(fsdecode(args[0]))
                 if inside(path, write_roots):
                     return
             refuse(student, event, repr(args[:1]))
         elif event == "open":
             path, mode = args[0], args[1] if len(args) > 1 else "r"
-            if not isinstance_(path, str | bytes | os.PathLike):
+            if not isinstance_(path, str | bytes | path_like):
                 return  # a file descriptor
-            path = realpath(os.fsdecode(path))
+            path = realpath(fsdecode(path))
             writing = isinstance_(mode, str) and any(c in mode for c in "wax+")
             if isinstance_(mode, int):
-                writing = bool(mode & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND))
+                writing = bool(mode & o_write)
             if inside(path, (hidden_root,)) or (writing and not inside(path, write_roots)):
                 refuse(student, "open", path)
             if not writing and not inside(path, write_roots + read_roots):

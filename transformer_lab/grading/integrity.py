@@ -28,7 +28,7 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from transformer_lab.grading.guard import FINISH_EVENT
+from transformer_lab.grading.guard import FINISH_EVENT, cell_digest
 
 __all__ = [
     "GuardPlan",
@@ -38,10 +38,6 @@ __all__ = [
     "read_log",
     "scan_student_code",
 ]
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.strip().encode("utf-8")).hexdigest()
 
 
 def _meta(cell: NotebookNode) -> dict:
@@ -72,8 +68,8 @@ class GuardPlan:
         return {
             "key": self.key,
             "lab": lab[:2],
-            "trusted_cells": {**self.trusted_cells, _digest(self.finish_source): "finish"},
-            "finish": _digest(self.nonce),
+            "trusted_cells": {**self.trusted_cells, cell_digest(self.finish_source): "finish"},
+            "finish": cell_digest(self.nonce),
             **paths,
         }
 
@@ -110,7 +106,7 @@ def plan_for(source: NotebookNode, lab: str) -> GuardPlan:
         meta = _meta(cell)
         if cell.cell_type != "code" or not meta.get("locked"):
             continue
-        trusted[_digest(cell.source)] = meta.get("grade_id", "")
+        trusted[cell_digest(cell.source)] = meta.get("grade_id", "")
         if meta.get("grade"):
             expected[meta["grade_id"]] = _expected_calls(cell.source, lab[:2])
             points[meta["grade_id"]] = float(meta.get("points", 0))
@@ -143,7 +139,7 @@ def read_log(path: Path, key: str) -> LogReading:
     for number, line in enumerate(lines, start=1):
         body, _, mac = line.rpartition("\t")
         want = hashlib.blake2b(body.encode(), key=secret, digest_size=16).hexdigest()
-        if not body or not hmac.compare_digest(mac, want):
+        if not body or not hmac.comparecell_digest(mac, want):
             reading.problems.append(f"log line {number} was not written by the guard (forged)")
             continue
         record = json.loads(body)
@@ -262,9 +258,32 @@ def _student_cells(submission: NotebookNode) -> Iterable[tuple[int, NotebookNode
             yield index, cell
 
 
+def _imported_names(submission: NotebookNode) -> set[str]:
+    """Names bound by an import anywhere in the notebook (modules, and what was taken from them)."""
+    names: set[str] = set()
+    for cell in submission.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names |= {a.asname or a.name for a in node.names}
+    return names
+
+
 def scan_student_code(submission: NotebookNode) -> list[str]:
-    """Flags for constructs a cheat needs, as ``cell N line L: what`` sentences."""
+    """Flags for constructs a cheat needs, as ``cell N line L: what`` sentences.
+
+    Assigning to an attribute of anything the notebook imported (``torch.allclose = ...``,
+    ``lab01.check_x = ...``, ``posixpath.os = ...``) counts as changing what the checks use.
+    """
     flags: list[str] = []
+    protected = _PROTECTED_ROOTS | _imported_names(submission)
     for index, cell in _student_cells(submission):
         source = cell.source
         lines = "\n".join(
@@ -310,7 +329,7 @@ def scan_student_code(submission: NotebookNode) -> list[str]:
                     if (
                         isinstance(target, ast.Attribute | ast.Subscript)
                         and isinstance(root, ast.Name)
-                        and (root.id in _PROTECTED_ROOTS or root.id.startswith(("lab", "hidden")))
+                        and (root.id in protected or root.id.startswith(("lab", "hidden")))
                     ):
                         flags.append(f"{where}: changes {ast.unparse(target)}")
             if (
@@ -323,7 +342,7 @@ def scan_student_code(submission: NotebookNode) -> list[str]:
                 while isinstance(root, ast.Attribute):
                     root = root.value
                 if isinstance(root, ast.Name) and (
-                    root.id in _PROTECTED_ROOTS or root.id.startswith(("lab", "hidden"))
+                    root.id in protected or root.id.startswith(("lab", "hidden"))
                 ):
                     flags.append(f"{where}: changes {ast.unparse(node.args[0])} with setattr")
     return list(dict.fromkeys(flags))
