@@ -29,7 +29,9 @@ Reference: https://lightning.ai/docs/pytorch/stable/cli/lightning_cli.html
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,14 +39,22 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 
-from transformer_lab.training.callbacks import RunCheckpoint, ShowExamples
+from transformer_lab.training.callbacks import (
+    AtomicCheckpointIO,
+    RunCheckpoint,
+    ShowExamples,
+    StopOnInterrupt,
+    ValidateOnLastStep,
+)
 from transformer_lab.training.devices import choose_precision
 from transformer_lab.training.modules import (
     CHECKPOINT_KEY,
     CheckpointMismatchError,
     check_checkpoint_matches,
 )
+from transformer_lab.training.trainers import quiet_lightning, use_tensor_cores
 
 __all__ = [
     "DATA_LINKS",
@@ -161,6 +171,38 @@ class ConfigError(ValueError):
     """A value in the run's configuration was refused while building the model, data or trainer."""
 
 
+def check_writable_dir(path: str | Path, option: str) -> Path:
+    """Make sure ``path`` is a folder this process can write in, or can create; create nothing.
+
+    Args:
+        path: the folder (it may not exist yet: its nearest existing parent is checked).
+        option: the option that named it, for the message (``"--run.save_dir"``).
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        ConfigError: in one line naming the path and why (a file in the way, no permission,
+            a read-only file system).
+    """
+    folder = Path(path).expanduser()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        why = f"{existing} is a file, not a folder"
+    elif existing == folder:
+        try:  # the one reliable test (permissions, ACLs, read-only mounts): write a file
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+            return folder
+        except OSError as error:
+            why = error.strerror or type(error).__name__
+    elif os.access(existing, os.W_OK | os.X_OK):
+        return folder
+    else:
+        why = f"no permission to create folders in {existing}"
+    raise ConfigError(f"{option} {path}: cannot write there ({why})")
+
+
 def _user_error(error: BaseException) -> BaseException | None:
     """The deepest ``ValueError`` in ``error``'s chain of causes.
 
@@ -248,21 +290,50 @@ class TransformerLabCLI(LightningCLI):
             return Path(str(configs[-1])).stem
         return type(self.model).__name__.removesuffix("Module").lower() or "run"
 
+    def before_instantiate_classes(self) -> None:
+        """Refuse an unusable ``--run.save_dir`` in one line, before anything is built or run."""
+        run = self._section(self.config).get("run") or {}
+        check_writable_dir(str(run.get("save_dir") or RUNS_DIR), "--run.save_dir")
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        quiet_lightning()
         section = self._section(self.config_init)
-        threads = (section.get("run") or {}).get("num_threads")
+        trainer_config = section["trainer"]
+        run = section.get("run") or {}
+        save_dir = str(run.get("save_dir") or RUNS_DIR)
+        threads = run.get("num_threads")
         if threads is not None:
             if threads < 1:
                 raise ValueError(f"run.num_threads={threads} must be >= 1")
             torch.set_num_threads(threads)
-        if section["trainer"].get("logger") in (True, None) and "logger" not in kwargs:
+        if trainer_config.get("logger") in (True, None) and "logger" not in kwargs:
             # Lightning's default logger (TensorBoard, or CSV in lightning_logs/) is replaced
             # by ours under runs/<name>/; `--trainer.logger false` still disables logging.
-            run = section.get("run") or {}
             kwargs["logger"] = _default_loggers(
-                str(run.get("save_dir") or RUNS_DIR), self._run_name(), run.get("logger", "auto")
+                save_dir, self._run_name(), run.get("logger", "auto")
             )
-        return super().instantiate_trainer(**kwargs)
+        if trainer_config.get("default_root_dir") is None and "default_root_dir" not in kwargs:
+            # Where Lightning writes when no logger gives it a folder (`--trainer.logger false`):
+            # under --run.save_dir too, never the current directory.
+            kwargs["default_root_dir"] = str(Path(save_dir) / self._run_name())
+        plugins = trainer_config.get("plugins")
+        plugins = (
+            [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        )
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        callbacks = trainer_config.get("callbacks")
+        callbacks = (
+            []
+            if callbacks is None
+            else list(callbacks)
+            if isinstance(callbacks, list)
+            else [callbacks]
+        )
+        kwargs["callbacks"] = [*callbacks, StopOnInterrupt(), ValidateOnLastStep()]
+        trainer = super().instantiate_trainer(**kwargs)
+        use_tensor_cores(trainer)
+        return trainer
 
     # -- checkpoint resolution and validation -------------------------------------------------
 
@@ -279,7 +350,7 @@ class TransformerLabCLI(LightningCLI):
             print(f"--ckpt_path {ckpt_path}: {resolved}", file=sys.stderr)
             section["ckpt_path"] = ckpt_path = str(resolved)
         checkpoint = load_checkpoint_file(ckpt_path)
-        check_checkpoint_matches(checkpoint, self.model)
+        check_checkpoint_matches(checkpoint, self.model, self.datamodule)
 
     def _parse_ckpt_path(self) -> None:
         # Lightning >= 2.5 reads a checkpoint file given on the command line before anything is
