@@ -92,6 +92,9 @@ def run_kit(
     """
     from kit_runner import build_from_config
 
+    # The kit's trainer allows TF32 on CUDA (process-wide): the scoring below, like the plain
+    # run's, is done in full float32 again.
+    matmul_precision = torch.get_float32_matmul_precision()
     with tempfile.TemporaryDirectory(prefix="bench_quality_") as root:
         run = build_from_config(config, device, root_dir=Path(root), overrides=overrides)
         # Reading and encoding the corpus is outside the timing, as load_chars is for the plain run.
@@ -104,6 +107,7 @@ def run_kit(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    torch.set_float32_matmul_precision(matmul_precision)
     text = Path(data_path).read_text(encoding="utf-8")
     val_text = text[int(0.9 * len(text)) :]
     val_ids = torch.tensor(run.datamodule.tokenizer.encode(val_text), dtype=torch.long)

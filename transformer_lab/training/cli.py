@@ -22,6 +22,12 @@ DataModule (``data``) and Trainer options; every option can be overridden on the
   ``--run.logger csv`` keeps only the CSV file; an explicit ``--trainer.logger`` replaces both.
   ``<name>`` is ``--run.name``, by default the config file's stem (``reverse``).
 * **Examples.** At the end of ``fit``, a few validation examples are printed (``--examples.*``).
+* **Runs that lose nothing.** Everything is written under ``--run.save_dir`` (checked in one
+  line before any work), checkpoints atomically; the first Ctrl-C stops after the current step
+  and saves it; a run cut short by ``max_steps`` validates at its last step (see
+  :mod:`.callbacks`).
+* **The device.** Lightning's messages a student cannot act on are hidden and TF32 is used on
+  CUDA, as in the notebooks' :func:`~transformer_lab.training.trainers.make_trainer`.
 
 Reference: https://lightning.ai/docs/pytorch/stable/cli/lightning_cli.html
 """
@@ -203,6 +209,13 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
     raise ConfigError(f"{option} {path}: cannot write there ({why})")
 
 
+def _as_list(value: Any) -> list[Any]:
+    """A Trainer option that takes one object or a list of them (or None), as a list."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
 def _user_error(error: BaseException) -> BaseException | None:
     """The deepest ``ValueError`` in ``error``'s chain of causes.
 
@@ -316,20 +329,10 @@ class TransformerLabCLI(LightningCLI):
             # Where Lightning writes when no logger gives it a folder (`--trainer.logger false`):
             # under --run.save_dir too, never the current directory.
             kwargs["default_root_dir"] = str(Path(save_dir) / self._run_name())
-        plugins = trainer_config.get("plugins")
-        plugins = (
-            [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-        )
+        plugins = _as_list(trainer_config.get("plugins"))
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        callbacks = trainer_config.get("callbacks")
-        callbacks = (
-            []
-            if callbacks is None
-            else list(callbacks)
-            if isinstance(callbacks, list)
-            else [callbacks]
-        )
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]  # unless the user chose one
+        callbacks = _as_list(trainer_config.get("callbacks"))
         kwargs["callbacks"] = [*callbacks, StopOnInterrupt(), ValidateOnLastStep()]
         trainer = super().instantiate_trainer(**kwargs)
         use_tensor_cores(trainer)
