@@ -203,6 +203,24 @@ def test_ctrl_c_mid_epoch_saves_that_step_and_resume_logs_no_step_twice(
     assert set(range(stopped, 20)) <= set(logged)
 
 
+def test_a_run_stopped_by_ctrl_c_exits_with_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_sigint: None
+) -> None:
+    """Saved, but not finished: ``transformer-lab fit ... && next`` must not go on."""
+    import transformer_lab.training.cli as cli_module
+
+    make_cli = cli_module.make_cli
+    monkeypatch.setattr(
+        cli_module,
+        "make_cli",
+        lambda args: make_cli(args, trainer_defaults={"callbacks": [_SendSigint(3)]}),
+    )
+    steps = ["--trainer.max_steps=8", "--trainer.max_epochs=-1"]
+    assert cli_module.run_lightning_cli(_reverse(tmp_path / "runs", *steps)) == 130
+    monkeypatch.undo()
+    assert cli_module.run_lightning_cli(_reverse(tmp_path / "runs", *steps)) == 0
+
+
 def test_the_second_ctrl_c_aborts(tmp_path: Path, restore_sigint: None) -> None:
     from transformer_lab.training.callbacks import StopOnInterrupt
 

@@ -197,7 +197,8 @@ class StopOnInterrupt(Callback):
             raise KeyboardInterrupt
         self.interrupted = True
         print(
-            "\nCtrl-C: stopping after this step and saving last.ckpt (Ctrl-C again to abort)",
+            "\nCtrl-C: stopping after this step and saving last.ckpt; resume with "
+            "--ckpt_path last (Ctrl-C again to abort)",
             file=sys.stderr,
             flush=True,
         )

@@ -415,14 +415,19 @@ def run_lightning_cli(args: list[str] | None = None) -> int:
 
     Returns:
         The process exit status: 0 on success, 2 for a refused checkpoint or configuration
-        value, or the code of the argument parser's exit (``--help`` gives 0, a bad option 2).
+        value, 130 for a run stopped by Ctrl-C (saved; ``--ckpt_path last`` resumes it), or the
+        code of the argument parser's exit (``--help`` gives 0, a bad option 2).
     """
     try:
-        make_cli(args)
+        cli = make_cli(args)
     except (CheckpointMismatchError, ConfigError) as error:
         print(f"transformer-lab: error: {error}", file=sys.stderr)
         return 2
     except SystemExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    trainer = getattr(cli, "trainer", None)
+    callbacks = getattr(trainer, "callbacks", None) or []
+    if any(isinstance(c, StopOnInterrupt) and c.interrupted for c in callbacks):
+        return 130  # the shell's code for "stopped by Ctrl-C", so `fit && next` does not go on
     return 0
