@@ -172,6 +172,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not labs:
         print(f"no solution notebooks under {a.solutions}")
     rows: list[dict[str, Any]] = []
+    import torch
+
+    result = {
+        "benchmark": "labs",
+        "machine": machine(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        "date": now(),
+        "settings": {"profile": a.profile, "smoke": a.smoke, "runner": runner},
+        "rows": rows,
+    }
     with tempfile.TemporaryDirectory(prefix="bench_labs_") as tmp:
         for nb in labs:
             row: dict[str, Any] = {"lab": nb.parent.name}
@@ -192,16 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 + (f"  [{row['error']}]" if "error" in row else ""),
                 flush=True,
             )
+            write_json(a.out, result)  # a time limit cutting a later lab keeps this one
     print_table(rows, ["lab", "execute_s", "autograde_s", "auto_score", "auto_max"])
-    import torch
-
-    result = {
-        "benchmark": "labs",
-        "machine": machine(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
-        "date": now(),
-        "settings": {"profile": a.profile, "smoke": a.smoke, "runner": runner},
-        "rows": rows,
-    }
     write_json(a.out, result)
     return result
 

@@ -48,9 +48,11 @@ PLAIN = {
         "model": {"n_ctx": 256, "d_model": 384, "n_layers": 6, "n_heads": 6, "dropout": 0.2},
         "train": {"steps": 1750, "batch_size": 64, "lr": 1e-3, "min_lr": 1e-4, "warmup": 100},
     },
+    # Seconds on a CPU, yet long enough to learn the characters' frequencies: both runs must end
+    # well below an untrained model's loss (about ln 65 = 4.17), which the tests check.
     "smoke": {
         "model": {"n_ctx": 16, "d_model": 16, "n_layers": 1, "n_heads": 2, "dropout": 0.0},
-        "train": {"steps": 5, "batch_size": 4, "lr": 1e-3, "min_lr": 1e-4, "warmup": 2},
+        "train": {"steps": 120, "batch_size": 8, "lr": 1e-2, "min_lr": 1e-3, "warmup": 5},
     },
 }
 
@@ -90,6 +92,9 @@ def run_kit(
     """
     from kit_runner import build_from_config
 
+    # The kit's trainer allows TF32 on CUDA (process-wide): the scoring below, like the plain
+    # run's, is done in full float32 again.
+    matmul_precision = torch.get_float32_matmul_precision()
     with tempfile.TemporaryDirectory(prefix="bench_quality_") as root:
         run = build_from_config(config, device, root_dir=Path(root), overrides=overrides)
         # Reading and encoding the corpus is outside the timing, as load_chars is for the plain run.
@@ -102,6 +107,7 @@ def run_kit(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    torch.set_float32_matmul_precision(matmul_precision)
     text = Path(data_path).read_text(encoding="utf-8")
     val_text = text[int(0.9 * len(text)) :]
     val_ids = torch.tensor(run.datamodule.tokenizer.encode(val_text), dtype=torch.long)
@@ -161,16 +167,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = a.config or REPO_ROOT / "configs" / (
         "bench_charlm_gpu.yaml" if device.type == "cuda" else "bench_charlm_cpu.yaml"
     )
-    max_windows = 8 if a.smoke else None
+    max_windows = 64 if a.smoke else None
     overrides = [f"--data.init_args.path={a.data}"]
     if a.smoke:
+        smoke = PLAIN["smoke"]
         overrides += [
-            "--trainer.max_steps=5",
+            f"--trainer.max_steps={smoke['train']['steps']}",
             "--model.init_args.config.d_model=16",
             "--model.init_args.config.n_layers=1",
             "--model.init_args.config.n_heads=2",
+            f"--model.init_args.optim.lr={smoke['train']['lr']}",
+            f"--model.init_args.optim.warmup_steps={smoke['train']['warmup']}",
             "--data.init_args.block_size=16",
-            "--data.init_args.batch_size=4",
+            f"--data.init_args.batch_size={smoke['train']['batch_size']}",
             "--data.init_args.val_blocks=4",
         ]
     overrides += a.kit_override

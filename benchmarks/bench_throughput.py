@@ -230,13 +230,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if have_module:
             cands["lightning/kit"] = lightning
+        else:
+            print("kit CausalLMModule not available: lightning/kit not measured")
         if device.type == "cpu":
             # The kit's AdamW is fused on the CPU as well; a hand-written loop gets torch's
             # default (foreach) there. This candidate separates the two effects: Lightning's
             # own per-step cost is lightning/kit against plain/ref+fused.
             cands["plain/ref+fused"] = lambda: plain("ref", fused=True)
-        else:
-            print("kit CausalLMModule not available: lightning/kit not measured")
         # Per run: tokens per median step interval (robust to bursts of contention) and
         # tokens over the whole timed window (what a user waits for); both reported.
         rates: dict[str, list[float]] = {n: [] for n in cands}

@@ -128,7 +128,9 @@ def lightning_run(
 
     from transformer_lab.models import GPTConfig
     from transformer_lab.training.modules import CausalLMModule, OptimConfig
+    from transformer_lab.training.trainers import quiet_lightning
 
+    quiet_lightning()  # the logs gpu.sh brings back stay readable
     torch.manual_seed(seed)
     cfg = GPTConfig(vocab_size=data.vocab_size, **gpt_kwargs)
     module = CausalLMModule(config=cfg, optim=OptimConfig(**optim_kwargs, total_steps=steps))

@@ -1,8 +1,22 @@
-"""Shared test setup: one thread per test process, seeded RNG, paths to shared data."""
+"""Shared test setup: one thread per test process, seeded RNG, Tiny Shakespeare, a clean checkout.
+
+Tests that need Tiny Shakespeare get it through the kit's own download path (``fetch_corpus``:
+download, sha256 check, cache) from a loopback HTTP server that serves a local copy: from
+``$TRANSFORMER_LAB_TINY_SHAKESPEARE``, the checkout's neighbour ``../shared/data/`` or the
+kit's download cache, whichever holds the verified file. Where none does (a fresh clone on a
+machine that never downloaded it), those tests skip and say so; nothing reaches the internet.
+
+The suite also checks that it leaves nothing new in the repository's top folder: every run and
+checkpoint a test makes belongs under its ``tmp_path``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -19,6 +33,64 @@ torch.set_num_threads(int(os.environ.get("TRANSFORMER_LAB_TEST_THREADS", "1")))
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 TINY_SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
+CORPUS_ENV = "TRANSFORMER_LAB_TINY_SHAKESPEARE"
+# Made by tools, not by the tests' own runs.
+TOOL_FOLDERS = {".pytest_cache", "__pycache__", ".ruff_cache"}
+
+
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 that serves fixed bytes at every path and counts requests."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(outer.payload)))
+                self.end_headers()
+                self.wfile.write(outer.payload)
+
+            def log_message(self, *args: object) -> None:  # keep pytest output clean
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/tinyshakespeare.txt"
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    def __enter__(self) -> LoopbackServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def local_tiny_shakespeare() -> Path | None:
+    """A verified copy of Tiny Shakespeare on this machine, or None."""
+    from transformer_lab.data.corpus import (
+        TINY_SHAKESPEARE_FILENAME,
+        TINY_SHAKESPEARE_SHA256,
+        default_cache_dir,
+    )
+
+    candidates = [
+        os.environ.get(CORPUS_ENV, ""),
+        TINY_SHAKESPEARE,
+        default_cache_dir() / TINY_SHAKESPEARE_FILENAME,
+    ]
+    for path in (Path(c) for c in candidates if c):
+        if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == (
+            TINY_SHAKESPEARE_SHA256
+        ):
+            return path
+    return None
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +98,26 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-@pytest.fixture
-def tiny_shakespeare_path() -> Path:
-    if not TINY_SHAKESPEARE.exists():
-        pytest.skip(f"{TINY_SHAKESPEARE} is not present")
-    return TINY_SHAKESPEARE
+@pytest.fixture(scope="session")
+def tiny_shakespeare_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny Shakespeare as the kit downloads it (sha256-checked), served from a local copy."""
+    from transformer_lab.data.corpus import fetch_corpus
+
+    source = local_tiny_shakespeare()
+    if source is None:
+        pytest.skip(
+            "Tiny Shakespeare is not on this machine: set $TRANSFORMER_LAB_TINY_SHAKESPEARE to "
+            f"a copy, put one at {TINY_SHAKESPEARE}, or download it once with "
+            "`python -c 'from transformer_lab.data import fetch_corpus; fetch_corpus()'`"
+        )
+    with LoopbackServer(source.read_bytes()) as server:
+        return fetch_corpus(url=server.url, cache_dir=tmp_path_factory.mktemp("corpus_cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_new_in_the_checkout() -> Iterator[None]:
+    """Fail the session if a test left a file or folder in the repository's top folder."""
+    before = {p.name for p in REPO_ROOT.iterdir()}
+    yield
+    new = {p.name for p in REPO_ROOT.iterdir()} - before - TOOL_FOLDERS
+    assert not new, f"tests wrote into the checkout {REPO_ROOT}: {sorted(new)}"

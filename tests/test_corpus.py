@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import LoopbackServer as _Server
 
 from transformer_lab.data import (
     TINY_SHAKESPEARE_SHA256,
@@ -22,40 +21,6 @@ from transformer_lab.data import (
     fetch_corpus,
 )
 from transformer_lab.data.corpus import TINY_SHAKESPEARE_CHARS, default_cache_dir
-
-
-class _Server:
-    """A loopback HTTP server that serves fixed bytes at every path and counts requests."""
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-        self.requests = 0
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.requests += 1
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(outer.payload)))
-                self.end_headers()
-                self.wfile.write(outer.payload)
-
-            def log_message(self, *args: object) -> None:  # keep pytest output clean
-                pass
-
-        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/tinyshakespeare.txt"
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def __enter__(self) -> _Server:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

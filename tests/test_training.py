@@ -76,13 +76,11 @@ def test_weight_decay_only_on_matrices_and_tied_weights_once() -> None:
         weight_decay_groups(model, -1)
 
 
-def test_adamw_is_fused_where_torch_can_and_never_beside_a_grad_scaler() -> None:
+def test_adamw_is_fused_wherever_torch_has_the_kernel() -> None:
     groups = weight_decay_groups(nn.Linear(3, 2), 0.1)
     assert build_adamw(groups, 1e-3, (0.9, 0.99)).defaults["fused"]  # CPU, torch >= 2.4
-    assert not build_adamw(groups, 1e-3, (0.9, 0.99), grad_scaler=True).defaults["fused"]
+    assert build_adamw(groups, 1e-3, (0.9, 0.99), fused=True).defaults["fused"]
     assert not build_adamw(groups, 1e-3, (0.9, 0.99), fused=False).defaults["fused"]
-    with pytest.raises(ValueError, match="fused=True cannot be combined with fp16"):
-        build_adamw(groups, 1e-3, (0.9, 0.99), fused=True, grad_scaler=True)
 
 
 def test_adamw_without_a_fused_kernel_falls_back_or_names_the_device(monkeypatch) -> None:
@@ -184,28 +182,40 @@ def test_classifier_overfits_one_batch() -> None:
 # -- every config under fast_dev_run ----------------------------------------------------------
 
 
-def _config_args(config: Path, tmp_path: Path) -> list[str]:
+def _config_args(config: Path, tmp_path: Path, request: pytest.FixtureRequest) -> list[str]:
     args = ["fit", "--config", str(config), "--run.save_dir", str(tmp_path / "runs"), *QUIET]
     text = config.read_text()
     if "CharCorpusDataModule" in text:
-        from conftest import TINY_SHAKESPEARE
-
-        if not TINY_SHAKESPEARE.exists():
-            pytest.skip("Tiny Shakespeare is not present")
+        corpus = request.getfixturevalue("tiny_shakespeare_path")  # skips where it is absent
         # The GPU recipe's shapes cost a minute per step on a CPU: the wiring is what is tested.
-        args += ["--data.init_args.path", str(TINY_SHAKESPEARE), "--data.init_args.block_size=32"]
+        args += ["--data.init_args.path", str(corpus), "--data.init_args.block_size=32"]
     return args
 
 
-@pytest.mark.parametrize("config", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
-def test_every_config_runs_under_fast_dev_run(config: Path, tmp_path: Path) -> None:
+CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("config", CONFIG_FILES, ids=lambda p: p.stem)
+def test_every_config_runs_under_fast_dev_run(
+    config: Path, precision: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One step and one validation batch per recipe, in fp32 and in bf16 mixed precision.
+
+    bf16-mixed is what every recent GPU gets; with the recipes' gradient clipping and the fused
+    AdamW it used to crash in Lightning's clipping (the CPU runs the same code path).
+    """
     from transformer_lab.training.cli import make_cli
 
-    args = [*_config_args(config, tmp_path), "--trainer.fast_dev_run=true"]
+    args = [*_config_args(config, tmp_path, request), "--trainer.fast_dev_run=true"]
     # torch.compile (GPU recipes) costs a minute of compiling on a CPU: its switch is tested apart.
     args += ["--data.init_args.batch_size=4", "--model.init_args.compile_model=false"]
+    args += [f"--trainer.precision={precision}"]
     cli = make_cli(args)
     assert cli.trainer.global_step == 1
+    assert cli.trainer.precision == precision
+    assert cli.trainer.gradient_clip_val, "every recipe clips its gradients"
+    assert cli.trainer.optimizers[0].defaults["fused"]
     assert math.isfinite(float(cli.trainer.callback_metrics["val_loss"]))
     # The DataModule's sizes were linked into the model config, not repeated in the YAML.
     config_dict = cli.model.hparams["config"]
@@ -391,49 +401,93 @@ def _lm_fit(module, **trainer_kwargs) -> L.Trainer:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        gradient_clip_val=1.0,
-        **trainer_kwargs,
+        **{"gradient_clip_val": 1.0, **trainer_kwargs},
     )
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
     return trainer
 
 
-def test_hook_name_fast_path_keeps_module_attributes_intact() -> None:
-    from transformer_lab.models import GPTConfig
-    from transformer_lab.training.modules import CausalLMModule
+class _RecordClipping:
+    """Wrap a module's clipping hook: gradient norms (unscaled) before it and after it."""
 
-    module = CausalLMModule(config=GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=1))
-    module._current_fx_name = "training_step"  # what Lightning does before each hook
-    assert module._current_fx_name == "training_step"
-    params = dict(module.named_parameters())
-    module.head_note = nn.Linear(2, 2)  # every other attribute still goes through nn.Module
-    assert "head_note.weight" in dict(module.named_parameters())
-    assert params.keys() <= dict(module.named_parameters()).keys()
+    def __init__(self, module: L.LightningModule) -> None:
+        self.before: list[float] = []
+        self.after: list[float] = []
+        hook = module.configure_gradient_clipping
+
+        def recorded(optimizer, *args, **kwargs):
+            grads = [p.grad for p in module.parameters() if p.grad is not None]
+            scaler = getattr(module.trainer.precision_plugin, "scaler", None)
+            # Lightning unscales before the hook for a foreach AdamW, not for a fused one.
+            scale = scaler.get_scale() if scaler and optimizer.defaults["fused"] else 1.0
+            self.before.append(
+                float(
+                    torch.linalg.vector_norm(
+                        torch.stack([torch.linalg.vector_norm(g) for g in grads])
+                    )
+                )
+                / scale
+            )
+            hook(optimizer, *args, **kwargs)
+            self.after.append(
+                float(
+                    torch.linalg.vector_norm(
+                        torch.stack([torch.linalg.vector_norm(g) for g in grads])
+                    )
+                )
+            )
+
+        module.configure_gradient_clipping = recorded
 
 
-def test_fp16_with_a_grad_scaler_and_clipping_trains_as_on_a_t4() -> None:
-    """The T4 recipe (16-mixed, GradScaler, gradient clipping), rehearsed on the CPU.
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+def test_fp16_grad_scaler_unscales_then_clips_with_either_adamw(fused: bool) -> None:
+    """The T4 recipe (16-mixed: fp16 autocast, a GradScaler, clipping), on the CPU.
 
-    Lightning only builds a scaler for CUDA, so the CPU stand-in passes one explicitly; what is
-    tested is the kit's side: the optimizer it builds must let Lightning unscale and clip.
+    Lightning turns ``precision="16-mixed"`` into bf16 on a CPU; its mixed-precision plugin built
+    for fp16 (which makes a real ``torch.amp.GradScaler`` for the CPU) runs the T4's code path.
+    Clipping must act on the *unscaled* gradients: after the hook their norm is
+    ``min(norm, clip)``, for the fused AdamW (which Lightning does not unscale) as for foreach.
     """
     from lightning.pytorch.plugins import MixedPrecision
 
+    from transformer_lab.models import GPTConfig
+    from transformer_lab.training.modules import CausalLMModule, OptimConfig
+
+    cfg = GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=1, n_heads=2)
+    module = CausalLMModule(config=cfg, optim=OptimConfig(fused=fused))
+    record = _RecordClipping(module)
+    plugin = MixedPrecision("16-mixed", "cpu")
+    assert isinstance(plugin.scaler, torch.amp.GradScaler)
+    trainer = _lm_fit(module, plugins=[plugin], gradient_clip_val=0.05)
+    assert trainer.global_step == 3
+    assert bool(trainer.optimizers[0].defaults["fused"]) is fused
+    assert len(record.after) == 3
+    for before, after in zip(record.before, record.after, strict=True):
+        assert after == pytest.approx(min(before, 0.05), rel=1e-3), (before, after)
+    assert any(before > 0.05 for before in record.before), "the test must clip something"
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def test_bf16_clipping_with_the_fused_adamw_bounds_the_gradient_norm() -> None:
+    """bf16 has no scaler: the fused AdamW and clipping simply work together."""
     from transformer_lab.models import GPTConfig
     from transformer_lab.training.modules import CausalLMModule
 
     cfg = GPTConfig(vocab_size=11, n_ctx=8, d_model=16, n_layers=1, n_heads=2)
     module = CausalLMModule(config=cfg)
-    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
-    trainer = _lm_fit(module, plugins=[plugin])
-    assert trainer.global_step == 3
-    assert not trainer.optimizers[0].defaults["fused"]
-    assert all(torch.isfinite(p).all() for p in module.parameters())
-    # Without a scaler (fp32 here, bf16 on a GPU) the same module gets the fused kernel.
-    trainer = _lm_fit(CausalLMModule(config=cfg))
+    record = _RecordClipping(module)
+    trainer = _lm_fit(module, precision="bf16-mixed", gradient_clip_val=0.05)
     assert trainer.optimizers[0].defaults["fused"]
+    assert record.after and all(a <= 0.05 * (1 + 1e-3) for a in record.after)
+    # Clipping by value goes through the same hook.
+    module = CausalLMModule(config=cfg)
+    record = _RecordClipping(module)
+    _lm_fit(module, gradient_clip_val=1e-4, gradient_clip_algorithm="value")
+    assert all(float(p.grad.abs().max()) <= 1e-4 for p in module.parameters() if p.grad is not None)
 
 
+@pytest.mark.slow
 def test_compiled_training_runs_and_its_checkpoint_loads_eagerly(tmp_path: Path) -> None:
     """``compile_model: true`` for real (TorchInductor on the CPU, as on a GPU minus CUDA)."""
     import shutil

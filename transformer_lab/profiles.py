@@ -1,6 +1,6 @@
 """Run profiles: how much compute a notebook's training cells may spend.
 
-Two profiles exist (see ../shared/CURRICULUM.md):
+Two profiles exist (see docs/curriculum.md, "Profiles"):
 
 * ``grading``: CPU, at most about a minute of training per lab; the instructor's
   grading command selects it so hundreds of submissions autograde quickly.

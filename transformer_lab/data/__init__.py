@@ -35,6 +35,7 @@ _EXPORTS = {
     "SyntheticDataModule": "datamodules",
     "GrammarDataModule": "datamodules",
     "CharCorpusDataModule": "datamodules",
+    "CorpusFallbackWarning": "datamodules",
     "BlockDataset": "datamodules",
     "fetch_corpus": "corpus",
     "download_file": "corpus",

@@ -51,10 +51,15 @@ from transformer_lab.tokenizers import CharTokenizer
 __all__ = [
     "BlockDataset",
     "CharCorpusDataModule",
+    "CorpusFallbackWarning",
     "GrammarDataModule",
     "SyntheticDataModule",
     "TensorDictDataset",
 ]
+
+
+class CorpusFallbackWarning(UserWarning):
+    """The corpus could not be found or downloaded: a synthetic one is used instead."""
 
 
 class TensorDictDataset(Dataset):
@@ -86,6 +91,12 @@ class TensorDictDataset(Dataset):
         return {k: v[index] for k, v in self.tensors.items()}
 
 
+def pin_memory() -> bool:
+    """Whether batches should be pinned: wherever CUDA is, since a copy to the GPU from ordinary
+    (pageable) memory makes the CPU wait for the GPU to finish its queue, on every batch."""
+    return torch.cuda.is_available()
+
+
 def _loader(
     dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int
 ) -> DataLoader:
@@ -98,6 +109,7 @@ def _loader(
         generator=generator,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
+        pin_memory=pin_memory(),
     )
 
 
@@ -442,6 +454,7 @@ class BlockDataset(Dataset):
             sampler=BatchSampler(sampler, batch_size, drop_last=False),
             num_workers=num_workers,
             persistent_workers=num_workers > 0,
+            pin_memory=pin_memory(),
         )
 
 
@@ -451,7 +464,7 @@ class CharCorpusDataModule(pl.LightningDataModule):
     How to use::
 
         dm = CharCorpusDataModule()            # downloads once into the cache (prepare_data)
-        dm = CharCorpusDataModule(path="../shared/data/tinyshakespeare.txt")  # a local file
+        dm = CharCorpusDataModule(path="data/tinyshakespeare.txt")  # a local file
         dm = CharCorpusDataModule(fallback="grammar")  # offline: synthetic sentences instead
         dm.prepare_data(); dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))      # tokens, targets: (12, 64) int64
@@ -581,8 +594,11 @@ class CharCorpusDataModule(pl.LightningDataModule):
         except corpus.CorpusUnavailableError as err:
             if self.fallback is None:
                 raise
+            # Attributed to this line (stacklevel=1): the caller is Lightning's own code.
             warnings.warn(
-                f"{err}\nFalling back to the synthetic {self.fallback!r} corpus.", stacklevel=2
+                f"{err}\nFalling back to the synthetic {self.fallback!r} corpus.",
+                CorpusFallbackWarning,
+                stacklevel=1,
             )
 
     def _load_text(self) -> tuple[str, str]:

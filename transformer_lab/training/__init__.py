@@ -6,7 +6,10 @@ What lives here:
   (:class:`ClassifierModule`, :class:`Seq2SeqModule`, :class:`CausalLMModule`).
 * :mod:`.schedule`: linear warm-up followed by cosine decay, stepped once per optimizer step.
 * :mod:`.devices`: which accelerator and precision to use, and ``transformer-lab info``.
-* :mod:`.callbacks`: the end-of-fit callback that prints a few validation examples.
+* :mod:`.trainers`: :func:`make_trainer` (the notebooks' ``Trainer``: device, precision, TF32,
+  one line saying which) and :func:`quiet_lightning` (no messages a student cannot act on).
+* :mod:`.callbacks`: clean ends of runs (``last.ckpt`` where training stopped, Ctrl-C, a
+  validation at the last step), the atomic checkpoint writer, and the end-of-fit examples.
 * :mod:`.cli`: ``transformer-lab fit|validate|test|predict`` (Lightning's ``LightningCLI``).
 * :mod:`.generate_cli`: ``transformer-lab generate``.
 
@@ -31,6 +34,12 @@ _EXPORTS = {
     "print_info": "devices",
     "ShowExamples": "callbacks",
     "RunCheckpoint": "callbacks",
+    "StopOnInterrupt": "callbacks",
+    "ValidateOnLastStep": "callbacks",
+    "AtomicCheckpointIO": "callbacks",
+    "make_trainer": "trainers",
+    "quiet_lightning": "trainers",
+    "use_tensor_cores": "trainers",
     "CheckpointMismatchError": "modules",
     "make_cli": "cli",
     "run_lightning_cli": "cli",

@@ -22,6 +22,12 @@ DataModule (``data``) and Trainer options; every option can be overridden on the
   ``--run.logger csv`` keeps only the CSV file; an explicit ``--trainer.logger`` replaces both.
   ``<name>`` is ``--run.name``, by default the config file's stem (``reverse``).
 * **Examples.** At the end of ``fit``, a few validation examples are printed (``--examples.*``).
+* **Runs that lose nothing.** Everything is written under ``--run.save_dir`` (checked in one
+  line before any work), checkpoints atomically; the first Ctrl-C stops after the current step
+  and saves it; a run cut short by ``max_steps`` validates at its last step (see
+  :mod:`.callbacks`).
+* **The device.** Lightning's messages a student cannot act on are hidden and TF32 is used on
+  CUDA, as in the notebooks' :func:`~transformer_lab.training.trainers.make_trainer`.
 
 Reference: https://lightning.ai/docs/pytorch/stable/cli/lightning_cli.html
 """
@@ -29,7 +35,9 @@ Reference: https://lightning.ai/docs/pytorch/stable/cli/lightning_cli.html
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,14 +45,22 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 
-from transformer_lab.training.callbacks import RunCheckpoint, ShowExamples
+from transformer_lab.training.callbacks import (
+    AtomicCheckpointIO,
+    RunCheckpoint,
+    ShowExamples,
+    StopOnInterrupt,
+    ValidateOnLastStep,
+)
 from transformer_lab.training.devices import choose_precision
 from transformer_lab.training.modules import (
     CHECKPOINT_KEY,
     CheckpointMismatchError,
     check_checkpoint_matches,
 )
+from transformer_lab.training.trainers import quiet_lightning, use_tensor_cores
 
 __all__ = [
     "DATA_LINKS",
@@ -161,6 +177,45 @@ class ConfigError(ValueError):
     """A value in the run's configuration was refused while building the model, data or trainer."""
 
 
+def check_writable_dir(path: str | Path, option: str) -> Path:
+    """Make sure ``path`` is a folder this process can write in, or can create; create nothing.
+
+    Args:
+        path: the folder (it may not exist yet: its nearest existing parent is checked).
+        option: the option that named it, for the message (``"--run.save_dir"``).
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        ConfigError: in one line naming the path and why (a file in the way, no permission,
+            a read-only file system).
+    """
+    folder = Path(path).expanduser()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        why = f"{existing} is a file, not a folder"
+    elif existing == folder:
+        try:  # the one reliable test (permissions, ACLs, read-only mounts): write a file
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+            return folder
+        except OSError as error:
+            why = error.strerror or type(error).__name__
+    elif os.access(existing, os.W_OK | os.X_OK):
+        return folder
+    else:
+        why = f"no permission to create folders in {existing}"
+    raise ConfigError(f"{option} {path}: cannot write there ({why})")
+
+
+def _as_list(value: Any) -> list[Any]:
+    """A Trainer option that takes one object or a list of them (or None), as a list."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
 def _user_error(error: BaseException) -> BaseException | None:
     """The deepest ``ValueError`` in ``error``'s chain of causes.
 
@@ -248,21 +303,40 @@ class TransformerLabCLI(LightningCLI):
             return Path(str(configs[-1])).stem
         return type(self.model).__name__.removesuffix("Module").lower() or "run"
 
+    def before_instantiate_classes(self) -> None:
+        """Refuse an unusable ``--run.save_dir`` in one line, before anything is built or run."""
+        run = self._section(self.config).get("run") or {}
+        check_writable_dir(str(run.get("save_dir") or RUNS_DIR), "--run.save_dir")
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        quiet_lightning()
         section = self._section(self.config_init)
-        threads = (section.get("run") or {}).get("num_threads")
+        trainer_config = section["trainer"]
+        run = section.get("run") or {}
+        save_dir = str(run.get("save_dir") or RUNS_DIR)
+        threads = run.get("num_threads")
         if threads is not None:
             if threads < 1:
                 raise ValueError(f"run.num_threads={threads} must be >= 1")
             torch.set_num_threads(threads)
-        if section["trainer"].get("logger") in (True, None) and "logger" not in kwargs:
+        if trainer_config.get("logger") in (True, None) and "logger" not in kwargs:
             # Lightning's default logger (TensorBoard, or CSV in lightning_logs/) is replaced
             # by ours under runs/<name>/; `--trainer.logger false` still disables logging.
-            run = section.get("run") or {}
             kwargs["logger"] = _default_loggers(
-                str(run.get("save_dir") or RUNS_DIR), self._run_name(), run.get("logger", "auto")
+                save_dir, self._run_name(), run.get("logger", "auto")
             )
-        return super().instantiate_trainer(**kwargs)
+        if trainer_config.get("default_root_dir") is None and "default_root_dir" not in kwargs:
+            # Where Lightning writes when no logger gives it a folder (`--trainer.logger false`):
+            # under --run.save_dir too, never the current directory.
+            kwargs["default_root_dir"] = str(Path(save_dir) / self._run_name())
+        plugins = _as_list(trainer_config.get("plugins"))
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]  # unless the user chose one
+        callbacks = _as_list(trainer_config.get("callbacks"))
+        kwargs["callbacks"] = [*callbacks, StopOnInterrupt(), ValidateOnLastStep()]
+        trainer = super().instantiate_trainer(**kwargs)
+        use_tensor_cores(trainer)
+        return trainer
 
     # -- checkpoint resolution and validation -------------------------------------------------
 
@@ -279,7 +353,7 @@ class TransformerLabCLI(LightningCLI):
             print(f"--ckpt_path {ckpt_path}: {resolved}", file=sys.stderr)
             section["ckpt_path"] = ckpt_path = str(resolved)
         checkpoint = load_checkpoint_file(ckpt_path)
-        check_checkpoint_matches(checkpoint, self.model)
+        check_checkpoint_matches(checkpoint, self.model, self.datamodule)
 
     def _parse_ckpt_path(self) -> None:
         # Lightning >= 2.5 reads a checkpoint file given on the command line before anything is
@@ -341,14 +415,19 @@ def run_lightning_cli(args: list[str] | None = None) -> int:
 
     Returns:
         The process exit status: 0 on success, 2 for a refused checkpoint or configuration
-        value, or the code of the argument parser's exit (``--help`` gives 0, a bad option 2).
+        value, 130 for a run stopped by Ctrl-C (saved; ``--ckpt_path last`` resumes it), or the
+        code of the argument parser's exit (``--help`` gives 0, a bad option 2).
     """
     try:
-        make_cli(args)
+        cli = make_cli(args)
     except (CheckpointMismatchError, ConfigError) as error:
         print(f"transformer-lab: error: {error}", file=sys.stderr)
         return 2
     except SystemExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    trainer = getattr(cli, "trainer", None)
+    callbacks = getattr(trainer, "callbacks", None) or []
+    if any(isinstance(c, StopOnInterrupt) and c.interrupted for c in callbacks):
+        return 130  # the shell's code for "stopped by Ctrl-C", so `fit && next` does not go on
     return 0

@@ -55,7 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--beam_width", type=int, default=1, help="beam search when > 1 (LM and seq2seq)"
     )
-    parser.add_argument("--num_samples", type=int, default=1, help="LM: independent samples")
+    parser.add_argument(
+        "--num_samples",
+        type=int,
+        default=1,
+        help="LM: independent samples, each under a '--- sample i of n ---' line",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     parser.add_argument(
         "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1', ..."
@@ -257,6 +262,8 @@ def main(args: list[str] | None = None) -> int:
     except (CheckpointMismatchError, ValueError, KeyError) as error:
         print(f"transformer-lab generate: error: {error}", file=sys.stderr)
         return 2
-    for text in texts:
+    for number, text in enumerate(texts, start=1):
+        if len(texts) > 1:  # samples are often several lines each: say where each one starts
+            print(f"--- sample {number} of {len(texts)} ---")
         print(text)
     return 0

@@ -34,6 +34,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
@@ -85,9 +86,9 @@ class OptimConfig:
         total_steps: step where the cosine reaches its floor; ``None`` uses the Trainer's
             estimate (``max_steps``, or ``max_epochs`` times the batches per epoch).
         min_lr_ratio: floor of the cosine as a fraction of ``lr``.
-        fused: AdamW's fused kernel: ``None`` (automatic) uses it where torch has one for the
-            device, except under fp16 mixed precision with its gradient scaler;
-            ``True``/``False`` force it on/off (see ``schedule.build_adamw``).
+        fused: AdamW's fused kernel: ``None`` (automatic) uses it wherever torch has one for
+            the device, under every precision and with gradient clipping; ``True``/``False``
+            force it on/off (see ``schedule.build_adamw``).
     """
 
     lr: float = 1e-3
@@ -157,16 +158,6 @@ class _TransformerModule(L.LightningModule):
         self.data_info: dict[str, Any] = {}
         self.compile_model = compile_model
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Lightning writes the running hook's name to the module before every hook call (about
-        # 45 times per training step). nn.Module.__setattr__ searches parameters, buffers and
-        # submodules each time: a quarter of Lightning's fixed per-step cost, which counts for
-        # small models on fast GPUs. The name is a plain string attribute, so store it directly.
-        if name == "_current_fx_name":
-            self.__dict__[name] = value
-        else:
-            super().__setattr__(name, value)
-
     def configure_model(self) -> None:
         """Compile the model in place with ``torch.compile`` when ``compile_model`` is set.
 
@@ -197,16 +188,26 @@ class _TransformerModule(L.LightningModule):
     def _metrics(self, stage: str) -> MetricCollection:
         return self.metrics[f"{stage}_metrics"]
 
+    def _log_train_loss_on_written_steps(self, loss: Tensor) -> None:
+        """Log ``train_loss`` only on the steps Lightning writes to the loggers.
+
+        Lightning writes logged values every ``trainer.log_every_n_steps`` steps, but each
+        ``self.log`` call costs the same whether or not it is written: about 0.4 ms on the
+        benchmarks' 2-core CPU, which doubles Lightning's own fixed cost per step (0.40 ->
+        0.83 ms in ``benchmarks/bench_throughput.py --tiny``, 2026-12-01). That is about 1% of a
+        laptop char-LM step and a few percent of the GPU recipe's launch-bound step, so the
+        loss is logged with Lightning's own rule for when it writes (the step being taken
+        counts). The progress bar shows the latest logged value. This is the kit's one
+        departure from plain Lightning for speed.
+        """
+        trainer = self._trainer
+        every = max(1, trainer.log_every_n_steps) if trainer is not None else 1
+        if (self.global_step + 1) % every == 0:
+            self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+
     def _log_stage(self, stage: str, loss: Tensor, batch_size: int) -> None:
         if stage == "train":
-            # Each self.log call has a fixed cost of a few milliseconds on a CPU, as much as a
-            # whole step of a small model: log the training loss only on the steps the logger
-            # writes (the progress bar shows the latest value).
-            trainer = self._trainer
-            every = max(1, trainer.log_every_n_steps) if trainer is not None else 1
-            # Same rule as Lightning's logger connector (it counts the step being taken).
-            if (self.global_step + 1) % every == 0:
-                self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+            self._log_train_loss_on_written_steps(loss)
             return
         # Averaging the epoch loss over processes is only needed (and only paid) under DDP.
         distributed = self._trainer is not None and self._trainer.world_size > 1
@@ -236,11 +237,7 @@ class _TransformerModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim
         groups = weight_decay_groups(self.model, cfg.weight_decay)
-        # fp16 mixed precision (a T4) brings a gradient scaler; bf16 and fp32 have none.
-        scaler = getattr(getattr(self._trainer, "precision_plugin", None), "scaler", None)
-        optimizer = build_adamw(
-            groups, cfg.lr, cfg.betas, fused=cfg.fused, grad_scaler=scaler is not None
-        )
+        optimizer = build_adamw(groups, cfg.lr, cfg.betas, fused=cfg.fused)
         total = cfg.total_steps
         if total is None:
             estimate = self.trainer.estimated_stepping_batches
@@ -259,6 +256,32 @@ class _TransformerModule(L.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
 
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip the gradients (``--trainer.gradient_clip_val``), also for the fused AdamW.
+
+        Lightning's own clipping refuses any optimizer that unscales inside its step, as the
+        fused AdamW does, even under bf16 where nothing is scaled at all. This hook clips the
+        same way (norm or value, over the optimizer's parameters), after one extra step under
+        fp16 mixed precision: the gradient scaler's ``unscale_``, which Lightning skips for such
+        optimizers. The scaler then sees the gradients already unscaled and lets the fused step
+        use only its inf/NaN check. Lightning calls this hook after backward, before the step.
+        """
+        if not gradient_clip_val:
+            return
+        plugin = self.trainer.precision_plugin
+        scaler = getattr(plugin, "scaler", None)  # a GradScaler under 16-mixed, else None
+        if scaler is not None and optimizer.defaults.get("fused"):
+            scaler.unscale_(optimizer)
+        if GradClipAlgorithmType(gradient_clip_algorithm or "norm") == GradClipAlgorithmType.VALUE:
+            plugin.clip_grad_by_value(optimizer, gradient_clip_val)
+        else:
+            plugin.clip_grad_by_norm(optimizer, gradient_clip_val)
+
     # -- checkpoints -----------------------------------------------------------------------------
 
     def on_fit_start(self) -> None:
@@ -275,7 +298,8 @@ class _TransformerModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        check_checkpoint_matches(checkpoint, self)
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        check_checkpoint_matches(checkpoint, self, datamodule)
         self.data_info = dict(checkpoint.get(CHECKPOINT_KEY, {}).get("data") or {})
 
 
@@ -327,15 +351,54 @@ def describe_datamodule(datamodule: Any) -> dict[str, Any]:
     return info
 
 
-def check_checkpoint_matches(checkpoint: Mapping[str, Any], module: L.LightningModule) -> None:
-    """Refuse a checkpoint written by another kind of module or another model configuration.
+# What identifies a run's data: another task, format or vocabulary makes the weights mean
+# something else even where every tensor shape fits (copy and reverse share all of them).
+DATA_IDENTITY = (
+    "datamodule",
+    "task",
+    "format",
+    "vocab_size",
+    "src_vocab_size",
+    "tgt_vocab_size",
+    "num_classes",
+    "pad_id",
+    "bos_id",
+    "eos_id",
+    "tokenizer",
+    "src_tokenizer",
+    "tgt_tokenizer",
+    "vocabulary",
+)
+
+
+def _data_differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """``"key: checkpoint A vs run B"`` for each identity field of the data that differs."""
+    out = []
+    for key in DATA_IDENTITY:
+        a, b = theirs.get(key), ours.get(key)
+        if a is None or b is None or a == b:  # a field one side does not record is not compared
+            continue
+        if isinstance(a, Mapping) or isinstance(b, Mapping) or isinstance(a, list):
+            out.append(f"{key}: the vocabularies differ")
+        else:
+            out.append(f"{key}: checkpoint {a!r} vs run {b!r}")
+    return out
+
+
+def check_checkpoint_matches(
+    checkpoint: Mapping[str, Any], module: L.LightningModule, datamodule: Any = None
+) -> None:
+    """Refuse a checkpoint of another kind of module, model configuration, task or dataset.
 
     Args:
         checkpoint: the loaded checkpoint dict.
         module: the module about to receive its weights.
+        datamodule: the run's DataModule, if any: its task, format and vocabulary must be the
+            checkpoint's (a reverse checkpoint fits a copy model tensor for tensor, but its
+            weights solve another task).
 
     Raises:
-        CheckpointMismatchError: naming the differing module class or config fields.
+        CheckpointMismatchError: naming the differing module class, config fields or data.
     """
     ours = checkpoint.get(CHECKPOINT_KEY)
     if not isinstance(ours, Mapping):
@@ -363,6 +426,15 @@ def check_checkpoint_matches(checkpoint: Mapping[str, Any], module: L.LightningM
         raise CheckpointMismatchError(
             f"the checkpoint's model config differs from this run's ({details}): "
             "it belongs to another config"
+        )
+    theirs_data = ours.get("data") or {}
+    if datamodule is None or not theirs_data:
+        return
+    data_diff = _data_differences(theirs_data, describe_datamodule(datamodule))
+    if data_diff:
+        raise CheckpointMismatchError(
+            f"the checkpoint was trained on other data ({', '.join(data_diff)}): "
+            "pass the config the checkpoint was trained with"
         )
 
 
@@ -657,7 +729,9 @@ class CausalLMModule(_TransformerModule):
         """Greedy continuations of the first ``n`` sequences of ``batch``.
 
         The prompt is everything before the first scored target (the question of a task such
-        as addition) or, when every position is scored (plain text), the first half.
+        as addition) or, when every position is scored (plain text), the first half. Rows of
+        plain text are marked ``"free": True``: a continuation of free text has no single right
+        answer, so it is shown but not scored.
         """
         from transformer_lab.generation import generate
 
@@ -679,6 +753,7 @@ class CausalLMModule(_TransformerModule):
                     "prediction": out[0, prompt_len:].tolist(),
                     "target": target,
                     "labels": False,
+                    "free": first == 0,
                 }
             )
         return rows

@@ -12,7 +12,9 @@ applied to weight matrices only: biases and LayerNorm gains are 1-D and are left
 The optimizer is torch's AdamW, in its *fused* form wherever torch has one for the device (one
 kernel updates every parameter; on a 2-core CPU it saves about 2 ms of a 55 ms step of the
 laptop char-LM, more on GPUs) and in its multi-tensor ``foreach`` form otherwise. Same
-arithmetic, same state: checkpoints move freely between the two.
+arithmetic, same state: checkpoints move freely between the two. The fused form is used under
+every precision, fp16 with its gradient scaler and gradient clipping included (see
+:func:`build_adamw`).
 """
 
 from __future__ import annotations
@@ -118,40 +120,35 @@ def build_adamw(
     betas: tuple[float, float],
     *,
     fused: bool | None = None,
-    grad_scaler: bool = False,
 ) -> torch.optim.AdamW:
-    """Return AdamW over ``groups``, fused where it can be.
+    """Return AdamW over ``groups``, fused where this torch has the kernel for their device.
+
+    The fused kernel works with every precision the kit uses, gradient clipping included: under
+    fp16 mixed precision the module unscales the gradients itself before clipping them
+    (``_TransformerModule.configure_gradient_clipping``), and torch's ``GradScaler`` then steps
+    a fused optimizer with the gradients already unscaled.
 
     Args:
         groups: parameter groups, e.g. from :func:`weight_decay_groups`.
-        lr: learning rate; betas: Adam's moment coefficients.
+        lr: learning rate.
+        betas: Adam's moment coefficients.
         fused: ``True`` insists on the fused kernel, ``False`` refuses it, ``None`` (automatic)
-            uses it when torch supports it for the parameters' device and no gradient scaler is
-            in play.
-        grad_scaler: whether a gradient scaler (fp16 mixed precision, e.g. on a T4) unscales the
-            gradients. Lightning clips gradients after unscaling them itself, which a fused
-            optimizer (it unscales inside its step) does not allow, so automatic mode then
-            takes the ``foreach`` form.
+            uses it wherever torch has it and falls back to the ``foreach`` form elsewhere.
 
     Raises:
-        ValueError: ``fused=True`` together with a gradient scaler, or on a device for which this
-            torch has no fused AdamW (the message names the device).
+        ValueError: ``fused=True`` on a device for which this torch has no fused AdamW (the
+            message names the device), the one case where it cannot work.
     """
-    if fused and grad_scaler:
-        raise ValueError(
-            "fused=True cannot be combined with fp16 mixed precision (precision='16-mixed'): its "
-            "gradient scaler needs an optimizer that does not unscale inside its step; "
-            "leave fused unset (automatic) or use precision='bf16-mixed'"
-        )
-    if fused is False or (fused is None and grad_scaler):
+    if fused is False:
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
     try:
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
     except (RuntimeError, ValueError) as error:  # e.g. CPU parameters before torch 2.4
         if fused:
             devices = sorted({str(p.device) for g in groups for p in g["params"]})
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise ValueError(
                 f"fused=True: this torch ({torch.__version__}) has no fused AdamW for parameters "
-                f"on {', '.join(devices)} ({error}); leave fused unset (automatic)"
-            ) from error
+                f"on {', '.join(devices)} ({reason}); leave fused unset (automatic)"
+            ) from None
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
