@@ -390,8 +390,7 @@ def test_reference_feed_forward_is_torchs_layer_in_training_mode() -> None:
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(8, 2, 24, dropout=0.5, batch_first=True).train()
     ff = FeedForward(8, 24, 0.5)
-    ff.load_state_dict({"linear1.weight": layer.linear1.weight, "linear1.bias": layer.linear1.bias,
-                        "linear2.weight": layer.linear2.weight, "linear2.bias": layer.linear2.bias})  # fmt: skip
+    ff.load_state_dict({k: v for k, v in layer.state_dict().items() if k.startswith("linear")})
     x = torch.randn(2, 5, 8)
     torch.manual_seed(3)
     theirs = layer.linear2(layer.dropout(layer.activation(layer.linear1(x))))
@@ -491,7 +490,7 @@ class Block(nn.Module):
             return out
         return self.dropout2(out)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:  # noqa: C901, PLR0911, PLR0912
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         m = self.mistake
         norm_first = self.norm_first
         if m == "always_post":
@@ -530,10 +529,7 @@ class Block(nn.Module):
             return n2(self.dropout2(x + self._ff(x)))
         residual = 0.0 if m == "no_attention_residual" else x
         x = n1(residual + self._sa(x, mask))
-        if m == "no_ff_residual":
-            out = n2(self._ff(x))
-        else:
-            out = n2(x + self._ff(x))
+        out = n2(self._ff(x)) if m == "no_ff_residual" else n2(x + self._ff(x))
         if m == "zero_padding" and mask is not None:
             out = out * mask[:, 0, 0, :, None]
         return out
@@ -865,10 +861,11 @@ class TaggingModule(L.LightningModule):
 
     def _groups(self) -> list[dict[str, Any]]:
         params = [p for p in self.parameters() if p.requires_grad]
+        decay = self.hparams.weight_decay
         return [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": self.hparams.weight_decay},
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]  # fmt: skip
+        ]
 
     def _scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         w, total = self.hparams.warmup_steps, self.hparams.total_steps
@@ -904,13 +901,14 @@ class ModuleLambda(TaggingModule):
 
     def configure_optimizers(self) -> Any:
         named = list(self.model.named_parameters())
+        decay = self.hparams.weight_decay
         optimizer = torch.optim.AdamW(
             [
-                {"params": [p for _, p in named if p.ndim > 1], "weight_decay": self.hparams.weight_decay},
+                {"params": [p for _, p in named if p.ndim > 1], "weight_decay": decay},
                 {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0},
             ],
             lr=self.hparams.lr,
-        )  # fmt: skip
+        )
         hp = self.hparams
         scheduler = LambdaLR(optimizer, _lambda(hp.warmup_steps, hp.total_steps))
         return [optimizer], [{"scheduler": scheduler, "interval": "step", "frequency": 1}]
@@ -921,7 +919,7 @@ class ModuleMistake(TaggingModule):
 
     mistake = ""
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:  # noqa: C901, PLR0911
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
         m = self.mistake
         logits = self.model(batch["tokens"], None if m == "no_mask" else batch["padding_mask"])
         flat, targets = logits.flatten(0, 1), batch["targets"].flatten()
@@ -959,7 +957,7 @@ class ModuleMistake(TaggingModule):
             return loss.detach()
         return loss
 
-    def configure_optimizers(self) -> Any:  # noqa: C901, PLR0911
+    def configure_optimizers(self) -> Any:
         m = self.mistake
         hp = self.hparams
         groups = self._groups()
@@ -967,10 +965,12 @@ class ModuleMistake(TaggingModule):
             groups = [{"params": list(self.parameters()), "weight_decay": hp.weight_decay}]
         elif m == "decay_by_name":
             named = list(self.named_parameters())
+            weights = [p for n, p in named if n.endswith("weight")]
+            others = [p for n, p in named if not n.endswith("weight")]
             groups = [
-                {"params": [p for n, p in named if n.endswith("weight")], "weight_decay": hp.weight_decay},
-                {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0},
-            ]  # fmt: skip
+                {"params": weights, "weight_decay": hp.weight_decay},
+                {"params": others, "weight_decay": 0.0},
+            ]
         elif m == "no_decay":
             groups = [{"params": list(self.parameters()), "weight_decay": 0.0}]
         elif m == "subset":
@@ -989,8 +989,10 @@ class ModuleMistake(TaggingModule):
             "warmup_from_zero": lambda s: s / w if s < w else _lambda(w, total)(s),
             "constant_after": lambda s: (s + 1) / w if s < w else 1.0,
             "linear_decay": lambda s: (s + 1) / w if s < w else (total - s) / (total - w),
-            "long_cosine": lambda s: (s + 1) / w if s < w else 0.5 * (1 + math.cos(math.pi * (s - w) / total)),
-        }  # fmt: skip
+            "long_cosine": lambda s: (
+                (s + 1) / w if s < w else 0.5 * (1 + math.cos(math.pi * (s - w) / total))
+            ),
+        }
         if m in rules:
             scheduler: Any = LambdaLR(optimizer, rules[m])
         elif m == "linear_lr_too_long":
