@@ -1012,8 +1012,9 @@ def judge_optimizer(
         raise AssertionError(
             f"{what} builds {type(optimizer).__name__}: use torch.optim.AdamW. "
             + (
-                "Adam's weight_decay adds decay to the gradient, where Adam's per-parameter "
-                "scaling then shrinks it; AdamW decays the weights directly (decoupled)."
+                "Adam's weight_decay adds the decay to the gradient, where Adam's division by "
+                "the gradient's running size distorts it (weights with large gradients are "
+                "hardly decayed); AdamW decays the weights directly (decoupled)."
                 if isinstance(optimizer, torch.optim.Adam)
                 else ""
             )
