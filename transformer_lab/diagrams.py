@@ -151,7 +151,7 @@ def encoder_block_diagram() -> Figure:
     Returns:
         A figure with two panels (no pyplot: it also works headless).
 
-    Reference: Prince, *Understanding Deep Learning*, section 12.4 (figure 12.7); Xiong et al.,
+    Reference: Prince, *Understanding Deep Learning*, section 12.4; Xiong et al.,
     "On Layer Normalization in the Transformer Architecture" (2020), figure 1.
     """
     fig = Figure(figsize=(9.0, 5.6), layout="constrained")
