@@ -1,27 +1,63 @@
-"""Lab 04 checks against a catalogue of typical mistakes (no nbgrader, CPU, fast).
+"""Lab 04 checks against a catalogue of typical mistakes and of correct variants (no nbgrader).
 
-Each wrong implementation below is one a student plausibly writes. The test asserts that the check
-meant to catch it fails and that its message names the mistake; correct but differently written
-implementations (var_mean vs mean/var, einsum vs matmul, nn.MultiheadAttention vs the kit's own
-attention) must pass every check.
+Each wrong implementation below is one a student plausibly writes. The tests assert exactly which
+checks it fails (visible and hidden) and that each message names the mistake; correct variants
+written differently (var_mean, einsum, loops, float64, nn.MultiheadAttention, functional dropout,
+LambdaLR instead of SequentialLR...) must pass every check. A function that calls PyTorch's or
+the kit's version earns nothing, and ``NotImplementedError`` says "not implemented yet".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from torch import Tensor, nn
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, SequentialLR
 
+from transformer_lab import blocks
+from transformer_lab.attention import MultiHeadAttention
 from transformer_lab.checks import lab04
+from transformer_lab.grading.hidden import lab04 as hidden04
 
-# --------------------------------------------------------------------------------------------------
-# layer_norm: correct variants and mistakes
-# --------------------------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _outcomes(checks: dict[str, Callable[[Any], None]], answer: Any) -> dict[str, str]:
+    """check name -> "" when it passes, else its message."""
+    out = {}
+    for name, check in checks.items():
+        try:
+            check(answer)
+            out[name] = ""
+        except AssertionError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def _assert_fails(
+    checks: dict[str, Callable[[Any], None]], answer: Any, failing: list[str], words: str
+) -> None:
+    outcomes = _outcomes(checks, answer)
+    assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), outcomes
+    for name in failing:
+        assert words in outcomes[name], (name, outcomes[name])
+
+
+# ---------------------------------------------------------------- layer_norm
+
+LN_CHECKS: dict[str, Callable[[Any], None]] = {
+    "visible": lab04.check_layer_norm,
+    "hidden": lambda fn: hidden04.hidden_check_layer_norm(fn, seed=401),
+    "numerics": lambda fn: hidden04.hidden_check_layer_norm_numerics(fn, seed=402),
+}
 
 
 def ln_mean_var(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
@@ -40,6 +76,25 @@ def ln_einsum(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Ten
     centred = x - torch.einsum("...d->...", x)[..., None] / d
     var = torch.einsum("...d,...d->...", centred, centred)[..., None] / d
     return centred / (var + eps).sqrt() * weight + bias
+
+
+def ln_loops(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    rows = x.reshape(-1, x.shape[-1])  # (N, D)
+    out = torch.empty_like(rows)
+    for i, row in enumerate(rows):
+        mean = sum(row.tolist()) / len(row)
+        var = sum((v - mean) ** 2 for v in row.tolist()) / len(row)
+        out[i] = (row - mean) / math.sqrt(var + eps) * weight + bias
+    return out.reshape(x.shape)
+
+
+def ln_in_float64(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    return ln_mean_var(x.double(), weight.double(), bias.double(), eps).to(x.dtype)
+
+
+def ln_std(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    std = torch.sqrt(x.var(-1, correction=0, keepdim=True) + eps)
+    return (x - x.mean(-1, keepdim=True)) / std * weight + bias
 
 
 def ln_wrong_axis(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
@@ -101,61 +156,83 @@ def ln_uses_module(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -
     return norm(x)
 
 
+def ln_group_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    d = x.shape[-1]
+    return F.group_norm(x.reshape(-1, d), 1, weight, bias, eps).reshape(x.shape)
+
+
+def ln_batch_norm_of_transpose(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
+) -> Tensor:
+    rows = x.reshape(-1, x.shape[-1])  # (N, D): each token is one "channel" of a (1, N, D) batch
+    normed = F.batch_norm(rows[None], None, None, training=True, eps=eps)[0]
+    return (normed * weight + bias).reshape(x.shape)
+
+
+def ln_kit(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    return blocks.layer_norm(x, weight, bias, eps)
+
+
 def ln_not_implemented(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
     raise NotImplementedError()
 
 
-LN_CHECKS: dict[str, Callable[..., None]] = {
-    "visible": lab04.check_layer_norm,
-    "hidden": lab04.hidden_check_layer_norm,
-    "numerics": lab04.hidden_check_layer_norm_numerics,
-}
-
-
-@pytest.mark.parametrize("fn", [ln_mean_var, ln_var_mean, ln_einsum])
-@pytest.mark.parametrize("check", list(LN_CHECKS))
-def test_correct_layer_norms_pass(fn: Callable[..., Tensor], check: str) -> None:
-    LN_CHECKS[check](fn)
+@pytest.mark.parametrize(
+    "fn", [ln_mean_var, ln_var_mean, ln_einsum, ln_loops, ln_in_float64, ln_std]
+)
+def test_correct_layer_norms_pass_every_check(fn: Callable[..., Tensor]) -> None:
+    assert _outcomes(LN_CHECKS, fn) == dict.fromkeys(LN_CHECKS, "")
 
 
 @pytest.mark.parametrize(
-    ("fn", "check", "message"),
+    ("fn", "failing", "words"),
     [
-        (ln_wrong_axis, "visible", r"last dimension"),
-        (ln_whole_tensor, "visible", r"last dimension"),
-        (ln_eps_outside, "numerics", r"eps belongs inside the square root"),
-        (ln_unbiased, "visible", r"biased variance"),
-        (ln_unbiased, "numerics", r"biased variance"),
-        (ln_no_affine, "visible", r"multiply by weight and add bias"),
-        (ln_no_bias, "visible", r"without the bias"),
-        (ln_shift_then_scale, "visible", r"scale first, then shift"),
-        (ln_raw_moments, "numerics", r"centred values"),
-        (ln_no_keepdim, "visible", r"raised RuntimeError"),
-        (ln_calls_torch, "hidden", r"does not allow"),
-        (ln_uses_module, "hidden", r"does not allow"),
-        (ln_not_implemented, "visible", r"not implemented yet"),
+        (ln_wrong_axis, ["visible", "hidden", "numerics"], "the last dimension"),
+        (ln_whole_tensor, ["visible", "hidden", "numerics"], "per token, over the last"),
+        (ln_eps_outside, ["visible", "numerics"], "inside the square root"),
+        (ln_unbiased, ["visible", "hidden", "numerics"], "biased variance"),
+        (ln_no_affine, ["visible", "hidden", "numerics"], "multiply by weight and add bias"),
+        (ln_no_bias, ["visible", "hidden", "numerics"], "without the bias"),
+        (ln_shift_then_scale, ["visible", "hidden", "numerics"], "scale first, then shift"),
+        (ln_raw_moments, ["numerics"], "centred values"),
+        (ln_no_keepdim, ["visible", "hidden", "numerics"], "keepdim=True"),
     ],
 )
-def test_layer_norm_mistakes_are_named(fn: Callable[..., Tensor], check: str, message: str) -> None:
-    with pytest.raises(AssertionError, match=message):
-        LN_CHECKS[check](fn)
+def test_layer_norm_mistakes_fail_with_a_message_naming_them(
+    fn: Callable[..., Tensor], failing: list[str], words: str
+) -> None:
+    _assert_fails(LN_CHECKS, fn, failing, words)
 
 
-@pytest.mark.parametrize("fn", [ln_eps_outside, ln_raw_moments])
-def test_subtle_layer_norm_mistakes_only_lose_the_numerics_cell(fn: Callable[..., Tensor]) -> None:
-    lab04.check_layer_norm(fn)
-    lab04.hidden_check_layer_norm(fn)
+@pytest.mark.parametrize(
+    "fn", [ln_calls_torch, ln_uses_module, ln_group_norm, ln_batch_norm_of_transpose, ln_kit]
+)
+def test_layer_norms_that_call_a_normalisation_earn_nothing(fn: Callable[..., Tensor]) -> None:
+    # F.group_norm(x.reshape(-1, D), 1) computes layer norm exactly: the op family refuses it.
+    outcomes = _outcomes(LN_CHECKS, fn)
+    assert all("does not allow" in msg for msg in outcomes.values()), outcomes
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(fn(x, torch.ones(5), torch.zeros(5)), ln_mean_var(x, 1, 0))
+
+
+def test_layer_norm_not_implemented_says_so() -> None:
+    outcomes = _outcomes(LN_CHECKS, ln_not_implemented)
+    assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_layer_norm_hidden_checks_pass_for_every_seed(seed: int) -> None:
-    lab04.hidden_check_layer_norm(ln_mean_var, seed=seed)
-    lab04.hidden_check_layer_norm_numerics(ln_mean_var, seed=seed)
+    hidden04.hidden_check_layer_norm(ln_var_mean, seed=seed)
+    hidden04.hidden_check_layer_norm_numerics(ln_var_mean, seed=seed)
 
 
-# --------------------------------------------------------------------------------------------------
-# FeedForward
-# --------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- FeedForward
+
+FF_CHECKS: dict[str, Callable[[Any], None]] = {
+    "visible": lab04.check_feed_forward,
+    "hidden": lambda cls: hidden04.hidden_check_feed_forward(cls, seed=421),
+    "dropout": lambda cls: hidden04.hidden_check_feed_forward_dropout(cls, seed=422),
+}
 
 
 class FeedForward(nn.Module):
@@ -172,7 +249,7 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(self.act(self.linear1(x))))
 
 
-class FeedForwardFunctional(FeedForward):
+class FFFunctional(FeedForward):
     """Correct, written differently: clamp for ReLU, functional dropout with the training flag."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
@@ -182,6 +259,13 @@ class FeedForwardFunctional(FeedForward):
     def forward(self, x: Tensor) -> Tensor:
         h = torch.clamp(x @ self.linear1.weight.T + self.linear1.bias, min=0)
         return self.linear2(F.dropout(h, self.p, training=self.training))
+
+
+class FFDropoutBeforeRelu(FeedForward):
+    """Correct: ReLU and dropout commute (dropout only zeroes and scales by a positive factor)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(F.relu(self.dropout(self.linear1(x))))
 
 
 class FFNoActivation(FeedForward):
@@ -196,7 +280,7 @@ class FFActivationAtEnd(FeedForward):
 
 class FFGelu(FeedForward):
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(F.gelu(self.linear1(x)))
+        return self.linear2(self.dropout(F.gelu(self.linear1(x))))
 
 
 class FFWithResidual(FeedForward):
@@ -214,13 +298,19 @@ class FFDropoutNeverApplied(FeedForward):
         return self.linear2(F.relu(self.linear1(x)))
 
 
-class FFDropoutAlwaysOn(FeedForward):
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
-        super().__init__(d_model, d_ff, dropout)
-        self.p = dropout
-
+class FFDropoutAlwaysOn(FFFunctional):
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(F.dropout(F.relu(self.linear1(x)), self.p))  # training=True always
+
+
+class FFDropoutOnOutput(FeedForward):
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.linear2(F.relu(self.linear1(x))))
+
+
+class FFDropoutOnInput(FeedForward):
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(F.relu(self.linear1(self.dropout(x))))
 
 
 class FFSequential(nn.Module):
@@ -237,47 +327,77 @@ class FFNotAModule:
         self.linear1 = nn.Linear(d_model, d_ff)
 
 
-FF_CHECKS: dict[str, Callable[..., None]] = {
-    "visible": lab04.check_feed_forward,
-    "hidden": lab04.hidden_check_feed_forward,
-    "dropout": lab04.hidden_check_feed_forward_dropout,
-}
+class FFKit(FeedForward):
+    def forward(self, x: Tensor) -> Tensor:
+        kit = blocks.FeedForward(x.shape[-1], self.linear1.out_features)
+        kit.load_state_dict({k: v for k, v in self.state_dict().items() if "linear" in k})
+        return kit(x)
 
 
-@pytest.mark.parametrize("cls", [FeedForward, FeedForwardFunctional])
-@pytest.mark.parametrize("check", list(FF_CHECKS))
-def test_correct_feed_forwards_pass(cls: type, check: str) -> None:
-    FF_CHECKS[check](cls)
+class FFNotImplemented(FeedForward):
+    def forward(self, x: Tensor) -> Tensor:
+        raise NotImplementedError()
+
+
+@pytest.mark.parametrize("cls", [FeedForward, FFFunctional, FFDropoutBeforeRelu])
+def test_correct_feed_forwards_pass_every_check(cls: type) -> None:
+    assert _outcomes(FF_CHECKS, cls) == dict.fromkeys(FF_CHECKS, "")
 
 
 @pytest.mark.parametrize(
-    ("cls", "check", "message"),
+    ("cls", "failing", "words"),
     [
-        (FFNoActivation, "visible", r"no nonlinearity.*ReLU"),
-        (FFActivationAtEnd, "visible", r"goes between the layers"),
-        (FFGelu, "visible", r"GELU"),
-        (FFWithResidual, "visible", r"residual belongs to the block"),
-        (FFHiddenSizeDModel, "visible", r"linear1 maps 8 -> 8 features.*d_ff"),
-        (FFDropoutNeverApplied, "dropout", r"same output as without dropout"),
-        (FFDropoutAlwaysOn, "dropout", r"eval mode"),
-        (FFSequential, "visible", r"no nn.Linear attribute `linear1`"),
-        (FFNotAModule, "visible", r"nn.Module"),
+        (FFNoActivation, ["visible", "hidden", "dropout"], "no nonlinearity"),
+        (FFActivationAtEnd, ["visible", "hidden", "dropout"], "goes between the layers"),
+        (FFGelu, ["visible", "hidden", "dropout"], "GELU"),
+        (FFWithResidual, ["visible", "hidden", "dropout"], "residual belongs to the block"),
+        (FFHiddenSizeDModel, ["visible", "hidden", "dropout"], "d_ff"),
+        (FFDropoutNeverApplied, ["visible", "dropout"], "output of eval mode"),
+        (FFDropoutAlwaysOn, ["visible", "dropout"], "eval mode"),
+        (FFDropoutOnOutput, ["visible", "dropout"], "d_ff"),
+        (FFSequential, ["visible", "hidden", "dropout"], "no nn.Linear attribute `linear1`"),
+        (FFNotAModule, ["visible", "hidden", "dropout"], "nn.Module"),
     ],
 )
-def test_feed_forward_mistakes_are_named(cls: type, check: str, message: str) -> None:
-    with pytest.raises(AssertionError, match=message):
-        FF_CHECKS[check](cls)
+def test_feed_forward_mistakes_fail_with_a_message_naming_them(
+    cls: type, failing: list[str], words: str
+) -> None:
+    _assert_fails(FF_CHECKS, cls, failing, words)
 
 
-def test_dropout_mistakes_keep_the_other_feed_forward_points() -> None:
-    for cls in (FFDropoutNeverApplied, FFDropoutAlwaysOn):
-        lab04.check_feed_forward(cls)
-        lab04.hidden_check_feed_forward(cls)
+def test_hidden_dropout_check_names_the_misplaced_dropouts() -> None:
+    outcomes = _outcomes(FF_CHECKS, FFDropoutOnOutput)
+    assert "dropout on the output of linear2" in outcomes["dropout"]
+    outcomes = _outcomes(FF_CHECKS, FFDropoutOnInput)
+    assert sorted(n for n, m in outcomes.items() if m) == ["dropout", "visible"]
+    assert "dropout on the input x" in outcomes["dropout"]
 
 
-# --------------------------------------------------------------------------------------------------
-# EncoderBlock
-# --------------------------------------------------------------------------------------------------
+def test_feed_forward_that_calls_the_kit_earns_nothing() -> None:
+    outcomes = _outcomes(FF_CHECKS, FFKit)
+    assert all("does not allow" in msg for msg in outcomes.values()), outcomes
+    outcomes = _outcomes(FF_CHECKS, blocks.FeedForward)
+    assert all("does not allow" in msg for msg in outcomes.values()), outcomes
+
+
+def test_feed_forward_not_implemented_says_so() -> None:
+    outcomes = _outcomes(FF_CHECKS, FFNotImplemented)
+    assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
+
+
+def test_reference_feed_forward_is_torchs_layer_in_training_mode() -> None:
+    """Same seed, same dropout mask: the visible reference is nn.TransformerEncoderLayer's FF."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 24, dropout=0.5, batch_first=True).train()
+    ff = FeedForward(8, 24, 0.5)
+    ff.load_state_dict({k: v for k, v in layer.state_dict().items() if k.startswith("linear")})
+    x = torch.randn(2, 5, 8)
+    torch.manual_seed(3)
+    theirs = layer.linear2(layer.dropout(layer.activation(layer.linear1(x))))
+    torch.testing.assert_close(lab04.reference_feed_forward(ff, x, p=0.5, seed=3), theirs)
+
+
+# ---------------------------------------------------------------- EncoderBlock
 
 
 class Attention(nn.Module):
@@ -301,8 +421,8 @@ class Attention(nn.Module):
         v = self.v_proj(value).view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
         scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(D // H)  # (B, H, T, S)
         if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: zeros
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)
         out = (weights @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.out_proj(out), weights
 
@@ -319,38 +439,56 @@ class Block(nn.Module):
         norm_first: bool = False,
         *,
         mistake: str | None = None,
-        torch_attention: bool = False,
+        attention: str = "kit",
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.mistake = mistake
-        self.torch_attention = torch_attention
-        if torch_attention:
-            self.self_attn: nn.Module = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
-        else:
+        self.attention = attention
+        self.n_heads = n_heads
+        if attention == "torch":
+            self.self_attn: nn.Module = nn.MultiheadAttention(
+                d_model, n_heads, dropout=dropout, batch_first=True
+            )
+        elif attention == "own":
             self.self_attn = Attention(d_model, n_heads)
-        self.ff = FeedForward(d_model, d_ff, dropout)
+        else:
+            self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        ff_dropout = 0.0 if mistake in ("ff_without_dropout", "no_dropout") else dropout
+        self.ff = FeedForward(d_model, d_ff, ff_dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        p = 0.0 if mistake == "no_dropout" else dropout
+        self.dropout1 = nn.Dropout(p)
+        self.dropout2 = nn.Dropout(p)
 
     def _sa(self, h: Tensor, mask: Tensor | None) -> Tensor:
-        if self.mistake == "mask_ignored":
+        m = self.mistake
+        if m == "mask_ignored":
             mask = None
-        if self.mistake == "mask_inverted" and mask is not None:
+        if m == "mask_inverted" and mask is not None:
             mask = ~mask
-        if self.torch_attention:
-            kpm = None if mask is None else ~mask[:, 0, 0, :]  # (B, S), True = ignore
-            out = self.self_attn(h, h, h, key_padding_mask=kpm, need_weights=False)[0]
+        if m == "mask_first_row" and mask is not None:
+            mask = mask[:, :, :1, :]
+        if self.attention == "torch":
+            B, T, _ = h.shape
+            attn_mask = None
+            if mask is not None:  # (B*H, T, S), True = may NOT attend
+                attn_mask = ~mask.expand(B, self.n_heads, T, T).reshape(B * self.n_heads, T, T)
+            out = self.self_attn(h, h, h, attn_mask=attn_mask, need_weights=False)[0]
         else:
             out = self.self_attn(h, h, h, mask=mask)[0]
+        if m in ("no_dropout1", "dropout_after_sum"):
+            return out
+        if m == "dropout_always_on":
+            return F.dropout(out, self.dropout1.p)
         return self.dropout1(out)
 
     def _ff(self, h: Tensor) -> Tensor:
-        if self.mistake == "dropout_always_on":
-            return F.dropout(self.ff(h), 0.1)  # training=True whatever the mode
-        return self.dropout2(self.ff(h))
+        out = self.ff(h)
+        if self.mistake in ("no_dropout2", "dropout_after_sum"):
+            return out
+        return self.dropout2(out)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         m = self.mistake
@@ -369,19 +507,62 @@ class Block(nn.Module):
             if m == "no_residual":
                 x = self._sa(n1(x), mask)
                 return self._ff(n2(x))
+            if m == "dropout_after_sum":
+                x = self.dropout1(x + self._sa(n1(x), mask))
+                return self.dropout2(x + self._ff(n2(x)))
             x = x + self._sa(n1(x), mask)
-            return x + self._ff(n2(x))
+            out = x + self._ff(n2(x))
+            if m == "final_norm_inside":
+                out = n2(out)
+            return out
         if m == "no_residual":
             x = n1(self._sa(x, mask))
             return n2(self._ff(x))
         if m == "no_norms":
             x = x + self._sa(x, mask)
             return x + self._ff(x)
+        if m == "norm_then_add":
+            x = x + n1(self._sa(x, mask))
+            return x + n2(self._ff(x))
+        if m == "dropout_after_sum":
+            x = n1(self.dropout1(x + self._sa(x, mask)))
+            return n2(self.dropout2(x + self._ff(x)))
         residual = 0.0 if m == "no_attention_residual" else x
         x = n1(residual + self._sa(x, mask))
-        if m == "no_ff_residual":
-            return n2(self._ff(x))
-        return n2(x + self._ff(x))
+        out = n2(self._ff(x)) if m == "no_ff_residual" else n2(x + self._ff(x))
+        if m == "zero_padding" and mask is not None:
+            out = out * mask[:, 0, 0, :, None]
+        return out
+
+
+class BlockSharedDropout(Block):
+    """Correct, written differently: one nn.Dropout used for both sub-layers, F.layer_norm norms
+    held in a small module of its own, and the residual written with torch.add."""
+
+    class Norm(nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+            self.bias = nn.Parameter(torch.zeros(d))
+
+        def forward(self, x: Tensor) -> Tensor:
+            return ln_var_mean(x, self.weight, self.bias)
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
+                 norm_first: bool = False) -> None:  # fmt: skip
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.norm1, self.norm2 = self.Norm(d_model), self.Norm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        def attend(h: Tensor) -> Tensor:
+            return self.drop(self.self_attn(h, h, h, mask)[0])
+
+        if self.norm_first:
+            x = torch.add(x, attend(self.norm1(x)))
+            return torch.add(x, self.drop(self.ff(self.norm2(x))))
+        x = self.norm1(torch.add(x, attend(x)))
+        return self.norm2(torch.add(x, self.drop(self.ff(x))))
 
 
 def block_with(**options: Any) -> Callable[..., nn.Module]:
@@ -394,9 +575,8 @@ def block_with(**options: Any) -> Callable[..., nn.Module]:
 class BlockWrappingTorch(nn.TransformerEncoderLayer):
     """Wrong: hands the work to torch's own layer (and has torch's attribute names)."""
 
-    def __init__(
-        self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, norm_first: bool = False
-    ) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
+                 norm_first: bool = False) -> None:  # fmt: skip
         super().__init__(d_model, n_heads, d_ff, dropout, batch_first=True, norm_first=norm_first)
 
 
@@ -405,7 +585,7 @@ class BlockWithTorchInside(Block):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
                  norm_first: bool = False) -> None:  # fmt: skip
-        super().__init__(d_model, n_heads, d_ff, dropout, norm_first, torch_attention=True)
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
         self.inner = nn.TransformerEncoderLayer(
             d_model, n_heads, d_ff, dropout, batch_first=True, norm_first=norm_first
         )
@@ -414,71 +594,106 @@ class BlockWithTorchInside(Block):
         return self.inner(x)
 
 
-BLOCK_CHECKS: dict[str, Callable[..., None]] = {
+class BlockWithKitBlockInside(Block):
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        kit = blocks.EncoderBlock(x.shape[-1], self.n_heads, self.ff.linear1.out_features)
+        return kit(x, mask)
+
+
+class BlockNotImplemented(Block):
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        raise NotImplementedError()
+
+
+BLOCK_CHECKS: dict[str, Callable[[Any], None]] = {
     "visible": lab04.check_encoder_block,
-    "post": lab04.hidden_check_encoder_block_post_norm,
-    "pre": lab04.hidden_check_encoder_block_pre_norm,
-    "mask": lab04.hidden_check_encoder_block_mask,
+    "dropout": lab04.check_encoder_block_dropout,
+    "post": lambda cls: hidden04.hidden_check_encoder_block_post_norm(cls, seed=431),
+    "pre": lambda cls: hidden04.hidden_check_encoder_block_pre_norm(cls, seed=432),
+    "mask": lambda cls: hidden04.hidden_check_encoder_block_mask(cls, seed=433),
 }
 
 
-@pytest.mark.parametrize("torch_attention", [False, True])
-@pytest.mark.parametrize("check", list(BLOCK_CHECKS))
-def test_correct_blocks_pass(torch_attention: bool, check: str) -> None:
-    BLOCK_CHECKS[check](block_with(torch_attention=torch_attention))
+@pytest.mark.parametrize(
+    "cls",
+    [
+        Block,
+        block_with(attention="own"),
+        block_with(attention="torch"),
+        BlockSharedDropout,
+    ],
+    ids=["kit_attention", "own_attention", "nn_multihead_attention", "shared_dropout"],
+)
+def test_correct_blocks_pass_every_check(cls: Callable[..., nn.Module]) -> None:
+    assert _outcomes(BLOCK_CHECKS, cls) == dict.fromkeys(BLOCK_CHECKS, "")
+
+
+_ALL_BUT_PRE = ["visible", "dropout", "post", "mask"]
+_ALL_BUT_POST = ["visible", "dropout", "pre", "mask"]
 
 
 @pytest.mark.parametrize(
-    ("mistake", "check", "message"),
+    ("mistake", "failing", "words"),
     [
-        ("no_residual", "visible", r"without residuals"),
-        ("no_residual", "pre", r"pre-norm without residuals"),
-        ("no_attention_residual", "visible", r"attention sublayer has no residual"),
-        ("no_ff_residual", "visible", r"feed-forward sublayer has no residual"),
-        ("always_post", "pre", r"norm_first=True your block computes post-norm"),
-        ("always_pre", "visible", r"norm_first=False your block computes pre-norm"),
-        ("norms_swapped", "visible", r"norm1 and norm2 swapped"),
-        ("norms_swapped", "pre", r"norm1 and norm2 swapped"),
-        ("pre_residual_of_normed", "pre", r"residual adds the normalised input"),
-        ("no_norms", "visible", r"no layer norm at all"),
-        ("mask_ignored", "mask", r"without the mask"),
-        ("mask_inverted", "mask", r"inverted mask"),
-        ("dropout_always_on", "post", r"different output each call.*eval mode"),
+        ("no_residual", [*_ALL_BUT_PRE, "pre"], "without residuals"),
+        ("no_attention_residual", _ALL_BUT_PRE, "attention sub-layer has no residual"),
+        ("no_ff_residual", _ALL_BUT_PRE, "feed-forward sub-layer has no residual"),
+        ("always_post", _ALL_BUT_POST, "norm_first=True your block computes post-norm"),
+        ("always_pre", _ALL_BUT_PRE, "norm_first=False your block computes pre-norm"),
+        ("norms_swapped", ["visible", "post", "pre", "mask"], "norm1 and norm2 swapped"),
+        ("pre_residual_of_normed", _ALL_BUT_POST, "residual adds the normalised input"),
+        ("no_norms", _ALL_BUT_PRE, "no layer norm at all"),
+        ("norm_then_add", _ALL_BUT_PRE, "Add & Norm adds first"),
+        ("final_norm_inside", _ALL_BUT_POST, "normalises the block's output"),
+        ("mask_ignored", [*_ALL_BUT_PRE, "pre"], "without the mask"),
+        ("mask_inverted", [*_ALL_BUT_PRE, "pre"], "inverted mask"),
+        ("zero_padding", _ALL_BUT_PRE, "zeroes the outputs at padded positions"),
+        ("mask_first_row", ["mask"], "first query row of the mask"),
     ],
 )
-def test_block_mistakes_are_named(mistake: str, check: str, message: str) -> None:
-    with pytest.raises(AssertionError, match=message):
-        BLOCK_CHECKS[check](block_with(mistake=mistake))
+def test_block_mistakes_fail_with_a_message_naming_them(
+    mistake: str, failing: list[str], words: str
+) -> None:
+    outcomes = _outcomes(BLOCK_CHECKS, block_with(mistake=mistake))
+    assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), outcomes
+    for name in failing:
+        if name != "dropout":  # compares with PyTorch on the student's own weights: no catalogue
+            assert words in outcomes[name], (name, outcomes[name])
 
 
-@pytest.mark.parametrize("mistake", ["mask_ignored", "mask_inverted"])
-def test_mask_mistakes_keep_the_unmasked_points(mistake: str) -> None:
-    for check in ("visible", "post", "pre"):
-        BLOCK_CHECKS[check](block_with(mistake=mistake))
+@pytest.mark.parametrize(
+    ("mistake", "words"),
+    [
+        ("ff_without_dropout", "FeedForward has no dropout"),
+        ("no_dropout1", "without dropout on the attention output"),
+        ("no_dropout2", "without dropout on the feed-forward output"),
+        ("dropout_after_sum", "dropout applied to the residual sum"),
+        ("no_dropout", "gives the output of eval mode"),
+        ("dropout_always_on", "eval mode"),
+    ],
+)
+def test_dropout_mistakes_fail_the_training_mode_checks_only(mistake: str, words: str) -> None:
+    outcomes = _outcomes(BLOCK_CHECKS, block_with(mistake=mistake))
+    failing = sorted(n for n, msg in outcomes.items() if msg)
+    assert failing == ["dropout", "post", "pre"], outcomes
+    for name in ("post", "pre"):
+        assert words in outcomes[name], (name, outcomes[name])
 
 
-def test_post_norm_only_block_keeps_the_post_norm_points() -> None:
-    lab04.check_encoder_block(block_with(mistake="always_post"))
-    lab04.hidden_check_encoder_block_post_norm(block_with(mistake="always_post"))
+def test_dropout_mistakes_are_caught_with_torchs_attention_too() -> None:
+    outcomes = _outcomes(BLOCK_CHECKS, block_with(attention="torch", mistake="no_dropout1"))
+    assert sorted(n for n, msg in outcomes.items() if msg) == ["dropout", "post", "pre"]
+    assert "without dropout on the attention output" in outcomes["post"]
 
 
-def test_mask_ignored_is_also_caught_by_the_padding_property() -> None:
-    """Even without the oracle, changing padded tokens must not move real tokens' outputs."""
-    block = Block(8, 2, 16, mistake="mask_ignored").eval()
-    keep = torch.tensor([[True, True, False, False]])
-    x = torch.randn(1, 4, 8)
-    x2 = x.clone()
-    x2[0, 2:] += 3.0
-    with torch.no_grad():
-        a = block(x, keep[:, None, None, :])
-        b = block(x2, keep[:, None, None, :])
-    assert not torch.allclose(a[0, :2], b[0, :2], atol=1e-4)
-
-
-@pytest.mark.parametrize("cls", [BlockWrappingTorch, BlockWithTorchInside])
-def test_blocks_that_wrap_torchs_layer_fail(cls: type) -> None:
-    with pytest.raises(AssertionError, match=r"no attribute|does not allow"):
-        lab04.check_encoder_block(cls)
+@pytest.mark.parametrize(
+    "cls", [BlockWrappingTorch, BlockWithTorchInside, BlockWithKitBlockInside, blocks.EncoderBlock]
+)
+def test_blocks_that_call_a_ready_layer_earn_nothing(cls: type) -> None:
+    outcomes = _outcomes(BLOCK_CHECKS, cls)
+    assert all("does not allow" in msg or "no attribute" in msg for msg in outcomes.values()), (
+        outcomes
+    )
 
 
 def test_block_with_wrong_attribute_names_is_told_the_names() -> None:
@@ -489,30 +704,461 @@ def test_block_with_wrong_attribute_names_is_told_the_names() -> None:
             del self.ff
 
         def _ff(self, h: Tensor) -> Tensor:
-            return self.ffn(h)
+            return self.dropout2(self.ffn(h))
 
-    with pytest.raises(AssertionError, match=r"no attribute\(s\) ff.*self.ff"):
-        lab04.check_encoder_block(Renamed)
-
-
-def test_loader_matches_torchs_layer_exactly() -> None:
-    """The weight copy is what the block checks stand on: it must reproduce torch's layer."""
-    layer = lab04.torch_encoder_layer(12, 3, 20, norm_first=False, seed=5)
-    block = lab04.load_torch_encoder_layer(Block(12, 3, 20), layer).eval()
-    x = torch.randn(2, 7, 12)
-    with torch.no_grad():
-        torch.testing.assert_close(block(x), layer(x))
+    outcomes = _outcomes(BLOCK_CHECKS, Renamed)
+    assert all("no attribute(s) ff" in msg and "self.ff" in msg for msg in outcomes.values())
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_block_not_implemented_says_so() -> None:
+    outcomes = _outcomes(BLOCK_CHECKS, BlockNotImplemented)
+    assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_block_hidden_checks_pass_for_every_seed(seed: int) -> None:
-    for check in ("post", "pre", "mask"):
-        BLOCK_CHECKS[check](Block, seed=seed)
+    hidden04.hidden_check_encoder_block_post_norm(Block, seed=seed)
+    hidden04.hidden_check_encoder_block_pre_norm(Block, seed=seed)
+    hidden04.hidden_check_encoder_block_mask(Block, seed=seed)
 
 
-# --------------------------------------------------------------------------------------------------
-# the trained-encoder check
-# --------------------------------------------------------------------------------------------------
+def _torch_layer_like(block: nn.Module, norm_first: bool, dropout: float) -> nn.Module:
+    """torch's encoder layer holding ``block``'s weights, attention dropout off."""
+    d = block.norm1.weight.shape[0]
+    layer = nn.TransformerEncoderLayer(
+        d, block.n_heads, block.ff.linear1.out_features, dropout, batch_first=True,
+        norm_first=norm_first,
+    )  # fmt: skip
+    layer.self_attn.dropout = 0.0
+    w = lab04.block_weights(block)
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight.copy_(
+            torch.cat([w[f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        )
+        layer.self_attn.in_proj_bias.copy_(
+            torch.cat([w[f"self_attn.{n}_proj.bias"] for n in "qkv"])
+        )
+        layer.self_attn.out_proj.weight.copy_(w["self_attn.out_proj.weight"])
+        layer.self_attn.out_proj.bias.copy_(w["self_attn.out_proj.bias"])
+        for name in ("linear1", "linear2"):
+            getattr(layer, name).weight.copy_(w[f"ff.{name}.weight"])
+            getattr(layer, name).bias.copy_(w[f"ff.{name}.bias"])
+        for name in ("norm1", "norm2"):
+            getattr(layer, name).weight.copy_(w[f"{name}.weight"])
+            getattr(layer, name).bias.copy_(w[f"{name}.bias"])
+    return layer
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("attention", ["kit", "torch"])
+def test_reference_and_oracle_are_torchs_encoder_layer(norm_first: bool, attention: str) -> None:
+    """The visible reference (torch's functional ops) and the hidden oracle (float64, written
+    out) both reproduce nn.TransformerEncoderLayer, in eval mode and, with one seed, in
+    training mode: the dropout masks fall where torch's layer puts them."""
+    torch.manual_seed(0)
+    block = Block(12, 3, 20, 0.4, norm_first, attention=attention)
+    with torch.no_grad():
+        for norm in (block.norm1, block.norm2):
+            norm.weight.normal_(1.0, 0.5)
+            norm.bias.normal_(0.0, 0.5)
+    layer = _torch_layer_like(block, norm_first, 0.4)
+    x = torch.randn(3, 6, 12)
+    keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]
+    mask = keep[:, None, None, :]
+    w = lab04.block_weights(block)
+    with torch.no_grad():
+        layer.eval()
+        theirs = layer(x, src_key_padding_mask=~keep)
+    ours = lab04.reference_encoder_block(block, x, mask, n_heads=3, norm_first=norm_first)
+    oracle = hidden04.oracle_encoder_block(w, x, mask, n_heads=3, norm_first=norm_first)
+    real = keep  # torch's eval fast path leaves padded positions undefined (zero)
+    torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(oracle[real], theirs[real].double(), atol=1e-5, rtol=1e-5)
+    # Training mode, one seed: dropout falls where torch's layer puts it. Dropout draws its mask
+    # in memory order, and nn.MultiheadAttention returns a transposed view: with the kit's
+    # attention the student's block (contiguous) is the thing to compare with.
+    if attention == "torch":
+        with torch.no_grad():
+            layer.train()
+            torch.manual_seed(9)
+            theirs = layer(x, src_key_padding_mask=~keep)
+    else:  # the student's block as the checks run it (the attention's own dropout off)
+        theirs = lab04.run_block(block, x, mask, "the block", training=True, seed=9)
+    ours = lab04.reference_encoder_block(
+        block, x, mask, n_heads=3, norm_first=norm_first, p=0.4, seed=9
+    )
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    expected, _ = hidden04.encoder_block_dropout_cases(
+        w,
+        x,
+        mask,
+        n_heads=3,
+        norm_first=norm_first,
+        eps=(1e-5, 1e-5),
+        p=0.4,
+        seed=9,
+        sequence_first_attention=attention == "torch",
+    )
+    torch.testing.assert_close(expected, theirs.double(), atol=1e-5, rtol=1e-5)
+
+
+def test_oracles_agree_with_the_kit() -> None:
+    torch.manual_seed(1)
+    x, w, b = torch.randn(4, 3, 7), torch.randn(7), torch.randn(7)
+    torch.testing.assert_close(
+        hidden04.oracle_layer_norm(x, w, b), blocks.layer_norm(x.double(), w.double(), b.double())
+    )
+    kit = blocks.EncoderBlock(8, 2, 16, norm_first=True).eval()
+    mask = (torch.arange(5)[None, :] < torch.tensor([5, 2])[:, None])[:, None, None, :]
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hidden04.oracle_encoder_block(
+                lab04.block_weights(kit), x, mask, n_heads=2, norm_first=True
+            ),
+            kit(x, mask).double(),
+            atol=1e-5,
+            rtol=1e-5,
+        )
+
+
+def test_masked_keys_out_score_the_real_ones_in_the_mask_check() -> None:
+    """The mask check's inputs make every padded key the best-scoring key: a mask that is
+    ignored, inverted or applied after the softmax changes the output completely."""
+    g = torch.Generator().manual_seed(0)
+    for norm_first in (False, True):
+        block = Block(8, 2, 16, norm_first=norm_first)
+        keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 1])[:, None]
+        x = hidden04._outscoring_case(block, g, keep, n_heads=2, norm_first=norm_first)
+        with torch.no_grad():
+            h = block.norm1(x) if norm_first else x
+            _, weights = block.self_attn(h, h, h)  # no mask: the padded keys take the weight
+        padded = ~keep[:, None, None, :]  # (B, 1, 1, S)
+        rows = (weights * padded).sum(-1)  # (B, H, T): the weight each query gives to padding
+        assert float(rows[1:].min()) > 0.99  # the sequences with padding: nearly all of it
+
+
+# ---------------------------------------------------------------- TaggingModule
+
+
+class TaggingModule(L.LightningModule):
+    """The notebook's solution: SequentialLR of LinearLR and CosineAnnealingLR."""
+
+    def __init__(self, model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.01,
+                 warmup_steps: int = 20, total_steps: int = 200) -> None:  # fmt: skip
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        return self.model(tokens, padding_mask)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
+        logits = self(batch["tokens"], batch["padding_mask"])  # (B, T, C)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+        self.log("train_loss", loss.detach(), prog_bar=True)
+        return loss
+
+    def _groups(self) -> list[dict[str, Any]]:
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = self.hparams.weight_decay
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
+    def _scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        w, total = self.hparams.warmup_steps, self.hparams.total_steps
+        warmup = LinearLR(optimizer, start_factor=1 / w, total_iters=w - 1)
+        cosine = CosineAnnealingLR(optimizer, T_max=total - w)
+        return SequentialLR(optimizer, [warmup, cosine], milestones=[w])
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self._groups(), lr=self.hparams.lr)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": self._scheduler(optimizer), "interval": "step"},
+        }
+
+
+def _lambda(w: int, total: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < w:
+            return (step + 1) / w
+        return 0.5 * (1 + math.cos(math.pi * (step - w) / (total - w)))
+
+    return factor
+
+
+class ModuleLambda(TaggingModule):
+    """Correct, written differently: transpose for the loss, {"loss": ...}, LambdaLR, ndim."""
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
+        logits = self.model(batch["tokens"], padding_mask=batch["padding_mask"])
+        loss = F.cross_entropy(logits.transpose(1, 2), batch["targets"], ignore_index=-100)
+        self.log("train_loss", loss)  # Lightning detaches it (enable_graph=False)
+        return {"loss": loss}
+
+    def configure_optimizers(self) -> Any:
+        named = list(self.model.named_parameters())
+        decay = self.hparams.weight_decay
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": [p for _, p in named if p.ndim > 1], "weight_decay": decay},
+                {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0},
+            ],
+            lr=self.hparams.lr,
+        )
+        hp = self.hparams
+        scheduler = LambdaLR(optimizer, _lambda(hp.warmup_steps, hp.total_steps))
+        return [optimizer], [{"scheduler": scheduler, "interval": "step", "frequency": 1}]
+
+
+class ModuleMistake(TaggingModule):
+    """The solution with one typical mistake."""
+
+    mistake = ""
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
+        m = self.mistake
+        logits = self.model(batch["tokens"], None if m == "no_mask" else batch["padding_mask"])
+        flat, targets = logits.flatten(0, 1), batch["targets"].flatten()
+        if m == "mean_over_padding":
+            loss = F.cross_entropy(flat, targets, reduction="none").mean()
+        elif m == "sum":
+            loss = F.cross_entropy(flat, targets, reduction="sum")
+        elif m == "per_sequence":
+            per = F.cross_entropy(logits.transpose(1, 2), batch["targets"], reduction="none")
+            real = (batch["targets"] != -100).float()
+            loss = ((per * real).sum(1) / real.sum(1)).mean()
+        elif m == "clamped_targets":
+            loss = F.cross_entropy(flat, targets.clamp(min=0))
+        elif m == "tokens_as_targets":
+            tokens = batch["tokens"].masked_fill(~batch["padding_mask"], -100).flatten()
+            loss = F.cross_entropy(flat, tokens)
+        else:
+            loss = F.cross_entropy(flat, targets)
+        if m == "kit":
+            from transformer_lab.training.modules import _flat_cross_entropy
+
+            loss = _flat_cross_entropy(logits, batch["targets"], -100)
+        logged: Any = loss.detach()
+        if m == "log_item":
+            logged = loss.item()
+        if m != "no_log":
+            name = "loss" if m == "log_name" else "train_loss"
+            options = {"enable_graph": True} if m == "enable_graph" else {}
+            self.log(name, loss if m == "enable_graph" else logged, **options)
+        if m == "keeps_graph":
+            self.history = [*getattr(self, "history", []), loss]
+        if m == "returns_item":
+            return loss.item()
+        if m == "returns_detached":
+            return loss.detach()
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        m = self.mistake
+        hp = self.hparams
+        groups = self._groups()
+        if m == "decay_everything":
+            groups = [{"params": list(self.parameters()), "weight_decay": hp.weight_decay}]
+        elif m == "decay_by_name":
+            named = list(self.named_parameters())
+            weights = [p for n, p in named if n.endswith("weight")]
+            others = [p for n, p in named if not n.endswith("weight")]
+            groups = [
+                {"params": weights, "weight_decay": hp.weight_decay},
+                {"params": others, "weight_decay": 0.0},
+            ]
+        elif m == "no_decay":
+            groups = [{"params": list(self.parameters()), "weight_decay": 0.0}]
+        elif m == "subset":
+            groups = groups[:1]
+        if m == "adam":
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(groups, lr=hp.lr)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=hp.lr)
+        w, total = hp.warmup_steps, hp.total_steps
+        if m == "no_scheduler":
+            return optimizer
+        if m == "per_epoch":
+            return {"optimizer": optimizer, "lr_scheduler": self._scheduler(optimizer)}
+        rules = {
+            "no_warmup": lambda s: 0.5 * (1 + math.cos(math.pi * s / total)),
+            "warmup_from_zero": lambda s: s / w if s < w else _lambda(w, total)(s),
+            "constant_after": lambda s: (s + 1) / w if s < w else 1.0,
+            "linear_decay": lambda s: (s + 1) / w if s < w else (total - s) / (total - w),
+            "long_cosine": lambda s: (
+                (s + 1) / w if s < w else 0.5 * (1 + math.cos(math.pi * (s - w) / total))
+            ),
+        }
+        if m in rules:
+            scheduler: Any = LambdaLR(optimizer, rules[m])
+        elif m == "linear_lr_too_long":
+            warmup = LinearLR(optimizer, start_factor=1 / w, total_iters=w)
+            cosine = CosineAnnealingLR(optimizer, T_max=total - w)
+            scheduler = SequentialLR(optimizer, [warmup, cosine], milestones=[w])
+        elif m == "kit":
+            from transformer_lab.training.schedule import warmup_cosine_scheduler
+
+            scheduler = warmup_cosine_scheduler(optimizer, w, total)
+        else:
+            scheduler = self._scheduler(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
+def module_with(mistake: str) -> type:
+    return type(f"Module_{mistake}", (ModuleMistake,), {"mistake": mistake})
+
+
+class ModuleNotImplemented(TaggingModule):
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Any:
+        raise NotImplementedError()
+
+    def configure_optimizers(self) -> Any:
+        raise NotImplementedError()
+
+
+def _kit_module() -> type:
+    from transformer_lab.training.modules import ClassifierModule, OptimConfig
+
+    class KitModule(ClassifierModule):
+        """Wrong: the kit's ClassifierModule behind the notebook's constructor."""
+
+        def __init__(self, model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.01,
+                     warmup_steps: int = 20, total_steps: int = 200) -> None:  # fmt: skip
+            optim = OptimConfig(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                                total_steps=total_steps, min_lr_ratio=0.0)  # fmt: skip
+            super().__init__(model=model, optim=optim)
+            self.config = None
+
+        def _num_classes(self) -> int:
+            return 5
+
+    return KitModule
+
+
+TRAIN_CHECKS: dict[str, Callable[[Any], None]] = {
+    "visible": lab04.check_training_step,
+    "hidden": lambda cls: hidden04.hidden_check_training_step(cls, seed=441),
+}
+OPTIM_CHECKS: dict[str, Callable[[Any], None]] = {
+    "visible": lab04.check_configure_optimizers,
+    "hidden": lambda cls: hidden04.hidden_check_configure_optimizers(cls, seed=442),
+}
+MODULE_CHECKS = {
+    **{f"train_{k}": v for k, v in TRAIN_CHECKS.items()},
+    **{f"optim_{k}": v for k, v in OPTIM_CHECKS.items()},
+}
+
+
+@pytest.mark.parametrize("cls", [TaggingModule, ModuleLambda])
+def test_correct_modules_pass_every_check(cls: type) -> None:
+    assert _outcomes(MODULE_CHECKS, cls) == dict.fromkeys(MODULE_CHECKS, "")
+
+
+@pytest.mark.parametrize(
+    ("mistake", "failing", "words"),
+    [
+        ("mean_over_padding", ["visible", "hidden"], "padding included"),
+        ("sum", ["visible", "hidden"], "the sum over the real tokens"),
+        ("no_mask", ["visible", "hidden"], "without the padding mask"),
+        ("per_sequence", ["visible", "hidden"], "each sequence's mean loss"),
+        ("clamped_targets", ["visible", "hidden"], "counts the padded positions as class 0"),
+        ("tokens_as_targets", ["visible", "hidden"], "batch['targets']"),
+        ("returns_item", ["visible", "hidden"], "not loss.item()"),
+        ("returns_detached", ["visible", "hidden"], "without its autograd graph"),
+        ("no_log", ["visible", "hidden"], "logged nothing"),
+        ("log_name", ["visible", "hidden"], "under the name 'train_loss'"),
+        ("log_item", ["visible", "hidden"], "makes the CPU wait for the GPU"),
+        ("enable_graph", ["visible", "hidden"], "keeps the step's whole autograd graph"),
+        ("keeps_graph", ["visible", "hidden"], "self.history[0] holds a tensor with its autograd"),
+        ("kit", ["visible", "hidden"], "does not allow"),
+    ],
+)
+def test_training_step_mistakes_fail_with_a_message_naming_them(
+    mistake: str, failing: list[str], words: str
+) -> None:
+    _assert_fails(TRAIN_CHECKS, module_with(mistake), failing, words)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "words"),
+    [
+        ("adam", "decays the weights directly"),
+        ("decay_everything", "norm.weight (1-D) has weight_decay=0.1"),
+        ("decay_by_name", "norm.weight (1-D) has weight_decay"),
+        ("no_decay", "embed.weight (2-D) has weight_decay=0"),
+        ("subset", "does not update norm.weight, norm.bias, head.bias"),
+        ("no_scheduler", "without a learning-rate schedule"),
+        ("per_epoch", "every 1 epoch(s)"),
+        ("no_warmup", "It has no warm-up"),
+        ("warmup_from_zero", "Its warm-up starts at 0"),
+        ("constant_after", "It stays at lr after the warm-up"),
+        ("linear_decay", "It decays linearly"),
+        ("long_cosine", "Its cosine is too long"),
+        ("linear_lr_too_long", "Its warm-up is one step too long"),
+        ("kit", "does not allow"),
+    ],
+)
+def test_configure_optimizers_mistakes_fail_with_a_message_naming_them(
+    mistake: str, words: str
+) -> None:
+    outcomes = _outcomes(OPTIM_CHECKS, module_with(mistake))
+    assert sorted(n for n, m in outcomes.items() if m) == ["hidden", "visible"], outcomes
+    assert words in outcomes["visible"], outcomes["visible"]
+    if "weight_decay=0.1" not in words:
+        assert words.split(" has ")[0] in outcomes["hidden"], outcomes["hidden"]
+
+
+def test_the_kits_classifier_module_earns_nothing() -> None:
+    outcomes = _outcomes(MODULE_CHECKS, _kit_module())
+    assert all("does not allow" in msg for msg in outcomes.values()), outcomes
+
+
+def test_module_not_implemented_says_so() -> None:
+    outcomes = _outcomes(MODULE_CHECKS, ModuleNotImplemented)
+    assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_module_hidden_checks_pass_for_every_seed(seed: int) -> None:
+    hidden04.hidden_check_training_step(ModuleLambda, seed=seed)
+    hidden04.hidden_check_configure_optimizers(TaggingModule, seed=seed)
+
+
+def test_the_oracle_schedule_is_torchs_linear_then_cosine() -> None:
+    module = TaggingModule(lab04.ProbeModel(), lr=0.02, warmup_steps=5, total_steps=17)
+    conf = module.configure_optimizers()
+    rates = lab04.learning_rates(conf["optimizer"], conf["lr_scheduler"]["scheduler"], 17)
+    torch.testing.assert_close(rates, hidden04.oracle_learning_rates(0.02, 5, 17))
+
+
+def test_a_student_module_trains_with_lightning(tmp_path: Path) -> None:
+    """The module the checks accept is one Lightning's Trainer runs (step-wise schedule)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from transformer_lab.data import SyntheticDataModule
+
+    torch.manual_seed(0)
+    data = SyntheticDataModule(
+        "sort", seq_len=6, min_len=3, num_train=128, num_val=32, batch_size=32
+    )
+    module = TaggingModule(lab04.ProbeModel(13, 8, 13), lr=0.01, warmup_steps=2, total_steps=6)
+    trainer = L.Trainer(max_steps=6, logger=CSVLogger(tmp_path), limit_val_batches=0,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, log_every_n_steps=1)  # fmt: skip
+    trainer.fit(module, datamodule=data)
+    # Stepped once per optimizer step, the cosine has reached 0 after total_steps steps (once
+    # per epoch, it would still be at the second warm-up value).
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0] == pytest.approx(0.0)
+
+
+# ---------------------------------------------------------------- the trained encoder
 
 
 class _Tagger(nn.Module):
@@ -554,39 +1200,22 @@ def test_trained_encoder_check_measures_accuracy() -> None:
         lab04.check_trained_encoder(None, Block, min_accuracy=0.5)  # type: ignore[arg-type]
 
 
-# --------------------------------------------------------------------------------------------------
-# the package's own implementations: usable as parts, refused as answers
-# --------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- fixtures and figures
 
 
-def test_block_built_on_the_kits_attention_passes() -> None:
-    """The notebook's solution uses the package's MultiHeadAttention (written in lab 03)."""
-    from transformer_lab.attention import MultiHeadAttention
+def test_the_stored_examples_are_what_the_hidden_checks_compute() -> None:
+    from transformer_lab.grading.fixtures import check_fixtures
 
-    class KitBlock(Block):
-        def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0,
-                     norm_first: bool = False) -> None:  # fmt: skip
-            super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
-            self.self_attn = MultiHeadAttention(d_model, n_heads)
-
-    for check in BLOCK_CHECKS.values():
-        check(KitBlock)
+    assert check_fixtures(REPO, ["04_transformer_block"]) == []
 
 
-@pytest.mark.parametrize(
-    ("name", "checks"),
-    [
-        ("layer_norm", LN_CHECKS),
-        ("FeedForward", FF_CHECKS),
-        ("EncoderBlock", BLOCK_CHECKS),
-    ],
-)
-def test_the_packages_own_implementation_earns_nothing(
-    name: str, checks: dict[str, Callable[..., None]]
-) -> None:
-    from transformer_lab import blocks
+def test_encoder_block_diagram_draws_both_placements() -> None:
+    from transformer_lab.diagrams import encoder_block_diagram
 
-    answer = getattr(blocks, name)
-    for check in checks.values():
-        with pytest.raises(AssertionError, match=r"does not allow"):
-            check(answer)
+    fig = encoder_block_diagram()
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    titles = " ".join(ax.get_title() for ax in fig.axes)
+    assert "post-norm" in titles and "pre-norm" in titles
+    texts = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+    assert "LayerNorm1(x + SelfAttention(x))" in texts
+    assert "x + SelfAttention(LayerNorm1(x))" in texts

@@ -146,13 +146,16 @@ def _kit_function(dotted: str) -> Callable[..., Any] | None:
         return None
 
 
-def yours_or_kit(yours: F, *, check: Callable[[Any], None], kit: str, quiet: bool = False) -> F:
+def yours_or_kit(
+    yours: F, *, check: Callable[[Any], None], kit: str | None, quiet: bool = False
+) -> F:
     """The student's function if its visible check passes, else the kit's, saying which.
 
     Args:
         yours: the student's function or class from the notebook.
         check: its visible check, e.g. ``lab01.check_sinusoidal_encoding``.
-        kit: dotted name of the kit's version (used only when the student's fails).
+        kit: dotted name of the kit's version (used only when the student's fails); ``None``
+            where the kit has no version with the same interface.
         quiet: print nothing when the student's function is used.
 
     Returns:
@@ -164,11 +167,11 @@ def yours_or_kit(yours: F, *, check: Callable[[Any], None], kit: str, quiet: boo
     """
     from transformer_lab.graded import is_locked
 
-    name = getattr(yours, "__name__", kit.rpartition(".")[2])
+    name = getattr(yours, "__name__", (kit or "your code").rpartition(".")[2])
     try:
         check(yours)
     except AssertionError as exc:
-        theirs = _kit_function(kit)
+        theirs = None if kit is None else _kit_function(kit)
         if theirs is None or is_locked(theirs):
             reason = str(exc).split("\n")[0]
             raise RuntimeError(

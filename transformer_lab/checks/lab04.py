@@ -1,33 +1,46 @@
-"""Self-checks for lab 04, the transformer block.
+"""Visible checks of lab 04 (the transformer block): layer_norm, FeedForward, EncoderBlock and the
+student's LightningModule, TaggingModule (its ``training_step`` and ``configure_optimizers``).
 
-The notebook's test cells call these functions on the student's ``layer_norm``, ``FeedForward``
-and ``EncoderBlock``. Visible checks (``check_<name>``) test shapes and one small worked example;
-hidden checks (``hidden_check_<name>_...``) use seeded random sizes and compare against PyTorch's
-own ``F.layer_norm`` and ``nn.TransformerEncoderLayer(batch_first=True, dropout=0)`` with the
-student's weights copied in. When an answer is wrong, the check recomputes the typical wrong
-answers (normalising over the wrong axis, ``eps`` outside the square root, a missing residual, the
-norm in the wrong place, an ignored mask, ...) and names the one the student's output matches.
+The notebook's visible test cells call the ``check_*`` functions here. No oracle lives in this
+module. A check knows what to expect in one of two ways:
 
-Weight layout the checks rely on (stated in the notebook):
+* **stored worked examples** (``fixtures/lab04.json``, written by ``labs build`` from the hidden
+  checks): fixed inputs and weights, the expected output and what each typical mistake returns
+  (a variance divided by ``D - 1``, ``eps`` outside the square root, a block without residuals or
+  with its norms swapped, a loss averaged over padding, a schedule without warm-up...), so a
+  wrong answer is named;
+* **PyTorch's own functions applied to the student's own weights** (the ``reference_*``
+  helpers): ``F.layer_norm``; ``F.linear`` and ``F.relu`` for the feed-forward network; and for
+  the block ``F.multi_head_attention_forward(..., use_separate_proj_weight=True)`` on the
+  student's projections, ``F.layer_norm`` on its norms, in the layout and order of
+  ``nn.TransformerEncoderLayer``. In training mode they draw their dropout masks with
+  ``F.dropout`` from the same seed, in the order ``nn.TransformerEncoderLayer`` applies them
+  (attention output, feed-forward hidden layer, feed-forward output), so a dropout in another
+  place gives another output.
 
-* ``FeedForward`` has ``linear1: nn.Linear(d_model, d_ff)`` and
-  ``linear2: nn.Linear(d_ff, d_model)``, with a ReLU between them (as in
-  ``nn.TransformerEncoderLayer``).
-* ``EncoderBlock`` has ``self_attn`` (the package's ``MultiHeadAttention`` with ``q_proj``,
-  ``k_proj``, ``v_proj``, ``out_proj``, or an ``nn.MultiheadAttention(batch_first=True)``), ``ff``
-  (a ``FeedForward``), ``norm1`` (the norm of the attention sublayer) and ``norm2`` (the norm of
-  the feed-forward sublayer), each norm with ``weight`` and ``bias`` of shape ``(D,)``.
-  :func:`load_torch_encoder_layer` copies a torch layer onto such a block.
+While the student's code runs, what would compute the answer is refused
+(:class:`~transformer_lab.checks._bans.Ban`): every normalisation op for ``layer_norm``
+(``F.layer_norm``, ``F.group_norm(x.reshape(-1, D), 1)``...), PyTorch's and the kit's encoder
+layers for the block, and the kit's training modules (``ClassifierModule``, its schedule) for
+``TaggingModule``.
 
-Reference: Prince, *Understanding Deep Learning*, section 12.4 (the transformer layer); Vaswani
-et al., "Attention Is All You Need" (2017), section 3.1; Xiong et al., "On Layer Normalization in
-the Transformer Architecture" (2020) for pre-norm.
+Attribute names the checks rely on (stated in the notebook): ``FeedForward.linear1``/``linear2``;
+``EncoderBlock.self_attn`` (the kit's ``MultiHeadAttention`` with ``q_proj``, ``k_proj``,
+``v_proj``, ``out_proj``, or an ``nn.MultiheadAttention(batch_first=True)``), ``.ff``,
+``.norm1`` (attention sub-layer), ``.norm2`` (feed-forward sub-layer).
+
+Reference: Prince, *Understanding Deep Learning*, section 12.4; Vaswani et al., "Attention Is
+All You Need" (2017), sections 3.1, 5.3 and 5.4; Ba et al., "Layer Normalization" (2016);
+Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (2019); Lightning's
+``LightningModule`` documentation (``training_step``, ``self.log``, ``configure_optimizers``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,277 +49,170 @@ from torch import Tensor, nn
 
 from transformer_lab.checks._common import (
     Ban,
+    call_forbidding,
     call_student,
     close,
     compare,
     expect_module,
     expect_shape,
-    forbidden,
+    expect_true,
     generator,
-    randint,
+    stored,
 )
 
 __all__ = [
+    "BLOCK_BAN",
+    "FEED_FORWARD_BAN",
+    "LAYER_NORM_BAN",
+    "MODULE_BAN",
+    "LogCall",
+    "ProbeModel",
     "accuracy_on_fresh_data",
+    "block_parts",
+    "block_weights",
+    "build_block",
+    "build_feed_forward",
+    "build_module",
+    "check_configure_optimizers",
     "check_encoder_block",
+    "check_encoder_block_dropout",
     "check_feed_forward",
     "check_layer_norm",
     "check_trained_encoder",
+    "check_training_step",
+    "ff_parts",
+    "graph_holders",
     "held_out_batches",
-    "hidden_check_encoder_block_mask",
-    "hidden_check_encoder_block_post_norm",
-    "hidden_check_encoder_block_pre_norm",
-    "hidden_check_feed_forward",
-    "hidden_check_feed_forward_dropout",
-    "hidden_check_layer_norm",
-    "hidden_check_layer_norm_numerics",
-    "load_torch_encoder_layer",
-    "torch_encoder_layer",
+    "judge_logging",
+    "judge_optimizer",
+    "judge_schedule",
+    "judge_training_loss",
+    "layer_norm_call",
+    "learning_rates",
+    "load_weights",
+    "parse_optimizers",
+    "reference_encoder_block",
+    "reference_feed_forward",
+    "run_block",
+    "run_configure_optimizers",
+    "run_feed_forward",
+    "run_training_step",
 ]
 
-# What a graded function may not use while the checks run it.
-_LAYER_NORM_BAN = Ban(
+IGNORE_INDEX = -100
+
+LAYER_NORM_BAN = Ban(
     ops=("normalization",),
     functions=("transformer_lab.blocks.layer_norm", "transformer_lab.blocks.LayerNorm"),
-    reason="layer_norm must compute the statistics itself",
+    reason="lab 04 asks you to compute each token's mean and variance yourself",
 )
-_FEED_FORWARD_BAN = Ban(
-    functions=("transformer_lab.blocks.FeedForward",),
-    reason="write the feed-forward layer yourself",
+FEED_FORWARD_BAN = Ban(
+    functions=("transformer_lab.blocks.FeedForward", "torch.nn.TransformerEncoderLayer"),
+    reason="build the feed-forward network from your two nn.Linear layers",
 )
-_BLOCK_BAN = Ban(
+BLOCK_BAN = Ban(
     functions=(
+        "transformer_lab.blocks.EncoderBlock",
+        "transformer_lab.blocks._ResidualBlock",
+        "transformer_lab.blocks.FeedForward",
+        "transformer_lab.blocks.LayerNorm",
+        "transformer_lab.blocks.layer_norm",
         "torch.nn.TransformerEncoderLayer",
         "torch.nn.TransformerEncoder",
-        "transformer_lab.blocks.EncoderBlock",
     ),
     ops=("_transformer_encoder_layer_fwd",),
-    reason="build the block from its sublayers yourself",
+    reason="build the block from its sub-layers: your FeedForward, nn.LayerNorm and the kit's "
+    "MultiHeadAttention",
+)
+MODULE_BAN = Ban(
+    functions=("transformer_lab.training.modules", "transformer_lab.training.schedule"),
+    reason="the kit's ClassifierModule and its schedule are this exercise's answer: write "
+    "training_step and configure_optimizers with PyTorch and Lightning",
 )
 
-
-# --------------------------------------------------------------------------------------------------
-# small helpers
-# --------------------------------------------------------------------------------------------------
+_LAB = "lab04"
 
 
-def _max_err(a: Tensor, b: Tensor) -> float:
-    return float((a.detach().float() - b.detach().float()).abs().max())
+def _example(key: str) -> Tensor:
+    """A stored input of a worked example (float64)."""
+    return stored(_LAB, key)[0]
 
 
-def _randn(*shape: int, g: torch.Generator, scale: float = 1.0, shift: float = 0.0) -> Tensor:
-    return torch.randn(*shape, generator=g) * scale + shift
+def _judge(got: Any, key: str, what: str, hint: str, **tolerances: float) -> Tensor:
+    """Compare with a stored worked example; name the stored mistake the answer reproduces."""
+    want, mistakes = stored(_LAB, key)
+    candidates = [(wrong, advice) for advice, wrong in mistakes.items()]
+    return compare(got, want, what=what, candidates=candidates, hint=hint, **tolerances)
 
 
-def _instantiate(cls: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> nn.Module:
-    return expect_module(call_student(cls, *args, what=what, **kwargs), what)
+@contextlib.contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """Run with the global CPU generator at ``seed`` (when given), then restore its state."""
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        yield
 
 
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # layer_norm
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 
 
-def _ln_variants(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> list[tuple[Tensor, str]]:
-    """Outputs of the typical wrong layer norms on ``x``, each with what to fix."""
-    mean = x.mean(-1, keepdim=True)
-    var = x.var(-1, unbiased=False, keepdim=True)
-    out: list[tuple[Tensor, str]] = []
-    out.append(
-        (
-            (x - mean) / torch.sqrt(var + eps),
-            "It matches the normalised x without the learned scale and shift: "
-            "multiply by weight and add bias at the end (weight * x_hat + bias).",
-        )
+def layer_norm_call(
+    fn: Callable[..., Any], x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
+) -> Any:
+    """The student's ``layer_norm(x, weight, bias[, eps=...])`` under the lab's ban."""
+    kwargs = {} if eps == 1e-5 else {"eps": eps}
+    shown = "" if eps == 1e-5 else f", eps={eps:g}"
+    return call_forbidding(
+        fn,
+        (x.clone(), weight.clone(), bias.clone()),
+        kwargs,
+        ban=LAYER_NORM_BAN,
+        what=f"layer_norm(x, weight, bias{shown}) on x of shape {tuple(x.shape)}",
+        on_error="Keep the statistics' last dimension (keepdim=True) so that they broadcast "
+        "against x.",
     )
-    out.append(
-        (
-            (x - mean) / torch.sqrt(var + eps) * weight,
-            "It matches weight * x_hat without the bias: add bias at the end.",
-        )
-    )
-    out.append(
-        (
-            (x - mean) / torch.sqrt(var + eps) + bias,
-            "It matches x_hat + bias without the weight: multiply by weight before adding bias.",
-        )
-    )
-    out.append(
-        (
-            ((x - mean) / torch.sqrt(var + eps) + bias) * weight,
-            "It matches (x_hat + bias) * weight: scale first, then shift (weight * x_hat + bias).",
-        )
-    )
-    if x.shape[-1] > 1:
-        unbiased = x.var(-1, unbiased=True, keepdim=True)
-        out.append(
-            (
-                (x - mean) / torch.sqrt(unbiased + eps) * weight + bias,
-                "It matches the unbiased variance (dividing by D - 1): layer norm uses the "
-                "biased variance, the mean of the squared deviations (divide by D, or "
-                "unbiased=False / correction=0).",
-            )
-        )
-    out.append(
-        (
-            (x - mean) / (torch.sqrt(var) + eps) * weight + bias,
-            "It matches (x - mean) / (sqrt(var) + eps): eps belongs inside the square root, "
-            "(x - mean) / sqrt(var + eps).",
-        )
-    )
-    out.append(
-        (
-            (x - mean) / (var + eps) * weight + bias,
-            "It matches dividing by the variance: divide by the standard deviation "
-            "sqrt(var + eps) instead.",
-        )
-    )
-    out.append(
-        (
-            x / torch.sqrt(var + eps) * weight + bias,
-            "It matches x / sqrt(var + eps): subtract the mean before dividing.",
-        )
-    )
-    for dim in range(x.dim() - 1):
-        if x.shape[dim] < 2:
-            continue
-        m = x.mean(dim, keepdim=True)
-        v = x.var(dim, unbiased=False, keepdim=True)
-        out.append(
-            (
-                (x - m) / torch.sqrt(v + eps) * weight + bias,
-                f"It matches normalising over dim={dim} of the input: layer norm takes the mean "
-                "and variance of each token over its features, the last dimension "
-                "(dim=-1, keepdim=True).",
-            )
-        )
-    if x.dim() > 1:
-        m = x.mean()
-        v = x.var(unbiased=False)
-        out.append(
-            (
-                (x - m) / torch.sqrt(v + eps) * weight + bias,
-                "It matches normalising with one mean and variance over the whole tensor: take "
-                "them per token, over the last dimension only (dim=-1, keepdim=True).",
-            )
-        )
-    return out
-
-
-_LN_HINT = (
-    "Compute, for each token, mean and biased variance over the last dimension (keepdim=True), "
-    "then weight * (x - mean) / sqrt(var + eps) + bias."
-)
-
-
-def _expect_layer_norm(
-    fn: Callable[..., Tensor], x: Tensor, weight: Tensor, bias: Tensor, eps: float, what: str
-) -> None:
-    expected = F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-    candidates = _ln_variants(x, weight, bias, eps)
-    with forbidden(_LAYER_NORM_BAN):
-        actual = call_student(fn, x.clone(), weight.clone(), bias.clone(), eps=eps, what=what)
-    compare(actual, expected, what=what, candidates=candidates, hint=_LN_HINT)
 
 
 def check_layer_norm(fn: Callable[..., Tensor]) -> None:
-    """Visible check of ``layer_norm(x, weight, bias, eps=1e-5)``: a worked example and shapes."""
-    # Worked example: the row (1, 2, 3, 4) has mean 2.5 and biased variance 1.25.
+    """Worked examples (stored), then PyTorch's ``F.layer_norm`` on a 4-D input."""
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 0.0, 0.0, 6.0]])
-    ones, zeros = torch.ones(4), torch.zeros(4)
-    actual = call_student(fn, x.clone(), ones, zeros, what="layer_norm(x, ones, zeros)")
-    expect_shape(actual, (2, 4), "layer_norm(x, ones, zeros) for x of shape (2, 4)")
-    first = torch.tensor([-1.5, -0.5, 0.5, 1.5]) / math.sqrt(1.25 + 1e-5)
-    compare(
-        actual[0],
-        first,
-        what="layer_norm of the row (1, 2, 3, 4) with weight 1 and bias 0",
-        candidates=[(t[0], h) for t, h in _ln_variants(x, ones, zeros, 1e-5)],
-        hint="Expected (x - 2.5) / sqrt(1.25 + eps): mean 2.5, biased variance 1.25.",
+    got = layer_norm_call(fn, x, torch.ones(4), torch.zeros(4))
+    _judge(
+        got,
+        "layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))",
+        "layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))",
+        "The row (1, 2, 3, 4) has mean 2.5 and variance 1.25 (the mean of the squared "
+        "deviations), so it becomes (x - 2.5) / sqrt(1.25 + eps).",
     )
-    _expect_layer_norm(fn, x, ones, zeros, 1e-5, "layer_norm(x, ones, zeros) on a (2, 4) input")
-
-    # Batched input: every token is normalised on its own, over its features.
+    x3 = _example("layer_norm input x (2, 3, 5)").float()
+    weight = _example("layer_norm input weight (5,)").float()
+    bias = _example("layer_norm input bias (5,)").float()
+    got = layer_norm_call(fn, x3, weight, bias)
+    _judge(
+        got,
+        "layer_norm(x, weight, bias) on x of shape (2, 3, 5)",
+        "layer_norm(x, weight, bias) on x of shape (2, 3, 5)",
+        "Normalise each token over its features (the last dimension), then weight * x_hat + bias.",
+    )
     g = generator(4)
-    x3 = _randn(2, 3, 5, g=g, scale=3.0, shift=1.0)
-    out = call_student(
-        fn, x3.clone(), torch.ones(5), torch.zeros(5), what="layer_norm on (2, 3, 5)"
-    )
-    expect_shape(out, (2, 3, 5), "layer_norm(x) for x of shape (2, 3, 5)")
-    row_means = out.detach().mean(-1)
-    if not close(row_means, torch.zeros(2, 3), atol=1e-4, rtol=0):
-        raise AssertionError(
-            f"with weight 1 and bias 0, each token of your output should have mean 0 over its "
-            f"features, but the means go up to {float(row_means.abs().max()):.3g}: normalise over "
-            "the last dimension (dim=-1, keepdim=True)."
-        )
-    _expect_layer_norm(
-        fn, x3, torch.ones(5), torch.zeros(5), 1e-5, "layer_norm on a (2, 3, 5) input"
-    )
-
-    # The learned scale and shift.
-    weight, bias = (
-        torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0]),
-        torch.tensor([0.5, 0.0, -1.0, 2.0, 0.1]),
-    )
-    _expect_layer_norm(fn, x3, weight, bias, 1e-5, "layer_norm with a weight and a bias")
-
-
-def hidden_check_layer_norm(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Hidden check: random shapes, weights and biases against ``F.layer_norm``."""
-    g = generator(seed)
-    for trial in range(3):
-        d = int(torch.randint(2, 17, (1,), generator=g))
-        shape: tuple[int, ...] = ((int(torch.randint(1, 5, (1,), generator=g)),), (3,), (2, 4))[
-            trial
-        ]
-        x = _randn(*shape, d, g=g, scale=float(torch.rand(1, generator=g)) * 4 + 0.5, shift=2.0)
-        weight = _randn(d, g=g)
-        bias = _randn(d, g=g)
-        _expect_layer_norm(
-            fn, x, weight, bias, 1e-5, f"layer_norm on an input of shape {(*shape, d)}"
-        )
-
-
-def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Hidden check: eps inside the root, constant tokens, biased variance, large offsets."""
-    g = generator(seed)
-    # A large eps and small spread tell eps inside the square root from eps outside it.
-    x = _randn(3, 6, g=g, scale=0.3)
-    weight, bias = _randn(6, g=g), _randn(6, g=g)
-    _expect_layer_norm(fn, x, weight, bias, 0.5, "layer_norm with eps=0.5")
-    # Two features: the biased and the unbiased variance differ by a factor of two.
-    x2 = _randn(4, 2, g=g, scale=2.0)
-    _expect_layer_norm(fn, x2, torch.ones(2), torch.zeros(2), 1e-5, "layer_norm with D=2")
-    # A constant token has zero variance: the output must be the bias, not NaN.
-    const = torch.full((2, 5), 3.0)
-    b5 = _randn(5, g=g)
-    _expect_layer_norm(fn, const, _randn(5, g=g), b5, 1e-5, "layer_norm of a constant token")
-    # Centre before squaring: E[x^2] - E[x]^2 loses every digit when the mean is large.
-    big = _randn(3, 16, g=g) + 3000.0
-    expected = F.layer_norm(big, (16,), None, None, 1e-5)
-    with forbidden(_LAYER_NORM_BAN):
-        actual = call_student(
-            fn,
-            big.clone(),
-            torch.ones(16),
-            torch.zeros(16),
-            eps=1e-5,
-            what="layer_norm of tokens around 3000",
-        )
+    x4 = torch.randn(2, 3, 4, 6, generator=g) * 3.0 + 1.0
+    w6, b6 = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    got = layer_norm_call(fn, x4, w6, b6, eps=1e-3)
     compare(
-        actual,
-        expected,
-        what="layer_norm of tokens whose features are around 3000 (spread 1)",
-        atol=1e-2,  # float32 keeps ~4 digits of the spread here; raw moments keep none
-        hint="Compute the variance from the centred values, ((x - mean) ** 2).mean(-1): "
-        "mean(x ** 2) - mean(x) ** 2 cancels catastrophically in float32 when the mean is large.",
+        got,
+        F.layer_norm(x4, (6,), w6, b6, eps=1e-3),
+        what="layer_norm(x, weight, bias, eps=0.001) on x of shape (2, 3, 4, 6)",
+        hint="PyTorch's F.layer_norm gives another answer on this 4-D input: normalise over "
+        "the last dimension only, and add the eps you are given inside the square root.",
     )
 
 
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # FeedForward
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 
 
 def _linear(module: nn.Module, name: str, n_in: int, n_out: int, what: str) -> nn.Linear:
@@ -322,488 +228,904 @@ def _linear(module: nn.Module, name: str, n_in: int, n_out: int, what: str) -> n
             f"{n_in} -> {n_out}: the hidden layer has d_ff units, linear1 is nn.Linear(d_model, "
             "d_ff) and linear2 is nn.Linear(d_ff, d_model)."
         )
-    if layer.bias is None:
-        raise AssertionError(f"{what}.{name} has no bias: keep nn.Linear's default bias=True.")
+    expect_true(
+        layer.bias is not None, f"{what}.{name} has no bias: keep nn.Linear's default bias=True."
+    )
     return layer
 
 
-def _ff_parts(ff: nn.Module, d_model: int, d_ff: int, what: str) -> tuple[nn.Linear, nn.Linear]:
+def ff_parts(ff: nn.Module, d_model: int, d_ff: int, what: str) -> tuple[nn.Linear, nn.Linear]:
+    """The feed-forward network's two layers, checked: ``(linear1, linear2)``."""
     return _linear(ff, "linear1", d_model, d_ff, what), _linear(ff, "linear2", d_ff, d_model, what)
 
 
-def _ff_variants(
-    l1: nn.Linear, l2: nn.Linear, x: Tensor
-) -> tuple[Tensor, list[tuple[Tensor, str]]]:
+def build_feed_forward(
+    cls: Callable[..., Any], d_model: int, d_ff: int, dropout: float = 0.0, *, seed: int = 0
+) -> tuple[nn.Module, str]:
+    """``cls(d_model, d_ff, dropout=dropout)`` built from ``seed``, its layers checked."""
+    what = f"FeedForward({d_model}, {d_ff}" + (f", dropout={dropout:g})" if dropout else ")")
+    with _seeded(seed):
+        ff = expect_module(call_student(cls, d_model, d_ff, dropout=dropout, what=what), what)
+    ff_parts(ff, d_model, d_ff, what)
+    return ff, what
+
+
+def _same_each_call(run: Callable[[int], Any], what: str) -> Any:
+    """``run(seed)`` for two seeds in eval mode: dropout must be off, so both give one output."""
+    first, second = run(1), run(2)
+    if (
+        isinstance(first, Tensor)
+        and isinstance(second, Tensor)
+        and first.shape == second.shape
+        and not close(first, second)
+    ):
+        raise AssertionError(
+            f"{what} in eval mode gives another output at each call: dropout must switch off in "
+            "eval mode. Use nn.Dropout modules (model.eval() switches them off), or "
+            "F.dropout(..., training=self.training)."
+        )
+    return first
+
+
+def run_feed_forward(
+    ff: nn.Module, x: Tensor, what: str, *, training: bool = False, seed: int | None = None
+) -> Any:
+    """The student's ``ff(x)`` under the ban.
+
+    In training mode dropout draws its masks from ``seed``; in eval mode the call is made twice
+    (from two seeds) and must give one output.
+    """
+    ff.train(training)
+    call = f"{what}(x){' in training mode' if training else ''}"
+
+    def once(s: int | None) -> Any:
+        with _seeded(s), torch.no_grad():
+            return call_forbidding(ff, (x.clone(),), {}, ban=FEED_FORWARD_BAN, what=call)
+
+    return once(seed) if training else _same_each_call(once, what)
+
+
+def reference_feed_forward(
+    ff: nn.Module, x: Tensor, *, p: float = 0.0, seed: int | None = None
+) -> Tensor:
+    """PyTorch's computation with the student's weights: ``linear2(dropout(relu(linear1(x))))``.
+
+    With a ``seed`` it runs in training mode and draws its dropout mask (on the ``d_ff`` hidden
+    units) from that seed, as ``nn.TransformerEncoderLayer`` does.
+    """
+    first, second = ff.linear1, ff.linear2
+    with _seeded(seed), torch.no_grad():
+        hidden = F.relu(F.linear(x, first.weight, first.bias))  # (..., F)
+        hidden = F.dropout(hidden, p, training=seed is not None)
+        return F.linear(hidden, second.weight, second.bias)  # (..., D)
+
+
+def load_weights(module: nn.Module, weights: Mapping[str, Tensor], what: str) -> None:
+    """Copy ``weights`` (named as in the kit's layout) into the module's existing Parameters.
+
+    ``self_attn.q_proj/k_proj/v_proj`` go to the rows of ``in_proj_weight``/``in_proj_bias``
+    where ``self_attn`` is an ``nn.MultiheadAttention``.
+    """
+    params = dict(module.named_parameters())
     with torch.no_grad():
-        h = l1(x)
-        expected = l2(F.relu(h))
-        wrong = [
-            (
-                l2(h),
-                "It matches linear2(linear1(x)) with no nonlinearity: two linear layers in a row "
-                "are one linear map. Apply ReLU between them.",
-            ),
-            (
-                F.relu(l2(h)),
-                "It matches relu(linear2(linear1(x))): the ReLU goes between the layers, "
-                "linear2(relu(linear1(x))), not after the second one.",
-            ),
-            (
-                F.relu(l2(F.relu(h))),
-                "It has an extra ReLU after linear2: the output is linear2(relu(linear1(x))).",
-            ),
-            (
-                l2(F.gelu(h)),
-                "It matches GELU: this lab uses ReLU, as the lecture and "
-                "nn.TransformerEncoderLayer do.",
-            ),
-            (
-                x + l2(F.relu(h)),
-                "It adds the input x: the residual belongs to the block (EncoderBlock), "
-                "FeedForward returns linear2(relu(linear1(x))) only.",
-            ),
-        ]
-    return expected, wrong
-
-
-_FF_HINT = "Expected linear2(relu(linear1(x))), applied to every token on its own."
-
-
-def _expect_feed_forward(ff: nn.Module, d_model: int, d_ff: int, x: Tensor, what: str) -> None:
-    l1, l2 = _ff_parts(ff, d_model, d_ff, what)
-    expected, wrong = _ff_variants(l1, l2, x)
-    with forbidden(_FEED_FORWARD_BAN):
-        actual = call_student(ff, x.clone(), what=f"{what}(x)")
-    compare(
-        actual,
-        expected,
-        what=f"{what}(x) on an input of shape {tuple(x.shape)}",
-        candidates=wrong,
-        hint=_FF_HINT,
-    )
+        for name, value in weights.items():
+            target, rows = params.get(name), slice(None)
+            if target is None and any(f".{p}." in name for p in ("q_proj", "k_proj", "v_proj")):
+                prefix, proj, kind = name.rsplit(".", 2)
+                target = params.get(f"{prefix}.in_proj_{kind}")
+                d = value.shape[0]
+                start = {"q_proj": 0, "k_proj": d, "v_proj": 2 * d}[proj]
+                rows = slice(start, start + d)
+            if target is None:
+                raise AssertionError(
+                    f"{what} has no parameter `{name}`: use the attribute names of the notebook."
+                )
+            if tuple(target[rows].shape) != tuple(value.shape):
+                raise AssertionError(
+                    f"`{name}` of {what} has shape {tuple(target[rows].shape)}, expected "
+                    f"{tuple(value.shape)}."
+                )
+            target[rows].copy_(value)
 
 
 def check_feed_forward(cls: Callable[..., nn.Module]) -> None:
-    """Visible check of ``FeedForward(d_model, d_ff, dropout=0.0)``: layers, shapes, one input."""
-    torch.manual_seed(0)
-    ff = _instantiate(cls, 8, 32, what="FeedForward(8, 32)")
-    ff.eval()
-    _ff_parts(ff, 8, 32, "FeedForward(8, 32)")
-    x = _randn(2, 5, 8, g=generator(1))
-    out = call_student(ff, x.clone(), what="FeedForward(8, 32)(x)")
-    expect_shape(out, (2, 5, 8), "FeedForward(8, 32)(x) for x of shape (2, 5, 8)")
-    _expect_feed_forward(ff, 8, 32, x, "FeedForward(8, 32)")
-
-
-def hidden_check_feed_forward(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Hidden check: random sizes, 2-D and 3-D inputs, tokens processed independently."""
-    g = generator(seed)
-    for _ in range(2):
-        d_model = int(torch.randint(3, 13, (1,), generator=g))
-        d_ff = int(torch.randint(5, 40, (1,), generator=g))
-        torch.manual_seed(seed)
-        ff = _instantiate(cls, d_model, d_ff, what=f"FeedForward({d_model}, {d_ff})")
-        ff.eval()
-        name = f"FeedForward({d_model}, {d_ff})"
-        _expect_feed_forward(ff, d_model, d_ff, _randn(3, 4, d_model, g=g, scale=2.0), name)
-        _expect_feed_forward(ff, d_model, d_ff, _randn(6, d_model, g=g, scale=2.0), name)
-
-
-def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Hidden check: dropout acts in training mode only."""
-    g = generator(seed)
-    d_model, d_ff = 6, 24
-    what = f"FeedForward({d_model}, {d_ff}, dropout=0.5)"
-    torch.manual_seed(seed)
-    ff = _instantiate(cls, d_model, d_ff, dropout=0.5, what=what)
-    l1, l2 = _ff_parts(ff, d_model, d_ff, what)
-    x = _randn(4, 8, d_model, g=g)
-    expected, _ = _ff_variants(l1, l2, x)
-    ff.train()
-    torch.manual_seed(seed + 1)
-    with forbidden(_FEED_FORWARD_BAN):
-        a = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
-        b = call_student(ff, x.clone(), what=f"{what}(x) in training mode").detach()
-        ff.eval()
-        c = call_student(ff, x.clone(), what=f"{what}(x) in eval mode").detach()
-    if close(a, b) and close(a, expected):
-        raise AssertionError(
-            f"{what} in training mode gives the same output as without dropout: store "
-            "nn.Dropout(dropout) and apply it in forward (after the ReLU, before linear2)."
-        )
-    if not close(c, expected):
-        raise AssertionError(
-            f"{what} in eval mode should equal linear2(relu(linear1(x))) exactly, but it is off by "
-            f"up to {_max_err(c, expected):.3g}: use an nn.Dropout module (it switches off in "
-            "eval mode), or F.dropout(..., training=self.training)."
-        )
-
-
-# --------------------------------------------------------------------------------------------------
-# EncoderBlock
-# --------------------------------------------------------------------------------------------------
-
-
-def torch_encoder_layer(
-    d_model: int, n_heads: int, d_ff: int, *, norm_first: bool = False, seed: int = 0
-) -> nn.TransformerEncoderLayer:
-    """PyTorch's encoder layer (ReLU, no dropout, batch first) with random norms, for comparisons.
-
-    The layer norms get random weights and biases (torch initialises them to ones and zeros,
-    which would hide a swapped or unused norm). The layer stays in training mode: with dropout 0
-    that changes nothing but keeps torch off its fused inference path, which zeroes padded
-    positions.
-    """
-    torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(
-        d_model, n_heads, d_ff, dropout=0.0, batch_first=True, norm_first=norm_first
+    """Layer names and sizes, a stored worked example, then PyTorch in eval and training mode."""
+    ff, what = build_feed_forward(cls, 4, 6)
+    weights = {
+        name: _example(f"FeedForward(4, 6) {name}")
+        for name in ("linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
+    }
+    load_weights(ff, weights, what)
+    x = _example("FeedForward(4, 6) input x (2, 3, 4)").float()
+    got = run_feed_forward(ff, x, what)
+    expect_shape(got, (2, 3, 4), f"{what}(x) for x of shape (2, 3, 4)")
+    _judge(
+        got,
+        "FeedForward(4, 6)(x)",
+        f"{what}(x) with the stored weights",
+        "Expected linear2(relu(linear1(x))), every token on its own.",
     )
-    with torch.no_grad():
-        for norm in (layer.norm1, layer.norm2):
-            norm.weight.copy_(1.0 + 0.5 * torch.randn(d_model))
-            norm.bias.copy_(0.5 * torch.randn(d_model))
-        # Non-zero projection biases, so that a skipped bias shows.
-        layer.self_attn.in_proj_bias.copy_(0.2 * torch.randn(3 * d_model))
-        layer.self_attn.out_proj.bias.copy_(0.2 * torch.randn(d_model))
-    return layer.train()
+    # Your own initialisation, other sizes, eval then training mode.
+    ff, what = build_feed_forward(cls, 8, 32, dropout=0.5, seed=1)
+    x = torch.randn(2, 5, 8, generator=generator(2))
+    evaluated = run_feed_forward(ff, x, what)
+    compare(
+        evaluated,
+        reference_feed_forward(ff, x),
+        what=f"{what}(x) in eval mode",
+        hint="In eval mode dropout does nothing: the output must be linear2(relu(linear1(x))).",
+    )
+    trained = run_feed_forward(ff, x, what, training=True, seed=7)
+    expect_true(
+        not close(trained, evaluated),
+        f"{what} in training mode gives the output of eval mode: apply self.dropout (an "
+        "nn.Dropout(dropout)) to the hidden activations in forward.",
+    )
+    compare(
+        trained,
+        reference_feed_forward(ff, x, p=0.5, seed=7),
+        what=f"{what}(x) in training mode (dropout masks drawn from one seed)",
+        hint="With the same random seed, PyTorch's feed-forward layer drops hidden units "
+        "(d_ff wide, after the ReLU, before linear2) once: put your one nn.Dropout there.",
+    )
 
 
-def _copy(dst: Any, src: Tensor, name: str) -> None:
-    if not isinstance(dst, Tensor):
-        raise AssertionError(
-            f"your EncoderBlock has no tensor `{name}`: see the notebook for the attribute names "
-            "the checks expect (self_attn, ff.linear1, ff.linear2, norm1, norm2)."
+# --------------------------------------------------------------------------------------
+# EncoderBlock
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Parts:
+    attn: nn.Module
+    ff: nn.Module
+    norm1: nn.Module
+    norm2: nn.Module
+    n_heads: int
+
+
+def _norm_parts(norm: Any, name: str, d_model: int, what: str) -> None:
+    for attr in ("weight", "bias"):
+        value = getattr(norm, attr, None)
+        if not isinstance(value, Tensor):
+            raise AssertionError(
+                f"{what}.{name} has no `{attr}` tensor: use nn.LayerNorm(d_model) (it learns a "
+                "weight and a bias), or a module of yours that holds both and calls layer_norm."
+            )
+        if tuple(value.shape) != (d_model,):
+            raise AssertionError(
+                f"{what}.{name}.{attr} has shape {tuple(value.shape)}, expected ({d_model},): "
+                "the norm works over the d_model features of each token."
+            )
+
+
+def _attention_parts(attn: Any, d_model: int, what: str) -> None:
+    if isinstance(attn, nn.MultiheadAttention):
+        expect_true(
+            attn.batch_first,
+            f"{what}.self_attn is nn.MultiheadAttention without batch_first=True: the block's "
+            "input is (B, T, D).",
         )
-    if dst.shape != src.shape:
-        raise AssertionError(
-            f"`{name}` in your EncoderBlock has shape {tuple(dst.shape)}, expected "
-            f"{tuple(src.shape)}: check the sizes you pass to the sublayer."
-        )
-    dst.data.copy_(src.detach())
+        return
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        layer = getattr(attn, name, None)
+        if not isinstance(layer, nn.Linear) or layer.bias is None:
+            raise AssertionError(
+                f"{what}.self_attn has no nn.Linear `{name}` with a bias: build it as "
+                "MultiHeadAttention(d_model, n_heads) (the kit's, from lab 03)."
+            )
+        if (layer.in_features, layer.out_features) != (d_model, d_model):
+            raise AssertionError(
+                f"{what}.self_attn.{name} maps {layer.in_features} -> {layer.out_features} "
+                f"features, expected {d_model} -> {d_model}: MultiHeadAttention(d_model, n_heads)."
+            )
 
 
-def load_torch_encoder_layer(block: nn.Module, layer: nn.TransformerEncoderLayer) -> nn.Module:
-    """Copy the weights of ``nn.TransformerEncoderLayer`` into a student's ``EncoderBlock``.
-
-    torch's ``self_attn.in_proj_weight`` stacks the query, key and value projections ``(3D, D)``;
-    they go to ``self_attn.q_proj``, ``k_proj`` and ``v_proj``. ``linear1``/``linear2`` go to
-    ``ff.linear1``/``ff.linear2`` and ``norm1``/``norm2`` to ``norm1``/``norm2``.
-
-    Args:
-        block: the student's block with ``self_attn``, ``ff``, ``norm1``, ``norm2``.
-        layer: the torch layer to copy from.
-
-    Returns:
-        ``block``, with torch's weights.
-
-    Raises:
-        AssertionError: naming the attribute that is missing or has the wrong shape.
-    """
+def block_parts(block: nn.Module, d_model: int, n_heads: int, d_ff: int, what: str) -> _Parts:
+    """The block's sub-layers, checked against the attribute names of the notebook."""
+    expect_module(block, what)
     missing = [n for n in ("self_attn", "ff", "norm1", "norm2") if not hasattr(block, n)]
     if missing:
         raise AssertionError(
-            f"your EncoderBlock has no attribute(s) {', '.join(missing)}: the checks load "
-            "torch's weights into self.self_attn (MultiHeadAttention), self.ff (FeedForward with "
-            "linear1, linear2), self.norm1 (attention sublayer) and self.norm2 (feed-forward "
-            "sublayer)."
+            f"{what} has no attribute(s) {', '.join(missing)}: the checks read self.self_attn "
+            "(MultiHeadAttention), self.ff (your FeedForward, with linear1 and linear2), "
+            "self.norm1 (the attention sub-layer's norm) and self.norm2 (the feed-forward's)."
         )
-    with torch.no_grad():
-        attn = block.self_attn
-        if isinstance(attn, nn.MultiheadAttention):
-            if not attn.batch_first:
-                raise AssertionError(
-                    "your self_attn is nn.MultiheadAttention without batch_first=True: the "
-                    "block's input is (B, T, D)."
-                )
-            attn.load_state_dict(layer.self_attn.state_dict())
-        else:
-            w_q, w_k, w_v = layer.self_attn.in_proj_weight.chunk(3, dim=0)  # 3 x (D, D)
-            b_q, b_k, b_v = layer.self_attn.in_proj_bias.chunk(3, dim=0)  # 3 x (D,)
-            for proj, w, b in (("q_proj", w_q, b_q), ("k_proj", w_k, b_k), ("v_proj", w_v, b_v)):
-                lin = getattr(attn, proj, None)
-                if lin is None:
-                    raise AssertionError(
-                        f"your self_attn has no `{proj}`: use the package's MultiHeadAttention "
-                        "(q_proj, k_proj, v_proj, out_proj) or nn.MultiheadAttention."
-                    )
-                _copy(getattr(lin, "weight", None), w, f"self_attn.{proj}.weight")
-                _copy(getattr(lin, "bias", None), b, f"self_attn.{proj}.bias")
-            out = getattr(attn, "out_proj", None)
-            _copy(
-                getattr(out, "weight", None),
-                layer.self_attn.out_proj.weight,
-                "self_attn.out_proj.weight",
-            )
-            _copy(
-                getattr(out, "bias", None), layer.self_attn.out_proj.bias, "self_attn.out_proj.bias"
-            )
-        for name in ("linear1", "linear2"):
-            lin = getattr(block.ff, name, None)
-            src = getattr(layer, name)
-            _copy(getattr(lin, "weight", None), src.weight, f"ff.{name}.weight")
-            _copy(getattr(lin, "bias", None), src.bias, f"ff.{name}.bias")
-        for name in ("norm1", "norm2"):
-            norm = getattr(block, name)
-            src = getattr(layer, name)
-            _copy(getattr(norm, "weight", None), src.weight, f"{name}.weight")
-            _copy(getattr(norm, "bias", None), src.bias, f"{name}.bias")
-    return block
+    _attention_parts(block.self_attn, d_model, what)
+    ff_parts(block.ff, d_model, d_ff, f"{what}.ff")
+    _norm_parts(block.norm1, "norm1", d_model, what)
+    _norm_parts(block.norm2, "norm2", d_model, what)
+    return _Parts(block.self_attn, block.ff, block.norm1, block.norm2, n_heads)
 
 
-def _block_variants(
-    layer: nn.TransformerEncoderLayer, x: Tensor, keep: Tensor | None, norm_first: bool
-) -> tuple[Tensor, list[tuple[Tensor, str]]]:
-    """torch's output and the outputs of typical wrong blocks, built from torch's own sublayers.
-
-    ``keep`` is the key padding mask in the kit's convention, ``(B, T)`` True at real tokens.
-    """
-    n1, n2 = layer.norm1, layer.norm2
-
-    def sa(h: Tensor, mask: Tensor | None = keep, invert: bool = False) -> Tensor:
-        kpm = None if mask is None else (mask if invert else ~mask)  # torch: True = ignore
-        return layer.self_attn(h, h, h, key_padding_mask=kpm, need_weights=False)[0]
-
-    def ff(h: Tensor) -> Tensor:
-        return layer.linear2(F.relu(layer.linear1(h)))
-
-    def post(h: Tensor, **kw: Any) -> Tensor:
-        h = n1(h + sa(h, **kw))
-        return n2(h + ff(h))
-
-    def pre(h: Tensor, **kw: Any) -> Tensor:
-        h = h + sa(n1(h), **kw)
-        return h + ff(n2(h))
-
-    src_kpm = None if keep is None else ~keep
-    with torch.no_grad():
-        expected = layer(x, src_key_padding_mask=src_kpm)
-        wrong: list[tuple[Tensor, str]] = []
-        if keep is not None:
-            ignored = pre(x, mask=None) if norm_first else post(x, mask=None)
-            inverted = pre(x, invert=True) if norm_first else post(x, invert=True)
-            wrong += [
-                (ignored, "It matches the block without the mask: pass mask to self_attn."),
-                (
-                    inverted,
-                    "It matches the inverted mask: in this kit True means 'may attend' (a real "
-                    "token). If you use nn.MultiheadAttention, its key_padding_mask wants the "
-                    "opposite (~mask).",
-                ),
-            ]
-        if norm_first:
-            h = x + sa(n1(x))
-            wrong += [
-                (
-                    post(x),
-                    "With norm_first=True your block computes post-norm, norm(x + sublayer(x)): "
-                    "pre-norm normalises the sublayer's input, x + sublayer(norm(x)).",
-                ),
-                (
-                    ff(n2(sa(n1(x)))),
-                    "It matches pre-norm without residuals: add the input back, "
-                    "x = x + sublayer(norm(x)).",
-                ),
-                (
-                    (lambda g: n2(g) + ff(n2(g)))(n1(x) + sa(n1(x))),
-                    "The residual adds the normalised input: pre-norm keeps the residual path "
-                    "un-normalised, x + sublayer(norm(x)), not norm(x) + sublayer(norm(x)).",
-                ),
-                (
-                    (lambda g: g + ff(n2(g)))(n1(x) + sa(n1(x))),
-                    "The attention residual adds the normalised input: keep the residual path "
-                    "un-normalised, x + self_attn(norm1(x)).",
-                ),
-                (
-                    n2(h) + ff(n2(h)),
-                    "The feed-forward residual adds the normalised input: keep the residual path "
-                    "un-normalised, x + ff(norm2(x)).",
-                ),
-                (
-                    sa(n1(x)) + ff(n2(sa(n1(x)))),
-                    "The attention sublayer has no residual: x = x + self_attn(norm1(x)).",
-                ),
-                (
-                    ff(n2(h)),
-                    "The feed-forward sublayer has no residual: x = x + ff(norm2(x)).",
-                ),
-                (
-                    (lambda g: g + ff(n1(g)))(x + sa(n2(x))),
-                    "It matches norm1 and norm2 swapped: norm1 belongs to the attention "
-                    "sublayer, norm2 to the feed-forward sublayer.",
-                ),
-                (
-                    n2(h + ff(n2(h))),
-                    "It normalises the sublayer's output as well: pre-norm is "
-                    "x + sublayer(norm(x)) and nothing more.",
-                ),
-            ]
-        else:
-            a = n1(x + sa(x))
-            wrong += [
-                (
-                    pre(x),
-                    "With norm_first=False your block computes pre-norm, x + sublayer(norm(x)): "
-                    "the default is post-norm ('Add & Norm'), norm(x + sublayer(x)).",
-                ),
-                (
-                    n2(ff(n1(sa(x)))),
-                    "It matches post-norm without residuals, norm(sublayer(x)): add the input "
-                    "before normalising, norm(x + sublayer(x)).",
-                ),
-                (
-                    n2(ff(n1(sa(x))) + n1(sa(x))),
-                    "The attention sublayer has no residual: x = norm1(x + self_attn(x)).",
-                ),
-                (
-                    n2(ff(a)),
-                    "The feed-forward sublayer has no residual: x = norm2(x + ff(x)).",
-                ),
-                (
-                    (lambda g: n1(g + ff(g)))(n2(x + sa(x))),
-                    "It matches norm1 and norm2 swapped: norm1 belongs to the attention "
-                    "sublayer, norm2 to the feed-forward sublayer.",
-                ),
-                (
-                    x + sa(x) + ff(x + sa(x)),
-                    "It has no layer norm at all: post-norm applies norm1 after the attention "
-                    "residual and norm2 after the feed-forward residual.",
-                ),
-                (
-                    a + ff(a),
-                    "The feed-forward residual is not normalised: x = norm2(x + ff(x)).",
-                ),
-            ]
-    return expected, wrong
+def block_weights(block: nn.Module) -> dict[str, Tensor]:
+    """The block's weights in the kit's layout (``self_attn.q_proj.weight``...), detached copies."""
+    attn = block.self_attn
+    out: dict[str, Tensor] = {}
+    if isinstance(attn, nn.MultiheadAttention):
+        w_q, w_k, w_v = attn.in_proj_weight.chunk(3, dim=0)  # 3 x (D, D)
+        b_q, b_k, b_v = attn.in_proj_bias.chunk(3, dim=0)  # 3 x (D,)
+        projections = {"q_proj": (w_q, b_q), "k_proj": (w_k, b_k), "v_proj": (w_v, b_v)}
+    else:
+        projections = {
+            n: (getattr(attn, n).weight, getattr(attn, n).bias)
+            for n in ("q_proj", "k_proj", "v_proj")
+        }
+    projections["out_proj"] = (attn.out_proj.weight, attn.out_proj.bias)
+    for name, (weight, bias) in projections.items():
+        out[f"self_attn.{name}.weight"], out[f"self_attn.{name}.bias"] = weight, bias
+    for name in ("linear1", "linear2"):
+        layer = getattr(block.ff, name)
+        out[f"ff.{name}.weight"], out[f"ff.{name}.bias"] = layer.weight, layer.bias
+    for name in ("norm1", "norm2"):
+        norm = getattr(block, name)
+        out[f"{name}.weight"], out[f"{name}.bias"] = norm.weight, norm.bias
+    return {k: v.detach().clone() for k, v in out.items()}
 
 
-def _build_block(
-    cls: Callable[..., nn.Module],
+def build_block(
+    cls: Callable[..., Any],
     d_model: int,
     n_heads: int,
     d_ff: int,
     *,
     norm_first: bool,
     dropout: float = 0.0,
-    seed: int,
-) -> tuple[nn.Module, nn.TransformerEncoderLayer, str]:
-    what = f"EncoderBlock({d_model}, {n_heads}, {d_ff}, dropout={dropout}, norm_first={norm_first})"
-    torch.manual_seed(seed)
-    block = _instantiate(
-        cls, d_model, n_heads, d_ff, dropout=dropout, norm_first=norm_first, what=what
+    seed: int = 0,
+) -> tuple[nn.Module, str]:
+    """``cls(d_model, n_heads, d_ff, dropout=..., norm_first=...)`` from ``seed``, parts checked."""
+    what = f"EncoderBlock({d_model}, {n_heads}, {d_ff}" + (
+        f", dropout={dropout:g}" if dropout else ""
     )
-    layer = torch_encoder_layer(d_model, n_heads, d_ff, norm_first=norm_first, seed=seed)
-    load_torch_encoder_layer(block, layer)
-    block.eval()
-    return block, layer, what
-
-
-def _expect_block(
-    block: nn.Module,
-    layer: nn.TransformerEncoderLayer,
-    x: Tensor,
-    keep: Tensor | None,
-    norm_first: bool,
-    what: str,
-) -> Tensor:
-    expected, wrong = _block_variants(layer, x, keep, norm_first)
-    mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, T)
-    ban = forbidden(_BLOCK_BAN)
-    with ban, torch.no_grad():
-        actual = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")
-        again = call_student(block, x.clone(), mask=mask, what=f"{what}(x, mask)")
-    if isinstance(actual, Tensor) and isinstance(again, Tensor) and not close(actual, again):
-        raise AssertionError(
-            f"{what} in eval mode gives a different output each call: dropout must switch off in "
-            "eval mode. Use nn.Dropout modules, or F.dropout(..., training=self.training)."
+    what += ", norm_first=True)" if norm_first else ")"
+    with _seeded(seed):
+        block = call_student(
+            cls, d_model, n_heads, d_ff, dropout=dropout, norm_first=norm_first, what=what
         )
-    form = "x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))"
-    compare(
-        actual,
-        expected,
-        what=f"{what}(x{'' if keep is None else ', mask'}) on an input of shape {tuple(x.shape)}",
-        candidates=wrong,
-        hint=f"Expected {form} for the attention sublayer (norm1) and then the feed-forward "
-        "sublayer (norm2), as nn.TransformerEncoderLayer computes it.",
+    block_parts(block, d_model, n_heads, d_ff, what)
+    return block, what
+
+
+@contextlib.contextmanager
+def _no_attention_dropout(attn: nn.Module) -> Iterator[None]:
+    """Switch off dropout inside the attention module (on its weights) while a check runs.
+
+    Dropout on the attention weights is the attention module's business (lab 03); these checks
+    test the block's own dropout, on each sub-layer's output and in the feed-forward network.
+    """
+    saved: list[tuple[Any, str, float]] = []
+    for module in attn.modules():
+        if isinstance(module, nn.Dropout):
+            saved.append((module, "p", module.p))
+            module.p = 0.0
+    value = getattr(attn, "dropout", None)
+    if isinstance(value, float):
+        saved.append((attn, "dropout", value))
+        attn.dropout = 0.0
+    try:
+        yield
+    finally:
+        for owner, name, old in saved:
+            setattr(owner, name, old)
+
+
+def run_block(
+    block: nn.Module,
+    x: Tensor,
+    mask: Tensor | None,
+    what: str,
+    *,
+    training: bool = False,
+    seed: int | None = None,
+) -> Any:
+    """The student's ``block(x, mask=mask)`` under the ban.
+
+    In training mode dropout draws its masks from ``seed``; in eval mode the call is made twice
+    (from two seeds) and must give one output.
+    """
+    block.train(training)
+    call = f"{what}(x{'' if mask is None else ', mask'}){' in training mode' if training else ''}"
+
+    def once(s: int | None) -> Any:
+        with _no_attention_dropout(block.self_attn), _seeded(s), torch.no_grad():
+            return call_forbidding(block, (x.clone(),), {"mask": mask}, ban=BLOCK_BAN, what=call)
+
+    return once(seed) if training else _same_each_call(once, what)
+
+
+def _torch_attention(attn: nn.Module, h: Tensor, mask: Tensor | None, n_heads: int) -> Tensor:
+    """PyTorch's multi-head self-attention on ``h (B, T, D)`` with the student's weights."""
+    B, T, D = h.shape
+    attn_mask = None
+    if mask is not None:
+        allowed = mask.to(torch.bool).expand(B, n_heads, T, T).reshape(B * n_heads, T, T)
+        attn_mask = ~allowed  # PyTorch: True = may NOT attend
+    if isinstance(attn, nn.MultiheadAttention):
+        w_q, w_k, w_v = attn.in_proj_weight.chunk(3, dim=0)  # 3 x (D, D)
+        in_bias = attn.in_proj_bias
+    else:
+        w_q, w_k, w_v = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
+        in_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])  # (3D,)
+    seq = h.transpose(0, 1)  # (T, B, D): the functional form is sequence first
+    out, _ = F.multi_head_attention_forward(
+        seq,
+        seq,
+        seq,
+        D,
+        n_heads,
+        None,
+        in_bias,
+        None,
+        None,
+        False,
+        0.0,
+        attn.out_proj.weight,
+        attn.out_proj.bias,
+        training=False,
+        need_weights=False,
+        attn_mask=attn_mask,
+        use_separate_proj_weight=True,
+        q_proj_weight=w_q,
+        k_proj_weight=w_k,
+        v_proj_weight=w_v,
     )
-    return actual
+    out = out.transpose(0, 1)  # (B, T, D)
+    # Dropout draws its mask in memory order: return the layout the student's module returns
+    # (nn.MultiheadAttention(batch_first=True) a transposed view, a q/k/v/out module a
+    # contiguous tensor), so that one seed gives both the same mask.
+    return out if isinstance(attn, nn.MultiheadAttention) else out.contiguous()
+
+
+def _torch_norm(norm: nn.Module, h: Tensor) -> Tensor:
+    eps = getattr(norm, "eps", 1e-5)
+    return F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, eps)
+
+
+def reference_encoder_block(
+    block: nn.Module,
+    x: Tensor,
+    mask: Tensor | None,
+    *,
+    n_heads: int,
+    norm_first: bool,
+    p: float = 0.0,
+    seed: int | None = None,
+) -> Tensor:
+    """``nn.TransformerEncoderLayer``'s computation with the student's weights, in torch's ops.
+
+    Post-norm: ``x = norm1(x + dropout(attn(x))); x = norm2(x + dropout(ff(x)))``; pre-norm:
+    ``x = x + dropout(attn(norm1(x))); x = x + dropout(ff(norm2(x)))``; ``ff`` drops its hidden
+    units too. With a ``seed`` it runs in training mode: the three dropout masks are drawn from
+    that seed in the order torch's layer draws them (attention output, hidden units, output).
+    """
+    parts = block_parts(block, x.shape[-1], n_heads, block.ff.linear1.out_features, "the block")
+    training = seed is not None
+
+    def attention(h: Tensor) -> Tensor:
+        return F.dropout(_torch_attention(parts.attn, h, mask, n_heads), p, training=training)
+
+    def feed_forward(h: Tensor) -> Tensor:
+        first, second = parts.ff.linear1, parts.ff.linear2
+        hidden = F.dropout(F.relu(F.linear(h, first.weight, first.bias)), p, training=training)
+        return F.dropout(F.linear(hidden, second.weight, second.bias), p, training=training)
+
+    with _seeded(seed), torch.no_grad():
+        if norm_first:
+            x = x + attention(_torch_norm(parts.norm1, x))
+            return x + feed_forward(_torch_norm(parts.norm2, x))
+        x = _torch_norm(parts.norm1, x + attention(x))
+        return _torch_norm(parts.norm2, x + feed_forward(x))
+
+
+_BLOCK_NAMES = (
+    "self_attn.q_proj.weight",
+    "self_attn.q_proj.bias",
+    "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",
+    "self_attn.v_proj.weight",
+    "self_attn.v_proj.bias",
+    "self_attn.out_proj.weight",
+    "self_attn.out_proj.bias",
+    "ff.linear1.weight",
+    "ff.linear1.bias",
+    "ff.linear2.weight",
+    "ff.linear2.bias",
+    "norm1.weight",
+    "norm1.bias",
+    "norm2.weight",
+    "norm2.bias",
+)
+
+
+def _form(norm_first: bool) -> str:
+    if norm_first:
+        return (
+            "Expected pre-norm: x = x + self_attn(norm1(x)), then x = x + ff(norm2(x)) (each "
+            "sub-layer reads a normalised copy; the residual path itself is never normalised)."
+        )
+    return (
+        "Expected post-norm ('Add & Norm'): x = norm1(x + self_attn(x)), then x = norm2(x + ff(x))."
+    )
 
 
 def check_encoder_block(cls: Callable[..., nn.Module]) -> None:
-    """Visible check of ``EncoderBlock``: attribute names, shapes, and post-norm against torch."""
-    block, layer, what = _build_block(cls, 16, 4, 32, norm_first=False, seed=0)
-    x = _randn(2, 5, 16, g=generator(2))
-    with torch.no_grad():
-        out = call_student(block, x.clone(), what=f"{what}(x)")
-    expect_shape(out, (2, 5, 16), f"{what}(x) for x of shape (2, 5, 16)")
-    _expect_block(block, layer, x, None, False, what)
-    _instantiate(cls, 16, 4, 32, norm_first=True, what="EncoderBlock(16, 4, 32, norm_first=True)")
-
-
-def _random_sizes(g: torch.Generator) -> tuple[int, int, int, int, int]:
-    n_heads = randint(1, 3, g)
-    d_model = n_heads * randint(2, 5, g)
-    d_ff = randint(8, 32, g)
-    batch = randint(1, 3, g)
-    seq = randint(2, 7, g)
-    return d_model, n_heads, d_ff, batch, seq
-
-
-def _random_blocks(cls: Callable[..., nn.Module], seed: int, norm_first: bool) -> None:
-    """Two blocks of random sizes (dropout 0, then 0.1, in eval mode) against torch's layer."""
-    g = generator(seed)
-    for trial in range(2):
-        d_model, n_heads, d_ff, batch, seq = _random_sizes(g)
-        block, layer, what = _build_block(
-            cls,
-            d_model,
-            n_heads,
-            d_ff,
-            norm_first=norm_first,
-            dropout=0.1 * trial,
-            seed=seed + trial,
-        )
-        _expect_block(block, layer, _randn(batch, seq, d_model, g=g), None, norm_first, what)
-
-
-def hidden_check_encoder_block_post_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Hidden check: post-norm blocks of random sizes against ``nn.TransformerEncoderLayer``."""
-    _random_blocks(cls, seed, norm_first=False)
-
-
-def hidden_check_encoder_block_pre_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Hidden check: pre-norm blocks (``norm_first=True``) against torch's pre-norm layer."""
-    _random_blocks(cls, seed, norm_first=True)
-
-
-def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Hidden check: a padding mask ``(B, 1, 1, T)`` in both norm placements; padding has no say."""
-    g = generator(seed)
+    """Attribute names; stored worked examples (post- and pre-norm, with and without a padding
+    mask); then the student's own weights against PyTorch's functional ops, in eval mode."""
+    weights = {name: _example(f"EncoderBlock(8, 2, 16) {name}") for name in _BLOCK_NAMES}
+    x = _example("EncoderBlock(8, 2, 16) input x (2, 5, 8)").float()
+    keep = _example("EncoderBlock(8, 2, 16) input keep (2, 5)").bool()  # True at real tokens
     for norm_first in (False, True):
-        d_model, n_heads, d_ff, _, _ = _random_sizes(g)
-        batch, seq = 3, 6
-        lengths = torch.tensor([5, 3, 1])
-        keep = torch.arange(seq)[None, :] < lengths[:, None]  # (B, T) True at real tokens
-        block, layer, what = _build_block(
-            cls, d_model, n_heads, d_ff, norm_first=norm_first, seed=seed
+        block, what = build_block(cls, 8, 2, 16, norm_first=norm_first)
+        load_weights(block, weights, what)
+        for mask in (None, keep[:, None, None, :]):  # (B, 1, 1, T)
+            got = run_block(block, x, mask, what)
+            call = f"{what}(x{'' if mask is None else ', mask'})"
+            expect_shape(got, (2, 5, 8), f"{call} for x of shape (2, 5, 8)")
+            _judge(got, call, f"{call} with the stored weights", _form(norm_first))
+    # Your own initialisation, other sizes and a padding mask, against PyTorch.
+    g = generator(3)
+    block, what = build_block(cls, 12, 3, 20, norm_first=False, seed=3)
+    x = torch.randn(3, 6, 12, generator=g)
+    keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]  # (B, T)
+    mask = keep[:, None, None, :]
+    got = run_block(block, x, mask, what)
+    compare(
+        got,
+        reference_encoder_block(block, x, mask, n_heads=3, norm_first=False),
+        what=f"{what}(x, mask) with your own weights",
+        hint="PyTorch's functional ops (F.multi_head_attention_forward, F.layer_norm, F.linear) "
+        "on your block's own weights give another answer: does forward use exactly "
+        "self.self_attn, self.ff, self.norm1 and self.norm2, and pass mask to self_attn?",
+    )
+
+
+_DROPOUT_HINT = (
+    "With the same random seed, PyTorch's nn.TransformerEncoderLayer drops units in this order: "
+    "the attention sub-layer's output (dropout1, before it is added to x), the feed-forward "
+    "network's hidden units (inside your FeedForward, built with the block's dropout) and the "
+    "feed-forward's output (dropout2, before it is added to x); nothing else."
+)
+
+
+def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
+    """Training mode: dropout where ``nn.TransformerEncoderLayer`` puts it (one shared seed)."""
+    g = generator(5)
+    keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
+    mask = keep[:, None, None, :]
+    for norm_first in (False, True):
+        block, what = build_block(cls, 8, 2, 32, norm_first=norm_first, dropout=0.5, seed=5)
+        x = torch.randn(2, 6, 8, generator=g)
+        evaluated = run_block(block, x, mask, what)
+        compare(
+            evaluated,
+            reference_encoder_block(block, x, mask, n_heads=2, norm_first=norm_first),
+            what=f"{what}(x, mask) in eval mode",
+            hint="In eval mode (no dropout) your block already differs from PyTorch's "
+            "computation with its weights: pass the visible check above first.",
         )
-        x = _randn(batch, seq, d_model, g=g)
-        out = _expect_block(block, layer, x, keep, norm_first, what)
-        # Changing what sits at padded positions must not change any real token's output.
-        x2 = torch.where(keep[..., None], x, _randn(batch, seq, d_model, g=g, scale=5.0))
-        with torch.no_grad():
-            out2 = call_student(block, x2, mask=keep[:, None, None, :], what=f"{what}(x, mask)")
-        err = _max_err(out[keep], out2[keep])
-        if err > 1e-4:
-            raise AssertionError(
-                f"{what}: changing the padded tokens changed the outputs at real tokens by up to "
-                f"{err:.3g}: padded keys must get zero attention weight (mask is True at real "
-                "tokens, shape (B, 1, 1, T))."
+        trained = run_block(block, x, mask, what, training=True, seed=11)
+        expect_true(
+            not close(trained, evaluated),
+            f"{what} in training mode gives the output of eval mode: dropout never acts. "
+            + _DROPOUT_HINT,
+        )
+        compare(
+            trained,
+            reference_encoder_block(
+                block, x, mask, n_heads=2, norm_first=norm_first, p=0.5, seed=11
+            ),
+            what=f"{what}(x, mask) in training mode (dropout masks drawn from one seed)",
+            hint=_DROPOUT_HINT,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# TaggingModule: training_step
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LogCall:
+    """One ``self.log(name, value, **options)`` call of a ``training_step``."""
+
+    name: str
+    value: Any
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class _LogRecorder:
+    """Stands in for ``LightningModule.log``/``log_dict`` while a check calls ``training_step``."""
+
+    def __init__(self) -> None:
+        self.calls: list[LogCall] = []
+
+    def log(self, name: str, value: Any, *args: Any, **options: Any) -> None:
+        self.calls.append(LogCall(name, value, options))
+
+    def log_dict(self, values: Mapping[str, Any], *args: Any, **options: Any) -> None:
+        for name, value in values.items():
+            self.calls.append(LogCall(name, value, options))
+
+
+def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> Any:
+    """``cls(model, **hparams)``: the student's LightningModule around a given model."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in hparams.items())
+    what = f"TaggingModule(model, {shown})"
+    module = expect_module(call_student(cls, model, what=what, **hparams), what)
+    for method in ("training_step", "configure_optimizers", "log"):
+        expect_true(
+            callable(getattr(module, method, None)),
+            f"{what} has no method {method}: TaggingModule is a LightningModule (class "
+            "TaggingModule(L.LightningModule)).",
+        )
+    return module
+
+
+def run_training_step(module: Any, batch: dict[str, Tensor]) -> tuple[Any, list[LogCall]]:
+    """``module.training_step(batch, 0)`` under the ban; what it returned and what it logged."""
+    recorder = _LogRecorder()
+    module.train()
+    module.__dict__["log"] = recorder.log
+    module.__dict__["log_dict"] = recorder.log_dict
+    try:
+        out = call_forbidding(
+            module.training_step, (batch, 0), {}, ban=MODULE_BAN, what="training_step(batch, 0)"
+        )
+    finally:
+        module.__dict__.pop("log", None)
+        module.__dict__.pop("log_dict", None)
+    return out, recorder.calls
+
+
+def graph_holders(module: nn.Module) -> list[str]:
+    """Attributes of ``module`` that keep tensors with an autograd graph (``self.losses[3]``...)."""
+    found: list[str] = []
+
+    def visit(value: Any, path: str, depth: int) -> None:
+        if isinstance(value, Tensor):
+            if value.grad_fn is not None:
+                found.append(path)
+        elif depth < 3 and isinstance(value, list | tuple):
+            for i, item in enumerate(value[:1000]):
+                visit(item, f"{path}[{i}]", depth + 1)
+        elif depth < 3 and isinstance(value, dict):
+            for key, item in list(value.items())[:1000]:
+                visit(item, f"{path}[{key!r}]", depth + 1)
+
+    for name, value in vars(module).items():
+        if name not in ("_parameters", "_buffers", "_modules"):
+            visit(value, f"self.{name}", 0)
+    return found
+
+
+def judge_training_loss(
+    out: Any,
+    expected: Tensor,
+    mistakes: Sequence[tuple[Tensor, str]],
+    what: str,
+) -> Tensor:
+    """The returned loss: a scalar tensor with its graph, equal to ``expected``."""
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(loss, float | int):
+        raise AssertionError(
+            f"{what} returned the number {loss:.4g}: return the loss tensor itself (Lightning "
+            "calls loss.backward() on it), not loss.item()."
+        )
+    expect_true(
+        isinstance(loss, Tensor),
+        f"{what} returned {type(out).__name__}: return the loss tensor (or {{'loss': loss}}).",
+    )
+    expect_true(
+        loss.dim() == 0,
+        f"{what} returned a loss of shape {tuple(loss.shape)}: average it to one number "
+        "(the mean over the real tokens).",
+    )
+    expect_true(
+        loss.requires_grad and loss.grad_fn is not None,
+        f"{what} returned a loss without its autograd graph (detached, or rebuilt from "
+        "loss.item()): return the loss as computed, so that Lightning can call backward().",
+    )
+    return compare(
+        loss,
+        expected,
+        what=f"the loss {what} returned",
+        candidates=mistakes,
+        hint="Expected the cross-entropy averaged over the real tokens only: model(tokens, "
+        "padding_mask) gives logits (B, T, C); flatten them to (B*T, C) and the targets to "
+        "(B*T,), and let F.cross_entropy ignore the targets -100.",
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def judge_logging(calls: Sequence[LogCall], loss: Tensor, module: nn.Module, what: str) -> None:
+    """``self.log("train_loss", ...)``: once, the loss's value, a tensor whose graph is not kept."""
+    names = [c.name for c in calls]
+    ours = [c for c in calls if c.name == "train_loss"]
+    if not ours:
+        raise AssertionError(
+            f"{what} logged {names or 'nothing'}: log the loss under the name 'train_loss' "
+            "(self.log('train_loss', loss.detach())); the notebook's plots read that name."
+        )
+    expect_true(
+        len(ours) == 1, f"{what} logged 'train_loss' {len(ours)} times: log it once per step."
+    )
+    call = ours[0]
+    if isinstance(call.value, float | int):
+        raise AssertionError(
+            f"{what} logged a Python number ({call.value:.4g}, from .item()): on a GPU .item() "
+            "makes the CPU wait for the GPU at every step. Log the tensor, detached: "
+            "self.log('train_loss', loss.detach())."
+        )
+    expect_true(
+        isinstance(call.value, Tensor) and call.value.numel() == 1,
+        f"{what} logged {type(call.value).__name__} as 'train_loss': log the loss tensor.",
+    )
+    expect_true(
+        close(call.value.detach().reshape(()), loss.detach()),
+        f"{what} logged {float(call.value.detach()):.4g} as 'train_loss' but returned the loss "
+        f"{float(loss.detach()):.4g}: log the loss you return.",
+    )
+    if call.options.get("enable_graph") and call.value.requires_grad:
+        raise AssertionError(
+            f"{what} logs the loss with enable_graph=True: the logger then keeps the step's whole "
+            "autograd graph alive. Log loss.detach() (without enable_graph)."
+        )
+    expect_true(
+        call.options.get("on_step", True) is not False,
+        f"{what} logs 'train_loss' with on_step=False: the loss curves need one value per step "
+        "(the default in training_step).",
+    )
+    holders = graph_holders(module)
+    expect_true(
+        not holders,
+        f"after {what}, {', '.join(holders[:3])} holds a tensor with its autograd graph: every "
+        "step's activations stay in memory and the run slows down and runs out of memory. "
+        "Store loss.detach() (or nothing: self.log keeps the curve).",
+    )
+
+
+class _StoredTagger(nn.Module):
+    """A stand-in model whose logits are stored, so that the expected loss is a stored number.
+
+    It returns ``logits`` when called with a padding mask, and ``unmasked`` when called without
+    (what the model computes when padding is not hidden from attention).
+    """
+
+    def __init__(self, logits: Tensor, unmasked: Tensor) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(logits.float())
+        self.unmasked = nn.Parameter(unmasked.float())
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        return (self.logits if padding_mask is not None else self.unmasked) * 1.0  # (B, T, C)
+
+
+def _stored_batch() -> dict[str, Tensor]:
+    key = "training_step batch"
+    return {
+        "tokens": _example(f"{key} tokens").long(),
+        "padding_mask": _example(f"{key} padding_mask").bool(),
+        "targets": _example(f"{key} targets").long(),
+    }
+
+
+def check_training_step(cls: Callable[..., Any]) -> None:
+    """``training_step`` on a stored batch with padding: the loss, its graph, what is logged."""
+    model = _StoredTagger(
+        _example("training_step logits (3, 5, 6)"),
+        _example("training_step logits without padding_mask (3, 5, 6)"),
+    )
+    module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
+    batch = _stored_batch()
+    out, calls = run_training_step(module, batch)
+    want, mistakes = stored(_LAB, "training_step loss")
+    loss = judge_training_loss(
+        out, want, [(t, h) for h, t in mistakes.items()], "training_step(batch, 0)"
+    )
+    judge_logging(calls, loss, module, "training_step(batch, 0)")
+
+
+# --------------------------------------------------------------------------------------
+# TaggingModule: configure_optimizers
+# --------------------------------------------------------------------------------------
+
+
+class ProbeModel(nn.Module):
+    """A small tagging model with every kind of parameter (an embedding, a layer norm, linear
+    layers with and without bias) whose logits depend on the tokens and on the padding mask:
+    each token sees the mean of the real tokens of its sequence (all tokens without a mask)."""
+
+    def __init__(self, vocab_size: int = 7, d_model: int = 4, num_classes: int = 5) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.mix = nn.Linear(d_model, d_model, bias=False)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        h = self.norm(self.embed(tokens))  # (B, T, D)
+        real = torch.ones_like(tokens) if padding_mask is None else padding_mask
+        real = real.to(h.dtype)[..., None]  # (B, T, 1)
+        context = (h * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1.0)
+        return self.head(torch.tanh(self.mix(h + 2.0 * context)))  # (B, T, C)
+
+
+def run_configure_optimizers(module: Any) -> Any:
+    """``module.configure_optimizers()`` under the ban."""
+    return call_forbidding(
+        module.configure_optimizers, (), {}, ban=MODULE_BAN, what="configure_optimizers()"
+    )
+
+
+_RETURN_HINT = (
+    'return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}'
+)
+
+
+def parse_optimizers(conf: Any) -> tuple[torch.optim.Optimizer, Any, str, int]:
+    """Read what ``configure_optimizers`` returned as Lightning does.
+
+    Returns:
+        ``(optimizer, scheduler or None, interval, frequency)``; a scheduler returned without a
+        config dict is stepped every ``"epoch"`` (Lightning's default).
+    """
+    what = "configure_optimizers()"
+    optimizer, scheduler, interval, frequency = conf, None, "epoch", 1
+    if isinstance(conf, Mapping):
+        optimizer, scheduler = conf.get("optimizer"), conf.get("lr_scheduler")
+    elif isinstance(conf, list | tuple) and len(conf) == 2 and isinstance(conf[0], list | tuple):
+        if len(conf[0]) != 1 or len(conf[1]) != 1:
+            raise AssertionError(f"{what} should give one optimizer and one scheduler.")
+        optimizer, scheduler = conf[0][0], conf[1][0]
+    elif isinstance(conf, list | tuple) and len(conf) == 1:
+        optimizer = conf[0]
+    if isinstance(scheduler, Mapping):
+        interval = scheduler.get("interval", "epoch")
+        frequency = scheduler.get("frequency", 1)
+        scheduler = scheduler.get("scheduler")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise AssertionError(
+            f"{what} returned {type(conf).__name__}, in which the checks find no optimizer: "
+            + _RETURN_HINT
+            + "."
+        )
+    if scheduler is None:
+        raise AssertionError(
+            f"{what} returned an optimizer without a learning-rate schedule: build the warm-up "
+            "and cosine decay from torch.optim.lr_scheduler and " + _RETURN_HINT + "."
+        )
+    expect_true(
+        isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler),
+        f"{what} gave {type(scheduler).__name__} as the scheduler: use one from "
+        "torch.optim.lr_scheduler (LambdaLR, or LinearLR and CosineAnnealingLR in SequentialLR).",
+    )
+    return optimizer, scheduler, interval, frequency
+
+
+def judge_optimizer(
+    optimizer: torch.optim.Optimizer, model: nn.Module, lr: float, weight_decay: float
+) -> None:
+    """AdamW over every parameter once: decay on the matrices, none on biases and norms."""
+    what = "configure_optimizers()"
+    if not isinstance(optimizer, torch.optim.AdamW):
+        raise AssertionError(
+            f"{what} builds {type(optimizer).__name__}: use torch.optim.AdamW. "
+            + (
+                "Adam's weight_decay adds the decay to the gradient, where Adam's division by "
+                "the gradient's running size distorts it (weights with large gradients are "
+                "hardly decayed); AdamW decays the weights directly (decoupled)."
+                if isinstance(optimizer, torch.optim.Adam)
+                else ""
             )
+        )
+    group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    missing = [n for n, p in named if id(p) not in group_of]
+    if missing:
+        raise AssertionError(
+            f"{what}: the optimizer does not update {', '.join(missing)}: give it every "
+            "parameter of the module (self.parameters()), split into two groups."
+        )
+    wrong = []
+    for name, param in named:
+        decay = optimizer.param_groups[group_of[id(param)]].get("weight_decay", 0.0)
+        want = weight_decay if param.dim() >= 2 else 0.0
+        if abs(decay - want) > 1e-12:
+            wrong.append((name, param.dim(), decay, want))
+    if wrong:
+        shown = "; ".join(
+            f"{n} ({d}-D) has weight_decay={w:g}, expected {e:g}" for n, d, w, e in wrong
+        )
+        raise AssertionError(
+            f"{what}: {shown}. Decay the weight matrices and the embedding (p.dim() >= 2) with "
+            "weight_decay, and nothing with one dimension (biases, LayerNorm weights and "
+            "biases): shrinking a norm's gain or a bias towards 0 is no regularisation."
+        )
+    peaks = {g.get("initial_lr", g["lr"]) for g in optimizer.param_groups}
+    expect_true(
+        all(abs(peak - lr) <= 1e-12 + 1e-6 * lr for peak in peaks),
+        f"{what}: the optimizer's learning rate is {sorted(peaks)}, expected lr={lr:g}: use "
+        "self.hparams.lr.",
+    )
 
 
-# --------------------------------------------------------------------------------------------------
+def learning_rates(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> Tensor:
+    """The learning rate of each of the first ``steps`` optimizer steps (group 0).
+
+    Raises:
+        AssertionError: the parameter groups follow different schedules.
+    """
+    rates = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
+        for _ in range(steps):
+            group_rates = {round(g["lr"], 15) for g in optimizer.param_groups}
+            expect_true(
+                len(group_rates) == 1,
+                "configure_optimizers(): the parameter groups have different learning rates "
+                f"{sorted(group_rates)}: give both groups the same lr.",
+            )
+            rates.append(optimizer.param_groups[0]["lr"])
+            scheduler.step()
+    return torch.as_tensor(rates, dtype=torch.float64)  # (steps,)
+
+
+def judge_schedule(
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    interval: str,
+    frequency: int,
+    *,
+    hparams: Mapping[str, Any],
+    expected: Tensor,
+    mistakes: Sequence[tuple[Tensor, str]],
+) -> None:
+    """The schedule is stepped every optimizer step and gives ``expected`` learning rates."""
+    what = "configure_optimizers()"
+    expect_true(
+        interval == "step" and frequency == 1,
+        f"{what}: Lightning steps your scheduler every {frequency} {interval}(s): a "
+        "warm-up of warmup_steps epochs never ends in a short run. Ask for one step per "
+        'optimizer step: "lr_scheduler": {"scheduler": scheduler, "interval": "step"}.',
+    )
+    steps = int(hparams["total_steps"])
+    compare(
+        learning_rates(optimizer, scheduler, steps),
+        expected,
+        what=f"the learning rates of steps 0..{steps - 1} for "
+        + ", ".join(f"{k}={v:g}" for k, v in hparams.items()),
+        candidates=mistakes,
+        hint="Expected lr * (step + 1) / warmup_steps for the first warmup_steps steps, then a "
+        "cosine from lr at step warmup_steps down to 0 at step total_steps.",
+        atol=1e-10,
+        rtol=1e-5,
+    )
+
+
+def check_configure_optimizers(cls: Callable[..., Any]) -> None:
+    """AdamW with two parameter groups and the warm-up + cosine schedule, stepped per step."""
+    with _seeded(0):
+        model = ProbeModel()
+    hparams = {"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 4, "total_steps": 12}
+    module = build_module(cls, model, **hparams)
+    optimizer, scheduler, interval, frequency = parse_optimizers(run_configure_optimizers(module))
+    judge_optimizer(optimizer, model, hparams["lr"], hparams["weight_decay"])
+    want, mistakes = stored(_LAB, "learning rates (lr=0.01, warmup_steps=4, total_steps=12)")
+    judge_schedule(
+        optimizer,
+        scheduler,
+        interval,
+        frequency,
+        hparams={k: hparams[k] for k in ("lr", "warmup_steps", "total_steps")},
+        expected=want,
+        mistakes=[(t, h) for h, t in mistakes.items()],
+    )
+
+
+# --------------------------------------------------------------------------------------
 # the trained encoder
-# --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -821,7 +1143,7 @@ def accuracy_on_fresh_data(model: nn.Module, batches: Sequence[dict[str, Tensor]
         mask = batch.get("padding_mask")
         logits = model(tokens, None if mask is None else mask.to(device))  # (B, T, C)
         targets = batch["targets"].to(device)
-        scored = targets != -100
+        scored = targets != IGNORE_INDEX
         correct += int((logits.argmax(-1)[scored] == targets[scored]).sum())
         total += int(scored.sum())
     model.train(was_training)
@@ -869,7 +1191,7 @@ def check_trained_encoder(
     min_len: int | None = 4,
     num_symbols: int = 10,
 ) -> float:
-    """Graded check of the trained encoder: built from the student's blocks, accurate on new data.
+    """The trained encoder is built from the student's blocks and is accurate on new data.
 
     Args:
         model: the trained ``EncoderClassifier`` (token head).
@@ -893,8 +1215,6 @@ def check_trained_encoder(
     batches = held_out_batches(task, seq_len=seq_len, min_len=min_len, num_symbols=num_symbols)
     try:
         acc = accuracy_on_fresh_data(model, batches)
-    except AssertionError:
-        raise
     except Exception as exc:
         raise AssertionError(
             f"running your model on new {task} sequences raised {type(exc).__name__}: {exc}"
@@ -903,6 +1223,6 @@ def check_trained_encoder(
         raise AssertionError(
             f"your encoder reaches {acc:.1%} token accuracy on new {task} sequences, expected at "
             f"least {min_accuracy:.0%}: check that the training cell ran to the end, that your "
-            "blocks pass the checks above, and that the mask reaches self_attn."
+            "blocks and TaggingModule pass their checks, and that the mask reaches self_attn."
         )
     return acc

@@ -1,0 +1,1114 @@
+"""Hidden checks of lab 04 (the transformer block), their oracles, the mistake catalogues and the
+visible checks' stored examples.
+
+The oracles compute in float64 from the student's own weights, written out (means and variances,
+per-head score matrices, a softmax over the keys), independently of the visible checks' PyTorch
+references and of the kit's blocks. Dropout in training mode is reproduced by drawing the masks
+with ``F.dropout`` from the seed the student's block runs under, in the order each placement
+(correct or mistaken) would draw them, so a dropout in the wrong place is named. The mistake
+catalogues give what each typical wrong answer returns: a layer norm over the wrong axis or with
+``eps`` outside the root, a block without residuals or with its norms swapped, a mask ignored or
+inverted, a loss averaged over padding, a schedule without warm-up or stepped per epoch...
+
+:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab04.json``).
+
+Reference: Prince, *Understanding Deep Learning*, section 12.4; Vaswani et al., "Attention Is
+All You Need" (2017), sections 3.1, 5.3, 5.4; Xiong et al., "On Layer Normalization in the
+Transformer Architecture" (2020); Loshchilov & Hutter, "Decoupled Weight Decay Regularization"
+(2019).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_lab.checks._common import (
+    close,
+    compare,
+    expect_shape,
+    expect_true,
+    generator,
+    randint,
+)
+from transformer_lab.checks.lab04 import (
+    IGNORE_INDEX,
+    ProbeModel,
+    block_weights,
+    build_block,
+    build_feed_forward,
+    build_module,
+    judge_logging,
+    judge_optimizer,
+    judge_schedule,
+    judge_training_loss,
+    layer_norm_call,
+    load_weights,
+    parse_optimizers,
+    run_block,
+    run_configure_optimizers,
+    run_feed_forward,
+    run_training_step,
+)
+
+__all__ = [
+    "encoder_block_mistakes",
+    "feed_forward_mistakes",
+    "fixtures",
+    "hidden_check_configure_optimizers",
+    "hidden_check_encoder_block_mask",
+    "hidden_check_encoder_block_post_norm",
+    "hidden_check_encoder_block_pre_norm",
+    "hidden_check_feed_forward",
+    "hidden_check_feed_forward_dropout",
+    "hidden_check_layer_norm",
+    "hidden_check_layer_norm_numerics",
+    "hidden_check_training_step",
+    "layer_norm_mistakes",
+    "oracle_encoder_block",
+    "oracle_feed_forward",
+    "oracle_layer_norm",
+    "oracle_learning_rates",
+    "oracle_tagging_loss",
+    "schedule_mistakes",
+    "tagging_loss_mistakes",
+]
+
+
+# --------------------------------------------------------------------------------------
+# layer_norm
+# --------------------------------------------------------------------------------------
+
+
+def oracle_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """Layer norm over the last dimension in float64: centred values, biased variance."""
+    x64 = x.detach().double()
+    d = x64.shape[-1]
+    centred = x64 - x64.sum(-1, keepdim=True) / d
+    var = (centred * centred).sum(-1, keepdim=True) / d
+    return centred / torch.sqrt(var + eps) * weight.double() + bias.double()
+
+
+def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``layer_norm`` returns (float64)."""
+    x, weight, bias = x.double(), weight.double(), bias.double()
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    x_hat = (x - mean) / torch.sqrt(var + eps)
+    out: dict[str, Tensor] = {
+        "It matches the normalised x without the learned scale and shift: multiply by weight "
+        "and add bias at the end (weight * x_hat + bias).": x_hat,
+        "It matches weight * x_hat without the bias: add bias at the end.": x_hat * weight,
+        "It matches x_hat + bias without the weight: multiply by weight, then add bias.": (
+            x_hat + bias
+        ),
+        "It matches (x_hat + bias) * weight: scale first, then shift (weight * x_hat + bias).": (
+            (x_hat + bias) * weight
+        ),
+        "It matches (x - mean) / (sqrt(var) + eps): eps belongs inside the square root, "
+        "(x - mean) / sqrt(var + eps).": (x - mean) / (torch.sqrt(var) + eps) * weight + bias,
+        "It matches dividing by the variance: divide by the standard deviation sqrt(var + eps).": (
+            (x - mean) / (var + eps) * weight + bias
+        ),
+        "It matches x / sqrt(var + eps): subtract the mean before dividing.": (
+            x / torch.sqrt(var + eps) * weight + bias
+        ),
+    }
+    if x.shape[-1] > 1:
+        unbiased = x.var(-1, unbiased=True, keepdim=True)
+        out[
+            "It matches the unbiased variance (dividing by D - 1): layer norm uses the biased "
+            "variance, the mean of the squared deviations (divide by D; torch.var needs "
+            "unbiased=False or correction=0)."
+        ] = (x - mean) / torch.sqrt(unbiased + eps) * weight + bias
+    for dim in range(x.dim() - 1):
+        if x.shape[dim] > 1:
+            m = x.mean(dim, keepdim=True)
+            v = x.var(dim, unbiased=False, keepdim=True)
+            out[
+                f"It matches normalising over dim={dim} of the input: layer norm takes the mean "
+                "and variance of each token over its features, the last dimension (dim=-1, "
+                "keepdim=True)."
+            ] = (x - m) / torch.sqrt(v + eps) * weight + bias
+    if x.dim() > 1:
+        out[
+            "It matches one mean and one variance for the whole tensor: take them per token, "
+            "over the last dimension only (dim=-1, keepdim=True)."
+        ] = (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + eps) * weight + bias
+    return out
+
+
+_LN_HINT = (
+    "For each token: the mean and the biased variance over the last dimension (keepdim=True), "
+    "then weight * (x - mean) / sqrt(var + eps) + bias."
+)
+
+
+def _expect_layer_norm(
+    fn: Callable[..., Tensor],
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float = 1e-5,
+    *,
+    atol: float = 1e-4,
+    hint: str = _LN_HINT,
+) -> None:
+    got = layer_norm_call(fn, x, weight, bias, eps)
+    mistakes = layer_norm_mistakes(x, weight, bias, eps)
+    eps_text = "" if eps == 1e-5 else f", eps={eps:g}"
+    compare(
+        got,
+        oracle_layer_norm(x, weight, bias, eps),
+        what=f"layer_norm(x, weight, bias{eps_text}) on x of shape {tuple(x.shape)} ({x.dtype})",
+        candidates=[(t, h) for h, t in mistakes.items()],
+        hint=hint,
+        atol=atol,
+    )
+
+
+def hidden_check_layer_norm(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random shapes (1-D to 4-D), weights and biases, float32 and float64."""
+    g = generator(seed)
+    for lead in ((), (randint(1, 5, g),), (2, randint(2, 6, g)), (2, 2, 3)):
+        d = randint(2, 16, g)
+        scale = float(torch.rand(1, generator=g)) * 4 + 0.5
+        x = torch.randn(*lead, d, generator=g) * scale + 2.0
+        _expect_layer_norm(fn, x, torch.randn(d, generator=g), torch.randn(d, generator=g))
+    d = randint(3, 9, g)
+    x = torch.randn(4, d, generator=g, dtype=torch.float64) * 2.0
+    weight = torch.randn(d, generator=g, dtype=torch.float64)
+    _expect_layer_norm(fn, x, weight, torch.randn(d, generator=g, dtype=torch.float64))
+
+
+def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """eps inside the root, the biased variance, constant tokens, tiny spreads, large offsets."""
+    g = generator(seed)
+    # A large eps and a small spread tell eps inside the square root from eps outside it.
+    x = torch.randn(3, 6, generator=g) * 0.3
+    weight, bias = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    _expect_layer_norm(fn, x, weight, bias, 0.5)
+    # Tokens whose spread (1e-3) is below sqrt(eps): eps matters even at its default.
+    x = torch.randn(3, 8, generator=g) * 1e-3
+    _expect_layer_norm(fn, x, torch.ones(8), torch.zeros(8))
+    # Two features: the biased and the unbiased variance differ by a factor of two.
+    x = torch.randn(4, 2, generator=g) * 2.0
+    _expect_layer_norm(fn, x, torch.ones(2), torch.zeros(2))
+    # A constant token has variance 0: the output is the bias, never NaN.
+    _expect_layer_norm(
+        fn, torch.full((2, 5), 3.0), torch.randn(5, generator=g), torch.randn(5, generator=g)
+    )
+    # Features around 1e4 with a spread of 1: float32 keeps three digits of the spread (so the
+    # tolerance is 1e-2), E[x^2] - E[x]^2 keeps none.
+    x = torch.randn(3, 16, generator=g) + 1e4
+    _expect_layer_norm(
+        fn,
+        x,
+        torch.ones(16),
+        torch.zeros(16),
+        atol=1e-2,
+        hint="Compute the variance from the centred values, ((x - mean) ** 2).mean(-1): "
+        "mean(x ** 2) - mean(x) ** 2 cancels catastrophically in float32 when the mean is large.",
+    )
+
+
+# --------------------------------------------------------------------------------------
+# FeedForward
+# --------------------------------------------------------------------------------------
+
+
+def _ff64(module: nn.Module) -> dict[str, Tensor]:
+    first, second = module.linear1, module.linear2
+    return {
+        "w1": first.weight.detach().double(),
+        "b1": first.bias.detach().double(),
+        "w2": second.weight.detach().double(),
+        "b2": second.bias.detach().double(),
+    }
+
+
+def oracle_feed_forward(
+    w: Mapping[str, Tensor], x: Tensor, hidden_mask: Tensor | None = None
+) -> Tensor:
+    """``relu(x W1^T + b1) W2^T + b2`` in float64; ``hidden_mask`` scales the hidden units."""
+    hidden = torch.clamp(x.double() @ w["w1"].T + w["b1"], min=0.0)  # (..., F)
+    if hidden_mask is not None:
+        hidden = hidden * hidden_mask
+    return hidden @ w["w2"].T + w["b2"]  # (..., D)
+
+
+def feed_forward_mistakes(w: Mapping[str, Tensor], x: Tensor) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``FeedForward`` returns in eval mode (float64)."""
+    x = x.double()
+    pre = x @ w["w1"].T + w["b1"]  # (..., F)
+    good = oracle_feed_forward(w, x)
+    return {
+        "It matches linear2(linear1(x)) with no nonlinearity: two linear layers in a row are one "
+        "linear map. Apply ReLU between them.": pre @ w["w2"].T + w["b2"],
+        "It matches relu(linear2(linear1(x))): the ReLU goes between the layers, on the hidden "
+        "units, not on the output.": torch.clamp(pre @ w["w2"].T + w["b2"], min=0.0),
+        "It matches GELU between the layers: this lab follows the paper and "
+        "nn.TransformerEncoderLayer's default, ReLU.": F.gelu(pre) @ w["w2"].T + w["b2"],
+        "It adds the input x: the residual belongs to the block (EncoderBlock); FeedForward "
+        "returns linear2(relu(linear1(x))) only.": x + good,
+    }
+
+
+def feed_forward_dropout_cases(
+    w: Mapping[str, Tensor], x: Tensor, p: float, seed: int
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Training mode: the expected output and the mistaken placements, masks from ``seed``."""
+    d_model, d_ff = w["w1"].shape[1], w["w1"].shape[0]
+
+    def draws(*widths: int) -> list[Tensor]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the seed the student's call ran under
+            shape = x.shape[:-1]
+            return [
+                F.dropout(torch.ones(*shape, n, dtype=x.dtype), p, training=True).double()
+                for n in widths
+            ]
+
+    (hidden,) = draws(d_ff)
+    (on_out,) = draws(d_model)
+    (on_in,) = draws(d_model)
+    twice_hidden, twice_out = draws(d_ff, d_model)
+    expected = oracle_feed_forward(w, x, hidden)
+    named = {
+        "It matches dropout on the output of linear2: FeedForward drops hidden units (d_ff "
+        "wide, after the ReLU, before linear2); the block drops the output.": (
+            oracle_feed_forward(w, x) * on_out
+        ),
+        "It matches dropout on the input x: drop the hidden units (after the ReLU, before "
+        "linear2) instead.": oracle_feed_forward(w, x.double() * on_in),
+        "It matches dropout on the hidden units and again on the output: FeedForward drops the "
+        "hidden units only; the block's dropout2 handles its output.": (
+            oracle_feed_forward(w, x, twice_hidden) * twice_out
+        ),
+    }
+    return expected, named
+
+
+def _expect_feed_forward(ff: nn.Module, x: Tensor, what: str) -> None:
+    w = _ff64(ff)
+    answer = run_feed_forward(ff, x, what)
+    compare(
+        answer,
+        oracle_feed_forward(w, x),
+        what=f"{what}(x) on x of shape {tuple(x.shape)} ({x.dtype})",
+        candidates=[(t, h) for h, t in feed_forward_mistakes(w, x).items()],
+        hint="Expected linear2(relu(linear1(x))), every token on its own.",
+    )
+
+
+def hidden_check_feed_forward(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Random sizes; 2-D, 3-D and 4-D inputs; a float64 module; eval mode."""
+    g = generator(seed)
+    for trial in range(2):
+        d_model, d_ff = randint(3, 12, g), randint(5, 40, g)
+        ff, what = build_feed_forward(cls, d_model, d_ff, seed=seed + trial)
+        _expect_feed_forward(ff, torch.randn(3, 4, d_model, generator=g) * 2.0, what)
+        _expect_feed_forward(ff, torch.randn(6, d_model, generator=g) * 2.0, what)
+        _expect_feed_forward(ff, torch.randn(2, 2, 3, d_model, generator=g), what)
+    ff, what = build_feed_forward(cls, 5, 7, seed=seed)
+    ff.double()
+    _expect_feed_forward(ff, torch.randn(2, 3, 5, generator=g, dtype=torch.float64), what)
+
+
+def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Training mode: dropout on the hidden units only (shared seed); eval mode: none."""
+    g = generator(seed)
+    for p in (0.5, 0.2):
+        d_model, d_ff = randint(4, 10, g), randint(12, 30, g)
+        ff, what = build_feed_forward(cls, d_model, d_ff, dropout=p, seed=seed)
+        x = torch.randn(3, 5, d_model, generator=g)
+        w = _ff64(ff)
+        in_eval = run_feed_forward(ff, x, what)
+        compare(
+            in_eval,
+            oracle_feed_forward(w, x),
+            what=f"{what}(x) in eval mode (dropout off)",
+            candidates=[(t, h) for h, t in feed_forward_mistakes(w, x).items()],
+            hint="In eval mode dropout does nothing: use nn.Dropout, or F.dropout(..., "
+            "training=self.training).",
+        )
+        trained = run_feed_forward(ff, x, what, training=True, seed=seed + 17)
+        expect_true(
+            not close(trained, in_eval),
+            f"{what} in training mode gives the output of eval mode: apply nn.Dropout(dropout) "
+            "to the hidden units in forward.",
+        )
+        expected, mistakes = feed_forward_dropout_cases(w, x, p, seed + 17)
+        compare(
+            trained,
+            expected,
+            what=f"{what}(x) in training mode (masks from one seed)",
+            candidates=[(t, h) for h, t in mistakes.items()],
+            hint="Drop the hidden units once, with nn.Dropout(dropout) between the ReLU and "
+            "linear2.",
+        )
+
+
+# --------------------------------------------------------------------------------------
+# EncoderBlock
+# --------------------------------------------------------------------------------------
+
+
+class _Oracle:
+    """The pieces of an encoder block in float64, from the student's weights."""
+
+    def __init__(self, w: Mapping[str, Tensor], n_heads: int, eps: tuple[float, float]) -> None:
+        self.w = {k: v.detach().double() for k, v in w.items()}
+        self.n_heads = n_heads
+        self.eps = eps
+
+    def attention(self, h: Tensor, mask: Tensor | None) -> Tensor:
+        """Multi-head self-attention of ``h (B, T, D)``; fully masked rows give zeros."""
+        w, H = self.w, self.n_heads
+        B, T, D = h.shape
+
+        def heads(name: str) -> Tensor:
+            y = h @ w[f"self_attn.{name}.weight"].T + w[f"self_attn.{name}.bias"]
+            return y.reshape(B, T, H, D // H).permute(0, 2, 1, 3)  # (B, H, T, Dh)
+
+        q, k, v = heads("q_proj"), heads("k_proj"), heads("v_proj")
+        scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(D // H)  # (B, H, T, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask.bool(), float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        out = torch.einsum("bhts,bhsd->bthd", weights, v).reshape(B, T, D)  # (B, T, D)
+        return out @ w["self_attn.out_proj.weight"].T + w["self_attn.out_proj.bias"]
+
+    def scores(self, h: Tensor) -> Tensor:
+        """Raw scores ``(B, H, T, S)`` of ``h``, before masking and softmax."""
+        w, H = self.w, self.n_heads
+        B, T, D = h.shape
+        q = (h @ w["self_attn.q_proj.weight"].T + w["self_attn.q_proj.bias"]).reshape(B, T, H, -1)
+        k = (h @ w["self_attn.k_proj.weight"].T + w["self_attn.k_proj.bias"]).reshape(B, T, H, -1)
+        return torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D // H)
+
+    def feed_forward(self, h: Tensor, hidden_mask: Tensor | None = None) -> Tensor:
+        w = self.w
+        hidden = torch.clamp(h @ w["ff.linear1.weight"].T + w["ff.linear1.bias"], min=0.0)
+        if hidden_mask is not None:
+            hidden = hidden * hidden_mask
+        return hidden @ w["ff.linear2.weight"].T + w["ff.linear2.bias"]
+
+    def norm(self, index: int, h: Tensor) -> Tensor:
+        gain, shift = self.w[f"norm{index}.weight"], self.w[f"norm{index}.bias"]
+        return oracle_layer_norm(h, gain, shift, self.eps[index - 1])
+
+
+def _eps(block: nn.Module) -> tuple[float, float]:
+    return (getattr(block.norm1, "eps", 1e-5), getattr(block.norm2, "eps", 1e-5))
+
+
+def oracle_encoder_block(
+    w: Mapping[str, Tensor],
+    x: Tensor,
+    mask: Tensor | None,
+    *,
+    n_heads: int,
+    norm_first: bool,
+    eps: tuple[float, float] = (1e-5, 1e-5),
+    drops: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    """The block in float64; ``drops`` are the three scaled dropout masks in training mode."""
+    o = _Oracle(w, n_heads, eps)
+    d1, hidden, d2 = drops if drops is not None else (1.0, None, 1.0)
+    x = x.double()
+    if norm_first:
+        x = x + d1 * o.attention(o.norm(1, x), mask)
+        return x + d2 * o.feed_forward(o.norm(2, x), hidden)
+    x = o.norm(1, x + d1 * o.attention(x, mask))
+    return o.norm(2, x + d2 * o.feed_forward(x, hidden))
+
+
+def encoder_block_mistakes(
+    w: Mapping[str, Tensor],
+    x: Tensor,
+    mask: Tensor | None,
+    *,
+    n_heads: int,
+    norm_first: bool,
+    eps: tuple[float, float] = (1e-5, 1e-5),
+) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong block returns in eval mode (float64)."""
+    o = _Oracle(w, n_heads, eps)
+    x = x.double()
+
+    def sa(h: Tensor, m: Tensor | None = mask) -> Tensor:
+        return o.attention(h, m)
+
+    def n1(h: Tensor) -> Tensor:
+        return o.norm(1, h)
+
+    def n2(h: Tensor) -> Tensor:
+        return o.norm(2, h)
+
+    ff = o.feed_forward
+
+    def post(h: Tensor, m: Tensor | None = mask) -> Tensor:
+        h = n1(h + sa(h, m))
+        return n2(h + ff(h))
+
+    def pre(h: Tensor, m: Tensor | None = mask) -> Tensor:
+        h = h + sa(n1(h), m)
+        return h + ff(n2(h))
+
+    run = pre if norm_first else post
+    named: dict[str, Tensor] = {}
+    if mask is not None:
+        B, T = x.shape[:2]
+        keep = mask.bool().expand(B, 1, T, T)[:, 0].diagonal(dim1=1, dim2=2)  # (B, T)
+        named["It matches the block without the mask: pass mask on to self_attn."] = run(x, None)
+        named[
+            "It matches the inverted mask: in this kit True means 'may attend' (a real token). "
+            "If your self_attn is nn.MultiheadAttention, its masks want the opposite (~mask)."
+        ] = run(x, ~mask.bool())
+        named[
+            "It zeroes the outputs at padded positions: leave them; the mask only hides padded "
+            "keys, and the loss ignores those positions."
+        ] = run(x) * keep[..., None]
+        if mask.shape[-2] > 1:
+            named[
+                "It uses only the first query row of the mask (mask[:, 0, 0, :]): pass the "
+                "whole mask on to self_attn; it broadcasts to (B, H, T, T)."
+            ] = run(x, mask.bool()[:, :, :1, :])
+    if norm_first:
+        h = x + sa(n1(x))
+        named.update(
+            {
+                "With norm_first=True your block computes post-norm, norm(x + sublayer(x)): "
+                "pre-norm normalises the sub-layer's input, x + sublayer(norm(x)).": post(x),
+                "It matches pre-norm without residuals: add the input back, "
+                "x = x + sublayer(norm(x)).": ff(n2(sa(n1(x)))),
+                "The residual adds the normalised input: pre-norm keeps the residual path "
+                "un-normalised, x + sublayer(norm(x)), not norm(x) + sublayer(norm(x)).": (
+                    lambda a: n2(a) + ff(n2(a))
+                )(n1(x) + sa(n1(x))),
+                "The attention residual adds the normalised input: keep the residual path "
+                "un-normalised, x + self_attn(norm1(x)).": (lambda a: a + ff(n2(a)))(
+                    n1(x) + sa(n1(x))
+                ),
+                "The feed-forward residual adds the normalised input: keep the residual path "
+                "un-normalised, x + ff(norm2(x)).": n2(h) + ff(n2(h)),
+                "The attention sub-layer has no residual: x = x + self_attn(norm1(x)).": (
+                    lambda a: a + ff(n2(a))
+                )(sa(n1(x))),
+                "The feed-forward sub-layer has no residual: x = x + ff(norm2(x)).": ff(n2(h)),
+                "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer, "
+                "norm2 to the feed-forward sub-layer.": (lambda a: a + ff(n1(a)))(x + sa(n2(x))),
+                "It normalises the block's output as well: pre-norm is x + sublayer(norm(x)) "
+                "and nothing more (the stack's final norm comes after the last block).": n2(
+                    h + ff(n2(h))
+                ),
+            }
+        )
+    else:
+        a = n1(x + sa(x))
+        named.update(
+            {
+                "With norm_first=False your block computes pre-norm, x + sublayer(norm(x)): the "
+                "default is post-norm ('Add & Norm'), norm(x + sublayer(x)).": pre(x),
+                "It matches post-norm without residuals, norm(sublayer(x)): add the input "
+                "before normalising, norm(x + sublayer(x)).": n2(ff(n1(sa(x)))),
+                "The attention sub-layer has no residual: x = norm1(x + self_attn(x)).": (
+                    lambda b: n2(b + ff(b))
+                )(n1(sa(x))),
+                "The feed-forward sub-layer has no residual: x = norm2(x + ff(x)).": n2(ff(a)),
+                "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer, "
+                "norm2 to the feed-forward sub-layer.": (lambda b: n1(b + ff(b)))(n2(x + sa(x))),
+                "It has no layer norm at all: post-norm applies norm1 after the attention "
+                "residual and norm2 after the feed-forward residual.": (lambda b: b + ff(b))(
+                    x + sa(x)
+                ),
+                "The feed-forward residual is not normalised: x = norm2(x + ff(x)).": a + ff(a),
+                "It normalises the sub-layer's output and then adds x, x + norm(sublayer(x)): "
+                "Add & Norm adds first, norm(x + sublayer(x)).": (lambda b: b + n2(ff(b)))(
+                    x + n1(sa(x))
+                ),
+            }
+        )
+    return named
+
+
+def _dropout_masks(
+    seed: int, shapes: list[tuple[int, ...]], p: float, dtype: torch.dtype, transposed: set[int]
+) -> list[Tensor]:
+    """The scaled dropout masks ``F.dropout`` draws, in this order, from ``seed``.
+
+    Dropout fills its mask in memory order: the masks whose index is in ``transposed`` are drawn
+    on a ``(T, B, ...)`` tensor seen as ``(B, T, ...)``, the layout of
+    ``nn.MultiheadAttention(batch_first=True)``'s output.
+    """
+    masks = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # as the student's block ran
+        for i, (b, t, *rest) in enumerate(shapes):
+            ones = torch.ones(t, b, *rest, dtype=dtype).transpose(0, 1) if i in transposed else None
+            ones = torch.ones(b, t, *rest, dtype=dtype) if ones is None else ones
+            masks.append(F.dropout(ones, p, training=True).double())
+    return masks
+
+
+def encoder_block_dropout_cases(
+    w: Mapping[str, Tensor],
+    x: Tensor,
+    mask: Tensor | None,
+    *,
+    n_heads: int,
+    norm_first: bool,
+    eps: tuple[float, float],
+    p: float,
+    seed: int,
+    sequence_first_attention: bool = False,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Training mode: the expected output and what misplaced dropouts give, masks from ``seed``.
+
+    ``sequence_first_attention``: the attention module returns a transposed view (as
+    ``nn.MultiheadAttention(batch_first=True)`` does), so dropout1's mask is drawn in that order.
+    """
+    B, T, D = x.shape
+    d_ff = w["ff.linear1.weight"].shape[0]
+    wide, narrow = (B, T, d_ff), (B, T, D)
+    o = _Oracle(w, n_heads, eps)
+    x64 = x.double()
+
+    def block(drops: tuple[Any, Any, Any]) -> Tensor:
+        return oracle_encoder_block(
+            w, x, mask, n_heads=n_heads, norm_first=norm_first, eps=eps, drops=drops
+        )
+
+    def masks(*shapes: tuple[int, ...], first_from_attention: bool = True) -> list[Tensor]:
+        late = {0} if sequence_first_attention and first_from_attention else set()
+        return _dropout_masks(seed, list(shapes), p, x.dtype, late)
+
+    expected = block(tuple(masks(narrow, wide, narrow)))
+    # Dropout on the residual sum draws its first mask on that (contiguous) sum.
+    first, hidden, second = masks(narrow, wide, narrow, first_from_attention=False)
+    if norm_first:
+        h = first * (x64 + o.attention(o.norm(1, x64), mask))
+        after_sum = second * (h + o.feed_forward(o.norm(2, h), hidden))
+    else:
+        h = o.norm(1, first * (x64 + o.attention(x64, mask)))
+        after_sum = o.norm(2, second * (h + o.feed_forward(h, hidden)))
+    no_ff = masks(narrow, narrow)
+    no_first = masks(wide, narrow, first_from_attention=False)
+    no_second = masks(narrow, wide)
+    named = {
+        "It matches a block whose FeedForward has no dropout: build it with the block's "
+        "dropout, FeedForward(d_model, d_ff, dropout).": block((no_ff[0], None, no_ff[1])),
+        "It matches a block without dropout on the attention output: x + dropout1(self_attn(...)) "
+        "before the residual sum.": block((1.0, no_first[0], no_first[1])),
+        "It matches a block without dropout on the feed-forward output: x + dropout2(ff(...)) "
+        "before the residual sum.": block((no_second[0], no_second[1], 1.0)),
+        "It matches dropout applied to the residual sum, dropout(x + sublayer): drop only the "
+        "sub-layer's output, x + dropout(sublayer(...)), so that the residual path stays "
+        "intact.": after_sum,
+    }
+    return expected, named
+
+
+def _expect_block(
+    block: nn.Module,
+    x: Tensor,
+    mask: Tensor | None,
+    *,
+    what: str,
+    n_heads: int,
+    norm_first: bool,
+) -> Tensor:
+    w = block_weights(block)
+    eps = _eps(block)
+    answer = run_block(block, x, mask, what)
+    form = "x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))"
+    mistakes = encoder_block_mistakes(w, x, mask, n_heads=n_heads, norm_first=norm_first, eps=eps)
+    return compare(
+        answer,
+        oracle_encoder_block(w, x, mask, n_heads=n_heads, norm_first=norm_first, eps=eps),
+        what=f"{what}(x{'' if mask is None else ', mask'}) on x of shape {tuple(x.shape)} "
+        f"({x.dtype})",
+        candidates=[(t, h) for h, t in mistakes.items()],
+        hint=f"Expected {form} for the attention sub-layer (norm1), then for the feed-forward "
+        "sub-layer (norm2).",
+    )
+
+
+def _expect_block_training(
+    block: nn.Module,
+    x: Tensor,
+    mask: Tensor | None,
+    *,
+    what: str,
+    n_heads: int,
+    norm_first: bool,
+    p: float,
+    seed: int,
+) -> None:
+    in_eval = _expect_block(block, x, mask, what=what, n_heads=n_heads, norm_first=norm_first)
+    trained = run_block(block, x, mask, what, training=True, seed=seed)
+    expect_true(
+        not close(trained, in_eval),
+        f"{what} in training mode gives the output of eval mode: dropout never acts. Drop the "
+        "attention output (dropout1) and the feed-forward output (dropout2) before each "
+        "residual sum, and build FeedForward with the block's dropout.",
+    )
+    expected, mistakes = encoder_block_dropout_cases(
+        block_weights(block),
+        x,
+        mask,
+        n_heads=n_heads,
+        norm_first=norm_first,
+        eps=_eps(block),
+        p=p,
+        seed=seed,
+        sequence_first_attention=isinstance(block.self_attn, nn.MultiheadAttention),
+    )
+    compare(
+        trained,
+        expected,
+        what=f"{what}(x, mask) in training mode (masks from one seed)",
+        candidates=[(t, h) for h, t in mistakes.items()],
+        hint="Dropout goes where nn.TransformerEncoderLayer puts it, drawn in this order: the "
+        "attention output (dropout1), the feed-forward's hidden units (inside FeedForward), "
+        "the feed-forward output (dropout2).",
+    )
+
+
+def _random_block(
+    cls: Callable[..., nn.Module],
+    g: torch.Generator,
+    *,
+    norm_first: bool,
+    dropout: float,
+    seed: int,
+) -> tuple[nn.Module, str, int]:
+    n_heads = randint(1, 3, g)
+    d_model = n_heads * randint(2, 5, g)
+    d_ff = randint(8, 32, g)
+    block, what = build_block(
+        cls, d_model, n_heads, d_ff, norm_first=norm_first, dropout=dropout, seed=seed
+    )
+    return block, what, n_heads
+
+
+def _scramble_norms(block: nn.Module, g: torch.Generator) -> None:
+    """Give the norms gains and shifts far from 1 and 0 (a swapped or unused norm then shows)."""
+    d = block.norm1.weight.shape[0]
+    load_weights(
+        block,
+        {
+            "norm1.weight": 1.0 + 0.5 * torch.randn(d, generator=g),
+            "norm1.bias": 0.5 * torch.randn(d, generator=g),
+            "norm2.weight": 1.0 + 0.5 * torch.randn(d, generator=g),
+            "norm2.bias": 0.5 * torch.randn(d, generator=g),
+        },
+        "your block",
+    )
+
+
+def _random_blocks(cls: Callable[..., nn.Module], seed: int, *, norm_first: bool) -> None:
+    g = generator(seed)
+    for trial, dropout in enumerate((0.0, 0.3)):
+        block, what, n_heads = _random_block(
+            cls, g, norm_first=norm_first, dropout=dropout, seed=seed + trial
+        )
+        _scramble_norms(block, g)
+        d_model = block.norm1.weight.shape[0]
+        batch, seq = randint(2, 3, g), randint(2, 7, g)
+        x = torch.randn(batch, seq, d_model, generator=g)
+        _expect_block(block, x, None, what=what, n_heads=n_heads, norm_first=norm_first)
+        if dropout:
+            keep = torch.ones(batch, seq, dtype=torch.bool)
+            keep[-1, max(1, seq - 2) :] = False  # (B, T): the last sequence is padded
+            _expect_block_training(
+                block,
+                x,
+                keep[:, None, None, :],
+                what=what,
+                n_heads=n_heads,
+                norm_first=norm_first,
+                p=dropout,
+                seed=seed + 5,
+            )
+    # The same computation in float64.
+    block, what, n_heads = _random_block(cls, g, norm_first=norm_first, dropout=0.0, seed=seed)
+    block.double()
+    x = torch.randn(2, 4, block.norm1.weight.shape[0], generator=g, dtype=torch.float64)
+    _expect_block(block, x, None, what=what, n_heads=n_heads, norm_first=norm_first)
+
+
+def hidden_check_encoder_block_post_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Post-norm blocks of random sizes: eval mode, training mode (dropout), float64."""
+    _random_blocks(cls, seed, norm_first=False)
+
+
+def hidden_check_encoder_block_pre_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Pre-norm blocks (``norm_first=True``) of random sizes: eval, training mode, float64."""
+    _random_blocks(cls, seed, norm_first=True)
+
+
+def _outscoring_case(
+    block: nn.Module,
+    g: torch.Generator,
+    keep: Tensor,
+    *,
+    n_heads: int,
+    norm_first: bool,
+) -> Tensor:
+    """Weights and inputs where every padded key out-scores every real key, for every query.
+
+    The query and key projections become identities, the query bias is ``6 e`` (``e``
+    alternating +-1, orthogonal in each head to the real tokens) and padded tokens are ``3 e``:
+    a mask ignored, inverted or applied after the softmax then changes the output completely.
+    Returns the input ``x (B, T, D)``; the weights are loaded into ``block``.
+    """
+    B, T = keep.shape
+    d = block.norm1.weight.shape[0]
+    head = d // n_heads
+    e = torch.ones(d)
+    e[1::2] = -1.0  # (D,), sums to 0 over each head (head widths are even)
+    eye = torch.eye(d)
+    weights = {
+        "self_attn.q_proj.weight": eye,
+        "self_attn.q_proj.bias": 6.0 * e,
+        "self_attn.k_proj.weight": eye,
+        "self_attn.k_proj.bias": torch.zeros(d),
+    }
+    if norm_first:
+        weights |= {"norm1.weight": torch.ones(d), "norm1.bias": torch.zeros(d)}
+    load_weights(block, weights, "your block")
+    o = _Oracle(block_weights(block), n_heads, _eps(block))
+    e_heads = e.reshape(n_heads, head)  # (H, Dh)
+    for _ in range(20):
+        z = torch.randn(B, T, n_heads, head, generator=g)  # (B, T, H, Dh)
+        z = z - (z * e_heads).sum(-1, keepdim=True) / head * e_heads  # orthogonal to e per head
+        x = torch.where(keep[..., None], z.reshape(B, T, d), 3.0 * e)  # (B, T, D)
+        scores = o.scores(o.norm(1, x.double()) if norm_first else x.double())  # (B, H, T, S)
+        masked = ~keep[:, None, None, :].expand_as(scores)
+        lowest = scores.masked_fill(~masked, float("inf")).amin(-1)  # (B, H, T)
+        highest = scores.masked_fill(masked, float("-inf")).amax(-1)  # (B, H, T)
+        if bool((lowest > highest + 1.0).all()):
+            return x
+    raise RuntimeError("no input found whose padded keys out-score the real ones")  # a bug
+
+
+def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Padding masks whose masked keys out-score the rest (post- and pre-norm), padding has no
+    say in real tokens' outputs, and a general mask of shape ``(B, 1, T, T)``."""
+    g = generator(seed)
+    for norm_first in (False, True):
+        n_heads = randint(1, 2, g)
+        d_model = n_heads * 2 * randint(1, 3, g)  # even head widths
+        d_ff = randint(8, 24, g)
+        seq = randint(5, 8, g)
+        lengths = torch.tensor([seq, seq - 2, 1])
+        keep = torch.arange(seq)[None, :] < lengths[:, None]  # (B, T) True at real tokens
+        mask = keep[:, None, None, :]  # (B, 1, 1, T)
+        block, what = build_block(cls, d_model, n_heads, d_ff, norm_first=norm_first, seed=seed)
+        x = _outscoring_case(block, g, keep, n_heads=n_heads, norm_first=norm_first)
+        out = _expect_block(block, x, mask, what=what, n_heads=n_heads, norm_first=norm_first)
+        moved = torch.where(keep[..., None], x, 5.0 * torch.randn(x.shape, generator=g))
+        again = expect_shape(run_block(block, moved, mask, what), tuple(x.shape), what)
+        err = float((out[keep].double() - again[keep].double()).abs().max())
+        expect_true(
+            err <= 1e-4,
+            f"{what}: changing the padded tokens changed the outputs at real tokens by up to "
+            f"{err:.3g}: padded keys must get zero attention weight (mask is True at real "
+            "tokens, shape (B, 1, 1, T)); pass it on to self_attn.",
+        )
+    # A general mask (B, 1, T, T): padding and a band around the diagonal; key 0 always allowed.
+    block, what = build_block(cls, 8, 2, 16, norm_first=False, seed=seed + 1)
+    _scramble_norms(block, g)
+    seq = 6
+    keep = torch.arange(seq)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
+    pos = torch.arange(seq)
+    band = (pos[:, None] - pos[None, :]).abs() <= 1  # (T, T)
+    mask = keep[:, None, None, :] & band[None, None]  # (B, 1, T, T)
+    mask[..., 0] = True
+    x = torch.randn(2, seq, 8, generator=g)
+    _expect_block(block, x, mask, what=what, n_heads=2, norm_first=False)
+
+
+# --------------------------------------------------------------------------------------
+# TaggingModule: training_step
+# --------------------------------------------------------------------------------------
+
+
+def oracle_tagging_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over the targets that are not -100, in float64."""
+    logp = torch.log_softmax(logits.detach().double(), dim=-1)  # (B, T, C)
+    real = targets != IGNORE_INDEX
+    picked = logp[real].gather(-1, targets[real][:, None])[:, 0]  # (N,)
+    return -picked.sum() / real.sum()
+
+
+def tagging_loss_mistakes(
+    logits: Tensor, unmasked: Tensor, targets: Tensor, tokens: Tensor
+) -> dict[str, Tensor]:
+    """Hint -> the loss a typical wrong ``training_step`` computes (float64 scalars)."""
+    logp = torch.log_softmax(logits.detach().double(), dim=-1)  # (B, T, C)
+    real = targets != IGNORE_INDEX
+    per_token = -logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
+    per_token = torch.where(real, per_token, torch.zeros_like(per_token))
+    per_sequence = per_token.sum(1) / real.sum(1).clamp(min=1)  # (B,)
+    from_tokens = -logp.gather(-1, tokens.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
+    return {
+        "It matches the mean over every position, padding included (reduction='none' then "
+        ".mean() counts each padded position as a zero loss): average over the real tokens "
+        "only; F.cross_entropy does that with its default ignore_index=-100.": (
+            per_token.sum() / per_token.numel()
+        ),
+        "It matches the sum over the real tokens: take the mean (F.cross_entropy's default "
+        "reduction), so that the loss does not grow with the batch.": per_token.sum(),
+        "It matches logits computed without the padding mask: call the model with "
+        "batch['padding_mask'] so that no token attends to padding.": oracle_tagging_loss(
+            unmasked, targets
+        ),
+        "It matches the mean of each sequence's mean loss: average over all real tokens of "
+        "the batch at once (a short sequence's tokens would otherwise weigh more).": (
+            per_sequence.mean()
+        ),
+        "It matches a loss that counts the padded positions as class 0: keep the targets -100, "
+        "which F.cross_entropy ignores (do not clamp or replace them).": -logp.gather(
+            -1, targets.clamp(min=0)[..., None]
+        ).mean(),
+        "It matches the loss against batch['tokens']: the labels are batch['targets'] (the "
+        "sorted sequence).": (from_tokens * real).sum() / real.sum(),
+    }
+
+
+def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
+    """``training_step`` on random padded batches: loss over real tokens, logging, no kept graph."""
+    g = generator(seed)
+    for trial in range(2):
+        vocab = classes = randint(5, 12, g)  # tagging tasks predict token ids
+        batch_size, seq = randint(3, 6, g), randint(4, 9, g)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + trial)
+            model = ProbeModel(vocab, randint(3, 8, g), classes)
+        lengths = torch.randint(1, seq + 1, (batch_size,), generator=g)
+        lengths[0] = seq
+        keep = torch.arange(seq)[None, :] < lengths[:, None]  # (B, T)
+        tokens = torch.randint(1, vocab, (batch_size, seq), generator=g).masked_fill(~keep, 0)
+        targets = torch.randint(0, classes, (batch_size, seq), generator=g)
+        targets = targets.masked_fill(~keep, IGNORE_INDEX)
+        batch = {"tokens": tokens, "padding_mask": keep, "targets": targets}
+        module = build_module(
+            cls, model, lr=0.003, weight_decay=0.01, warmup_steps=2, total_steps=10
+        )
+        result, calls = run_training_step(module, batch)
+        with torch.no_grad():
+            logits, unmasked = model(tokens, keep), model(tokens)
+        mistakes = tagging_loss_mistakes(logits, unmasked, targets, tokens)
+        call = "training_step(batch, 0)"
+        returned = judge_training_loss(
+            result,
+            oracle_tagging_loss(logits, targets),
+            [(t, h) for h, t in mistakes.items()],
+            call,
+        )
+        judge_logging(calls, returned, module, call)
+        returned.backward()  # Lightning will: the graph must reach the model's weights
+        expect_true(
+            model.head.weight.grad is not None,
+            "the loss training_step returns does not depend on the model's weights: compute it "
+            "from self.model(...)'s logits.",
+        )
+
+
+# --------------------------------------------------------------------------------------
+# TaggingModule: configure_optimizers
+# --------------------------------------------------------------------------------------
+
+
+def oracle_learning_rates(lr: float, warmup_steps: int, total_steps: int) -> Tensor:
+    """Learning rate of steps ``0 .. total_steps - 1``: linear warm-up, then a cosine to 0."""
+    rates = []
+    for step in range(total_steps):
+        if step < warmup_steps:
+            rates.append(lr * (step + 1) / warmup_steps)
+        else:
+            progress = (step - warmup_steps) / (total_steps - warmup_steps)
+            rates.append(lr * 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return torch.tensor(rates, dtype=torch.float64)
+
+
+def schedule_mistakes(lr: float, warmup_steps: int, total_steps: int) -> dict[str, Tensor]:
+    """Hint -> the learning rates a typical wrong schedule gives (float64)."""
+    w, n = warmup_steps, total_steps
+    good = oracle_learning_rates(lr, w, n)
+
+    def rates(rule: Callable[[int], float]) -> Tensor:
+        return torch.tensor([rule(s) for s in range(n)], dtype=torch.float64)
+
+    def cosine(s: int, start: int, length: int) -> float:
+        return lr * 0.5 * (1.0 + math.cos(math.pi * (s - start) / length))
+
+    out = {
+        "It has no warm-up: the first steps must climb linearly, lr * (step + 1) / "
+        "warmup_steps, before the cosine.": rates(lambda s: cosine(s, 0, n)),
+        "It stays at lr after the warm-up: decay it with a cosine to 0 at total_steps "
+        "(CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)).": rates(
+            lambda s: good[s].item() if s < w else lr
+        ),
+        "It decays linearly after the warm-up: use a cosine, "
+        "lr * (1 + cos(pi * (step - warmup_steps) / (total_steps - warmup_steps))) / 2.": rates(
+            lambda s: good[s].item() if s < w else lr * (n - s) / (n - w)
+        ),
+        "Its cosine is too long: it should reach 0 at total_steps, so its length is "
+        "total_steps - warmup_steps (T_max), not total_steps.": rates(
+            lambda s: good[s].item() if s < w else cosine(s, w, n)
+        ),
+    }
+    if w > 1:
+        out[
+            "Its warm-up starts at 0 (a wasted first step): the first step uses "
+            "lr / warmup_steps, the step warmup_steps - 1 the full lr, i.e. lr * (step + 1) / "
+            "warmup_steps (LinearLR(start_factor=1 / warmup_steps, total_iters=warmup_steps - 1))."
+        ] = rates(lambda s: lr * s / w if s < w else good[s].item())
+        out[
+            "Its warm-up is one step too long: LinearLR reaches its end after total_iters "
+            "steps, so total_iters=warmup_steps - 1 makes step warmup_steps - 1 use the full lr."
+        ] = rates(lambda s: lr * (1 / w + (1 - 1 / w) * min(s, w) / w) if s < w else good[s].item())
+    return out
+
+
+def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) -> None:
+    """Random hyper-parameters and models: AdamW's groups, the schedule at every step."""
+    g = generator(seed)
+    for trial in range(2):
+        lr = float(10 ** (-3 + 1.5 * torch.rand(1, generator=g)))
+        weight_decay = round(float(0.01 + 0.2 * torch.rand(1, generator=g)), 3)
+        warmup = randint(1, 6, g) if trial else randint(2, 6, g)
+        total = warmup + randint(3, 15, g)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + trial)
+            model = ProbeModel(randint(5, 20, g), randint(2, 8, g), randint(2, 9, g))
+        module = build_module(
+            cls, model, lr=lr, weight_decay=weight_decay, warmup_steps=warmup, total_steps=total
+        )
+        optimizer, scheduler, interval, frequency = parse_optimizers(
+            run_configure_optimizers(module)
+        )
+        judge_optimizer(optimizer, model, lr, weight_decay)
+        judge_schedule(
+            optimizer,
+            scheduler,
+            interval,
+            frequency,
+            hparams={"lr": lr, "warmup_steps": warmup, "total_steps": total},
+            expected=oracle_learning_rates(lr, warmup, total),
+            mistakes=[(t, h) for h, t in schedule_mistakes(lr, warmup, total).items()],
+        )
+
+
+# --------------------------------------------------------------------------------------
+# The visible checks' worked examples
+# --------------------------------------------------------------------------------------
+
+
+def _entry(expected: Tensor, mistakes: Mapping[str, Tensor] | None = None) -> dict[str, Any]:
+    return {
+        "expected": expected.double().tolist(),
+        "mistakes": {hint: t.double().tolist() for hint, t in (mistakes or {}).items()},
+    }
+
+
+def _block_example_weights(g: torch.Generator, d: int, d_ff: int) -> dict[str, Tensor]:
+    """Random weights of an ``EncoderBlock(d, ., d_ff)`` in the kit's layout (float32)."""
+    w: dict[str, Tensor] = {}
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        w[f"self_attn.{name}.weight"] = torch.randn(d, d, generator=g) / math.sqrt(d)
+        w[f"self_attn.{name}.bias"] = 0.2 * torch.randn(d, generator=g)
+    w["ff.linear1.weight"] = torch.randn(d_ff, d, generator=g) / math.sqrt(d)
+    w["ff.linear1.bias"] = 0.2 * torch.randn(d_ff, generator=g)
+    w["ff.linear2.weight"] = torch.randn(d, d_ff, generator=g) / math.sqrt(d_ff)
+    w["ff.linear2.bias"] = 0.2 * torch.randn(d, generator=g)
+    for name in ("norm1", "norm2"):
+        w[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(d, generator=g)
+        w[f"{name}.bias"] = 0.5 * torch.randn(d, generator=g)
+    return w
+
+
+def fixtures() -> dict[str, dict[str, Any]]:
+    """The stored examples of :mod:`transformer_lab.checks.lab04`, keyed by what they show."""
+    out: dict[str, dict[str, Any]] = {}
+    g = generator(404)
+
+    # layer_norm
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 0.0, 0.0, 6.0]], dtype=torch.float32)
+    ones, zeros = torch.ones(4), torch.zeros(4)
+    out["layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))"] = _entry(
+        oracle_layer_norm(x, ones, zeros), layer_norm_mistakes(x, ones, zeros, 1e-5)
+    )
+    x = torch.randn(2, 3, 5, generator=g) * 3.0 + 1.0
+    weight = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
+    bias = torch.tensor([0.5, 0.0, -1.0, 2.0, 0.1])
+    out["layer_norm input x (2, 3, 5)"] = _entry(x)
+    out["layer_norm input weight (5,)"] = _entry(weight)
+    out["layer_norm input bias (5,)"] = _entry(bias)
+    out["layer_norm(x, weight, bias) on x of shape (2, 3, 5)"] = _entry(
+        oracle_layer_norm(x, weight, bias), layer_norm_mistakes(x, weight, bias, 1e-5)
+    )
+
+    # FeedForward(4, 6)
+    ff = {
+        "linear1.weight": torch.randn(6, 4, generator=g) / 2.0,
+        "linear1.bias": 0.3 * torch.randn(6, generator=g),
+        "linear2.weight": torch.randn(4, 6, generator=g) / math.sqrt(6),
+        "linear2.bias": 0.3 * torch.randn(4, generator=g),
+    }
+    for name, value in ff.items():
+        out[f"FeedForward(4, 6) {name}"] = _entry(value)
+    x = torch.randn(2, 3, 4, generator=g) * 1.5
+    out["FeedForward(4, 6) input x (2, 3, 4)"] = _entry(x)
+    w = {"w1": ff["linear1.weight"], "b1": ff["linear1.bias"]}
+    w |= {"w2": ff["linear2.weight"], "b2": ff["linear2.bias"]}
+    w = {k: v.double() for k, v in w.items()}
+    out["FeedForward(4, 6)(x)"] = _entry(oracle_feed_forward(w, x), feed_forward_mistakes(w, x))
+
+    # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask
+    weights = _block_example_weights(g, 8, 16)
+    for name, value in weights.items():
+        out[f"EncoderBlock(8, 2, 16) {name}"] = _entry(value)
+    x = torch.randn(2, 5, 8, generator=g)
+    keep = torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None]  # (B, T)
+    out["EncoderBlock(8, 2, 16) input x (2, 5, 8)"] = _entry(x)
+    out["EncoderBlock(8, 2, 16) input keep (2, 5)"] = _entry(keep.double())
+    for norm_first in (False, True):
+        name = "EncoderBlock(8, 2, 16" + (", norm_first=True)" if norm_first else ")")
+        for mask in (None, keep[:, None, None, :]):
+            call = f"{name}(x{'' if mask is None else ', mask'})"
+            out[call] = _entry(
+                oracle_encoder_block(weights, x, mask, n_heads=2, norm_first=norm_first),
+                encoder_block_mistakes(weights, x, mask, n_heads=2, norm_first=norm_first),
+            )
+
+    # training_step on a padded batch, with stored logits
+    keep = torch.arange(5)[None, :] < torch.tensor([5, 3, 2])[:, None]  # (B, T)
+    tokens = torch.randint(1, 6, (3, 5), generator=g).masked_fill(~keep, 0)
+    targets = torch.randint(0, 6, (3, 5), generator=g).masked_fill(~keep, IGNORE_INDEX)
+    logits = 2.0 * torch.randn(3, 5, 6, generator=g)
+    unmasked = logits + torch.randn(3, 5, 6, generator=g)
+    out["training_step batch tokens"] = _entry(tokens.double())
+    out["training_step batch padding_mask"] = _entry(keep.double())
+    out["training_step batch targets"] = _entry(targets.double())
+    out["training_step logits (3, 5, 6)"] = _entry(logits)
+    out["training_step logits without padding_mask (3, 5, 6)"] = _entry(unmasked)
+    out["training_step loss"] = _entry(
+        oracle_tagging_loss(logits, targets),
+        tagging_loss_mistakes(logits, unmasked, targets, tokens),
+    )
+
+    # configure_optimizers' schedule
+    out["learning rates (lr=0.01, warmup_steps=4, total_steps=12)"] = _entry(
+        oracle_learning_rates(0.01, 4, 12), schedule_mistakes(0.01, 4, 12)
+    )
+    return out
