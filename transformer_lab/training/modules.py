@@ -40,6 +40,7 @@ from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
+from transformer_lab.graded import graded
 from transformer_lab.models import (
     GPT,
     EncoderClassifier,
@@ -205,6 +206,7 @@ class _TransformerModule(L.LightningModule):
         if (self.global_step + 1) % every == 0:
             self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
 
+    @graded("04_transformer_block")
     def _log_stage(self, stage: str, loss: Tensor, batch_size: int) -> None:
         if stage == "train":
             self._log_train_loss_on_written_steps(loss)
@@ -234,6 +236,7 @@ class _TransformerModule(L.LightningModule):
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         raise NotImplementedError
 
+    @graded("04_transformer_block")
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim
         groups = weight_decay_groups(self.model, cfg.weight_decay)
@@ -438,6 +441,7 @@ def check_checkpoint_matches(
         )
 
 
+@graded("04_transformer_block")
 def _flat_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int) -> Tensor:
     """Mean cross-entropy over the non-ignored positions; logits ``(..., V)``, targets ``(...)``."""
     vocab = logits.shape[-1]
@@ -517,6 +521,7 @@ class ClassifierModule(_TransformerModule):
             )
         return int(out)
 
+    @graded("04_transformer_block")
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         tokens, targets = batch["tokens"], batch["targets"]
         logits = self.model(tokens, padding_mask=batch.get("padding_mask"))  # (B, T, C) | (B, C)

@@ -27,7 +27,10 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from transformer_lab.graded import graded
 
+
+@graded("04_transformer_block")
 def warmup_cosine_lambda(
     warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
 ) -> Callable[[int], float]:
@@ -67,6 +70,7 @@ def warmup_cosine_lambda(
     return multiplier
 
 
+@graded("04_transformer_block")
 def warmup_cosine_scheduler(
     optimizer: Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
 ) -> LambdaLR:
@@ -84,6 +88,7 @@ def warmup_cosine_scheduler(
     return LambdaLR(optimizer, warmup_cosine_lambda(warmup_steps, total_steps, min_lr_ratio))
 
 
+@graded("04_transformer_block")
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Split ``model``'s trainable parameters into decayed matrices and undecayed vectors.
 
