@@ -763,6 +763,8 @@ class CausalLMModule(_TransformerModule):
             )
         return rows
 
+    # The same answer as ClassifierModule._shared_step (lab 04), for next-token targets.
+    @graded("04_transformer_block")
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         tokens, targets = batch["tokens"], batch["targets"]
         if stage == "train" and "starts_with_bos" not in self.data_info and self.data_info:
