@@ -238,8 +238,8 @@ def sm_package(x, dim=-1):
     return pkg_softmax(x, dim)
 
 
-def sm_not_implemented(x, dim=-1):
-    raise NotImplementedError()
+def sm_sparse(x, dim=-1):
+    return torch.sparse.softmax(x.to_sparse(), dim).to_dense()
 
 
 def _variant_matrix(
@@ -316,6 +316,12 @@ def sa_loop_kit(X, W_q, b_q, W_k, b_k, W_v, b_v):
     return self_attention_loop(X, W_q, b_q, W_k, b_k, W_v, b_v)
 
 
+def sa_matrix_kit(X, W_q, b_q, W_k, b_k, W_v, b_v):
+    from transformer_lab import attention
+
+    return attention.self_attention_matrix(X, W_q, b_q, W_k, b_k, W_v, b_v)
+
+
 def sa_matrix_torch_softmax(X, W_q, b_q, W_k, b_k, W_v, b_v):
     Q, K, V = _qkv(X, W_q, b_q, W_k, b_k, W_v, b_v)
     return torch.softmax(Q @ K.T / math.sqrt(K.shape[1]), -1) @ V
@@ -380,6 +386,12 @@ def sdpa_fused(q, k, v, mask=None):
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     w = softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
     return out, w
+
+
+def sdpa_kit(q, k, v, mask=None):
+    from transformer_lab.attention import scaled_dot_product_attention
+
+    return scaled_dot_product_attention(q, k, v, mask)
 
 
 def sdpa_kit_masked(q, k, v, mask=None):
@@ -487,7 +499,7 @@ MISTAKES = [
     (sm_method, [S_VIS, S_VAL, S_STAB], "torch.Tensor.softmax"),
     (sm_log_softmax, [S_VIS, S_VAL, S_STAB], "log_softmax"),
     (sm_package, [S_VIS, S_VAL, S_STAB], "transformer_lab.attention.softmax"),
-    (sm_not_implemented, [S_VIS, S_VAL, S_STAB], "not implemented yet"),
+    (sm_sparse, [S_VIS, S_VAL, S_STAB], "_sparse_softmax"),
     # self_attention_loop
     (_variant_loop(scale="none"), [L_VIS, L_HID], "without scaling"),
     (_variant_loop(scale="d"), [L_VIS, L_HID], "divided by d_k"),
@@ -513,6 +525,7 @@ MISTAKES = [
     (sa_matrix_columns_not_transposed_back, [M_VIS, M_HID], "transpose back"),
     (sa_matrix_torch_softmax, [M_VIS, M_NOLOOP, M_HID], "torch.softmax"),
     (sa_matrix_mha, [M_VIS, M_NOLOOP, M_HID], "does not allow"),
+    (sa_matrix_kit, [M_VIS, M_NOLOOP, M_HID], "transformer_lab.attention.self_attention_matrix"),
     # scaled_dot_product_attention
     (_variant_sdpa(scale="none"), [A_VIS, A_MASK, A_HID, A_HID_MASK], "without scaling"),
     (_variant_sdpa(scale="d"), [A_VIS, A_MASK, A_HID, A_HID_MASK], "divided by d_k"),
@@ -531,6 +544,7 @@ MISTAKES = [
     (sdpa_upcast, [A_MASK, A_HID, A_HID_MASK], "keep the dtype of q"),
     (sdpa_torch, [A_VIS, A_MASK, A_HID, A_HID_MASK], "torch.softmax"),
     (sdpa_fused, [A_VIS, A_MASK, A_HID, A_HID_MASK], "scaled_dot_product_attention"),
+    (sdpa_kit, [A_VIS, A_MASK, A_HID, A_HID_MASK], "does not allow"),
     (sdpa_kit_masked, [A_VIS, A_MASK, A_HID, A_HID_MASK], "masked_attention"),
     (sdpa_out_only, [A_VIS, A_MASK, A_HID, A_HID_MASK], "pair (out, weights)"),
 ]
@@ -561,6 +575,15 @@ def test_mistake_fails_the_right_checks_with_a_message_that_names_it(case: tuple
             assert words.lower() in message.lower(), message
         else:
             assert message == "", message
+
+
+@pytest.mark.parametrize("checks", ALL_CHECKS, ids=["softmax", "loop", "matrix", "sdpa"])
+def test_not_implemented_says_so(checks: list[Callable]) -> None:
+    def not_implemented(*args, **kwargs):
+        raise NotImplementedError()
+
+    for check in checks:
+        assert "not implemented yet" in _outcome(check, not_implemented)
 
 
 def test_mask_mistakes_say_what_went_wrong() -> None:

@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 BAN = Ban(
-    ops=("softmax", "attention"),
+    ops=("softmax", "attention", "_sparse_softmax", "_sparse_log_softmax"),
     functions=(
         "torch.nn.MultiheadAttention",
         "transformer_lab.attention.softmax",
