@@ -522,10 +522,11 @@ def judge_attention(
             "(e.g. (~mask) * -1e9 or torch.tensor(...)) promotes the scores; use "
             "scores.masked_fill(~mask, torch.finfo(scores.dtype).min).",
         )
-    # The scores' size bounds the rounding error: |q_t| |k_s| / sqrt(d_k).
-    qn = q.detach().double().norm(dim=-1)  # (..., T)
-    kn = k.detach().double().norm(dim=-1)  # (..., S)
-    scale = float((qn.amax() * kn.amax()) / math.sqrt(q.shape[-1])) if qn.numel() else 0.0
+    # Rounding a score q_t . k_s costs up to eps * sum_i |q_ti k_si| / sqrt(d_k): that sum sets
+    # the scale of the tolerance (it bounds |score| too).
+    qa, ka = q.detach().double().abs(), k.detach().double().abs()
+    bound = qa @ ka.transpose(-2, -1)  # (..., T, S)
+    scale = float(bound.amax()) / math.sqrt(q.shape[-1]) if bound.numel() else 0.0
     tol = tolerance(dtype, scale)
     v_size = max(1.0, float(v.detach().double().abs().max())) if v.numel() else 1.0
 
