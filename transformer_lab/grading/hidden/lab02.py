@@ -1,0 +1,650 @@
+"""Hidden checks of lab 02 (self-attention), their oracles and the visible checks' fixtures.
+
+The oracles compute in float64 with PyTorch's own ``torch.softmax`` (independent of
+:mod:`transformer_lab.attention`). The mistake catalogues give what each typical wrong answer
+returns on the same inputs (softmax over the wrong axis, without the maximum subtracted or
+without ``keepdim``; attention without scaling or scaled by ``d_k`` or ``sqrt(D)``, queries and
+keys swapped, ``reshape`` for a transpose, ``A^T V``, biases left out; masks ignored, inverted,
+applied after the softmax, fully masked rows NaN or uniform), so a wrong answer is named.
+
+The masked examples are adversarial: :func:`adversarial_keys` solves for keys whose raw scores
+are largest exactly where the mask forbids them, so that a mask ignored or applied after the
+softmax moves most of the weight. They include rows that allow no key, ``T != S``, values unlike
+the keys, float64, float16 and bfloat16, and a backward pass through an empty row.
+
+:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab02.json``),
+inputs included.
+
+Reference: Prince, *Understanding Deep Learning*, sections 12.2 and 12.3.2; Vaswani et al.,
+"Attention Is All You Need", NeurIPS 2017, section 3.2.1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transformer_lab.checks._common import expect_shape, generator, randint
+from transformer_lab.checks.lab02 import (
+    SA_ARGS,
+    SA_EXAMPLES,
+    SDPA_EXAMPLES,
+    SDPA_MASK_EXAMPLES,
+    SOFTMAX_EXAMPLES,
+    call_attention,
+    call_self_attention,
+    call_softmax,
+    judge_attention,
+    judge_self_attention,
+    judge_softmax,
+    run,
+    tolerance,
+)
+
+__all__ = [
+    "adversarial_keys",
+    "attention_mistakes",
+    "fixtures",
+    "hidden_check_scaled_dot_product_attention",
+    "hidden_check_scaled_dot_product_attention_mask",
+    "hidden_check_self_attention_loop",
+    "hidden_check_self_attention_matrix",
+    "hidden_check_softmax",
+    "hidden_check_softmax_stability",
+    "oracle_attention",
+    "oracle_self_attention",
+    "oracle_softmax",
+    "self_attention_mistakes",
+    "softmax_mistakes",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Oracles
+# --------------------------------------------------------------------------------------
+
+
+def oracle_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """Reference softmax in float64 (torch's own)."""
+    return torch.softmax(x.double(), dim)
+
+
+def _attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    axis: int = -1,
+    swap: bool = False,
+    reshape_k: bool = False,
+    reverse_k: bool = False,
+    transpose_weights: bool = False,
+    fill: str = "zero",
+) -> tuple[Tensor, Tensor] | None:
+    """Attention in float64 with one typical variation switched on (None: does not apply).
+
+    ``fill`` says what a fully masked row becomes: ``"zero"`` (the contract), ``"nan"``
+    (softmax of all ``-inf``), ``"uniform"`` (a large finite fill, never zeroed) or ``"after"``
+    (the weights multiplied by the mask after the softmax, not renormalised).
+    """
+    q, k, v = q.double(), k.double(), v.double()
+    if swap:
+        q, k = k, q
+    if q.shape[-1] != k.shape[-1]:
+        return None
+    s = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if reverse_k:
+        kt = k.permute(*reversed(range(k.dim())))  # what k.T does: every axis reversed
+    elif reshape_k:
+        kt = k.reshape(*k.shape[:-2], k.shape[-1], k.shape[-2])  # (..., Dk, S), scrambled
+    else:
+        kt = k.transpose(-2, -1)  # (..., Dk, S)
+    try:
+        scores = q @ kt * s  # (..., T, S)
+    except RuntimeError:
+        return None
+    if mask is not None:
+        try:
+            mask = torch.broadcast_to(mask, scores.shape)
+        except RuntimeError:
+            return None
+        if fill == "after":
+            w = torch.softmax(scores, axis) * mask
+        elif fill == "uniform":
+            w = torch.softmax(scores.masked_fill(~mask, -1e9), axis)
+        else:
+            w = torch.softmax(scores.masked_fill(~mask, float("-inf")), axis)
+            if fill == "zero":
+                w = w.nan_to_num(0.0)  # the rows with no allowed key: 0/0 -> 0
+    else:
+        w = torch.softmax(scores, axis)
+    if transpose_weights:
+        w = w.transpose(-2, -1)
+    if w.shape[-1] != v.shape[-2]:
+        return None
+    return w @ v, w  # (..., T, Dv), (..., T, S)
+
+
+def oracle_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Reference ``(out, weights)`` in float64; fully masked rows give zeros."""
+    ref = _attend(q, k, v, mask)
+    if ref is None:
+        raise ValueError(f"no attention of q {tuple(q.shape)} over k {tuple(k.shape)}")
+    return ref
+
+
+def _project(args: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
+    X, W_q, b_q, W_k, b_k, W_v, b_v = (t.double() for t in args)
+    return X @ W_q + b_q, X @ W_k + b_k, X @ W_v + b_v
+
+
+def oracle_self_attention(*args: Tensor) -> Tensor:
+    """Reference single-sequence self-attention ``(N, d_v)`` in float64."""
+    Q, K, V = _project(args)
+    return oracle_attention(Q, K, V, None)[0]
+
+
+# --------------------------------------------------------------------------------------
+# The typical mistakes, as outputs to compare a wrong answer with
+# --------------------------------------------------------------------------------------
+
+
+def softmax_mistakes(x: Tensor, dim: int) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``softmax(x, dim)`` returns (float64)."""
+    xd = x.double()
+    out: dict[str, Tensor] = {}
+    for other in range(xd.dim()):
+        if other % xd.dim() != dim % xd.dim():
+            out[
+                f"It matches a softmax over dim={other} instead of dim={dim}: normalise along "
+                "the `dim` argument (use it in the max, in the sum, and keepdim=True)."
+            ] = torch.softmax(xd, other)
+    e = torch.exp(xd - xd.amax(dim, keepdim=True))
+    out[
+        "It matches dividing by the sum over the whole tensor: sum along `dim` only "
+        "(e.sum(dim, keepdim=True))."
+    ] = e / e.sum()
+    out["It matches exp(x) without dividing by the sum along `dim`."] = torch.exp(xd)
+    out["It matches exp(x - max) without dividing by the sum along `dim`: normalise."] = e
+    out["It matches x / sum(x): exponentiate first, then normalise."] = xd / xd.sum(
+        dim, keepdim=True
+    )
+    try:  # a sum without keepdim broadcasts against the wrong axis (when the sizes allow it)
+        wrong = e / e.sum(dim)
+        out[
+            "It matches dividing by e.sum(dim) without keepdim=True: the sum loses its axis "
+            "and broadcasts against the wrong one. Use e.sum(dim, keepdim=True)."
+        ] = wrong
+    except RuntimeError:
+        pass
+    try:
+        shifted = torch.exp(xd - xd.amax(dim))
+        out[
+            "It matches subtracting x.max(dim) without keepdim=True: the maximum loses its "
+            "axis and is subtracted along the wrong one. Use x.amax(dim, keepdim=True)."
+        ] = shifted / shifted.sum(dim, keepdim=True)
+    except RuntimeError:
+        pass
+    unstable = torch.exp(x).double()  # in the input's dtype: exp(1000) is inf in float32
+    out[
+        "It overflows or underflows on large logits: exp(1000) is inf in float32 (exp(12) in "
+        "float16). Subtract the maximum along `dim` before exponentiating; softmax does not "
+        "change when the same constant is subtracted from every input."
+    ] = unstable / unstable.sum(dim, keepdim=True)
+    glob = torch.exp(x - x.max()).double()
+    out[
+        "It subtracts the maximum of the whole tensor: rows far below that maximum underflow "
+        "to 0/0. Subtract the maximum along `dim` (x.amax(dim, keepdim=True))."
+    ] = glob / glob.sum(dim, keepdim=True)
+    return out
+
+
+def self_attention_mistakes(*args: Tensor) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong single-sequence self-attention returns (float64)."""
+    X, W_q, b_q, W_k, b_k, W_v, b_v = (t.double() for t in args)
+    Q, K, V = X @ W_q + b_q, X @ W_k + b_k, X @ W_v + b_v
+    dk, d = W_q.shape[1], X.shape[1]
+    s = 1 / math.sqrt(dk)
+
+    def out(result: tuple[Tensor, Tensor] | None) -> Tensor | None:
+        return None if result is None else result[0]
+
+    candidates: list[tuple[Tensor | None, str]] = [
+        (
+            out(_attend(Q, K, V, scale=1.0)),
+            "It matches attention without scaling: divide the scores by sqrt(d_k), "
+            "d_k = W_q.shape[1].",
+        ),
+        (
+            out(_attend(Q, K, V, scale=1 / dk)),
+            "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
+        ),
+        (
+            out(_attend(Q, K, V, scale=1 / math.sqrt(d))) if d != dk else None,
+            "It matches scores divided by sqrt(D), the input width: scale by sqrt(d_k), the "
+            "width of the queries and keys (W_q.shape[1]).",
+        ),
+        (
+            out(_attend(Q, K, V, scale=s, axis=0)),
+            "It matches a softmax over the queries' axis: for each query, the weights over all "
+            "keys must sum to 1 (softmax along the keys' axis, the last one of Q K^T).",
+        ),
+        (
+            out(_attend(Q, K, V, scale=s, swap=True)),
+            "It matches scores K Q^T: queries and keys are swapped. Score[n, m] = q_n . k_m, "
+            "i.e. Q @ K.T.",
+        ),
+        (
+            out(_attend(Q, K, V, scale=s, reshape_k=True)),
+            "It matches Q @ K.reshape(D_k, N): reshape does not transpose, it only reinterprets "
+            "the memory. Use K.T (or K.transpose(0, 1)).",
+        ),
+        (
+            out(_attend(Q, K, V, scale=s, transpose_weights=True)),
+            "It matches A^T V: row n of the output is sum_m a[n, m] v_m, i.e. A @ V with the "
+            "weights of query n in row n of A.",
+        ),
+        (
+            out(_attend(Q, K, X @ W_v, scale=s)),
+            "It matches attention without the value bias: V = X W_v + b_v.",
+        ),
+        (
+            out(_attend(X @ W_q, K, V, scale=s)),
+            "It matches attention without the query bias: Q = X W_q + b_q.",
+        ),
+        (
+            out(_attend(X @ W_q, X @ W_k, X @ W_v, scale=s)),
+            "It matches attention without the biases: Q = X W_q + b_q, and the same for K, V.",
+        ),
+        (
+            V if X.shape[0] > 1 else None,
+            "It matches V itself: each output row is its own value vector. Row n is the sum "
+            "over m of weight[n, m] * v_m: index the values by the key m, not by the query n.",
+        ),
+        (
+            out(_attend(Q, K, X, scale=s)) if X.shape[1] == W_v.shape[1] else None,
+            "It matches weights applied to X: attend over the values V = X W_v + b_v.",
+        ),
+    ]
+    return {hint: t for t, hint in candidates if t is not None}
+
+
+def attention_mistakes(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Hint -> ``(out, weights)`` of a typical wrong ``scaled_dot_product_attention``."""
+    d = q.shape[-1]
+    candidates: list[tuple[tuple[Tensor, Tensor] | None, str]] = [
+        (
+            _attend(q, k, v, mask, scale=1.0),
+            "It matches attention without scaling: divide the scores by sqrt(d_k), "
+            "d_k = q.shape[-1].",
+        ),
+        (
+            _attend(q, k, v, mask, scale=1 / d),
+            "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
+        ),
+        (
+            _attend(q, k, v, mask, axis=-2),
+            "It matches a softmax over the queries' axis (dim=-2): each query's weights over "
+            "the keys must sum to 1, so take the softmax over the last axis.",
+        ),
+        (
+            _attend(q, k, v, mask, swap=True),
+            "It matches scores k @ q^T: queries and keys are swapped. The scores are "
+            "q @ k.transpose(-2, -1), one row per query.",
+        ),
+        (
+            _attend(q, k, v, mask, reshape_k=True),
+            "It matches q @ k.reshape(..., d_k, S): reshape does not transpose. Use "
+            "k.transpose(-2, -1) (k.T would reverse every axis, batch included).",
+        ),
+        (
+            _attend(q, k, v, mask, reverse_k=True) if k.dim() > 2 else None,
+            "It matches q @ k.T on a batch: .T reverses every axis, the batch axes included. "
+            "Transpose only the last two: k.transpose(-2, -1).",
+        ),
+    ]
+    if mask is not None:
+        candidates += [
+            (
+                _attend(q, k, v, None),
+                "It matches attention without the mask: the mask is ignored, so the masked "
+                "keys (which score highest here) take most of the weight. Set the scores where "
+                "mask is False to torch.finfo(scores.dtype).min before the softmax.",
+            ),
+            (
+                _attend(q, k, v, ~mask),
+                "It matches attention with the mask inverted: True means 'may attend', so "
+                "block the positions where mask is False (scores.masked_fill(~mask, ...)).",
+            ),
+            (
+                _attend(q, k, v, mask, fill="nan"),
+                "Rows where the mask allows no key give NaN (softmax of all -inf is 0/0): "
+                "such rows must get zero weights, e.g. fill with torch.finfo(scores.dtype).min "
+                "and multiply the weights by the mask after the softmax.",
+            ),
+            (
+                _attend(q, k, v, mask, fill="uniform"),
+                "Rows where the mask allows no key give equal weights 1/S: such rows must get "
+                "zero weights (and a zero output). Zero them after the softmax, e.g. "
+                "weights * mask.",
+            ),
+            (
+                _attend(q, k, v, mask, fill="after"),
+                "It matches applying the mask after the softmax (weights * mask without masking "
+                "the scores): the masked keys, which score highest here, took most of the "
+                "softmax's weight before it was zeroed, so the remaining weights no longer sum "
+                "to 1. Mask the scores before the softmax.",
+            ),
+        ]
+    return {hint: pair for pair, hint in candidates if pair is not None}
+
+
+# --------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------
+
+
+def adversarial_keys(
+    q: Tensor, mask: Tensor, s: int, g: torch.Generator, margin: float = 2.0
+) -> Tensor:
+    """Keys ``(..., S, d_k)`` whose scores with ``q`` are largest where ``mask`` is False.
+
+    The allowed scores ``q_t . k_s / sqrt(d_k)`` are standard normal; every forbidden one is
+    at least ``margin`` above the largest allowed score of its row. Solved exactly with the
+    pseudo-inverse of ``q`` (needs ``T <= d_k``).
+    """
+    *lead, t, dk = q.shape
+    if t > dk:
+        raise ValueError(f"adversarial keys need T <= d_k, got T={t}, d_k={dk}")
+    full = torch.broadcast_to(mask, (*lead, t, s))
+    target = torch.randn(*lead, t, s, generator=g, dtype=torch.float64)
+    best = target.masked_fill(~full, float("-inf")).amax(-1, keepdim=True)  # (..., T, 1)
+    best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
+    above = best + margin + torch.rand(*lead, t, s, generator=g, dtype=torch.float64)
+    target = torch.where(full, target, above)  # (..., T, S)
+    kt = torch.linalg.pinv(q.double()) @ (target * math.sqrt(dk))  # (..., Dk, S)
+    return kt.transpose(-2, -1).float()  # (..., S, Dk)
+
+
+def _self_attention_inputs(n: int, d: int, dk: int, dv: int, g: torch.Generator) -> tuple:
+    """Random ``X (N, D)``, ``W_q, W_k (D, d_k)``, ``b_q, b_k (d_k,)``, ``W_v (D, d_v)``, ``b_v``.
+
+    Drawn in that order from ``g``.
+    """
+    shapes = [(n, d), (d, dk), (dk,), (d, dk), (dk,), (d, dv), (dv,)]
+    return tuple(torch.randn(*shape, generator=g) for shape in shapes)
+
+
+def _masked_inputs(
+    lead: tuple[int, ...], t: int, s: int, dk: int, dv: int, mask: Tensor, g: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
+    q = torch.randn(*lead, t, dk, generator=g)
+    k = adversarial_keys(q, mask, s, g)
+    v = torch.randn(*lead, s, dv, generator=g) * 2
+    return q, k, v
+
+
+# --------------------------------------------------------------------------------------
+# Hidden checks
+# --------------------------------------------------------------------------------------
+
+
+def _expect_softmax(fn: Callable[..., Tensor], x: Tensor, dim: int | None, what: str) -> None:
+    d = -1 if dim is None else dim
+    got = call_softmax(fn, x, dim, what)
+    judge_softmax(got, oracle_softmax(x, d), softmax_mistakes(x, d), what, x)
+
+
+def hidden_check_softmax(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random shapes, ``dim`` values and scales (float32 and float64) against torch's softmax."""
+    g = generator(seed)
+    for trial, (shape, dim) in enumerate(
+        [((7,), -1), ((3, 5), 0), ((2, 3, 4), 1), ((4, 1, 6), -1), ((2, 5, 3), -2), ((4, 4), 1)]
+    ):
+        scale = 0.2 + 5.0 * float(torch.rand(1, generator=g))
+        x = torch.randn(*shape, generator=g) * scale
+        if trial == 4:
+            x = x.double()
+        _expect_softmax(fn, x, dim, f"softmax(x, dim={dim}) for x of shape {shape} ({x.dtype})")
+
+
+def hidden_check_softmax_stability(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Huge logits, rows on very different scales, ``-inf`` entries, float16 and bfloat16."""
+    g = generator(seed)
+    x = torch.randn(4, 6, generator=g) * 3 + torch.tensor([[5e3], [-5e3], [0.0], [80.0]])
+    _expect_softmax(fn, x, -1, "softmax of rows offset by +5000, -5000, 0 and 80")
+    cols = torch.randn(5, 3, generator=g) + torch.tensor([1e4, -1e4, 90.0])
+    _expect_softmax(fn, cols, 0, "softmax(x, dim=0) of columns offset by +1e4, -1e4 and 90")
+    masked = torch.randn(3, 5, generator=g)
+    masked[0, 1] = masked[2, 0] = masked[2, 4] = float("-inf")
+    _expect_softmax(fn, masked, -1, "softmax of logits with some -inf entries (masked keys)")
+    half = (torch.randn(3, 6, generator=g) * 2 + torch.tensor([[12.0], [-12.0], [0.0]])).half()
+    _expect_softmax(fn, half, -1, "softmax of float16 logits up to 16 (exp(12) overflows)")
+    brain = (torch.randn(2, 5, generator=g) * 2 + torch.tensor([[4.0], [-4.0]])).bfloat16()
+    _expect_softmax(fn, brain, -1, "softmax of bfloat16 logits")
+
+
+def _expect_self_attention(fn: Callable[..., Tensor], args: tuple[Tensor, ...], what: str) -> None:
+    Q, K, _ = _project(args)
+    scale = float(Q.norm(dim=-1).max() * K.norm(dim=-1).max()) / math.sqrt(Q.shape[-1])
+    judge_self_attention(
+        call_self_attention(fn, args, what),
+        oracle_self_attention(*args),
+        self_attention_mistakes(*args),
+        what,
+        tol=tolerance(torch.float32, scale),
+    )
+
+
+def _hidden_self_attention(fn: Callable[..., Tensor], name: str, seed: int) -> None:
+    g = generator(seed)
+    for _ in range(4):
+        n, d, dk, dv = (randint(2, 9, g), randint(2, 8, g), randint(1, 8, g), randint(1, 8, g))
+        if dv == n:  # a transposed (d_v, N) answer must not fit the (N, d_v) shape
+            dv += 1
+        args = _self_attention_inputs(n, d, dk, dv, g)
+        _expect_self_attention(fn, args, f"{name} with N={n}, D={d}, d_k={dk}, d_v={dv}")
+    # Larger queries and keys: the 1/sqrt(d_k) scale matters a lot here.
+    args = _self_attention_inputs(6, 5, 16, 4, g)
+    args = (args[0] * 2, *args[1:])
+    _expect_self_attention(fn, args, f"{name} with d_k=16 and large scores")
+
+
+def hidden_check_self_attention_loop(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random sizes (``d_k``, ``d_v`` and ``D`` all different) and weights against the oracle."""
+    _hidden_self_attention(fn, "self_attention_loop", seed)
+
+
+def hidden_check_self_attention_matrix(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random sizes (``d_k``, ``d_v`` and ``D`` all different) and weights against the oracle."""
+    _hidden_self_attention(fn, "self_attention_matrix", seed)
+
+
+def _expect_attention(fn: Callable[..., Any], *qkv_mask: Any, what: str) -> None:
+    q, k, v, mask = qkv_mask
+    judge_attention(
+        call_attention(fn, q, k, v, mask, what),
+        oracle_attention(q, k, v, mask),
+        attention_mistakes(q, k, v, mask),
+        what,
+        q,
+        k,
+        v,
+        mask,
+    )
+
+
+def hidden_check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random leading dims, ``T != S``, ``d_v != d_k``, large logits, float64 and bfloat16."""
+    g = generator(seed)
+    q, k, v = (torch.randn(2, 5, 4, generator=g) * 2 for _ in range(3))
+    v = torch.randn(2, 5, 3, generator=g)
+    _expect_attention(
+        fn, q, k, v, None, what="scaled_dot_product_attention on q, k (2, 5, 4), v (2, 5, 3)"
+    )
+    for lead in [(), (3,), (2, 2), (1, 3, 2)]:
+        t, s, dk, dv = (randint(1, 6, g), randint(1, 7, g), randint(1, 9, g), randint(1, 5, g))
+        if s == t:
+            s += 1
+        q = torch.randn(*lead, t, dk, generator=g) * 2
+        k = torch.randn(*lead, s, dk, generator=g) * 2
+        v = torch.randn(*lead, s, dv, generator=g)
+        shapes = f"q {(*lead, t, dk)}, k {(*lead, s, dk)}, v {(*lead, s, dv)}"
+        _expect_attention(fn, q, k, v, None, what=f"scaled_dot_product_attention on {shapes}")
+    # Scores in the thousands: a softmax without the max-subtraction overflows.
+    q = torch.randn(2, 5, 8, generator=g) * 30
+    k = torch.randn(2, 6, 8, generator=g) * 30
+    v = torch.randn(2, 6, 3, generator=g)
+    _expect_attention(
+        fn, q, k, v, None, what="scaled_dot_product_attention with scores in the thousands"
+    )
+    for dtype in (torch.float64, torch.bfloat16):
+        q = torch.randn(2, 3, 4, generator=g).to(dtype)
+        k = torch.randn(2, 5, 4, generator=g).to(dtype)
+        v = torch.randn(2, 5, 6, generator=g).to(dtype)
+        what = f"scaled_dot_product_attention in {str(dtype).replace('torch.', '')}"
+        _expect_attention(fn, q, k, v, None, what=what)
+
+
+def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Masks of several broadcast shapes whose masked keys score highest, empty rows, T != S,
+    float64, float16 and bfloat16, and finite gradients through an empty row."""
+    g = generator(seed)
+    b, h, t, s, dk, dv = 2, 3, 5, 7, 7, 3
+    square = torch.rand(b, h, t, t, generator=g) < 0.5
+    square[1, 2, 4] = False  # an empty row
+    full = torch.rand(b, h, t, s, generator=g) < 0.6
+    full[0, 1, 2] = False  # an empty row
+    full[1, 0, 0] = True
+    sparse = torch.rand(b, 1, t, s, generator=g) < 0.3
+    sparse[1, 0, 3] = False  # at least one empty row
+    lengths = torch.tensor([4, 2])
+    masks = {
+        "a random (B, H, T, T) mask with an empty row": square,
+        "a random (B, H, T, S) mask with an empty row (S != T)": full,
+        "a (T, S) causal-like mask shared by the batch": torch.ones(t, s, dtype=torch.bool).tril(),
+        "a (B, 1, 1, S) key padding mask": (torch.arange(s) < lengths[:, None])[:, None, None, :],
+        "a (B, 1, T, S) mask with empty rows": sparse,
+    }
+    for label, mask in masks.items():
+        size = mask.shape[-1]
+        q, k, v = _masked_inputs((b, h), t, size, dk, dv, mask, g)
+        _expect_attention(fn, q, k, v, mask, what=f"scaled_dot_product_attention with {label}")
+    small = torch.rand(b, 4, 6, generator=g) < 0.5
+    small[0, 2] = False  # an empty row
+    small[1, 1, 0] = True
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        q, k, v = _masked_inputs((b,), 4, 6, 5, 2, small, g)
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+        name = str(dtype).replace("torch.", "")
+        what = f"scaled_dot_product_attention in {name} with a (B, T, S) mask with an empty row"
+        _expect_attention(fn, q, k, v, small, what=what)
+
+    # Gradients: an empty row must not poison the gradients with NaN (it would during training).
+    q, k, v = _masked_inputs((b, h), t, s, dk, dv, full, g)
+    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    what = "scaled_dot_product_attention with an empty mask row (backward pass)"
+    out = run(fn, qg, kg, vg, full, what=what)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    out = expect_shape(out, (b, h, t, dv), f"the output of {what}")
+    if not out.requires_grad:
+        raise AssertionError(
+            f"the output of {what} does not depend differentiably on q, k, v: avoid .detach(), "
+            ".item() or building new tensors from Python numbers in the computation."
+        )
+    out.pow(2).sum().backward()
+    for name, x in (("q", qg), ("k", kg), ("v", vg)):
+        if x.grad is None or not bool(torch.isfinite(x.grad).all()):
+            raise AssertionError(
+                f"the gradient with respect to {name} of {what} contains NaN or is missing: "
+                "a row of -inf scores gives NaN in the softmax's backward pass even when you "
+                "replace its output afterwards. Fill masked scores with a large finite negative "
+                "number (torch.finfo(scores.dtype).min) and zero empty rows after the softmax."
+            )
+
+
+# --------------------------------------------------------------------------------------
+# The visible checks' worked examples
+# --------------------------------------------------------------------------------------
+
+
+def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
+    """A stored example; the mistakes keep their order (the first match names the mistake)."""
+    return {
+        "expected": expected.double().tolist(),
+        "mistakes": {
+            f"{i:02d}|{hint}": t.double().tolist()
+            for i, (hint, t) in enumerate((mistakes or {}).items())
+        },
+    }
+
+
+def _attention_example(key: str, g: torch.Generator) -> dict[str, Tensor]:
+    """Inputs (float32; the mask as bool) of the visible attention examples, by name."""
+    if "T=S=4" in key:
+        return {
+            "q": torch.randn(4, 3, generator=g) * 2,
+            "k": torch.randn(4, 3, generator=g) * 2,
+            "v": torch.randn(4, 5, generator=g),
+        }
+    if "(2, 3, 2, 4)" in key:
+        return {
+            "q": torch.randn(2, 3, 2, 4, generator=g),
+            "k": torch.randn(2, 3, 5, 4, generator=g),
+            "v": torch.randn(2, 3, 5, 6, generator=g),
+        }
+    if "causal" in key:
+        mask = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+        q, k, v = _masked_inputs((2,), 4, 4, 6, 3, mask, g)
+        return {"q": q, "k": k, "v": v, "mask": mask}
+    mask = torch.tensor(
+        [
+            [[True, False, True, True, False], [False] * 5, [True, True, False, False, False]],
+            [[True] * 4 + [False], [False, True, False, False, True], [False] * 5],
+        ]
+    )  # (B=2, T=3, S=5)
+    q, k, v = _masked_inputs((2,), 3, 5, 5, 2, mask, g)
+    return {"q": q, "k": k, "v": v, "mask": mask}
+
+
+def fixtures() -> dict[str, dict[str, Any]]:
+    """The stored examples of :mod:`transformer_lab.checks.lab02`, keyed by the example."""
+    out: dict[str, dict[str, Any]] = {}
+    for what, (x, dim) in SOFTMAX_EXAMPLES.items():
+        d = -1 if dim is None else dim
+        out[what] = _entry(oracle_softmax(x, d), softmax_mistakes(x, d))
+
+    g = generator(2)
+    for label, (n, dv) in SA_EXAMPLES.items():
+        args = _self_attention_inputs(n, 6, 4, dv, g)
+        for name, t in zip(SA_ARGS, args, strict=True):
+            out[f"self_attention {label}: {name}"] = _entry(t)
+        out[f"self_attention on {label}"] = _entry(
+            oracle_self_attention(*args), self_attention_mistakes(*args)
+        )
+
+    g = generator(3)
+    inputs: dict[str, dict[str, Tensor]] = {}
+    for what, (dtype, _) in {**SDPA_EXAMPLES, **SDPA_MASK_EXAMPLES}.items():
+        if what.startswith("the same"):  # the float16 copy of the example before it
+            inputs[what] = inputs[list(inputs)[-1]]
+        else:
+            inputs[what] = _attention_example(what, g)
+        example = inputs[what]
+        for name, t in example.items():
+            out[f"{what}: {name}"] = _entry(t.double())
+        q, k, v = (example[n].to(dtype) for n in ("q", "k", "v"))
+        mask = example.get("mask")
+        want_out, want_w = oracle_attention(q, k, v, mask)
+        mistakes = attention_mistakes(q, k, v, mask)
+        out[f"{what} -> output"] = _entry(want_out, {h: m[0] for h, m in mistakes.items()})
+        out[f"{what} -> weights"] = _entry(want_w, {h: m[1] for h, m in mistakes.items()})
+    return out
