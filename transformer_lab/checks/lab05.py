@@ -58,6 +58,12 @@ __all__ = [
     "check_masked_attention",
     "check_masked_attention_half",
     "check_padding_mask",
+    "combine_key",
+    "describe_attention",
+    "expect_attention",
+    "expect_causal_mask",
+    "expect_combine_masks",
+    "expect_padding_mask",
     "judge_attention",
     "judge_detector",
     "judge_mask",
@@ -67,6 +73,7 @@ __all__ = [
     "run_detector",
     "run_padding_mask",
     "show_lengths",
+    "visible_probes",
 ]
 
 _KIT_MASKS = "transformer_lab.masks"
@@ -497,6 +504,58 @@ def visible_probes() -> list[Probe]:
 
 
 # --------------------------------------------------------------------------------------
+# Run and judge in one call (the visible checks with stored values, the hidden with oracles)
+# --------------------------------------------------------------------------------------
+
+
+def expect_causal_mask(
+    fn: Callable[..., Any], T: int, want: Tensor, mistakes: Mapping[str, Tensor]
+) -> None:
+    """``causal_mask(T)`` must equal ``want``; ``mistakes`` name a wrong answer."""
+    judge_mask(run_causal_mask(fn, T), want, mistakes, f"causal_mask({T})")
+
+
+def expect_padding_mask(
+    fn: Callable[..., Any],
+    lengths: Sequence[int] | Tensor,
+    max_len: int,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+) -> None:
+    """``padding_mask(lengths, max_len)`` must equal ``want``."""
+    what = f"padding_mask({show_lengths(lengths)}, {max_len})"
+    judge_mask(run_padding_mask(fn, lengths, max_len), want, mistakes, what)
+
+
+def expect_combine_masks(
+    fn: Callable[..., Any],
+    padding: Tensor,
+    causal: Tensor,
+    what: str,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+) -> None:
+    """``combine_masks(padding, causal)`` must equal ``want``."""
+    judge_mask(run_combine_masks(fn, padding, causal, what), want, mistakes, what)
+
+
+def expect_attention(
+    fn: Callable[..., Any],
+    inputs: tuple[Tensor, Tensor, Tensor, Tensor],
+    described: str,
+    want: tuple[Tensor, Tensor],
+    mistakes: Mapping[str, tuple[Tensor, Tensor]],
+    *,
+    tol: float = _TOL,
+) -> tuple[Tensor, Tensor]:
+    """``masked_attention(q, k, v, mask)`` must return ``want = (out, weights)``."""
+    q, k, v, mask = inputs
+    what = describe_attention(q, k, v, described)
+    result = run_attention(fn, q, k, v, mask, what)
+    return judge_attention(result, want[0], want[1], mistakes, mask, what, tol=tol)
+
+
+# --------------------------------------------------------------------------------------
 # The worked examples of masked attention (inputs by formula: exact in float16 too)
 # --------------------------------------------------------------------------------------
 
@@ -541,19 +600,13 @@ def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
     raise KeyError(name)
 
 
-def _attention_what(name: str, dtype: torch.dtype = torch.float32) -> str:
-    q, k, v, _, described = attention_example(name)
-    kind = "" if dtype == torch.float32 else f" in {str(dtype).replace('torch.', '')}"
+def describe_attention(q: Tensor, k: Tensor, v: Tensor, described: str) -> str:
+    """How messages name a call of ``masked_attention`` (shapes, dtype and the mask)."""
+    kind = "" if q.dtype == torch.float32 else f" in {str(q.dtype).replace('torch.', '')}"
     return (
         f"masked_attention(q, k, v, mask){kind} with q {tuple(q.shape)}, k {tuple(k.shape)}, "
         f"v {tuple(v.shape)} and {described}"
     )
-
-
-def _stored_attention(name: str) -> tuple[Tensor, Tensor, dict[str, tuple[Tensor, Tensor]]]:
-    want_w, wrong_w = stored("lab05", f"masked_attention example {name!r}: weights")
-    want_o, wrong_o = stored("lab05", f"masked_attention example {name!r}: out")
-    return want_o, want_w, {h: (wrong_o[h], wrong_w[h]) for h in wrong_w}
 
 
 # --------------------------------------------------------------------------------------
@@ -564,17 +617,14 @@ def _stored_attention(name: str) -> tuple[Tensor, Tensor, dict[str, tuple[Tensor
 def check_causal_mask(fn: Callable[..., Any]) -> None:
     """Worked examples ``causal_mask(4)``, ``causal_mask(1)``, ``causal_mask(7)``."""
     for T in (4, 1, 7):
-        what = f"causal_mask({T})"
-        want, mistakes = stored("lab05", what)
-        judge_mask(run_causal_mask(fn, T), want, mistakes, what)
+        expect_causal_mask(fn, T, *stored("lab05", f"causal_mask({T})"))
 
 
 def check_padding_mask(fn: Callable[..., Any]) -> None:
     """Worked example with lengths ``[3, 1, 5, 0]`` and ``max_len=6``, as a list and a tensor."""
     want, mistakes = stored("lab05", "padding_mask([3, 1, 5, 0], 6)")
     for lengths in (torch.tensor([3, 1, 5, 0]), [3, 1, 5, 0]):
-        what = f"padding_mask({show_lengths(lengths)}, 6)"
-        judge_mask(run_padding_mask(fn, lengths, 6), want, mistakes, what)
+        expect_padding_mask(fn, lengths, 6, want, mistakes)
 
 
 _COMBINE_EXAMPLES = (((4, 2), 4), ((5, 3, 1), 5))
@@ -594,37 +644,27 @@ def check_combine_masks(fn: Callable[..., Any]) -> None:
         padding = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
         causal = torch.tensor([[j <= i for j in range(T)] for i in range(T)])  # (T, T)
         what = combine_key(lengths, T)
-        want, mistakes = stored("lab05", what)
-        judge_mask(run_combine_masks(fn, padding, causal, what), want, mistakes, what)
+        expect_combine_masks(fn, padding, causal, what, *stored("lab05", what))
+
+
+def _check_attention(fn: Callable[..., Any], dtype: torch.dtype, tol: float) -> None:
+    for name in ("causal", "padded"):
+        q, k, v, mask, described = attention_example(name)
+        want_w, wrong_w = stored("lab05", f"masked_attention example {name!r}: weights")
+        want_o, wrong_o = stored("lab05", f"masked_attention example {name!r}: out")
+        mistakes = {h: (wrong_o[h], wrong_w[h]) for h in wrong_w}
+        inputs = (q.to(dtype), k.to(dtype), v.to(dtype), mask)
+        expect_attention(fn, inputs, described, (want_o, want_w), mistakes, tol=tol)
 
 
 def check_masked_attention(fn: Callable[..., Any]) -> None:
     """Worked examples in float32: a causal mask, and padding with a row that sees nothing."""
-    for name in ("causal", "padded"):
-        q, k, v, mask, _ = attention_example(name)
-        what = _attention_what(name)
-        want_out, want_w, mistakes = _stored_attention(name)
-        judge_attention(
-            run_attention(fn, q, k, v, mask, what), want_out, want_w, mistakes, mask, what
-        )
+    _check_attention(fn, torch.float32, _TOL)
 
 
 def check_masked_attention_half(fn: Callable[..., Any]) -> None:
     """The same worked examples in float16: no overflow, no NaN, the same weights."""
-    for name in ("causal", "padded"):
-        q, k, v, mask, _ = attention_example(name)
-        q, k, v = q.half(), k.half(), v.half()
-        what = _attention_what(name, torch.float16)
-        want_out, want_w, mistakes = _stored_attention(name)
-        judge_attention(
-            run_attention(fn, q, k, v, mask, what),
-            want_out,
-            want_w,
-            mistakes,
-            mask,
-            what,
-            tol=_HALF_TOL,
-        )
+    _check_attention(fn, torch.float16, _HALF_TOL)
 
 
 def check_depends_on_future(fn: Callable[..., Any]) -> None:

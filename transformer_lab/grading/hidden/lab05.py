@@ -36,14 +36,12 @@ from transformer_lab.checks.lab05 import (
     Probe,
     attention_example,
     combine_key,
-    judge_attention,
+    expect_attention,
+    expect_causal_mask,
+    expect_combine_masks,
+    expect_padding_mask,
     judge_detector,
-    judge_mask,
     run_attention,
-    run_causal_mask,
-    run_combine_masks,
-    run_padding_mask,
-    show_lengths,
 )
 
 __all__ = [
@@ -105,9 +103,8 @@ def _attend(
     axis: int = -1,
 ) -> tuple[Tensor, Tensor]:
     """Float64 attention over the allowed keys only; rows with none get zeros."""
-    q, k, v = q.double(), k.double(), v.double()
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = q @ k.transpose(-2, -1) * s  # (..., T, S)
+    scores = q.double() @ k.double().transpose(-2, -1) * s  # (..., T, S)
     allowed = torch.broadcast_to(allowed.to(torch.bool), scores.shape)
     kept = scores.masked_fill(~allowed, -math.inf)  # (..., T, S)
     top = kept.amax(axis, keepdim=True)
@@ -115,7 +112,7 @@ def _attend(
     e = torch.exp(kept - top)  # exactly 0 where not allowed
     total = e.sum(axis, keepdim=True)
     w = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), torch.zeros_like(e))
-    return w @ v, w
+    return w @ v.double(), w
 
 
 def oracle_masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -328,8 +325,7 @@ def attention_mistakes(
 
 
 def _expect_causal(fn: Callable[..., Any], T: int) -> None:
-    what = f"causal_mask({T})"
-    judge_mask(run_causal_mask(fn, T), oracle_causal_mask(T), causal_mistakes(T), what)
+    expect_causal_mask(fn, T, oracle_causal_mask(T), causal_mistakes(T))
 
 
 def hidden_check_causal_mask(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -340,13 +336,9 @@ def hidden_check_causal_mask(fn: Callable[..., Any], seed: int = 0) -> None:
 
 
 def _expect_padding(fn: Callable[..., Any], lengths: Sequence[int] | Tensor, max_len: int) -> None:
-    plain = [int(x) for x in lengths]
-    what = f"padding_mask({show_lengths(lengths)}, {max_len})"
-    judge_mask(
-        run_padding_mask(fn, lengths, max_len),
-        oracle_padding_mask(plain, max_len),
-        padding_mistakes(plain, max_len),
-        what,
+    plain = [int(n) for n in lengths]
+    expect_padding_mask(
+        fn, lengths, max_len, oracle_padding_mask(plain, max_len), padding_mistakes(plain, max_len)
     )
 
 
@@ -365,12 +357,8 @@ def hidden_check_padding_mask(fn: Callable[..., Any], seed: int = 0) -> None:
 
 
 def _expect_combine(fn: Callable[..., Any], padding: Tensor, causal: Tensor, what: str) -> None:
-    judge_mask(
-        run_combine_masks(fn, padding, causal, what),
-        oracle_combine_masks(padding, causal),
-        combine_mistakes(padding, causal),
-        what,
-    )
+    want = oracle_combine_masks(padding, causal)
+    expect_combine_masks(fn, padding, causal, what, want, combine_mistakes(padding, causal))
 
 
 def hidden_check_combine_masks(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -408,21 +396,9 @@ def _expect_attention(
     *,
     tol: float = 1e-4,
 ) -> tuple[Tensor, Tensor]:
-    kind = "" if q.dtype == torch.float32 else f" in {str(q.dtype).replace('torch.', '')}"
-    what = (
-        f"masked_attention(q, k, v, mask){kind} with q {tuple(q.shape)}, k {tuple(k.shape)}, "
-        f"v {tuple(v.shape)} and {described}"
-    )
-    want_out, want_w = oracle_masked_attention(q, k, v, mask)
-    return judge_attention(
-        run_attention(fn, q, k, v, mask, what),
-        want_out,
-        want_w,
-        attention_mistakes(q, k, v, mask),
-        mask,
-        what,
-        tol=tol,
-    )
+    want = oracle_masked_attention(q, k, v, mask)
+    wrong = attention_mistakes(q, k, v, mask)
+    return expect_attention(fn, (q, k, v, mask), described, want, wrong, tol=tol)
 
 
 def _random_case(
