@@ -533,12 +533,13 @@ _TIME_AXIS = (
 
 def _probes(g: torch.Generator, D: int) -> list[Probe]:
     """Sequence maps with known causality on ``(B, T, D)`` inputs (closures over torch modules)."""
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=g)))
-    gru = nn.GRU(D, 5, batch_first=True)
-    bigru = nn.GRU(D, 3, batch_first=True, bidirectional=True)
-    conv = nn.Conv1d(D, 4, kernel_size=3)
-    centred = nn.Conv1d(D, 4, kernel_size=3, padding=1)
-    head = nn.Linear(D, 7)
+    with torch.random.fork_rng(devices=[]):  # seeded modules; the notebook's RNG untouched
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=g)))
+        gru = nn.GRU(D, 5, batch_first=True)
+        bigru = nn.GRU(D, 3, batch_first=True, bidirectional=True)
+        conv = nn.Conv1d(D, 4, kernel_size=3)
+        centred = nn.Conv1d(D, 4, kernel_size=3, padding=1)
+        head = nn.Linear(D, 7)
     return [
         Probe("a GRU", lambda x: gru(x)[0], False, _CAUSAL_HINT),
         Probe(
