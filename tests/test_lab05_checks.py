@@ -614,6 +614,19 @@ def detector_zeros(fn, x):
     return False
 
 
+def detector_numpy(fn, x):
+    import numpy as np
+
+    with torch.no_grad():
+        before = fn(x).numpy()
+        changes = []
+        for t in range(x.shape[1] - 1):
+            changed = x.clone()
+            changed[:, t + 1 :] = -changed[:, t + 1 :] - 2.0
+            changes.append(np.abs(fn(changed).numpy()[:, : t + 1] - before[:, : t + 1]).max())
+    return np.max(changes) > 0  # a numpy bool
+
+
 def detector_last_position_only(fn, x):
     changed = x.clone()
     changed[:, -1] += 1.0
@@ -716,6 +729,7 @@ def detector_kit(fn, x):
         detector_gradients,
         detector_jacobian,
         detector_zeros,
+        detector_numpy,
     ],
 )
 def test_correct_detectors_pass_every_check(fn) -> None:

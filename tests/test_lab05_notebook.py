@@ -141,3 +141,24 @@ class TestLab05(LabNotebookTests):
         assert re.search(r"\bfloat16\s+where\(-1e9\):\s+\d+ NaN", text)
         assert not re.search(r"\bfloat16\s+where\(-1e9\):\s+0 NaN", text)
         assert re.search(r"\bfloat16\s+yours:\s+0 NaN .* summing to 0.00", text)
+
+
+def test_the_lab05_diagrams_draw_masks_weights_and_losses() -> None:
+    import torch
+    from matplotlib.figure import Figure
+
+    from transformer_lab import diagrams
+
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    words = ["<bos>", "the", "man", "ate"]
+    fig = diagrams.mask_grid({"causal": causal, "padding": causal[:2]}, row_labels=[words, None])
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    weights = torch.softmax(torch.randn(4, 4).masked_fill(~causal, -torch.inf), dim=-1)
+    fig = diagrams.weight_grid({"weights": weights}, row_labels=[words])
+    assert "row sums 1.00..1.00" in fig.axes[0].get_title()
+    fig = diagrams.loss_race({"honest": [3.0, 2.0, 1.7]}, levels={"at generation": 1.7})
+    assert len(fig.axes[0].lines) == 2
+    with pytest.raises(ValueError, match="2-D table"):
+        diagrams.mask_grid({"3-D": causal[None]})
+    with pytest.raises(ValueError, match="nothing to draw"):
+        diagrams.loss_race({})

@@ -200,6 +200,8 @@ def run_detector(
     )
     if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
         return bool(got)
+    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
+        return bool(got)  # numpy's bool, e.g. from (a != b).any() on arrays
     if not isinstance(got, bool):
         shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
         raise AssertionError(f"{what} should return True or False, got {shown}.")
