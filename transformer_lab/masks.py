@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from transformer_lab.graded import graded
+
 __all__ = [
     "causal_mask",
     "check_mask",
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 
+@graded("05_masking")
 def causal_mask(T: int, device: torch.device | str | None = None) -> Tensor:
     """Lower-triangular mask: query ``t`` may attend keys ``0..t``.
 
@@ -44,6 +47,7 @@ def causal_mask(T: int, device: torch.device | str | None = None) -> Tensor:
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
+@graded("05_masking")
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int) -> Tensor:
     """Mask of real tokens for right-padded sequences.
 
@@ -73,6 +77,7 @@ def key_padding_to_attention(padding: Tensor) -> Tensor:
     return padding[:, None, None, :]  # (B, 1, 1, S)
 
 
+@graded("05_masking")
 def combine_masks(padding: Tensor | None, causal: Tensor | None) -> Tensor:
     """Combine a padding mask over keys with a causal mask.
 
@@ -140,6 +145,7 @@ def check_mask(mask: Tensor, scores_shape: Sequence[int]) -> Tensor:
     return mask
 
 
+@graded("05_masking")
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention under a validated boolean mask.
 
@@ -158,6 +164,7 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Ten
     return scaled_dot_product_attention(q, k, v, mask=mask)
 
 
+@graded("05_masking")
 def depends_on_future(
     fn: Callable[[Tensor], Tensor],
     x: Tensor,

@@ -1,0 +1,675 @@
+"""Visible checks of lab 05 (masked attention): the masks, masked attention and a leak detector.
+
+The notebook's visible test cells call the ``check_*`` functions here on the student's
+``causal_mask``, ``padding_mask``, ``combine_masks``, ``masked_attention`` and
+``depends_on_future``. The masks and attention are run on worked examples whose expected values
+are stored in ``fixtures/lab05.json`` (written from the hidden checks' oracles when the
+instructor builds the labs), together with what the typical mistakes return on them: an upper
+instead of a lower triangle, the diagonal left out, True and False swapped, padding that hides
+queries instead of keys, ``|`` instead of ``&``, the mask applied after the softmax, masked
+scores set to 0, fully masked rows that come out NaN or uniform... A wrong answer is compared
+with those and the message names the mistake it reproduces. The attention examples are built so
+that the masked keys have the LARGEST raw scores (a mask applied late, or not at all, cannot
+hide), have a key that differs from the value and as many queries as keys differing, include a
+row with nothing to attend, and run again in float16, where ``-1e9`` does not exist.
+
+The leak detector is tried on small sequence maps whose causality is known by construction
+(``2 * x`` and ``x.cumsum(1)`` look only back; ``x.flip(1)``, attention without a mask and
+"output 0 also reads input 1" do not). No oracle lives here.
+
+While the student's function runs, the kit's own masks module, PyTorch's
+``generate_square_subsequent_mask`` and, for attention, every attention kernel (the ``attention``
+op family, lab 02's ``scaled_dot_product_attention``, the multi-head modules) are refused
+(:class:`~transformer_lab.checks._bans.Ban`), so an answer that calls them earns nothing.
+
+Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2 (masked self-attention);
+Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.3; the course's conventions
+in ``CURRICULUM.md`` (boolean masks, True = may attend, broadcasting to ``(B, H, T, S)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transformer_lab.checks._common import (
+    Ban,
+    call_forbidding,
+    close,
+    expect_shape,
+    expect_true,
+    generator,
+    stored,
+)
+
+__all__ = [
+    "ATTENTION_BAN",
+    "DETECTOR_BAN",
+    "MASK_BAN",
+    "Probe",
+    "attention_example",
+    "check_causal_mask",
+    "check_combine_masks",
+    "check_depends_on_future",
+    "check_masked_attention",
+    "check_masked_attention_half",
+    "check_padding_mask",
+    "combine_key",
+    "describe_attention",
+    "expect_attention",
+    "expect_causal_mask",
+    "expect_combine_masks",
+    "expect_padding_mask",
+    "judge_attention",
+    "judge_detector",
+    "judge_mask",
+    "run_attention",
+    "run_causal_mask",
+    "run_combine_masks",
+    "run_detector",
+    "run_padding_mask",
+    "show_lengths",
+    "visible_probes",
+]
+
+_KIT_MASKS = "transformer_lab.masks"
+MASK_BAN = Ban(
+    functions=(
+        _KIT_MASKS,
+        "torch.nn.Transformer.generate_square_subsequent_mask",
+        "torch.nn.modules.transformer._generate_square_subsequent_mask",
+    ),
+    reason="lab 05 asks you to build the masks yourself from comparisons, torch.tril or loops",
+)
+ATTENTION_BAN = Ban(
+    ops=("attention",),
+    functions=(
+        _KIT_MASKS,
+        "transformer_lab.attention.scaled_dot_product_attention",
+        "transformer_lab.attention.fast_attention",
+        "transformer_lab.attention.MultiHeadAttention",
+        "torch.nn.MultiheadAttention",
+    ),
+    reason="lab 05 asks for your own masked attention; lab 02's attention and PyTorch's "
+    "kernels already apply masks",
+)
+DETECTOR_BAN = Ban(functions=(_KIT_MASKS,), reason="lab 05 asks for your own leak detector")
+
+#: float32 answers agree with the float64 oracle to ~1e-6; every catalogued mistake differs by
+#: far more. Half-precision answers carry rounding errors of ~1e-3.
+_TOL = 1e-4
+_HALF_TOL = 1e-2
+
+
+# --------------------------------------------------------------------------------------
+# Calling the student's functions
+# --------------------------------------------------------------------------------------
+
+
+def show_lengths(lengths: Sequence[int] | Tensor) -> str:
+    """How a ``lengths`` argument appears in messages: ``[3, 1]`` or ``torch.tensor([3, 1])``."""
+    if isinstance(lengths, Tensor):
+        dtype = "" if lengths.dtype == torch.int64 else f", dtype={lengths.dtype}"
+        return f"torch.tensor({lengths.tolist()}{dtype})"
+    return str(list(lengths))
+
+
+def run_causal_mask(fn: Callable[..., Any], T: int) -> Any:
+    """The student's ``causal_mask(T)`` under the masks' ban."""
+    return call_forbidding(fn, (T,), {}, ban=MASK_BAN, what=f"causal_mask({T})")
+
+
+def run_padding_mask(fn: Callable[..., Any], lengths: Sequence[int] | Tensor, max_len: int) -> Any:
+    """The student's ``padding_mask(lengths, max_len)`` under the masks' ban."""
+    what = f"padding_mask({show_lengths(lengths)}, {max_len})"
+    hint = (
+        "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either into "
+        "a tensor."
+        if not isinstance(lengths, Tensor)
+        else ""
+    )
+    return call_forbidding(fn, (lengths, max_len), {}, ban=MASK_BAN, what=what, on_error=hint)
+
+
+def run_combine_masks(fn: Callable[..., Any], padding: Tensor, causal: Tensor, what: str) -> Any:
+    """The student's ``combine_masks(padding, causal)`` under the masks' ban."""
+    hint = (
+        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
+        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
+        "broadcasts against causal[None, None]."
+    )
+    return call_forbidding(fn, (padding, causal), {}, ban=MASK_BAN, what=what, on_error=hint)
+
+
+_FP16_FILL = (
+    "A fill value such as -1e9 does not exist in float16 (its range ends at -65504), so "
+    "masked_fill refuses it and other ops turn it into -inf. Fill with the most negative "
+    "number of the scores' own dtype, torch.finfo(scores.dtype).min."
+)
+
+
+def run_attention(
+    fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor, what: str
+) -> tuple[Tensor, Tensor]:
+    """The student's ``masked_attention(q, k, v, mask)`` under the attention ban, unpacked.
+
+    An overflow error in half precision (``masked_fill(~mask, -1e9)`` on float16 scores) is
+    reported as the fill-value mistake it is.
+    """
+    batch = (
+        "Leading axes are batch (and head) axes: transpose only the last two axes of k, "
+        "k.transpose(-2, -1), and let the mask broadcast against the scores (..., T, S) as it is."
+    )
+    try:
+        result = call_forbidding(
+            fn, (q, k, v, mask), {}, ban=ATTENTION_BAN, what=what, on_error=batch
+        )
+    except AssertionError as exc:
+        text = str(exc)
+        if "overflow" in text or "cannot be converted" in text:
+            raise AssertionError(f"{text.split(' Leading axes')[0]} {_FP16_FILL}") from None
+        raise
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        got = "None (did you forget to `return out, weights`?)" if result is None else result
+        raise AssertionError(
+            f"{what} should return a pair (out, weights), got {type(got).__name__}: "
+            "`return out, weights`."
+        )
+    return result[0], result[1]
+
+
+def run_detector(
+    fn: Callable[..., Any], probe: Callable[[Tensor], Tensor], x: Tensor, what: str
+) -> bool:
+    """The student's ``depends_on_future(probe, x)`` under the detector's ban, as a bool.
+
+    Raises:
+        AssertionError: the detector failed, returned something that is not a truth value, or
+            changed ``x`` in place.
+    """
+    before = x.clone()
+    got = call_forbidding(fn, (probe, x), {}, ban=DETECTOR_BAN, what=what)
+    expect_true(
+        torch.equal(x, before),
+        f"{what} changed x in place: the caller's input must be left as it was. Perturb a copy "
+        "(x.clone()) of the input.",
+    )
+    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
+        return bool(got)
+    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
+        return bool(got)  # numpy's bool, e.g. from (a != b).any() on arrays
+    if not isinstance(got, bool):
+        shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
+        raise AssertionError(f"{what} should return True or False, got {shown}.")
+    return got
+
+
+# --------------------------------------------------------------------------------------
+# Judging a mask
+# --------------------------------------------------------------------------------------
+
+
+def _first(index: Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in index.nonzero()[0])
+
+
+def _same_values(got: Tensor, wrong: Tensor) -> bool:
+    if tuple(got.shape) != tuple(wrong.shape):
+        return False
+    values = got.detach().to("cpu")
+    if values.dtype != torch.bool:
+        if not bool(((values == 0) | (values == 1)).all()):
+            return False
+        values = values != 0
+    return bool(torch.equal(values, wrong.to(torch.bool)))
+
+
+def judge_mask(got: Any, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> Tensor:
+    """Compare a student's boolean mask with the expected one; name the mistake it reproduces.
+
+    Args:
+        got: what the student's function returned.
+        want: the expected mask (bool, or 0/1 floats as stored).
+        mistakes: hint -> the mask that typical mistake returns (any shape).
+        what: the call, for messages.
+
+    Returns:
+        The student's mask.
+
+    Raises:
+        AssertionError: a wrong type, shape, dtype or value, with the matching hint.
+    """
+    want = want.to(torch.bool)
+    if not isinstance(got, Tensor):
+        expect_shape(got, tuple(want.shape), what)  # words the type error
+    assert isinstance(got, Tensor)
+    if tuple(got.shape) != tuple(want.shape):
+        for hint, wrong in mistakes.items():
+            if _same_values(got, wrong):
+                raise AssertionError(
+                    f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}. {hint}"
+                )
+        expect_shape(got, tuple(want.shape), what)
+    if got.dtype != torch.bool:
+        values = got.detach().to("cpu")
+        if values.is_floating_point() and bool(torch.isinf(values).any()):
+            raise AssertionError(
+                f"{what} is an additive float mask (0 where allowed, -inf where blocked), the "
+                "convention of nn.Transformer.generate_square_subsequent_mask. This course's masks "
+                "are boolean with True = may attend (as in F.scaled_dot_product_attention): "
+                "return a torch.bool tensor."
+            )
+        right = _same_values(got, want)
+        raise AssertionError(
+            f"{what} has dtype {got.dtype}, expected torch.bool (True = may attend)"
+            + (
+                ": your values are right. Comparisons such as `<` or `<=` already give booleans; "
+                "`.bool()` converts the rest."
+                if right
+                else "."
+            )
+        )
+    wrong_at = got.detach().to("cpu") != want
+    if bool(wrong_at.any()):
+        idx = _first(wrong_at)
+        hint = next((h for h, m in mistakes.items() if _same_values(got, m)), "")
+        raise AssertionError(
+            f"{what} is wrong at {int(wrong_at.sum())} of {want.numel()} entries; at index {idx} "
+            f"you have {bool(got[idx])}, expected {bool(want[idx])}." + (f" {hint}" if hint else "")
+        )
+    return got
+
+
+# --------------------------------------------------------------------------------------
+# Judging masked attention
+# --------------------------------------------------------------------------------------
+
+_FULL_ROW_NAN = (
+    "They are NaN in the rows where the mask allows no key: the softmax of a row of -inf is "
+    "0/0. Such rows must give zero weights and a zero output: fill masked scores with "
+    "torch.finfo(scores.dtype).min (finite in every dtype; -1e9 becomes -inf in float16), then "
+    "set the weights of masked keys to 0 after the softmax."
+)
+_UNIFORM_ROW = (
+    "A row whose mask allows no key gets uniform weights 1/S from your code (every score was "
+    "filled with the same number). Such rows must be all zeros, and so must their output: set "
+    "the weights of masked keys to 0 after the softmax, e.g. weights.masked_fill(~mask, 0)."
+)
+_ATTENTION_HINT = (
+    "weights = softmax over the keys of q @ k.transpose(-2, -1) / sqrt(d_k), with the scores of "
+    "masked keys (mask False) set to torch.finfo(scores.dtype).min BEFORE the softmax and the "
+    "rows with no allowed key set to 0; out = weights @ v."
+)
+
+
+def judge_attention(
+    result: tuple[Any, Any],
+    want_out: Tensor,
+    want_weights: Tensor,
+    mistakes: Mapping[str, tuple[Tensor, Tensor]],
+    mask: Tensor,
+    what: str,
+    *,
+    tol: float = _TOL,
+) -> tuple[Tensor, Tensor]:
+    """Compare a student's ``(out, weights)`` with the expected pair; name the mistake.
+
+    Args:
+        result: the student's ``(out, weights)``.
+        want_out: expected output ``(..., T, Dv)`` (float64).
+        want_weights: expected weights ``(..., T, S)`` (float64).
+        mistakes: hint -> ``(out, weights)`` that typical mistake returns.
+        mask: the mask the call was given (bool, broadcasting to the weights).
+        what: the call, for messages.
+        tol: absolute and relative tolerance (looser in half precision).
+
+    Returns:
+        The student's ``(out, weights)``.
+    """
+    out, weights = result
+    if isinstance(weights, Tensor) and weights.dim() > want_weights.dim():
+        raise AssertionError(
+            f"the weights of {what} have shape {tuple(weights.shape)}, expected "
+            f"{tuple(want_weights.shape)}: the mask already broadcasts against the scores "
+            "(..., T, S) as it is given. Use it without adding axes (no unsqueeze)."
+        )
+    weights = expect_shape(weights, tuple(want_weights.shape), f"the weights of {what}")
+    out = expect_shape(out, tuple(want_out.shape), f"the output of {what}")
+    for name, t in (("weights", weights), ("output", out)):
+        expect_true(
+            t.is_floating_point(),
+            f"the {name} of {what} have dtype {t.dtype}, expected floating point.",
+        )
+    w = weights.detach().to("cpu", torch.float64)
+    o = out.detach().to("cpu", torch.float64)
+    allowed = torch.broadcast_to(mask.to("cpu", torch.bool), want_weights.shape)
+    empty = ~allowed.any(-1)  # (..., T): rows with nothing to attend
+    nan_rows = torch.isnan(w).any(-1) | torch.isnan(o).any(-1)
+    if bool(nan_rows.any()):
+        if bool(empty.any()) and bool((nan_rows <= empty).all()):
+            raise AssertionError(f"the weights or output of {what} contain NaN. {_FULL_ROW_NAN}")
+        raise AssertionError(
+            f"the weights or output of {what} contain NaN at row {_first(nan_rows)}, which has "
+            "keys it may attend: look for -inf - (-inf) or an overflow. Subtract the row maximum "
+            "before exponentiating (torch.softmax does), and fill with the dtype's minimum."
+        )
+    if not close(w, want_weights, atol=tol, rtol=tol):
+        named = next(
+            (h for h, (_, mw) in mistakes.items() if close(w, mw, atol=tol, rtol=tol)), None
+        )
+        if named is None and bool(empty.any()):
+            rows = w[empty]  # (rows, S)
+            if bool((rows - 1.0 / w.shape[-1]).abs().max() < tol):
+                named = _UNIFORM_ROW
+            elif bool(rows.abs().max() > tol):
+                named = (
+                    "A row whose mask allows no key must get zero weights, and yours does not "
+                    f"(row {_first(empty)})."
+                )
+        if named is None:
+            leaked = (w.abs() > tol) & ~allowed
+            sums = w.sum(-1)
+            off = ((sums - 1).abs() > 10 * tol) & ~empty
+            if bool(leaked.any()):
+                named = (
+                    f"Masked keys get weight (e.g. {float(w[_first(leaked)]):.3g} at index "
+                    f"{_first(leaked)}, where the mask is False): their scores must be set to "
+                    "the dtype's minimum before the softmax."
+                )
+            elif bool(off.any()):
+                row = _first(off)
+                named = (
+                    f"Row {row} of the weights sums to {float(sums[row]):.3g}, expected 1: the "
+                    "softmax must run after masking, over the keys (the last axis)."
+                )
+        raise AssertionError(
+            f"the weights of {what} are wrong: the largest difference is "
+            f"{float((w - want_weights).abs().max()):.3g}. {named or _ATTENTION_HINT}"
+        )
+    if not close(o, want_out, atol=tol, rtol=tol):
+        named = next(
+            (h for h, (mo, _) in mistakes.items() if close(o, mo, atol=tol, rtol=tol)),
+            "The weights are right but the output is not: out = weights @ v (the values, not "
+            "the keys).",
+        )
+        raise AssertionError(
+            f"the output of {what} is wrong: the largest difference is "
+            f"{float((o - want_out).abs().max()):.3g}. {named}"
+        )
+    return out, weights
+
+
+# --------------------------------------------------------------------------------------
+# Judging a leak detector
+# --------------------------------------------------------------------------------------
+
+
+class Probe:
+    """A sequence map with known causality, to try a leak detector on.
+
+    Attributes:
+        name: how messages show it (``"x.flip(1)"``).
+        fn: maps ``x`` ``(B, T, ...)`` to ``(B, T, ...)``, differentiably.
+        leaks: whether some output at a position ``<= t`` depends on an input after ``t``.
+        hint: what a detector that answers wrongly on it most likely does.
+    """
+
+    def __init__(
+        self, name: str, fn: Callable[[Tensor], Tensor], leaks: bool, hint: str = ""
+    ) -> None:
+        self.name, self.fn, self.leaks, self.hint = name, fn, leaks, hint
+
+
+def judge_detector(fn: Callable[..., Any], probes: Sequence[Probe], x: Tensor) -> None:
+    """Run the student's detector on every probe; the first wrong verdict fails with its hint."""
+    for probe in probes:
+        what = f"depends_on_future({probe.name}, x) with x of shape {tuple(x.shape)}"
+        got = run_detector(fn, probe.fn, x, what)
+        if got != probe.leaks:
+            verdict = "depends on the future" if probe.leaks else "looks only at the past"
+            default = (
+                "Change only inputs at positions > t (for every cut t = 0 .. T-2) and compare "
+                "only the outputs at positions <= t."
+            )
+            raise AssertionError(
+                f"{what} returned {got}, but {probe.name} {verdict}. {probe.hint or default}"
+            )
+
+
+def _causal_softmax_attention(x: Tensor, causal: bool) -> Tensor:
+    """Self-attention with queries = keys = x and values 2x; causal or not (a probe)."""
+    T = x.shape[1]
+    scores = x @ x.transpose(-2, -1) / math.sqrt(x.shape[-1])  # (B, T, T)
+    if causal:
+        future = torch.arange(T)[None, :] > torch.arange(T)[:, None]  # (T, T)
+        scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ (2.0 * x)
+
+
+def _first_reads_second(x: Tensor) -> Tensor:
+    first = x[:, :1] + x[:, 1:2]  # (B, 1, ...): output 0 also reads input 1
+    return torch.cat([first, x[:, 1:]], dim=1)
+
+
+_WHOLE_OUTPUT = (
+    "Each output of this map depends only on its own position (or the ones before it), so the "
+    "outputs at positions <= t cannot change when only inputs after t change. Compare only "
+    "out[:, :t+1]: the outputs after t may change, that is allowed. And change only the "
+    "positions after t, never t itself."
+)
+_BACKWARDS = (
+    "x.cumsum(dim=1) only looks back (output t sums inputs 0..t). Perturb the future "
+    "(x[:, t+1:]) and watch the past (out[:, :t+1]), not the other way round."
+)
+_ONE_CUT = (
+    "Here only output 0 reads input 1 (out[:, 0] = x[:, 0] + x[:, 1]). Try every cut "
+    "t = 0 .. T-2 and change all the future positions x[:, t+1:] each time: changing only the "
+    "last position, or trying a single cut, misses leaks that reach only a little way ahead."
+)
+_TIME_AXIS = (
+    "Time is dim 1 of x (B, T, D): change x[:, t+1:], and compare out[:, :t+1] with a tight "
+    "tolerance (torch.equal, or torch.allclose's defaults)."
+)
+
+
+def visible_probes() -> list[Probe]:
+    """The maps the visible check tries the detector on (causal ones first)."""
+    return [
+        Probe("(lambda x: 2 * x)", lambda x: 2.0 * x, False, _WHOLE_OUTPUT),
+        Probe("(lambda x: x.cumsum(dim=1))", lambda x: x.cumsum(dim=1), False, _BACKWARDS),
+        Probe(
+            "causal self-attention",
+            lambda x: _causal_softmax_attention(x, causal=True),
+            False,
+            _WHOLE_OUTPUT,
+        ),
+        Probe("(lambda x: x.flip(1))", lambda x: x.flip(1), True, _TIME_AXIS),
+        Probe(
+            "self-attention without a mask",
+            lambda x: _causal_softmax_attention(x, causal=False),
+            True,
+            _TIME_AXIS,
+        ),
+        Probe("a map where output 0 also reads input 1", _first_reads_second, True, _ONE_CUT),
+        Probe(
+            "(lambda x: x - x.mean(dim=1, keepdim=True))",
+            lambda x: x - x.mean(dim=1, keepdim=True),
+            True,
+            "Normalising over the time axis mixes every position into every output: a leak. "
+            + _TIME_AXIS,
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# Run and judge in one call (the visible checks with stored values, the hidden with oracles)
+# --------------------------------------------------------------------------------------
+
+
+def expect_causal_mask(
+    fn: Callable[..., Any], T: int, want: Tensor, mistakes: Mapping[str, Tensor]
+) -> None:
+    """``causal_mask(T)`` must equal ``want``; ``mistakes`` name a wrong answer."""
+    judge_mask(run_causal_mask(fn, T), want, mistakes, f"causal_mask({T})")
+
+
+def expect_padding_mask(
+    fn: Callable[..., Any],
+    lengths: Sequence[int] | Tensor,
+    max_len: int,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+) -> None:
+    """``padding_mask(lengths, max_len)`` must equal ``want``."""
+    what = f"padding_mask({show_lengths(lengths)}, {max_len})"
+    judge_mask(run_padding_mask(fn, lengths, max_len), want, mistakes, what)
+
+
+def expect_combine_masks(
+    fn: Callable[..., Any],
+    padding: Tensor,
+    causal: Tensor,
+    what: str,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+) -> None:
+    """``combine_masks(padding, causal)`` must equal ``want``."""
+    judge_mask(run_combine_masks(fn, padding, causal, what), want, mistakes, what)
+
+
+def expect_attention(
+    fn: Callable[..., Any],
+    inputs: tuple[Tensor, Tensor, Tensor, Tensor],
+    described: str,
+    want: tuple[Tensor, Tensor],
+    mistakes: Mapping[str, tuple[Tensor, Tensor]],
+    *,
+    tol: float = _TOL,
+) -> tuple[Tensor, Tensor]:
+    """``masked_attention(q, k, v, mask)`` must return ``want = (out, weights)``."""
+    q, k, v, mask = inputs
+    what = describe_attention(q, k, v, described)
+    result = run_attention(fn, q, k, v, mask, what)
+    return judge_attention(result, want[0], want[1], mistakes, mask, what, tol=tol)
+
+
+# --------------------------------------------------------------------------------------
+# The worked examples of masked attention (inputs by formula: exact in float16 too)
+# --------------------------------------------------------------------------------------
+
+
+def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
+    """``(q, k, v, mask, description)`` of a worked example of ``masked_attention`` (float32).
+
+    Every entry is a multiple of 1/8 below 4 in magnitude, so the example is exact in float16.
+    The keys' scores grow with the key's position, so the keys a mask hides (the future, the
+    padding at the end) are those with the LARGEST raw scores.
+
+    * ``"causal"``: ``q, k (2, 5, 4)``, ``v (2, 5, 3)``, the causal ``(5, 5)`` mask.
+    * ``"padded"``: ``q (2, 2, 3, 2)``, ``k (2, 2, 5, 2)``, ``v (2, 2, 5, 4)`` (batch, heads, T=3
+      queries, S=5 keys) and a ``(2, 1, 3, 5)`` mask: two padded keys in the first sequence, and
+      in the second a query that may attend nothing.
+    """
+    if name == "causal":
+        b, t, d = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(4), indexing="ij")
+        q = 0.5 + 0.25 * ((t + 2 * d + b) % 3)
+        k = 0.5 * (t - 2) + 0.125 * ((t + d + 2 * b) % 3 - 1)
+        b, s, e = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(3), indexing="ij")
+        v = 0.5 * ((3 * s + e + b) % 5 - 2)
+        mask = torch.tensor(
+            [[j <= i for j in range(5)] for i in range(5)], dtype=torch.bool
+        )  # (T, S)
+        return q.float(), k.float(), v.float(), mask, "the causal (5, 5) mask"
+    if name == "padded":
+        b, h, t, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 3, 2)), indexing="ij")
+        q = 0.5 + 0.25 * ((b + h + t + d) % 4)
+        b, h, s, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 2)), indexing="ij")
+        k = 0.5 * (s - 1) + 0.25 * ((h + d) % 2)
+        b, h, s, e = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 4)), indexing="ij")
+        v = 0.5 * ((s + 2 * e + h) % 5) - 1.0
+        mask = torch.tensor(
+            [
+                [[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]],
+                [[1, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]],
+            ],
+            dtype=torch.bool,
+        )[:, None]  # (B, 1, T, S)
+        return q.float(), k.float(), v.float(), mask, "a (2, 1, 3, 5) mask with an empty row"
+    raise KeyError(name)
+
+
+def describe_attention(q: Tensor, k: Tensor, v: Tensor, described: str) -> str:
+    """How messages name a call of ``masked_attention`` (shapes, dtype and the mask)."""
+    kind = "" if q.dtype == torch.float32 else f" in {str(q.dtype).replace('torch.', '')}"
+    return (
+        f"masked_attention(q, k, v, mask){kind} with q {tuple(q.shape)}, k {tuple(k.shape)}, "
+        f"v {tuple(v.shape)} and {described}"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Visible checks
+# --------------------------------------------------------------------------------------
+
+
+def check_causal_mask(fn: Callable[..., Any]) -> None:
+    """Worked examples ``causal_mask(4)``, ``causal_mask(1)``, ``causal_mask(7)``."""
+    for T in (4, 1, 7):
+        expect_causal_mask(fn, T, *stored("lab05", f"causal_mask({T})"))
+
+
+def check_padding_mask(fn: Callable[..., Any]) -> None:
+    """Worked example with lengths ``[3, 1, 5, 0]`` and ``max_len=6``, as a list and a tensor."""
+    want, mistakes = stored("lab05", "padding_mask([3, 1, 5, 0], 6)")
+    for lengths in (torch.tensor([3, 1, 5, 0]), [3, 1, 5, 0]):
+        expect_padding_mask(fn, lengths, 6, want, mistakes)
+
+
+_COMBINE_EXAMPLES = (((4, 2), 4), ((5, 3, 1), 5))
+
+
+def combine_key(lengths: tuple[int, ...], T: int) -> str:
+    """The stored example's name (how messages show the call)."""
+    return (
+        f"combine_masks(padding, causal) with padding = padding_mask({list(lengths)}, {T}) "
+        f"and causal = causal_mask({T})"
+    )
+
+
+def check_combine_masks(fn: Callable[..., Any]) -> None:
+    """Worked examples: two batches of sequences of unequal length, with the causal mask."""
+    for lengths, T in _COMBINE_EXAMPLES:
+        padding = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+        causal = torch.tensor([[j <= i for j in range(T)] for i in range(T)])  # (T, T)
+        what = combine_key(lengths, T)
+        expect_combine_masks(fn, padding, causal, what, *stored("lab05", what))
+
+
+def _check_attention(fn: Callable[..., Any], dtype: torch.dtype, tol: float) -> None:
+    for name in ("causal", "padded"):
+        q, k, v, mask, described = attention_example(name)
+        want_w, wrong_w = stored("lab05", f"masked_attention example {name!r}: weights")
+        want_o, wrong_o = stored("lab05", f"masked_attention example {name!r}: out")
+        mistakes = {h: (wrong_o[h], wrong_w[h]) for h in wrong_w}
+        inputs = (q.to(dtype), k.to(dtype), v.to(dtype), mask)
+        expect_attention(fn, inputs, described, (want_o, want_w), mistakes, tol=tol)
+
+
+def check_masked_attention(fn: Callable[..., Any]) -> None:
+    """Worked examples in float32: a causal mask, and padding with a row that sees nothing."""
+    _check_attention(fn, torch.float32, _TOL)
+
+
+def check_masked_attention_half(fn: Callable[..., Any]) -> None:
+    """The same worked examples in float16: no overflow, no NaN, the same weights."""
+    _check_attention(fn, torch.float16, _HALF_TOL)
+
+
+def check_depends_on_future(fn: Callable[..., Any]) -> None:
+    """Causal maps must give False, leaky ones True; ``x`` must be left unchanged."""
+    x = torch.randn(2, 6, 3, generator=generator(505))
+    judge_detector(fn, visible_probes(), x)

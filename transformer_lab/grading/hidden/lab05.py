@@ -1,0 +1,702 @@
+"""Hidden checks of lab 05 (masked attention), their oracles and the visible checks' fixtures.
+
+The oracles are written with Python loops over positions (the masks) and a float64 softmax over
+explicitly allowed keys (attention), independent of :mod:`transformer_lab.masks` and
+:mod:`transformer_lab.attention`. The mistake catalogues give what each typical wrong answer
+returns (upper instead of lower triangle, diagonal excluded, True and False swapped, padding
+inverted or off by one, ``|`` instead of ``&``, padding over queries, no head axis, the mask
+after the softmax, masked scores set to 0, a fill value that is not negative enough, fully
+masked rows that stay uniform...), so a wrong answer is named.
+
+The leak detector is tried on sequence maps built inside the checks (GRUs one- and two-way,
+causal and centred convolutions, attention with and without a mask, leaks one, two or three
+positions ahead, leaks of size 1e-3, normalisation over time...), on float inputs of several
+shapes: a correct detector that perturbs the future or one that follows gradients passes them
+all. They are closures made inside the checks, so the refusal of this module's functions inside
+a ban (:mod:`transformer_lab.checks._bans`) does not reach them.
+
+:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab05.json``).
+
+Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2; Vaswani et al.,
+"Attention Is All You Need", NeurIPS 2017, section 3.2.3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_lab.checks._common import expect_shape, expect_true, generator, randint
+from transformer_lab.checks.lab05 import (
+    Probe,
+    attention_example,
+    combine_key,
+    expect_attention,
+    expect_causal_mask,
+    expect_combine_masks,
+    expect_padding_mask,
+    judge_detector,
+    run_attention,
+)
+
+__all__ = [
+    "attention_mistakes",
+    "causal_mistakes",
+    "combine_mistakes",
+    "fixtures",
+    "hidden_check_causal_mask",
+    "hidden_check_combine_masks",
+    "hidden_check_depends_on_future",
+    "hidden_check_depends_on_future_subtle",
+    "hidden_check_masked_attention",
+    "hidden_check_masked_attention_dtypes",
+    "hidden_check_padding_mask",
+    "oracle_causal_mask",
+    "oracle_combine_masks",
+    "oracle_masked_attention",
+    "oracle_padding_mask",
+    "padding_mistakes",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Oracles
+# --------------------------------------------------------------------------------------
+
+
+def oracle_causal_mask(T: int) -> Tensor:
+    """``(T, T)`` bool: query ``t`` (row) may attend key ``s`` (column) when ``s <= t``."""
+    rows = [[s <= t for s in range(T)] for t in range(T)]
+    return torch.tensor(rows, dtype=torch.bool).reshape(T, T)
+
+
+def oracle_padding_mask(lengths: Sequence[int], max_len: int) -> Tensor:
+    """``(B, max_len)`` bool: position ``p`` of sequence ``b`` is real when ``p < lengths[b]``."""
+    rows = [[p < int(n) for p in range(max_len)] for n in lengths]
+    return torch.tensor(rows, dtype=torch.bool).reshape(len(rows), max_len)
+
+
+def oracle_combine_masks(padding: Tensor, causal: Tensor) -> Tensor:
+    """``(B, 1, T, T)`` bool: query ``t`` of sequence ``b`` may attend key ``s`` when ``s`` is a
+    real token and ``causal[t, s]`` allows it (padding hides keys, never queries)."""
+    B, T = padding.shape
+    out = torch.zeros(B, 1, T, T, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            for s in range(T):
+                out[b, 0, t, s] = bool(padding[b, s]) and bool(causal[t, s])
+    return out
+
+
+def _attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor,
+    *,
+    scale: float | None = None,
+    axis: int = -1,
+) -> tuple[Tensor, Tensor]:
+    """Float64 attention over the allowed keys only; rows with none get zeros."""
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q.double() @ k.double().transpose(-2, -1) * s  # (..., T, S)
+    allowed = torch.broadcast_to(allowed.to(torch.bool), scores.shape)
+    kept = scores.masked_fill(~allowed, -math.inf)  # (..., T, S)
+    top = kept.amax(axis, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = torch.exp(kept - top)  # exactly 0 where not allowed
+    total = e.sum(axis, keepdim=True)
+    w = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), torch.zeros_like(e))
+    return w @ v.double(), w
+
+
+def oracle_masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Reference ``(out, weights)`` in float64: softmax over the keys the mask allows."""
+    return _attend(q, k, v, mask)
+
+
+# --------------------------------------------------------------------------------------
+# The typical mistakes, as what they return
+# --------------------------------------------------------------------------------------
+
+
+def _distinct(want: Tensor, mistakes: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Drop the mistakes that give the right answer on this input (and repeats)."""
+    kept: dict[str, Tensor] = {}
+    for hint, wrong in mistakes.items():
+        same = [want, *kept.values()]
+        if any(w.shape == wrong.shape and torch.equal(w, wrong) for w in same):
+            continue
+        kept[hint] = wrong
+    return kept
+
+
+def causal_mistakes(T: int) -> dict[str, Tensor]:
+    """Hint -> the mask a typical wrong ``causal_mask(T)`` returns."""
+    t = torch.arange(T)[:, None]  # (T, 1): queries in rows
+    s = torch.arange(T)[None, :]  # (1, T): keys in columns
+    good = oracle_causal_mask(T)
+    return _distinct(
+        good,
+        {
+            "Your mask is upper-triangular: query t (row) would attend keys t, t+1, ..., the "
+            "future, and never the past. Keep the lower triangle, key s <= query t "
+            "(torch.tril, not torch.triu).": s >= t,
+            "Your mask leaves out the diagonal: a token may attend to itself. Allow key "
+            "s <= query t, not s < t (torch.tril with the default diagonal=0).": s < t,
+            "Your mask is inverted: True must mean *may attend* (as in "
+            "F.scaled_dot_product_attention), so the diagonal and the past are True and the "
+            "future False.": s > t,
+            "Every entry of your mask is True: nothing is hidden. Query t may attend keys "
+            "0..t only.": torch.ones(T, T, dtype=torch.bool),
+            "Every entry of your mask is False: query t may attend keys 0..t, its own "
+            "position included.": torch.zeros(T, T, dtype=torch.bool),
+            "Your mask has an extra leading axis: return (T, T); batch and head axes come "
+            "later, from broadcasting.": good[None],
+        },
+    )
+
+
+def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
+    """Hint -> the mask a typical wrong ``padding_mask(lengths, max_len)`` returns."""
+    n = torch.tensor([int(x) for x in lengths])[:, None]  # (B, 1)
+    p = torch.arange(max_len)[None, :]  # (1, T)
+    good = oracle_padding_mask(lengths, max_len)
+    longest = int(n.max()) if n.numel() else 0
+    mistakes = {
+        "Your mask is True at the padding: True marks the real tokens (the keys attention may "
+        "use), False the padding.": p >= n,
+        "Your mask has one real token too many: a sequence of length L has real tokens at "
+        "positions 0..L-1, so use positions < L, not <=.": p <= n,
+        "Your positions start at 1: count them from 0, so that a sequence of length L has "
+        "exactly L True entries.": p + 1 < n,
+        "Your True entries are at the end of each row (left padding): these sequences are "
+        "right-padded, real tokens first and padding after.": p >= max_len - n,
+        "Every entry of your mask is True: the lengths are ignored.": torch.ones(
+            len(lengths), max_len, dtype=torch.bool
+        ),
+        "Your mask is transposed: return (B, max_len), one row per sequence.": good.T,
+    }
+    if longest != max_len:
+        mistakes[
+            "Your mask has max(lengths) columns, not max_len: the batch is padded to max_len, "
+            "so build the positions with torch.arange(max_len)."
+        ] = p[:, :longest] < n
+    return _distinct(good, mistakes)
+
+
+_PADDED_QUERIES = (
+    "Your padding hides the rows of padded queries, which leaves them nothing to attend (fully "
+    "masked rows: NaN with a -inf fill). Padding hides keys (columns) only, padding[:, None, "
+    "None, :]: a query at a padded position still attends to the real tokens before it, and "
+    "the loss ignores its output."
+)
+
+
+def combine_mistakes(padding: Tensor, causal: Tensor) -> dict[str, Tensor]:
+    """Hint -> the mask a typical wrong ``combine_masks(padding, causal)`` returns."""
+    B, T = padding.shape
+    keys = padding[:, None, None, :]  # (B, 1, 1, T): padding over keys
+    queries = padding[:, None, :, None]  # (B, 1, T, 1): padding over queries
+    c = causal[None, None]  # (1, 1, T, T)
+    good = oracle_combine_masks(padding, causal)
+    own_causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return _distinct(
+        good,
+        {
+            "You combined the masks with | (or): a key may be attended only when BOTH masks "
+            "allow it, so combine them with & (and).": keys | c,
+            _PADDED_QUERIES: queries & c,
+            _PADDED_QUERIES + " (Yours hides the padded keys too.)": queries & keys & c,
+            "Your mask has no head axis: return (B, 1, T, T), so that it broadcasts over the "
+            "heads of (B, H, T, T) scores.": (keys & c)[:, 0],
+            "Your head axis is in the wrong place: the shape is (B, 1, T, T), batch first, "
+            "then a head axis of size 1.": (keys & c)[:, 0][None],
+            "Your mask ignores the padding: padded keys must be hidden from every query.": (
+                c.expand(B, 1, T, T)
+            ),
+            "Your mask ignores the causal mask: the future must stay hidden too.": keys.expand(
+                B, 1, T, T
+            ),
+            "Your padding mask is inverted: padding is True at the real tokens, so keep the "
+            "keys where it is True.": ~keys & c,
+            "Your causal part is transposed: causal[t, s] has queries t in rows and keys s in "
+            "columns, and so does the result.": keys & c.transpose(-2, -1),
+            "Your mask ignores the `causal` argument and builds its own lower triangle: use the "
+            "mask you are given (it may be any (T, T) mask, e.g. a local window).": keys
+            & own_causal[None, None],
+        },
+    )
+
+
+_AFTER = (
+    "Your weights are softmax(scores) multiplied by the mask afterwards: the share the softmax "
+    "gave the masked keys is thrown away, so the rows no longer sum to one (and the output "
+    "shrinks). Dividing by the row sums again is no cure: where the masked keys score far "
+    "higher, the other exponentials underflow to 0 and the row becomes 0/0. Mask the scores "
+    "BEFORE the softmax."
+)
+_FILL_ZERO = (
+    "Your masked scores are set to 0 instead of a very negative number: exp(0) is not small, "
+    "so masked keys still get weight, the more so where the real scores are negative. Fill "
+    "with torch.finfo(scores.dtype).min."
+)
+_INVERTED = (
+    "Your mask works the wrong way round: True means *may attend* (as in "
+    "F.scaled_dot_product_attention), so hide the keys where the mask is False: "
+    "scores.masked_fill(~mask, ...)."
+)
+_IGNORED = (
+    "Your weights ignore the mask: every key gets weight. Set the scores where the mask is "
+    "False to torch.finfo(scores.dtype).min before the softmax."
+)
+_UNIFORM = (
+    "A row whose mask allows no key gets uniform weights 1/S from your code (every score was "
+    "filled with the same number). Such rows must be all zeros, and so must their output: set "
+    "the weights of masked keys to 0 after the softmax, e.g. weights.masked_fill(~mask, 0)."
+)
+
+
+def attention_mistakes(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Hint -> ``(out, weights)`` a typical wrong ``masked_attention`` returns (float64)."""
+    qd, kd, vd = q.double(), k.double(), v.double()
+    d = q.shape[-1]
+    scores = qd @ kd.transpose(-2, -1) / math.sqrt(d)  # (..., T, S)
+    allowed = torch.broadcast_to(mask.to(torch.bool), scores.shape)
+    everything = torch.ones_like(allowed)
+
+    def plain(s: Tensor) -> tuple[Tensor, Tensor]:
+        w = torch.softmax(s, dim=-1)
+        return w @ vd, w
+
+    after = torch.softmax(scores, dim=-1) * allowed
+    zero_fill = torch.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)
+    candidates: dict[str, tuple[Tensor, Tensor]] = {}
+    low = float(scores.masked_fill(~allowed, math.inf).min()) if bool(allowed.any()) else 0.0
+    if low < -1e4:  # first: after-the-softmax mistakes look alike here
+        small = (
+            f"Your fill value is not negative enough: here real scores go down to {low:.3g}, "
+            "below a fill such as -1e4, so masked keys outrank them. Use the dtype's own "
+            "minimum, torch.finfo(scores.dtype).min."
+        )
+        w = torch.softmax(scores.masked_fill(~allowed, -1e4), dim=-1)
+        candidates[small] = (w @ vd, w)
+        candidates[small + " (Zeroing the masked weights afterwards cannot repair that.)"] = (
+            (w * allowed) @ vd,
+            w * allowed,
+        )
+    candidates |= {
+        _AFTER: (after @ vd, after),
+        _FILL_ZERO: plain(scores.masked_fill(~allowed, 0.0)),
+        _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring the rest back "
+        "to a sum of one.)": ((zero_fill * allowed) @ vd, zero_fill * allowed),
+        _UNIFORM: plain(scores.masked_fill(~allowed, -1e300)),  # a finite fill, rows not fixed
+        _INVERTED: _attend(q, k, v, ~allowed),
+        _IGNORED: _attend(q, k, v, everything),
+        "Your scores are not scaled: divide q @ k.transpose(-2, -1) by sqrt(d_k), "
+        "d_k = q.shape[-1].": _attend(q, k, v, allowed, scale=1.0),
+        "Your scores are divided by d_k: the scale is 1/sqrt(d_k).": _attend(
+            q, k, v, allowed, scale=1.0 / d
+        ),
+        "Your softmax runs over the queries (dim=-2): each query's weights over the keys must "
+        "sum to one, so take it over the last axis.": _attend(q, k, v, allowed, axis=-2),
+    }
+    want_out, want_w = oracle_masked_attention(q, k, v, mask)
+    kept: dict[str, tuple[Tensor, Tensor]] = {}
+    for hint, (out, w) in candidates.items():
+        if w.shape != want_w.shape or bool(torch.isnan(w).any()):
+            continue
+        if torch.allclose(w, want_w, atol=1e-6) and torch.allclose(out, want_out, atol=1e-6):
+            continue  # this mistake is harmless on this input
+        kept[hint] = (out, w)
+    return kept
+
+
+# --------------------------------------------------------------------------------------
+# Hidden checks: the masks
+# --------------------------------------------------------------------------------------
+
+
+def _expect_causal(fn: Callable[..., Any], T: int) -> None:
+    expect_causal_mask(fn, T, oracle_causal_mask(T), causal_mistakes(T))
+
+
+def hidden_check_causal_mask(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random sizes (seeded), a two-token and a long sequence, against the loop oracle."""
+    g = generator(seed)
+    for T in (2, randint(3, 12, g), randint(13, 40, g), 64):
+        _expect_causal(fn, T)
+
+
+def _expect_padding(fn: Callable[..., Any], lengths: Sequence[int] | Tensor, max_len: int) -> None:
+    plain = [int(n) for n in lengths]
+    expect_padding_mask(
+        fn, lengths, max_len, oracle_padding_mask(plain, max_len), padding_mistakes(plain, max_len)
+    )
+
+
+def hidden_check_padding_mask(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random batches: empty and full sequences, int64 and int32 tensors, Python lists."""
+    g = generator(seed)
+    for kind in ("int64", "int32", "list"):
+        B, max_len = randint(2, 6, g), randint(3, 12, g)
+        lengths = [randint(0, max_len, g) for _ in range(B)]
+        lengths[0], lengths[-1] = max_len, 0
+        if kind == "list":
+            _expect_padding(fn, lengths, max_len)
+        else:
+            _expect_padding(fn, torch.tensor(lengths, dtype=getattr(torch, kind)), max_len)
+    _expect_padding(fn, torch.tensor([2]), 7)  # one sequence, max(lengths) < max_len
+
+
+def _expect_combine(fn: Callable[..., Any], padding: Tensor, causal: Tensor, what: str) -> None:
+    want = oracle_combine_masks(padding, causal)
+    expect_combine_masks(fn, padding, causal, what, want, combine_mistakes(padding, causal))
+
+
+def hidden_check_combine_masks(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random batches with the causal mask, and a local-window mask the function must use."""
+    g = generator(seed)
+    for _ in range(2):
+        B, T = randint(2, 5, g), randint(3, 9, g)
+        lengths = [randint(1, T, g) for _ in range(B)]
+        lengths[0] = T
+        padding = oracle_padding_mask(lengths, T)
+        _expect_combine(fn, padding, oracle_causal_mask(T), combine_key(tuple(lengths), T))
+    T = 6
+    lengths = [6, 4, 0]
+    padding = oracle_padding_mask(lengths, T)
+    window = torch.tensor([[t - 2 <= s <= t for s in range(T)] for t in range(T)])  # (T, T)
+    what = (
+        f"combine_masks(padding, causal) with padding = padding_mask({lengths}, {T}) and "
+        "causal = a local window (each query sees itself and the 2 keys before it)"
+    )
+    _expect_combine(fn, padding, window, what)
+
+
+# --------------------------------------------------------------------------------------
+# Hidden checks: masked attention
+# --------------------------------------------------------------------------------------
+
+
+def _expect_attention(
+    fn: Callable[..., Any],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    described: str,
+    *,
+    tol: float = 1e-4,
+) -> tuple[Tensor, Tensor]:
+    want = oracle_masked_attention(q, k, v, mask)
+    wrong = attention_mistakes(q, k, v, mask)
+    return expect_attention(fn, (q, k, v, mask), described, want, wrong, tol=tol)
+
+
+def _random_case(
+    g: torch.Generator,
+    lead: tuple[int, ...],
+    kind: str,
+    *,
+    scale: float = 1.0,
+    push: tuple[float, float] = (0.0, 3.0),
+) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
+    """Inputs with a mask of ``kind`` where the masked keys have the largest raw scores.
+
+    ``kind`` is ``"causal"`` (a ``(T, T)`` mask), ``"padding"`` (a key padding mask
+    ``(B, 1, S)`` or ``(B, 1, 1, S)``; needs a batch axis) or ``"random"`` (a mask of the
+    scores' full shape with an empty row). An extra feature gives every query a large positive
+    component and every key one of ``scale * push[0]`` where the mask allows it and
+    ``scale * push[1]`` where it hides it (under a causal mask, ``push[1]`` times the key's
+    position): by default the hidden keys score highest, so a mask applied after the softmax,
+    or not at all, cannot hide. Queries and keys differ in number except under a causal mask.
+    """
+    T, S, dk, dv = randint(2, 6, g), randint(3, 8, g), randint(2, 6, g), randint(2, 5, g)
+    if kind == "causal":
+        S = T
+    q = torch.randn(*lead, T, dk, generator=g) * scale
+    k = torch.randn(*lead, S, dk, generator=g) * scale
+    v = torch.randn(*lead, S, dv, generator=g)
+    hidden = torch.zeros(*lead, S)  # how much each key's score is pushed up
+    if kind == "causal":
+        mask = oracle_causal_mask(T)  # (T, S)
+        hidden = hidden + torch.arange(S, dtype=torch.float32)
+        described = f"the causal ({T}, {T}) mask"
+    elif kind == "padding":
+        lengths = [randint(1, S, g) for _ in range(lead[0])]
+        lengths[-1] = max(1, S - 2)
+        real = oracle_padding_mask(lengths, S)  # (B, S)
+        mask = real.reshape(lead[0], *([1] * len(lead)), S)  # (B, 1, S) or (B, 1, 1, S)
+        hidden = hidden + (~real).float().reshape(lead[0], *([1] * (len(lead) - 1)), S)
+        described = f"a key padding mask of shape {tuple(mask.shape)} (lengths {lengths})"
+    else:
+        mask = torch.rand(*lead, T, S, generator=g) < 0.6
+        mask[..., 0, :] = False  # a query with nothing to attend
+        mask[..., -1, 0] = True
+        described = f"a random mask of shape {tuple(mask.shape)} with an empty row"
+    hidden = push[0] + (push[1] - push[0]) * hidden
+    q = torch.cat([q, torch.full((*lead, T, 1), 2.0 * scale)], dim=-1)  # (..., T, dk + 1)
+    k = torch.cat([k, scale * hidden[..., None]], dim=-1)  # (..., S, dk + 1)
+    return q, k, v, mask, described
+
+
+def hidden_check_masked_attention(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random shapes (T != S, key != value), masks of every broadcast shape, large scores."""
+    g = generator(seed)
+    for lead, kind in (
+        ((), "causal"),
+        ((3,), "padding"),
+        ((2, 3), "causal"),
+        ((2, 2), "padding"),
+        ((2, 3), "random"),
+        ((4,), "random"),
+    ):
+        q, k, v, mask, described = _random_case(g, lead, kind)
+        _expect_attention(fn, q, k, v, mask, described)
+    q, k, v, mask, described = _random_case(g, (2, 2), "padding")
+    _expect_attention(fn, q.double(), k.double(), v.double(), mask, described)
+    # Scores in the tens of thousands: a fill of -1e4 is no longer "very negative".
+    # Padded keys scoring some 100 above the real ones: exp of the real scores underflows.
+    q, k, v, mask, described = _random_case(g, (2, 2), "padding", push=(0.0, 150.0))
+    _expect_attention(fn, q, k, v, mask, described + ", the padding scoring ~100 higher")
+    # Real scores far below -1e4 (the padding lower still): a fill of -1e4 is not very negative.
+    q, k, v, mask, described = _random_case(g, (2, 2), "padding", scale=100.0, push=(-6.0, -12.0))
+    _expect_attention(
+        fn, q, k, v, mask, described + ", scores in the tens of thousands below 0", tol=1e-3
+    )
+
+
+def hidden_check_masked_attention_dtypes(fn: Callable[..., Any], seed: int = 0) -> None:
+    """float16 and bfloat16 (the fill value), and finite gradients through an empty row."""
+    g = generator(seed)
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 5e-2)):
+        for lead, kind in (((2, 2), "padding"), ((3,), "random"), ((2, 2), "causal")):
+            q, k, v, mask, described = _random_case(g, lead, kind, scale=0.5)
+            _expect_attention(fn, q.to(dtype), k.to(dtype), v.to(dtype), mask, described, tol=tol)
+    q, k, v, mask, described = _random_case(g, (2, 2), "random")
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    what = f"masked_attention(q, k, v, mask) with {described} (backward pass)"
+    out, w = run_attention(fn, q, k, v, mask, what)
+    out = expect_shape(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
+    w = expect_shape(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
+    expect_true(
+        out.requires_grad and w.requires_grad,
+        f"the output of {what} does not depend differentiably on q, k and v: avoid .detach(), "
+        ".item() or tensors rebuilt from Python numbers inside the computation.",
+    )
+    r_out = torch.randn(out.shape, generator=g)
+    r_w = torch.randn(w.shape, generator=g)
+    ((out * r_out).sum() + (w * r_w).sum()).backward()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        grad = t.grad
+        expect_true(
+            grad is not None and bool(torch.isfinite(grad).all()),
+            f"the gradient of {what} with respect to {name} is "
+            f"{'missing' if grad is None else 'not finite (NaN or inf)'}: a row with nothing to "
+            "attend must not poison training. Fill with torch.finfo(scores.dtype).min (not "
+            "-inf, not mask.log()) and zero the masked weights with masked_fill or where.",
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Hidden checks: the leak detector
+# --------------------------------------------------------------------------------------
+
+_ONE_CUT = (
+    "Only some outputs near the start read ahead here. Try every cut t = 0 .. T-2 and change "
+    "all the future positions x[:, t+1:] each time: changing only the last position, or one "
+    "cut, misses leaks that reach only a little way ahead."
+)
+_SMALL = (
+    "The leak here is small (1e-3 of the input), but a leak of any size lets training cheat. "
+    "Compare exactly (torch.equal) or with a tolerance far below it (torch.allclose's "
+    "defaults), not atol=1e-2, and make the change to the future inputs of order 1."
+)
+_CAUSAL_HINT = (
+    "This map looks only at the past, so out[:, :t+1] cannot change when only x[:, t+1:] "
+    "changes. Compare only out[:, :t+1] (the outputs after t may change, that is allowed), "
+    "change only the positions after t (never t itself), and perturb the future while watching "
+    "the past, not the other way round."
+)
+_TIME_AXIS = (
+    "Time is dim 1 of x (B, T, ...): change x[:, t+1:] for every cut t and compare out[:, :t+1]."
+)
+
+
+def _probes(g: torch.Generator, D: int) -> list[Probe]:
+    """Sequence maps with known causality on ``(B, T, D)`` inputs (closures over torch modules)."""
+    with torch.random.fork_rng(devices=[]):  # seeded modules; the notebook's RNG untouched
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=g)))
+        gru = nn.GRU(D, 5, batch_first=True)
+        bigru = nn.GRU(D, 3, batch_first=True, bidirectional=True)
+        conv = nn.Conv1d(D, 4, kernel_size=3)
+        centred = nn.Conv1d(D, 4, kernel_size=3, padding=1)
+        head = nn.Linear(D, 7)
+    return [
+        Probe("a GRU", lambda x: gru(x)[0], False, _CAUSAL_HINT),
+        Probe(
+            "a causal convolution (padded on the left)",
+            lambda x: conv(F.pad(x.transpose(1, 2), (2, 0))).transpose(1, 2),
+            False,
+            _CAUSAL_HINT,
+        ),
+        Probe(
+            "F.scaled_dot_product_attention(x, x, x, is_causal=True)",
+            lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True),
+            False,
+            _CAUSAL_HINT,
+        ),
+        Probe("a linear layer to 7 outputs per position", head, False, _CAUSAL_HINT),
+        Probe(
+            "an exponential moving average over time",
+            lambda x: torch.stack(
+                [sum(0.5 ** (t - j) * x[:, j] for j in range(t + 1)) for t in range(x.shape[1])],
+                dim=1,
+            ),
+            False,
+            _CAUSAL_HINT,
+        ),
+        Probe("a two-way GRU", lambda x: bigru(x)[0], True, _TIME_AXIS),
+        Probe(
+            "a centred convolution (kernel 3, padding 1)",
+            lambda x: centred(x.transpose(1, 2)).transpose(1, 2),
+            True,
+            _ONE_CUT,
+        ),
+        Probe(
+            "F.scaled_dot_product_attention(x, x, x) without a mask",
+            lambda x: F.scaled_dot_product_attention(x, x, x),
+            True,
+            _TIME_AXIS,
+        ),
+        Probe(
+            "a map where output t also reads input t+2",
+            lambda x: x + F.pad(x[:, 2:], (0, 0, 0, 2)),
+            True,
+            _ONE_CUT,
+        ),
+    ]
+
+
+def hidden_check_depends_on_future(fn: Callable[..., Any], seed: int = 0) -> None:
+    """GRUs, convolutions and attention, causal or not, on random ``(B, T, D)`` inputs."""
+    g = generator(seed)
+    B, T, D = randint(2, 4, g), randint(5, 8, g), randint(2, 5, g)
+    x = torch.randn(B, T, D, generator=g)
+    judge_detector(fn, _probes(g, D), x)
+
+
+def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Small leaks, leaks near the start only, one sequence, ``(B, T)`` inputs, large values."""
+    g = generator(seed)
+    B, T, D = randint(2, 3, g), randint(6, 9, g), randint(2, 4, g)
+    x = torch.randn(B, T, D, generator=g)
+    lookahead = randint(2, 3, g)
+
+    def early_leak(z: Tensor) -> Tensor:
+        first = z[:, :1] + z[:, lookahead : lookahead + 1]  # output 0 reads input `lookahead`
+        return torch.cat([first, z[:, 1:]], dim=1)
+
+    judge_detector(
+        fn,
+        [
+            Probe("(lambda x: x.flip(1))", lambda z: z.flip(1), True, _TIME_AXIS),
+            Probe(
+                "a map with a 1e-3 leak (x + 1e-3 * x.flip(1))",
+                lambda z: z + 1e-3 * z.flip(1),
+                True,
+                _SMALL,
+            ),
+            Probe(
+                "(lambda x: 1000 * x.cumsum(dim=1))",
+                lambda z: 1000.0 * z.cumsum(dim=1),
+                False,
+                _CAUSAL_HINT,
+            ),
+            Probe(f"a map where output 0 also reads input {lookahead}", early_leak, True, _ONE_CUT),
+        ],
+        x,
+    )
+    judge_detector(
+        fn,
+        [
+            Probe(
+                "x.cumsum(dim=1) on one sequence", lambda z: z.cumsum(dim=1), False, _CAUSAL_HINT
+            ),
+            Probe(
+                "a map where the second-to-last output reads the last input",
+                lambda z: torch.cat([z[:, :-2], z[:, -2:-1] + z[:, -1:], z[:, -1:]], dim=1),
+                True,
+                "Only output T-2 reads ahead here (it also reads input T-1): check every cut "
+                "t = 0 .. T-2, every output up to t, not only the first output.",
+            ),
+        ],
+        x[:1],
+    )
+    tokens = torch.randn(B, T, generator=g)  # (B, T): one number per position
+    judge_detector(
+        fn,
+        [
+            Probe(
+                "(lambda x: x.cumsum(dim=1)) on (B, T) inputs",
+                lambda z: z.cumsum(dim=1),
+                False,
+                _CAUSAL_HINT,
+            ),
+            Probe(
+                "(lambda x: x.flip(1)) on (B, T) inputs",
+                lambda z: z.flip(1),
+                True,
+                "x may have any number of dims after (B, T): index time as x[:, t+1:].",
+            ),
+        ],
+        tokens,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The visible checks' worked examples
+# --------------------------------------------------------------------------------------
+
+
+def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
+    return {
+        "expected": expected.tolist(),
+        "mistakes": {hint: t.tolist() for hint, t in (mistakes or {}).items()},
+    }
+
+
+def fixtures() -> dict[str, dict[str, Any]]:
+    """The stored examples of :mod:`transformer_lab.checks.lab05`, keyed by the call."""
+    out: dict[str, dict[str, Any]] = {}
+    for T in (4, 1, 7):
+        out[f"causal_mask({T})"] = _entry(oracle_causal_mask(T), causal_mistakes(T))
+    lengths, max_len = [3, 1, 5, 0], 6
+    out[f"padding_mask({lengths}, {max_len})"] = _entry(
+        oracle_padding_mask(lengths, max_len), padding_mistakes(lengths, max_len)
+    )
+    for lengths_t, T in (((4, 2), 4), ((5, 3, 1), 5)):
+        padding = oracle_padding_mask(lengths_t, T)
+        causal = oracle_causal_mask(T)
+        out[combine_key(lengths_t, T)] = _entry(
+            oracle_combine_masks(padding, causal), combine_mistakes(padding, causal)
+        )
+    for name in ("causal", "padded"):
+        q, k, v, mask, _ = attention_example(name)
+        want_out, want_w = oracle_masked_attention(q, k, v, mask)
+        mistakes = attention_mistakes(q, k, v, mask)
+        out[f"masked_attention example {name!r}: weights"] = _entry(
+            want_w, {h: w for h, (_, w) in mistakes.items()}
+        )
+        out[f"masked_attention example {name!r}: out"] = _entry(
+            want_out, {h: o for h, (o, _) in mistakes.items()}
+        )
+    return out
