@@ -147,7 +147,7 @@ SAVED_SOFTMAX = torch.softmax  # a student's alias taken before any check runs
         (lambda x: x.softmax(-1), "softmax"),
         (lambda x: F.softmax(x, -1), "softmax"),
         (lambda x: F.log_softmax(x, -1).exp(), "softmax"),
-        (lambda x: torch.ops.aten._softmax(x, -1, False), "softmax"),
+        (lambda x: torch._softmax(x, -1, False), "softmax"),
         (lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None]), "attention"),
         (lambda x: F.layer_norm(x, (4,)), "normalization"),
         # The shortcut the issue found: group norm with one group is layer norm.

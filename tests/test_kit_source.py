@@ -52,10 +52,7 @@ _CITING = sorted(
 
 @pytest.mark.parametrize(
     "path",
-    [
-        p
-        for p in _CITING
-    ],
+    [p for p in _CITING],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_the_repository_cites_only_itself(path: Path) -> None:

@@ -431,14 +431,10 @@ def encoder_block_diagram() -> Figure:
 # --------------------------------------------------------------------------------------
 
 # Each lab's section imports what its diagrams use, so that sections merge independently.
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
-import torch
-from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
-from torch import Tensor
 
 __all__ += ["loss_race", "mask_grid", "weight_grid"]
 

@@ -200,7 +200,7 @@ def install(config: dict[str, Any]) -> None:
     snapshot = take_snapshot()
     # What PyTorch itself wraps later (importing torch._dynamo, which any optimizer does, wraps
     # torch.manual_seed): accepted only as a wrapper of the original.
-    library_wraps = {("torch", "manual_seed")}
+    library_wraps = {("torch", "manual_seed"), ("torch", "compile")}
 
     def differences() -> list[str]:
         found: list[str] = []

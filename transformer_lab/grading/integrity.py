@@ -243,6 +243,8 @@ _FORBIDDEN_TEXT = {
     "solutions/": "reads the course's solutions",
     "submitted/": "touches other submissions",
     "sys.modules": "changes sys.modules",
+    "torch.ops.": "calls torch's operators directly (torch.ops), past the checks' bans",
+    "torch._C.": "calls torch's C internals (torch._C), past the checks' bans",
 }
 _HOOK_ATTRS = {"run_cell", "run_cell_async", "events", "input_transformers_post",
                "input_transformers_cleanup", "ast_transformers", "showtraceback"}  # fmt: skip
