@@ -221,6 +221,10 @@ def merge_kit(x):
     return kit.merge_heads(x)
 
 
+def merge_not_implemented(x):
+    raise NotImplementedError()
+
+
 @pytest.mark.parametrize(
     "fn", [merge_heads, merge_cat, merge_permute_flatten, merge_contiguous_view]
 )
@@ -237,6 +241,7 @@ def test_correct_merges_pass_every_check(fn) -> None:
         (merge_not_flat, ["visible", "hidden"], "not flattened"),
         (merge_wrong_axes, ["visible", "hidden"], "transpose(2, 3)"),
         (merge_kit, ["visible", "hidden"], "transformer_lab.attention.merge_heads"),
+        (merge_not_implemented, ["visible", "hidden"], "not implemented yet"),
     ],
 )
 def test_merge_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
@@ -597,6 +602,31 @@ class TorchSDPA(Reference):
         return out, torch.zeros(*q.shape[:-1], k.shape[-2])
 
 
+class FunctionalMHA(Reference):
+    """torch.nn.functional.multi_head_attention_forward with the module's own weights."""
+
+    def forward(self, query, key, value, mask=None):
+        D = query.shape[-1]
+        biases = [p.bias for p in (self.q_proj, self.k_proj, self.v_proj)]
+        out, w = F.multi_head_attention_forward(
+            *(t.transpose(0, 1) for t in (query, key, value)), D, self.n_heads, None,
+            None if biases[0] is None else torch.cat(biases), None, None, False, 0.0,
+            self.out_proj.weight, self.out_proj.bias, training=False,
+            attn_mask=None if mask is None else ~mask, use_separate_proj_weight=True,
+            q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight,
+            v_proj_weight=self.v_proj.weight, average_attn_weights=False,
+        )  # fmt: skip
+        return out.transpose(0, 1), w
+
+
+class NotImplementedModule(nn.Module):
+    """The release's stub: __init__ stops at `raise NotImplementedError()`."""
+
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__()
+        raise NotImplementedError()
+
+
 class WrapsKit(Reference):
     def forward(self, query, key, value, mask=None):
         return kit.MultiHeadAttention.forward(self, query, key, value, mask)
@@ -637,7 +667,9 @@ ALL = list(MHA)
         (DetachedQueries, ["visible", "hidden"], "no gradient reaches q_proj.weight"),
         (WrapsTorch, VALUES, "torch.nn.MultiheadAttention"),
         (TorchSDPA, VALUES, "scaled_dot_product_attention"),
+        (FunctionalMHA, VALUES, "multi_head_attention_forward"),
         (WrapsKit, VALUES, "does not allow"),
+        (NotImplementedModule, ALL, "not implemented yet"),
     ],
     ids=lambda v: getattr(v, "__name__", None),
 )
@@ -798,6 +830,10 @@ def load_kit(ours, theirs):
     kit.load_torch_weights(ours, theirs)
 
 
+def load_not_implemented(ours, theirs):
+    raise NotImplementedError()
+
+
 @pytest.mark.parametrize("fn", [load_torch_weights, load_state_dicts, load_data_copy])
 def test_correct_loaders_pass_every_check(fn) -> None:
     assert _outcomes(LOAD, fn) == dict.fromkeys(LOAD, "")
@@ -818,6 +854,7 @@ def test_correct_loaders_pass_every_check(fn) -> None:
         (load_without_no_grad, ["visible", "hidden"], "torch.no_grad()"),
         (load_freezes, ["visible", "hidden"], "no longer requires grad"),
         (load_kit, ["visible", "hidden"], "transformer_lab.attention.load_torch_weights"),
+        (load_not_implemented, ["visible", "hidden"], "not implemented yet"),
     ],
 )
 def test_load_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
