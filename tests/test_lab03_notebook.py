@@ -80,3 +80,41 @@ class TestLab03(LabNotebookTests):
             assert kit_answer not in text
         for name in ("MultiHeadAttention", "split_heads", "merge_heads", "load_torch_weights"):
             assert f"lab.yours_or_kit({name}," in text
+
+
+def test_the_lab_03_diagrams_draw_what_they_are_given() -> None:
+    import pytest
+    import torch
+    from matplotlib.figure import Figure
+
+    from transformer_lab import diagrams
+
+    assert isinstance(diagrams.head_split_diagram(4, 8, 2), Figure)
+    assert isinstance(diagrams.head_split_diagram(3, 12, 4), Figure)
+    with pytest.raises(ValueError, match="n_heads=5"):
+        diagrams.head_split_diagram(4, 8, 5)
+    ids = torch.arange(32.0).reshape(1, 4, 8)  # (B, T, D): entry t * D + d
+    heads = torch.stack(ids[0].chunk(2, dim=-1))[None]  # (1, H, T, Dh)
+    fig = diagrams.split_merge_figure(ids, heads, ids)
+    labels = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"0:0", "3:7", "2:5"} <= labels
+    with pytest.raises(ValueError, match="do not make d_model"):
+        diagrams.split_merge_figure(ids, heads[:, :, :, :3], ids)
+    weights = torch.softmax(torch.randn(2, 4, 11, 11), dim=-1)  # (N, H, T, S)
+    words = [
+        "the",
+        "animal",
+        "didn't",
+        "cross",
+        "the",
+        "street",
+        "because",
+        "it",
+        "was",
+        "too",
+        "tired",
+    ]
+    fig = diagrams.query_rows_by_head([weights[0], weights[1]], [words, words], 7, ["a", "b"])
+    assert len(fig.axes) == 3  # two heat maps and the colour bar
+    with pytest.raises(ValueError, match="one weight tensor"):
+        diagrams.query_rows_by_head([weights[0]], [words, words], 7)
