@@ -1,28 +1,120 @@
 """Lab 03 (multi-head attention): the shared notebook tests with this lab's numbers.
 
-The tests are :class:`notebook_support.LabNotebookTests`.
+The tests are :class:`notebook_support.LabNotebookTests`; the methods here are particular to
+lab 03: the graded names and signatures of the curriculum, the written questions and their
+rubrics, and demos that run the student's own classes (never the kit's lab-03 answers, which
+are locked while the lab is graded).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import ast
+from typing import Any, ClassVar
 
-from notebook_support import LabNotebookTests
+from notebook_support import LabNotebookTests, meta
 
 from transformer_lab.checks import lab03
+from transformer_lab.grading.hidden import lab03 as hidden03
 
 
 class TestLab03(LabNotebookTests):
     LAB = "03_multi_head_attention"
     CHECKS = lab03
+    HIDDEN = hidden03
     POINTS: ClassVar[dict[str, int]] = {
         "split_heads": 3,
         "merge_heads": 2,
-        "mha": 7,
-        "load": 3,
-        "written": 3,
+        "mha": 10,
+        "load": 4,
+        "written": 7,
     }
-    TABLE = (("split_heads", 3), ("class MultiHeadAttention", 7), ("load_torch", 3))
+    TABLE = (
+        ("split_heads", 3),
+        ("merge_heads", 2),
+        ("MultiHeadAttention", 10),
+        ("load_torch_weights", 4),
+    )
     ANSWERS = ("setup", "split_heads", "merge_heads", "MultiHeadAttention", "load_torch_weights")
-    TEST_CELLS = 11
+    TEST_CELLS = 13
     LEAK = "in_proj_weight.split(D)"  # a line of the model answer to load_torch_weights
+
+    def test_graded_names_and_signatures_follow_the_curriculum(self, notebook: Any) -> None:
+        answers = {meta(c)["grade_id"]: c.source for c in notebook.cells if meta(c).get("solution")}
+        expected = {
+            "split_heads": ["x", "n_heads"],
+            "merge_heads": ["x"],
+            "load_torch_weights": ["ours", "theirs"],
+        }
+        for name, args in expected.items():
+            fn = next(n for n in ast.parse(answers[name]).body if isinstance(n, ast.FunctionDef))
+            assert fn.name == name and [a.arg for a in fn.args.args] == args
+        cls = next(
+            n for n in ast.parse(answers["MultiHeadAttention"]).body if isinstance(n, ast.ClassDef)
+        )
+        methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+        assert [a.arg for a in methods["__init__"].args.args] == [
+            "self",
+            "d_model",
+            "n_heads",
+            "bias",
+        ]
+        assert [a.arg for a in methods["forward"].args.args] == [
+            "self", "query", "key", "value", "mask"
+        ]  # fmt: skip
+
+    def test_written_answers_have_a_rubric(self, notebook: Any) -> None:
+        written = [c for c in notebook.cells if c.cell_type == "markdown" and meta(c).get("grade")]
+        assert [meta(c)["points"] for c in written] == [2, 2, 3]
+        for cell in written:
+            assert meta(cell)["solution"] and "rubric" in cell.source.lower()
+            assert "1 point" in cell.source
+
+    def test_demos_run_the_students_classes_not_the_kits_answers(self, notebook: Any) -> None:
+        demos = [
+            c.source for c in notebook.cells if meta(c).get("grade_id", "").startswith("demo_")
+        ]
+        assert len(demos) >= 6
+        text = "\n".join(demos)
+        for kit_answer in ("attention.MultiHeadAttention(", "attention.split_heads(",
+                           "attention.merge_heads(", "attention.load_torch_weights("):  # fmt: skip
+            assert kit_answer not in text
+        for name in ("MultiHeadAttention", "split_heads", "merge_heads", "load_torch_weights"):
+            assert f"lab.yours_or_kit({name}," in text
+
+
+def test_the_lab_03_diagrams_draw_what_they_are_given() -> None:
+    import pytest
+    import torch
+    from matplotlib.figure import Figure
+
+    from transformer_lab import diagrams
+
+    assert isinstance(diagrams.head_split_diagram(4, 8, 2), Figure)
+    assert isinstance(diagrams.head_split_diagram(3, 12, 4), Figure)
+    with pytest.raises(ValueError, match="n_heads=5"):
+        diagrams.head_split_diagram(4, 8, 5)
+    ids = torch.arange(32.0).reshape(1, 4, 8)  # (B, T, D): entry t * D + d
+    heads = torch.stack(ids[0].chunk(2, dim=-1))[None]  # (1, H, T, Dh)
+    fig = diagrams.split_merge_figure(ids, heads, ids)
+    labels = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"0:0", "3:7", "2:5"} <= labels
+    with pytest.raises(ValueError, match="do not make d_model"):
+        diagrams.split_merge_figure(ids, heads[:, :, :, :3], ids)
+    weights = torch.softmax(torch.randn(2, 4, 11, 11), dim=-1)  # (N, H, T, S)
+    words = [
+        "the",
+        "animal",
+        "didn't",
+        "cross",
+        "the",
+        "street",
+        "because",
+        "it",
+        "was",
+        "too",
+        "tired",
+    ]
+    fig = diagrams.query_rows_by_head([weights[0], weights[1]], [words, words], 7, ["a", "b"])
+    assert len(fig.axes) == 3  # two heat maps and the colour bar
+    with pytest.raises(ValueError, match="one weight tensor"):
+        diagrams.query_rows_by_head([weights[0]], [words, words], 7)

@@ -1,0 +1,660 @@
+"""Hidden checks of lab 03 (multi-head attention), their oracles and the visible checks' fixtures.
+
+The oracles are written head by head, with explicit slices and concatenations, in float64
+(:func:`oracle_split_heads`, :func:`oracle_merge_heads`, :func:`oracle_multi_head_attention`),
+deliberately unlike the reshape-and-transpose a solution uses and independent of
+:mod:`transformer_lab.attention`. Every variation of the MHA oracle is a typical mistake
+(:func:`mha_mistakes`): heads cut without the transpose, merged without it, no output
+projection, scores divided by ``sqrt(d_model)`` or not at all, keys and values from the wrong
+input, the mask ignored, inverted, applied after the softmax, given an extra axis, filled with
+``-inf`` (NaN rows) or leaving empty rows uniform. The hidden checks draw seeded sizes, weights,
+inputs (keys different from values, ``T != S``) and masks built so that the blocked keys have
+the largest raw scores, in training and eval mode, in float32, float16 and bfloat16.
+
+:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab03.json``).
+
+Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2; Prince,
+*Understanding Deep Learning*, section 12.3.3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer_lab.checks._common import close, generator, randint
+from transformer_lab.checks.lab03 import (
+    HINTS,
+    PROJECTIONS,
+    TOLERANCE,
+    Projections,
+    call_mha,
+    expect_copied_in_place,
+    expect_gradients,
+    expect_layout,
+    expect_train_like_eval,
+    instantiate,
+    judge_loaded,
+    judge_merge,
+    judge_mha,
+    judge_split,
+    load_call,
+    merge_call,
+    numbered,
+    numbered_torch_mha,
+    split_call,
+    watch_parameters,
+)
+
+__all__ = [
+    "fixtures",
+    "hidden_check_load_torch_weights",
+    "hidden_check_merge_heads",
+    "hidden_check_multi_head_attention",
+    "hidden_check_multi_head_attention_dtypes",
+    "hidden_check_multi_head_attention_mask",
+    "hidden_check_split_heads",
+    "mha_mistakes",
+    "oracle_loaded",
+    "oracle_merge_heads",
+    "oracle_multi_head_attention",
+    "oracle_split_heads",
+]
+
+Params = dict[str, Tensor | None]
+
+
+# --------------------------------------------------------------------------------------
+# Oracles
+# --------------------------------------------------------------------------------------
+
+
+def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """``(B, T, D) -> (B, H, T, Dh)``: head ``h`` is the feature slice ``h*Dh:(h+1)*Dh``."""
+    dh = x.shape[-1] // n_heads
+    return torch.stack([x[:, :, h * dh : (h + 1) * dh] for h in range(n_heads)], dim=1)
+
+
+def oracle_merge_heads(x: Tensor) -> Tensor:
+    """``(B, H, T, Dh) -> (B, T, H*Dh)``: the heads' features side by side, head 0 first."""
+    return torch.cat([x[:, h] for h in range(x.shape[1])], dim=-1)
+
+
+def params_of(module: nn.Module) -> Params:
+    """The projections of a module as float64 (``None`` for a missing bias)."""
+    out: Params = {}
+    for name in PROJECTIONS:
+        lin = getattr(module, name)
+        out[f"{name}.weight"] = lin.weight.detach().to("cpu", torch.float64)
+        out[f"{name}.bias"] = (
+            None if lin.bias is None else lin.bias.detach().to("cpu", torch.float64)
+        )
+    return out
+
+
+def _linear(x: Tensor, p: Params, name: str) -> Tensor:
+    w, b = p[f"{name}.weight"], p[f"{name}.bias"]
+    assert w is not None
+    return x @ w.T if b is None else x @ w.T + b
+
+
+def _allowed(mask: Tensor | None, shape: Sequence[int], mode: str) -> Tensor | None:
+    """The mask as ``(B, H, T, S)`` for a given way of (mis)using it; None if it cannot apply."""
+    if mask is None or mode == "ignored":
+        return torch.ones(shape, dtype=torch.bool)
+    m = mask.cpu()
+    if mode == "inverted":
+        m = ~m
+    if mode == "unsqueezed":
+        m = m.unsqueeze(1)
+    try:
+        return torch.broadcast_to(m, tuple(shape))
+    except RuntimeError:
+        return None
+
+
+def _softmax_rows(scores: Tensor, allowed: Tensor, mode: str) -> Tensor:
+    """Softmax over the keys of ``scores`` where ``allowed``, in one of the mistaken ways."""
+    if mode == "after_softmax":
+        e = torch.exp(scores - scores.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True) * allowed
+    if mode == "neg_inf":
+        s = scores.masked_fill(~allowed, float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))  # an empty row: exp(nan) = nan
+        return e / e.sum(-1, keepdim=True)
+    if mode == "uniform":  # a finite fill, nothing zeroed: empty rows become uniform
+        s = scores.masked_fill(~allowed, -1e300)
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+    top = scores.masked_fill(~allowed, float("-inf")).amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = torch.where(allowed, torch.exp(scores - top), torch.zeros_like(scores))
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def oracle_multi_head_attention(
+    p: Params,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    n_heads: int,
+    mask: Tensor | None = None,
+    *,
+    scale: str = "head",
+    out_proj: bool = True,
+    split: str = "right",
+    merge: str = "right",
+    inputs: str = "right",
+    mask_mode: str = "right",
+) -> tuple[Tensor, Tensor] | None:
+    """Multi-head attention in float64, head by head; every option but the default is a mistake.
+
+    Args:
+        p: the projections (:func:`params_of`).
+        query: the queries, ``(B, T, D)``; key, value: ``(B, S, D)``.
+        n_heads: the number H of heads.
+        mask: bool, True = may attend, broadcasting to ``(B, H, T, S)``; None: no mask.
+        scale: ``"head"`` (``1/sqrt(Dh)``), ``"model"`` (``1/sqrt(D)``) or ``"none"``.
+        out_proj: apply the output projection.
+        split: ``"right"``, ``"no_transpose"`` (``reshape(B, H, T, Dh)``) or ``"interleaved"``.
+        merge: ``"right"`` or ``"no_transpose"`` (``reshape(B, T, D)``).
+        inputs: ``"right"``, ``"kv_swapped"``, ``"values_from_key"``, ``"keys_from_value"``.
+        mask_mode: ``"right"``, ``"ignored"``, ``"inverted"``, ``"after_softmax"``,
+            ``"neg_inf"``, ``"uniform"``, ``"unsqueezed"``.
+
+    Returns:
+        ``(out (B, T, D), weights (B, H, T, S))``, or None when the variant cannot run here.
+    """
+    query, key, value = (t.detach().to("cpu", torch.float64) for t in (query, key, value))
+    key, value = {
+        "right": (key, value),
+        "kv_swapped": (value, key),
+        "values_from_key": (key, key),
+        "keys_from_value": (value, value),
+    }[inputs]
+    B, T, D = query.shape
+    S = key.shape[1]
+    H = n_heads
+    dh = D // H
+
+    def heads(x: Tensor) -> list[Tensor]:  # (B, N, D) -> H tensors (B, N, Dh)
+        n = x.shape[1]
+        if split == "no_transpose":
+            return list(x.reshape(B, H, n, dh).unbind(1))
+        if split == "interleaved":
+            return [x[:, :, h::H] for h in range(H)]
+        return [x[:, :, h * dh : (h + 1) * dh] for h in range(H)]
+
+    qs = heads(_linear(query, p, "q_proj"))
+    ks = heads(_linear(key, p, "k_proj"))
+    vs = heads(_linear(value, p, "v_proj"))
+    allowed = _allowed(mask, (B, H, T, S), mask_mode)
+    if allowed is None:
+        return None
+    factor = {"head": 1 / math.sqrt(dh), "model": 1 / math.sqrt(D), "none": 1.0}[scale]
+    softmax_mode = mask_mode if mask_mode in ("after_softmax", "neg_inf", "uniform") else "right"
+    outs, weights = [], []
+    for h in range(H):
+        scores = qs[h] @ ks[h].transpose(1, 2) * factor  # (B, T, S)
+        w = _softmax_rows(scores, allowed[:, h], softmax_mode)
+        weights.append(w)
+        outs.append(w @ vs[h])  # (B, T, Dh)
+    if merge == "no_transpose":
+        merged = torch.stack(outs, dim=1).reshape(B, T, D)
+    else:
+        merged = torch.cat(outs, dim=-1)  # (B, T, D)
+    out = _linear(merged, p, "out_proj") if out_proj else merged
+    return out, torch.stack(weights, dim=1)
+
+
+def scores_of(p: Params, query: Tensor, key: Tensor, n_heads: int) -> Tensor:
+    """Raw scaled scores ``(B, H, T, S)`` of the oracle (to build masks that block the top key)."""
+    q = _linear(query.detach().double().cpu(), p, "q_proj")
+    k = _linear(key.detach().double().cpu(), p, "k_proj")
+    dh = q.shape[-1] // n_heads
+    return torch.stack(
+        [
+            q[..., h * dh : (h + 1) * dh] @ k[..., h * dh : (h + 1) * dh].transpose(1, 2)
+            for h in range(n_heads)
+        ],
+        dim=1,
+    ) / math.sqrt(dh)
+
+
+def blocking_mask(
+    scores: Tensor, shape: Sequence[int], g: torch.Generator, extra: float = 0.2
+) -> Tensor:
+    """A bool mask of ``shape`` (broadcasting to the scores) that blocks the rows' top keys.
+
+    A mask with its own value for every row blocks each row's top-scoring key, then a few more
+    at random (probability ``extra``). A mask shared along some axes blocks the keys that are
+    on top in most of the rows it covers, at most half of them, and nothing at random. Wherever
+    a row's top key is blocked, the blocked keys out-score the allowed ones: a mask applied
+    late, or not at all, shows.
+    """
+    full = tuple(scores.shape)
+    top = torch.zeros(full)
+    top.scatter_(-1, scores.argmax(-1, keepdim=True), 1.0)
+    pad = (1,) * (len(full) - len(shape)) + tuple(shape)
+    dims = tuple(i for i, n in enumerate(pad) if n == 1 and full[i] != 1)
+    if not dims:
+        blocked = top.bool() | (torch.rand(full, generator=g) < extra)
+        return (~blocked).reshape(tuple(shape))
+    votes = top.sum(dim=dims, keepdim=True)  # how many covered rows have each key on top
+    limit = max(1, full[-1] // 2)
+    rank = votes.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+    blocked = (votes > 0) & (rank < limit)
+    return (~blocked).reshape(tuple(shape))
+
+
+# --------------------------------------------------------------------------------------
+# The typical mistakes
+# --------------------------------------------------------------------------------------
+
+
+def _distinct(want: Tensor, pairs: Sequence[tuple[str, Tensor | None]]) -> dict[str, Tensor]:
+    """``{hint: output}`` of the mistakes that differ from ``want`` (some coincide, e.g. H = 1)."""
+    return {
+        hint: t
+        for hint, t in pairs
+        if t is not None and not (t.shape == want.shape and close(t, want, 1e-9, 1e-9))
+    }
+
+
+def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
+    B, T, D = x.shape
+    dh = D // n_heads
+    return _distinct(
+        oracle_split_heads(x, n_heads),
+        [
+            (HINTS["split_no_transpose"], x.reshape(B, n_heads, T, dh)),
+            (HINTS["split_interleaved"], x.reshape(B, T, dh, n_heads).permute(0, 3, 1, 2)),
+        ],
+    )
+
+
+def merge_mistakes(x: Tensor) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
+    B, H, T, Dh = x.shape
+    return _distinct(
+        oracle_merge_heads(x),
+        [
+            (HINTS["merge_no_transpose"], x.reshape(B, T, H * Dh)),
+            (HINTS["merge_interleaved"], x.permute(0, 2, 3, 1).reshape(B, T, H * Dh)),
+            (HINTS["merge_wrong_axes"], x.transpose(2, 3).reshape(B, T, H * Dh)),
+        ],
+    )
+
+
+_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("no_out_proj", {"out_proj": False}),
+    ("scale_d_model", {"scale": "model"}),
+    ("no_scale", {"scale": "none"}),
+    ("split_no_transpose", {"split": "no_transpose"}),
+    ("split_interleaved", {"split": "interleaved"}),
+    ("merge_no_transpose", {"merge": "no_transpose"}),
+    ("kv_swapped", {"inputs": "kv_swapped"}),
+    ("values_from_key", {"inputs": "values_from_key"}),
+    ("keys_from_value", {"inputs": "keys_from_value"}),
+)
+_MASK_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("mask_ignored", {"mask_mode": "ignored"}),
+    ("mask_inverted", {"mask_mode": "inverted"}),
+    ("mask_after_softmax", {"mask_mode": "after_softmax"}),
+    ("mask_neg_inf", {"mask_mode": "neg_inf"}),
+    ("mask_uniform", {"mask_mode": "uniform"}),
+    ("mask_unsqueezed", {"mask_mode": "unsqueezed"}),
+)
+
+
+def mha_mistakes(
+    p: Params,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    n_heads: int,
+    mask: Tensor | None = None,
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Hint -> ``(out, weights)`` of every typical mistake that differs from the right answer."""
+    want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
+    assert want is not None
+    variants = _VARIANTS + (_MASK_VARIANTS if mask is not None else ())
+    out: dict[str, tuple[Tensor, Tensor]] = {}
+    for name, options in variants:
+        if name in ("kv_swapped", "values_from_key", "keys_from_value") and (
+            key.shape != value.shape or torch.equal(key, value)
+        ):
+            continue
+        got = oracle_multi_head_attention(p, query, key, value, n_heads, mask, **options)
+        if got is None:
+            continue
+        same_out = close(got[0], want[0], 1e-9, 1e-9)
+        same_w = got[1].shape == want[1].shape and close(got[1], want[1], 1e-9, 1e-9)
+        if not (same_out and same_w):
+            out[HINTS[name]] = got
+    return out
+
+
+def oracle_loaded(theirs: nn.MultiheadAttention) -> dict[str, Tensor]:
+    """What ``ours``' projections hold after loading ``theirs`` (float64), row block by block."""
+    D = theirs.embed_dim
+    w = theirs.in_proj_weight.detach().double()
+    out = {
+        "q_proj.weight": w[0:D],
+        "k_proj.weight": w[D : 2 * D],
+        "v_proj.weight": w[2 * D : 3 * D],
+        "out_proj.weight": theirs.out_proj.weight.detach().double(),
+    }
+    if theirs.in_proj_bias is not None:
+        b = theirs.in_proj_bias.detach().double()
+        out |= {
+            "q_proj.bias": b[0:D],
+            "k_proj.bias": b[D : 2 * D],
+            "v_proj.bias": b[2 * D : 3 * D],
+            "out_proj.bias": theirs.out_proj.bias.detach().double(),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Shared pieces of the hidden checks
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _randomise(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> None:
+    """Random projections (biases too: torch starts them at zero, which hides a missing one)."""
+    for p in module.parameters():
+        p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(max(p.shape[-1], 1)))
+
+
+def _expect_mha(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    n_heads: int,
+    mask: Tensor | None,
+    what: str,
+    *,
+    train_too: bool = False,
+) -> None:
+    """The student's module against the oracle (and in training mode, if asked)."""
+    p = params_of(module)
+    want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
+    assert want is not None
+    mistakes = mha_mistakes(p, query, key, value, n_heads, mask)
+    tolerance = TOLERANCE[query.dtype]
+    module.eval()
+    got = call_mha(module, query, key, value, mask, n_heads, what)
+    judge_mha(got, want, mistakes, what, mask, tolerance)
+    if train_too:
+        got = expect_train_like_eval(module, (query, key, value, mask), n_heads, what)
+        judge_mha(got, want, mistakes, f"{what} in training mode", mask, tolerance)
+
+
+# --------------------------------------------------------------------------------------
+# Hidden checks
+# --------------------------------------------------------------------------------------
+
+
+def hidden_check_split_heads(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random sizes (one head, one feature per head) and dtypes (float64, bfloat16, int64)."""
+    g = generator(seed)
+    cases = [
+        (randint(2, 6, g), randint(2, 5, g), torch.float32),
+        (3, 1, torch.float32),
+        (1, 5, torch.float64),
+        (randint(2, 4, g), 3, torch.bfloat16),
+        (2, randint(2, 4, g), torch.int64),
+    ]
+    for n_heads, dh, dtype in cases:
+        B, T = randint(1, 3, g), randint(1, 6, g)
+        x = (torch.randn(B, T, n_heads * dh, generator=g) * 10).to(dtype)
+        what = f"split_heads(x, {n_heads}) for x of shape {(B, T, n_heads * dh)}, {dtype}"
+        got = split_call(fn, x, n_heads, what)
+        judge_split(
+            got, x, n_heads, oracle_split_heads(x, n_heads), split_mistakes(x, n_heads), what
+        )
+
+
+def hidden_check_merge_heads(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random sizes, inputs straight from a split (strided) and contiguous, other dtypes."""
+    g = generator(seed)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        B, H, T, Dh = randint(1, 3, g), randint(2, 5, g), randint(2, 6, g), randint(2, 5, g)
+        y = torch.randn(B, T, H * Dh, generator=g).to(dtype)
+        for x, how in ((oracle_split_heads(y, H), "from a split"), (y.reshape(B, H, T, Dh), "")):
+            what = f"merge_heads(x) for x of shape {(B, H, T, Dh)}, {dtype}" + (
+                f" ({how})" if how else ""
+            )
+            got = merge_call(fn, x, what)
+            judge_merge(got, x, oracle_merge_heads(x), merge_mistakes(x), what)
+    x = torch.randn(2, 1, 3, 4, generator=g)
+    judge_merge(
+        merge_call(fn, x, "merge_heads(x) with one head"),
+        x,
+        oracle_merge_heads(x),
+        {},
+        "merge_heads(x) with one head",
+    )
+
+
+def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) -> None:
+    """Random sizes, bias or not, cross- and self-attention, training mode, large scores."""
+    g = generator(seed)
+    for trial in range(3):
+        H, dh = randint(1, 4, g), randint(1, 5, g)
+        if trial == 0:
+            H, dh = max(H, 2), max(dh, 2)
+        D = H * dh
+        B, T = randint(1, 3, g), randint(2, 5, g)
+        S = T + randint(1, 3, g)
+        bias = trial != 1
+        what = f"MultiHeadAttention({D}, {H}, bias={bias})"
+        module = instantiate(cls, D, H, bias=bias, what=what)
+        expect_layout(module, D, bias, what)
+        _randomise(module, g)
+        query = torch.randn(B, T, D, generator=g)
+        key, value = torch.randn(B, S, D, generator=g), torch.randn(B, S, D, generator=g)
+        call = f"{what} on query {(B, T, D)}, key and value {(B, S, D)} (different tensors)"
+        _expect_mha(module, query, key, value, H, None, call, train_too=trial == 0)
+    # Self-attention, and scores large enough that the scale matters.
+    module = instantiate(cls, 16, 4, what="MultiHeadAttention(16, 4)")
+    _randomise(module, g, scale=3.0)
+    x = torch.randn(2, 5, 16, generator=g)
+    _expect_mha(module, x, x, x, 4, None, "MultiHeadAttention(16, 4)(x, x, x) with large scores")
+    expect_gradients(module.train(), x, x, x, 4, "MultiHeadAttention(16, 4)(x, x, x)")
+
+
+def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 0) -> None:
+    """Masks of every broadcast shape that block each row's top key; empty rows; per head."""
+    g = generator(seed)
+    B, H, T, S, D = 3, 2, 3, 7, 6
+    module = instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
+    _randomise(module, g)
+    query = torch.randn(B, T, D, generator=g)
+    key, value = torch.randn(B, S, D, generator=g), torch.randn(B, S, D, generator=g)
+    scores = scores_of(params_of(module), query, key, H)
+    shapes = {
+        "a (S,) key mask": (S,),
+        "a (T, S) mask": (T, S),
+        "a (B, 1, 1, S) key mask": (B, 1, 1, S),
+        "a (B, 1, T, S) mask": (B, 1, T, S),
+        "a (1, H, T, S) mask, one per head": (1, H, T, S),
+        "a (B, H, T, S) mask, one per example and head": (B, H, T, S),
+    }
+    for label, shape in shapes.items():
+        mask = blocking_mask(scores, shape, g)
+        what = f"MultiHeadAttention({D}, {H})(query, key, value, mask) with {label}"
+        _expect_mha(module, query, key, value, H, mask, what, train_too=len(shape) == 4)
+    # Empty rows: in every head of one query, and in one head only.
+    mask = blocking_mask(scores, (B, H, T, S), g)
+    mask[1, :, 2] = False
+    mask[2, 0, 0] = False
+    what = f"MultiHeadAttention({D}, {H}) with queries that may attend to nothing"
+    _expect_mha(module, query, key, value, H, mask, what)
+    # T == H: a (T, S) mask given an extra axis broadcasts silently, one query row per head.
+    Hs = 3
+    module = instantiate(cls, 9, Hs, what="MultiHeadAttention(9, 3)")
+    _randomise(module, g)
+    query = torch.randn(2, Hs, 9, generator=g)
+    key, value = torch.randn(2, 5, 9, generator=g), torch.randn(2, 5, 9, generator=g)
+    mask = blocking_mask(scores_of(params_of(module), query, key, Hs), (Hs, 5), g)
+    _expect_mha(module, query, key, value, Hs, mask, "MultiHeadAttention(9, 3) with a (T, S) mask")
+
+
+def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int = 0) -> None:
+    """float16 and bfloat16 modules and inputs, masks with empty rows (the fill must fit)."""
+    g = generator(seed)
+    B, H, T, S, D = 2, 2, 3, 6, 8
+    for dtype in (torch.float16, torch.bfloat16):
+        what = f"MultiHeadAttention({D}, {H}) in {str(dtype).replace('torch.', '')}"
+        module = instantiate(cls, D, H, what=what)
+        _randomise(module, g)
+        module.to(dtype)
+        query = torch.randn(B, T, D, generator=g).to(dtype)
+        key = torch.randn(B, S, D, generator=g).to(dtype)
+        value = torch.randn(B, S, D, generator=g).to(dtype)
+        scores = scores_of(params_of(module), query, key, H)
+        _expect_mha(module, query, key, value, H, None, what)
+        mask = blocking_mask(scores, (B, 1, T, S), g)
+        mask[0, 0, 1] = False  # a query with nothing to attend to
+        _expect_mha(module, query, key, value, H, mask, f"{what} with a (B, 1, T, S) mask")
+
+
+def hidden_check_load_torch_weights(
+    fn: Callable[..., Any], cls: Callable[..., Any], seed: int = 0
+) -> None:
+    """Random sizes, no bias, and the student's own module, loaded, against torch's output.
+
+    Args:
+        fn: the student's ``load_torch_weights``.
+        cls: the student's ``MultiHeadAttention``.
+        seed: seed of the random sizes and weights.
+    """
+    g = generator(seed)
+    for bias in (True, False):
+        H, dh = randint(1, 4, g), randint(2, 4, g)
+        D = H * dh
+        numbered = numbered_torch_mha(D, H, bias)
+        holder = Projections(D, H, bias=bias)
+        originals = watch_parameters(holder)
+        optimizer = torch.optim.Adam(holder.parameters(), lr=0.1)
+        what = f"load_torch_weights(ours, theirs) with d_model={D}, n_heads={H}, bias={bias}"
+        load_call(fn, holder, numbered, what)
+        judge_loaded(holder, numbered, oracle_loaded(numbered), what)
+        expect_copied_in_place(holder, numbered, originals, optimizer, what)
+    # End to end: the student's module, loaded, computes what torch's module computes.
+    D, H = 12, 3
+    theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    _randomise(theirs, g)
+    what = f"load_torch_weights(MultiHeadAttention({D}, {H}), theirs)"
+    module = instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
+    before = watch_parameters(module)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    load_call(fn, module, theirs, what)
+    query = torch.randn(2, 4, D, generator=g)
+    key, value = torch.randn(2, 6, D, generator=g), torch.randn(2, 6, D, generator=g)
+    mask = torch.rand(4, 6, generator=g) < 0.7
+    mask[:, 0] = True  # no empty rows: torch's module serves as the reference
+    with torch.no_grad():
+        ref_out, ref_w = theirs(query, key, value, attn_mask=~mask, average_attn_weights=False)
+    call = f"your MultiHeadAttention({D}, {H}) loaded from torch's, with a (T, S) mask"
+    got = call_mha(module.eval(), query, key, value, mask, H, call)
+    p = params_of(module)
+    want = (ref_out.double(), ref_w.double())
+    judge_mha(got, want, mha_mistakes(p, query, key, value, H, mask), call, mask)
+    expect_copied_in_place(module, theirs, before, optimizer, what)
+
+
+# --------------------------------------------------------------------------------------
+# The visible checks' worked examples
+# --------------------------------------------------------------------------------------
+
+
+def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
+    return {
+        "expected": expected.double().tolist(),
+        "mistakes": {hint: t.double().tolist() for hint, t in (mistakes or {}).items()},
+    }
+
+
+def _grid(shape: Sequence[int], g: torch.Generator, steps: int) -> Tensor:
+    """Random multiples of ``1/steps`` in ``[-1, 1]``: exact in float16 and bfloat16."""
+    return torch.randint(-steps, steps + 1, tuple(shape), generator=g).double() / steps
+
+
+def _example(seed: int) -> tuple[Params, Tensor, Tensor, Tensor]:
+    """The stored example's projections ``(8, 8)`` and inputs: 2 examples, 3 queries, 6 keys."""
+    g = generator(seed)
+    D = 8
+    p: Params = {}
+    for name in PROJECTIONS:
+        p[f"{name}.weight"] = _grid((D, D), g, 32)
+        p[f"{name}.bias"] = _grid((D,), g, 32)
+    query, key, value = (_grid((2, n, D), g, 16) for n in (3, 6, 6))
+    return p, query, key, value
+
+
+def _mha_entries(
+    out: dict[str, dict[str, Any]],
+    key: str,
+    p: Params,
+    query: Tensor,
+    keys: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+) -> None:
+    want = oracle_multi_head_attention(p, query, keys, value, 2, mask)
+    assert want is not None
+    mistakes = mha_mistakes(p, query, keys, value, 2, mask)
+    out[f"{key}: out"] = _entry(want[0], {h: m[0] for h, m in mistakes.items()})
+    out[f"{key}: weights"] = _entry(want[1], {h: m[1] for h, m in mistakes.items()})
+    if mask is not None:
+        out[f"{key}: mask"] = _entry(mask.double())
+
+
+def fixtures() -> dict[str, dict[str, Any]]:
+    """The stored examples of :mod:`transformer_lab.checks.lab03`, keyed by the call."""
+    out: dict[str, dict[str, Any]] = {}
+    x = numbered(2, 3, 8).double()
+    for n_heads in (2, 4, 1):
+        out[f"split_heads(x, {n_heads}) for x of shape (2, 3, 8)"] = _entry(
+            oracle_split_heads(x, n_heads), split_mistakes(x, n_heads)
+        )
+    x = numbered(2, 2, 3, 4).double()
+    out["merge_heads(x) for x of shape (2, 2, 3, 4)"] = _entry(
+        oracle_merge_heads(x), merge_mistakes(x)
+    )
+    # The attention example: seeds are tried in order until the key mask leaves every
+    # example at least three of its six keys (it blocks every row's top key).
+    seed = 3030
+    while True:
+        p, query, keys, value = _example(seed)
+        scores = scores_of(p, query, keys, 2)
+        g = generator(seed)
+        key_mask = blocking_mask(scores, (2, 1, 1, 6), g, extra=0.0)
+        if int(key_mask.sum(-1).min()) >= 3:
+            break
+        seed += 1
+    head_mask = blocking_mask(scores, (2, 2, 3, 6), g, extra=0.25)
+    head_mask[1, 0, 1] = False  # one query of one head may attend to nothing
+    name = "MultiHeadAttention(8, 2) example"
+    for tensor_name, t in (("query", query), ("key", keys), ("value", value), *p.items()):
+        assert t is not None
+        out[f"{name}: {tensor_name}"] = _entry(t)
+    _mha_entries(out, name, p, query, keys, value, None)
+    _mha_entries(out, f"{name} with a (B, 1, 1, S) key mask", p, query, keys, value, key_mask)
+    _mha_entries(
+        out, f"{name} with a (B, H, T, S) mask with an empty row", p, query, keys, value, head_mask
+    )
+    for param, t in oracle_loaded(numbered_torch_mha(6, 2, True)).items():
+        out[f"load_torch_weights(d_model=6): {param}"] = _entry(t)
+    return out
