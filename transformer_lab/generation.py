@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.graded import graded
+
 __all__ = [
     "apply_temperature",
     "beam_search",
@@ -202,6 +204,7 @@ def generate(
     return idx
 
 
+@graded("06_decoder_training")
 @torch.no_grad()
 def greedy_decode(
     model: nn.Module,
