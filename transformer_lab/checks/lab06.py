@@ -80,6 +80,7 @@ __all__ = [
     "check_validation_step",
     "copy_task_batches",
     "cross_attention_maps",
+    "learning_rate_curve",
     "learning_rates",
     "load_torch_decoder_layer",
     "probe_classes",
@@ -1168,6 +1169,21 @@ def judge_schedule(
         )
 
 
+def learning_rate_curve(
+    cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int
+) -> list[float]:
+    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``.
+
+    For plotting a schedule: the module is built around :class:`TinySeq2Seq` and its optimizer
+    steps without gradients (see :func:`learning_rates`).
+    """
+    module = cls(TinySeq2Seq(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
+    optimizer, scheduler, _ = _parse_optimizers(
+        module.configure_optimizers(), "configure_optimizers()"
+    )
+    return learning_rates(optimizer, scheduler, total_steps)
+
+
 def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     """All parameters, stepped per step, and warm-up to ``lr`` then decay (lr 3e-3, 20, 100)."""
     optimizers_check(cls, lr=3e-3, warmup_steps=20, total_steps=100, seed=63)
@@ -1238,7 +1254,7 @@ def train_translator_check(
 
     module_cls, data_cls = probe_classes()
     runs = Path(session.runs) / "checks"
-    fake = dataclasses.replace(session, precision=precision, runs=runs)
+    fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
     module, data = module_cls(), data_cls()
     what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
     with _quiet_lightning():
