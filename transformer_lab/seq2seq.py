@@ -69,9 +69,5 @@ def sequence_loss(logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
             f"logits (B, T, V) and targets (B, T) disagree: {tuple(logits.shape)} and "
             f"{tuple(targets.shape)}"
         )
-    vocab = logits.shape[-1]
-    return F.cross_entropy(
-        logits.reshape(-1, vocab).float(),  # (B*T, V)
-        targets.reshape(-1),  # (B*T,)
-        ignore_index=pad_id,
-    )
+    flat_logits = logits.float().flatten(0, 1)  # (B*T, V): the loss in float32
+    return F.cross_entropy(flat_logits, targets.flatten(), ignore_index=pad_id)

@@ -68,6 +68,7 @@ __all__ = [
     "RandomTranslator",
     "ScriptedTranslator",
     "TinySeq2Seq",
+    "block_like_torch",
     "block_under_test",
     "check_configure_optimizers",
     "check_decoder_block",
@@ -86,6 +87,7 @@ __all__ = [
     "probe_classes",
     "run_block",
     "run_decode",
+    "stand_in",
     "torch_decoder_layer",
     "torch_decoder_output",
 ]
@@ -301,6 +303,26 @@ def block_under_test(
     return expect_module(block, what), what
 
 
+def block_like_torch(
+    cls: Callable[..., nn.Module],
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    *,
+    seed: int,
+    dropout: float = 0.0,
+) -> tuple[nn.Module, nn.TransformerDecoderLayer, str]:
+    """The student's block with the weights of a seeded torch decoder layer of the same sizes.
+
+    Returns:
+        ``(block, torch layer, name of the block for messages)``.
+    """
+    block, what = block_under_test(cls, d_model, n_heads, d_ff, dropout)
+    layer = torch_decoder_layer(d_model, n_heads, d_ff, seed=seed, dropout=min(dropout, 0.5))
+    load_torch_decoder_layer(block, layer)
+    return block, layer, what
+
+
 _CROSS_HINT = (
     "In the cross-attention the queries come from the decoder states x, the keys and values from "
     "memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
@@ -441,9 +463,7 @@ def check_decoder_block(cls: Callable[..., nn.Module]) -> None:
     ``x (2, 5, 16)`` and ``memory (2, 7, 16)``, without masks, then with a causal self-mask and a
     memory padding mask, it must return what torch returns.
     """
-    block, what = block_under_test(cls, 16, 4, 32)
-    layer = torch_decoder_layer(16, 4, 32, seed=6)
-    load_torch_decoder_layer(block, layer)
+    block, layer, what = block_like_torch(cls, 16, 4, 32, seed=6)
     block.eval()
     g = generator(606)
     x = torch.randn(2, 5, 16, generator=g)
@@ -686,6 +706,20 @@ class TinySeq2Seq(nn.Module):
         return logits + self.nudge * nudge.to(logits.dtype)
 
 
+def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[TinySeq2Seq, dict[str, int]]:
+    """A :class:`TinySeq2Seq` and the ids of its copy task (BOS and EOS follow ``pad_id``)."""
+    ids = {
+        "vocab_size": vocab_size,
+        "pad_id": pad_id,
+        "bos_id": (pad_id + 1) % vocab_size,
+        "eos_id": (pad_id + 2) % vocab_size,
+    }
+    model = TinySeq2Seq(
+        vocab_size, pad_id=pad_id, bos_id=ids["bos_id"], eos_id=ids["eos_id"], seed=seed
+    )
+    return model, ids
+
+
 def _module_under_test(
     cls: Callable[..., Any],
     model: nn.Module,
@@ -805,18 +839,9 @@ def training_step_check(
     cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
 ) -> None:
     """One ``training_step`` on a stand-in model: value, graph, and what is logged."""
-    model = TinySeq2Seq(
-        vocab_size,
-        pad_id=pad_id,
-        seed=seed,
-        bos_id=(pad_id + 1) % vocab_size,
-        eos_id=(pad_id + 2) % vocab_size,
-    )
-    c = model.config
+    model, ids = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
-    batch = copy_task_batches(
-        1, 6, vocab_size=vocab_size, pad_id=pad_id, bos_id=c.bos_id, eos_id=c.eos_id, seed=seed
-    )[0]
+    batch = copy_task_batches(1, 6, seed=seed, **ids)[0]
     recorder = _LogRecorder()
     module.log, module.log_dict = recorder.log, recorder.log_dict
     what = "training_step(batch, 0)"
@@ -972,12 +997,10 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
 
     The second run validates other sentences: a metric that is never reset mixes both runs.
     """
-    import torch.utils.data as tud
+    from torch.utils.data import DataLoader
 
-    bos_id, eos_id = (pad_id + 1) % vocab_size, (pad_id + 2) % vocab_size
-    model = TinySeq2Seq(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
+    model, ids = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(_checked_class(cls, MODULE_BAN), model, pad_id)
-    ids = {"vocab_size": vocab_size, "pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
     what = "validation_step (run by Trainer.validate on a stand-in model)"
     for run in ("", " (second run, other sentences)"):
         first = seed + (10 if run else 0)
@@ -988,7 +1011,7 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
             for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
         ]
         want, wrong = _validation_expected(model, batches, pad_id)
-        loader = tud.DataLoader(batches, batch_size=None)
+        loader = DataLoader(batches, batch_size=None)
         with _quiet_lightning():
             results = call_student(
                 _trainer().validate, module, dataloaders=loader, verbose=False, what=what

@@ -29,8 +29,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import lightning as L
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from transformer_lab.checks._common import (
     call_student,
@@ -45,23 +47,21 @@ from transformer_lab.checks.lab06 import (
     MODULE_BAN,
     RandomTranslator,
     ScriptedTranslator,
-    TinySeq2Seq,
     _checked_class,
     _module_under_test,
     _quiet_lightning,
     _shift_call,
     _trainer,
-    block_under_test,
+    block_like_torch,
     copy_task_batches,
     judge_decode,
     judge_loss,
     judge_shift,
-    load_torch_decoder_layer,
     loss_call,
     optimizers_check,
     run_block,
     run_decode,
-    torch_decoder_layer,
+    stand_in,
     torch_decoder_output,
     train_translator_check,
     training_step_check,
@@ -133,9 +133,9 @@ def _attention(
 
 
 def _norm(p: dict[str, Any], name: str, x: Tensor) -> Tensor:
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + 1e-5) * p[name + ".weight"] + p[name + ".bias"]
+    centre = x.mean(-1, keepdim=True)
+    var = ((x - centre) ** 2).mean(-1, keepdim=True)
+    return (x - centre) / torch.sqrt(var + 1e-5) * p[name + ".weight"] + p[name + ".bias"]
 
 
 def _feed_forward(p: dict[str, Any], x: Tensor) -> Tensor:
@@ -236,7 +236,7 @@ def _block_candidates(
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
 ) -> list[tuple[Tensor | None, str]]:
-    out: list[tuple[Tensor | None, str]] = []
+    named: list[tuple[Tensor | None, str]] = []
     for variant, hint in BLOCK_MISTAKES.items():
         if variant == "masks_swapped" and x.shape[1] != memory.shape[1]:
             continue
@@ -245,10 +245,10 @@ def _block_candidates(
             and (self_mask if "self" in variant else memory_mask) is None
         ):
             continue
-        out.append(
+        named.append(
             (oracle_decoder_block(p, x, memory, self_mask, memory_mask, variant=variant), hint)
         )
-    return out
+    return named
 
 
 def _expect_block(
@@ -260,11 +260,11 @@ def _expect_block(
     memory_mask: Tensor | None,
     what: str,
 ) -> None:
-    got = run_block(block, x, memory, self_mask, memory_mask, what)
+    student = run_block(block, x, memory, self_mask, memory_mask, what)
     p = decoder_params(layer)
     want = oracle_decoder_block(p, x, memory, self_mask, memory_mask)
     compare(
-        got,
+        student,
         want,
         what=what,
         candidates=_block_candidates(p, x, memory, self_mask, memory_mask),
@@ -302,9 +302,7 @@ def hidden_check_decoder_block(cls: Callable[..., nn.Module], seed: int = 0) -> 
     g = generator(seed)
     for trial in range(2):
         d_model, heads, d_ff, B, T, S = _sizes(g)
-        block, what = block_under_test(cls, d_model, heads, d_ff)
-        layer = torch_decoder_layer(d_model, heads, d_ff, seed=seed + trial)
-        load_torch_decoder_layer(block, layer)
+        block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed + trial)
         block.eval()
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
@@ -332,9 +330,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     """Hidden memory with the largest values, a fully masked memory row, and bfloat16."""
     g = generator(seed)
     d_model, heads, d_ff, B, T, S = 16, 2, 32, 3, 4, 6
-    block, what = block_under_test(cls, d_model, heads, d_ff)
-    layer = torch_decoder_layer(d_model, heads, d_ff, seed=seed)
-    load_torch_decoder_layer(block, layer)
+    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
     block.eval()
     x = torch.randn(B, T, d_model, generator=g)
     memory = torch.randn(B, S, d_model, generator=g)
@@ -354,9 +350,9 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
         f"{what} with memory_mask hiding the two last (huge) memory positions",
     )
     memory_mask[1] = False  # the second sentence has no real source token at all
-    got = run_block(block, x, memory, self_mask, memory_mask, what)
+    answer = run_block(block, x, memory, self_mask, memory_mask, what)
     expect_true(
-        bool(torch.isfinite(got).all()),
+        bool(torch.isfinite(answer).all()),
         f"{what} with a fully masked memory row returns NaN or inf: a query with no key to attend "
         "gets zero weights (the kit's MultiHeadAttention does this), never NaN.",
     )
@@ -406,9 +402,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     memory = torch.randn(B, S, d_model, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
 
-    block, what = block_under_test(cls, d_model, heads, d_ff)
-    layer = torch_decoder_layer(d_model, heads, d_ff, seed=seed)
-    load_torch_decoder_layer(block, layer)
+    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
     block.train()
     _expect_block(block, layer, x, memory, causal, None, f"{what} in training mode (dropout 0)")
     expect_close(
@@ -420,9 +414,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
         rtol=_ATOL,
     )
 
-    block, what = block_under_test(cls, d_model, heads, d_ff, 0.3)
-    layer = torch_decoder_layer(d_model, heads, d_ff, seed=seed, dropout=0.3)
-    load_torch_decoder_layer(block, layer)
+    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=0.3)
     block.eval()
     expect_close(
         run_block(block, x, memory, causal, None, f"{what} in eval mode"),
@@ -455,8 +447,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     )
 
     p = _near_one()
-    block, what = block_under_test(cls, d_model, heads, d_ff, p)
-    load_torch_decoder_layer(block, layer)
+    block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=p)
     block.train()
     got = run_block(block, x, memory, causal, None, f"{what} in training mode")
     params = decoder_params(layer)
@@ -648,7 +639,7 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
             got,
             oracle_sequence_loss(logits, targets, pad_id),
             what=what,
-            candidates=[(w, h) for h, w in mistakes.items()],
+            candidates=[(wrong, hint) for hint, wrong in mistakes.items()],
             hint="Adding a constant to every logit changes no probability. exp of large logits "
             "overflows (and a probability underflows to 0 before its log): compute "
             "log-probabilities as logits - logsumexp(logits, dim=-1), or with log_softmax.",
@@ -708,24 +699,18 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
 
 def _fit_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
     """A real ``Trainer.fit``: the learning rate moves every step, every parameter trains."""
-    import lightning as L
-    import torch.utils.data as tud
-
-    bos_id, eos_id = (pad_id + 1) % vocab_size, (pad_id + 2) % vocab_size
-    model = TinySeq2Seq(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
+    tiny, ids = stand_in(vocab_size, pad_id, seed)
     steps, warmup = 12, 6
-    module = _module_under_test(
+    fitted = _module_under_test(
         _checked_class(cls, MODULE_BAN),
-        model,
+        tiny,
         pad_id,
         lr=2e-2,
         warmup_steps=warmup,
         total_steps=steps,
     )
-    before = {n: p.detach().clone() for n, p in module.named_parameters()}
-    batches = copy_task_batches(
-        40, 4, vocab_size=vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed
-    )
+    before = {n: p.detach().clone() for n, p in fitted.named_parameters()}
+    batches = copy_task_batches(40, 4, seed=seed, **ids)
     rates: list[float] = []
 
     class Rates(L.Callback):
@@ -740,8 +725,8 @@ def _fit_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
         trainer = _trainer(max_steps=steps, callbacks=[Rates()], limit_val_batches=0)
         call_student(
             trainer.fit,
-            module,
-            train_dataloaders=tud.DataLoader(batches, batch_size=None),
+            fitted,
+            train_dataloaders=DataLoader(batches, batch_size=None),
             what=what,
         )
     expect_true(
@@ -750,7 +735,7 @@ def _fit_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
         "the epoch: Lightning steps your scheduler once per epoch. Return it as "
         "{'scheduler': scheduler, 'interval': 'step'}.",
     )
-    frozen = [n for n, p in module.named_parameters() if torch.equal(p.detach(), before[n])]
+    frozen = [n for n, p in fitted.named_parameters() if torch.equal(p.detach(), before[n])]
     expect_true(
         not frozen,
         f"{what}: {', '.join(frozen[:3])} did not change: give the optimizer every parameter "
@@ -825,23 +810,24 @@ def hidden_check_translator_greedy(
     keep = torch.tensor([tuple(row) not in seen for row in fresh["src"].tolist()])
     src, mask, tgt_out = (fresh[k][keep][:200] for k in ("src", "src_padding_mask", "tgt_out"))
     model.eval()
-    device = next(model.parameters()).device
+    where = next(model.parameters()).device
     out = _batched_greedy(
         model,
-        src.to(device),
+        src.to(where),
         datamodule.bos_id,
         datamodule.eos_id,
         tgt_out.shape[1] + 1,
-        mask.to(device),
+        mask.to(where),
     ).cpu()
     predicted = torch.full_like(tgt_out, datamodule.pad_id)
     width = min(out.shape[1] - 1, tgt_out.shape[1])
     predicted[:, :width] = out[:, 1 : width + 1]
-    score = float((predicted == tgt_out).all(dim=1).float().mean())
+    greedy_score = float((predicted == tgt_out).all(dim=1).float().mean())
     expect_true(
-        score >= min_exact_match,
-        f"decoded greedily, your translator gets {score:.1%} of {len(src)} new sentences exactly "
-        f"right, at least {min_exact_match:.0%} expected: train longer or check the schedule.",
+        greedy_score >= min_exact_match,
+        f"decoded greedily, your translator gets {greedy_score:.1%} of {len(src)} new sentences "
+        f"exactly right, at least {min_exact_match:.0%} expected: train longer or check the "
+        "schedule.",
     )
 
 
@@ -1050,23 +1036,23 @@ def fixtures() -> dict[str, dict[str, Any]]:
         "pad_id=5": (5, [[0, 4, 1, 2, 5], [6, 2, 5, 5, 5]]),
     }
     for name, (pad_id, rows) in examples.items():
-        targets = torch.tensor(rows)
-        logits = (2.0 * torch.randn(*targets.shape, 7, generator=g)).float().double()
+        example = torch.tensor(rows)
+        logits = (2.0 * torch.randn(*example.shape, 7, generator=g)).float().double()
         logits = torch.round(logits * 1e4) / 1e4  # stored exactly in the JSON
-        want = oracle_sequence_loss(logits, targets, pad_id)
+        want = oracle_sequence_loss(logits, example, pad_id)
         out[f"sequence_loss {name}: logits"] = _entry(logits)
-        out[f"sequence_loss {name}: targets"] = _entry(targets.double())
+        out[f"sequence_loss {name}: targets"] = _entry(example.double())
         out[f"sequence_loss {name}"] = _entry(
-            want, _distinct(want, loss_mistakes(logits, targets, pad_id))
+            want, _distinct(want, loss_mistakes(logits, example, pad_id))
         )
     src = torch.tensor([[4, 5, 6, 7], [8, 3, 9, 9], [5, 5, 3, 4]])
     mask = torch.tensor([[True] * 4, [True, True, False, False], [True, True, True, False]])
     for key, max_len in (("three sentences", 10), ("short max_len", 3)):
-        model = ScriptedTranslator()
-        want = oracle_greedy_decode(model, src, 1, 2, max_len, mask)
+        scripted = ScriptedTranslator()
+        want = oracle_greedy_decode(scripted, src, 1, 2, max_len, mask)
         out[f"greedy_decode {key}: src"] = _entry(src.double())
         out[f"greedy_decode {key}: mask"] = _entry(mask.double())
         out[f"greedy_decode {key}"] = _entry(
-            want, _distinct(want, greedy_mistakes(model, src, 1, 2, max_len, mask))
+            want, _distinct(want, greedy_mistakes(scripted, src, 1, 2, max_len, mask))
         )
     return out
