@@ -537,6 +537,13 @@ def test_loss_calling_torch_or_the_kit_earns_nothing(fn) -> None:
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 
+def test_shift_oracle_agrees_with_the_kit() -> None:
+    targets = torch.randint(0, 9, (3, 5), generator=torch.Generator().manual_seed(4))
+    got = kit_seq2seq.shift_right(targets, 4)
+    assert got.dtype == targets.dtype
+    assert torch.equal(got.double(), hidden06.oracle_shift_right(targets, 4))
+
+
 def test_loss_oracle_agrees_with_the_kit() -> None:
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 4, 6, generator=g, dtype=torch.float64)
