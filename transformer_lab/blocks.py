@@ -229,6 +229,7 @@ class EncoderBlock(_ResidualBlock):
         return self.norm2(x + self.dropout2(self.ff(x)))
 
 
+@graded("06_decoder_training")
 class DecoderBlock(_ResidualBlock):
     """Masked self-attention, cross-attention to the encoder memory, then feed-forward.
 

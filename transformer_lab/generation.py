@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.graded import graded
+
 __all__ = [
     "apply_temperature",
     "beam_search",
@@ -202,6 +204,7 @@ def generate(
     return idx
 
 
+@graded("06_decoder_training")
 @torch.no_grad()
 def greedy_decode(
     model: nn.Module,
@@ -235,10 +238,10 @@ def greedy_decode(
     """
     if max_len < 1:
         raise ValueError(f"max_len={max_len} must be >= 1 (it counts the BOS token)")
-    config = getattr(model, "config", None)
-    pad_id = getattr(config, "pad_id", eos_id)
+    model_config = getattr(model, "config", None)
+    pad_id = getattr(model_config, "pad_id", eos_id)
     # The decoder cannot read past its position table: stop there rather than fail mid-way.
-    max_len = min(max_len, getattr(config, "max_len", max_len))
+    max_len = min(max_len, getattr(model_config, "max_len", max_len))
     memory = model.encode(src, src_padding_mask)
     B = src.shape[0]
     ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)

@@ -300,9 +300,14 @@ class Seq2SeqTransformer(nn.Module):
 
     Args:
         config: sizes and options.
+        decoder_blocks: optional replacement decoder blocks (e.g. a student's), each
+            ``forward(x, memory, self_mask=None, memory_mask=None)``; default
+            ``config.n_decoder_layers`` :class:`DecoderBlock`\\ s.
     """
 
-    def __init__(self, config: Seq2SeqConfig) -> None:
+    def __init__(
+        self, config: Seq2SeqConfig, decoder_blocks: Sequence[nn.Module] | None = None
+    ) -> None:
         super().__init__()
         c = config
         self.config = c
@@ -314,10 +319,12 @@ class Seq2SeqTransformer(nn.Module):
             EncoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
             for _ in range(c.n_encoder_layers)
         )
-        self.decoder_blocks = nn.ModuleList(
-            DecoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
-            for _ in range(c.n_decoder_layers)
-        )
+        if decoder_blocks is None:
+            decoder_blocks = [
+                DecoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
+                for _ in range(c.n_decoder_layers)
+            ]
+        self.decoder_blocks = nn.ModuleList(decoder_blocks)
         self.encoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.decoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.output = nn.Linear(c.d_model, c.tgt_vocab_size)

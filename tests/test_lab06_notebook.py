@@ -1,0 +1,111 @@
+"""Structure of the lab 06 source notebook (fast, no kernel): metadata, points, conventions.
+
+The checks every lab shares (metadata and markers, the locked setup cell, the checks the test
+cells call, the solution against its own test cells, a clean release, the nbgrader round trip)
+are inherited from :class:`notebook_support.LabNotebookTests`; the methods here are particular
+to lab 06. The two test cells that train the translator are left out of the fast run of the test
+cells (the round trip runs them).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from notebook_support import LabNotebookTests, meta
+
+from transformer_lab.checks import lab06
+from transformer_lab.grading.hidden import lab06 as hidden06
+
+
+class TestLab06(LabNotebookTests):
+    LAB = "06_decoder_training"
+    CHECKS = lab06
+    HIDDEN = hidden06
+    POINTS: ClassVar[dict[str, int]] = {
+        "decoder_block": 8,
+        "shift_right": 3,
+        "sequence_loss": 5,
+        "translation_module": 7,
+        "train_translator": 6,
+        "greedy_decode": 6,
+        "written": 6,
+    }
+    TABLE = (
+        ("DecoderBlock", 8),
+        ("shift_right", 3),
+        ("sequence_loss", 5),
+        ("TranslationModule", 7),
+        ("train_translator", 6),
+        ("greedy_decode", 6),
+    )
+    ANSWERS = (
+        "setup",
+        "demo_data",
+        "DecoderBlock",
+        "shift_right",
+        "sequence_loss",
+        "TranslationModule",
+        "train_translator",
+        "greedy_decode",
+    )
+    TEST_CELLS = 18
+    SKIP = "trained"
+    LEAK = "next_token = next_token.masked_fill(done, pad_id)"  # a line of the model answer
+
+    @pytest.fixture(autouse=True)
+    def _runs_in_tmp(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        # The test cells train under session.runs (runs/ beside the notebook): keep them out
+        # of the repository.
+        monkeypatch.chdir(tmp_path)
+
+    def test_graded_cells_points_and_names(self, notebook: Any) -> None:
+        graded = [c for c in notebook.cells if meta(c).get("grade_id")]
+        auto = sum(meta(c)["points"] for c in graded if meta(c)["grade"] and c.cell_type == "code")
+        manual = sum(meta(c)["points"] for c in graded if meta(c)["grade"] and meta(c)["solution"])
+        assert (auto, manual) == (35, 6)
+        answers = {meta(c)["grade_id"]: c.source for c in graded if meta(c)["solution"]}
+        signatures = {
+            "shift_right": ["targets", "bos_id"],
+            "sequence_loss": ["logits", "targets", "pad_id"],
+            "greedy_decode": ["model", "src", "bos_id", "eos_id", "max_len", "src_padding_mask"],
+            "train_translator": ["module", "datamodule"],
+        }
+        for name, args in signatures.items():
+            tree = ast.parse(answers[name])
+            fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+            assert fn.name == name and [a.arg for a in fn.args.args] == args
+        train = next(n for n in ast.parse(answers["train_translator"]).body)
+        assert [a.arg for a in train.args.kwonlyargs] == ["max_steps", "session", "name"]
+        block = next(n for n in ast.parse(answers["DecoderBlock"]).body)
+        init, forward = (f for f in block.body if isinstance(f, ast.FunctionDef))
+        assert [a.arg for a in init.args.args] == ["self", "d_model", "n_heads", "d_ff", "dropout"]
+        assert [a.arg for a in forward.args.args] == [
+            "self",
+            "x",
+            "memory",
+            "self_mask",
+            "memory_mask",
+        ]
+        module = next(n for n in ast.parse(answers["TranslationModule"]).body)
+        methods = {f.name for f in module.body if isinstance(f, ast.FunctionDef)}
+        assert {"training_step", "validation_step", "configure_optimizers"} <= methods
+        assert answers["TranslationModule"].count("### BEGIN SOLUTION") == 3
+
+    def test_written_answers_have_a_rubric(self, notebook: Any) -> None:
+        written = [c for c in notebook.cells if c.cell_type == "markdown" and meta(c).get("grade")]
+        assert [meta(c)["grade_id"] for c in written] == [
+            "written_warmup",
+            "written_parallel",
+            "written_no_shift",
+        ]
+        for cell in written:
+            assert meta(cell)["solution"] and "rubric" in cell.source.lower()
+            assert "1 point" in cell.source
+
+    def test_training_cells_follow_the_session(self, notebook: Any) -> None:
+        source = "\n".join(c.source for c in notebook.cells if c.cell_type == "code")
+        assert "session.precision" in source and "session.runs" in source
+        assert "session.grading" in source and "tempfile" not in source

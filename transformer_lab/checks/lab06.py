@@ -1,0 +1,1627 @@
+"""Visible checks of lab 06 (training an encoder-decoder), called by the visible test cells.
+
+The student writes a post-norm ``DecoderBlock`` (masked self-attention, cross-attention to the
+encoder's output, feed-forward), ``shift_right`` and ``sequence_loss`` (teacher forcing),
+the three training methods of a small ``LightningModule`` (``TranslationModule``), the
+``lightning.Trainer`` call that trains it (``train_translator``) and ``greedy_decode``.
+
+No oracle lives here:
+
+* the decoder block is compared with PyTorch's own ``nn.TransformerDecoderLayer`` whose weights
+  are copied into the student's block (:func:`load_torch_decoder_layer`), and probed for the
+  properties a decoder must have (later targets invisible under a causal mask, masked memory
+  invisible, the output depending on the memory at all);
+* ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are run on worked examples whose
+  expected values, and the values of the typical mistakes, are stored in
+  ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs build``);
+* the training code runs on stand-ins: :class:`TinySeq2Seq` (a small encoder-decoder that
+  half-knows a copy task, so metrics are neither 0 nor 1) with PyTorch's ``F.cross_entropy`` on
+  its outputs, :class:`ProbeModule` and :class:`ProbeData` (a one-parameter LightningModule that
+  learns nothing, for checking a ``Trainer`` call), and :class:`ScriptedTranslator` (a fake
+  encoder-decoder whose next token is known in advance, for checking a decoding loop).
+
+While the student's code runs, the kit's own answers are refused (``Ban``): torch's and the
+kit's decoder layers, ``transformer_lab.seq2seq``, the cross-entropy family in
+``sequence_loss``, the kit's LightningModules and learning-rate schedule in the module's
+methods, and ``transformer_lab.generation`` in ``greedy_decode``.
+
+Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
+"Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_lab.checks._common import (
+    Ban,
+    call_forbidding,
+    call_student,
+    close,
+    compare,
+    expect_close,
+    expect_module,
+    expect_shape,
+    expect_true,
+    forbidden,
+    generator,
+    stored,
+)
+from transformer_lab.graded import LockedAnswerError
+
+__all__ = [
+    "BLOCK_BAN",
+    "DECODE_BAN",
+    "LOSS_BAN",
+    "MODULE_BAN",
+    "SHIFT_BAN",
+    "RandomTranslator",
+    "ScriptedTranslator",
+    "TinySeq2Seq",
+    "block_like_torch",
+    "block_under_test",
+    "check_configure_optimizers",
+    "check_decoder_block",
+    "check_greedy_decode",
+    "check_sequence_loss",
+    "check_shift_right",
+    "check_train_translator",
+    "check_trained_translator",
+    "check_training_step",
+    "check_validation_step",
+    "copy_task_batches",
+    "cross_attention_maps",
+    "learning_rate_curve",
+    "learning_rates",
+    "load_torch_decoder_layer",
+    "probe_classes",
+    "run_block",
+    "run_decode",
+    "stand_in",
+    "torch_decoder_layer",
+    "torch_decoder_output",
+]
+
+BLOCK_BAN = Ban(
+    ops=("_transformer_decoder_only_layer_fwd",),
+    functions=(
+        "torch.nn.TransformerDecoderLayer",
+        "torch.nn.TransformerDecoder",
+        "torch.nn.Transformer",
+        "transformer_lab.blocks.DecoderBlock",
+    ),
+    reason="lab 06 asks you to build the decoder block from its sub-layers yourself",
+)
+SHIFT_BAN = Ban(
+    functions=("transformer_lab.seq2seq", "transformer_lab.data.synthetic.to_seq2seq"),
+    reason="lab 06 asks you to shift the targets yourself",
+)
+LOSS_BAN = Ban(
+    ops=("cross_entropy",),
+    functions=("transformer_lab.seq2seq", "transformer_lab.training.modules"),
+    reason="lab 06 asks for the loss from the log-probabilities, without F.cross_entropy or "
+    "F.nll_loss",
+)
+MODULE_BAN = Ban(
+    functions=(
+        "transformer_lab.seq2seq",
+        "transformer_lab.training.modules",
+        "transformer_lab.training.schedule",
+    ),
+    reason="lab 06 asks you to write these methods yourself, without the kit's "
+    "LightningModules or its learning-rate schedule",
+)
+DECODE_BAN = Ban(
+    functions=("transformer_lab.generation",),
+    reason="lab 06 asks you to write the decoding loop yourself",
+)
+# A correct float32 decoder block differs from torch's by ~1e-6.
+_ATOL = 1e-4
+_SUBLAYERS = (
+    "self_attn (MultiHeadAttention), cross_attn (MultiHeadAttention), ff (FeedForward with "
+    "linear1 and linear2), norm1 (after self-attention), norm2 (after cross-attention) and "
+    "norm3 (after the feed-forward network)"
+)
+_POST_NORM = (
+    "The block is x = norm1(x + self_attn(x, x, x, self_mask)); "
+    "x = norm2(x + cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x))."
+)
+
+
+@contextlib.contextmanager
+def _quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's info lines (devices, tips) while a check runs a Trainer."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+# ======================================================================================
+# DecoderBlock
+# ======================================================================================
+
+
+def torch_decoder_layer(
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    *,
+    seed: int = 0,
+    norm_first: bool = False,
+    dropout: float = 0.0,
+) -> nn.TransformerDecoderLayer:
+    """PyTorch's decoder layer (ReLU, batch first) with random norms and biases, in eval mode.
+
+    The layer norms get random weights and biases (torch starts them at ones and zeros, which
+    would hide a swapped or unused norm), and the projections non-zero biases.
+    """
+    torch.manual_seed(seed)
+    layer = nn.TransformerDecoderLayer(
+        d_model, n_heads, d_ff, dropout=dropout, batch_first=True, norm_first=norm_first
+    )
+    with torch.no_grad():
+        for norm in (layer.norm1, layer.norm2, layer.norm3):
+            norm.weight.copy_(1.0 + 0.5 * torch.randn(d_model))
+            norm.bias.copy_(0.5 * torch.randn(d_model))
+        for attn in (layer.self_attn, layer.multihead_attn):
+            attn.in_proj_bias.copy_(0.2 * torch.randn(3 * d_model))
+            attn.out_proj.bias.copy_(0.2 * torch.randn(d_model))
+    return layer.eval()
+
+
+def _torch_mask(mask: Tensor | None, batch: int, heads: int, rows: int, cols: int) -> Tensor | None:
+    """Our mask (True = may attend, broadcasting to (B, H, T, S)) as torch's (B*H, T, S)."""
+    if mask is None:
+        return None
+    full = torch.broadcast_to(mask, (batch, heads, rows, cols))  # (B, H, T, S)
+    return ~full.reshape(batch * heads, rows, cols)  # torch: True = may NOT attend
+
+
+def torch_decoder_output(
+    layer: nn.TransformerDecoderLayer,
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None = None,
+    memory_mask: Tensor | None = None,
+) -> Tensor:
+    """``layer(x, memory)`` under our boolean masks (True = may attend), without gradients."""
+    B, T, _ = x.shape
+    S = memory.shape[1]
+    H = layer.self_attn.num_heads
+    with torch.no_grad():
+        return layer(
+            x,
+            memory,
+            tgt_mask=_torch_mask(self_mask, B, H, T, T),
+            memory_mask=_torch_mask(memory_mask, B, H, T, S),
+        )
+
+
+def _copy(dst: Any, src: Tensor, name: str) -> None:
+    if not isinstance(dst, Tensor):
+        raise AssertionError(
+            f"your block's {name} is missing (got {type(dst).__name__}): the checks copy "
+            f"torch's weights into it. Your block needs {_SUBLAYERS}."
+        )
+    if dst.shape != src.shape:
+        raise AssertionError(
+            f"your block's {name} has shape {tuple(dst.shape)}, torch's {tuple(src.shape)}: "
+            "check the sizes you build it with."
+        )
+    dst.copy_(src)
+
+
+def _load_attention(ours: Any, theirs: nn.MultiheadAttention, name: str) -> None:
+    if isinstance(ours, nn.MultiheadAttention):
+        if not ours.batch_first:
+            raise AssertionError(
+                f"your {name} is nn.MultiheadAttention without batch_first=True: the block's "
+                "inputs are (B, T, D). Better, use the kit's MultiHeadAttention(d_model, n_heads)."
+            )
+        ours.load_state_dict(theirs.state_dict())
+        return
+    from transformer_lab.attention import load_torch_weights
+
+    try:
+        load_torch_weights(ours, theirs)
+    except LockedAnswerError as exc:
+        raise AssertionError(
+            "the check copies torch's weights with the kit's load_torch_weights (lab 03), which "
+            f"your installed kit does not hold yet ({exc}); install the current kit."
+        ) from None
+    except (AttributeError, ValueError, TypeError) as exc:
+        raise AssertionError(
+            f"the check cannot copy torch's attention weights into your {name} ({exc}): build "
+            "it as MultiHeadAttention(d_model, n_heads) from transformer_lab.attention (with "
+            "q_proj, k_proj, v_proj, out_proj)."
+        ) from None
+
+
+def load_torch_decoder_layer(block: nn.Module, layer: nn.TransformerDecoderLayer) -> nn.Module:
+    """Copy the weights of ``nn.TransformerDecoderLayer`` into a student's ``DecoderBlock``.
+
+    torch's ``self_attn`` goes to ``self_attn``, its ``multihead_attn`` (the cross-attention) to
+    ``cross_attn``, ``linear1``/``linear2`` to ``ff.linear1``/``ff.linear2`` and
+    ``norm1``/``norm2``/``norm3`` to the norms of the same names. The weights are copied into the
+    block's existing parameters.
+
+    Returns:
+        ``block``.
+
+    Raises:
+        AssertionError: naming what is missing or has the wrong shape.
+    """
+    missing = [
+        n
+        for n in ("self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3")
+        if not hasattr(block, n)
+    ]
+    if missing:
+        raise AssertionError(
+            f"your DecoderBlock has no attribute(s) {', '.join(missing)}: the checks copy "
+            f"torch's weights into {_SUBLAYERS}."
+        )
+    with torch.no_grad():
+        _load_attention(block.self_attn, layer.self_attn, "self_attn")
+        _load_attention(block.cross_attn, layer.multihead_attn, "cross_attn")
+        for ours, theirs in (("linear1", layer.linear1), ("linear2", layer.linear2)):
+            lin = getattr(block.ff, ours, None)
+            _copy(getattr(lin, "weight", None), theirs.weight, f"ff.{ours}.weight")
+            _copy(getattr(lin, "bias", None), theirs.bias, f"ff.{ours}.bias")
+        for name in ("norm1", "norm2", "norm3"):
+            ours_norm, theirs_norm = getattr(block, name), getattr(layer, name)
+            _copy(getattr(ours_norm, "weight", None), theirs_norm.weight, f"{name}.weight")
+            _copy(getattr(ours_norm, "bias", None), theirs_norm.bias, f"{name}.bias")
+    return block
+
+
+def block_under_test(
+    cls: Callable[..., nn.Module], d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0
+) -> tuple[nn.Module, str]:
+    """Build the student's block (under the ban) and name it for messages."""
+    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
+        f", dropout={dropout:g})" if dropout else ")"
+    )
+    args: tuple[Any, ...] = (d_model, n_heads, d_ff) + ((dropout,) if dropout else ())
+    block = call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what)
+    return expect_module(block, what), what
+
+
+def block_like_torch(
+    cls: Callable[..., nn.Module],
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    *,
+    seed: int,
+    dropout: float = 0.0,
+) -> tuple[nn.Module, nn.TransformerDecoderLayer, str]:
+    """The student's block with the weights of a seeded torch decoder layer of the same sizes.
+
+    Returns:
+        ``(block, torch layer, name of the block for messages)``.
+    """
+    block, what = block_under_test(cls, d_model, n_heads, d_ff, dropout)
+    layer = torch_decoder_layer(d_model, n_heads, d_ff, seed=seed, dropout=min(dropout, 0.5))
+    load_torch_decoder_layer(block, layer)
+    return block, layer, what
+
+
+_CROSS_HINT = (
+    "In the cross-attention the queries come from the decoder states x, the keys and values from "
+    "memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
+    "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
+    "cross-attention."
+)
+
+
+def run_block(
+    block: nn.Module,
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None,
+    memory_mask: Tensor | None,
+    what: str,
+) -> Tensor:
+    """``block(x, memory, self_mask=..., memory_mask=...)`` under the ban; shape checked."""
+    kwargs = {"self_mask": self_mask, "memory_mask": memory_mask}
+    out = call_forbidding(
+        block, (x, memory), kwargs, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT
+    )
+    B, T, D = x.shape
+    S = memory.shape[1]
+    if isinstance(out, tuple):
+        raise AssertionError(
+            f"{what} returned a tuple; return only the new decoder states (B, T, D) (the "
+            "attention modules return (output, weights): keep [0])."
+        )
+    if tuple(getattr(out, "shape", ())) == (B, S, D) and S != T:
+        raise AssertionError(
+            f"{what} returned shape ({B}, {S}, {D}), the memory's length S={S} instead of the "
+            f"decoder's T={T}: the decoder states must be the queries of the cross-attention. "
+            + _CROSS_HINT
+        )
+    return expect_shape(out, (B, T, D), what)
+
+
+def _causal(T: int) -> Tensor:
+    return torch.ones(T, T, dtype=torch.bool).tril()[None, None]  # (1, 1, T, T)
+
+
+def _probe_hint(
+    block: nn.Module, x: Tensor, memory: Tensor, what: str, *, tol: float = _ATOL
+) -> str | None:
+    """Name a missing property: causality under self_mask, masked memory, use of memory."""
+    B, T, _ = x.shape
+    S = memory.shape[1]
+    g = generator(1234)
+    cut = T // 2
+    causal = _causal(T)
+    base = run_block(block, x, memory, causal, None, what)
+    later = x.clone()
+    later[:, cut + 1 :] += 1.0 + torch.randn(later[:, cut + 1 :].shape, generator=g)
+    moved = run_block(block, later, memory, causal, None, what)
+    if not close(moved[:, : cut + 1], base[:, : cut + 1], atol=tol, rtol=tol):
+        return (
+            "With a causal self_mask, changing the decoder input at later positions changed your "
+            "outputs at earlier positions: position t may not see the targets after t. Pass "
+            "self_mask to the self-attention: self_attn(x, x, x, mask=self_mask)."
+        )
+    visible = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    visible[..., -2:] = False
+    base = run_block(block, x, memory, None, visible, what)
+    hidden_changed = memory.clone()
+    hidden_changed[:, -2:] = 30.0 * torch.randn(hidden_changed[:, -2:].shape, generator=g)
+    moved = run_block(block, x, hidden_changed, None, visible, what)
+    if not close(moved, base, atol=tol, rtol=tol):
+        return (
+            "Changing memory positions that memory_mask hides changed your output: pass "
+            "memory_mask to the cross-attention: cross_attn(x, memory, memory, mask=memory_mask)."
+        )
+    other = memory + 1.0 + torch.randn(memory.shape, generator=g)
+    if close(
+        run_block(block, x, other, None, None, what), run_block(block, x, memory, None, None, what)
+    ):
+        return (
+            "Your output does not depend on memory at all: the block needs the cross-attention "
+            "sub-layer, x = norm2(x + cross_attn(x, memory, memory, mask=memory_mask)), between "
+            "the self-attention and the feed-forward network."
+        )
+    return None
+
+
+def _pre_norm_output(
+    layer: nn.TransformerDecoderLayer,
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None,
+    memory_mask: Tensor | None,
+) -> Tensor:
+    d_model = layer.linear1.in_features
+    pre = nn.TransformerDecoderLayer(
+        d_model,
+        layer.self_attn.num_heads,
+        layer.linear1.out_features,
+        dropout=0.0,
+        batch_first=True,
+        norm_first=True,
+    )
+    pre.load_state_dict(layer.state_dict())
+    return torch_decoder_output(pre.eval(), x, memory, self_mask, memory_mask)
+
+
+def _expect_like_torch(
+    block: nn.Module,
+    layer: nn.TransformerDecoderLayer,
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None,
+    memory_mask: Tensor | None,
+    what: str,
+) -> None:
+    got = run_block(block, x, memory, self_mask, memory_mask, what)
+    want = torch_decoder_output(layer, x, memory, self_mask, memory_mask)
+    if close(got, want, atol=_ATOL, rtol=_ATOL):
+        return
+    hint = None
+    if close(got, _pre_norm_output(layer, x, memory, self_mask, memory_mask), atol=_ATOL):
+        hint = (
+            "Your block normalises the input of each sub-layer (pre-norm, x + f(norm(x))); this "
+            "lab's block is post-norm ('Add & Norm'): norm(x + f(x)) after each sub-layer."
+        )
+    hint = hint or _probe_hint(block, x, memory, what)
+    expect_close(
+        got,
+        want,
+        f"{what} compared with torch's nn.TransformerDecoderLayer (same weights)",
+        hint=hint or _POST_NORM + " Check which norm follows which sub-layer.",
+        atol=_ATOL,
+        rtol=_ATOL,
+    )
+
+
+def check_decoder_block(cls: Callable[..., nn.Module]) -> None:
+    """Sub-layer names, output shape, and outputs equal to torch's decoder layer (eval mode).
+
+    ``DecoderBlock(16, 4, 32)`` gets the weights of an ``nn.TransformerDecoderLayer``; on
+    ``x (2, 5, 16)`` and ``memory (2, 7, 16)``, without masks, then with a causal self-mask and a
+    memory padding mask, it must return what torch returns.
+    """
+    block, layer, what = block_like_torch(cls, 16, 4, 32, seed=6)
+    block.eval()
+    g = generator(606)
+    x = torch.randn(2, 5, 16, generator=g)
+    memory = torch.randn(2, 7, 16, generator=g)
+    _expect_like_torch(block, layer, x, memory, None, None, f"{what}(x, memory)")
+    memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    memory_mask[1, ..., 4:] = False  # the second source has 4 real tokens
+    _expect_like_torch(
+        block,
+        layer,
+        x,
+        memory,
+        _causal(5),
+        memory_mask,
+        f"{what}(x, memory, self_mask=causal, memory_mask=source padding)",
+    )
+
+
+# ======================================================================================
+# shift_right
+# ======================================================================================
+
+
+def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Any:
+    what = f"shift_right({targets.tolist()}, bos_id={bos_id})"
+    original = targets.clone()
+    got = call_forbidding(fn, (targets, bos_id), {}, ban=SHIFT_BAN, what=what)
+    expect_true(
+        torch.equal(targets, original),
+        f"{what} changed its input `targets` in place: build a new tensor (torch.cat, or "
+        "clone first); the targets are still needed as the loss's labels.",
+    )
+    return got
+
+
+def judge_shift(
+    got: Any, targets: Tensor, bos_id: int, want: Tensor, mistakes: Mapping[str, Tensor]
+) -> None:
+    """Compare a student's shifted targets with the expected ones; name the mistake."""
+    what = f"shift_right({targets.tolist()}, bos_id={bos_id})"
+    B, T = targets.shape
+    if tuple(getattr(got, "shape", ())) == (B, T + 1):
+        raise AssertionError(
+            f"{what} has shape ({B}, {T + 1}), expected ({B}, {T}): the decoder input has as "
+            "many positions as the targets. Put BOS first and drop the LAST target (it is never "
+            "fed to the decoder: nothing is predicted after it)."
+        )
+    got = expect_shape(got, (B, T), what)
+    expect_true(
+        not got.is_floating_point(),
+        f"{what} has dtype {got.dtype}: token ids are integers. Build the BOS column with "
+        "torch.full_like(targets[:, :1], bos_id) (or dtype=targets.dtype).",
+    )
+    compare(
+        got,
+        want.long(),
+        what=what,
+        candidates=[(w.long(), h) for h, w in mistakes.items()],
+        hint="Position 0 holds BOS and position t the target of position t - 1.",
+        atol=0.0,
+        rtol=0.0,
+    )
+
+
+def check_shift_right(fn: Callable[..., Tensor]) -> None:
+    """Worked examples: ``[[5, 6, 7, 2], [8, 2, 0, 0]]`` with ``bos_id`` 1 and 4."""
+    for rows, bos_id in (([[5, 6, 7, 2], [8, 2, 0, 0]], 1), ([[9, 3, 2]], 4)):
+        targets = torch.tensor(rows)
+        want, mistakes = stored("lab06", f"shift_right({rows}, bos_id={bos_id})")
+        judge_shift(_shift_call(fn, targets, bos_id), targets, bos_id, want, mistakes)
+
+
+# ======================================================================================
+# sequence_loss
+# ======================================================================================
+
+
+def loss_call(
+    fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id: int, what: str
+) -> Tensor:
+    """``fn(logits, targets, pad_id)`` under the ban; a scalar tensor."""
+    got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=LOSS_BAN, what=what)
+    if isinstance(got, float | int):
+        raise AssertionError(
+            f"{what} returned a Python number ({got!r}); return the tensor (no .item()): "
+            "training needs its graph for backward()."
+        )
+    return expect_shape(got, (), what)
+
+
+def judge_loss(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> None:
+    """Compare a student's loss with the expected value; name the mistake it reproduces."""
+    compare(
+        got,
+        want,
+        what=what,
+        candidates=[(w, h) for h, w in mistakes.items()],
+        hint="The loss is -log softmax(logits)[target] at every position whose target is not "
+        "pad_id, summed and divided by the number of such positions.",
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
+    """Worked examples: a padded batch with ``pad_id`` 0, then one with ``pad_id`` 5."""
+    for name in ("padded", "pad_id=5"):
+        logits, _ = stored("lab06", f"sequence_loss {name}: logits")
+        targets, _ = stored("lab06", f"sequence_loss {name}: targets")
+        pad_id = 5 if name == "pad_id=5" else 0
+        targets = targets.long()
+        what = f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id}) ({name})"
+        want, mistakes = stored("lab06", f"sequence_loss {name}")
+        got = loss_call(fn, logits.float(), targets, pad_id, what)
+        judge_loss(got, want, mistakes, what)
+    logits = logits.float().requires_grad_()
+    got = loss_call(fn, logits, targets, pad_id, "sequence_loss(logits, targets, pad_id)")
+    expect_true(
+        got.requires_grad,
+        "sequence_loss returns a tensor without a graph (no grad_fn): training calls "
+        "loss.backward(). Avoid .item(), .detach(), torch.tensor(...) of a result and argmax.",
+    )
+
+
+# ======================================================================================
+# Stand-ins for checking training code
+# ======================================================================================
+
+
+def copy_task_batches(
+    n_batches: int,
+    batch_size: int,
+    *,
+    vocab_size: int = 10,
+    pad_id: int = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    max_src: int = 6,
+    seed: int = 0,
+) -> list[dict[str, Tensor]]:
+    """Seq2seq batches (``docs/contracts.md``) of a copy task: the target is the source.
+
+    Sources have 2..``max_src`` symbols (ids other than pad, bos and eos); ``tgt_in`` is BOS and
+    the symbols, ``tgt_out`` the symbols and EOS, both padded with ``pad_id``.
+    """
+    g = generator(seed)
+    symbols = torch.tensor([i for i in range(vocab_size) if i not in (pad_id, bos_id, eos_id)])
+    batches = []
+    for _ in range(n_batches):
+        lengths = torch.randint(2, max_src + 1, (batch_size,), generator=g)
+        src = torch.full((batch_size, max_src), pad_id)
+        tgt_in = torch.full((batch_size, max_src + 1), pad_id)
+        tgt_out = torch.full((batch_size, max_src + 1), pad_id)
+        for b, n in enumerate(lengths.tolist()):
+            row = symbols[torch.randint(0, len(symbols), (n,), generator=g)]
+            src[b, :n] = row
+            tgt_in[b, 0] = bos_id
+            tgt_in[b, 1 : n + 1] = row
+            tgt_out[b, :n] = row
+            tgt_out[b, n] = eos_id
+        positions = torch.arange(max_src + 1)[None]
+        batches.append(
+            {
+                "src": src,
+                "src_padding_mask": torch.arange(max_src)[None] < lengths[:, None],
+                "tgt_in": tgt_in,
+                "tgt_out": tgt_out,
+                "tgt_padding_mask": positions <= lengths[:, None],
+            }
+        )
+    return batches
+
+
+class TinySeq2Seq(nn.Module):
+    """A small stand-in encoder-decoder for checking training code (it half-knows a copy task).
+
+    ``forward(src, tgt_in, src_padding_mask=None, tgt_padding_mask=None) -> (B, T, V)``: the
+    mean of the real source embeddings is added to each target embedding, a linear layer gives
+    logits, and a fixed nudge toward the copy answer makes some predictions right and some
+    wrong. It records which masks each call received (``calls``). ``config`` has the fields a
+    translation module reads (``tgt_vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 10,
+        *,
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+        d_model: int = 8,
+        nudge: float = 3.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(
+            src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size,
+            pad_id=pad_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            max_len=16,
+        )
+        g = generator(seed)
+        self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
+        self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
+        self.out = nn.Linear(d_model, vocab_size)
+        with torch.no_grad():
+            self.out.weight.copy_(0.6 * torch.randn(vocab_size, d_model, generator=g))
+            self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
+        self.nudge = nudge
+        self.calls: list[tuple[bool, bool]] = []
+
+    def copy_answer(self, src: Tensor, T: int) -> Tensor:
+        """``(B, T)``: the real source symbols, then EOS (repeated over the padding)."""
+        c = self.config
+        n = (src != c.pad_id).sum(dim=1)  # (B,)
+        answer = torch.full((src.shape[0], T), c.eos_id, dtype=torch.long, device=src.device)
+        width = min(T, src.shape[1])
+        answer[:, :width] = src[:, :width]
+        after = torch.arange(T, device=src.device)[None] >= n[:, None]  # (B, T)
+        return answer.masked_fill(after, c.eos_id)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        self.calls.append((src_padding_mask is not None, tgt_padding_mask is not None))
+        real = (
+            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
+        )
+        weights = real.to(self.src_embed.dtype)[..., None]  # (B, S, 1)
+        memory = (self.src_embed[src] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
+        h = torch.tanh(self.tgt_embed[tgt_in] + memory[:, None])  # (B, T, D)
+        logits = self.out(h)  # (B, T, V)
+        nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
+        return logits + self.nudge * nudge.to(logits.dtype)
+
+
+def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[TinySeq2Seq, dict[str, int]]:
+    """A :class:`TinySeq2Seq` and the ids of its copy task (BOS and EOS follow ``pad_id``)."""
+    ids = {
+        "vocab_size": vocab_size,
+        "pad_id": pad_id,
+        "bos_id": (pad_id + 1) % vocab_size,
+        "eos_id": (pad_id + 2) % vocab_size,
+    }
+    model = TinySeq2Seq(
+        vocab_size, pad_id=pad_id, bos_id=ids["bos_id"], eos_id=ids["eos_id"], seed=seed
+    )
+    return model, ids
+
+
+def _module_under_test(
+    cls: Callable[..., Any],
+    model: nn.Module,
+    pad_id: int,
+    *,
+    lr: float = 3e-3,
+    warmup_steps: int = 20,
+    total_steps: int = 100,
+) -> Any:
+    what = (
+        f"TranslationModule(model, pad_id={pad_id}, lr={lr:g}, warmup_steps={warmup_steps}, "
+        f"total_steps={total_steps})"
+    )
+    kwargs = {"lr": lr, "warmup_steps": warmup_steps, "total_steps": total_steps}
+    module = call_forbidding(cls, (model, pad_id), kwargs, ban=MODULE_BAN, what=what)
+    return expect_module(module, what)
+
+
+class _LogRecorder:
+    """Stands in for ``LightningModule.log``/``log_dict`` on a module called without a Trainer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, dict[str, Any]]] = []
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((name, value, kwargs))
+
+    def log_dict(self, values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        for name, value in values.items():
+            self.calls.append((name, value, kwargs))
+
+    def value(self, name: str) -> Any:
+        found = [v for n, v, _ in self.calls if n == name]
+        return found[-1] if found else None
+
+
+def _graph_keepers(module: nn.Module) -> list[str]:
+    """Attributes of ``module`` that hold tensors with a graph (e.g. a list of losses)."""
+    found = []
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        values = value if isinstance(value, list | tuple) else [value]
+        if isinstance(value, dict):
+            values = list(value.values())
+        if any(isinstance(v, Tensor) and v.grad_fn is not None for v in values):
+            found.append(name)
+    return found
+
+
+def _loss_of(out: Any, what: str) -> Tensor:
+    if isinstance(out, Mapping):
+        out = out.get("loss")
+    if isinstance(out, float | int):
+        raise AssertionError(
+            f"{what} returned the number {out!r}: return the loss tensor itself (not loss.item()); "
+            "Lightning calls backward() on it."
+        )
+    if out is None:
+        raise AssertionError(f"{what} returned None: return the loss (Lightning trains on it).")
+    return expect_shape(out, (), what)
+
+
+def _training_step_candidates(
+    model: TinySeq2Seq, batch: dict[str, Tensor], pad_id: int
+) -> tuple[Tensor, list[tuple[Tensor, str]]]:
+    src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
+    masks = {
+        "src_padding_mask": batch["src_padding_mask"],
+        "tgt_padding_mask": batch["tgt_padding_mask"],
+    }
+
+    def ce(logits: Tensor, targets: Tensor, ignore: int | None = pad_id) -> Tensor:
+        flat = logits.reshape(-1, logits.shape[-1])
+        if ignore is None:
+            return F.cross_entropy(flat, targets.reshape(-1))
+        return F.cross_entropy(flat, targets.reshape(-1), ignore_index=ignore)
+
+    with torch.no_grad():
+        logits = model(src, tgt_in, **masks)
+        want = ce(logits, tgt_out)
+        candidates = [
+            (
+                ce(model(src, tgt_out, **masks), tgt_out),
+                "It matches the decoder reading batch['tgt_out']: the decoder input is "
+                "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
+                "it must predict.",
+            ),
+            (
+                ce(logits, tgt_in),
+                "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
+                "token that follows each decoder input.",
+            ),
+            (
+                ce(logits, tgt_out, ignore=None),
+                "It matches a loss that counts the padding positions: ignore targets equal to "
+                "self.pad_id.",
+            ),
+            (
+                ce(model(src, tgt_in), tgt_out),
+                "It matches a model called without the padding masks: pass "
+                "src_padding_mask=batch['src_padding_mask'] and "
+                "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).",
+            ),
+        ]
+        if pad_id != 0:
+            candidates.append(
+                (
+                    ce(logits, tgt_out, ignore=0),
+                    "It matches a loss that ignores id 0 instead of self.pad_id.",
+                )
+            )
+    return want, candidates
+
+
+def training_step_check(
+    cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
+) -> None:
+    """One ``training_step`` on a stand-in model: value, graph, and what is logged."""
+    model, ids = stand_in(vocab_size, pad_id, seed)
+    module = _module_under_test(cls, model, pad_id)
+    batch = copy_task_batches(1, 6, seed=seed, **ids)[0]
+    recorder = _LogRecorder()
+    module.log, module.log_dict = recorder.log, recorder.log_dict
+    what = "training_step(batch, 0)"
+    module.train()
+    out = call_forbidding(module.training_step, (batch, 0), {}, ban=MODULE_BAN, what=what)
+    loss = _loss_of(out, what)
+    expect_true(
+        loss.grad_fn is not None,
+        f"{what} returned a loss without a graph (no grad_fn): return the tensor your loss "
+        "function computed, not loss.detach() or a new tensor; Lightning calls backward() on it.",
+    )
+    want, candidates = _training_step_candidates(model, batch, pad_id)
+    compare(
+        loss,
+        want,
+        what=f"the loss {what} returned (model TinySeq2Seq, pad_id={pad_id})",
+        candidates=candidates,
+        hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
+        "(self.pad_id) ignored.",
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    logged = recorder.value("train_loss")
+    if logged is None:
+        names = sorted({n for n, _, _ in recorder.calls})
+        raise AssertionError(
+            f"{what} did not log 'train_loss' (it logged {names or 'nothing'}): call "
+            "self.log('train_loss', loss) so that the loss curve can be drawn."
+        )
+    logged = torch.as_tensor(logged).detach().double()
+    expect_true(
+        close(logged, want),
+        f"{what} logged train_loss={float(logged):.4g} but returned {float(loss.detach()):.4g}: "
+        "log the loss you return.",
+    )
+    graph = [kw for n, _, kw in recorder.calls if kw.get("enable_graph")]
+    keepers = _graph_keepers(module)
+    if graph or keepers:
+        where = f"self.{keepers[0]}" if keepers else "self.log(..., enable_graph=True)"
+        raise AssertionError(
+            f"{what} keeps the graph of the loss alive in {where}: every step's whole "
+            "computation graph would stay in memory. self.log detaches what it logs; keep "
+            "numbers with loss.detach() or loss.item() if you must store them."
+        )
+
+
+def check_training_step(cls: Callable[..., Any]) -> None:
+    """``training_step`` on a stand-in model: the teacher-forced loss, with its graph, logged."""
+    training_step_check(cls, pad_id=0, vocab_size=10, seed=61)
+
+
+def _validation_expected(
+    model: TinySeq2Seq, batches: Sequence[dict[str, Tensor]], pad_id: int
+) -> tuple[dict[str, float], dict[str, list[tuple[float, str]]]]:
+    """Epoch values of val_loss, val_acc, val_exact_match, and the typical wrong values.
+
+    Lightning averages a logged number over the epoch weighted by the batch size; a logged
+    metric object is computed over the whole epoch.
+    """
+    sizes, losses, losses_with_pad, losses_unmasked, batch_accuracies = [], [], [], [], []
+    right = real = exact = exact_with_pad = right_with_pad = positions = 0
+    with torch.no_grad():
+        for batch in batches:
+            masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
+            logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
+            targets = batch["tgt_out"]
+            flat = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
+            losses.append(float(F.cross_entropy(flat, targets.reshape(-1), ignore_index=pad_id)))
+            losses_with_pad.append(float(F.cross_entropy(flat, targets.reshape(-1))))
+            unmasked = model(batch["src"], batch["tgt_in"]).reshape(-1, logits.shape[-1])
+            losses_unmasked.append(
+                float(F.cross_entropy(unmasked, targets.reshape(-1), ignore_index=pad_id))
+            )
+            sizes.append(targets.shape[0])
+            ok = logits.argmax(-1) == targets  # (B, T)
+            keep = targets != pad_id
+            right += int(ok[keep].sum())
+            real += int(keep.sum())
+            batch_accuracies.append(float(ok[keep].float().mean()))
+            exact += int((ok | ~keep).all(-1).sum())
+            exact_with_pad += int(ok.all(-1).sum())
+            right_with_pad += int(ok.sum())
+            positions += ok.numel()
+    w = torch.tensor(sizes, dtype=torch.float64)
+
+    def weighted(values: list[float]) -> float:
+        return float((torch.tensor(values, dtype=torch.float64) * w).sum() / w.sum())
+
+    rows = int(w.sum())
+    want = {"val_loss": weighted(losses), "val_acc": right / real, "val_exact_match": exact / rows}
+    wrong = {
+        "val_loss": [
+            (weighted(losses_with_pad), "it counts the padding positions"),
+            (
+                weighted(losses_unmasked),
+                "it matches the model called without the padding masks: pass "
+                "src_padding_mask and tgt_padding_mask (self(batch) does)",
+            ),
+        ],
+        "val_acc": [
+            (right_with_pad / positions, "it counts the padding positions (ignore self.pad_id)"),
+            (
+                weighted(batch_accuracies),
+                "it averages the accuracies of the batches: log the metric object itself, "
+                "self.log('val_acc', self.val_acc), so that it is computed over the epoch",
+            ),
+        ],
+        "val_exact_match": [
+            (
+                exact_with_pad / rows,
+                "a sentence only counts as right if its padding positions are 'predicted' too: "
+                "ignore self.pad_id (the metric objects of __init__ do)",
+            )
+        ],
+    }
+    return want, wrong
+
+
+def _checked_class(cls: type, ban: Ban) -> type:
+    """A subclass whose graded methods run under ``ban`` (and nothing else does)."""
+
+    def wrap(name: str) -> Callable[..., Any]:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with forbidden(ban):
+                return getattr(super(checked, self), name)(*args, **kwargs)
+
+        method.__name__ = name
+        return method
+
+    names = ("training_step", "validation_step", "configure_optimizers")
+    checked = type(cls.__name__, (cls,), {n: wrap(n) for n in names})
+    return checked
+
+
+def _trainer(**kwargs: Any) -> Any:
+    import lightning as L
+
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    options.update(kwargs)
+    return L.Trainer(**options)
+
+
+def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
+    """``validation_step`` through ``Trainer.validate``: the epoch metrics, in two runs.
+
+    The second run validates other sentences: a metric that is never reset mixes both runs.
+    """
+    from torch.utils.data import DataLoader
+
+    model, ids = stand_in(vocab_size, pad_id, seed)
+    module = _module_under_test(_checked_class(cls, MODULE_BAN), model, pad_id)
+    what = "validation_step (run by Trainer.validate on a stand-in model)"
+    for run in ("", " (second run, other sentences)"):
+        first = seed + (10 if run else 0)
+        # Batches of different sizes and sentence lengths, so that per-batch averages differ
+        # from the epoch's values.
+        batches = [
+            copy_task_batches(1, size, max_src=longest, seed=first + k, **ids)[0]
+            for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
+        ]
+        want, wrong = _validation_expected(model, batches, pad_id)
+        loader = DataLoader(batches, batch_size=None)
+        with _quiet_lightning():
+            results = call_student(
+                _trainer().validate, module, dataloaders=loader, verbose=False, what=what
+            )
+        got = dict(results[0]) if results else {}
+        for name, value in want.items():
+            if name not in got:
+                raise AssertionError(
+                    f"{what} logged {sorted(got) or 'nothing'}, not '{name}': log "
+                    "val_loss, val_acc and val_exact_match (the training cell and the checks read "
+                    "these names)."
+                )
+            g = float(got[name])
+            if abs(g - value) <= 1e-4 + 1e-4 * abs(value):
+                continue
+            named = next((h for v, h in wrong[name] if abs(g - v) <= 1e-4), None)
+            if named is None and run:
+                named = (
+                    "right in the first run, wrong in the second: your metric keeps counting "
+                    "across runs. Log the metric object (self.log(name, self.val_acc)), and "
+                    "Lightning resets it after each epoch"
+                )
+            hint = (
+                f": {named}."
+                if named
+                else (
+                    ": predictions are logits.argmax(dim=-1), compared with batch['tgt_out'], "
+                    "padding ignored."
+                )
+            )
+            raise AssertionError(f"{what}{run}: {name} is {g:.4f}, expected {value:.4f}" + hint)
+
+
+def check_validation_step(cls: type) -> None:
+    """``validation_step`` under ``Trainer.validate``: val_loss, val_acc, val_exact_match."""
+    validation_step_check(cls, pad_id=0, vocab_size=10, seed=62)
+
+
+# -------------------------------------------------------------------------- configure_optimizers
+
+
+def _parse_optimizers(returned: Any, what: str) -> tuple[Any, Any, str]:
+    """``(optimizer, scheduler, interval)`` from what ``configure_optimizers`` may return."""
+    optimizer, scheduler, interval = None, None, "epoch"
+    if isinstance(returned, torch.optim.Optimizer):
+        optimizer = returned
+    elif isinstance(returned, Mapping):
+        optimizer = returned.get("optimizer")
+        scheduler = returned.get("lr_scheduler")
+    elif isinstance(returned, list | tuple) and len(returned) == 2:
+        opts, scheds = returned
+        optimizer = opts[0] if isinstance(opts, list | tuple) else opts
+        scheduler = scheds[0] if isinstance(scheds, list | tuple) and scheds else scheds
+    elif isinstance(returned, list | tuple) and len(returned) == 1:
+        return _parse_optimizers(returned[0], what)
+    if isinstance(scheduler, Mapping):
+        interval = scheduler.get("interval", "epoch")
+        scheduler = scheduler.get("scheduler")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise AssertionError(
+            f"{what} returned {type(returned).__name__}, which holds no optimizer: return "
+            "{'optimizer': optimizer, 'lr_scheduler': {'scheduler': scheduler, 'interval': "
+            "'step'}}."
+        )
+    if scheduler is None:
+        raise AssertionError(
+            f"{what} returned an optimizer without a learning-rate scheduler: add the warm-up "
+            "and decay schedule (torch.optim.lr_scheduler.LambdaLR) and return it as "
+            "'lr_scheduler'."
+        )
+    return optimizer, scheduler, interval
+
+
+def learning_rates(optimizer: Any, scheduler: Any, steps: int) -> list[float]:
+    """The learning rate of each of ``steps`` optimizer steps (the scheduler stepped after each).
+
+    The optimizer steps without gradients (nothing changes), so the schedule is all that moves.
+    """
+    rates = []
+    for _ in range(steps):
+        rates.append(float(optimizer.param_groups[0]["lr"]))
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+def optimizers_check(
+    cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int, seed: int
+) -> list[float]:
+    """``configure_optimizers`` called directly: parameters, interval and the schedule's shape.
+
+    Returns:
+        The learning rates of the first ``total_steps`` steps.
+    """
+    model = TinySeq2Seq(seed=seed)
+    module = _module_under_test(
+        cls, model, 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps
+    )
+    what = "configure_optimizers()"
+    returned = call_forbidding(
+        module.configure_optimizers,
+        (),
+        {},
+        ban=MODULE_BAN,
+        what=what,
+        on_error="Use self.lr, self.warmup_steps and self.total_steps "
+        "(the module has no Trainer here).",
+    )
+    optimizer, scheduler, interval = _parse_optimizers(returned, what)
+    mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in mine]
+    if missing:
+        total = sum(1 for p in module.parameters() if p.requires_grad)
+        raise AssertionError(
+            f"your optimizer leaves out {len(missing)} of the module's {total} parameter tensors "
+            f"(e.g. {', '.join(missing[:3])}): they would never be trained. Give it all of them: "
+            "torch.optim.AdamW(self.parameters(), lr=self.lr)."
+        )
+    if interval != "step":
+        raise AssertionError(
+            f"{what} returns the scheduler with interval={interval!r}: Lightning then steps it "
+            "once per EPOCH, so the warm-up would last warmup_steps epochs. Return "
+            "{'scheduler': scheduler, 'interval': 'step'} as 'lr_scheduler'."
+        )
+    rates = learning_rates(optimizer, scheduler, total_steps)
+    judge_schedule(rates, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
+    return rates
+
+
+def judge_schedule(
+    rates: Sequence[float], *, lr: float, warmup_steps: int, total_steps: int
+) -> None:
+    """Linear warm-up to ``lr`` over ``warmup_steps`` steps, then a decay to at most ``lr / 2``."""
+    r = torch.tensor(rates, dtype=torch.float64)
+    peak = float(r.max())
+    top = int(r.argmax())
+    say = f"(lr={lr:g}, warmup_steps={warmup_steps}, total_steps={total_steps})"
+    if abs(peak - lr * lr) <= 1e-3 * lr * lr and abs(lr - 1.0) > 1e-6:
+        raise AssertionError(
+            f"your learning rate peaks at {peak:.3g} = lr squared {say}: LambdaLR MULTIPLIES the "
+            "optimizer's lr by your function, so the function returns a factor between 0 and 1, "
+            "not a learning rate."
+        )
+    if abs(peak - lr) > 0.02 * lr:
+        raise AssertionError(
+            f"your learning rate peaks at {peak:.3g}, expected self.lr = {lr:g} {say}: build "
+            "the optimizer with lr=self.lr and let the factor reach 1 at the end of the warm-up."
+        )
+    if bool((r == r[0]).all()):
+        raise AssertionError(
+            f"your learning rate is {peak:.3g} at every step {say}: there is no warm-up and no "
+            "decay. The factor rises linearly to 1 over self.warmup_steps steps, then decays."
+        )
+    if float(r[0]) > 0.25 * lr:
+        raise AssertionError(
+            f"your learning rate starts at {float(r[0]):.3g}, already {float(r[0]) / lr:.0%} of "
+            f"the peak {say}: there is no warm-up. Start near 0 and rise linearly to self.lr over "
+            "self.warmup_steps steps."
+        )
+    if abs(top - warmup_steps) > max(2, warmup_steps // 10):
+        raise AssertionError(
+            f"your learning rate peaks at step {top}, expected at the end of the warm-up, step "
+            f"{warmup_steps} {say}: use self.warmup_steps."
+        )
+    rising, falling = r[: top + 1], r[top:]
+    if bool((rising[1:] < rising[:-1] - 1e-12).any()) or bool(
+        (falling[1:] > falling[:-1] + 1e-12).any()
+    ):
+        raise AssertionError(
+            f"your learning rate goes up and down {say}: it should rise during the warm-up and "
+            "only fall after it."
+        )
+    if float(r[-1]) > 0.5 * lr:
+        raise AssertionError(
+            f"your learning rate is still {float(r[-1]):.3g} at step {total_steps - 1}, "
+            f"{float(r[-1]) / lr:.0%} of the peak {say}: after the warm-up it must decay (cosine "
+            "or linear) toward 0 by self.total_steps."
+        )
+
+
+def learning_rate_curve(
+    cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int
+) -> list[float]:
+    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``.
+
+    For plotting a schedule: the module is built around :class:`TinySeq2Seq` and its optimizer
+    steps without gradients (see :func:`learning_rates`).
+    """
+    module = cls(TinySeq2Seq(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
+    optimizer, scheduler, _ = _parse_optimizers(
+        module.configure_optimizers(), "configure_optimizers()"
+    )
+    return learning_rates(optimizer, scheduler, total_steps)
+
+
+def check_configure_optimizers(cls: Callable[..., Any]) -> None:
+    """All parameters, stepped per step, and warm-up to ``lr`` then decay (lr 3e-3, 20, 100)."""
+    optimizers_check(cls, lr=3e-3, warmup_steps=20, total_steps=100, seed=63)
+
+
+# ======================================================================================
+# train_translator
+# ======================================================================================
+
+
+_PROBES: list[type] = []
+
+
+def probe_classes() -> tuple[type, type]:
+    """``(ProbeModule, ProbeData)``: a LightningModule and DataModule for checking a Trainer call.
+
+    ``ProbeModule`` has one parameter and learns nothing useful; it counts its training steps
+    and validation passes and logs ``train_loss`` and ``val_exact_match``. ``ProbeData`` has 40
+    training batches per epoch and 2 validation batches of random numbers. Built on first use
+    (Lightning imports slowly).
+    """
+    if _PROBES:
+        return _PROBES[0], _PROBES[1]
+    import lightning as L
+
+    class ProbeModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+            self.steps = 0
+            self.validations = 0
+
+        def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+            self.steps += 1
+            loss = ((self.w - batch["x"].mean()) ** 2).sum()
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+            self.validations += 1
+            self.log("val_exact_match", torch.tensor(0.5))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class ProbeData(L.LightningDataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            g = generator(7)
+            self.train = [{"x": torch.randn(4, generator=g)} for _ in range(40)]
+            self.val = [{"x": torch.randn(4, generator=g)} for _ in range(2)]
+
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(self.train, batch_size=None)
+
+        def val_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(self.val, batch_size=None)
+
+    _PROBES[:] = [ProbeModule, ProbeData]
+    return ProbeModule, ProbeData
+
+
+def train_translator_check(
+    fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
+) -> None:
+    """Run ``fn`` on :class:`ProbeModule` and :class:`ProbeData` with a session of ``precision``."""
+    import lightning as L
+
+    module_cls, data_cls = probe_classes()
+    runs = Path(session.runs) / "checks"
+    fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
+    module, data = module_cls(), data_cls()
+    what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
+    with _quiet_lightning():
+        trainer = call_forbidding(
+            fn,
+            (module, data),
+            {"max_steps": max_steps, "session": fake, "name": name},
+            ban=Ban(reason="train with lightning.Trainer yourself"),
+            what=what,
+        )
+    if trainer is None:
+        raise AssertionError(
+            f"{what} returned None: return the Trainer (the notebook reads its logs)."
+        )
+    expect_true(
+        isinstance(trainer, L.Trainer),
+        f"{what} returned {type(trainer).__name__}, not a lightning.Trainer: return the Trainer.",
+    )
+    expect_true(
+        module.steps > 0,
+        f"{what} never trained the module it was given: call trainer.fit(module, "
+        "datamodule=datamodule) on that module (not on a new one).",
+    )
+    expect_true(
+        module.steps == max_steps and trainer.global_step == max_steps,
+        f"{what} took {module.steps} training steps, expected max_steps={max_steps}: pass "
+        "max_steps=max_steps to the Trainer (not max_epochs).",
+    )
+    expect_true(
+        str(trainer.precision) == precision,
+        f"{what} trained in precision {trainer.precision!r}, but session.precision is "
+        f"{precision!r}: pass precision=session.precision (bf16 on recent GPUs, 32 on CPUs).",
+    )
+    logger = trainer.logger
+    log_dir = getattr(logger, "log_dir", None) if logger is not None else None
+    if log_dir is None:
+        raise AssertionError(
+            f"{what} trains without a logger: pass logger=CSVLogger(session.runs, name=name) so "
+            "that the loss curves are written under session.runs."
+        )
+    inside = Path(log_dir).resolve().is_relative_to(runs.resolve())
+    expect_true(
+        inside,
+        f"{what} writes its logs to {log_dir}, not under session.runs ({runs}): use "
+        "CSVLogger(session.runs, name=name).",
+    )
+    expect_true(
+        Path(log_dir).name != "" and name in Path(log_dir).parts,
+        f"{what} logs to {log_dir}, which does not use the run's name {name!r}: "
+        "CSVLogger(session.runs, name=name).",
+    )
+    expect_true(
+        module.validations > 0,
+        f"{what} never validated in {max_steps} steps: pass datamodule=datamodule to fit and "
+        "validate during the run (val_check_interval=max(1, max_steps // 4), "
+        "check_val_every_n_epoch=None).",
+    )
+
+
+def check_train_translator(fn: Callable[..., Any], session: Any) -> None:
+    """``fn`` trains a stand-in module for ``max_steps`` steps, in ``bf16-mixed``, logging under
+    ``session.runs`` and validating during the run."""
+    train_translator_check(fn, session, precision="bf16-mixed", max_steps=8, name="check")
+
+
+def check_trained_translator(
+    model: nn.Module,
+    datamodule: Any,
+    block_cls: type,
+    *,
+    min_exact_match: float = 0.9,
+) -> float:
+    """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right.
+
+    Teacher forcing on the DataModule's validation sentences (never trained on): a sentence
+    counts when every target token is the argmax of the logits.
+
+    Returns:
+        The exact-match accuracy.
+    """
+    from torchmetrics.functional.classification import multiclass_exact_match
+
+    blocks = list(getattr(model, "decoder_blocks", []))
+    expect_true(
+        bool(blocks) and all(isinstance(b, block_cls) for b in blocks),
+        "the translator must be built from your DecoderBlock (build_translator(DecoderBlock)).",
+    )
+    data = datamodule.val_data
+    model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(
+            data["src"].to(device),
+            data["tgt_in"].to(device),
+            src_padding_mask=data["src_padding_mask"].to(device),
+            tgt_padding_mask=data["tgt_padding_mask"].to(device),
+        )
+    score = float(
+        multiclass_exact_match(
+            logits.argmax(-1).cpu(),
+            data["tgt_out"],
+            num_classes=logits.shape[-1],
+            ignore_index=datamodule.pad_id,
+        )
+    )
+    expect_true(
+        score >= min_exact_match,
+        f"your translator gets {score:.1%} of {len(data['src'])} held-out sentences exactly right "
+        f"(teacher forcing), at least {min_exact_match:.0%} expected. Look at the loss curve: "
+        "does the loss fall (learning rate, warm-up, all parameters in the optimizer)?",
+    )
+    return score
+
+
+# ======================================================================================
+# greedy_decode
+# ======================================================================================
+
+
+class ScriptedTranslator(nn.Module):
+    """A fake encoder-decoder whose next token is known in advance, for checking decoding loops.
+
+    The translation of a source with real symbols ``x_0 .. x_{n-1}`` is ``y_0 .. y_{n-1}, EOS``
+    with ``y_t = symbol((x_t + y_{t-1}) mod K)`` (``K`` symbols; ``y_{-1}`` counts as 0): each
+    output token depends on the source and on the token fed back before it. After EOS the
+    script goes on with ordinary symbols, so a loop that does not stop shows it.
+
+    ``encode(src, src_padding_mask)`` returns the source and its mask as a ``(B, S, 2)``
+    "memory"; ``decode(tgt_in, memory, src_padding_mask)`` returns ``(B, T, V)`` logits, the
+    scripted token 4 above the rest. A source position counts as padding only if BOTH the mask
+    given to ``encode`` and the one given to ``decode`` say so, so a loop that forgets either
+    mask decodes the padding's junk tokens. ``decode`` refuses float tokens and inputs that do
+    not start with BOS; ``encode_calls`` counts the calls of ``encode``.
+    """
+
+    def __init__(
+        self, vocab_size: int = 10, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2
+    ) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(
+            src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size,
+            pad_id=pad_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            max_len=64,
+        )
+        self.symbols = [i for i in range(vocab_size) if i not in (pad_id, bos_id, eos_id)]
+        self.height = nn.Parameter(torch.tensor(4.0))
+        self.encode_calls = 0
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        self.encode_calls += 1
+        real = (
+            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
+        )
+        return torch.stack([src.float(), real.float()], dim=-1)  # (B, S, 2)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        c = self.config
+        if tgt_in.is_floating_point():
+            raise AssertionError(
+                "your loop fed the decoder float values: feed token ids, the argmax of the "
+                "logits (logits[:, -1].argmax(dim=-1)), not the logits or probabilities."
+            )
+        if tgt_in.ndim != 2 or tgt_in.shape[0] != memory.shape[0]:
+            raise AssertionError(
+                f"your loop fed the decoder a tensor of shape {tuple(tgt_in.shape)}; it takes "
+                f"the tokens so far, (B, L) with B={memory.shape[0]}."
+            )
+        if bool((tgt_in[:, 0] != c.bos_id).any()):
+            raise AssertionError(
+                f"your loop fed the decoder {tgt_in[:, 0].tolist()} at position 0: every "
+                f"decoder input starts with BOS (bos_id={c.bos_id})."
+            )
+        src = memory[..., 0].round().long()  # (B, S)
+        real = memory[..., 1] > 0.5
+        if src_padding_mask is None:
+            real = torch.ones_like(real)
+        else:
+            real = real | src_padding_mask.to(real.device)
+        K = len(self.symbols)
+        index = {s: i for i, s in enumerate(self.symbols)}
+        B, T = tgt_in.shape
+        ramp = torch.linspace(0.0, 0.5, c.tgt_vocab_size)  # (V,): ties never happen
+        logits = ramp.expand(B, T, c.tgt_vocab_size).clone()  # (B, T, V)
+        for b in range(B):
+            source = [index.get(int(s), 0) for s in src[b][real[b]]]
+            for t in range(T):
+                prev = index.get(int(tgt_in[b, t]), 0) if t else 0
+                if t < len(source):
+                    token = self.symbols[(source[t] + prev) % K]
+                elif t == len(source):
+                    token = c.eos_id
+                else:
+                    token = self.symbols[t % K]
+                logits[b, t, token] = 4.0
+        return logits * (self.height / 4.0)
+
+
+class RandomTranslator(nn.Module):
+    """A small random encoder-decoder for checking decoding loops on real-valued logits.
+
+    ``encode`` embeds the real source tokens; ``decode`` adds the mean of the memory to the
+    running (causal) mean of the target embeddings and maps it to logits, making EOS likelier
+    the longer the output. Special ids: pad 0, bos 1, eos 2.
+    """
+
+    def __init__(self, vocab_size: int, *, seed: int = 0) -> None:
+        super().__init__()
+        g = generator(seed)
+        self.config = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2, tgt_vocab_size=vocab_size)
+        self.src_embed = nn.Parameter(torch.randn(vocab_size, 8, generator=g))
+        self.tgt_embed = nn.Parameter(torch.randn(vocab_size, 8, generator=g))
+        self.out = nn.Parameter(torch.randn(8, vocab_size, generator=g))
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        if src_padding_mask is None:
+            src_padding_mask = torch.ones_like(src, dtype=torch.bool)
+        return self.src_embed[src] * src_padding_mask[..., None]  # (B, S, 8)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        T, S = tgt_in.shape[1], memory.shape[1]
+        steps = torch.arange(1, T + 1, dtype=memory.dtype)  # (T,)
+        h = self.tgt_embed[tgt_in].cumsum(1) / steps[None, :, None]  # (B, T, 8): causal mean
+        aligned = memory[:, torch.arange(T) % S]  # (B, T, 8): source position t for output t
+        logits = torch.tanh(0.5 * h + aligned) @ self.out  # (B, T, V)
+        eos = torch.zeros_like(logits)
+        eos[..., self.config.eos_id] = 0.6 * steps - 1.6  # EOS likelier with length
+        return logits + eos
+
+
+def run_decode(
+    fn: Callable[..., Tensor],
+    model: nn.Module,
+    src: Tensor,
+    mask: Tensor | None,
+    bos_id: int,
+    eos_id: int,
+    max_len: int,
+) -> tuple[Tensor, str]:
+    """The student's ``greedy_decode`` under the ban; its output (an integer ``(B, L)``)."""
+    what = (
+        f"greedy_decode(model, src {tuple(src.shape)}, bos_id={bos_id}, eos_id={eos_id}, "
+        f"max_len={max_len}" + (", src_padding_mask)" if mask is not None else ")")
+    )
+    kwargs = {} if mask is None else {"src_padding_mask": mask}
+    got = call_forbidding(
+        fn, (model, src, bos_id, eos_id, max_len), kwargs, ban=DECODE_BAN, what=what
+    )
+    got = expect_shape(got, (src.shape[0], None), what)
+    expect_true(
+        not got.is_floating_point(),
+        f"{what} has dtype {got.dtype}: return token ids (integers).",
+    )
+    return got, what
+
+
+def judge_decode(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> None:
+    """Compare decoded ids with the expected ones; name the mistake they reproduce."""
+    if got.shape == want.shape and torch.equal(got.double(), want):
+        return
+    shown = f"{what} returned {got.tolist()}, expected {want.long().tolist()}."
+    for hint, wrong in mistakes.items():
+        if got.shape == wrong.shape and torch.equal(got.double(), wrong):
+            raise AssertionError(f"{shown} {hint}")
+    if got.shape[1] > want.shape[1]:
+        raise AssertionError(
+            f"{shown} Stop as soon as every sentence has produced EOS (or the length, BOS "
+            "included, reaches max_len)."
+        )
+    if got.shape[1] < want.shape[1]:
+        raise AssertionError(
+            f"{shown} Go on until EVERY sentence has produced EOS or the length, BOS included, "
+            "reaches max_len."
+        )
+    raise AssertionError(
+        f"{shown} Start from BOS, append the argmax of the LAST position's logits, and fill "
+        "sentences that have produced EOS with model.config.pad_id."
+    )
+
+
+def check_greedy_decode(fn: Callable[..., Tensor]) -> None:
+    """Worked examples on a :class:`ScriptedTranslator`: three sources of different lengths
+    (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence short."""
+    for key in ("three sentences", "short max_len"):
+        src, _ = stored("lab06", f"greedy_decode {key}: src")
+        mask, _ = stored("lab06", f"greedy_decode {key}: mask")
+        want, mistakes = stored("lab06", f"greedy_decode {key}")
+        max_len = 10 if key == "three sentences" else 3
+        model = ScriptedTranslator()
+        got, what = run_decode(fn, model, src.long(), mask.bool(), 1, 2, max_len)
+        judge_decode(got, want, mistakes, what)
+        expect_true(
+            model.encode_calls == 1,
+            f"{what} encoded the source {model.encode_calls} times: encode it once, before the "
+            "loop; only the decoder runs once per new token.",
+        )
+
+
+# ======================================================================================
+# For the demos: cross-attention of a trained model
+# ======================================================================================
+
+
+@torch.no_grad()
+def cross_attention_maps(
+    model: nn.Module, src: Tensor, tgt_in: Tensor, src_padding_mask: Tensor | None = None
+) -> list[Tensor]:
+    """The cross-attention weights ``(B, H, T, S)`` of every decoder block of ``model``.
+
+    Runs ``model(src, tgt_in, src_padding_mask=...)`` with hooks on each block's ``cross_attn``
+    that ask it for its weights (``need_weights=True``) and keep them, as
+    :func:`transformer_lab.plots.collect_attention` does for every attention layer.
+    """
+    maps: list[Tensor] = []
+
+    def ask_for_weights(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return args, {**kwargs, "need_weights": True}
+
+    def keep(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        maps.append(output[1].detach())
+
+    handles = []
+    for block in model.decoder_blocks:
+        handles.append(
+            block.cross_attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True)
+        )
+        handles.append(block.cross_attn.register_forward_hook(keep, with_kwargs=True))
+    try:
+        model(src, tgt_in, src_padding_mask=src_padding_mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return maps

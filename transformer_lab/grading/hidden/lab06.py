@@ -1,0 +1,1058 @@
+"""Hidden checks of lab 06 (training an encoder-decoder), their oracles and the visible fixtures.
+
+Oracles, written independently of the kit:
+
+* :func:`oracle_decoder_block`: a post-norm decoder block in float64 from the weights of a
+  ``torch.nn.TransformerDecoderLayer``, with its own attention (fully masked rows give zero
+  weights), and the typical wrong blocks as variants of it (pre-norm, a missing residual,
+  sub-layers in the wrong order, a mask ignored or given to the other attention, norms swapped,
+  no cross-attention);
+* :func:`oracle_shift_right`, :func:`oracle_sequence_loss` and :func:`oracle_greedy_decode`:
+  loops over Python numbers, one sentence at a time, with the typical mistakes beside them.
+
+The hidden checks compare the student's code with torch (decoder block) or these oracles on
+seeded random inputs: other sizes, ``T != S``, masks whose hidden memory positions carry the
+largest values, fully masked memory rows, bfloat16, training mode with dropout, a padding id
+other than 0, special ids other than 1 and 2, a neural stand-in for greedy decoding. The
+trained translator is decoded greedily on new held-out sentences.
+
+:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab06.json``).
+
+Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
+"Attention Is All You Need", 2017, section 3.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from transformer_lab.checks._common import (
+    call_student,
+    close,
+    compare,
+    expect_close,
+    expect_true,
+    generator,
+    randint,
+)
+from transformer_lab.checks.lab06 import (
+    MODULE_BAN,
+    RandomTranslator,
+    ScriptedTranslator,
+    _checked_class,
+    _module_under_test,
+    _quiet_lightning,
+    _shift_call,
+    _trainer,
+    block_like_torch,
+    copy_task_batches,
+    judge_decode,
+    judge_loss,
+    judge_shift,
+    loss_call,
+    optimizers_check,
+    run_block,
+    run_decode,
+    stand_in,
+    torch_decoder_output,
+    train_translator_check,
+    training_step_check,
+    validation_step_check,
+)
+
+__all__ = [
+    "fixtures",
+    "hidden_check_decoder_block",
+    "hidden_check_decoder_block_masks",
+    "hidden_check_decoder_block_training",
+    "hidden_check_greedy_decode",
+    "hidden_check_greedy_decode_edges",
+    "hidden_check_sequence_loss",
+    "hidden_check_sequence_loss_numerics",
+    "hidden_check_shift_right",
+    "hidden_check_train_translator",
+    "hidden_check_translation_module",
+    "hidden_check_translator_greedy",
+    "oracle_decoder_block",
+    "oracle_greedy_decode",
+    "oracle_sequence_loss",
+    "oracle_shift_right",
+]
+
+_ATOL = 1e-4
+
+
+# ======================================================================================
+# DecoderBlock: the oracle and its wrong variants
+# ======================================================================================
+
+
+def decoder_params(layer: nn.TransformerDecoderLayer) -> dict[str, Any]:
+    """The weights of a torch decoder layer as float64 tensors (and its head count)."""
+    d = {k: v.detach().double().clone() for k, v in layer.state_dict().items()}
+    d["heads"] = layer.self_attn.num_heads
+    return d
+
+
+def _attention(
+    p: dict[str, Any], prefix: str, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None
+) -> Tensor:
+    """Multi-head attention of ``p[prefix + ...]``; masked keys get weight 0, empty rows 0."""
+    W = p[prefix + ".in_proj_weight"]
+    b = p[prefix + ".in_proj_bias"]
+    D = query.shape[-1]
+    H = p["heads"]
+    q = query @ W[:D].T + b[:D]
+    k = key @ W[D : 2 * D].T + b[D : 2 * D]
+    v = value @ W[2 * D :].T + b[2 * D :]
+    B, T, _ = q.shape
+    S = k.shape[1]
+    q = q.view(B, T, H, D // H).transpose(1, 2)  # (B, H, T, Dh)
+    k = k.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
+    v = v.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D // H)  # (B, H, T, S)
+    allowed = torch.ones_like(scores, dtype=torch.bool)
+    if mask is not None:
+        allowed = torch.broadcast_to(mask, scores.shape)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    top = scores.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = torch.exp(scores - top)  # masked keys: exp(-inf) = 0
+    total = e.sum(-1, keepdim=True)
+    weights = torch.where(total > 0, e / total.clamp_min(1e-300), torch.zeros_like(e))
+    out = (weights @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+    return out @ p[prefix + ".out_proj.weight"].T + p[prefix + ".out_proj.bias"]
+
+
+def _norm(p: dict[str, Any], name: str, x: Tensor) -> Tensor:
+    centre = x.mean(-1, keepdim=True)
+    var = ((x - centre) ** 2).mean(-1, keepdim=True)
+    return (x - centre) / torch.sqrt(var + 1e-5) * p[name + ".weight"] + p[name + ".bias"]
+
+
+def _feed_forward(p: dict[str, Any], x: Tensor) -> Tensor:
+    h = torch.relu(x @ p["linear1.weight"].T + p["linear1.bias"])
+    return h @ p["linear2.weight"].T + p["linear2.bias"]
+
+
+def oracle_decoder_block(
+    p: dict[str, Any],
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None = None,
+    memory_mask: Tensor | None = None,
+    *,
+    variant: str = "",
+) -> Tensor:
+    """The post-norm decoder block in float64; ``variant`` names a typical wrong block.
+
+    Variants: ``pre_norm``, ``no_self_residual``, ``no_cross_residual``, ``no_ff_residual``,
+    ``cross_first``, ``ff_before_cross``, ``no_cross``, ``self_mask_ignored``,
+    ``memory_mask_ignored``, ``masks_swapped`` (only when ``T == S``), ``norms_2_3_swapped``,
+    ``one_norm``.
+    """
+    x, memory = x.double(), memory.double()
+    sm = None if variant == "self_mask_ignored" else self_mask
+    mm = None if variant == "memory_mask_ignored" else memory_mask
+    if variant == "masks_swapped":
+        sm, mm = memory_mask, self_mask
+    n1, n2, n3 = "norm1", "norm2", "norm3"
+    if variant == "norms_2_3_swapped":
+        n2, n3 = "norm3", "norm2"
+    if variant == "one_norm":
+        n2 = n3 = "norm1"
+
+    def sa(h: Tensor) -> Tensor:
+        return _attention(p, "self_attn", h, h, h, sm)
+
+    def ca(h: Tensor) -> Tensor:
+        return _attention(p, "multihead_attn", h, memory, memory, mm)
+
+    if variant == "pre_norm":
+        x = x + sa(_norm(p, n1, x))
+        x = x + ca(_norm(p, n2, x))
+        return x + _feed_forward(p, _norm(p, n3, x))
+    residual = {
+        "sa": variant != "no_self_residual",
+        "ca": variant != "no_cross_residual",
+        "ff": variant != "no_ff_residual",
+    }
+
+    def step(h: Tensor, kind: str, norm: str) -> Tensor:
+        f = {"sa": sa, "ca": ca, "ff": lambda z: _feed_forward(p, z)}[kind](h)
+        return _norm(p, norm, h + f if residual[kind] else f)
+
+    order = [("sa", n1), ("ca", n2), ("ff", n3)]
+    if variant == "cross_first":
+        order = [("ca", n1), ("sa", n2), ("ff", n3)]
+    if variant == "ff_before_cross":
+        order = [("sa", n1), ("ff", n2), ("ca", n3)]
+    if variant == "no_cross":
+        order = [("sa", n1), ("ff", n3)]
+    for kind, norm in order:
+        x = step(x, kind, norm)
+    return x
+
+
+BLOCK_MISTAKES = {
+    "pre_norm": "Your block normalises the input of each sub-layer (pre-norm); this lab's block is "
+    "post-norm ('Add & Norm'): norm(x + sublayer(x)) after each sub-layer.",
+    "no_self_residual": "Your self-attention sub-layer has no residual connection: "
+    "norm1(x + self_attn(...)), not norm1(self_attn(...)).",
+    "no_cross_residual": "Your cross-attention sub-layer has no residual connection: "
+    "norm2(x + cross_attn(x, memory, memory)), not norm2(cross_attn(...)).",
+    "no_ff_residual": "Your feed-forward sub-layer has no residual connection: norm3(x + ff(x)).",
+    "cross_first": "Your block runs the cross-attention before the self-attention: first the "
+    "decoder's masked self-attention, then the cross-attention to memory, then the feed-forward.",
+    "ff_before_cross": "Your block runs the feed-forward network before the cross-attention: the "
+    "order is self-attention, cross-attention, feed-forward.",
+    "no_cross": "Your block has no cross-attention: between the self-attention and the "
+    "feed-forward it must attend to memory, norm2(x + cross_attn(x, memory, memory)).",
+    "self_mask_ignored": "Your self-attention ignores self_mask, so position t sees the targets "
+    "after t: self_attn(x, x, x, mask=self_mask).",
+    "memory_mask_ignored": "Your cross-attention ignores memory_mask, so the decoder attends to "
+    "padding: cross_attn(x, memory, memory, mask=memory_mask).",
+    "masks_swapped": "Your masks are swapped: self_mask goes to the self-attention, memory_mask "
+    "to the cross-attention.",
+    "norms_2_3_swapped": "Your norm2 and norm3 are swapped: norm2 follows the cross-attention, "
+    "norm3 the feed-forward network (as in torch's TransformerDecoderLayer).",
+    "one_norm": "Your block uses norm1 after every sub-layer: each sub-layer has its own norm "
+    "(norm1, norm2, norm3), with its own weights.",
+}
+
+
+def _block_candidates(
+    p: dict[str, Any],
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None,
+    memory_mask: Tensor | None,
+) -> list[tuple[Tensor | None, str]]:
+    named: list[tuple[Tensor | None, str]] = []
+    for variant, hint in BLOCK_MISTAKES.items():
+        if variant == "masks_swapped" and x.shape[1] != memory.shape[1]:
+            continue
+        if (
+            variant.endswith("mask_ignored")
+            and (self_mask if "self" in variant else memory_mask) is None
+        ):
+            continue
+        named.append(
+            (oracle_decoder_block(p, x, memory, self_mask, memory_mask, variant=variant), hint)
+        )
+    return named
+
+
+def _expect_block(
+    block: nn.Module,
+    layer: nn.TransformerDecoderLayer,
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None,
+    memory_mask: Tensor | None,
+    what: str,
+) -> None:
+    student = run_block(block, x, memory, self_mask, memory_mask, what)
+    p = decoder_params(layer)
+    want = oracle_decoder_block(p, x, memory, self_mask, memory_mask)
+    compare(
+        student,
+        want,
+        what=what,
+        candidates=_block_candidates(p, x, memory, self_mask, memory_mask),
+        hint="x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + cross_attn(x, memory, "
+        "memory, memory_mask)); x = norm3(x + ff(x)).",
+        atol=_ATOL,
+        rtol=_ATOL,
+    )
+
+
+def _sizes(g: torch.Generator) -> tuple[int, int, int, int, int, int]:
+    heads = randint(1, 4, g)
+    d_model = heads * 2 * randint(2, 4, g)
+    d_ff = 2 * d_model
+    B, T = randint(2, 3, g), randint(2, 6, g)
+    S = T + randint(1, 4, g)
+    return d_model, heads, d_ff, B, T, S
+
+
+def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Causal + target padding ``(B, 1, T, T)`` and source padding ``(B, 1, 1, S)``."""
+    t_len = torch.randint(1, T + 1, (B,), generator=g)
+    s_len = torch.randint(1, S + 1, (B,), generator=g)
+    t_len[0], s_len[0] = T, S
+    t_len[1], s_len[1] = max(1, T - 1), S - 1  # some padding in every batch
+    real_t = torch.arange(T)[None] < t_len[:, None]  # (B, T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    self_mask = real_t[:, None, None, :] & causal[None, None]  # (B, 1, T, T)
+    memory_mask = (torch.arange(S)[None] < s_len[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    return self_mask, memory_mask
+
+
+def hidden_check_decoder_block(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Two blocks of random sizes (``T != S``) in eval mode, with and without masks, vs torch."""
+    g = generator(seed)
+    for trial in range(2):
+        d_model, heads, d_ff, B, T, S = _sizes(g)
+        block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed + trial)
+        block.eval()
+        x = torch.randn(B, T, d_model, generator=g)
+        memory = 2.0 * torch.randn(B, S, d_model, generator=g)
+        _expect_block(block, layer, x, memory, None, None, f"{what}(x, memory)")
+        self_mask, memory_mask = _masks(B, T, S, g)
+        _expect_block(
+            block,
+            layer,
+            x,
+            memory,
+            self_mask,
+            memory_mask,
+            f"{what}(x, memory, self_mask=causal & target padding, memory_mask=source padding)",
+        )
+        expect_close(
+            run_block(block, x, memory, self_mask, memory_mask, what),
+            torch_decoder_output(layer, x, memory, self_mask, memory_mask),
+            f"{what} against torch's nn.TransformerDecoderLayer",
+            atol=_ATOL,
+            rtol=_ATOL,
+        )
+
+
+def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Hidden memory with the largest values, a fully masked memory row, and bfloat16."""
+    g = generator(seed)
+    d_model, heads, d_ff, B, T, S = 16, 2, 32, 3, 4, 6
+    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
+    block.eval()
+    x = torch.randn(B, T, d_model, generator=g)
+    memory = torch.randn(B, S, d_model, generator=g)
+    self_mask, _ = _masks(B, T, S, g)
+    memory_mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    memory_mask[:, ..., S - 2 :] = False
+    # The hidden memory positions carry values a thousand times larger: their raw scores are the
+    # largest (or most negative) of their rows; only masking before the softmax hides them.
+    memory[:, S - 2 :] *= 1000.0
+    _expect_block(
+        block,
+        layer,
+        x,
+        memory,
+        self_mask,
+        memory_mask,
+        f"{what} with memory_mask hiding the two last (huge) memory positions",
+    )
+    memory_mask[1] = False  # the second sentence has no real source token at all
+    answer = run_block(block, x, memory, self_mask, memory_mask, what)
+    expect_true(
+        bool(torch.isfinite(answer).all()),
+        f"{what} with a fully masked memory row returns NaN or inf: a query with no key to attend "
+        "gets zero weights (the kit's MultiHeadAttention does this), never NaN.",
+    )
+    _expect_block(
+        block, layer, x, memory, self_mask, memory_mask, f"{what} with a fully masked memory row"
+    )
+    full = run_block(block, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2], what)
+    for dtype in (torch.bfloat16,):
+        low = block.to(dtype)
+        try:
+            out = run_block(
+                low,
+                x.to(dtype),
+                memory[:, : S - 2].to(dtype),
+                self_mask,
+                memory_mask[..., : S - 2],
+                f"{what} in {dtype}",
+            )
+        finally:
+            block.to(torch.float32)
+        expect_true(
+            out.dtype == dtype,
+            f"{what} turned {dtype} inputs into {out.dtype}: build any tensor inside forward "
+            "with the input's dtype and device.",
+        )
+        expect_close(
+            out.float(),
+            full,
+            f"{what} in {dtype} against float32",
+            hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
+            "fixed -1e9, and nothing may be computed in another precision.",
+            atol=0.15,
+            rtol=0.05,
+        )
+
+
+def _near_one() -> float:
+    return 1.0 - 1e-7
+
+
+def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Training mode: without dropout as torch; dropout acts in training only, on each sub-layer's
+    output before the residual sum (dropout near 1 leaves ``norm3(norm2(norm1(x)))``)."""
+    g = generator(seed)
+    d_model, heads, d_ff, B, T, S = 16, 4, 32, 2, 5, 7
+    x = torch.randn(B, T, d_model, generator=g)
+    memory = torch.randn(B, S, d_model, generator=g)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+
+    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
+    block.train()
+    _expect_block(block, layer, x, memory, causal, None, f"{what} in training mode (dropout 0)")
+    expect_close(
+        run_block(block, x, memory, causal, None, f"{what} in training mode"),
+        torch_decoder_output(layer.train(), x, memory, causal, None),
+        f"{what} in training mode (dropout 0) against torch",
+        hint="With dropout 0, training and eval mode compute the same thing.",
+        atol=_ATOL,
+        rtol=_ATOL,
+    )
+
+    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=0.3)
+    block.eval()
+    expect_close(
+        run_block(block, x, memory, causal, None, f"{what} in eval mode"),
+        torch_decoder_output(layer.eval(), x, memory, causal, None),
+        f"{what} in eval mode against torch",
+        hint="Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
+        "training=self.training)).",
+        atol=_ATOL,
+        rtol=_ATOL,
+    )
+    block.train()
+    first = run_block(block, x, memory, causal, None, f"{what} in training mode")
+    second = run_block(block, x, memory, causal, None, f"{what} in training mode")
+    expect_true(
+        not close(first, second),
+        f"{what} gives the same output twice in training mode: dropout does nothing. Pass "
+        "dropout on (nn.Dropout(dropout) on each sub-layer's output, and to the attentions).",
+    )
+    w3, b3 = layer.norm3.weight.detach(), layer.norm3.bias.detach()
+    z = (first.detach() - b3) / w3  # what norm3 normalised: mean 0, variance 1 per token
+    normalised = bool(
+        torch.allclose(z.mean(-1), torch.zeros(B, T), atol=1e-3)
+        and torch.allclose(z.var(-1, unbiased=False), torch.ones(B, T), atol=1e-2)
+    )
+    expect_true(
+        normalised,
+        f"{what} in training mode returns tokens that norm3 did not produce: dropout belongs on "
+        "each sub-layer's output BEFORE the residual sum, norm3(x + dropout(ff(x))), never after "
+        "the norm.",
+    )
+
+    p = _near_one()
+    block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=p)
+    block.train()
+    got = run_block(block, x, memory, causal, None, f"{what} in training mode")
+    params = decoder_params(layer)
+    want = _norm(params, "norm3", _norm(params, "norm2", _norm(params, "norm1", x.double())))
+    compare(
+        got,
+        want,
+        what=f"{what} in training mode (dropout ~1 drops every sub-layer's output)",
+        candidates=[],
+        hint="With dropout ~1 every sub-layer's output is dropped, so the block must return "
+        "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
+        "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
+        "the feed-forward; not to x, not to the sum, not after the norm.",
+        atol=1e-3,
+        rtol=1e-3,
+    )
+
+
+# ======================================================================================
+# shift_right
+# ======================================================================================
+
+
+def oracle_shift_right(targets: Tensor, bos_id: int) -> Tensor:
+    """``[bos, t_0, ..., t_{T-2}]`` per row, with Python lists."""
+    rows = [[bos_id, *row[:-1]] for row in targets.tolist()]
+    return torch.tensor(rows, dtype=torch.float64).reshape(targets.shape)
+
+
+def shift_mistakes(targets: Tensor, bos_id: int) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``shift_right`` returns."""
+    t = targets.double()
+    bos = torch.full_like(t[:, :1], float(bos_id))
+    zero = torch.zeros_like(t[:, :1])
+    out = {
+        "You shifted LEFT: position t holds the target of position t + 1. The decoder input is "
+        "shifted RIGHT: BOS first, then the targets without their last token.": torch.cat(
+            [t[:, 1:], zero], 1
+        ),
+        "Position 0 must hold bos_id (you put 0 there): the decoder's first input is BOS.": (
+            torch.cat([zero, t[:, :-1]], 1)
+        ),
+        "BOS goes FIRST, and the targets move one step right (you appended BOS at the end).": (
+            torch.cat([t[:, 1:], bos], 1)
+        ),
+        "You dropped the FIRST target; drop the LAST one (nothing is predicted after it).": (
+            torch.cat([bos, t[:, 1:]], 1)
+        ),
+        "torch.roll wraps the last target around to position 0; put bos_id there instead.": (
+            torch.roll(t, 1, dims=1)
+        ),
+        "You returned the targets unchanged: shift them right by one and put BOS first.": t,
+    }
+    if t.shape[0] > 1:
+        out["You shifted along the batch axis (dim 0); shift along time (dim 1)."] = torch.cat(
+            [torch.full_like(t[:1], float(bos_id)), t[:-1]], 0
+        )
+    if bos_id != 1:
+        out["Use the bos_id argument, not a fixed 1."] = torch.cat(
+            [torch.ones_like(t[:, :1]), t[:, :-1]], 1
+        )
+    return out
+
+
+def hidden_check_shift_right(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random sizes and BOS ids, one-step targets, and the input left unchanged."""
+    g = generator(seed)
+    for B, T in (
+        (randint(2, 5, g), randint(3, 9, g)),
+        (randint(1, 3, g), 1),
+        (1, randint(2, 6, g)),
+    ):
+        bos_id = randint(1, 9, g)
+        targets = torch.randint(0, 20, (B, T), generator=g)
+        judge_shift(
+            _shift_call(fn, targets, bos_id),
+            targets,
+            bos_id,
+            oracle_shift_right(targets, bos_id),
+            shift_mistakes(targets, bos_id),
+        )
+
+
+# ======================================================================================
+# sequence_loss
+# ======================================================================================
+
+
+def _log_softmax64(row: list[float]) -> list[float]:
+    top = max(row)
+    total = math.log(sum(math.exp(v - top) for v in row)) + top
+    return [v - total for v in row]
+
+
+def oracle_sequence_loss(logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
+    """Per-token mean of ``-log softmax`` over the real targets, with Python floats."""
+    total, count = 0.0, 0
+    for b, row in enumerate(targets.tolist()):
+        for t, target in enumerate(row):
+            if target == pad_id:
+                continue
+            total -= _log_softmax64(logits[b, t].double().tolist())[target]
+            count += 1
+    return torch.tensor(total / count, dtype=torch.float64)
+
+
+def loss_mistakes(logits: Tensor, targets: Tensor, pad_id: int) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``sequence_loss`` returns (float64 scalars)."""
+    lp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, V)
+    nll = -lp.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
+    real = targets != pad_id
+    per_sentence = (nll * real).sum(1) / real.sum(1).clamp(min=1)
+    out = {
+        "It matches the mean over ALL positions: padding counts. Average over the real tokens "
+        "only (targets != pad_id).": nll.mean(),
+        "It matches the SUM over the real tokens: divide by their number (a mean per token).": (
+            (nll * real).sum()
+        ),
+        "It matches the mean of per-sentence means: short sentences then weigh as much as long "
+        "ones. Sum over all real tokens of the batch, then divide by their number.": (
+            per_sentence.mean()
+        ),
+        "It matches the sum over real tokens divided by ALL positions (B * T): divide by the "
+        "number of real tokens.": (nll * real).sum() / real.numel(),
+        "It matches a softmax over the time axis: the softmax is over the vocabulary, the last "
+        "dimension (dim=-1).": (
+            -(torch.log_softmax(logits.double(), dim=1).gather(-1, targets[..., None]).squeeze(-1))
+        )[real].mean(),
+        "It matches the mean log-probability without the minus sign: the loss is the NEGATIVE "
+        "log-likelihood (it must be >= 0).": -(nll[real].mean()),
+        "It matches -probability instead of -log-probability: take the log of the softmax.": (
+            -(lp.exp().gather(-1, targets[..., None]).squeeze(-1))[real].mean()
+        ),
+        "It matches the mean of -log softmax over the whole vocabulary: pick the entry of the "
+        "target token (gather along the last dimension).": (-lp.mean(-1))[real].mean(),
+    }
+    if logits.shape[1] > 1:
+        shifted = nll_shift = -lp[:, :-1].gather(-1, targets[:, 1:, None]).squeeze(-1)
+        keep = targets[:, 1:] != pad_id
+        out[
+            "It matches logits[:, :-1] scored against targets[:, 1:]: the decoder input is "
+            "already shifted, so logits[:, t] predicts targets[:, t]; do not shift again."
+        ] = shifted[keep].mean() if bool(keep.any()) else nll_shift.mean()
+    if pad_id != 0:
+        keep = targets != 0
+        out["It matches a loss that ignores id 0 instead of pad_id: use the pad_id argument."] = (
+            nll[keep].mean()
+        )
+    return out
+
+
+def hidden_check_sequence_loss(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Random sizes, lengths and padding ids against the loop oracle."""
+    g = generator(seed)
+    for _ in range(3):
+        B, T, V = randint(2, 5, g), randint(2, 7, g), randint(4, 12, g)
+        pad_id = randint(0, V - 1, g)
+        logits = 3.0 * torch.randn(B, T, V, generator=g)
+        targets = torch.randint(0, V, (B, T), generator=g)
+        targets = torch.where(targets == pad_id, (targets + 1) % V, targets)
+        lengths = torch.randint(1, T + 1, (B,), generator=g)
+        targets[torch.arange(T)[None] >= lengths[:, None]] = pad_id
+        what = f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
+        got = loss_call(fn, logits, targets, pad_id, what)
+        judge_loss(
+            got,
+            oracle_sequence_loss(logits, targets, pad_id),
+            loss_mistakes(logits, targets, pad_id),
+            what,
+        )
+
+
+def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Logits of size 1e4, bfloat16 logits, and gradients: none at padding, some elsewhere."""
+    g = generator(seed)
+    B, T, V, pad_id = 3, 5, 9, 2
+    targets = torch.randint(0, V - 1, (B, T), generator=g)
+    targets = torch.where(targets == pad_id, V - 1, targets)  # every id but pad_id
+    targets[1, 0] = 0  # id 0 is a real token here
+    targets[0, 3:] = pad_id
+    targets[2, 1:] = pad_id
+    base = 4.0 * torch.randn(B, T, V, generator=g)
+    for offset in (1e4, -1e4):
+        logits = base + offset
+        what = f"sequence_loss(logits + {offset:g}, targets, pad_id={pad_id})"
+        got = loss_call(fn, logits, targets, pad_id, what)
+        mistakes = loss_mistakes(logits, targets, pad_id)
+        compare(
+            got,
+            oracle_sequence_loss(logits, targets, pad_id),
+            what=what,
+            candidates=[(wrong, hint) for hint, wrong in mistakes.items()],
+            hint="Adding a constant to every logit changes no probability. exp of large logits "
+            "overflows (and a probability underflows to 0 before its log): compute "
+            "log-probabilities as logits - logsumexp(logits, dim=-1), or with log_softmax.",
+            atol=1e-3,
+            rtol=1e-4,
+        )
+    scaled = 60.0 * base
+    what = f"sequence_loss(60 * logits, targets, pad_id={pad_id})"
+    compare(
+        loss_call(fn, scaled, targets, pad_id, what),
+        oracle_sequence_loss(scaled, targets, pad_id),
+        what=what,
+        candidates=[],
+        hint="Confident logits make some probabilities underflow to 0: take log-probabilities "
+        "directly (logits - logsumexp), not the log of a softmax.",
+        atol=1e-3,
+        rtol=1e-4,
+    )
+    what = f"sequence_loss(bfloat16 logits, targets, pad_id={pad_id})"
+    low = loss_call(fn, base.bfloat16(), targets, pad_id, what)
+    expect_close(
+        low.float(),
+        oracle_sequence_loss(base.bfloat16().float(), targets, pad_id),
+        what,
+        hint="Half-precision logits must still give a finite loss close to the float32 one.",
+        atol=5e-2,
+        rtol=2e-2,
+    )
+    logits = base.clone().requires_grad_()
+    what = f"sequence_loss(logits, targets, pad_id={pad_id})"
+    loss = loss_call(fn, logits, targets, pad_id, what)
+    expect_true(
+        loss.requires_grad,
+        f"{what} has no graph: training calls loss.backward(). Avoid .item(), .detach() and "
+        "building a new tensor from the result.",
+    )
+    call_student(loss.backward, what=f"{what}.backward()")
+    grad = logits.grad
+    expect_true(grad is not None, f"{what}.backward() gave the logits no gradient.")
+    pad = targets == pad_id
+    expect_true(
+        bool((grad[pad] == 0).all()),
+        f"after {what}.backward(), padding positions have non-zero gradients: padding must "
+        "contribute nothing to the loss (mask or select the real positions before summing).",
+    )
+    expect_true(
+        bool((grad[~pad].abs().sum(-1) > 0).all()),
+        f"after {what}.backward(), some real positions get no gradient: every real target "
+        "contributes to the loss.",
+    )
+
+
+# ======================================================================================
+# TranslationModule and train_translator
+# ======================================================================================
+
+
+def _fit_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
+    """A real ``Trainer.fit``: the learning rate moves every step, every parameter trains."""
+    tiny, ids = stand_in(vocab_size, pad_id, seed)
+    steps, warmup = 12, 6
+    fitted = _module_under_test(
+        _checked_class(cls, MODULE_BAN),
+        tiny,
+        pad_id,
+        lr=2e-2,
+        warmup_steps=warmup,
+        total_steps=steps,
+    )
+    before = {n: p.detach().clone() for n, p in fitted.named_parameters()}
+    batches = copy_task_batches(40, 4, seed=seed, **ids)
+    rates: list[float] = []
+
+    class Rates(L.Callback):
+        def on_train_batch_start(
+            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
+            rates.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
+
+    what = "TranslationModule trained by Trainer.fit for 12 steps (stand-in model)"
+    with _quiet_lightning(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "a validation_step but no val_dataloader"
+        trainer = _trainer(max_steps=steps, callbacks=[Rates()], limit_val_batches=0)
+        call_student(
+            trainer.fit,
+            fitted,
+            train_dataloaders=DataLoader(batches, batch_size=None),
+            what=what,
+        )
+    expect_true(
+        len(rates) == steps and rates[warmup - 1] > rates[0] + 1e-12,
+        f"{what}: the learning rate stayed at {rates[0]:.3g} through the first {warmup} steps of "
+        "the epoch: Lightning steps your scheduler once per epoch. Return it as "
+        "{'scheduler': scheduler, 'interval': 'step'}.",
+    )
+    frozen = [n for n, p in fitted.named_parameters() if torch.equal(p.detach(), before[n])]
+    expect_true(
+        not frozen,
+        f"{what}: {', '.join(frozen[:3])} did not change: give the optimizer every parameter "
+        "(self.parameters()).",
+    )
+    expect_true(
+        "train_loss" in trainer.logged_metrics or "train_loss" in trainer.callback_metrics,
+        f"{what}: no 'train_loss' was logged: self.log('train_loss', loss) in training_step.",
+    )
+
+
+def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
+    """Another padding id and schedule, and a short real ``Trainer.fit``."""
+    g = generator(seed)
+    vocab_size = 12
+    pad_id = randint(3, 9, g)
+    training_step_check(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed)
+    validation_step_check(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed + 1)
+    warmup = randint(5, 30, g)
+    lr = float(torch.tensor([5e-4, 1e-3, 6e-3])[randint(0, 2, g)])
+    optimizers_check(
+        cls, lr=lr, warmup_steps=warmup, total_steps=warmup + randint(40, 120, g), seed=seed
+    )
+    _fit_check(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed)
+
+
+def hidden_check_train_translator(fn: Callable[..., Any], session: Any, seed: int = 0) -> None:
+    """Another precision (``32-true``), number of steps and run name."""
+    g = generator(seed)
+    train_translator_check(
+        fn, session, precision="32-true", max_steps=randint(4, 9, g), name=f"hidden_{seed}"
+    )
+
+
+@torch.no_grad()
+def _batched_greedy(
+    model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor
+) -> Tensor:
+    """Greedy decoding of a whole batch (the one-sentence oracle is slow for 200 sentences).
+
+    Finished rows are padded; stops when every row has finished or at ``max_len`` tokens.
+    """
+    pad_id = model.config.pad_id
+    memory = model.encode(src, mask)
+    rows = torch.full((src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device)
+    rows[:, 0] = bos_id
+    finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+    length = 1
+    while length < max_len and not bool(finished.all()):
+        best = model.decode(rows[:, :length], memory, mask)[:, length - 1].argmax(-1)  # (B,)
+        rows[:, length] = torch.where(finished, rows[:, length], best)
+        finished |= best == eos_id
+        length += 1
+    return rows[:, :length]
+
+
+def hidden_check_translator_greedy(
+    model: nn.Module, datamodule: Any, seed: int = 0, *, min_exact_match: float = 0.9
+) -> None:
+    """Greedy decoding of new held-out sentences gets ``min_exact_match`` of them exactly right."""
+    from transformer_lab.data import grammar
+
+    g = generator(seed)
+    fresh = grammar.make_grammar_translation(
+        600,
+        generator=g,
+        config=datamodule.config,
+        src_tokenizer=datamodule.src_tokenizer,
+        tgt_tokenizer=datamodule.tgt_tokenizer,
+    )
+    seen = {tuple(row) for row in datamodule.train_data["src"].tolist()}
+    keep = torch.tensor([tuple(row) not in seen for row in fresh["src"].tolist()])
+    src, mask, tgt_out = (fresh[k][keep][:200] for k in ("src", "src_padding_mask", "tgt_out"))
+    model.eval()
+    where = next(model.parameters()).device
+    out = _batched_greedy(
+        model,
+        src.to(where),
+        datamodule.bos_id,
+        datamodule.eos_id,
+        tgt_out.shape[1] + 1,
+        mask.to(where),
+    ).cpu()
+    predicted = torch.full_like(tgt_out, datamodule.pad_id)
+    width = min(out.shape[1] - 1, tgt_out.shape[1])
+    predicted[:, :width] = out[:, 1 : width + 1]
+    greedy_score = float((predicted == tgt_out).all(dim=1).float().mean())
+    expect_true(
+        greedy_score >= min_exact_match,
+        f"decoded greedily, your translator gets {greedy_score:.1%} of {len(src)} new sentences "
+        f"exactly right, at least {min_exact_match:.0%} expected: train longer or check the "
+        "schedule.",
+    )
+
+
+# ======================================================================================
+# greedy_decode
+# ======================================================================================
+
+
+@torch.no_grad()
+def oracle_greedy_decode(
+    model: nn.Module,
+    src: Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len: int,
+    src_padding_mask: Tensor | None = None,
+) -> Tensor:
+    """Greedy decoding, one sentence at a time, output padded with ``model.config.pad_id``."""
+    pad_id = model.config.pad_id
+    rows = []
+    for b in range(src.shape[0]):
+        mask = None if src_padding_mask is None else src_padding_mask[b : b + 1]
+        memory = model.encode(src[b : b + 1], mask)
+        seq = [bos_id]
+        while len(seq) < max_len and seq[-1] != eos_id:
+            tgt = torch.tensor([seq], device=src.device)
+            logits = model.decode(tgt, memory, mask)[0, -1]
+            seq.append(int(logits.argmax()))
+        rows.append(seq)
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.float64)
+
+
+@torch.no_grad()
+def _greedy_variant(
+    model: nn.Module,
+    src: Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len: int,
+    mask: Tensor | None,
+    *,
+    pad_after_eos: bool = True,
+    stop: str = "all",
+    position: int = -1,
+    keep_bos: bool = True,
+    counts_bos: bool = True,
+    use_mask: bool = True,
+    fill: int | None = None,
+) -> Tensor | None:
+    """A typical wrong decoding loop (batched, like a student's)."""
+    pad_id = model.config.pad_id if fill is None else fill
+    mask = mask if use_mask else None
+    memory = model.encode(src, mask)
+    B = src.shape[0]
+    ys = torch.full((B, 1), bos_id, dtype=torch.long)
+    done = torch.zeros(B, dtype=torch.bool)
+    limit = max_len if counts_bos else max_len + 1
+    while ys.shape[1] < limit:
+        if stop == "all" and bool(done.all()):
+            break
+        if stop == "first" and bool(done.any()):
+            break
+        nxt = model.decode(ys, memory, mask)[:, position].argmax(-1)
+        if pad_after_eos:
+            nxt = nxt.masked_fill(done, pad_id)
+        ys = torch.cat([ys, nxt[:, None]], 1)
+        done |= nxt == eos_id
+    return (ys if keep_bos else ys[:, 1:]).double()
+
+
+def greedy_mistakes(
+    model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor | None
+) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``greedy_decode`` returns on ``model``."""
+    args = (model, src, bos_id, eos_id, max_len, mask)
+    variants = {
+        "A sentence that has produced EOS must go on with model.config.pad_id: mask the new "
+        "tokens of finished sentences (you let them go on generating).": {"pad_after_eos": False},
+        "Stop as soon as every sentence has produced EOS (you went on to max_len).": {
+            "stop": "never"
+        },
+        "You stopped when the FIRST sentence produced EOS: go on until EVERY sentence has.": {
+            "stop": "first"
+        },
+        "You read the logits of the FIRST position: the next token is predicted at the last "
+        "position, logits[:, -1].": {"position": 0},
+        "Return the sequences with BOS first (you dropped it).": {"keep_bos": False},
+        "max_len counts BOS: stop when the length, BOS included, reaches max_len (you generated "
+        "max_len new tokens).": {"counts_bos": False},
+        "You ignore src_padding_mask: pass it to model.encode(src, src_padding_mask) and to "
+        "model.decode(ys, memory, src_padding_mask), or the decoder reads the padding.": {
+            "use_mask": False
+        },
+        "Fill finished sentences with model.config.pad_id, not with eos_id.": {"fill": eos_id},
+    }
+    if model.config.pad_id != 0:
+        variants["Fill finished sentences with model.config.pad_id, not with 0."] = {"fill": 0}
+    out = {}
+    for hint, kw in variants.items():
+        value = _greedy_variant(*args, **kw)
+        if value is not None:
+            out[hint] = value
+    return out
+
+
+def _scripted_example(
+    g: torch.Generator, B: int, S: int, vocab: int, specials: tuple[int, int, int]
+) -> tuple[ScriptedTranslator, Tensor, Tensor]:
+    pad_id, bos_id, eos_id = specials
+    model = ScriptedTranslator(vocab, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+    symbols = torch.tensor(model.symbols)
+    src = symbols[torch.randint(0, len(symbols), (B, S), generator=g)]
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    mask = torch.arange(S)[None] < lengths[:, None]  # (B, S); junk symbols stay behind the mask
+    return model, src, mask
+
+
+def _expect_decode(
+    fn: Callable[..., Tensor],
+    model: nn.Module,
+    src: Tensor,
+    mask: Tensor | None,
+    ids: tuple[int, int],
+    max_len: int,
+) -> None:
+    bos_id, eos_id = ids
+    before = getattr(model, "encode_calls", 0)
+    got, what = run_decode(fn, model, src, mask, bos_id, eos_id, max_len)
+    calls = getattr(model, "encode_calls", 1) - before
+    judge_decode(
+        got,
+        oracle_greedy_decode(model, src, bos_id, eos_id, max_len, mask),
+        greedy_mistakes(model, src, bos_id, eos_id, max_len, mask),
+        what,
+    )
+    expect_true(
+        calls <= 1,
+        f"{what} encoded the source {calls} times: encode it once, before the loop; only the "
+        "decoder runs once per new token.",
+    )
+
+
+def hidden_check_greedy_decode(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Scripted translators with other special ids and a random neural stand-in, vs the oracle."""
+    g = generator(seed)
+    for specials in ((0, 1, 2), (5, 3, 8)):
+        B, S = randint(2, 5, g), randint(3, 6, g)
+        model, src, mask = _scripted_example(g, B, S, 10, specials)
+        _expect_decode(fn, model, src, mask, specials[1:], S + randint(2, 4, g))
+    model = RandomTranslator(9, seed=seed)
+    src = torch.randint(3, 9, (4, 5), generator=g)
+    mask = torch.ones_like(src, dtype=torch.bool)
+    mask[2, 3:] = False
+    _expect_decode(fn, model, src, mask, (1, 2), 8)
+
+
+def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """``max_len`` of 1 and 2, an immediate EOS, one sentence, no mask, padding id 7."""
+    g = generator(seed)
+    specials = (7, 1, 2)
+    model, src, mask = _scripted_example(g, 3, 4, 10, specials)
+    for max_len in (1, 2):
+        _expect_decode(fn, model, src, mask, (1, 2), max_len)
+    empty = mask.clone()
+    empty[1] = False  # a source with no real token: EOS at once
+    _expect_decode(fn, model, src, empty, (1, 2), 7)
+    _expect_decode(fn, model, src[:1], mask[:1], (1, 2), 7)
+    full = ScriptedTranslator(10, pad_id=7)
+    _expect_decode(fn, full, src[:, :3], None, (1, 2), 6)
+
+
+# ======================================================================================
+# The visible checks' worked examples
+# ======================================================================================
+
+
+def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
+    return {
+        "expected": expected.tolist(),
+        "mistakes": {hint: t.tolist() for hint, t in (mistakes or {}).items()},
+    }
+
+
+def _distinct(want: Tensor, mistakes: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The mistakes whose output differs from the right answer (else they name nothing)."""
+    return {
+        h: w
+        for h, w in mistakes.items()
+        if not (w.shape == want.shape and close(w, want, atol=1e-9, rtol=0.0))
+    }
+
+
+def fixtures() -> dict[str, dict[str, Any]]:
+    """The stored examples of :mod:`transformer_lab.checks.lab06`, keyed by the call."""
+    out: dict[str, dict[str, Any]] = {}
+    for rows, bos_id in (([[5, 6, 7, 2], [8, 2, 0, 0]], 1), ([[9, 3, 2]], 4)):
+        t = torch.tensor(rows)
+        want = oracle_shift_right(t, bos_id)
+        out[f"shift_right({rows}, bos_id={bos_id})"] = _entry(
+            want, _distinct(want, shift_mistakes(t, bos_id))
+        )
+    g = generator(6006)
+    examples = {
+        "padded": (0, [[3, 4, 5, 2, 0], [6, 2, 0, 0, 0], [3, 3, 4, 6, 2]]),
+        "pad_id=5": (5, [[0, 4, 1, 2, 5], [6, 2, 5, 5, 5]]),
+    }
+    for name, (pad_id, rows) in examples.items():
+        example = torch.tensor(rows)
+        logits = (2.0 * torch.randn(*example.shape, 7, generator=g)).float().double()
+        logits = torch.round(logits * 1e4) / 1e4  # stored exactly in the JSON
+        want = oracle_sequence_loss(logits, example, pad_id)
+        out[f"sequence_loss {name}: logits"] = _entry(logits)
+        out[f"sequence_loss {name}: targets"] = _entry(example.double())
+        out[f"sequence_loss {name}"] = _entry(
+            want, _distinct(want, loss_mistakes(logits, example, pad_id))
+        )
+    src = torch.tensor([[4, 5, 6, 7], [8, 3, 9, 9], [5, 5, 3, 4]])
+    mask = torch.tensor([[True] * 4, [True, True, False, False], [True, True, True, False]])
+    for key, max_len in (("three sentences", 10), ("short max_len", 3)):
+        scripted = ScriptedTranslator()
+        want = oracle_greedy_decode(scripted, src, 1, 2, max_len, mask)
+        out[f"greedy_decode {key}: src"] = _entry(src.double())
+        out[f"greedy_decode {key}: mask"] = _entry(mask.double())
+        out[f"greedy_decode {key}"] = _entry(
+            want, _distinct(want, greedy_mistakes(scripted, src, 1, 2, max_len, mask))
+        )
+    return out
