@@ -663,6 +663,7 @@ class Seq2SeqModule(_TransformerModule):
             )
         return rows
 
+    @graded("06_decoder_training")
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         tgt_out = batch["tgt_out"]
         logits = self.model(
