@@ -34,11 +34,15 @@ LABS = list_labs(REPO)
 MIN_LINE = 20  # shorter lines ("return out") are too common to count as a leak
 # Lines that carry no answer: signatures and parameters, control-flow headers and validation,
 # constructor arguments stored as attributes, the sub-layers a lab's contract names
-# (``self.q_proj = nn.Linear(...)``), and the error messages the labs prescribe.
+# (``self.q_proj = nn.Linear(...)``), the error messages the labs prescribe, the first line of
+# a statement that continues, empty containers, random inputs and plain allocations.
 _GENERIC = re.compile(
     r"^(def |class |async def |@|if |elif |else:|for |while |try:|except|with |raise \w+Error\("
     r"|super\(\)|return$|\w+: [^=]+(= .+)?,$|\*\*?\w+|\)|self\.(\w+) = \w+$"
-    r"|self\.\w+ = nn\.\w+\(|\w+=\w+,$|[\w, ]+ = \w+\.\w+$)"
+    r"|self\.\w+ = nn\.\w+\(|\w+=\w+,$|[\w, ]+ = \w+\.\w+$"
+    # statements that continue on the next line, empty containers, inputs and allocations
+    r"|.*[(\[{]$|\w+(: [^=]+)? = (\{\}|\[\]|\(\)|None|0|True|False)$"
+    r"|\w+ = torch\.(randn|rand|randint|zeros|ones|empty|arange|tensor|full)\()"
 )
 
 

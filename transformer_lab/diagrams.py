@@ -881,12 +881,6 @@ def loss_race(
 # Lab 06: the encoder-decoder
 # --------------------------------------------------------------------------------------
 
-# Each lab's section imports what it uses.
-from collections.abc import Sequence
-from typing import Any
-
-from matplotlib.figure import Figure
-
 __all__ += ["encoder_decoder_diagram", "teacher_forcing_diagram"]
 
 _SOURCE = ("the", "big", "men", "ate", "a", "fish")
