@@ -120,8 +120,15 @@ def _build_and_grade(course: Path) -> dict[str, str]:
     _write(course, "mangled", _mangled_solution(), name=f"{LAB} (1).ipynb")
 
     nb = _release()
-    _answer(nb, "sinusoidal_encoding", "return positional.sinusoidal_encoding(seq_len, d_model)")
-    _answer(nb, "relative_shift_matrix", "return positional.relative_shift_matrix(offset, d_model)")
+    kit = "from transformer_lab import positional\n    "
+    _answer(
+        nb, "sinusoidal_encoding", kit + "return positional.sinusoidal_encoding(seq_len, d_model)"
+    )
+    _answer(
+        nb,
+        "relative_shift_matrix",
+        kit + "return positional.relative_shift_matrix(offset, d_model)",
+    )
     _write(course, "shortcut", nb)
 
     nb = _release()

@@ -887,7 +887,9 @@ _SOURCE = ("the", "big", "men", "ate", "a", "fish")
 _TARGET = ("tori", "gran", "li", "pesk", "un", "mangon")
 
 
-def _box(ax: Any, x: float, y: float, w: float, h: float, text: str, color: str, **kw: Any) -> None:
+def _lab06_box(
+    ax: Any, x: float, y: float, w: float, h: float, text: str, color: str, **kw: Any
+) -> None:
     """A rounded box centred on ``(x, y)`` with ``text`` inside."""
     from matplotlib.patches import FancyBboxPatch
 
@@ -905,7 +907,7 @@ def _box(ax: Any, x: float, y: float, w: float, h: float, text: str, color: str,
     ax.text(x, y, text, ha="center", va="center", fontsize=kw.pop("fontsize", 9), **kw)
 
 
-def _arrow(ax: Any, start: tuple[float, float], end: tuple[float, float], **kw: Any) -> None:
+def _lab06_arrow(ax: Any, start: tuple[float, float], end: tuple[float, float], **kw: Any) -> None:
     ax.annotate(
         "",
         xy=end,
@@ -914,14 +916,14 @@ def _arrow(ax: Any, start: tuple[float, float], end: tuple[float, float], **kw: 
     )
 
 
-def _tokens(
+def _lab06_tokens(
     ax: Any, words: Sequence[str], x0: float, x1: float, y: float, color: str
 ) -> list[float]:
     """Words evenly spaced between ``x0`` and ``x1`` at height ``y``; their x positions."""
     step = (x1 - x0) / max(1, len(words) - 1)
     xs = [x0 + i * step for i in range(len(words))]
     for x, word in zip(xs, words, strict=True):
-        _box(ax, x, y, 0.62, 0.32, word, color, fontsize=8)
+        _lab06_box(ax, x, y, 0.62, 0.32, word, color, fontsize=8)
     return xs
 
 
@@ -941,22 +943,22 @@ def encoder_decoder_diagram() -> Figure:
     ax.axis("off")
     enc, dec = "#dbe9f6", "#fde2c8"
     # Encoder (left).
-    src_x = _tokens(ax, _SOURCE, 0.4, 4.0, 0.0, "white")
-    _box(ax, 2.2, 1.3, 4.2, 0.6, "embedding + positions", "0.95")
-    _box(ax, 2.2, 2.5, 4.2, 0.7, "self-attention (every source word sees every other)", enc)
-    _box(ax, 2.2, 3.5, 4.2, 0.6, "feed-forward", enc)
+    src_x = _lab06_tokens(ax, _SOURCE, 0.4, 4.0, 0.0, "white")
+    _lab06_box(ax, 2.2, 1.3, 4.2, 0.6, "embedding + positions", "0.95")
+    _lab06_box(ax, 2.2, 2.5, 4.2, 0.7, "self-attention (every source word sees every other)", enc)
+    _lab06_box(ax, 2.2, 3.5, 4.2, 0.6, "feed-forward", enc)
     ax.text(4.45, 3.0, "x N", fontsize=9, va="center")
-    _box(ax, 2.2, 4.8, 4.2, 0.6, "memory  (S, D): one vector per source word", "#b7d3ee")
+    _lab06_box(ax, 2.2, 4.8, 4.2, 0.6, "memory  (S, D): one vector per source word", "#b7d3ee")
     for x in src_x:
-        _arrow(ax, (x, 0.17), (x, 0.98))
+        _lab06_arrow(ax, (x, 0.17), (x, 0.98))
     for y0, y1 in ((1.6, 2.15), (2.85, 3.2), (3.8, 4.5)):
-        _arrow(ax, (2.2, y0), (2.2, y1))
+        _lab06_arrow(ax, (2.2, y0), (2.2, y1))
     ax.text(2.2, -0.45, "source: English, read all at once", ha="center", fontsize=9)
     # Decoder (right).
-    tgt_x = _tokens(ax, ("<bos>", *_TARGET[:-1]), 5.8, 9.9, 0.0, "white")
-    _box(ax, 7.85, 1.3, 4.4, 0.6, "embedding + positions", "0.95")
-    _box(ax, 7.85, 2.4, 4.4, 0.7, "MASKED self-attention (position t sees 0..t)", dec)
-    _box(
+    tgt_x = _lab06_tokens(ax, ("<bos>", *_TARGET[:-1]), 5.8, 9.9, 0.0, "white")
+    _lab06_box(ax, 7.85, 1.3, 4.4, 0.6, "embedding + positions", "0.95")
+    _lab06_box(ax, 7.85, 2.4, 4.4, 0.7, "MASKED self-attention (position t sees 0..t)", dec)
+    _lab06_box(
         ax,
         7.85,
         3.5,
@@ -965,18 +967,18 @@ def encoder_decoder_diagram() -> Figure:
         "cross-attention: Q from the decoder,\nK and V from the memory",
         dec,
     )
-    _box(ax, 7.85, 4.55, 4.4, 0.55, "feed-forward", dec)
+    _lab06_box(ax, 7.85, 4.55, 4.4, 0.55, "feed-forward", dec)
     ax.text(10.12, 3.4, "x N", fontsize=9, va="center")
-    _box(ax, 7.85, 5.5, 4.4, 0.55, "linear: D -> V, softmax over the vocabulary", "#f6c89f")
+    _lab06_box(ax, 7.85, 5.5, 4.4, 0.55, "linear: D -> V, softmax over the vocabulary", "#f6c89f")
     for x in tgt_x:
-        _arrow(ax, (x, 0.17), (x, 0.98))
+        _lab06_arrow(ax, (x, 0.17), (x, 0.98))
     for y0, y1 in ((1.6, 2.05), (2.75, 3.15), (3.85, 4.27), (4.83, 5.22)):
-        _arrow(ax, (7.85, y0), (7.85, y1))
-    _arrow(ax, (4.3, 4.8), (5.65, 3.6), color="#2b6cb0", connectionstyle="arc3,rad=-0.2")
+        _lab06_arrow(ax, (7.85, y0), (7.85, y1))
+    _lab06_arrow(ax, (4.3, 4.8), (5.65, 3.6), color="#2b6cb0", connectionstyle="arc3,rad=-0.2")
     ax.text(4.55, 4.35, "keys, values", color="#2b6cb0", fontsize=8, rotation=-28)
-    out_x = _tokens(ax, (*_TARGET, "<eos>")[: len(tgt_x)], 5.8, 9.9, 6.6, "#fff4e6")
+    out_x = _lab06_tokens(ax, (*_TARGET, "<eos>")[: len(tgt_x)], 5.8, 9.9, 6.6, "#fff4e6")
     for x in out_x:
-        _arrow(ax, (x, 5.78), (x, 6.43))
+        _lab06_arrow(ax, (x, 5.78), (x, 6.43))
     ax.text(
         7.85,
         7.2,
@@ -1020,12 +1022,12 @@ def teacher_forcing_diagram(n: int = 4) -> Figure:
     left.set_ylim(-1.0, 4.3)
     left.set_title("training (teacher forcing): ONE pass", fontsize=10)
     for i, (w_in, w_out) in enumerate(zip(inputs, words, strict=True)):
-        _box(left, i + 0.5, 0.0, 0.85, 0.4, w_in, "white", fontsize=8)
-        _box(left, i + 0.5, 3.2, 0.85, 0.4, w_out, "#fff4e6", fontsize=8)
-        _arrow(left, (i + 0.5, 0.22), (i + 0.5, 0.75))
-        _arrow(left, (i + 0.5, 2.45), (i + 0.5, 2.98))
+        _lab06_box(left, i + 0.5, 0.0, 0.85, 0.4, w_in, "white", fontsize=8)
+        _lab06_box(left, i + 0.5, 3.2, 0.85, 0.4, w_out, "#fff4e6", fontsize=8)
+        _lab06_arrow(left, (i + 0.5, 0.22), (i + 0.5, 0.75))
+        _lab06_arrow(left, (i + 0.5, 2.45), (i + 0.5, 2.98))
         left.text(i + 0.5, 3.65, "loss", ha="center", fontsize=7, color="0.35")
-    _box(left, n / 2, 1.65, n + 0.1, 1.7, "", "#fde2c8")
+    _lab06_box(left, n / 2, 1.65, n + 0.1, 1.7, "", "#fde2c8")
     for t in range(n):  # the causal mask: query t (row) may see keys 0..t
         for s in range(n):
             color = "#c05621" if s <= t else "white"
@@ -1042,12 +1044,14 @@ def teacher_forcing_diagram(n: int = 4) -> Figure:
         y = n - 1 - step
         right.text(-0.2, y, f"pass {step + 1}", fontsize=8, va="center")
         for i, w in enumerate(inputs[: step + 1]):
-            _box(right, 1.0 + 0.8 * i, y, 0.72, 0.36, w, "white", fontsize=7)
+            _lab06_box(right, 1.0 + 0.8 * i, y, 0.72, 0.36, w, "white", fontsize=7)
         x_out = 1.0 + 0.8 * (step + 1) + 0.5
-        _arrow(right, (1.0 + 0.8 * step + 0.4, y), (x_out - 0.38, y))
-        _box(right, x_out, y, 0.72, 0.36, words[step], "#fff4e6", fontsize=7)
+        _lab06_arrow(right, (1.0 + 0.8 * step + 0.4, y), (x_out - 0.38, y))
+        _lab06_box(right, x_out, y, 0.72, 0.36, words[step], "#fff4e6", fontsize=7)
         if step < n - 1:
-            _arrow(right, (x_out, y - 0.2), (1.0 + 0.8 * (step + 1), y - 0.8), color="#2b6cb0")
+            _lab06_arrow(
+                right, (x_out, y - 0.2), (1.0 + 0.8 * (step + 1), y - 0.8), color="#2b6cb0"
+            )
     right.text(
         n * 0.65,
         -0.65,

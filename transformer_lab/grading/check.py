@@ -97,6 +97,23 @@ def check_sync(repo: Path, labs: list[str], built: Path) -> list[str]:
     return problems
 
 
+def _figures_from_student_code(lab: str, executed: object) -> list[str]:
+    """The executed solution shows figures, and its demos ran the student's own code."""
+    problems = []
+    cells = [c for c in executed.cells if c.cell_type == "code"]
+    images = sum(1 for c in cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
+    if not images:
+        problems.append(f"{lab}: the executed solution shows no figure")
+
+    def text(cell: object) -> str:
+        return "".join(str(o.get("text", "")) for o in cell.get("outputs", []))
+
+    demos = [c for c in cells if "yours_or_kit(" in c.source]
+    if demos and not any("(This uses your" in text(c) for c in demos):
+        problems.append(f"{lab}: no demo of the executed solution used the student's own code")
+    return problems
+
+
 def check_standard(repo: Path, labs: list[str]) -> list[str]:
     """The lab standard (:func:`~transformer_lab.grading.standard.lint_lab`) and fixtures."""
     from transformer_lab.grading.course import course_settings
@@ -202,13 +219,15 @@ def check_labs(
                 )
             if sol.status == "graded":
                 for nb_path in sorted((course / "autograded" / "solution" / lab).glob("*.ipynb")):
-                    for i, cell in enumerate(read_notebook(nb_path).cells, start=1):
+                    executed = read_notebook(nb_path)
+                    for i, cell in enumerate(executed.cells, start=1):
                         for out in cell.get("outputs", []):
                             if out.get("output_type") == "error":
                                 problems.append(
                                     f"{lab}: the solution fails in cell {i} "
                                     f"({out.get('ename')}: {out.get('evalue')})"
                                 )
+                    problems += _figures_from_student_code(lab, executed)
             if rel.status != "graded":
                 why = "; ".join([rel.error, *rel.flags, *rel.problems][:4]).strip("; ")
                 problems.append(f"{lab}: the untouched release was {rel.status}: {why}")

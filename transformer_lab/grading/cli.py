@@ -10,6 +10,8 @@
   ``status`` and ``flags``), ``DIR/feedback/`` and ``DIR/grading_report.json`` (exit 1 if any
   submission is not cleanly graded: flagged, crashed, incomplete, unmatched or failed; the
   others are graded regardless).
+* ``render [LAB ...] --out DIR``: each lab executed with its solution in the student package of
+  its deadline, as a notebook, a JupyterLab-style HTML page and (with Chromium) a screenshot.
 * ``merge --course DIR GRADEBOOK ...``: merge gradebooks graded on other machines into
   ``DIR/gradebook.db``.
 
@@ -43,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-grade", action="store_true", help="skip the nbgrader round trip")
     c.add_argument("--timeout", type=int, default=None, help="seconds per cell")
     c.add_argument("--keep", type=Path, default=None, help="keep the round-trip course here")
+    r = sub.add_parser("render", help="each lab executed with its solution, as HTML (and PNG)")
+    r.add_argument("labs", nargs="*")
+    r.add_argument("--out", type=Path, required=True, help="folder for the .ipynb/.html/.png files")
+    r.add_argument("--profile", choices=("grading", "full"), default="grading")
     g = sub.add_parser("grade", help="autograde a course folder")
     g.add_argument("--course", type=Path, required=True, help="folder holding submitted/")
     g.add_argument("labs", nargs="*")
@@ -95,6 +101,12 @@ def main(args: list[str]) -> int:
             summary = f"{len(problems)} problem(s)" if problems else "ok"
             print(f"{summary} ({took:.0f} s)")
             return 1 if problems else 0
+        if ns.command == "render":
+            from transformer_lab.grading.render import render_labs
+
+            for path in render_labs(repo, ns.labs, ns.out, profile=ns.profile):
+                print(f"wrote {path}")
+            return 0
         if ns.command == "merge":
             from transformer_lab.grading.grade import merge_gradebooks
 

@@ -1,0 +1,132 @@
+"""``transformer-lab labs render``: each lab as a student who solved it sees it, to look at.
+
+For every selected lab, the release is filled in with the solution's answers and executed in a
+kernel whose kit is the student package of that lab's deadline (the lab and later ones locked),
+so every figure after an exercise is drawn by the student's own code. The result is written as
+
+* ``OUT/<lab>.ipynb``: the executed notebook;
+* ``OUT/<lab>.html``: the same in JupyterLab's look (nbconvert's ``lab`` template), math as
+  MathML, images inline;
+* ``OUT/<lab>.png``: a screenshot of that page, where a headless Chromium is installed.
+
+This is how an author (or a reviewer) checks that the figures show what the text says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbformat import NotebookNode
+
+from transformer_lab.grading.course import LABS, SOLUTIONS, read_notebook, select_labs
+from transformer_lab.grading.feedback import math_to_mathml
+
+__all__ = ["filled_release", "render_labs"]
+
+
+def filled_release(repo: Path, lab: str) -> NotebookNode:
+    """The release of ``lab`` with every answer cell holding the solution's answer."""
+    release = read_notebook(repo / LABS / lab / f"{lab}.ipynb")
+    source = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
+    answers = {}
+    for cell in source.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and cell.cell_type == "code":
+            answers[meta["grade_id"]] = re.sub(
+                r"[ \t]*### (BEGIN|END) SOLUTION\n?", "", cell.source
+            )
+    for cell in release.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in answers:
+            cell.source = answers[gid]
+    return release
+
+
+def _screenshot(html: Path, png: Path) -> bool:
+    """A full-height screenshot of ``html`` with headless Chromium; False where there is none."""
+    browser = next(
+        (
+            shutil.which(b)
+            for b in ("chromium", "chromium-browser", "google-chrome")
+            if shutil.which(b)
+        ),
+        None,
+    )
+    if browser is None:
+        return False
+    args = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--screenshot={png}",
+        "--window-size=1280,12000",
+        html.as_uri(),
+    ]
+    done = subprocess.run(args, capture_output=True, timeout=180)
+    return done.returncode == 0 and png.is_file()
+
+
+def render_labs(
+    repo: Path, labs: list[str] | None, out: Path, *, profile: str = "grading"
+) -> list[Path]:
+    """Execute and render the selected labs into ``out``; return the files written."""
+    from nbconvert import HTMLExporter
+
+    from transformer_lab.grading.student import build_package_tree
+
+    out.mkdir(parents=True, exist_ok=True)
+    all_labs = select_labs(repo, None)
+    written: list[Path] = []
+    for lab in select_labs(repo, labs):
+        nb = filled_release(repo, lab)
+        with tempfile.TemporaryDirectory(prefix="tlab-render-") as tmp:
+            view = Path(tmp) / "view"
+            build_package_tree(repo, view, all_labs[all_labs.index(lab) :], grader=False)
+            work = Path(tmp) / "work"
+            work.mkdir()
+            env = {
+                "PYTHONPATH": str(view),
+                "TRANSFORMER_LAB_PROFILE": profile,
+                "TRANSFORMER_LAB_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            }
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                NotebookClient(
+                    nb,
+                    timeout=600,
+                    kernel_name="python3",
+                    allow_errors=True,
+                    resources={"metadata": {"path": str(work)}},
+                ).execute()
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+        executed = out / f"{lab}.ipynb"
+        nbformat.write(nb, str(executed))
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = math_to_mathml(cell.source)
+        body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+        body = re.sub(r"<script[^>]*>[^<]*MathJax[^<]*</script>", "", body, flags=re.S)
+        html = out / f"{lab}.html"
+        html.write_text(body, encoding="utf-8")
+        written += [executed, html]
+        png = out / f"{lab}.png"
+        if _screenshot(html, png):
+            written.append(png)
+    return written
