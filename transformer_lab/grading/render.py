@@ -7,7 +7,8 @@ so every figure after an exercise is drawn by the student's own code. The result
 * ``OUT/<lab>.ipynb``: the executed notebook;
 * ``OUT/<lab>.html``: the same in JupyterLab's look (nbconvert's ``lab`` template), math as
   MathML, images inline;
-* ``OUT/<lab>.png``: a screenshot of that page, where a headless Chromium is installed.
+* ``OUT/<lab>.png`` (the top of the page) and ``OUT/<lab>.pdf`` (all of it), where a headless
+  Chromium is installed.
 
 This is how an author (or a reviewer) checks that the figures show what the text says.
 """
@@ -126,7 +127,5 @@ def render_labs(
         html = out / f"{lab}.html"
         html.write_text(body, encoding="utf-8")
         written += [executed, html]
-        png = out / f"{lab}.png"
-        if _screenshot(html, png):
-            written.append(png)
+        written += _screenshot(html, out / f"{lab}.png", out / f"{lab}.pdf")
     return written
