@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from check_support import run_checks
 
 import transformer_lab.positional as positional
 from transformer_lab.checks import lab01
@@ -28,18 +29,6 @@ SHIFT_CHECKS = {
     "hidden": lambda fn: hidden01.hidden_check_relative_shift_matrix(fn, seed=1201),
     "properties": lambda fn: hidden01.hidden_check_relative_shift_matrix_properties(fn, seed=1203),
 }
-
-
-def _outcomes(checks, fn) -> dict[str, str]:
-    """check name -> "" when it passes, else its message."""
-    out = {}
-    for name, check in checks.items():
-        try:
-            check(fn)
-            out[name] = ""
-        except AssertionError as exc:
-            out[name] = str(exc)
-    return out
 
 
 # ---------------------------------------------------------------- sinusoidal_encoding
@@ -124,7 +113,7 @@ def enc_not_implemented(seq_len, d_model, base=10000.0):
 
 @pytest.mark.parametrize("fn", [enc_vectorised, enc_loops, enc_float64_exp_log])
 def test_correct_encodings_pass_every_check(fn) -> None:
-    assert _outcomes(ENC_CHECKS, fn) == dict.fromkeys(ENC_CHECKS, "")
+    assert run_checks(ENC_CHECKS, fn) == dict.fromkeys(ENC_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -140,7 +129,7 @@ def test_correct_encodings_pass_every_check(fn) -> None:
     ],
 )
 def test_encoding_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    outcomes = _outcomes(ENC_CHECKS, fn)
+    outcomes = run_checks(ENC_CHECKS, fn)
     assert sorted(name for name, msg in outcomes.items() if msg) == sorted(failing)
     for name in failing:
         assert words in outcomes[name], (name, outcomes[name])
@@ -148,14 +137,14 @@ def test_encoding_mistakes_fail_with_a_message_naming_them(fn, failing, words) -
 
 @pytest.mark.parametrize("fn", [enc_calls_package, enc_uses_module])
 def test_calling_the_package_earns_nothing(fn) -> None:
-    outcomes = _outcomes(ENC_CHECKS, fn)
+    outcomes = run_checks(ENC_CHECKS, fn)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
     # ... and the package works again afterwards.
     assert positional.sinusoidal_encoding(3, 4).shape == (3, 4)
 
 
 def test_not_implemented_says_so() -> None:
-    outcomes = _outcomes(ENC_CHECKS, enc_not_implemented)
+    outcomes = run_checks(ENC_CHECKS, enc_not_implemented)
     assert all("not implemented yet" in msg for msg in outcomes.values())
 
 
@@ -235,7 +224,7 @@ def shift_calls_package(offset, d_model, base=10000.0):
 
 @pytest.mark.parametrize("fn", [shift_loops, shift_block_diag, shift_from_composition])
 def test_correct_shift_matrices_pass_every_check(fn) -> None:
-    assert _outcomes(SHIFT_CHECKS, fn) == dict.fromkeys(SHIFT_CHECKS, "")
+    assert run_checks(SHIFT_CHECKS, fn) == dict.fromkeys(SHIFT_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -251,14 +240,14 @@ def test_correct_shift_matrices_pass_every_check(fn) -> None:
     ],
 )
 def test_shift_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    outcomes = _outcomes(SHIFT_CHECKS, fn)
+    outcomes = run_checks(SHIFT_CHECKS, fn)
     assert sorted(name for name, msg in outcomes.items() if msg) == sorted(failing)
     for name in failing[1:] if fn is shift_sin_cos_swapped else failing:
         assert words in outcomes[name], (name, outcomes[name])
 
 
 def test_shift_calling_the_package_earns_nothing() -> None:
-    outcomes = _outcomes(SHIFT_CHECKS, shift_calls_package)
+    outcomes = run_checks(SHIFT_CHECKS, shift_calls_package)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 

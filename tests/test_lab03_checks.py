@@ -17,6 +17,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from check_support import assert_fails, run_checks
 from torch import nn
 
 from transformer_lab import attention as kit
@@ -41,29 +42,6 @@ MHA = {
     "hidden_mask": lambda c: hidden03.hidden_check_multi_head_attention_mask(c, seed=3302),
     "dtypes": lambda c: hidden03.hidden_check_multi_head_attention_dtypes(c, seed=3303),
 }
-
-
-def _outcomes(checks: dict[str, Callable], fn: Callable) -> dict[str, str]:
-    """check name -> "" when it passes, else its message."""
-    out = {}
-    for name, check in checks.items():
-        try:
-            check(fn)
-            out[name] = ""
-        except AssertionError as exc:
-            out[name] = str(exc)
-    return out
-
-
-def _assert_fails(
-    checks: dict[str, Callable], fn: Callable, failing: list[str], words: str
-) -> None:
-    outcomes = _outcomes(checks, fn)
-    assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), {
-        n: m[:300] for n, m in outcomes.items()
-    }
-    for name in failing:
-        assert words.lower() in outcomes[name].lower(), (name, outcomes[name])
 
 
 # ------------------------------------------------------------------------ split_heads
@@ -151,7 +129,7 @@ def split_not_implemented(x, n_heads):
 
 @pytest.mark.parametrize("fn", [split_heads, split_chunks, split_unflatten, split_loop])
 def test_correct_splits_pass_every_check(fn) -> None:
-    assert _outcomes(SPLIT, fn) == dict.fromkeys(SPLIT, "")
+    assert run_checks(SPLIT, fn) == dict.fromkeys(SPLIT, "")
 
 
 @pytest.mark.parametrize(
@@ -169,7 +147,7 @@ def test_correct_splits_pass_every_check(fn) -> None:
     ],
 )
 def test_split_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    _assert_fails(SPLIT, fn, failing, words)
+    assert_fails(SPLIT, fn, failing, words, ignore_case=True)
 
 
 # ------------------------------------------------------------------------ merge_heads
@@ -229,7 +207,7 @@ def merge_not_implemented(x):
     "fn", [merge_heads, merge_cat, merge_permute_flatten, merge_contiguous_view]
 )
 def test_correct_merges_pass_every_check(fn) -> None:
-    assert _outcomes(MERGE, fn) == dict.fromkeys(MERGE, "")
+    assert run_checks(MERGE, fn) == dict.fromkeys(MERGE, "")
 
 
 @pytest.mark.parametrize(
@@ -245,7 +223,7 @@ def test_correct_merges_pass_every_check(fn) -> None:
     ],
 )
 def test_merge_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    _assert_fails(MERGE, fn, failing, words)
+    assert_fails(MERGE, fn, failing, words, ignore_case=True)
 
 
 # ------------------------------------------------------------------------ MultiHeadAttention
@@ -385,7 +363,7 @@ class WithZeroDropout(Reference):
     [Reference, Einsum, LoopOverHeads, LogSumExp, Float32Inside, KitSoftmax, WithZeroDropout],
 )
 def test_correct_attention_modules_pass_every_check(cls) -> None:
-    assert _outcomes(MHA, cls) == dict.fromkeys(MHA, "")
+    assert run_checks(MHA, cls) == dict.fromkeys(MHA, "")
 
 
 class NoOutProj(Reference):
@@ -674,7 +652,7 @@ ALL = list(MHA)
     ids=lambda v: getattr(v, "__name__", None),
 )
 def test_attention_mistakes_fail_with_a_message_naming_them(cls, failing, words) -> None:
-    _assert_fails(MHA, cls, failing, words)
+    assert_fails(MHA, cls, failing, words, ignore_case=True)
 
 
 # ------------------------------------------------------------------------ load_torch_weights
@@ -836,7 +814,7 @@ def load_not_implemented(ours, theirs):
 
 @pytest.mark.parametrize("fn", [load_torch_weights, load_state_dicts, load_data_copy])
 def test_correct_loaders_pass_every_check(fn) -> None:
-    assert _outcomes(LOAD, fn) == dict.fromkeys(LOAD, "")
+    assert run_checks(LOAD, fn) == dict.fromkeys(LOAD, "")
 
 
 @pytest.mark.parametrize(
@@ -858,7 +836,7 @@ def test_correct_loaders_pass_every_check(fn) -> None:
     ],
 )
 def test_load_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    _assert_fails(LOAD, fn, failing, words)
+    assert_fails(LOAD, fn, failing, words, ignore_case=True)
 
 
 def test_the_load_check_uses_the_students_module() -> None:
@@ -922,9 +900,9 @@ def test_the_kits_own_answers_pass_every_check(monkeypatch: pytest.MonkeyPatch) 
     """The checks' oracles and the kit's implementation agree (with the kit's names unbanned)."""
     torch_only = tuple(n for n in lab03.BAN.functions if not n.startswith("transformer_lab."))
     monkeypatch.setattr(lab03, "BAN", dataclasses.replace(lab03.BAN, functions=torch_only))
-    assert _outcomes(SPLIT, kit.split_heads) == dict.fromkeys(SPLIT, "")
-    assert _outcomes(MERGE, kit.merge_heads) == dict.fromkeys(MERGE, "")
-    assert _outcomes(MHA, kit.MultiHeadAttention) == dict.fromkeys(MHA, "")
+    assert run_checks(SPLIT, kit.split_heads) == dict.fromkeys(SPLIT, "")
+    assert run_checks(MERGE, kit.merge_heads) == dict.fromkeys(MERGE, "")
+    assert run_checks(MHA, kit.MultiHeadAttention) == dict.fromkeys(MHA, "")
     lab03.check_load_torch_weights(kit.load_torch_weights)
     hidden03.hidden_check_load_torch_weights(kit.load_torch_weights, kit.MultiHeadAttention, seed=5)
 

@@ -18,6 +18,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from check_support import assert_fails, run_checks
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, SequentialLR
@@ -28,27 +29,6 @@ from transformer_lab.checks import lab04
 from transformer_lab.grading.hidden import lab04 as hidden04
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _outcomes(checks: dict[str, Callable[[Any], None]], answer: Any) -> dict[str, str]:
-    """check name -> "" when it passes, else its message."""
-    out = {}
-    for name, check in checks.items():
-        try:
-            check(answer)
-            out[name] = ""
-        except AssertionError as exc:
-            out[name] = str(exc)
-    return out
-
-
-def _assert_fails(
-    checks: dict[str, Callable[[Any], None]], answer: Any, failing: list[str], words: str
-) -> None:
-    outcomes = _outcomes(checks, answer)
-    assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), outcomes
-    for name in failing:
-        assert words in outcomes[name], (name, outcomes[name])
 
 
 # ---------------------------------------------------------------- layer_norm
@@ -181,7 +161,7 @@ def ln_not_implemented(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-
     "fn", [ln_mean_var, ln_var_mean, ln_einsum, ln_loops, ln_in_float64, ln_std]
 )
 def test_correct_layer_norms_pass_every_check(fn: Callable[..., Tensor]) -> None:
-    assert _outcomes(LN_CHECKS, fn) == dict.fromkeys(LN_CHECKS, "")
+    assert run_checks(LN_CHECKS, fn) == dict.fromkeys(LN_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -201,7 +181,7 @@ def test_correct_layer_norms_pass_every_check(fn: Callable[..., Tensor]) -> None
 def test_layer_norm_mistakes_fail_with_a_message_naming_them(
     fn: Callable[..., Tensor], failing: list[str], words: str
 ) -> None:
-    _assert_fails(LN_CHECKS, fn, failing, words)
+    assert_fails(LN_CHECKS, fn, failing, words)
 
 
 @pytest.mark.parametrize(
@@ -209,14 +189,14 @@ def test_layer_norm_mistakes_fail_with_a_message_naming_them(
 )
 def test_layer_norms_that_call_a_normalisation_earn_nothing(fn: Callable[..., Tensor]) -> None:
     # F.group_norm(x.reshape(-1, D), 1) computes layer norm exactly: the op family refuses it.
-    outcomes = _outcomes(LN_CHECKS, fn)
+    outcomes = run_checks(LN_CHECKS, fn)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
     x = torch.randn(3, 5)
     torch.testing.assert_close(fn(x, torch.ones(5), torch.zeros(5)), ln_mean_var(x, 1, 0))
 
 
 def test_layer_norm_not_implemented_says_so() -> None:
-    outcomes = _outcomes(LN_CHECKS, ln_not_implemented)
+    outcomes = run_checks(LN_CHECKS, ln_not_implemented)
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 
@@ -341,7 +321,7 @@ class FFNotImplemented(FeedForward):
 
 @pytest.mark.parametrize("cls", [FeedForward, FFFunctional, FFDropoutBeforeRelu])
 def test_correct_feed_forwards_pass_every_check(cls: type) -> None:
-    assert _outcomes(FF_CHECKS, cls) == dict.fromkeys(FF_CHECKS, "")
+    assert run_checks(FF_CHECKS, cls) == dict.fromkeys(FF_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -362,26 +342,26 @@ def test_correct_feed_forwards_pass_every_check(cls: type) -> None:
 def test_feed_forward_mistakes_fail_with_a_message_naming_them(
     cls: type, failing: list[str], words: str
 ) -> None:
-    _assert_fails(FF_CHECKS, cls, failing, words)
+    assert_fails(FF_CHECKS, cls, failing, words)
 
 
 def test_hidden_dropout_check_names_the_misplaced_dropouts() -> None:
-    outcomes = _outcomes(FF_CHECKS, FFDropoutOnOutput)
+    outcomes = run_checks(FF_CHECKS, FFDropoutOnOutput)
     assert "dropout on the output of linear2" in outcomes["dropout"]
-    outcomes = _outcomes(FF_CHECKS, FFDropoutOnInput)
+    outcomes = run_checks(FF_CHECKS, FFDropoutOnInput)
     assert sorted(n for n, m in outcomes.items() if m) == ["dropout", "visible"]
     assert "dropout on the input x" in outcomes["dropout"]
 
 
 def test_feed_forward_that_calls_the_kit_earns_nothing() -> None:
-    outcomes = _outcomes(FF_CHECKS, FFKit)
+    outcomes = run_checks(FF_CHECKS, FFKit)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
-    outcomes = _outcomes(FF_CHECKS, blocks.FeedForward)
+    outcomes = run_checks(FF_CHECKS, blocks.FeedForward)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 
 def test_feed_forward_not_implemented_says_so() -> None:
-    outcomes = _outcomes(FF_CHECKS, FFNotImplemented)
+    outcomes = run_checks(FF_CHECKS, FFNotImplemented)
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 
@@ -625,7 +605,7 @@ BLOCK_CHECKS: dict[str, Callable[[Any], None]] = {
     ids=["kit_attention", "own_attention", "nn_multihead_attention", "shared_dropout"],
 )
 def test_correct_blocks_pass_every_check(cls: Callable[..., nn.Module]) -> None:
-    assert _outcomes(BLOCK_CHECKS, cls) == dict.fromkeys(BLOCK_CHECKS, "")
+    assert run_checks(BLOCK_CHECKS, cls) == dict.fromkeys(BLOCK_CHECKS, "")
 
 
 _ALL_BUT_PRE = ["visible", "dropout", "post", "mask"]
@@ -654,7 +634,7 @@ _ALL_BUT_POST = ["visible", "dropout", "pre", "mask"]
 def test_block_mistakes_fail_with_a_message_naming_them(
     mistake: str, failing: list[str], words: str
 ) -> None:
-    outcomes = _outcomes(BLOCK_CHECKS, block_with(mistake=mistake))
+    outcomes = run_checks(BLOCK_CHECKS, block_with(mistake=mistake))
     assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), outcomes
     for name in failing:
         if name != "dropout":  # compares with PyTorch on the student's own weights: no catalogue
@@ -673,7 +653,7 @@ def test_block_mistakes_fail_with_a_message_naming_them(
     ],
 )
 def test_dropout_mistakes_fail_the_training_mode_checks_only(mistake: str, words: str) -> None:
-    outcomes = _outcomes(BLOCK_CHECKS, block_with(mistake=mistake))
+    outcomes = run_checks(BLOCK_CHECKS, block_with(mistake=mistake))
     failing = sorted(n for n, msg in outcomes.items() if msg)
     assert failing == ["dropout", "post", "pre"], outcomes
     for name in ("post", "pre"):
@@ -681,7 +661,7 @@ def test_dropout_mistakes_fail_the_training_mode_checks_only(mistake: str, words
 
 
 def test_dropout_mistakes_are_caught_with_torchs_attention_too() -> None:
-    outcomes = _outcomes(BLOCK_CHECKS, block_with(attention="torch", mistake="no_dropout1"))
+    outcomes = run_checks(BLOCK_CHECKS, block_with(attention="torch", mistake="no_dropout1"))
     assert sorted(n for n, msg in outcomes.items() if msg) == ["dropout", "post", "pre"]
     assert "without dropout on the attention output" in outcomes["post"]
 
@@ -690,7 +670,7 @@ def test_dropout_mistakes_are_caught_with_torchs_attention_too() -> None:
     "cls", [BlockWrappingTorch, BlockWithTorchInside, BlockWithKitBlockInside, blocks.EncoderBlock]
 )
 def test_blocks_that_call_a_ready_layer_earn_nothing(cls: type) -> None:
-    outcomes = _outcomes(BLOCK_CHECKS, cls)
+    outcomes = run_checks(BLOCK_CHECKS, cls)
     assert all("does not allow" in msg or "no attribute" in msg for msg in outcomes.values()), (
         outcomes
     )
@@ -706,12 +686,12 @@ def test_block_with_wrong_attribute_names_is_told_the_names() -> None:
         def _ff(self, h: Tensor) -> Tensor:
             return self.dropout2(self.ffn(h))
 
-    outcomes = _outcomes(BLOCK_CHECKS, Renamed)
+    outcomes = run_checks(BLOCK_CHECKS, Renamed)
     assert all("no attribute(s) ff" in msg and "self.ff" in msg for msg in outcomes.values())
 
 
 def test_block_not_implemented_says_so() -> None:
-    outcomes = _outcomes(BLOCK_CHECKS, BlockNotImplemented)
+    outcomes = run_checks(BLOCK_CHECKS, BlockNotImplemented)
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 
@@ -1058,7 +1038,7 @@ MODULE_CHECKS = {
 
 @pytest.mark.parametrize("cls", [TaggingModule, ModuleLambda])
 def test_correct_modules_pass_every_check(cls: type) -> None:
-    assert _outcomes(MODULE_CHECKS, cls) == dict.fromkeys(MODULE_CHECKS, "")
+    assert run_checks(MODULE_CHECKS, cls) == dict.fromkeys(MODULE_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -1083,7 +1063,7 @@ def test_correct_modules_pass_every_check(cls: type) -> None:
 def test_training_step_mistakes_fail_with_a_message_naming_them(
     mistake: str, failing: list[str], words: str
 ) -> None:
-    _assert_fails(TRAIN_CHECKS, module_with(mistake), failing, words)
+    assert_fails(TRAIN_CHECKS, module_with(mistake), failing, words)
 
 
 @pytest.mark.parametrize(
@@ -1108,7 +1088,7 @@ def test_training_step_mistakes_fail_with_a_message_naming_them(
 def test_configure_optimizers_mistakes_fail_with_a_message_naming_them(
     mistake: str, words: str
 ) -> None:
-    outcomes = _outcomes(OPTIM_CHECKS, module_with(mistake))
+    outcomes = run_checks(OPTIM_CHECKS, module_with(mistake))
     assert sorted(n for n, m in outcomes.items() if m) == ["hidden", "visible"], outcomes
     assert words in outcomes["visible"], outcomes["visible"]
     if "weight_decay=0.1" not in words:
@@ -1116,12 +1096,12 @@ def test_configure_optimizers_mistakes_fail_with_a_message_naming_them(
 
 
 def test_the_kits_classifier_module_earns_nothing() -> None:
-    outcomes = _outcomes(MODULE_CHECKS, _kit_module())
+    outcomes = run_checks(MODULE_CHECKS, _kit_module())
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 
 def test_module_not_implemented_says_so() -> None:
-    outcomes = _outcomes(MODULE_CHECKS, ModuleNotImplemented)
+    outcomes = run_checks(MODULE_CHECKS, ModuleNotImplemented)
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 

@@ -10,12 +10,11 @@ Calling the kit's answer, PyTorch's mask builder or an attention kernel earns no
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from check_support import assert_fails, run_checks
 
 import transformer_lab.attention as attention
 import transformer_lab.masks as masks
@@ -45,28 +44,6 @@ DETECTOR_CHECKS = {
     "hidden": lambda fn: hidden05.hidden_check_depends_on_future(fn, seed=5501),
     "subtle": lambda fn: hidden05.hidden_check_depends_on_future_subtle(fn, seed=5502),
 }
-
-
-def _outcomes(checks: dict[str, Callable[[Any], None]], fn: Any) -> dict[str, str]:
-    """check name -> "" when it passes, else its message."""
-    out = {}
-    for name, check in checks.items():
-        try:
-            check(fn)
-            out[name] = ""
-        except AssertionError as exc:
-            out[name] = str(exc)
-    return out
-
-
-def _assert_fails(checks: dict, fn: Any, failing: list[str], words: str | dict[str, str]) -> None:
-    """``fn`` fails exactly the ``failing`` checks, each message holding ``words`` (or
-    ``words[check]``: one mistake may show differently in float32 and float16)."""
-    outcomes = _outcomes(checks, fn)
-    assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), outcomes
-    for name in failing:
-        expected = words if isinstance(words, str) else words[name]
-        assert expected in outcomes[name], (name, outcomes[name])
 
 
 # ---------------------------------------------------------------- causal_mask
@@ -135,7 +112,7 @@ def not_implemented(*args):
 
 @pytest.mark.parametrize("fn", [causal_arange, causal_tril, causal_loops, causal_not_triu])
 def test_correct_causal_masks_pass_every_check(fn) -> None:
-    assert _outcomes(CAUSAL_CHECKS, fn) == dict.fromkeys(CAUSAL_CHECKS, "")
+    assert run_checks(CAUSAL_CHECKS, fn) == dict.fromkeys(CAUSAL_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -151,12 +128,12 @@ def test_correct_causal_masks_pass_every_check(fn) -> None:
     ],
 )
 def test_causal_mask_mistakes_are_named(fn, words) -> None:
-    _assert_fails(CAUSAL_CHECKS, fn, ["visible", "hidden"], words)
+    assert_fails(CAUSAL_CHECKS, fn, ["visible", "hidden"], words)
 
 
 @pytest.mark.parametrize("fn", [causal_kit, causal_torch])
 def test_calling_a_causal_mask_builder_earns_nothing(fn) -> None:
-    _assert_fails(CAUSAL_CHECKS, fn, ["visible", "hidden"], "does not allow")
+    assert_fails(CAUSAL_CHECKS, fn, ["visible", "hidden"], "does not allow")
     assert masks.causal_mask(3).shape == (3, 3)  # ... and the kit works again afterwards
 
 
@@ -221,7 +198,7 @@ def padding_kit(lengths, max_len):
 
 @pytest.mark.parametrize("fn", [padding_arange, padding_loops, padding_expand])
 def test_correct_padding_masks_pass_every_check(fn) -> None:
-    assert _outcomes(PADDING_CHECKS, fn) == dict.fromkeys(PADDING_CHECKS, "")
+    assert run_checks(PADDING_CHECKS, fn) == dict.fromkeys(PADDING_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -240,7 +217,7 @@ def test_correct_padding_masks_pass_every_check(fn) -> None:
     ],
 )
 def test_padding_mask_mistakes_are_named(fn, words) -> None:
-    _assert_fails(PADDING_CHECKS, fn, ["visible", "hidden"], words)
+    assert_fails(PADDING_CHECKS, fn, ["visible", "hidden"], words)
 
 
 # ---------------------------------------------------------------- combine_masks
@@ -318,7 +295,7 @@ def combine_kit(padding, causal):
 
 @pytest.mark.parametrize("fn", [combine_index, combine_unsqueeze, combine_loops, combine_multiply])
 def test_correct_combinations_pass_every_check(fn) -> None:
-    assert _outcomes(COMBINE_CHECKS, fn) == dict.fromkeys(COMBINE_CHECKS, "")
+    assert run_checks(COMBINE_CHECKS, fn) == dict.fromkeys(COMBINE_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -339,7 +316,7 @@ def test_correct_combinations_pass_every_check(fn) -> None:
     ],
 )
 def test_combine_masks_mistakes_are_named(fn, failing, words) -> None:
-    _assert_fails(COMBINE_CHECKS, fn, failing, words)
+    assert_fails(COMBINE_CHECKS, fn, failing, words)
 
 
 # ---------------------------------------------------------------- masked_attention
@@ -486,7 +463,7 @@ def attention_kit(q, k, v, mask):
     ],
 )
 def test_correct_masked_attention_passes_every_check(fn) -> None:
-    assert _outcomes(ATTENTION_CHECKS, fn) == dict.fromkeys(ATTENTION_CHECKS, "")
+    assert run_checks(ATTENTION_CHECKS, fn) == dict.fromkeys(ATTENTION_CHECKS, "")
 
 
 ALL = ["visible", "half", "hidden", "dtypes"]
@@ -532,12 +509,12 @@ ALL = ["visible", "half", "hidden", "dtypes"]
     ],
 )
 def test_masked_attention_mistakes_are_named(fn, failing, words) -> None:
-    _assert_fails(ATTENTION_CHECKS, fn, failing, words)
+    assert_fails(ATTENTION_CHECKS, fn, failing, words)
 
 
 def test_the_minus_1e9_mistake_in_float16_names_the_fill_value_when_it_gives_nan() -> None:
     # torch.where turns -1e9 into -inf in float16: the empty row comes out NaN.
-    message = _outcomes(ATTENTION_CHECKS, attention_minus_1e9_where)["half"]
+    message = run_checks(ATTENTION_CHECKS, attention_minus_1e9_where)["half"]
     assert "-1e9 becomes -inf in float16" in message
 
 
@@ -733,7 +710,7 @@ def detector_kit(fn, x):
     ],
 )
 def test_correct_detectors_pass_every_check(fn) -> None:
-    assert _outcomes(DETECTOR_CHECKS, fn) == dict.fromkeys(DETECTOR_CHECKS, "")
+    assert run_checks(DETECTOR_CHECKS, fn) == dict.fromkeys(DETECTOR_CHECKS, "")
 
 
 EVERY = ["visible", "hidden", "subtle"]
@@ -757,7 +734,7 @@ EVERY = ["visible", "hidden", "subtle"]
     ],
 )
 def test_detector_mistakes_are_named(fn, failing, words) -> None:
-    _assert_fails(DETECTOR_CHECKS, fn, failing, words)
+    assert_fails(DETECTOR_CHECKS, fn, failing, words)
 
 
 # ---------------------------------------------------------------- all of them
@@ -774,7 +751,7 @@ def test_detector_mistakes_are_named(fn, failing, words) -> None:
     ],
 )
 def test_not_implemented_says_so(checks, fn) -> None:
-    outcomes = _outcomes(checks, fn)
+    outcomes = run_checks(checks, fn)
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 

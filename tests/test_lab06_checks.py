@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from check_support import assert_fails, run_checks
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassExactMatch
@@ -29,29 +29,6 @@ from transformer_lab.blocks import FeedForward, LayerNorm
 from transformer_lab.checks import lab06
 from transformer_lab.grading.hidden import lab06 as hidden06
 from transformer_lab.lab import Session
-
-
-def _outcomes(checks: dict[str, Any], fn: Any) -> dict[str, str]:
-    """check name -> "" when it passes, else its message."""
-    out = {}
-    for name, check in checks.items():
-        try:
-            check(fn)
-            out[name] = ""
-        except AssertionError as exc:
-            out[name] = str(exc)
-    return out
-
-
-def _expect(
-    outcomes: dict[str, str], failing: list[str], words: str, generic: tuple[str, ...] = ()
-) -> None:
-    """``failing`` fail; those not in ``generic`` (no oracle to name it) say ``words``."""
-    assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), outcomes
-    for name in failing:
-        if name not in generic:
-            assert words in outcomes[name], (name, outcomes[name])
-
 
 # ======================================================================================
 # DecoderBlock
@@ -228,7 +205,7 @@ class BlockNotImplemented(nn.Module):
 
 @pytest.mark.parametrize("cls", [Block, BlockFused])
 def test_correct_decoder_blocks_pass_every_check(cls) -> None:
-    assert _outcomes(BLOCK_CHECKS, cls) == dict.fromkeys(BLOCK_CHECKS, "")
+    assert run_checks(BLOCK_CHECKS, cls) == dict.fromkeys(BLOCK_CHECKS, "")
 
 
 ALL = ["visible", "hidden", "masks", "training"]
@@ -255,19 +232,21 @@ NOT_VISIBLE = ("visible",)  # the visible check has no oracle to name these: it 
     ],
 )
 def test_decoder_block_mistakes_fail_with_a_message_naming_them(cls, failing, words, generic):
-    _expect(_outcomes(BLOCK_CHECKS, cls), failing, words, generic)
+    assert_fails(BLOCK_CHECKS, cls, failing, words, generic=generic)
     if generic:  # the visible check still says where to look
-        assert "Check which norm follows which sub-layer" in _outcomes(BLOCK_CHECKS, cls)["visible"]
+        assert (
+            "Check which norm follows which sub-layer" in run_checks(BLOCK_CHECKS, cls)["visible"]
+        )
 
 
 @pytest.mark.parametrize("cls", [BlockCallsKit, BlockCallsTorch])
 def test_decoder_block_calling_the_kit_or_torch_earns_nothing(cls) -> None:
-    outcomes = _outcomes(BLOCK_CHECKS, cls)
+    outcomes = run_checks(BLOCK_CHECKS, cls)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 
 def test_decoder_block_not_implemented_says_so() -> None:
-    outcomes = _outcomes(BLOCK_CHECKS, BlockNotImplemented)
+    outcomes = run_checks(BLOCK_CHECKS, BlockNotImplemented)
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 
@@ -376,7 +355,7 @@ def shift_calls_kit(targets, bos_id):
 
 @pytest.mark.parametrize("fn", [shift_cat, shift_loops, shift_roll_then_fix, shift_pad])
 def test_correct_shifts_pass_every_check(fn) -> None:
-    assert _outcomes(SHIFT_CHECKS, fn) == dict.fromkeys(SHIFT_CHECKS, "")
+    assert run_checks(SHIFT_CHECKS, fn) == dict.fromkeys(SHIFT_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -395,11 +374,11 @@ def test_correct_shifts_pass_every_check(fn) -> None:
     ],
 )
 def test_shift_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    _expect(_outcomes(SHIFT_CHECKS, fn), failing, words)
+    assert_fails(SHIFT_CHECKS, fn, failing, words)
 
 
 def test_shift_calling_the_kit_earns_nothing() -> None:
-    outcomes = _outcomes(SHIFT_CHECKS, shift_calls_kit)
+    outcomes = run_checks(SHIFT_CHECKS, shift_calls_kit)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 
@@ -509,7 +488,7 @@ def loss_calls_kit(logits, targets, pad_id):
 
 @pytest.mark.parametrize("fn", [loss_gather, loss_logsumexp, loss_one_hot, loss_loops])
 def test_correct_losses_pass_every_check(fn) -> None:
-    assert _outcomes(LOSS_CHECKS, fn) == dict.fromkeys(LOSS_CHECKS, "")
+    assert run_checks(LOSS_CHECKS, fn) == dict.fromkeys(LOSS_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -528,12 +507,12 @@ def test_correct_losses_pass_every_check(fn) -> None:
     ],
 )
 def test_loss_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    _expect(_outcomes(LOSS_CHECKS, fn), failing, words)
+    assert_fails(LOSS_CHECKS, fn, failing, words)
 
 
 @pytest.mark.parametrize("fn", [loss_cross_entropy, loss_nll, loss_calls_kit])
 def test_loss_calling_torch_or_the_kit_earns_nothing(fn) -> None:
-    outcomes = _outcomes(LOSS_CHECKS, fn)
+    outcomes = run_checks(LOSS_CHECKS, fn)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 
@@ -878,7 +857,7 @@ MODULE_CHECKS = {
 
 @pytest.mark.parametrize("cls", [Module, ModuleLinearDecayDict, ModuleSequential])
 def test_correct_modules_pass_every_check(cls) -> None:
-    assert _outcomes(MODULE_CHECKS, cls) == dict.fromkeys(MODULE_CHECKS, "")
+    assert run_checks(MODULE_CHECKS, cls) == dict.fromkeys(MODULE_CHECKS, "")
 
 
 TRAIN = ["training_step", "hidden"]
@@ -919,12 +898,12 @@ OPTIM = ["configure_optimizers", "hidden"]
     ],
 )
 def test_module_mistakes_fail_with_a_message_naming_them(cls, failing, words) -> None:
-    _expect(_outcomes(MODULE_CHECKS, cls), failing, words)
+    assert_fails(MODULE_CHECKS, cls, failing, words)
 
 
 @pytest.mark.parametrize("cls", [ModuleCallsKitLoss, ModuleCallsKitSchedule])
 def test_module_calling_the_kit_earns_nothing(cls) -> None:
-    outcomes = _outcomes(MODULE_CHECKS, cls)
+    outcomes = run_checks(MODULE_CHECKS, cls)
     assert any("does not allow" in msg for msg in outcomes.values()), outcomes
     assert outcomes["hidden"], outcomes
 
@@ -1030,7 +1009,7 @@ def _train_checks(session):
 @pytest.mark.parametrize("fn", [train, train_default_validation])
 def test_correct_train_translators_pass(session, fn) -> None:
     # Lightning also validates when max_steps ends the run in the middle of an epoch.
-    assert _outcomes(_train_checks(session), fn) == {"visible": "", "hidden": ""}
+    assert run_checks(_train_checks(session), fn) == {"visible": "", "hidden": ""}
 
 
 @pytest.mark.parametrize(
@@ -1049,7 +1028,7 @@ def test_correct_train_translators_pass(session, fn) -> None:
 def test_train_translator_mistakes_fail_with_a_message_naming_them(
     session, fn, failing, words
 ) -> None:
-    _expect(_outcomes(_train_checks(session), fn), failing, words)
+    assert_fails(_train_checks(session), fn, failing, words)
 
 
 # ======================================================================================
@@ -1214,7 +1193,7 @@ def greedy_calls_kit(model, src, bos_id, eos_id, max_len, src_padding_mask=None)
 
 @pytest.mark.parametrize("fn", [greedy_batched, greedy_preallocated])
 def test_correct_decoders_pass_every_check(fn) -> None:
-    assert _outcomes(DECODE_CHECKS, fn) == dict.fromkeys(DECODE_CHECKS, "")
+    assert run_checks(DECODE_CHECKS, fn) == dict.fromkeys(DECODE_CHECKS, "")
 
 
 @pytest.mark.parametrize(
@@ -1239,16 +1218,16 @@ def test_correct_decoders_pass_every_check(fn) -> None:
     ],
 )
 def test_decode_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
-    _expect(_outcomes(DECODE_CHECKS, fn), failing, words)
+    assert_fails(DECODE_CHECKS, fn, failing, words)
 
 
 def test_decode_sampling_instead_of_argmax_fails() -> None:
     # Which sentence a sample spoils varies; the checks fail it, without naming it.
-    assert all(_outcomes(DECODE_CHECKS, greedy_samples).values())
+    assert all(run_checks(DECODE_CHECKS, greedy_samples).values())
 
 
 def test_decode_calling_the_kit_earns_nothing() -> None:
-    outcomes = _outcomes(DECODE_CHECKS, greedy_calls_kit)
+    outcomes = run_checks(DECODE_CHECKS, greedy_calls_kit)
     assert all("does not allow" in msg for msg in outcomes.values()), outcomes
 
 

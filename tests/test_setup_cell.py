@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from transformer_lab.grading.course import list_labs
+from transformer_lab.grading.course import environment, list_labs
 from transformer_lab.grading.student import build_student_wheel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,20 +109,12 @@ def _student_notebook(kit_source: str) -> nbformat.NotebookNode:
 
 
 def _run(nb: nbformat.NotebookNode, env: dict[str, str], cwd: Path) -> nbformat.NotebookNode:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environment(**env):
         client = NotebookClient(
             nb, kernel_name="fresh", timeout=600, allow_errors=True,
             resources={"metadata": {"path": str(cwd)}},
         )  # fmt: skip
         return client.execute()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _text(cell: nbformat.NotebookNode) -> str:

@@ -165,8 +165,15 @@ def grading_env(profile: str = "grading") -> Iterator[None]:
     if (own_share / "kernels" / "python3" / "kernel.json").is_file():
         jupyter_path = os.environ.get("JUPYTER_PATH", "")
         new["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(own_share), jupyter_path) if p)
-    saved = {k: os.environ.get(k) for k in new}
-    os.environ.update(new)
+    with environment(**new):
+        yield
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """Set environment variables for the block (kernels started inside inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:

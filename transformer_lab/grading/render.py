@@ -15,7 +15,6 @@ This is how an author (or a reviewer) checks that the figures show what the text
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -26,7 +25,13 @@ import nbformat
 from nbclient import NotebookClient
 from nbformat import NotebookNode
 
-from transformer_lab.grading.course import LABS, SOLUTIONS, read_notebook, select_labs
+from transformer_lab.grading.course import (
+    LABS,
+    SOLUTIONS,
+    environment,
+    read_notebook,
+    select_labs,
+)
 from transformer_lab.grading.feedback import math_to_mathml
 
 __all__ = ["filled_release", "render_labs"]
@@ -101,9 +106,7 @@ def render_labs(
                 "OMP_NUM_THREADS": "1",
                 "MPLBACKEND": "module://matplotlib_inline.backend_inline",
             }
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
+            with environment(**env):
                 NotebookClient(
                     nb,
                     timeout=600,
@@ -111,12 +114,6 @@ def render_labs(
                     allow_errors=True,
                     resources={"metadata": {"path": str(work)}},
                 ).execute()
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
         executed = out / f"{lab}.ipynb"
         nbformat.write(nb, str(executed))
         for cell in nb.cells:
