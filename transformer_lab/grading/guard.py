@@ -445,10 +445,16 @@ def install(config: dict[str, Any]) -> None:
         elif event in ("object.__setattr__", "object.__delattr__"):
             target, attr = args[0], str(args[1])
             owner = getattr(target, "__module__", "") or ""
+            what = f"{attr} of {getattr(target, '__qualname__', target)!r}"
             if attr in ("__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__"):
-                refuse(student, event, f"{attr} of {getattr(target, '__qualname__', target)!r}")
+                refuse(student, event, what)
             if isinstance_(target, type) and str(owner).startswith(protected_prefixes):
-                refuse(student, event, f"{owner}.{target.__qualname__}.{attr}")
+                if caller is student:
+                    refuse(student, event, f"{owner}.{target.__qualname__}.{attr}")
+                # A library setting up its own classes (dataclasses, torch.fx...) on the
+                # student's behalf: noted (not the dunders of class creation), not refused.
+                if not attr.startswith("__"):
+                    record("note", what=f"a library set {owner}.{target.__qualname__}.{attr}")
         elif event == "object.__getattr__":
             attr = str(args[1])
             if attr in ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "__code__"):

@@ -233,7 +233,7 @@ _FORBIDDEN_NAMES = {
 }
 _FORBIDDEN_MODULES = {
     "ctypes", "gc", "sqlite3", "subprocess", "socket", "signal", "pty", "multiprocessing",
-    "inspect", "importlib", "shutil",
+    "inspect", "importlib", "shutil", "unittest",
 }  # fmt: skip
 _FORBIDDEN_TEXT = {
     "transformer_lab.grading": "imports the grader's own modules",
