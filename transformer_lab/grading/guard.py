@@ -447,7 +447,9 @@ def install(config: dict[str, Any]) -> None:
             owner = getattr(target, "__module__", "") or ""
             what = f"{attr} of {getattr(target, '__qualname__', target)!r}"
             if attr in ("__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__"):
-                refuse(student, event, what)
+                if caller is student:
+                    refuse(student, event, what)
+                record("note", what=f"a library set {what}")
             if isinstance_(target, type) and str(owner).startswith(protected_prefixes):
                 if caller is student:
                     refuse(student, event, f"{owner}.{target.__qualname__}.{attr}")
