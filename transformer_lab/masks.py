@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from transformer_lab.graded import graded
+
 __all__ = [
     "causal_mask",
     "check_mask",
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 
+@graded("05_masking")
 def causal_mask(T: int, device: torch.device | str | None = None) -> Tensor:
     """Lower-triangular mask: query ``t`` may attend keys ``0..t``.
 
@@ -44,6 +47,7 @@ def causal_mask(T: int, device: torch.device | str | None = None) -> Tensor:
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
+@graded("05_masking")
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int) -> Tensor:
     """Mask of real tokens for right-padded sequences.
 
@@ -73,6 +77,7 @@ def key_padding_to_attention(padding: Tensor) -> Tensor:
     return padding[:, None, None, :]  # (B, 1, 1, S)
 
 
+@graded("05_masking")
 def combine_masks(padding: Tensor | None, causal: Tensor | None) -> Tensor:
     """Combine a padding mask over keys with a causal mask.
 
@@ -128,11 +133,12 @@ def check_mask(mask: Tensor, scores_shape: Sequence[int]) -> Tensor:
             "convert with mask.bool() or build it with causal_mask/padding_mask"
         )
     target = tuple(scores_shape)
-    try:
-        ok = torch.broadcast_shapes(mask.shape, target) == torch.Size(target)
-    except RuntimeError:
-        ok = False
-    if not ok:
+    # Broadcasting aligns trailing dims; each mask dim must be 1 or the scores' own size, so
+    # the mask can neither mismatch nor enlarge the scores.
+    fits = mask.ndim <= len(target) and all(
+        m == 1 or m == t for m, t in zip(reversed(mask.shape), reversed(target), strict=False)
+    )
+    if not fits:
         raise ValueError(
             f"attention mask of shape {tuple(mask.shape)} does not broadcast to the attention "
             f"scores of shape {target} (B, H, T, S)"
@@ -158,6 +164,7 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Ten
     return scaled_dot_product_attention(q, k, v, mask=mask)
 
 
+@graded("05_masking")
 def depends_on_future(
     fn: Callable[[Tensor], Tensor],
     x: Tensor,
