@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from transformer_lab.blocks import load_torch_decoder_layer, load_torch_encoder_layer
 from transformer_lab.masks import depends_on_future, padding_mask
 from transformer_lab.models import (
     GPT,
     GPT_PRESETS,
+    Encoder,
     EncoderClassifier,
     EncoderConfig,
     GPTConfig,
@@ -294,3 +299,100 @@ def test_encoder_needs_positions_to_learn_reversal() -> None:
         accuracy[kind] = (model(tokens).argmax(-1) == targets).float().mean().item()
     assert accuracy["sinusoidal"] > 0.95
     assert accuracy["none"] < 0.5  # the best fixed token-to-token map scores about 1/3
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def _sinusoids(T: int, D: int) -> torch.Tensor:
+    """The paper's table written out entry by entry (independent of transformer_lab)."""
+    pe = torch.zeros(T, D, dtype=torch.float64)
+    for p in range(T):
+        for i in range(0, D, 2):
+            pe[p, i] = math.sin(p / 10000 ** (i / D))
+            pe[p, i + 1] = math.cos(p / 10000 ** (i / D))
+    return pe
+
+
+def test_token_embedding_is_scaled_by_sqrt_d_model() -> None:
+    """Embeddings start at N(0, 1/D) and are multiplied by sqrt(D): unit scale, like the
+    sinusoids they are added to."""
+    model = _encoder(positional="none").double()
+    embed = model.encoder.embed
+    tokens = torch.arange(11)[None]
+    D = 16
+    torch.testing.assert_close(embed(tokens)[0], embed.embedding.weight * math.sqrt(D))
+    big = EncoderClassifier(EncoderConfig(vocab_size=500, d_model=256, n_heads=4))
+    std = big.encoder.embed(torch.arange(500)[None]).std().item()
+    assert 0.9 < std < 1.1, f"embedded tokens have std {std:.3f}, expected about 1"
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_matches_a_torch_reference(norm_first: bool) -> None:
+    """Embedding * sqrt(D) + sinusoids, then torch's own encoder layers with copied weights."""
+    config = EncoderConfig(vocab_size=11, max_len=12, d_model=16, n_heads=2, norm_first=norm_first)
+    model = Encoder(config).double().eval()
+    layers = []
+    for block in model.blocks:
+        layer = nn.TransformerEncoderLayer(
+            16, 2, 64, dropout=0.0, batch_first=True, norm_first=norm_first
+        ).double()
+        load_torch_encoder_layer(block, layer)
+        layers.append(layer.eval())
+    tokens = torch.randint(0, 11, (2, 7))
+    pad = padding_mask([7, 4], 7)
+    x = F.embedding(tokens, model.embed.embedding.weight) * math.sqrt(16) + _sinusoids(7, 16)
+    for layer in layers:
+        x = layer(x, src_key_padding_mask=~pad)
+    if norm_first:
+        x = F.layer_norm(x, (16,), model.final_norm.weight, model.final_norm.bias)
+    torch.testing.assert_close(model(tokens, pad)[pad], x[pad])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_seq2seq_matches_a_torch_reference(norm_first: bool) -> None:
+    model = _seq2seq(norm_first).double()
+    dec_layers = []
+    for block in model.decoder_blocks:
+        layer = nn.TransformerDecoderLayer(
+            16, 2, 64, dropout=0.0, batch_first=True, norm_first=norm_first
+        ).double()
+        load_torch_decoder_layer(block, layer)
+        dec_layers.append(layer)
+    src = torch.randint(3, 9, (2, 6))
+    tgt = torch.randint(3, 8, (2, 5))
+    src_pad, tgt_pad = padding_mask([6, 4], 6), padding_mask([5, 3], 5)
+    memory = model.encode(src, src_pad)
+    torch.testing.assert_close(memory, model.encoder(src, src_pad))
+    x = F.embedding(tgt, model.tgt_embed.embedding.weight) * math.sqrt(16) + _sinusoids(5, 16)
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)  # torch: True = may NOT attend
+    for layer in dec_layers:
+        x = layer(
+            x,
+            memory,
+            tgt_mask=future,
+            tgt_key_padding_mask=~tgt_pad,
+            memory_key_padding_mask=~src_pad,
+        )
+    if norm_first:
+        x = F.layer_norm(x, (16,), model.decoder_norm.weight, model.decoder_norm.bias)
+    ref = model.output(x)
+    torch.testing.assert_close(model(src, tgt, src_pad, tgt_pad)[tgt_pad], ref[tgt_pad])
+
+
+def test_seq2seq_holds_an_encoder_and_takes_student_blocks() -> None:
+    model = _seq2seq()
+    assert isinstance(model.encoder, Encoder)
+    assert not any(name.startswith(("src_", "encoder_")) for name, _ in model.named_children())
+    calls: list[tuple] = []
+
+    class Recorder(nn.Module):
+        def forward(self, x, memory, self_mask=None, memory_mask=None):
+            calls.append((tuple(self_mask.shape), tuple(memory_mask.shape), memory.shape[1]))
+            return x
+
+    config = model.config
+    student = Seq2SeqTransformer(config, decoder_blocks=[Recorder(), Recorder()])
+    src, tgt = torch.randint(3, 9, (2, 6)), torch.randint(3, 8, (2, 5))
+    assert student(src, tgt, padding_mask([6, 4], 6)).shape == (2, 5, 8)
+    assert calls == [((1, 1, 5, 5), (2, 1, 1, 6), 6)] * 2

@@ -4,8 +4,9 @@
 * :class:`EncoderClassifier` -- token embeddings, positions, a stack of :class:`EncoderBlock`\\ s
   and a linear head, per token (tagging: copy, reverse, sort) or per sequence (mean-pooled over
   real tokens). Accepts student-written blocks so a lab can train its own.
-* :class:`Seq2SeqTransformer` -- the architecture of "Attention Is All You Need": an encoder over
-  the source and a decoder with causal self-attention and cross-attention to the encoder output.
+* :class:`Seq2SeqTransformer` -- the architecture of "Attention Is All You Need": an
+  :class:`Encoder` over the source and a decoder with causal self-attention and cross-attention
+  to the encoder output.
 * :class:`GPT` -- GPT-2's layout: learned positions, pre-norm blocks, a final layer norm and an
   output layer tied to the token embedding. Training uses the fused causal attention kernel; a
   :class:`KVCache` keeps past keys/values so generation costs one token per step.
@@ -294,51 +295,56 @@ class Seq2SeqConfig:
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer with sinusoidal positions.
 
-    The decoder's self-attention is causal (plus target padding); its cross-attention sees every
-    real source token. Logits for position ``t`` depend on ``tgt_in[:, :t+1]`` only, so with
-    ``tgt_in`` = BOS + targets shifted right, the model never sees the token it predicts.
+    The source goes through an :class:`Encoder`; the decoder's self-attention is causal (plus
+    target padding) and its cross-attention sees every real source token. Logits for position
+    ``t`` depend on ``tgt_in[:, :t+1]`` only, so with ``tgt_in`` = BOS + targets shifted right,
+    the model never sees the token it predicts.
 
     Args:
         config: sizes and options.
+        encoder_blocks: optional replacement encoder blocks, see :class:`Encoder`.
+        decoder_blocks: optional replacement decoder blocks (e.g. a student's), each
+            ``forward(x, memory, self_mask=None, memory_mask=None)``; default
+            ``config.n_decoder_layers`` :class:`DecoderBlock`\\ s.
     """
 
-    def __init__(self, config: Seq2SeqConfig) -> None:
+    def __init__(
+        self,
+        config: Seq2SeqConfig,
+        encoder_blocks: Sequence[nn.Module] | None = None,
+        decoder_blocks: Sequence[nn.Module] | None = None,
+    ) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.src_embed = _TokenEmbedding(c.src_vocab_size, c.d_model)
+        self.encoder = Encoder(
+            EncoderConfig(
+                vocab_size=c.src_vocab_size,
+                max_len=c.max_len,
+                d_model=c.d_model,
+                n_layers=c.n_encoder_layers,
+                n_heads=c.n_heads,
+                d_ff=c.ff_dim,
+                dropout=c.dropout,
+                norm_first=c.norm_first,
+            ),
+            encoder_blocks,
+        )
         self.tgt_embed = _TokenEmbedding(c.tgt_vocab_size, c.d_model)
-        self.src_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
         self.tgt_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
-        self.encoder_blocks = nn.ModuleList(
-            EncoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
-            for _ in range(c.n_encoder_layers)
-        )
-        self.decoder_blocks = nn.ModuleList(
-            DecoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
-            for _ in range(c.n_decoder_layers)
-        )
-        self.encoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        if decoder_blocks is None:
+            decoder_blocks = [
+                DecoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
+                for _ in range(c.n_decoder_layers)
+            ]
+        self.decoder_blocks = nn.ModuleList(decoder_blocks)
+        # Pre-norm leaves the residual stream unnormalised: normalise once at the end.
         self.decoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.output = nn.Linear(c.d_model, c.tgt_vocab_size)
 
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        """Encode the source.
-
-        Args:
-            src: ``(B, S)`` token ids.
-            src_padding_mask: ``(B, S)`` bool, True at real tokens.
-
-        Returns:
-            Memory ``(B, S, D)``.
-        """
-        _check_tokens(src, self.config.max_len)
-        _check_padding(src_padding_mask, src)
-        mask = None if src_padding_mask is None else key_padding_to_attention(src_padding_mask)
-        x = self.src_positions(self.src_embed(src))  # (B, S, D)
-        for block in self.encoder_blocks:
-            x = block(x, mask=mask)
-        return self.encoder_norm(x)
+        """Encode the source: memory ``(B, S, D)`` (see :meth:`Encoder.forward`)."""
+        return self.encoder(src, src_padding_mask)
 
     def decode(
         self,
