@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from transformer_lab.generation import (
+    DecodeStep,
     apply_temperature,
     beam_search,
     generate,
@@ -262,3 +263,67 @@ def test_exhaustive_helper_is_consistent() -> None:
     seq, score = _exhaustive_best(step_fn, 2, 0, 1, 3)
     total = sum(float(step_fn(seq[:i])[seq[i]]) for i in range(1, len(seq)))
     assert score == pytest.approx(total)
+
+
+# ----------------------------------------------------------------------------- static decode step
+
+
+def test_static_decode_step_equals_the_tracked_cache_eagerly() -> None:
+    model = _gpt().double()
+    idx = torch.randint(0, 11, (2, 3))
+    step = DecodeStep(model, 2)
+    tracked = DecodeStep(model, 2)
+    a, b = step.prefill(idx), tracked.prefill(idx)
+    for pos in range(3, 12):  # up to n_ctx
+        torch.testing.assert_close(a, b)
+        nxt = a.argmax(-1, keepdim=True)
+        a = step(nxt, torch.tensor([pos]))
+        b = tracked(nxt)
+    assert step.cache.k.shape[3] == 12  # preallocated once, never grown
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("new_tokens", [6, 20])  # 20 runs past n_ctx: the fallback follows
+def test_compiled_generation_gives_the_uncached_greedy_tokens(
+    backend: str, new_tokens: int
+) -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _gpt()
+    idx = torch.randint(0, 11, (3, 4))
+    plain = generate(model, idx, new_tokens, temperature=0.0, use_cache=False)
+    for _ in range(2):  # a second call reuses the graph
+        compiled = generate(model, idx, new_tokens, temperature=0.0, compile={"backend": backend})
+        assert torch.equal(compiled, plain)
+    assert counters["stats"]["unique_graphs"] == 1  # static shapes: one graph, no recompiles
+
+
+def test_compiled_sampling_equals_eager_sampling() -> None:
+    torch._dynamo.reset()
+    model = _gpt()
+    idx = torch.randint(0, 11, (2, 3))
+    runs = [
+        generate(
+            model,
+            idx,
+            8,
+            temperature=1.3,
+            top_k=5,
+            compile=options,
+            generator=torch.Generator().manual_seed(7),
+        )
+        for options in (False, {"backend": "aot_eager"})
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.slow
+def test_inductor_compiled_generation_gives_the_same_tokens() -> None:
+    """A real code-generating compile (inductor), as on a GPU but for the CPU: ~15 s."""
+    torch._dynamo.reset()
+    model = _gpt()
+    idx = torch.randint(0, 11, (2, 4))
+    plain = generate(model, idx, 10, temperature=0.0, use_cache=False)
+    assert torch.equal(generate(model, idx, 10, temperature=0.0, compile=True), plain)

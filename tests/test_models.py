@@ -21,6 +21,7 @@ from transformer_lab.models import (
     Seq2SeqConfig,
     Seq2SeqTransformer,
 )
+from transformer_lab.positional import LearnedPositionalEncoding
 from transformer_lab.scale import gpt_param_count
 
 # ----------------------------------------------------------------------------- configs
@@ -250,7 +251,7 @@ def test_gpt_weight_tying_and_init() -> None:
     model = GPT(GPTConfig(vocab_size=50, n_ctx=32, d_model=64, n_layers=4, n_heads=4))
     assert model.lm_head.weight is model.tok_emb.weight
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
-    proj = model.blocks[0].attn.proj.weight
+    proj = model.blocks[0].attn.out_proj.weight
     assert proj.std().item() == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.1)
     untied = GPT(GPTConfig(vocab_size=50, n_ctx=32, d_model=64, tie_weights=False))
     assert untied.lm_head.weight is not untied.tok_emb.weight
@@ -396,3 +397,75 @@ def test_seq2seq_holds_an_encoder_and_takes_student_blocks() -> None:
     src, tgt = torch.randint(3, 9, (2, 6)), torch.randint(3, 8, (2, 5))
     assert student(src, tgt, padding_mask([6, 4], 6)).shape == (2, 5, 8)
     assert calls == [((1, 1, 5, 5), (2, 1, 1, 6), 6)] * 2
+
+
+@torch.no_grad()
+def _torch_gpt_layer(block: nn.Module, bias: bool) -> nn.TransformerEncoderLayer:
+    """torch's pre-norm encoder layer (GELU) carrying a GPT block's weights."""
+    D = block.attn.d_model
+    layer = nn.TransformerEncoderLayer(
+        D,
+        block.attn.n_heads,
+        4 * D,
+        dropout=0.0,
+        activation="gelu",
+        batch_first=True,
+        norm_first=True,
+        bias=bias,
+    ).double()
+    attn = block.attn
+    layer.self_attn.in_proj_weight.copy_(
+        torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    )
+    layer.self_attn.out_proj.weight.copy_(attn.out_proj.weight)
+    pairs = [(layer.linear1, block.mlp.linear1), (layer.linear2, block.mlp.linear2)]
+    pairs += [(layer.norm1, block.ln1), (layer.norm2, block.ln2)]
+    for theirs, ours in pairs:
+        theirs.weight.copy_(ours.weight)
+    if bias:
+        layer.self_attn.in_proj_bias.copy_(
+            torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        )
+        layer.self_attn.out_proj.bias.copy_(attn.out_proj.bias)
+        for theirs, ours in pairs:
+            theirs.bias.copy_(ours.bias)
+    return layer
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_matches_a_torch_reference(bias: bool) -> None:
+    """Token + position embeddings, torch's pre-norm layers under a causal mask, final norm,
+    tied output: the GPT-2 layout rebuilt from torch's own modules with copied weights."""
+    model = _gpt(bias=bias).double()
+    assert isinstance(model.positions, LearnedPositionalEncoding)
+    layers = [_torch_gpt_layer(block, bias) for block in model.blocks]
+    idx = torch.randint(0, 13, (2, 9))
+    x = F.embedding(idx, model.tok_emb.weight) + model.positions.embedding.weight[:9]
+    future = nn.Transformer.generate_square_subsequent_mask(9, dtype=torch.float64)
+    for layer in layers:
+        x = layer(x, src_mask=future)
+    ln_bias = model.ln_f.bias if bias else None
+    ref = F.layer_norm(x, (16,), model.ln_f.weight, ln_bias) @ model.tok_emb.weight.T
+    torch.testing.assert_close(model(idx), ref)
+
+
+def test_gpt_static_cache_path_equals_tracked_path_and_full_forward() -> None:
+    model = _gpt().double()
+    idx = torch.randint(0, 13, (2, 12))
+    full = model(idx)
+    cache = model.new_kv_cache(2)
+    prompt = model(idx[:, :4], cache)
+    steps = [model(idx[:, t : t + 1], cache, offset=torch.tensor([t])) for t in range(4, 12)]
+    assert cache.length == 4  # positions on the device: the cache does not count them
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=1), full)
+    with pytest.raises(ValueError, match="pass kv_cache too"):
+        model(idx, offset=torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"batch size 1 != KV cache batch size 2"):
+        model(idx[:1, :1], cache)
+
+
+def test_gpt_state_dict_layout() -> None:
+    names = list(_gpt().state_dict())
+    assert names[:2] == ["tok_emb.weight", "positions.embedding.weight"]
+    assert "blocks.0.attn.q_proj.weight" in names and "blocks.1.mlp.linear2.bias" in names
+    assert not any("qkv" in n or "pos_emb" in n for n in names)

@@ -4,9 +4,11 @@ and beam search.
 Sampling draws the next token from ``softmax(logits / temperature)``, optionally restricted to the
 ``k`` most likely tokens (top-k) or to the smallest set whose probability reaches ``p`` (top-p,
 "nucleus"). Filters return logits with removed entries at ``-inf`` so they compose and feed
-straight into a softmax. :func:`generate` keeps past keys/values in a
-:class:`~transformer_lab.models.KVCache`, so each new token costs one position instead of the whole
-prefix; it gives the same tokens as recomputing the prefix every step.
+straight into a softmax. :func:`generate` keeps past keys/values in a preallocated
+:class:`~transformer_lab.attention.KVCache`, so each new token costs one position instead of the
+whole prefix; it gives the same tokens as recomputing the prefix every step. Its
+:class:`DecodeStep` has the same shapes at every step, so it can be compiled once (on a GPU into a
+CUDA graph: one replay per token instead of hundreds of kernel launches).
 
 Tie rules (stated in the lab too):
 
@@ -24,12 +26,14 @@ Machine Translation System", 2016 (beam search length normalisation).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "DecodeStep",
     "apply_temperature",
     "beam_search",
     "generate",
@@ -135,6 +139,63 @@ def sample_next(
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
 
+class DecodeStep(nn.Module):
+    """One generation step of a GPT with its KV cache: one new token per sequence.
+
+    :meth:`prefill` runs the prompt once (any length) and stores its keys and values; each call
+    then feeds one token per sequence. Called with ``offset=None`` the cache counts positions and
+    attention reads only the stored prefix (the quickest eager path). Called with the position as
+    a one-element device tensor it is the *static* step: the token's keys/values are written into
+    the preallocated cache and attention reads all ``n_ctx`` slots under a mask, so no shape
+    depends on the position and the step compiles once. With
+    ``torch.compile(step, mode="reduce-overhead")`` on CUDA the whole step (every layer, a few
+    hundred kernels) becomes one CUDA-graph replay, which removes the per-token launch and Python
+    overhead that dominates small models. :func:`generate` builds one when ``use_cache=True``.
+
+    Args:
+        model: a :class:`~transformer_lab.models.GPT` (``new_kv_cache`` and
+            ``forward(idx, kv_cache, offset=...)``), in the mode it should decode in.
+        batch_size: sequences decoded together, ``B``.
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int) -> None:
+        super().__init__()
+        self.model = model
+        self.cache = model.new_kv_cache(batch_size)
+
+    def prefill(self, idx: Tensor) -> Tensor:
+        """Run the prompt ``(B, T <= n_ctx)`` from position 0: next-token logits ``(B, V)``."""
+        self.cache.reset()
+        return self.model(idx, self.cache)[:, -1]
+
+    def forward(self, token: Tensor, offset: Tensor | None = None) -> Tensor:
+        """Feed one token per sequence, right after the positions stored so far.
+
+        Args:
+            token: ``(B, 1)`` token ids.
+            offset: None: the cache tracks the position. Or the static step: the position as a
+                one-element long tensor on the model's device (every earlier position must be
+                stored, by :meth:`prefill` and earlier steps).
+
+        Returns:
+            Next-token logits ``(B, V)``.
+        """
+        return self.model(token, self.cache, offset=offset)[:, -1]
+
+
+def _compiled(step: DecodeStep, compile: bool | Mapping[str, Any]) -> Callable[..., Tensor]:
+    """``torch.compile`` the step: a CUDA graph on CUDA, or with the given options."""
+    if isinstance(compile, Mapping):
+        options = dict(compile)
+    else:
+        on_cuda = step.cache.k.is_cuda
+        options = {"mode": "reduce-overhead"} if on_cuda else {}
+    # The cache is updated in place at every step: its addresses must stay fixed in the graph.
+    torch._dynamo.mark_static_address(step.cache.k)
+    torch._dynamo.mark_static_address(step.cache.v)
+    return torch.compile(step, fullgraph=True, **options)
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -145,14 +206,16 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     use_cache: bool = True,
+    compile: bool | Mapping[str, Any] = False,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Continue token sequences with a GPT.
 
     Without the cache, every step runs the model on the last ``n_ctx`` tokens. With it, the prompt
-    (its last ``n_ctx`` tokens) is run once and each step feeds only the new token. Once the
-    cache holds ``n_ctx`` positions, generation falls back to recomputing over the last ``n_ctx``
-    tokens, exactly as the uncached path does, so both give the same tokens throughout.
+    (its last ``n_ctx`` tokens) is run once and each step feeds only the new token through a
+    :class:`DecodeStep` (with ``compile``, its static-shape form, compiled). Once the cache holds
+    ``n_ctx`` positions, generation falls back to recomputing over the last ``n_ctx`` tokens,
+    exactly as the uncached path does, so both give the same tokens throughout.
 
     The model is used in its current mode: call ``model.eval()`` first to disable dropout.
 
@@ -164,7 +227,11 @@ def generate(
         temperature: softmax temperature; ``0`` picks the argmax (greedy).
         top_k: keep the ``k`` most likely tokens (see :func:`top_k_filter`).
         top_p: nucleus mass (see :func:`top_p_filter`).
-        use_cache: use the model's KV cache.
+        use_cache: use a KV cache (for models that have ``new_kv_cache``).
+        compile: compile the decode step with ``torch.compile`` (with the cache only): ``True``
+            uses ``mode="reduce-overhead"`` (CUDA graphs) on CUDA and the default elsewhere;
+            a mapping gives the options itself, e.g. ``{"backend": "aot_eager"}``. Compiling
+            costs seconds once per process: worth it for long generations on a GPU.
         generator: random source for sampling, on the model's device.
 
     Returns:
@@ -182,23 +249,32 @@ def generate(
     if max_new_tokens == 0:
         return idx
     n_ctx = model.config.n_ctx
-    # Models without a cache (e.g. a plain reference GPT) simply recompute every step.
-    can_cache = use_cache and hasattr(model, "new_kv_cache")
-    cache = model.new_kv_cache(idx.shape[0]) if can_cache else None
     context = idx[:, -n_ctx:]  # (B, <=n_ctx)
-    logits = (model(context, cache) if cache is not None else model(context))[:, -1]  # (B, V)
-    for step in range(max_new_tokens):
+    # Models without a cache (e.g. a plain reference GPT) simply recompute every step.
+    decode, offsets = None, None
+    if use_cache and hasattr(model, "new_kv_cache"):
+        step = DecodeStep(model, idx.shape[0])
+        logits = step.prefill(context)  # (B, V)
+        decode = step
+        if compile:  # the static step: positions stay on the device
+            decode = _compiled(step, compile)
+            offsets = torch.arange(n_ctx, device=idx.device)
+    else:
+        logits = model(context)[:, -1]  # (B, V)
+    pos = context.shape[1]  # position of the next token
+    for i in range(max_new_tokens):
         nxt = sample_next(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
         )
-        idx = torch.cat([idx, nxt], dim=1)  # (B, T + step + 1)
-        if step == max_new_tokens - 1:
+        idx = torch.cat([idx, nxt], dim=1)  # (B, T + i + 1)
+        if i == max_new_tokens - 1:
             break
-        if cache is not None and cache.length < n_ctx:
-            logits = model(nxt, cache)[:, -1]
-        else:
-            cache = None  # full (or unused): slide the window and recompute
+        if decode is not None and pos < n_ctx:
+            logits = decode(nxt, None if offsets is None else offsets[pos : pos + 1])
+        else:  # no cache, or the cache is full: slide the window and recompute
+            decode = None
             logits = model(idx[:, -n_ctx:])[:, -1]
+        pos += 1
     return idx
 
 

@@ -1,5 +1,8 @@
 """Boolean attention masks: causal, padding, their combination, validation and a causality probe.
 
+Masks are plain boolean tensors, built here and consumed by :mod:`transformer_lab.attention`
+(which imports this module, never the other way round); lab 05's ``masked_attention`` lives there.
+
 Convention (as in ``torch.nn.functional.scaled_dot_product_attention``): masks are boolean and
 **True means "may attend"** (or "is a real token" for a padding mask). Attention masks broadcast to
 the score shape ``(B, H, T, S)``. A query row with no allowed key gets zero weights (never NaN);
@@ -26,7 +29,6 @@ __all__ = [
     "combine_masks",
     "depends_on_future",
     "key_padding_to_attention",
-    "masked_attention",
     "padding_mask",
 ]
 
@@ -144,24 +146,6 @@ def check_mask(mask: Tensor, scores_shape: Sequence[int]) -> Tensor:
             f"scores of shape {target} (B, H, T, S)"
         )
     return mask
-
-
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention under a validated boolean mask.
-
-    Args:
-        q: queries ``(..., T, Dh)``.
-        k: keys ``(..., S, Dh)``.
-        v: values ``(..., S, Dv)``.
-        mask: bool, broadcasting to ``(..., T, S)``, True = may attend.
-
-    Returns:
-        ``(out (..., T, Dv), weights (..., T, S))``; fully masked rows give zero weights and
-        a zero output.
-    """
-    from transformer_lab.attention import scaled_dot_product_attention
-
-    return scaled_dot_product_attention(q, k, v, mask=mask)
 
 
 @graded("05_masking")
