@@ -386,15 +386,10 @@ def beam_search(
             for lp, tok in zip(top.values.tolist(), top.indices.tolist(), strict=True):
                 candidates.append(([*seq, tok], score + lp))
         candidates.sort(key=lambda c: c[1], reverse=True)  # stable: ties keep earlier beams first
-        alive = []
-        for rank, (seq, score) in enumerate(candidates):
-            if seq[-1] == eos_id:
-                if rank < beam_width:
-                    finished.append((seq, score))
-            elif len(alive) < beam_width:
-                alive.append((seq, score))
-            if len(alive) == beam_width and rank >= beam_width - 1:
-                break
+        # An EOS extension finishes if it ranks among the best beam_width; the best beam_width
+        # extensions without EOS go on.
+        finished += [c for c in candidates[:beam_width] if c[0][-1] == eos_id]
+        alive = [c for c in candidates if c[0][-1] != eos_id][:beam_width]
         if (
             length_penalty == 0
             and finished
