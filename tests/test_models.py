@@ -9,11 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_lab.attention import MultiHeadAttention
 from transformer_lab.blocks import load_torch_decoder_layer, load_torch_encoder_layer
 from transformer_lab.masks import depends_on_future, padding_mask
 from transformer_lab.models import (
     GPT,
     GPT_PRESETS,
+    CausalSelfAttention,
     Encoder,
     EncoderClassifier,
     EncoderConfig,
@@ -414,18 +416,14 @@ def _torch_gpt_layer(block: nn.Module, bias: bool) -> nn.TransformerEncoderLayer
         bias=bias,
     ).double()
     attn = block.attn
-    layer.self_attn.in_proj_weight.copy_(
-        torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-    )
+    layer.self_attn.in_proj_weight.copy_(attn.qkv_proj.weight)  # both (3D, D), rows q, k, v
     layer.self_attn.out_proj.weight.copy_(attn.out_proj.weight)
     pairs = [(layer.linear1, block.mlp.linear1), (layer.linear2, block.mlp.linear2)]
     pairs += [(layer.norm1, block.ln1), (layer.norm2, block.ln2)]
     for theirs, ours in pairs:
         theirs.weight.copy_(ours.weight)
     if bias:
-        layer.self_attn.in_proj_bias.copy_(
-            torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-        )
+        layer.self_attn.in_proj_bias.copy_(attn.qkv_proj.bias)
         layer.self_attn.out_proj.bias.copy_(attn.out_proj.bias)
         for theirs, ours in pairs:
             theirs.bias.copy_(ours.bias)
@@ -467,5 +465,31 @@ def test_gpt_static_cache_path_equals_tracked_path_and_full_forward() -> None:
 def test_gpt_state_dict_layout() -> None:
     names = list(_gpt().state_dict())
     assert names[:2] == ["tok_emb.weight", "positions.embedding.weight"]
-    assert "blocks.0.attn.q_proj.weight" in names and "blocks.1.mlp.linear2.bias" in names
-    assert not any("qkv" in n or "pos_emb" in n for n in names)
+    assert "blocks.0.attn.qkv_proj.weight" in names and "blocks.1.mlp.linear2.bias" in names
+    assert not any("q_proj" in n or "pos_emb" in n for n in names)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_gpt_attention_is_multi_head_attention_with_a_fused_projection(need_weights: bool) -> None:
+    fused = CausalSelfAttention(12, 3).double().eval()
+    plain = MultiHeadAttention(12, 3).double().eval()
+    assert isinstance(fused, MultiHeadAttention)
+    assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in plain.parameters())
+    with torch.no_grad():  # the stacked rows are the query, key and value projections
+        for lin, w, b in zip(
+            (plain.q_proj, plain.k_proj, plain.v_proj),
+            fused.qkv_proj.weight.split(12),
+            fused.qkv_proj.bias.split(12),
+            strict=True,
+        ):
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+        plain.out_proj.load_state_dict(fused.out_proj.state_dict())
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    out, w = fused(x, x, x, need_weights=need_weights, is_causal=True)
+    ref, ref_w = plain(x, x, x, need_weights=need_weights, is_causal=True)
+    torch.testing.assert_close(out, ref)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w)
+    with pytest.raises(ValueError, match="self-attention"):
+        fused(x, x.clone(), x)

@@ -10,8 +10,9 @@ it is :func:`scaled_dot_product_attention` (the maths as written, weights return
 is PyTorch's fused ``F.scaled_dot_product_attention`` under the same masking rules, which never
 materialises the ``(T, S)`` weights. :func:`masked_attention` is lab 05's name for attention under
 a mask that must be given. :class:`MultiHeadAttention` projects, splits heads, attends and merges;
-the encoder, the decoder and the GPT all use it. For incremental decoding it stores the new keys
-and values in a preallocated :class:`KVCache` and attends to every stored position.
+the encoder, the decoder and the GPT all use it (the GPT's ``CausalSelfAttention`` is this class
+with one fused input projection). For incremental decoding it stores the new keys and values in a
+preallocated :class:`KVCache` and attends to the stored positions.
 
 Conventions: rows are tokens (``Q = X @ W_q + b_q``, ``W_q`` of shape ``(D, Dk)``); scores are
 scaled by ``1 / sqrt(Dk)``; masks are boolean with True = "may attend", broadcasting to
@@ -460,9 +461,7 @@ class MultiHeadAttention(nn.Module):
         """
         if query.shape[-1] != self.d_model:
             raise ValueError(f"query width {query.shape[-1]} != d_model={self.d_model}")
-        q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
-        k = split_heads(self.k_proj(key), self.n_heads)  # (B, H, S, Dh)
-        v = split_heads(self.v_proj(value), self.n_heads)  # (B, H, S, Dh)
+        q, k, v = self.project(query, key, value)  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dh)
         if kv_cache is not None:
             k, v = kv_cache.store(k, v)  # (B, H, S, Dh) each: the stored positions
         out, weights = attend(
@@ -475,6 +474,17 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
         )  # (B, H, T, Dh)
         return self.out_proj(merge_heads(out)), weights  # (B, T, D)
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The query, key and value projections, split into heads.
+
+        Returns:
+            ``q (B, H, T, Dh)``, ``k (B, H, S, Dh)``, ``v (B, H, S, Dh)``.
+        """
+        q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
+        k = split_heads(self.k_proj(key), self.n_heads)  # (B, H, S, Dh)
+        v = split_heads(self.v_proj(value), self.n_heads)  # (B, H, S, Dh)
+        return q, k, v
 
 
 @graded("03_multi_head_attention")

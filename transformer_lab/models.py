@@ -8,10 +8,10 @@
   :class:`Encoder` over the source and a decoder with causal self-attention and cross-attention
   to the encoder output.
 * :class:`GPT` -- GPT-2's layout: learned positions, pre-norm blocks, a final layer norm and an
-  output layer tied to the token embedding. Its attention is the kit's
-  :class:`~transformer_lab.attention.MultiHeadAttention`: training uses the fused causal kernel;
-  a :class:`~transformer_lab.attention.KVCache` (re-exported here) keeps past keys/values so
-  generation costs one token per step.
+  output layer tied to the token embedding. Its attention, :class:`CausalSelfAttention`, is the
+  kit's :class:`~transformer_lab.attention.MultiHeadAttention` with one fused input projection:
+  training uses the fused causal kernel; a :class:`~transformer_lab.attention.KVCache`
+  (re-exported here) keeps past keys/values so generation costs one token per step.
 
 Each model has a validated config dataclass; ``GPTConfig.from_name`` holds named presets.
 
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_lab.attention import KVCache, LayerKVCache, MultiHeadAttention
+from transformer_lab.attention import KVCache, LayerKVCache, MultiHeadAttention, split_heads
 from transformer_lab.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerNorm
 from transformer_lab.masks import causal_mask, combine_masks, key_padding_to_attention
 from transformer_lab.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding
@@ -41,6 +41,7 @@ from transformer_lab.positional import LearnedPositionalEncoding, SinusoidalPosi
 __all__ = [
     "GPT",
     "GPT_PRESETS",
+    "CausalSelfAttention",
     "Encoder",
     "EncoderClassifier",
     "EncoderConfig",
@@ -467,18 +468,58 @@ class GPTConfig:
         )
 
 
+class CausalSelfAttention(MultiHeadAttention):
+    """The GPT's attention: the kit's :class:`~transformer_lab.attention.MultiHeadAttention`
+    with GPT-2's fused input projection.
+
+    Self-attention projects one input three ways, so the three ``(D, D)`` input projections are
+    stacked into one layer, ``qkv_proj`` (weight ``(3D, D)``, rows: query, key, value -- the
+    layout of torch's ``in_proj_weight``): one matrix product instead of three. That is the only
+    difference; heads, the KV cache, attention and ``out_proj`` are MultiHeadAttention's. It
+    matters when every product is tiny, as in decoding one token at a time on a CPU, where the
+    two extra calls per layer cost about a tenth of a step. Call it with the same tensor as
+    query, key and value.
+
+    Args:
+        d_model: model width ``D``.
+        n_heads: heads ``H``; must divide ``d_model``.
+        bias: biases in both projections.
+        dropout: dropout on the attention weights (training only).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__(d_model, n_heads, bias=bias, dropout=dropout)
+        del self.q_proj, self.k_proj, self.v_proj  # replaced by one stacked layer
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Heads of the fused projection: ``q, k, v`` of shape ``(B, H, T, Dh)`` each.
+
+        Raises:
+            ValueError: if ``key`` or ``value`` is not ``query`` (this is self-attention).
+        """
+        if key is not query or value is not query:
+            raise ValueError("CausalSelfAttention is self-attention: pass x as query, key, value")
+        q, k, v = self.qkv_proj(query).split(self.d_model, dim=-1)  # 3 x (B, T, D)
+        return (
+            split_heads(q, self.n_heads),  # (B, H, T, Dh)
+            split_heads(k, self.n_heads),  # (B, H, T, Dh)
+            split_heads(v, self.n_heads),  # (B, H, T, Dh)
+        )
+
+
 class GPTBlock(nn.Module):
     """Pre-norm decoder-only block (GPT-2): ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``.
 
-    The attention is the kit's :class:`~transformer_lab.attention.MultiHeadAttention` used as
-    causal self-attention; dropout acts on its weights and on both residual branches.
+    The attention is :class:`CausalSelfAttention` (the kit's multi-head attention with a fused
+    input projection); dropout acts on its weights and on both residual branches.
     """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         D = config.d_model
         self.ln1 = LayerNorm(D, bias=config.bias, fused=True)
-        self.attn = MultiHeadAttention(D, config.n_heads, bias=config.bias, dropout=config.dropout)
+        self.attn = CausalSelfAttention(D, config.n_heads, bias=config.bias, dropout=config.dropout)
         self.ln2 = LayerNorm(D, bias=config.bias, fused=True)
         self.mlp = FeedForward(D, config.ff_dim, activation="gelu", bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
