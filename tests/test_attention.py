@@ -357,3 +357,15 @@ def test_attend_fully_masked_rows_are_zero_in_every_dtype(
     assert (out[0, :, 1] == 0).all() and (out[1] == 0).all()
     if need_weights:
         assert w is not None and torch.isfinite(w).all() and (w[1] == 0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (its fused kernels)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fully_masked_rows_are_zero_on_cuda(dtype: torch.dtype) -> None:
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", dtype=dtype) for _ in range(3))
+    mask = padding_mask([64, 0], 64).cuda()[:, None, None, :]  # sequence 1 is empty
+    for need_weights in (True, False):
+        out, _ = attend(q, k, v, mask, need_weights=need_weights)
+        assert torch.isfinite(out).all() and (out[1] == 0).all()
+        ref = F.scaled_dot_product_attention(q[:1], k[:1], v[:1])
+        torch.testing.assert_close(out[:1], ref, atol=2e-2, rtol=2e-2)

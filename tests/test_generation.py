@@ -327,3 +327,15 @@ def test_inductor_compiled_generation_gives_the_same_tokens() -> None:
     idx = torch.randint(0, 11, (2, 4))
     plain = generate(model, idx, 10, temperature=0.0, use_cache=False)
     assert torch.equal(generate(model, idx, 10, temperature=0.0, compile=True), plain)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA graphs)")
+def test_cuda_graph_generation_gives_the_uncached_greedy_tokens() -> None:
+    """On CUDA, compile=True means mode="reduce-overhead": the decode step is a CUDA graph."""
+    torch._dynamo.reset()
+    model = _gpt().cuda()
+    idx = torch.randint(0, 11, (3, 4), device="cuda")
+    plain = generate(model, idx, 20, temperature=0.0, use_cache=False)  # past n_ctx too
+    for _ in range(2):
+        assert torch.equal(generate(model, idx, 20, temperature=0.0, compile=True), plain)
+    assert torch.equal(generate(model, idx, 20, temperature=0.0), plain)
