@@ -203,7 +203,8 @@ class LearnedPositionalEncoding(nn.Module):
         seq_len = x.shape[-2]
         if isinstance(offset, Tensor):
             positions = offset + torch.arange(seq_len, device=x.device)  # (T,)
+            table = self.embedding(positions)  # (T, D)
         else:
             _check_length(offset + seq_len, self.max_len)
-            positions = torch.arange(offset, offset + seq_len, device=x.device)  # (T,)
-        return self.dropout(x + self.embedding(positions))
+            table = self.embedding.weight[offset : offset + seq_len]  # (T, D): rows of the table
+        return self.dropout(x + table)
