@@ -219,23 +219,6 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Ten
     return scaled_dot_product_attention(q, k, v, mask)
 
 
-def _fused_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
-) -> Tensor:
-    """``F.scaled_dot_product_attention`` with the kit's rule for fully masked query rows.
-
-    Fused kernels may return NaN for a query that may attend nothing. Such rows are let through
-    to every key inside the kernel (so it never sees an empty row) and zeroed afterwards, which
-    matches :func:`scaled_dot_product_attention`.
-    """
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
-    check_mask(mask, (*q.shape[:-1], k.shape[-2]))
-    row_ok = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~row_ok, dropout_p=dropout_p)
-    return out.masked_fill(~row_ok, 0.0)
-
-
 def attend(
     q: Tensor,
     k: Tensor,
@@ -280,7 +263,15 @@ def attend(
         if is_causal:
             mask = causal_mask(q.shape[-2], device=q.device)
         return scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
-    return _fused_attention(q, k, v, mask, dropout_p, is_causal), None
+    if mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        return out, None
+    # Fused kernels may return NaN for a query that may attend nothing (torch < 2.5 does): such
+    # rows see every key inside the kernel, so it never meets an empty row, and are zeroed after.
+    check_mask(mask, (*q.shape[:-1], k.shape[-2]))
+    row_ok = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~row_ok, dropout_p=dropout_p)
+    return out.masked_fill(~row_ok, 0.0), None
 
 
 @graded("03_multi_head_attention")
