@@ -4,9 +4,9 @@ Without a cache every new token re-runs the model over the whole prefix (cost ~ 
 sequence); with the cache each step feeds only the newest token and attends to the stored
 keys and values (cost ~ T). For a small model a step is then a few hundred tiny kernels, so its
 time is launch and Python overhead: the third candidate, ``compiled``, runs the kit's static
-decode step (``generate(..., compile=...)``: a preallocated cache, the same shapes at every
-step) through ``torch.compile`` -- on CUDA with ``mode="reduce-overhead"``, one CUDA-graph
-replay per token.
+decode step (``compile_decode_step``: a preallocated cache, the same shapes at every step, one
+step per batch size reused by every ``generate`` call) through ``torch.compile`` -- on CUDA with
+``mode="reduce-overhead"``, one CUDA-graph replay per token.
 
 The script times ``transformer_lab.generation.generate`` each way, alternating repetitions, at
 batch 1 and batch 8, and reports new tokens per second (batch times new tokens over wall time)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ):
         print("kit generate/GPT not available: nothing to measure")
         return {"benchmark": "generation", "rows": []}
-    from transformer_lab.generation import generate
+    from transformer_lab.generation import compile_decode_step, generate
     from transformer_lab.models import GPT, GPTConfig
 
     if a.smoke:
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cache": {"use_cache": True},
             "no_cache": {"use_cache": False},
         }
-        if options is not None:
-            kinds["compiled"] = {"use_cache": True, "compile": options}
+        if options is not None:  # one compiled step per batch size, reused by every call
+            kinds["compiled"] = {"decode_step": compile_decode_step(model, B, options)}
         # Greedy tokens first (this also compiles the static step for this batch size).
         greedy = {name: generate(model, idx, new, top_k=1, **kw) for name, kw in kinds.items()}
         same = all(torch.equal(g, greedy["no_cache"]) for g in greedy.values())

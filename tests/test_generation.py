@@ -11,6 +11,7 @@ from transformer_lab.generation import (
     DecodeStep,
     apply_temperature,
     beam_search,
+    compile_decode_step,
     generate,
     greedy_decode,
     top_k_filter,
@@ -272,14 +273,33 @@ def test_static_decode_step_equals_the_tracked_cache_eagerly() -> None:
     model = _gpt().double()
     idx = torch.randint(0, 11, (2, 3))
     step = DecodeStep(model, 2)
-    tracked = DecodeStep(model, 2)
-    a, b = step.prefill(idx), tracked.prefill(idx)
+    cache = model.new_kv_cache(2)
+    a, b = step.prefill(idx), model(idx, cache)[:, -1]
     for pos in range(3, 12):  # up to n_ctx
         torch.testing.assert_close(a, b)
         nxt = a.argmax(-1, keepdim=True)
         a = step(nxt, torch.tensor([pos]))
-        b = tracked(nxt)
+        b = model(nxt, cache)[:, -1]
     assert step.cache.k.shape[3] == 12  # preallocated once, never grown
+    # an eager DecodeStep passed to generate takes the static path and gives the same tokens
+    plain = generate(model, idx, 15, temperature=0.0, use_cache=False)
+    assert torch.equal(generate(model, idx, 15, temperature=0.0, decode_step=step), plain)
+
+
+def test_a_compiled_step_is_reused_across_generate_calls() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _gpt()
+    step = compile_decode_step(model, 2, {"backend": "aot_eager"})
+    for seed in range(3):
+        idx = torch.randint(0, 11, (2, 1 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = generate(model, idx, 10, temperature=0.0, use_cache=False)
+        assert torch.equal(generate(model, idx, 10, temperature=0.0, decode_step=step), plain)
+    assert counters["stats"]["unique_graphs"] == 1
+    with pytest.raises(ValueError, match="batch size 3 != KV cache batch size 2"):
+        generate(model, torch.zeros(3, 2, dtype=torch.long), 2, decode_step=step)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -36,6 +36,7 @@ __all__ = [
     "DecodeStep",
     "apply_temperature",
     "beam_search",
+    "compile_decode_step",
     "generate",
     "greedy_decode",
     "sample_next",
@@ -140,17 +141,16 @@ def sample_next(
 
 
 class DecodeStep(nn.Module):
-    """One generation step of a GPT with its KV cache: one new token per sequence.
+    """The static-shape generation step of a GPT: one token per sequence into a preallocated cache.
 
-    :meth:`prefill` runs the prompt once (any length) and stores its keys and values; each call
-    then feeds one token per sequence. Called with ``offset=None`` the cache counts positions and
-    attention reads only the stored prefix (the quickest eager path). Called with the position as
-    a one-element device tensor it is the *static* step: the token's keys/values are written into
-    the preallocated cache and attention reads all ``n_ctx`` slots under a mask, so no shape
-    depends on the position and the step compiles once. With
-    ``torch.compile(step, mode="reduce-overhead")`` on CUDA the whole step (every layer, a few
-    hundred kernels) becomes one CUDA-graph replay, which removes the per-token launch and Python
-    overhead that dominates small models. :func:`generate` builds one when ``use_cache=True``.
+    :meth:`prefill` runs the prompt once (any length) and stores its keys and values. Each call
+    then feeds one token per sequence at a position given as a one-element tensor on the
+    model's device: its keys/values are written into the cache and attention reads all
+    ``n_ctx`` slots under a mask, so no shape depends on the position and the step compiles
+    once. With ``torch.compile(mode="reduce-overhead")`` on CUDA the whole step (every layer, a
+    few hundred kernels) becomes one CUDA-graph replay, which removes the per-token launch and
+    Python overhead that dominates small models. Build a compiled one with
+    :func:`compile_decode_step` and reuse it across :func:`generate` calls.
 
     Args:
         model: a :class:`~transformer_lab.models.GPT` (``new_kv_cache`` and
@@ -168,14 +168,13 @@ class DecodeStep(nn.Module):
         self.cache.reset()
         return self.model(idx, self.cache)[:, -1]
 
-    def forward(self, token: Tensor, offset: Tensor | None = None) -> Tensor:
-        """Feed one token per sequence, right after the positions stored so far.
+    def forward(self, token: Tensor, offset: Tensor) -> Tensor:
+        """Feed one token per sequence.
 
         Args:
             token: ``(B, 1)`` token ids.
-            offset: None: the cache tracks the position. Or the static step: the position as a
-                one-element long tensor on the model's device (every earlier position must be
-                stored, by :meth:`prefill` and earlier steps).
+            offset: their position, a one-element long tensor on the model's device; every
+                earlier position must be stored (by :meth:`prefill` and earlier steps).
 
         Returns:
             Next-token logits ``(B, V)``.
@@ -183,17 +182,33 @@ class DecodeStep(nn.Module):
         return self.model(token, self.cache, offset=offset)[:, -1]
 
 
-def _compiled(step: DecodeStep, compile: bool | Mapping[str, Any]) -> Callable[..., Tensor]:
-    """``torch.compile`` the step: a CUDA graph on CUDA, or with the given options."""
-    if isinstance(compile, Mapping):
-        options = dict(compile)
+def compile_decode_step(
+    model: nn.Module, batch_size: int, options: bool | Mapping[str, Any] = True
+) -> DecodeStep:
+    """A :class:`DecodeStep` compiled with ``torch.compile`` (one graph, ``fullgraph=True``).
+
+    Compiling costs seconds (once per process and batch size); reuse the result across
+    :func:`generate` calls (``decode_step=``): on CUDA a new step's cache has new addresses, so
+    its CUDA graph would be recorded again.
+
+    Args:
+        model: the GPT.
+        batch_size: ``B``.
+        options: ``True``: ``mode="reduce-overhead"`` (CUDA graphs) on CUDA, the default mode
+            elsewhere; or ``torch.compile``'s options, e.g. ``{"backend": "aot_eager"}``.
+
+    Returns:
+        The compiled step (its ``prefill`` runs eagerly).
+    """
+    step = DecodeStep(model, batch_size)
+    if isinstance(options, Mapping):
+        kwargs = dict(options)
     else:
-        on_cuda = step.cache.k.is_cuda
-        options = {"mode": "reduce-overhead"} if on_cuda else {}
-    # The cache is updated in place at every step: its addresses must stay fixed in the graph.
+        kwargs = {"mode": "reduce-overhead"} if step.cache.k.is_cuda else {}
+    # The cache is written in place at every step: its addresses must stay fixed in the graph.
     torch._dynamo.mark_static_address(step.cache.k)
     torch._dynamo.mark_static_address(step.cache.v)
-    return torch.compile(step, fullgraph=True, **options)
+    return torch.compile(step, fullgraph=True, **kwargs)
 
 
 @torch.no_grad()
@@ -207,15 +222,17 @@ def generate(
     top_p: float | None = None,
     use_cache: bool = True,
     compile: bool | Mapping[str, Any] = False,
+    decode_step: DecodeStep | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Continue token sequences with a GPT.
 
     Without the cache, every step runs the model on the last ``n_ctx`` tokens. With it, the prompt
-    (its last ``n_ctx`` tokens) is run once and each step feeds only the new token through a
-    :class:`DecodeStep` (with ``compile``, its static-shape form, compiled). Once the cache holds
+    (its last ``n_ctx`` tokens) is run once and each step feeds only the new token: eagerly, the
+    cache counts positions and attention reads the stored prefix; with ``compile`` or a
+    ``decode_step``, through a compiled :class:`DecodeStep` (static shapes). Once the cache holds
     ``n_ctx`` positions, generation falls back to recomputing over the last ``n_ctx`` tokens,
-    exactly as the uncached path does, so both give the same tokens throughout.
+    exactly as the uncached path does, so every way gives the same tokens throughout.
 
     The model is used in its current mode: call ``model.eval()`` first to disable dropout.
 
@@ -228,10 +245,10 @@ def generate(
         top_k: keep the ``k`` most likely tokens (see :func:`top_k_filter`).
         top_p: nucleus mass (see :func:`top_p_filter`).
         use_cache: use a KV cache (for models that have ``new_kv_cache``).
-        compile: compile the decode step with ``torch.compile`` (with the cache only): ``True``
-            uses ``mode="reduce-overhead"`` (CUDA graphs) on CUDA and the default elsewhere;
-            a mapping gives the options itself, e.g. ``{"backend": "aot_eager"}``. Compiling
-            costs seconds once per process: worth it for long generations on a GPU.
+        compile: decode through a step that :func:`compile_decode_step` builds with these
+            options (``True`` or a mapping); worth it for long generations on a GPU.
+        decode_step: a step from :func:`compile_decode_step` (or a plain :class:`DecodeStep`)
+            for this model and batch size, to reuse across calls; overrides ``compile``.
         generator: random source for sampling, on the model's device.
 
     Returns:
@@ -251,14 +268,15 @@ def generate(
     n_ctx = model.config.n_ctx
     context = idx[:, -n_ctx:]  # (B, <=n_ctx)
     # Models without a cache (e.g. a plain reference GPT) simply recompute every step.
-    decode, offsets = None, None
-    if use_cache and hasattr(model, "new_kv_cache"):
-        step = DecodeStep(model, idx.shape[0])
-        logits = step.prefill(context)  # (B, V)
-        decode = step
-        if compile:  # the static step: positions stay on the device
-            decode = _compiled(step, compile)
-            offsets = torch.arange(n_ctx, device=idx.device)
+    cached = use_cache and hasattr(model, "new_kv_cache")
+    if cached and compile and decode_step is None:
+        decode_step = compile_decode_step(model, idx.shape[0], compile)
+    if decode_step is not None:  # static shapes: positions go in as device tensors
+        logits = decode_step.prefill(context)  # (B, V)
+        offsets = torch.arange(n_ctx, device=idx.device)
+    elif cached:  # eager: the cache counts positions
+        cache = model.new_kv_cache(idx.shape[0])
+        logits = model(context, cache)[:, -1]  # (B, V)
     else:
         logits = model(context)[:, -1]  # (B, V)
     pos = context.shape[1]  # position of the next token
@@ -269,10 +287,11 @@ def generate(
         idx = torch.cat([idx, nxt], dim=1)  # (B, T + i + 1)
         if i == max_new_tokens - 1:
             break
-        if decode is not None and pos < n_ctx:
-            logits = decode(nxt, None if offsets is None else offsets[pos : pos + 1])
-        else:  # no cache, or the cache is full: slide the window and recompute
-            decode = None
+        if decode_step is not None and pos < n_ctx:
+            logits = decode_step(nxt, offsets[pos : pos + 1])
+        elif cached and pos < n_ctx:
+            logits = model(nxt, cache)[:, -1]
+        else:  # no cache, or it is full: slide the window and recompute
             logits = model(idx[:, -n_ctx:])[:, -1]
         pos += 1
     return idx
