@@ -317,7 +317,7 @@ class LayerKVCache(NamedTuple):
         return self.k[:, :, : self.end], self.v[:, :, : self.end]
 
 
-class KVCache(nn.Module):
+class KVCache:
     """Keys and values of past positions for every layer, preallocated to the context length.
 
     Incremental decoding feeds only the new tokens; each layer stores their keys/values at their
@@ -331,8 +331,9 @@ class KVCache(nn.Module):
       query's position (unwritten ones included). No shape then depends on how much is stored,
       so a one-token step compiles once (on CUDA, into one CUDA graph).
 
-    The tensors are buffers: ``.to(device)`` moves them. ``length`` counts the positions stored
-    by calls that let the cache track positions (see ``GPT.forward``).
+    ``length`` counts the positions stored by calls that let the cache track positions (see
+    ``GPT.forward``). A plain object, not a module: it is built on the model's device and dtype
+    (``GPT.new_kv_cache``), and every attribute read stays a cheap one in per-token decoding.
 
     Args:
         n_layers: number of blocks ``L``.
@@ -343,10 +344,6 @@ class KVCache(nn.Module):
         dtype: dtype of the stored keys/values (the model's).
         device: device of the stored tensors.
     """
-
-    k: Tensor
-    v: Tensor
-    visible: Tensor
 
     def __init__(
         self,
@@ -359,12 +356,11 @@ class KVCache(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
         shape = (n_layers, batch_size, n_heads, n_ctx, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
         # Row p: the slots a query at position p may see, positions 0..p.
-        self.register_buffer("visible", causal_mask(n_ctx, device=device), persistent=False)
+        self.visible = causal_mask(n_ctx, device=device)  # (n_ctx, n_ctx)
         self.length = 0
 
     @property
