@@ -329,15 +329,14 @@ def test_mha_with_kv_cache_equals_full_causal_attention() -> None:
     cache = KVCache(1, 2, 2, 10, 4, dtype=F64)
     outs = []
     for start, end in ((0, 3), (3, 4), (4, 6)):  # a prompt, then chunks
-        positions = torch.arange(start, end)
         mask = cache.visible[start:end, :end]
         out, _ = mha(x[:, start:end], x[:, start:end], x[:, start:end], mask,
-                     kv_cache=cache.layer(0, positions, end))  # fmt: skip
+                     kv_cache=cache.layer(0, slice(start, end)))  # fmt: skip
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=1), full)
     # static shapes: all 10 slots under a mask, positions as a tensor
     static, _ = mha(x[:, 5:6], x[:, 5:6], x[:, 5:6], cache.visible[5:6],
-                    kv_cache=cache.layer(0, torch.tensor([5]), None))  # fmt: skip
+                    kv_cache=cache.layer(0, torch.tensor([5])))  # fmt: skip
     torch.testing.assert_close(static, full[:, 5:6])
 
 

@@ -299,22 +299,21 @@ class LayerKVCache(NamedTuple):
 
     k: Tensor  # (B, H, n_ctx, Dh): the layer's stored keys (a view into the cache)
     v: Tensor  # (B, H, n_ctx, Dh): the layer's stored values
-    positions: Tensor  # (T,): positions of the call's tokens, where their keys/values go
-    end: int | None  # positions stored after this call if known on the CPU, else None
+    positions: slice | Tensor  # where the call's T tokens go: a slice, or a (T,) device tensor
 
     def store(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys/values ``(B, H, T, Dh)`` at ``positions``.
 
         Returns:
-            The keys and values to attend to: the stored prefix ``(B, H, end, Dh)``, or all
-            ``n_ctx`` slots when ``end`` is None (static shapes; the caller's mask hides the
-            slots after each query's position).
+            The keys and values to attend to. Positions as a slice (known on the CPU): the
+            stored prefix ``(B, H, stop, Dh)``. As a tensor: all ``n_ctx`` slots (static shapes;
+            the caller's mask hides the slots after each query's position).
         """
-        self.k.index_copy_(2, self.positions, k)
-        self.v.index_copy_(2, self.positions, v)
-        if self.end is None:
-            return self.k, self.v
-        return self.k[:, :, : self.end], self.v[:, :, : self.end]
+        self.k[:, :, self.positions] = k
+        self.v[:, :, self.positions] = v
+        if isinstance(self.positions, slice):
+            return self.k[:, :, : self.positions.stop], self.v[:, :, : self.positions.stop]
+        return self.k, self.v
 
 
 class KVCache:
@@ -324,9 +323,9 @@ class KVCache:
     positions (:meth:`layer`, :meth:`LayerKVCache.store`) and its queries attend to the stored
     ones. Nothing is ever reallocated. A call can read the cache two ways:
 
-    * positions known on the CPU (``end`` given, as in eager generation): attend to the stored
-      prefix, positions ``0 .. end-1``; a single new token needs no mask at all;
-    * positions kept on the device (``end=None``, a compiled decode step): attend to all
+    * positions known on the CPU (a slice, as in eager generation): attend to the stored
+      prefix; a single new token needs no mask at all;
+    * positions kept on the device (a tensor, in a compiled decode step): attend to all
       ``n_ctx`` slots under the mask ``visible[positions]``, which hides the slots after each
       query's position (unwritten ones included). No shape then depends on how much is stored,
       so a one-token step compiles once (on CUDA, into one CUDA graph).
@@ -373,13 +372,13 @@ class KVCache:
         """Batch size the cache was built for."""
         return self.k.shape[1]
 
-    def layer(self, index: int, positions: Tensor, end: int | None) -> LayerKVCache:
-        """Layer ``index``'s storage, to receive the tokens at ``positions`` ``(T,)``.
+    def layer(self, index: int, positions: slice | Tensor) -> LayerKVCache:
+        """Layer ``index``'s storage, to receive the tokens at ``positions``.
 
-        ``end``: positions stored after the call, to attend to that prefix only; None to attend
-        to all slots (see the class docstring).
+        ``positions``: a slice ``start:end`` to attend to the prefix ``0..end-1`` afterwards, or
+        a ``(T,)`` tensor to attend to all slots (see the class docstring).
         """
-        return LayerKVCache(self.k[index], self.v[index], positions, end)
+        return LayerKVCache(self.k[index], self.v[index], positions)
 
     def reset(self) -> None:
         """Forget everything stored (the memory is reused; stale slots stay masked)."""

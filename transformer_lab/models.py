@@ -645,15 +645,15 @@ class GPT(nn.Module):
             start, end = kv_cache.length, kv_cache.length + T
             if end > n_ctx:
                 raise ValueError(f"{start} cached + T={T} new positions exceed n_ctx={n_ctx}")
-            positions = torch.arange(start, end, device=idx.device)  # (T,)
+            positions = slice(start, end)
             # One new token, the newest position, sees every stored key: no mask needed.
             mask = None if T == 1 else kv_cache.visible[start:end, :end]  # (T, end)
             kv_cache.length = end
         else:  # positions on the device: all n_ctx slots, the same shapes at every step
-            start, end = offset, None
+            start = offset
             positions = offset + torch.arange(T, device=idx.device)  # (T,)
             mask = kv_cache.visible[positions]  # (T, n_ctx): position p sees slots 0..p
         x = self.positions(self.tok_emb(idx), start)  # (B, T, D)
         for i, block in enumerate(self.blocks):
-            x = block(x, kv_cache.layer(i, positions, end), mask)
+            x = block(x, kv_cache.layer(i, positions), mask)
         return self.lm_head(self.ln_f(x))  # (B, T, V)
