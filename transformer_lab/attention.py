@@ -358,6 +358,10 @@ class KVCache:
         shape = (n_layers, batch_size, n_heads, n_ctx, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
+        # One view per layer, made once: a compiled step then writes into its own input tensors
+        # in place (writing through a view taken inside the graph costs a copy of the layer).
+        self.layer_k = [self.k[i] for i in range(n_layers)]  # L x (B, H, n_ctx, Dh)
+        self.layer_v = [self.v[i] for i in range(n_layers)]  # L x (B, H, n_ctx, Dh)
         # Row p: the slots a query at position p may see, positions 0..p.
         self.visible = causal_mask(n_ctx, device=device)  # (n_ctx, n_ctx)
         self.length = 0
@@ -378,7 +382,7 @@ class KVCache:
         ``positions``: a slice ``start:end`` to attend to the prefix ``0..end-1`` afterwards, or
         a ``(T,)`` tensor to attend to all slots (see the class docstring).
         """
-        return LayerKVCache(self.k[index], self.v[index], positions)
+        return LayerKVCache(self.layer_k[index], self.layer_v[index], positions)
 
     def reset(self) -> None:
         """Forget everything stored (the memory is reused; stale slots stay masked)."""

@@ -206,8 +206,8 @@ def compile_decode_step(
     else:
         kwargs = {"mode": "reduce-overhead"} if step.cache.k.is_cuda else {}
     # The cache is written in place at every step: its addresses must stay fixed in the graph.
-    torch._dynamo.mark_static_address(step.cache.k)
-    torch._dynamo.mark_static_address(step.cache.v)
+    for t in (*step.cache.layer_k, *step.cache.layer_v):
+        torch._dynamo.mark_static_address(t)
     return torch.compile(step, fullgraph=True, **kwargs)
 
 
