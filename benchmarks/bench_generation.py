@@ -1,11 +1,19 @@
-"""Item 5: generation speed of the kit's GPT with and without its KV cache.
+"""Item 5: generation speed of the kit's GPT without a KV cache, with it, and compiled.
 
 Without a cache every new token re-runs the model over the whole prefix (cost ~ T^2 per
 sequence); with the cache each step feeds only the newest token and attends to the stored
-keys and values (cost ~ T). The script times ``transformer_lab.generation.generate`` both ways,
-alternating repetitions, at batch 1 and batch 8, and reports new tokens per second (batch
-times new tokens over wall time) and the speed-up. Before timing it checks that greedy
-decoding gives the same tokens both ways.
+keys and values (cost ~ T). For a small model a step is then a few hundred tiny kernels, so its
+time is launch and Python overhead: the third candidate, ``compiled``, runs the kit's static
+decode step (``compile_decode_step``: a preallocated cache, the same shapes at every step, one
+step per batch size reused by every ``generate`` call) through ``torch.compile`` -- on CUDA with
+``mode="reduce-overhead"``, one CUDA-graph replay per token.
+
+The script times ``transformer_lab.generation.generate`` each way, alternating repetitions, at
+batch 1 and batch 8, and reports new tokens per second (batch times new tokens over wall time)
+and the speed-ups over no cache. Before timing it checks that greedy decoding gives the same
+tokens every way. Compilation (once per batch size: seconds on a GPU, about 25 s with inductor
+on a 2-core CPU) happens before timing. ``--compile auto`` compiles on CUDA only; ``--smoke``
+compiles with the ``eager`` backend (the static path and its capture, in seconds).
 
 Reference: Pope et al. 2022, "Efficiently Scaling Transformer Inference" (KV caching).
 """
@@ -34,8 +42,19 @@ COLUMNS = [
     "cache_tok_s",
     "no_cache_tok_s",
     "speedup",
+    "compiled_tok_s",
+    "compiled_speedup",
     "greedy_equal",
 ]
+
+
+def compile_options(choice: str, device: torch.device, smoke: bool) -> dict[str, Any] | None:
+    """``generate``'s ``compile`` argument for ``--compile`` (None: not measured)."""
+    if choice == "off" or (choice == "auto" and device.type != "cuda" and not smoke):
+        return None
+    if smoke and device.type != "cuda":
+        return {"backend": "eager"}  # the static step captured in one graph, no code generation
+    return {"mode": "reduce-overhead"} if device.type == "cuda" else {}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -44,6 +63,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batches", type=int, nargs="*", default=[1, 8])
     p.add_argument("--prompt", type=int, default=16, help="prompt length in tokens")
     p.add_argument("--new", type=int, default=None, help="new tokens per sequence")
+    p.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="also time the compiled static decode step: auto = on CUDA only (CUDA graphs); "
+        "on = also on the CPU (inductor: a long first compile)",
+    )
     a = p.parse_args(argv)
     device = setup(a)
     if not kit_available("generation", "generate") or not kit_available(
@@ -51,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ):
         print("kit generate/GPT not available: nothing to measure")
         return {"benchmark": "generation", "rows": []}
-    from transformer_lab.generation import generate
+    from transformer_lab.generation import compile_decode_step, generate
     from transformer_lab.models import GPT, GPTConfig
 
     if a.smoke:
@@ -66,48 +92,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompt_len = min(a.prompt, cfg.n_ctx - new)
     if prompt_len < 1:
         raise ValueError(f"--new={new} leaves no room for a prompt within n_ctx={cfg.n_ctx}")
+    options = compile_options(a.compile, device, a.smoke)
     torch.manual_seed(0)
     model = GPT(cfg).to(device).eval()
     rows: list[dict[str, Any]] = []
-    for B in a.batches:
-        idx = torch.randint(
-            cfg.vocab_size, (B, prompt_len), generator=torch.Generator().manual_seed(B)
-        )
-        idx = idx.to(device)
-        with torch.no_grad():
-            greedy_cached = generate(model, idx, new, top_k=1, use_cache=True)
-            greedy_plain = generate(model, idx, new, top_k=1, use_cache=False)
-        same = bool(torch.equal(greedy_cached, greedy_plain))
-
-        def run(cache: bool, idx: torch.Tensor = idx) -> None:
-            with torch.no_grad():
-                g = torch.Generator(device=device).manual_seed(0)
-                generate(model, idx, new, use_cache=cache, generator=g)
-
-        med = alternate(
-            {"cache": lambda run=run: run(True), "no_cache": lambda run=run: run(False)},
-            device,
-            repeats=repeats,
-            warmup=warmup,
-            clock=a.clock,
-        )
-        row = {
-            "batch": B,
-            "prompt": prompt_len,
-            "new_tokens": new,
-            "cache_tok_s": B * new / med["cache"],
-            "no_cache_tok_s": B * new / med["no_cache"],
-            "speedup": med["no_cache"] / med["cache"],
-            "greedy_equal": "yes" if same else "NO",
-        }
-        rows.append(row)
-        print(
-            f"B={B}: cache {row['cache_tok_s']:.0f} tok/s, "
-            f"no cache {row['no_cache_tok_s']:.0f} tok/s, speed-up {row['speedup']:.2f}x, "
-            f"greedy outputs equal: {row['greedy_equal']}",
-            flush=True,
-        )
-    print_table(rows, COLUMNS)
     dims = {
         "n_ctx": cfg.n_ctx,
         "d_model": cfg.d_model,
@@ -118,10 +106,57 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "generation",
         "machine": machine(device),
         "date": now(),
-        "settings": {**dims, "repeats": repeats, "smoke": a.smoke},
+        "settings": {**dims, "repeats": repeats, "smoke": a.smoke, "compile": options},
         "rows": rows,
     }
-    write_json(a.out, result)
+    for B in a.batches:
+        idx = torch.randint(
+            cfg.vocab_size, (B, prompt_len), generator=torch.Generator().manual_seed(B)
+        )
+        idx = idx.to(device)
+        kinds: dict[str, dict[str, Any]] = {
+            "cache": {"use_cache": True},
+            "no_cache": {"use_cache": False},
+        }
+        if options is not None:  # one compiled step per batch size, reused by every call
+            kinds["compiled"] = {"decode_step": compile_decode_step(model, B, options)}
+        # Greedy tokens first (this also compiles the static step for this batch size).
+        greedy = {name: generate(model, idx, new, top_k=1, **kw) for name, kw in kinds.items()}
+        same = all(torch.equal(g, greedy["no_cache"]) for g in greedy.values())
+
+        def run(kw: dict[str, Any], idx: torch.Tensor = idx) -> None:
+            g = torch.Generator(device=device).manual_seed(0)
+            generate(model, idx, new, generator=g, **kw)
+
+        med = alternate(
+            {name: lambda kw=kw, run=run: run(kw) for name, kw in kinds.items()},
+            device,
+            repeats=repeats,
+            warmup=warmup,
+            clock=a.clock,
+        )
+        compiled = med.get("compiled")
+        row = {
+            "batch": B,
+            "prompt": prompt_len,
+            "new_tokens": new,
+            "cache_tok_s": B * new / med["cache"],
+            "no_cache_tok_s": B * new / med["no_cache"],
+            "speedup": med["no_cache"] / med["cache"],
+            "compiled_tok_s": "n/a" if compiled is None else B * new / compiled,
+            "compiled_speedup": "n/a" if compiled is None else med["no_cache"] / compiled,
+            "greedy_equal": "yes" if same else "NO",
+        }
+        rows.append(row)
+        line = (
+            f"B={B}: cache {row['cache_tok_s']:.0f} tok/s, "
+            f"no cache {row['no_cache_tok_s']:.0f} tok/s, speed-up {row['speedup']:.2f}x"
+        )
+        if compiled is not None:
+            line += f", compiled {row['compiled_tok_s']:.0f} tok/s ({row['compiled_speedup']:.2f}x)"
+        print(f"{line}, greedy outputs equal: {row['greedy_equal']}", flush=True)
+        write_json(a.out, result)  # each batch's row as soon as it exists
+    print_table(rows, COLUMNS)
     return result
 
 

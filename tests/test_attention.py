@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_lab.attention import (
+    KVCache,
     MultiHeadAttention,
-    fast_attention,
+    attend,
     load_torch_weights,
     merge_heads,
     scaled_dot_product_attention,
@@ -96,7 +97,7 @@ def test_sdpa_any_leading_dims_with_mask_matches_torch(leading: tuple[int, ...])
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, ref)
     assert (w[..., ~mask] == 0).all()
-    torch.testing.assert_close(fast_attention(q, k, v, mask), ref)
+    torch.testing.assert_close(attend(q, k, v, mask, need_weights=False)[0], ref)
 
 
 def test_sdpa_gradcheck_float64() -> None:
@@ -237,3 +238,133 @@ def test_mha_is_causal_equals_explicit_causal_mask(need_weights: bool) -> None:
         mha(x, x, x, mask=causal_mask(5), is_causal=True)
     with pytest.raises(ValueError, match=r"T=5, S=3"):
         mha(x, x[:, :3], x[:, :3], is_causal=True)
+
+
+# ----------------------------------------------------------------------------- one core
+
+
+class _CountMatmuls(torch.overrides.TorchFunctionMode):
+    """Counts the matrix products a computation performs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_attend_weights_and_fused_paths_agree() -> None:
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=F64) for _ in range(3))
+    mask = torch.rand(5, 5) > 0.4
+    mask[:, 0] = True
+    out, w = attend(q, k, v, mask)
+    assert w is not None and w.shape == (2, 3, 5, 5)
+    fused, none = attend(q, k, v, mask, need_weights=False)
+    assert none is None
+    torch.testing.assert_close(fused, out)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, ref)
+    # is_causal without a mask equals the causal mask, on both paths
+    causal_out, causal_w = attend(q, k, v, is_causal=True)
+    torch.testing.assert_close(causal_out, attend(q, k, v, causal_mask(5))[0])
+    assert causal_w is not None and (causal_w[..., ~causal_mask(5)] == 0).all()
+    torch.testing.assert_close(attend(q, k, v, need_weights=False, is_causal=True)[0], causal_out)
+
+
+def test_mha_dropout_output_is_computed_once_from_the_returned_weights() -> None:
+    """With dropout, the output is dropout(weights) @ v in one pass (two matmuls, not three)."""
+    mha = MultiHeadAttention(8, 2, dropout=0.5).double().train()
+    x = torch.randn(2, 5, 8, dtype=F64)
+    torch.manual_seed(3)
+    with _CountMatmuls() as counter:
+        out, w = mha(x, x, x)
+    assert counter.count == 2  # scores and weights @ values
+    # the same dropout mask, drawn from the same seed, reproduces the output
+    q = split_heads(mha.q_proj(x), 2)
+    v = split_heads(mha.v_proj(x), 2)
+    torch.manual_seed(3)
+    expected = mha.out_proj(merge_heads(F.dropout(w, p=0.5) @ v))
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 5, dtype=F64))  # before dropout
+    assert q.shape == (2, 2, 5, 4)
+
+
+def test_mha_matches_torch_with_distinct_key_and_value() -> None:
+    ours, theirs = _pair()
+    q = torch.randn(2, 4, 8, dtype=F64)
+    key = torch.randn(2, 6, 8, dtype=F64)
+    value = torch.randn(2, 6, 8, dtype=F64)
+    pad = padding_mask([6, 2], 6)
+    for need_weights in (True, False):
+        out, w = ours(q, key, value, mask=pad[:, None, None, :], need_weights=need_weights)
+        ref, ref_w = theirs(q, key, value, key_padding_mask=~pad, average_attn_weights=False)
+        torch.testing.assert_close(out, ref)
+        if need_weights:
+            torch.testing.assert_close(w, ref_w)
+    # swapping key and value changes the result: both are really used
+    assert not torch.allclose(ours(q, value, key)[0], ours(q, key, value)[0])
+
+
+def test_mha_matches_bare_sdpa_with_copied_weights() -> None:
+    mha = MultiHeadAttention(12, 3).double()
+    x = torch.randn(2, 7, 12, dtype=F64)
+    B, T, D, H = 2, 7, 12, 3
+    q = F.linear(x, mha.q_proj.weight, mha.q_proj.bias).view(B, T, H, D // H).transpose(1, 2)
+    k = F.linear(x, mha.k_proj.weight, mha.k_proj.bias).view(B, T, H, D // H).transpose(1, 2)
+    v = F.linear(x, mha.v_proj.weight, mha.v_proj.bias).view(B, T, H, D // H).transpose(1, 2)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Dh)
+    ref = F.linear(a.transpose(1, 2).reshape(B, T, D), mha.out_proj.weight, mha.out_proj.bias)
+    for need_weights in (True, False):
+        out, _ = mha(x, x, x, need_weights=need_weights, is_causal=True)
+        torch.testing.assert_close(out, ref)
+
+
+def test_mha_with_kv_cache_equals_full_causal_attention() -> None:
+    mha = MultiHeadAttention(8, 2).double().eval()
+    x = torch.randn(2, 6, 8, dtype=F64)
+    full, _ = mha(x, x, x, is_causal=True)
+    cache = KVCache(1, 2, 2, 10, 4, dtype=F64)
+    outs = []
+    for start, end in ((0, 3), (3, 4), (4, 6)):  # a prompt, then chunks
+        mask = cache.visible[start:end, :end]
+        out, _ = mha(x[:, start:end], x[:, start:end], x[:, start:end], mask,
+                     kv_cache=cache.layer(0, slice(start, end)))  # fmt: skip
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=1), full)
+    # static shapes: all 10 slots under a mask, positions as a tensor
+    static, _ = mha(x[:, 5:6], x[:, 5:6], x[:, 5:6], cache.visible[5:6],
+                    kv_cache=cache.layer(0, torch.tensor([5])))  # fmt: skip
+    torch.testing.assert_close(static, full[:, 5:6])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_attend_fully_masked_rows_are_zero_in_every_dtype(
+    dtype: torch.dtype, need_weights: bool
+) -> None:
+    q = (torch.randn(2, 2, 3, 4) * 30).to(dtype)
+    k = (torch.randn(2, 2, 5, 4) * 30).to(dtype)
+    v = torch.randn(2, 2, 5, 4).to(dtype)
+    mask = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    mask[0, :, 1] = False  # batch 0, query 1 sees nothing
+    mask[1] = False  # batch 1: an empty sequence
+    out, w = attend(q, k, v, mask, need_weights=need_weights)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    assert (out[0, :, 1] == 0).all() and (out[1] == 0).all()
+    if need_weights:
+        assert w is not None and torch.isfinite(w).all() and (w[1] == 0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (its fused kernels)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fully_masked_rows_are_zero_on_cuda(dtype: torch.dtype) -> None:
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", dtype=dtype) for _ in range(3))
+    mask = padding_mask([64, 0], 64).cuda()[:, None, None, :]  # sequence 1 is empty
+    for need_weights in (True, False):
+        out, _ = attend(q, k, v, mask, need_weights=need_weights)
+        assert torch.isfinite(out).all() and (out[1] == 0).all()
+        ref = F.scaled_dot_product_attention(q[:1], k[:1], v[:1])
+        torch.testing.assert_close(out[:1], ref, atol=2e-2, rtol=2e-2)

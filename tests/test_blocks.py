@@ -154,3 +154,67 @@ def test_pre_norm_keeps_residual_stream() -> None:
     x = torch.randn(2, 3, D) * 3 + 1
     torch.testing.assert_close(pre(x), x)
     assert not torch.allclose(post(x), x)
+
+
+@pytest.mark.parametrize("cls", [EncoderBlock, DecoderBlock])
+def test_each_block_lists_its_layers_in_its_own_init(cls: type) -> None:
+    assert "__init__" in vars(cls), f"{cls.__name__} must define its own __init__"
+    assert cls.__bases__ == (nn.Module,)
+
+
+def test_block_state_dicts_keep_torch_layer_names() -> None:
+    enc = [k for k in EncoderBlock(D, H, FF).state_dict() if not k.endswith("bias")]
+    assert enc == [
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.out_proj.weight",
+        "ff.linear1.weight",
+        "ff.linear2.weight",
+        "norm1.weight",
+        "norm2.weight",
+    ]
+    dec = [k.split(".")[0] for k in DecoderBlock(D, H, FF).state_dict()]
+    assert list(dict.fromkeys(dec)) == ["self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3"]
+
+
+def test_decoder_block_is_marked_graded_by_lab_06() -> None:
+    from transformer_lab.graded import GRADED
+
+    assert GRADED["transformer_lab.blocks.DecoderBlock"] == "06_decoder_training"
+    assert GRADED["transformer_lab.blocks.EncoderBlock"] == "04_transformer_block"
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_blocks_match_torch_in_train_and_eval_mode(norm_first: bool, mode: str) -> None:
+    """In eval mode under no_grad torch's encoder layer takes its fused inference path."""
+    x = torch.randn(3, 5, D, dtype=F64)
+    memory = torch.randn(3, 7, D, dtype=F64)
+    pad = padding_mask([5, 3, 1], 5)
+    src_pad = padding_mask([7, 4, 2], 7)
+    ours, theirs = _encoder_pair(norm_first)
+    dec_theirs = nn.TransformerDecoderLayer(
+        D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first
+    ).double()
+    dec_ours = DecoderBlock(D, H, FF, norm_first=norm_first).double()
+    load_torch_decoder_layer(dec_ours, dec_theirs)
+    for module in (ours, theirs, dec_ours, dec_theirs):
+        module.train(mode == "train")
+    causal = causal_mask(5)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(x, mask=pad[:, None, None, :]), theirs(x, src_key_padding_mask=~pad)
+        )
+        out = dec_ours(
+            x, memory, self_mask=combine_masks(pad, causal), memory_mask=src_pad[:, None, None, :]
+        )
+        ref = dec_theirs(
+            x,
+            memory,
+            tgt_mask=~causal,
+            tgt_key_padding_mask=~pad,
+            memory_key_padding_mask=~src_pad,
+        )
+    # padded query rows are not compared: torch's fast path may leave them at any value
+    torch.testing.assert_close(out[pad], ref[pad])

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from transformer_lab.generation import (
+    DecodeStep,
     apply_temperature,
     beam_search,
+    compile_decode_step,
     generate,
     greedy_decode,
     top_k_filter,
@@ -262,3 +264,98 @@ def test_exhaustive_helper_is_consistent() -> None:
     seq, score = _exhaustive_best(step_fn, 2, 0, 1, 3)
     total = sum(float(step_fn(seq[:i])[seq[i]]) for i in range(1, len(seq)))
     assert score == pytest.approx(total)
+
+
+# ----------------------------------------------------------------------------- static decode step
+
+
+def test_static_decode_step_equals_the_tracked_cache_eagerly() -> None:
+    model = _gpt().double()
+    idx = torch.randint(0, 11, (2, 3))
+    step = DecodeStep(model, 2)
+    cache = model.new_kv_cache(2)
+    a, b = step.prefill(idx), model(idx, cache)[:, -1]
+    for pos in range(3, 12):  # up to n_ctx
+        torch.testing.assert_close(a, b)
+        nxt = a.argmax(-1, keepdim=True)
+        a = step(nxt, torch.tensor([pos]))
+        b = model(nxt, cache)[:, -1]
+    assert step.cache.k.shape[3] == 12  # preallocated once, never grown
+    # an eager DecodeStep passed to generate takes the static path and gives the same tokens
+    plain = generate(model, idx, 15, temperature=0.0, use_cache=False)
+    assert torch.equal(generate(model, idx, 15, temperature=0.0, decode_step=step), plain)
+
+
+def test_a_compiled_step_is_reused_across_generate_calls() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _gpt()
+    step = compile_decode_step(model, 2, {"backend": "aot_eager"})
+    for seed in range(3):
+        idx = torch.randint(0, 11, (2, 1 + seed), generator=torch.Generator().manual_seed(seed))
+        plain = generate(model, idx, 10, temperature=0.0, use_cache=False)
+        assert torch.equal(generate(model, idx, 10, temperature=0.0, decode_step=step), plain)
+    assert counters["stats"]["unique_graphs"] == 1
+    with pytest.raises(ValueError, match="batch size 3 != KV cache batch size 2"):
+        generate(model, torch.zeros(3, 2, dtype=torch.long), 2, decode_step=step)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("new_tokens", [6, 20])  # 20 runs past n_ctx: the fallback follows
+def test_compiled_generation_gives_the_uncached_greedy_tokens(
+    backend: str, new_tokens: int
+) -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _gpt()
+    idx = torch.randint(0, 11, (3, 4))
+    plain = generate(model, idx, new_tokens, temperature=0.0, use_cache=False)
+    for _ in range(2):  # a second call reuses the graph
+        compiled = generate(model, idx, new_tokens, temperature=0.0, compile={"backend": backend})
+        assert torch.equal(compiled, plain)
+    assert counters["stats"]["unique_graphs"] == 1  # static shapes: one graph, no recompiles
+
+
+def test_compiled_sampling_equals_eager_sampling() -> None:
+    torch._dynamo.reset()
+    model = _gpt()
+    idx = torch.randint(0, 11, (2, 3))
+    runs = [
+        generate(
+            model,
+            idx,
+            8,
+            temperature=1.3,
+            top_k=5,
+            compile=options,
+            generator=torch.Generator().manual_seed(7),
+        )
+        for options in (False, {"backend": "aot_eager"})
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.slow
+def test_inductor_compiled_generation_gives_the_same_tokens() -> None:
+    """A real code-generating compile (inductor), as on a GPU but for the CPU: ~15 s."""
+    torch._dynamo.reset()
+    model = _gpt()
+    idx = torch.randint(0, 11, (2, 4))
+    plain = generate(model, idx, 10, temperature=0.0, use_cache=False)
+    assert torch.equal(generate(model, idx, 10, temperature=0.0, compile=True), plain)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA graphs)")
+def test_cuda_graph_generation_gives_the_uncached_greedy_tokens() -> None:
+    """On CUDA, compile=True means mode="reduce-overhead": the decode step is a CUDA graph."""
+    torch._dynamo.reset()
+    model = _gpt().cuda()
+    idx = torch.randint(0, 11, (3, 4), device="cuda")
+    plain = generate(model, idx, 20, temperature=0.0, use_cache=False)  # past n_ctx too
+    for _ in range(2):
+        assert torch.equal(generate(model, idx, 20, temperature=0.0, compile=True), plain)
+    assert torch.equal(generate(model, idx, 20, temperature=0.0), plain)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from transformer_lab.attention import MultiHeadAttention, fast_attention
+from transformer_lab.attention import MultiHeadAttention, attend, masked_attention
 from transformer_lab.masks import (
     causal_mask,
     check_mask,
     combine_masks,
     depends_on_future,
-    masked_attention,
     padding_mask,
 )
 
@@ -57,7 +59,7 @@ def test_check_mask_errors_name_shapes_and_dtype() -> None:
     assert check_mask(ok, (2, 4, 3, 3)) is ok
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_fully_masked_row_gives_zero_not_nan(dtype: torch.dtype) -> None:
     q = (torch.randn(2, 3, 4) * 30).to(dtype)
     k = (torch.randn(2, 5, 4) * 30).to(dtype)
@@ -70,7 +72,7 @@ def test_fully_masked_row_gives_zero_not_nan(dtype: torch.dtype) -> None:
     assert (w[:, 1] == 0).all() and (out[:, 1] == 0).all()
     torch.testing.assert_close(w[:, [0, 2]].sum(-1).float(), torch.ones(2, 2), atol=1e-3, rtol=1e-3)
     assert (w[:, 2, 3:] == 0).all()
-    fast = fast_attention(q, k, v, mask)
+    fast, _ = attend(q, k, v, mask, need_weights=False)  # the fused kernel, same rule
     assert not torch.isnan(fast).any()
     assert (fast[:, 1] == 0).all()
     torch.testing.assert_close(fast.float(), out.float(), atol=2e-2, rtol=2e-2)
@@ -110,3 +112,33 @@ def test_depends_on_future_with_tokens() -> None:
     tokens = torch.randint(0, 7, (2, 5))
     assert not depends_on_future(lambda t: emb(t).cumsum(1), tokens, vocab_size=7)
     assert depends_on_future(lambda t: emb(t).sum(1, keepdim=True).expand(-1, 5, -1), tokens)
+
+
+def test_masked_attention_needs_a_mask_and_equals_scaled_dot_product_attention() -> None:
+    from transformer_lab.attention import scaled_dot_product_attention
+
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+    mask = torch.rand(3, 5) > 0.5
+    out, w = masked_attention(q, k, v, mask)
+    ref_out, ref_w = scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(w, ref_w)
+    with pytest.raises(ValueError, match="needs a mask"):
+        masked_attention(q, k, v, None)  # type: ignore[arg-type]
+
+
+def test_masks_module_does_not_import_attention() -> None:
+    """masks sits below attention: importing it alone must not load the attention module."""
+    code = (
+        "import sys, transformer_lab.masks; "
+        "assert 'transformer_lab.attention' not in sys.modules, sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_lab05_functions_are_marked_graded() -> None:
+    from transformer_lab.graded import GRADED
+
+    for name in ("causal_mask", "padding_mask", "combine_masks", "depends_on_future"):
+        assert GRADED[f"transformer_lab.masks.{name}"] == "05_masking"
+    assert GRADED["transformer_lab.attention.masked_attention"] == "05_masking"

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from transformer_lab.attention import MultiHeadAttention
+from transformer_lab.blocks import load_torch_decoder_layer, load_torch_encoder_layer
 from transformer_lab.masks import depends_on_future, padding_mask
 from transformer_lab.models import (
     GPT,
     GPT_PRESETS,
+    CausalSelfAttention,
+    Encoder,
     EncoderClassifier,
     EncoderConfig,
     GPTConfig,
     Seq2SeqConfig,
     Seq2SeqTransformer,
 )
+from transformer_lab.positional import LearnedPositionalEncoding
 from transformer_lab.scale import gpt_param_count
 
 # ----------------------------------------------------------------------------- configs
@@ -245,7 +253,7 @@ def test_gpt_weight_tying_and_init() -> None:
     model = GPT(GPTConfig(vocab_size=50, n_ctx=32, d_model=64, n_layers=4, n_heads=4))
     assert model.lm_head.weight is model.tok_emb.weight
     assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
-    proj = model.blocks[0].attn.proj.weight
+    proj = model.blocks[0].attn.out_proj.weight
     assert proj.std().item() == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.1)
     untied = GPT(GPTConfig(vocab_size=50, n_ctx=32, d_model=64, tie_weights=False))
     assert untied.lm_head.weight is not untied.tok_emb.weight
@@ -294,3 +302,194 @@ def test_encoder_needs_positions_to_learn_reversal() -> None:
         accuracy[kind] = (model(tokens).argmax(-1) == targets).float().mean().item()
     assert accuracy["sinusoidal"] > 0.95
     assert accuracy["none"] < 0.5  # the best fixed token-to-token map scores about 1/3
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def _sinusoids(T: int, D: int) -> torch.Tensor:
+    """The paper's table written out entry by entry (independent of transformer_lab)."""
+    pe = torch.zeros(T, D, dtype=torch.float64)
+    for p in range(T):
+        for i in range(0, D, 2):
+            pe[p, i] = math.sin(p / 10000 ** (i / D))
+            pe[p, i + 1] = math.cos(p / 10000 ** (i / D))
+    return pe
+
+
+def test_token_embedding_is_scaled_by_sqrt_d_model() -> None:
+    """Embeddings start at N(0, 1/D) and are multiplied by sqrt(D): unit scale, like the
+    sinusoids they are added to."""
+    model = _encoder(positional="none").double()
+    embed = model.encoder.embed
+    tokens = torch.arange(11)[None]
+    D = 16
+    torch.testing.assert_close(embed(tokens)[0], embed.embedding.weight * math.sqrt(D))
+    big = EncoderClassifier(EncoderConfig(vocab_size=500, d_model=256, n_heads=4))
+    std = big.encoder.embed(torch.arange(500)[None]).std().item()
+    assert 0.9 < std < 1.1, f"embedded tokens have std {std:.3f}, expected about 1"
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_matches_a_torch_reference(norm_first: bool) -> None:
+    """Embedding * sqrt(D) + sinusoids, then torch's own encoder layers with copied weights."""
+    config = EncoderConfig(vocab_size=11, max_len=12, d_model=16, n_heads=2, norm_first=norm_first)
+    model = Encoder(config).double().eval()
+    layers = []
+    for block in model.blocks:
+        layer = nn.TransformerEncoderLayer(
+            16, 2, 64, dropout=0.0, batch_first=True, norm_first=norm_first
+        ).double()
+        load_torch_encoder_layer(block, layer)
+        layers.append(layer.eval())
+    tokens = torch.randint(0, 11, (2, 7))
+    pad = padding_mask([7, 4], 7)
+    x = F.embedding(tokens, model.embed.embedding.weight) * math.sqrt(16) + _sinusoids(7, 16)
+    for layer in layers:
+        x = layer(x, src_key_padding_mask=~pad)
+    if norm_first:
+        x = F.layer_norm(x, (16,), model.final_norm.weight, model.final_norm.bias)
+    torch.testing.assert_close(model(tokens, pad)[pad], x[pad])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_seq2seq_matches_a_torch_reference(norm_first: bool) -> None:
+    model = _seq2seq(norm_first).double()
+    dec_layers = []
+    for block in model.decoder_blocks:
+        layer = nn.TransformerDecoderLayer(
+            16, 2, 64, dropout=0.0, batch_first=True, norm_first=norm_first
+        ).double()
+        load_torch_decoder_layer(block, layer)
+        dec_layers.append(layer)
+    src = torch.randint(3, 9, (2, 6))
+    tgt = torch.randint(3, 8, (2, 5))
+    src_pad, tgt_pad = padding_mask([6, 4], 6), padding_mask([5, 3], 5)
+    memory = model.encode(src, src_pad)
+    torch.testing.assert_close(memory, model.encoder(src, src_pad))
+    x = F.embedding(tgt, model.tgt_embed.embedding.weight) * math.sqrt(16) + _sinusoids(5, 16)
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)  # torch: True = may NOT attend
+    for layer in dec_layers:
+        x = layer(
+            x,
+            memory,
+            tgt_mask=future,
+            tgt_key_padding_mask=~tgt_pad,
+            memory_key_padding_mask=~src_pad,
+        )
+    if norm_first:
+        x = F.layer_norm(x, (16,), model.decoder_norm.weight, model.decoder_norm.bias)
+    ref = model.output(x)
+    torch.testing.assert_close(model(src, tgt, src_pad, tgt_pad)[tgt_pad], ref[tgt_pad])
+
+
+def test_seq2seq_holds_an_encoder_and_takes_student_blocks() -> None:
+    model = _seq2seq()
+    assert isinstance(model.encoder, Encoder)
+    assert not any(name.startswith(("src_", "encoder_")) for name, _ in model.named_children())
+    calls: list[tuple] = []
+
+    class Recorder(nn.Module):
+        def forward(self, x, memory, self_mask=None, memory_mask=None):
+            calls.append((tuple(self_mask.shape), tuple(memory_mask.shape), memory.shape[1]))
+            return x
+
+    config = model.config
+    student = Seq2SeqTransformer(config, decoder_blocks=[Recorder(), Recorder()])
+    src, tgt = torch.randint(3, 9, (2, 6)), torch.randint(3, 8, (2, 5))
+    assert student(src, tgt, padding_mask([6, 4], 6)).shape == (2, 5, 8)
+    assert calls == [((1, 1, 5, 5), (2, 1, 1, 6), 6)] * 2
+
+
+@torch.no_grad()
+def _torch_gpt_layer(block: nn.Module, bias: bool) -> nn.TransformerEncoderLayer:
+    """torch's pre-norm encoder layer (GELU) carrying a GPT block's weights."""
+    D = block.attn.d_model
+    layer = nn.TransformerEncoderLayer(
+        D,
+        block.attn.n_heads,
+        4 * D,
+        dropout=0.0,
+        activation="gelu",
+        batch_first=True,
+        norm_first=True,
+        bias=bias,
+    ).double()
+    attn = block.attn
+    layer.self_attn.in_proj_weight.copy_(attn.qkv_proj.weight)  # both (3D, D), rows q, k, v
+    layer.self_attn.out_proj.weight.copy_(attn.out_proj.weight)
+    pairs = [(layer.linear1, block.mlp.linear1), (layer.linear2, block.mlp.linear2)]
+    pairs += [(layer.norm1, block.ln1), (layer.norm2, block.ln2)]
+    for theirs, ours in pairs:
+        theirs.weight.copy_(ours.weight)
+    if bias:
+        layer.self_attn.in_proj_bias.copy_(attn.qkv_proj.bias)
+        layer.self_attn.out_proj.bias.copy_(attn.out_proj.bias)
+        for theirs, ours in pairs:
+            theirs.bias.copy_(ours.bias)
+    return layer
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_matches_a_torch_reference(bias: bool) -> None:
+    """Token + position embeddings, torch's pre-norm layers under a causal mask, final norm,
+    tied output: the GPT-2 layout rebuilt from torch's own modules with copied weights."""
+    model = _gpt(bias=bias).double()
+    assert isinstance(model.positions, LearnedPositionalEncoding)
+    layers = [_torch_gpt_layer(block, bias) for block in model.blocks]
+    idx = torch.randint(0, 13, (2, 9))
+    x = F.embedding(idx, model.tok_emb.weight) + model.positions.embedding.weight[:9]
+    future = nn.Transformer.generate_square_subsequent_mask(9, dtype=torch.float64)
+    for layer in layers:
+        x = layer(x, src_mask=future)
+    ln_bias = model.ln_f.bias if bias else None
+    ref = F.layer_norm(x, (16,), model.ln_f.weight, ln_bias) @ model.tok_emb.weight.T
+    torch.testing.assert_close(model(idx), ref)
+
+
+def test_gpt_static_cache_path_equals_tracked_path_and_full_forward() -> None:
+    model = _gpt().double()
+    idx = torch.randint(0, 13, (2, 12))
+    full = model(idx)
+    cache = model.new_kv_cache(2)
+    prompt = model(idx[:, :4], cache)
+    steps = [model(idx[:, t : t + 1], cache, offset=torch.tensor([t])) for t in range(4, 12)]
+    assert cache.length == 4  # positions on the device: the cache does not count them
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=1), full)
+    with pytest.raises(ValueError, match="pass kv_cache too"):
+        model(idx, offset=torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"batch size 1 != KV cache batch size 2"):
+        model(idx[:1, :1], cache)
+
+
+def test_gpt_state_dict_layout() -> None:
+    names = list(_gpt().state_dict())
+    assert names[:2] == ["tok_emb.weight", "positions.embedding.weight"]
+    assert "blocks.0.attn.qkv_proj.weight" in names and "blocks.1.mlp.linear2.bias" in names
+    assert not any("q_proj" in n or "pos_emb" in n for n in names)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_gpt_attention_is_multi_head_attention_with_a_fused_projection(need_weights: bool) -> None:
+    fused = CausalSelfAttention(12, 3).double().eval()
+    plain = MultiHeadAttention(12, 3).double().eval()
+    assert isinstance(fused, MultiHeadAttention)
+    assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in plain.parameters())
+    with torch.no_grad():  # the stacked rows are the query, key and value projections
+        for lin, w, b in zip(
+            (plain.q_proj, plain.k_proj, plain.v_proj),
+            fused.qkv_proj.weight.split(12),
+            fused.qkv_proj.bias.split(12),
+            strict=True,
+        ):
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+        plain.out_proj.load_state_dict(fused.out_proj.state_dict())
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    out, w = fused(x, x, x, need_weights=need_weights, is_causal=True)
+    ref, ref_w = plain(x, x, x, need_weights=need_weights, is_causal=True)
+    torch.testing.assert_close(out, ref)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w)
+    with pytest.raises(ValueError, match="self-attention"):
+        fused(x, x.clone(), x)

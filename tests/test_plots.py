@@ -113,3 +113,14 @@ def test_collect_attention_from_an_encoder_respects_padding() -> None:
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     fig = plot_attention_maps(maps, query_tokens=[str(int(t)) for t in tokens[0]])
     assert len([ax for ax in fig.axes if ax.get_images()]) == 4
+
+
+def test_collect_attention_from_a_gpt_is_causal() -> None:
+    from transformer_lab.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=7, n_ctx=8, d_model=8, n_layers=2, n_heads=2)).eval()
+    maps = collect_attention(model, torch.randint(0, 7, (1, 5)))
+    assert len(maps) == 2 and maps[0].shape == (1, 2, 5, 5)
+    for w in maps:
+        assert (w.triu(1) == 0).all()  # no weight on future tokens
+        torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 5))

@@ -96,3 +96,13 @@ def test_learned_module_uses_position_vectors_and_trains() -> None:
     assert learned.embedding.weight.grad is not None
     assert learned.embedding.weight.grad[:3].abs().sum() > 0
     assert learned.embedding.weight.grad[3:].abs().sum() == 0
+
+
+def test_learned_module_takes_a_device_offset_for_compiled_decoding() -> None:
+    learned = LearnedPositionalEncoding(d_model=4, max_len=6)
+    x = torch.randn(2, 1, 4)
+    for p in range(6):
+        torch.testing.assert_close(learned(x, offset=torch.tensor([p])), learned(x, offset=p))
+    torch.testing.assert_close(
+        learned(x, offset=torch.tensor([3]))[0, 0], x[0, 0] + learned.embedding.weight[3]
+    )

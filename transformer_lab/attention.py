@@ -1,11 +1,18 @@
-"""Attention, from one token's loop to batched multi-head attention.
+"""Attention, from one token's loop to batched multi-head attention with a KV cache.
 
 The lecture builds self-attention in three steps, and this module keeps all three so the maths
 stays visible beside the fast code: a loop over tokens (:func:`self_attention_loop`), the same
 computation as matrix products (:func:`self_attention_matrix`), and batched scaled dot-product
-attention over any leading dims (:func:`scaled_dot_product_attention`). :class:`MultiHeadAttention`
-projects, splits heads, attends and merges; with ``need_weights=False`` it takes the fused path
-through ``torch.nn.functional.scaled_dot_product_attention``.
+attention over any leading dims (:func:`scaled_dot_product_attention`, which returns the weights).
+
+Every module of the kit attends through one function, :func:`attend`: with ``need_weights=True``
+it is :func:`scaled_dot_product_attention` (the maths as written, weights returned); without, it
+is PyTorch's fused ``F.scaled_dot_product_attention`` under the same masking rules, which never
+materialises the ``(T, S)`` weights. :func:`masked_attention` is lab 05's name for attention under
+a mask that must be given. :class:`MultiHeadAttention` projects, splits heads, attends and merges;
+the encoder, the decoder and the GPT all use it (the GPT's ``CausalSelfAttention`` is this class
+with one fused input projection). For incremental decoding it stores the new keys and values in a
+preallocated :class:`KVCache` and attends to the stored positions.
 
 Conventions: rows are tokens (``Q = X @ W_q + b_q``, ``W_q`` of shape ``(D, Dk)``); scores are
 scaled by ``1 / sqrt(Dk)``; masks are boolean with True = "may attend", broadcasting to
@@ -20,13 +27,16 @@ Shape letters:
     H   heads
     Dh  head width, ``D / H``
     Dk  query/key width, Dv value width (single-head functions)
+    L   layers (of a KV cache)
 
-Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, sections 3.2.1-3.2.2.
+Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, sections 3.2.1-3.2.2;
+Pope et al., "Efficiently Scaling Transformer Inference", 2022 (KV caching).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +46,12 @@ from transformer_lab.graded import graded
 from transformer_lab.masks import causal_mask, check_mask
 
 __all__ = [
+    "KVCache",
+    "LayerKVCache",
     "MultiHeadAttention",
-    "fast_attention",
+    "attend",
     "load_torch_weights",
+    "masked_attention",
     "merge_heads",
     "scaled_dot_product_attention",
     "self_attention_loop",
@@ -143,7 +156,7 @@ def self_attention_matrix(
 
 @graded("02_self_attention")
 def scaled_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
     """Batched scaled dot-product attention that returns its weights.
 
@@ -156,6 +169,8 @@ def scaled_dot_product_attention(
         k: keys ``(..., S, Dk)``.
         v: values ``(..., S, Dv)``.
         mask: bool, broadcasting to ``(..., T, S)``, True = may attend; None = all allowed.
+        dropout_p: dropout on the weights before they average the values (training only; the
+            returned weights are those before dropout).
 
     Returns:
         ``(out (..., T, Dv), weights (..., T, S))``.
@@ -174,43 +189,89 @@ def scaled_dot_product_attention(
     weights = softmax(scores, dim=-1)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
+    if dropout_p > 0.0:
+        return F.dropout(weights, p=dropout_p) @ v, weights
     return weights @ v, weights
 
 
-def fast_attention(
+@graded("05_masking")
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention under a boolean mask that must be given (lab 05's name).
+
+    The same computation as :func:`scaled_dot_product_attention` with a mask; a missing mask is
+    an error here rather than "everything allowed".
+
+    Args:
+        q: queries ``(..., T, Dh)``.
+        k: keys ``(..., S, Dh)``.
+        v: values ``(..., S, Dv)``.
+        mask: bool, broadcasting to ``(..., T, S)``, True = may attend.
+
+    Returns:
+        ``(out (..., T, Dv), weights (..., T, S))``; fully masked rows give zero weights and
+        a zero output.
+
+    Raises:
+        ValueError: if ``mask`` is None, not boolean, or does not broadcast to ``(..., T, S)``.
+    """
+    if mask is None:
+        raise ValueError("masked_attention needs a mask (True = may attend); got None")
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
+def attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     mask: Tensor | None = None,
     *,
+    need_weights: bool = True,
     dropout_p: float = 0.0,
     is_causal: bool = False,
-) -> Tensor:
-    """Fused attention through ``F.scaled_dot_product_attention``, with our masking rules.
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention, the one entry point the kit's modules call.
 
-    Same result as :func:`scaled_dot_product_attention` (without the weights). Fully masked query
-    rows are let through to all keys inside the kernel (so it never sees an empty row) and their
-    output is zeroed afterwards, matching the explicit path instead of returning NaN.
+    With ``need_weights=True`` this is :func:`scaled_dot_product_attention` (the weights are
+    computed explicitly and returned); otherwise PyTorch's fused kernel computes the same output
+    without ever holding the ``(T, S)`` weights, under the same masking rules. Either way the
+    output is computed once, dropout included.
 
     Args:
-        q: ``(..., T, Dh)``; k: ``(..., S, Dh)``; v: ``(..., S, Dv)``.
-        mask: bool broadcasting to ``(..., T, S)``, True = may attend.
+        q: queries ``(..., T, Dh)``.
+        k: keys ``(..., S, Dh)``.
+        v: values ``(..., S, Dv)``.
+        mask: bool broadcasting to ``(..., T, S)``, True = may attend; None = all allowed.
+        need_weights: also return the weights ``(..., T, S)`` (before dropout).
         dropout_p: dropout on the attention weights (pass 0 in eval).
-        is_causal: use the kernel's built-in causal mask (``mask`` must then be None).
+        is_causal: query ``t`` attends keys ``0..t`` without a mask being passed; the fused
+            kernel then skips the masked half of the work. Needs ``mask=None`` and ``T == S``.
 
     Returns:
-        ``(..., T, Dv)``.
+        ``(out (..., T, Dv), weights (..., T, S) or None)``.
+
+    Raises:
+        ValueError: on an invalid mask, or ``is_causal`` with a mask or with ``T != S``.
     """
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
     if is_causal:
-        raise ValueError("pass either mask or is_causal=True, not both")
-    scores_shape = (*q.shape[:-1], k.shape[-2])
-    check_mask(mask, scores_shape)
+        T, S = q.shape[-2], k.shape[-2]
+        if mask is not None or T != S:
+            got = None if mask is None else tuple(mask.shape)
+            raise ValueError(
+                f"is_causal=True needs mask=None and T == S; got mask {got}, T={T}, S={S}"
+            )
+    if need_weights:
+        if is_causal:
+            mask = causal_mask(q.shape[-2], device=q.device)
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p=dropout_p)
+    if mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+        return out, None
+    # Fused kernels may return NaN for a query that may attend nothing (torch < 2.5 does): such
+    # rows see every key inside the kernel, so it never meets an empty row, and are zeroed after.
+    check_mask(mask, (*q.shape[:-1], k.shape[-2]))
     row_ok = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
-    safe_mask = mask | ~row_ok
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask, dropout_p=dropout_p)
-    return out.masked_fill(~row_ok, 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~row_ok, dropout_p=dropout_p)
+    return out.masked_fill(~row_ok, 0.0), None
 
 
 @graded("03_multi_head_attention")
@@ -233,12 +294,107 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
 
 
+class LayerKVCache(NamedTuple):
+    """One layer's share of a :class:`KVCache` for one call: its storage and where to write."""
+
+    k: Tensor  # (B, H, n_ctx, Dh): the layer's stored keys (a view into the cache)
+    v: Tensor  # (B, H, n_ctx, Dh): the layer's stored values
+    positions: slice | Tensor  # where the call's T tokens go: a slice, or a (T,) device tensor
+
+    def store(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys/values ``(B, H, T, Dh)`` at ``positions``.
+
+        Returns:
+            The keys and values to attend to. Positions as a slice (known on the CPU): the
+            stored prefix ``(B, H, stop, Dh)``. As a tensor: all ``n_ctx`` slots (static shapes;
+            the caller's mask hides the slots after each query's position).
+        """
+        self.k[:, :, self.positions] = k
+        self.v[:, :, self.positions] = v
+        if isinstance(self.positions, slice):
+            return self.k[:, :, : self.positions.stop], self.v[:, :, : self.positions.stop]
+        return self.k, self.v
+
+
+class KVCache:
+    """Keys and values of past positions for every layer, preallocated to the context length.
+
+    Incremental decoding feeds only the new tokens; each layer stores their keys/values at their
+    positions (:meth:`layer`, :meth:`LayerKVCache.store`) and its queries attend to the stored
+    ones. Nothing is ever reallocated. A call can read the cache two ways:
+
+    * positions known on the CPU (a slice, as in eager generation): attend to the stored
+      prefix; a single new token needs no mask at all;
+    * positions kept on the device (a tensor, in a compiled decode step): attend to all
+      ``n_ctx`` slots under the mask ``visible[positions]``, which hides the slots after each
+      query's position (unwritten ones included). No shape then depends on how much is stored,
+      so a one-token step compiles once (on CUDA, into one CUDA graph).
+
+    ``length`` counts the positions stored by calls that let the cache track positions (see
+    ``GPT.forward``). A plain object, not a module: it is built on the model's device and dtype
+    (``GPT.new_kv_cache``), and every attribute read stays a cheap one in per-token decoding.
+
+    Args:
+        n_layers: number of blocks ``L``.
+        batch_size: ``B``.
+        n_heads: ``H``.
+        n_ctx: capacity in positions.
+        head_dim: ``Dh``.
+        dtype: dtype of the stored keys/values (the model's).
+        device: device of the stored tensors.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_heads: int,
+        n_ctx: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        shape = (n_layers, batch_size, n_heads, n_ctx, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
+        # One view per layer, made once: a compiled step then writes into its own input tensors
+        # in place (writing through a view taken inside the graph costs a copy of the layer).
+        self.layer_k = [self.k[i] for i in range(n_layers)]  # L x (B, H, n_ctx, Dh)
+        self.layer_v = [self.v[i] for i in range(n_layers)]  # L x (B, H, n_ctx, Dh)
+        # Row p: the slots a query at position p may see, positions 0..p.
+        self.visible = causal_mask(n_ctx, device=device)  # (n_ctx, n_ctx)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        """Most positions the cache can hold."""
+        return self.k.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        """Batch size the cache was built for."""
+        return self.k.shape[1]
+
+    def layer(self, index: int, positions: slice | Tensor) -> LayerKVCache:
+        """Layer ``index``'s storage, to receive the tokens at ``positions``.
+
+        ``positions``: a slice ``start:end`` to attend to the prefix ``0..end-1`` afterwards, or
+        a ``(T,)`` tensor to attend to all slots (see the class docstring).
+        """
+        return LayerKVCache(self.layer_k[index], self.layer_v[index], positions)
+
+    def reset(self) -> None:
+        """Forget everything stored (the memory is reused; stale slots stay masked)."""
+        self.length = 0
+
+
 @graded("03_multi_head_attention")
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate query/key/value/output projections.
 
-    ``out = merge_heads(attention(split(q_proj(query)), split(k_proj(key)), split(v_proj(value))))``
-    followed by ``out_proj``. Each head sees its own ``Dh = D / H`` slice of the projections.
+    ``out = out_proj(merge_heads(attend(split(q_proj(query)), split(k_proj(key)),
+    split(v_proj(value)))))``. Each head sees its own ``Dh = D / H`` slice of the projections.
 
     Args:
         d_model: model width ``D``.
@@ -271,6 +427,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = True,
         *,
         is_causal: bool = False,
+        kv_cache: LayerKVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -278,12 +435,15 @@ class MultiHeadAttention(nn.Module):
             query: ``(B, T, D)``.
             key: ``(B, S, D)``.
             value: ``(B, S, D)``.
-            mask: bool broadcasting to ``(B, H, T, S)``, True = may attend.
+            mask: bool broadcasting to ``(B, H, T, S)``, True = may attend (with a cache,
+                ``S`` is the number of keys :meth:`LayerKVCache.store` returns).
             need_weights: return the per-head weights (explicit path); if False, use the
                 fused kernel and return ``None`` for the weights.
             is_causal: apply the causal mask (query ``t`` sees keys ``0..t``) without building
                 it; the fused path then uses the kernel's own causal mode, which skips the
                 masked half of the work. Requires ``mask=None`` and ``T == S``.
+            kv_cache: incremental decoding: the new keys/values are stored in this layer's
+                cache and the queries attend to the keys/values it returns.
 
         Returns:
             ``(out (B, T, D), weights (B, H, T, S) or None)``. The weights are those before
@@ -291,26 +451,30 @@ class MultiHeadAttention(nn.Module):
         """
         if query.shape[-1] != self.d_model:
             raise ValueError(f"query width {query.shape[-1]} != d_model={self.d_model}")
-        if is_causal and (mask is not None or query.shape[1] != key.shape[1]):
-            raise ValueError(
-                f"is_causal=True needs mask=None and T == S; got mask "
-                f"{None if mask is None else tuple(mask.shape)}, T={query.shape[1]}, "
-                f"S={key.shape[1]}"
-            )
+        q, k, v = self.project(query, key, value)  # (B, H, T, Dh), (B, H, S, Dh), (B, H, S, Dh)
+        if kv_cache is not None:
+            k, v = kv_cache.store(k, v)  # (B, H, S, Dh) each: the stored positions
+        out, weights = attend(
+            q,
+            k,
+            v,
+            mask,
+            need_weights=need_weights,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+        )  # (B, H, T, Dh)
+        return self.out_proj(merge_heads(out)), weights  # (B, T, D)
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The query, key and value projections, split into heads.
+
+        Returns:
+            ``q (B, H, T, Dh)``, ``k (B, H, S, Dh)``, ``v (B, H, S, Dh)``.
+        """
         q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
         k = split_heads(self.k_proj(key), self.n_heads)  # (B, H, S, Dh)
         v = split_heads(self.v_proj(value), self.n_heads)  # (B, H, S, Dh)
-        p = self.dropout if self.training else 0.0
-        if need_weights:
-            if is_causal:
-                mask = causal_mask(query.shape[1], device=query.device)
-            out, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, T, Dh)
-            if p > 0.0:
-                out = F.dropout(weights, p=p, training=True) @ v
-        else:
-            out = fast_attention(q, k, v, mask, dropout_p=p, is_causal=is_causal)
-            weights = None
-        return self.out_proj(merge_heads(out)), weights  # (B, T, D)
+        return q, k, v
 
 
 @graded("03_multi_head_attention")

@@ -149,16 +149,27 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(ACTIVATIONS[self.activation](self.linear1(x))))
 
 
-class _ResidualBlock(nn.Module):
-    """The constructor encoder and decoder blocks share: attention, feed-forward, norms, dropouts.
+@graded("04_transformer_block")
+class EncoderBlock(nn.Module):
+    """Self-attention and feed-forward sub-layers with residuals and layer norms.
 
-    A subclass with ``_cross_attention = True`` also gets ``cross_attn`` and a third norm and
-    dropout. Sub-modules are registered in the order of the computation (self-attention, then
-    cross-attention, then feed-forward), which fixes their initialisation order and state-dict
-    layout. Arguments as in :class:`EncoderBlock`.
+    Post-norm: ``x = norm1(x + attn(x)); x = norm2(x + ff(x))``.
+    Pre-norm:  ``x = x + attn(norm1(x)); x = x + ff(norm2(x))``.
+
+    Sub-modules are named as in ``nn.TransformerEncoderLayer`` (``self_attn``, ``norm1``...)
+    so :func:`load_torch_encoder_layer` can copy its weights over.
+
+    Args:
+        d_model: model width ``D``.
+        n_heads: attention heads ``H``.
+        d_ff: feed-forward width ``F``.
+        dropout: dropout on attention weights, the feed-forward hidden layer and both residual
+            branches (as in ``nn.TransformerEncoderLayer``).
+        norm_first: pre-norm if True, post-norm ("Add & Norm") if False.
+        activation: feed-forward activation.
+        eps: layer norm epsilon.
+        bias: biases in the linear layers and layer norms.
     """
-
-    _cross_attention = False
 
     def __init__(
         self,
@@ -175,41 +186,11 @@ class _ResidualBlock(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
-        if self._cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
         self.ff = FeedForward(d_model, d_ff, dropout, activation, bias=bias)
         self.norm1 = LayerNorm(d_model, eps, bias=bias)
         self.norm2 = LayerNorm(d_model, eps, bias=bias)
-        if self._cross_attention:
-            self.norm3 = LayerNorm(d_model, eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
-        if self._cross_attention:
-            self.dropout3 = nn.Dropout(dropout)
-
-    def _sa(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        out, _ = self.self_attn(x, x, x, mask=mask, need_weights=False)
-        return self.dropout1(out)
-
-
-@graded("04_transformer_block")
-class EncoderBlock(_ResidualBlock):
-    """Self-attention and feed-forward sub-layers with residuals and layer norms.
-
-    Post-norm: ``x = norm1(x + attn(x)); x = norm2(x + ff(x))``.
-    Pre-norm:  ``x = x + attn(norm1(x)); x = x + ff(norm2(x))``.
-
-    Args:
-        d_model: model width ``D``.
-        n_heads: attention heads ``H``.
-        d_ff: feed-forward width ``F``.
-        dropout: dropout on attention weights, the feed-forward hidden layer and both residual
-            branches (as in ``nn.TransformerEncoderLayer``).
-        norm_first: pre-norm if True, post-norm ("Add & Norm") if False.
-        activation: feed-forward activation.
-        eps: layer norm epsilon.
-        bias: biases in the linear layers and layer norms.
-    """
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """Apply the block.
@@ -223,18 +204,25 @@ class EncoderBlock(_ResidualBlock):
             ``(B, T, D)``.
         """
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), mask)
+            x = x + self._self_attention(self.norm1(x), mask)
             return x + self.dropout2(self.ff(self.norm2(x)))
-        x = self.norm1(x + self._sa(x, mask))
+        x = self.norm1(x + self._self_attention(x, mask))
         return self.norm2(x + self.dropout2(self.ff(x)))
+
+    def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        out, _ = self.self_attn(x, x, x, mask, need_weights=False)
+        return self.dropout1(out)
 
 
 @graded("06_decoder_training")
-class DecoderBlock(_ResidualBlock):
+class DecoderBlock(nn.Module):
     """Masked self-attention, cross-attention to the encoder memory, then feed-forward.
 
     Post-norm: ``x = norm1(x + self_attn(x)); x = norm2(x + cross_attn(x, memory));
     x = norm3(x + ff(x))``; pre-norm normalises each sub-layer's input instead.
+
+    Sub-modules follow ``nn.TransformerDecoderLayer`` (which calls the cross-attention
+    ``multihead_attn``), so :func:`load_torch_decoder_layer` can copy its weights over.
 
     Args:
         d_model: model width ``D``.
@@ -247,11 +235,29 @@ class DecoderBlock(_ResidualBlock):
         bias: biases in the linear layers and layer norms.
     """
 
-    _cross_attention = True
-
-    def _ca(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
-        out, _ = self.cross_attn(x, memory, memory, mask=mask, need_weights=False)
-        return self.dropout2(out)
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        *,
+        activation: str = "relu",
+        eps: float = 1e-5,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps, bias=bias)
+        self.norm2 = LayerNorm(d_model, eps, bias=bias)
+        self.norm3 = LayerNorm(d_model, eps, bias=bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
 
     def forward(
         self,
@@ -274,12 +280,20 @@ class DecoderBlock(_ResidualBlock):
             ``(B, T, D)``.
         """
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), self_mask)
-            x = x + self._ca(self.norm2(x), memory, memory_mask)
+            x = x + self._self_attention(self.norm1(x), self_mask)
+            x = x + self._cross_attention(self.norm2(x), memory, memory_mask)
             return x + self.dropout3(self.ff(self.norm3(x)))
-        x = self.norm1(x + self._sa(x, self_mask))
-        x = self.norm2(x + self._ca(x, memory, memory_mask))
+        x = self.norm1(x + self._self_attention(x, self_mask))
+        x = self.norm2(x + self._cross_attention(x, memory, memory_mask))
         return self.norm3(x + self.dropout3(self.ff(x)))
+
+    def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        out, _ = self.self_attn(x, x, x, mask, need_weights=False)
+        return self.dropout1(out)
+
+    def _cross_attention(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
+        out, _ = self.cross_attn(x, memory, memory, mask, need_weights=False)
+        return self.dropout2(out)
 
 
 def _torch_activation_name(layer: nn.Module) -> str | None:
@@ -293,7 +307,7 @@ def _torch_activation_name(layer: nn.Module) -> str | None:
     return None
 
 
-def _check_layer(ours: nn.Module, theirs: nn.Module) -> None:
+def _check_layer(ours: EncoderBlock | DecoderBlock, theirs: nn.Module) -> None:
     if ours.norm_first != theirs.norm_first:
         raise ValueError(
             f"norm_first differs: torch layer norm_first={theirs.norm_first}, "
@@ -325,7 +339,7 @@ def _copy_norm(dst: LayerNorm, src: nn.LayerNorm) -> None:
     dst.eps = src.eps
 
 
-def _load_shared(ours: _ResidualBlock, theirs: nn.Module) -> None:
+def _load_shared(ours: EncoderBlock | DecoderBlock, theirs: nn.Module) -> None:
     """Copy what encoder and decoder layers share: self-attention, feed-forward, norms 1 and 2."""
     _check_layer(ours, theirs)
     load_torch_weights(ours.self_attn, theirs.self_attn)

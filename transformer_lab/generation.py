@@ -4,9 +4,11 @@ and beam search.
 Sampling draws the next token from ``softmax(logits / temperature)``, optionally restricted to the
 ``k`` most likely tokens (top-k) or to the smallest set whose probability reaches ``p`` (top-p,
 "nucleus"). Filters return logits with removed entries at ``-inf`` so they compose and feed
-straight into a softmax. :func:`generate` keeps past keys/values in a
-:class:`~transformer_lab.models.KVCache`, so each new token costs one position instead of the whole
-prefix; it gives the same tokens as recomputing the prefix every step.
+straight into a softmax. :func:`generate` keeps past keys/values in a preallocated
+:class:`~transformer_lab.attention.KVCache`, so each new token costs one position instead of the
+whole prefix; it gives the same tokens as recomputing the prefix every step. Its
+:class:`DecodeStep` has the same shapes at every step, so it can be compiled once (on a GPU into a
+CUDA graph: one replay per token instead of hundreds of kernel launches).
 
 Tie rules (stated in the lab too):
 
@@ -24,7 +26,8 @@ Machine Translation System", 2016 (beam search length normalisation).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -32,8 +35,10 @@ from torch import Tensor, nn
 from transformer_lab.graded import graded
 
 __all__ = [
+    "DecodeStep",
     "apply_temperature",
     "beam_search",
+    "compile_decode_step",
     "generate",
     "greedy_decode",
     "sample_next",
@@ -137,6 +142,77 @@ def sample_next(
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
 
 
+class DecodeStep(nn.Module):
+    """The static-shape generation step of a GPT: one token per sequence into a preallocated cache.
+
+    :meth:`prefill` runs the prompt once (any length) and stores its keys and values. Each call
+    then feeds one token per sequence at a position given as a one-element tensor on the
+    model's device: its keys/values are written into the cache and attention reads all
+    ``n_ctx`` slots under a mask, so no shape depends on the position and the step compiles
+    once. With ``torch.compile(mode="reduce-overhead")`` on CUDA the whole step (every layer, a
+    few hundred kernels) becomes one CUDA-graph replay, which removes the per-token launch and
+    Python overhead that dominates small models. Build a compiled one with
+    :func:`compile_decode_step` and reuse it across :func:`generate` calls.
+
+    Args:
+        model: a :class:`~transformer_lab.models.GPT` (``new_kv_cache`` and
+            ``forward(idx, kv_cache, offset=...)``), in the mode it should decode in.
+        batch_size: sequences decoded together, ``B``.
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int) -> None:
+        super().__init__()
+        self.model = model
+        self.cache = model.new_kv_cache(batch_size)
+
+    def prefill(self, idx: Tensor) -> Tensor:
+        """Run the prompt ``(B, T <= n_ctx)`` from position 0: next-token logits ``(B, V)``."""
+        self.cache.reset()
+        return self.model(idx, self.cache)[:, -1]
+
+    def forward(self, token: Tensor, offset: Tensor) -> Tensor:
+        """Feed one token per sequence.
+
+        Args:
+            token: ``(B, 1)`` token ids.
+            offset: their position, a one-element long tensor on the model's device; every
+                earlier position must be stored (by :meth:`prefill` and earlier steps).
+
+        Returns:
+            Next-token logits ``(B, V)``.
+        """
+        return self.model(token, self.cache, offset=offset)[:, -1]
+
+
+def compile_decode_step(
+    model: nn.Module, batch_size: int, options: bool | Mapping[str, Any] = True
+) -> DecodeStep:
+    """A :class:`DecodeStep` compiled with ``torch.compile`` (one graph, ``fullgraph=True``).
+
+    Compiling costs seconds (once per process and batch size); reuse the result across
+    :func:`generate` calls (``decode_step=``): on CUDA a new step's cache has new addresses, so
+    its CUDA graph would be recorded again.
+
+    Args:
+        model: the GPT.
+        batch_size: ``B``.
+        options: ``True``: ``mode="reduce-overhead"`` (CUDA graphs) on CUDA, the default mode
+            elsewhere; or ``torch.compile``'s options, e.g. ``{"backend": "aot_eager"}``.
+
+    Returns:
+        The compiled step (its ``prefill`` runs eagerly).
+    """
+    step = DecodeStep(model, batch_size)
+    if isinstance(options, Mapping):
+        kwargs = dict(options)
+    else:
+        kwargs = {"mode": "reduce-overhead"} if step.cache.k.is_cuda else {}
+    # The cache is written in place at every step: its addresses must stay fixed in the graph.
+    for t in (*step.cache.layer_k, *step.cache.layer_v):
+        torch._dynamo.mark_static_address(t)
+    return torch.compile(step, fullgraph=True, **kwargs)
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -147,14 +223,18 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     use_cache: bool = True,
+    compile: bool | Mapping[str, Any] = False,
+    decode_step: DecodeStep | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Continue token sequences with a GPT.
 
     Without the cache, every step runs the model on the last ``n_ctx`` tokens. With it, the prompt
-    (its last ``n_ctx`` tokens) is run once and each step feeds only the new token. Once the
-    cache holds ``n_ctx`` positions, generation falls back to recomputing over the last ``n_ctx``
-    tokens, exactly as the uncached path does, so both give the same tokens throughout.
+    (its last ``n_ctx`` tokens) is run once and each step feeds only the new token: eagerly, the
+    cache counts positions and attention reads the stored prefix; with ``compile`` or a
+    ``decode_step``, through a compiled :class:`DecodeStep` (static shapes). Once the cache holds
+    ``n_ctx`` positions, generation falls back to recomputing over the last ``n_ctx`` tokens,
+    exactly as the uncached path does, so every way gives the same tokens throughout.
 
     The model is used in its current mode: call ``model.eval()`` first to disable dropout.
 
@@ -166,7 +246,11 @@ def generate(
         temperature: softmax temperature; ``0`` picks the argmax (greedy).
         top_k: keep the ``k`` most likely tokens (see :func:`top_k_filter`).
         top_p: nucleus mass (see :func:`top_p_filter`).
-        use_cache: use the model's KV cache.
+        use_cache: use a KV cache (for models that have ``new_kv_cache``).
+        compile: decode through a step that :func:`compile_decode_step` builds with these
+            options (``True`` or a mapping); worth it for long generations on a GPU.
+        decode_step: a step from :func:`compile_decode_step` (or a plain :class:`DecodeStep`)
+            for this model and batch size, to reuse across calls; overrides ``compile``.
         generator: random source for sampling, on the model's device.
 
     Returns:
@@ -184,23 +268,34 @@ def generate(
     if max_new_tokens == 0:
         return idx
     n_ctx = model.config.n_ctx
-    # Models without a cache (e.g. a plain reference GPT) simply recompute every step.
-    can_cache = use_cache and hasattr(model, "new_kv_cache")
-    cache = model.new_kv_cache(idx.shape[0]) if can_cache else None
     context = idx[:, -n_ctx:]  # (B, <=n_ctx)
-    logits = (model(context, cache) if cache is not None else model(context))[:, -1]  # (B, V)
-    for step in range(max_new_tokens):
+    # Models without a cache (e.g. a plain reference GPT) simply recompute every step.
+    cached = use_cache and hasattr(model, "new_kv_cache")
+    if cached and compile and decode_step is None:
+        decode_step = compile_decode_step(model, idx.shape[0], compile)
+    if decode_step is not None:  # static shapes: positions go in as device tensors
+        logits = decode_step.prefill(context)  # (B, V)
+        offsets = torch.arange(n_ctx, device=idx.device)
+    elif cached:  # eager: the cache counts positions
+        cache = model.new_kv_cache(idx.shape[0])
+        logits = model(context, cache)[:, -1]  # (B, V)
+    else:
+        logits = model(context)[:, -1]  # (B, V)
+    pos = context.shape[1]  # position of the next token
+    for i in range(max_new_tokens):
         nxt = sample_next(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
         )
-        idx = torch.cat([idx, nxt], dim=1)  # (B, T + step + 1)
-        if step == max_new_tokens - 1:
+        idx = torch.cat([idx, nxt], dim=1)  # (B, T + i + 1)
+        if i == max_new_tokens - 1:
             break
-        if cache is not None and cache.length < n_ctx:
+        if decode_step is not None and pos < n_ctx:
+            logits = decode_step(nxt, offsets[pos : pos + 1])
+        elif cached and pos < n_ctx:
             logits = model(nxt, cache)[:, -1]
-        else:
-            cache = None  # full (or unused): slide the window and recompute
+        else:  # no cache, or it is full: slide the window and recompute
             logits = model(idx[:, -n_ctx:])[:, -1]
+        pos += 1
     return idx
 
 
@@ -313,15 +408,10 @@ def beam_search(
             for lp, tok in zip(top.values.tolist(), top.indices.tolist(), strict=True):
                 candidates.append(([*seq, tok], score + lp))
         candidates.sort(key=lambda c: c[1], reverse=True)  # stable: ties keep earlier beams first
-        alive = []
-        for rank, (seq, score) in enumerate(candidates):
-            if seq[-1] == eos_id:
-                if rank < beam_width:
-                    finished.append((seq, score))
-            elif len(alive) < beam_width:
-                alive.append((seq, score))
-            if len(alive) == beam_width and rank >= beam_width - 1:
-                break
+        # An EOS extension finishes if it ranks among the best beam_width; the best beam_width
+        # extensions without EOS go on.
+        finished += [c for c in candidates[:beam_width] if c[0][-1] == eos_id]
+        alive = [c for c in candidates if c[0][-1] != eos_id][:beam_width]
         if (
             length_penalty == 0
             and finished

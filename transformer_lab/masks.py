@@ -1,5 +1,8 @@
 """Boolean attention masks: causal, padding, their combination, validation and a causality probe.
 
+Masks are plain boolean tensors, built here and consumed by :mod:`transformer_lab.attention`
+(which imports this module, never the other way round); lab 05's ``masked_attention`` lives there.
+
 Convention (as in ``torch.nn.functional.scaled_dot_product_attention``): masks are boolean and
 **True means "may attend"** (or "is a real token" for a padding mask). Attention masks broadcast to
 the score shape ``(B, H, T, S)``. A query row with no allowed key gets zero weights (never NaN);
@@ -26,7 +29,6 @@ __all__ = [
     "combine_masks",
     "depends_on_future",
     "key_padding_to_attention",
-    "masked_attention",
     "padding_mask",
 ]
 
@@ -133,35 +135,17 @@ def check_mask(mask: Tensor, scores_shape: Sequence[int]) -> Tensor:
             "convert with mask.bool() or build it with causal_mask/padding_mask"
         )
     target = tuple(scores_shape)
-    try:
-        ok = torch.broadcast_shapes(mask.shape, target) == torch.Size(target)
-    except RuntimeError:
-        ok = False
-    if not ok:
+    # Broadcasting aligns trailing dims; each mask dim must be 1 or the scores' own size, so
+    # the mask can neither mismatch nor enlarge the scores.
+    fits = mask.ndim <= len(target) and all(
+        m == 1 or m == t for m, t in zip(reversed(mask.shape), reversed(target), strict=False)
+    )
+    if not fits:
         raise ValueError(
             f"attention mask of shape {tuple(mask.shape)} does not broadcast to the attention "
             f"scores of shape {target} (B, H, T, S)"
         )
     return mask
-
-
-@graded("05_masking")
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention under a validated boolean mask.
-
-    Args:
-        q: queries ``(..., T, Dh)``.
-        k: keys ``(..., S, Dh)``.
-        v: values ``(..., S, Dv)``.
-        mask: bool, broadcasting to ``(..., T, S)``, True = may attend.
-
-    Returns:
-        ``(out (..., T, Dv), weights (..., T, S))``; fully masked rows give zero weights and
-        a zero output.
-    """
-    from transformer_lab.attention import scaled_dot_product_attention
-
-    return scaled_dot_product_attention(q, k, v, mask=mask)
 
 
 @graded("05_masking")

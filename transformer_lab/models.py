@@ -4,11 +4,14 @@
 * :class:`EncoderClassifier` -- token embeddings, positions, a stack of :class:`EncoderBlock`\\ s
   and a linear head, per token (tagging: copy, reverse, sort) or per sequence (mean-pooled over
   real tokens). Accepts student-written blocks so a lab can train its own.
-* :class:`Seq2SeqTransformer` -- the architecture of "Attention Is All You Need": an encoder over
-  the source and a decoder with causal self-attention and cross-attention to the encoder output.
+* :class:`Seq2SeqTransformer` -- the architecture of "Attention Is All You Need": an
+  :class:`Encoder` over the source and a decoder with causal self-attention and cross-attention
+  to the encoder output.
 * :class:`GPT` -- GPT-2's layout: learned positions, pre-norm blocks, a final layer norm and an
-  output layer tied to the token embedding. Training uses the fused causal attention kernel; a
-  :class:`KVCache` keeps past keys/values so generation costs one token per step.
+  output layer tied to the token embedding. Its attention, :class:`CausalSelfAttention`, is the
+  kit's :class:`~transformer_lab.attention.MultiHeadAttention` with one fused input projection:
+  training uses the fused causal kernel; a :class:`~transformer_lab.attention.KVCache`
+  (re-exported here) keeps past keys/values so generation costs one token per step.
 
 Each model has a validated config dataclass; ``GPTConfig.from_name`` holds named presets.
 
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_lab.attention import fast_attention, merge_heads, split_heads
+from transformer_lab.attention import KVCache, LayerKVCache, MultiHeadAttention, split_heads
 from transformer_lab.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerNorm
 from transformer_lab.masks import causal_mask, combine_masks, key_padding_to_attention
 from transformer_lab.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding
@@ -44,7 +47,7 @@ __all__ = [
     "EncoderConfig",
     "GPTBlock",
     "GPTConfig",
-    "KVCache",
+    "KVCache",  # defined in transformer_lab.attention, re-exported for GPT users
     "Seq2SeqConfig",
     "Seq2SeqTransformer",
 ]
@@ -294,58 +297,56 @@ class Seq2SeqConfig:
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer with sinusoidal positions.
 
-    The decoder's self-attention is causal (plus target padding); its cross-attention sees every
-    real source token. Logits for position ``t`` depend on ``tgt_in[:, :t+1]`` only, so with
-    ``tgt_in`` = BOS + targets shifted right, the model never sees the token it predicts.
+    The source goes through an :class:`Encoder`; the decoder's self-attention is causal (plus
+    target padding) and its cross-attention sees every real source token. Logits for position
+    ``t`` depend on ``tgt_in[:, :t+1]`` only, so with ``tgt_in`` = BOS + targets shifted right,
+    the model never sees the token it predicts.
 
     Args:
         config: sizes and options.
+        encoder_blocks: optional replacement encoder blocks, see :class:`Encoder`.
         decoder_blocks: optional replacement decoder blocks (e.g. a student's), each
             ``forward(x, memory, self_mask=None, memory_mask=None)``; default
             ``config.n_decoder_layers`` :class:`DecoderBlock`\\ s.
     """
 
     def __init__(
-        self, config: Seq2SeqConfig, decoder_blocks: Sequence[nn.Module] | None = None
+        self,
+        config: Seq2SeqConfig,
+        encoder_blocks: Sequence[nn.Module] | None = None,
+        decoder_blocks: Sequence[nn.Module] | None = None,
     ) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.src_embed = _TokenEmbedding(c.src_vocab_size, c.d_model)
-        self.tgt_embed = _TokenEmbedding(c.tgt_vocab_size, c.d_model)
-        self.src_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
-        self.tgt_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
-        self.encoder_blocks = nn.ModuleList(
-            EncoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
-            for _ in range(c.n_encoder_layers)
+        self.encoder = Encoder(
+            EncoderConfig(
+                vocab_size=c.src_vocab_size,
+                max_len=c.max_len,
+                d_model=c.d_model,
+                n_layers=c.n_encoder_layers,
+                n_heads=c.n_heads,
+                d_ff=c.ff_dim,
+                dropout=c.dropout,
+                norm_first=c.norm_first,
+            ),
+            encoder_blocks,
         )
+        self.tgt_embed = _TokenEmbedding(c.tgt_vocab_size, c.d_model)
+        self.tgt_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
         if decoder_blocks is None:
             decoder_blocks = [
                 DecoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
                 for _ in range(c.n_decoder_layers)
             ]
         self.decoder_blocks = nn.ModuleList(decoder_blocks)
-        self.encoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        # Pre-norm leaves the residual stream unnormalised: normalise once at the end.
         self.decoder_norm = LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.output = nn.Linear(c.d_model, c.tgt_vocab_size)
 
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        """Encode the source.
-
-        Args:
-            src: ``(B, S)`` token ids.
-            src_padding_mask: ``(B, S)`` bool, True at real tokens.
-
-        Returns:
-            Memory ``(B, S, D)``.
-        """
-        _check_tokens(src, self.config.max_len)
-        _check_padding(src_padding_mask, src)
-        mask = None if src_padding_mask is None else key_padding_to_attention(src_padding_mask)
-        x = self.src_positions(self.src_embed(src))  # (B, S, D)
-        for block in self.encoder_blocks:
-            x = block(x, mask=mask)
-        return self.encoder_norm(x)
+        """Encode the source: memory ``(B, S, D)`` (see :meth:`Encoder.forward`)."""
+        return self.encoder(src, src_padding_mask)
 
     def decode(
         self,
@@ -467,141 +468,94 @@ class GPTConfig:
         )
 
 
-class KVCache:
-    """Keys and values of past positions for every layer, preallocated to the context length.
+class CausalSelfAttention(MultiHeadAttention):
+    """The GPT's attention: the kit's :class:`~transformer_lab.attention.MultiHeadAttention`
+    with GPT-2's fused input projection.
 
-    Incremental decoding feeds only the new tokens; each layer appends their keys/values here and
-    attends over everything stored. ``length`` counts the positions stored so far.
+    Self-attention projects one input three ways, so the three ``(D, D)`` input projections are
+    stacked into one layer, ``qkv_proj`` (weight ``(3D, D)``, rows: query, key, value -- the
+    layout of torch's ``in_proj_weight``): one matrix product instead of three. That is the only
+    difference; heads, the KV cache, attention and ``out_proj`` are MultiHeadAttention's. It
+    matters when every product is tiny, as in decoding one token at a time on a CPU, where the
+    two extra calls per layer cost about a tenth of a step. Call it with the same tensor as
+    query, key and value.
 
     Args:
-        n_layers: number of blocks.
-        batch_size: ``B``.
-        n_heads: ``H``.
-        n_ctx: capacity in positions.
-        head_dim: ``Dh``.
-        dtype: dtype of the stored tensors.
-        device: device of the stored tensors.
+        d_model: model width ``D``.
+        n_heads: heads ``H``; must divide ``d_model``.
+        bias: biases in both projections.
+        dropout: dropout on the attention weights (training only).
     """
 
-    def __init__(
-        self,
-        n_layers: int,
-        batch_size: int,
-        n_heads: int,
-        n_ctx: int,
-        head_dim: int,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> None:
-        shape = (n_layers, batch_size, n_heads, n_ctx, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, n_ctx, Dh)
-        self.length = 0
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__(d_model, n_heads, bias=bias, dropout=dropout)
+        del self.q_proj, self.k_proj, self.v_proj  # replaced by one stacked layer
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
 
-    @property
-    def capacity(self) -> int:
-        """Most positions the cache can hold."""
-        return self.k.shape[3]
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Heads of the fused projection: ``q, k, v`` of shape ``(B, H, T, Dh)`` each.
 
-    @property
-    def batch_size(self) -> int:
-        """Batch size the cache was built for."""
-        return self.k.shape[1]
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new keys/values of ``layer`` after the current ones.
-
-        Args:
-            layer: block index.
-            k: ``(B, H, T_new, Dh)``; v: same shape.
-
-        Returns:
-            All keys and values so far, ``(B, H, length + T_new, Dh)`` each (views).
+        Raises:
+            ValueError: if ``key`` or ``value`` is not ``query`` (this is self-attention).
         """
-        end = self.length + k.shape[2]
-        if end > self.capacity:
-            raise ValueError(f"KV cache full: {end} positions exceed capacity {self.capacity}")
-        self.k[layer, :, :, self.length : end] = k
-        self.v[layer, :, :, self.length : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-    def advance(self, n: int) -> None:
-        """Mark ``n`` more positions as stored (after every layer has called :meth:`update`)."""
-        self.length += n
-
-    def reset(self) -> None:
-        """Forget everything stored (the memory is reused)."""
-        self.length = 0
-
-
-class CausalSelfAttention(nn.Module):
-    """Masked multi-head self-attention with one fused query/key/value projection.
-
-    Training and full-sequence calls use the fused kernel's built-in causal mask. With a
-    :class:`KVCache`, new queries attend to the cached keys plus their own prefix.
-
-    Args:
-        config: the GPT's config (width, heads, bias, dropout).
-    """
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        D = config.d_model
-        self.n_heads = config.n_heads
-        self.dropout = config.dropout
-        self.qkv = nn.Linear(D, 3 * D, bias=config.bias)
-        self.proj = nn.Linear(D, D, bias=config.bias)
-
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> Tensor:
-        """``(B, T, D) -> (B, T, D)``; with a cache, ``x`` holds only the new positions."""
-        _, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
-        q = split_heads(q, self.n_heads)  # (B, H, T, Dh)
-        k = split_heads(k, self.n_heads)  # (B, H, T, Dh)
-        v = split_heads(v, self.n_heads)  # (B, H, T, Dh)
-        p = self.dropout if self.training else 0.0
-        past = 0 if kv_cache is None else kv_cache.length
-        if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v)  # (B, H, past + T, Dh)
-        if past == 0:
-            out = fast_attention(q, k, v, dropout_p=p, is_causal=True)
-        elif T == 1:
-            out = fast_attention(q, k, v, dropout_p=p)  # one new query sees every stored key
-        else:
-            # query i sits at position past + i and may see keys 0 .. past + i
-            q_pos = torch.arange(past, past + T, device=x.device)  # (T,)
-            k_pos = torch.arange(past + T, device=x.device)  # (S,)
-            mask = k_pos[None, :] <= q_pos[:, None]  # (T, S)
-            out = fast_attention(q, k, v, mask, dropout_p=p)
-        return self.proj(merge_heads(out))  # (B, T, D)
+        if key is not query or value is not query:
+            raise ValueError("CausalSelfAttention is self-attention: pass x as query, key, value")
+        q, k, v = self.qkv_proj(query).split(self.d_model, dim=-1)  # 3 x (B, T, D)
+        return (
+            split_heads(q, self.n_heads),  # (B, H, T, Dh)
+            split_heads(k, self.n_heads),  # (B, H, T, Dh)
+            split_heads(v, self.n_heads),  # (B, H, T, Dh)
+        )
 
 
 class GPTBlock(nn.Module):
-    """Pre-norm decoder-only block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+    """Pre-norm decoder-only block (GPT-2): ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``.
+
+    The attention is :class:`CausalSelfAttention` (the kit's multi-head attention with a fused
+    input projection); dropout acts on its weights and on both residual branches.
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         D = config.d_model
         self.ln1 = LayerNorm(D, bias=config.bias, fused=True)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(D, config.n_heads, bias=config.bias, dropout=config.dropout)
         self.ln2 = LayerNorm(D, bias=config.bias, fused=True)
-        self.mlp = FeedForward(D, config.ff_dim, 0.0, activation="gelu", bias=config.bias)
+        self.mlp = FeedForward(D, config.ff_dim, activation="gelu", bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> Tensor:
-        """``(B, T, D) -> (B, T, D)``."""
-        x = x + self.dropout(self.attn(self.ln1(x), kv_cache, layer))
+    def forward(
+        self, x: Tensor, kv_cache: LayerKVCache | None = None, mask: Tensor | None = None
+    ) -> Tensor:
+        """Apply the block.
+
+        Args:
+            x: ``(B, T, D)``.
+            kv_cache: this layer's share of a KV cache (incremental decoding). Without one,
+                attention is causal within ``x`` (the fused kernel's causal mode).
+            mask: with a cache, which of the keys it returns each query may see, ``(T, S)``;
+                None: all of them.
+
+        Returns:
+            ``(B, T, D)``.
+        """
+        h = self.ln1(x)
+        a, _ = self.attn(
+            h, h, h, mask, need_weights=False, is_causal=kv_cache is None, kv_cache=kv_cache
+        )
+        x = x + self.dropout(a)
         return x + self.dropout(self.mlp(self.ln2(x)))
 
 
 class GPT(nn.Module):
     """Decoder-only Transformer language model (GPT-2 layout).
 
-    Token + learned position embeddings, ``n_layers`` pre-norm blocks with causal attention, a
-    final layer norm, and an output layer (tied to the token embedding by default). Weights start
-    at ``N(0, 0.02)``; the projections writing into the residual stream at
-    ``N(0, 0.02 / sqrt(2 n_layers))`` so the stream's variance does not grow with depth.
+    Token embeddings plus learned positions
+    (:class:`~transformer_lab.positional.LearnedPositionalEncoding`), ``n_layers`` pre-norm
+    :class:`GPTBlock`\\ s with causal attention, a final layer norm, and an output layer (tied to
+    the token embedding by default). Weights start at ``N(0, 0.02)``; the projections writing
+    into the residual stream at ``N(0, 0.02 / sqrt(2 n_layers))`` so the stream's variance does
+    not grow with depth.
 
     Args:
         config: sizes and options.
@@ -612,8 +566,7 @@ class GPT(nn.Module):
         c = config
         self.config = c
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos_emb = nn.Embedding(c.n_ctx, c.d_model)
-        self.dropout = nn.Dropout(c.dropout)
+        self.positions = LearnedPositionalEncoding(c.d_model, c.n_ctx, dropout=c.dropout)
         self.blocks = nn.ModuleList(GPTBlock(c) for _ in range(c.n_layers))
         self.ln_f = LayerNorm(c.d_model, bias=c.bias, fused=True)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -624,13 +577,15 @@ class GPT(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 initialisation (see the class docstring)."""
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
-        for name, module in self.named_modules():
+        for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                std = residual_std if name.endswith(("attn.proj", "mlp.linear2")) else 0.02
-                nn.init.normal_(module.weight, 0.0, std)
+                nn.init.normal_(module.weight, 0.0, 0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.out_proj.weight, 0.0, residual_std)
+            nn.init.normal_(block.mlp.linear2.weight, 0.0, residual_std)
 
     def new_kv_cache(
         self, batch_size: int, *, device: torch.device | str | None = None, dtype=None
@@ -648,36 +603,57 @@ class GPT(nn.Module):
             device=device or w.device,
         )
 
-    def forward(self, idx: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, idx: Tensor, kv_cache: KVCache | None = None, *, offset: Tensor | None = None
+    ) -> Tensor:
         """Next-token logits.
 
         Args:
             idx: ``(B, T)`` token ids. With a cache, only the positions not yet cached.
-            kv_cache: optional cache; positions continue from ``kv_cache.length`` and the cache
-                is advanced by ``T``.
+            kv_cache: optional cache: the new tokens' keys/values are stored in it and each
+                query attends to the stored positions up to its own. Positions continue from
+                ``kv_cache.length``, which advances by ``T``.
+            offset: with a cache, the position of ``idx``'s first token as a one-element long
+                tensor instead, for a caller that keeps positions on the device (a compiled
+                decode step): ``kv_cache.length`` is then neither read nor advanced, and the
+                range is not checked (that would copy the offset back to the CPU).
 
         Returns:
             Logits ``(B, T, V)``; position ``t`` depends on ``idx[:, :t+1]`` (and the cache) only.
 
         Raises:
-            ValueError: if the positions would run past ``n_ctx``.
+            ValueError: if the positions would run past ``n_ctx``, or the batch size differs
+                from the cache's.
         """
         if idx.ndim != 2:
             raise ValueError(f"idx must be (B, T), got shape {tuple(idx.shape)}")
         B, T = idx.shape
-        past = 0 if kv_cache is None else kv_cache.length
-        if past + T > self.config.n_ctx:
-            if past:
-                raise ValueError(
-                    f"{past} cached + T={T} new positions exceed n_ctx={self.config.n_ctx}"
-                )
-            raise ValueError(f"sequence length T={T} exceeds n_ctx={self.config.n_ctx}")
-        if kv_cache is not None and kv_cache.batch_size != B:
+        n_ctx = self.config.n_ctx
+        if kv_cache is None:
+            if offset is not None:
+                raise ValueError("offset is the position of idx in a KV cache: pass kv_cache too")
+            if n_ctx < T:
+                raise ValueError(f"sequence length T={T} exceeds n_ctx={n_ctx}")
+            x = self.positions(self.tok_emb(idx))  # (B, T, D)
+            for block in self.blocks:
+                x = block(x)
+            return self.lm_head(self.ln_f(x))  # (B, T, V)
+
+        if kv_cache.batch_size != B:
             raise ValueError(f"batch size {B} != KV cache batch size {kv_cache.batch_size}")
-        pos = torch.arange(past, past + T, device=idx.device)  # (T,)
-        x = self.dropout(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
+        if offset is None:  # positions known here: attend to the stored prefix only
+            start, end = kv_cache.length, kv_cache.length + T
+            if end > n_ctx:
+                raise ValueError(f"{start} cached + T={T} new positions exceed n_ctx={n_ctx}")
+            positions = slice(start, end)
+            # One new token, the newest position, sees every stored key: no mask needed.
+            mask = None if T == 1 else kv_cache.visible[start:end, :end]  # (T, end)
+            kv_cache.length = end
+        else:  # positions on the device: all n_ctx slots, the same shapes at every step
+            start = offset
+            positions = offset + torch.arange(T, device=idx.device)  # (T,)
+            mask = kv_cache.visible[positions]  # (T, n_ctx): position p sees slots 0..p
+        x = self.positions(self.tok_emb(idx), start)  # (B, T, D)
         for i, block in enumerate(self.blocks):
-            x = block(x, kv_cache, i)
-        if kv_cache is not None:
-            kv_cache.advance(T)
+            x = block(x, kv_cache.layer(i, positions), mask)
         return self.lm_head(self.ln_f(x))  # (B, T, V)

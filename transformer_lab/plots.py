@@ -143,7 +143,7 @@ def collect_attention(
     blocks first; a decoder block's self-attention before its cross-attention).
 
     Args:
-        model: e.g. an ``EncoderClassifier`` or ``Seq2SeqTransformer`` (in eval mode).
+        model: e.g. an ``EncoderClassifier``, ``Seq2SeqTransformer`` or ``GPT`` (in eval mode).
         *args: the model's inputs, e.g. ``tokens``.
         module_types: attention classes to record (default the kit's ``MultiHeadAttention``);
             their ``forward`` must accept ``need_weights`` and return ``(out, weights)``.

@@ -184,17 +184,27 @@ class LearnedPositionalEncoding(nn.Module):
         nn.init.normal_(self.embedding.weight, mean=0.0, std=0.02)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """Add the vectors of positions ``offset .. offset+T-1``.
 
         Args:
             x: embeddings ``(B, T, D)`` (or ``(T, D)``).
-            offset: index of the first position (used by incremental decoding).
+            offset: index of the first position: how many positions a KV cache already holds
+                in incremental decoding. An int is checked against ``max_len``; a one-element
+                tensor (a compiled decode step keeps positions on the device) is not, since
+                checking would copy it back to the CPU at every step.
 
         Returns:
             Same shape as ``x``.
+
+        Raises:
+            ValueError: if an int ``offset`` puts the last position past ``max_len``.
         """
         seq_len = x.shape[-2]
-        _check_length(offset + seq_len, self.max_len)
-        positions = torch.arange(offset, offset + seq_len, device=x.device)  # (T,)
-        return self.dropout(x + self.embedding(positions))
+        if isinstance(offset, Tensor):
+            positions = offset + torch.arange(seq_len, device=x.device)  # (T,)
+            table = self.embedding(positions)  # (T, D)
+        else:
+            _check_length(offset + seq_len, self.max_len)
+            table = self.embedding.weight[offset : offset + seq_len]  # (T, D): rows of the table
+        return self.dropout(x + table)
