@@ -448,7 +448,7 @@ def attention_lab02(q, k, v, mask):
 
 
 def attention_kit(q, k, v, mask):
-    return masks.masked_attention(q, k, v, mask)
+    return attention.masked_attention(q, k, v, mask)
 
 
 @pytest.mark.parametrize(
@@ -767,7 +767,7 @@ def test_oracles_agree_with_the_package() -> None:
     for name in ("causal", "padded"):
         q, k, v, mask, _ = lab05.attention_example(name)
         want_out, want_w = hidden05.oracle_masked_attention(q, k, v, mask)
-        out, w = masks.masked_attention(q.double(), k.double(), v.double(), mask)
+        out, w = attention.masked_attention(q.double(), k.double(), v.double(), mask)
         torch.testing.assert_close(w, want_w)
         torch.testing.assert_close(out, want_out)
 

@@ -79,8 +79,8 @@ BAN = Ban(
         "transformer_lab.attention.self_attention_loop",
         "transformer_lab.attention.self_attention_matrix",
         "transformer_lab.attention.MultiHeadAttention",
-        "transformer_lab.attention.fast_attention",
-        "transformer_lab.masks.masked_attention",
+        "transformer_lab.attention.attend",
+        "transformer_lab.attention.masked_attention",
     ),
     reason="this lab asks for your own softmax and attention",
 )

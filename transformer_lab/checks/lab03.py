@@ -87,7 +87,7 @@ BAN = Ban(
         "transformer_lab.attention.merge_heads",
         "transformer_lab.attention.MultiHeadAttention",
         "transformer_lab.attention.load_torch_weights",
-        "transformer_lab.attention.fast_attention",
+        "transformer_lab.attention.attend",
     ),
     reason="lab 03 asks for your own heads; lab 02's scaled_dot_product_attention and softmax "
     "(yours, or the kit's in transformer_lab.attention) may be reused",

@@ -90,7 +90,8 @@ ATTENTION_BAN = Ban(
     functions=(
         _KIT_MASKS,
         "transformer_lab.attention.scaled_dot_product_attention",
-        "transformer_lab.attention.fast_attention",
+        "transformer_lab.attention.attend",
+        "transformer_lab.attention.masked_attention",
         "transformer_lab.attention.MultiHeadAttention",
         "torch.nn.MultiheadAttention",
     ),
