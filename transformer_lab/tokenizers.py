@@ -45,6 +45,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from transformer_lab.graded import graded
+
 __all__ = [
     "DEFAULT_SPECIALS",
     "END_OF_WORD",
@@ -356,6 +358,7 @@ class CharTokenizer(Tokenizer):
 
     kind: ClassVar[str] = "char"
 
+    @graded("07_nlp_pipeline")
     def fit(self, text: str) -> CharTokenizer:
         """Build the vocabulary: every distinct character of ``text``, sorted by code point.
 
@@ -520,6 +523,7 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
+@graded("07_nlp_pipeline")
 def _merge_pair(symbols: Sequence[str], pair: tuple[str, str]) -> list[str]:
     """Replace each non-overlapping occurrence of ``pair`` (left to right) by one symbol."""
     first, second = pair
@@ -535,6 +539,7 @@ def _merge_pair(symbols: Sequence[str], pair: tuple[str, str]) -> list[str]:
     return out
 
 
+@graded("07_nlp_pipeline")
 def bpe_train(text: str, num_merges: int) -> list[tuple[str, str]]:
     """Learn BPE merges from ``text``.
 
@@ -590,6 +595,7 @@ def bpe_train(text: str, num_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
+@graded("07_nlp_pipeline")
 def _encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     """Apply merges to one word, lowest rank first, until none applies."""
     symbols = [*word, END_OF_WORD]
@@ -602,6 +608,7 @@ def _encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     return symbols
 
 
+@graded("07_nlp_pipeline")
 def bpe_encode(text: str, merges: Sequence[tuple[str, str]]) -> list[str]:
     """Segment ``text`` with learned merges.
 
