@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import importlib.util
 import itertools
+import json
 import math
 import sys
 import types
@@ -1039,3 +1040,25 @@ def test_fixtures_are_up_to_date() -> None:
     from transformer_lab.grading.fixtures import check_fixtures
 
     assert check_fixtures(Path(__file__).resolve().parents[1], ["07_nlp_pipeline"]) == []
+
+
+def test_the_lab_07_diagrams_draw() -> None:
+    from matplotlib.figure import Figure
+
+    from transformer_lab import diagrams
+
+    merges = hidden07.oracle_bpe_train(hidden07.RHYME, 5)
+    words = ["sea", "seas"]
+    steps = [[hidden07.oracle_bpe_encode(w, merges[:k]) for w in words] for k in (0, 5)]
+    assert isinstance(diagrams.bpe_merges_figure(words, steps, ["0", "5"]), Figure)
+    with pytest.raises(ValueError, match="labels"):
+        diagrams.bpe_merges_figure(words, steps, ["0"])
+    assert isinstance(
+        diagrams.one_hot_lookup([4, 5, 4], ["a", "b", "a"], torch.randn(7, 3)), Figure
+    )
+    probs = torch.softmax(torch.randn(5), -1)
+    assert isinstance(diagrams.decoding_distributions({"p": probs}, list("abcde")), Figure)
+    spec = hidden07.LECTURE_TABLE
+    table = {tuple(json.loads(k)): v for k, v in spec["table"].items()}
+    figure = diagrams.beam_tree(table, spec["words"], {"greedy": [0, 2, 4, 1]}, min_prob=0.25)
+    assert isinstance(figure, Figure)

@@ -29,6 +29,15 @@ Conventions shared by all three:
   equally frequent pairs go to the lexicographically smallest pair, which makes training
   deterministic.
 
+Lab 07 (the NLP pipeline) grades :meth:`CharTokenizer.fit`, :func:`bpe_train` and
+:func:`bpe_encode` (with their helpers ``_merge_pair`` and ``_encode_word``), marked
+``@graded``: the student package leaves them out until the lab's deadline. The rest stays in:
+the DataModules (synthetic tasks, Tiny Shakespeare's fixed alphabet via
+:meth:`CharTokenizer.from_symbols`) and ``transformer-lab generate`` encode and decode with
+:class:`CharTokenizer` from lab 04 on, so its ``encode``/``decode`` are shared machinery, not
+locked. Before lab 07's deadline a student package cannot fit a :class:`CharTokenizer` on a
+text (``CharCorpusDataModule(path=...)``) nor use :class:`BPETokenizer`.
+
 Reference: R. Sennrich, B. Haddow, A. Birch, "Neural Machine Translation of Rare Words with
 Subword Units", ACL 2016 (algorithm 1).
 """

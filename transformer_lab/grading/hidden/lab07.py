@@ -608,8 +608,9 @@ def bpe_encode_mistakes(text: str, merges: Sequence[tuple[str, str]]) -> dict[st
 
 
 def _expect_merges(fn: Callable[..., Any], text: str, num_merges: int) -> None:
+    learned = run_bpe_train(fn, text, num_merges)
     judge_merges(
-        run_bpe_train(fn, text, num_merges),
+        learned,
         oracle_bpe_train(text, num_merges),
         bpe_train_mistakes(text, num_merges),
         f"bpe_train({text[:37] + '...' if len(text) > 40 else text!r}, {num_merges})",
@@ -889,8 +890,10 @@ def _expect_logits(
     hint: str,
 ) -> None:
     arg_name = {"apply_temperature": "t", "top_k_filter": "k", "top_p_filter": "p"}[name]
-    got, what = run_logits_fn(fn, name, logits, arg, arg_name)
-    judge_logits(got, want, mistakes, what, hint, k=int(arg) if name == "top_k_filter" else None)
+    returned, call = run_logits_fn(fn, name, logits, arg, arg_name)
+    judge_logits(
+        returned, want, mistakes, call, hint, k=int(arg) if name == "top_k_filter" else None
+    )
 
 
 def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
@@ -1275,14 +1278,9 @@ _FINAL_TIE_TABLE = {
 
 
 def _table(spec: Mapping[str, Any]) -> TableStepFn:
-    table = {tuple(json.loads(k)): v for k, v in spec["table"].items()}
-    return TableStepFn(
-        table,
-        spec["default"],
-        bos_id=spec["bos_id"],
-        eos_id=spec["eos_id"],
-        max_len=spec["max_len"],
-    )
+    rows = {tuple(json.loads(k)): v for k, v in spec["table"].items()}
+    ids = {name: spec[name] for name in ("bos_id", "eos_id", "max_len")}
+    return TableStepFn(rows, spec["default"], **ids)
 
 
 def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> None:
