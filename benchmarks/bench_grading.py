@@ -4,9 +4,14 @@ For every lab the script builds a throw-away course with ``--submissions`` copie
 (each a different student), grades it with the kit's grader (sandboxed where bubblewrap works,
 one CPU thread per kernel) once with ``--jobs 1`` and once with ``--jobs N``, and reports:
 
-* ``s_per_submission``: wall seconds per submission with one job;
-* ``per_hour_per_core``: submissions per hour per core with N jobs (N cores busy);
-* ``term_minutes``: minutes a term of ``--students`` submissions takes on N cores.
+* ``setup_s``: the lab's fixed cost, paid once per ``labs grade`` run whatever the number of
+  submissions (nbgrader's assignment, the lab's gradebooks, the student-package view, merging);
+* ``s_per_submission``: median wall seconds of one submission (its own workspace, kernel,
+  hidden tests, feedback) with one job;
+* ``s_busy``: the same with N jobs at once (N cores busy: what contention costs);
+* ``per_hour_per_core``: ``3600 / s_busy``, submissions per hour per core;
+* ``term_minutes``: minutes a term of ``--students`` submissions takes on N cores
+  (``setup_s`` + students x ``s_busy`` / N).
 
 Every copy must come back ``graded`` with full marks, or the lab's row says how many did not.
 Nothing is written inside the repository.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -25,11 +31,13 @@ from _common import REPO_ROOT, now, print_table, write_json
 from _common import base_parser as _base_parser
 
 
-def grade_copies(lab: str, copies: int, jobs: int, workdir: Path) -> tuple[float, int]:
+def grade_copies(lab: str, copies: int, jobs: int, workdir: Path) -> dict[str, Any]:
     """Grade ``copies`` submissions of ``lab``'s solution with ``jobs`` jobs.
 
     Returns:
-        ``(wall seconds, how many came back graded with full marks)``.
+        ``wall`` (seconds of the whole run), ``per_submission`` (median seconds of one
+        submission), ``setup`` (the rest of the wall time with one job, or of the first
+        submission's wait with more) and ``full`` (how many came back graded with full marks).
     """
     from transformer_lab.grading.grade import GradingOptions, grade_course
 
@@ -43,9 +51,15 @@ def grade_copies(lab: str, copies: int, jobs: int, workdir: Path) -> tuple[float
         shutil.copy(source, folder / f"{lab}.ipynb")
     start = time.perf_counter()
     report = grade_course(course, REPO_ROOT, [lab], jobs=jobs, options=GradingOptions())
-    seconds = time.perf_counter() - start
+    wall = time.perf_counter() - start
+    seconds = sorted(r.seconds or 0.0 for r in report.results)
     full = sum(1 for r in report.results if r.status == "graded" and r.auto_score == r.auto_max)
-    return seconds, full
+    return {
+        "wall": wall,
+        "per_submission": statistics.median(seconds) if seconds else float("nan"),
+        "setup": max(wall - sum(seconds) / jobs, 0.0),
+        "full": full,
+    }
 
 
 def main() -> None:
@@ -65,21 +79,33 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         for lab in labs:
-            one, ok_one = grade_copies(lab, args.submissions, 1, Path(tmp))
-            many, ok_many = grade_copies(lab, args.submissions, args.jobs, Path(tmp))
-            per_sub = one / args.submissions
-            per_hour_core = args.submissions / many * 3600 / args.jobs
+            one = grade_copies(lab, args.submissions, 1, Path(tmp))
+            many = grade_copies(lab, args.submissions, args.jobs, Path(tmp))
+            busy = many["per_submission"]
             rows.append(
                 {
                     "lab": lab,
-                    "s_per_submission": round(per_sub, 1),
+                    "setup_s": round(one["setup"], 1),
+                    "s_per_submission": round(one["per_submission"], 1),
                     "jobs": args.jobs,
-                    "per_hour_per_core": round(per_hour_core),
-                    "term_minutes": round(args.students / (per_hour_core * args.jobs) * 60, 1),
-                    "full_marks": f"{min(ok_one, ok_many)}/{args.submissions}",
+                    "s_busy": round(busy, 1),
+                    "per_hour_per_core": round(3600 / busy),
+                    "term_minutes": round(
+                        (one["setup"] + args.students * busy / args.jobs) / 60, 1
+                    ),
+                    "full_marks": f"{min(one['full'], many['full'])}/{args.submissions}",
                 }
             )
-    columns = ["lab", "s_per_submission", "jobs", "per_hour_per_core", "term_minutes", "full_marks"]
+    columns = [
+        "lab",
+        "setup_s",
+        "s_per_submission",
+        "jobs",
+        "s_busy",
+        "per_hour_per_core",
+        "term_minutes",
+        "full_marks",
+    ]
     print_table(rows, columns)
     write_json(args.out, {"date": now(), "students": args.students, "rows": rows})
 

@@ -20,8 +20,10 @@ Reference: nbconvert's ``HTMLExporter``; MathML Core (W3C).
 from __future__ import annotations
 
 import copy
+import functools
 import html
 import re
+from typing import Any
 
 import nbformat
 from nbformat import NotebookNode
@@ -170,12 +172,21 @@ def feedback_notebook(
     return nb
 
 
-def render_html(nb: NotebookNode) -> str:
-    """One self-contained HTML page of ``nb``: images inline, MathML, wrapped messages."""
+@functools.cache
+def _html_exporter() -> Any:
+    """nbconvert's exporter with JupyterLab's template, built once per process.
+
+    Building it loads and compiles the Jinja templates (about a second); a grading worker
+    renders many submissions with the same one.
+    """
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="lab")
-    body, _ = exporter.from_notebook_node(nb)
+    return HTMLExporter(template_name="lab")
+
+
+def render_html(nb: NotebookNode) -> str:
+    """One self-contained HTML page of ``nb``: images inline, MathML, wrapped messages."""
+    body, _ = _html_exporter().from_notebook_node(nb)
     body = re.sub(r"<script[^>]*mathjax[^>]*>\s*</script>", "", body, flags=re.I)
     body = re.sub(r"<script[^>]*>[^<]*MathJax[^<]*</script>", "", body, flags=re.S)
     return body.replace("</head>", _CSS + "</head>", 1)
