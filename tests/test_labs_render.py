@@ -26,3 +26,4 @@ def test_render_shows_the_students_own_figures(tmp_path: Path) -> None:
     assert html.count("<img") >= 4 and "<math" in html
     if shutil.which("chromium") or shutil.which("google-chrome"):
         assert (tmp_path / f"{LAB}.png").stat().st_size > 10_000
+        assert (tmp_path / f"{LAB}.pdf").read_bytes()[:5] == b"%PDF-"

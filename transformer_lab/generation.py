@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 
+@graded("07_nlp_pipeline")
 def apply_temperature(logits: Tensor, t: float) -> Tensor:
     """Divide logits by the temperature: ``t < 1`` sharpens, ``t > 1`` flattens.
 
@@ -65,6 +66,7 @@ def apply_temperature(logits: Tensor, t: float) -> Tensor:
     return logits / t
 
 
+@graded("07_nlp_pipeline")
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Keep the ``k`` largest logits of each row; the rest become ``-inf``.
 
@@ -88,6 +90,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     return logits.masked_fill(logits < kth, -math.inf)
 
 
+@graded("07_nlp_pipeline")
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Nucleus filter: keep the most likely tokens until their total probability reaches ``p``.
 
@@ -351,6 +354,7 @@ def greedy_decode(
     return ys
 
 
+@graded("07_nlp_pipeline")
 def beam_search(
     step_fn: Callable[[list[int]], Tensor | Sequence[float]],
     bos_id: int,

@@ -29,6 +29,15 @@ Conventions shared by all three:
   equally frequent pairs go to the lexicographically smallest pair, which makes training
   deterministic.
 
+Lab 07 (the NLP pipeline) grades :meth:`CharTokenizer.fit`, :func:`bpe_train` and
+:func:`bpe_encode` (with their helpers ``_merge_pair`` and ``_encode_word``), marked
+``@graded``: the student package leaves them out until the lab's deadline. The rest stays in:
+the DataModules (synthetic tasks, Tiny Shakespeare's fixed alphabet via
+:meth:`CharTokenizer.from_symbols`) and ``transformer-lab generate`` encode and decode with
+:class:`CharTokenizer` from lab 04 on, so its ``encode``/``decode`` are shared machinery, not
+locked. Before lab 07's deadline a student package cannot fit a :class:`CharTokenizer` on a
+text (``CharCorpusDataModule(path=...)``) nor use :class:`BPETokenizer`.
+
 Reference: R. Sennrich, B. Haddow, A. Birch, "Neural Machine Translation of Rare Words with
 Subword Units", ACL 2016 (algorithm 1).
 """
@@ -44,6 +53,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from torch import Tensor
+
+from transformer_lab.graded import graded
 
 __all__ = [
     "DEFAULT_SPECIALS",
@@ -356,6 +367,7 @@ class CharTokenizer(Tokenizer):
 
     kind: ClassVar[str] = "char"
 
+    @graded("07_nlp_pipeline")
     def fit(self, text: str) -> CharTokenizer:
         """Build the vocabulary: every distinct character of ``text``, sorted by code point.
 
@@ -520,6 +532,7 @@ def _words(text: str) -> list[str]:
     return text.split()
 
 
+@graded("07_nlp_pipeline")
 def _merge_pair(symbols: Sequence[str], pair: tuple[str, str]) -> list[str]:
     """Replace each non-overlapping occurrence of ``pair`` (left to right) by one symbol."""
     first, second = pair
@@ -535,6 +548,7 @@ def _merge_pair(symbols: Sequence[str], pair: tuple[str, str]) -> list[str]:
     return out
 
 
+@graded("07_nlp_pipeline")
 def bpe_train(text: str, num_merges: int) -> list[tuple[str, str]]:
     """Learn BPE merges from ``text``.
 
@@ -590,6 +604,7 @@ def bpe_train(text: str, num_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
+@graded("07_nlp_pipeline")
 def _encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     """Apply merges to one word, lowest rank first, until none applies."""
     symbols = [*word, END_OF_WORD]
@@ -602,6 +617,7 @@ def _encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     return symbols
 
 
+@graded("07_nlp_pipeline")
 def bpe_encode(text: str, merges: Sequence[tuple[str, str]]) -> list[str]:
     """Segment ``text`` with learned merges.
 

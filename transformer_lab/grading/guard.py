@@ -264,7 +264,22 @@ def install(config: dict[str, Any]) -> None:
         if found:
             record("tamper", where=where, what=found[:6])
 
-    refused_everywhere = frozenset(
+    file_events = frozenset(
+        {
+            "os.remove",
+            "os.rename",
+            "os.rmdir",
+            "os.chmod",
+            "os.chown",
+            "os.symlink",
+            "os.link",
+            "os.truncate",
+            "os.mkdir",
+            "os.utime",
+            "shutil.rmtree",
+        }
+    )
+    refused_everywhere = file_events | frozenset(
         {
             "os.system",
             "os.exec",
@@ -297,32 +312,6 @@ def install(config: dict[str, Any]) -> None:
             "os.kill",
             "os.killpg",
             "signal.pthread_kill",
-            "shutil.rmtree",
-            "os.remove",
-            "os.rename",
-            "os.rmdir",
-            "os.chmod",
-            "os.chown",
-            "os.symlink",
-            "os.link",
-            "os.truncate",
-            "os.mkdir",
-            "os.utime",
-        }
-    )
-    file_events = frozenset(
-        {
-            "os.remove",
-            "os.rename",
-            "os.rmdir",
-            "os.chmod",
-            "os.chown",
-            "os.symlink",
-            "os.link",
-            "os.truncate",
-            "os.mkdir",
-            "os.utime",
-            "shutil.rmtree",
         }
     )
     noted = frozenset({"sys._getframe", "function.__new__", "code.__new__", "code.replace"})

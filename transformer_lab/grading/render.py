@@ -55,30 +55,38 @@ def filled_release(repo: Path, lab: str) -> NotebookNode:
     return release
 
 
-def _screenshot(html: Path, png: Path) -> bool:
-    """A full-height screenshot of ``html`` with headless Chromium; False where there is none."""
-    browser = next(
-        (
-            shutil.which(b)
-            for b in ("chromium", "chromium-browser", "google-chrome")
-            if shutil.which(b)
-        ),
-        None,
-    )
+def _browser() -> str | None:
+    """A headless-capable Chromium on PATH, or None."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _screenshot(html: Path, png: Path, pdf: Path) -> list[Path]:
+    """The top of ``html`` as ``png`` and all of it as ``pdf`` (headless Chromium).
+
+    Returns the files written: none where no Chromium is installed or it fails (a rendering
+    aid, never a reason for the command to fail).
+    """
+    browser = _browser()
     if browser is None:
-        return False
-    args = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        f"--screenshot={png}",
-        "--window-size=1280,12000",
-        html.as_uri(),
-    ]
-    done = subprocess.run(args, capture_output=True, timeout=180)
-    return done.returncode == 0 and png.is_file()
+        return []
+    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    jobs = {
+        png: [f"--screenshot={png}", "--window-size=1280,12000"],
+        pdf: [f"--print-to-pdf={pdf}", "--no-pdf-header-footer"],
+    }
+    written = []
+    for target, args in jobs.items():
+        try:
+            subprocess.run([*common, *args, html.as_uri()], capture_output=True, timeout=180)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if target.is_file() and target.stat().st_size > 0:
+            written.append(target)
+    return written
 
 
 def render_labs(

@@ -306,6 +306,21 @@ class _TransformerModule(L.LightningModule):
         self.data_info = dict(checkpoint.get(CHECKPOINT_KEY, {}).get("data") or {})
 
 
+# The DataModule's scalar attributes that identify its data, and its tokenizers.
+_DATA_FIELDS = (
+    "task",
+    "format",
+    "vocab_size",
+    "src_vocab_size",
+    "tgt_vocab_size",
+    "num_classes",
+    "pad_id",
+    "bos_id",
+    "eos_id",
+)
+_TOKENIZER_FIELDS = ("tokenizer", "src_tokenizer", "tgt_tokenizer")
+
+
 def describe_datamodule(datamodule: Any) -> dict[str, Any]:
     """Collect what decoding needs from a DataModule: ids, sizes and the tokenizer's state.
 
@@ -321,23 +336,11 @@ def describe_datamodule(datamodule: Any) -> dict[str, Any]:
     info: dict[str, Any] = {
         "datamodule": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
     }
-    for name in (
-        "task",
-        "format",
-        "vocab_size",
-        "src_vocab_size",
-        "tgt_vocab_size",
-        "num_classes",
-        "pad_id",
-        "bos_id",
-        "eos_id",
-        "max_len",
-        "block_size",
-    ):
+    for name in (*_DATA_FIELDS, "max_len", "block_size"):
         value = getattr(datamodule, name, None)
         if isinstance(value, int | float | str | bool):
             info[name] = value
-    for name in ("tokenizer", "src_tokenizer", "tgt_tokenizer"):
+    for name in _TOKENIZER_FIELDS:
         try:
             tokenizer = getattr(datamodule, name, None)
         except ImportError:  # a lazily imported tokenizer module that is not available
@@ -356,22 +359,7 @@ def describe_datamodule(datamodule: Any) -> dict[str, Any]:
 
 # What identifies a run's data: another task, format or vocabulary makes the weights mean
 # something else even where every tensor shape fits (copy and reverse share all of them).
-DATA_IDENTITY = (
-    "datamodule",
-    "task",
-    "format",
-    "vocab_size",
-    "src_vocab_size",
-    "tgt_vocab_size",
-    "num_classes",
-    "pad_id",
-    "bos_id",
-    "eos_id",
-    "tokenizer",
-    "src_tokenizer",
-    "tgt_tokenizer",
-    "vocabulary",
-)
+DATA_IDENTITY = ("datamodule", *_DATA_FIELDS, *_TOKENIZER_FIELDS, "vocabulary")
 
 
 def _data_differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:

@@ -1,0 +1,776 @@
+"""Visible checks of lab 07 (the NLP pipeline and decoding), called by the visible test cells.
+
+The student writes a character tokenizer (``CharTokenizer``), byte-pair encoding (``bpe_train``,
+``bpe_encode``) and the decoding pieces of a language model: ``apply_temperature``,
+``top_k_filter``, ``top_p_filter`` and ``beam_search``.
+
+No oracle lives here. Every visible check runs the student's code on worked examples whose
+expected results, and the results of the typical mistakes on them, are stored in
+``fixtures/lab07.json`` (written from the hidden checks' oracles by ``labs build``): a wrong
+answer that reproduces a stored mistake is told which one. The stand-ins the checks hand to the
+student's code live here too, because the hidden module's functions are refused inside a ban:
+
+* :class:`TableStepFn`, a next-token distribution read from a hand-built table of prefixes
+  (and :class:`RandomStepFn`, a seeded random one for every prefix), for ``beam_search``. Both
+  refuse what a correct search never asks: a prefix that does not start with BOS, that already
+  ended with EOS, or that already holds ``max_len`` tokens.
+
+The rules the checks hold the student to are stated in the notebook and in the docstrings of the
+``check_*`` functions: the tokenizer's specials ``<pad>, <bos>, <eos>, <unk>`` = ids 0-3 and the
+characters after them in sorted order; BPE's words split on whitespace and ended with ``</w>``,
+overlapping pairs counted, ties to the smallest pair, merges applied earliest-learned first; the
+filters' removed entries at ``-inf``, ties at the top-k boundary kept, the token that crosses
+``p`` kept (probability ties ranked by token id, lowest first); beam search's scores summed
+log-probabilities, EOS hypotheses set aside, ties to the better-ranked beam.
+
+While the student's code runs, the kit's own answers are refused (``Ban``):
+``transformer_lab.tokenizers`` for the tokenizers, ``transformer_lab.generation`` for decoding.
+
+Reference: Prince, *Understanding Deep Learning*, sections 12.5 and 12.7.3; Sennrich, Haddow and
+Birch, "Neural Machine Translation of Rare Words with Subword Units", ACL 2016; Holtzman et al.,
+"The Curious Case of Neural Text Degeneration", ICLR 2020.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transformer_lab.checks._common import (
+    FIXTURES,
+    Ban,
+    call_forbidding,
+    expect_shape,
+    expect_true,
+)
+
+__all__ = [
+    "DECODING_BAN",
+    "END_OF_WORD",
+    "SPECIALS",
+    "TOKENIZER_BAN",
+    "RandomStepFn",
+    "TableStepFn",
+    "check_apply_temperature",
+    "check_beam_search",
+    "check_beam_search_eos",
+    "check_bpe_encode",
+    "check_bpe_train",
+    "check_bpe_train_rules",
+    "check_char_tokenizer",
+    "check_top_k_filter",
+    "check_top_p_filter",
+    "example",
+    "same_logits",
+    "sequence_score",
+]
+
+#: The special tokens of the lab's ``CharTokenizer``, ids 0, 1, 2, 3.
+SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>")
+#: The end-of-word symbol of BPE.
+END_OF_WORD = "</w>"
+
+TOKENIZER_BAN = Ban(
+    functions=("transformer_lab.tokenizers",),
+    reason="lab 07 asks you to write the tokenizer yourself, without the kit's tokenizers",
+)
+DECODING_BAN = Ban(
+    functions=("transformer_lab.generation",),
+    reason="lab 07 asks you to write the decoding step yourself, without the kit's generation "
+    "module",
+)
+
+
+@functools.cache
+def _examples() -> dict[str, Any]:
+    path = FIXTURES / "lab07.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AssertionError(
+            f"the kit's stored examples {path.name} are missing: reinstall the kit"
+        ) from None
+
+
+def example(key: str) -> tuple[Any, dict[str, Any]]:
+    """A stored worked example: ``(expected, {hint: what that mistake returns})``, as JSON data.
+
+    Tensors are stored as nested lists (``-inf`` included); turn them back with
+    ``torch.tensor(..., dtype=torch.float64)``.
+    """
+    entry = _examples()[key]
+    return entry["expected"], entry.get("mistakes", {})
+
+
+def _tensor(data: Any) -> Tensor:
+    return torch.tensor(data, dtype=torch.float64)
+
+
+# ======================================================================================
+# CharTokenizer
+# ======================================================================================
+
+
+_ON_ERROR = {
+    "encode": "A character that fit never saw becomes <unk> (id 3): look it up with a default, "
+    "e.g. self.stoi.get(ch, 3).",
+    "decode": "Every id from 0 to vocab_size - 1 has a token: the specials by name, then the "
+    "characters.",
+}
+
+
+def _method(tok: Any, name: str, *args: Any, what: str) -> Any:
+    """Call ``tok.<name>(*args)`` under the tokenizer ban."""
+    method = getattr(tok, name, None)
+    if method is None:
+        raise AssertionError(f"your CharTokenizer has no method `{name}`: the lab asks for it.")
+    return call_forbidding(
+        method, args, {}, ban=TOKENIZER_BAN, what=what, on_error=_ON_ERROR.get(name, "")
+    )
+
+
+def vocab_size_of(tok: Any) -> int:
+    """``tok.vocab_size`` (a property or an attribute), read under the ban."""
+    if not hasattr(type(tok), "vocab_size") and "vocab_size" not in getattr(tok, "__dict__", {}):
+        raise AssertionError("your CharTokenizer has no `vocab_size`: the lab asks for it.")
+    size = call_forbidding(
+        lambda: tok.vocab_size, (), {}, ban=TOKENIZER_BAN, what="tokenizer.vocab_size"
+    )
+    if callable(size):
+        raise AssertionError(
+            "tokenizer.vocab_size is a method; make it a property (put @property above "
+            "`def vocab_size(self)`) or an attribute, so that `tok.vocab_size` is a number."
+        )
+    if isinstance(size, Tensor) and size.numel() == 1:
+        size = size.item()
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise AssertionError(
+            f"tokenizer.vocab_size is {size!r} ({type(size).__name__}); it should be an int."
+        )
+    return size
+
+
+def fitted_tokenizer(cls: Callable[..., Any], text: str) -> Any:
+    """``cls()`` then ``.fit(text)``, under the ban; checks that ``fit`` returns the tokenizer."""
+    tok = call_forbidding(cls, (), {}, ban=TOKENIZER_BAN, what="CharTokenizer()")
+    returned = _method(tok, "fit", text, what=f"CharTokenizer().fit({text!r})")
+    expect_true(
+        returned is tok,
+        f"CharTokenizer().fit({text!r}) returned {type(returned).__name__}, not the tokenizer: "
+        "end fit with `return self`, so that `tok = CharTokenizer().fit(text)` works.",
+    )
+    return tok
+
+
+def encode_with(tok: Any, text: str) -> list[int]:
+    """``tok.encode(text)`` under the ban, as a list of Python ints."""
+    what = f"tokenizer.encode({text!r})"
+    got = _method(tok, "encode", text, what=what)
+    if isinstance(got, Tensor):
+        got = got.tolist()
+    if not isinstance(got, list | tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in got
+    ):
+        raise AssertionError(f"{what} returned {got!r}; it should return a list of ints.")
+    return list(got)
+
+
+def decode_with(tok: Any, ids: list[int]) -> str:
+    """``tok.decode(ids)`` under the ban; it must be a string."""
+    what = f"tokenizer.decode({ids})"
+    got = _method(tok, "decode", list(ids), what=what)
+    if not isinstance(got, str):
+        raise AssertionError(f"{what} returned {type(got).__name__}; it should return a str.")
+    return got
+
+
+def judge_vocab_size(got: int, want: int, n_chars: int, what: str) -> None:
+    """``vocab_size`` against the expected count, naming the usual slip."""
+    if got == want:
+        return
+    shown = f"{what}.vocab_size is {got}, expected {want}"
+    if got == n_chars:
+        raise AssertionError(
+            f"{shown}: count the {len(SPECIALS)} special tokens {', '.join(SPECIALS)} too "
+            f"(ids 0-{len(SPECIALS) - 1}), then one id per distinct character."
+        )
+    raise AssertionError(
+        f"{shown}: the 4 special tokens plus one id per DISTINCT character of the text fitted."
+    )
+
+
+def judge_ids(got: list[int], want: list[int], mistakes: Mapping[str, Any], what: str) -> None:
+    """Token ids against the expected ones; name the mistake they reproduce."""
+    if got == want:
+        return
+    shown = f"{what} returned {got}, expected {want}."
+    for hint, wrong in mistakes.items():
+        if got == wrong:
+            raise AssertionError(f"{shown} {hint}")
+    if len(got) != len(want):
+        raise AssertionError(
+            f"{shown} encode gives exactly one id per character, unknown characters included "
+            f"(they become <unk>, id {SPECIALS.index('<unk>')})."
+        )
+    raise AssertionError(
+        f"{shown} Ids 0-3 are the specials {', '.join(SPECIALS)}; the characters fitted follow "
+        "in sorted order (sorted(set(text))), from id 4."
+    )
+
+
+def judge_text(got: str, want: str, mistakes: Mapping[str, Any], what: str) -> None:
+    """Decoded text against the expected one; name the mistake it reproduces."""
+    if got == want:
+        return
+    shown = f"{what} returned {got!r}, expected {want!r}."
+    for hint, wrong in mistakes.items():
+        if got == wrong:
+            raise AssertionError(f"{shown} {hint}")
+    raise AssertionError(
+        f"{shown} decode writes each character id as its character, with nothing between them, "
+        "and each special id as its name (for example '<unk>')."
+    )
+
+
+def check_char_tokenizer(cls: Callable[..., Any]) -> None:
+    """The worked example: fit on a sentence, ``vocab_size``, ``encode`` (one unseen character)
+    and ``decode`` (with special ids), against the stored expected results."""
+    text, _ = example("char text")
+    tok = fitted_tokenizer(cls, text)
+    chars, _ = example("char chars")
+    judge_vocab_size(
+        vocab_size_of(tok), len(SPECIALS) + len(chars), len(chars), f"CharTokenizer().fit({text!r})"
+    )
+    for probe in ("probe fitted", "probe unseen"):
+        probe_text, _ = example(f"char {probe}: text")
+        want, mistakes = example(f"char {probe}: encode")
+        judge_ids(encode_with(tok, probe_text), want, mistakes, f"tokenizer.encode({probe_text!r})")
+    ids, _ = example("char decode: ids")
+    want, mistakes = example("char decode")
+    judge_text(decode_with(tok, ids), want, mistakes, f"tokenizer.decode({ids})")
+
+
+# ======================================================================================
+# bpe_train and bpe_encode
+# ======================================================================================
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return repr(text) if len(text) <= limit else repr(text[: limit - 3] + "...")
+
+
+def run_bpe_train(fn: Callable[..., Any], text: str, num_merges: int) -> list[tuple[str, str]]:
+    """The student's ``bpe_train(text, num_merges)`` under the ban, as a list of pairs."""
+    what = f"bpe_train({_short(text)}, {num_merges})"
+    got = call_forbidding(
+        fn,
+        (text, num_merges),
+        {},
+        ban=TOKENIZER_BAN,
+        what=what,
+        on_error="Stop early when no pair is left to merge (every word is one symbol).",
+    )
+    if not isinstance(got, list | tuple):
+        raise AssertionError(
+            f"{what} returned {type(got).__name__}; it should return a list of (left, right) "
+            "pairs of strings."
+        )
+    pairs = []
+    for item in got:
+        if (
+            not isinstance(item, list | tuple)
+            or len(item) != 2
+            or not all(isinstance(s, str) for s in item)
+        ):
+            raise AssertionError(
+                f"{what} returned an item {item!r}; each merge is a pair of strings, e.g. "
+                "('l', 'o')."
+            )
+        pairs.append((item[0], item[1]))
+    return pairs
+
+
+def _first_difference(got: Sequence[Any], want: Sequence[Any]) -> int:
+    for i, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            return i
+    return min(len(got), len(want))
+
+
+def judge_merges(
+    got: list[tuple[str, str]], want: list[tuple[str, str]], mistakes: Mapping[str, Any], what: str
+) -> None:
+    """Merges against the expected ones; name the mistake they reproduce."""
+    if got == want:
+        return
+    i = _first_difference(got, want)
+    if i < len(got) and i < len(want):
+        shown = f"{what}: merge {i} (counting from 0) is {got[i]}, expected {want[i]}."
+    else:
+        shown = f"{what} returned {len(got)} merges, expected {len(want)}."
+    for hint, wrong in mistakes.items():
+        if got == [tuple(pair) for pair in wrong]:
+            raise AssertionError(f"{shown} {hint}")
+    if len(got) != len(want) and got[: len(want)] == want[: len(got)]:
+        raise AssertionError(
+            f"{shown} Learn exactly num_merges merges; stop earlier only when no pair is left."
+        )
+    raise AssertionError(
+        f"{shown} Each step counts every adjacent pair of symbols inside the words (word "
+        "frequency included), merges the most frequent pair (ties: the smallest pair) in every "
+        "word, and records it."
+    )
+
+
+def check_bpe_train(fn: Callable[..., Any]) -> None:
+    """Worked examples: the lecture's rhyme (10 merges) and a few words (6 merges)."""
+    for key in ("rhyme", "words"):
+        (text, num_merges), _ = example(f"bpe_train {key}: input")
+        want, mistakes = example(f"bpe_train {key}")
+        what = f"bpe_train({_short(text)}, {num_merges})"
+        judge_merges(
+            run_bpe_train(fn, text, num_merges),
+            [tuple(pair) for pair in want],
+            mistakes,
+            what,
+        )
+
+
+def check_bpe_train_rules(fn: Callable[..., Any]) -> None:
+    """The stated rules on tiny texts: overlapping pairs ("aaa"), ties, word frequencies and
+    stopping when no pair is left."""
+    for key in ("overlap", "ties", "frequency", "stop"):
+        (text, num_merges), _ = example(f"bpe_train {key}: input")
+        want, mistakes = example(f"bpe_train {key}")
+        what = f"bpe_train({_short(text)}, {num_merges})"
+        judge_merges(
+            run_bpe_train(fn, text, num_merges),
+            [tuple(pair) for pair in want],
+            mistakes,
+            what,
+        )
+
+
+def run_bpe_encode(
+    fn: Callable[..., Any], text: str, merges: Sequence[tuple[str, str]]
+) -> list[str]:
+    """The student's ``bpe_encode(text, merges)`` under the ban, as a list of strings."""
+    what = f"bpe_encode({_short(text)}, merges)"
+    got = call_forbidding(fn, (text, [tuple(m) for m in merges]), {}, ban=TOKENIZER_BAN, what=what)
+    if not isinstance(got, list | tuple) or not all(isinstance(p, str) for p in got):
+        raise AssertionError(
+            f"{what} returned {got!r:.120}; it should return the list of pieces (strings), "
+            f"e.g. ['low', 'er{END_OF_WORD}']."
+        )
+    return list(got)
+
+
+def judge_pieces(got: list[str], want: list[str], mistakes: Mapping[str, Any], what: str) -> None:
+    """Pieces against the expected ones; name the mistake they reproduce."""
+    if got == want:
+        return
+    shown = f"{what} returned {got}, expected {want}."
+    if len(shown) > 600:
+        i = _first_difference(got, want)
+        shown = (
+            f"{what} differs from the expected pieces at piece {i}: you returned "
+            f"{got[max(0, i - 2) : i + 3]}, expected {want[max(0, i - 2) : i + 3]}."
+        )
+    for hint, wrong in mistakes.items():
+        if got == wrong:
+            raise AssertionError(f"{shown} {hint}")
+    if (
+        "".join(got).replace(END_OF_WORD, " ").split()
+        != "".join(want).replace(END_OF_WORD, " ").split()
+    ):
+        raise AssertionError(
+            f"{shown} The pieces must spell the text: each word's characters followed by "
+            f"{END_OF_WORD}."
+        )
+    raise AssertionError(
+        f"{shown} In each word, repeatedly merge the adjacent pair that was learned EARLIEST "
+        "(all its occurrences, left to right) until no learned pair is left."
+    )
+
+
+def check_bpe_encode(fn: Callable[..., Any]) -> None:
+    """Worked examples: the rhyme's merges applied to the rhyme and to words it never saw; two
+    tiny examples where the order of merging changes the pieces."""
+    for key in ("rhyme", "unseen", "order", "longest"):
+        (text, merges), _ = example(f"bpe_encode {key}: input")
+        want, mistakes = example(f"bpe_encode {key}")
+        what = f"bpe_encode({_short(text)}, merges)"
+        judge_pieces(run_bpe_encode(fn, text, merges), want, mistakes, what)
+
+
+# ======================================================================================
+# apply_temperature, top_k_filter, top_p_filter
+# ======================================================================================
+
+
+def same_logits(got: Tensor, want: Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
+    """True when ``got`` has ``-inf`` exactly where ``want`` has it and agrees elsewhere."""
+    if not isinstance(got, Tensor) or tuple(got.shape) != tuple(want.shape):
+        return False
+    g = got.detach().to("cpu", torch.float64)
+    w = want.to("cpu", torch.float64)
+    if bool(torch.isnan(g).any()) or not torch.equal(torch.isneginf(g), torch.isneginf(w)):
+        return False
+    keep = ~torch.isneginf(w)
+    return bool(torch.allclose(g[keep], w[keep], atol=atol, rtol=rtol))
+
+
+def run_logits_fn(
+    fn: Callable[..., Any], name: str, logits: Tensor, arg: float, arg_name: str
+) -> tuple[Tensor, str]:
+    """The student's ``name(logits, arg)`` under the ban; checks that ``logits`` is untouched."""
+    what = f"{name}(logits {tuple(logits.shape)}, {arg_name}={arg})"
+    before = logits.clone()
+    got = call_forbidding(fn, (logits, arg), {}, ban=DECODING_BAN, what=what)
+    if not same_logits(logits, before, atol=0.0, rtol=0.0):
+        raise AssertionError(
+            f"{what} changed the logits it was given (in place): return a new tensor, e.g. "
+            "`logits.masked_fill(remove, float('-inf'))` or `logits / t`, and leave the input "
+            "as it was: the caller may still need it."
+        )
+    got = expect_shape(got, tuple(logits.shape), what)
+    expect_true(
+        got.is_floating_point(),
+        f"{what} has dtype {got.dtype}; return float logits (removed entries at -inf).",
+    )
+    return got, what
+
+
+def _kept(t: Tensor) -> list[list[int]]:
+    rows = t.detach().reshape(-1, t.shape[-1])
+    return [[i for i, v in enumerate(row.tolist()) if v != -math.inf] for row in rows]
+
+
+_TIES_DROPPED = (
+    "You keep exactly k tokens and drop some tied with the k-th largest; keep EVERY token whose "
+    "logit equals the k-th largest (compare with the value, e.g. logits < kth -> -inf)."
+)
+
+
+def _drops_ties(got: Tensor, want: Tensor, k: int) -> bool:
+    """Each row keeps exactly ``min(k, V)`` of the tokens the rule keeps, fewer than it."""
+    got_rows, want_rows = _kept(got), _kept(want)
+    width = min(k, got.shape[-1])
+    return any(len(w) > width for w in want_rows) and all(
+        set(g) <= set(w) and len(g) == min(width, len(w))
+        for g, w in zip(got_rows, want_rows, strict=True)
+    )
+
+
+def judge_logits(
+    got: Tensor,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+    what: str,
+    hint: str,
+    *,
+    k: int | None = None,
+) -> None:
+    """Filtered (or scaled) logits against the expected ones; name the mistake they reproduce.
+
+    ``k`` (top-k only) also recognises rows cut to exactly ``k`` tokens where ties keep more.
+    """
+    if same_logits(got, want):
+        return
+    if bool(torch.isnan(got.detach()).any()):
+        shown = f"{what} contains NaN."
+    elif _kept(got) != _kept(want):
+        shown = (
+            f"{what} keeps the tokens {_kept(got)} (per row; the others at -inf), expected "
+            f"{_kept(want)}."
+        )
+    else:
+        diff = (got.detach().double() - want).nan_to_num(0.0, 0.0, 0.0).abs()
+        shown = (
+            f"{what} keeps the right tokens but with other values (largest difference "
+            f"{float(diff.max()):.3g}): kept entries keep their logits."
+        )
+    for advice, wrong in mistakes.items():
+        if same_logits(got, wrong):
+            raise AssertionError(f"{shown} {advice}")
+    if k is not None and not bool(torch.isnan(got.detach()).any()) and _drops_ties(got, want, k):
+        raise AssertionError(f"{shown} {_TIES_DROPPED}")
+    zeros = want.clone()
+    zeros[torch.isneginf(zeros)] = 0.0
+    if same_logits(got, zeros) and not same_logits(want, zeros):
+        raise AssertionError(
+            f"{shown} Removed entries must be -inf (float('-inf')), not 0: a logit of 0 still "
+            "has probability exp(0) / Z after the softmax."
+        )
+    raise AssertionError(f"{shown} {hint}")
+
+
+def _check_logits_examples(fn: Callable[..., Any], name: str, arg_name: str, hint: str) -> None:
+    keys, _ = example(f"{name}: examples")
+    for key in keys:
+        logits_data, _ = example(f"{key}: logits")
+        (arg,), _ = example(f"{key}: argument")
+        want, mistakes = example(key)
+        logits = torch.tensor(logits_data, dtype=torch.float32)
+        got, what = run_logits_fn(fn, name, logits, arg, arg_name)
+        judge_logits(
+            got,
+            _tensor(want),
+            {h: _tensor(w) for h, w in mistakes.items()},
+            what,
+            hint,
+            k=int(arg) if name == "top_k_filter" else None,
+        )
+
+
+TEMPERATURE_HINT = "Divide the logits by t: logits / t (t < 1 sharpens, t > 1 flattens)."
+TOP_K_HINT = (
+    "Keep every logit >= the k-th largest logit of its row (ties at that value are all kept); "
+    "set the others to -inf."
+)
+TOP_P_HINT = (
+    "Sort each row by probability (highest first, ties by lower token id), keep each token "
+    "whose preceding mass is < p (so the token that crosses p is kept), set the others to -inf."
+)
+
+
+def check_apply_temperature(fn: Callable[..., Any]) -> None:
+    """Worked examples: one row at ``t = 0.5`` and ``t = 2``, a batch of rows at ``t = 0.7``."""
+    _check_logits_examples(fn, "apply_temperature", "t", TEMPERATURE_HINT)
+
+
+def check_top_k_filter(fn: Callable[..., Any]) -> None:
+    """Worked examples: ``k = 1, 2, 3`` on a row with a tie, a batch of rows, ``k`` = the
+    vocabulary size."""
+    _check_logits_examples(fn, "top_k_filter", "k", TOP_K_HINT)
+
+
+def check_top_p_filter(fn: Callable[..., Any]) -> None:
+    """Worked examples: an unsorted row at ``p = 0.65`` and ``0.45`` (the crossing token kept),
+    a batch of rows, ``p = 1``."""
+    _check_logits_examples(fn, "top_p_filter", "p", TOP_P_HINT)
+
+
+# ======================================================================================
+# beam_search
+# ======================================================================================
+
+
+class _StepFnBase:
+    """What every stand-in next-token distribution checks about the prefixes it is given."""
+
+    def __init__(self, bos_id: int, eos_id: int, max_len: int) -> None:
+        self.bos_id, self.eos_id, self.max_len = bos_id, eos_id, max_len
+        self.calls = 0
+
+    def _prefix(self, prefix: Any) -> tuple[int, ...]:
+        if isinstance(prefix, Tensor):
+            prefix = prefix.flatten().tolist()
+        try:
+            seq = tuple(int(i) for i in prefix)
+        except (TypeError, ValueError):
+            raise AssertionError(
+                f"your search called step_fn with {prefix!r}; it takes the prefix as a list of "
+                "token ids, BOS first."
+            ) from None
+        self.calls += 1
+        if not seq or seq[0] != self.bos_id:
+            raise AssertionError(
+                f"your search called step_fn with the prefix {list(seq)}: every hypothesis "
+                f"starts with BOS (bos_id={self.bos_id}) and step_fn reads the whole prefix."
+            )
+        if self.eos_id in seq:
+            raise AssertionError(
+                f"your search extended {list(seq)}, which already ended with EOS "
+                f"(eos_id={self.eos_id}): a hypothesis that produces EOS is finished; set it "
+                "aside and never extend it."
+            )
+        if len(seq) >= self.max_len:
+            raise AssertionError(
+                f"your search extended {list(seq)}, which already has max_len={self.max_len} "
+                "tokens: max_len counts every token, BOS (and EOS) included, so it may not grow."
+            )
+        return seq
+
+
+class TableStepFn(_StepFnBase):
+    """``step_fn(prefix) -> (V,)`` log-probabilities read from a hand-built table.
+
+    Args:
+        table: ``{prefix (tuple of ids): probabilities (V,)}``; a prefix not in the table gets
+            ``default``.
+        default: the distribution of every other prefix.
+        bos_id, eos_id, max_len: what a correct search never violates (see the module).
+    """
+
+    def __init__(
+        self,
+        table: Mapping[tuple[int, ...], Sequence[float]],
+        default: Sequence[float],
+        *,
+        bos_id: int,
+        eos_id: int,
+        max_len: int,
+    ) -> None:
+        super().__init__(bos_id, eos_id, max_len)
+        self.table = {
+            tuple(k): torch.tensor(v, dtype=torch.float64).log() for k, v in table.items()
+        }
+        self.default = torch.tensor(default, dtype=torch.float64).log()
+
+    def row(self, seq: Sequence[int]) -> Tensor:
+        """The log-probabilities ``(V,)`` after ``seq`` (float32), without the prefix checks."""
+        return self.table.get(tuple(seq), self.default).float()
+
+    def __call__(self, prefix: Any) -> Tensor:
+        return self.row(self._prefix(prefix))
+
+    def log_prob(self, seq: Sequence[int]) -> float:
+        """Total log-probability of ``seq`` (BOS first) under the table."""
+        return sum(float(self.row(seq[:t])[seq[t]]) for t in range(1, len(seq)))
+
+
+class RandomStepFn(_StepFnBase):
+    """A seeded random next-token distribution for every prefix (the same prefix, the same row).
+
+    EOS becomes likelier as the prefix grows, so hypotheses finish at different lengths.
+    """
+
+    def __init__(
+        self, vocab_size: int, seed: int, *, bos_id: int, eos_id: int, max_len: int
+    ) -> None:
+        super().__init__(bos_id, eos_id, max_len)
+        self.vocab_size, self.seed = vocab_size, seed
+
+    def row(self, seq: Sequence[int]) -> Tensor:
+        """The log-probabilities ``(V,)`` after ``seq`` (float32), without the prefix checks."""
+        key = self.seed
+        for token in seq:
+            key = (key * 1_000_003 + int(token) + 7) % (2**61 - 1)
+        g = torch.Generator().manual_seed(key % (2**63 - 1))
+        logits = 1.5 * torch.randn(self.vocab_size, generator=g, dtype=torch.float64)
+        logits[self.eos_id] += 0.6 * len(seq) - 1.5
+        return torch.log_softmax(logits, dim=-1).float()  # (V,)
+
+    def __call__(self, prefix: Any) -> Tensor:
+        return self.row(self._prefix(prefix))
+
+    def log_prob(self, seq: Sequence[int]) -> float:
+        """Total log-probability of ``seq`` (BOS first)."""
+        return sum(float(self.row(seq[:t])[seq[t]]) for t in range(1, len(seq)))
+
+
+def sequence_score(step_fn: TableStepFn | RandomStepFn, seq: Sequence[int]) -> float:
+    """The total log-probability (the beam score) of ``seq`` under ``step_fn``."""
+    return step_fn.log_prob(seq)
+
+
+def run_beam(
+    fn: Callable[..., Any],
+    step_fn: TableStepFn | RandomStepFn,
+    beam_width: int,
+    max_len: int,
+) -> tuple[list[int], str]:
+    """The student's ``beam_search`` under the ban, as a list of ints."""
+    bos, eos = step_fn.bos_id, step_fn.eos_id
+    what = (
+        f"beam_search(step_fn, bos_id={bos}, eos_id={eos}, beam_width={beam_width}, "
+        f"max_len={max_len})"
+    )
+    got = call_forbidding(
+        fn, (step_fn, bos, eos, beam_width, max_len), {}, ban=DECODING_BAN, what=what
+    )
+    if isinstance(got, Tensor):
+        got = got.flatten().tolist()
+    if not isinstance(got, list | tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in got
+    ):
+        raise AssertionError(
+            f"{what} returned {got!r:.100}; it should return the best hypothesis as a list of "
+            "token ids, BOS first."
+        )
+    return list(got), what
+
+
+def judge_beam(
+    got: list[int],
+    want: list[int],
+    mistakes: Mapping[str, Any],
+    what: str,
+    step_fn: TableStepFn | RandomStepFn,
+    max_len: int,
+) -> None:
+    """The hypothesis returned against the expected one; name the mistake it reproduces."""
+    if got == want:
+        return
+    bos, eos = step_fn.bos_id, step_fn.eos_id
+    if not got or got[0] != bos:
+        raise AssertionError(
+            f"{what} returned {got}, expected {want}: return the whole hypothesis, starting "
+            f"with BOS (bos_id={bos})."
+        )
+    if eos in got[:-1]:
+        raise AssertionError(
+            f"{what} returned {got}, expected {want}: a hypothesis ends at its first EOS."
+        )
+    if len(got) > max_len:
+        raise AssertionError(
+            f"{what} returned {got} ({len(got)} tokens), expected {want}: max_len={max_len} "
+            "counts every token, BOS and EOS included."
+        )
+    shown = (
+        f"{what} returned {got} (total log-probability {sequence_score(step_fn, got):.4f}), "
+        f"expected {want} ({sequence_score(step_fn, want):.4f})."
+    )
+    for hint, wrong in mistakes.items():
+        if got == list(wrong):
+            raise AssertionError(f"{shown} {hint}")
+    raise AssertionError(
+        f"{shown} Each step: every live hypothesis proposes its beam_width most likely next "
+        "tokens; rank all proposals by total log-probability; those ending in EOS among the "
+        "best beam_width are finished; the best beam_width others go on. Return the best "
+        "finished or live hypothesis."
+    )
+
+
+def table_step_fn(key: str) -> tuple[TableStepFn, dict[str, Any]]:
+    """The stored hand-built table ``key`` as a :class:`TableStepFn`, and its settings."""
+    spec, _ = example(f"{key}: table")
+    table = {tuple(json.loads(prefix)): probs for prefix, probs in spec["table"].items()}
+    step_fn = TableStepFn(
+        table,
+        spec["default"],
+        bos_id=spec["bos_id"],
+        eos_id=spec["eos_id"],
+        max_len=spec["max_len"],
+    )
+    return step_fn, spec
+
+
+def _check_beam_tables(fn: Callable[..., Any], keys: Sequence[str]) -> None:
+    for key in keys:
+        step_fn, spec = table_step_fn(key)
+        for width in spec["widths"]:
+            want, mistakes = example(f"{key}: beam_width={width}")
+            step_fn.calls = 0
+            got, what = run_beam(fn, step_fn, width, spec["max_len"])
+            judge_beam(got, want, mistakes, what, step_fn, spec["max_len"])
+
+
+def check_beam_search(fn: Callable[..., Any]) -> None:
+    """The notebook's table at ``beam_width`` 1 (greedy), 2 and 3: the expected hypotheses
+    and their total log-probabilities."""
+    _check_beam_tables(fn, ("beam lecture",))
+
+
+def check_beam_search_eos(fn: Callable[..., Any]) -> None:
+    """Three small tables: an early EOS that is not the answer (a live hypothesis scores better),
+    a best hypothesis still live at ``max_len``, and a short hypothesis that wins by total
+    log-probability (not per token)."""
+    _check_beam_tables(fn, ("beam eos", "beam max_len", "beam length"))
