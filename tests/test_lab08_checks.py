@@ -693,6 +693,11 @@ def test_calling_the_kits_scale_functions_earns_nothing() -> None:
     assert kit_scale.training_flops(1, 2) == 12.0  # ... and the kit works again afterwards
 
 
+@pytest.mark.parametrize("checks", [COUNT_CHECKS, FLOPS_CHECKS, KV_CHECKS, DAYS_CHECKS])
+def test_unwritten_scale_functions_say_not_implemented(checks) -> None:
+    assert_fails(checks, not_yet, list(checks), "not implemented yet")
+
+
 def test_the_kits_answers_are_marked_as_lab_08s() -> None:
     from transformer_lab.graded import GRADED
 
