@@ -193,3 +193,27 @@ def test_the_lab08_diagrams_draw_the_stack_the_cache_and_the_scale() -> None:
         diagrams.dependency_grid({"bad": torch.ones(2, 3)})
     with pytest.raises(ValueError, match="must be >= 1"):
         diagrams.kv_cache_diagram(prompt=0)
+
+
+def test_the_full_profile_reads_tiny_shakespeare_checked_from_the_cache(
+    tiny_shakespeare_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full profile's data cell: Tiny Shakespeare from the download cache, sha256 checked."""
+    from notebook_support import read_source
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tinyshakespeare.txt").write_bytes(tiny_shakespeare_path.read_bytes())
+    monkeypatch.setenv("TRANSFORMER_LAB_CACHE", str(cache))
+    monkeypatch.setenv("TRANSFORMER_LAB_PROFILE", "full")
+    monkeypatch.chdir(tmp_path)
+    wanted = ("setup", "demo_gpt_diagram", "CausalSelfAttention", "demo_attention", "demo_build")
+    namespace: dict[str, Any] = {"display": lambda *a, **k: None}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for cell in read_source("08_language_models").cells:
+            if cell.cell_type == "code" and meta(cell).get("grade_id") in wanted:
+                exec(compile(cell.source, meta(cell)["grade_id"], "exec"), namespace)
+    text = printed.getvalue()
+    assert "corpus: Tiny Shakespeare (sha256 verified)" in text and "69 token ids" in text
+    assert "818,560 parameters" in text  # 4 layers of width 128, context 128

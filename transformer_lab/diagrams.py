@@ -1464,7 +1464,7 @@ def kv_cache_diagram(prompt: int = 3, new: int = 6) -> Figure:
         ax.set_xticks([p + 0.45 for p in range(width)], [str(p) for p in range(width)])
         ax.set_yticks(
             [steps - 1 - s + 0.45 for s in range(steps)],
-            [f"token {prompt + s}" for s in range(steps)],
+            [f"writes token {prompt + s}" for s in range(steps)],
         )
         ax.tick_params(length=0, labelsize=8)
         for side in ax.spines.values():

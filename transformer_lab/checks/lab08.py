@@ -479,7 +479,8 @@ class ScriptedCache:
 
     Attributes:
         tokens: ``(B, n_ctx)`` ids read so far (positions ``0 .. length-1``).
-        length: how many positions are stored (the kit's ``KVCache.length``).
+        length: how many positions are stored (the kit's ``KVCache.length``; ``capacity`` is
+            ``n_ctx``, as the kit's).
         batch_size: ``B``.
     """
 
@@ -488,6 +489,11 @@ class ScriptedCache:
         self.length = 0
         self.batch_size = batch_size
         self.serial = serial
+
+    @property
+    def capacity(self) -> int:
+        """Most positions the cache can hold (the model's ``n_ctx``)."""
+        return self.tokens.shape[1]
 
 
 class ScriptedLM(nn.Module):
