@@ -255,3 +255,11 @@ def test_expect_module_and_seeded_helpers() -> None:
     g = generator(1)
     seen = {randint(2, 4, g) for _ in range(200)}
     assert seen == {2, 3, 4}
+
+
+def test_expect_close_compares_infinities_exactly() -> None:
+    inf = float("inf")
+    expect_close(torch.tensor([1.0, -inf]), torch.tensor([1.0, -inf]), "filtered logits")
+    for wrong in ([1.0, inf], [1.0, 5.0]):
+        with pytest.raises(AssertionError, match="wrong at 1 of 2"):
+            expect_close(torch.tensor(wrong), torch.tensor([1.0, -inf]), "filtered logits")

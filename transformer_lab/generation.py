@@ -409,8 +409,12 @@ def beam_search(
         candidates: list[tuple[list[int], float]] = []
         for seq, score in alive:
             logp = torch.as_tensor(step_fn(seq), dtype=torch.float64).flatten()  # (V,)
-            top = torch.topk(logp, min(beam_width, logp.numel()))
-            for lp, tok in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            # A stable sort, not topk: among equal log-probabilities the lower token id ranks
+            # first (topk leaves their order unspecified).
+            ranked = torch.sort(logp, descending=True, stable=True)
+            width = min(beam_width, logp.numel())
+            values, tokens = ranked.values[:width].tolist(), ranked.indices[:width].tolist()
+            for lp, tok in zip(values, tokens, strict=True):
                 candidates.append(([*seq, tok], score + lp))
         candidates.sort(key=lambda c: c[1], reverse=True)  # stable: ties keep earlier beams first
         # An EOS extension finishes if it ranks among the best beam_width; the best beam_width

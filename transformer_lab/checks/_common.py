@@ -219,7 +219,9 @@ def expect_close(
         )
     diff = (got - want).abs()
     diff = torch.where(torch.isnan(diff) & torch.isnan(want), torch.zeros_like(diff), diff)
+    diff = torch.where(got == want, torch.zeros_like(diff), diff)  # equal infinities agree
     allowed = atol + rtol * want.abs()
+    allowed = torch.where(torch.isinf(want), torch.zeros_like(allowed), allowed)  # inf: exactly
     if bool((diff <= allowed).all()):
         return t
     idx = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0]) if diff.numel() else ()

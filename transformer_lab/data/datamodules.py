@@ -556,7 +556,10 @@ class CharCorpusDataModule(pl.LightningDataModule):
                     corpus.TINY_SHAKESPEARE_CHARS, unk="<unk>"
                 )
             else:
-                self._tokenizer = CharTokenizer().fit(self._read(Path(self.path)))
+                # The same vocabulary as CharTokenizer().fit(text), built without lab 07's
+                # answer (fit), which the student package keeps locked until its deadline.
+                text = self._read(Path(self.path))
+                self._tokenizer = CharTokenizer.from_symbols(sorted(set(text)), unk="<unk>")
         return self._tokenizer
 
     @property

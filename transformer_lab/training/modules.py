@@ -739,8 +739,8 @@ class CausalLMModule(_TransformerModule):
             prompt_len = first + 1 if first > 0 else max(1, tokens.shape[1] // 2)
             target = [int(t) for t in targets[i][prompt_len - 1 :] if t != IGNORE_INDEX]
             out = generate(
-                self.model, tokens[i : i + 1, :prompt_len], len(target), top_k=1
-            )  # (1, prompt_len + len(target))
+                self.model, tokens[i : i + 1, :prompt_len], len(target), temperature=0
+            )  # (1, prompt_len + len(target)), greedy
             rows.append(
                 {
                     "input": tokens[i, :prompt_len].tolist(),
