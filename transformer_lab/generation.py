@@ -216,6 +216,7 @@ def compile_decode_step(
     return torch.compile(step, fullgraph=True, **kwargs)
 
 
+@graded("08_language_models")
 @torch.no_grad()
 def generate(
     model: nn.Module,

@@ -1,28 +1,51 @@
-"""Back-of-the-envelope arithmetic of large language models: parameters, training compute and the
-memory of a KV cache.
+"""Back-of-the-envelope arithmetic of large language models: parameters, training compute, the
+memory of a KV cache and the time a training run takes on one GPU.
 
 A GPT's size is dominated by ``12 * n_layers * d_model**2`` (attention ``4 D^2`` plus an MLP of
 ``8 D^2`` per block); training costs about ``6 N D`` floating-point operations for ``N`` parameters
 and ``D`` tokens (2 for the forward multiply-add, 4 for the backward pass); generation keeps a key
 and a value vector per layer and position. These functions make the lecture's numbers checkable:
-GPT-2 small has 124,439,808 parameters, and the lecture's GPT-3 gives about 175 billion.
+GPT-2 small has 124,439,808 parameters, the lecture's GPT-3 about 175 billion, whose 300 billion
+training tokens cost about 3.1e23 FLOPs: some 29,000 days of one A100 at 40% of its peak.
 
-References: Radford et al., 2019 (GPT-2); Brown et al., "Language Models are Few-Shot Learners",
-2020 (GPT-3, table 2.1); Kaplan et al., "Scaling Laws for Neural Language Models", 2020
-(the ``6 N D`` rule).
+Lab 08 asks students for :func:`gpt_param_count`, :func:`training_flops`, :func:`kv_cache_bytes`
+and :func:`gpu_days` (the kit's versions are its answers); :data:`GPT2_FAMILY`,
+:data:`GPT3_FAMILY` and :data:`PEAK_FLOPS` hold the published numbers the lab uses.
+
+References: Radford et al., "Language Models are Unsupervised Multitask Learners", 2019 (GPT-2,
+table 2); Brown et al., "Language Models are Few-Shot Learners", 2020 (GPT-3, table 2.1 and
+appendix D); Kaplan et al., "Scaling Laws for Neural Language Models", 2020 (the ``6 N D`` rule);
+NVIDIA's A100 and H100 datasheets (dense bfloat16 peaks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transformer_lab.graded import graded
+
 __all__ = [
+    "GPT2_FAMILY",
     "GPT3",
+    "GPT3_FAMILY",
+    "PEAK_FLOPS",
+    "SECONDS_PER_DAY",
     "ModelSpec",
     "gpt_param_count",
+    "gpu_days",
     "kv_cache_bytes",
     "training_flops",
 ]
+
+SECONDS_PER_DAY = 86_400
+
+#: Dense (no sparsity) peak throughput in FLOP/s of the formats large models train in:
+#: V100 fp16 on tensor cores (GPT-3's own hardware), A100 and H100/H200 SXM in bfloat16.
+PEAK_FLOPS: dict[str, float] = {
+    "V100 (fp16)": 125e12,
+    "A100 (bf16)": 312e12,
+    "H100 (bf16)": 989e12,
+}
 
 
 def _check(**values: int) -> None:
@@ -31,6 +54,7 @@ def _check(**values: int) -> None:
         raise ValueError(", ".join(f"{k}={v}" for k, v in bad.items()) + ": must be >= 1")
 
 
+@graded("08_language_models")
 def gpt_param_count(
     n_layers: int,
     d_model: int,
@@ -73,8 +97,12 @@ def gpt_param_count(
     return embeddings + n_layers * per_block + layer_norm + head
 
 
+@graded("08_language_models")
 def training_flops(n_params: float, n_tokens: float) -> float:
     """Approximate training compute, ``6 * N * D`` floating-point operations.
+
+    Each parameter does one multiply-add (2 FLOPs) per token in the forward pass and two in the
+    backward pass (gradients with respect to its input and to itself): 6 per parameter per token.
 
     Args:
         n_params: parameters ``N``.
@@ -88,6 +116,7 @@ def training_flops(n_params: float, n_tokens: float) -> float:
     return 6.0 * float(n_params) * float(n_tokens)
 
 
+@graded("08_language_models")
 def kv_cache_bytes(
     n_layers: int,
     d_model: int,
@@ -98,6 +127,7 @@ def kv_cache_bytes(
     """Memory of a full KV cache: a key and a value of width ``D`` per layer, position, sequence.
 
     ``2 * n_layers * n_ctx * d_model * batch_size * bytes_per_value`` (2 bytes: float16/bfloat16).
+    ``d_model`` is every head's keys together, ``n_heads * head_dim``.
 
     Args:
         n_layers: blocks ``L``.
@@ -119,6 +149,33 @@ def kv_cache_bytes(
     return 2 * n_layers * n_ctx * d_model * batch_size * bytes_per_value
 
 
+@graded("08_language_models")
+def gpu_days(flops: float, peak_flops: float, utilization: float) -> float:
+    """Days one GPU needs for ``flops`` operations at a share ``utilization`` of its peak.
+
+    ``flops / (peak_flops * utilization)`` seconds, divided by 86,400. Large training runs
+    reach 30-50% of the peak ("model FLOPs utilisation"); the rest goes to memory traffic,
+    communication between GPUs and idle time.
+
+    Args:
+        flops: the work, e.g. :func:`training_flops`.
+        peak_flops: the GPU's peak in FLOP/s (:data:`PEAK_FLOPS`).
+        utilization: achieved share of the peak, in ``(0, 1]``.
+
+    Returns:
+        GPU-days (divide by the number of GPUs for the wall-clock days of a run).
+
+    Raises:
+        ValueError: if ``flops`` or ``peak_flops`` is not positive or ``utilization`` lies
+            outside ``(0, 1]``.
+    """
+    if flops <= 0 or peak_flops <= 0:
+        raise ValueError(f"flops={flops} and peak_flops={peak_flops} must be positive")
+    if not 0.0 < utilization <= 1.0:
+        raise ValueError(f"utilization={utilization} must lie in (0, 1] (0.4 means 40%)")
+    return float(flops) / (float(peak_flops) * float(utilization)) / SECONDS_PER_DAY
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The published shape of a model, as the lecture quotes it."""
@@ -130,14 +187,20 @@ class ModelSpec:
     n_ctx: int
     vocab_size: int
     n_params: float  # as published
-    n_tokens: float  # training tokens, as published
+    n_tokens: float | None  # training tokens, as published (None: not published)
 
     def param_count(self) -> int:
         """Parameters recomputed from the shape with :func:`gpt_param_count`."""
         return gpt_param_count(self.n_layers, self.d_model, self.vocab_size, self.n_ctx)
 
     def training_flops(self) -> float:
-        """``6 N D`` with the published ``N`` and ``D``."""
+        """``6 N D`` with the published ``N`` and ``D``.
+
+        Raises:
+            ValueError: if the number of training tokens was not published.
+        """
+        if self.n_tokens is None:
+            raise ValueError(f"{self.name}: the number of training tokens was not published")
         return training_flops(self.n_params, self.n_tokens)
 
 
@@ -152,4 +215,33 @@ GPT3 = ModelSpec(
     vocab_size=50257,
     n_params=175e9,
     n_tokens=300e9,
+)
+
+#: The four GPT-2 models (Radford et al. 2019, table 2; the paper's 117M, 345M, 762M and 1542M
+#: are the released models' 124M, 355M, 774M and 1.56B once the embeddings are counted
+#: exactly). Context 1024, vocabulary 50,257; their training tokens were not published.
+GPT2_FAMILY: tuple[ModelSpec, ...] = tuple(
+    ModelSpec(name, layers, width, heads, 1024, 50257, params, None)
+    for name, layers, width, heads, params in (
+        ("GPT-2 small", 12, 768, 12, 124e6),
+        ("GPT-2 medium", 24, 1024, 16, 355e6),
+        ("GPT-2 large", 36, 1280, 20, 774e6),
+        ("GPT-2 XL", 48, 1600, 25, 1.558e9),
+    )
+)
+
+#: The eight GPT-3 models (Brown et al. 2020, table 2.1), all trained on 300B tokens with a
+#: context of 2048. The paper's 13B has d_model 5140 (with 40 heads of 128, as printed).
+GPT3_FAMILY: tuple[ModelSpec, ...] = tuple(
+    ModelSpec(name, layers, width, heads, 2048, 50257, params, 300e9)
+    for name, layers, width, heads, params in (
+        ("GPT-3 Small", 12, 768, 12, 125e6),
+        ("GPT-3 Medium", 24, 1024, 16, 350e6),
+        ("GPT-3 Large", 24, 1536, 16, 760e6),
+        ("GPT-3 XL", 24, 2048, 24, 1.3e9),
+        ("GPT-3 2.7B", 32, 2560, 32, 2.7e9),
+        ("GPT-3 6.7B", 32, 4096, 32, 6.7e9),
+        ("GPT-3 13B", 40, 5140, 40, 13.0e9),
+        ("GPT-3 175B", 96, 12288, 96, 175.0e9),
+    )
 )

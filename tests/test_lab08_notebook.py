@@ -1,0 +1,219 @@
+"""Structure of the lab 08 source notebook, and what its experiments show (no nbgrader).
+
+The checks every lab shares (metadata and markers, the locked setup cell, the checks the test
+cells call, the solution against its own test cells, a clean release, the nbgrader round trip)
+are inherited from :class:`notebook_support.LabNotebookTests`; the methods here are particular
+to lab 08: the curriculum's signatures, the demos on the student's own code, the training cell's
+use of the session, and a run of every code cell in the grading profile whose printed results
+must tell the lab's story (the cache changes nothing but the speed; forgetting its offset ruins
+the text; the counts reproduce the lecture's numbers).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import os
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from notebook_support import LabNotebookTests, meta
+
+from transformer_lab.checks import lab08
+from transformer_lab.grading.hidden import lab08 as hidden08
+
+
+class TestLab08(LabNotebookTests):
+    LAB = "08_language_models"
+    CHECKS = lab08
+    HIDDEN = hidden08
+    POINTS: ClassVar[dict[str, int]] = {
+        "causal_self_attention": 10,
+        "generate": 8,
+        "gpt_param_count": 5,
+        "training_flops": 2,
+        "kv_cache_bytes": 2,
+        "gpu_days": 2,
+        "written": 7,
+    }
+    TABLE = (
+        ("CausalSelfAttention", 10),
+        ("generate", 8),
+        ("gpt_param_count", 5),
+        ("training_flops", 2),
+        ("kv_cache_bytes", 2),
+        ("gpu_days", 2),
+    )
+    ANSWERS = (
+        "setup",
+        "CausalSelfAttention",
+        "generate",
+        "gpt_param_count",
+        "training_flops",
+        "kv_cache_bytes",
+        "gpu_days",
+    )
+    TEST_CELLS = 18
+    LEAK = "past = S - T  # P: positions stored before these tokens"  # a line of the model answer
+
+    def test_graded_functions_have_the_curriculums_signatures(self, notebook: Any) -> None:
+        answers = {
+            meta(c)["grade_id"]: c.source
+            for c in notebook.cells
+            if c.cell_type == "code" and meta(c).get("solution")
+        }
+        options = ["temperature", "top_k", "top_p", "use_cache", "generator"]
+        for name, args, kwonly in (
+            ("generate", ["model", "idx", "max_new_tokens"], options),
+            ("gpt_param_count", ["n_layers", "d_model", "vocab_size", "n_ctx", "bias"], []),
+            ("training_flops", ["n_params", "n_tokens"], []),
+            ("kv_cache_bytes", ["n_layers", "d_model", "n_ctx", "batch_size", "bytes_per_value"],
+             []),
+            ("gpu_days", ["flops", "peak_flops", "utilization"], []),
+        ):  # fmt: skip
+            fn = next(n for n in ast.parse(answers[name]).body if isinstance(n, ast.FunctionDef))
+            assert fn.name == name and [a.arg for a in fn.args.args] == args
+            assert [a.arg for a in fn.args.kwonlyargs] == kwonly
+        cls = next(n for n in ast.parse(answers["CausalSelfAttention"]).body)
+        init, forward = (f for f in cls.body if isinstance(f, ast.FunctionDef))
+        assert [a.arg for a in init.args.args] == ["self", "d_model", "n_heads", "dropout"]
+        assert [a.arg for a in forward.args.args] == ["self", "x", "kv_cache"]
+        assert answers["CausalSelfAttention"].count("### BEGIN SOLUTION") == 2
+
+    def test_every_graded_function_has_a_demo_on_the_students_own_code(self, notebook: Any) -> None:
+        demos = "\n".join(
+            c.source for c in notebook.cells if meta(c).get("grade_id", "").startswith("demo_")
+        )
+        for name in self.ANSWERS[1:]:
+            check = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()  # CausalSelfAttention -> ...
+            assert re.search(rf"yours_or_kit\(\s*{name},\s*check=lab08\.check_{check},", demos), (
+                name
+            )
+
+    def test_written_answers_have_a_rubric(self, notebook: Any) -> None:
+        written = [c for c in notebook.cells if c.cell_type == "markdown" and meta(c).get("grade")]
+        assert [(meta(c)["grade_id"], meta(c)["points"]) for c in written] == [
+            ("written_offset", 2),
+            ("written_scale", 3),
+            ("written_cache", 2),
+        ]
+        for cell in written:
+            assert meta(cell)["solution"] and "rubric" in cell.source.lower()
+            assert "1 point" in cell.source
+
+    def test_the_intro_states_measured_times_and_reading(self, notebook: Any) -> None:
+        intro = notebook.cells[0].source
+        assert re.search(r"\*\*Time:\*\* about [\d.]+ hours", intro)
+        assert "grading profile" in intro and "full profile" in intro and "estimate" in intro
+        assert "TIME_" not in intro
+        assert re.search(
+            r"\*\*Reading:\*\* Prince, \*Understanding Deep Learning\*, section 12\.7 ", intro
+        )
+        for part in ("12.7.1", "12.7.2", "12.7.3", "12.7.4"):
+            assert part in intro
+
+    def test_training_cells_follow_the_session(self, notebook: Any) -> None:
+        source = "\n".join(c.source for c in notebook.cells if c.cell_type == "code")
+        assert "session.precision" in source and "session.runs" in source
+        assert "session.grading" in source and "tempfile" not in source
+        assert "CausalLMModule(" in source and "make_trainer(" in source
+        assert 'fallback="grammar"' in source  # offline: the synthetic corpus
+        assert "OFFSET_" not in "\n".join(c.source for c in notebook.cells)
+
+    @pytest.mark.slow
+    def test_the_experiments_tell_the_story(self, notebook: Any, tmp_path: Path) -> None:
+        """Every code cell, in order, in the grading profile: the printed results."""
+        namespace: dict[str, Any] = {"display": lambda *a, **k: None}
+        printed = io.StringIO()
+        old = os.environ.get("TRANSFORMER_LAB_PROFILE")
+        os.environ["TRANSFORMER_LAB_PROFILE"] = "grading"
+        cwd = Path.cwd()
+        os.chdir(tmp_path)  # session.runs is relative to the notebook
+        try:
+            with contextlib.redirect_stdout(printed):
+                for cell in notebook.cells:
+                    if cell.cell_type == "code":
+                        exec(
+                            compile(cell.source, meta(cell).get("grade_id", "cell"), "exec"),
+                            namespace,
+                        )
+        finally:
+            os.chdir(cwd)
+            if old is None:
+                os.environ.pop("TRANSFORMER_LAB_PROFILE")
+            else:
+                os.environ["TRANSFORMER_LAB_PROFILE"] = old
+        text = printed.getvalue()
+        assert "(This uses your CausalSelfAttention.)" in text
+        assert "(This uses your generate.)" in text
+        gap = float(re.search(r"through the cache: largest difference ([\d.e+-]+)", text)[1])
+        assert gap < 1e-5
+        assert "the synthetic grammar corpus" in text
+        loss = float(re.search(r"validation loss ([\d.]+) nats per character", text)[1])
+        assert loss < 1.6  # the synthetic corpus is easy: a uniform guess is ~3.3
+        runs = tmp_path / "runs" / "08_language_models"
+        assert (runs / "synthetic_corpus.txt").is_file()
+        assert list((runs / "char_lm").glob("version_*/metrics.csv"))
+        assert text.count("the same tokens: True") == 2
+        losses = dict(re.findall(r"^\s*([a-z ,]+): ([\d.]+) nats per character$", text, re.M))
+        parallel = float(losses["one parallel pass"])
+        assert abs(float(losses["through the cache"]) - parallel) < 1e-3
+        assert float(losses["through the cache, offset forgotten"]) > parallel + 0.5
+        ours = re.search(r"gpt_param_count gives ([\d,]+); PyTorch counts ([\d,]+)", text)
+        assert ours[1] == ours[2]
+        assert "124,439,808" in text and "174,604,259,328" in text
+        assert "3.14e+23 FLOPs" in text and "9.66 GB" in text
+        assert re.search(r"on one A100 \(bf16\) at 40%: 29,1\d\d GPU-days", text)
+
+
+def test_the_lab08_diagrams_draw_the_stack_the_cache_and_the_scale() -> None:
+    import torch
+    from matplotlib.figure import Figure
+
+    from transformer_lab import diagrams
+
+    fig = diagrams.gpt_diagram({"a": {"layers": "1"}, "b": {"layers": "2"}})
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert isinstance(diagrams.gpt_diagram(), Figure)
+    fig = diagrams.kv_cache_diagram(prompt=3, new=6)
+    assert "(33 in all)" in fig.axes[0].get_title() and "(8)" in fig.axes[1].get_title()
+    fig = diagrams.dependency_grid({"causal": torch.ones(4, 4).tril()})
+    assert "6 exact zeros" in fig.axes[0].get_title()
+    points = [
+        {"family": "f", "label": "a", "d_model": 8, "params": 1e3, "published": 1e3, "flops": 1e9},
+        {"family": "f", "label": "b", "d_model": 16, "params": 4e3, "flops": None},
+    ]
+    assert len(diagrams.scale_chart(points).axes) == 2
+    with pytest.raises(ValueError, match="nothing to draw"):
+        diagrams.scale_chart([])
+    with pytest.raises(ValueError, match="not \\(T, T\\)"):
+        diagrams.dependency_grid({"bad": torch.ones(2, 3)})
+    with pytest.raises(ValueError, match="must be >= 1"):
+        diagrams.kv_cache_diagram(prompt=0)
+
+
+def test_the_full_profile_reads_tiny_shakespeare_checked_from_the_cache(
+    tiny_shakespeare_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full profile's data cell: Tiny Shakespeare from the download cache, sha256 checked."""
+    from notebook_support import read_source
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tinyshakespeare.txt").write_bytes(tiny_shakespeare_path.read_bytes())
+    monkeypatch.setenv("TRANSFORMER_LAB_CACHE", str(cache))
+    monkeypatch.setenv("TRANSFORMER_LAB_PROFILE", "full")
+    monkeypatch.chdir(tmp_path)
+    wanted = ("setup", "demo_gpt_diagram", "CausalSelfAttention", "demo_attention", "demo_build")
+    namespace: dict[str, Any] = {"display": lambda *a, **k: None}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for cell in read_source("08_language_models").cells:
+            if cell.cell_type == "code" and meta(cell).get("grade_id") in wanted:
+                exec(compile(cell.source, meta(cell)["grade_id"], "exec"), namespace)
+    text = printed.getvalue()
+    assert "corpus: Tiny Shakespeare (sha256 verified)" in text and "69 token ids" in text
+    assert "818,560 parameters" in text  # 4 layers of width 128, context 128

@@ -1,0 +1,996 @@
+"""Visible checks of lab 08 (language models): causal self-attention with a KV cache, generation
+with and without the cache, and the arithmetic of scale.
+
+The notebook's visible test cells call the ``check_*`` functions here. No oracle lives here:
+
+* the student's ``CausalSelfAttention`` is compared with PyTorch's own
+  ``nn.MultiheadAttention`` (its ``in_proj_weight`` has the layout of the fused ``qkv_proj``)
+  with the weights copied in and a causal ``attn_mask``, and run on a worked example whose
+  weights and inputs are made by formula (:func:`attention_example`), with the expected output
+  and what the typical mistakes return stored in ``fixtures/lab08.json`` (the mask after the
+  softmax, no mask, query/key/value in the wrong order, the scale of the whole width, heads
+  split without the transpose, a cache whose mask forgets the offset, a cache that is never
+  read...). The example's later keys score highest, so a mask that acts late cannot hide;
+* ``generate`` runs on :class:`ScriptedLM`, a fake causal language model whose next token is
+  a known function of everything it has read, with a cache that records how it is fed (the
+  prompt once, then one token per step) and refuses positions past its context, as the kit's
+  GPT does; the expected tokens are stored, and sampling is checked by its properties (the
+  same seed gives the same tokens, with the cache and without);
+* ``gpt_param_count`` is compared with the parameters of the kit's ``GPT`` counted by PyTorch
+  (``numel``), ``kv_cache_bytes`` with the memory of the kit's ``KVCache``, and the four scale
+  functions with stored worked examples and the values of their typical mistakes.
+
+While the student's code runs, what computes the answer is refused
+(:class:`~transformer_lab.checks._bans.Ban`): PyTorch's attention kernels and modules, the kit's
+multi-head attention, ``attend`` and GPT (for the attention; lab 05's ``masked_attention`` is
+allowed), the kit's ``generate`` and decode step (for generation; lab 07's ``sample_next`` is
+allowed), ``transformer_lab.scale`` and the kit's GPT (for the arithmetic).
+
+Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. (GPT-2), 2019;
+Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope et al.,
+"Efficiently Scaling Transformer Inference", 2022 (the KV cache).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer_lab.attention import KVCache
+from transformer_lab.checks._common import (
+    Ban,
+    call_forbidding,
+    close,
+    expect_close,
+    expect_module,
+    expect_shape,
+    expect_true,
+    generator,
+    stored,
+)
+
+__all__ = [
+    "ATTENTION_BAN",
+    "COUNT_EXAMPLES",
+    "GENERATE_BAN",
+    "KV_EXAMPLES",
+    "SCALE_BAN",
+    "SCHEDULES",
+    "ScriptedCache",
+    "ScriptedLM",
+    "attention_example",
+    "build_attention",
+    "cached_run",
+    "check_causal_self_attention",
+    "check_causal_self_attention_cache",
+    "check_generate",
+    "check_generate_sampling",
+    "check_gpt_param_count",
+    "check_gpu_days",
+    "check_kv_cache_bytes",
+    "check_training_flops",
+    "copy_torch_attention",
+    "expect_attention",
+    "expect_count",
+    "expect_number",
+    "generate_examples",
+    "greedy_run",
+    "judge_calls",
+    "judge_tokens",
+    "load_attention",
+    "run_attention",
+    "run_generate",
+    "run_scale",
+    "show_call",
+    "show_schedule",
+    "torch_attention",
+    "torch_output",
+]
+
+ATTENTION_BAN = Ban(
+    ops=("attention",),
+    functions=(
+        "torch.nn.MultiheadAttention",
+        "torch.nn.TransformerEncoderLayer",
+        "torch.nn.TransformerDecoderLayer",
+        "torch.nn.Transformer",
+        "transformer_lab.attention.MultiHeadAttention",
+        "transformer_lab.attention.attend",
+        "transformer_lab.models.CausalSelfAttention",
+        "transformer_lab.models.GPTBlock",
+        "transformer_lab.models.GPT",
+    ),
+    reason="lab 08 asks for your own causal attention: your lab-05 masked attention "
+    "(transformer_lab.attention.masked_attention) or the computation written out",
+)
+GENERATE_BAN = Ban(
+    functions=(
+        "transformer_lab.generation.generate",
+        "transformer_lab.generation.DecodeStep",
+        "transformer_lab.generation.compile_decode_step",
+    ),
+    reason="lab 08 asks you to write the generation loop yourself (sample_next is allowed)",
+)
+SCALE_BAN = Ban(
+    functions=(
+        "transformer_lab.scale",
+        "transformer_lab.models.GPT",
+        "transformer_lab.models.GPTConfig.param_count",
+    ),
+    reason="lab 08 asks you to do this arithmetic yourself",
+)
+
+# A correct float32 attention differs from float64 or torch by ~1e-6.
+_TOL = 1e-4
+
+# ======================================================================================
+# CausalSelfAttention: building, loading weights, running
+# ======================================================================================
+
+_ATTRIBUTES = (
+    "qkv_proj = nn.Linear(d_model, 3 * d_model) (output columns: queries, keys, values) and "
+    "out_proj = nn.Linear(d_model, d_model)"
+)
+
+
+def build_attention(
+    cls: Callable[..., nn.Module], d_model: int, n_heads: int, dropout: float = 0.0
+) -> tuple[nn.Module, str]:
+    """The student's ``CausalSelfAttention(d_model, n_heads[, dropout])`` under the ban.
+
+    Returns:
+        ``(module, how messages name it)``.
+
+    Raises:
+        AssertionError: the class fails, builds no module, or lacks ``qkv_proj``/``out_proj``
+            of the right shapes.
+    """
+    what = f"CausalSelfAttention({d_model}, {n_heads}" + (
+        f", dropout={dropout:g})" if dropout else ")"
+    )
+    args: tuple[Any, ...] = (d_model, n_heads) + ((dropout,) if dropout else ())
+    module = expect_module(call_forbidding(cls, args, {}, ban=ATTENTION_BAN, what=what), what)
+    D = d_model
+    for name, shape in (("qkv_proj", (3 * D, D)), ("out_proj", (D, D))):
+        layer = getattr(module, name, None)
+        weight = getattr(layer, "weight", None)
+        bias = getattr(layer, "bias", None)
+        if not isinstance(weight, Tensor):
+            raise AssertionError(
+                f"{what} has no {name} layer with a weight: the checks copy weights into "
+                f"{_ATTRIBUTES}."
+            )
+        if tuple(weight.shape) != shape:
+            raise AssertionError(
+                f"{what}.{name}.weight has shape {tuple(weight.shape)}, expected {shape}: "
+                f"{_ATTRIBUTES}."
+            )
+        if not isinstance(bias, Tensor) or tuple(bias.shape) != (shape[0],):
+            raise AssertionError(
+                f"{what}.{name} has no bias of shape ({shape[0]},): GPT's projections have "
+                "biases (nn.Linear's default bias=True)."
+            )
+    return module, what
+
+
+def load_attention(module: nn.Module, weights: Mapping[str, Tensor]) -> nn.Module:
+    """Copy ``qkv_weight (3D, D)``, ``qkv_bias``, ``out_weight``, ``out_bias`` into the module."""
+    with torch.no_grad():
+        module.qkv_proj.weight.copy_(weights["qkv_weight"])
+        module.qkv_proj.bias.copy_(weights["qkv_bias"])
+        module.out_proj.weight.copy_(weights["out_weight"])
+        module.out_proj.bias.copy_(weights["out_bias"])
+    return module
+
+
+def torch_attention(
+    d_model: int, n_heads: int, *, seed: int, dropout: float = 0.0
+) -> nn.MultiheadAttention:
+    """PyTorch's multi-head attention (batch first) with random biases, seeded, in eval mode.
+
+    The notebook's global random generator is left as it was.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        mha = nn.MultiheadAttention(d_model, n_heads, dropout=dropout, batch_first=True)
+        with torch.no_grad():
+            mha.in_proj_bias.copy_(0.3 * torch.randn(3 * d_model))
+            mha.out_proj.bias.copy_(0.3 * torch.randn(d_model))
+    return mha.eval()
+
+
+def copy_torch_attention(module: nn.Module, mha: nn.MultiheadAttention) -> nn.Module:
+    """Copy torch's weights into the student's module: ``in_proj`` rows are q, k, v too."""
+    return load_attention(
+        module,
+        {
+            "qkv_weight": mha.in_proj_weight.detach(),
+            "qkv_bias": mha.in_proj_bias.detach(),
+            "out_weight": mha.out_proj.weight.detach(),
+            "out_bias": mha.out_proj.bias.detach(),
+        },
+    )
+
+
+def torch_output(mha: nn.MultiheadAttention, x: Tensor) -> Tensor:
+    """``mha(x, x, x)`` under the causal mask (torch's boolean masks: True = may NOT attend)."""
+    T = x.shape[1]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T): True above the diagonal
+    with torch.no_grad():
+        return mha(x, x, x, attn_mask=future, need_weights=False)[0]
+
+
+_ERROR_HINT = (
+    "forward(x, kv_cache=None) takes x (B, T, D): project with qkv_proj, split q, k and v into "
+    "heads (B, H, T, Dh), with a cache call k, v = kv_cache.store(k, v), attend under the "
+    "causal mask, merge the heads and apply out_proj."
+)
+
+
+def run_attention(module: nn.Module, x: Tensor, what: str, kv_cache: Any = None) -> Tensor:
+    """``module(x)`` or ``module(x, kv_cache)`` under the ban; an output ``(B, T, D)``."""
+    args = (x,) if kv_cache is None else (x, kv_cache)
+    try:
+        out = call_forbidding(module, args, {}, ban=ATTENTION_BAN, what=what, on_error=_ERROR_HINT)
+    except AssertionError as exc:
+        text = str(exc)
+        if "overflow" in text or "cannot be converted" in text:
+            raise AssertionError(
+                f"{text.split(' forward(x')[0]} A fill value such as -1e9 does not exist in "
+                f"{x.dtype} (float16 ends at -65504): fill masked scores with "
+                "torch.finfo(scores.dtype).min."
+            ) from None
+        raise
+    if isinstance(out, tuple | list):
+        raise AssertionError(
+            f"{what} returned a {type(out).__name__}; return only the output (B, T, D) (the "
+            "attention weights stay inside)."
+        )
+    out = expect_shape(out, tuple(x.shape), what)
+    expect_true(
+        out.dtype == x.dtype,
+        f"{what} turned {x.dtype} inputs into {out.dtype}: build every tensor inside forward "
+        "with the input's dtype and device (the mask's fill value: torch.finfo(dtype).min).",
+    )
+    return out
+
+
+#: Chunk schedules of the cached worked example: the positions each call feeds.
+SCHEDULES: dict[str, tuple[tuple[int, int], ...]] = {
+    "chunks": ((0, 2), (2, 4), (4, 5)),
+    "tokens": ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5)),
+}
+
+
+def show_schedule(schedule: Sequence[tuple[int, int]]) -> str:
+    """How messages name a chunk schedule: ``x[:, 0:2], then x[:, 2:4], then ...``."""
+    return ", then ".join(f"x[:, {a}:{b}]" for a, b in schedule)
+
+
+def cached_run(
+    module: nn.Module,
+    x: Tensor,
+    schedule: Sequence[tuple[int, int]],
+    n_heads: int,
+    what: str,
+    capacity: int | None = None,
+) -> tuple[Tensor, KVCache]:
+    """Feed ``x`` to the module chunk by chunk through one kit ``KVCache``; outputs joined.
+
+    Returns:
+        ``(outputs (B, T, D), the cache)``.
+    """
+    B, T, D = x.shape
+    cache = KVCache(1, B, n_heads, capacity or T, D // n_heads, dtype=x.dtype)
+    outs = []
+    for start, end in schedule:
+        part = x[:, start:end]
+        name = f"{what} on x[:, {start}:{end}] with a cache holding {start} position(s)"
+        outs.append(run_attention(module, part, name, cache.layer(0, slice(start, end))))
+    return torch.cat(outs, dim=1), cache
+
+
+def expect_attention(
+    got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str, hint: str, tol: float
+) -> None:
+    """Compare an output with the expected one; name the first mistake it reproduces."""
+    g = got.detach().to("cpu", torch.float64)
+    if bool(torch.isnan(g).any()):
+        raise AssertionError(
+            f"{what} contains NaN: under the causal mask no query is left without a key, so "
+            "look for an overflow (a fill value such as -1e9 does not exist in float16: use "
+            "torch.finfo(scores.dtype).min)."
+        )
+    if close(g, want, atol=tol, rtol=tol):
+        return
+    named = next((h for h, w in mistakes.items() if close(g, w, atol=tol, rtol=tol)), None)
+    expect_close(g, want, what, hint=named or hint, atol=tol, rtol=tol)
+
+
+_FUTURE = (
+    "Changing the inputs after position t changed your outputs at positions <= t: query t may "
+    "attend keys 0..t only. Mask the scores of later keys before the softmax."
+)
+_GENERIC = (
+    "out = out_proj(merge(softmax(q k^T / sqrt(Dh), causal) v)), with q, k, v the three "
+    "d_model-wide parts of qkv_proj(x) (in that order), each split into heads (B, H, T, Dh)."
+)
+
+
+def _future_probe(module: nn.Module, x: Tensor, what: str) -> str | None:
+    """The causality hint when later inputs change earlier outputs, else None."""
+    T = x.shape[1]
+    cut = T // 2
+    later = x.clone()
+    later[:, cut + 1 :] += 1.0 + torch.randn(later[:, cut + 1 :].shape, generator=generator(808))
+    a = run_attention(module, x, what)[:, : cut + 1]
+    b = run_attention(module, later, what)[:, : cut + 1]
+    return None if close(a, b, atol=_TOL, rtol=_TOL) else _FUTURE
+
+
+def _example_tensor(shape: Sequence[int], a: int, b: int, c: int, scale: float) -> Tensor:
+    """A deterministic tensor with entries ``scale * (((a i + b j) % c) - c // 2)`` by index."""
+    n = math.prod(shape)
+    flat = torch.arange(n, dtype=torch.float64)
+    i, j = flat // shape[-1], flat % shape[-1]
+    values = scale * (((a * i + b * j) % c) - (c // 2))
+    return values.reshape(*shape).float()
+
+
+def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
+    """The worked example of ``CausalSelfAttention(8, 2)``: ``(x (2, 5, 8), weights, heads)``.
+
+    Every number is a multiple of 1/8 made by formula. Input channel 0 is the position (0..4),
+    the key projection copies it into the first feature of each head and every query has a
+    large constant there, so the scores grow by 0.75 per key: the keys a causal mask hides
+    (the future) are those with the largest raw scores.
+    """
+    B, T, D, H = 2, 5, 8, 2
+    Dh = D // H
+    x = _example_tensor((B, T, D), 3, 5, 5, 0.25)
+    x[..., 0] = torch.arange(T, dtype=torch.float32)  # the position ramp
+    qkv_weight = _example_tensor((3 * D, D), 3, 5, 7, 0.125)
+    qkv_bias = _example_tensor((3 * D,), 1, 2, 5, 0.125)
+    for head in range(H):
+        q_row, k_row = head * Dh, D + head * Dh
+        qkv_weight[q_row] = 0.0
+        qkv_bias[q_row] = 1.5  # every query: a large constant in the head's first feature
+        qkv_weight[k_row] = 0.0
+        qkv_weight[k_row, 0] = 1.0  # every key: its position in the head's first feature
+    weights = {
+        "qkv_weight": qkv_weight,
+        "qkv_bias": qkv_bias,
+        "out_weight": _example_tensor((D, D), 1, 2, 5, 0.125),
+        "out_bias": _example_tensor((D,), 1, 1, 3, 0.125),
+    }
+    return x, weights, H
+
+
+# ======================================================================================
+# CausalSelfAttention: visible checks
+# ======================================================================================
+
+
+def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
+    """The worked example (later keys score highest), then random weights against torch."""
+    module, what = build_attention(cls, 8, 2)
+    x, weights, _ = attention_example()
+    load_attention(module, weights).eval()
+    want, mistakes = stored("lab08", "CausalSelfAttention example: out")
+    got = run_attention(module, x, f"{what} on the worked example")
+    expect_attention(
+        got,
+        want,
+        mistakes,
+        f"{what} on the worked example (the later keys score highest)",
+        _future_probe(module, x, what) or _GENERIC,
+        _TOL,
+    )
+
+    module, what = build_attention(cls, 16, 4)
+    mha = torch_attention(16, 4, seed=8)
+    copy_torch_attention(module, mha).eval()
+    x = torch.randn(2, 6, 16, generator=generator(801))
+    got = run_attention(module, x, what)
+    want = torch_output(mha, x)
+    if not close(got, want, atol=_TOL, rtol=_TOL):
+        hint = _future_probe(module, x, what) or _GENERIC
+        expect_close(
+            got,
+            want,
+            f"{what} against torch's nn.MultiheadAttention (same weights, causal mask)",
+            hint=hint,
+            atol=_TOL,
+            rtol=_TOL,
+        )
+
+
+def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
+    """The worked example fed in chunks and token by token through a KV cache: the same output
+    as in one pass, and the cache holds the keys and values."""
+    module, what = build_attention(cls, 8, 2)
+    x, weights, H = attention_example()
+    load_attention(module, weights).eval()
+    want, one_pass = stored("lab08", "CausalSelfAttention example: out")
+    expect_attention(
+        run_attention(module, x, f"{what} on the worked example"),
+        want,
+        one_pass,
+        f"{what} on the worked example in one pass, without a cache (before the cache's turn)",
+        _GENERIC,
+        _TOL,
+    )
+    for name in ("chunks", "tokens"):
+        schedule = SCHEDULES[name]
+        _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
+        got, cache = cached_run(module, x, schedule, H, what)
+        judge_cache_contents(cache, x.shape[1], f"{what} fed {show_schedule(schedule)}")
+        expect_attention(
+            got,
+            want,
+            mistakes,
+            f"{what} fed {show_schedule(schedule)} through a KV cache (joined outputs)",
+            "Fed in pieces through a cache, attention must give the outputs of one pass: the "
+            "queries of a piece starting at position P are positions P, P+1, ...; query P+i "
+            "attends every stored key s <= P + i.",
+            _TOL,
+        )
+
+
+def judge_cache_contents(cache: KVCache, T: int, what: str, *, tol: float = _TOL) -> None:
+    """The cache of the worked example must hold its keys and values (stored in the fixtures)."""
+    keys, _ = stored("lab08", "CausalSelfAttention example: keys")
+    values, _ = stored("lab08", "CausalSelfAttention example: values")
+    queries, _ = stored("lab08", "CausalSelfAttention example: queries")
+    k = cache.k[0, :, :, :T].detach().to("cpu", torch.float64)  # (B, H, T, Dh)
+    v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
+    if close(k, keys, atol=tol, rtol=tol) and close(v, values, atol=tol, rtol=tol):
+        return
+    if close(k, values, atol=tol, rtol=tol) and close(v, keys, atol=tol, rtol=tol):
+        hint = "Your cache holds the values where the keys belong: kv_cache.store(k, v)."
+    elif close(k, queries, atol=tol, rtol=tol):
+        hint = "Your cache holds the queries where the keys belong: kv_cache.store(k, v)."
+    elif bool((k == 0).all()):
+        hint = (
+            "Your cache is empty after the calls: store the new keys and values with "
+            "k, v = kv_cache.store(k, v) and attend to what it returns."
+        )
+    else:
+        hint = (
+            "After the calls the cache must hold every position's key and value, split into "
+            "heads (B, H, T, Dh): kv_cache.store(k, v) with the new tokens' keys and values."
+        )
+    raise AssertionError(f"the KV cache filled by {what} does not hold the keys and values. {hint}")
+
+
+# ======================================================================================
+# generate: a scripted language model with a recording cache
+# ======================================================================================
+
+
+class ScriptedCache:
+    """What :class:`ScriptedLM` keeps between calls: the tokens it has read.
+
+    Attributes:
+        tokens: ``(B, n_ctx)`` ids read so far (positions ``0 .. length-1``).
+        length: how many positions are stored (the kit's ``KVCache.length``; ``capacity`` is
+            ``n_ctx``, as the kit's).
+        batch_size: ``B``.
+    """
+
+    def __init__(self, batch_size: int, n_ctx: int, serial: int) -> None:
+        self.tokens = torch.zeros(batch_size, n_ctx, dtype=torch.long)
+        self.length = 0
+        self.batch_size = batch_size
+        self.serial = serial
+
+    @property
+    def capacity(self) -> int:
+        """Most positions the cache can hold (the model's ``n_ctx``)."""
+        return self.tokens.shape[1]
+
+
+class ScriptedLM(nn.Module):
+    """A fake causal language model, for checking generation loops; the kit GPT's interface.
+
+    ``model(idx)`` reads a window ``idx (B, T <= n_ctx)`` at positions ``0 .. T-1``;
+    ``model(idx, cache)`` reads ``idx`` at the positions after those the cache holds
+    (``cache = model.new_kv_cache(B)``) and stores it. Both return logits ``(B, T, V)``: at
+    position ``p``, with ``s`` the sum of the ids read at positions ``0 .. p``, the scripted next
+    token is ``(7 s + 3 p + 1) mod V``, which scores ``sharpness`` above a smooth background, so
+    feeding a token twice, skipping one or giving it the wrong position changes what follows.
+    With ``table`` set, every position gets those logits instead.
+
+    Like the kit's GPT it raises ``ValueError`` when a window is longer than ``n_ctx`` or the
+    cache would run past it. ``calls`` records each call as ``(T, cache serial or None, cache
+    length before the call)``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 11,
+        n_ctx: int = 12,
+        *,
+        sharpness: float = 4.0,
+        table: Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(vocab_size=vocab_size, n_ctx=n_ctx)
+        self.sharpness = sharpness
+        self.table = table
+        self.anchor = nn.Parameter(torch.zeros(()))  # so that .parameters() and .device work
+        self.calls: list[tuple[int, int | None, int]] = []
+        self._caches = 0
+
+    def new_kv_cache(self, batch_size: int) -> ScriptedCache:
+        """An empty cache for ``batch_size`` sequences."""
+        self._caches += 1
+        return ScriptedCache(batch_size, self.config.n_ctx, self._caches)
+
+    def logits_for(self, tokens: Tensor) -> Tensor:
+        """Logits ``(B, T, V)`` of a window read from position 0 (float32)."""
+        B, T = tokens.shape
+        V = self.config.vocab_size
+        if self.table is not None:
+            return self.table.float().expand(B, T, V).clone()
+        sums = tokens.cumsum(dim=1)  # (B, T)
+        target = (7 * sums + 3 * torch.arange(T)[None, :] + 1) % V  # (B, T)
+        gap = (torch.arange(V)[None, None, :] - target[..., None]) % V  # (B, T, V)
+        angle = 2.0 * math.pi * gap.float() / V
+        return self.sharpness * torch.cos(angle) + 0.2 * gap.float() / V
+
+    def forward(self, idx: Tensor, kv_cache: ScriptedCache | None = None) -> Tensor:
+        if not isinstance(idx, Tensor) or idx.ndim != 2 or idx.is_floating_point():
+            shown = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
+            raise AssertionError(
+                f"your loop called the model with {shown}: it takes token ids (B, T) (integers), "
+                "the sequence so far or, with a cache, only the new tokens."
+            )
+        B, T = idx.shape
+        n_ctx = self.config.n_ctx
+        if kv_cache is None:
+            self.calls.append((T, None, 0))
+            if n_ctx < T:
+                raise ValueError(f"sequence length T={T} exceeds n_ctx={n_ctx}")
+            return self.logits_for(idx.cpu()) + 0.0 * self.anchor
+        self.calls.append((T, kv_cache.serial, kv_cache.length))
+        if kv_cache.batch_size != B:
+            raise ValueError(f"batch size {B} != KV cache batch size {kv_cache.batch_size}")
+        start, end = kv_cache.length, kv_cache.length + T
+        if end > n_ctx:
+            raise ValueError(f"{start} cached + T={T} new positions exceed n_ctx={n_ctx}")
+        kv_cache.tokens[:, start:end] = idx.cpu()
+        kv_cache.length = end
+        return self.logits_for(kv_cache.tokens[:, :end])[:, start:end] + 0.0 * self.anchor
+
+
+_GENERATE_HINT = (
+    "Crop the prompt to its last n_ctx tokens and run it once (with the cache: "
+    "model(context, cache)); then, while the cache has room, feed only the newest token "
+    "(model(next_token, cache)); once it holds n_ctx positions, and always without the cache, "
+    "run the model on the last n_ctx tokens."
+)
+
+
+def run_generate(
+    fn: Callable[..., Tensor],
+    model: nn.Module,
+    prompt: Tensor,
+    max_new_tokens: int,
+    what: str,
+    **options: Any,
+) -> Tensor:
+    """The student's ``generate(model, prompt, max_new_tokens, **options)`` under the ban.
+
+    Returns:
+        The output, checked to be integer ``(B, T + max_new_tokens)`` starting with the prompt.
+    """
+    before = prompt.clone()
+    got = call_forbidding(
+        fn,
+        (model, prompt, max_new_tokens),
+        options,
+        ban=GENERATE_BAN,
+        what=what,
+        on_error=_GENERATE_HINT,
+    )
+    expect_true(
+        torch.equal(prompt, before),
+        f"{what} changed the prompt in place: build the output with torch.cat.",
+    )
+    B, T = prompt.shape
+    if isinstance(got, Tensor) and got.ndim == 2 and got.shape == (B, max_new_tokens):
+        raise AssertionError(
+            f"{what} returned only the {max_new_tokens} new tokens: return the prompt followed "
+            f"by them, (B, T + max_new_tokens) = ({B}, {T + max_new_tokens})."
+        )
+    got = expect_shape(got, (B, None), what)
+    if got.shape[1] != T + max_new_tokens:
+        raise AssertionError(
+            f"{what} returned {got.shape[1]} tokens per sequence, expected the {T} of the prompt "
+            f"and {max_new_tokens} new ones ({T + max_new_tokens}): one new token per step, "
+            "max_new_tokens steps."
+        )
+    expect_true(
+        not got.is_floating_point(),
+        f"{what} has dtype {got.dtype}: return token ids (integers), as sample_next gives them.",
+    )
+    expect_true(
+        torch.equal(got[:, :T].cpu(), prompt.cpu()),
+        f"{what} does not start with the prompt: return torch.cat([idx, new tokens], dim=1).",
+    )
+    return got
+
+
+def judge_calls(
+    calls: Sequence[tuple[int, int | None, int]],
+    prompt_len: int,
+    n_ctx: int,
+    max_new_tokens: int,
+    use_cache: bool,
+    what: str,
+) -> None:
+    """How a generation loop fed the model: the prompt once, then one token per step.
+
+    Call ``i`` is made when the sequence holds ``prompt_len + i`` tokens: without a cache (or
+    once the cache is full) it must read the last ``min(prompt_len + i, n_ctx)`` of them; with a
+    cache, the first call reads the cropped prompt into an empty cache and every later call one
+    token, until the cache holds ``n_ctx`` positions.
+
+    Args:
+        calls: :attr:`ScriptedLM.calls` of the run (``(T, cache id or None, length before)``).
+        prompt_len: ``T`` of the prompt.
+        n_ctx: the model's context.
+        max_new_tokens: the tokens asked for.
+        use_cache: the run's setting.
+        what: the call, for messages.
+    """
+    if max_new_tokens == 0 or not calls:
+        return
+    cached = [c for c in calls if c[1] is not None]
+    if not use_cache and cached:
+        raise AssertionError(
+            f"{what} used a KV cache although use_cache=False: without the cache, each step runs "
+            "the model on the last n_ctx tokens of the sequence (model(idx[:, -n_ctx:]))."
+        )
+    if use_cache and not cached:
+        raise AssertionError(
+            f"{what} never used a KV cache (use_cache=True): it recomputed the whole sequence at "
+            "every step. Make one cache, cache = model.new_kv_cache(B), run the prompt through "
+            "model(context, cache) once, then feed only each new token: model(next_token, cache)."
+        )
+    if use_cache and calls[0][1] is None:
+        raise AssertionError(
+            f"{what} ran the prompt without the cache: the first call runs the (cropped) prompt "
+            "through the empty cache, model(idx[:, -n_ctx:], cache), so that the cache holds "
+            "its keys and values before the first new token comes."
+        )
+    serial, length = None, 0  # the cache in use and the positions it holds
+    for i, (fed, cache_id, before) in enumerate(calls):
+        window = min(prompt_len + i, n_ctx)  # what the model can read at this step
+        if cache_id is not None and cache_id == serial:
+            if fed != 1:
+                raise AssertionError(
+                    f"{what} fed {fed} tokens at once to a cache that already held {before}: the "
+                    "cache has the keys and values of everything before them; feed only the "
+                    "newest token, (B, 1)."
+                )
+            length = before + fed
+            continue
+        if use_cache and serial is not None and length < n_ctx:
+            if cache_id is None:
+                raise AssertionError(
+                    f"{what} stopped using the cache while it held {length} of n_ctx={n_ctx} "
+                    "positions: feed each new token through the cache until it is full."
+                )
+            raise AssertionError(
+                f"{what} made a new, empty cache during generation and fed it {fed} token(s): "
+                "the cache is the model's memory of the sequence. Make it once, before the "
+                "loop, and keep feeding the same cache."
+            )
+        if cache_id is not None and before != 0:
+            raise AssertionError(f"{what} fed a cache it had not made empty at the start.")
+        if fed != window:
+            short = fed == window - 1 and window == n_ctx
+            raise AssertionError(
+                f"{what} ran the model on {fed} tokens when the sequence had {prompt_len + i} and "
+                f"the context is n_ctx={n_ctx}: "
+                + (
+                    "your windows hold n_ctx - 1 tokens; crop to the last n_ctx, idx[:, -n_ctx:]."
+                    if short
+                    else f"the model reads the last min(length, n_ctx) = {window} tokens, "
+                    "idx[:, -n_ctx:] (the prompt too, when it is longer than the context)."
+                )
+            )
+        if cache_id is not None:
+            serial, length = cache_id, fed
+
+
+def judge_tokens(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> None:
+    """Compare generated ids with the expected ones; name the mistake they reproduce."""
+    g = got.detach().cpu().long()
+    w = want.long()
+    if torch.equal(g, w):
+        return
+    shown = f"{what} returned {g.tolist()}, expected {w.tolist()}."
+    for hint, wrong in mistakes.items():
+        if wrong.shape == g.shape and torch.equal(g, wrong.long()):
+            raise AssertionError(f"{shown} {hint}")
+    first = int((g != w).any(0).nonzero()[0])
+    raise AssertionError(
+        f"{shown} The first wrong token is at position {first}. Each step takes the logits of "
+        "the LAST position, logits[:, -1], samples the next token from them (temperature 0: "
+        "the argmax) and appends it."
+    )
+
+
+def greedy_run(
+    fn: Callable[..., Tensor],
+    prompt: Tensor,
+    n_ctx: int,
+    max_new_tokens: int,
+    use_cache: bool,
+    what: str,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+) -> None:
+    """Greedy generation on a fresh :class:`ScriptedLM`: the calls, then the tokens."""
+    model = ScriptedLM(n_ctx=n_ctx)
+    got = run_generate(
+        fn, model, prompt, max_new_tokens, what, temperature=0.0, use_cache=use_cache
+    )
+    judge_calls(model.calls, prompt.shape[1], n_ctx, max_new_tokens, use_cache, what)
+    if not torch.equal(got.cpu().long(), want.long()):
+        again = run_generate(
+            fn,
+            ScriptedLM(n_ctx=n_ctx),
+            prompt,
+            max_new_tokens,
+            what,
+            temperature=0.0,
+            use_cache=use_cache,
+        )
+        expect_true(
+            torch.equal(got.cpu(), again.cpu()),
+            f"{what} gave other tokens when run again: temperature=0 means greedy decoding, "
+            "the argmax of the logits at every step (sample_next(logits, temperature=0) does "
+            "it): pass the temperature on.",
+        )
+    judge_tokens(got, want, mistakes, what)
+
+
+def generate_examples() -> dict[str, dict[str, Any]]:
+    """The visible worked examples of ``generate`` on :class:`ScriptedLM` (greedy).
+
+    ``"fits"``: two prompts of 3 tokens, context 12, 6 new tokens (the cache never fills);
+    ``"fills"``: a prompt of 4, context 6, 7 new tokens (the cache fills, then the window
+    slides); ``"long prompt"``: a prompt of 8 tokens, longer than the context of 6.
+    """
+    return {
+        "fits": {"prompt": [[1, 4, 2], [5, 0, 3]], "n_ctx": 12, "new": 6},
+        "fills": {"prompt": [[2, 7, 1, 8]], "n_ctx": 6, "new": 7},
+        "long prompt": {"prompt": [[3, 1, 4, 1, 5, 9, 2, 6]], "n_ctx": 6, "new": 3},
+    }
+
+
+def _generate_what(name: str, spec: Mapping[str, Any], use_cache: bool, extra: str = "") -> str:
+    B, T = len(spec["prompt"]), len(spec["prompt"][0])
+    return (
+        f"generate(model, idx ({B}, {T}), {spec['new']}, temperature=0, use_cache={use_cache}"
+        f"{extra}) on a scripted model with n_ctx={spec['n_ctx']} (example {name!r})"
+    )
+
+
+def check_generate(fn: Callable[..., Tensor]) -> None:
+    """Greedy generation (temperature 0) on the scripted model, with the cache and without:
+    the expected tokens, the prompt fed once, then one token per step."""
+    for name, spec in generate_examples().items():
+        want, mistakes = stored("lab08", f"generate example {name!r}")
+        for use_cache in (False, True):
+            prompt = torch.tensor(spec["prompt"])
+            what = _generate_what(name, spec, use_cache)
+            greedy_run(fn, prompt, spec["n_ctx"], spec["new"], use_cache, what, want, mistakes)
+
+
+def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
+    """Sampling with a seeded generator: the same tokens with the cache and without, and again
+    with the same seed; different ones with another seed."""
+    spec = {"prompt": [[1, 2], [3, 4], [5, 6]], "n_ctx": 8, "new": 12}
+    runs = {}
+    for use_cache, seed in ((True, 0), (False, 0), (True, 0), (True, 1)):
+        model = ScriptedLM(n_ctx=spec["n_ctx"], sharpness=1.0)
+        what = (
+            f"generate(model, idx (3, 2), 12, temperature=1.0, use_cache={use_cache}, "
+            f"generator=torch.Generator().manual_seed({seed})) on a scripted model with n_ctx=8"
+        )
+        got = run_generate(
+            fn,
+            model,
+            torch.tensor(spec["prompt"]),
+            spec["new"],
+            what,
+            temperature=1.0,
+            use_cache=use_cache,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        judge_calls(model.calls, 2, spec["n_ctx"], spec["new"], use_cache, what)
+        runs.setdefault((use_cache, seed), []).append((got.cpu(), what))
+    with_cache, what = runs[(True, 0)][0]
+    again = runs[(True, 0)][1][0]
+    expect_true(
+        torch.equal(with_cache, again),
+        f"{what} gave other tokens when run again with a fresh generator of the same seed: pass "
+        "generator=generator to the sampling (sample_next(..., generator=generator)), so that "
+        "the draws come from it and not from the global random state.",
+    )
+    expect_true(
+        torch.equal(with_cache, runs[(False, 0)][0][0]),
+        f"{what} and the same call with use_cache=False gave different tokens "
+        f"({with_cache.tolist()} and {runs[(False, 0)][0][0].tolist()}): the cache must change "
+        "how fast tokens come, never which. Both paths must sample from the same logits in the "
+        "same order, one draw per step.",
+    )
+    expect_true(
+        not torch.equal(with_cache, runs[(True, 1)][0][0]),
+        f"{what} gave the same tokens with seeds 0 and 1: at temperature 1 the tokens are "
+        "drawn from the softmax of the logits (sample_next), not taken by argmax.",
+    )
+
+
+# ======================================================================================
+# The arithmetic of scale
+# ======================================================================================
+
+
+def run_scale(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> Any:
+    """The student's scale function under the ban."""
+    return call_forbidding(fn, args, kwargs, ban=SCALE_BAN, what=what)
+
+
+def _is_integer(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, numbers.Integral):
+        return True
+    return isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point()
+
+
+def expect_count(
+    got: Any, want: int, mistakes: Mapping[str, float], what: str, *, d_model: int | None = None
+) -> None:
+    """An exact whole number (a count of parameters or bytes); name the mistake it reproduces."""
+    if isinstance(got, float) and got == want:
+        raise AssertionError(
+            f"{what} returned the float {got!r}: return an int (counts are whole numbers; "
+            "floats lose digits past 2**53). Use integer arithmetic, or int(...)."
+        )
+    if not _is_integer(got):
+        shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
+        raise AssertionError(f"{what} should return an int, got {shown}.")
+    value = int(got)
+    if value == want:
+        return
+    for hint, wrong in mistakes.items():
+        if value == wrong:
+            raise AssertionError(f"{what} returned {value:,}, expected {want:,}. {hint}")
+    diff = value - want
+    extra = ""
+    if d_model and diff % d_model == 0:
+        extra = (
+            f" The difference, {diff:+,}, is {diff // d_model:+,} x d_model: a vector of width "
+            "d_model counted too often or too rarely (a bias, a layer norm's gain or bias, an "
+            "embedding row)."
+        )
+    raise AssertionError(f"{what} returned {value:,}, expected {want:,}.{extra}")
+
+
+def expect_number(
+    got: Any, want: float, mistakes: Mapping[str, float], what: str, *, rtol: float = 1e-6
+) -> None:
+    """A real number within ``rtol``; name the mistake it reproduces."""
+    if isinstance(got, Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
+        shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
+        raise AssertionError(f"{what} should return a number, got {shown}.")
+    value = float(got)
+    if math.isclose(value, want, rel_tol=rtol):
+        return
+    for hint, wrong in mistakes.items():
+        if math.isclose(value, wrong, rel_tol=rtol):
+            raise AssertionError(f"{what} returned {value:.4g}, expected {want:.4g}. {hint}")
+    raise AssertionError(
+        f"{what} returned {value:.4g}, expected {want:.4g} (a factor of {value / want:.3g})."
+    )
+
+
+def _scalar(key: str) -> tuple[float, dict[str, float]]:
+    want, mistakes = stored("lab08", key)
+    return float(want), {h: float(m) for h, m in mistakes.items()}
+
+
+def show_call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> str:
+    """How messages (and the stored examples) name a call: ``f(12, 768, 50_257, bias=False)``."""
+    shown = [
+        f"{a:_}" if isinstance(a, int) and not isinstance(a, bool) else f"{a:.4g}" for a in args
+    ]
+    shown += [f"{k}={v!r}" for k, v in (kwargs or {}).items()]
+    return f"{name}({', '.join(shown)})"
+
+
+#: The visible worked examples of the scale functions: (arguments, keyword arguments).
+COUNT_EXAMPLES: tuple[tuple[tuple[int, ...], dict[str, Any]], ...] = (
+    ((12, 768, 50257, 1024), {}),
+    ((12, 768, 50257, 1024), {"bias": False}),
+)
+
+
+def check_gpt_param_count(fn: Callable[..., Any]) -> None:
+    """GPT-2 small (124,439,808; 124,337,664 without biases) and small GPTs of the kit, whose
+    parameters PyTorch counts."""
+    from transformer_lab.models import GPT, GPTConfig
+
+    for args, kwargs in COUNT_EXAMPLES:
+        what = show_call("gpt_param_count", args, kwargs)
+        want, mistakes = _scalar(what)
+        got = run_scale(fn, args, kwargs, what)
+        expect_count(got, int(want), mistakes, what, d_model=args[1])
+    for layers, width, vocab, n_ctx, bias in ((1, 8, 5, 4, True), (3, 12, 17, 9, False)):
+        config = GPTConfig(
+            vocab_size=vocab, n_ctx=n_ctx, d_model=width, n_layers=layers, n_heads=2, bias=bias
+        )
+        with torch.random.fork_rng(devices=[]):
+            real = sum(p.numel() for p in GPT(config).parameters())
+        kwargs = {} if bias else {"bias": False}
+        what = show_call("gpt_param_count", (layers, width, vocab, n_ctx), kwargs)
+        got = run_scale(fn, (layers, width, vocab, n_ctx), kwargs, what)
+        expect_count(
+            got, real, {}, f"{what} (the kit's GPT of these sizes has {real:,})", d_model=width
+        )
+
+
+#: The visible worked examples of ``kv_cache_bytes``: GPT-3's full context in float16, and a
+#: float32 batch of GPT-2 small.
+KV_EXAMPLES: tuple[tuple[tuple[int, ...], dict[str, Any]], ...] = (
+    ((96, 12288, 2048), {}),
+    ((12, 768, 1024), {"batch_size": 8, "bytes_per_value": 4}),
+)
+
+
+def check_training_flops(fn: Callable[..., Any]) -> None:
+    """Worked examples: GPT-3 (175e9 parameters, 300e9 tokens) and a small model."""
+    for args in ((175e9, 300e9), (124_439_808, 10e9)):
+        what = show_call("training_flops", args)
+        want, mistakes = _scalar(what)
+        expect_number(run_scale(fn, args, {}, what), want, mistakes, what)
+
+
+def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
+    """Worked examples (GPT-3's full context in float16; float32 and a batch), and the memory of
+    the kit's own KV cache measured by PyTorch."""
+    for args, kwargs in KV_EXAMPLES:
+        what = show_call("kv_cache_bytes", args, kwargs)
+        want, mistakes = _scalar(what)
+        got = run_scale(fn, args, kwargs, what)
+        expect_count(got, int(want), mistakes, what)
+    cache = KVCache(3, 2, 4, 8, 4, dtype=torch.float32)  # L=3, B=2, H=4, n_ctx=8, Dh=4: D=16
+    real = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
+    what = "kv_cache_bytes(3, 16, 8, batch_size=2, bytes_per_value=4)"
+    got = run_scale(fn, (3, 16, 8), {"batch_size": 2, "bytes_per_value": 4}, what)
+    expect_count(got, real, {}, f"{what} (the kit's KVCache of these sizes takes {real:,} bytes)")
+
+
+def check_gpu_days(fn: Callable[..., Any]) -> None:
+    """Worked examples: GPT-3's 3.15e23 FLOPs on an A100 (312 TFLOP/s) at 40%, and a day."""
+    for args in ((3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)):
+        what = show_call("gpu_days", args)
+        want, mistakes = _scalar(what)
+        expect_number(run_scale(fn, args, {}, what), want, mistakes, what)

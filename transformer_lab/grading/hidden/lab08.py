@@ -1,0 +1,1054 @@
+"""Hidden checks of lab 08 (language models), their oracles and the visible checks' fixtures.
+
+Oracles, written independently of the kit:
+
+* :func:`oracle_attention`: causal multi-head self-attention in float64 from the fused weights,
+  fed in chunks as through a KV cache (query ``P + i`` of a chunk starting at ``P`` attends the
+  stored keys ``0 .. P + i``), with the typical wrong attentions as variants of it: no mask, the
+  mask after the softmax, query/key/value in the wrong order, the scale of the whole width or
+  none, heads split without the transpose, the softmax over the queries, no output projection;
+  and, through a cache, a mask that forgets the offset, a cache never read, no mask for chunks;
+* :func:`oracle_generate`: the scripted model's greedy continuation with Python integers (the
+  window of the last ``n_ctx`` tokens, read from position 0), and the wrong loops beside it;
+* :func:`oracle_gpt_param_count`: the GPT-2 layout as a list of named parameter shapes, summed;
+  the arithmetic of compute, cache memory and GPU-days, each with its typical mistakes.
+
+The hidden checks run the student's code on seeded random sizes, against these oracles and
+against PyTorch's ``nn.MultiheadAttention``: chunk schedules with pieces longer than one token
+after a prefix, float16 and bfloat16, training mode (dropout on the attention weights, found by
+its structure: with one key per query, a head's whole output is kept or dropped together) and
+gradients; generation with the kit's GPT (greedy and seeded sampling, with and without the
+cache, past the context), prompts longer than the context, and the sampling strategies measured
+by their frequencies; and the scale of GPT-2 and GPT-3.
+
+:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab08.json``).
+
+Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. 2019; Brown et al.
+2020 (table 2.1); Kaplan et al. 2020; Pope et al. 2022.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer_lab.checks._common import (
+    close,
+    expect_close,
+    expect_true,
+    generator,
+    randint,
+)
+from transformer_lab.checks.lab08 import (
+    COUNT_EXAMPLES,
+    KV_EXAMPLES,
+    SCHEDULES,
+    ScriptedLM,
+    attention_example,
+    build_attention,
+    cached_run,
+    copy_torch_attention,
+    expect_attention,
+    expect_count,
+    expect_number,
+    generate_examples,
+    greedy_run,
+    judge_calls,
+    judge_tokens,
+    load_attention,
+    run_attention,
+    run_generate,
+    run_scale,
+    show_call,
+    show_schedule,
+    torch_attention,
+    torch_output,
+)
+
+__all__ = [
+    "attention_mistakes",
+    "count_mistakes",
+    "fixtures",
+    "flops_mistakes",
+    "generate_mistakes",
+    "gpu_days_mistakes",
+    "hidden_check_causal_self_attention",
+    "hidden_check_causal_self_attention_cache",
+    "hidden_check_causal_self_attention_training",
+    "hidden_check_generate",
+    "hidden_check_generate_edges",
+    "hidden_check_generate_strategies",
+    "hidden_check_gpt_param_count",
+    "hidden_check_gpu_days",
+    "hidden_check_kv_cache_bytes",
+    "hidden_check_training_flops",
+    "kv_mistakes",
+    "oracle_attention",
+    "oracle_generate",
+    "oracle_gpt_param_count",
+    "oracle_gpu_days",
+    "oracle_kv_cache_bytes",
+    "oracle_projections",
+    "oracle_training_flops",
+]
+
+_TOL = 1e-4
+
+# ======================================================================================
+# CausalSelfAttention: the oracle and its wrong variants
+# ======================================================================================
+
+
+def _weights64(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().to("cpu", torch.float64) for k, v in weights.items()}
+
+
+def _module_weights(module: nn.Module) -> dict[str, Tensor]:
+    """The fused weights of a student's module, as :func:`oracle_attention` takes them."""
+    return _weights64(
+        {
+            "qkv_weight": module.qkv_proj.weight,
+            "qkv_bias": module.qkv_proj.bias,
+            "out_weight": module.out_proj.weight,
+            "out_bias": module.out_proj.bias,
+        }
+    )
+
+
+def oracle_projections(
+    weights: dict[str, Tensor], x: Tensor, n_heads: int, order: str = "qkv", split: str = "heads"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values ``(B, H, T, Dh)`` in float64 (``order``: which third is which)."""
+    w = _weights64(weights)
+    x = x.detach().to("cpu", torch.float64)
+    B, T, D = x.shape
+    Dh = D // n_heads
+    thirds = {}
+    for i, name in enumerate(order):
+        rows = slice(i * D, (i + 1) * D)
+        thirds[name] = x @ w["qkv_weight"][rows].T + w["qkv_bias"][rows]  # (B, T, D)
+
+    def heads(t: Tensor) -> Tensor:
+        if split == "no_transpose":
+            return t.reshape(B, n_heads, T, Dh)  # the mistake: rows cut across tokens
+        return t.reshape(B, T, n_heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
+
+    return heads(thirds["q"]), heads(thirds["k"]), heads(thirds["v"])
+
+
+def _allowed(variant: str, start: int, end: int) -> Tensor:
+    """Which stored keys ``0 .. end-1`` the queries ``start .. end-1`` may see, ``(T, end)``."""
+    rows = torch.arange(start, end)[:, None]  # absolute positions of the queries
+    cols = torch.arange(end)[None, :]
+    if variant in ("no_mask", "after_softmax", "no_mask_cached"):
+        return torch.ones(end - start, end, dtype=torch.bool)
+    if variant == "offset_ignored":
+        return cols <= rows - start  # row i sees keys 0..i: the offset P forgotten
+    if variant == "only_new":
+        return (cols >= start) & (cols <= rows)  # the stored past never read
+    return cols <= rows
+
+
+def oracle_attention(
+    weights: dict[str, Tensor],
+    x: Tensor,
+    n_heads: int,
+    schedule: Sequence[tuple[int, int]] | None = None,
+    *,
+    variant: str = "",
+) -> Tensor:
+    """Causal self-attention of ``x (B, T, D)`` in float64, fed chunk by chunk.
+
+    Args:
+        weights: ``qkv_weight (3D, D)`` (rows: queries, keys, values), ``qkv_bias (3D)``,
+            ``out_weight (D, D)``, ``out_bias (D)``.
+        x: the whole sequence.
+        n_heads: ``H``.
+        schedule: ``(start, end)`` chunks; default one pass.
+        variant: a typical mistake (see :data:`ATTENTION_MISTAKES`), or ``""``.
+
+    Returns:
+        ``(B, T, D)`` float64.
+    """
+    B, T, D = x.shape
+    Dh = D // n_heads
+    order = "kqv" if variant == "kqv_order" else "qkv"
+    split = "no_transpose" if variant == "no_transpose" else "heads"
+    q, k, v = oracle_projections(weights, x, n_heads, order, split)
+    w = _weights64(weights)
+    scale = {"scale_D": 1 / math.sqrt(D), "no_scale": 1.0}.get(variant, 1 / math.sqrt(Dh))
+    outs = []
+    for start, end in schedule or ((0, T),):
+        scores = q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1) * scale  # (B, H, t, end)
+        allowed = _allowed(variant, start, end)
+        if variant == "after_softmax":
+            weights_ = torch.softmax(scores, dim=-1) * _allowed("", start, end)
+        else:
+            kept = scores.masked_fill(~allowed, -math.inf)
+            dim = -2 if variant == "softmax_queries" else -1
+            weights_ = torch.softmax(kept, dim=dim).nan_to_num(0.0)
+        out = weights_ @ v[:, :, :end]  # (B, H, t, Dh)
+        if split == "no_transpose":
+            out = out.reshape(B, end - start, D)  # the matching merge of the wrong split
+        else:
+            out = out.transpose(1, 2).reshape(B, end - start, D)  # (B, t, D)
+        if variant != "no_out_proj":
+            out = out @ w["out_weight"].T + w["out_bias"]
+        outs.append(out)
+    return torch.cat(outs, dim=1)
+
+
+#: The typical wrong attentions (variants of :func:`oracle_attention`), most specific first.
+ATTENTION_MISTAKES: dict[str, str] = {
+    "after_softmax": "Your weights are softmax(scores) with the future zeroed afterwards: the "
+    "share the softmax gave the later keys (here they score highest) is lost, so rows no longer "
+    "sum to one. Mask the scores BEFORE the softmax (torch.finfo(dtype).min), as in lab 05.",
+    "no_mask": "Your attention ignores the causal mask: every query sees the later tokens, "
+    "which a language model must not (the next token is what it predicts). Query t may attend "
+    "keys 0..t only.",
+    "kqv_order": "Your queries and keys are swapped: qkv_proj's output holds the queries in its "
+    "first d_model columns, then the keys, then the values (the rows of torch's in_proj_weight).",
+    "scale_D": "Your scores are divided by sqrt(d_model); each head's scores are divided by "
+    "sqrt(Dh), the width of one head, Dh = d_model / n_heads.",
+    "no_scale": "Your scores are not scaled: divide q @ k^T by sqrt(Dh), the head width.",
+    "no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which "
+    "cuts across tokens: view as (B, T, H, Dh) and then transpose(1, 2).",
+    "softmax_queries": "Your softmax runs over the queries (dim=-2): each query's weights over "
+    "the keys sum to one, so take it over the last axis.",
+    "no_out_proj": "Your output skips out_proj: after merging the heads back to (B, T, D), "
+    "apply self.out_proj.",
+}
+#: Mistakes that show only when the input is fed through a KV cache in pieces.
+CACHE_MISTAKES: dict[str, str] = {
+    "offset_ignored": "Through the cache your mask forgets the offset: a piece that starts at "
+    "position P has queries P, P+1, ..., and query P+i may see every stored key s <= P+i. A "
+    "(T, S) lower triangle starting at the top-left corner hides the stored past. Use the last "
+    "T rows of the (S, S) causal mask, or compare key positions with P + i.",
+    "only_new": "Through the cache your attention reads only the new tokens' keys and values: "
+    "attend to what kv_cache.store(k, v) returns, every stored position.",
+    "no_mask_cached": "With a cache your attention uses no mask, which is right for one new "
+    "token but not for a piece of several (the prompt, or a piece after it): inside the piece, "
+    "query P+i must not see the keys after P+i. Build the (T, S) mask in every case.",
+}
+
+
+def attention_mistakes(
+    weights: dict[str, Tensor],
+    x: Tensor,
+    n_heads: int,
+    schedule: Sequence[tuple[int, int]] | None = None,
+) -> dict[str, Tensor]:
+    """Hint -> what each typical wrong attention returns on ``x`` (only the distinct ones)."""
+    want = oracle_attention(weights, x, n_heads, schedule)
+    named = dict(CACHE_MISTAKES) if schedule is not None else {}
+    named |= ATTENTION_MISTAKES
+    kept: dict[str, Tensor] = {}
+    for variant, hint in named.items():
+        out = oracle_attention(weights, x, n_heads, schedule, variant=variant)
+        if close(out, want, atol=1e-6, rtol=1e-6):
+            continue
+        if any(close(out, other, atol=1e-6, rtol=1e-6) for other in kept.values()):
+            continue
+        kept[hint] = out
+    return kept
+
+
+# ======================================================================================
+# CausalSelfAttention: hidden checks
+# ======================================================================================
+
+
+def _sizes(g: torch.Generator) -> tuple[int, int, int, int]:
+    """``(d_model, n_heads, B, T)`` at random."""
+    heads = randint(1, 4, g)
+    d_model = heads * randint(2, 5, g)
+    return d_model, heads, randint(1, 3, g), randint(3, 7, g)
+
+
+def _with_rising_keys(mha: nn.MultiheadAttention, x: Tensor, lift: float = 2.0) -> Tensor:
+    """Make later keys score highest: input channel 0 becomes the position, copied into the
+    first key feature of every head, whose queries get a large constant there."""
+    D = mha.embed_dim
+    Dh = D // mha.num_heads
+    x = x.clone()
+    x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)
+    with torch.no_grad():
+        for head in range(mha.num_heads):
+            mha.in_proj_weight[head * Dh] = 0.0
+            mha.in_proj_bias[head * Dh] = lift
+            mha.in_proj_weight[D + head * Dh] = 0.0
+            mha.in_proj_weight[D + head * Dh, 0] = 1.0
+    return x
+
+
+def _attention_case(
+    cls: Callable[..., nn.Module], g: torch.Generator, seed: int, dropout: float = 0.0
+) -> tuple[nn.Module, nn.MultiheadAttention, Tensor, str, int]:
+    d_model, heads, B, T = _sizes(g)
+    module, what = build_attention(cls, d_model, heads, dropout)
+    mha = torch_attention(d_model, heads, seed=seed, dropout=dropout)
+    x = _with_rising_keys(mha, torch.randn(B, T, d_model, generator=g))
+    copy_torch_attention(module, mha)
+    return module, mha, x, what, heads
+
+
+def hidden_check_causal_self_attention(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Random sizes (later keys scoring highest) against the oracle and torch, in eval mode."""
+    g = generator(seed)
+    for trial in range(3):
+        module, mha, x, what, heads = _attention_case(cls, g, seed + trial)
+        module.eval()
+        weights = _module_weights(module)
+        answer = run_attention(module, x, what)
+        expect_attention(
+            answer,
+            oracle_attention(weights, x, heads),
+            attention_mistakes(weights, x, heads),
+            f"{what} on x {tuple(x.shape)} (the later keys score highest)",
+            "out = out_proj(merge(softmax(q k^T / sqrt(Dh) under the causal mask) v)).",
+            _TOL,
+        )
+        expect_close(answer, torch_output(mha, x), f"{what} against torch", atol=_TOL, rtol=_TOL)
+
+
+def _random_schedule(T: int, g: torch.Generator) -> list[tuple[int, int]]:
+    """Chunks covering ``0..T``: a prefix, then a piece of at least two, then the rest."""
+    first = randint(1, max(1, T - 3), g)
+    second = min(T, first + randint(2, 3, g))
+    schedule = [(0, first), (first, second)]
+    for p in range(second, T):
+        schedule.append((p, p + 1))
+    return schedule
+
+
+def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Random sizes fed through a KV cache in random pieces: the one-pass output, the cache's
+    contents, a cache larger than the sequence, and float16 and bfloat16."""
+    g = generator(seed)
+    for trial in range(2):
+        module, _, x, what, heads = _attention_case(cls, g, seed + trial)
+        module.eval()
+        weights = _module_weights(module)
+        T = x.shape[1]
+        want = oracle_attention(weights, x, heads)
+        expect_attention(
+            run_attention(module, x, what),
+            want,
+            attention_mistakes(weights, x, heads),
+            f"{what} on x {tuple(x.shape)} in one pass, without a cache (before the cache's turn)",
+            "out = out_proj(merge(softmax(q k^T / sqrt(Dh) under the causal mask) v)).",
+            _TOL,
+        )
+        for schedule in (_random_schedule(T, g), [(p, p + 1) for p in range(T)]):
+            got, cache = cached_run(module, x, schedule, heads, what, capacity=T + 3)
+            _, k, v = oracle_projections(weights, x, heads)
+            stored_k = cache.k[0, :, :, :T].detach().double()
+            stored_v = cache.v[0, :, :, :T].detach().double()
+            expect_true(
+                close(stored_k, k, atol=_TOL, rtol=_TOL) and close(stored_v, v, atol=_TOL),
+                f"after {what} was fed {show_schedule(schedule)}, the KV cache does not hold the "
+                "keys and values of the positions: kv_cache.store(k, v) with the keys and "
+                "values split into heads (B, H, T, Dh).",
+            )
+            expect_attention(
+                got,
+                want,
+                attention_mistakes(weights, x, heads, schedule),
+                f"{what} fed {show_schedule(schedule)} through a KV cache of capacity {T + 3}",
+                "Through a cache, query P+i of a piece that starts at P attends every stored "
+                "key s <= P+i: the outputs are those of one pass.",
+                _TOL,
+            )
+    module, _, x, what, heads = _attention_case(cls, g, seed + 7)
+    module.eval()
+    full = oracle_attention(_module_weights(module), x, heads)
+    schedule = _random_schedule(x.shape[1], g)
+    for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 8e-2)):
+        low = module.to(dtype)
+        try:
+            got, _ = cached_run(low, x.to(dtype), schedule, heads, f"{what} in {dtype}")
+        finally:
+            module.to(torch.float32)
+        expect_attention(
+            got.float(),
+            full,
+            {},
+            f"{what} in {dtype} fed {show_schedule(schedule)} through a KV cache",
+            "In half precision the output must stay close to float32's: fill masked scores "
+            "with torch.finfo(scores.dtype).min and compute in the input's dtype.",
+            tol,
+        )
+
+
+def _near_one() -> float:
+    return 1.0 - 1e-7
+
+
+def hidden_check_causal_self_attention_training(
+    cls: Callable[..., nn.Module], seed: int = 0
+) -> None:
+    """Training mode: without dropout as torch (gradients too); dropout off in eval; dropout
+    on the attention weights, found by its structure, and scaled by 1/(1-p)."""
+    g = generator(seed)
+    module, mha, x, what, _ = _attention_case(cls, g, seed)
+    module.train()
+    mha.train()
+    expect_close(
+        run_attention(module, x, f"{what} in training mode"),
+        torch_output(mha, x),
+        f"{what} in training mode (dropout 0) against torch",
+        hint="With dropout 0, training mode computes what eval mode does.",
+        atol=_TOL,
+        rtol=_TOL,
+    )
+    # Gradients: the same as torch's with respect to the input and the fused projection.
+    xs = x.clone().requires_grad_(True)
+    xt = x.clone().requires_grad_(True)
+    r = torch.randn(x.shape, generator=g)
+    out = run_attention(module, xs, f"{what} (backward pass)")
+    expect_true(
+        out.requires_grad,
+        f"the output of {what} does not depend differentiably on x: no .detach(), .item(), "
+        "torch.no_grad() or tensors rebuilt from Python numbers inside forward.",
+    )
+    module.zero_grad()
+    (out * r).sum().backward()
+    T = x.shape[1]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    (mha(xt, xt, xt, attn_mask=future, need_weights=False)[0] * r).sum().backward()
+    expect_close(
+        xs.grad,
+        xt.grad,
+        f"the gradient of {what} with respect to x",
+        hint="The forward pass matches torch but the gradient does not: avoid in-place "
+        "changes of tensors autograd needs, and keep every step differentiable.",
+        atol=_TOL,
+        rtol=_TOL,
+    )
+    expect_close(
+        module.qkv_proj.weight.grad,
+        mha.in_proj_weight.grad,
+        f"the gradient of {what} with respect to qkv_proj.weight",
+        atol=_TOL,
+        rtol=_TOL,
+    )
+
+    module, mha, x, what, _ = _attention_case(cls, g, seed + 1, dropout=0.3)
+    module.eval()
+    expect_close(
+        run_attention(module, x, f"{what} in eval mode"),
+        torch_output(mha.eval(), x),
+        f"{what} in eval mode against torch",
+        hint="Dropout must be off in eval mode: use an nn.Dropout module (or F.dropout(..., "
+        "training=self.training)).",
+        atol=_TOL,
+        rtol=_TOL,
+    )
+    module.train()
+    first = run_attention(module, x, f"{what} in training mode")
+    second = run_attention(module, x, f"{what} in training mode")
+    expect_true(
+        not close(first, second),
+        f"{what} gives the same output twice in training mode: dropout does nothing. Apply "
+        "nn.Dropout(dropout) to the attention weights.",
+    )
+    _dropout_structure(cls, g)
+
+
+def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> None:
+    """Query 0 attends key 0 alone (weight 1): with dropout on the weights, each head's output
+    at position 0 is either all zeros or the whole value scaled by 1/(1-p)."""
+    D, H, p = 16, 4, 0.5
+    Dh = D // H
+    module, what = build_attention(cls, D, H, p)
+    eye = torch.eye(D)
+    load_attention(
+        module,
+        {
+            "qkv_weight": torch.cat([torch.randn(2 * D, D, generator=g), eye]),  # values = x
+            "qkv_bias": torch.zeros(3 * D),
+            "out_weight": eye,
+            "out_bias": torch.zeros(D),
+        },
+    )
+    module.train()
+    x = 1.0 + torch.rand(8, 3, D, generator=g)  # positive: a kept head never looks dropped
+    head_x = x[:, 0].reshape(8, H, Dh)  # (B, H, Dh): the value of query 0's only key
+    kept = dropped = 0
+    for _ in range(4):
+        out = run_attention(module, x, f"{what} in training mode").detach()
+        heads = out[:, 0].reshape(8, H, Dh)  # (B, H, Dh)
+        zero = heads.abs().amax(-1) < 1e-6  # (B, H)
+        scaled = (heads - head_x / (1 - p)).abs().amax(-1) < 1e-4
+        if not bool((zero | scaled).all()):
+            same = (heads - head_x).abs().amax(-1) < 1e-4
+            if bool((zero | same).all()) and bool(zero.any()):
+                raise AssertionError(
+                    f"{what} in training mode drops attention weights without scaling the kept "
+                    "ones by 1/(1-p): use nn.Dropout(p) (or F.dropout), which does both."
+                )
+            if bool(((heads - head_x).abs().amax(-1) < 1e-4).all()):
+                raise AssertionError(
+                    f"{what} in training mode never drops the weight of a query that attends "
+                    "one key: dropout acts on the attention weights AFTER the softmax "
+                    "(weights = dropout(softmax(scores))), not on the scores."
+                )
+            raise AssertionError(
+                f"{what} in training mode drops single features of a head's output: dropout "
+                "belongs on the attention weights (B, H, T, S), after the softmax and before "
+                "they average the values, not on the input, the values or the output."
+            )
+        kept += int((scaled & ~zero).sum())
+        dropped += int(zero.sum())
+    expect_true(
+        kept > 0 and dropped > 0,
+        f"{what} with dropout={p} kept {kept} and dropped {dropped} of the heads' weights over "
+        "four calls: about half should go each way. Pass the dropout probability to "
+        "nn.Dropout.",
+    )
+
+
+# ======================================================================================
+# generate: the oracle and its wrong variants
+# ======================================================================================
+
+
+def _scripted_next(window: Sequence[int], vocab_size: int, variant: str = "") -> int:
+    if variant == "first_position":
+        return (7 * window[0] + 1) % vocab_size
+    p = len(window) - 1
+    return (7 * sum(window) + 3 * p + 1) % vocab_size
+
+
+def oracle_generate(
+    prompt: Sequence[Sequence[int]],
+    n_ctx: int,
+    max_new_tokens: int,
+    vocab_size: int = 11,
+    *,
+    variant: str = "",
+) -> Tensor:
+    """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation, in Python ints.
+
+    Each step reads the window of the last ``n_ctx`` tokens from position 0 (the cached path
+    gives the same windows until the cache is full, and falls back to them after). Variants:
+    ``first_position`` (the logits of position 0 used), ``short_window`` (windows one token
+    short), ``one_call`` (the model run once, its first token repeated).
+    """
+    rows = []
+    for row in prompt:
+        seq = [int(t) for t in row]
+        first = None
+        for _ in range(max_new_tokens):
+            width = n_ctx - 1 if variant == "short_window" else n_ctx
+            window = seq[-width:]
+            nxt = _scripted_next(window, vocab_size, variant)
+            if variant == "one_call":
+                first = nxt if first is None else first
+                nxt = first
+            seq.append(nxt)
+        rows.append(seq)
+    return torch.tensor(rows, dtype=torch.long)
+
+
+GENERATE_MISTAKES = {
+    "first_position": "Your next token comes from the logits of the FIRST position: the model "
+    "returns logits (B, T, V) for every position read, and the next token follows the last "
+    "one, logits[:, -1].",
+    "one_call": "Your loop runs the model once and appends the same token every step: after "
+    "each new token, run the model again (with the cache: on that token alone) for the next "
+    "logits.",
+    "short_window": "Your windows hold n_ctx - 1 tokens: crop to the last n_ctx, idx[:, -n_ctx:].",
+}
+
+
+def generate_mistakes(
+    prompt: Sequence[Sequence[int]], n_ctx: int, max_new_tokens: int, vocab_size: int = 11
+) -> dict[str, Tensor]:
+    """Hint -> the tokens a typical wrong greedy loop returns on the scripted model."""
+    want = oracle_generate(prompt, n_ctx, max_new_tokens, vocab_size)
+    kept: dict[str, Tensor] = {}
+    for variant, hint in GENERATE_MISTAKES.items():
+        wrong = oracle_generate(prompt, n_ctx, max_new_tokens, vocab_size, variant=variant)
+        if not torch.equal(wrong, want) and not any(torch.equal(wrong, k) for k in kept.values()):
+            kept[hint] = wrong
+    return kept
+
+
+# ======================================================================================
+# generate: hidden checks
+# ======================================================================================
+
+
+def _kit_gpt(seed: int, vocab_size: int = 13, n_ctx: int = 10) -> nn.Module:
+    """A small GPT of the kit with random weights of std 0.3 (sharp logits), in eval mode."""
+    from transformer_lab import models
+
+    with torch.random.fork_rng(devices=[]):
+        torch.random.manual_seed(seed)
+        model = models.GPT(
+            models.GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, d_model=16, n_layers=2, n_heads=2)
+        )
+        with torch.no_grad():  # larger weights: sharp logits, tokens that change
+            for parameter in model.parameters():
+                if parameter.ndim == 2:
+                    parameter.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def _recording(model: nn.Module) -> list[tuple[int, int | None, int]]:
+    """Record every call of ``model`` as :attr:`ScriptedLM.calls` does (a forward pre-hook):
+    ``(T, the cache's id or None, positions it held before)``."""
+    calls: list[tuple[int, int | None, int]] = []
+
+    def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        cache = args[1] if len(args) > 1 else kwargs.get("kv_cache")
+        T = int(args[0].shape[1])
+        calls.append((T, None, 0) if cache is None else (T, id(cache), int(cache.length)))
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    return calls
+
+
+@torch.no_grad()
+def _greedy_reference(model: nn.Module, prompt: Tensor, max_new_tokens: int) -> Tensor:
+    """Greedy continuation by recomputing the window every step (no cache)."""
+    n_ctx = model.config.n_ctx
+    seq = prompt.clone()
+    for _ in range(max_new_tokens):
+        nxt = model(seq[:, -n_ctx:])[:, -1].argmax(dim=-1, keepdim=True)
+        seq = torch.cat([seq, nxt], dim=1)
+    return seq
+
+
+def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """The kit's GPT (random weights): greedy tokens with and without the cache equal the
+    reference, past the context too; seeded sampling gives the same tokens both ways."""
+    g = generator(seed)
+    model = _kit_gpt(seed)
+    calls = _recording(model)
+    B, T = randint(2, 3, g), randint(2, 5, g)
+    prompt = torch.randint(0, 13, (B, T), generator=g)
+    new = randint(12, 15, g)  # past n_ctx = 10: the cache fills, then the window slides
+    want = _greedy_reference(model, prompt, new)
+    for use_cache in (True, False):
+        calls.clear()
+        what = (
+            f"generate(gpt, idx {tuple(prompt.shape)}, {new}, temperature=0, "
+            f"use_cache={use_cache}) with a GPT of n_ctx=10"
+        )
+        got = run_generate(fn, model, prompt, new, what, temperature=0.0, use_cache=use_cache)
+        judge_calls(calls, T, 10, new, use_cache, what)
+        judge_tokens(got, want, {}, what)
+    for top_k, top_p in ((None, None), (5, None), (None, 0.9)):
+        outs = []
+        draws = {flag: torch.Generator().manual_seed(seed) for flag in (True, False)}
+        for use_cache in (True, False):
+            what = (
+                f"generate(gpt, idx {tuple(prompt.shape)}, {new}, temperature=1.0, "
+                f"top_k={top_k}, top_p={top_p}, use_cache={use_cache}, generator=seeded)"
+            )
+            outs.append(
+                run_generate(
+                    fn,
+                    model,
+                    prompt,
+                    new,
+                    what,
+                    temperature=1.0,
+                    top_k=top_k,
+                    top_p=top_p,
+                    use_cache=use_cache,
+                    generator=draws[use_cache],
+                ).cpu()
+            )
+        expect_true(
+            torch.equal(outs[0], outs[1]),
+            f"{what} and the same call with use_cache=True gave different tokens "
+            f"({outs[0].tolist()} and {outs[1].tolist()}): the cache must give the logits of "
+            "the uncached model, position for position, and both paths sample alike.",
+        )
+
+
+def hidden_check_generate_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Scripted model: a prompt exactly n_ctx long, longer prompts, one token, none, a long
+    run of three contexts, one sequence; the calls and the tokens."""
+    g = generator(seed)
+    cases = [
+        ([[randint(0, 10, g) for _ in range(6)]], 6, 4),  # prompt fills the context
+        ([[randint(0, 10, g) for _ in range(9)] for _ in range(2)], 5, 6),  # longer prompt
+        ([[randint(0, 10, g) for _ in range(3)]], 7, 1),  # one new token
+        ([[randint(0, 10, g)]], 5, 15),  # a single-token prompt, three contexts
+        ([[randint(0, 10, g) for _ in range(4)] for _ in range(3)], 9, 0),  # nothing to do
+    ]
+    for prompt, n_ctx, new in cases:
+        want = oracle_generate(prompt, n_ctx, new)
+        mistakes = generate_mistakes(prompt, n_ctx, new)
+        for use_cache in (False, True):
+            idx = torch.tensor(prompt)
+            what = (
+                f"generate(model, idx {tuple(idx.shape)}, {new}, temperature=0, "
+                f"use_cache={use_cache}) on a scripted model with n_ctx={n_ctx}"
+            )
+            greedy_run(fn, idx, n_ctx, new, use_cache, what, want, mistakes)
+
+
+def _filtered_probs(table: Tensor, t: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """The distribution lab 07's strategies sample from: temperature, then top-k, then top-p."""
+    logits = table.double() / t
+    if top_k is not None:
+        kth = torch.sort(logits, descending=True).values[top_k - 1]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    dist = torch.softmax(logits, dim=-1)
+    if top_p is not None:
+        order = torch.sort(dist, descending=True, stable=True).indices
+        before = 0.0
+        keep = torch.zeros_like(dist, dtype=torch.bool)
+        for i in order.tolist():
+            keep[i] = before < top_p or not bool(keep.any())
+            before += float(dist[i])
+        dist = torch.where(keep, dist, torch.zeros_like(dist))
+        dist = dist / dist.sum()
+    return dist
+
+
+def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -> None:
+    """Temperature, top-k and top-p reach the sampling: the frequencies of 3000 draws."""
+    table = torch.tensor([2.0, 1.4, 1.0, 0.6, 0.1, -0.4, -1.0, -1.6])
+    N = 3000
+    settings = (
+        {"temperature": 1.0},
+        {"temperature": 0.5},
+        {"temperature": 2.0},
+        {"temperature": 1.0, "top_k": 3},
+        {"temperature": 1.0, "top_p": 0.8},
+        {"temperature": 2.0, "top_k": 2},
+    )
+    for i, options in enumerate(settings):
+        model = ScriptedLM(vocab_size=8, n_ctx=4, table=table)
+        shown = ", ".join(f"{k}={v}" for k, v in options.items())
+        what = f"generate(model, idx ({N}, 1), 1, {shown}, generator=seeded)"
+        got = run_generate(
+            fn,
+            model,
+            torch.zeros(N, 1, dtype=torch.long),
+            1,
+            what,
+            generator=torch.Generator().manual_seed(seed + i),
+            **options,
+        )
+        drawn = torch.bincount(got[:, 1].cpu().long(), minlength=8)[:8].double() / N
+        want = _filtered_probs(
+            table, options["temperature"], options.get("top_k"), options.get("top_p")
+        )
+        outside = (drawn > 0) & (want == 0)
+        if bool(outside.any()):
+            raise AssertionError(
+                f"{what} drew tokens {outside.nonzero().flatten().tolist()}, which the "
+                "filters remove: pass top_k and top_p to the sampling (sample_next(logits, "
+                "temperature=..., top_k=..., top_p=..., generator=...))."
+            )
+        worst = float((drawn - want).abs().max())
+        expect_true(
+            worst < 0.04,
+            f"{what} drew the tokens with frequencies {[round(x, 3) for x in drawn.tolist()]}, "
+            f"but the distribution is {[round(x, 3) for x in want.tolist()]}: pass the "
+            "temperature to the sampling (the logits are divided by it before the softmax).",
+        )
+
+
+# ======================================================================================
+# Scale: oracles and mistakes
+# ======================================================================================
+
+
+def _gpt_shapes(
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
+) -> list[tuple[str, tuple[int, ...]]]:
+    """Every parameter of a GPT-2-style model with a tied output layer, by name and shape."""
+    D = d_model
+    shapes: list[tuple[str, tuple[int, ...]]] = [("wte", (vocab_size, D)), ("wpe", (n_ctx, D))]
+    for i in range(n_layers):
+        layer = [
+            ("ln_1.weight", (D,)),
+            ("attn.c_attn.weight", (D, 3 * D)),
+            ("attn.c_proj.weight", (D, D)),
+            ("ln_2.weight", (D,)),
+            ("mlp.c_fc.weight", (D, 4 * D)),
+            ("mlp.c_proj.weight", (4 * D, D)),
+        ]
+        if bias:
+            layer += [
+                ("ln_1.bias", (D,)),
+                ("attn.c_attn.bias", (3 * D,)),
+                ("attn.c_proj.bias", (D,)),
+                ("ln_2.bias", (D,)),
+                ("mlp.c_fc.bias", (4 * D,)),
+                ("mlp.c_proj.bias", (D,)),
+            ]
+        shapes += [(f"h.{i}.{name}", shape) for name, shape in layer]
+    shapes.append(("ln_f.weight", (D,)))
+    if bias:
+        shapes.append(("ln_f.bias", (D,)))
+    return shapes  # lm_head is wte (tied): no parameters of its own
+
+
+def oracle_gpt_param_count(
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
+) -> int:
+    """The sum of the sizes of :func:`_gpt_shapes` (GPT-2's own parameter names)."""
+    return sum(
+        math.prod(shape) for _, shape in _gpt_shapes(n_layers, d_model, vocab_size, n_ctx, bias)
+    )
+
+
+def count_mistakes(
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
+) -> dict[str, int]:
+    """Hint -> the count a typical mistake gives (only those that differ, first kept)."""
+    L, D, V = n_layers, d_model, vocab_size
+    right = oracle_gpt_param_count(L, D, V, n_ctx, bias)
+    b = 1 if bias else 0
+    ln_bias = (2 * L + 1) * D  # the biases of every layer norm
+    linear_bias = L * (3 * D + D + 4 * D + D)
+    candidates = {
+        "You count an output layer of its own (V x D): GPT-2 ties it to the token embedding "
+        "(the same matrix), so it adds no parameters.": right + V * D,
+        "Your position table has vocab_size rows: it has one row per position, n_ctx.": right
+        - n_ctx * D
+        + V * D,
+        "You left out the learned position embeddings (n_ctx x D).": right - n_ctx * D,
+        "You left out the final layer norm (ln_f, after the last block).": right - (1 + b) * D,
+        "Your layer norms have only their gains: each has a bias of width D too (with "
+        "bias=True).": right - b * ln_bias,
+        "With bias=False your count still has the layer norms' biases: bias=False drops the "
+        "biases of the linear layers AND of the layer norms.": right + (1 - b) * ln_bias,
+        "With bias=False your count still has every bias: bias=False drops the biases of the "
+        "linear layers and of the layer norms.": right + (1 - b) * (ln_bias + linear_bias),
+        "You count the causal mask: it is a buffer (nanoGPT's attn.bias), not a parameter.": right
+        + L * n_ctx * n_ctx,
+        "Your blocks are 12 L D^2, the rule of thumb: the exact count adds the biases and the "
+        "layer norms.": V * D + n_ctx * D + 12 * L * D * D,
+        "Your MLP has width D: GPT-2's hidden layer is 4 D wide (D -> 4D -> D).": right
+        - L * (6 * D * D + b * 3 * D),
+        "Your attention has no biases (with bias=True, qkv_proj has 3D and out_proj D).": right
+        - b * L * 4 * D,
+        "Your blocks have one layer norm: GPT-2's blocks have two (before the attention and "
+        "before the MLP).": right - L * (1 + b) * D,
+    }
+    kept: dict[str, int] = {}
+    for hint, value in candidates.items():
+        if value != right and value not in kept.values():
+            kept[hint] = value
+    return kept
+
+
+def oracle_training_flops(n_params: float, n_tokens: float) -> float:
+    """``6 N D``: 2 per parameter and token forward, 4 backward."""
+    return 6.0 * n_params * n_tokens
+
+
+def flops_mistakes(n_params: float, n_tokens: float) -> dict[str, float]:
+    N, D = float(n_params), float(n_tokens)
+    return {
+        "You count the forward pass only (2 N D): the backward pass costs twice as much again, "
+        "6 N D in all.": 2 * N * D,
+        "You count the backward pass only (4 N D): add the forward pass, 6 N D.": 4 * N * D,
+        "You count one operation per parameter and token: a multiply-add is 2 FLOPs, and the "
+        "backward pass doubles it twice: 6 N D.": N * D,
+        "You count multiply-adds (3 N D): a multiply-add is two floating-point operations, "
+        "6 N D.": 3 * N * D,
+        "You count each multiply-add as two twice over (12 N D): 6 N D.": 12 * N * D,
+        "You added N and D: the work is per parameter AND per token, 6 * N * D.": 6 * (N + D),
+    }
+
+
+def oracle_kv_cache_bytes(
+    n_layers: int, d_model: int, n_ctx: int, batch_size: int = 1, bytes_per_value: int = 2
+) -> int:
+    """A key and a value of width D per layer, position and sequence."""
+    per_position = 2 * d_model * bytes_per_value  # key + value, bytes
+    return n_layers * batch_size * n_ctx * per_position
+
+
+def kv_mistakes(
+    n_layers: int, d_model: int, n_ctx: int, batch_size: int = 1, bytes_per_value: int = 2
+) -> dict[str, int]:
+    right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, batch_size, bytes_per_value)
+    L, T, B, b = n_layers, n_ctx, batch_size, bytes_per_value
+    candidates = {
+        "You count the keys only: the cache holds a key AND a value per layer and position "
+        "(the factor 2).": right // 2,
+        "You count the queries too: only keys and values are cached (a query is used once, by "
+        "its own token).": right // 2 * 3,
+        "You count numbers, not bytes: multiply by bytes_per_value.": right // b,
+        "You count bits: bytes_per_value is in bytes.": right * 8,
+        "You assume 4 bytes per number whatever bytes_per_value says.": right // b * 4,
+        "You left out the batch: every sequence has its own cache.": right // B,
+        "You left out the layers: every block caches its own keys and values.": right // L,
+        "You count a T x T table per layer (the attention scores), not T keys and values of "
+        "width D.": 2 * L * T * T * B * b,
+    }
+    kept: dict[str, int] = {}
+    for hint, value in candidates.items():
+        if value != right and value not in kept.values() and value > 0:
+            kept[hint] = value
+    return kept
+
+
+def oracle_gpu_days(flops: float, peak_flops: float, utilization: float) -> float:
+    """Seconds at the achieved rate, in days."""
+    seconds = flops / (peak_flops * utilization)
+    return seconds / (24 * 3600)
+
+
+def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> dict[str, float]:
+    right = oracle_gpu_days(flops, peak_flops, utilization)
+    u = utilization
+    candidates = {
+        "You ignore the utilization: at 40% of its peak a GPU needs 1/0.4 = 2.5 times longer.": (
+            right * u
+        ),
+        "You multiply by the utilization: a GPU that reaches only a share u of its peak needs "
+        "longer, so divide by it.": right * u * u,
+        "Your answer is in hours: divide by 24 more.": right * 24,
+        "Your answer is in seconds: a day has 86,400.": right * 86400,
+        "Your answer is in minutes: a day has 1,440.": right * 1440,
+        "Your answer is in years: multiply by 365.": right / 365,
+    }
+    return {h: v for h, v in candidates.items() if not math.isclose(v, right, rel_tol=1e-9)}
+
+
+# ======================================================================================
+# Scale: hidden checks
+# ======================================================================================
+
+
+def _expect_count_call(fn: Callable[..., Any], args: tuple[int, ...], bias: bool) -> None:
+    options = {} if bias else {"bias": False}
+    call = show_call("gpt_param_count", args, options)
+    expect_count(
+        run_scale(fn, args, options, call),
+        oracle_gpt_param_count(*args, bias=bias),
+        count_mistakes(*args, bias=bias),
+        call,
+        d_model=args[1],
+    )
+
+
+def hidden_check_gpt_param_count(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random sizes with and without biases, GPT-2's four sizes and GPT-3 175B, exactly."""
+    from transformer_lab.scale import GPT2_FAMILY, GPT3_FAMILY
+
+    g = generator(seed)
+    for _ in range(4):
+        args = (
+            randint(1, 48, g),
+            8 * randint(1, 256, g),
+            randint(2, 60000, g),
+            randint(1, 4096, g),
+        )
+        _expect_count_call(fn, args, bias=bool(randint(0, 1, g)))
+    for spec in (*GPT2_FAMILY, GPT3_FAMILY[-1]):
+        _expect_count_call(fn, (spec.n_layers, spec.d_model, spec.vocab_size, spec.n_ctx), True)
+    _expect_count_call(fn, (96, 12288, 50257, 2048), bias=False)
+
+
+def hidden_check_training_flops(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random sizes (ints and floats) and the GPT-3 family's 300B tokens."""
+    g = generator(seed)
+    cases = [(float(randint(1, 999, g)) * 10.0 ** randint(5, 11, g), randint(10**6, 10**9, g))]
+    cases += [(randint(10**3, 10**7, g), float(randint(1, 99, g)) * 1e9), (1.3e9, 300e9)]
+    for n, d in cases:
+        what = show_call("training_flops", (n, d))
+        expect_number(
+            run_scale(fn, (n, d), {}, what),
+            oracle_training_flops(n, d),
+            flops_mistakes(n, d),
+            what,
+        )
+
+
+def hidden_check_kv_cache_bytes(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random sizes, batches and value widths (1, 2 and 4 bytes)."""
+    g = generator(seed)
+    for width in (4, 2, 1):
+        args = (randint(2, 96, g), 64 * randint(1, 100, g), 128 * randint(1, 64, g))
+        kwargs = {"batch_size": randint(2, 64, g), "bytes_per_value": width}
+        call = show_call("kv_cache_bytes", args, kwargs)
+        expect_count(
+            run_scale(fn, args, kwargs, call),
+            oracle_kv_cache_bytes(*args, **kwargs),
+            kv_mistakes(*args, **kwargs),
+            call,
+        )
+
+
+def hidden_check_gpu_days(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random work, peaks and utilizations."""
+    g = generator(seed)
+    for peak in (125e12, 312e12, 989e12):
+        flops = float(randint(1, 999, g)) * 10.0 ** randint(18, 24, g)
+        util = randint(20, 70, g) / 100
+        what = show_call("gpu_days", (flops, peak, util))
+        expect_number(
+            run_scale(fn, (flops, peak, util), {}, what),
+            oracle_gpu_days(flops, peak, util),
+            gpu_days_mistakes(flops, peak, util),
+            what,
+        )
+
+
+# ======================================================================================
+# The visible checks' worked examples
+# ======================================================================================
+
+
+def _entry(expected: Any, mistakes: dict[str, Any] | None = None) -> dict[str, Any]:
+    def plain(value: Any) -> Any:
+        return value.tolist() if isinstance(value, Tensor) else value
+
+    return {
+        "expected": plain(expected),
+        "mistakes": {hint: plain(v) for hint, v in (mistakes or {}).items()},
+    }
+
+
+def fixtures() -> dict[str, dict[str, Any]]:
+    """The stored examples of :mod:`transformer_lab.checks.lab08`, keyed by the call."""
+    out: dict[str, dict[str, Any]] = {}
+    x, weights, heads = attention_example()
+    want = oracle_attention(weights, x, heads)
+    out["CausalSelfAttention example: out"] = _entry(want, attention_mistakes(weights, x, heads))
+    for name, plan in SCHEDULES.items():
+        out[f"CausalSelfAttention example, cached {name}: out"] = _entry(
+            oracle_attention(weights, x, heads, plan), attention_mistakes(weights, x, heads, plan)
+        )
+    q, k, v = oracle_projections(weights, x, heads)
+    out["CausalSelfAttention example: queries"] = _entry(q)
+    out["CausalSelfAttention example: keys"] = _entry(k)
+    out["CausalSelfAttention example: values"] = _entry(v)
+    for name, spec in generate_examples().items():
+        out[f"generate example {name!r}"] = _entry(
+            oracle_generate(spec["prompt"], spec["n_ctx"], spec["new"]),
+            generate_mistakes(spec["prompt"], spec["n_ctx"], spec["new"]),
+        )
+    for args, kwargs in COUNT_EXAMPLES:
+        out[show_call("gpt_param_count", args, kwargs)] = _entry(
+            oracle_gpt_param_count(*args, **kwargs), count_mistakes(*args, **kwargs)
+        )
+    for n, d in ((175e9, 300e9), (124_439_808, 10e9)):
+        out[show_call("training_flops", (n, d))] = _entry(
+            oracle_training_flops(n, d), flops_mistakes(n, d)
+        )
+    for args, kwargs in KV_EXAMPLES:
+        out[show_call("kv_cache_bytes", args, kwargs)] = _entry(
+            oracle_kv_cache_bytes(*args, **kwargs), kv_mistakes(*args, **kwargs)
+        )
+    for args in ((3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)):
+        out[show_call("gpu_days", args)] = _entry(oracle_gpu_days(*args), gpu_days_mistakes(*args))
+    return out
