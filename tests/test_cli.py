@@ -172,3 +172,43 @@ def test_generate_decodes_lm_and_seq2seq_checkpoints(
     if config == "grammar_lm":  # an LM continues its prompt (the BOS it was trained with is hidden)
         assert all(line.startswith(prompt) for line in lines)
     assert "<" not in " ".join(lines)  # special tokens are not printed
+
+
+def test_a_locked_decoder_costs_the_examples_not_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a student package before lab 08's deadline, ``generate`` raises LockedAnswerError.
+
+    Training an LM (lab 04's answers) still finishes and saves; the end-of-fit examples and
+    ``transformer-lab generate`` say in one line why they are not there, with no traceback.
+    """
+    import transformer_lab.generation as generation
+    from transformer_lab.graded import LockedAnswerError
+
+    message = "generate is graded in lab 08_language_models: use your own until its deadline"
+
+    def locked(*args: object, **kwargs: object) -> None:
+        raise LockedAnswerError(message)
+
+    monkeypatch.setattr(generation, "generate", locked)
+    args = [
+        "fit",
+        "--config",
+        str(CONFIGS / "grammar_lm.yaml"),
+        "--run.save_dir",
+        str(tmp_path),
+        "--run.logger=csv",
+        "--trainer.max_steps=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--examples.num_examples=2",
+        "--data.init_args.num_train=128",
+        "--data.init_args.num_val=32",
+    ]
+    assert main(args) == 0
+    assert f"no validation examples: {message}" in capsys.readouterr().out
+    last = tmp_path / "grammar_lm" / "version_0" / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    assert main(["generate", "--ckpt_path", str(last), "--prompt", "the"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"transformer-lab generate: not available yet: {message}"
