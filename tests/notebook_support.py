@@ -16,6 +16,9 @@ Reference: nbgrader's cell metadata (``grade_id``, ``grade``, ``solution``, ``lo
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -149,6 +152,33 @@ def run_test_cells(notebook: Any, answers: Iterable[str], *, skip: str | None = 
             exec(compile(cell.source, grade_id, "exec"), dict(namespace))
             ran += 1
     return ran
+
+
+def run_all_cells(notebook: Any, cwd: Path, profile: str = "grading") -> str:
+    """Execute every code cell of ``notebook`` in order, in ``cwd`` and ``profile``; return stdout.
+
+    What a student sees when running the notebook top to bottom, without a kernel: the lab's
+    experiments print their results, which the notebook tests then read.
+    """
+    namespace: dict[str, Any] = {"display": lambda *a, **k: None}
+    printed = io.StringIO()
+    old_profile = os.environ.get("TRANSFORMER_LAB_PROFILE")
+    os.environ["TRANSFORMER_LAB_PROFILE"] = profile
+    old_cwd = Path.cwd()
+    os.chdir(cwd)  # session.runs is relative to the notebook
+    try:
+        with contextlib.redirect_stdout(printed):
+            for cell in notebook.cells:
+                if cell.cell_type == "code":
+                    name = meta(cell).get("grade_id", "cell")
+                    exec(compile(cell.source, name, "exec"), namespace)
+    finally:
+        os.chdir(old_cwd)
+        if old_profile is None:
+            os.environ.pop("TRANSFORMER_LAB_PROFILE")
+        else:
+            os.environ["TRANSFORMER_LAB_PROFILE"] = old_profile
+    return printed.getvalue()
 
 
 def assert_release_clean(lab: str, *leaks: str) -> None:

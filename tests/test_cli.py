@@ -34,6 +34,28 @@ def _fit_reverse(root: Path, *extra: str) -> Path:
     return last
 
 
+def _fit_two_steps(config: str, root: Path, num_examples: int = 0) -> Path:
+    """Two training steps of ``configs/<config>.yaml`` on small data; return the last checkpoint."""
+    args = [
+        "fit",
+        "--config",
+        str(CONFIGS / f"{config}.yaml"),
+        "--run.save_dir",
+        str(root),
+        "--run.logger=csv",
+        "--trainer.max_steps=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--examples.num_examples={num_examples}",
+        "--data.init_args.num_train=128",
+        "--data.init_args.num_val=32",
+    ]
+    assert main(args) == 0
+    last = root / config / "version_0" / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    return last
+
+
 def test_info_runs_as_a_console_script() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
@@ -145,22 +167,7 @@ def test_generate_decodes_lm_and_seq2seq_checkpoints(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = [
-        "fit",
-        "--config",
-        str(CONFIGS / f"{config}.yaml"),
-        "--run.save_dir",
-        str(tmp_path),
-        "--run.logger=csv",
-        "--trainer.max_steps=2",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--examples.num_examples=0",
-        "--data.init_args.num_train=128",
-        "--data.init_args.num_val=32",
-    ]
-    assert main(args) == 0
-    last = tmp_path / config / "version_0" / "checkpoints" / "last.ckpt"
+    last = _fit_two_steps(config, tmp_path)
     capsys.readouterr()
     assert main(["generate", "--ckpt_path", str(last), "--prompt", prompt, *extra]) == 0
     # An untrained decoder may stop at once: an empty line is still one output.
@@ -191,24 +198,8 @@ def test_a_locked_decoder_costs_the_examples_not_the_run(
         raise LockedAnswerError(message)
 
     monkeypatch.setattr(generation, "generate", locked)
-    args = [
-        "fit",
-        "--config",
-        str(CONFIGS / "grammar_lm.yaml"),
-        "--run.save_dir",
-        str(tmp_path),
-        "--run.logger=csv",
-        "--trainer.max_steps=2",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--examples.num_examples=2",
-        "--data.init_args.num_train=128",
-        "--data.init_args.num_val=32",
-    ]
-    assert main(args) == 0
+    last = _fit_two_steps("grammar_lm", tmp_path, num_examples=2)
     assert f"no validation examples: {message}" in capsys.readouterr().out
-    last = tmp_path / "grammar_lm" / "version_0" / "checkpoints" / "last.ckpt"
-    assert last.is_file()
     assert main(["generate", "--ckpt_path", str(last), "--prompt", "the"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"transformer-lab generate: not available yet: {message}"

@@ -12,15 +12,12 @@ honest model's, and far above it once the future is cut off).
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
-import os
 import re
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from notebook_support import LabNotebookTests, meta
+from notebook_support import LabNotebookTests, meta, run_all_cells
 
 from transformer_lab.checks import lab05
 from transformer_lab.grading.hidden import lab05 as hidden05
@@ -101,27 +98,7 @@ class TestLab05(LabNotebookTests):
     @pytest.mark.slow
     def test_the_experiments_tell_the_story(self, notebook: Any, tmp_path: Path) -> None:
         """Every code cell, in order, in the grading profile: the printed results."""
-        namespace: dict[str, Any] = {"display": lambda *a, **k: None}
-        printed = io.StringIO()
-        old = os.environ.get("TRANSFORMER_LAB_PROFILE")
-        os.environ["TRANSFORMER_LAB_PROFILE"] = "grading"
-        cwd = Path.cwd()
-        os.chdir(tmp_path)  # session.runs is relative to the notebook
-        try:
-            with contextlib.redirect_stdout(printed):
-                for cell in notebook.cells:
-                    if cell.cell_type == "code":
-                        exec(
-                            compile(cell.source, meta(cell).get("grade_id", "cell"), "exec"),
-                            namespace,
-                        )
-        finally:
-            os.chdir(cwd)
-            if old is None:
-                os.environ.pop("TRANSFORMER_LAB_PROFILE")
-            else:
-                os.environ["TRANSFORMER_LAB_PROFILE"] = old
-        text = printed.getvalue()
+        text = run_all_cells(notebook, tmp_path)
         assert "honest: the whole model depends on the future? False" in text
         assert "mystery: the whole model depends on the future? True" in text
         assert "mystery, block 1 alone: depends on the future? False" in text

@@ -14,13 +14,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
-import os
 import re
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from notebook_support import LabNotebookTests, meta
+from notebook_support import LabNotebookTests, meta, run_all_cells
 
 from transformer_lab.checks import lab08
 from transformer_lab.grading.hidden import lab08 as hidden08
@@ -126,27 +125,7 @@ class TestLab08(LabNotebookTests):
     @pytest.mark.slow
     def test_the_experiments_tell_the_story(self, notebook: Any, tmp_path: Path) -> None:
         """Every code cell, in order, in the grading profile: the printed results."""
-        namespace: dict[str, Any] = {"display": lambda *a, **k: None}
-        printed = io.StringIO()
-        old = os.environ.get("TRANSFORMER_LAB_PROFILE")
-        os.environ["TRANSFORMER_LAB_PROFILE"] = "grading"
-        cwd = Path.cwd()
-        os.chdir(tmp_path)  # session.runs is relative to the notebook
-        try:
-            with contextlib.redirect_stdout(printed):
-                for cell in notebook.cells:
-                    if cell.cell_type == "code":
-                        exec(
-                            compile(cell.source, meta(cell).get("grade_id", "cell"), "exec"),
-                            namespace,
-                        )
-        finally:
-            os.chdir(cwd)
-            if old is None:
-                os.environ.pop("TRANSFORMER_LAB_PROFILE")
-            else:
-                os.environ["TRANSFORMER_LAB_PROFILE"] = old
-        text = printed.getvalue()
+        text = run_all_cells(notebook, tmp_path)
         assert "(This uses your CausalSelfAttention.)" in text
         assert "(This uses your generate.)" in text
         gap = float(re.search(r"through the cache: largest difference ([\d.e+-]+)", text)[1])

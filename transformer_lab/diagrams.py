@@ -9,6 +9,7 @@ Sections, one per lab; a lab adds its diagrams to its own section.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -887,12 +888,10 @@ _SOURCE = ("the", "big", "men", "ate", "a", "fish")
 _TARGET = ("tori", "gran", "li", "pesk", "un", "mangon")
 
 
-def _lab06_box(
-    ax: Any, x: float, y: float, w: float, h: float, text: str, color: str, **kw: Any
+def _box(
+    ax: Axes, x: float, y: float, w: float, h: float, text: str, color: str, **kw: Any
 ) -> None:
-    """A rounded box centred on ``(x, y)`` with ``text`` inside."""
-    from matplotlib.patches import FancyBboxPatch
-
+    """A rounded box centred on ``(x, y)`` with ``text`` inside (the block diagrams' boxes)."""
     ax.add_patch(
         FancyBboxPatch(
             (x - w / 2, y - h / 2),
@@ -907,7 +906,7 @@ def _lab06_box(
     ax.text(x, y, text, ha="center", va="center", fontsize=kw.pop("fontsize", 9), **kw)
 
 
-def _lab06_arrow(ax: Any, start: tuple[float, float], end: tuple[float, float], **kw: Any) -> None:
+def _flow_arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], **kw: Any) -> None:
     ax.annotate(
         "",
         xy=end,
@@ -923,7 +922,7 @@ def _lab06_tokens(
     step = (x1 - x0) / max(1, len(words) - 1)
     xs = [x0 + i * step for i in range(len(words))]
     for x, word in zip(xs, words, strict=True):
-        _lab06_box(ax, x, y, 0.62, 0.32, word, color, fontsize=8)
+        _box(ax, x, y, 0.62, 0.32, word, color, fontsize=8)
     return xs
 
 
@@ -944,21 +943,21 @@ def encoder_decoder_diagram() -> Figure:
     enc, dec = "#dbe9f6", "#fde2c8"
     # Encoder (left).
     src_x = _lab06_tokens(ax, _SOURCE, 0.4, 4.0, 0.0, "white")
-    _lab06_box(ax, 2.2, 1.3, 4.2, 0.6, "embedding + positions", "0.95")
-    _lab06_box(ax, 2.2, 2.5, 4.2, 0.7, "self-attention (every source word sees every other)", enc)
-    _lab06_box(ax, 2.2, 3.5, 4.2, 0.6, "feed-forward", enc)
+    _box(ax, 2.2, 1.3, 4.2, 0.6, "embedding + positions", "0.95")
+    _box(ax, 2.2, 2.5, 4.2, 0.7, "self-attention (every source word sees every other)", enc)
+    _box(ax, 2.2, 3.5, 4.2, 0.6, "feed-forward", enc)
     ax.text(4.45, 3.0, "x N", fontsize=9, va="center")
-    _lab06_box(ax, 2.2, 4.8, 4.2, 0.6, "memory  (S, D): one vector per source word", "#b7d3ee")
+    _box(ax, 2.2, 4.8, 4.2, 0.6, "memory  (S, D): one vector per source word", "#b7d3ee")
     for x in src_x:
-        _lab06_arrow(ax, (x, 0.17), (x, 0.98))
+        _flow_arrow(ax, (x, 0.17), (x, 0.98))
     for y0, y1 in ((1.6, 2.15), (2.85, 3.2), (3.8, 4.5)):
-        _lab06_arrow(ax, (2.2, y0), (2.2, y1))
+        _flow_arrow(ax, (2.2, y0), (2.2, y1))
     ax.text(2.2, -0.45, "source: English, read all at once", ha="center", fontsize=9)
     # Decoder (right).
     tgt_x = _lab06_tokens(ax, ("<bos>", *_TARGET[:-1]), 5.8, 9.9, 0.0, "white")
-    _lab06_box(ax, 7.85, 1.3, 4.4, 0.6, "embedding + positions", "0.95")
-    _lab06_box(ax, 7.85, 2.4, 4.4, 0.7, "MASKED self-attention (position t sees 0..t)", dec)
-    _lab06_box(
+    _box(ax, 7.85, 1.3, 4.4, 0.6, "embedding + positions", "0.95")
+    _box(ax, 7.85, 2.4, 4.4, 0.7, "MASKED self-attention (position t sees 0..t)", dec)
+    _box(
         ax,
         7.85,
         3.5,
@@ -967,18 +966,18 @@ def encoder_decoder_diagram() -> Figure:
         "cross-attention: Q from the decoder,\nK and V from the memory",
         dec,
     )
-    _lab06_box(ax, 7.85, 4.55, 4.4, 0.55, "feed-forward", dec)
+    _box(ax, 7.85, 4.55, 4.4, 0.55, "feed-forward", dec)
     ax.text(10.12, 3.4, "x N", fontsize=9, va="center")
-    _lab06_box(ax, 7.85, 5.5, 4.4, 0.55, "linear: D -> V, softmax over the vocabulary", "#f6c89f")
+    _box(ax, 7.85, 5.5, 4.4, 0.55, "linear: D -> V, softmax over the vocabulary", "#f6c89f")
     for x in tgt_x:
-        _lab06_arrow(ax, (x, 0.17), (x, 0.98))
+        _flow_arrow(ax, (x, 0.17), (x, 0.98))
     for y0, y1 in ((1.6, 2.05), (2.75, 3.15), (3.85, 4.27), (4.83, 5.22)):
-        _lab06_arrow(ax, (7.85, y0), (7.85, y1))
-    _lab06_arrow(ax, (4.3, 4.8), (5.65, 3.6), color="#2b6cb0", connectionstyle="arc3,rad=-0.2")
+        _flow_arrow(ax, (7.85, y0), (7.85, y1))
+    _flow_arrow(ax, (4.3, 4.8), (5.65, 3.6), color="#2b6cb0", connectionstyle="arc3,rad=-0.2")
     ax.text(4.55, 4.35, "keys, values", color="#2b6cb0", fontsize=8, rotation=-28)
     out_x = _lab06_tokens(ax, (*_TARGET, "<eos>")[: len(tgt_x)], 5.8, 9.9, 6.6, "#fff4e6")
     for x in out_x:
-        _lab06_arrow(ax, (x, 5.78), (x, 6.43))
+        _flow_arrow(ax, (x, 5.78), (x, 6.43))
     ax.text(
         7.85,
         7.2,
@@ -1022,12 +1021,12 @@ def teacher_forcing_diagram(n: int = 4) -> Figure:
     left.set_ylim(-1.0, 4.3)
     left.set_title("training (teacher forcing): ONE pass", fontsize=10)
     for i, (w_in, w_out) in enumerate(zip(inputs, words, strict=True)):
-        _lab06_box(left, i + 0.5, 0.0, 0.85, 0.4, w_in, "white", fontsize=8)
-        _lab06_box(left, i + 0.5, 3.2, 0.85, 0.4, w_out, "#fff4e6", fontsize=8)
-        _lab06_arrow(left, (i + 0.5, 0.22), (i + 0.5, 0.75))
-        _lab06_arrow(left, (i + 0.5, 2.45), (i + 0.5, 2.98))
+        _box(left, i + 0.5, 0.0, 0.85, 0.4, w_in, "white", fontsize=8)
+        _box(left, i + 0.5, 3.2, 0.85, 0.4, w_out, "#fff4e6", fontsize=8)
+        _flow_arrow(left, (i + 0.5, 0.22), (i + 0.5, 0.75))
+        _flow_arrow(left, (i + 0.5, 2.45), (i + 0.5, 2.98))
         left.text(i + 0.5, 3.65, "loss", ha="center", fontsize=7, color="0.35")
-    _lab06_box(left, n / 2, 1.65, n + 0.1, 1.7, "", "#fde2c8")
+    _box(left, n / 2, 1.65, n + 0.1, 1.7, "", "#fde2c8")
     for t in range(n):  # the causal mask: query t (row) may see keys 0..t
         for s in range(n):
             color = "#c05621" if s <= t else "white"
@@ -1044,14 +1043,12 @@ def teacher_forcing_diagram(n: int = 4) -> Figure:
         y = n - 1 - step
         right.text(-0.2, y, f"pass {step + 1}", fontsize=8, va="center")
         for i, w in enumerate(inputs[: step + 1]):
-            _lab06_box(right, 1.0 + 0.8 * i, y, 0.72, 0.36, w, "white", fontsize=7)
+            _box(right, 1.0 + 0.8 * i, y, 0.72, 0.36, w, "white", fontsize=7)
         x_out = 1.0 + 0.8 * (step + 1) + 0.5
-        _lab06_arrow(right, (1.0 + 0.8 * step + 0.4, y), (x_out - 0.38, y))
-        _lab06_box(right, x_out, y, 0.72, 0.36, words[step], "#fff4e6", fontsize=7)
+        _flow_arrow(right, (1.0 + 0.8 * step + 0.4, y), (x_out - 0.38, y))
+        _box(right, x_out, y, 0.72, 0.36, words[step], "#fff4e6", fontsize=7)
         if step < n - 1:
-            _lab06_arrow(
-                right, (x_out, y - 0.2), (1.0 + 0.8 * (step + 1), y - 0.8), color="#2b6cb0"
-            )
+            _flow_arrow(right, (x_out, y - 0.2), (1.0 + 0.8 * (step + 1), y - 0.8), color="#2b6cb0")
     right.text(
         n * 0.65,
         -0.65,
@@ -1288,30 +1285,6 @@ _LAB08_COLOURS = {
 }
 
 
-def _lab08_box(
-    ax: Axes, x: float, y: float, w: float, h: float, text: str, color: str, size: float = 8.5
-) -> None:
-    """A rounded box centred on ``(x, y)``."""
-    ax.add_patch(
-        FancyBboxPatch(
-            (x - w / 2, y - h / 2),
-            w,
-            h,
-            boxstyle="round,pad=0.02,rounding_size=0.06",
-            facecolor=color,
-            edgecolor="0.3",
-            linewidth=0.9,
-        )
-    )
-    ax.text(x, y, text, ha="center", va="center", fontsize=size)
-
-
-def _lab08_arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float]) -> None:
-    ax.annotate(
-        "", xy=end, xytext=start, arrowprops={"arrowstyle": "->", "lw": 1.0, "color": "0.2"}
-    )
-
-
 def gpt_diagram(columns: Mapping[str, Mapping[str, str]] | None = None) -> Figure:
     """The decoder-only Transformer of GPT-2 and GPT-3 (Prince, section 12.7), and its sizes.
 
@@ -1332,14 +1305,16 @@ def gpt_diagram(columns: Mapping[str, Mapping[str, str]] | None = None) -> Figur
     else:
         ax, table_ax = fig.subplots(), None
     c = _LAB08_COLOURS
+    box = functools.partial(_box, fontsize=8.5)  # (ax, x, y, w, h, text, colour)
+    arrow = functools.partial(_flow_arrow, lw=1.0)  # (ax, start, end)
     ax.set_xlim(-0.3, 6.6)
     ax.set_ylim(-0.6, 10.2)
     ax.axis("off")
     for i, word in enumerate(("To", "be", ",", "or")):
         x = 1.2 + 1.2 * i
         ax.text(x, -0.35, word, ha="center", fontsize=9, family="monospace")
-        _lab08_arrow(ax, (x, -0.12), (x, 0.45))
-    _lab08_box(
+        arrow(ax, (x, -0.12), (x, 0.45))
+    box(
         ax,
         3.0,
         0.8,
@@ -1378,17 +1353,17 @@ def gpt_diagram(columns: Mapping[str, Mapping[str, str]] | None = None) -> Figur
         (4.45, 4.9, 5.75, 6.6, "MLP: D -> 4D, GELU, 4D -> D", c["mlp"], 0.7),
     ):
         ax.plot([stream, 3.6, 3.6], [y_split, y_split, y_norm - 0.22], color="0.35", lw=1.0)
-        _lab08_arrow(ax, (3.6, y_norm - 0.25), (3.6, y_norm - 0.2))
-        _lab08_box(ax, 3.6, y_norm, 3.0, 0.42, "layer norm", c["norm"])
-        _lab08_arrow(ax, (3.6, y_norm + 0.21), (3.6, y_layer - height / 2))
-        _lab08_box(ax, 3.6, y_layer, 4.1, height, text, colour)
+        arrow(ax, (3.6, y_norm - 0.25), (3.6, y_norm - 0.2))
+        box(ax, 3.6, y_norm, 3.0, 0.42, "layer norm", c["norm"])
+        arrow(ax, (3.6, y_norm + 0.21), (3.6, y_layer - height / 2))
+        box(ax, 3.6, y_layer, 4.1, height, text, colour)
         ax.plot([3.6, 3.6], [y_layer + height / 2, y_plus], color="0.35", lw=1.0)
-        _lab08_arrow(ax, (3.6, y_plus), (stream + 0.22, y_plus))
-        _lab08_box(ax, stream, y_plus, 0.42, 0.42, "+", "white", 11)
+        arrow(ax, (3.6, y_plus), (stream + 0.22, y_plus))
+        box(ax, stream, y_plus, 0.42, 0.42, "+", "white", fontsize=11)
     ax.plot([stream, 3.0], [7.6, 7.6], color="0.35", lw=1.4)
-    _lab08_arrow(ax, (3.0, 7.6), (3.0, 7.72))
-    _lab08_box(ax, 3.0, 7.95, 3.2, 0.45, "final layer norm", c["norm"])
-    _lab08_box(
+    arrow(ax, (3.0, 7.6), (3.0, 7.72))
+    box(ax, 3.0, 7.95, 3.2, 0.45, "final layer norm", c["norm"])
+    box(
         ax,
         3.0,
         8.85,
@@ -1397,8 +1372,8 @@ def gpt_diagram(columns: Mapping[str, Mapping[str, str]] | None = None) -> Figur
         "output layer D -> V (the token embedding, transposed: tied)",
         c["head"],
     )
-    _lab08_arrow(ax, (3.0, 8.18), (3.0, 8.52))
-    _lab08_arrow(ax, (3.0, 9.18), (3.0, 9.55))
+    arrow(ax, (3.0, 8.18), (3.0, 8.52))
+    arrow(ax, (3.0, 9.18), (3.0, 9.55))
     ax.text(3.0, 9.8, "softmax: Pr(next token) at every position", ha="center", fontsize=9)
     if table_ax is not None and columns:
         table_ax.axis("off")
