@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,7 +54,13 @@ def grade_copies(lab: str, copies: int, jobs: int, workdir: Path) -> dict[str, A
     report = grade_course(course, REPO_ROOT, [lab], jobs=jobs, options=GradingOptions())
     wall = time.perf_counter() - start
     seconds = sorted(r.seconds or 0.0 for r in report.results)
-    full = sum(1 for r in report.results if r.status == "graded" and r.auto_score == r.auto_max)
+    full = 0
+    for r in report.results:
+        if r.status == "graded" and r.auto_score == r.auto_max:
+            full += 1
+        else:  # say why, so that a broken run is never read as a slow or fast one
+            why = r.error or "; ".join([*r.problems, *r.flags]) or f"{r.auto_score}/{r.auto_max}"
+            print(f"{lab} {r.student}: {r.status}: {why}", file=sys.stderr)
     return {
         "wall": wall,
         "per_submission": statistics.median(seconds) if seconds else float("nan"),

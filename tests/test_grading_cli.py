@@ -138,3 +138,29 @@ def test_opening_a_release_in_an_editor_does_not_break_check(repo: Path) -> None
     assert main(["--repo", str(repo), "check", LAB, "--no-grade"]) == 1
     assert main(["--repo", str(repo), "build", LAB, "--no-student"]) == 0
     assert (autosave / f"{LAB}-checkpoint.ipynb").is_file()
+
+
+def test_a_failed_autograde_says_its_cause_first() -> None:
+    """nbgrader's last lines only say "see the above traceback": the cause must come first."""
+    from transformer_lab.grading.grade import _failure_summary
+
+    log = "\n".join(
+        [
+            "[ERROR] Error occurred while starting new kernel client for kernel 8df9: "
+            "Kernel died before replying to kernel_info",
+            "[ERROR] There was an error processing assignment: /x/submitted/s0/01",
+            "[ERROR] Traceback (most recent call last):",
+            *[f'      File "f{i}.py", line {i}, in g' for i in range(30)],
+            "    RuntimeError: Kernel died before replying to kernel_info",
+            "[WARNING] Removing failed assignment: /x/autograded/s0/01",
+            "[ERROR] Please see the the above traceback for details on the specific errors",
+            "Traceback (most recent call last):",
+            '  File "nbgrader/utils.py", line 542, in capture_log',
+            "nbgrader.converters.base.NbGraderException: Please see the above traceback",
+        ]
+    )
+    summary = _failure_summary({"log": log})
+    first = summary.splitlines()[0]
+    assert "Kernel died before replying to kernel_info" in first
+    assert "RuntimeError: Kernel died" in summary
+    assert len(summary.splitlines()) <= 9

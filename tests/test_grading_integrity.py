@@ -204,3 +204,35 @@ def test_a_dead_kernel_is_reported_not_a_plain_zero(tmp_path: Path) -> None:
     row = _csv(course)["crasher"]
     assert row["status"] == "crashed" and float(row["score"]) == 0
     shutil.rmtree(course)
+
+
+@pytest.mark.skipif(find_bwrap() is None, reason="no bubblewrap on this machine")
+def test_the_grader_started_by_a_roundabout_path_still_grades(tmp_path: Path) -> None:
+    """``../.venv/bin/python`` run from another folder: the sandbox must find the interpreter.
+
+    ``sys.executable`` keeps the ``..``; the folder it passes through is not in the sandbox, so
+    every kernel failed to start and every submission was reported ``failed`` (found by the
+    grading benchmark, run from ``benchmarks/``).
+    """
+    import subprocess
+    import sys
+
+    course = tmp_path / "course"
+    _submit(course, "honest", nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), 4))
+    detour = tmp_path / "detour"  # on the host, not in the sandbox's private /tmp
+    detour.mkdir()
+    # A relative path: Python keeps it, joined to the working folder, as sys.executable.
+    up = "/".join([".."] * (len(detour.parts) - 1))
+    python = f"{up}{Path(sys.executable).absolute()}"
+    assert (detour / python).exists()
+    args = ["labs", "--repo", str(REPO), "grade", "--course", str(course), "--jobs", "1"]
+    done = subprocess.run(
+        [python, "-m", "transformer_lab.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=detour,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = _csv(course)["honest"]
+    assert row["status"] == "graded" and float(row["raw_score"]) == 12.0

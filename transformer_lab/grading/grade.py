@@ -464,8 +464,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         out = run_converter(GuardedAutograde, coursedir, config, force=True, create_student=True)
         if not out["success"]:
             result.status = "failed"
-            tail = "\n".join((out.get("log", "") + out.get("error", "")).strip().splitlines()[-12:])
-            result.error = f"nbgrader could not autograde it:\n{tail}"
+            result.error = f"nbgrader could not autograde it:\n{_failure_summary(out)}"
             return result, files
 
         # 4. What the log confirms, what nbgrader scored, and the verdict.
@@ -717,6 +716,19 @@ def _prepare_lab(repo: Path, course: Path, lab: str, config: Any) -> tuple[Path,
     else:  # an installed kit: the kernel imports it as it is
         view.mkdir(parents=True, exist_ok=True)
     return course / RELEASE_DIR / lab, template / "gradebook.db", view
+
+
+def _failure_summary(out: dict[str, Any]) -> str:
+    """The cause of a failed nbgrader run first (its first errors), then the log's last lines.
+
+    nbgrader ends every failure with "see the above traceback", which says nothing: the line
+    that does ("Kernel died before replying to kernel_info", say) comes earlier.
+    """
+    lines = (out.get("log", "") + out.get("error", "")).strip().splitlines()
+    causes = [line for line in lines if line.startswith("[ERROR]") and "above" not in line][:2]
+    causes += [line.strip() for line in lines if re.match(r"\s*\w+(Error|Exception): ", line)][:1]
+    tail = [line for line in lines[-6:] if line not in causes]
+    return "\n".join([*causes, *tail])
 
 
 def _matplotlib_cache(course: Path) -> Path:

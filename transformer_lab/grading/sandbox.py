@@ -54,6 +54,7 @@ __all__ = [
     "KernelSandbox",
     "SandboxedKernelManager",
     "find_bwrap",
+    "python_executable",
 ]
 
 #: Output names of the cells the grader did not run to the end, and why.
@@ -139,7 +140,7 @@ class KernelSandbox:
 
     def command(self, kernel_argv: Sequence[str]) -> list[str]:
         """The full command line: limits, then (maybe) bubblewrap, then the guarded kernel."""
-        limits = [sys.executable, "-m", "transformer_lab.grading.limits"]
+        limits = [python_executable(), "-m", "transformer_lab.grading.limits"]
         limits += ["--output", str(self.run_dir / "kernel-output.txt")]
         if self.memory_bytes:
             limits += ["--memory", str(self.memory_bytes)]
@@ -189,6 +190,17 @@ class KernelSandbox:
         return [*limits, *args, *kernel_argv]
 
 
+def python_executable() -> str:
+    """This interpreter's path with ``..`` and ``.`` resolved, links kept.
+
+    ``sys.executable`` keeps the path the interpreter was started by: ``../.venv/bin/python``
+    run from ``benchmarks/`` gives ``.../benchmarks/../.venv/bin/python``, which does not
+    exist inside the sandbox (the repository is not there). Links are kept because a
+    virtual environment's ``python`` is a link whose target would lose the environment.
+    """
+    return os.path.normpath(os.path.abspath(sys.executable))
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager that starts the guarded kernel inside a :class:`KernelSandbox`.
 
@@ -222,7 +234,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         box = self._sandbox()
         box.env = {**box.env, "TRANSFORMER_LAB_GUARD": self.guard_config}
         kernel = [
-            sys.executable,
+            python_executable(),
             "-m",
             "transformer_lab.grading.guard",
             "-f",
