@@ -260,6 +260,14 @@ def test_labs_smoke(tmp_path: Path) -> None:
         assert row["execute_s"] > 0
 
 
+def test_grading_smoke(tmp_path: Path) -> None:
+    """Lab 01 graded twice with one job and twice with two: every copy gets full marks."""
+    res = run_script("bench_grading", tmp_path, "--jobs", "2")
+    (row,) = res["rows"]
+    assert row["lab"] == "01_positional_encoding" and row["full_marks"] == "2/2", row
+    assert row["s_per_submission"] > 0 and row["per_hour_per_core"] > 0
+
+
 def test_labs_script_runner_needs_no_jupyter(tmp_path: Path) -> None:
     """The runner used on a GPU machine without Jupyter runs the solution's cells in order."""
     res = run_script("bench_labs", tmp_path, "--runner", "script")
