@@ -61,6 +61,7 @@ __all__ = [
     "generator",
     "randint",
     "stored",
+    "stored_data",
 ]
 
 #: The audit event raised after every call of a student's function (see ``grading/guard.py``).
@@ -407,10 +408,13 @@ def stored(lab: str, key: str) -> tuple[Tensor, dict[str, Tensor]]:
     Raises:
         KeyError: no such example (a bug in the checks: ``labs build`` writes them all).
     """
+    expected, mistakes = stored_data(lab, key)
+    as_tensor = functools.partial(torch.tensor, dtype=torch.float64)
+    return as_tensor(expected), {hint: as_tensor(value) for hint, value in mistakes.items()}
+
+
+def stored_data(lab: str, key: str) -> tuple[Any, dict[str, Any]]:
+    """:func:`stored` as the JSON holds it: ``(expected, {hint: output})``, nested lists and
+    numbers, for examples that are not one tensor (token ids, beams, tables)."""
     entry = _fixture_file(lab)[key]
-    expected = torch.tensor(entry["expected"], dtype=torch.float64)
-    mistakes = {
-        hint: torch.tensor(value, dtype=torch.float64)
-        for hint, value in entry.get("mistakes", {}).items()
-    }
-    return expected, mistakes
+    return entry["expected"], entry.get("mistakes", {})

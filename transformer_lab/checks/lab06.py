@@ -637,6 +637,20 @@ def copy_task_batches(
     return batches
 
 
+def _translation_config(
+    vocab_size: int, pad_id: int, bos_id: int, eos_id: int, max_len: int
+) -> SimpleNamespace:
+    """The config fields a translation module and decoding loop read, for the stand-in models."""
+    return SimpleNamespace(
+        src_vocab_size=vocab_size,
+        tgt_vocab_size=vocab_size,
+        pad_id=pad_id,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        max_len=max_len,
+    )
+
+
 class TinySeq2Seq(nn.Module):
     """A small stand-in encoder-decoder for checking training code (it half-knows a copy task).
 
@@ -659,14 +673,7 @@ class TinySeq2Seq(nn.Module):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.config = SimpleNamespace(
-            src_vocab_size=vocab_size,
-            tgt_vocab_size=vocab_size,
-            pad_id=pad_id,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            max_len=16,
-        )
+        self.config = _translation_config(vocab_size, pad_id, bos_id, eos_id, max_len=16)
         g = generator(seed)
         self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
@@ -1417,14 +1424,7 @@ class ScriptedTranslator(nn.Module):
         self, vocab_size: int = 10, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2
     ) -> None:
         super().__init__()
-        self.config = SimpleNamespace(
-            src_vocab_size=vocab_size,
-            tgt_vocab_size=vocab_size,
-            pad_id=pad_id,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            max_len=64,
-        )
+        self.config = _translation_config(vocab_size, pad_id, bos_id, eos_id, max_len=64)
         self.symbols = [i for i in range(vocab_size) if i not in (pad_id, bos_id, eos_id)]
         self.height = nn.Parameter(torch.tensor(4.0))
         self.encode_calls = 0

@@ -33,7 +33,6 @@ Birch, "Neural Machine Translation of Rare Words with Subword Units", ACL 2016; 
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -43,11 +42,11 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import (
-    FIXTURES,
     Ban,
     call_forbidding,
     expect_shape,
     expect_true,
+    stored_data,
 )
 
 __all__ = [
@@ -87,25 +86,13 @@ DECODING_BAN = Ban(
 )
 
 
-@functools.cache
-def _examples() -> dict[str, Any]:
-    path = FIXTURES / "lab07.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AssertionError(
-            f"the kit's stored examples {path.name} are missing: reinstall the kit"
-        ) from None
-
-
 def example(key: str) -> tuple[Any, dict[str, Any]]:
     """A stored worked example: ``(expected, {hint: what that mistake returns})``, as JSON data.
 
     Tensors are stored as nested lists (``-inf`` included); turn them back with
     ``torch.tensor(..., dtype=torch.float64)``.
     """
-    entry = _examples()[key]
-    return entry["expected"], entry.get("mistakes", {})
+    return stored_data("lab07", key)
 
 
 def _tensor(data: Any) -> Tensor:
@@ -331,30 +318,26 @@ def judge_merges(
 def check_bpe_train(fn: Callable[..., Any]) -> None:
     """Worked examples: the lecture's rhyme (10 merges) and a few words (6 merges)."""
     for key in ("rhyme", "words"):
-        (text, num_merges), _ = example(f"bpe_train {key}: input")
-        want, mistakes = example(f"bpe_train {key}")
-        what = f"bpe_train({_short(text)}, {num_merges})"
-        judge_merges(
-            run_bpe_train(fn, text, num_merges),
-            [tuple(pair) for pair in want],
-            mistakes,
-            what,
-        )
+        _judge_bpe_train_example(fn, key)
 
 
 def check_bpe_train_rules(fn: Callable[..., Any]) -> None:
     """The stated rules on tiny texts: overlapping pairs ("aaa"), ties, word frequencies and
     stopping when no pair is left."""
     for key in ("overlap", "ties", "frequency", "stop"):
-        (text, num_merges), _ = example(f"bpe_train {key}: input")
-        want, mistakes = example(f"bpe_train {key}")
-        what = f"bpe_train({_short(text)}, {num_merges})"
-        judge_merges(
-            run_bpe_train(fn, text, num_merges),
-            [tuple(pair) for pair in want],
-            mistakes,
-            what,
-        )
+        _judge_bpe_train_example(fn, key)
+
+
+def _judge_bpe_train_example(fn: Callable[..., Any], key: str) -> None:
+    """The student's ``bpe_train`` on the stored example ``key`` against its stored merges."""
+    (text, num_merges), _ = example(f"bpe_train {key}: input")
+    want, mistakes = example(f"bpe_train {key}")
+    judge_merges(
+        run_bpe_train(fn, text, num_merges),
+        [tuple(pair) for pair in want],
+        mistakes,
+        f"bpe_train({_short(text)}, {num_merges})",
+    )
 
 
 def run_bpe_encode(

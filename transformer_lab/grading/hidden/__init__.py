@@ -11,3 +11,26 @@ The student package leaves this folder out (:mod:`transformer_lab.grading.studen
 ban (:mod:`transformer_lab.checks._bans`) every function defined here is refused, so a
 submission that reaches an oracle at grading time earns nothing from it.
 """
+
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["fixture_entry"]
+
+
+def fixture_entry(expected: Any, mistakes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One stored worked example, as JSON data: ``{"expected": ..., "mistakes": {hint: ...}}``.
+
+    Tensors become nested lists; anything else (token ids, beams, scores) is stored as it is.
+    The mistakes keep their order, which the visible checks use: the first one that matches
+    names the mistake.
+    """
+
+    def plain(value: Any) -> Any:
+        return value.tolist() if isinstance(value, Tensor) else value
+
+    return {
+        "expected": plain(expected),
+        "mistakes": {hint: plain(value) for hint, value in (mistakes or {}).items()},
+    }

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from transformer_lab.checks._common import expect_close, expect_shape, expect_true, generator
 from transformer_lab.checks.lab01 import diagnose, encode, judge_encoding, judge_shift, shift
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "fixtures",
@@ -315,13 +316,6 @@ def hidden_check_relative_shift_matrix_properties(fn: Callable[..., Tensor], see
 # --------------------------------------------------------------------------------------
 
 
-def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    return {
-        "expected": expected.tolist(),
-        "mistakes": {hint: t.tolist() for hint, t in (mistakes or {}).items()},
-    }
-
-
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab01`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
@@ -334,13 +328,13 @@ def fixtures() -> dict[str, dict[str, Any]]:
         key = f"sinusoidal_encoding({seq_len}, {d_model}" + (
             f", base={base:g})" if base != 10000.0 else ")"
         )
-        out[key] = _entry(
+        out[key] = fixture_entry(
             oracle_sinusoidal_encoding(seq_len, d_model, base),
             encoding_mistakes(seq_len, d_model, base),
         )
-    out["sinusoidal_encoding(12, 6)"] = _entry(oracle_sinusoidal_encoding(12, 6))
+    out["sinusoidal_encoding(12, 6)"] = fixture_entry(oracle_sinusoidal_encoding(12, 6))
     for offset in (1, 3):
-        out[f"relative_shift_matrix({offset}, 6)"] = _entry(
+        out[f"relative_shift_matrix({offset}, 6)"] = fixture_entry(
             oracle_relative_shift_matrix(offset, 6), shift_mistakes(offset, 6, 10000.0)
         )
     return out

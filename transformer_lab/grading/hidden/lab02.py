@@ -44,6 +44,7 @@ from transformer_lab.checks.lab02 import (
     run,
     tolerance,
 )
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "adversarial_keys",
@@ -577,14 +578,10 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
 
 
 def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    """A stored example; the mistakes keep their order (the first match names the mistake)."""
-    return {
-        "expected": expected.double().tolist(),
-        "mistakes": {
-            f"{i:02d}|{hint}": t.double().tolist()
-            for i, (hint, t) in enumerate((mistakes or {}).items())
-        },
-    }
+    """A stored example whose hints carry their rank (``"00|hint"``): the checks of lab 02
+    report the first matching mistake in that order."""
+    ranked = {f"{i:02d}|{hint}": t for i, (hint, t) in enumerate((mistakes or {}).items())}
+    return fixture_entry(expected, ranked)
 
 
 def _attention_example(key: str, g: torch.Generator) -> dict[str, Tensor]:

@@ -49,6 +49,7 @@ from transformer_lab.checks.lab03 import (
     split_call,
     watch_parameters,
 )
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "fixtures",
@@ -579,13 +580,6 @@ def hidden_check_load_torch_weights(
 # --------------------------------------------------------------------------------------
 
 
-def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    return {
-        "expected": expected.double().tolist(),
-        "mistakes": {hint: t.double().tolist() for hint, t in (mistakes or {}).items()},
-    }
-
-
 def _grid(shape: Sequence[int], g: torch.Generator, steps: int) -> Tensor:
     """Random multiples of ``1/steps`` in ``[-1, 1]``: exact in float16 and bfloat16."""
     return torch.randint(-steps, steps + 1, tuple(shape), generator=g).double() / steps
@@ -615,10 +609,10 @@ def _mha_entries(
     want = oracle_multi_head_attention(p, query, keys, value, 2, mask)
     assert want is not None
     mistakes = mha_mistakes(p, query, keys, value, 2, mask)
-    out[f"{key}: out"] = _entry(want[0], {h: m[0] for h, m in mistakes.items()})
-    out[f"{key}: weights"] = _entry(want[1], {h: m[1] for h, m in mistakes.items()})
+    out[f"{key}: out"] = fixture_entry(want[0], {h: m[0] for h, m in mistakes.items()})
+    out[f"{key}: weights"] = fixture_entry(want[1], {h: m[1] for h, m in mistakes.items()})
     if mask is not None:
-        out[f"{key}: mask"] = _entry(mask.double())
+        out[f"{key}: mask"] = fixture_entry(mask.double())
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
@@ -626,11 +620,11 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     x = numbered(2, 3, 8).double()
     for n_heads in (2, 4, 1):
-        out[f"split_heads(x, {n_heads}) for x of shape (2, 3, 8)"] = _entry(
+        out[f"split_heads(x, {n_heads}) for x of shape (2, 3, 8)"] = fixture_entry(
             oracle_split_heads(x, n_heads), split_mistakes(x, n_heads)
         )
     x = numbered(2, 2, 3, 4).double()
-    out["merge_heads(x) for x of shape (2, 2, 3, 4)"] = _entry(
+    out["merge_heads(x) for x of shape (2, 2, 3, 4)"] = fixture_entry(
         oracle_merge_heads(x), merge_mistakes(x)
     )
     # The attention example: seeds are tried in order until the key mask leaves every
@@ -649,12 +643,12 @@ def fixtures() -> dict[str, dict[str, Any]]:
     name = "MultiHeadAttention(8, 2) example"
     for tensor_name, t in (("query", query), ("key", keys), ("value", value), *p.items()):
         assert t is not None
-        out[f"{name}: {tensor_name}"] = _entry(t)
+        out[f"{name}: {tensor_name}"] = fixture_entry(t)
     _mha_entries(out, name, p, query, keys, value, None)
     _mha_entries(out, f"{name} with a (B, 1, 1, S) key mask", p, query, keys, value, key_mask)
     _mha_entries(
         out, f"{name} with a (B, H, T, S) mask with an empty row", p, query, keys, value, head_mask
     )
     for param, t in oracle_loaded(numbered_torch_mha(6, 2, True)).items():
-        out[f"load_torch_weights(d_model=6): {param}"] = _entry(t)
+        out[f"load_torch_weights(d_model=6): {param}"] = fixture_entry(t)
     return out

@@ -55,6 +55,7 @@ from transformer_lab.checks.lab04 import (
     run_feed_forward,
     run_training_step,
 )
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "encoder_block_mistakes",
@@ -1014,13 +1015,6 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
 # --------------------------------------------------------------------------------------
 
 
-def _entry(expected: Tensor, mistakes: Mapping[str, Tensor] | None = None) -> dict[str, Any]:
-    return {
-        "expected": expected.double().tolist(),
-        "mistakes": {hint: t.double().tolist() for hint, t in (mistakes or {}).items()},
-    }
-
-
 def _block_example_weights(g: torch.Generator, d: int, d_ff: int) -> dict[str, Tensor]:
     """Random weights of an ``EncoderBlock(d, ., d_ff)`` in the kit's layout (float32)."""
     w: dict[str, Tensor] = {}
@@ -1045,16 +1039,16 @@ def fixtures() -> dict[str, dict[str, Any]]:
     # layer_norm
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 0.0, 0.0, 6.0]], dtype=torch.float32)
     ones, zeros = torch.ones(4), torch.zeros(4)
-    out["layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))"] = _entry(
+    out["layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))"] = fixture_entry(
         oracle_layer_norm(x, ones, zeros), layer_norm_mistakes(x, ones, zeros, 1e-5)
     )
     x = torch.randn(2, 3, 5, generator=g) * 3.0 + 1.0
     weight = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
     bias = torch.tensor([0.5, 0.0, -1.0, 2.0, 0.1])
-    out["layer_norm input x (2, 3, 5)"] = _entry(x)
-    out["layer_norm input weight (5,)"] = _entry(weight)
-    out["layer_norm input bias (5,)"] = _entry(bias)
-    out["layer_norm(x, weight, bias) on x of shape (2, 3, 5)"] = _entry(
+    out["layer_norm input x (2, 3, 5)"] = fixture_entry(x)
+    out["layer_norm input weight (5,)"] = fixture_entry(weight)
+    out["layer_norm input bias (5,)"] = fixture_entry(bias)
+    out["layer_norm(x, weight, bias) on x of shape (2, 3, 5)"] = fixture_entry(
         oracle_layer_norm(x, weight, bias), layer_norm_mistakes(x, weight, bias, 1e-5)
     )
 
@@ -1066,27 +1060,29 @@ def fixtures() -> dict[str, dict[str, Any]]:
         "linear2.bias": 0.3 * torch.randn(4, generator=g),
     }
     for name, value in ff.items():
-        out[f"FeedForward(4, 6) {name}"] = _entry(value)
+        out[f"FeedForward(4, 6) {name}"] = fixture_entry(value)
     x = torch.randn(2, 3, 4, generator=g) * 1.5
-    out["FeedForward(4, 6) input x (2, 3, 4)"] = _entry(x)
+    out["FeedForward(4, 6) input x (2, 3, 4)"] = fixture_entry(x)
     w = {"w1": ff["linear1.weight"], "b1": ff["linear1.bias"]}
     w |= {"w2": ff["linear2.weight"], "b2": ff["linear2.bias"]}
     w = {k: v.double() for k, v in w.items()}
-    out["FeedForward(4, 6)(x)"] = _entry(oracle_feed_forward(w, x), feed_forward_mistakes(w, x))
+    out["FeedForward(4, 6)(x)"] = fixture_entry(
+        oracle_feed_forward(w, x), feed_forward_mistakes(w, x)
+    )
 
     # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask
     weights = _block_example_weights(g, 8, 16)
     for name, value in weights.items():
-        out[f"EncoderBlock(8, 2, 16) {name}"] = _entry(value)
+        out[f"EncoderBlock(8, 2, 16) {name}"] = fixture_entry(value)
     x = torch.randn(2, 5, 8, generator=g)
     keep = torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None]  # (B, T)
-    out["EncoderBlock(8, 2, 16) input x (2, 5, 8)"] = _entry(x)
-    out["EncoderBlock(8, 2, 16) input keep (2, 5)"] = _entry(keep.double())
+    out["EncoderBlock(8, 2, 16) input x (2, 5, 8)"] = fixture_entry(x)
+    out["EncoderBlock(8, 2, 16) input keep (2, 5)"] = fixture_entry(keep.double())
     for norm_first in (False, True):
         name = "EncoderBlock(8, 2, 16" + (", norm_first=True)" if norm_first else ")")
         for mask in (None, keep[:, None, None, :]):
             call = f"{name}(x{'' if mask is None else ', mask'})"
-            out[call] = _entry(
+            out[call] = fixture_entry(
                 oracle_encoder_block(weights, x, mask, n_heads=2, norm_first=norm_first),
                 encoder_block_mistakes(weights, x, mask, n_heads=2, norm_first=norm_first),
             )
@@ -1097,18 +1093,18 @@ def fixtures() -> dict[str, dict[str, Any]]:
     targets = torch.randint(0, 6, (3, 5), generator=g).masked_fill(~keep, IGNORE_INDEX)
     logits = 2.0 * torch.randn(3, 5, 6, generator=g)
     unmasked = logits + torch.randn(3, 5, 6, generator=g)
-    out["training_step batch tokens"] = _entry(tokens.double())
-    out["training_step batch padding_mask"] = _entry(keep.double())
-    out["training_step batch targets"] = _entry(targets.double())
-    out["training_step logits (3, 5, 6)"] = _entry(logits)
-    out["training_step logits without padding_mask (3, 5, 6)"] = _entry(unmasked)
-    out["training_step loss"] = _entry(
+    out["training_step batch tokens"] = fixture_entry(tokens.double())
+    out["training_step batch padding_mask"] = fixture_entry(keep.double())
+    out["training_step batch targets"] = fixture_entry(targets.double())
+    out["training_step logits (3, 5, 6)"] = fixture_entry(logits)
+    out["training_step logits without padding_mask (3, 5, 6)"] = fixture_entry(unmasked)
+    out["training_step loss"] = fixture_entry(
         oracle_tagging_loss(logits, targets),
         tagging_loss_mistakes(logits, unmasked, targets, tokens),
     )
 
     # configure_optimizers' schedule
-    out["learning rates (lr=0.01, warmup_steps=4, total_steps=12)"] = _entry(
+    out["learning rates (lr=0.01, warmup_steps=4, total_steps=12)"] = fixture_entry(
         oracle_learning_rates(0.01, 4, 12), schedule_mistakes(0.01, 4, 12)
     )
     return out

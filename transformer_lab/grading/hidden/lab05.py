@@ -43,6 +43,7 @@ from transformer_lab.checks.lab05 import (
     judge_detector,
     run_attention,
 )
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "attention_mistakes",
@@ -667,36 +668,29 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
 # --------------------------------------------------------------------------------------
 
 
-def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    return {
-        "expected": expected.tolist(),
-        "mistakes": {hint: t.tolist() for hint, t in (mistakes or {}).items()},
-    }
-
-
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab05`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
     for T in (4, 1, 7):
-        out[f"causal_mask({T})"] = _entry(oracle_causal_mask(T), causal_mistakes(T))
+        out[f"causal_mask({T})"] = fixture_entry(oracle_causal_mask(T), causal_mistakes(T))
     lengths, max_len = [3, 1, 5, 0], 6
-    out[f"padding_mask({lengths}, {max_len})"] = _entry(
+    out[f"padding_mask({lengths}, {max_len})"] = fixture_entry(
         oracle_padding_mask(lengths, max_len), padding_mistakes(lengths, max_len)
     )
     for lengths_t, T in (((4, 2), 4), ((5, 3, 1), 5)):
         padding = oracle_padding_mask(lengths_t, T)
         causal = oracle_causal_mask(T)
-        out[combine_key(lengths_t, T)] = _entry(
+        out[combine_key(lengths_t, T)] = fixture_entry(
             oracle_combine_masks(padding, causal), combine_mistakes(padding, causal)
         )
     for name in ("causal", "padded"):
         q, k, v, mask, _ = attention_example(name)
         want_out, want_w = oracle_masked_attention(q, k, v, mask)
         mistakes = attention_mistakes(q, k, v, mask)
-        out[f"masked_attention example {name!r}: weights"] = _entry(
+        out[f"masked_attention example {name!r}: weights"] = fixture_entry(
             want_w, {h: w for h, (_, w) in mistakes.items()}
         )
-        out[f"masked_attention example {name!r}: out"] = _entry(
+        out[f"masked_attention example {name!r}: out"] = fixture_entry(
             want_out, {h: o for h, (o, _) in mistakes.items()}
         )
     return out

@@ -67,6 +67,7 @@ from transformer_lab.checks.lab06 import (
     training_step_check,
     validation_step_check,
 )
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "fixtures",
@@ -1005,13 +1006,6 @@ def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -
 # ======================================================================================
 
 
-def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    return {
-        "expected": expected.tolist(),
-        "mistakes": {hint: t.tolist() for hint, t in (mistakes or {}).items()},
-    }
-
-
 def _distinct(want: Tensor, mistakes: dict[str, Tensor]) -> dict[str, Tensor]:
     """The mistakes whose output differs from the right answer (else they name nothing)."""
     return {
@@ -1027,7 +1021,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     for rows, bos_id in (([[5, 6, 7, 2], [8, 2, 0, 0]], 1), ([[9, 3, 2]], 4)):
         t = torch.tensor(rows)
         want = oracle_shift_right(t, bos_id)
-        out[f"shift_right({rows}, bos_id={bos_id})"] = _entry(
+        out[f"shift_right({rows}, bos_id={bos_id})"] = fixture_entry(
             want, _distinct(want, shift_mistakes(t, bos_id))
         )
     g = generator(6006)
@@ -1040,9 +1034,9 @@ def fixtures() -> dict[str, dict[str, Any]]:
         logits = (2.0 * torch.randn(*example.shape, 7, generator=g)).float().double()
         logits = torch.round(logits * 1e4) / 1e4  # stored exactly in the JSON
         want = oracle_sequence_loss(logits, example, pad_id)
-        out[f"sequence_loss {name}: logits"] = _entry(logits)
-        out[f"sequence_loss {name}: targets"] = _entry(example.double())
-        out[f"sequence_loss {name}"] = _entry(
+        out[f"sequence_loss {name}: logits"] = fixture_entry(logits)
+        out[f"sequence_loss {name}: targets"] = fixture_entry(example.double())
+        out[f"sequence_loss {name}"] = fixture_entry(
             want, _distinct(want, loss_mistakes(logits, example, pad_id))
         )
     src = torch.tensor([[4, 5, 6, 7], [8, 3, 9, 9], [5, 5, 3, 4]])
@@ -1050,9 +1044,9 @@ def fixtures() -> dict[str, dict[str, Any]]:
     for key, max_len in (("three sentences", 10), ("short max_len", 3)):
         scripted = ScriptedTranslator()
         want = oracle_greedy_decode(scripted, src, 1, 2, max_len, mask)
-        out[f"greedy_decode {key}: src"] = _entry(src.double())
-        out[f"greedy_decode {key}: mask"] = _entry(mask.double())
-        out[f"greedy_decode {key}"] = _entry(
+        out[f"greedy_decode {key}: src"] = fixture_entry(src.double())
+        out[f"greedy_decode {key}: mask"] = fixture_entry(mask.double())
+        out[f"greedy_decode {key}"] = fixture_entry(
             want, _distinct(want, greedy_mistakes(scripted, src, 1, 2, max_len, mask))
         )
     return out

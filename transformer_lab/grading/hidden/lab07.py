@@ -60,6 +60,7 @@ from transformer_lab.checks.lab07 import (
     run_logits_fn,
     vocab_size_of,
 )
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "fixtures",
@@ -1362,14 +1363,6 @@ LENGTH_TABLE = {
 # fmt: on
 
 
-def _entry(expected: Any, mistakes: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return {"expected": expected, "mistakes": dict(mistakes or {})}
-
-
-def _as_lists(t: Tensor) -> Any:
-    return t.tolist()
-
-
 CHAR_TEXT = "the man ate the fish."
 CHAR_PROBES = {"probe fitted": "the fish ate.", "probe unseen": "the cat!"}
 
@@ -1378,16 +1371,16 @@ def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab07`, keyed by what they are."""
     out: dict[str, dict[str, Any]] = {}
     # CharTokenizer
-    out["char text"] = _entry(CHAR_TEXT)
-    out["char chars"] = _entry(sorted(set(CHAR_TEXT)))
+    out["char text"] = fixture_entry(CHAR_TEXT)
+    out["char chars"] = fixture_entry(sorted(set(CHAR_TEXT)))
     for key, text in CHAR_PROBES.items():
-        out[f"char {key}: text"] = _entry(text)
-        out[f"char {key}: encode"] = _entry(
+        out[f"char {key}: text"] = fixture_entry(text)
+        out[f"char {key}: encode"] = fixture_entry(
             oracle_char_encode(CHAR_TEXT, text), char_encode_mistakes(CHAR_TEXT, text)
         )
     ids = [1, *oracle_char_encode(CHAR_TEXT, "a hat"), 3, 2]
-    out["char decode: ids"] = _entry(ids)
-    out["char decode"] = _entry(
+    out["char decode: ids"] = fixture_entry(ids)
+    out["char decode"] = fixture_entry(
         oracle_char_decode(CHAR_TEXT, ids), char_decode_mistakes(CHAR_TEXT, ids)
     )
     # bpe_train
@@ -1399,8 +1392,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
         ("frequency", "cd cd cd ab", 2),
         ("stop", "ab ab", 5),
     ):
-        out[f"bpe_train {key}: input"] = _entry([text, n])
-        out[f"bpe_train {key}"] = _entry(
+        out[f"bpe_train {key}: input"] = fixture_entry([text, n])
+        out[f"bpe_train {key}"] = fixture_entry(
             [list(m) for m in oracle_bpe_train(text, n)],
             {h: [list(m) for m in v] for h, v in bpe_train_mistakes(text, n).items()},
         )
@@ -1412,8 +1405,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
         ("order", "aaaa abcab bcaca", oracle_bpe_train("aba aac ab abc", 4)),
         ("longest", "abc bcab", oracle_bpe_train("bc bc bc ab ab", 3)),
     ):
-        out[f"bpe_encode {key}: input"] = _entry([text, [list(m) for m in merges]])
-        out[f"bpe_encode {key}"] = _entry(
+        out[f"bpe_encode {key}: input"] = fixture_entry([text, [list(m) for m in merges]])
+        out[f"bpe_encode {key}"] = fixture_entry(
             oracle_bpe_encode(text, merges), bpe_encode_mistakes(text, merges)
         )
     # Filters
@@ -1448,14 +1441,11 @@ def fixtures() -> dict[str, dict[str, Any]]:
     for name, items in examples.items():
         oracle, mistakes = makers[name]
         keys = [f"{name} {label}" for label, _, _ in items]
-        out[f"{name}: examples"] = _entry(keys)
+        out[f"{name}: examples"] = fixture_entry(keys)
         for key, (_, logits, arg) in zip(keys, items, strict=True):
-            out[f"{key}: logits"] = _entry(_as_lists(logits))
-            out[f"{key}: argument"] = _entry([arg])
-            out[key] = _entry(
-                _as_lists(oracle(logits, arg)),
-                {h: _as_lists(v) for h, v in mistakes(logits, arg).items()},
-            )
+            out[f"{key}: logits"] = fixture_entry(logits)
+            out[f"{key}: argument"] = fixture_entry([arg])
+            out[key] = fixture_entry(oracle(logits, arg), mistakes(logits, arg))
     # beam_search
     for key, spec in (
         ("beam lecture", LECTURE_TABLE),
@@ -1463,11 +1453,11 @@ def fixtures() -> dict[str, dict[str, Any]]:
         ("beam max_len", MAX_LEN_TABLE),
         ("beam length", LENGTH_TABLE),
     ):
-        out[f"{key}: table"] = _entry(dict(spec))
+        out[f"{key}: table"] = fixture_entry(dict(spec))
         step_fn = _table(spec)
         for width in spec["widths"]:
             args = (step_fn.row, spec["bos_id"], spec["eos_id"], width, spec["max_len"])
-            out[f"{key}: beam_width={width}"] = _entry(
+            out[f"{key}: beam_width={width}"] = fixture_entry(
                 oracle_beam_search(*args), beam_mistakes(*args)
             )
     return out

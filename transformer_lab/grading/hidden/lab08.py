@@ -68,6 +68,7 @@ from transformer_lab.checks.lab08 import (
     torch_attention,
     torch_output,
 )
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "attention_mistakes",
@@ -1008,47 +1009,41 @@ def hidden_check_gpu_days(fn: Callable[..., Any], seed: int = 0) -> None:
 # ======================================================================================
 
 
-def _entry(expected: Any, mistakes: dict[str, Any] | None = None) -> dict[str, Any]:
-    def plain(value: Any) -> Any:
-        return value.tolist() if isinstance(value, Tensor) else value
-
-    return {
-        "expected": plain(expected),
-        "mistakes": {hint: plain(v) for hint, v in (mistakes or {}).items()},
-    }
-
-
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab08`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
     x, weights, heads = attention_example()
     want = oracle_attention(weights, x, heads)
-    out["CausalSelfAttention example: out"] = _entry(want, attention_mistakes(weights, x, heads))
+    out["CausalSelfAttention example: out"] = fixture_entry(
+        want, attention_mistakes(weights, x, heads)
+    )
     for name, plan in SCHEDULES.items():
-        out[f"CausalSelfAttention example, cached {name}: out"] = _entry(
+        out[f"CausalSelfAttention example, cached {name}: out"] = fixture_entry(
             oracle_attention(weights, x, heads, plan), attention_mistakes(weights, x, heads, plan)
         )
     q, k, v = oracle_projections(weights, x, heads)
-    out["CausalSelfAttention example: queries"] = _entry(q)
-    out["CausalSelfAttention example: keys"] = _entry(k)
-    out["CausalSelfAttention example: values"] = _entry(v)
+    out["CausalSelfAttention example: queries"] = fixture_entry(q)
+    out["CausalSelfAttention example: keys"] = fixture_entry(k)
+    out["CausalSelfAttention example: values"] = fixture_entry(v)
     for name, spec in generate_examples().items():
-        out[f"generate example {name!r}"] = _entry(
+        out[f"generate example {name!r}"] = fixture_entry(
             oracle_generate(spec["prompt"], spec["n_ctx"], spec["new"]),
             generate_mistakes(spec["prompt"], spec["n_ctx"], spec["new"]),
         )
     for args, kwargs in COUNT_EXAMPLES:
-        out[show_call("gpt_param_count", args, kwargs)] = _entry(
+        out[show_call("gpt_param_count", args, kwargs)] = fixture_entry(
             oracle_gpt_param_count(*args, **kwargs), count_mistakes(*args, **kwargs)
         )
     for n, d in ((175e9, 300e9), (124_439_808, 10e9)):
-        out[show_call("training_flops", (n, d))] = _entry(
+        out[show_call("training_flops", (n, d))] = fixture_entry(
             oracle_training_flops(n, d), flops_mistakes(n, d)
         )
     for args, kwargs in KV_EXAMPLES:
-        out[show_call("kv_cache_bytes", args, kwargs)] = _entry(
+        out[show_call("kv_cache_bytes", args, kwargs)] = fixture_entry(
             oracle_kv_cache_bytes(*args, **kwargs), kv_mistakes(*args, **kwargs)
         )
     for args in ((3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)):
-        out[show_call("gpu_days", args)] = _entry(oracle_gpu_days(*args), gpu_days_mistakes(*args))
+        out[show_call("gpu_days", args)] = fixture_entry(
+            oracle_gpu_days(*args), gpu_days_mistakes(*args)
+        )
     return out
