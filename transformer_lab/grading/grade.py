@@ -433,6 +433,9 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         db = work / "gradebook.db"
         shutil.copyfile(job.template_db, db)
         judged = lab in JUDGED_LABS
+        # The guard decides nothing in a judged lab; without the OS sandbox it still fences the
+        # kernel (files, processes, sockets) as help, and flags what it refuses for review.
+        guarded = not judged or not job.use_bwrap
         plan_path, verdicts_path = work / "judge_plan.json", work / "verdicts.json"
         if judged:  # outside the sandbox: the kernel can read neither file
             plan_path.write_text(json.dumps(judge_plan(source)))
@@ -440,8 +443,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             "BudgetedExecute__judge_plan": str(plan_path) if judged else "",
             "BudgetedExecute__verdicts_path": str(verdicts_path) if judged else "",
             "BudgetedExecute__budget": float(options.budget),
-            "BudgetedExecute__finish_source": "" if judged else plan.finish_source,
-            "SandboxedKernelManager__guard_config": "" if judged else str(guard_file),
+            "BudgetedExecute__finish_source": plan.finish_source if guarded else "",
+            "SandboxedKernelManager__guard_config": str(guard_file) if guarded else "",
             "SandboxedKernelManager__sandbox": {
                 "workspace": str(home),
                 "run_dir": str(run),
@@ -479,8 +482,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         executed = read_notebook(executed_path)
         problems, timed_out, died = _cell_problems(executed)
         scores, manual = _read_scores(f"sqlite:///{db}", lab, student)
-        reading = read_log(log, plan.key) if not judged else None
-        confirmed = confirmations(reading, plan) if reading is not None else {}
+        reading = read_log(log, plan.key) if guarded else None
+        confirmed = confirmations(reading, plan) if reading is not None and not judged else {}
         flags += reading.problems if reading is not None else []
         for record in reading.records if reading is not None else []:
             event = record.get("event")

@@ -131,6 +131,11 @@ def install(config: dict[str, Any]) -> None:
         return check_wrapper
 
     wrapper_code = make_wrapper("x", len).__code__
+    from transformer_lab.checks import _bans
+
+    # The one place that may set a profile hook: a check's ban (the judge's kernel side runs
+    # the student's call under it); its hook is the ban's own, never the student's.
+    ban_code = _bans._enforced.__wrapped__.__code__
     for module in check_modules:
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name, None)
@@ -255,6 +260,16 @@ def install(config: dict[str, Any]) -> None:
                 return frame
             frame = frame.f_back
         return None
+
+    def within(frame: Any, code: Any, depth: int = 4) -> bool:
+        """Whether one of the ``depth`` innermost frames from ``frame`` runs ``code``."""
+        for _ in range(depth):
+            if frame is None:
+                return False
+            if frame.f_code is code:
+                return True
+            frame = frame.f_back
+        return False
 
     def inside(path: str, roots: tuple[str, ...]) -> bool:
         return any(path == r or path.startswith(r + sep) for r in roots)
@@ -405,6 +420,8 @@ def install(config: dict[str, Any]) -> None:
                 record("finish")
             else:
                 record("forged", what="a closing record with the wrong nonce")
+            return
+        if event == "sys.setprofile" and within(caller, ban_code):
             return
         student = student_frame(caller)
         if student is None:
