@@ -454,7 +454,9 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
                 "memory_bytes": box.memory_bytes,
                 "cpu_seconds": box.cpu_seconds,
                 "use_bwrap": box.use_bwrap,
-                "masked": [str(p) for p in _installed_kits()],
+                # A judged lab's kernel holds no check: the grading package is not there at all.
+                "masked": [str(p) for p in _installed_kits()]
+                + ([str(hidden_root)] if judged else []),
             },
         }
         if options.cell_timeout:

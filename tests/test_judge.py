@@ -1,0 +1,259 @@
+"""The judge: points decided in the grader's process from plain data the kernel returns.
+
+Unit tests drive :func:`judge_cell` through an in-process stand-in for the kernel (the real
+kernel-side server, :mod:`transformer_lab.judge.kernel`, on a dict namespace); the last test
+sends hostile submissions through the real ``labs grade`` in the sandbox.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+import torch
+from conftest import needs_bwrap
+
+from transformer_lab.grading.cli import main
+from transformer_lab.grading.judge import JudgeSession, Remote, judge_cell, student_names
+from transformer_lab.judge import kernel, wire
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = "01_positional_encoding"
+
+
+class InProcessKernel:
+    """The kernel's server on a plain namespace: what a notebook's kernel does, minus the kernel."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **names: Any) -> None:
+        self.namespace = dict(names)
+        self.texts: list[str] = []
+        monkeypatch.setattr(kernel, "_namespace", lambda: self.namespace)
+        monkeypatch.setattr(kernel, "_objects", {})
+
+    def exchange(self, text: str, timeout: float) -> str:
+        self.texts.append(text)
+        kernel.serve(text)
+        return kernel.reply()
+
+
+def _good_encoding(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
+    angles = torch.arange(seq_len, dtype=torch.float32)[:, None] / base ** (two_i / d_model)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (T, D)
+
+
+VISIBLE = "lab01.check_sinusoidal_encoding(sinusoidal_encoding)\nprint('passed')\n"
+HIDDEN = (
+    "### BEGIN HIDDEN TESTS\n"
+    "from transformer_lab.grading.hidden import lab01 as hidden01\n"
+    "hidden01.hidden_check_sinusoidal_encoding(sinusoidal_encoding, seed=1101)\n"
+    "### END HIDDEN TESTS\n"
+)
+
+
+def _judge(monkeypatch: pytest.MonkeyPatch, source: str, **names: Any):
+    link = InProcessKernel(monkeypatch, **names)
+    return judge_cell("test_cell", source, JudgeSession(link, timeout=10)), link
+
+
+@pytest.mark.parametrize("source", [VISIBLE, HIDDEN])
+def test_a_correct_answer_passes_visible_and_hidden_cells(
+    monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    verdict, link = _judge(monkeypatch, source, sinusoidal_encoding=_good_encoding)
+    assert verdict.passed and verdict.message == "" and verdict.requests >= 2
+    # What went to the kernel: names and inputs only, never an expected value or a check.
+    sent = " ".join(link.texts)
+    assert "hidden_check" not in sent and "oracle" not in sent and "expected" not in sent
+
+
+def test_a_typical_mistake_fails_with_its_named_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    def swapped(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+        return _good_encoding(seq_len, d_model, base).reshape(seq_len, -1, 2).flip(-1).flatten(1)
+
+    verdict, _ = _judge(monkeypatch, HIDDEN, sinusoidal_encoding=swapped)
+    assert not verdict.passed and "sin and cos are swapped" in verdict.message
+
+
+def test_an_unwritten_answer_says_not_implemented(monkeypatch: pytest.MonkeyPatch) -> None:
+    def stub(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+        raise NotImplementedError()
+
+    verdict, _ = _judge(monkeypatch, VISIBLE, sinusoidal_encoding=stub)
+    assert not verdict.passed and "not implemented yet" in verdict.message
+
+
+def test_a_missing_name_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    verdict, _ = _judge(monkeypatch, VISIBLE)
+    assert not verdict.passed and "`sinusoidal_encoding` is not defined" in verdict.message
+
+
+class Agreeable(torch.Tensor):
+    """A wrong tensor whose comparisons all say "equal" (the issue's dispatch attack)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("allclose", "isclose", "equal", "all"):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_arrives_as_its_plain_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    def liar(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+        return torch.zeros(seq_len, d_model).as_subclass(Agreeable)
+
+    verdict, _ = _judge(monkeypatch, HIDDEN, sinusoidal_encoding=liar)
+    assert not verdict.passed and "wrong at" in verdict.message
+
+
+def test_the_checks_ban_is_forwarded_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    def uses_torch(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return torch.softmax(x, dim=dim)
+
+    verdict, link = _judge(monkeypatch, "lab02.check_softmax(softmax)\n", softmax=uses_torch)
+    assert not verdict.passed and "softmax" in verdict.message
+    assert any('"ban"' in text for text in link.texts)
+
+
+def test_objects_stay_in_the_kernel_behind_handles(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Counter:
+        def __init__(self, start: int) -> None:
+            self.count = start
+
+        def add(self, n: int) -> list[int]:
+            self.count += n
+            return [self.count]
+
+    link = InProcessKernel(monkeypatch, Counter=Counter)
+    session = JudgeSession(link, timeout=5)
+    counter = session.lookup("Counter")(3)
+    assert isinstance(counter, Remote) and repr(counter) == "<your Counter>"
+    assert counter.add(2) == [5] and counter.count == 5
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "not json",
+        '{"ok": true, "value": {"$pickle": "gASV"}}',
+        '{"ok": true, "value": {"$tensor": "bm90IHNhZmV0ZW5zb3Jz"}}',
+        '{"ok": true, "value": ' + "[" * 100 + "]" * 100 + "}",
+        "[1, 2]",
+    ],
+)
+def test_a_reply_that_is_not_data_scores_zero_with_the_reason(reply: str) -> None:
+    class Forger:
+        def exchange(self, text: str, timeout: float) -> str:
+            return reply
+
+    verdict = judge_cell("test_cell", VISIBLE, JudgeSession(Forger(), timeout=1))
+    assert not verdict.passed and "no usable answer" in verdict.message
+
+
+def test_wire_round_trip_keeps_values_and_kinds() -> None:
+    g = torch.Generator().manual_seed(3)
+    value = {
+        "t": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "b": torch.tensor([True, False]),
+        "h": torch.ones(2, dtype=torch.bfloat16),
+        1: (1.5, float("nan"), None, "x"),
+        "dtype": torch.float16,
+        "size": torch.Size([2, 3]),
+    }
+    back = wire.decode(wire.loads(wire.dumps({"v": wire.encode(value)}))["v"], lambda d: d)
+    assert torch.equal(back["t"], value["t"]) and back["t"].dtype == torch.int64
+    assert back["b"].dtype == torch.bool and back["h"].dtype == torch.bfloat16
+    assert back[1][0] == 1.5 and math.isnan(back[1][1]) and back[1][2:] == (None, "x")
+    assert back["dtype"] is torch.float16 and back["size"] == torch.Size([2, 3])
+    generator = wire.decode(wire.encode(g), lambda d: d)
+    assert torch.equal(torch.rand(3, generator=generator), torch.rand(3, generator=g))
+
+
+def test_wire_refuses_objects_and_reads_subclasses_as_plain_tensors() -> None:
+    with pytest.raises(wire.WireError, match="cannot be sent"):
+        wire.encode(object())
+    data = wire.encode(torch.ones(2).as_subclass(Agreeable))
+    assert type(wire.decode(data, lambda d: d)) is torch.Tensor
+
+
+def test_student_names_are_the_cells_free_names() -> None:
+    source = "x = build(DecoderBlock)\nlab01.check(x, model, seed=1)\nimport math as m\nm.pi\n"
+    assert student_names(source, {"lab01": None}) == ["build", "DecoderBlock", "model"]
+
+
+# ---------------------------------------------------------------- through the real grader
+
+ATTACKS = {
+    # The kernel's server rewritten to claim success: it can only return other data.
+    "forged_reply": (
+        "import transformer_lab.judge.kernel as k\n"
+        'k.reply = lambda: \'{"ok": true, "value": null}\''
+    ),
+    # Comparisons dispatched to the student's object.
+    "agreeable_tensor": (
+        "class T(torch.Tensor):\n"
+        "    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        if getattr(func, '__name__', '') in ('allclose', 'isclose', 'equal', 'all'):\n"
+        "            return True\n"
+        "        return super().__torch_function__(func, types, args, kwargs or {})\n"
+        "def sinusoidal_encoding(seq_len, d_model, base=10000.0):\n"
+        "    return torch.zeros(seq_len, d_model).as_subclass(T)\n"
+        "def relative_shift_matrix(offset, d_model, base=10000.0):\n"
+        "    return torch.eye(d_model).as_subclass(T)"
+    ),
+    # Reading the hidden checks: history, the module, its source.
+    "read_hidden": (
+        "import sys, importlib\n"
+        "found = [name for name in sys.modules if 'hidden' in name]\n"
+        "try:\n"
+        "    importlib.import_module('transformer_lab.grading.hidden.lab01')\n"
+        "    found.append('imported')\n"
+        "except Exception as exc:\n"
+        "    found.append(type(exc).__name__)\n"
+        "print('LEAK', found, In)"
+    ),
+}
+
+
+def _submission(code: str, where: int) -> nbformat.NotebookNode:
+    nb = nbformat.read(str(REPO / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
+    cell = nbformat.v4.new_code_cell(code)
+    nb.cells.insert(where if where >= 0 else len(nb.cells), cell)
+    return nb
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_hostile_submissions_earn_nothing_and_see_nothing(tmp_path: Path) -> None:
+    course = tmp_path / "course"
+    for student, code in ATTACKS.items():
+        where = -1 if student == "read_hidden" else 3
+        folder = course / "submitted" / student / LAB
+        folder.mkdir(parents=True)
+        nbformat.write(_submission(code, where), str(folder / f"{LAB}.ipynb"))
+    folder = course / "submitted" / "honest" / LAB
+    folder.mkdir(parents=True)
+    solution = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
+    nbformat.write(solution, str(folder / f"{LAB}.ipynb"))
+    args = ["--repo", str(REPO), "grade", "--course", str(course), "--jobs", "2"]
+    main([*args, "--timeout", "40", "--budget", "150", "--sandbox", "required"])
+    with open(course / "grades.csv", newline="") as handle:
+        rows = {row["student_id"]: row for row in csv.DictReader(handle)}
+    assert float(rows["honest"]["score"]) == 12.0
+    for student in ATTACKS:
+        assert float(rows[student]["score"]) == 0.0, student
+    # The kernel had no hidden module to import, and its history holds no hidden test.
+    executed = nbformat.read(
+        str(course / "autograded" / "read_hidden" / LAB / f"{LAB}.ipynb"), as_version=4
+    )
+    leak = next(c for c in executed.cells if "print('LEAK'" in c.source)
+    printed = "".join(o.get("text", "") for o in leak.outputs)
+    assert "LEAK" in printed and "ModuleNotFoundError" in printed and "imported" not in printed
+    feedback = (course / "feedback" / "read_hidden" / LAB / f"{LAB}.html").read_text()
+    for secret in ("hidden_check", "seed=1101", "oracle_", "hidden01"):
+        assert secret not in printed and secret not in feedback, secret
