@@ -253,7 +253,7 @@ def test_hostile_submissions_earn_nothing_and_see_nothing(tmp_path: Path) -> Non
     )
     leak = next(c for c in executed.cells if "print('LEAK'" in c.source)
     printed = "".join(o.get("text", "") for o in leak.outputs)
-    assert "LEAK" in printed and "ModuleNotFoundError" in printed and "imported" not in printed
+    assert "LEAK ['ModuleNotFoundError']" in printed
     feedback = (course / "feedback" / "read_hidden" / LAB / f"{LAB}.html").read_text()
     for secret in ("hidden_check", "seed=1101", "oracle_", "hidden01"):
         assert secret not in printed and secret not in feedback, secret
