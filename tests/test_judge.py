@@ -31,13 +31,21 @@ class InProcessKernel:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, **names: Any) -> None:
         self.namespace = dict(names)
         self.texts: list[str] = []
+        self.answer: Any = None
         monkeypatch.setattr(kernel, "_namespace", lambda: self.namespace)
         monkeypatch.setattr(kernel, "_objects", {})
+        monkeypatch.setattr(kernel, "_handles", {})
+        monkeypatch.setattr(kernel, "_ask", lambda text: self.answer(text))
 
-    def exchange(self, text: str, timeout: float) -> str:
+    def exchange(self, text: str, timeout: float, answer: Any) -> str:
         self.texts.append(text)
-        kernel.serve(text)
-        return kernel.reply()
+        previous, self.answer = self.answer, answer
+        try:
+            with torch.enable_grad():  # a kernel of its own would not be inside a backward
+                kernel.serve(text)
+            return kernel.reply()
+        finally:
+            self.answer = previous
 
 
 def _good_encoding(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -147,7 +155,7 @@ def test_objects_stay_in_the_kernel_behind_handles(monkeypatch: pytest.MonkeyPat
 )
 def test_a_reply_that_is_not_data_scores_zero_with_the_reason(reply: str) -> None:
     class Forger:
-        def exchange(self, text: str, timeout: float) -> str:
+        def exchange(self, text: str, timeout: float, answer: Any) -> str:
             return reply
 
     verdict = judge_cell("test_cell", VISIBLE, JudgeSession(Forger(), timeout=1))

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from transformer_lab.checks._bans import Ban, ForbiddenCallError, forbidden
 from transformer_lab.graded import LockedAnswerError
@@ -49,6 +50,7 @@ __all__ = [
     "FIXTURES",
     "Ban",
     "ForbiddenCallError",
+    "OpLog",
     "call_forbidding",
     "call_student",
     "close",
@@ -116,6 +118,26 @@ def call_student(fn: Callable[..., Any], *args: Any, what: str = "your function"
         # The grader's guard (if any) checks here that the student's code left the checks and
         # what they use as they were; without a guard this event goes nowhere.
         sys.audit(STUDENT_CALL_EVENT)
+
+
+class OpLog(TorchFunctionMode):
+    """Records the name and output shapes of every torch operation run under it.
+
+    Structural checks (a loop form whose work grows with the tokens, a matrix form whose work
+    does not) compare such logs; under the grader's judge the log is taken in the kernel, where
+    the student's code runs, and returned as data.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, list[tuple[int, ...]]]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        shapes = [tuple(o.shape) for o in outs if isinstance(o, Tensor)]
+        self.ops.append((getattr(func, "__name__", repr(func)), shapes))
+        return out
 
 
 # --------------------------------------------------------------------------------------

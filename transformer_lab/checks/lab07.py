@@ -124,11 +124,16 @@ def _method(tok: Any, name: str, *args: Any, what: str) -> Any:
 
 def vocab_size_of(tok: Any) -> int:
     """``tok.vocab_size`` (a property or an attribute), read under the ban."""
-    if not hasattr(type(tok), "vocab_size") and "vocab_size" not in getattr(tok, "__dict__", {}):
-        raise AssertionError("your CharTokenizer has no `vocab_size`: the lab asks for it.")
-    size = call_forbidding(
-        lambda: tok.vocab_size, (), {}, ban=TOKENIZER_BAN, what="tokenizer.vocab_size"
-    )
+    try:  # read, not looked up on the type: the grader's judge sees the tokenizer from outside
+        size = call_forbidding(
+            lambda: tok.vocab_size, (), {}, ban=TOKENIZER_BAN, what="tokenizer.vocab_size"
+        )
+    except AssertionError as exc:
+        if "raised AttributeError" in str(exc):
+            raise AssertionError(
+                "your CharTokenizer has no `vocab_size`: the lab asks for it."
+            ) from None
+        raise
     if callable(size):
         raise AssertionError(
             "tokenizer.vocab_size is a method; make it a property (put @property above "

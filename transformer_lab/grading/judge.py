@@ -56,7 +56,9 @@ __all__ = [
 ]
 
 #: Labs whose every autograded cell is decided by the judge.
-JUDGED_LABS = frozenset({"01_positional_encoding"})
+JUDGED_LABS = frozenset(
+    {"01_positional_encoding", "02_self_attention", "05_masking", "07_nlp_pipeline"}
+)
 
 #: Exception types a student's code may raise that the checks word themselves; anything else
 #: comes back as :class:`RemoteError` naming its type.
@@ -87,8 +89,12 @@ class RemoteError(Exception):
 class Link(Protocol):
     """Carries one request text to the kernel and its reply text back."""
 
-    def exchange(self, text: str, timeout: float) -> str:
-        """Send ``text``; return the reply (:class:`JudgeError` on a timeout or dead kernel)."""
+    def exchange(self, text: str, timeout: float, answer: Callable[[str], str]) -> str:
+        """Send ``text``; return the reply, passing the kernel's calls back to ``answer``.
+
+        Raises:
+            JudgeError: a timeout or a dead kernel.
+        """
         ...
 
 
@@ -114,23 +120,42 @@ class Verdict:
         return asdict(self)
 
 
+#: What the student's code may not do to an object of the grader's it is handed.
+_REFUSED_ON_GRADER_OBJECTS = frozenset(
+    {
+        "add_module", "apply", "bfloat16", "cpu", "cuda", "double", "float", "half",
+        "load_state_dict", "register_buffer", "register_forward_hook",
+        "register_forward_pre_hook", "register_full_backward_hook", "register_module",
+        "register_parameter", "requires_grad_", "set_extra_state", "share_memory", "to",
+        "type", "zero_grad",
+    }
+)  # fmt: skip
+
+
 class JudgeSession:
-    """Requests to one kernel: each reply decoded strictly, objects kept behind handles."""
+    """Requests to one kernel: replies decoded strictly; objects on each side behind handles."""
 
     def __init__(self, link: Link, timeout: float) -> None:
         self.link, self.timeout, self.requests = link, timeout, 0
+        self._remotes: dict[int, Remote] = {}
+        self._objects: dict[int, Any] = {}  # the grader's objects the kernel may call back
+        self._handles: dict[int, int] = {}
 
     def request(self, message: dict[str, Any]) -> Any:
         """Send one request; the decoded value, or the student's exception raised here."""
+        return self.request_reply(message)[0]
+
+    def request_reply(self, message: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """:meth:`request`, with the whole reply beside the value."""
         try:
-            text = self.link.exchange(wire.dumps(message), self.timeout)
+            text = self.link.exchange(wire.dumps(message), self.timeout, self.answer)
             reply = wire.loads(text)
         except wire.WireError as exc:
             raise JudgeError(f"the kernel's reply is not data the judge reads ({exc})") from None
         self.requests += 1
         if reply.get("ok") is True:
             try:
-                return wire.decode(reply.get("value"), self._remote)
+                return wire.decode(reply.get("value"), self._reference), reply
             except wire.WireError as exc:
                 raise JudgeError(
                     f"the kernel's reply is not data the judge reads ({exc})"
@@ -141,8 +166,53 @@ class JudgeSession:
         """The notebook's ``name``: data, or a :class:`Remote` for an object."""
         return self.request({"op": "lookup", "name": name})
 
-    def _remote(self, data: dict[str, Any]) -> Remote:
-        return Remote(self, data["$handle"], str(data.get("type", "object")))
+    def keep(self, obj: Any) -> dict[str, Any]:
+        """Send one of the grader's objects (a model, a step function) as a reference."""
+        handle = self._handles.get(id(obj))
+        if handle is None or self._objects.get(handle) is not obj:
+            handle = len(self._objects) + 1
+            self._objects[handle], self._handles[id(obj)] = obj, handle
+        return {"$grader": handle, "type": type(obj).__name__}
+
+    def encode(self, value: Any, grads: list[Any] | None = None) -> Any:
+        """``value`` for the kernel: data, references to the grader's objects and Remotes."""
+        return wire.encode(value, keep=self.keep, grads=grads)
+
+    def answer(self, text: str) -> str:
+        """Answer the kernel's call back to one of the grader's objects (as a reply text)."""
+        try:
+            message = wire.loads(text)
+            target = self._objects[int(message.get("target", 0))]
+            op = message.get("op")
+            if op == "call":
+                args = wire.decode(message.get("args", []), self._reference)
+                kwargs = wire.decode(message.get("kwargs", {"$dict": []}), self._reference)
+                value = target(*args, **kwargs)
+            elif op == "getattr":
+                name = str(message.get("name"))
+                if name.startswith("_") or name in _REFUSED_ON_GRADER_OBJECTS:
+                    raise AttributeError(
+                        f"the check's {type(target).__name__} has no `{name}` for you"
+                    )
+                value = getattr(target, name)
+            elif op == "iter":
+                value = list(target)
+            else:
+                raise ValueError(f"unknown call back {op!r}")
+            return wire.dumps({"ok": True, "value": self.encode(value)})
+        except Exception as exc:  # the student's code gets the error, as it would locally
+            return wire.dumps({"ok": False, "type": type(exc).__name__, "message": str(exc)})
+
+    def _reference(self, data: dict[str, Any]) -> Any:
+        if "$grader" in data:
+            try:
+                return self._objects[data["$grader"]]
+            except KeyError:
+                raise wire.WireError(f"no object of the grader's {data['$grader']}") from None
+        handle = data["$handle"]
+        if handle not in self._remotes:
+            self._remotes[handle] = Remote(self, handle, str(data.get("type", "object")))
+        return self._remotes[handle]
 
 
 def _student_error(reply: dict[str, Any]) -> BaseException:
@@ -154,38 +224,124 @@ def _student_error(reply: dict[str, Any]) -> BaseException:
     return RemoteError(f"{str(reply.get('type', 'an exception'))[:80]}: {message}")
 
 
-class Remote:
+def _flatten(value: Any) -> tuple[list[torch.Tensor], Callable[[tuple[Any, ...]], Any]]:
+    """The tensors of a result, and how to put new ones (same order) back in their place."""
+    if isinstance(value, torch.Tensor):
+        return [value], lambda new: new[0]
+    if isinstance(value, tuple | list):
+        places = [i for i, item in enumerate(value) if isinstance(item, torch.Tensor)]
+
+        def rebuild(new: tuple[Any, ...]) -> Any:
+            items = list(value)
+            for i, t in zip(places, new, strict=True):
+                items[i] = t
+            return type(value)(items)
+
+        return [value[i] for i in places], rebuild
+    return [], lambda new: value
+
+
+class _RemoteCall(torch.autograd.Function):
+    """A call of the student's function as one differentiable operation of the judge's graph.
+
+    Forward sends the inputs (marked ``grad``) and keeps the call in the kernel; backward asks
+    the kernel for the gradients of those inputs, so a check's backward pass runs through the
+    student's own code.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, session: JudgeSession, request: dict[str, Any], box: dict, *inputs: Any):
+        value, reply = session.request_reply(request)
+        flat, box["rebuild"] = _flatten(value)
+        ctx.session, ctx.call, ctx.n_inputs = session, reply.get("call"), len(inputs)
+        needs = reply.get("needs", [])
+        fixed = [t for t, need in zip(flat, needs, strict=False) if need is not True]
+        ctx.mark_non_differentiable(*fixed)  # one call: each call replaces the last one's set
+        if not flat:
+            box["value"] = value
+            return torch.zeros(())
+        return tuple(flat)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> tuple[Any, ...]:
+        grads = ctx.session.request(
+            {"op": "grad", "call": ctx.call, "grads": ctx.session.encode(list(grad_outputs))}
+        )
+        return (None, None, None, *list(grads)[: ctx.n_inputs])
+
+
+class Remote(wire.Reference):
     """An object of the student's kernel (a function, class or instance), seen from the judge.
 
     Calls and attribute reads become requests; what comes back is data or another
-    :class:`Remote`. Passing one back in a request sends only its handle.
+    :class:`Remote` (the same one for the same object). Passing one back in a request sends only
+    its handle. A call whose tensor arguments require grad is differentiable here.
     """
 
     def __init__(self, session: JudgeSession, handle: int, type_name: str) -> None:
-        self.__judge_handle__ = handle
-        self._session, self._type = session, type_name
+        self._handle, self._session, self._type = handle, session, type_name
+
+    def wire_reference(self) -> dict[str, Any]:
+        return {"$handle": self._handle}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        request = {
+        grads: list[torch.Tensor] = []
+        request: dict[str, Any] = {
             "op": "call",
-            "target": self.__judge_handle__,
-            "args": wire.encode(list(args)),
-            "kwargs": wire.encode(dict(kwargs)),
+            "target": self._handle,
+            "args": self._session.encode(list(args), grads),
+            "kwargs": self._session.encode(dict(kwargs), grads),
         }
         ban = active_ban()
         if ban is not None:
             request["ban"] = ban
-        return self._session.request(request)
+        if not grads or not torch.is_grad_enabled():
+            return self._session.request(request)
+        request["differentiable"] = True
+        box: dict[str, Any] = {}
+        outputs = _RemoteCall.apply(self._session, request, box, *grads)
+        if "value" in box:
+            return box["value"]
+        return box["rebuild"](outputs if isinstance(outputs, tuple) else (outputs,))
+
+    def traced(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[Any, list[tuple[str, list[tuple[int, ...]]]]]:
+        """Call it; its value and the torch operations it ran (name, output shapes) in the kernel.
+
+        The operations are the kernel's report, as data: a structural check (a loop form, a
+        matrix form) can only be measured where the code runs.
+        """
+        request = {
+            "op": "call",
+            "target": self._handle,
+            "args": self._session.encode(list(args)),
+            "kwargs": self._session.encode(dict(kwargs)),
+            "trace": True,
+        }
+        ban = active_ban()
+        if ban is not None:
+            request["ban"] = ban
+        value, reply = self._session.request_reply(request)
+        ops = reply.get("ops")
+        if not isinstance(ops, list):
+            raise JudgeError("the kernel did not report the operations it ran")
+        try:
+            log = [
+                (str(name), [tuple(int(n) for n in shape) for shape in shapes])
+                for name, shapes in ops
+            ]
+        except (TypeError, ValueError):
+            raise JudgeError("the kernel's report of its operations is not data") from None
+        return value, log
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_session", "_type"):
+        if name.startswith("__") or name in ("_handle", "_session", "_type"):
             raise AttributeError(name)
-        return self._session.request(
-            {"op": "getattr", "target": self.__judge_handle__, "name": name}
-        )
+        return self._session.request({"op": "getattr", "target": self._handle, "name": name})
 
     def __iter__(self) -> Any:
-        return iter(self._session.request({"op": "iter", "target": self.__judge_handle__}))
+        return iter(self._session.request({"op": "iter", "target": self._handle}))
 
     def __len__(self) -> int:
         return len(list(self))

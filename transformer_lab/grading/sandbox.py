@@ -45,7 +45,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -370,27 +370,40 @@ class BudgetedExecute(Execute):
         verdict = await loop.run_in_executor(None, judge_cell, grade_id, source, session)
         self._verdicts[grade_id] = verdict.to_json()
 
-    async def exchange(self, text: str, timeout: float) -> str:
-        """One judge request in the kernel (silent, outside its history); the reply text."""
+    async def exchange(self, text: str, timeout: float, answer: Callable[[str], str]) -> str:
+        """One judge request in the kernel (silent, outside its history); the reply text.
+
+        While it runs, the kernel's calls back to the grader's objects arrive as input
+        requests on the stdin channel; ``answer`` (run in a worker thread) answers each.
+        """
         from transformer_lab.grading.judge import JudgeError
+        from transformer_lab.judge.kernel import CALLBACK_PREFIX
 
         code = f"import transformer_lab.judge.kernel as _tl_judge\n_tl_judge.serve({text!r})"
         expression = {"reply": "_tl_judge.reply()"}
         msg_id = self.kc.execute(
-            code, silent=True, store_history=False, user_expressions=expression, allow_stdin=False
+            code, silent=True, store_history=False, user_expressions=expression, allow_stdin=True
         )
+        loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 await ensure_async(self.km.interrupt_kernel())
                 raise JudgeError(f"your code did not return within {timeout:.0f} s")
-            try:
-                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(remaining, 1)))
-            except queue.Empty:
+            request = await self._next(self.kc.stdin_channel, 0.0)
+            if request is not None and request.get("msg_type") == "input_request":
+                prompt = str(request.get("content", {}).get("prompt", ""))
+                reply = ""
+                if prompt.startswith(CALLBACK_PREFIX):
+                    reply = await loop.run_in_executor(None, answer, prompt[len(CALLBACK_PREFIX) :])
+                self.kc.input(reply)
+                continue
+            msg = await self._next(self.kc.shell_channel, min(remaining, 0.05))
+            if msg is None:
                 if not await ensure_async(self.km.is_alive()):
                     self._dead = "the kernel died while the grader's judge ran your code"
-                    raise JudgeError(self._dead) from None
+                    raise JudgeError(self._dead)
                 continue
             if msg.get("parent_header", {}).get("msg_id") == msg_id:
                 break
@@ -399,12 +412,19 @@ class BudgetedExecute(Execute):
         if not isinstance(plain, str) or len(plain) > 2 * 2**20 * 256:
             raise JudgeError("your notebook's kernel did not answer the judge's request")
         try:
-            reply = ast.literal_eval(plain)
+            reply_text = ast.literal_eval(plain)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
-            reply = None
-        if not isinstance(reply, str):
+            reply_text = None
+        if not isinstance(reply_text, str):
             raise JudgeError("your notebook's kernel answered the judge with something else")
-        return reply
+        return reply_text
+
+    @staticmethod
+    async def _next(channel: Any, timeout: float) -> dict[str, Any] | None:
+        try:
+            return await ensure_async(channel.get_msg(timeout=timeout))
+        except queue.Empty:
+            return None
 
     # nbclient binds the synchronous wrapper to its own coroutine: bind it to this one.
     execute_cell = run_sync(async_execute_cell)
@@ -420,6 +440,6 @@ class KernelLink:
     def __init__(self, executor: BudgetedExecute, loop: asyncio.AbstractEventLoop) -> None:
         self.executor, self.loop = executor, loop
 
-    def exchange(self, text: str, timeout: float) -> str:
-        future = asyncio.run_coroutine_threadsafe(self.executor.exchange(text, timeout), self.loop)
-        return future.result(timeout + 60)
+    def exchange(self, text: str, timeout: float, answer: Callable[[str], str]) -> str:
+        coroutine = self.executor.exchange(text, timeout, answer)
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout + 60)

@@ -6,34 +6,105 @@ in the kernel and reads ``_tl_judge.reply()`` back as a user expression. A reque
 * ``{"op": "lookup", "name": "causal_mask"}``: a name of the notebook's namespace;
 * ``{"op": "call", "target": h, "args": [...], "kwargs": {...}, "ban": {...}}``: call the
   object behind handle ``h`` (under the check's ban, if it names one: what the answer may not
-  call; a ban enforced here is help for review, the judge trusts only the values);
+  call; a ban enforced here is help for review, the judge trusts only the values). With
+  ``"differentiable": true`` the call is kept, so that a later ``{"op": "grad", "call": c,
+  "grads": [...]}`` returns the gradients of its outputs with respect to the tensors that were
+  sent marked ``"grad"`` (a check's backward pass through the student's function);
+  With ``"trace": true`` the reply also lists the torch operations the call ran and their
+  output shapes (structural checks: a loop form, a matrix form);
 * ``{"op": "getattr", "target": h, "name": "vocab"}``; ``{"op": "iter", "target": h}``
   (the items of an iterable object, as a list).
 
 Results go back as data (:mod:`transformer_lab.judge.wire`); anything that is not data (a
-function, a class, a module, a tokenizer) stays here behind a handle. Exceptions go back as
+function, a class, a module, a tokenizer) stays here behind a handle, the same handle each time
+for the same object. Objects of the grader's (a check's model, a step function) arrive as
+:class:`GraderObject` stand-ins: calling one asks the grader through the kernel's input channel
+(``input()``, Jupyter's stdin messages), and the answer comes back as data. Exceptions go back as
 their type names and message. Nothing here decides or knows a score.
 """
 
 from __future__ import annotations
 
+import builtins
+import itertools
 from typing import Any
+
+import torch
 
 from transformer_lab.judge import wire
 
-__all__ = ["reply", "serve"]
+__all__ = ["CALLBACK_PREFIX", "GraderObject", "reply", "serve"]
+
+#: What starts the prompt of an ``input()`` that carries a call back to the grader.
+CALLBACK_PREFIX = "\x1etl-judge\x1e"
 
 _objects: dict[int, Any] = {}
+_handles: dict[int, int] = {}  # id(object) -> its handle
+_calls: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+_numbers = itertools.count(1)
 _last = ""
+
+#: Exception types a call back to the grader may raise here, by name.
+_ERRORS = {
+    name: getattr(builtins, name)
+    for name in ("ValueError", "TypeError", "IndexError", "KeyError", "RuntimeError")
+}
 
 
 def _keep(obj: Any) -> dict[str, Any]:
-    handle = len(_objects) + 1
-    _objects[handle] = obj
-    return {"$handle": handle, "type": type(obj).__name__, "callable": callable(obj)}
+    handle = _handles.get(id(obj))
+    if handle is None or _objects.get(handle) is not obj:
+        handle = len(_objects) + 1
+        _objects[handle], _handles[id(obj)] = obj, handle
+    return {"$handle": handle, "type": type(obj).__name__}
 
 
-def _object(data: dict[str, Any]) -> Any:
+def _ask(text: str) -> str:
+    """One call back to the grader, answered through the kernel's input channel."""
+    return builtins.input(CALLBACK_PREFIX + text)
+
+
+class GraderObject(wire.Reference):
+    """An object of the grader's (a check's model or step function), seen from the kernel."""
+
+    def __init__(self, handle: int, type_name: str) -> None:
+        self._handle, self._type = handle, type_name
+
+    def wire_reference(self) -> dict[str, Any]:
+        return {"$grader": self._handle}
+
+    def _request(self, message: dict[str, Any]) -> Any:
+        answer = wire.loads(_ask(wire.dumps(message)))
+        if answer.get("ok") is True:
+            return wire.decode(answer.get("value"), _reference)
+        error = _ERRORS.get(str(answer.get("type")), RuntimeError)
+        raise error(str(answer.get("message", "")))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._request(
+            {
+                "op": "call",
+                "target": self._handle,
+                "args": wire.encode(list(args), keep=_keep),
+                "kwargs": wire.encode(dict(kwargs), keep=_keep),
+            }
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_handle", "_type"):
+            raise AttributeError(name)
+        return self._request({"op": "getattr", "target": self._handle, "name": name})
+
+    def __iter__(self) -> Any:
+        return iter(self._request({"op": "iter", "target": self._handle}))
+
+    def __repr__(self) -> str:
+        return f"<the grader's {self._type}>"
+
+
+def _reference(data: dict[str, Any]) -> Any:
+    if "$grader" in data:
+        return GraderObject(data["$grader"], str(data.get("type", "object")))
     try:
         return _objects[data["$handle"]]
     except KeyError:
@@ -63,23 +134,53 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ban: dict[str, A
         return target(*args, **kwargs)
 
 
-def _run(request: dict[str, Any]) -> Any:
+def _tensors(value: Any) -> list[torch.Tensor]:
+    items = value if isinstance(value, tuple | list) else [value]
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The value a request asks for, and what else its reply says."""
     op = request.get("op")
     if op == "lookup":
         name = request.get("name")
         namespace = _namespace()
         if not isinstance(name, str) or name not in namespace:
             raise NameError(f"name {name!r} is not defined")
-        return namespace[name]
-    target = _object({"$handle": request.get("target")})
+        return namespace[name], {}
+    if op == "grad":
+        inputs, outputs = _calls.pop(int(request.get("call", 0)))
+        grads = wire.decode(request.get("grads", []), _reference)
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=False) if o.requires_grad]
+        if not pairs or not inputs:
+            return [None] * len(inputs), {}
+        found = torch.autograd.grad(
+            [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True
+        )
+        return list(found), {}
+    target = _reference({"$handle": request.get("target")})
     if op == "call":
-        args = wire.decode(request.get("args", []), _object)
-        kwargs = wire.decode(request.get("kwargs", {"$dict": []}), _object)
-        return _call(target, list(args), dict(kwargs), request.get("ban"))
+        inputs: list[torch.Tensor] = []
+        args = wire.decode(request.get("args", []), _reference, inputs)
+        kwargs = wire.decode(request.get("kwargs", {"$dict": []}), _reference, inputs)
+        if request.get("trace"):  # a structural check: which operations the code runs
+            from transformer_lab.checks._common import OpLog
+
+            log = OpLog()
+            with log:
+                value = _call(target, list(args), dict(kwargs), request.get("ban"))
+            return value, {"ops": [[name, [list(s) for s in shapes]] for name, shapes in log.ops]}
+        value = _call(target, list(args), dict(kwargs), request.get("ban"))
+        if not request.get("differentiable"):
+            return value, {}
+        outputs = _tensors(value)
+        call = next(_numbers)
+        _calls[call] = (inputs, outputs)
+        return value, {"call": call, "needs": [o.requires_grad for o in outputs]}
     if op == "getattr":
-        return getattr(target, str(request.get("name")))
+        return getattr(target, str(request.get("name"))), {}
     if op == "iter":
-        return list(target)
+        return list(target), {}
     raise wire.WireError(f"unknown request {op!r}")
 
 
@@ -96,8 +197,8 @@ def serve(text: str) -> None:
     """Answer one request (its reply is read with :func:`reply`)."""
     global _last
     try:
-        value = _run(wire.loads(text))
-        _last = wire.dumps({"ok": True, "value": wire.encode(value, keep=_keep)})
+        value, extra = _run(wire.loads(text))
+        _last = wire.dumps({"ok": True, "value": wire.encode(value, keep=_keep), **extra})
     except BaseException as exc:  # a reply in every case: the judge decides what it means
         try:
             _last = wire.dumps(_error(exc))

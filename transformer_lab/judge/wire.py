@@ -9,8 +9,12 @@ Both directions use one encoding. A request or reply is a JSON object; inside it
   or a pickle, so a reply cannot bring code into the grader;
 * ``{"$dtype": "float32"}``, ``{"$device": "cpu"}``, ``{"$size": [2, 3]}``,
   ``{"$generator": <state tensor>}`` (a CPU ``torch.Generator`` in that state);
-* ``{"$handle": n, "type": "ClassName", "callable": true}`` is an object that stays in the
-  kernel (a student's function, class or module); the grader can only send it back in a request.
+* ``{"$handle": n, "type": "ClassName"}`` is an object that stays in the kernel (a student's
+  function, class or module), ``{"$grader": n, "type": ...}`` one that stays in the grader (a
+  check's model or step function the student's code calls back); each side can only call it,
+  read its attributes or send it back;
+* ``{"$tensor": ..., "grad": true}`` is a tensor the receiver differentiates through, and
+  ``{"$iter": [...]}`` an iterator over the items (``model.parameters()``).
 
 :func:`decode` refuses anything else, oversized texts and nesting deeper than :data:`MAX_DEPTH`.
 """
@@ -19,13 +23,14 @@ from __future__ import annotations
 
 import base64
 import json
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "WireError", "decode", "dumps", "encode", "loads"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "Reference", "WireError", "decode", "dumps", "encode", "loads"]
 
 #: Largest request or reply text accepted (the labs' tensors are kilobytes).
 MAX_BYTES = 256 * 2**20
@@ -60,13 +65,28 @@ def _tensor_from(text: Any) -> Tensor:
     return tensors["t"]
 
 
-def encode(value: Any, keep: Callable[[Any], dict[str, Any]] | None = None, depth: int = 0) -> Any:
+class Reference:
+    """An object of the other side, seen here (a ``Remote`` in the grader, a grader object's
+    stand-in in the kernel): it is sent back as the reference it came as."""
+
+    def wire_reference(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def encode(
+    value: Any,
+    keep: Callable[[Any], dict[str, Any]] | None = None,
+    grads: list[Tensor] | None = None,
+    depth: int = 0,
+) -> Any:
     """``value`` as wire data.
 
     Args:
         value: what to send.
-        keep: how to send an object that is not data (the kernel keeps it and returns a
-            ``{"$handle": ...}``); None refuses such objects.
+        keep: how to send an object that is not data (this side keeps it and sends a
+            reference to it); None refuses such objects.
+        grads: where to list, in order, the tensors sent with ``requires_grad`` (they are
+            marked ``"grad": true``, so the other side can differentiate through them).
         depth: nesting level (internal).
 
     Raises:
@@ -76,8 +96,14 @@ def encode(value: Any, keep: Callable[[Any], dict[str, Any]] | None = None, dept
         raise WireError(f"nesting deeper than {MAX_DEPTH}")
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if isinstance(value, Reference):
+        return value.wire_reference()
     if isinstance(value, Tensor):
-        return {"$tensor": _tensor_bytes(value)}
+        data: dict[str, Any] = {"$tensor": _tensor_bytes(value)}
+        if value.requires_grad and grads is not None:
+            data["grad"] = True
+            grads.append(value)
+        return data
     if isinstance(value, torch.dtype):
         return {"$dtype": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
@@ -86,26 +112,37 @@ def encode(value: Any, keep: Callable[[Any], dict[str, Any]] | None = None, dept
         return {"$size": list(value)}
     if isinstance(value, torch.Generator):
         return {"$generator": _tensor_bytes(value.get_state())}
-    handle = getattr(value, "__judge_handle__", None)
-    if isinstance(handle, int) and keep is None:
-        return {"$handle": handle}
     if isinstance(value, list):
-        return [encode(v, keep, depth + 1) for v in value]
+        return [encode(v, keep, grads, depth + 1) for v in value]
     if isinstance(value, tuple):
-        return {"$tuple": [encode(v, keep, depth + 1) for v in value]}
+        return {"$tuple": [encode(v, keep, grads, depth + 1) for v in value]}
     if isinstance(value, dict):
-        return {
-            "$dict": [
-                [encode(k, keep, depth + 1), encode(v, keep, depth + 1)] for k, v in value.items()
-            ]
-        }
+        pairs = [
+            [encode(k, keep, grads, depth + 1), encode(v, keep, grads, depth + 1)]
+            for k, v in value.items()
+        ]
+        return {"$dict": pairs}
+    if isinstance(value, types.GeneratorType):  # model.parameters(): its items, as an iterator
+        return {"$iter": [encode(v, keep, grads, depth + 1) for v in value]}
     if keep is not None:
         return keep(value)
-    raise WireError(f"a {type(value).__name__} cannot be sent to the kernel as data")
+    raise WireError(f"a {type(value).__name__} cannot be sent as data")
 
 
-def decode(data: Any, handle: Callable[[dict[str, Any]], Any], depth: int = 0) -> Any:
-    """Wire data back into a value; ``handle`` turns a ``{"$handle": ...}`` into an object.
+def decode(
+    data: Any,
+    reference: Callable[[dict[str, Any]], Any],
+    grads: list[Tensor] | None = None,
+    depth: int = 0,
+) -> Any:
+    """Wire data back into a value.
+
+    Args:
+        data: what arrived.
+        reference: turns a ``{"$handle": ...}`` or ``{"$grader": ...}`` into an object.
+        grads: where to list the tensors that arrived marked ``"grad"`` (they come back
+            requiring grad), in the order they were sent.
+        depth: nesting level (internal).
 
     Raises:
         WireError: anything the format does not define (an unknown ``$`` key, a bad tensor,
@@ -116,28 +153,35 @@ def decode(data: Any, handle: Callable[[dict[str, Any]], Any], depth: int = 0) -
     if data is None or isinstance(data, bool | int | float | str):
         return data
     if isinstance(data, list):
-        return [decode(v, handle, depth + 1) for v in data]
+        return [decode(v, reference, grads, depth + 1) for v in data]
     if not isinstance(data, dict) or len(data) == 0:
         raise WireError(f"not a wire value: {type(data).__name__}")
-    if "$handle" in data:
-        if not isinstance(data["$handle"], int) or isinstance(data["$handle"], bool):
-            raise WireError("a $handle must be an integer")
-        return handle(data)
+    for kind in ("$handle", "$grader"):
+        if kind in data:
+            if type(data[kind]) is not int:
+                raise WireError(f"a {kind} must be an integer")
+            return reference(data)
+    if "$tensor" in data and set(data) <= {"$tensor", "grad"}:
+        t = _tensor_from(data["$tensor"])
+        if data.get("grad") is True and t.is_floating_point():
+            t.requires_grad_(True)
+            if grads is not None:
+                grads.append(t)
+        return t
     if len(data) != 1:
         raise WireError(f"not a wire value: keys {sorted(data)[:4]}")
     ((kind, body),) = data.items()
-    if kind == "$tensor":
-        return _tensor_from(body)
-    if kind == "$tuple" and isinstance(body, list):
-        return tuple(decode(v, handle, depth + 1) for v in body)
+    if kind in ("$tuple", "$iter") and isinstance(body, list):
+        items = [decode(v, reference, grads, depth + 1) for v in body]
+        return tuple(items) if kind == "$tuple" else iter(items)
     if kind == "$dict" and isinstance(body, list):
         out = {}
         for pair in body:
             if not (isinstance(pair, list) and len(pair) == 2):
                 raise WireError("a $dict holds [key, value] pairs")
-            key = decode(pair[0], handle, depth + 1)
+            key = decode(pair[0], reference, grads, depth + 1)
             try:
-                out[key] = decode(pair[1], handle, depth + 1)
+                out[key] = decode(pair[1], reference, grads, depth + 1)
             except TypeError:
                 raise WireError(f"an unhashable dict key: {type(key).__name__}") from None
         return out
