@@ -16,36 +16,21 @@ import nbformat
 import pytest
 import torch
 from conftest import needs_bwrap
+from judge_support import InProcessKernel, answers_namespace
 
 from transformer_lab.grading.cli import main
-from transformer_lab.grading.judge import JudgeSession, Remote, judge_cell, student_names
-from transformer_lab.judge import kernel, wire
+from transformer_lab.grading.grade import judge_plan
+from transformer_lab.grading.judge import (
+    JUDGED_LABS,
+    JudgeSession,
+    Remote,
+    judge_cell,
+    student_names,
+)
+from transformer_lab.judge import wire
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
-
-
-class InProcessKernel:
-    """The kernel's server on a plain namespace: what a notebook's kernel does, minus the kernel."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, **names: Any) -> None:
-        self.namespace = dict(names)
-        self.texts: list[str] = []
-        self.answer: Any = None
-        monkeypatch.setattr(kernel, "_namespace", lambda: self.namespace)
-        monkeypatch.setattr(kernel, "_objects", {})
-        monkeypatch.setattr(kernel, "_handles", {})
-        monkeypatch.setattr(kernel, "_ask", lambda text: self.answer(text))
-
-    def exchange(self, text: str, timeout: float, answer: Any) -> str:
-        self.texts.append(text)
-        previous, self.answer = self.answer, answer
-        try:
-            with torch.enable_grad():  # a kernel of its own would not be inside a backward
-                kernel.serve(text)
-            return kernel.reply()
-        finally:
-            self.answer = previous
 
 
 def _good_encoding(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -64,7 +49,7 @@ HIDDEN = (
 
 
 def _judge(monkeypatch: pytest.MonkeyPatch, source: str, **names: Any):
-    link = InProcessKernel(monkeypatch, **names)
+    link = InProcessKernel(monkeypatch, dict(names))
     return judge_cell("test_cell", source, JudgeSession(link, timeout=10)), link
 
 
@@ -136,7 +121,7 @@ def test_objects_stay_in_the_kernel_behind_handles(monkeypatch: pytest.MonkeyPat
             self.count += n
             return [self.count]
 
-    link = InProcessKernel(monkeypatch, Counter=Counter)
+    link = InProcessKernel(monkeypatch, {"Counter": Counter})
     session = JudgeSession(link, timeout=5)
     counter = session.lookup("Counter")(3)
     assert isinstance(counter, Remote) and repr(counter) == "<your Counter>"
@@ -191,6 +176,61 @@ def test_wire_refuses_objects_and_reads_subclasses_as_plain_tensors() -> None:
 def test_student_names_are_the_cells_free_names() -> None:
     source = "x = build(DecoderBlock)\nlab01.check(x, model, seed=1)\nimport math as m\nm.pi\n"
     assert student_names(source, {"lab01": None}) == ["build", "DecoderBlock", "model"]
+
+
+# ---------------------------------------------------------------- every judged lab, in-process
+
+
+@pytest.mark.parametrize("lab", sorted(JUDGED_LABS))
+def test_the_solution_passes_every_judged_cell_and_the_release_none(
+    monkeypatch: pytest.MonkeyPatch, lab: str
+) -> None:
+    source = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    plan = judge_plan(source)
+    assert plan and any(cell["hidden"] for cell in plan.values())
+    for folder, should_pass in (("solutions", True), ("labs", False)):
+        link = InProcessKernel(monkeypatch, answers_namespace(lab, folder))
+        for grade_id, cell in plan.items():
+            verdict = judge_cell(grade_id, cell["source"], JudgeSession(link, timeout=60))
+            assert verdict.passed is should_pass, (folder, grade_id, verdict.message)
+            if not should_pass:
+                assert verdict.message, grade_id
+
+
+def test_a_module_is_mirrored_and_trains_through_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The student's module stays in the kernel; its mirror's parameters get its gradients."""
+    namespace = answers_namespace("03_multi_head_attention")
+    session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=30)
+    mha = session.lookup("MultiHeadAttention")(8, 2)
+    assert isinstance(mha, torch.nn.Module) and isinstance(mha.q_proj, torch.nn.Linear)
+    optimizer = torch.optim.SGD(mha.parameters(), lr=0.1)
+    x = torch.randn(2, 3, 8)
+    before = mha.q_proj.weight.detach().clone()
+    out, _ = mha(x, x, x)
+    out.pow(2).sum().backward()
+    assert mha.q_proj.weight.grad is not None and mha.q_proj.weight.grad.abs().sum() > 0
+    optimizer.step()
+    # The step happened on the mirror; the next call runs the kernel's module on it.
+    local = namespace["MultiHeadAttention"](8, 2)
+    local.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(mha(x, x, x)[0], local(x, x, x)[0])
+    assert not torch.equal(before, mha.q_proj.weight.detach())
+
+
+def test_the_students_writes_into_a_checks_module_come_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    namespace = answers_namespace("03_multi_head_attention")
+    session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=30)
+    from transformer_lab.checks.lab03 import Projections
+
+    ours, theirs = Projections(6, 2, bias=True), torch.nn.MultiheadAttention(6, 2)
+    weight = ours.q_proj.weight
+    session.lookup("load_torch_weights")(ours, theirs)
+    assert ours.q_proj.weight is weight  # copied in place, as the student's code did
+    torch.testing.assert_close(weight.detach(), theirs.in_proj_weight.detach()[:6])
 
 
 # ---------------------------------------------------------------- through the real grader

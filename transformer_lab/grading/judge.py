@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -38,10 +39,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from transformer_lab.checks._bans import ForbiddenCallError, active_ban
 from transformer_lab.graded import LockedAnswerError
-from transformer_lab.judge import wire
+from transformer_lab.judge import mirror, wire
 
 __all__ = [
     "JUDGED_LABS",
@@ -57,7 +59,14 @@ __all__ = [
 
 #: Labs whose every autograded cell is decided by the judge.
 JUDGED_LABS = frozenset(
-    {"01_positional_encoding", "02_self_attention", "05_masking", "07_nlp_pipeline"}
+    {
+        "01_positional_encoding",
+        "02_self_attention",
+        "03_multi_head_attention",
+        "05_masking",
+        "07_nlp_pipeline",
+        "08_language_models",
+    }
 )
 
 #: Exception types a student's code may raise that the checks word themselves; anything else
@@ -132,12 +141,18 @@ _REFUSED_ON_GRADER_OBJECTS = frozenset(
 )  # fmt: skip
 
 
+_GRADER_HANDLES = itertools.count(1)
+
+
 class JudgeSession:
     """Requests to one kernel: replies decoded strictly; objects on each side behind handles."""
 
     def __init__(self, link: Link, timeout: float) -> None:
         self.link, self.timeout, self.requests = link, timeout, 0
         self._remotes: dict[int, Remote] = {}
+        self._mirrors: dict[int, MirrorModule] = {}  # the student's modules, by root handle
+        self._parts: dict[int, nn.Module] = {}  # every module of their trees, by handle
+        self._gmodules: dict[int, nn.Module] = {}  # the grader's modules mirrored in the kernel
         self._objects: dict[int, Any] = {}  # the grader's objects the kernel may call back
         self._handles: dict[int, int] = {}
 
@@ -155,8 +170,15 @@ class JudgeSession:
         self.requests += 1
         if reply.get("ok") is True:
             try:
+                if "changes" in reply:
+                    self._apply_changes(
+                        wire.decode(reply["changes"], self._reference), self._mirrors
+                    )
+                if "grader_changes" in reply:
+                    changes = wire.decode(reply["grader_changes"], self._reference)
+                    self._apply_changes(changes, self._gmodules)
                 return wire.decode(reply.get("value"), self._reference), reply
-            except wire.WireError as exc:
+            except (wire.WireError, KeyError, TypeError, ValueError) as exc:
                 raise JudgeError(
                     f"the kernel's reply is not data the judge reads ({exc})"
                 ) from None
@@ -166,13 +188,26 @@ class JudgeSession:
         """The notebook's ``name``: data, or a :class:`Remote` for an object."""
         return self.request({"op": "lookup", "name": name})
 
-    def keep(self, obj: Any) -> dict[str, Any]:
-        """Send one of the grader's objects (a model, a step function) as a reference."""
+    def _grader_handle(self, obj: Any) -> int:
         handle = self._handles.get(id(obj))
         if handle is None or self._objects.get(handle) is not obj:
-            handle = len(self._objects) + 1
+            handle = next(_GRADER_HANDLES)  # never reused: a kernel outlives a session
             self._objects[handle], self._handles[id(obj)] = obj, handle
-        return {"$grader": handle, "type": type(obj).__name__}
+        return handle
+
+    def keep(self, obj: Any) -> dict[str, Any]:
+        """Send one of the grader's objects (a model, a step function) as a reference.
+
+        A module is mirrored in the kernel (its parameters there, its forward here), so that
+        the student's code can read and write its weights as it would locally.
+        """
+        if isinstance(obj, nn.Module):
+            root = self._grader_handle(obj)
+            if root in self._gmodules:
+                return {"$grader": root}
+            self._gmodules[root] = obj
+            return mirror.spec(obj, self._grader_handle, "$gmodule")
+        return {"$grader": self._grader_handle(obj), "type": type(obj).__name__}
 
     def encode(self, value: Any, grads: list[Any] | None = None) -> Any:
         """``value`` for the kernel: data, references to the grader's objects and Remotes."""
@@ -203,7 +238,57 @@ class JudgeSession:
         except Exception as exc:  # the student's code gets the error, as it would locally
             return wire.dumps({"ok": False, "type": type(exc).__name__, "message": str(exc)})
 
+    def sync(self, grads: list[Any]) -> list[Any]:
+        """The mirrors' parameters and modes, for the kernel's modules before a call.
+
+        Parameters that require grad are listed in ``grads`` (the call is differentiable in
+        them: a loss on its output trains the mirror, as it would train the module).
+        """
+        payload = []
+        for root, module in self._mirrors.items():
+            params = [[n, p] for n, p in module.named_parameters()]
+            modes = [[path, m.training] for path, m in module.named_modules()]
+            payload.append([root, self.encode(params, grads), modes])
+        return payload
+
+    def _find(self, where: str, modules: dict[int, nn.Module]) -> Any:
+        root, _, name = where.partition(":")
+        module = modules.get(int(root))
+        return dict(module.named_parameters()).get(name) if module is not None else None
+
+    def _apply_changes(self, changes: list[Any], modules: dict[int, nn.Module]) -> None:
+        """What a call did to the other side's modules' parameters, done to ours."""
+        for root, changed, removed in changes:
+            mirror.apply_changes(
+                modules[root], changed, removed, lambda where: self._find(where, self._gmodules)
+            )
+
+    def _mirror(self, data: dict[str, Any]) -> nn.Module:
+        root = data["$module"]
+        if root in self._parts and root not in self._mirrors:  # a part of a mirrored module
+            return self._parts[root]
+        if root in self._mirrors:  # the same module again (``fit`` returns self): refresh it
+            params = wire.decode(data.get("params", []), self._reference)
+            fresh = [[n, v, rg, False, None] for n, v, rg, alias in params if alias is None]
+            self._apply_changes([[root, fresh, []]], self._mirrors)
+            return self._mirrors[root]
+        module, parts = mirror.build(
+            data,
+            lambda d: wire.decode(d, self._reference),
+            lambda handle, kind: MirrorModule(self, handle, kind),
+        )
+        if not isinstance(module, MirrorModule):  # torch's own layer, returned alone
+            raise wire.WireError(f"a lone torch {type(module).__name__} is not mirrored")
+        for part in parts.values():
+            if isinstance(part, MirrorModule):
+                part.__dict__["_ready"] = True
+        self._mirrors[root] = module
+        self._parts.update(parts)
+        return module
+
     def _reference(self, data: dict[str, Any]) -> Any:
+        if "$module" in data:
+            return self._mirror(data)
         if "$grader" in data:
             try:
                 return self._objects[data["$grader"]]
@@ -270,6 +355,71 @@ class _RemoteCall(torch.autograd.Function):
         return (None, None, None, *list(grads)[: ctx.n_inputs])
 
 
+def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> Any:
+    """Call the kernel's object ``handle``: the mirrors synced first, differentiable if asked."""
+    grads: list[torch.Tensor] = []
+    request: dict[str, Any] = {
+        "op": "call",
+        "target": handle,
+        "args": session.encode(list(args), grads),
+        "kwargs": session.encode(dict(kwargs), grads),
+    }
+    request["sync"] = session.sync(grads)
+    ban = active_ban()
+    if ban is not None:
+        request["ban"] = ban
+    if not grads or not torch.is_grad_enabled():
+        return session.request(request)
+    request["differentiable"] = True
+    box: dict[str, Any] = {}
+    outputs = _RemoteCall.apply(session, request, box, *grads)
+    if "value" in box:
+        return box["value"]
+    return box["rebuild"](outputs if isinstance(outputs, tuple) else (outputs,))
+
+
+class MirrorModule(nn.Module, wire.Reference):
+    """A student's ``nn.Module`` seen from the judge: its tree and parameters, its forward remote.
+
+    The mirror holds real ``nn.Parameter`` s (an optimizer, ``eval()``, ``zero_grad()`` and
+    in-place weight copies work on it as on the module); before each call to the kernel its
+    parameters and modes are sent to the module, and what a call changes comes back. torch's
+    own layers inside it are rebuilt as torch layers; the student's run in the kernel.
+    """
+
+    def __init__(self, session: JudgeSession, handle: int, type_name: str) -> None:
+        super().__init__()
+        self.__dict__["_judge"] = (session, handle, type_name)
+
+    def wire_reference(self) -> dict[str, Any]:
+        return {"$handle": self._judge[1]}
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return _call_remote(self._judge[0], self._judge[1], args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or not self.__dict__.get("_ready"):
+                raise
+        session, handle, _ = self.__dict__["_judge"]
+        return session.request({"op": "getattr", "target": handle, "name": name})
+
+    def __getitem__(self, index: int | str) -> nn.Module:
+        children = list(self._modules.values())
+        return children[index] if isinstance(index, int) else self._modules[index]
+
+    def __iter__(self) -> Any:
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __repr__(self) -> str:
+        return f"<your {self._judge[2]}>"
+
+
 class Remote(wire.Reference):
     """An object of the student's kernel (a function, class or instance), seen from the judge.
 
@@ -285,24 +435,7 @@ class Remote(wire.Reference):
         return {"$handle": self._handle}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        grads: list[torch.Tensor] = []
-        request: dict[str, Any] = {
-            "op": "call",
-            "target": self._handle,
-            "args": self._session.encode(list(args), grads),
-            "kwargs": self._session.encode(dict(kwargs), grads),
-        }
-        ban = active_ban()
-        if ban is not None:
-            request["ban"] = ban
-        if not grads or not torch.is_grad_enabled():
-            return self._session.request(request)
-        request["differentiable"] = True
-        box: dict[str, Any] = {}
-        outputs = _RemoteCall.apply(self._session, request, box, *grads)
-        if "value" in box:
-            return box["value"]
-        return box["rebuild"](outputs if isinstance(outputs, tuple) else (outputs,))
+        return _call_remote(self._session, self._handle, args, kwargs)
 
     def traced(
         self, *args: Any, **kwargs: Any

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from transformer_lab.judge import wire
+from transformer_lab.judge import mirror, wire
 
 __all__ = ["CALLBACK_PREFIX", "GraderObject", "reply", "serve"]
 
@@ -40,6 +40,8 @@ CALLBACK_PREFIX = "\x1etl-judge\x1e"
 
 _objects: dict[int, Any] = {}
 _handles: dict[int, int] = {}  # id(object) -> its handle
+_grader_modules: dict[int, Any] = {}  # the grader's modules mirrored here, by root handle
+_grader_ids: dict[int, tuple[int, Any]] = {}  # id(mirror part) -> (grader handle, part)
 _calls: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 _numbers = itertools.count(1)
 _last = ""
@@ -51,12 +53,53 @@ _ERRORS = {
 }
 
 
-def _keep(obj: Any) -> dict[str, Any]:
+def _handle_of(obj: Any) -> int:
     handle = _handles.get(id(obj))
     if handle is None or _objects.get(handle) is not obj:
         handle = len(_objects) + 1
         _objects[handle], _handles[id(obj)] = obj, handle
-    return {"$handle": handle, "type": type(obj).__name__}
+    return handle
+
+
+def _keep(obj: Any) -> dict[str, Any]:
+    grader = _grader_ids.get(id(obj))
+    if grader is not None and grader[1] is obj:  # a mirror of the grader's: send it back as such
+        return {"$grader": grader[0]}
+    if isinstance(obj, torch.nn.Module):
+        return mirror.spec(obj, _handle_of, "$module")
+    return {"$handle": _handle_of(obj), "type": type(obj).__name__}
+
+
+def _sync(sync: list[Any]) -> dict[int, Any]:
+    """Put the judge's mirrored parameters and modes into the student's modules."""
+    before = {}
+    for root_handle, params, modes in sync:
+        root = _objects[root_handle]
+        mirror.sync_into(root, params, modes)
+        before[root_handle] = mirror.snapshot(root)
+    return before
+
+
+def _storages() -> dict[int, str]:
+    """Data pointer -> ``"root:name"`` of every parameter of the grader's mirrored modules."""
+    return {
+        p.untyped_storage().data_ptr(): f"{root}:{name}"
+        for root, module in _grader_modules.items()
+        for name, p in module.named_parameters()
+        if p.numel()
+    }
+
+
+def _changes(
+    modules: dict[int, Any], before: dict[int, Any], storages: dict[int, str]
+) -> list[Any]:
+    """What a call did to the parameters of ``modules`` (root handle -> module), as data."""
+    found = []
+    for root, snap in before.items():
+        change = mirror.changes(modules[root], snap, storages)
+        if change is not None:
+            found.append([root, *change])
+    return found
 
 
 def _ask(text: str) -> str:
@@ -102,13 +145,62 @@ class GraderObject(wire.Reference):
         return f"<the grader's {self._type}>"
 
 
+def _grader_module(data: dict[str, Any]) -> Any:
+    """A mirror of one of the grader's modules (``{"$gmodule": ...}``), built once."""
+    root = data["$gmodule"]
+    if root in _grader_modules:
+        return _grader_modules[root]
+    module, parts = mirror.build(
+        data, lambda d: wire.decode(d, _reference), lambda h, kind: GraderModule(h, kind)
+    )
+    _grader_modules[root] = module
+    _grader_ids.update({id(part): (handle, part) for handle, part in parts.items()})
+    for part in parts.values():
+        if isinstance(part, GraderModule):
+            part.__dict__["_ready"] = True
+    return module
+
+
 def _reference(data: dict[str, Any]) -> Any:
+    if "$gmodule" in data:
+        return _grader_module(data)
+    if "$grader" in data and data["$grader"] in _grader_by_handle():
+        return _grader_by_handle()[data["$grader"]]
     if "$grader" in data:
         return GraderObject(data["$grader"], str(data.get("type", "object")))
     try:
         return _objects[data["$handle"]]
     except KeyError:
         raise wire.WireError(f"no object behind handle {data['$handle']}") from None
+
+
+def _grader_by_handle() -> dict[int, Any]:
+    return {handle: part for handle, part in _grader_ids.values()}
+
+
+class GraderModule(torch.nn.Module, wire.Reference):
+    """A mirror of one of the grader's modules: its parameters here, its forward the grader's."""
+
+    def __init__(self, handle: int, type_name: str) -> None:
+        super().__init__()
+        self.__dict__["_grader"] = (handle, type_name)
+
+    def wire_reference(self) -> dict[str, Any]:
+        return {"$grader": self._grader[0]}
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return GraderObject(self._grader[0], self._grader[1])(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or not self.__dict__.get("_ready"):
+                raise
+        return getattr(GraderObject(*self.__dict__["_grader"]), name)
+
+    def __repr__(self) -> str:
+        return f"<the grader's {self._grader[1]}>"
 
 
 def _namespace() -> dict[str, Any]:
@@ -163,25 +255,48 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         inputs: list[torch.Tensor] = []
         args = wire.decode(request.get("args", []), _reference, inputs)
         kwargs = wire.decode(request.get("kwargs", {"$dict": []}), _reference, inputs)
-        if request.get("trace"):  # a structural check: which operations the code runs
-            from transformer_lab.checks._common import OpLog
-
-            log = OpLog()
-            with log:
-                value = _call(target, list(args), dict(kwargs), request.get("ban"))
-            return value, {"ops": [[name, [list(s) for s in shapes]] for name, shapes in log.ops]}
-        value = _call(target, list(args), dict(kwargs), request.get("ban"))
-        if not request.get("differentiable"):
-            return value, {}
-        outputs = _tensors(value)
-        call = next(_numbers)
-        _calls[call] = (inputs, outputs)
-        return value, {"call": call, "needs": [o.requires_grad for o in outputs]}
+        sync = wire.decode(request.get("sync", []), _reference)
+        before = _sync(sync)
+        for root_handle, params, _ in sync:  # the mirrors' parameters were sent to differentiate
+            own = dict(_objects[root_handle].named_parameters())
+            inputs += [own[name] for name, value in params if value.requires_grad and name in own]
+        storages = _storages()
+        graders = {root: mirror.snapshot(m) for root, m in _grader_modules.items()}
+        value, extra = _call_as_asked(request, target, args, kwargs, inputs)
+        changes = _changes(_objects, before, storages)
+        grader_changes = _changes(_grader_modules, graders, storages)
+        if changes:
+            extra["changes"] = wire.encode(changes)
+        if grader_changes:
+            extra["grader_changes"] = wire.encode(grader_changes)
+        return value, extra
     if op == "getattr":
         return getattr(target, str(request.get("name"))), {}
     if op == "iter":
         return list(target), {}
     raise wire.WireError(f"unknown request {op!r}")
+
+
+def _call_as_asked(
+    request: dict[str, Any], target: Any, args: Any, kwargs: Any, inputs: list[torch.Tensor]
+) -> tuple[Any, dict[str, Any]]:
+    """Call ``target``: plainly, with its operations logged, or kept for a backward pass."""
+    if request.get("trace"):  # a structural check: which operations the code runs
+        from transformer_lab.checks._common import OpLog
+
+        log = OpLog()
+        with log:
+            value = _call(target, list(args), dict(kwargs), request.get("ban"))
+        return value, {"ops": [[name, [list(s) for s in shapes]] for name, shapes in log.ops]}
+    value = _call(target, list(args), dict(kwargs), request.get("ban"))
+    if not request.get("differentiable"):
+        return value, {}
+    outputs = _tensors(value)
+    call = next(_numbers)
+    _calls[call] = (inputs, outputs)
+    for old_call in [c for c in _calls if c <= call - 64]:  # a bounded memory of calls
+        del _calls[old_call]
+    return value, {"call": call, "needs": [o.requires_grad for o in outputs]}
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

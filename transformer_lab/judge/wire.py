@@ -13,6 +13,10 @@ Both directions use one encoding. A request or reply is a JSON object; inside it
   function, class or module), ``{"$grader": n, "type": ...}`` one that stays in the grader (a
   check's model or step function the student's code calls back); each side can only call it,
   read its attributes or send it back;
+* ``{"$module": n, "type": ..., "tree": ..., "params": ..., "buffers": ...}`` is a student's
+  ``nn.Module``: it stays in the kernel, and the judge mirrors its tree and parameters
+  (:mod:`transformer_lab.judge.mirror`); ``{"$gmodule": ...}`` is one of the grader's modules,
+  mirrored in the kernel;
 * ``{"$tensor": ..., "grad": true}`` is a tensor the receiver differentiates through, and
   ``{"$iter": [...]}`` an iterator over the items (``model.parameters()``).
 
@@ -22,6 +26,7 @@ Both directions use one encoding. A request or reply is a JSON object; inside it
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import types
 from collections.abc import Callable
@@ -112,11 +117,12 @@ def encode(
         return {"$size": list(value)}
     if isinstance(value, torch.Generator):
         return {"$generator": _tensor_bytes(value.get_state())}
-    if isinstance(value, list):
+    # Exactly these containers: a NamedTuple (a KV cache) or a dict subclass is an object.
+    if type(value) is list:
         return [encode(v, keep, grads, depth + 1) for v in value]
-    if isinstance(value, tuple):
+    if type(value) is tuple:
         return {"$tuple": [encode(v, keep, grads, depth + 1) for v in value]}
-    if isinstance(value, dict):
+    if type(value) in (dict, collections.OrderedDict):
         pairs = [
             [encode(k, keep, grads, depth + 1), encode(v, keep, grads, depth + 1)]
             for k, v in value.items()
@@ -156,7 +162,7 @@ def decode(
         return [decode(v, reference, grads, depth + 1) for v in data]
     if not isinstance(data, dict) or len(data) == 0:
         raise WireError(f"not a wire value: {type(data).__name__}")
-    for kind in ("$handle", "$grader"):
+    for kind in ("$handle", "$grader", "$module", "$gmodule"):
         if kind in data:
             if type(data[kind]) is not int:
                 raise WireError(f"a {kind} must be an integer")

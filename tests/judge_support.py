@@ -1,0 +1,56 @@
+"""The judge's kernel server in this process: the judge's tests without a notebook's kernel.
+
+:class:`InProcessKernel` is a :class:`~transformer_lab.grading.judge.Link` whose "kernel" is
+:mod:`transformer_lab.judge.kernel` serving a plain namespace (the calls back to the grader
+answered directly), so a lab's every judged cell can be run on a solution or a release in
+seconds. The real kernel, sandbox and ``labs grade`` are tested by the round trips.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+import torch
+
+from transformer_lab.judge import kernel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class InProcessKernel:
+    """The kernel's server on a namespace: what a notebook's kernel does, minus the kernel."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.texts: list[str] = []
+        self.answer: Any = None
+        for name, empty in (("_objects", {}), ("_handles", {}), ("_calls", {})):
+            monkeypatch.setattr(kernel, name, empty)
+        monkeypatch.setattr(kernel, "_grader_modules", {})
+        monkeypatch.setattr(kernel, "_grader_ids", {})
+        monkeypatch.setattr(kernel, "_namespace", lambda: self.namespace)
+        monkeypatch.setattr(kernel, "_ask", lambda text: self.answer(text))
+
+    def exchange(self, text: str, timeout: float, answer: Any) -> str:
+        self.texts.append(text)
+        previous, self.answer = self.answer, answer
+        try:
+            with torch.enable_grad():  # a kernel of its own is never inside the judge's backward
+                kernel.serve(text)
+            return kernel.reply()
+        finally:
+            self.answer = previous
+
+
+def answers_namespace(lab: str, folder: str = "solutions") -> dict[str, Any]:
+    """A namespace holding a notebook's setup and answer cells, run (no demo, no training)."""
+    nb = nbformat.read(str(REPO / folder / lab / f"{lab}.ipynb"), as_version=4)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
+            exec(compile(cell.source, f"<{lab} {meta.get('grade_id')}>", "exec"), namespace)
+    return namespace

@@ -1,0 +1,199 @@
+"""Modules across the judge's boundary: one side holds a module, the other a mirror of it.
+
+A student's ``nn.Module`` stays in the kernel (its forward is the student's code); the judge
+holds a *mirror*: the same tree of submodules, real ``nn.Parameter`` s with the same values, and
+a forward that asks the kernel. Likewise a check's module handed to the student's code (the
+``theirs`` and ``ours`` of ``load_torch_weights``) is mirrored in the kernel, and what the
+student's code writes into the mirror's parameters is written back into the check's module.
+
+Both sides use the same three steps: :func:`spec` describes a module as wire data, :func:`build`
+makes the mirror (torch's own layers are rebuilt as torch layers, every other module becomes a
+``proxy`` whose forward goes to the other side), and :func:`changes` / :func:`apply_changes`
+carry what a call did to parameters back (new values, a new Parameter object, memory shared with
+another parameter), so identity and in-place semantics hold on the mirror as on the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from transformer_lab.judge import wire
+
+__all__ = ["LAYER_FIELDS", "apply_changes", "build", "changes", "snapshot", "spec", "sync_into"]
+
+#: Hyperparameters sent for torch's own layers, which the other side rebuilds as torch layers.
+LAYER_FIELDS: dict[str, tuple[str, ...]] = {
+    "Linear": ("in_features", "out_features"),
+    "LayerNorm": ("normalized_shape", "eps", "elementwise_affine"),
+    "Embedding": ("num_embeddings", "embedding_dim", "padding_idx"),
+    "Dropout": ("p",),
+    "GELU": ("approximate",),
+    "ReLU": (),
+    "Tanh": (),
+    "Identity": (),
+}
+
+
+def spec(module: nn.Module, handle_of: Callable[[Any], int], kind: str) -> dict[str, Any]:
+    """``module`` as wire data: ``{kind: handle, "type", "tree", "params", "buffers"}``."""
+    tree = []
+    for path, sub in module.named_modules():
+        cls = type(sub)
+        native = cls.__module__.startswith("torch.nn") and cls.__name__ in LAYER_FIELDS
+        fields = {f: getattr(sub, f) for f in LAYER_FIELDS[cls.__name__]} if native else {}
+        if "normalized_shape" in fields:
+            fields["normalized_shape"] = list(fields["normalized_shape"])
+        tree.append([path, handle_of(sub), cls.__name__, native, fields, sub.training])
+    first: dict[int, str] = {}
+    params = []
+    for name, p in module.named_parameters(remove_duplicate=False):  # tied weights stay tied
+        alias = first.setdefault(id(p), name)
+        params.append([name, p.detach(), p.requires_grad, None if alias == name else alias])
+    buffers = [[n, b.detach()] for n, b in module.named_buffers() if b is not None]
+    return {
+        kind: handle_of(module),
+        "type": type(module).__name__,
+        "params": wire.encode(params),
+        "buffers": wire.encode(buffers),
+        "tree": wire.encode(tree),
+    }
+
+
+def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The submodule holding parameter ``name`` (``"q_proj.weight"``) and its last name."""
+    path, _, attr = name.rpartition(".")
+    return (root.get_submodule(path) if path else root), attr
+
+
+def _native_layer(kind: str, f: dict[str, Any], path: str, names: set[str]) -> nn.Module | None:
+    """torch's own layer, rebuilt: its forward is torch's, whoever holds the mirror."""
+    prefix = f"{path}." if path else ""
+    if kind == "Linear":
+        return nn.Linear(f["in_features"], f["out_features"], bias=f"{prefix}bias" in names)
+    if kind == "LayerNorm":
+        return nn.LayerNorm(
+            f["normalized_shape"], eps=f["eps"], elementwise_affine=f["elementwise_affine"]
+        )
+    if kind == "Embedding":
+        return nn.Embedding(f["num_embeddings"], f["embedding_dim"], padding_idx=f["padding_idx"])
+    if kind == "Dropout":
+        return nn.Dropout(f["p"])
+    if kind == "GELU":
+        return nn.GELU(approximate=f["approximate"])
+    simple = {"ReLU": nn.ReLU, "Tanh": nn.Tanh, "Identity": nn.Identity}
+    return simple[kind]() if kind in simple else None
+
+
+def build(
+    data: dict[str, Any],
+    decode: Callable[[Any], Any],
+    proxy: Callable[[int, str], nn.Module],
+) -> tuple[nn.Module, dict[int, nn.Module]]:
+    """A mirror from a :func:`spec`, and each of its modules by the other side's handle.
+
+    Args:
+        data: the spec.
+        decode: wire data to values (this side's :func:`~transformer_lab.judge.wire.decode`).
+        proxy: makes the mirror of a module that is not one of torch's own layers.
+    """
+    params = decode(data.get("params", []))
+    tree = decode(data.get("tree", []))
+    names = {name for name, *_ in params}
+    modules: dict[str, nn.Module] = {}
+    for path, handle, kind, native, fields, training in tree:
+        module = _native_layer(kind, fields, path, names) if native else None
+        if module is None:
+            module = proxy(handle, kind)
+        module.train(bool(training))
+        modules[path] = module
+    for path in sorted((p for p in modules if p), key=lambda p: p.count(".")):
+        parent, _, last = path.rpartition(".")
+        modules[parent].add_module(last, modules[path])
+    root = modules[""]
+    with torch.no_grad():
+        for name, value, requires_grad, alias in params:
+            owner, attr = _owner(root, name)
+            if alias is not None:
+                alias_owner, alias_attr = _owner(root, alias)
+                owner.register_parameter(attr, alias_owner._parameters[alias_attr])
+            else:
+                owner.register_parameter(attr, nn.Parameter(value, bool(requires_grad)))
+        for name, value in decode(data.get("buffers", [])):
+            owner, attr = _owner(root, name)
+            owner.register_buffer(attr, value)
+    return root, {handle: modules[path] for path, handle, *_ in tree}
+
+
+def snapshot(root: nn.Module) -> dict[str, tuple[nn.Parameter, torch.Tensor]]:
+    """Each parameter of ``root`` and a copy of its value, to tell later what a call changed."""
+    return {n: (p, p.detach().clone()) for n, p in root.named_parameters()}
+
+
+def changes(
+    root: nn.Module, before: dict[str, tuple[nn.Parameter, torch.Tensor]], storages: dict[int, str]
+) -> tuple[list[Any], list[str]] | None:
+    """What a call did to ``root``'s parameters since :func:`snapshot`, as values.
+
+    Each change is ``[name, value, requires_grad, replaced, shares]``: ``replaced`` when the
+    module holds a new object under that name, ``shares`` the name (in ``storages``: data
+    pointer -> name) of another mirrored parameter whose memory it now uses. None: no change.
+    """
+    now = dict(root.named_parameters())
+    changed = []
+    for name, p in now.items():
+        old = before.get(name)
+        same_value = old is not None and old[0] is p and torch.equal(old[1], p.detach())
+        if not same_value:
+            shares = storages.get(p.untyped_storage().data_ptr()) if p.numel() else None
+            replaced = old is None or old[0] is not p
+            changed.append([name, p.detach(), p.requires_grad, replaced, shares])
+    removed = sorted(set(before) - set(now))
+    return (changed, removed) if changed or removed else None
+
+
+def apply_changes(
+    root: nn.Module, changed: list[Any], removed: list[str], find: Callable[[str], Any]
+) -> None:
+    """Do to the mirror ``root`` what a call did to the module (see :func:`changes`).
+
+    ``find`` gives the tensor of this side that a ``shares`` name refers to.
+    """
+    with torch.no_grad():
+        for name, value, requires_grad, replaced, shares in changed:
+            owner, attr = _owner(root, name)
+            current = owner._parameters.get(attr)
+            if replaced or current is None or current.shape != value.shape:
+                owner.register_parameter(attr, nn.Parameter(value, bool(requires_grad)))
+            elif current.dtype != value.dtype:
+                current.data = value
+            else:
+                current.copy_(value)
+            param = owner._parameters[attr]
+            if shares is not None and find(shares) is not None:
+                param.data = find(shares).data  # the same memory, as on the other side
+            if param.requires_grad != bool(requires_grad):
+                param.requires_grad_(bool(requires_grad))
+        for name in removed:
+            owner, attr = _owner(root, name)
+            owner._parameters.pop(attr, None)
+
+
+def sync_into(root: nn.Module, params: list[Any], modes: list[Any]) -> None:
+    """Put a mirror's parameters (``[[name, value], ...]``) and modes into the module."""
+    own = dict(root.named_parameters())
+    with torch.no_grad():
+        for name, value in params:
+            if name not in own:
+                continue
+            if own[name].shape == value.shape and own[name].dtype == value.dtype:
+                own[name].copy_(value)
+            else:
+                own[name].data = value.detach().clone()  # .half(), .double(): the same object
+    paths = dict(root.named_modules())
+    for path, training in modes:
+        if path in paths:
+            paths[path].training = bool(training)
