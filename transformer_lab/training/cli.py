@@ -17,8 +17,9 @@ DataModule (``data``) and Trainer options; every option can be overridden on the
   newest such file of the same run name, in a new version directory; checkpoints of another
   model or config, and unreadable files, are refused with one line.
 * **Loggers.** By default ``runs/<name>/version_<n>/`` gets a ``CSVLogger`` (``metrics.csv``, read
-  by :func:`transformer_lab.plots.plot_loss_curves`) and, when the ``tensorboard`` package is
-  installed, a ``TensorBoardLogger`` in the same directory (``tensorboard --logdir runs``).
+  by :func:`transformer_lab.figures.plots.plot_loss_curves`) and, when the ``tensorboard``
+  package is installed, a ``TensorBoardLogger`` in the same directory
+  (``tensorboard --logdir runs``).
   ``--run.logger csv`` keeps only the CSV file; an explicit ``--trainer.logger`` replaces both.
   ``<name>`` is ``--run.name``, by default the config file's stem (``reverse``).
 * **Examples.** At the end of ``fit``, a few validation examples are printed (``--examples.*``).
