@@ -919,9 +919,9 @@ class ModuleMistake(TaggingModule):
         else:
             loss = F.cross_entropy(flat, targets)
         if m == "kit":
-            from transformer_lab.training.modules import _flat_cross_entropy
+            from transformer_lab.training.modules import token_cross_entropy
 
-            loss = _flat_cross_entropy(logits, batch["targets"], -100)
+            loss = token_cross_entropy(logits, batch["targets"], -100)
         logged: Any = loss.detach()
         if m == "log_item":
             logged = loss.item()

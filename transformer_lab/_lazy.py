@@ -2,7 +2,7 @@
 
 A subpackage lists ``name -> submodule`` once; the name is imported from its submodule on first
 use. This keeps ``import transformer_lab.data`` or ``transformer-lab info`` from paying for
-Lightning (STYLE.md: nothing heavy at import time).
+Lightning: nothing heavy is imported until a name that needs it is used.
 """
 
 from __future__ import annotations

@@ -13,7 +13,11 @@
   training uses the fused causal kernel; a :class:`~transformer_lab.attention.KVCache`
   (re-exported here) keeps past keys/values so generation costs one token per step.
 
-Each model has a validated config dataclass; ``GPTConfig.from_name`` holds named presets.
+Each model has a config dataclass on one validated base, :class:`ModelConfig` (litgpt's
+``Config`` style): ``__post_init__`` checks every size once and raises a ``ValueError`` naming
+the value, ``from_name`` builds a named preset. The encoder-decoder's encoder reads its own
+config (``src_vocab_size``, ``n_encoder_layers``) directly, the same names an
+:class:`EncoderConfig` answers to, so no config is copied into another.
 
 Shape letters: ``B`` batch, ``T`` target/time, ``S`` source time, ``D`` width, ``H`` heads,
 ``Dh`` head width, ``V`` vocabulary, ``C`` classes.
@@ -25,10 +29,11 @@ Learners" (GPT-2), 2019; Brown et al., "Language Models are Few-Shot Learners" (
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +53,7 @@ __all__ = [
     "GPTBlock",
     "GPTConfig",
     "KVCache",  # defined in transformer_lab.attention, re-exported for GPT users
+    "ModelConfig",
     "Seq2SeqConfig",
     "Seq2SeqTransformer",
 ]
@@ -118,11 +124,94 @@ def _positions(kind: str, d_model: int, max_len: int, dropout: float) -> nn.Modu
     return nn.Dropout(dropout)  # "none": a bag of tokens, permutation-equivariant
 
 
-# ----------------------------------------------------------------------------- encoder
+# ----------------------------------------------------------------------------- configs
+
+C = TypeVar("C", bound="ModelConfig")
 
 
 @dataclass
-class EncoderConfig:
+class ModelConfig:
+    """The validated base of :class:`EncoderConfig`, :class:`Seq2SeqConfig` and :class:`GPTConfig`.
+
+    Each subclass is a dataclass with at least ``d_model``, ``n_heads``, ``d_ff`` and
+    ``dropout``. Its ``__post_init__`` (this one) checks, in order: every size
+    (:meth:`size_fields`: the integer fields but the token ids) is ``>= 1`` (``None`` means "the
+    default"), ``n_heads`` divides
+    ``d_model``, ``dropout`` lies in ``[0, 1)``, ``d_model`` is even under sinusoidal positions
+    (a ``positional`` field or class attribute), then the subclass's own :meth:`validate`.
+    Every refusal is a ``ValueError`` naming the value (``d_model=10 is not divisible by
+    n_heads=4``), which the CLI shows in one line.
+
+    ``presets`` maps names to field values for :meth:`from_name` (litgpt's ``Config.from_name``).
+    The base is a dataclass without fields, so LightningCLI and jsonargparse see each config as
+    the plain dataclass it is (its fields, YAML and checkpoint form are unchanged).
+    """
+
+    #: Integer fields that are token ids, not sizes (every other integer field must be ``>= 1``).
+    id_fields: ClassVar[tuple[str, ...]] = ()
+    #: Named sizes for :meth:`from_name`.
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: What the presets are called in messages ("GPT preset").
+    preset_kind: ClassVar[str] = "preset"
+
+    def __post_init__(self) -> None:
+        _check_positive(**{name: getattr(self, name) for name in self.size_fields()})
+        _check_heads(self.d_model, self.n_heads)
+        _check_dropout(self.dropout)
+        if getattr(self, "positional", None) == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"d_model={self.d_model} must be even for sinusoidal positions")
+        self.validate()
+
+    @classmethod
+    def size_fields(cls) -> tuple[str, ...]:
+        """The integer fields that are sizes (all but ``id_fields``), in declaration order."""
+        return tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if str(f.type) in ("int", "int | None") and f.name not in cls.id_fields
+        )
+
+    def validate(self) -> None:
+        """Checks of one config's own fields (a subclass's ``ValueError`` names the value)."""
+
+    @property
+    def ff_dim(self) -> int:
+        """Feed-forward width actually used: ``d_ff``, default ``4 * d_model``."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, ``Dh = D / H``."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_name(cls: type[C], name: str, **overrides: Any) -> C:
+        """A named preset (see ``presets``), with fields overridden by keyword.
+
+        Raises:
+            ValueError: for an unknown name (the message lists the known ones).
+        """
+        if name not in cls.presets:
+            raise ValueError(
+                f"unknown {cls.preset_kind} {name!r}; known presets: {sorted(cls.presets)}"
+            )
+        return cls(**{**cls.presets[name], **overrides})
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+#: Named encoder sizes; pass ``vocab_size=...`` (and ``max_len``) to ``EncoderConfig.from_name``.
+ENCODER_PRESETS: dict[str, dict[str, Any]] = {
+    # The toy tagging tasks (configs/copy.yaml, reverse.yaml, sort.yaml).
+    "tagging-small": dict(d_model=64, n_layers=2, n_heads=4),
+    # BERT-base's layout (Devlin et al., 2019), for size arithmetic and the meta device.
+    "bert-base": dict(d_model=768, n_layers=12, n_heads=12, max_len=512, vocab_size=30522),
+}
+
+
+@dataclass
+class EncoderConfig(ModelConfig):
     """Hyper-parameters of :class:`EncoderClassifier`."""
 
     vocab_size: int  # number of input token ids
@@ -137,56 +226,56 @@ class EncoderConfig:
     num_classes: int | None = None  # output classes, default vocab_size
     head: str = "token"  # "token": (B, T, C) | "sequence": (B, C), mean over real tokens
 
-    def __post_init__(self) -> None:
-        _check_positive(
-            vocab_size=self.vocab_size,
-            max_len=self.max_len,
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            num_classes=self.num_classes,
-        )
-        _check_heads(self.d_model, self.n_heads)
-        _check_dropout(self.dropout)
+    presets: ClassVar[dict[str, dict[str, Any]]] = ENCODER_PRESETS
+    preset_kind: ClassVar[str] = "encoder preset"
+
+    def validate(self) -> None:
         if self.positional not in POSITIONAL_KINDS:
             raise ValueError(f"positional={self.positional!r} is not one of {POSITIONAL_KINDS}")
         if self.head not in HEAD_KINDS:
             raise ValueError(f"head={self.head!r} is not one of {HEAD_KINDS}")
-        if self.positional == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"d_model={self.d_model} must be even for sinusoidal positions")
-
-    @property
-    def ff_dim(self) -> int:
-        """Feed-forward width actually used."""
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
     @property
     def n_classes(self) -> int:
         """Number of outputs of the head."""
         return self.num_classes if self.num_classes is not None else self.vocab_size
 
+    # The encoder side under the names a Seq2SeqConfig gives it, read by :class:`Encoder`.
+    @property
+    def src_vocab_size(self) -> int:
+        """The encoder's input vocabulary: ``vocab_size``."""
+        return self.vocab_size
+
+    @property
+    def n_encoder_layers(self) -> int:
+        """The encoder's depth: ``n_layers``."""
+        return self.n_layers
+
 
 class Encoder(nn.Module):
     """Embeddings, positions and a stack of encoder blocks: tokens ``(B, T)`` to ``(B, T, D)``.
 
     Args:
-        config: sizes and options.
+        config: sizes and options: an :class:`EncoderConfig`, or the :class:`Seq2SeqConfig`
+            of the encoder-decoder this encoder belongs to (both name the encoder's side
+            ``src_vocab_size``, ``n_encoder_layers``, ``positional``).
         blocks: optional replacement blocks (e.g. a student's), each ``forward(x, mask=None)``
             with ``mask`` broadcasting to ``(B, H, T, T)``; default ``config.n_layers``
             :class:`EncoderBlock`\\ s.
     """
 
-    def __init__(self, config: EncoderConfig, blocks: Sequence[nn.Module] | None = None) -> None:
+    def __init__(
+        self, config: EncoderConfig | Seq2SeqConfig, blocks: Sequence[nn.Module] | None = None
+    ) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.embed = _TokenEmbedding(c.vocab_size, c.d_model)
+        self.embed = _TokenEmbedding(c.src_vocab_size, c.d_model)
         self.positions = _positions(c.positional, c.d_model, c.max_len, c.dropout)
         if blocks is None:
             blocks = [
                 EncoderBlock(c.d_model, c.n_heads, c.ff_dim, c.dropout, c.norm_first)
-                for _ in range(c.n_layers)
+                for _ in range(c.n_encoder_layers)
             ]
         self.blocks = nn.ModuleList(blocks)
         # Pre-norm leaves the residual stream unnormalised: normalise once at the end.
@@ -250,9 +339,16 @@ class EncoderClassifier(nn.Module):
 # ----------------------------------------------------------------------------- seq2seq
 
 
+#: Named encoder-decoder sizes; pass the vocabulary sizes to ``Seq2SeqConfig.from_name``.
+SEQ2SEQ_PRESETS: dict[str, dict[str, Any]] = {
+    # The toy translation of configs/grammar_translation.yaml and lab 06.
+    "translation-small": dict(d_model=64, n_encoder_layers=2, n_decoder_layers=2, n_heads=4),
+}
+
+
 @dataclass
-class Seq2SeqConfig:
-    """Hyper-parameters of :class:`Seq2SeqTransformer`."""
+class Seq2SeqConfig(ModelConfig):
+    """Hyper-parameters of :class:`Seq2SeqTransformer` (sinusoidal positions on both sides)."""
 
     src_vocab_size: int  # source token ids
     tgt_vocab_size: int  # target token ids (the output layer's size)
@@ -268,30 +364,17 @@ class Seq2SeqConfig:
     bos_id: int = 1  # beginning-of-sequence id, starts every decoder input
     eos_id: int = 2  # end-of-sequence id
 
-    def __post_init__(self) -> None:
-        _check_positive(
-            src_vocab_size=self.src_vocab_size,
-            tgt_vocab_size=self.tgt_vocab_size,
-            max_len=self.max_len,
-            d_model=self.d_model,
-            n_encoder_layers=self.n_encoder_layers,
-            n_decoder_layers=self.n_decoder_layers,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-        )
-        _check_heads(self.d_model, self.n_heads)
-        _check_dropout(self.dropout)
-        if self.d_model % 2:
-            raise ValueError(f"d_model={self.d_model} must be even for sinusoidal positions")
+    #: Both sides use sinusoidal positions (read by the :class:`Encoder` of the source).
+    positional: ClassVar[str] = "sinusoidal"
+    id_fields: ClassVar[tuple[str, ...]] = ("pad_id", "bos_id", "eos_id")
+    presets: ClassVar[dict[str, dict[str, Any]]] = SEQ2SEQ_PRESETS
+    preset_kind: ClassVar[str] = "seq2seq preset"
+
+    def validate(self) -> None:
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if not 0 <= value < self.tgt_vocab_size:
                 raise ValueError(f"{name}={value} is outside tgt_vocab_size={self.tgt_vocab_size}")
-
-    @property
-    def ff_dim(self) -> int:
-        """Feed-forward width actually used."""
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -319,19 +402,7 @@ class Seq2SeqTransformer(nn.Module):
         super().__init__()
         c = config
         self.config = c
-        self.encoder = Encoder(
-            EncoderConfig(
-                vocab_size=c.src_vocab_size,
-                max_len=c.max_len,
-                d_model=c.d_model,
-                n_layers=c.n_encoder_layers,
-                n_heads=c.n_heads,
-                d_ff=c.ff_dim,
-                dropout=c.dropout,
-                norm_first=c.norm_first,
-            ),
-            encoder_blocks,
-        )
+        self.encoder = Encoder(c, encoder_blocks)  # the source side of the same config
         self.tgt_embed = _TokenEmbedding(c.tgt_vocab_size, c.d_model)
         self.tgt_positions = SinusoidalPositionalEncoding(c.d_model, c.max_len, dropout=c.dropout)
         if decoder_blocks is None:
@@ -407,8 +478,8 @@ GPT_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class GPTConfig:
-    """Hyper-parameters of :class:`GPT`."""
+class GPTConfig(ModelConfig):
+    """Hyper-parameters of :class:`GPT` (``from_name`` presets: ``GPT_PRESETS``)."""
 
     vocab_size: int  # token ids (the output layer's size)
     n_ctx: int = 256  # context length: the position table's size
@@ -420,38 +491,8 @@ class GPTConfig:
     bias: bool = True  # biases in linear layers and layer norms (GPT-2 has them)
     tie_weights: bool = True  # output layer shares the token embedding matrix
 
-    def __post_init__(self) -> None:
-        _check_positive(
-            vocab_size=self.vocab_size,
-            n_ctx=self.n_ctx,
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-        )
-        _check_heads(self.d_model, self.n_heads)
-        _check_dropout(self.dropout)
-
-    @property
-    def ff_dim(self) -> int:
-        """MLP width actually used."""
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head, ``Dh = D / H``."""
-        return self.d_model // self.n_heads
-
-    @classmethod
-    def from_name(cls, name: str, **overrides: Any) -> GPTConfig:
-        """A named preset (see ``GPT_PRESETS``), with fields overridden by keyword.
-
-        Raises:
-            ValueError: for an unknown name (the message lists the known ones).
-        """
-        if name not in GPT_PRESETS:
-            raise ValueError(f"unknown GPT preset {name!r}; known presets: {sorted(GPT_PRESETS)}")
-        return cls(**{**GPT_PRESETS[name], **overrides})
+    presets: ClassVar[dict[str, dict[str, Any]]] = GPT_PRESETS
+    preset_kind: ClassVar[str] = "GPT preset"
 
     def param_count(self) -> int:
         """Number of parameters of ``GPT(self)`` (shared tied weights counted once)."""

@@ -24,7 +24,8 @@ op family, lab 02's ``scaled_dot_product_attention``, the multi-head modules) ar
 
 Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2 (masked self-attention);
 Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.3; the course's conventions
-in ``CURRICULUM.md`` (boolean masks, True = may attend, broadcasting to ``(B, H, T, S)``).
+in ``docs/curriculum.md`` and ``docs/contracts.md`` (boolean masks, True = may attend,
+broadcasting to ``(B, H, T, S)``).
 """
 
 from __future__ import annotations

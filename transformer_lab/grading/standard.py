@@ -1,6 +1,6 @@
 """The lab standard: how every lab notebook is laid out, as code that builds and checks it.
 
-``docs/lab_standard.md`` explains the standard to authors; this module is its single source:
+``docs/labs.md`` explains the standard to authors; this module is its single source:
 
 * the texts every lab shares word for word (:data:`HOW_GRADING_WORKS`, the setup cell built by
   :func:`setup_cell_source`, :data:`BEFORE_SUBMITTING`);

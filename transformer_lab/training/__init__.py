@@ -4,7 +4,9 @@ What lives here:
 
 * :mod:`.modules`: thin ``LightningModule`` wrappers around the kit's plain ``nn.Module`` models
   (:class:`ClassifierModule`, :class:`Seq2SeqModule`, :class:`CausalLMModule`).
-* :mod:`.schedule`: linear warm-up followed by cosine decay, stepped once per optimizer step.
+* :mod:`.schedule`: ``OptimConfig`` and ``build_optimizer``: AdamW with linear warm-up followed by
+  cosine decay, stepped once per optimizer step.
+* :mod:`.checkpoints`: what a checkpoint records, finding, checking and loading checkpoints.
 * :mod:`.devices`: which accelerator and precision to use, and ``transformer-lab info``.
 * :mod:`.trainers`: :func:`make_trainer` (the notebooks' ``Trainer``: device, precision, TF32,
   one line saying which) and :func:`quiet_lightning` (no messages a student cannot act on).
@@ -25,7 +27,10 @@ _EXPORTS = {
     "ClassifierModule": "modules",
     "Seq2SeqModule": "modules",
     "CausalLMModule": "modules",
-    "OptimConfig": "modules",
+    "OptimConfig": "schedule",
+    "build_optimizer": "schedule",
+    "token_cross_entropy": "modules",
+    "log_metrics": "modules",
     "warmup_cosine_lambda": "schedule",
     "warmup_cosine_scheduler": "schedule",
     "weight_decay_groups": "schedule",
@@ -40,7 +45,7 @@ _EXPORTS = {
     "make_trainer": "trainers",
     "quiet_lightning": "trainers",
     "use_tensor_cores": "trainers",
-    "CheckpointMismatchError": "modules",
+    "CheckpointMismatchError": "checkpoints",
     "make_cli": "cli",
     "run_lightning_cli": "cli",
 }

@@ -17,8 +17,9 @@ DataModule (``data``) and Trainer options; every option can be overridden on the
   newest such file of the same run name, in a new version directory; checkpoints of another
   model or config, and unreadable files, are refused with one line.
 * **Loggers.** By default ``runs/<name>/version_<n>/`` gets a ``CSVLogger`` (``metrics.csv``, read
-  by :func:`transformer_lab.plots.plot_loss_curves`) and, when the ``tensorboard`` package is
-  installed, a ``TensorBoardLogger`` in the same directory (``tensorboard --logdir runs``).
+  by :func:`transformer_lab.figures.plots.plot_loss_curves`) and, when the ``tensorboard``
+  package is installed, a ``TensorBoardLogger`` in the same directory
+  (``tensorboard --logdir runs``).
   ``--run.logger csv`` keeps only the CSV file; an explicit ``--trainer.logger`` replaces both.
   ``<name>`` is ``--run.name``, by default the config file's stem (``reverse``).
 * **Examples.** At the end of ``fit``, a few validation examples are printed (``--examples.*``).
@@ -54,12 +55,13 @@ from transformer_lab.training.callbacks import (
     StopOnInterrupt,
     ValidateOnLastStep,
 )
-from transformer_lab.training.devices import choose_precision
-from transformer_lab.training.modules import (
-    CHECKPOINT_KEY,
+from transformer_lab.training.checkpoints import (
     CheckpointMismatchError,
     check_checkpoint_matches,
+    find_checkpoint,
+    load_checkpoint_file,
 )
+from transformer_lab.training.devices import choose_precision
 from transformer_lab.training.trainers import quiet_lightning, use_tensor_cores
 
 __all__ = [
@@ -85,76 +87,6 @@ DATA_LINKS: tuple[tuple[str, str], ...] = (
     ("max_len", "max_len"),
     ("block_size", "n_ctx"),
 )
-
-
-def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU, turning every failure into one readable error.
-
-    Args:
-        path: the ``.ckpt`` file.
-
-    Returns:
-        The checkpoint dict.
-
-    Raises:
-        CheckpointMismatchError: if the file is missing, unreadable, or not a transformer_lab
-            checkpoint.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointMismatchError(f"checkpoint {path} does not exist")
-    try:
-        # weights_only=False: Lightning checkpoints hold optimizer and callback state. Only load
-        # checkpoints you wrote yourself.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # torch raises many types for a damaged file
-        raise CheckpointMismatchError(
-            f"checkpoint {path} cannot be read (corrupt, truncated or not a checkpoint): "
-            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        ) from None
-    if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint:
-        raise CheckpointMismatchError(
-            f"checkpoint {path} was not written by transformer-lab (no {CHECKPOINT_KEY!r} entry)"
-        )
-    return checkpoint
-
-
-def find_checkpoint(alias: str, run_root: str | Path) -> Path:
-    """Resolve ``"last"`` or ``"best"`` to a file of the newest version of a run.
-
-    Args:
-        alias: ``"last"`` or ``"best"``.
-        run_root: the run's directory, ``runs/<name>``, holding ``version_<n>/checkpoints/``.
-
-    Returns:
-        The newest ``last.ckpt`` (``"last"``) or the best checkpoint recorded in it (``"best"``).
-
-    Raises:
-        CheckpointMismatchError: if the run has no checkpoint yet.
-        ValueError: for another alias.
-    """
-    if alias not in ("last", "best"):
-        raise ValueError(f"alias={alias!r} must be 'last' or 'best'")
-    run_root = Path(run_root)
-    candidates = sorted(
-        run_root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime
-    )
-    if not candidates:
-        raise CheckpointMismatchError(
-            f"--ckpt_path {alias}: no {run_root}/version_*/checkpoints/last.ckpt yet; "
-            "train first (or pass a checkpoint file)"
-        )
-    last = candidates[-1]
-    if alias == "last":
-        return last
-    state = load_checkpoint_file(last).get("callbacks", {})
-    for key, value in state.items():
-        # Keys are the callback's class name and options, e.g. "RunCheckpoint{'monitor': ...}".
-        if "Checkpoint" in str(key) and isinstance(value, dict) and value.get("best_model_path"):
-            best = Path(value["best_model_path"])
-            if best.is_file():
-                return best
-    raise CheckpointMismatchError(f"--ckpt_path best: {last} records no best checkpoint on disk")
 
 
 def _default_loggers(save_dir: str, name: str, kind: str) -> list[Logger]:

@@ -24,7 +24,6 @@ Curious Case of Neural Text Degeneration" (2020) for top-p.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +32,12 @@ import torch
 from torch import Tensor
 
 from transformer_lab.graded import LockedAnswerError
-from transformer_lab.training.modules import CHECKPOINT_KEY, CheckpointMismatchError
+from transformer_lab.training.checkpoints import (
+    CHECKPOINT_KEY,
+    CheckpointMismatchError,
+    load_checkpoint_file,
+    load_module,
+)
 
 __all__ = ["build_parser", "load_module", "main"]
 
@@ -67,43 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1', ..."
     )
     return parser
-
-
-def _import(path: str) -> Any:
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def load_module(checkpoint: dict[str, Any]) -> torch.nn.Module:
-    """Rebuild the LightningModule stored in ``checkpoint`` (weights loaded, in eval mode).
-
-    Args:
-        checkpoint: a checkpoint dict loaded with ``torch.load``.
-
-    Returns:
-        The module, on the CPU.
-
-    Raises:
-        CheckpointMismatchError: if the checkpoint lacks the model description or its weights do
-            not fit the model it describes.
-    """
-    info = checkpoint.get(CHECKPOINT_KEY) or {}
-    if not info.get("module") or not info.get("config"):
-        raise CheckpointMismatchError(
-            "the checkpoint does not describe its model (no module class or config): was it "
-            "trained from a model instance? Rebuild that model and load the state dict instead"
-        )
-    cls = _import(info["module"])
-    hparams = checkpoint.get("hyper_parameters") or {}
-    # Only the constructor's own arguments: LightningCLI adds bookkeeping keys (_class_path).
-    module = cls(config=info["config"], optim=hparams.get("optim"))
-    try:
-        module.load_state_dict(checkpoint["state_dict"])
-    except (RuntimeError, KeyError) as error:
-        raise CheckpointMismatchError(
-            f"the checkpoint's weights do not fit its model: {str(error).splitlines()[0]}"
-        ) from None
-    return module.eval()
 
 
 def _tokenizer(data: dict[str, Any], *names: str) -> Any:
@@ -235,8 +202,6 @@ def main(args: list[str] | None = None) -> int:
     Returns:
         0 on success, 2 for a bad checkpoint or argument (with a one-line message on stderr).
     """
-    from transformer_lab.training.cli import load_checkpoint_file
-
     parser = build_parser()
     try:
         options = parser.parse_args(args)

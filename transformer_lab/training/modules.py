@@ -19,16 +19,25 @@ assembled from a student's blocks::
 The pattern (``save_hyperparameters``, one ``_shared_step(batch, stage)`` logging
 ``f"{stage}_loss"``, a per-step schedule from ``configure_optimizers``) follows the Lightning
 documentation and the UvA deep-learning tutorials (tutorial 6, Transformers).
-Optimisation: AdamW (Loshchilov & Hutter, 2019) with decay on matrices only, linear warm-up and
-cosine decay (:mod:`transformer_lab.training.schedule`).
+
+What lab 04 grades are three public functions that the modules call, not the Lightning hooks
+themselves, so a student package with lab 04 locked keeps every class whole:
+
+* :func:`token_cross_entropy`: the loss, over the non-ignored positions, in float32;
+* :func:`log_metrics`: the logging rule (``train_loss`` on written steps, ``{stage}_loss`` and
+  the stage's metrics at epoch end);
+* :func:`~transformer_lab.training.schedule.build_optimizer`: AdamW (Loshchilov & Hutter, 2019)
+  with decay on matrices only, linear warm-up and cosine decay, stepped every step.
+
+The encoder-decoder's loss is lab 06's :func:`~transformer_lab.seq2seq.sequence_loss`.
+Checkpoint bookkeeping (what a checkpoint records, the refusal of another config's or task's
+checkpoint) is :mod:`transformer_lab.training.checkpoints`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -49,11 +58,15 @@ from transformer_lab.models import (
     Seq2SeqConfig,
     Seq2SeqTransformer,
 )
-from transformer_lab.training.schedule import (
-    build_adamw,
-    warmup_cosine_scheduler,
-    weight_decay_groups,
+from transformer_lab.seq2seq import sequence_loss
+from transformer_lab.training.checkpoints import (
+    CHECKPOINT_KEY,
+    CheckpointMismatchError,
+    check_checkpoint_matches,
+    checkpoint_record,
+    describe_datamodule,
 )
+from transformer_lab.training.schedule import OptimConfig, build_optimizer
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -62,56 +75,15 @@ __all__ = [
     "ClassifierModule",
     "OptimConfig",
     "Seq2SeqModule",
+    "is_written_step",
+    "log_metrics",
+    "token_cross_entropy",
 ]
 
 IGNORE_INDEX = -100
-CHECKPOINT_KEY = "transformer_lab"
 # Metrics are computed on validation and test only: updating torchmetrics objects and logging
 # them on every training step costs more than the step itself for the kit's small models.
 STAGES = ("val", "test")
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint that does not belong to the model it is loaded into (or cannot be read)."""
-
-
-@dataclass
-class OptimConfig:
-    """AdamW and learning-rate schedule settings shared by every module.
-
-    Attributes:
-        lr: peak learning rate, reached at the end of warm-up.
-        weight_decay: AdamW decay on weight matrices (biases and norms are never decayed).
-        betas: Adam's moment coefficients.
-        warmup_steps: linear warm-up length in optimizer steps (cut short for very short runs).
-        total_steps: step where the cosine reaches its floor; ``None`` uses the Trainer's
-            estimate (``max_steps``, or ``max_epochs`` times the batches per epoch).
-        min_lr_ratio: floor of the cosine as a fraction of ``lr``.
-        fused: AdamW's fused kernel: ``None`` (automatic) uses it wherever torch has one for
-            the device, under every precision and with gradient clipping; ``True``/``False``
-            force it on/off (see ``schedule.build_adamw``).
-    """
-
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.98)
-    warmup_steps: int = 100
-    total_steps: int | None = None
-    min_lr_ratio: float = 0.1
-    fused: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
-        if self.total_steps is not None and self.total_steps <= 0:
-            raise ValueError(f"total_steps={self.total_steps} must be > 0 (or None)")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
-        self.betas = tuple(self.betas)  # YAML gives a list
 
 
 def _as_config(config: Any, cls: type) -> Any:
@@ -189,40 +161,9 @@ class _TransformerModule(L.LightningModule):
     def _metrics(self, stage: str) -> MetricCollection:
         return self.metrics[f"{stage}_metrics"]
 
-    def _log_train_loss_on_written_steps(self, loss: Tensor) -> None:
-        """Log ``train_loss`` only on the steps Lightning writes to the loggers.
-
-        Lightning writes logged values every ``trainer.log_every_n_steps`` steps, but each
-        ``self.log`` call costs the same whether or not it is written: about 0.4 ms on the
-        benchmarks' 2-core CPU, which doubles Lightning's own fixed cost per step (0.40 ->
-        0.83 ms in ``benchmarks/bench_throughput.py --tiny``, 2026-12-01). That is about 1% of a
-        laptop char-LM step and a few percent of the GPU recipe's launch-bound step, so the
-        loss is logged with Lightning's own rule for when it writes (the step being taken
-        counts). The progress bar shows the latest logged value. This is the kit's one
-        departure from plain Lightning for speed.
-        """
-        trainer = self._trainer
-        every = max(1, trainer.log_every_n_steps) if trainer is not None else 1
-        if (self.global_step + 1) % every == 0:
-            self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
-
-    @graded("04_transformer_block")
-    def _log_stage(self, stage: str, loss: Tensor, batch_size: int) -> None:
-        if stage == "train":
-            self._log_train_loss_on_written_steps(loss)
-            return
-        # Averaging the epoch loss over processes is only needed (and only paid) under DDP.
-        distributed = self._trainer is not None and self._trainer.world_size > 1
-        self.log(
-            f"{stage}_loss",
-            loss,
-            on_epoch=True,
-            prog_bar=True,
-            batch_size=batch_size,
-            sync_dist=distributed,
-        )
-        # Metric objects are computed and reset by Lightning at epoch end (no per-step sync).
-        self.log_dict(self._metrics(stage), on_step=False, on_epoch=True, prog_bar=True)
+    def stage_metrics(self, stage: str) -> MetricCollection | None:
+        """The metrics of ``stage``: a collection for validation and test, ``None`` for training."""
+        return self._metrics(stage) if stage in STAGES else None
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         return self._shared_step(batch, "train")
@@ -236,28 +177,12 @@ class _TransformerModule(L.LightningModule):
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         raise NotImplementedError
 
-    @graded("04_transformer_block")
     def configure_optimizers(self) -> dict[str, Any]:
-        cfg = self.optim
-        groups = weight_decay_groups(self.model, cfg.weight_decay)
-        optimizer = build_adamw(groups, cfg.lr, cfg.betas, fused=cfg.fused)
-        total = cfg.total_steps
-        if total is None:
-            estimate = self.trainer.estimated_stepping_batches
-            if not math.isfinite(estimate):
-                raise ValueError(
-                    "the learning-rate schedule needs a finite length: set --trainer.max_steps, "
-                    "--trainer.max_epochs or --model.optim.total_steps"
-                )
-            total = int(estimate)
-        total = max(1, total)
-        # A run shorter than the warm-up (fast_dev_run, smoke tests) still gets a valid schedule.
-        warmup = min(cfg.warmup_steps, total - 1)
-        scheduler = warmup_cosine_scheduler(optimizer, warmup, total, cfg.min_lr_ratio)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
+        """AdamW and its warm-up + cosine schedule: :func:`.schedule.build_optimizer`."""
+        # The Trainer's estimate of the run's length is only asked for when it is needed.
+        needs_estimate = self.optim.total_steps is None
+        estimate = self.trainer.estimated_stepping_batches if needs_estimate else None
+        return build_optimizer(self.model, self.optim, estimate)
 
     def configure_gradient_clipping(
         self,
@@ -291,14 +216,9 @@ class _TransformerModule(L.LightningModule):
         self.data_info = describe_datamodule(getattr(self.trainer, "datamodule", None))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        from transformer_lab import __version__
-
-        checkpoint[CHECKPOINT_KEY] = {
-            "module": f"{type(self).__module__}.{type(self).__qualname__}",
-            "config": self.hparams.get("config"),
-            "data": self.data_info,
-            "version": __version__,
-        }
+        checkpoint[CHECKPOINT_KEY] = checkpoint_record(
+            self, self.hparams.get("config"), self.data_info
+        )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
@@ -306,132 +226,23 @@ class _TransformerModule(L.LightningModule):
         self.data_info = dict(checkpoint.get(CHECKPOINT_KEY, {}).get("data") or {})
 
 
-# The DataModule's scalar attributes that identify its data, and its tokenizers.
-_DATA_FIELDS = (
-    "task",
-    "format",
-    "vocab_size",
-    "src_vocab_size",
-    "tgt_vocab_size",
-    "num_classes",
-    "pad_id",
-    "bos_id",
-    "eos_id",
-)
-_TOKENIZER_FIELDS = ("tokenizer", "src_tokenizer", "tgt_tokenizer")
+@graded("04_transformer_block")
+def token_cross_entropy(
+    logits: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX
+) -> Tensor:
+    """Mean cross-entropy over the positions whose target is not ``ignore_index``.
 
-
-def describe_datamodule(datamodule: Any) -> dict[str, Any]:
-    """Collect what decoding needs from a DataModule: ids, sizes and the tokenizer's state.
+    The loss of every kit module: a token head (logits ``(B, T, C)``, targets ``(B, T)``), a
+    sequence head (``(B, C)`` and ``(B,)``) or next-token prediction (``(B, T, V)``).
 
     Args:
-        datamodule: the DataModule of the run (or ``None``).
+        logits: ``(..., V)`` unnormalised scores.
+        targets: ``(...)`` class ids, ``ignore_index`` where nothing is predicted.
+        ignore_index: the target id that contributes nothing (``-100``, PyTorch's default).
 
     Returns:
-        A JSON-friendly dict with the DataModule's class path, its special ids and sizes, and
-        ``"tokenizer"``: the tokenizer's ``to_dict()`` form (with its class path) where one exists.
+        A scalar float32 tensor (a per-position mean over the whole batch).
     """
-    if datamodule is None:
-        return {}
-    info: dict[str, Any] = {
-        "datamodule": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
-    }
-    for name in (*_DATA_FIELDS, "max_len", "block_size"):
-        value = getattr(datamodule, name, None)
-        if isinstance(value, int | float | str | bool):
-            info[name] = value
-    for name in _TOKENIZER_FIELDS:
-        try:
-            tokenizer = getattr(datamodule, name, None)
-        except ImportError:  # a lazily imported tokenizer module that is not available
-            tokenizer = None
-        to_dict = getattr(tokenizer, "to_dict", None)
-        if callable(to_dict):
-            info[name] = {
-                "class": f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}",
-                "state": to_dict(),
-            }
-    vocabulary = getattr(datamodule, "vocabulary", None) or getattr(datamodule, "itos", None)
-    if isinstance(vocabulary, list | tuple) and all(isinstance(s, str) for s in vocabulary):
-        info["vocabulary"] = list(vocabulary)
-    return info
-
-
-# What identifies a run's data: another task, format or vocabulary makes the weights mean
-# something else even where every tensor shape fits (copy and reverse share all of them).
-DATA_IDENTITY = ("datamodule", *_DATA_FIELDS, *_TOKENIZER_FIELDS, "vocabulary")
-
-
-def _data_differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
-    """``"key: checkpoint A vs run B"`` for each identity field of the data that differs."""
-    out = []
-    for key in DATA_IDENTITY:
-        a, b = theirs.get(key), ours.get(key)
-        if a is None or b is None or a == b:  # a field one side does not record is not compared
-            continue
-        if isinstance(a, Mapping) or isinstance(b, Mapping) or isinstance(a, list):
-            out.append(f"{key}: the vocabularies differ")
-        else:
-            out.append(f"{key}: checkpoint {a!r} vs run {b!r}")
-    return out
-
-
-def check_checkpoint_matches(
-    checkpoint: Mapping[str, Any], module: L.LightningModule, datamodule: Any = None
-) -> None:
-    """Refuse a checkpoint of another kind of module, model configuration, task or dataset.
-
-    Args:
-        checkpoint: the loaded checkpoint dict.
-        module: the module about to receive its weights.
-        datamodule: the run's DataModule, if any: its task, format and vocabulary must be the
-            checkpoint's (a reverse checkpoint fits a copy model tensor for tensor, but its
-            weights solve another task).
-
-    Raises:
-        CheckpointMismatchError: naming the differing module class, config fields or data.
-    """
-    ours = checkpoint.get(CHECKPOINT_KEY)
-    if not isinstance(ours, Mapping):
-        raise CheckpointMismatchError(
-            "the checkpoint was not written by a transformer_lab module (no "
-            f"{CHECKPOINT_KEY!r} entry); keys found: {sorted(checkpoint)[:8]}"
-        )
-    expected = f"{type(module).__module__}.{type(module).__qualname__}"
-    if ours.get("module") != expected:
-        raise CheckpointMismatchError(
-            f"the checkpoint holds a {ours.get('module')}, but this run builds a {expected}: "
-            "pass the config the checkpoint was trained with"
-        )
-    theirs_cfg = ours.get("config") or {}
-    our_cfg = module.hparams.get("config") or {}
-    differing = {
-        key: (theirs_cfg.get(key), our_cfg.get(key))
-        for key in sorted(set(theirs_cfg) | set(our_cfg))
-        if theirs_cfg.get(key) != our_cfg.get(key)
-    }
-    if differing:
-        details = ", ".join(
-            f"{key}: checkpoint {a!r} vs run {b!r}" for key, (a, b) in differing.items()
-        )
-        raise CheckpointMismatchError(
-            f"the checkpoint's model config differs from this run's ({details}): "
-            "it belongs to another config"
-        )
-    theirs_data = ours.get("data") or {}
-    if datamodule is None or not theirs_data:
-        return
-    data_diff = _data_differences(theirs_data, describe_datamodule(datamodule))
-    if data_diff:
-        raise CheckpointMismatchError(
-            f"the checkpoint was trained on other data ({', '.join(data_diff)}): "
-            "pass the config the checkpoint was trained with"
-        )
-
-
-@graded("04_transformer_block")
-def _flat_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int) -> Tensor:
-    """Mean cross-entropy over the non-ignored positions; logits ``(..., V)``, targets ``(...)``."""
     vocab = logits.shape[-1]
     # Loss in float32 even under mixed precision: log-softmax over V in bf16 loses digits.
     return F.cross_entropy(
@@ -439,6 +250,64 @@ def _flat_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int) -> T
         targets.reshape(-1),  # (B*T,)
         ignore_index=ignore_index,
     )
+
+
+def is_written_step(module: L.LightningModule) -> bool:
+    """Whether the training step being taken is one Lightning writes to the loggers.
+
+    Lightning writes logged values every ``trainer.log_every_n_steps`` steps, but each
+    ``self.log`` call costs the same whether or not it is written: about 0.4 ms on the
+    benchmarks' 2-core CPU, which doubles Lightning's own fixed cost per step (0.40 ->
+    0.83 ms in ``benchmarks/bench_throughput.py --tiny``, 2026-12-01). That is about 1% of a
+    laptop char-LM step and a few percent of the GPU recipe's launch-bound step, so the
+    loss is logged with Lightning's own rule for when it writes (the step being taken
+    counts). The progress bar shows the latest logged value. This is the kit's one
+    departure from plain Lightning for speed.
+    """
+    trainer = module._trainer
+    every = max(1, trainer.log_every_n_steps) if trainer is not None else 1
+    return (module.global_step + 1) % every == 0
+
+
+@graded("04_transformer_block")
+def log_metrics(
+    module: L.LightningModule,
+    stage: str,
+    loss: Tensor,
+    batch_size: int,
+    metrics: MetricCollection | None = None,
+) -> None:
+    """Log one step of ``stage`` (``"train"``, ``"val"`` or ``"test"``) from ``module``.
+
+    Training logs ``train_loss`` on the steps Lightning writes (:func:`is_written_step`), shown
+    in the progress bar. Validation and test log ``{stage}_loss``, averaged over the epoch
+    (weighted by ``batch_size``, over processes under DDP), and the stage's torchmetrics
+    ``metrics``, which Lightning computes and resets at the end of the epoch.
+
+    Args:
+        module: the LightningModule whose ``log`` is called.
+        stage: ``"train"``, ``"val"`` or ``"test"``.
+        loss: the step's scalar loss.
+        batch_size: the number of sequences in the step's batch.
+        metrics: the stage's metric collection (validation and test), already updated.
+    """
+    if stage == "train":
+        if is_written_step(module):
+            module.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return
+    # Averaging the epoch loss over processes is only needed (and only paid) under DDP.
+    distributed = module._trainer is not None and module._trainer.world_size > 1
+    module.log(
+        f"{stage}_loss",
+        loss,
+        on_epoch=True,
+        prog_bar=True,
+        batch_size=batch_size,
+        sync_dist=distributed,
+    )
+    if metrics is not None:
+        # Metric objects are computed and reset by Lightning at epoch end (no per-step sync).
+        module.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
 
 
 def _exact_match(predictions: Tensor, targets: Tensor, ignore_index: int) -> Tensor:
@@ -509,11 +378,10 @@ class ClassifierModule(_TransformerModule):
             )
         return int(out)
 
-    @graded("04_transformer_block")
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         tokens, targets = batch["tokens"], batch["targets"]
         logits = self.model(tokens, padding_mask=batch.get("padding_mask"))  # (B, T, C) | (B, C)
-        loss = _flat_cross_entropy(logits, targets, IGNORE_INDEX)
+        loss = token_cross_entropy(logits, targets, IGNORE_INDEX)
         if stage in STAGES:
             predictions = logits.argmax(dim=-1)  # (B, T) | (B,)
             metrics = self._metrics(stage)
@@ -522,7 +390,7 @@ class ClassifierModule(_TransformerModule):
                 metrics["exact_match"].update(_exact_match(predictions, targets, IGNORE_INDEX))
             else:
                 metrics["exact_match"].update((predictions == targets).float())
-        self._log_stage(stage, loss, tokens.shape[0])
+        log_metrics(self, stage, loss, tokens.shape[0], self.stage_metrics(stage))
         return loss
 
     @torch.no_grad()
@@ -651,7 +519,6 @@ class Seq2SeqModule(_TransformerModule):
             )
         return rows
 
-    @graded("06_decoder_training")
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         tgt_out = batch["tgt_out"]
         logits = self.model(
@@ -660,13 +527,13 @@ class Seq2SeqModule(_TransformerModule):
             src_padding_mask=batch.get("src_padding_mask"),
             tgt_padding_mask=batch.get("tgt_padding_mask"),
         )  # (B, T, V_tgt)
-        loss = _flat_cross_entropy(logits, tgt_out, self.pad_id)
+        loss = sequence_loss(logits, tgt_out, self.pad_id)
         if stage in STAGES:
             predictions = logits.argmax(dim=-1)  # (B, T)
             metrics = self._metrics(stage)
             metrics["acc"].update(predictions.reshape(-1), tgt_out.reshape(-1))
             metrics["exact_match"].update(_exact_match(predictions, tgt_out, self.pad_id))
-        self._log_stage(stage, loss, tgt_out.shape[0])
+        log_metrics(self, stage, loss, tgt_out.shape[0], self.stage_metrics(stage))
         return loss
 
 
@@ -752,8 +619,6 @@ class CausalLMModule(_TransformerModule):
             )
         return rows
 
-    # The same answer as ClassifierModule._shared_step (lab 04), for next-token targets.
-    @graded("04_transformer_block")
     def _shared_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         tokens, targets = batch["tokens"], batch["targets"]
         if stage == "train" and "starts_with_bos" not in self.data_info and self.data_info:
@@ -764,10 +629,10 @@ class CausalLMModule(_TransformerModule):
                 (tokens[:, 0] == bos).all()
             )
         logits = self.model(tokens)  # (B, T, V)
-        loss = _flat_cross_entropy(logits, targets, IGNORE_INDEX)
+        loss = token_cross_entropy(logits, targets, IGNORE_INDEX)
         if stage in STAGES:
             metrics = self._metrics(stage)
             metrics["acc"].update(logits.argmax(dim=-1).reshape(-1), targets.reshape(-1))
             metrics["ppl"].update(logits.float(), targets)
-        self._log_stage(stage, loss, tokens.shape[0])
+        log_metrics(self, stage, loss, tokens.shape[0], self.stage_metrics(stage))
         return loss

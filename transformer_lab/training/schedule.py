@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,6 +30,15 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from transformer_lab.graded import graded
+
+__all__ = [
+    "OptimConfig",
+    "build_adamw",
+    "build_optimizer",
+    "warmup_cosine_lambda",
+    "warmup_cosine_scheduler",
+    "weight_decay_groups",
+]
 
 
 @graded("04_transformer_block")
@@ -130,7 +141,7 @@ def build_adamw(
 
     The fused kernel works with every precision the kit uses, gradient clipping included: under
     fp16 mixed precision the module unscales the gradients itself before clipping them
-    (``_TransformerModule.configure_gradient_clipping``), and torch's ``GradScaler`` then steps
+    (``configure_gradient_clipping`` of the kit's modules), and torch's ``GradScaler`` then steps
     a fused optimizer with the gradients already unscaled.
 
     Args:
@@ -157,3 +168,84 @@ def build_adamw(
                 f"on {', '.join(devices)} ({reason}); leave fused unset (automatic)"
             ) from None
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and learning-rate schedule settings shared by every module.
+
+    Attributes:
+        lr: peak learning rate, reached at the end of warm-up.
+        weight_decay: AdamW decay on weight matrices (biases and norms are never decayed).
+        betas: Adam's moment coefficients.
+        warmup_steps: linear warm-up length in optimizer steps (cut short for very short runs).
+        total_steps: step where the cosine reaches its floor; ``None`` uses the Trainer's
+            estimate (``max_steps``, or ``max_epochs`` times the batches per epoch).
+        min_lr_ratio: floor of the cosine as a fraction of ``lr``.
+        fused: AdamW's fused kernel: ``None`` (automatic) uses it wherever torch has one for
+            the device, under every precision and with gradient clipping; ``True``/``False``
+            force it on/off (see ``schedule.build_adamw``).
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = 100
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.1
+    fused: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.total_steps is not None and self.total_steps <= 0:
+            raise ValueError(f"total_steps={self.total_steps} must be > 0 (or None)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
+        self.betas = tuple(self.betas)  # YAML gives a list
+
+
+@graded("04_transformer_block")
+def build_optimizer(
+    model: nn.Module, optim: OptimConfig, estimated_steps: float | None = None
+) -> dict[str, Any]:
+    """AdamW over ``model`` (decay on matrices only) and its warm-up + cosine schedule.
+
+    What a kit module's ``configure_optimizers`` returns: the optimizer, and the schedule of
+    :func:`warmup_cosine_scheduler` stepped after every optimizer step. A run shorter than the
+    warm-up (``fast_dev_run``, smoke tests) still gets a valid schedule.
+
+    Args:
+        model: the module to optimise.
+        optim: the learning rate, decay, betas, warm-up, length and floor of the schedule.
+        estimated_steps: the run's length when ``optim.total_steps`` is ``None`` (the Trainer's
+            ``estimated_stepping_batches``).
+
+    Returns:
+        Lightning's ``{"optimizer": ..., "lr_scheduler": {"scheduler": ..., "interval":
+        "step", "frequency": 1}}``.
+
+    Raises:
+        ValueError: neither ``optim.total_steps`` nor a finite ``estimated_steps`` is given.
+    """
+    groups = weight_decay_groups(model, optim.weight_decay)
+    optimizer = build_adamw(groups, optim.lr, optim.betas, fused=optim.fused)
+    total = optim.total_steps
+    if total is None:
+        if estimated_steps is None or not math.isfinite(estimated_steps):
+            raise ValueError(
+                "the learning-rate schedule needs a finite length: set --trainer.max_steps, "
+                "--trainer.max_epochs or --model.optim.total_steps"
+            )
+        total = int(estimated_steps)
+    total = max(1, total)
+    warmup = min(optim.warmup_steps, total - 1)
+    scheduler = warmup_cosine_scheduler(optimizer, warmup, total, optim.min_lr_ratio)
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+    }
