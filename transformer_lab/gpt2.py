@@ -215,6 +215,19 @@ class GPT2Tokenizer:
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         return self.backend.decode(ids, skip_special_tokens=False)
 
+    def token_index(self, text: str, char_index: int) -> int:
+        """Which token of ``encode(text)`` holds the character ``text[char_index]``.
+
+        Raises:
+            ValueError: ``char_index`` is outside ``text``.
+        """
+        if not 0 <= char_index < len(text):
+            raise ValueError(
+                f"char_index={char_index} is outside the text ({len(text)} characters)"
+            )
+        offsets = self.backend.encode(text, add_special_tokens=False).offsets
+        return next(i for i, (start, end) in enumerate(offsets) if start <= char_index < end)
+
     def tokenize(self, text: str) -> list[str]:
         """The pieces of ``text`` as readable strings (a space shown as part of its word)."""
         return [self.decode([i]) for i in self.encode(text)]
