@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,12 @@ TINY_SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 CORPUS_ENV = "TRANSFORMER_LAB_TINY_SHAKESPEARE"
 # Made by tools, not by the tests' own runs.
 TOOL_FOLDERS = {".pytest_cache", "__pycache__", ".ruff_cache"}
+
+#: Tests that grade in the bubblewrap sandbox: without it they skip, saying how to run them.
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None,
+    reason="bubblewrap is not installed: `apt-get install bubblewrap` (as .ci/run does) to run it",
+)
 
 
 class LoopbackServer:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import needs_bwrap
 
 from transformer_lab.grading.cli import main
-from transformer_lab.grading.sandbox import find_bwrap
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
@@ -144,7 +144,7 @@ def _grade_cheats(course: Path, names: list[str], *extra: str) -> dict[str, dict
     return {r["student"]: r for r in report["runs"][-1]["results"]}
 
 
-@pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not available here")
+@needs_bwrap
 def test_every_cheat_earns_zero_and_a_flag_in_the_sandbox(course: Path) -> None:
     names = list(_cheats(course))
     results = _grade_cheats(course, names, "--sandbox", "required")
@@ -206,7 +206,7 @@ def test_a_dead_kernel_is_reported_not_a_plain_zero(tmp_path: Path) -> None:
     shutil.rmtree(course)
 
 
-@pytest.mark.skipif(find_bwrap() is None, reason="no bubblewrap on this machine")
+@needs_bwrap
 def test_the_grader_started_by_a_roundabout_path_still_grades(tmp_path: Path) -> None:
     """``../.venv/bin/python`` run from another folder: the sandbox must find the interpreter.
 

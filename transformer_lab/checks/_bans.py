@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["OP_FAMILIES", "Ban", "ForbiddenCallError", "forbidden"]
+__all__ = ["OP_FAMILIES", "Ban", "ForbiddenCallError", "active_ban", "forbidden"]
 
 #: Operations that compute the same thing under several names (public functions and the
 #: ATen operators they dispatch to). A ban of a family refuses every name in it.
@@ -282,6 +282,43 @@ def forbidden(ban: Ban) -> Iterator[None]:
             code caught and hid a refusal.
         ValueError, ImportError: a banned target that does not exist.
     """
+    _ACTIVE.append(ban)
+    try:
+        with _enforced(ban):
+            yield
+    finally:
+        _ACTIVE.pop()
+
+
+#: The bans of the blocks running now, innermost last (the judge forwards them to the kernel).
+_ACTIVE: list[Ban] = []
+
+
+def _dotted(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, types.ModuleType):
+        return target.__name__
+    return f"{target.__module__}.{target.__qualname__}"
+
+
+def active_ban() -> dict[str, Any] | None:
+    """The bans in force, as data (``{"ops", "functions", "reason"}``), or None when none is.
+
+    The grader's judge sends this with each call of a student's function, so the kernel runs
+    the call under the same ban as the check asked for.
+    """
+    if not _ACTIVE:
+        return None
+    return {
+        "ops": sorted({op for ban in _ACTIVE for op in ban.ops}),
+        "functions": sorted({_dotted(f) for ban in _ACTIVE for f in ban.functions}),
+        "reason": next((ban.reason for ban in reversed(_ACTIVE) if ban.reason), ""),
+    }
+
+
+@contextlib.contextmanager
+def _enforced(ban: Ban) -> Iterator[None]:
     refusals = _Refusals(ban.reason)
     codes = {**_checker_codes(), **_code_objects(ban.functions)}
     previous = sys.getprofile()

@@ -59,6 +59,7 @@ __all__ = [
     "expect_true",
     "forbidden",
     "generator",
+    "ran_on",
     "randint",
     "stored",
     "stored_data",
@@ -131,6 +132,15 @@ def _as_tensor(value: Any, what: str) -> Tensor:
 
 def _fmt_shape(shape: Sequence[int | None]) -> str:
     return "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+
+
+def ran_on(t: Tensor) -> str:
+    """Where a result was computed, for failure messages: ``"(float32 on cpu)"``.
+
+    A check that fails on a Colab GPU, an Apple Silicon laptop or a CPU unlike the instructor's
+    says so, since rounding (not the student's code) can differ there.
+    """
+    return f"({str(t.dtype).removeprefix('torch.')} on {t.device})"
 
 
 def expect_true(condition: bool, message: str) -> None:
@@ -215,8 +225,8 @@ def expect_close(
         idx = tuple(int(i) for i in bad_finite.nonzero()[0])
         kind = "NaN" if math.isnan(float(got[idx])) else "inf"
         raise AssertionError(
-            f"{what} contains {kind} at index {idx} where {float(want[idx]):.4g} was expected. "
-            "Look for a division by zero, an overflow or log of 0."
+            f"{what} contains {kind} at index {idx} where {float(want[idx]):.4g} was expected "
+            f"{ran_on(t)}. Look for a division by zero, an overflow or log of 0."
         )
     diff = (got - want).abs()
     diff = torch.where(torch.isnan(diff) & torch.isnan(want), torch.zeros_like(diff), diff)
@@ -230,7 +240,7 @@ def expect_close(
     msg = (
         f"{what} is wrong at {n_bad} of {diff.numel()} entries; the largest difference is "
         f"{float(diff.max()):.3g} at index {idx} (you returned {float(got[idx]):.4g}, "
-        f"expected {float(want[idx]):.4g})."
+        f"expected {float(want[idx]):.4g}) {ran_on(t)}."
     )
     if hint:
         msg += " " + hint

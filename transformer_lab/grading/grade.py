@@ -75,6 +75,7 @@ from transformer_lab.grading.course import (
     select_labs,
     write_notebook,
 )
+from transformer_lab.grading.judge import JUDGED_LABS
 from transformer_lab.grading.repair import repair_notebook
 from transformer_lab.grading.sandbox import (
     DEAD_ENAME,
@@ -431,10 +432,16 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         guard_file.write_text(json.dumps(plan.guard_config(lab, **sandbox_paths)))
         db = work / "gradebook.db"
         shutil.copyfile(job.template_db, db)
+        judged = lab in JUDGED_LABS
+        plan_path, verdicts_path = work / "judge_plan.json", work / "verdicts.json"
+        if judged:  # outside the sandbox: the kernel can read neither file
+            plan_path.write_text(json.dumps(judge_plan(source)))
         overrides: dict[str, Any] = {
+            "BudgetedExecute__judge_plan": str(plan_path) if judged else "",
+            "BudgetedExecute__verdicts_path": str(verdicts_path) if judged else "",
             "BudgetedExecute__budget": float(options.budget),
-            "BudgetedExecute__finish_source": plan.finish_source,
-            "SandboxedKernelManager__guard_config": str(guard_file),
+            "BudgetedExecute__finish_source": "" if judged else plan.finish_source,
+            "SandboxedKernelManager__guard_config": "" if judged else str(guard_file),
             "SandboxedKernelManager__sandbox": {
                 "workspace": str(home),
                 "run_dir": str(run),
@@ -472,10 +479,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         executed = read_notebook(executed_path)
         problems, timed_out, died = _cell_problems(executed)
         scores, manual = _read_scores(f"sqlite:///{db}", lab, student)
-        reading = read_log(log, plan.key)
-        confirmed = confirmations(reading, plan)
-        flags += reading.problems
-        for record in reading.records:
+        reading = read_log(log, plan.key) if not judged else None
+        confirmed = confirmations(reading, plan) if reading is not None else {}
+        flags += reading.problems if reading is not None else []
+        for record in reading.records if reading is not None else []:
             event = record.get("event")
             if event == "tamper":
                 flags.append(
@@ -490,11 +497,13 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
                 flags.append(f"forged grader record: {record.get('what')}")
             elif event == "note":
                 result.notes.append(str(record.get("what")))
-        if not reading.finished and not (died or timed_out):
+        if reading is not None and not reading.finished and not (died or timed_out):
             flags.append("the grader's closing record is missing: the notebook's execution was cut")
         notes: dict[str, str] = {}
+        if judged:
+            scores, notes = _judged_scores(scores, verdicts_path)
         for gid, (score, maximum) in scores.items():
-            check = confirmed.get(gid)
+            check = None if judged else confirmed.get(gid)
             if check is not None and not check.confirmed and score > 0:
                 flags.append(
                     f"test cell {gid} passed in the notebook but the grader's checks did not "
@@ -540,6 +549,41 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             shutil.rmtree(base, ignore_errors=True)
         result_work = str(work)
         files.setdefault("work", result_work)
+
+
+def judge_plan(source: Any) -> dict[str, dict[str, Any]]:
+    """The judge's cells: ``{grade_id: {"source": trusted source, "hidden": bool}}``.
+
+    Every autograded test cell of the source notebook, hidden tests included (they run only
+    in the grader's process).
+    """
+    plan = {}
+    for cell in source.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            plan[meta["grade_id"]] = {
+                "source": cell.source,
+                "hidden": "BEGIN HIDDEN TESTS" in cell.source,
+            }
+    return plan
+
+
+def _judged_scores(
+    scores: dict[str, list[float]], verdicts_path: Path
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each autograded cell's points from the judge's verdict alone; its message as a note."""
+    verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
+    judged, notes = {}, {}
+    for gid, (_, maximum) in scores.items():
+        verdict = verdicts.get(gid)
+        if verdict is None:
+            judged[gid] = [0.0, maximum]
+            notes[gid] = "(the grader's judge was not reached: the notebook stopped before it)"
+            continue
+        judged[gid] = [maximum if verdict["passed"] else 0.0, maximum]
+        if not verdict["passed"]:
+            notes[gid] = verdict["message"]
+    return judged, notes
 
 
 def _run_job(job: Job) -> tuple[SubmissionResult, dict[str, str]]:

@@ -17,6 +17,11 @@ Grading runs untrusted code. Each submission's kernel is started (by nbgrader's 
   transport), since it has no network;
 * :mod:`transformer_lab.grading.guard` then installs the tamper-evident audit hook before IPython.
 
+After each test cell of a judged lab, :class:`BudgetedExecute` hands the cell to the judge
+(:mod:`transformer_lab.grading.judge`), which runs the cell's trusted source in this process and
+asks the kernel for the student's values through :class:`KernelLink`; a hidden test cell's
+source is never sent to the kernel (it runs an empty stub there).
+
 Where bubblewrap is missing (macOS, a container without user namespaces), grading still runs:
 the same limits and guard, without the namespaces, and every report says "unsandboxed".
 
@@ -29,8 +34,12 @@ nbclient's ``NotebookClient.async_execute_cell``.
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import functools
+import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -43,7 +52,7 @@ from typing import Any
 
 import nbformat
 from jupyter_client.manager import AsyncKernelManager
-from jupyter_core.utils import run_sync
+from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
@@ -51,6 +60,7 @@ from traitlets import Dict, Float, Unicode
 
 __all__ = [
     "BudgetedExecute",
+    "KernelLink",
     "KernelSandbox",
     "SandboxedKernelManager",
     "find_bwrap",
@@ -233,10 +243,12 @@ class SandboxedKernelManager(AsyncKernelManager):
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         box = self._sandbox()
         box.env = {**box.env, "TRANSFORMER_LAB_GUARD": self.guard_config}
+        # A judged lab needs no guard in the kernel: nothing there decides a point.
+        launcher = "transformer_lab.grading.guard" if self.guard_config else "ipykernel_launcher"
         kernel = [
             python_executable(),
             "-m",
-            "transformer_lab.grading.guard",
+            launcher,
             "-f",
             str(box.connection_file),
             *(extra_arguments or []),
@@ -260,6 +272,12 @@ class BudgetedExecute(Execute):
     """
 
     budget = Float(600.0, help="seconds a whole submission may run").tag(config=True)
+    judge_plan = Unicode(
+        "", help="JSON file {grade_id: trusted source} of the test cells the judge decides"
+    ).tag(config=True)
+    verdicts_path = Unicode("", help="where the judge's verdicts are written (JSON)").tag(
+        config=True
+    )
     finish_source = Unicode("", help="the grader's closing cell, run after the notebook").tag(
         config=True
     )
@@ -276,6 +294,8 @@ class BudgetedExecute(Execute):
     ) -> tuple[NotebookNode, Any]:
         """Run the notebook, then the closing cell (which is removed again afterwards)."""
         self._started, self._dead, self._cell_timeout = 0.0, "", self.timeout
+        self._plan = json.loads(Path(self.judge_plan).read_text()) if self.judge_plan else {}
+        self._verdicts: dict[str, Any] = {}
         if self.finish_source:
             closing = nbformat.v4.new_code_cell(self.finish_source)
             closing.metadata["transformer_lab_finish"] = True
@@ -283,6 +303,8 @@ class BudgetedExecute(Execute):
         try:
             return super().preprocess(nb, resources, km)
         finally:
+            if self.verdicts_path:
+                Path(self.verdicts_path).write_text(json.dumps(self._verdicts, indent=1))
             nb.cells = [
                 c for c in nb.cells if not c.get("metadata", {}).get("transformer_lab_finish")
             ]
@@ -313,6 +335,11 @@ class BudgetedExecute(Execute):
             cell.outputs = [_error_output("TimeBudgetExceeded", message)]
             return cell
         self.timeout = int(min(self._cell_timeout or left, left))
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+        judged = grade_id in self._plan
+        source = cell.source
+        if judged and self._plan[grade_id]["hidden"]:
+            cell.source = "# hidden check: judged by the grader, outside this notebook"
         try:
             return await run(cell, cell_index, execution_count, store_history)
         except DeadKernelError as exc:
@@ -326,6 +353,73 @@ class BudgetedExecute(Execute):
             message = "no reply from the kernel before the timeout; the kernel stopped answering"
             cell.outputs = [*cell.get("outputs", []), _error_output("CellTimeoutError", message)]
             return cell
+        finally:
+            cell.source = source
+            if judged and not self._dead:
+                await self._judge(grade_id)
+
+    async def _judge(self, grade_id: str) -> None:
+        """The judge's verdict on one test cell, from requests to the live kernel."""
+        from transformer_lab.grading.judge import JudgeSession, judge_cell
+
+        left = self.budget - (time.monotonic() - self._started)
+        timeout = max(1.0, min(float(self._cell_timeout or left), left))
+        loop = asyncio.get_running_loop()
+        session = JudgeSession(KernelLink(self, loop), timeout)
+        source = self._plan[grade_id]["source"]
+        verdict = await loop.run_in_executor(None, judge_cell, grade_id, source, session)
+        self._verdicts[grade_id] = verdict.to_json()
+
+    async def exchange(self, text: str, timeout: float) -> str:
+        """One judge request in the kernel (silent, outside its history); the reply text."""
+        from transformer_lab.grading.judge import JudgeError
+
+        code = f"import transformer_lab.judge.kernel as _tl_judge\n_tl_judge.serve({text!r})"
+        expression = {"reply": "_tl_judge.reply()"}
+        msg_id = self.kc.execute(
+            code, silent=True, store_history=False, user_expressions=expression, allow_stdin=False
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                await ensure_async(self.km.interrupt_kernel())
+                raise JudgeError(f"your code did not return within {timeout:.0f} s")
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=min(remaining, 1)))
+            except queue.Empty:
+                if not await ensure_async(self.km.is_alive()):
+                    self._dead = "the kernel died while the grader's judge ran your code"
+                    raise JudgeError(self._dead) from None
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                break
+        result = msg.get("content", {}).get("user_expressions", {}).get("reply", {})
+        plain = result.get("data", {}).get("text/plain") if isinstance(result, dict) else None
+        if not isinstance(plain, str) or len(plain) > 2 * 2**20 * 256:
+            raise JudgeError("your notebook's kernel did not answer the judge's request")
+        try:
+            reply = ast.literal_eval(plain)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            reply = None
+        if not isinstance(reply, str):
+            raise JudgeError("your notebook's kernel answered the judge with something else")
+        return reply
 
     # nbclient binds the synchronous wrapper to its own coroutine: bind it to this one.
     execute_cell = run_sync(async_execute_cell)
+
+
+class KernelLink:
+    """The judge's :class:`~transformer_lab.grading.judge.Link` to a running notebook's kernel.
+
+    The judge runs in a worker thread; each exchange is scheduled on the executor's event loop,
+    which owns the kernel's channels.
+    """
+
+    def __init__(self, executor: BudgetedExecute, loop: asyncio.AbstractEventLoop) -> None:
+        self.executor, self.loop = executor, loop
+
+    def exchange(self, text: str, timeout: float) -> str:
+        future = asyncio.run_coroutine_threadsafe(self.executor.exchange(text, timeout), self.loop)
+        return future.result(timeout + 60)
