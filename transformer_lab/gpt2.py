@@ -303,16 +303,20 @@ def kit_callable(attention: type[nn.Module]) -> type[nn.Module]:
     )
 
 
-def build_gpt(config: GPTConfig, attention: type[nn.Module] | None = None) -> GPT:
+def build_gpt(
+    config: GPTConfig, attention: type[nn.Module] | None = None, *, init: bool = True
+) -> GPT:
     """The kit's GPT with ``attention(d_model, n_heads, dropout=...)`` in every block.
 
     Args:
         config: the GPT's sizes and options.
         attention: a class like lab 08's ``CausalSelfAttention``; ``None`` (or a subclass of
             the kit's ``MultiHeadAttention``, which the blocks call directly) keeps the kit's.
+        init: GPT-2-initialise the new attention layers with the rest; ``False`` when every
+            weight is about to be loaded (it saves a second pass over 124M random numbers).
 
     Returns:
-        The GPT, GPT-2-initialised (the new attention layers included).
+        The GPT.
 
     Raises:
         TypeError: the attention lacks ``qkv_proj``/``out_proj`` layers of the right shapes.
@@ -329,7 +333,8 @@ def build_gpt(config: GPTConfig, attention: type[nn.Module] | None = None) -> GP
         else:
             block.attn = kit_callable(attention)(c.d_model, c.n_heads, dropout=c.dropout)
         _check_projections(block.attn, c.d_model)
-    model.reset_parameters()
+    if init:
+        model.reset_parameters()
     return model
 
 
@@ -448,7 +453,7 @@ def from_pretrained(
     else:
         files = download_gpt2(str(name), endpoint=endpoint, cache_dir=cache_dir)
     config = config_from_hf(json.loads(files["config.json"].read_text()))
-    model = build_gpt(config, attention)
+    model = build_gpt(config, attention, init=False)
     load_gpt2_weights(model, load_file(str(files["model.safetensors"])))
     return model.to(device=device, dtype=dtype).eval(), GPT2Tokenizer(files["tokenizer.json"])
 
