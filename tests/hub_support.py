@@ -3,8 +3,8 @@
 ``huggingface_hub.hf_hub_download`` asks ``HEAD {endpoint}/{repo}/resolve/{revision}/{file}``
 for the file's commit (``X-Repo-Commit``), ``ETag`` and size, then ``GET``\\ s it (with a
 ``Range`` header when it resumes a partial download). :class:`LoopbackHub` answers exactly
-that on 127.0.0.1 for the files of one folder, under any repository name, and counts the
-downloads; nothing reaches the internet.
+that on 127.0.0.1 for the files of one folder, under any repository name, counts the
+downloads and keeps the ranges asked for; nothing reaches the internet.
 
 :func:`save_tiny_gpt2` writes what a hub repository of GPT-2 holds -- ``config.json``,
 ``model.safetensors`` (by ``GPT2LMHeadModel.save_pretrained``) and a byte-level BPE
@@ -64,12 +64,16 @@ def save_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
 class LoopbackHub:
     """Serves the files of ``folder`` as every hub repository, on 127.0.0.1; counts GETs.
 
-    Use as a context manager; ``endpoint`` is the value for ``HF_ENDPOINT``.
+    Use as a context manager; ``endpoint`` is the value for ``HF_ENDPOINT``. With ``cut``, the
+    first download of that file stops halfway (the connection closes), as a dropped connection
+    would.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, cut: str | None = None) -> None:
         self.folder = folder
+        self.cut = cut
         self.downloads: list[str] = []
+        self.ranges: list[str] = []  # the Range headers of resumed downloads
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -91,6 +95,7 @@ class LoopbackHub:
                 start = 0
                 ranged = self.headers.get("Range", "")
                 if ranged.startswith("bytes="):
+                    outer.ranges.append(ranged)
                     start = int(ranged[6:].split("-")[0] or 0)
                 self.send_response(206 if start else 200)
                 self.send_header("X-Repo-Commit", COMMIT)
@@ -109,6 +114,10 @@ class LoopbackHub:
                 body = self._head(path)
                 if path is not None:
                     outer.downloads.append(path.name)
+                if path is not None and path.name == outer.cut:
+                    outer.cut = None  # once
+                    body = body[: len(body) // 2]
+                    self.close_connection = True
                 self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:  # keep pytest output clean

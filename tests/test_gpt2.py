@@ -131,6 +131,20 @@ def test_the_hub_path_downloads_once_then_reads_the_cache(
     assert tokenizer.decode(tokenizer.encode("The man ate the fish")) == "The man ate the fish"
 
 
+def test_a_dropped_download_resumes_where_it_stopped(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 8192)  # a 150 kB file in many chunks
+    weights = (checkpoint / "model.safetensors").read_bytes()
+    with LoopbackHub(checkpoint, cut="model.safetensors") as hub:
+        files = gpt2.download_gpt2("gpt2", endpoint=hub.endpoint, cache_dir=tmp_path)
+    [asked] = hub.ranges  # the second request asks for the rest only
+    assert 0 < int(asked.removeprefix("bytes=").rstrip("-")) <= len(weights) // 2
+    assert files["model.safetensors"].read_bytes() == weights
+
+
 def test_a_local_folder_loads_without_a_hub(checkpoint: Path) -> None:
     model, tokenizer = gpt2.from_pretrained(checkpoint, SolutionAttention, dtype=torch.float64)
     assert model.tok_emb.weight.dtype == torch.float64 and tokenizer.eos_id is not None
