@@ -113,7 +113,7 @@ def download_gpt2(
     """
     try:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+        from huggingface_hub.utils import HfHubHTTPError, LocalEntryNotFoundError  # 0.20 on
     except ImportError:
         raise GPT2UnavailableError(f"GPT-2 needs the gpt2 extras: {_EXTRA}") from None
     repo = GPT2_REPOS.get(name, name)
