@@ -154,13 +154,30 @@ def run_test_cells(notebook: Any, answers: Iterable[str], *, skip: str | None = 
     return ran
 
 
-def run_all_cells(notebook: Any, cwd: Path, profile: str = "grading") -> str:
+def run_all_cells(
+    notebook: Any,
+    cwd: Path,
+    profile: str = "grading",
+    *,
+    only: Iterable[str] | None = None,
+    namespace: dict[str, Any] | None = None,
+) -> str:
     """Execute every code cell of ``notebook`` in order, in ``cwd`` and ``profile``; return stdout.
 
     What a student sees when running the notebook top to bottom, without a kernel: the lab's
     experiments print their results, which the notebook tests then read.
+
+    Args:
+        notebook: the source notebook.
+        cwd: the folder the cells run in (``session.runs`` is relative to it).
+        profile: ``TRANSFORMER_LAB_PROFILE`` while they run.
+        only: grade ids of the cells to run (default every code cell).
+        namespace: the globals the cells share, to go on from an earlier run (default new).
     """
-    namespace: dict[str, Any] = {"display": lambda *a, **k: None}
+    wanted = None if only is None else set(only)
+    if namespace is None:
+        namespace = {}
+    namespace.setdefault("display", lambda *a, **k: None)
     printed = io.StringIO()
     old_profile = os.environ.get("TRANSFORMER_LAB_PROFILE")
     os.environ["TRANSFORMER_LAB_PROFILE"] = profile
@@ -169,8 +186,8 @@ def run_all_cells(notebook: Any, cwd: Path, profile: str = "grading") -> str:
     try:
         with contextlib.redirect_stdout(printed):
             for cell in notebook.cells:
-                if cell.cell_type == "code":
-                    name = meta(cell).get("grade_id", "cell")
+                name = meta(cell).get("grade_id", "cell")
+                if cell.cell_type == "code" and (wanted is None or name in wanted):
                     exec(compile(cell.source, name, "exec"), namespace)
     finally:
         os.chdir(old_cwd)

@@ -12,8 +12,6 @@ the text; the counts reproduce the lecture's numbers).
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
 import re
 from pathlib import Path
 from typing import Any, ClassVar
@@ -122,10 +120,21 @@ class TestLab08(LabNotebookTests):
         assert 'fallback="grammar"' in source  # offline: the synthetic corpus
         assert "OFFSET_" not in "\n".join(c.source for c in notebook.cells)
 
+    @pytest.fixture(scope="class")
+    def grading_run(
+        self, notebook: Any, tmp_path_factory: pytest.TempPathFactory
+    ) -> tuple[str, dict[str, Any], Path]:
+        """Every code cell, in order, in the grading profile: what it printed, its globals, cwd."""
+        cwd = tmp_path_factory.mktemp("lab08_run")
+        namespace: dict[str, Any] = {}
+        return run_all_cells(notebook, cwd, namespace=namespace), namespace, cwd
+
     @pytest.mark.slow
-    def test_the_experiments_tell_the_story(self, notebook: Any, tmp_path: Path) -> None:
+    def test_the_experiments_tell_the_story(
+        self, grading_run: tuple[str, dict[str, Any], Path]
+    ) -> None:
         """Every code cell, in order, in the grading profile: the printed results."""
-        text = run_all_cells(notebook, tmp_path)
+        text, _, tmp_path = grading_run
         assert "(This uses your CausalSelfAttention.)" in text
         assert "(This uses your generate.)" in text
         gap = float(re.search(r"through the cache: largest difference ([\d.e+-]+)", text)[1])
@@ -146,6 +155,61 @@ class TestLab08(LabNotebookTests):
         assert "124,439,808" in text and "174,604,259,328" in text
         assert "3.14e+23 FLOPs" in text and "9.66 GB" in text
         assert re.search(r"on one A100 \(bf16\) at 40%: 29,1\d\d GPU-days", text)
+        gpt2_lines = [line for line in text.splitlines() if line.startswith("GPT-2")]
+        assert gpt2_lines == [
+            "GPT-2: skipped in the grading profile, which downloads nothing "
+            "(run the full profile to meet it)."
+        ]
+
+    @pytest.mark.slow
+    def test_the_gpt2_section_runs_against_a_loopback_hub(
+        self,
+        notebook: Any,
+        grading_run: tuple[str, dict[str, Any], Path],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Section 6 as the full profile runs it, on the grading run's models: a tiny GPT-2
+        served from 127.0.0.1 as the hub; then offline, where it says so in one line."""
+        pytest.importorskip("transformers", reason="transformers is not installed (dev extra)")
+        from hub_support import LoopbackHub, closed_port, save_tiny_gpt2
+
+        _, namespace, cwd = grading_run
+        namespace["GRADING"] = False  # the full profile's branch
+        section = [
+            meta(c)["grade_id"]
+            for c in notebook.cells
+            if "demo_gpt2" in meta(c).get("grade_id", "")
+        ]
+        assert section[0] == "demo_gpt2_load" and len(section) == 6
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        with LoopbackHub(save_tiny_gpt2(tmp_path / "tiny_gpt2")) as hub:
+            monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+            text = run_all_cells(notebook, cwd, only=section, namespace=namespace)
+        assert sorted(hub.downloads) == ["config.json", "model.safetensors", "tokenizer.json"]
+        assert re.search(
+            r"gpt2: your CausalSelfAttention in each of its 2 blocks, torch.float32", text
+        )
+        assert text.count("--- greedy:    'The man ate the fish") == 1
+        assert text.count("--- top-p 0.9: 'The fish ate the man") == 1
+        assert re.search(r"lab 07's BPE \(500 merges, this lab's corpus\): \d+ tokens \[", text)
+        assert re.search(r"GPT-2's byte-level BPE \(300 tokens\): \d+ tokens \['The', ' man'", text)
+        gpt2_nats = float(re.search(r"GPT-2 \(gpt2\): ([\d.]+) nats per character", text)[1])
+        char_nats = float(re.search(r"your char LM: ([\d.]+) nats per character", text)[1])
+        assert char_nats < 1.6 < gpt2_nats  # a trained char LM against random weights
+        ours = re.search(r"= ([\d,]+); PyTorch counts ([\d,]+) in the loaded gpt2", text)
+        assert ours[1] == ours[2]
+        assert re.search(
+            r"GPT-2 on cpu: 32 tokens without the cache .* the same tokens: True", text
+        )
+        assert re.search(
+            r"'it' -> 'animal': the largest weights are \[[\d., ]+\] \(layer, head", text
+        )
+
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+        monkeypatch.setenv("HF_ENDPOINT", closed_port())
+        text = run_all_cells(notebook, cwd, only=section, namespace=namespace)
+        assert len(text.splitlines()) == 1 and "cannot be reached (offline?)" in text
 
 
 def test_the_lab08_diagrams_draw_the_stack_the_cache_and_the_scale() -> None:
@@ -184,15 +248,7 @@ def test_the_full_profile_reads_tiny_shakespeare_checked_from_the_cache(
     cache.mkdir()
     (cache / "tinyshakespeare.txt").write_bytes(tiny_shakespeare_path.read_bytes())
     monkeypatch.setenv("TRANSFORMER_LAB_CACHE", str(cache))
-    monkeypatch.setenv("TRANSFORMER_LAB_PROFILE", "full")
-    monkeypatch.chdir(tmp_path)
     wanted = ("setup", "demo_gpt_diagram", "CausalSelfAttention", "demo_attention", "demo_build")
-    namespace: dict[str, Any] = {"display": lambda *a, **k: None}
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        for cell in read_source("08_language_models").cells:
-            if cell.cell_type == "code" and meta(cell).get("grade_id") in wanted:
-                exec(compile(cell.source, meta(cell)["grade_id"], "exec"), namespace)
-    text = printed.getvalue()
+    text = run_all_cells(read_source("08_language_models"), tmp_path, "full", only=wanted)
     assert "corpus: Tiny Shakespeare (sha256 verified)" in text and "69 token ids" in text
     assert "818,560 parameters" in text  # 4 layers of width 128, context 128

@@ -71,6 +71,14 @@ def test_attention_grid_is_layers_by_heads() -> None:
 def test_attention_rejects_wrong_labels() -> None:
     with pytest.raises(ValueError, match="query labels"):
         plot_attention_maps(torch.rand(1, 2, 4, 4), query_tokens=["a", "b"])
+    with pytest.raises(ValueError, match="1 titles for 2 heatmaps"):
+        plot_attention_maps(torch.rand(2, 4, 4), titles=["one"])
+
+
+def test_heads_picked_from_several_layers_keep_their_titles() -> None:
+    fig = plot_attention_maps(torch.rand(3, 4, 4), titles=["layer 5, head 1", "a", "b"])
+    titles = [ax.get_title() for ax in fig.axes if ax.get_images()]
+    assert titles == ["layer 5, head 1", "a", "b"]
 
 
 def test_positional_heatmap_shows_the_table() -> None:

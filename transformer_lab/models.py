@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.attention import KVCache, LayerKVCache, MultiHeadAttention, split_heads
-from transformer_lab.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerNorm
+from transformer_lab.blocks import ACTIVATIONS, DecoderBlock, EncoderBlock, FeedForward, LayerNorm
 from transformer_lab.masks import causal_mask, combine_masks, key_padding_to_attention
 from transformer_lab.positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding
 
@@ -490,9 +490,17 @@ class GPTConfig(ModelConfig):
     dropout: float = 0.0  # embeddings, attention weights and residual branches
     bias: bool = True  # biases in linear layers and layer norms (GPT-2 has them)
     tie_weights: bool = True  # output layer shares the token embedding matrix
+    activation: str = "gelu"  # MLP activation; GPT-2's checkpoints use "gelu_tanh"
+    norm_eps: float = 1e-5  # added to the layer norms' variance (GPT-2: 1e-5)
 
     presets: ClassVar[dict[str, dict[str, Any]]] = GPT_PRESETS
     preset_kind: ClassVar[str] = "GPT preset"
+
+    def validate(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r} is not one of {sorted(ACTIVATIONS)}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps={self.norm_eps} must be positive")
 
     def param_count(self) -> int:
         """Number of parameters of ``GPT(self)`` (shared tied weights counted once)."""
@@ -558,11 +566,11 @@ class GPTBlock(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        D = config.d_model
-        self.ln1 = LayerNorm(D, bias=config.bias, fused=True)
+        D, eps = config.d_model, config.norm_eps
+        self.ln1 = LayerNorm(D, eps=eps, bias=config.bias, fused=True)
         self.attn = CausalSelfAttention(D, config.n_heads, bias=config.bias, dropout=config.dropout)
-        self.ln2 = LayerNorm(D, bias=config.bias, fused=True)
-        self.mlp = FeedForward(D, config.ff_dim, activation="gelu", bias=config.bias)
+        self.ln2 = LayerNorm(D, eps=eps, bias=config.bias, fused=True)
+        self.mlp = FeedForward(D, config.ff_dim, activation=config.activation, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -609,7 +617,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = LearnedPositionalEncoding(c.d_model, c.n_ctx, dropout=c.dropout)
         self.blocks = nn.ModuleList(GPTBlock(c) for _ in range(c.n_layers))
-        self.ln_f = LayerNorm(c.d_model, bias=c.bias, fused=True)
+        self.ln_f = LayerNorm(c.d_model, eps=c.norm_eps, bias=c.bias, fused=True)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.tok_emb.weight

@@ -193,6 +193,7 @@ def plot_attention_maps(
     key_tokens: Sequence[str] | None = None,
     batch_index: int = 0,
     cell_size: float = 2.2,
+    titles: Sequence[str] | None = None,
 ) -> Figure:
     """Draw attention weights as a grid of heatmaps, one row per layer and one column per head.
 
@@ -204,6 +205,8 @@ def plot_attention_maps(
             ``S == T``.
         batch_index: which example of the batch to show.
         cell_size: inches per heatmap.
+        titles: one per heatmap, row by row (default ``"layer l, head h"``), e.g. for heads
+            picked from several layers and passed as one ``(H, T, S)`` tensor.
 
     Returns:
         A figure with an ``L x H`` grid of axes (weights in ``[0, 1]`` on a shared colour scale).
@@ -219,6 +222,8 @@ def plot_attention_maps(
         raise ValueError(f"{len(query_tokens)} query labels for T={t} query positions")
     if key_tokens is not None and len(key_tokens) != s:
         raise ValueError(f"{len(key_tokens)} key labels for S={s} key positions")
+    if titles is not None and len(titles) != n_layers * n_heads:
+        raise ValueError(f"{len(titles)} titles for {n_layers * n_heads} heatmaps")
     fig = Figure(figsize=(cell_size * n_heads + 1.0, cell_size * n_layers), layout="constrained")
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
     image = None
@@ -226,7 +231,10 @@ def plot_attention_maps(
         for head in range(n_heads):
             ax = axes[layer][head]
             image = ax.imshow(stack[layer, head].numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
-            ax.set_title(f"layer {layer}, head {head}", fontsize=8)
+            title = (
+                f"layer {layer}, head {head}" if titles is None else titles[layer * n_heads + head]
+            )
+            ax.set_title(title, fontsize=8)
             for setter, labels in ((ax.set_yticks, query_tokens), (ax.set_xticks, key_tokens)):
                 if labels is None:
                     setter([])
