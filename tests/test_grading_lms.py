@@ -42,6 +42,7 @@ from transformer_lab.grading.course import GradingError
 from transformer_lab.grading.export import CANVAS_COLUMNS, MOODLE_COLUMNS, export_grades
 from transformer_lab.grading.lms import FORMATS, Roster, collect
 from transformer_lab.grading.report import write_report
+from transformer_lab.grading.rubrics import add_rubrics
 
 T1 = (2026, 10, 1, 12, 0, 0)
 T2 = (2026, 10, 2, 9, 30, 0)
@@ -405,3 +406,18 @@ def test_collect_cli_reports_and_exits_1(tmp_path: Path, capsys) -> None:
     assert code == 1
     assert "7 placed, 8 not placed" in text and "an archive inside the archive" in text
     assert io.StringIO(text).read().count("skipped") == 8
+
+
+def test_rubrics_beside_written_answers_for_formgrader(tmp_path: Path) -> None:
+    course = tmp_path / "course"
+    target = course / "autograded" / "s01" / LAB1 / f"{LAB1}.ipynb"
+    target.parent.mkdir(parents=True)
+    target.write_text(release_text(LAB1))
+    assert add_rubrics(course, REPO) == [target]
+    assert add_rubrics(course, REPO) == [], "a second run adds nothing"
+    cells = json.loads(target.read_text())["cells"]
+    ids = [c["metadata"].get("nbgrader", {}).get("grade_id") for c in cells]
+    for gid in ("written_small_base", "written_relative_offset", "written_extrapolation"):
+        rubric = cells[ids.index(gid) + 1]
+        assert rubric["metadata"] == {"transformer_lab": {"rubric_for": gid}}
+        assert "Model answer and rubric" in "".join(rubric["source"])

@@ -228,6 +228,10 @@ def main(args: list[str]) -> int:
             options=options,
         )
         print(report.table())
+        from transformer_lab.grading.rubrics import add_rubrics
+
+        # Formgrader shows the autograded notebooks: the written answers' rubrics go beside them.
+        add_rubrics(ns.course, repo, sorted({r.lab for r in report.results}))
         print(f"gradebook: {ns.course / 'gradebook.db'}")
         print(f"grades:    {report.csv_path}")
         print(f"feedback:  {report.feedback_dir}")
