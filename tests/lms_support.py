@@ -32,7 +32,7 @@ LAST = "Lovelace Turing Liskov Shannon Knuth Dijkstra Allen Hopper Lamarr Backus
 STUDENTS = [
     (
         f"s{i:02d}",
-        FIRST[i % 12],
+        FIRST.split()[i % 12],
         LAST.split()[(i * 5) % 12] + ("" if i < 12 else "-Jr"),
         f"s{i:02d}@uni.example",
         str(40000 + i),

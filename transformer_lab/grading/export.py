@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import re
 import shutil
 import zipfile
 from dataclasses import dataclass, field
@@ -234,7 +235,8 @@ def _export_canvas(
         )
         lab_prefix = _ids(course, "canvas", o.lab, None).get(o.student, {}).get("prefix")
         if o.feedback is not None:
-            prefix = lab_prefix or f"{o.student.replace('_', '')}_{who['lms_id']}_0_"
+            squashed = re.sub(r"[^a-z0-9]", "", (who.get("last_first") or o.student).lower())
+            prefix = lab_prefix or f"{squashed}_{who['lms_id']}_0_"
             members.append((f"{prefix}{o.lab}_feedback.html", o.feedback))
     fields = [*CANVAS_COLUMNS, *columns.values()]
     points_row = {"Student": "Points Possible", **maxima}
@@ -302,7 +304,8 @@ def export_grades(
     course, out = Path(course).resolve(), Path(out).resolve()
     if out.is_relative_to(course / "submitted"):
         raise GradingError(f"--out {out} is inside submitted/: choose another folder")
-    outcomes = course_outcomes(course, labs, deadlines)
+    enrolled = [s.id for s in roster.students] if roster is not None else None
+    outcomes = course_outcomes(course, labs, deadlines, enrolled)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     if lms == "moodle":

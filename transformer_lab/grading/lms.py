@@ -538,14 +538,15 @@ def _screen(
     name = Path(rel).name
     if fmt.receipt and re.match(fmt.receipt, rel):
         return "a Blackboard submission receipt, not a submission (its time is in its name)"
+    groups = collector.collect(rel)
+    if groups is not None:
+        reason = _identify(item, groups, fmt, roster)
+        if reason is not None:
+            return reason
     if name.lower().endswith(ARCHIVE_EXTS):
         return "an archive inside the archive: not opened; ask the student for the notebook"
-    groups = collector.collect(rel)
     if groups is None:
         return f"the name does not follow {fmt.name}'s download naming (e.g. {fmt.example!r})"
-    reason = _identify(item, groups, fmt, roster)
-    if reason is not None:
-        return reason
     if not name.lower().endswith(".ipynb"):
         return f"not a notebook ({Path(name).suffix or 'no extension'}): only .ipynb is graded"
     return None

@@ -114,7 +114,10 @@ def course_deadlines(repo: Path) -> dict[str, dt.datetime]:
 
 
 def course_outcomes(
-    course: Path, labs: list[str] | None = None, deadlines: dict[str, dt.datetime] | None = None
+    course: Path,
+    labs: list[str] | None = None,
+    deadlines: dict[str, dt.datetime] | None = None,
+    enrolled: list[str] | None = None,
 ) -> list[Outcome]:
     """Every (student, lab) of the gradebook, with the grading report's status and verdicts.
 
@@ -122,6 +125,7 @@ def course_outcomes(
         course: the course folder holding ``gradebook.db``.
         labs: only these labs (default: every lab in the gradebook).
         deadlines: lab -> deadline (:func:`course_deadlines`): marks late submissions.
+        enrolled: more student ids (a roster's): those the gradebook lacks are ``missing``.
 
     Raises:
         GradingError: no gradebook, or a lab the gradebook does not know.
@@ -139,7 +143,7 @@ def course_outcomes(
         for lab in labs or []:
             if lab not in known:
                 raise GradingError(f"the gradebook has no lab {lab!r} (it has: {known})")
-        students = sorted(s.id for s in gb.students)
+        students = sorted({s.id for s in gb.students} | set(enrolled or []))
         for lab in sorted(labs or known):
             assignment = gb.find_assignment(lab)
             by_student = {s.student.id: s for s in assignment.submissions}
