@@ -265,8 +265,9 @@ def test_term_report(term: dict[str, Path]) -> None:
     out = files[0].parent
     mistakes = list(_read_csv(out / "mistakes.csv"))
     diagonal = [m for m in mistakes if m["mistake"] == "the mask leaves out the diagonal"]
-    assert len(diagonal) == 2 and diagonal[0]["students"] == "6" and diagonal[0]["of"] == "19"
+    assert len(diagonal) == 1 and diagonal[0]["students"] == "6" and diagonal[0]["of"] == "19"
     assert diagonal[0]["student_ids"] == "s01 s02 s03 s04 s17 s18"
+    assert diagonal[0]["test_cells"] == "test_causal_mask test_causal_mask_hidden"
     attention = {(r["student"], r["lab"]): r for r in _read_csv(out / "attention.csv")}
     assert set(attention) == {("s07", LAB2), ("s08", LAB5), ("s09", LAB5), ("s19", LAB1)}
     assert "assignment to transformer_lab.checks" in attention[("s07", LAB2)]["reasons"]

@@ -102,30 +102,34 @@ def _cell_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
 
 
 def _mistake_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
-    found: dict[tuple[str, str, str], list[Outcome]] = defaultdict(list)
-    messages: dict[tuple[str, str, str], str] = {}
+    """One row per (lab, named mistake): the students who made it, in which test cells."""
+    found: dict[tuple[str, str], dict[str, Outcome]] = defaultdict(dict)
+    cells: dict[tuple[str, str], list[str]] = defaultdict(list)
+    messages: dict[tuple[str, str], str] = {}
     for o in outcomes:
         for gid, verdict in o.cells.items():
             if verdict.get("mistake"):
-                key = (o.lab, gid, str(verdict["mistake"]))
-                found[key].append(o)
+                key = (o.lab, str(verdict["mistake"]))
+                found[key][o.student] = o
+                if gid not in cells[key]:
+                    cells[key].append(gid)
                 messages.setdefault(key, str(verdict.get("message", "")))
-    handed = defaultdict(int)
+    handed: dict[str, int] = defaultdict(int)
     for o in outcomes:
         handed[o.lab] += o.status != "missing"
     rows = []
-    for key, who in sorted(found.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1:])):
-        lab, gid, mistake = key
+    for key, who in sorted(found.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1])):
+        lab, mistake = key
         rows.append(
             {
                 "lab": lab,
-                "test_cell": gid,
                 "mistake": mistake,
                 "students": len(who),
                 "of": handed[lab],
+                "test_cells": " ".join(cells[key]),
                 "message": messages[key],
-                "who": who,
-                "student_ids": " ".join(o.student for o in who),
+                "who": list(who.values()),
+                "student_ids": " ".join(sorted(who)),
             }
         )
     return rows
@@ -269,7 +273,7 @@ def write_report(
         "written_answers_ungraded",
     ]
     cell_cols = ["lab", "test_cell", "max_score", "students", "mean", "full_marks", "zero"]
-    mistake_cols = ["lab", "test_cell", "mistake", "students", "of", "message", "student_ids"]
+    mistake_cols = ["lab", "mistake", "students", "of", "test_cells", "message", "student_ids"]
     attention_cols = ["lab", "student", "status", "reasons"]
     progress_cols = ["student", *lab_names, *(f"{lab} status" for lab in lab_names)]
     files = [page]
@@ -313,7 +317,7 @@ def write_report(
         "<h2>What the class got wrong</h2>",
         "<p class='muted'>Named mistakes recognised by the checks; each name links to that "
         "student's feedback.</p>",
-        _table(mistakes, [*mistake_cols[:3], "message", "student_ids"], mistake_cell)
+        _table(mistakes, ["lab", "mistake", "test_cells", "message", "student_ids"], mistake_cell)
         if mistakes
         else "<p>No named mistakes recorded"
         + (" (these grading records carry per-cell scores only)." if without_verdicts else ".")
