@@ -200,6 +200,10 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     (tmp_path / "x.zip").write_text("not a zip")
     with pytest.raises(GradingError, match="not a zip"):
         collect(tmp_path / "x.zip", lms="moodle", lab=LAB1, course=tmp_path / "c", repo=REPO)
+    evil = write_zip(tmp_path / "evil.zip", [("../escape.ipynb", release_text(LAB1), T1)])
+    with pytest.raises(GradingError, match=r"could not extract .*escape\.ipynb"):
+        collect(evil, lms="moodle", lab=LAB1, course=tmp_path / "c", repo=REPO)
+    assert not (tmp_path / "escape.ipynb").exists()
     (tmp_path / "r.csv").write_text("name,email\nA,a@x\n")
     with pytest.raises(GradingError, match="no 'id' column"):
         Roster.read(tmp_path / "r.csv")

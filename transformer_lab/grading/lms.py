@@ -473,9 +473,14 @@ def collect(
             extractor = LmsExtractor(zip_ext=[".zip"])
         try:
             extractor.extract(str(archive_dir), str(extracted))
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        except Exception as exc:  # zipfile, shutil and setuptools (UnsafeMember) errors
             raise GradingError(f"could not extract {source}: {exc}") from exc
         collector = LmsCollector(named_regexp=fmt.named_regexp)
+        # The extractor skips entries with absolute paths or "..": say so, never drop silently.
+        for name in sorted(n for n in times if not (extracted / n).is_file()):
+            if not name.endswith("/") and not (extracted / name).is_dir():
+                reason = "an unsafe path (absolute or with ..) in the archive: not extracted"
+                report.files.append(Placed(name, reason=reason))
         candidates: dict[str, list[tuple[Placed, Path, dt.datetime | None]]] = {}
         for path in sorted(p for p in extracted.rglob("*") if p.is_file()):
             rel = path.relative_to(extracted).as_posix()
