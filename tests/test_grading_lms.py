@@ -306,7 +306,10 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 def test_term_moodle_export(term: dict[str, Path]) -> None:
     course, out = term["course"], term["base"] / "moodle-out"
     roster = Roster.read(term["roster"])
-    done = export_grades(course, "moodle", out, labs=[LAB1], roster=roster)
+    deadline = dt.datetime(2026, 10, 1, 10, tzinfo=dt.timezone.utc)  # collected at T1: 2 h late
+    done = export_grades(
+        course, "moodle", out, labs=[LAB1], roster=roster, deadlines={LAB1: deadline}
+    )
     sheet = out / f"moodle-{LAB1}-grades.csv"
     assert sheet in done.written
     assert next(csv.reader(io.StringIO(sheet.read_text()))) == MOODLE_COLUMNS
@@ -316,6 +319,8 @@ def test_term_moodle_export(term: dict[str, Path]) -> None:
     # s02: sin/cos swapped (-4 of 12 autograded points), written answers graded by hand 3 x 1.
     assert s02["Grade"] == "11" and s02["Maximum Grade"] == "18"
     assert "written answers 3/6" in s02["Feedback comments"]
+    assert s02["Status"] == "graded; late by 2.0 h"
+    assert s02["Last modified (submission)"] == "Thursday, 1 October 2026, 12:00 PM"
     s19 = rows[f"Participant {MOODLE_IDS['s19']}"]
     assert s19["Grade"] == "" and s19["Status"].startswith("unmatched")
     assert "not a readable notebook" in s19["Feedback comments"]
