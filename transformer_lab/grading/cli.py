@@ -14,6 +14,12 @@
   its deadline, as a notebook, a JupyterLab-style HTML page and (with Chromium) a screenshot.
 * ``merge --course DIR GRADEBOOK ...``: merge gradebooks graded on other machines into
   ``DIR/gradebook.db``.
+* ``collect --lms moodle|canvas|blackboard|classroom ARCHIVE --lab LAB --course DIR
+  [--roster CSV]``: an LMS's "download all submissions" into ``DIR/submitted`` (every file
+  not placed is named with its reason; exit 1 if any).
+* ``export --lms moodle|canvas --course DIR [--lab LAB ...] --out OUT``: the LMS's grade
+  import CSV and feedback zip; nbgrader's feedback layout completed.
+* ``report --course DIR [LAB ...]``: the class report (HTML and CSV) in ``DIR/report``.
 
 Labs are named in full (``01_positional_encoding``) or by prefix (``01``).
 """
@@ -67,7 +73,93 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="merge gradebooks graded elsewhere into DIR/gradebook.db")
     m.add_argument("--course", type=Path, required=True, help="folder holding gradebook.db")
     m.add_argument("gradebooks", nargs="+", type=Path, help="other gradebook.db files")
+    _lms_parsers(sub)
     return p
+
+
+def _lms_parsers(sub: argparse._SubParsersAction) -> None:
+    from transformer_lab.grading.lms import FORMATS
+
+    col = sub.add_parser("collect", help="an LMS's download of all submissions into submitted/")
+    col.add_argument("source", type=Path, help="the LMS's zip, or the folder it was unpacked in")
+    col.add_argument("--lms", required=True, choices=sorted(FORMATS))
+    col.add_argument("--lab", required=True, help="the lab these submissions are for")
+    col.add_argument("--course", type=Path, required=True, help="the course folder")
+    col.add_argument(
+        "--roster", type=Path, default=None, help="id,first_name,last_name,email[,lms_id]"
+    )
+    col.add_argument("--timezone", default="UTC", help="zone of times written without one")
+    ex = sub.add_parser("export", help="grades and feedback for an LMS's import")
+    ex.add_argument("--lms", required=True, choices=("moodle", "canvas"))
+    ex.add_argument("--course", type=Path, required=True)
+    ex.add_argument("--lab", action="append", default=None, help="only this lab (repeatable)")
+    ex.add_argument("--out", type=Path, required=True, help="folder for the CSV and zip files")
+    ex.add_argument("--roster", type=Path, default=None)
+    ex.add_argument(
+        "--canvas-assignment",
+        action="append",
+        default=[],
+        metavar="LAB=ID",
+        help="Canvas assignment id of a lab (the gradebook column 'LAB (ID)')",
+    )
+    rep = sub.add_parser("report", help="the class report: HTML page and CSV tables")
+    rep.add_argument("--course", type=Path, required=True)
+    rep.add_argument("labs", nargs="*")
+    rep.add_argument("--out", type=Path, default=None, help="default: COURSE/report")
+
+
+def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
+    from transformer_lab.grading.course import select_labs
+    from transformer_lab.grading.lms import Roster
+    from transformer_lab.grading.results import course_deadlines
+
+    roster = Roster.read(ns.roster) if getattr(ns, "roster", None) else None
+    if ns.command == "collect":
+        from transformer_lab.grading.lms import collect
+
+        done = collect(
+            ns.source,
+            lms=ns.lms,
+            lab=ns.lab,
+            course=ns.course,
+            repo=repo,
+            roster=roster,
+            timezone=ns.timezone,
+        )
+        print(done.table())
+        print(f"record:    {done.record}")
+        return 1 if done.skipped else 0
+    if ns.command == "export":
+        from transformer_lab.grading.export import export_grades
+
+        ids = {}
+        for item in ns.canvas_assignment:
+            lab, sep, number = item.partition("=")
+            if not sep or not number.strip().isdigit():
+                raise GradingError(f"--canvas-assignment {item!r} is not LAB=NUMBER")
+            ids[select_labs(repo, [lab])[0]] = number.strip()
+        labs = select_labs(repo, ns.lab) if ns.lab else None
+        done = export_grades(
+            ns.course,
+            ns.lms,
+            ns.out,
+            labs=labs,
+            roster=roster,
+            deadlines=course_deadlines(repo),
+            assignment_ids=ids,
+        )
+        for path in done.written:
+            print(f"wrote {path}")
+        for line in done.left_out:
+            print(f"left out: {line}")
+        return 0
+    from transformer_lab.grading.report import write_report
+
+    labs = select_labs(repo, ns.labs) if ns.labs else None
+    files = write_report(ns.course, labs, ns.out, course_deadlines(repo))
+    for path in files:
+        print(f"wrote {path}")
+    return 0
 
 
 def main(args: list[str]) -> int:
@@ -107,6 +199,8 @@ def main(args: list[str]) -> int:
             for path in render_labs(repo, ns.labs, ns.out, profile=ns.profile):
                 print(f"wrote {path}")
             return 0
+        if ns.command in ("collect", "export", "report"):
+            return _lms_command(repo, ns)
         if ns.command == "merge":
             from transformer_lab.grading.grade import merge_gradebooks
 
@@ -134,6 +228,10 @@ def main(args: list[str]) -> int:
             options=options,
         )
         print(report.table())
+        from transformer_lab.grading.rubrics import add_rubrics
+
+        # Formgrader shows the autograded notebooks: the written answers' rubrics go beside them.
+        add_rubrics(ns.course, repo, sorted({r.lab for r in report.results}))
         print(f"gradebook: {ns.course / 'gradebook.db'}")
         print(f"grades:    {report.csv_path}")
         print(f"feedback:  {report.feedback_dir}")

@@ -157,6 +157,10 @@ class SubmissionResult:
         error: why grading failed (``failed``/``unmatched``).
         sandbox: ``bubblewrap`` or ``none``.
         seconds: wall time spent on this submission.
+        cell_scores: test cell grade id -> [score, max] as recorded.
+        verdicts: test cell grade id -> ``{"score": float, "max_score": float, "mistake":
+            str | None, "message": str}``: the named mistake a check recognised (``None``:
+            none recognised) and what the student was told; read by ``labs report``.
     """
 
     student: str
@@ -177,6 +181,7 @@ class SubmissionResult:
     sandbox: str = ""
     seconds: float = 0.0
     cell_scores: dict[str, list[float]] = field(default_factory=dict)
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,199 @@
+"""LMS to LMS through the real grader: a Moodle download, ``labs grade``, a manual grade, export.
+
+Two lab-01 submissions (the solution and one with sin and cos swapped) come from a Moodle
+"download all submissions" zip, are graded for real (one kernel each), a written answer is
+graded by hand through nbgrader's Gradebook API (what formgrader writes), the submission is
+re-graded, and the manual grade must survive and reach both LMS exports. The rest of a class
+is covered without kernels in ``test_grading_lms.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from filelock import FileLock
+from lms_support import LAB1, MOODLE_IDS, REPO, full_name, tree_hashes, write_roster, write_zip
+from nbgrader.api import Gradebook
+
+from transformer_lab.grading.cli import main
+from transformer_lab.grading.course import grading_env
+from transformer_lab.grading.export import export_grades
+from transformer_lab.grading.grade import grade_course
+from transformer_lab.grading.lms import Roster, collect
+from transformer_lab.grading.report import write_report
+from transformer_lab.grading.results import course_outcomes
+from transformer_lab.grading.rubrics import add_rubrics
+
+pytestmark = pytest.mark.slow
+TIMEOUT = 20
+CHROMIUM = "/usr/bin/chromium"
+STUB = "# YOUR CODE HERE\n    raise NotImplementedError()"
+ENC_SWAPPED = """two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
+    angles = torch.arange(seq_len, dtype=torch.float32)[:, None] / base ** (two_i / d_model)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1).flatten(1)"""
+
+
+def _swapped() -> str:
+    nb = nbformat.read(str(REPO / "labs" / LAB1 / f"{LAB1}.ipynb"), as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "sinusoidal_encoding":
+            cell.source = cell.source.replace(STUB, ENC_SWAPPED)
+    return nbformat.writes(nb)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    home = shared / "lms_pipeline"
+    with FileLock(str(shared / "lms_pipeline.lock")):
+        if not (home / "done").exists():
+            _build(home)
+            (home / "done").write_text("ok")
+    return {"course": home / "course", "home": home}
+
+
+def _build(home: Path) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    solution = (REPO / "solutions" / LAB1 / f"{LAB1}.ipynb").read_text()
+    when = (2026, 10, 2, 9, 0, 0)
+    archive = write_zip(
+        home / "moodle.zip",
+        [
+            (f"{full_name(s)}_{MOODLE_IDS[s]}_assignsubmission_file_/{name}", text, when)
+            for s, name, text in (
+                ("s01", f"{LAB1}.ipynb", solution),
+                ("s02", "lab1 final.ipynb", _swapped()),
+            )
+        ],
+    )
+    (home / "archive.sha").write_text(repr(tree_hashes(archive)))
+    roster = Roster.read(write_roster(home / "roster.csv"))
+    course = home / "course"
+    collect(archive, lms="moodle", lab=LAB1, course=course, repo=REPO, roster=roster)
+    (home / "submitted.sha").write_text(repr(tree_hashes(course / "submitted")))
+    grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        grade = gb.find_grade("written_small_base", LAB1, LAB1, "s01")
+        grade.manual_score = 1.5
+        grade.needs_manual_grade = False
+        comment = gb.find_comment("written_small_base", LAB1, LAB1, "s01")
+        comment.manual_comment = "Right idea; the wavelengths repeat sooner."
+        gb.db.commit()
+    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT)
+
+
+def test_manual_grade_survives_regrading_and_reaches_both_exports(graded: dict) -> None:
+    course, home = graded["course"], graded["home"]
+    with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        grade = gb.find_grade("written_small_base", LAB1, LAB1, "s01")
+        assert grade.manual_score == 1.5 and not grade.needs_manual_grade
+        total = float(gb.find_submission(LAB1, "s01").score)
+    assert total == 13.5  # 12 autograded points + 1.5 by hand
+    roster = Roster.read(home / "roster.csv")
+    export_grades(course, "moodle", home / "out", roster=roster)
+    export_grades(course, "canvas", home / "out", roster=roster)
+    moodle = (home / "out" / f"moodle-{LAB1}-grades.csv").read_text()
+    assert f"Participant {MOODLE_IDS['s01']},{full_name('s01')},s01@uni.example," in moodle
+    assert ",13.5,18,Yes," in moodle and "written answers 1.5/6" in moodle
+    canvas = (home / "out" / "canvas-grades.csv").read_text()
+    assert ",40001,,,,13.5" in canvas
+    # sin and cos swapped: row 0 is wrong, so every encoding check fails; the feedback says why.
+    (s02,) = [o for o in course_outcomes(course) if o.student == "s02"]
+    assert (s02.status, s02.score, s02.needs_manual) == ("graded", 0.0, 3)
+    assert "Your sin and cos are swapped" in s02.feedback.read_text()
+    assert s02.submitted == dt.datetime(2026, 10, 2, 9, tzinfo=dt.timezone.utc)
+    page = write_report(course, out=home / "report")[0].read_text()
+    assert "test_sinusoidal_encoding_values" in page
+
+
+def test_nothing_handed_in_was_modified(graded: dict) -> None:
+    home, course = graded["home"], graded["course"]
+    assert repr(tree_hashes(home / "moodle.zip")) == (home / "archive.sha").read_text()
+    assert repr(tree_hashes(course / "submitted")) == (home / "submitted.sha").read_text()
+
+
+def _formgrader(course: Path, port: int, token: str) -> subprocess.Popen:
+    """nbgrader's formgrader (a Jupyter server with its extension) on 127.0.0.1."""
+    (course / "nbgrader_config.py").write_text(
+        f"c = get_config()\nc.CourseDirectory.root = {str(course)!r}\n"
+    )
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    extensions = "{'nbgrader.server_extensions.formgrader': True}"
+    command = [
+        str(bin_dir / "jupyter"), "server", "--no-browser", "--allow-root",
+        "--ServerApp.ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
+        f"--ServerApp.jpserver_extensions={extensions}", "--ServerApp.open_browser=False",
+    ]  # fmt: skip
+    log = open(course / "formgrader.log", "w")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(command, cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
+    """A written answer graded in formgrader (Chromium) survives re-grading and is exported."""
+    if not Path(CHROMIUM).is_file() or importlib.util.find_spec("playwright") is None:
+        pytest.skip(f"needs {CHROMIUM} and the playwright package (pip install playwright)")
+    from playwright.sync_api import sync_playwright
+
+    course = tmp_path / "course"
+    shutil.copytree(graded["course"], course)
+    assert add_rubrics(course, REPO, [LAB1])  # what `labs grade` does after grading
+    port, token = _free_port(), "t" + os.urandom(8).hex()
+    server = _formgrader(course, port, token)
+    try:
+        base = f"http://127.0.0.1:{port}/formgrader"
+        with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+            notebook_id = gb.find_submission_notebook(LAB1, LAB1, "s02").id
+        with sync_playwright() as play:
+            browser = play.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            # The token as a header on every request (formgrader's API calls included).
+            context = browser.new_context(extra_http_headers={"Authorization": f"token {token}"})
+            page = context.new_page()
+            url = f"{base}/submissions/{notebook_id}/"
+            for _ in range(120):  # the server takes a few seconds to start
+                try:
+                    if page.goto(url).ok:
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.5)
+            page.wait_for_selector("#written_extrapolation")
+            text = page.inner_text("body")
+            assert "Rubric (shown to graders only" in text
+            assert "1 point: names the effect" in text  # written_small_base's rubric
+            with page.expect_response(lambda r: "/api/grade/" in r.url and r.ok):
+                page.fill("#written_extrapolation", "2")
+                page.press("#written_extrapolation", "Tab")
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert main(["grade", "--course", str(course), "01", "--student", "s02",
+                 "--timeout", str(TIMEOUT)]) in (0, 1)  # fmt: skip
+    with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        grade = gb.find_grade("written_extrapolation", LAB1, LAB1, "s02")
+        assert grade.manual_score == 2.0 and not grade.needs_manual_grade
+    roster = Roster.read(graded["home"] / "roster.csv")
+    export_grades(course, "moodle", tmp_path / "out", roster=roster)
+    export_grades(course, "canvas", tmp_path / "out", roster=roster)
+    moodle = (tmp_path / "out" / f"moodle-{LAB1}-grades.csv").read_text()
+    assert f"Participant {MOODLE_IDS['s02']},{full_name('s02')},s02@uni.example," in moodle
+    assert ",2,18,Yes," in moodle and "written answers 2/6" in moodle
+    assert ",40002,,,,2" in (tmp_path / "out" / "canvas-grades.csv").read_text()

@@ -1,0 +1,316 @@
+"""``transformer-lab labs export --lms moodle|canvas``: grades and feedback back into the LMS.
+
+Three outputs, from the gradebook (manual grades from formgrader included) and the grading
+report (:mod:`~transformer_lab.grading.results`):
+
+1. the LMS's grade-import CSV:
+
+   * Moodle's offline grading worksheet (Assignment > "Download grading worksheet", re-imported
+     with "Upload grading worksheet"), one file per lab, with the worksheet's own columns
+     ``Identifier,Full name,Email address,Status,Grade,Maximum Grade,Grade can be changed,
+     Last modified (submission),Last modified (grade),Feedback comments``. Moodle matches rows
+     by ``Identifier`` (``Participant <n>``, the number in its download's file names) and
+     imports ``Grade`` and ``Feedback comments``; ``Status`` is shown, not imported, so the
+     kit's status goes in both ``Status`` and the comments.
+   * Canvas's Gradebook import CSV (Grades > Import), one file for all labs:
+     ``Student,ID,SIS User ID,SIS Login ID,Section,<assignment> (<assignment id>)...`` with the
+     ``Points Possible`` row Canvas's own export has. Canvas matches rows by ``ID`` (its user
+     id) and turns any column it does not know into a new assignment, so the status goes into
+     a second file, ``canvas-status.csv``, not into the import.
+
+   Flagged, failed and unmatched submissions get an empty grade (the LMS leaves the grade
+   as it was) and their reasons, never a silent zero; incomplete and crashed ones get the
+   points they earned and say so.
+2. the feedback pages bundled for the LMS's bulk feedback upload: Moodle's "Upload multiple
+   feedback files in a zip" (files named ``Full Name_<n>_assignsubmission_file_<name>``, the
+   download's naming) and Canvas's "Re-upload submissions" (files named as Canvas downloads
+   them, ``<name>_<user id>_<attachment id>_<name>``; they become submission comments).
+3. nbgrader's own feedback layout for JupyterHub courses: ``labs grade`` already writes
+   ``feedback/<student>/<lab>/<lab>.html`` (``GenerateFeedback``'s layout); nbgrader's
+   ``release_feedback`` also needs ``timestamp.txt`` and ``submission_secret.txt`` beside it,
+   which are copied from the submission folder where they exist.
+
+The LMS's ids come from ``collect``'s records (``COURSE/lms/<lms>-<lab>.json``), else from the
+roster's ``lms_id``; a student with neither is left out of that LMS's files and named.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformer_lab.grading.course import GradingError
+from transformer_lab.grading.lms import Roster, lms_record
+from transformer_lab.grading.results import Outcome, course_outcomes
+
+__all__ = ["CANVAS_COLUMNS", "MOODLE_COLUMNS", "ExportReport", "export_grades"]
+
+MOODLE_COLUMNS = [
+    "Identifier",
+    "Full name",
+    "Email address",
+    "Status",
+    "Grade",
+    "Maximum Grade",
+    "Grade can be changed",
+    "Last modified (submission)",
+    "Last modified (grade)",
+    "Feedback comments",
+]
+CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+#: Statuses whose points are withheld from the LMS (empty grade) until an instructor decides.
+WITHHELD = ("flagged", "failed", "unmatched", "missing")
+#: nbgrader's release_feedback reads these beside each feedback page.
+NBGRADER_FEEDBACK_FILES = ("timestamp.txt", "submission_secret.txt")
+
+
+@dataclass
+class ExportReport:
+    """Files written by :func:`export_grades` and students left out (with why)."""
+
+    written: list[Path] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+
+    def no_id(self, lms: str, outcome: Outcome, what: str) -> None:
+        self.left_out.append(
+            f"{lms} {outcome.lab}: {outcome.student} has no {what} (collect their submission "
+            f"from {lms}, or add lms_id to the roster)"
+        )
+
+
+def _moodle_time(moment: dt.datetime | None) -> str:
+    """Moodle's worksheet date format (``Tuesday, 1 December 2026, 7:42 PM``); ``-`` if none."""
+    if moment is None:
+        return "-"
+    return moment.strftime("%A, %-d %B %Y, %-I:%M %p")
+
+
+def _points(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def grade_value(outcome: Outcome) -> str:
+    """The grade an LMS gets: points, or empty where they are withheld (flagged, ...)."""
+    return "" if outcome.status in WITHHELD else _points(outcome.score)
+
+
+def summary(outcome: Outcome) -> str:
+    """A short feedback comment: status, points, what is withheld and why."""
+    parts = [f"Status: {outcome.label}."]
+    if outcome.status in WITHHELD:
+        parts.append("No grade exported: an instructor reviews it.")
+    else:
+        auto = outcome.score - outcome.manual_score
+        parts.append(
+            f"Points: {_points(outcome.score)}/{_points(outcome.max_score)} (checks "
+            f"{_points(auto)}, written answers {_points(outcome.manual_score)}/"
+            f"{_points(outcome.manual_max)})."
+        )
+    if outcome.late_penalty:
+        parts.append(f"Late penalty: {_points(outcome.late_penalty)}.")
+    parts += [r.replace("\n", " ")[:300] for r in outcome.reasons[:5]]
+    if outcome.feedback is not None:
+        parts.append("Details in the attached feedback page.")
+    return " ".join(parts)
+
+
+def _ids(course: Path, lms: str, lab: str, roster: Roster | None) -> dict[str, dict[str, str]]:
+    """Student -> ``lms_id``, ``full_name``, ``email``, ``prefix``: collect's, else the roster's."""
+    found: dict[str, dict[str, str]] = {}
+    if roster is not None:
+        for s in roster.students:
+            found[s.id] = {
+                "lms_id": s.lms_id,
+                "full_name": s.full_name,
+                "email": s.email,
+                "last_first": f"{s.last_name}, {s.first_name}".strip(", "),
+                "prefix": "",
+            }
+    for student, item in lms_record(course, lms, lab).items():
+        row = found.setdefault(student, {"last_first": item.get("full_name", "")})
+        for key in ("lms_id", "full_name", "email", "prefix"):
+            if item.get(key):
+                row[key] = item[key]
+    return found
+
+
+def _feedback_zip(path: Path, members: list[tuple[str, Path]]) -> Path:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, source in members:
+            zf.write(source, name)
+    return path
+
+
+def _export_moodle(
+    course: Path, outcomes: list[Outcome], out: Path, roster: Roster | None, report: ExportReport
+) -> None:
+    now = dt.datetime.now(dt.timezone.utc)
+    for lab in sorted({o.lab for o in outcomes}):
+        ids = _ids(course, "moodle", lab, roster)
+        rows, members = [], []
+        for o in (o for o in outcomes if o.lab == lab):
+            who = ids.get(o.student, {})
+            if not who.get("lms_id"):
+                report.no_id("moodle", o, "Moodle participant number")
+                continue
+            name = who.get("full_name") or o.student
+            rows.append(
+                {
+                    "Identifier": f"Participant {who['lms_id']}",
+                    "Full name": name,
+                    "Email address": who.get("email", ""),
+                    "Status": o.label,
+                    "Grade": grade_value(o),
+                    "Maximum Grade": _points(o.max_score),
+                    "Grade can be changed": "Yes",
+                    "Last modified (submission)": _moodle_time(o.submitted),
+                    "Last modified (grade)": _moodle_time(now),
+                    "Feedback comments": summary(o),
+                }
+            )
+            if o.feedback is not None:
+                prefix = f"{name}_{who['lms_id']}_assignsubmission_file_"
+                members.append((f"{prefix}{lab}_feedback.html", o.feedback))
+        sheet = out / f"moodle-{lab}-grades.csv"
+        _write_csv(sheet, MOODLE_COLUMNS, rows)
+        report.written.append(sheet)
+        if members:
+            report.written.append(_feedback_zip(out / f"moodle-{lab}-feedback.zip", members))
+
+
+def _export_canvas(
+    course: Path,
+    outcomes: list[Outcome],
+    out: Path,
+    roster: Roster | None,
+    report: ExportReport,
+    assignment_ids: dict[str, str],
+) -> None:
+    labs = sorted({o.lab for o in outcomes})
+    columns = {
+        lab: f"{lab} ({assignment_ids[lab]})" if lab in assignment_ids else lab for lab in labs
+    }
+    people: dict[str, dict[str, str]] = {}
+    members = []
+    for lab in labs:
+        for student, who in _ids(course, "canvas", lab, roster).items():
+            people.setdefault(student, {}).update({k: v for k, v in who.items() if v})
+    grid: dict[str, dict[str, str]] = {}
+    status_rows = []
+    maxima: dict[str, str] = {}
+    for o in outcomes:
+        who = people.get(o.student, {})
+        if not who.get("lms_id"):
+            report.no_id("canvas", o, "Canvas user id")
+            continue
+        row = grid.setdefault(
+            o.student,
+            {
+                "Student": who.get("last_first") or who.get("full_name") or o.student,
+                "ID": who["lms_id"],
+                "SIS User ID": "",
+                "SIS Login ID": "",
+                "Section": "",
+            },
+        )
+        row[columns[o.lab]] = grade_value(o)
+        maxima[columns[o.lab]] = (
+            _points(o.max_score) if o.max_score else maxima.get(columns[o.lab], "")
+        )
+        status_rows.append(
+            {
+                "Student": row["Student"],
+                "ID": who["lms_id"],
+                "assignment": columns[o.lab],
+                "status": o.status,
+                "points": grade_value(o),
+                "max_points": _points(o.max_score),
+                "comment": summary(o),
+            }
+        )
+        lab_prefix = _ids(course, "canvas", o.lab, None).get(o.student, {}).get("prefix")
+        if o.feedback is not None:
+            squashed = re.sub(r"[^a-z0-9]", "", (who.get("last_first") or o.student).lower())
+            prefix = lab_prefix or f"{squashed}_{who['lms_id']}_0_"
+            members.append((f"{prefix}{o.lab}_feedback.html", o.feedback))
+    fields = [*CANVAS_COLUMNS, *columns.values()]
+    points_row = {"Student": "Points Possible", **maxima}
+    sheet = out / "canvas-grades.csv"
+    _write_csv(sheet, fields, [points_row, *grid.values()])
+    status = out / "canvas-status.csv"
+    _write_csv(status, list(status_rows[0]) if status_rows else ["Student"], status_rows)
+    report.written += [sheet, status]
+    if members:
+        report.written.append(_feedback_zip(out / "canvas-feedback.zip", members))
+
+
+def _write_csv(path: Path, fields: list[str], rows: list[dict[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def complete_nbgrader_feedback(course: Path) -> list[Path]:
+    """Copy ``timestamp.txt``/``submission_secret.txt`` beside each feedback page (nbgrader's
+    ``release_feedback`` reads them there); return the files written."""
+    written = []
+    feedback = Path(course) / "feedback"
+    for page in sorted(feedback.glob("*/*/*.html")):
+        folder = page.parent
+        student, lab = folder.parent.name, folder.name
+        for name in NBGRADER_FEEDBACK_FILES:
+            source = Path(course) / "submitted" / student / lab / name
+            if source.is_file() and not (folder / name).is_file():
+                shutil.copyfile(source, folder / name)
+                written.append(folder / name)
+    return written
+
+
+def export_grades(
+    course: Path,
+    lms: str,
+    out: Path,
+    *,
+    labs: list[str] | None = None,
+    roster: Roster | None = None,
+    deadlines: dict[str, dt.datetime] | None = None,
+    assignment_ids: dict[str, str] | None = None,
+) -> ExportReport:
+    """Write ``lms``'s grade CSV and feedback zip into ``out``; complete nbgrader's feedback.
+
+    Args:
+        course: the graded course folder.
+        lms: ``moodle`` or ``canvas``.
+        out: the folder for the files (created; existing files of the same name are replaced:
+            they are exports, made again from the gradebook).
+        labs: only these labs (default: all in the gradebook).
+        roster: the roster (names, emails and ``lms_id`` for students not collected).
+        deadlines: lab -> deadline (marks late submissions).
+        assignment_ids: Canvas only: lab -> Canvas assignment id, for the column headers.
+
+    Raises:
+        GradingError: an unknown LMS, no gradebook, an unknown lab, ``out`` inside
+            ``submitted/``.
+    """
+    if lms not in ("moodle", "canvas"):
+        raise GradingError(f"--lms {lms!r}: export writes moodle or canvas files")
+    course, out = Path(course).resolve(), Path(out).resolve()
+    if out.is_relative_to(course / "submitted"):
+        raise GradingError(f"--out {out} is inside submitted/: choose another folder")
+    enrolled = [s.id for s in roster.students] if roster is not None else None
+    outcomes = course_outcomes(course, labs, deadlines, enrolled)
+    out.mkdir(parents=True, exist_ok=True)
+    report = ExportReport()
+    if lms == "moodle":
+        _export_moodle(course, outcomes, out, roster, report)
+    else:
+        _export_canvas(course, outcomes, out, roster, report, dict(assignment_ids or {}))
+    report.written += complete_nbgrader_feedback(course)
+    return report

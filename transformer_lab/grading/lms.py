@@ -1,0 +1,672 @@
+"""``transformer-lab labs collect``: an LMS's "download all submissions" into ``COURSE/submitted``.
+
+Students hand in through a learning management system; nbgrader grades
+``submitted/<student>/<lab>/``. This module is nbgrader's ``zip_collect`` for the four LMSs
+the kit knows, built from nbgrader's own plugins (:class:`~nbgrader.plugins.ExtractorPlugin`
+and :class:`~nbgrader.plugins.FileNameCollectorPlugin`, ``nbgrader/plugins/zipcollect.py``)
+with one named-group regular expression per LMS, plus what ``zip_collect`` leaves out:
+
+* student ids through a roster (nbgrader's ``db student import`` CSV: ``id,first_name,
+  last_name,email`` and an optional ``lms_id`` column: Moodle's participant number, Canvas's
+  user id, Blackboard's user name);
+* a reason for every file that is not placed (not a notebook, an unknown student, two
+  notebooks, an archive inside the archive, a notebook of another lab, a name that does not
+  follow the LMS's naming): nothing is dropped silently;
+* the LMS archive is only read: it is extracted into a temporary folder; archives inside it are
+  never opened;
+* a submission already in ``COURSE`` is never overwritten silently: as ``zip_collect`` does, the
+  newer one (by submission time) is kept; the other is moved to ``COURSE/lms/superseded/``, or
+  reported when no times allow a choice;
+* the submission time is written as ``timestamp.txt`` (``zip_collect``'s format, what
+  nbgrader's ``CourseDirectory.get_existing_timestamp`` reads) and as the notebook's mtime;
+* what each placed file was called in the LMS is kept in ``COURSE/lms/<lms>-<lab>.json``:
+  ``labs export`` needs the LMS's ids (Moodle's participant numbers, Canvas's user ids) to write
+  grades and feedback the LMS can import.
+
+The file naming of each LMS (what ``FORMATS`` matches):
+
+* Moodle, "Download all submissions" (``mod/assign``): ``Full Name_<participant>_
+  assignsubmission_file_<file>``, in one folder per student when "Download submissions in
+  folders" is on (``Full Name_<participant>_assignsubmission_file_/<file>``). The same names are
+  what Moodle's "Upload multiple feedback files in a zip" matches
+  (``mod/assign/feedback/file/importziplib.php``, ``is_valid_filename_for_import``).
+* Canvas, "Download Submissions": ``<name>_[LATE_]<user id>_<attachment id>_<file>`` where
+  ``<name>`` is the student's sortable name squashed to lower-case letters (``doejane``) and
+  ``LATE`` marks a late submission; re-uploads keep those names (Canvas Instructor Guide, "How
+  do I download all student submissions for an assignment?").
+* Blackboard Learn, "Download assignment": ``<Assignment>_<username>_attempt_<YYYY-MM-DD-HH-
+  MM-SS>_<file>`` plus a receipt ``<Assignment>_<username>_attempt_<time>.txt`` per attempt
+  (the example in nbgrader's own ``zip_collect`` documentation).
+* Google Classroom: an assignment's Drive folder downloaded as a zip. Files students upload keep
+  their own names; Classroom's "Make a copy for each student" names copies ``Student Name -
+  <title>``. The kit expects ``Student Name - <anything>.ipynb`` and also accepts
+  ``<anything> - Student Name.ipynb`` (the side that names a roster student wins).
+
+Blackboard names carry the submission time; the others do not, so for them the time is the
+archive entry's modification time (when the LMS wrote the file: Moodle and Canvas stamp each
+entry with the file's upload time), or the file's mtime for an already extracted folder, read
+in ``--timezone`` (default UTC) because zip times carry no zone.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import unicodedata
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from nbgrader.plugins import ExtractorPlugin, FileNameCollectorPlugin
+from nbgrader.utils import unzip
+
+from transformer_lab.grading.course import GradingError, read_notebook, select_labs
+
+__all__ = [
+    "FORMATS",
+    "CollectReport",
+    "LmsFormat",
+    "Roster",
+    "Student",
+    "collect",
+    "lms_record",
+    "read_timestamp",
+]
+
+ARCHIVE_EXTS = (".zip", ".gz", ".tgz", ".tar", ".bz2", ".xz", ".7z", ".rar")
+TIMESTAMP = "timestamp.txt"
+LMS_DIR = "lms"
+
+
+@dataclass(frozen=True)
+class LmsFormat:
+    """How one LMS names the files of its "download all submissions".
+
+    Attributes:
+        name: ``moodle``, ``canvas``, ``blackboard`` or ``classroom``.
+        named_regexp: for nbgrader's ``FileNameCollectorPlugin``, matched against the path
+            inside the archive; groups ``student_id`` (what names the student in the LMS) and
+            ``file_id`` (nbgrader's), optionally ``lms_id``, ``timestamp``, ``late``, ``prefix``
+            (the part before the file's own name, reused for feedback uploads), ``other``.
+        example: a file name it matches (for error messages and the docs).
+        time_format: ``strptime`` format of the ``timestamp`` group.
+        receipt: files that are the LMS's own receipts, not submissions.
+    """
+
+    name: str
+    named_regexp: str
+    example: str
+    time_format: str = ""
+    receipt: str = ""
+
+
+FORMATS: dict[str, LmsFormat] = {
+    "moodle": LmsFormat(
+        "moodle",
+        r"^(?:.*/)?(?P<prefix>(?P<student_id>[^/]+?)_(?P<lms_id>\d+)_assignsubmission_"
+        r"(?P<plugin>file|onlinetext)_)(?:/(?:.*/)?)?(?P<file_id>[^/]+)$",
+        "Jane Doe_123456_assignsubmission_file_01_positional_encoding.ipynb",
+    ),
+    "canvas": LmsFormat(
+        "canvas",
+        r"^(?:.*/)?(?P<prefix>(?P<student_id>[a-z0-9]+)_(?:(?P<late>late)_)?(?P<lms_id>\d+)_"
+        r"(?P<attachment>\d+)_)(?P<file_id>[^/]+)$",
+        "doejane_late_123456_7890123_01_positional_encoding.ipynb",
+    ),
+    "blackboard": LmsFormat(
+        "blackboard",
+        r"^(?:.*/)?(?P<prefix>(?P<assignment>[^/]+)_(?P<student_id>[^_/]+)_attempt_"
+        r"(?P<timestamp>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)_)(?P<file_id>[^/]+)$",
+        "Lab 1_jdoe_attempt_2026-10-02-14-30-00_01_positional_encoding.ipynb",
+        time_format="%Y-%m-%d-%H-%M-%S",
+        receipt=r"^(?:.*/)?[^/]+_[^_/]+_attempt_\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d\.txt$",
+    ),
+    "classroom": LmsFormat(
+        "classroom",
+        r"^(?:.*/)?(?P<student_id>[^/]+?) - (?P<other>[^/]+?)(?P<file_id>\.ipynb)$",
+        "Jane Doe - 01_positional_encoding.ipynb",
+    ),
+}
+
+
+class LmsCollector(FileNameCollectorPlugin):
+    """nbgrader's file-name collector with one LMS's ``named_regexp`` (any file extension).
+
+    Every file is matched, not only notebooks: a file the LMS named properly but that is not a
+    notebook is reported as such rather than as a badly named file.
+    """
+
+    def collect(self, submitted_file: str) -> dict | None:
+        return self._match(submitted_file)
+
+
+class LmsExtractor(ExtractorPlugin):
+    """nbgrader's extractor that opens only the LMS's own archive, never one inside it.
+
+    A student's zip inside the download is copied as a file (and then reported), because its
+    contents were not handed in through the LMS's naming and cannot be attributed safely.
+    """
+
+    def extract(self, archive_path: str, extracted_path: str) -> None:
+        for root, _, files in os.walk(archive_path):
+            target = Path(extracted_path) / Path(root).relative_to(archive_path)
+            target.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                source = os.path.join(root, name)
+                if root == archive_path and name.endswith(tuple(self.zip_ext)):
+                    unzip(source, str(target), zip_ext=self.zip_ext, tree=False)
+                else:
+                    shutil.copy(source, target / name)
+
+
+# --------------------------------------------------------------------------------------
+# The roster
+# --------------------------------------------------------------------------------------
+
+
+def _norm(text: str) -> str:
+    """Lower case, accents off, whitespace collapsed: how names are compared."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return " ".join(plain.casefold().split())
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", _norm(text))
+
+
+@dataclass(frozen=True)
+class Student:
+    """One roster row (nbgrader's ``db student import`` columns and the kit's ``lms_id``)."""
+
+    id: str
+    first_name: str = ""
+    last_name: str = ""
+    email: str = ""
+    lms_id: str = ""
+
+    @property
+    def full_name(self) -> str:
+        return " ".join(p for p in (self.first_name, self.last_name) if p) or self.id
+
+
+class Roster:
+    """Students by every key an LMS may name them with."""
+
+    def __init__(self, students: list[Student]) -> None:
+        self.students = students
+        self._keys: dict[str, list[Student]] = {}
+        for s in students:
+            keys = {s.id.casefold(), _norm(s.full_name), _squash(s.last_name + s.first_name)}
+            keys |= {_squash(s.first_name + s.last_name)}
+            if s.email:
+                keys |= {s.email.casefold(), s.email.split("@")[0].casefold()}
+            if s.lms_id:
+                keys |= {f"lms:{s.lms_id}"}
+            for key in keys - {""}:
+                self._keys.setdefault(key, []).append(s)
+
+    @classmethod
+    def read(cls, path: Path) -> Roster:
+        """Read a roster CSV (``id`` column required).
+
+        Raises:
+            GradingError: no such file, no ``id`` column, or a repeated id.
+        """
+        if not Path(path).is_file():
+            raise GradingError(f"roster {path} does not exist")
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            rows = list(csv.DictReader(handle))
+        if rows and "id" not in rows[0]:
+            raise GradingError(
+                f"roster {path} has no 'id' column (columns: {', '.join(rows[0])}); expected "
+                "nbgrader's `db student import` format: id,first_name,last_name,email[,lms_id]"
+            )
+        names = ("id", "first_name", "last_name", "email", "lms_id")
+        students = [Student(**{k: (row.get(k) or "").strip() for k in names}) for row in rows]
+        seen: set[str] = set()
+        for s in students:
+            if not s.id or s.id in seen:
+                raise GradingError(f"roster {path}: student id {s.id!r} is empty or repeated")
+            seen.add(s.id)
+        return cls(students)
+
+    def find(self, *, lms_id: str = "", names: tuple[str, ...] = ()) -> Student | None:
+        """The one student with this LMS id, else named so; ``None`` if none or several."""
+        candidates = self._keys.get(f"lms:{lms_id}", []) if lms_id else []
+        for name in names:
+            if candidates:
+                break
+            for key in (name.casefold(), _norm(name), _squash(name)):
+                if self._keys.get(key):
+                    candidates = self._keys[key]
+                    break
+        unique = list({s.id: s for s in candidates}.values())
+        return unique[0] if len(unique) == 1 else None
+
+
+def _slug(name: str) -> str:
+    """A student id made from an LMS name when there is no roster (``Jane Doe`` -> ``jane_doe``)."""
+    return re.sub(r"[^a-z0-9]+", "_", _norm(name)).strip("_") or "unknown"
+
+
+# --------------------------------------------------------------------------------------
+# Collecting
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Placed:
+    """One file of the archive and what became of it.
+
+    Attributes:
+        file: path inside the archive.
+        action: ``placed``, ``replaced`` (a newer one than what ``COURSE`` held),
+            ``unchanged`` (the same bytes were already there) or ``skipped``.
+        reason: why it was skipped, or what an instructor should know about a placed one.
+        student: the course's student id (empty when unknown).
+        lms_id, full_name, email, prefix: what the LMS calls the student and the file's prefix.
+        submitted: submission time, ISO 8601 in UTC (empty when unknown).
+        time_source: ``file name``, ``archive entry`` or ``file mtime``.
+        late: the LMS marked it late (Canvas).
+    """
+
+    file: str
+    action: str = "skipped"
+    reason: str = ""
+    student: str = ""
+    lms_id: str = ""
+    full_name: str = ""
+    email: str = ""
+    prefix: str = ""
+    submitted: str = ""
+    time_source: str = ""
+    late: bool = False
+
+
+@dataclass
+class CollectReport:
+    """What ``collect`` did with every file of one archive."""
+
+    lms: str
+    lab: str
+    archive: str
+    files: list[Placed] = field(default_factory=list)
+    record: Path | None = None
+
+    @property
+    def placed(self) -> list[Placed]:
+        return [f for f in self.files if f.action in ("placed", "replaced", "unchanged")]
+
+    @property
+    def skipped(self) -> list[Placed]:
+        return [f for f in self.files if f.action == "skipped"]
+
+    def table(self) -> str:
+        """One line per file: what happened and why."""
+        lines = [f"{self.lms} archive {self.archive} -> lab {self.lab}"]
+        for f in self.files:
+            who = f.student or "?"
+            when = f" at {f.submitted}" if f.submitted and f.action != "skipped" else ""
+            line = f"  {f.action:<9} {who:<14} {f.file}{when}"
+            lines.append(line + (f"\n            {f.reason}" if f.reason else ""))
+        lines.append(f"{len(self.placed)} placed, {len(self.skipped)} not placed")
+        return "\n".join(lines)
+
+
+def _release_of(repo: Path, lab: str) -> Any:
+    return read_notebook(repo / "labs" / lab / f"{lab}.ipynb")
+
+
+def _grade_ids(notebook: Any) -> set[str]:
+    return {
+        str(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"))
+        for cell in notebook.cells
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    }
+
+
+def _which_lab(path: Path, lab: str, releases: dict[str, Any]) -> tuple[str, str]:
+    """(``ok``|``other``|``unknown``|``broken``, detail): which lab's notebook ``path`` is.
+
+    By the nbgrader cell ids that survived (each lab's are its own: ``sinusoidal_encoding``,
+    ``test_causal_mask``): the lab sharing most of them. Where none survived (Colab can lose
+    them all), as the grader recognises a notebook: :func:`repair_notebook` matches the
+    release's graded cells by content.
+    """
+    from transformer_lab.grading.repair import repair_notebook
+
+    try:
+        notebook = read_notebook(path)
+    except Exception as exc:  # nbformat raises several kinds on broken JSON
+        return "broken", f"{type(exc).__name__}: {str(exc)[:120]}"
+    ids = _grade_ids(notebook)
+    shared = {name: len(ids & _grade_ids(release)) for name, release in releases.items()}
+    best = max(shared, key=lambda name: (shared[name], name == lab))
+    if shared[best] > 0:
+        return ("ok", "") if best == lab else ("other", best)
+    if repair_notebook(notebook, releases[lab]).ok:
+        return "ok", ""
+    return "unknown", ""
+
+
+def _entry_times(archive: Path, zone: ZoneInfo) -> dict[str, dt.datetime]:
+    """Path inside a zip -> its modification time (zip times carry no zone: read in ``zone``)."""
+    if not zipfile.is_zipfile(archive):
+        return {}
+    with zipfile.ZipFile(archive) as zf:
+        return {
+            info.filename.rstrip("/"): dt.datetime(*info.date_time, tzinfo=zone)
+            for info in zf.infolist()
+        }
+
+
+def _utc(moment: dt.datetime) -> dt.datetime:
+    return moment.astimezone(dt.timezone.utc)
+
+
+def read_timestamp(folder: Path) -> dt.datetime | None:
+    """A submission folder's ``timestamp.txt`` (UTC), as nbgrader reads it; ``None`` if none."""
+    from nbgrader.utils import parse_utc
+
+    path = folder / TIMESTAMP
+    if not path.is_file():
+        return None
+    try:
+        return parse_utc(path.read_text().strip()).replace(tzinfo=dt.timezone.utc)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _identify(
+    item: Placed, groups: dict[str, str], fmt: LmsFormat, roster: Roster | None
+) -> str | None:
+    """Fill in who ``item`` belongs to; return why it cannot be placed, or ``None``."""
+    name = groups.get("student_id", "")
+    other = groups.get("other", "")
+    item.lms_id = groups.get("lms_id", "") or ""
+    item.prefix = groups.get("prefix", "") or ""
+    item.late = bool(groups.get("late"))
+    if roster is None:
+        item.student, item.full_name = _slug(name), name
+        return None
+    found = roster.find(lms_id=item.lms_id, names=(name,))
+    if found is None and fmt.name == "classroom" and other:
+        found = roster.find(names=(other,))
+    if found is None:
+        said = f"{name!r}" + (f" (LMS id {item.lms_id})" if item.lms_id else "")
+        return f"unknown student: {said} is not in the roster (add them, or their lms_id)"
+    item.student, item.full_name, item.email = found.id, found.full_name, found.email
+    if not item.lms_id and found.lms_id:
+        item.lms_id = found.lms_id
+    return None
+
+
+def collect(
+    source: Path,
+    *,
+    lms: str,
+    lab: str,
+    course: Path,
+    repo: Path,
+    roster: Roster | None = None,
+    timezone: str = "UTC",
+) -> CollectReport:
+    """Place an LMS's "download all submissions" into ``course/submitted/<student>/<lab>/``.
+
+    Args:
+        source: the downloaded archive (``.zip``) or the folder it was extracted into.
+        lms: a key of :data:`FORMATS`.
+        lab: the lab these submissions are for (name or prefix).
+        course: the course folder (``submitted/`` is created there).
+        repo: the repository whose ``labs/`` releases identify each notebook's lab.
+        roster: maps the LMS's names and ids to course ids (without one, ids are made from
+            the LMS's names and nobody is "unknown").
+        timezone: zone of times without one (zip entry times, Blackboard's names).
+
+    Returns:
+        A :class:`CollectReport` listing every file of the archive and what became of it.
+
+    Raises:
+        GradingError: an unknown LMS, lab or zone, or a source that is neither a folder nor a
+            readable archive.
+    """
+    if lms not in FORMATS:
+        raise GradingError(f"--lms {lms!r} is not one of {', '.join(FORMATS)}")
+    fmt = FORMATS[lms]
+    (lab,) = select_labs(repo, [lab])
+    try:
+        zone = ZoneInfo(timezone)
+    except Exception as exc:
+        raise GradingError(f"--timezone {timezone!r} is not a time zone name") from exc
+    source = Path(source).resolve()
+    if not source.exists():
+        raise GradingError(f"{source} does not exist: pass the LMS's download (zip or folder)")
+    if source.is_file() and not zipfile.is_zipfile(source):
+        raise GradingError(f"{source} is not a zip archive (nor a folder of submissions)")
+    course = Path(course).resolve()
+    releases = {name: _release_of(repo, name) for name in select_labs(repo, None)}
+    report = CollectReport(lms, lab, str(source))
+    with tempfile.TemporaryDirectory(prefix="tl-collect-") as tmp:
+        extracted = Path(tmp) / "extracted"
+        extracted.mkdir()
+        if source.is_dir():
+            archive_dir, times = source, {}
+            extractor = LmsExtractor(zip_ext=[])  # a folder: copy everything, open nothing
+        else:
+            archive_dir = Path(tmp) / "archive"
+            archive_dir.mkdir()
+            (archive_dir / source.name).symlink_to(source)
+            times = _entry_times(source, zone)
+            extractor = LmsExtractor(zip_ext=[".zip"])
+        try:
+            extractor.extract(str(archive_dir), str(extracted))
+        except Exception as exc:  # zipfile, shutil and setuptools (UnsafeMember) errors
+            raise GradingError(f"could not extract {source}: {exc}") from exc
+        collector = LmsCollector(named_regexp=fmt.named_regexp)
+        # The extractor skips entries with absolute paths or "..": say so, never drop silently.
+        for name in sorted(n for n in times if not (extracted / n).is_file()):
+            if not name.endswith("/") and not (extracted / name).is_dir():
+                reason = "an unsafe path (absolute or with ..) in the archive: not extracted"
+                report.files.append(Placed(name, reason=reason))
+        candidates: dict[str, list[tuple[Placed, Path, dt.datetime | None]]] = {}
+        for path in sorted(p for p in extracted.rglob("*") if p.is_file()):
+            rel = path.relative_to(extracted).as_posix()
+            item = Placed(rel)
+            report.files.append(item)
+            when = _submission_time(rel, path, source, fmt, times, zone, item)
+            reason = _screen(rel, fmt, collector, item, roster)
+            if reason is None:
+                kind, detail = _which_lab(path, lab, releases)
+                if kind == "other":
+                    reason = f"a notebook of lab {detail}, not of {lab}: collect it with --lab"
+                elif kind == "broken":
+                    item.reason = f"placed, but not a readable notebook ({detail})"
+                elif kind == "unknown":
+                    item.reason = "placed, but its graded cells match no lab's release"
+            if reason is not None:
+                item.reason = reason
+                continue
+            candidates.setdefault(item.student, []).append((item, path, when))
+        for _student, found in candidates.items():
+            chosen = _choose(found, lab)
+            if chosen is not None:
+                _place(course, lab, *chosen, report=report)
+    report.record = _write_record(course, report)
+    return report
+
+
+def _submission_time(
+    rel: str,
+    path: Path,
+    source: Path,
+    fmt: LmsFormat,
+    times: dict[str, dt.datetime],
+    zone: ZoneInfo,
+    item: Placed,
+) -> dt.datetime | None:
+    """When the file was handed in: from its name (Blackboard), its archive entry or its mtime."""
+    found = re.match(fmt.named_regexp, rel)
+    if found and fmt.time_format and found.groupdict().get("timestamp"):
+        try:
+            when = dt.datetime.strptime(found.group("timestamp"), fmt.time_format)
+        except ValueError:
+            return None
+        moment, item.time_source = when.replace(tzinfo=zone), "file name"
+    elif rel in times:
+        moment, item.time_source = times[rel], "archive entry"
+    elif source.is_dir():
+        stamp = (source / rel).stat().st_mtime
+        moment, item.time_source = dt.datetime.fromtimestamp(stamp, dt.timezone.utc), "file mtime"
+    else:
+        return None
+    item.submitted = _utc(moment).isoformat(timespec="seconds")
+    return _utc(moment)
+
+
+def _screen(
+    rel: str, fmt: LmsFormat, collector: LmsCollector, item: Placed, roster: Roster | None
+) -> str | None:
+    """Why the file at ``rel`` cannot be placed (``None``: it can, and ``item`` knows whose)."""
+    name = Path(rel).name
+    if fmt.receipt and re.match(fmt.receipt, rel):
+        return "a Blackboard submission receipt, not a submission (its time is in its name)"
+    groups = collector.collect(rel)
+    if groups is not None:
+        reason = _identify(item, groups, fmt, roster)
+        if reason is not None:
+            return reason
+    if name.lower().endswith(ARCHIVE_EXTS):
+        return "an archive inside the archive: not opened; ask the student for the notebook"
+    if groups is None:
+        return f"the name does not follow {fmt.name}'s download naming (e.g. {fmt.example!r})"
+    if not name.lower().endswith(".ipynb"):
+        return f"not a notebook ({Path(name).suffix or 'no extension'}): only .ipynb is graded"
+    return None
+
+
+def _choose(
+    found: list[tuple[Placed, Path, dt.datetime | None]], lab: str
+) -> tuple[Placed, Path, dt.datetime | None] | None:
+    """One student's notebook to place: the newest, as ``zip_collect`` keeps the newest.
+
+    Without distinct times (two files handed in together) nothing is placed: the grader
+    cannot know which one the student meant.
+    """
+    if len(found) == 1:
+        return found[0]
+    times = [when for _, _, when in found]
+    if None in times or len(set(times)) < len(times):
+        names = ", ".join(item.file for item, _, _ in found)
+        for item, _, _ in found:
+            item.reason = (
+                f"two notebooks for {lab} from one student ({names}) and no submission times "
+                "to choose by: none placed; keep one and collect again"
+            )
+        return None
+    ordered = sorted(found, key=lambda one: one[2])
+    newest = ordered[-1]
+    for item, _, when in ordered[:-1]:
+        item.reason = (
+            f"an older attempt ({when.isoformat()}): the newest ({newest[0].file}) was placed, "
+            "as nbgrader's zip_collect keeps the newest"
+        )
+    return newest
+
+
+def _place(
+    course: Path,
+    lab: str,
+    item: Placed,
+    path: Path,
+    when: dt.datetime | None,
+    *,
+    report: CollectReport,
+) -> None:
+    """Copy one notebook to ``submitted/<student>/<lab>/<lab>.ipynb`` with its time."""
+    folder = course / "submitted" / item.student / lab
+    target = folder / f"{lab}.ipynb"
+    existing = sorted(folder.glob("*.ipynb")) if folder.is_dir() else []
+    if existing:
+        if any(_sha(p) == _sha(path) for p in existing):
+            item.action = "unchanged"
+            item.reason = (item.reason + "; " if item.reason else "") + "already collected"
+            return
+        before = read_timestamp(folder)
+        if when is None or before is None or when <= before:
+            item.reason = (
+                f"{folder} already holds a submission"
+                + (f" from {before.isoformat()}" if before else " (no time recorded)")
+                + (f" and this one is from {when.isoformat()}" if when else "")
+                + ": kept the one there (nbgrader keeps the newest); move it away to replace it"
+            )
+            item.action = "skipped"
+            return
+        stamp = before.strftime("%Y%m%dT%H%M%SZ")
+        aside = course / LMS_DIR / "superseded" / item.student / lab / stamp
+        aside.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():
+            if old.is_file():
+                shutil.move(str(old), aside / old.name)
+        item.action = "replaced"
+        item.reason = (
+            item.reason + "; " if item.reason else ""
+        ) + f"the older one moved to {aside}"
+    else:
+        item.action = "placed"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, target)
+    if when is not None:
+        # zip_collect's format (``datetime.isoformat(' ')``), read by nbgrader's parse_utc.
+        (folder / TIMESTAMP).write_text(when.replace(tzinfo=None).isoformat(" ") + "\n")
+        os.utime(target, (when.timestamp(), when.timestamp()))
+
+
+def _write_record(course: Path, report: CollectReport) -> Path:
+    """Merge what was placed into ``COURSE/lms/<lms>-<lab>.json`` (earlier collections kept)."""
+    path = course / LMS_DIR / f"{report.lms}-{report.lab}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    students = dict(old.get("students", {}))
+    for item in report.files:
+        if item.action in ("placed", "replaced"):
+            students[item.student] = asdict(item)
+        elif item.action == "unchanged":
+            students.setdefault(item.student, asdict(item))
+    runs = list(old.get("runs", []))
+    runs.append(
+        {
+            "archive": report.archive,
+            "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "files": [asdict(f) for f in report.files],
+        }
+    )
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(
+        json.dumps(
+            {"lms": report.lms, "lab": report.lab, "students": students, "runs": runs}, indent=2
+        )
+        + "\n"
+    )
+    tmp.replace(path)
+    return path
+
+
+def lms_record(course: Path, lms: str, lab: str) -> dict[str, dict[str, Any]]:
+    """Student -> what the LMS called them and their file, from earlier ``collect`` runs."""
+    path = Path(course) / LMS_DIR / f"{lms}-{lab}.json"
+    if not path.is_file():
+        return {}
+    return dict(json.loads(path.read_text()).get("students", {}))
