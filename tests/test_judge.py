@@ -70,6 +70,7 @@ def test_a_typical_mistake_fails_with_its_named_message(monkeypatch: pytest.Monk
 
     verdict, _ = _judge(monkeypatch, HIDDEN, sinusoidal_encoding=swapped)
     assert not verdict.passed and "sin and cos are swapped" in verdict.message
+    assert verdict.mistake == "Your sin and cos are swapped"
 
 
 def test_an_unwritten_answer_says_not_implemented(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,6 +61,8 @@ __all__ = [
     "expect_true",
     "forbidden",
     "generator",
+    "named_mistakes",
+    "note_mistake",
     "ran_on",
     "randint",
     "stored",
@@ -269,6 +271,23 @@ def expect_close(
     raise AssertionError(msg)
 
 
+#: The typical mistakes the checks named since the last :func:`named_mistakes` (the grader's
+#: judge reads them to say which catalogued mistake a failed cell made).
+_NAMED: list[str] = []
+
+
+def note_mistake(hint: str) -> None:
+    """Record that a check matched the typical mistake ``hint``."""
+    _NAMED.append(hint)
+
+
+def named_mistakes() -> list[str]:
+    """The mistakes named since the last call (and forget them)."""
+    found = list(_NAMED)
+    _NAMED.clear()
+    return found
+
+
 def close(a: Tensor, b: Tensor, atol: float = _ATOL, rtol: float = _RTOL) -> bool:
     """True when ``a`` and ``b`` have one shape and agree elementwise in float64.
 
@@ -336,6 +355,8 @@ def compare(
             None,
         )
     advice = named or hint
+    if named:
+        note_mistake(named)
     try:
         expect_close(t, expected, what, hint=advice, atol=atol, rtol=rtol)
     except AssertionError as exc:

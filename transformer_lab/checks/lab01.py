@@ -29,6 +29,7 @@ from transformer_lab.checks._common import (
     expect_close,
     expect_shape,
     expect_true,
+    note_mistake,
     stored,
 )
 
@@ -72,6 +73,7 @@ def diagnose(got: Tensor, mistakes: Mapping[str, Tensor], fallback: str = "") ->
     g = got.detach().to("cpu", torch.float64)
     for hint, wrong in mistakes.items():
         if g.shape == wrong.shape and torch.allclose(g, wrong, atol=_TOL, rtol=_TOL):
+            note_mistake(hint)
             return hint
     return fallback
 

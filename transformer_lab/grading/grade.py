@@ -512,6 +512,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         notes: dict[str, str] = {}
         if judged:
             scores, notes = _judged_scores(scores, verdicts_path)
+            result.verdicts = _verdict_records(scores, notes, verdicts_path)
         for gid, (score, maximum) in scores.items():
             check = None if judged else confirmed.get(gid)
             if check is not None and not check.confirmed and score > 0:
@@ -594,6 +595,22 @@ def _judged_scores(
         if not verdict["passed"]:
             notes[gid] = verdict["message"]
     return judged, notes
+
+
+def _verdict_records(
+    scores: dict[str, list[float]], notes: dict[str, str], verdicts_path: Path
+) -> dict[str, dict[str, Any]]:
+    """Per test cell: points, the judge's message and the named mistake (for the report)."""
+    verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
+    return {
+        gid: {
+            "score": score,
+            "max_score": maximum,
+            "mistake": (verdicts.get(gid) or {}).get("mistake"),
+            "message": notes.get(gid, ""),
+        }
+        for gid, (score, maximum) in scores.items()
+    }
 
 
 def _run_job(job: Job) -> tuple[SubmissionResult, dict[str, str]]:

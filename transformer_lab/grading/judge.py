@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from transformer_lab.checks._bans import ForbiddenCallError, active_ban
+from transformer_lab.checks._common import named_mistakes
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge import mirror, wire
 
@@ -115,6 +116,8 @@ class Verdict:
         grade_id: the test cell.
         passed: whether its checks passed on the values the kernel returned.
         message: why not (the check's message), or ``""``.
+        mistake: the typical mistake of the lab's catalogue the answer made, in a few words
+            (its hint up to the first colon or full stop), when a check named one.
         requests: how many requests the kernel answered.
         seconds: time the judgement took.
     """
@@ -122,6 +125,7 @@ class Verdict:
     grade_id: str
     passed: bool
     message: str = ""
+    mistake: str | None = None
     requests: int = 0
     seconds: float = 0.0
 
@@ -533,6 +537,7 @@ def judge_cell(
     """Run a test cell's trusted ``source`` here, on the student's values; its verdict."""
     started = time.monotonic()
     verdict = Verdict(grade_id, passed=False)
+    named_mistakes()  # forget what an earlier cell named
     try:
         env = namespace()
         for name in student_names(source, env):
@@ -554,4 +559,13 @@ def judge_cell(
         verdict.message = f"The check could not run on your answer: {type(exc).__name__}: {exc}"
     finally:
         verdict.requests, verdict.seconds = session.requests, time.monotonic() - started
+    named = named_mistakes()
+    if not verdict.passed and named:
+        verdict.mistake = _short(named[-1])
     return verdict
+
+
+def _short(hint: str) -> str:
+    """A catalogued mistake's name: its hint up to the first colon or full stop (120 at most)."""
+    cut = min((i for i in (hint.find(": "), hint.find(". ")) if i > 0), default=len(hint))
+    return hint[:cut].rstrip(".")[:120]
