@@ -741,6 +741,8 @@ def test_top_k_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> N
 def top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     if not 0 < p <= 1:
         raise ValueError(f"p={p} must be in (0, 1]")
+    if p == 1:  # every token, though float32 sums may reach 1 early
+        return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
     probs = torch.softmax(sorted_logits.float(), dim=-1)
     before = probs.cumsum(dim=-1) - probs  # (..., V): mass of the tokens ranked before
@@ -804,6 +806,19 @@ def top_p_in_place(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def top_p_no_range_check(logits: torch.Tensor, p: float) -> torch.Tensor:
+    if p == 1:
+        return logits.clone()
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    remove = probs.cumsum(dim=-1) - probs >= p
+    remove[..., 0] = False
+    return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+
+def top_p_sums_to_one_early(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Right but for p = 1, where a float32 running sum reaches 1 before the last tokens."""
+    if not 0 < p <= 1:
+        raise ValueError(f"p={p} must be in (0, 1]")
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
     probs = torch.softmax(sorted_logits.float(), dim=-1)
     remove = probs.cumsum(dim=-1) - probs >= p
@@ -828,6 +843,7 @@ def test_correct_top_p_passes_every_check(fn) -> None:
         (top_p_high_ids_first, ["visible", "edges"], "LOWEST first"),
         (top_p_in_place, ["visible", "hidden", "edges"], "in place"),
         (top_p_no_range_check, ["edges"], "raise ValueError"),
+        (top_p_sums_to_one_early, ["edges"], "expected [[0, 1, 2, 3, 4]]"),
     ],
 )
 def test_top_p_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:

@@ -810,6 +810,8 @@ def top_p_variant(
         ties: ``"low"`` (right: equal probabilities ranked by lower id first) or ``"high"``.
     """
     out = []
+    if p >= 1.0 and how == "crossing":  # p = 1 keeps every token, whatever the sums round to
+        return logits.detach().to(torch.float64).clone()
     for row in _rows(logits):
         top = max(row)
         weights = [math.exp(x - top) if x != -math.inf else 0.0 for x in row]
@@ -1033,13 +1035,21 @@ def hidden_check_top_p_filter(fn: Callable[..., Any], seed: int = 0) -> None:
 
 
 def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Ties at the boundary (lower id first), ``p = 1`` keeps everything, a tiny ``p`` keeps the
-    most likely token, ``-inf`` already present, large logits (1e4), ``p`` outside (0, 1]
-    raises ValueError."""
+    """Ties at the boundary (lower id first), ``p = 1`` keeps everything (also where float32 sums
+    reach 1 early), a single token, a tiny ``p`` keeps the most likely token, ``-inf`` already
+    present, large logits (1e4), ``p`` outside (0, 1] raises ValueError."""
     tied = torch.log(torch.tensor([[0.2, 0.4, 0.2, 0.2], [0.1, 0.3, 0.3, 0.3]]))  # (2, 4)
     inf = torch.tensor([[1.0, -math.inf, 3.0, 2.0, -math.inf]])
     big = torch.tensor([[1.0e4, 1.0e4 - 1.0, 1.0e4 - 3.0, 9.0e3]])
-    for logits, p in ((tied, 0.5), (tied, 0.75), (tied, 1.0), (inf, 1.0), (inf, 0.8), (big, 0.9)):
+    # In float32 the first token's probability rounds to 1, so a running sum reaches p = 1
+    # before the others: p = 1 must keep them all the same.
+    tiny = torch.tensor([[30.0, 10.0, 9.0, 9.0, -1.0]])
+    single = torch.tensor([[0.3], [-2.0]])  # one token: always kept
+    cases = (
+        (tied, 0.5), (tied, 0.75), (tied, 1.0), (inf, 1.0), (inf, 0.8), (big, 0.9),
+        (tiny, 1.0), (single, 0.5), (single, 1.0),
+    )  # fmt: skip
+    for logits, p in cases:
         _expect_logits(
             fn,
             "top_p_filter",
