@@ -22,11 +22,14 @@ be decorated too), otherwise the student package still gives the answer away. Th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+import re
+import sys
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-__all__ = ["GRADED", "LockedAnswerError", "graded", "is_locked"]
+__all__ = ["GRADED", "LockedAnswerError", "exit_on_locked", "graded", "is_locked"]
 
 T = TypeVar("T", bound=Callable[..., object])
 
@@ -34,8 +37,61 @@ T = TypeVar("T", bound=Callable[..., object])
 GRADED: dict[str, str] = {}
 
 
+#: Set by :func:`exit_on_locked`: the command whose run a locked answer ends.
+_COMMAND: list[str] = []
+_MESSAGE = re.compile(r"^(?P<name>\S+) is the answer to lab (?P<lab>\d\d_\w+),")
+
+
 class LockedAnswerError(NotImplementedError):
-    """The kit's implementation of a graded function is not in this (student) package yet."""
+    """The kit's implementation of a graded function is not in this (student) package yet.
+
+    Under :func:`exit_on_locked` (the ``transformer-lab`` commands) raising one ends the
+    command instead: a :class:`LockedAnswerExit` whose one line names the lab, so that no library
+    between the stub and the command (jsonargparse's union validation) can hide the cause.
+    """
+
+    def __new__(cls, *args: object) -> LockedAnswerError:
+        if _COMMAND and cls is LockedAnswerError:
+            return LockedAnswerExit(_COMMAND[-1], str(args[0]) if args else "")  # type: ignore[return-value]
+        return super().__new__(cls, *args)
+
+
+class LockedAnswerExit(SystemExit):
+    """A command stopped by a locked answer: exit status 2, one line on stderr (printed once)."""
+
+    def __init__(self, command: str, message: str) -> None:
+        super().__init__(2)
+        found = _MESSAGE.match(message)
+        if found:
+            self.line = f"{command}: needs {found['name']}, the answer to lab {found['lab']}, " + (
+                _how_to_get(found["name"].rpartition(".")[2])
+            )
+        else:
+            self.line = f"{command}: {message}"
+        print(self.line, file=sys.stderr)
+
+
+def _how_to_get(name: str) -> str:
+    """What a student can do about a missing answer ``name``."""
+    from transformer_lab.answers import ANSWERS, answers_folder
+
+    if any(a.name == name and a.kit for a in ANSWERS):
+        return (
+            "which this student package does not hold yet: pass its visible check in that "
+            f"lab's notebook (your answer is saved to {answers_folder()} and used from then on), "
+            "or reinstall the kit after the lab's deadline."
+        )
+    return "which the student package holds once that lab's deadline has passed: reinstall then."
+
+
+@contextlib.contextmanager
+def exit_on_locked(command: str) -> Iterator[None]:
+    """Inside, a locked answer ends ``command`` with status 2 and one line naming its lab."""
+    _COMMAND.append(command)
+    try:
+        yield
+    finally:
+        _COMMAND.pop()
 
 
 def graded(lab: str) -> Callable[[T], T]:

@@ -158,10 +158,13 @@ def collect_attention(
     if module_types is None:
         from transformer_lab.attention import MultiHeadAttention
 
-        module_types = (MultiHeadAttention,)
+        # torch's own attention too: the PyTorch stand-in of a locked EncoderBlock uses it.
+        module_types = (MultiHeadAttention, nn.MultiheadAttention)
     maps: list[Tensor] = []
 
     def ask_for_weights(module: nn.Module, a: tuple, kw: dict) -> tuple[tuple, dict]:
+        if isinstance(module, nn.MultiheadAttention):
+            return a, {**kw, "need_weights": True, "average_attn_weights": False}
         return a, {**kw, "need_weights": True}
 
     def keep_weights(module: nn.Module, a: tuple, kw: dict, output: Any) -> None:
@@ -173,9 +176,12 @@ def collect_attention(
         if isinstance(module, module_types):
             handles.append(module.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
             handles.append(module.register_forward_hook(keep_weights, with_kwargs=True))
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # torch's fused layers skip the hooks
     try:
         model(*args, **kwargs)
     finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
         for handle in handles:
             handle.remove()
     if not maps:
