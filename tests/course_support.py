@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
 import re
 import sys
 from pathlib import Path
@@ -43,17 +44,23 @@ def cells(lab: str, everything: bool) -> list[tuple[str, str]]:
 
 def main(argv: list[str]) -> int:
     lab, everything = argv[0], "--all" in argv
-    namespace: dict = {"display": lambda *a, **k: None}
+    namespace: dict = {"display": lambda *a, **k: None, "__name__": "__main__"}
     failures = 0
-    for gid, source in cells(lab, everything):
+    for number, (gid, source) in enumerate(cells(lab, everything)):
         printed = io.StringIO()
+        filename = f"<cell {number}: {gid}>"  # as IPython does: the cell's source in linecache
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
             with contextlib.redirect_stdout(printed):
-                exec(compile(source, gid, "exec"), namespace)
+                exec(compile(source, filename, "exec"), namespace)
         except BaseException as exc:  # report every failing cell
             failures += 1
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             print(f"FAIL {gid}: {type(exc).__name__}: {first}")
+            if "--trace" in argv:
+                import traceback
+
+                traceback.print_exc(limit=-6)
         if gid == "setup" or "--verbose" in argv:
             print(printed.getvalue().rstrip())
     return 1 if failures else 0

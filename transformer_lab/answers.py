@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
+import inspect
 import io
 import os
 import re
@@ -224,26 +226,45 @@ def _definitions(source: str) -> dict[str, str]:
 
 
 def _source_of(name: str, obj: Any) -> str | None:
-    """The source of the definition of ``name``: the last notebook cell that defined it
-    (IPython's history), else what :mod:`inspect` finds."""
-    import inspect
+    """The source of the definition of ``name``, read from the cell (or file) that defined it.
 
-    try:
-        from IPython import get_ipython
+    IPython keeps every cell's source in :mod:`linecache` under the file name its code carries;
+    a class is found through the code of one of its methods.
+    """
+    import linecache
 
-        shell = get_ipython()
-    except ImportError:
-        shell = None
-    history = list(getattr(shell, "user_ns", {}).get("In", [])) if shell is not None else []
-    for cell in reversed(history):
-        if name in cell:
-            found = _definitions(cell).get(name)
-            if found:
-                return found
-    try:
-        return _definitions(inspect.getsource(obj)).get(name)
-    except (OSError, TypeError):
+    functions = [obj] if not isinstance(obj, type) else list(vars(obj).values())
+    for func in functions:
+        func = getattr(func, "__func__", func)
+        code = getattr(inspect.unwrap(func), "__code__", None) if callable(func) else None
+        if code is None:
+            continue
+        found = _definitions("".join(linecache.getlines(code.co_filename))).get(name)
+        if found:
+            return found
+    return None
+
+
+#: Libraries whose modules and names a saved answer may import, as its notebook did.
+_LIBRARIES = frozenset(
+    {"torch", "math", "typing", "collections", "dataclasses", "functools", "itertools", "numpy",
+     "transformer_lab"}
+)  # fmt: skip
+
+
+def _kit_home(name: str, value: Any) -> str | None:
+    """The kit module the notebook imported ``name`` from (it may hold an installed answer)."""
+    import sys
+
+    answer = _by_name().get(name)
+    if answer is not None and answer.kit and kit_object(answer.kit) is value:
+        return answer.kit.rpartition(".")[0]
+    if not (getattr(value, "__module__", None) or "").startswith("transformer_lab"):
         return None
+    for module_name, module in sorted(sys.modules.items()):
+        if module_name.startswith("transformer_lab.") and getattr(module, name, None) is value:
+            return module_name
+    return None
 
 
 def _imports(namespace: Mapping[str, Any]) -> list[str]:
@@ -254,10 +275,16 @@ def _imports(namespace: Mapping[str, Any]) -> list[str]:
             continue
         if isinstance(value, types.ModuleType):
             full = value.__name__
+            if full.partition(".")[0] not in _LIBRARIES or full == "transformer_lab.lab":
+                continue  # the notebook's plumbing (subprocess, plots): answers need none of it
             lines.append(f"import {full}" if full == name else f"import {full} as {name}")
             continue
+        kit = _kit_home(name, value)
+        if kit is not None:
+            lines.append(f"from {kit} import {name}")
+            continue
         module = getattr(value, "__module__", None) or ""
-        if module.split(".")[0] not in ("torch", "math", "typing", "collections", "dataclasses"):
+        if module.split(".")[0] not in _LIBRARIES:
             continue
         if getattr(value, "__name__", None) != name:
             continue
@@ -322,9 +349,12 @@ class Installed:
     reason: str = ""
 
 
-def _load_saved(folder: Path, labs: Iterable[str]) -> dict[str, tuple[Any, str]]:
+def _load_saved(
+    folder: Path, labs: Iterable[str], spaces: list[dict[str, Any]] | None = None
+) -> dict[str, tuple[Any, str]]:
     """``name -> (object, "")`` from the saved files of ``labs``; a file that fails to run gives
-    ``(None, reason)`` for its names."""
+    ``(None, reason)`` for its names. Each module's namespace is appended to ``spaces`` (later
+    installs fill the kit names it imported)."""
     found: dict[str, tuple[Any, str]] = {}
     for lab in sorted(set(labs)):
         path = _file(folder, lab)
@@ -340,6 +370,8 @@ def _load_saved(folder: Path, labs: Iterable[str]) -> dict[str, tuple[Any, str]]
             for name in _by_name(lab):
                 found[name] = (None, reason)
             continue
+        if spaces is not None:
+            spaces.append(module.__dict__)
         for name in _by_name(lab):
             if name in module.__dict__:
                 found[name] = (module.__dict__[name], "")
@@ -395,6 +427,109 @@ def kit_object(dotted: str) -> Any:
         return None
 
 
+def _signature(func: Any, method: bool = False) -> tuple[set[str], int, bool, bool] | None:
+    """``(keyword names, positional count, takes *args, takes **kwargs)`` of ``func`` (without
+    ``self`` for a ``method``)."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    kinds = inspect.Parameter
+    positional = [
+        p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    names = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    return (
+        names,
+        len(positional),
+        any(p.kind is kinds.VAR_POSITIONAL for p in params),
+        any(p.kind is kinds.VAR_KEYWORD for p in params),
+    )
+
+
+def _trim(sig: tuple[set[str], int, bool, bool] | None, args: tuple, kwargs: dict) -> tuple:
+    """The arguments the student's signature takes (the kit passes more: dropout, eps...)."""
+    if sig is None:
+        return args, kwargs
+    names, count, var_args, var_kwargs = sig
+    kept_args = args if var_args else args[:count]
+    kept = kwargs if var_kwargs else {k: v for k, v in kwargs.items() if k in names}
+    return kept_args, kept
+
+
+def _fit_interface(theirs: Any, name: str, lab: str) -> Any:
+    """The student's ``theirs`` behind the kit's wider interface.
+
+    The kit's callers pass options a lab's answer need not take (``dropout``, ``need_weights``,
+    ``is_causal``...): those the student's signature lacks are left out (``is_causal`` becomes a
+    causal mask), and a KV cache it cannot take is refused with a line naming the lab.
+    """
+    if isinstance(theirs, type):
+        init = _signature(theirs.__init__, method=True)
+        forward = _signature(getattr(theirs, "forward", None), method=True)
+
+        def init_(self: Any, *args: Any, **kwargs: Any) -> None:
+            kept_args, kept = _trim(init, args, kwargs)
+            theirs.__init__(self, *kept_args, **kept)
+
+        def forward_(self: Any, *args: Any, **kwargs: Any) -> Any:
+            takes = forward[0] if forward else set()
+            if kwargs.get("kv_cache") is not None and "kv_cache" not in takes:
+                raise NotImplementedError(
+                    f"your saved {name} (lab {lab}) takes no kv_cache: the kit's decoding with a "
+                    "cache needs one; decode without a cache (use_cache=False)"
+                )
+            if kwargs.pop("is_causal", False) and "is_causal" not in takes:
+                from transformer_lab.masks import causal_mask
+
+                kwargs["mask"] = causal_mask(args[0].shape[1], device=args[0].device)
+            kept_args, kept = _trim(forward, args, kwargs)
+            return theirs.forward(self, *kept_args, **kept)
+
+        body = {"__init__": init_, "__module__": theirs.__module__}
+        if forward is not None:
+            body["forward"] = forward_
+        fitted = type(name, (theirs,), body)
+        fitted.__qualname__ = theirs.__qualname__
+        return fitted
+    if not callable(theirs):
+        return theirs
+    if name == "combine_masks":
+        return _combine_masks_taking_none(theirs)
+    sig = _signature(theirs)
+    if sig is None or sig[3]:
+        return theirs
+
+    @functools.wraps(theirs)
+    def fitted_function(*args: Any, **kwargs: Any) -> Any:
+        kept_args, kept = _trim(sig, args, kwargs)
+        return theirs(*kept_args, **kept)
+
+    return fitted_function
+
+
+def _combine_masks_taking_none(theirs: Callable[..., Any]) -> Callable[..., Any]:
+    """Lab 05's ``combine_masks`` takes two masks; the kit's callers pass None for "no mask"."""
+
+    @functools.wraps(theirs)
+    def combine_masks(padding: Any, causal: Any) -> Any:
+        if causal is None:  # every key allowed: a full mask of the padding's length
+            T = padding.shape[-1]
+            causal = _all_allowed(T, padding.device)
+        if padding is None:
+            return causal[None, None]  # (1, 1, T, T)
+        return theirs(padding, causal)
+
+    return combine_masks
+
+
+def _all_allowed(T: int, device: Any) -> Any:
+    """A ``(T, T)`` all-True mask."""
+    import torch
+
+    return torch.ones(T, T, dtype=torch.bool, device=device)
+
+
 def install(
     before: str | None = None,
     *,
@@ -402,6 +537,9 @@ def install(
     namespaces: Iterable[dict[str, Any]] = (),
 ) -> list[Installed]:
     """Fill every locked kit answer of the labs before ``before`` (all labs when None).
+
+    Lab by lab, in course order, so a saved answer that imports an earlier one from the kit
+    (``from transformer_lab.attention import MultiHeadAttention``) gets what was installed.
 
     Args:
         before: the lab being worked on; its own answers and later ones are left locked (the
@@ -416,32 +554,36 @@ def install(
     from transformer_lab.checks._bans import exempt
     from transformer_lab.graded import is_locked
 
-    namespaces = list(namespaces)
+    spaces = list(namespaces)
     wanted = [a for a in ANSWERS if a.kit and (before is None or a.lab < before)]
     locked = [(a, obj) for a in wanted if (obj := kit_object(a.kit)) is not None and is_locked(obj)]
     use_saved = saved and not os.environ.get(GRADER_ENV)
-    mine = _load_saved(answers_folder(), {a.lab for a, _ in locked}) if use_saved else {}
-    done: list[tuple[Answer, Any, Any, str, str]] = []
-    for answer, obj in locked:
-        theirs, broken = mine.get(answer.name, (None, ""))
-        if theirs is not None:
-            _replace(obj, theirs, namespaces)
-            done.append((answer, obj, theirs, "saved", ""))
-            continue
-        stand_in = standins.STAND_INS.get(answer.kit)
-        if stand_in is not None:
-            _replace(obj, stand_in, namespaces)
-            exempt(stand_in)
-        done.append((answer, obj, stand_in, "stand-in" if stand_in else "missing", broken))
+    folder = answers_folder()
+    done: list[tuple[Answer, Any, Any, Any, str, str]] = []
+    for lab in sorted({a.lab for a, _ in locked}):
+        mine = _load_saved(folder, [lab], spaces) if use_saved else {}
+        for answer, stub in [(a, o) for a, o in locked if a.lab == lab]:
+            theirs, broken = mine.get(answer.name, (None, ""))
+            if theirs is not None:
+                fitted = _fit_interface(theirs, answer.name, answer.lab)
+                _replace(stub, fitted, spaces)
+                done.append((answer, stub, fitted, theirs, "saved", ""))
+                continue
+            stand_in = standins.STAND_INS.get(answer.kit)
+            if stand_in is not None:
+                _replace(stub, stand_in, spaces)
+                exempt(stand_in)
+            how = "stand-in" if stand_in is not None else "missing"
+            done.append((answer, stub, stand_in, None, how, broken))
     out = []
-    for answer, stub, obj, how, broken in done:  # checked once everything is in place
+    for answer, stub, fitted, theirs, how, broken in done:  # checked once all is in place
         failure = broken
         if how == "saved":
             # Its check bans the kit's name, which now holds this very answer: put the stub back
             # while the check runs.
-            _replace(obj, stub)
-            failure = _passes(answer, obj)
-            _replace(stub, obj)
+            _replace(fitted, stub, spaces)
+            failure = _passes(answer, theirs)
+            _replace(stub, fitted, spaces)
         out.append(Installed(answer, f"{how}, wrong" if failure else how, failure))
     return out
 

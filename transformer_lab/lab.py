@@ -112,6 +112,8 @@ def setup(lab: str, *, seed: int = 0) -> Session:
     _quiet()
     _inline_figures()
     _short_errors()
+    if lab >= "04":  # the labs that train with Lightning
+        _one_line_progress()
     session = Session(lab, device, profile, precision, threads, Path("runs") / lab)
     where = f"{accelerator}, {threads} thread{'s' * (threads != 1)}"
     print(
@@ -149,6 +151,25 @@ def _inline_figures() -> None:
     shell = get_ipython()
     if shell is not None and hasattr(shell, "kernel"):
         shell.run_line_magic("matplotlib", "inline")
+
+
+def _one_line_progress() -> None:
+    """Lightning's progress bar as one updating line: no bar per validation run.
+
+    Without ipywidgets, JupyterLab shows tqdm's text bars, and each validation run (and the
+    sanity check) left a bar of its own: pages of them in a long fit. The training bar stays.
+    """
+    try:
+        from lightning.pytorch.callbacks import TQDMProgressBar
+        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+    except ImportError:
+        return
+
+    def no_bar(self: Any) -> Any:
+        return Tqdm(disable=True)
+
+    TQDMProgressBar.init_validation_tqdm = no_bar  # type: ignore[method-assign]
+    TQDMProgressBar.init_sanity_tqdm = no_bar  # type: ignore[method-assign]
 
 
 def _short_errors() -> None:

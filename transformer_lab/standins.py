@@ -29,6 +29,7 @@ __all__ = [
     "StandInEncoderBlock",
     "StandInFeedForward",
     "StandInMultiHeadAttention",
+    "torch_attention",
 ]
 
 
@@ -181,49 +182,93 @@ class StandInMultiHeadAttention(nn.Module):
                 "PyTorch's multi-head attention has no KV cache: decoding with a cache needs "
                 "your MultiHeadAttention (lab 03_multi_head_attention)"
             )
-        B, T, _ = query.shape
-        S = key.shape[1]
         if is_causal:
-            mask = _causal_mask(T, device=query.device)
-        blocked = None
-        row_ok = None
-        if mask is not None:
-            full = mask.expand(B, self.n_heads, T, S)  # (B, H, T, S)
-            row_ok = full.any(dim=-1, keepdim=True)  # (B, H, T, 1)
-            blocked = ~(full | ~row_ok).reshape(B * self.n_heads, T, S)  # (B*H, T, S)
+            mask = _causal_mask(query.shape[1], device=query.device)
         biases = [p.bias for p in (self.q_proj, self.k_proj, self.v_proj)]
-        out, weights = F.multi_head_attention_forward(
-            query.transpose(0, 1),  # (T, B, D)
-            key.transpose(0, 1),
-            value.transpose(0, 1),
-            self.d_model,
-            self.n_heads,
-            None,
-            None if biases[0] is None else torch.cat(biases),
-            None,
-            None,
-            False,
-            self.dropout if self.training else 0.0,
-            self.out_proj.weight,
-            self.out_proj.bias,
-            training=self.training,
+        return torch_attention(
+            query,
+            key,
+            value,
+            mask,
+            n_heads=self.n_heads,
+            out_proj=self.out_proj,
             need_weights=need_weights,
-            attn_mask=blocked,
-            use_separate_proj_weight=True,
-            q_proj_weight=self.q_proj.weight,
-            k_proj_weight=self.k_proj.weight,
-            v_proj_weight=self.v_proj.weight,
-            average_attn_weights=False,
+            dropout_p=self.dropout if self.training else 0.0,
+            separate=(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight),
+            in_proj_bias=None if biases[0] is None else torch.cat(biases),
         )
-        out = out.transpose(0, 1)  # (B, T, D)
-        if row_ok is not None:
-            # A query no head may attend gets zero from every head: only out_proj's bias.
-            empty = ~row_ok.any(dim=1)  # (B, T, 1)
-            nothing = torch.zeros_like(out) if self.out_proj.bias is None else self.out_proj.bias
-            out = torch.where(empty, nothing, out)
-            if weights is not None:
-                weights = weights.masked_fill(~mask.expand(B, self.n_heads, T, S), 0.0)
-        return out, weights
+
+
+def torch_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    *,
+    n_heads: int,
+    out_proj: nn.Linear,
+    need_weights: bool = True,
+    dropout_p: float = 0.0,
+    separate: tuple[Tensor, Tensor, Tensor] | None = None,
+    in_proj_weight: Tensor | None = None,
+    in_proj_bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """``F.multi_head_attention_forward`` on batch-first inputs with the kit's mask convention.
+
+    Args:
+        query, key, value: ``(B, T, D)``, ``(B, S, D)``, ``(B, S, D)``.
+        mask: bool broadcasting to ``(B, H, T, S)``, True = may attend; a query that may attend
+            nothing gets zero from every head.
+        n_heads: heads ``H``.
+        out_proj: the output projection.
+        separate: the three ``(D, D)`` projection weights, or ``in_proj_weight`` (packed, torch's
+            own layout) instead.
+
+    Returns:
+        ``(out (B, T, D), weights (B, H, T, S) or None)``.
+    """
+    B, T, D = query.shape
+    S = key.shape[1]
+    blocked = None
+    row_ok = None
+    full = None
+    if mask is not None:
+        full = mask.expand(B, n_heads, T, S)  # (B, H, T, S)
+        row_ok = full.any(dim=-1, keepdim=True)  # (B, H, T, 1)
+        blocked = ~(full | ~row_ok).reshape(B * n_heads, T, S)  # (B*H, T, S)
+    q_w, k_w, v_w = separate if separate is not None else (None, None, None)
+    out, weights = F.multi_head_attention_forward(
+        query.transpose(0, 1),  # (T, B, D)
+        key.transpose(0, 1),
+        value.transpose(0, 1),
+        D,
+        n_heads,
+        in_proj_weight,
+        in_proj_bias,
+        None,
+        None,
+        False,
+        dropout_p,
+        out_proj.weight,
+        out_proj.bias,
+        training=dropout_p > 0.0,
+        need_weights=need_weights,
+        attn_mask=blocked,
+        use_separate_proj_weight=separate is not None,
+        q_proj_weight=q_w,
+        k_proj_weight=k_w,
+        v_proj_weight=v_w,
+        average_attn_weights=False,
+    )
+    out = out.transpose(0, 1)  # (B, T, D)
+    if row_ok is not None:
+        # A query no head may attend gets zero from every head: only out_proj's bias.
+        empty = ~row_ok.any(dim=1)  # (B, T, 1)
+        nothing = torch.zeros_like(out) if out_proj.bias is None else out_proj.bias
+        out = torch.where(empty, nothing, out)
+        if weights is not None:
+            weights = torch.where(full, weights, 0.0)
+    return out, weights
 
 
 class StandInEncoderBlock(nn.TransformerEncoderLayer):
