@@ -3,8 +3,9 @@
 ``python tests/course_support.py LAB [--all]`` executes, in the current process, the source
 notebook's setup cell, answer cells and visible test cells (``--all``: every code cell but
 the hidden tests, i.e. the whole notebook a student runs), each in order, and prints one line
-per failing cell: ``FAIL <grade id>: <error>``. Run under ``PYTHONPATH`` of a student package
-tree, it shows what a student with that package sees. Exit status 0 when nothing failed.
+per failing cell: ``FAIL <grade id>: <error>`` (``--times``: every cell's seconds too). Run
+under ``PYTHONPATH`` of a student package tree, it shows what a student with that package
+sees. Exit status 0 when nothing failed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import io
 import linecache
 import re
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -48,6 +50,7 @@ def main(argv: list[str]) -> int:
     failures = 0
     for number, (gid, source) in enumerate(cells(lab, everything)):
         printed = io.StringIO()
+        start = time.perf_counter()
         filename = f"<cell {number}: {gid}>"  # as IPython does: the cell's source in linecache
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
@@ -61,6 +64,8 @@ def main(argv: list[str]) -> int:
                 import traceback
 
                 traceback.print_exc(limit=-6)
+        if "--times" in argv:
+            print(f"{time.perf_counter() - start:7.1f} s  {gid}")
         if gid == "setup" or "--verbose" in argv:
             print(printed.getvalue().rstrip())
     return 1 if failures else 0

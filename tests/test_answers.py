@@ -236,3 +236,43 @@ def test_fit_in_a_locked_package_exits_2_with_one_line_naming_the_lab(
         lines = [line for line in done.stderr.splitlines() if line.startswith("transformer-lab")]
         assert len(lines) == 1 and "the answer to lab 0" in lines[0], done.stderr[-2000:]
         assert "Traceback" not in done.stderr and "Union" not in done.stderr
+
+
+@pytest.mark.slow
+def test_generate_in_a_locked_package_exits_2_with_one_line_naming_the_lab(
+    locked_tree: Path, tmp_path: Path
+) -> None:
+    from test_cli import _fit_two_steps
+
+    checkpoint = _fit_two_steps("reverse", tmp_path / "runs")  # trained with the whole kit
+    code = f"""
+        import sys
+        from transformer_lab.cli import main
+        sys.exit(main(["generate", "--ckpt_path", "{checkpoint}", "--prompt", "1 2 3"]))
+    """
+    done = _run(locked_tree, code, tmp_path, TRANSFORMER_LAB_PROFILE="grading")
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "the answer to lab 0" in lines[0], done.stderr[-2000:]
+
+
+def test_a_stamped_wheel_carries_its_version_in_metadata_and_package(tmp_path: Path) -> None:
+    import zipfile
+
+    from transformer_lab.grading.student import build_student_wheel
+
+    wheel = build_student_wheel(REPO, tmp_path, ["08_language_models"], version="0.1.0.post1").wheel
+    assert wheel.name == "transformer_lab-0.1.0.post1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        init = zf.read("transformer_lab/__init__.py").decode()
+        meta = zf.read("transformer_lab-0.1.0.post1.dist-info/METADATA").decode()
+    assert '__version__ = "0.1.0.post1"' in init and "Version: 0.1.0.post1" in meta
+
+
+def test_the_setup_cell_reads_latest_json_and_upgrades_an_older_kit() -> None:
+    from transformer_lab.grading.standard import setup_cell_source
+
+    cell = setup_cell_source("03_multi_head_attention", "https://course.example/kit/")
+    assert 'kit_site + "/latest.json"' in cell
+    assert 'latest["version"] != have' in cell and "Updating the transformer-lab kit from" in cell
+    compile(cell, "setup", "exec")

@@ -534,6 +534,7 @@ def install(
     before: str | None = None,
     *,
     saved: bool = True,
+    stand_ins: bool = True,
     namespaces: Iterable[dict[str, Any]] = (),
 ) -> list[Installed]:
     """Fill every locked kit answer of the labs before ``before`` (all labs when None).
@@ -545,6 +546,8 @@ def install(
         before: the lab being worked on; its own answers and later ones are left locked (the
             student writes them), so that no answer of this lab can lean on a stand-in.
         saved: load the student's saved answers (never in the grader's kernel).
+        stand_ins: fill the rest with PyTorch stand-ins (not for weights trained elsewhere:
+            a stand-in's parameters are laid out as PyTorch's, not as the kit's).
         namespaces: more places to fill (the notebook's globals, which imported kit names).
 
     Returns:
@@ -569,7 +572,7 @@ def install(
                 _replace(stub, fitted, spaces)
                 done.append((answer, stub, fitted, theirs, "saved", ""))
                 continue
-            stand_in = standins.STAND_INS.get(answer.kit)
+            stand_in = standins.STAND_INS.get(answer.kit) if stand_ins else None
             if stand_in is not None:
                 _replace(stub, stand_in, spaces)
                 exempt(stand_in)

@@ -35,16 +35,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_on_answers(args: list[str]) -> int:
-    """``generate`` or Lightning's CLI, with every locked answer filled first (the student's saved
-    one or a PyTorch stand-in, :mod:`transformer_lab.answers`); one still missing ends the
-    command with status 2 and one line naming its lab."""
+    """``generate`` or Lightning's CLI, with every locked answer filled first: the student's saved
+    one, or for ``fit`` a PyTorch stand-in (:mod:`transformer_lab.answers`); one still missing
+    ends the command with status 2 and one line naming its lab."""
     from transformer_lab.answers import install
     from transformer_lab.graded import LockedAnswerExit, exit_on_locked
 
     name = (
         f"transformer-lab {args[0]}" if args and not args[0].startswith("-") else "transformer-lab"
     )
-    install()
+    # A checkpoint given to generate was trained on the kit's own layers: no stand-ins there.
+    install(stand_ins=args[:1] != ["generate"])
     try:
         with exit_on_locked(name):
             if args[:1] == ["generate"]:

@@ -225,21 +225,24 @@ def plot_attention_maps(
         raise ValueError(f"{len(query_tokens)} query labels for T={t} query positions")
     if key_tokens is not None and len(key_tokens) != s:
         raise ValueError(f"{len(key_tokens)} key labels for S={s} key positions")
-    fig = Figure(figsize=(cell_size * n_heads + 1.0, cell_size * n_layers), layout="constrained")
-    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    # Room for readable token labels: about a quarter inch per token, labels on the outer axes.
+    cell = max(cell_size, 0.25 * max(t, s) + 0.8)
+    fig = Figure(figsize=(cell * n_heads + 1.0, cell * n_layers), layout="constrained")
+    axes = fig.subplots(n_layers, n_heads, squeeze=False, sharex=True, sharey=True)
     image = None
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
             image = ax.imshow(stack[layer, head].numpy(), vmin=0.0, vmax=1.0, cmap="viridis")
-            ax.set_title(f"layer {layer}, head {head}", fontsize=8)
+            ax.set_title(f"layer {layer}, head {head}", fontsize=9)
             for setter, labels in ((ax.set_yticks, query_tokens), (ax.set_xticks, key_tokens)):
                 if labels is None:
                     setter([])
                 else:
-                    setter(range(len(labels)), labels=list(labels), fontsize=6)
+                    setter(range(len(labels)), labels=list(labels), fontsize=8)
             if key_tokens is not None:
                 ax.tick_params(axis="x", labelrotation=90)
+            ax.tick_params(labelleft=head == 0, labelbottom=layer == n_layers - 1)
     axes[-1][0].set_xlabel("key")
     axes[-1][0].set_ylabel("query")
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")

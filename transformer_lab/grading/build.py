@@ -168,6 +168,9 @@ def build_student_package(repo: Path) -> tuple[Path, list[str]] | None:
         "locked": list(build.locked_labs),
     }
     (repo / STUDENT_DIST / LATEST).write_text(json.dumps(latest, indent=1) + "\n")
+    for older in (repo / STUDENT_DIST).glob("transformer_lab-*.whl"):
+        if older != build.wheel:
+            older.unlink()  # an earlier build of this generated folder: latest.json names this one
     return build.wheel, list(build.locked_labs)
 
 
