@@ -48,6 +48,10 @@ def test_stand_in_attention_and_masks_agree_with_the_kit() -> None:
     assert torch.equal(
         standins.STAND_INS["transformer_lab.masks.causal_mask"](6), masks.causal_mask(6)
     )
+    padding = torch.tensor([[True] * 4, [True, True, False, False]])  # (B, T)
+    combine = standins.STAND_INS["transformer_lab.masks.combine_masks"]
+    for args in ((padding, masks.causal_mask(4)), (None, masks.causal_mask(4)), (padding, None)):
+        assert torch.equal(combine(*args), masks.combine_masks(*args))
     x = torch.randn(2, 5, 8, generator=gen)
     torch.testing.assert_close(
         standins.STAND_INS["transformer_lab.blocks.layer_norm"](x, None, None),

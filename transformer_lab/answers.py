@@ -514,10 +514,9 @@ def _combine_masks_taking_none(theirs: Callable[..., Any]) -> Callable[..., Any]
     @functools.wraps(theirs)
     def combine_masks(padding: Any, causal: Any) -> Any:
         if causal is None:  # every key allowed: a full mask of the padding's length
-            T = padding.shape[-1]
-            causal = _all_allowed(T, padding.device)
+            causal = _all_allowed(padding.shape[-1], padding.device)
         if padding is None:
-            return causal[None, None]  # (1, 1, T, T)
+            return causal.expand(1, 1, *causal.shape)  # (1, 1, T, T)
         return theirs(padding, causal)
 
     return combine_masks

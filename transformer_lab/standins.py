@@ -139,6 +139,28 @@ class StandInFeedForward(nn.Module):
         return nn.TransformerEncoderLayer._ff_block(self, x)  # type: ignore[arg-type]
 
 
+class _OneHead:
+    num_heads = 1  # what ``nn.MultiheadAttention.merge_masks`` reads of its module
+
+
+def _combine_masks(padding: Tensor | None, causal: Tensor | None) -> Tensor:
+    """``nn.MultiheadAttention.merge_masks`` of a padding and a causal mask: ``(B, 1, T, T)``
+    bool, True = may attend (stand-in for lab 05's ``combine_masks``)."""
+    if padding is None and causal is None:
+        raise ValueError("combine_masks needs a padding mask, a causal mask or both")
+    if causal is None:
+        n = padding.shape[-1]  # keys
+        causal = torch.ones(n, n, dtype=torch.bool, device=padding.device)
+    if padding is None:
+        return causal.expand(1, 1, *causal.shape)  # (1, 1, T, T)
+    blocked = float("-inf")
+    attn = torch.zeros(causal.shape, device=causal.device).masked_fill(~causal, blocked)
+    keys = torch.zeros(padding.shape, device=padding.device).masked_fill(~padding, blocked)
+    query = torch.empty(*padding.shape, 0, device=padding.device)  # (B, T, 0): shapes only
+    merged, _ = nn.MultiheadAttention.merge_masks(_OneHead(), attn, keys, query)  # type: ignore[arg-type]
+    return merged == 0  # (B, 1, T, T)
+
+
 def _layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
     """``F.layer_norm`` over the last dimension (stand-in for lab 04's ``layer_norm``)."""
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
@@ -193,7 +215,7 @@ class StandInMultiHeadAttention(nn.Module):
             n_heads=self.n_heads,
             out_proj=self.out_proj,
             need_weights=need_weights,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.dropout * self.training,
             separate=(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight),
             in_proj_bias=None if biases[0] is None else torch.cat(biases),
         )
@@ -318,6 +340,7 @@ STAND_INS: dict[str, object] = {
     "transformer_lab.attention.masked_attention": _masked_attention,
     "transformer_lab.attention.MultiHeadAttention": StandInMultiHeadAttention,
     "transformer_lab.masks.causal_mask": _causal_mask,
+    "transformer_lab.masks.combine_masks": _combine_masks,
     "transformer_lab.blocks.layer_norm": _layer_norm,
     "transformer_lab.blocks.EncoderBlock": StandInEncoderBlock,
     "transformer_lab.blocks.FeedForward": StandInFeedForward,
