@@ -39,7 +39,12 @@ def _run_on_answers(args: list[str]) -> int:
     one, or for ``fit`` a PyTorch stand-in (:mod:`transformer_lab.answers`); one still missing
     ends the command with status 2 and one line naming its lab."""
     from transformer_lab.answers import install
-    from transformer_lab.graded import LockedAnswerExit, exit_on_locked
+    from transformer_lab.graded import (
+        LockedAnswerError,
+        LockedAnswerExit,
+        exit_on_locked,
+        locked_line,
+    )
 
     name = (
         f"transformer-lab {args[0]}" if args and not args[0].startswith("-") else "transformer-lab"
@@ -57,6 +62,9 @@ def _run_on_answers(args: list[str]) -> int:
             return run_lightning_cli(args)
     except LockedAnswerExit as stop:
         return int(stop.code)
+    except LockedAnswerError as error:  # raised while the command ran (a locked training hook)
+        print(locked_line(name, str(error)), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -29,7 +29,15 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-__all__ = ["GRADED", "LockedAnswerError", "exit_on_locked", "graded", "is_locked"]
+__all__ = [
+    "GRADED",
+    "LockedAnswerError",
+    "LockedAnswerExit",
+    "exit_on_locked",
+    "graded",
+    "is_locked",
+    "locked_line",
+]
 
 T = TypeVar("T", bound=Callable[..., object])
 
@@ -45,15 +53,26 @@ _MESSAGE = re.compile(r"^(?P<name>\S+) is the answer to lab (?P<lab>\d\d_\w+),")
 class LockedAnswerError(NotImplementedError):
     """The kit's implementation of a graded function is not in this (student) package yet.
 
-    Under :func:`exit_on_locked` (the ``transformer-lab`` commands) raising one ends the
-    command instead: a :class:`LockedAnswerExit` whose one line names the lab, so that no library
-    between the stub and the command (jsonargparse's union validation) can hide the cause.
+    Under :func:`exit_on_locked` (the ``transformer-lab`` commands), one raised while
+    jsonargparse builds the command's classes ends the command instead: a
+    :class:`LockedAnswerExit` with the line of :func:`locked_line`, since jsonargparse would
+    hide it behind "Does not validate against any of the Union subtypes". Raised anywhere else
+    it stays an exception (code that expects it still catches it).
     """
 
     def __new__(cls, *args: object) -> LockedAnswerError:
-        if _COMMAND and cls is LockedAnswerError:
+        if _COMMAND and cls is LockedAnswerError and _inside_jsonargparse():
             return LockedAnswerExit(_COMMAND[-1], str(args[0]) if args else "")  # type: ignore[return-value]
         return super().__new__(cls, *args)
+
+
+def _inside_jsonargparse() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("jsonargparse"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class LockedAnswerExit(SystemExit):
@@ -61,14 +80,19 @@ class LockedAnswerExit(SystemExit):
 
     def __init__(self, command: str, message: str) -> None:
         super().__init__(2)
-        found = _MESSAGE.match(message)
-        if found:
-            self.line = f"{command}: needs {found['name']}, the answer to lab {found['lab']}, " + (
-                _how_to_get(found["name"].rpartition(".")[2])
-            )
-        else:
-            self.line = f"{command}: {message}"
+        self.line = locked_line(command, message)
         print(self.line, file=sys.stderr)
+
+
+def locked_line(command: str, message: str) -> str:
+    """The one line a command prints for a locked answer: what is missing, which lab, what to do."""
+    found = _MESSAGE.match(message)
+    if not found:
+        return f"{command}: {message}"
+    name = found["name"]
+    return f"{command}: needs {name}, the answer to lab {found['lab']}, " + _how_to_get(
+        name.rpartition(".")[2]
+    )
 
 
 def _how_to_get(name: str) -> str:
