@@ -280,3 +280,28 @@ def test_the_setup_cell_reads_latest_json_and_upgrades_an_older_kit() -> None:
     assert 'kit_site + "/latest.json"' in cell
     assert 'latest["version"] != have' in cell and "Updating the transformer-lab kit from" in cell
     compile(cell, "setup", "exec")
+
+
+def test_a_saved_answer_is_fitted_to_the_kits_wider_interface() -> None:
+    class Narrow(torch.nn.Module):  # a lab-03 answer: no dropout, need_weights, is_causal, cache
+        def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(d_model, d_model, bias=bias)
+
+        def forward(self, query, key, value, mask=None):
+            self.seen = mask
+            return self.proj(query), None
+
+    fitted = answers._fit_interface(Narrow, "MultiHeadAttention", "03_multi_head_attention")
+    layer = fitted(8, 2, bias=False, dropout=0.1)  # the kit passes dropout
+    x = torch.randn(1, 3, 8)
+    out, _ = layer(x, x, x, need_weights=False, is_causal=True)
+    assert out.shape == (1, 3, 8) and torch.equal(layer.seen, masks.causal_mask(3))
+    with pytest.raises(NotImplementedError, match="lab 03_multi_head_attention"):
+        layer(x, x, x, kv_cache=object())
+    narrow = answers._fit_interface(
+        lambda padding, causal: padding[:, None, None, :] & causal, "combine_masks", "05_masking"
+    )
+    padding = torch.tensor([[True] * 4, [True, True, False, False]])
+    for args in ((padding, masks.causal_mask(4)), (None, masks.causal_mask(4)), (padding, None)):
+        assert torch.equal(narrow(*args), masks.combine_masks(*args))

@@ -509,24 +509,19 @@ def _fit_interface(theirs: Any, name: str, lab: str) -> Any:
 
 
 def _combine_masks_taking_none(theirs: Callable[..., Any]) -> Callable[..., Any]:
-    """Lab 05's ``combine_masks`` takes two masks; the kit's callers pass None for "no mask"."""
+    """Lab 05's ``combine_masks`` takes two masks; the kit's callers pass None for "no mask",
+    which PyTorch's own combination (the stand-in) handles."""
+    from transformer_lab.standins import STAND_INS
+
+    torch_combine = STAND_INS["transformer_lab.masks.combine_masks"]
 
     @functools.wraps(theirs)
     def combine_masks(padding: Any, causal: Any) -> Any:
-        if causal is None:  # every key allowed: a full mask of the padding's length
-            causal = _all_allowed(padding.shape[-1], padding.device)
-        if padding is None:
-            return causal.expand(1, 1, *causal.shape)  # (1, 1, T, T)
+        if padding is None or causal is None:
+            return torch_combine(padding, causal)
         return theirs(padding, causal)
 
     return combine_masks
-
-
-def _all_allowed(T: int, device: Any) -> Any:
-    """A ``(T, T)`` all-True mask."""
-    import torch
-
-    return torch.ones(T, T, dtype=torch.bool, device=device)
 
 
 def install(
