@@ -305,3 +305,15 @@ def test_a_saved_answer_is_fitted_to_the_kits_wider_interface() -> None:
     padding = torch.tensor([[True] * 4, [True, True, False, False]])
     for args in ((padding, masks.causal_mask(4)), (None, masks.causal_mask(4)), (padding, None)):
         assert torch.equal(narrow(*args), masks.combine_masks(*args))
+
+
+def test_an_idle_stand_in_is_refused_inside_a_check() -> None:
+    from transformer_lab.checks import lab03
+
+    def wraps_the_stand_in(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+        from transformer_lab import standins as s  # imported inside the call
+
+        return s.STAND_INS["transformer_lab.attention.split_heads"](x, n_heads)
+
+    with pytest.raises(AssertionError, match="does not allow"):
+        lab03.check_split_heads(wraps_the_stand_in)
