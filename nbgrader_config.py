@@ -24,10 +24,11 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # --- The kit's own course settings (read by `transformer-lab labs`; nbgrader ignores them) ---
-# What the notebooks' setup cells `pip install` on Colab or a laptop: the address where the course
-# publishes the student package that `transformer-lab labs build` writes to dist/student/
-# (docs/grading.md, "Publishing what students install"). `labs build` writes it into every lab.
-c.TransformerLab.kit_source = "https://YOUR-COURSE-SITE/transformer_lab-0.1.0-py3-none-any.whl"
+# Where the notebooks' setup cells install the kit from on Colab or a laptop: the folder where the
+# course publishes what `transformer-lab labs build` writes to dist/student/ (the wheel and
+# latest.json, which names the current build; docs/grading.md, "Publishing what students
+# install"). `labs build` writes it into every lab; a setup cell upgrades an older kit.
+c.TransformerLab.kit_source = "https://YOUR-COURSE-SITE/kit/"
 # Each lab's deadline ("2026-10-02" = the end of that day, UTC; or "2026-10-02T17:00+01:00").
 # The student package holds the kit's own answers of a lab only once its deadline has passed:
 # rebuild and republish it after each deadline. A lab without a deadline stays locked.

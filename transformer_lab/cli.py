@@ -26,18 +26,45 @@ def main(argv: list[str] | None = None) -> int:
         from transformer_lab.grading.cli import main as labs_main
 
         return labs_main(args[1:])
-    if command == "generate":
-        from transformer_lab.training.generate_cli import main as generate_main
-
-        return generate_main(args[1:])
     if command == "info":
         from transformer_lab.training.devices import print_info
 
         print_info()
         return 0
-    from transformer_lab.training.cli import run_lightning_cli
+    return _run_on_answers(args)
 
-    return run_lightning_cli(args)
+
+def _run_on_answers(args: list[str]) -> int:
+    """``generate`` or Lightning's CLI, with every locked answer filled first: the student's saved
+    one, or for ``fit`` a PyTorch stand-in (:mod:`transformer_lab.answers`); one still missing
+    ends the command with status 2 and one line naming its lab."""
+    from transformer_lab.answers import install
+    from transformer_lab.graded import (
+        LockedAnswerError,
+        LockedAnswerExit,
+        exit_on_locked,
+        locked_line,
+    )
+
+    name = (
+        f"transformer-lab {args[0]}" if args and not args[0].startswith("-") else "transformer-lab"
+    )
+    # A checkpoint given to generate was trained on the kit's own layers: no stand-ins there.
+    install(stand_ins=args[:1] != ["generate"])
+    try:
+        with exit_on_locked(name):
+            if args[:1] == ["generate"]:
+                from transformer_lab.training.generate_cli import main as generate_main
+
+                return generate_main(args[1:])
+            from transformer_lab.training.cli import run_lightning_cli
+
+            return run_lightning_cli(args)
+    except LockedAnswerExit as stop:
+        return int(stop.code)
+    except LockedAnswerError as error:  # raised while the command ran (a locked training hook)
+        print(locked_line(name, str(error)), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -22,11 +22,22 @@ be decorated too), otherwise the student package still gives the answer away. Th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+import re
+import sys
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-__all__ = ["GRADED", "LockedAnswerError", "graded", "is_locked"]
+__all__ = [
+    "GRADED",
+    "LockedAnswerError",
+    "LockedAnswerExit",
+    "exit_on_locked",
+    "graded",
+    "is_locked",
+    "locked_line",
+]
 
 T = TypeVar("T", bound=Callable[..., object])
 
@@ -34,8 +45,77 @@ T = TypeVar("T", bound=Callable[..., object])
 GRADED: dict[str, str] = {}
 
 
+#: Set by :func:`exit_on_locked`: the command whose run a locked answer ends.
+_COMMAND: list[str] = []
+_MESSAGE = re.compile(r"^(?P<name>\S+) is the answer to lab (?P<lab>\d\d_\w+),")
+
+
 class LockedAnswerError(NotImplementedError):
-    """The kit's implementation of a graded function is not in this (student) package yet."""
+    """The kit's implementation of a graded function is not in this (student) package yet.
+
+    Under :func:`exit_on_locked` (the ``transformer-lab`` commands), one raised while
+    jsonargparse builds the command's classes ends the command instead: a
+    :class:`LockedAnswerExit` with the line of :func:`locked_line`, since jsonargparse would
+    hide it behind "Does not validate against any of the Union subtypes". Raised anywhere else
+    it stays an exception (code that expects it still catches it).
+    """
+
+    def __new__(cls, *args: object) -> LockedAnswerError:
+        if _COMMAND and cls is LockedAnswerError and _inside_jsonargparse():
+            return LockedAnswerExit(_COMMAND[-1], str(args[0]) if args else "")  # type: ignore[return-value]
+        return super().__new__(cls, *args)
+
+
+def _inside_jsonargparse() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("jsonargparse"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class LockedAnswerExit(SystemExit):
+    """A command stopped by a locked answer: exit status 2, one line on stderr (printed once)."""
+
+    def __init__(self, command: str, message: str) -> None:
+        super().__init__(2)
+        self.line = locked_line(command, message)
+        print(self.line, file=sys.stderr)
+
+
+def locked_line(command: str, message: str) -> str:
+    """The one line a command prints for a locked answer: what is missing, which lab, what to do."""
+    found = _MESSAGE.match(message)
+    if not found:
+        return f"{command}: {message}"
+    name = found["name"]
+    return f"{command}: needs {name}, the answer to lab {found['lab']}, " + _how_to_get(
+        name.rpartition(".")[2]
+    )
+
+
+def _how_to_get(name: str) -> str:
+    """What a student can do about a missing answer ``name``."""
+    from transformer_lab.answers import ANSWERS, answers_folder
+
+    if any(a.name == name and a.kit for a in ANSWERS):
+        return (
+            "which this student package does not hold yet: pass its visible check in that "
+            f"lab's notebook (your answer is saved to {answers_folder()} and used from then on), "
+            "or reinstall the kit after the lab's deadline."
+        )
+    return "which the student package holds once that lab's deadline has passed: reinstall then."
+
+
+@contextlib.contextmanager
+def exit_on_locked(command: str) -> Iterator[None]:
+    """Inside, a locked answer ends ``command`` with status 2 and one line naming its lab."""
+    _COMMAND.append(command)
+    try:
+        yield
+    finally:
+        _COMMAND.pop()
 
 
 def graded(lab: str) -> Callable[[T], T]:

@@ -10,16 +10,22 @@ notebook behave the same on Colab, on a laptop and in the grader:
   (``bf16-mixed`` on recent GPUs, ``16-mixed`` on a T4, ``32-true`` on CPUs) and the run profile
   (``full`` unless the grader asks for ``grading``), and prints them on one line.
 
-Demo cells draw their figures with the student's own function once its visible check passes:
-:func:`yours_or_kit` runs that check quietly and returns the student's function, or the kit's
-version (where the student package already holds it) with a line saying which one is used.
+Earlier labs' answers carry forward (:mod:`transformer_lab.answers`): :func:`setup` fills every
+locked kit answer of an earlier lab with the student's saved one, or a PyTorch stand-in, and
+says so in a line. Demo cells draw their figures with the student's own function once its
+visible check passes: :func:`yours_or_kit` runs that check quietly, saves the student's answer
+for later labs and returns it; otherwise it returns, in this order, the student's saved answer,
+the kit's (once its lab is closed) or a PyTorch stand-in, with a line saying which one is used.
+
+A failed check (an ``AssertionError``) or a locked answer shows its message and the student's
+own lines, not pages of the kit's frames (:func:`_short_errors`).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,12 +112,23 @@ def setup(lab: str, *, seed: int = 0) -> Session:
     profile = current_profile()
     _quiet()
     _inline_figures()
+    _short_errors()
+    if "lightning" in sys.modules:  # the labs that train with Lightning import it above
+        _one_line_progress()
     session = Session(lab, device, profile, precision, threads, Path("runs") / lab)
     where = f"{accelerator}, {threads} thread{'s' * (threads != 1)}"
     print(
         f"transformer_lab {transformer_lab.__version__} | lab {lab[:2]} | profile: {profile} | "
         f"device: {where} | precision: {precision}"
     )
+    import inspect
+
+    from transformer_lab import answers
+
+    caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+    notebook = [caller.f_globals] if caller is not None else []
+    for line in answers.summary(answers.install(before=lab, namespaces=notebook)):
+        print(line)
     return session
 
 
@@ -137,19 +154,64 @@ def _inline_figures() -> None:
         shell.run_line_magic("matplotlib", "inline")
 
 
-def _kit_function(dotted: str) -> Callable[..., Any] | None:
-    """The kit's object at ``dotted`` (``"transformer_lab.positional.sinusoidal_encoding"``)."""
-    module, _, name = dotted.rpartition(".")
+def _one_line_progress() -> None:
+    """Lightning's progress bar as one updating line: no bar per validation run.
+
+    Without ipywidgets, JupyterLab shows tqdm's text bars, and each validation run (and the
+    sanity check) left a bar of its own: pages of them in a long fit. The training bar stays.
+    """
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
+        from lightning.pytorch.callbacks import TQDMProgressBar
+        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+    except ImportError:
+        return
+
+    def no_bar(self: Any) -> Any:
+        return Tqdm(disable=True)
+
+    TQDMProgressBar.init_validation_tqdm = no_bar  # type: ignore[method-assign]
+    TQDMProgressBar.init_sanity_tqdm = no_bar  # type: ignore[method-assign]
+
+
+def _short_errors() -> None:
+    """In IPython, show a failed check or a locked answer as its message and the notebook's own
+    lines (at most three), not the kit's frames. The cell still fails (nbgrader sees the error)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    from transformer_lab.graded import LockedAnswerError
+
+    def handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None):
+        import traceback
+
+        package = str(Path(__file__).resolve().parent)
+        own = [
+            f"  {Path(f.filename).name} line {f.lineno}: {(f.line or '').strip()}"
+            for f in traceback.extract_tb(tb)
+            if not str(Path(f.filename).resolve()).startswith(package)
+            and "site-packages" not in f.filename
+        ]
+        lines = [*own[-3:], f"{etype.__name__}: {value}"]
+        value._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return lines
+
+    shell.set_custom_exc((AssertionError, LockedAnswerError), handler)
 
 
 def yours_or_kit(
     yours: F, *, check: Callable[[Any], None], kit: str | None, quiet: bool = False
 ) -> F:
-    """The student's function if its visible check passes, else the kit's, saying which.
+    """The student's function if its visible check passes (saved for later labs), else the best
+    replacement, saying which.
+
+    Replacements, in order: the student's saved answer (:mod:`transformer_lab.answers`), the
+    kit's version once its lab is closed, a PyTorch stand-in
+    (:data:`transformer_lab.standins.STAND_INS`).
 
     Args:
         yours: the student's function or class from the notebook.
@@ -159,27 +221,53 @@ def yours_or_kit(
         quiet: print nothing when the student's function is used.
 
     Returns:
-        ``yours``, or the kit's version.
+        ``yours``, or its replacement.
 
     Raises:
-        RuntimeError: the student's version does not pass its check yet and the installed kit
-            does not hold an answer of this lab yet (it is still open): fix the exercise first.
+        RuntimeError: the student's version does not pass its check yet and nothing can
+            replace it: fix the exercise first.
     """
-    from transformer_lab.graded import is_locked
+    import inspect
+
+    from transformer_lab import answers
 
     name = getattr(yours, "__name__", (kit or "your code").rpartition(".")[2])
     try:
         check(yours)
     except AssertionError as exc:
-        theirs = None if kit is None else _kit_function(kit)
-        if theirs is None or is_locked(theirs):
+        found = _replacement(name, kit)
+        if found is None:
             reason = str(exc).split("\n")[0]
             raise RuntimeError(
                 f"This cell needs your {name}, which does not pass its visible check yet "
                 f"({reason}). Fix it above and run this cell again."
             ) from None
-        print(f"Your {name} does not pass its visible check yet, so this uses the kit's version.")
+        theirs, what = found
+        print(f"Your {name} does not pass its visible check yet, so this uses {what}.")
         return theirs  # type: ignore[return-value]
+    answer = next((a for a in answers.ANSWERS if a.name == name), None)
+    if answer is not None:
+        caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+        answers.save(answer.lab, name, yours, caller.f_globals if caller else {})
     if not quiet:
         print(f"(This uses your {name}.)")
     return yours
+
+
+def _replacement(name: str, kit: str | None) -> tuple[Any, str] | None:
+    """``(object, what it is)`` to use in place of the student's failing ``name``, or None."""
+    from transformer_lab import answers, standins
+    from transformer_lab.graded import is_locked
+
+    answer = next((a for a in answers.ANSWERS if a.name == name), None)
+    if answer is not None:
+        saved = answers.load_saved(answer.lab).get(name)
+        if saved is not None:
+            return saved, f"your saved {name} from {answers.answers_folder()}"
+    theirs = None if kit is None else answers.kit_object(kit)
+    if theirs is not None and not is_locked(theirs):
+        return theirs, "the kit's version"
+    stand_in = None if kit is None else standins.STAND_INS.get(kit)
+    if stand_in is not None:
+        return stand_in, "a stand-in built from PyTorch's own modules"
+    return None

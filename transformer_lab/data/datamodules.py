@@ -58,6 +58,10 @@ __all__ = [
 ]
 
 
+#: The fallback warnings already shown in this process.
+_WARNED: set[str] = set()
+
+
 class CorpusFallbackWarning(UserWarning):
     """The corpus could not be found or downloaded: a synthetic one is used instead."""
 
@@ -597,6 +601,9 @@ class CharCorpusDataModule(pl.LightningDataModule):
         except corpus.CorpusUnavailableError as err:
             if self.fallback is None:
                 raise
+            if str(err) in _WARNED:
+                return  # prepare_data and setup both fetch: one warning per corpus is enough
+            _WARNED.add(str(err))
             # Attributed to this line (stacklevel=1): the caller is Lightning's own code.
             warnings.warn(
                 f"{err}\nFalling back to the synthetic {self.fallback!r} corpus.",

@@ -158,10 +158,13 @@ def collect_attention(
     if module_types is None:
         from transformer_lab.attention import MultiHeadAttention
 
-        module_types = (MultiHeadAttention,)
+        # torch's own attention too: the PyTorch stand-in of a locked EncoderBlock uses it.
+        module_types = (MultiHeadAttention, nn.MultiheadAttention)
     maps: list[Tensor] = []
 
     def ask_for_weights(module: nn.Module, a: tuple, kw: dict) -> tuple[tuple, dict]:
+        if isinstance(module, nn.MultiheadAttention):
+            return a, {**kw, "need_weights": True, "average_attn_weights": False}
         return a, {**kw, "need_weights": True}
 
     def keep_weights(module: nn.Module, a: tuple, kw: dict, output: Any) -> None:
@@ -173,9 +176,12 @@ def collect_attention(
         if isinstance(module, module_types):
             handles.append(module.register_forward_pre_hook(ask_for_weights, with_kwargs=True))
             handles.append(module.register_forward_hook(keep_weights, with_kwargs=True))
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # torch's fused layers skip the hooks
     try:
         model(*args, **kwargs)
     finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
         for handle in handles:
             handle.remove()
     if not maps:
@@ -224,8 +230,10 @@ def plot_attention_maps(
         raise ValueError(f"{len(key_tokens)} key labels for S={s} key positions")
     if titles is not None and len(titles) != n_layers * n_heads:
         raise ValueError(f"{len(titles)} titles for {n_layers * n_heads} heatmaps")
-    fig = Figure(figsize=(cell_size * n_heads + 1.0, cell_size * n_layers), layout="constrained")
-    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    # Room for readable token labels: about a quarter inch per token, labels on the outer axes.
+    cell = max(cell_size, 0.25 * max(t, s) + 0.8)
+    fig = Figure(figsize=(cell * n_heads + 1.0, cell * n_layers), layout="constrained")
+    axes = fig.subplots(n_layers, n_heads, squeeze=False, sharex=True, sharey=True)
     image = None
     for layer in range(n_layers):
         for head in range(n_heads):
@@ -234,14 +242,15 @@ def plot_attention_maps(
             title = (
                 f"layer {layer}, head {head}" if titles is None else titles[layer * n_heads + head]
             )
-            ax.set_title(title, fontsize=8)
+            ax.set_title(title, fontsize=9)
             for setter, labels in ((ax.set_yticks, query_tokens), (ax.set_xticks, key_tokens)):
                 if labels is None:
                     setter([])
                 else:
-                    setter(range(len(labels)), labels=list(labels), fontsize=6)
+                    setter(range(len(labels)), labels=list(labels), fontsize=8)
             if key_tokens is not None:
                 ax.tick_params(axis="x", labelrotation=90)
+            ax.tick_params(labelleft=head == 0, labelbottom=layer == n_layers - 1)
     axes[-1][0].set_xlabel("key")
     axes[-1][0].set_ylabel("query")
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")

@@ -12,7 +12,10 @@ One command, four outputs, each written only where its bytes change (a rerun is 
    gradebook switched off (``--no-db``);
 4. the **student package** ``dist/student/transformer_lab-<version>-py3-none-any.whl``: the
    kit without the grader and without the answers of labs whose deadline has not passed
-   (:mod:`transformer_lab.grading.student`). The course publishes it at ``kit_source``.
+   (:mod:`transformer_lab.grading.student`), stamped with a version of its own per build
+   (``0.1.0.post<UTC time>``), and ``dist/student/latest.json`` naming it. The course
+   publishes that folder at ``kit_source``; the setup cells read ``latest.json`` and upgrade an
+   older kit.
 
 Reference: ``nbgrader generate_assignment --no-db`` (nbgrader/converters/generate_assignment.py).
 """
@@ -40,10 +43,19 @@ from transformer_lab.grading.course import (
     write_notebook,
 )
 
-__all__ = ["STUDENT_DIST", "build_labs", "generate_release", "render_setup_cells", "sync_tree"]
+__all__ = [
+    "LATEST",
+    "STUDENT_DIST",
+    "build_labs",
+    "generate_release",
+    "render_setup_cells",
+    "sync_tree",
+]
 
 #: Where ``labs build`` writes the student package (git-ignored).
 STUDENT_DIST = Path("dist") / "student"
+#: Beside the wheels: the current build's version and wheel name (what the setup cells read).
+LATEST = "latest.json"
 
 
 def generate_release(repo: Path, out_dir: Path, labs: list[str]) -> None:
@@ -134,14 +146,31 @@ def render_setup_cells(repo: Path, labs: list[str], kit_source: str) -> list[str
 
 
 def build_student_package(repo: Path) -> tuple[Path, list[str]] | None:
-    """Build ``dist/student/*.whl`` with the labs that are still locked; None without sources."""
-    from transformer_lab.grading.student import build_student_wheel, locked_labs
+    """Build ``dist/student/*.whl`` with the labs that are still locked, stamped with this
+    build's version, and ``latest.json`` beside it; None without sources."""
+    import datetime as dt
+    import json
+
+    from transformer_lab import __version__
+    from transformer_lab.grading.student import build_student_wheel, build_version, locked_labs
 
     if not (repo / "transformer_lab").is_dir() or not (repo / "pyproject.toml").is_file():
         return None
     settings = course_settings(repo)
-    locked = locked_labs(list_labs(repo), settings.deadlines)
-    build = build_student_wheel(repo, repo / STUDENT_DIST, locked)
+    now = dt.datetime.now(dt.timezone.utc)
+    locked = locked_labs(list_labs(repo), settings.deadlines, now)
+    version = build_version(__version__.split(".post")[0], now)
+    build = build_student_wheel(repo, repo / STUDENT_DIST, locked, version=version)
+    latest = {
+        "version": version,
+        "wheel": build.wheel.name,
+        "built": now.isoformat(timespec="seconds"),
+        "locked": list(build.locked_labs),
+    }
+    (repo / STUDENT_DIST / LATEST).write_text(json.dumps(latest, indent=1) + "\n")
+    for older in (repo / STUDENT_DIST).glob("transformer_lab-*.whl"):
+        if older != build.wheel:
+            older.unlink()  # an earlier build of this generated folder: latest.json names this one
     return build.wheel, list(build.locked_labs)
 
 

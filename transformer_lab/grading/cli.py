@@ -265,5 +265,8 @@ def _build(repo: Path, labs: list[str], *, student: bool) -> int:
                     "placeholder; set it to where you publish the student package"
                 )
             else:
-                print(f"publish it at {kit_source} (the labs' setup cells install it from there)")
+                print(
+                    f"publish {wheel.parent.relative_to(repo)}/ (the wheel and latest.json) at "
+                    f"{kit_source}: the labs' setup cells install or upgrade the kit from there"
+                )
     return 0

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: Where the setup cell installs the kit from until the course sets ``kit_source``.
-DEFAULT_KIT_SOURCE = "https://YOUR-COURSE-SITE/transformer_lab-0.1.0-py3-none-any.whl"
+DEFAULT_KIT_SOURCE = "https://YOUR-COURSE-SITE/kit/"
 
 HOW_GRADING_WORKS = (
     "**How grading works.** Each exercise is followed by test cells. The visible checks run "
@@ -54,26 +54,44 @@ BEFORE_SUBMITTING = (
 )
 
 _SETUP_TEMPLATE = """\
-# Setup (locked): installs the kit where it is missing (Colab), then seeds, pins the CPU threads
-# and picks the device, precision and run profile. Run this cell first.
+# Setup (locked): installs the kit where it is missing (Colab) or older than the course's current
+# build, then seeds, pins the CPU threads and picks the device, precision and run profile.
 KIT_SOURCE = "{kit_source}"
+
+import json
+import subprocess
+import sys
+import urllib.request
 
 try:
     import transformer_lab
-except ImportError:  # Colab or a fresh machine: install the course's student package once
-    import subprocess
-    import sys
-
-    print(f"Installing the transformer-lab kit from {{KIT_SOURCE}} ...")
+except ImportError:  # Colab or a fresh machine: the course's student package is installed below
+    transformer_lab = None
+# KIT_SOURCE: the course's kit folder (or a wheel in it); its latest.json names the current build.
+kit_site = KIT_SOURCE.rsplit("/", 1)[0] if KIT_SOURCE.endswith(".whl") else KIT_SOURCE.rstrip("/")
+try:
+    with urllib.request.urlopen(kit_site + "/latest.json", timeout=10) as reply:
+        latest = json.load(reply)
+except (OSError, ValueError):
+    latest = None
+have = getattr(transformer_lab, "__version__", None)
+if have is None or (latest and latest["version"] != have):
+    wheel = f"{{kit_site}}/{{latest['wheel']}}" if latest else KIT_SOURCE
+    if have is None:
+        print(f"Installing the transformer-lab kit from {{wheel}} ...")
+    else:
+        print(f"Updating the transformer-lab kit from {{have}} to {{latest['version']}} ...")
     pip = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", KIT_SOURCE], capture_output=True, text=True
+        [sys.executable, "-m", "pip", "install", "-q", wheel], capture_output=True, text=True
     )
     if pip.returncode != 0:
         reason = (pip.stderr.strip().splitlines() or ["pip failed"])[-1]
         raise SystemExit(
-            f"Could not install the kit from {{KIT_SOURCE}} ({{reason}}). Check the internet "
+            f"Could not install the kit from {{wheel}} ({{reason}}). Check the internet "
             "connection, or ask your instructor for the kit's address."
         )
+    for name in [m for m in sys.modules if m.partition(".")[0] == "transformer_lab"]:
+        del sys.modules[name]  # the new build replaces the one this kernel imported
     import transformer_lab
 
 {imports}from transformer_lab import lab

@@ -42,6 +42,7 @@ __all__ = [
     "StudentBuild",
     "build_package_tree",
     "build_student_wheel",
+    "build_version",
     "graded_definitions",
     "lock_source",
     "locked_labs",
@@ -317,13 +318,27 @@ class StudentBuild:
     locked_names: tuple[str, ...]
 
 
-def build_student_wheel(repo: Path, out_dir: Path, locked: Iterable[str]) -> StudentBuild:
+def build_version(base: str, moment: dt.datetime | None = None) -> str:
+    """The version of one build of the student package: ``<base>.post<UTC YYYYMMDDHHMMSS>``.
+
+    A PEP 440 post-release ordered by time, so each republished wheel is newer than the last to
+    pip (which reinstalls only over a different version) and to the notebooks' setup cells.
+    """
+    moment = (moment or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
+    return f"{base}.post{moment:%Y%m%d%H%M%S}"
+
+
+def build_student_wheel(
+    repo: Path, out_dir: Path, locked: Iterable[str], *, version: str | None = None
+) -> StudentBuild:
     """Build the student wheel ``transformer_lab-<version>-py3-none-any.whl`` into ``out_dir``.
 
     Args:
         repo: repository root.
         out_dir: where the wheel goes (created; an older wheel of the same name is replaced).
         locked: labs whose answers are left out.
+        version: the wheel's version (also written into ``transformer_lab.__version__``);
+            default the package's own, so the same source and locks give the same bytes.
 
     Returns:
         A :class:`StudentBuild`.
@@ -333,9 +348,10 @@ def build_student_wheel(repo: Path, out_dir: Path, locked: Iterable[str]) -> Stu
     if unknown:
         raise GradingError(f"cannot lock unknown labs {unknown}; labs: {list_labs(repo)}")
     project = _project_metadata(repo)
-    version = re.search(
+    own = re.search(
         r'^__version__ = "([^"]+)"', (repo / PACKAGE / "__init__.py").read_text(), re.M
     ).group(1)
+    version = version or own
     name = project["name"]
     dist = f"{name.replace('-', '_')}-{version}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -344,6 +360,8 @@ def build_student_wheel(repo: Path, out_dir: Path, locked: Iterable[str]) -> Stu
 
     with tempfile.TemporaryDirectory(prefix="tlab-student-") as tmp:
         names = build_package_tree(repo, Path(tmp), locked)
+        init = Path(tmp) / PACKAGE / "__init__.py"
+        init.write_text(init.read_text().replace(f'"{own}"', f'"{version}"', 1))
         files: list[tuple[str, bytes]] = []
         for path in sorted(Path(tmp).rglob("*")):
             if path.is_file():

@@ -1,0 +1,319 @@
+"""Carrying the student's answers forward, and the PyTorch stand-ins for the missing ones.
+
+In-process: the stand-ins agree with the kit's own answers (masks, empty rows, dropout off);
+answers are saved as source and loaded again; the table names real checks; the folder rule; the
+build version orders as pip orders it. In a student package with every lab locked (a
+subprocess): saved answers are installed and said so, a wrong one is named, and the package's
+own ``fit`` ends with status 2 and one line naming the lab it lacks.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from packaging.version import Version
+
+from transformer_lab import answers, attention, blocks, masks, standins
+from transformer_lab.grading.course import list_labs
+from transformer_lab.grading.student import build_package_tree, build_version
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_answer_names_a_visible_check_and_a_kit_object() -> None:
+    for answer in answers.ANSWERS:
+        assert callable(answer.check_function()), answer
+        if answer.kit is not None:
+            assert answers.kit_object(answer.kit) is not None, answer.kit
+    assert set(standins.STAND_INS) <= {a.kit for a in answers.ANSWERS}
+
+
+def test_stand_in_attention_and_masks_agree_with_the_kit() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, t, 4, generator=gen) for t in (5, 6, 6))
+    mask = torch.rand(2, 1, 5, 6, generator=gen) > 0.4
+    mask[0, 0, 1] = False  # a query that may attend nothing
+    stand_in = standins.STAND_INS["transformer_lab.attention.scaled_dot_product_attention"]
+    for got, want in zip(
+        stand_in(q, k, v, mask), attention.scaled_dot_product_attention(q, k, v, mask), strict=True
+    ):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(
+        standins.STAND_INS["transformer_lab.masks.causal_mask"](6), masks.causal_mask(6)
+    )
+    padding = torch.tensor([[True] * 4, [True, True, False, False]])  # (B, T)
+    combine = standins.STAND_INS["transformer_lab.masks.combine_masks"]
+    for args in ((padding, masks.causal_mask(4)), (None, masks.causal_mask(4)), (padding, None)):
+        assert torch.equal(combine(*args), masks.combine_masks(*args))
+    x = torch.randn(2, 5, 8, generator=gen)
+    torch.testing.assert_close(
+        standins.STAND_INS["transformer_lab.blocks.layer_norm"](x, None, None),
+        blocks.layer_norm(x, None, None),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_stand_in_multi_head_attention_is_the_kits_with_the_same_weights() -> None:
+    torch.manual_seed(0)
+    ours = attention.MultiHeadAttention(8, 2).eval()
+    theirs = standins.StandInMultiHeadAttention(8, 2).eval()
+    theirs.load_state_dict(ours.state_dict())  # the same parameter names
+    query, memory = torch.randn(2, 5, 8), torch.randn(2, 6, 8)
+    mask = torch.rand(2, 1, 5, 6) > 0.4
+    mask[1, :, 2] = False  # a query no head may attend
+    with torch.no_grad():
+        for got, want in zip(
+            theirs(query, memory, memory, mask), ours(query, memory, memory, mask), strict=True
+        ):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        got, _ = theirs(query, query, query, is_causal=True, need_weights=False)
+        want, _ = ours(query, query, query, is_causal=True, need_weights=False)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="d_model=10"):
+        standins.StandInMultiHeadAttention(10, 4)
+
+
+def test_stand_in_encoder_block_is_a_torch_encoder_layer_with_the_kits_interface() -> None:
+    block = standins.StandInEncoderBlock(8, 2, 16, norm_first=True).eval()
+    kit = blocks.EncoderBlock(8, 2, 16, norm_first=True)
+    assert sum(p.numel() for p in block.parameters()) == sum(p.numel() for p in kit.parameters())
+    x = torch.randn(2, 5, 8)
+    padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])  # (B, S)
+    with torch.no_grad():
+        out = block(x, padding[:, None, None, :])
+    assert out.shape == (2, 5, 8) and torch.isfinite(out).all()
+
+
+def _define(source: str, name: str) -> object:
+    """Define ``name`` from ``source`` as a notebook cell would (its source findable)."""
+    filename = f"<cell-{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict = {"torch": torch}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
+def test_save_writes_source_that_runs_and_keeps_earlier_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path / "mine"))
+    monkeypatch.delenv(answers.GRADER_ENV, raising=False)
+    one = _define("def softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n", "softmax")
+    two = _define(
+        "@torch.no_grad()\ndef self_attention_matrix(x):\n    return x\n", "self_attention_matrix"
+    )
+    lab = "02_self_attention"
+    path = answers.save(lab, "softmax", one, {"torch": torch})
+    assert path == tmp_path / "mine" / "lab02.py"
+    answers.save(lab, "self_attention_matrix", two, {"torch": torch})
+    text = path.read_text()
+    assert "import torch" in text and "@torch.no_grad()" in text and "def softmax" in text
+    loaded = answers.load_saved(lab)
+    assert sorted(loaded) == ["self_attention_matrix", "softmax"]
+    assert torch.allclose(loaded["softmax"](torch.zeros(3)), torch.full((3,), 1 / 3))
+    assert answers.save(lab, "not_an_answer", one, {}) is None
+    monkeypatch.setenv(answers.GRADER_ENV, "1")  # the grader's kernel: nothing saved or loaded
+    assert answers.save(lab, "softmax", one, {}) is None and answers.load_saved(lab) == {}
+
+
+def test_answers_folder_beside_the_lab_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(answers.ANSWERS_ENV, raising=False)
+    monkeypatch.setattr(answers, "DRIVE", tmp_path / "no-drive")
+    lab = tmp_path / "course" / "03_multi_head_attention"
+    lab.mkdir(parents=True)
+    assert answers.answers_folder(lab) == tmp_path / "course" / "my_answers"
+    assert answers.answers_folder(tmp_path) == tmp_path / "my_answers"
+    monkeypatch.setattr(answers, "DRIVE", tmp_path)  # Colab with Drive mounted
+    assert answers.answers_folder(lab) == tmp_path / "my_answers"
+
+
+def test_each_build_has_a_newer_version_than_the_last() -> None:
+    import datetime as dt
+
+    first = build_version("0.1.0", dt.datetime(2026, 10, 2, 9, 0, tzinfo=dt.timezone.utc))
+    later = build_version("0.1.0", dt.datetime(2026, 10, 9, 17, 30, tzinfo=dt.timezone.utc))
+    assert first == "0.1.0.post20261002090000"
+    assert Version("0.1.0") < Version(first) < Version(later)
+
+
+# --------------------------------------------------------------------------------------
+# In a student package with every lab locked
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def locked_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("locked")
+    build_package_tree(REPO, out, list_labs(REPO))
+    return out
+
+
+def _run(tree: Path, code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=cwd,
+        env={
+            "PYTHONPATH": str(tree),
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "OMP_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+_SOFTMAX_OK = """import torch
+
+
+def softmax(x, dim=-1):
+    e = (x - x.amax(dim, keepdim=True)).exp()
+    return e / e.sum(dim, keepdim=True)
+"""
+_SOFTMAX_WRONG = "def softmax(x, dim=-1):\n    return x.exp()\n"
+
+
+def test_saved_answers_fill_the_locked_kit_and_a_wrong_one_is_named(
+    locked_tree: Path, tmp_path: Path
+) -> None:
+    mine = tmp_path / "my_answers"
+    mine.mkdir()
+    (mine / "lab02.py").write_text(_SOFTMAX_OK)
+    code = """
+        import torch
+        from transformer_lab import answers, attention
+        for line in answers.summary(answers.install(before="03_multi_head_attention")):
+            print(line)
+        print(attention.softmax(torch.zeros(4)).tolist())
+        q, kv = torch.ones(1, 2, 4), torch.ones(1, 3, 4)
+        out, w = attention.scaled_dot_product_attention(q, kv, kv)
+        print(tuple(w.shape))
+    """
+    done = _run(locked_tree, code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Your saved answers: softmax (02)." in done.stdout
+    assert "PyTorch stand-ins (labs still open): sinusoidal_encoding (01); " in done.stdout
+    assert "scaled_dot_product_attention (02)" in done.stdout
+    assert "not sinusoids" in done.stdout  # lab 01's placeholder says what it is
+    assert "relative_shift_matrix (01)" in done.stdout  # no saved answer, no stand-in
+    assert "[0.25, 0.25, 0.25, 0.25]" in done.stdout and "(1, 2, 3)" in done.stdout
+    (mine / "lab02.py").write_text(_SOFTMAX_WRONG)
+    done = _run(locked_tree, code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "Warning: the demos run on your saved softmax from lab 02_self_attention, which fails"
+        in done.stdout
+    )
+    (mine / "lab02.py").write_text("def softmax(:\n")
+    done = _run(locked_tree, code, tmp_path)
+    assert (
+        "Warning: your saved softmax from lab 02_self_attention is not used: lab02.py does not run"
+        in done.stdout
+    )
+
+
+@pytest.mark.slow
+def test_fit_in_a_locked_package_exits_2_with_one_line_naming_the_lab(
+    locked_tree: Path, tmp_path: Path
+) -> None:
+    for config in ("reverse.yaml", "charlm_cpu.yaml"):
+        code = f"""
+            import sys
+            from transformer_lab.cli import main
+            config = "{REPO / "configs" / config}"
+            sys.exit(main(["fit", "--config", config, "--trainer.max_steps", "5"]))
+        """
+        done = _run(locked_tree, code, tmp_path, TRANSFORMER_LAB_PROFILE="grading")
+        assert done.returncode == 2, (config, done.stderr[-2000:])
+        lines = [line for line in done.stderr.splitlines() if line.startswith("transformer-lab")]
+        assert len(lines) == 1 and "the answer to lab 0" in lines[0], done.stderr[-2000:]
+        assert "Traceback" not in done.stderr and "Union" not in done.stderr
+
+
+@pytest.mark.slow
+def test_generate_in_a_locked_package_exits_2_with_one_line_naming_the_lab(
+    locked_tree: Path, tmp_path: Path
+) -> None:
+    from test_cli import _fit_two_steps
+
+    checkpoint = _fit_two_steps("reverse", tmp_path / "runs")  # trained with the whole kit
+    code = f"""
+        import sys
+        from transformer_lab.cli import main
+        sys.exit(main(["generate", "--ckpt_path", "{checkpoint}", "--prompt", "1 2 3"]))
+    """
+    done = _run(locked_tree, code, tmp_path, TRANSFORMER_LAB_PROFILE="grading")
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "the answer to lab 0" in lines[0], done.stderr[-2000:]
+
+
+def test_a_stamped_wheel_carries_its_version_in_metadata_and_package(tmp_path: Path) -> None:
+    import zipfile
+
+    from transformer_lab.grading.student import build_student_wheel
+
+    wheel = build_student_wheel(REPO, tmp_path, ["08_language_models"], version="0.1.0.post1").wheel
+    assert wheel.name == "transformer_lab-0.1.0.post1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        init = zf.read("transformer_lab/__init__.py").decode()
+        meta = zf.read("transformer_lab-0.1.0.post1.dist-info/METADATA").decode()
+    assert '__version__ = "0.1.0.post1"' in init and "Version: 0.1.0.post1" in meta
+
+
+def test_the_setup_cell_reads_latest_json_and_upgrades_an_older_kit() -> None:
+    from transformer_lab.grading.standard import setup_cell_source
+
+    cell = setup_cell_source("03_multi_head_attention", "https://course.example/kit/")
+    assert 'kit_site + "/latest.json"' in cell
+    assert 'latest["version"] != have' in cell and "Updating the transformer-lab kit from" in cell
+    compile(cell, "setup", "exec")
+
+
+def test_a_saved_answer_is_fitted_to_the_kits_wider_interface() -> None:
+    class Narrow(torch.nn.Module):  # a lab-03 answer: no dropout, need_weights, is_causal, cache
+        def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(d_model, d_model, bias=bias)
+
+        def forward(self, query, key, value, mask=None):
+            self.seen = mask
+            return self.proj(query), None
+
+    fitted = answers._fit_interface(Narrow, "MultiHeadAttention", "03_multi_head_attention")
+    layer = fitted(8, 2, bias=False, dropout=0.1)  # the kit passes dropout
+    x = torch.randn(1, 3, 8)
+    out, _ = layer(x, x, x, need_weights=False, is_causal=True)
+    assert out.shape == (1, 3, 8) and torch.equal(layer.seen, masks.causal_mask(3))
+    with pytest.raises(NotImplementedError, match="lab 03_multi_head_attention"):
+        layer(x, x, x, kv_cache=object())
+    narrow = answers._fit_interface(
+        lambda padding, causal: padding[:, None, None, :] & causal, "combine_masks", "05_masking"
+    )
+    padding = torch.tensor([[True] * 4, [True, True, False, False]])
+    for args in ((padding, masks.causal_mask(4)), (None, masks.causal_mask(4)), (padding, None)):
+        assert torch.equal(narrow(*args), masks.combine_masks(*args))
+
+
+def test_an_idle_stand_in_is_refused_inside_a_check() -> None:
+    from transformer_lab.checks import lab03
+
+    def wraps_the_stand_in(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+        from transformer_lab import standins as s  # imported inside the call
+
+        return s.STAND_INS["transformer_lab.attention.split_heads"](x, n_heads)
+
+    with pytest.raises(AssertionError, match="does not allow"):
+        lab03.check_split_heads(wraps_the_stand_in)

@@ -1,0 +1,629 @@
+"""The student's own answers, carried from lab to lab, and what stands in for the missing ones.
+
+A student package locks the kit's answer to every lab whose deadline has not passed
+(:mod:`transformer_lab.graded`), yet later labs and the kit's own machinery (models, ``fit``,
+``generate``) are built on those answers. This module fills each locked answer, once, in this
+order, and says which it used:
+
+1. **the student's saved answer**: when a lab's visible check passes, :func:`save` writes the
+   source of the student's function or class (never a pickle) into ``my_answers/labNN.py``, a
+   small module the student keeps (beside the notebooks, in Drive when it is mounted on Colab,
+   or anywhere ``TRANSFORMER_LAB_ANSWERS`` names); :func:`install` runs those modules and puts
+   their definitions where the kit's locked ones were;
+2. **the kit's answer**, once its lab is closed (the stub is not locked any more: nothing to do);
+3. **a stand-in built from PyTorch's own modules** (:mod:`transformer_lab.standins`), which
+   reveals nothing PyTorch does not;
+4. otherwise the locked stub stays, and whatever needs it says in one line which lab's answer
+   it lacks (:class:`~transformer_lab.graded.LockedAnswerError`).
+
+A saved answer is checked again when it is loaded (its visible check, quietly): one that fails
+is still used, since it is the student's, and the one line says so, so a later lab's surprising
+figure can be traced to it. Grading never sees any of this: the grader's kernel loads no saved
+answer (``TRANSFORMER_LAB_GUARD`` is set there) and the graded lab's own checks compute with
+their own references.
+
+:data:`ANSWERS` is the one table: which name each lab asks for, which kit object it replaces,
+and which visible check judges it.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import importlib
+import inspect
+import io
+import os
+import re
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ANSWERS",
+    "ANSWERS_ENV",
+    "Answer",
+    "Installed",
+    "answers_folder",
+    "install",
+    "kit_object",
+    "load_saved",
+    "save",
+    "summary",
+]
+
+#: Environment variable naming the folder of saved answers (overrides the search).
+ANSWERS_ENV = "TRANSFORMER_LAB_ANSWERS"
+#: Set in the grader's kernel (:mod:`transformer_lab.grading.sandbox`): no saved answer is loaded.
+GRADER_ENV = "TRANSFORMER_LAB_GUARD"
+FOLDER = "my_answers"
+DRIVE = Path("/content/drive/MyDrive")
+_LAB = re.compile(r"^\d\d_[a-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One graded name a lab asks the student to write.
+
+    Attributes:
+        name: the name the notebook defines (``"MultiHeadAttention"``).
+        lab: the lab that grades it (``"03_multi_head_attention"``).
+        check: the visible check that judges it, ``"labNN.check_..."``.
+        kit: dotted name of the kit's object it stands for; None where the kit has none with
+            the same interface (the student's own LightningModules).
+    """
+
+    name: str
+    lab: str
+    check: str
+    kit: str | None = None
+
+    def check_function(self) -> Callable[[Any], None]:
+        module, _, name = self.check.partition(".")
+        return getattr(importlib.import_module(f"transformer_lab.checks.{module}"), name)
+
+
+def _answers(lab: str, module: str, *rows: tuple[str, str] | tuple[str, str, None]) -> list[Answer]:
+    number = lab[:2]
+    out = []
+    for row in rows:
+        name, check = row[0], row[1]
+        kit = None if len(row) > 2 else f"transformer_lab.{module}.{name}"
+        out.append(Answer(name, lab, f"lab{number}.{check}", kit))
+    return out
+
+
+ANSWERS: tuple[Answer, ...] = (
+    *_answers(
+        "01_positional_encoding",
+        "positional",
+        ("sinusoidal_encoding", "check_sinusoidal_encoding"),
+        ("relative_shift_matrix", "check_relative_shift_matrix"),
+    ),
+    *_answers(
+        "02_self_attention",
+        "attention",
+        ("softmax", "check_softmax"),
+        ("self_attention_matrix", "check_self_attention_matrix"),
+        ("scaled_dot_product_attention", "check_scaled_dot_product_attention_mask"),
+    ),
+    *_answers(
+        "03_multi_head_attention",
+        "attention",
+        ("split_heads", "check_split_heads"),
+        ("merge_heads", "check_merge_heads"),
+        ("MultiHeadAttention", "check_multi_head_attention"),
+        ("load_torch_weights", "check_load_torch_weights"),
+    ),
+    *_answers(
+        "04_transformer_block",
+        "blocks",
+        ("layer_norm", "check_layer_norm"),
+        ("FeedForward", "check_feed_forward"),
+        ("EncoderBlock", "check_encoder_block"),
+    ),
+    *_answers("04_transformer_block", "", ("TaggingModule", "check_configure_optimizers", None)),
+    *_answers(
+        "05_masking",
+        "masks",
+        ("causal_mask", "check_causal_mask"),
+        ("padding_mask", "check_padding_mask"),
+        ("combine_masks", "check_combine_masks"),
+        ("depends_on_future", "check_depends_on_future"),
+    ),
+    *_answers("05_masking", "attention", ("masked_attention", "check_masked_attention")),
+    *_answers("06_decoder_training", "blocks", ("DecoderBlock", "check_decoder_block")),
+    *_answers(
+        "06_decoder_training",
+        "seq2seq",
+        ("shift_right", "check_shift_right"),
+        ("sequence_loss", "check_sequence_loss"),
+    ),
+    *_answers("06_decoder_training", "generation", ("greedy_decode", "check_greedy_decode")),
+    *_answers("06_decoder_training", "", ("TranslationModule", "check_configure_optimizers", None)),
+    *_answers(
+        "07_nlp_pipeline",
+        "tokenizers",
+        ("bpe_train", "check_bpe_train"),
+        ("bpe_encode", "check_bpe_encode"),
+    ),
+    *_answers("07_nlp_pipeline", "", ("CharTokenizer", "check_char_tokenizer", None)),
+    *_answers(
+        "07_nlp_pipeline",
+        "generation",
+        ("apply_temperature", "check_apply_temperature"),
+        ("top_k_filter", "check_top_k_filter"),
+        ("top_p_filter", "check_top_p_filter"),
+        ("beam_search", "check_beam_search"),
+    ),
+    *_answers("08_language_models", "generation", ("generate", "check_generate")),
+    *_answers(
+        "08_language_models",
+        "scale",
+        ("gpt_param_count", "check_gpt_param_count"),
+        ("training_flops", "check_training_flops"),
+        ("kv_cache_bytes", "check_kv_cache_bytes"),
+        ("gpu_days", "check_gpu_days"),
+    ),
+    *_answers(
+        "08_language_models", "", ("CausalSelfAttention", "check_causal_self_attention", None)
+    ),
+)
+
+
+def _by_name(lab: str | None = None) -> dict[str, Answer]:
+    return {a.name: a for a in ANSWERS if lab is None or a.lab == lab}
+
+
+# --------------------------------------------------------------------------------------
+# Where the answers live
+# --------------------------------------------------------------------------------------
+
+
+def answers_folder(cwd: Path | None = None) -> Path:
+    """The folder of saved answers (it may not exist yet).
+
+    ``$TRANSFORMER_LAB_ANSWERS`` if set; else ``MyDrive/my_answers`` when Google Drive is
+    mounted on Colab; else an existing ``my_answers/`` here or one folder up; else
+    ``my_answers/`` beside the lab folders (one up from a folder named like ``03_...``) or here.
+    """
+    if os.environ.get(ANSWERS_ENV, "").strip():
+        return Path(os.environ[ANSWERS_ENV]).expanduser()
+    if DRIVE.is_dir():
+        return DRIVE / FOLDER
+    here = (cwd or Path.cwd()).resolve()
+    for place in (here, here.parent):
+        if (place / FOLDER).is_dir():
+            return place / FOLDER
+    return (here.parent if _LAB.match(here.name) else here) / FOLDER
+
+
+def _file(folder: Path, lab: str) -> Path:
+    return folder / f"lab{lab[:2]}.py"
+
+
+# --------------------------------------------------------------------------------------
+# Saving: the source of the student's definitions, not pickles
+# --------------------------------------------------------------------------------------
+
+
+def _definitions(source: str) -> dict[str, str]:
+    """Top-level ``name -> source`` (decorators included) of the functions and classes."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    lines = source.splitlines()
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+            out[node.name] = "\n".join(lines[first : node.end_lineno])
+    return out
+
+
+def _source_of(name: str, obj: Any) -> str | None:
+    """The source of the definition of ``name``, read from the cell (or file) that defined it.
+
+    IPython keeps every cell's source in :mod:`linecache` under the file name its code carries;
+    a class is found through the code of one of its methods.
+    """
+    import linecache
+
+    functions = [obj] if not isinstance(obj, type) else list(vars(obj).values())
+    for func in functions:
+        func = getattr(func, "__func__", func)
+        code = getattr(inspect.unwrap(func), "__code__", None) if callable(func) else None
+        if code is None:
+            continue
+        found = _definitions("".join(linecache.getlines(code.co_filename))).get(name)
+        if found:
+            return found
+    return None
+
+
+#: Libraries whose modules and names a saved answer may import, as its notebook did.
+_LIBRARIES = frozenset(
+    {"torch", "math", "typing", "collections", "dataclasses", "functools", "itertools", "numpy",
+     "transformer_lab"}
+)  # fmt: skip
+
+
+def _kit_home(name: str, value: Any) -> str | None:
+    """The kit module the notebook imported ``name`` from (it may hold an installed answer)."""
+    import sys
+
+    answer = _by_name().get(name)
+    if answer is not None and answer.kit and kit_object(answer.kit) is value:
+        return answer.kit.rpartition(".")[0]
+    if not (getattr(value, "__module__", None) or "").startswith("transformer_lab"):
+        return None
+    for module_name, module in sorted(sys.modules.items()):
+        if module_name.startswith("transformer_lab.") and getattr(module, name, None) is value:
+            return module_name
+    return None
+
+
+def _imports(namespace: Mapping[str, Any]) -> list[str]:
+    """Import lines that rebuild the notebook's modules and library names (``torch``, ``nn``...)."""
+    lines = []
+    for name, value in sorted(namespace.items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(value, types.ModuleType):
+            full = value.__name__
+            if full.partition(".")[0] not in _LIBRARIES or full == "transformer_lab.lab":
+                continue  # the notebook's plumbing (subprocess, plots): answers need none of it
+            lines.append(f"import {full}" if full == name else f"import {full} as {name}")
+            continue
+        kit = _kit_home(name, value)
+        if kit is not None:
+            lines.append(f"from {kit} import {name}")
+            continue
+        module = getattr(value, "__module__", None) or ""
+        if module.split(".")[0] not in _LIBRARIES:
+            continue
+        if getattr(value, "__name__", None) != name:
+            continue
+        with contextlib.suppress(ImportError):
+            home = importlib.import_module(module.rsplit(".", 1)[0] if "." in module else module)
+            if getattr(home, name, None) is value:
+                lines.append(f"from {home.__name__} import {name}")
+    return lines
+
+
+def save(lab: str, name: str, obj: Any, namespace: Mapping[str, Any]) -> Path | None:
+    """Save the student's ``name`` (whose visible check just passed) into ``my_answers/labNN.py``.
+
+    The file keeps every answer of that lab saved so far; ``name``'s definition replaces an older
+    one. Nothing is written where the source cannot be found or the answer is not in
+    :data:`ANSWERS`.
+
+    Returns:
+        The file written, or None.
+    """
+    if name not in _by_name(lab) or os.environ.get(GRADER_ENV):
+        return None
+    source = _source_of(name, obj)
+    if source is None:
+        return None
+    path = _file(answers_folder(), lab)
+    kept = _definitions(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    kept[name] = source
+    order = [a.name for a in ANSWERS if a.lab == lab and a.name in kept]
+    header = [
+        f'"""Your answers to lab {lab}, saved when their visible checks passed.',
+        "",
+        "Later labs load this file (keep it beside your notebooks, or in Drive on Colab).",
+        'Edit it only to fix an answer; rerunning the lab overwrites what it saves."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        *_imports(namespace),
+    ]
+    body = "\n\n\n".join(kept[n] for n in order)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(header) + "\n\n\n" + body + "\n", encoding="utf-8")
+    except OSError:
+        return None
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Loading and installing
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What stands where a locked kit answer was: ``how`` is ``"saved"``, ``"stand-in"`` or
+    ``"missing"``, with ``", wrong"`` added where the saved answer fails its visible check or
+    its file does not run (``reason`` says why)."""
+
+    answer: Answer
+    how: str
+    reason: str = ""
+
+
+def _load_saved(
+    folder: Path, labs: Iterable[str], spaces: list[dict[str, Any]] | None = None
+) -> dict[str, tuple[Any, str]]:
+    """``name -> (object, "")`` from the saved files of ``labs``; a file that fails to run gives
+    ``(None, reason)`` for its names. Each module's namespace is appended to ``spaces`` (later
+    installs fill the kit names it imported)."""
+    found: dict[str, tuple[Any, str]] = {}
+    for lab in sorted(set(labs)):
+        path = _file(folder, lab)
+        if not path.is_file():
+            continue
+        module = types.ModuleType(f"my_answers.lab{lab[:2]}")
+        module.__file__ = str(path)
+        try:
+            source = path.read_text(encoding="utf-8")
+            exec(compile(source, str(path), "exec"), module.__dict__)  # the student's own file
+        except Exception as exc:  # a broken file must not stop the notebook
+            reason = f"{path.name} does not run ({type(exc).__name__}: {exc})"
+            for name in _by_name(lab):
+                found[name] = (None, reason)
+            continue
+        if spaces is not None:
+            spaces.append(module.__dict__)
+        for name in _by_name(lab):
+            if name in module.__dict__:
+                found[name] = (module.__dict__[name], "")
+    return found
+
+
+def load_saved(lab: str) -> dict[str, Any]:
+    """The student's saved answers of ``lab`` that run (none in the grader's kernel)."""
+    if os.environ.get(GRADER_ENV):
+        return {}
+    found = _load_saved(answers_folder(), [lab])
+    return {name: obj for name, (obj, _) in found.items() if obj is not None}
+
+
+def _passes(answer: Answer, obj: Any) -> str:
+    """Empty if ``obj`` passes its visible check, else the check's first line."""
+    quiet = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            answer.check_function()(obj)
+    except Exception as exc:  # any failure is "does not pass"
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return ""
+
+
+def _replace(old: Any, new: Any, namespaces: Iterable[dict[str, Any]] = ()) -> None:
+    """Put ``new`` wherever a loaded ``transformer_lab`` module (or one of ``namespaces``, a
+    notebook's) holds ``old``, and under the kit's classes that were built on ``old`` (lab 08's
+    attention on lab 03's)."""
+    import sys
+
+    kit = [
+        vars(module)
+        for name, module in list(sys.modules.items())
+        if name == "transformer_lab" or name.startswith("transformer_lab.")
+    ]
+    for space in [*kit, *namespaces]:
+        for attr, value in list(space.items()):
+            if value is old:
+                space[attr] = new
+            elif isinstance(value, type) and isinstance(old, type) and old in value.__bases__:
+                with contextlib.suppress(TypeError):  # an incompatible layout keeps the lock
+                    value.__bases__ = tuple(new if b is old else b for b in value.__bases__)
+
+
+def kit_object(dotted: str) -> Any:
+    """The kit's object at ``dotted`` (``"transformer_lab.positional.sinusoidal_encoding"``),
+    or None where this install has none."""
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _signature(func: Any, method: bool = False) -> tuple[set[str], int, bool, bool] | None:
+    """``(keyword names, positional count, takes *args, takes **kwargs)`` of ``func`` (without
+    ``self`` for a ``method``)."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    kinds = inspect.Parameter
+    positional = [
+        p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    names = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    return (
+        names,
+        len(positional),
+        any(p.kind is kinds.VAR_POSITIONAL for p in params),
+        any(p.kind is kinds.VAR_KEYWORD for p in params),
+    )
+
+
+def _trim(sig: tuple[set[str], int, bool, bool] | None, args: tuple, kwargs: dict) -> tuple:
+    """The arguments the student's signature takes (the kit passes more: dropout, eps...)."""
+    if sig is None:
+        return args, kwargs
+    names, count, var_args, var_kwargs = sig
+    kept_args = args if var_args else args[:count]
+    kept = kwargs if var_kwargs else {k: v for k, v in kwargs.items() if k in names}
+    return kept_args, kept
+
+
+def _fit_interface(theirs: Any, name: str, lab: str) -> Any:
+    """The student's ``theirs`` behind the kit's wider interface.
+
+    The kit's callers pass options a lab's answer need not take (``dropout``, ``need_weights``,
+    ``is_causal``...): those the student's signature lacks are left out (``is_causal`` becomes a
+    causal mask), and a KV cache it cannot take is refused with a line naming the lab.
+    """
+    if isinstance(theirs, type):
+        init = _signature(theirs.__init__, method=True)
+        forward = _signature(getattr(theirs, "forward", None), method=True)
+
+        def init_(self: Any, *args: Any, **kwargs: Any) -> None:
+            kept_args, kept = _trim(init, args, kwargs)
+            theirs.__init__(self, *kept_args, **kept)
+
+        def forward_(self: Any, *args: Any, **kwargs: Any) -> Any:
+            takes = forward[0] if forward else set()
+            if kwargs.get("kv_cache") is not None and "kv_cache" not in takes:
+                raise NotImplementedError(
+                    f"your saved {name} (lab {lab}) takes no kv_cache: the kit's decoding with a "
+                    "cache needs one; decode without a cache (use_cache=False)"
+                )
+            if kwargs.pop("is_causal", False) and "is_causal" not in takes:
+                from transformer_lab.masks import causal_mask
+
+                kwargs["mask"] = causal_mask(args[0].shape[1], device=args[0].device)
+            kept_args, kept = _trim(forward, args, kwargs)
+            return theirs.forward(self, *kept_args, **kept)
+
+        body = {"__init__": init_, "__module__": theirs.__module__}
+        if forward is not None:
+            body["forward"] = forward_
+        fitted = type(name, (theirs,), body)
+        fitted.__qualname__ = theirs.__qualname__
+        return fitted
+    if not callable(theirs):
+        return theirs
+    if name == "combine_masks":
+        return _combine_masks_taking_none(theirs)
+    sig = _signature(theirs)
+    if sig is None or sig[3]:
+        return theirs
+
+    @functools.wraps(theirs)
+    def fitted_function(*args: Any, **kwargs: Any) -> Any:
+        kept_args, kept = _trim(sig, args, kwargs)
+        return theirs(*kept_args, **kept)
+
+    return fitted_function
+
+
+def _combine_masks_taking_none(theirs: Callable[..., Any]) -> Callable[..., Any]:
+    """Lab 05's ``combine_masks`` takes two masks; the kit's callers pass None for "no mask",
+    which PyTorch's own combination (the stand-in) handles."""
+    from transformer_lab.standins import STAND_INS
+
+    torch_combine = STAND_INS["transformer_lab.masks.combine_masks"]
+
+    @functools.wraps(theirs)
+    def combine_masks(padding: Any, causal: Any) -> Any:
+        if padding is None or causal is None:
+            return torch_combine(padding, causal)
+        return theirs(padding, causal)
+
+    return combine_masks
+
+
+def install(
+    before: str | None = None,
+    *,
+    saved: bool = True,
+    stand_ins: bool = True,
+    namespaces: Iterable[dict[str, Any]] = (),
+) -> list[Installed]:
+    """Fill every locked kit answer of the labs before ``before`` (all labs when None).
+
+    Lab by lab, in course order, so a saved answer that imports an earlier one from the kit
+    (``from transformer_lab.attention import MultiHeadAttention``) gets what was installed.
+
+    Args:
+        before: the lab being worked on; its own answers and later ones are left locked (the
+            student writes them), so that no answer of this lab can lean on a stand-in.
+        saved: load the student's saved answers (never in the grader's kernel).
+        stand_ins: fill the rest with PyTorch stand-ins (not for weights trained elsewhere:
+            a stand-in's parameters are laid out as PyTorch's, not as the kit's).
+        namespaces: more places to fill (the notebook's globals, which imported kit names).
+
+    Returns:
+        One :class:`Installed` per locked answer that was looked at, in course order.
+    """
+    from transformer_lab import standins
+    from transformer_lab.checks._bans import exempt
+    from transformer_lab.graded import is_locked
+
+    spaces = list(namespaces)
+    wanted = [a for a in ANSWERS if a.kit and (before is None or a.lab < before)]
+    locked = [(a, obj) for a in wanted if (obj := kit_object(a.kit)) is not None and is_locked(obj)]
+    use_saved = saved and not os.environ.get(GRADER_ENV)
+    folder = answers_folder()
+    done: list[tuple[Answer, Any, Any, Any, str, str]] = []
+    for lab in sorted({a.lab for a, _ in locked}):
+        mine = _load_saved(folder, [lab], spaces) if use_saved else {}
+        for answer, stub in [(a, o) for a, o in locked if a.lab == lab]:
+            theirs, broken = mine.get(answer.name, (None, ""))
+            if theirs is not None:
+                fitted = _fit_interface(theirs, answer.name, answer.lab)
+                _replace(stub, fitted, spaces)
+                done.append((answer, stub, fitted, theirs, "saved", ""))
+                continue
+            stand_in = standins.STAND_INS.get(answer.kit) if stand_ins else None
+            if stand_in is not None:
+                _replace(stub, stand_in, spaces)
+                exempt(stand_in)
+            how = "stand-in" if stand_in is not None else "missing"
+            done.append((answer, stub, stand_in, None, how, broken))
+    out = []
+    for answer, stub, fitted, theirs, how, broken in done:  # checked once all is in place
+        failure = broken
+        if how == "saved":
+            # Its check bans the kit's name, which now holds this very answer: put the stub back
+            # while the check runs.
+            _replace(fitted, stub, spaces)
+            failure = _passes(answer, theirs)
+            _replace(stub, fitted, spaces)
+        out.append(Installed(answer, f"{how}, wrong" if failure else how, failure))
+    return out
+
+
+def summary(installed: Iterable[Installed], folder: Path | None = None) -> list[str]:
+    """At most four short lines saying what stands in for the locked answers."""
+    groups: dict[str, list[Answer]] = {}
+    reasons = {}
+    for item in installed:
+        groups.setdefault(item.how, []).append(item.answer)
+        reasons[item.answer.name] = item.reason
+
+    def names(answers: list[Answer]) -> str:
+        labs: dict[str, list[str]] = {}
+        for a in answers:
+            labs.setdefault(a.lab[:2], []).append(a.name)
+        return "; ".join(f"{', '.join(n)} ({lab})" for lab, n in labs.items())
+
+    lines = []
+    if "saved" in groups:
+        lines.append(f"Your saved answers: {names(groups['saved'])}.")
+    for answer in groups.get("saved, wrong", []):
+        lines.append(
+            f"Warning: the demos run on your saved {answer.name} from lab {answer.lab}, which "
+            f"fails its visible check ({reasons[answer.name]}); fix it there and rerun that lab."
+        )
+    for how in ("stand-in, wrong", "missing, wrong"):
+        for answer in groups.get(how, []):
+            lines.append(
+                f"Warning: your saved {answer.name} from lab {answer.lab} is not used: "
+                f"{reasons[answer.name]}."
+            )
+    if "stand-in" in groups:
+        lines.append(f"PyTorch stand-ins (labs still open): {names(groups['stand-in'])}.")
+        if any(a.name == "sinusoidal_encoding" for a in groups["stand-in"]):
+            lines.append(
+                "(The stand-in for sinusoidal_encoding gives fixed random position codes, not "
+                "sinusoids: save yours by passing lab 01's checks.)"
+            )
+    if "missing" in groups:
+        where = folder or answers_folder()
+        lines.append(
+            f"Not in this kit yet (lab open, no saved answer in {where}): "
+            f"{names(groups['missing'])}."
+        )
+    return lines
