@@ -6,7 +6,8 @@ Grading runs untrusted code. The threat model and its answers (``docs/grading.md
   kernel runs in a bubblewrap sandbox (:mod:`~transformer_lab.grading.sandbox`) that holds the
   system, the Python environment, the grader's package tree of the lab (the lab and every later
   one locked, so the kit's answer cannot be called) and one writable folder, with no network and
-  limits on memory, CPU time and wall time. Without bubblewrap the run says "UNSANDBOXED";
+  limits on memory, processes, CPU time and wall time. Without bubblewrap grading refuses;
+  ``--unsandboxed`` opts out, loudly, and still contains each submission;
 * scores reach the gradebook only through this process: each submission is autograded by
   nbgrader against a throw-away gradebook of its own, and the scores this process validated are
   then written into ``DIR/gradebook.db`` (checked unchanged by anyone else in between);
@@ -96,6 +97,16 @@ RELEASE_DIR = "release"
 WORK = ".grading"
 REPORT = "grading_report.json"
 STATUSES = ("graded", "incomplete", "crashed", "flagged", "unmatched", "failed")
+SANDBOX_MODES = ("required", "off")
+NO_SANDBOX = (
+    "bubblewrap does not work here and grading runs untrusted code: install it "
+    "(Debian/Ubuntu: apt-get install bubblewrap), or pass --unsandboxed to grade without it"
+)
+UNSANDBOXED_WARNING = (
+    "UNSANDBOXED grading (--unsandboxed): submissions run without an OS sandbox; each is "
+    "contained (own package view, workspace, process group, limits) but can read and write "
+    "what this user can. Grading runs untrusted code: install bubblewrap."
+)
 
 
 @dataclass
@@ -109,8 +120,9 @@ class GradingOptions:
         memory_gb: address-space limit of a kernel.
         cpu_seconds: CPU-time limit of a kernel.
         threads: CPU threads per kernel (``TRANSFORMER_LAB_THREADS``, ``OMP_NUM_THREADS``).
-        sandbox: ``auto`` (bubblewrap where it works, else unsandboxed, said loudly),
-            ``required`` (refuse to grade without it) or ``off``.
+        sandbox: ``required`` (the default: refuse to grade where bubblewrap does not work)
+            or ``off`` (``--unsandboxed``: no OS sandbox, said loudly; each submission is
+            still contained, see :mod:`~transformer_lab.grading.contain`).
         keep_work: keep each submission's workspace under ``DIR/.grading/work``.
     """
 
@@ -120,12 +132,15 @@ class GradingOptions:
     memory_gb: float = 8.0
     cpu_seconds: int = 900
     threads: int = 1
-    sandbox: str = "auto"
+    sandbox: str = "required"
     keep_work: bool = False
 
     def __post_init__(self) -> None:
-        if self.sandbox not in ("auto", "required", "off"):
-            raise GradingError(f"sandbox={self.sandbox!r} is not one of auto, required, off")
+        if self.sandbox not in SANDBOX_MODES:
+            raise GradingError(
+                f"sandbox={self.sandbox!r} is not one of {', '.join(SANDBOX_MODES)} (grading "
+                "needs bubblewrap unless you opt out with --unsandboxed)"
+            )
         for name in ("budget", "memory_gb", "cpu_seconds", "threads"):
             if getattr(self, name) <= 0:
                 raise GradingError(f"{name}={getattr(self, name)} must be positive")
@@ -210,10 +225,7 @@ class GradeReport:
         head = f"{'student':<20} {'lab':<26} {'status':<10} {'auto':>9} {'manual':>6} {'s':>6}"
         lines = []
         if self.sandbox == "none":
-            lines.append(
-                "WARNING: UNSANDBOXED: submissions ran without an OS sandbox (bubblewrap not "
-                "available); the guard and limits still applied. Install bubblewrap."
-            )
+            lines.append(f"WARNING: {UNSANDBOXED_WARNING}")
         lines.append(head)
         for r in self.results:
             auto = f"{r.auto_score:g}/{r.auto_max:g}" if r.auto_score is not None else "-"
@@ -826,8 +838,8 @@ def grade_course(
         A :class:`GradeReport`; failures of single submissions are recorded, not raised.
 
     Raises:
-        GradingError: no ``submitted/``, a broken lab source, ``sandbox="required"`` without
-            bubblewrap, or a gradebook changed by someone else during the run.
+        GradingError: no ``submitted/``, a broken lab source, no working bubblewrap (unless
+            ``sandbox="off"``), or a gradebook changed by someone else during the run.
     """
     options = options or GradingOptions()
     options.profile = profile
@@ -840,21 +852,12 @@ def grade_course(
     submitted = course / "submitted"
     if not submitted.is_dir():
         raise GradingError(f"{submitted} does not exist: expected submitted/<student>/<lab>/")
-    use_bwrap = options.sandbox != "off" and find_bwrap() is not None
-    if options.sandbox == "required" and not use_bwrap:
-        raise GradingError(
-            "the sandbox is required but bubblewrap does not work here: install it "
-            "(Debian/Ubuntu: apt-get install bubblewrap) or pass --sandbox auto"
-        )
+    use_bwrap = options.sandbox == "required"
+    if use_bwrap and find_bwrap() is None:
+        raise GradingError(NO_SANDBOX)
     sandbox = "bubblewrap" if use_bwrap else "none"
     if not use_bwrap:
-        warnings.warn(
-            "UNSANDBOXED grading: bubblewrap is not available, so submissions run without an OS "
-            "sandbox (the guard, limits and flags still apply). Grading runs untrusted code: "
-            "install bubblewrap.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warnings.warn(UNSANDBOXED_WARNING, RuntimeWarning, stacklevel=2)
     known = select_labs(repo, None)
     wanted = select_labs(repo, labs) if labs else None
     pairs: list[tuple[str, str]] = []
