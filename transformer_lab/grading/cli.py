@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=int, default=None, help="seconds per cell")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
     g.add_argument("--budget", type=float, default=300.0, help="seconds per submission")
-    g.add_argument("--memory-gb", type=float, default=8.0, help="memory limit per kernel")
+    g.add_argument("--memory-gb", type=float, default=8.0, help="memory per submission")
+    g.add_argument("--tmp-gb", type=float, default=1.0, help="its /tmp (part of --memory-gb)")
+    g.add_argument("--max-tasks", type=int, default=256, help="its processes and threads")
     g.add_argument("--unsandboxed", action="store_true", help=UNSANDBOXED_HELP)
     g.add_argument(
         "--sandbox",
@@ -142,6 +144,8 @@ def main(args: list[str]) -> int:
         options = GradingOptions(
             budget=ns.budget,
             memory_gb=ns.memory_gb,
+            tmp_gb=ns.tmp_gb,
+            max_tasks=ns.max_tasks,
             sandbox=_sandbox_mode(ns),
             keep_work=ns.keep_work,
         )

@@ -94,12 +94,13 @@ __all__ = [
 ]
 
 RELEASE_DIR = "release"
+SHM_BYTES = 256 * 2**20  # the sandbox's /dev/shm
 WORK = ".grading"
 REPORT = "grading_report.json"
 STATUSES = ("graded", "incomplete", "crashed", "flagged", "unmatched", "failed")
 SANDBOX_MODES = ("required", "off")
 NO_SANDBOX = (
-    "bubblewrap does not work here and grading runs untrusted code: install it "
+    "bubblewrap (0.5 or later) does not work here and grading runs untrusted code: install it "
     "(Debian/Ubuntu: apt-get install bubblewrap), or pass --unsandboxed to grade without it"
 )
 UNSANDBOXED_WARNING = (
@@ -117,7 +118,12 @@ class GradingOptions:
         profile: ``TRANSFORMER_LAB_PROFILE`` of the kernels (``grading``).
         cell_timeout: seconds one cell may run (default: ``nbgrader_config.py``'s).
         budget: seconds one whole submission may run, all cells together.
-        memory_gb: address-space limit of a kernel.
+        memory_gb: memory of a submission: each process's address space and the sandbox's
+            RAM file systems (``/tmp``, ``/dev/shm``) together; with a cgroup, all its
+            processes and their tmpfs pages together.
+        tmp_gb: size of the sandbox's ``/tmp`` (part of ``memory_gb``).
+        max_tasks: processes and threads a submission may have at once (cgroup ``pids.max``;
+            ``RLIMIT_NPROC`` beyond what the user runs already).
         cpu_seconds: CPU-time limit of a kernel.
         threads: CPU threads per kernel (``TRANSFORMER_LAB_THREADS``, ``OMP_NUM_THREADS``).
         sandbox: ``required`` (the default: refuse to grade where bubblewrap does not work)
@@ -130,6 +136,8 @@ class GradingOptions:
     cell_timeout: int | None = None
     budget: float = 300.0
     memory_gb: float = 8.0
+    tmp_gb: float = 1.0
+    max_tasks: int = 256
     cpu_seconds: int = 900
     threads: int = 1
     sandbox: str = "required"
@@ -141,7 +149,7 @@ class GradingOptions:
                 f"sandbox={self.sandbox!r} is not one of {', '.join(SANDBOX_MODES)} (grading "
                 "needs bubblewrap unless you opt out with --unsandboxed)"
             )
-        for name in ("budget", "memory_gb", "cpu_seconds", "threads"):
+        for name in ("budget", "memory_gb", "tmp_gb", "max_tasks", "cpu_seconds", "threads"):
             if getattr(self, name) <= 0:
                 raise GradingError(f"{name}={getattr(self, name)} must be positive")
 
@@ -171,6 +179,8 @@ class SubmissionResult:
         ignored: other notebooks found in the submission folder that were not graded.
         error: why grading failed (``failed``/``unmatched``).
         sandbox: ``bubblewrap`` or ``none``.
+        containment: how its processes were held together (``cgroup+subreaper``,
+            ``subreaper``) and how many were still alive when it ended.
         seconds: wall time spent on this submission.
     """
 
@@ -190,6 +200,7 @@ class SubmissionResult:
     ignored: list[str] = field(default_factory=list)
     error: str = ""
     sandbox: str = ""
+    containment: str = ""
     seconds: float = 0.0
     cell_scores: dict[str, list[float]] = field(default_factory=dict)
 
@@ -307,6 +318,7 @@ class Job:
     release: str
     template_db: str
     view: str
+    view_digest: str
     mpl_cache: str
     options: dict[str, Any]
     use_bwrap: bool
@@ -321,6 +333,32 @@ def _kernel_workspace(job: Job) -> tuple[Path, Path, Path]:
     if Path(job.mpl_cache).is_dir():
         shutil.copytree(job.mpl_cache, home / ".matplotlib")
     return base, home, run
+
+
+def _private_view(job: Job, base: Path) -> Path:
+    """This submission's own copy of the lab's package view, in its private folder.
+
+    A kernel without the OS sandbox can write wherever this user can: into a view shared by
+    every submission it would change what later ones import. Its copy goes with it; the
+    shared view is checked unchanged before each copy.
+    """
+    if _tree_digest(Path(job.view)) != job.view_digest:
+        raise GradingError(
+            f"the package view {job.view} changed during the run (an unsandboxed submission "
+            "wrote to it?): grade again, in the sandbox"
+        )
+    view = base / "view"
+    shutil.copytree(job.view, view, symlinks=True)
+    return view
+
+
+def _tree_digest(root: Path) -> str:
+    """One hash of every file's relative path and content under ``root``."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes() if path.is_file() else b"link")
+    return digest.hexdigest()
 
 
 def _read_scores(db_url: str, lab: str, student: str) -> tuple[dict[str, list[float]], int]:
@@ -368,6 +406,7 @@ def _cell_problems(executed: Any) -> tuple[list[str], bool, bool]:
 
 def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     """Grade one submission in its own workspace; return the result and the files to keep."""
+    from transformer_lab.grading.contain import Containment
     from transformer_lab.grading.feedback import feedback_notebook, render_html
     from transformer_lab.grading.integrity import (
         confirmations,
@@ -377,6 +416,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     )
 
     options = GradingOptions(**job.options)
+    memory_bytes = int(options.memory_gb * 2**30)
+    containment = Containment(options.max_tasks, memory_bytes)
     result = SubmissionResult(job.student, job.lab, "graded", ignored=list(job.ignored))
     result.sandbox = "bubblewrap" if job.use_bwrap else "none"
     repo, course, lab, student = Path(job.repo), Path(job.course), job.lab, job.student
@@ -409,7 +450,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         source = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
         plan = plan_for(source, lab)
         base, home, run = _kernel_workspace(job)
-        view = Path(job.view)
+        view = _private_view(job, base)
+        containment.start()
         hidden_root = view / "transformer_lab" / "grading"
         guard_file = run / "guard.json"
         log = run / "guard.log"
@@ -428,8 +470,12 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             python_path=[view],
             hidden=[hidden_root],
             use_bwrap=job.use_bwrap,
-            memory_bytes=int(options.memory_gb * 2**30),
+            memory_bytes=memory_bytes,
             cpu_seconds=options.cpu_seconds,
+            max_tasks=options.max_tasks,
+            tmp_bytes=int(options.tmp_gb * 2**30),
+            shm_bytes=SHM_BYTES,
+            launcher_args=containment.launcher_args,
             env={
                 "TRANSFORMER_LAB_PROFILE": options.profile,
                 "TRANSFORMER_LAB_THREADS": str(options.threads),
@@ -466,6 +512,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
                 "memory_bytes": box.memory_bytes,
                 "cpu_seconds": box.cpu_seconds,
                 "use_bwrap": box.use_bwrap,
+                "max_tasks": box.max_tasks,
+                "tmp_bytes": box.tmp_bytes,
+                "shm_bytes": box.shm_bytes,
+                "launcher_args": box.launcher_args,
                 # A judged lab's kernel holds no check: the grading package is not there at all.
                 "masked": [str(p) for p in _installed_kits()]
                 + ([str(hidden_root)] if judged else []),
@@ -484,8 +534,9 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         )
         coursedir.assignment_id, coursedir.student_id = lab, student
 
-        # 3. Run it.
+        # 3. Run it; then nothing it started may outlive it.
         out = run_converter(GuardedAutograde, coursedir, config, force=True, create_student=True)
+        result.containment = f"{containment.kind}, {containment.end()} process(es) ended"
         if not out["success"]:
             result.status = "failed"
             result.error = f"nbgrader could not autograde it:\n{_failure_summary(out)}"
@@ -562,6 +613,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
         return result, files
     finally:
+        containment.end()
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
         result_work = str(work)
@@ -903,6 +955,7 @@ def grade_course(
                 raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
             prepared[lab] = _prepare_lab(repo, course, lab, config)
         mpl_cache = str(_matplotlib_cache(course)) if pairs else ""
+        digests = {lab: _tree_digest(view) for lab, (_, _, view) in prepared.items()}
         job_list: list[Job] = []
         for student, lab in pairs:
             chosen, others = choose_notebook(submitted / student / lab, f"{lab}.ipynb")
@@ -929,6 +982,7 @@ def grade_course(
                     release=str(release / f"{lab}.ipynb"),
                     template_db=str(template_db),
                     view=str(view),
+                    view_digest=digests[lab],
                     mpl_cache=mpl_cache,
                     options=asdict(options),
                     use_bwrap=use_bwrap,
