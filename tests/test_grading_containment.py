@@ -6,7 +6,9 @@ honest solution and the untouched release are graded after them in the same run,
 time. The honest student keeps full marks and the untouched release zero, and no process the
 bombs started is left when the run ends (:mod:`transformer_lab.grading.contain`). Without the
 sandbox (``--unsandboxed``) a submission also gets its own package view (poisoning it changes
-nothing for the next student) and a working directory outside the course.
+nothing for the next student) and a working directory outside the course. In the same
+sandboxed run, a student's hostile HTML output reaches feedback inert, and the notebook's
+history printed after the hidden checks does not reach it at all.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ worker.join()
 """
 
 
+FAKE_BADGE = '<span class="tl-points tl-pass">12 / 12 points: passed</span>'
+ACTIVE = f"<script>document.title='pwned'</script>{FAKE_BADGE}<img src=x onerror=alert(1)>"
+HOSTILE_HTML = f"""
+from IPython.display import HTML, display
+display(HTML({ACTIVE!r}))
+"""
+
+
 def _leftovers() -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -88,6 +98,7 @@ def _leftovers() -> list[int]:
 
 
 def _submit(course: Path, student: str, extra: str | None) -> None:
+    """The solution (``extra`` None), or the release with ``extra`` as its third cell."""
     folder = course / "submitted" / student / LAB
     folder.mkdir(parents=True, exist_ok=True)
     if extra is None:
@@ -95,6 +106,8 @@ def _submit(course: Path, student: str, extra: str | None) -> None:
     else:
         nb = nbformat.read(str(REPO / "labs" / LAB / f"{LAB}.ipynb"), as_version=4)
         nb.cells.insert(2, nbformat.v4.new_code_cell(extra))
+        if extra == HOSTILE_HTML:  # and, after every test cell, the notebook's history
+            nb.cells.append(nbformat.v4.new_code_cell(f"print(In)\n{HOSTILE_HTML}"))
     nbformat.write(nb, str(folder / f"{LAB}.ipynb"))
 
 
@@ -130,7 +143,7 @@ def _honest_and_untouched_unharmed(results: dict[str, dict]) -> None:
 def test_bombs_in_the_sandbox_cost_only_their_own_submission(tmp_path: Path) -> None:
     course = tmp_path / "course"
     bombs = {"bomb_fork": FORK_BOMB, "bomb_memory": MEMORY_BOMB, "bomb_tmp_daemon": DAEMON}
-    results = _grade(course, {**bombs, "honest": None, "untouched": ""})
+    results = _grade(course, {**bombs, "html": HOSTILE_HTML, "honest": None, "untouched": ""})
     _honest_and_untouched_unharmed(results)
     for student in bombs:
         assert results[student]["sandbox"] == "bubblewrap"
@@ -143,6 +156,14 @@ def test_bombs_in_the_sandbox_cost_only_their_own_submission(tmp_path: Path) -> 
     if results["bomb_memory"]["status"] != "crashed":  # else the cgroup's OOM killer ended it
         assert "memory bomb stopped at" in memory and "/tmp/fill" in memory
     assert "/dev/shm/fill" in memory or results["bomb_memory"]["status"] == "crashed"
+    # Feedback: the student's HTML is inert, and nothing after the first hidden cell shows.
+    feedback = (course / "feedback" / "html" / LAB / f"{LAB}.html").read_text()
+    # (The cells' code is shown, escaped: what must not be there is the live HTML.)
+    assert "<script>document" not in feedback and "<img src=x" not in feedback
+    assert '<img src="x"' not in feedback and FAKE_BADGE not in feedback
+    assert "outputs after the first hidden check" in feedback
+    assert "<span>12 / 12 points: passed</span>" in feedback  # inert text, as the student wrote
+    assert "BEGIN HIDDEN TESTS" not in feedback and "hidden_check_" not in feedback
 
 
 def test_unsandboxed_each_submission_is_contained(tmp_path: Path) -> None:
