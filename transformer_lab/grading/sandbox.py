@@ -6,13 +6,15 @@ Grading runs untrusted code. Each submission's kernel is started (by nbgrader's 
     python -m transformer_lab.grading.limits ... -- bwrap <mounts> -- python -m \\
         transformer_lab.grading.guard -f <connection file>
 
-* ``limits`` (this package) sets the resource limits (address space, CPU seconds, file size,
-  open files) and replaces itself with the sandbox;
+* ``limits`` (this package) joins the submission's cgroups, sets the resource limits (address
+  space, CPU seconds, file size, open files, tasks) and replaces itself with the sandbox;
 * ``bwrap`` (bubblewrap, the sandbox of Flatpak; Debian package ``bubblewrap``) gives the kernel
-  new namespaces: no network (loopback only), its own process tree, a private ``/tmp``, and a
-  file system of read-only system folders (``/usr``, the Python environment, the grader's package
-  tree of the lab) plus ONE writable folder, the submission's workspace. The course (other
-  submissions, the gradebook, solutions, the kit's sources) is not there at all;
+  new namespaces: no network (loopback only), its own process tree, a private ``/tmp`` and
+  ``/dev/shm`` of bounded size (``--size``, bubblewrap 0.5+), a read-only ``/dev``, and a
+  file system of read-only system folders (``/usr``, the Python environment, the submission's
+  copy of the grader's package tree of the lab) plus ONE writable folder, the submission's
+  workspace. The course (other submissions, the gradebook, solutions, the kit's sources) is
+  not there at all;
 * the kernel talks to the grader over Unix sockets in the workspace (ZeroMQ's ``ipc``
   transport), since it has no network;
 * :mod:`transformer_lab.grading.guard` then installs the tamper-evident audit hook before IPython.
@@ -22,8 +24,10 @@ After each test cell of a judged lab, :class:`BudgetedExecute` hands the cell to
 asks the kernel for the student's values through :class:`KernelLink`; a hidden test cell's
 source is never sent to the kernel (it runs an empty stub there).
 
-Where bubblewrap is missing (macOS, a container without user namespaces), grading still runs:
-the same limits and guard, without the namespaces, and every report says "unsandboxed".
+Where bubblewrap is missing (macOS, a container without user namespaces), grading refuses
+unless asked for ``--unsandboxed``: then the same launcher, limits and containment
+(:mod:`~transformer_lab.grading.contain`) without the namespaces, in the workspace as working
+directory, and every report says "unsandboxed".
 
 The total time a submission may take is bounded too (:class:`BudgetedExecute`): each cell gets at
 most the time left, and cells after the budget or after the kernel died are marked as not run.
