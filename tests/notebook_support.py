@@ -210,9 +210,11 @@ def assert_release_clean(lab: str, *leaks: str) -> None:
 
 def assert_round_trip(lab: str) -> None:
     """Solution full marks, untouched release zero, through nbgrader in the grading profile."""
+    from conftest import GRADING_SANDBOX
+
     from transformer_lab.grading.check import check_labs
 
-    assert check_labs(REPO, [lab]) == []
+    assert check_labs(REPO, [lab], sandbox=GRADING_SANDBOX) == []
 
 
 class LabNotebookTests:

@@ -105,7 +105,7 @@ def _report(course: Path, solution: tuple, release: tuple) -> GradeReport:
     ],
 )
 def test_check_verdicts(repo: Path, monkeypatch, solution, release, words) -> None:
-    def fake_grade_course(course, repo_, labs, timeout=None):
+    def fake_grade_course(course, repo_, labs, timeout=None, options=None):
         return _report(Path(course), solution, release)
 
     monkeypatch.setattr(check_module, "grade_course", fake_grade_course)
@@ -164,3 +164,31 @@ def test_a_failed_autograde_says_its_cause_first() -> None:
     assert "Kernel died before replying to kernel_info" in first
     assert "RuntimeError: Kernel died" in summary
     assert len(summary.splitlines()) <= 9
+
+
+def test_grading_without_bubblewrap_refuses_unless_asked(repo: Path, monkeypatch, capsys) -> None:
+    """No working bwrap: ``grade`` and ``check`` refuse in one line that says how to install it;
+    ``--unsandboxed`` opts out, loudly (the run itself: tests/test_grading_integrity.py)."""
+    from transformer_lab.grading import grade as grade_module
+
+    monkeypatch.setattr(grade_module, "find_bwrap", lambda: None)
+    course = repo / "course"
+    (course / "submitted" / "alice" / LAB).mkdir(parents=True)
+    assert main(["--repo", str(repo), "grade", "--course", str(course)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert "apt-get install bubblewrap" in error and "--unsandboxed" in error
+    assert main(["--repo", str(repo), "check", LAB]) == 2
+    assert "apt-get install bubblewrap" in capsys.readouterr().err
+    seen = []
+
+    def fake_grade_course(course, repo_, labs, timeout=None, options=None):
+        seen.append(options.sandbox)
+        return _report(Path(course), ("graded", 12.0), ("graded", 0.0))
+
+    monkeypatch.setattr(check_module, "grade_course", fake_grade_course)
+    assert main(["--repo", str(repo), "check", LAB, "--unsandboxed"]) == 0
+    assert seen == ["off"]
+    assert "WITHOUT the OS sandbox" in capsys.readouterr().err
+    with pytest.raises(GradingError, match="--unsandboxed"):
+        grade_module.GradingOptions(sandbox="auto")

@@ -194,6 +194,7 @@ def test_without_the_sandbox_cheats_still_earn_nothing_and_the_run_says_so(
     assert rows["victim"]["score"] == "0.0"
 
 
+@needs_bwrap
 def test_a_dead_kernel_is_reported_not_a_plain_zero(tmp_path: Path) -> None:
     course = tmp_path / "course"
     nb = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), 4)

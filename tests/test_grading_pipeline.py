@@ -19,10 +19,16 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import GRADING_SANDBOX
 from filelock import FileLock
 from nbgrader.api import Gradebook
 
-from transformer_lab.grading.grade import GradeReport, SubmissionResult, grade_course
+from transformer_lab.grading.grade import (
+    GradeReport,
+    GradingOptions,
+    SubmissionResult,
+    grade_course,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
@@ -85,6 +91,10 @@ def _mangled_solution() -> nbformat.NotebookNode:
     # The answer cell duplicated in place (a copy keeps its metadata, grade_id included).
     nb.cells.insert(nb.cells.index(answer) + 1, copy.deepcopy(answer))
     return nb
+
+
+def _options() -> GradingOptions:
+    return GradingOptions(sandbox=GRADING_SANDBOX)
 
 
 def _hashes(course: Path) -> dict[str, str]:
@@ -161,7 +171,7 @@ def _build_and_grade(course: Path) -> dict[str, str]:
     (broken / f"{LAB}.ipynb").write_text('{"cells": [')
 
     hashes = _hashes(course)
-    grade_course(course, REPO, [LAB], timeout=TIMEOUT)
+    grade_course(course, REPO, [LAB], timeout=TIMEOUT, options=_options())
     return hashes
 
 
@@ -288,7 +298,9 @@ def test_originals_untouched_and_regrading_is_safe(graded, tmp_path) -> None:
     db = course / "gradebook.db"
     inode = db.stat().st_ino
     shutil.copytree(course / "submitted" / "release", course / "submitted" / "late")
-    again = grade_course(course, REPO, ["01"], students=["late"], timeout=TIMEOUT)
+    again = grade_course(
+        course, REPO, ["01"], students=["late"], timeout=TIMEOUT, options=_options()
+    )
     assert again.find("late", LAB).auto_score == 0.0
     assert db.stat().st_ino == inode
     with Gradebook(f"sqlite:///{db}") as gb:

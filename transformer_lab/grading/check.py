@@ -13,8 +13,10 @@ For each selected lab:
    ``hidden_check_*`` function, a mark scheme, or a line of solution code.
 3. **Round trip**: in a temporary course, the solution notebook (as a student would submit
    it) and the untouched release are autograded by :func:`grade_course` with the grading
-   profile. The solution must earn every autograded point and run without errors; the
-   release must score zero, and the grader must finish.
+   profile, in the bubblewrap sandbox (where it does not work, ``check`` refuses and says how
+   to install it; ``--unsandboxed`` runs the round trip without it). The solution must earn
+   every autograded point and run without errors; the release must score zero, and the
+   grader must finish.
 
 Every problem is returned as a sentence; the CLI exits non-zero when there is any.
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from transformer_lab.grading.build import generate_release
 from transformer_lab.grading.course import LABS, SOLUTIONS, read_notebook, select_labs
-from transformer_lab.grading.grade import grade_course
+from transformer_lab.grading.grade import GradingOptions, grade_course
 
 __all__ = ["check_labs", "check_leaks", "check_standard", "check_sync"]
 
@@ -171,6 +173,7 @@ def check_labs(
     grade: bool = True,
     timeout: int | None = None,
     keep: Path | None = None,
+    sandbox: str = "required",
 ) -> list[str]:
     """Run every check on the selected labs.
 
@@ -180,6 +183,7 @@ def check_labs(
         grade: run the nbgrader round trip (the slow part: two notebook executions per lab).
         timeout: seconds per cell for the round trip (default: the config's).
         keep: if given, the round trip's course folder is kept there for inspection.
+        sandbox: ``required`` (refuse where bubblewrap does not work) or ``off``.
 
     Returns:
         Problems found, as sentences (empty when everything is releasable).
@@ -204,7 +208,8 @@ def check_labs(
                 if dst.exists():
                     shutil.rmtree(dst)
                 shutil.copytree(src, dst)
-        report = grade_course(course, repo, chosen, timeout=timeout)
+        options = GradingOptions(sandbox=sandbox)
+        report = grade_course(course, repo, chosen, timeout=timeout, options=options)
         for lab in chosen:
             sol, rel = report.find("solution", lab), report.find("release", lab)
             if sol.status != "graded":

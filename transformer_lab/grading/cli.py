@@ -3,10 +3,11 @@
 * ``build [LAB ...]``: regenerate ``labs/`` from ``solutions/`` (a no-op when up to date) and
   the student package ``dist/student/*.whl`` that the setup cells install.
 * ``new NN_name --title TITLE``: start a lab from the lab standard (notebook and checks).
-* ``check [LAB ...] [--no-grade]``: release in sync, nothing leaked, solution gets full
-  marks and the untouched release zero (exit 1 with the reasons otherwise).
-* ``grade --course DIR [LAB ...] [--student ID ...] [--jobs N]``: autograde ``DIR/submitted``
-  into ``DIR/gradebook.db`` (each submission in a sandbox), write ``DIR/grades.csv`` (with
+* ``check [LAB ...] [--no-grade] [--unsandboxed]``: release in sync, nothing leaked, solution
+  gets full marks and the untouched release zero (exit 1 with the reasons otherwise).
+* ``grade --course DIR [LAB ...] [--student ID ...] [--jobs N] [--unsandboxed]``: autograde
+  ``DIR/submitted`` into ``DIR/gradebook.db`` (each submission in a bubblewrap sandbox; without
+  one it refuses unless ``--unsandboxed``), write ``DIR/grades.csv`` (with
   ``status`` and ``flags``), ``DIR/feedback/`` and ``DIR/grading_report.json`` (exit 1 if any
   submission is not cleanly graded: flagged, crashed, incomplete, unmatched or failed; the
   others are graded regardless).
@@ -35,6 +36,19 @@ from transformer_lab.grading.course import GradingError, find_repo
 
 __all__ = ["main"]
 
+UNSANDBOXED_HELP = (
+    "grade without the bubblewrap sandbox (untrusted code then runs as you; each submission is "
+    "still contained); without this flag grading refuses where bubblewrap does not work"
+)
+
+
+def _sandbox_mode(ns: argparse.Namespace) -> str:
+    """``off`` when asked (``--unsandboxed``, ``--sandbox off``), said loudly; else ``required``."""
+    if getattr(ns, "unsandboxed", False) or getattr(ns, "sandbox", "required") == "off":
+        print("WARNING: --unsandboxed: submissions run WITHOUT the OS sandbox", file=sys.stderr)
+        return "off"
+    return "required"
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="transformer-lab labs", description=__doc__.split("\n")[0])
@@ -51,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-grade", action="store_true", help="skip the nbgrader round trip")
     c.add_argument("--timeout", type=int, default=None, help="seconds per cell")
     c.add_argument("--keep", type=Path, default=None, help="keep the round-trip course here")
+    c.add_argument("--unsandboxed", action="store_true", help=UNSANDBOXED_HELP)
     r = sub.add_parser("render", help="each lab executed with its solution, as HTML (and PNG)")
     r.add_argument("labs", nargs="*")
     r.add_argument("--out", type=Path, required=True, help="folder for the .ipynb/.html/.png files")
@@ -62,12 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=int, default=None, help="seconds per cell")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
     g.add_argument("--budget", type=float, default=300.0, help="seconds per submission")
-    g.add_argument("--memory-gb", type=float, default=8.0, help="memory limit per kernel")
+    g.add_argument("--memory-gb", type=float, default=8.0, help="memory per submission")
+    g.add_argument("--tmp-gb", type=float, default=1.0, help="its /tmp (part of --memory-gb)")
+    g.add_argument("--max-tasks", type=int, default=256, help="its processes and threads")
+    g.add_argument("--unsandboxed", action="store_true", help=UNSANDBOXED_HELP)
     g.add_argument(
         "--sandbox",
-        choices=("auto", "required", "off"),
-        default="auto",
-        help="bubblewrap sandbox: auto (use it where it works), required, off",
+        choices=("required", "off"),
+        default="required",
+        help="bubblewrap sandbox: required (the default), off (the same as --unsandboxed)",
     )
     g.add_argument("--keep-work", action="store_true", help="keep the per-submission workspaces")
     m = sub.add_parser("merge", help="merge gradebooks graded elsewhere into DIR/gradebook.db")
@@ -185,7 +203,12 @@ def main(args: list[str]) -> int:
 
             start = time.perf_counter()
             problems = check_labs(
-                repo, ns.labs, grade=not ns.no_grade, timeout=ns.timeout, keep=ns.keep
+                repo,
+                ns.labs,
+                grade=not ns.no_grade,
+                timeout=ns.timeout,
+                keep=ns.keep,
+                sandbox=_sandbox_mode(ns),
             )
             for problem in problems:
                 print(f"FAIL {problem}")
@@ -215,7 +238,9 @@ def main(args: list[str]) -> int:
         options = GradingOptions(
             budget=ns.budget,
             memory_gb=ns.memory_gb,
-            sandbox=ns.sandbox,
+            tmp_gb=ns.tmp_gb,
+            max_tasks=ns.max_tasks,
+            sandbox=_sandbox_mode(ns),
             keep_work=ns.keep_work,
         )
         report = grade_course(

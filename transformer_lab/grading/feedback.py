@@ -9,12 +9,19 @@ notebook the student gets back:
   it checks and its points) and, if it failed, the check's message, never its code or seeds;
 * errors keep their message (the line that names the mistake) but lose the traceback, which
   would show the checks' source;
-* figures stay (the written questions refer to "your curves").
+* a hidden cell shows no output at all (its message is the grader's, next to its points), and
+  every cell after the first hidden test cell loses its outputs for a one-line note: a later
+  cell could print IPython's history (``In``, ``_ih``) or what a check left behind;
+* figures stay (the written questions refer to "your curves"): PNG and JPEG images, plain text,
+  and HTML **sanitised** by nh3 (:func:`sanitize_html`: no script, no event handler, no style or
+  class to dress up as the grader's score boxes, no external resource, only ``data:`` images).
+  Other output types (JavaScript, SVG, widgets, Markdown, LaTeX) are dropped. Every markdown cell
+  the student could have written (all but the locked ones) is sanitised the same way.
 
 :func:`render_html` turns it into one self-contained HTML file: math converted to MathML (read
 by every current browser, offline; no MathJax from a CDN), long messages wrapped, images inline.
 
-Reference: nbconvert's ``HTMLExporter``; MathML Core (W3C).
+Reference: nbconvert's ``HTMLExporter``; MathML Core (W3C); nh3 (Python binding of ammonia).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-__all__ = ["feedback_notebook", "math_to_mathml", "render_html"]
+__all__ = ["feedback_notebook", "math_to_mathml", "render_html", "sanitize_html"]
 
 _CSS = """
 <style>
@@ -42,6 +49,85 @@ _CSS = """
   img { max-width: 100%; }
 </style>
 """
+
+
+#: What a student's HTML may keep: text structure and tables (pandas), ``data:`` images, MathML.
+_TEXT_TAGS = {
+    *("a", "b", "i", "em", "strong", "code", "pre", "kbd", "samp", "var", "sub", "sup"),
+    *("p", "br", "hr", "span", "div", "ul", "ol", "li", "dl", "dt", "dd", "blockquote"),
+    *("table", "thead", "tbody", "tfoot", "tr", "th", "td", "caption", "img"),
+}
+_MATHML_TAGS = {
+    *("math", "mi", "mn", "mo", "ms", "mtext", "mspace", "mrow", "mfrac", "msqrt", "mroot"),
+    *("msub", "msup", "msubsup", "munder", "mover", "munderover", "mtable", "mtr", "mtd"),
+    *("mstyle", "mpadded", "mphantom", "menclose", "semantics", "annotation"),
+}
+_ATTRIBUTES = {
+    "img": {"src", "alt", "width", "height"},
+    "td": {"colspan", "rowspan"},
+    "th": {"colspan", "rowspan"},
+    "math": {"display", "xmlns"},
+    "mo": {"stretchy", "fence", "separator", "lspace", "rspace", "form"},
+    "mi": {"mathvariant"},
+    "mtable": {"columnalign"},
+    "mstyle": {"displaystyle", "scriptlevel"},
+    "mspace": {"width"},
+    "annotation": {"encoding"},
+}
+#: Output types a student's cell keeps in feedback (HTML only after :func:`sanitize_html`).
+_KEPT_MIMETYPES = ("text/plain", "image/png", "image/jpeg", "text/html")
+HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
+AFTER_HIDDEN_NOTE = (
+    "(outputs after the first hidden check are not shown in feedback: your points and the "
+    "grader's messages are)\n"
+)
+
+
+def sanitize_html(text: str) -> str:
+    """``text`` with only inert HTML left: see the module docstring (nh3, i.e. ammonia).
+
+    Links keep their text and lose their target unless it is a ``data:`` URL; nothing can run
+    (no script, no ``on*`` attribute), load anything from elsewhere, or borrow the grader's
+    styles (no ``class``, ``id`` or ``style``).
+    """
+    import nh3
+
+    return nh3.clean(
+        text,
+        tags=_TEXT_TAGS | _MATHML_TAGS,
+        attributes=_ATTRIBUTES,
+        url_schemes={"data"},
+        link_rel="noopener noreferrer nofollow",
+        strip_comments=True,
+    )
+
+
+def _safe_output(output: NotebookNode) -> NotebookNode | None:
+    """A display or result output reduced to the kept types (HTML sanitised), or None."""
+    data = output.get("data", {})
+    kept = {k: v for k, v in data.items() if k in _KEPT_MIMETYPES}
+    if "text/html" in kept:
+        html_text = kept["text/html"]
+        kept["text/html"] = sanitize_html(
+            "".join(html_text) if isinstance(html_text, list) else str(html_text)
+        )
+    if not kept:
+        return None
+    output = copy.deepcopy(output)
+    output["data"] = kept
+    output.get("metadata", {}).pop("text/html", None)
+    return output
+
+
+def _safe_markdown(source: str) -> str:
+    """A markdown cell the student could have written: math to MathML, then sanitised.
+
+    Code spans and fenced blocks are left as they are: markdown renders them as escaped text.
+    """
+    parts = re.split(r"(```.*?```|`[^`\n]*`)", source, flags=re.S)
+    return "".join(
+        part if i % 2 else sanitize_html(math_to_mathml(part)) for i, part in enumerate(parts)
+    )
 
 
 def _meta(cell: NotebookNode) -> dict:
@@ -80,11 +166,6 @@ def _message_only(output: NotebookNode) -> NotebookNode:
     return nbformat.v4.new_output(
         "error", ename=output.get("ename", "Error"), evalue=evalue, traceback=[]
     )
-
-
-def _as_stream(output: NotebookNode) -> NotebookNode:
-    text = f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"
-    return nbformat.v4.new_output("stream", name="stderr", text=text + "\n")
 
 
 def _points_cell(score: float, maximum: float, note: str = "") -> NotebookNode:
@@ -127,7 +208,11 @@ def feedback_notebook(
         for c in nb.cells
         if _meta(c).get("grade") and _meta(c).get("solution") and c.cell_type == "markdown"
     )
-    summary = [f"# Feedback: {title}", "", f"**Autograded points: {earned:g} / {possible:g}.**"]
+    summary = [
+        f"# Feedback: {html.escape(title)}",
+        "",
+        f"**Autograded points: {earned:g} / {possible:g}.**",
+    ]
     if manual:
         summary.append(f"Your {manual} written answer(s) are graded by hand.")
     if status == "flagged":
@@ -142,34 +227,59 @@ def feedback_notebook(
             "code is correct, ask your instructor to grade it again."
         )
     cells = [nbformat.v4.new_markdown_cell("\n\n".join(summary))]
+    after_hidden = False
     for cell in nb.cells:
         if cell.get("metadata", {}).get("transformer_lab_finish"):
             continue
         meta = _meta(cell)
         if cell.cell_type == "markdown":
-            cell.source = math_to_mathml(cell.source)
+            trusted = meta.get("locked") and not meta.get("solution")
+            cell.source = math_to_mathml(cell.source) if trusted else _safe_markdown(cell.source)
             cells.append(cell)
             continue
         if cell.cell_type != "code":
+            if cell.cell_type == "raw":  # raw HTML would be copied into the page as it is
+                cell.metadata.pop("raw_mimetype", None)
+                cell.metadata.pop("format", None)
             cells.append(cell)
             continue
-        hidden = "### BEGIN HIDDEN TESTS" in cell.source
-        outputs = []
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                outputs.append(_as_stream(output) if hidden else _message_only(output))
-            elif not hidden:
-                outputs.append(output)
+        hidden = HIDDEN_MARK in cell.source
+        # A hidden cell's only feedback is the grader's message, next to its points.
+        cell.outputs = [] if hidden else _feedback_outputs(cell.get("outputs", []), after_hidden)
         if hidden:
-            head = cell.source.split("### BEGIN HIDDEN TESTS")[0].rstrip()
+            head = cell.source.split(HIDDEN_MARK)[0].rstrip()
             cell.source = head + "\n# (a hidden check: its code is not shown)"
-        cell.outputs = outputs
+        after_hidden |= hidden
         cells.append(cell)
         gid = meta.get("grade_id")
         if meta.get("grade") and gid in scores:
             cells.append(_points_cell(*scores[gid], notes.get(gid, "")))
     nb.cells = cells
     return nb
+
+
+def _feedback_outputs(outputs: list[NotebookNode], withheld: bool) -> list[NotebookNode]:
+    """What a code cell shows in feedback: errors as their message, inert displays; or a note.
+
+    ``withheld``: the cell comes after the first hidden test cell; its outputs become one line
+    (none if it had none).
+    """
+    if withheld:
+        return [nbformat.v4.new_output("stream", name="stdout", text=AFTER_HIDDEN_NOTE)] * bool(
+            outputs
+        )
+    kept = []
+    for output in outputs:
+        kind = output.get("output_type")
+        if kind == "error":
+            kept.append(_message_only(output))
+        elif kind == "stream":
+            kept.append(output)
+        elif kind in ("display_data", "execute_result"):
+            safe = _safe_output(output)
+            if safe is not None:
+                kept.append(safe)
+    return kept
 
 
 @functools.cache

@@ -6,7 +6,8 @@ Grading runs untrusted code. The threat model and its answers (``docs/grading.md
   kernel runs in a bubblewrap sandbox (:mod:`~transformer_lab.grading.sandbox`) that holds the
   system, the Python environment, the grader's package tree of the lab (the lab and every later
   one locked, so the kit's answer cannot be called) and one writable folder, with no network and
-  limits on memory, CPU time and wall time. Without bubblewrap the run says "UNSANDBOXED";
+  limits on memory, processes, CPU time and wall time. Without bubblewrap grading refuses;
+  ``--unsandboxed`` opts out, loudly, and still contains each submission;
 * scores reach the gradebook only through this process: each submission is autograded by
   nbgrader against a throw-away gradebook of its own, and the scores this process validated are
   then written into ``DIR/gradebook.db`` (checked unchanged by anyone else in between);
@@ -93,9 +94,20 @@ __all__ = [
 ]
 
 RELEASE_DIR = "release"
+SHM_BYTES = 256 * 2**20  # the sandbox's /dev/shm
 WORK = ".grading"
 REPORT = "grading_report.json"
 STATUSES = ("graded", "incomplete", "crashed", "flagged", "unmatched", "failed")
+SANDBOX_MODES = ("required", "off")
+NO_SANDBOX = (
+    "bubblewrap (0.5 or later) does not work here and grading runs untrusted code: install it "
+    "(Debian/Ubuntu: apt-get install bubblewrap), or pass --unsandboxed to grade without it"
+)
+UNSANDBOXED_WARNING = (
+    "UNSANDBOXED grading (--unsandboxed): submissions run without an OS sandbox; each is "
+    "contained (own package view, workspace, process group, limits) but can read and write "
+    "what this user can. Grading runs untrusted code: install bubblewrap."
+)
 
 
 @dataclass
@@ -106,11 +118,17 @@ class GradingOptions:
         profile: ``TRANSFORMER_LAB_PROFILE`` of the kernels (``grading``).
         cell_timeout: seconds one cell may run (default: ``nbgrader_config.py``'s).
         budget: seconds one whole submission may run, all cells together.
-        memory_gb: address-space limit of a kernel.
+        memory_gb: memory of a submission: each process's address space and the sandbox's
+            RAM file systems (``/tmp``, ``/dev/shm``) together; with a cgroup, all its
+            processes and their tmpfs pages together.
+        tmp_gb: size of the sandbox's ``/tmp`` (part of ``memory_gb``).
+        max_tasks: processes and threads a submission may have at once (cgroup ``pids.max``;
+            ``RLIMIT_NPROC`` beyond what the user runs already).
         cpu_seconds: CPU-time limit of a kernel.
         threads: CPU threads per kernel (``TRANSFORMER_LAB_THREADS``, ``OMP_NUM_THREADS``).
-        sandbox: ``auto`` (bubblewrap where it works, else unsandboxed, said loudly),
-            ``required`` (refuse to grade without it) or ``off``.
+        sandbox: ``required`` (the default: refuse to grade where bubblewrap does not work)
+            or ``off`` (``--unsandboxed``: no OS sandbox, said loudly; each submission is
+            still contained, see :mod:`~transformer_lab.grading.contain`).
         keep_work: keep each submission's workspace under ``DIR/.grading/work``.
     """
 
@@ -118,15 +136,20 @@ class GradingOptions:
     cell_timeout: int | None = None
     budget: float = 300.0
     memory_gb: float = 8.0
+    tmp_gb: float = 1.0
+    max_tasks: int = 256
     cpu_seconds: int = 900
     threads: int = 1
-    sandbox: str = "auto"
+    sandbox: str = "required"
     keep_work: bool = False
 
     def __post_init__(self) -> None:
-        if self.sandbox not in ("auto", "required", "off"):
-            raise GradingError(f"sandbox={self.sandbox!r} is not one of auto, required, off")
-        for name in ("budget", "memory_gb", "cpu_seconds", "threads"):
+        if self.sandbox not in SANDBOX_MODES:
+            raise GradingError(
+                f"sandbox={self.sandbox!r} is not one of {', '.join(SANDBOX_MODES)} (grading "
+                "needs bubblewrap unless you opt out with --unsandboxed)"
+            )
+        for name in ("budget", "memory_gb", "tmp_gb", "max_tasks", "cpu_seconds", "threads"):
             if getattr(self, name) <= 0:
                 raise GradingError(f"{name}={getattr(self, name)} must be positive")
 
@@ -156,6 +179,8 @@ class SubmissionResult:
         ignored: other notebooks found in the submission folder that were not graded.
         error: why grading failed (``failed``/``unmatched``).
         sandbox: ``bubblewrap`` or ``none``.
+        containment: how its processes were held together (``cgroup+subreaper``,
+            ``subreaper``) and how many were still alive when it ended.
         seconds: wall time spent on this submission.
         cell_scores: test cell grade id -> [score, max] as recorded.
         verdicts: test cell grade id -> ``{"score": float, "max_score": float, "mistake":
@@ -179,6 +204,7 @@ class SubmissionResult:
     ignored: list[str] = field(default_factory=list)
     error: str = ""
     sandbox: str = ""
+    containment: str = ""
     seconds: float = 0.0
     cell_scores: dict[str, list[float]] = field(default_factory=dict)
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -215,10 +241,7 @@ class GradeReport:
         head = f"{'student':<20} {'lab':<26} {'status':<10} {'auto':>9} {'manual':>6} {'s':>6}"
         lines = []
         if self.sandbox == "none":
-            lines.append(
-                "WARNING: UNSANDBOXED: submissions ran without an OS sandbox (bubblewrap not "
-                "available); the guard and limits still applied. Install bubblewrap."
-            )
+            lines.append(f"WARNING: {UNSANDBOXED_WARNING}")
         lines.append(head)
         for r in self.results:
             auto = f"{r.auto_score:g}/{r.auto_max:g}" if r.auto_score is not None else "-"
@@ -300,6 +323,7 @@ class Job:
     release: str
     template_db: str
     view: str
+    view_digest: str
     mpl_cache: str
     options: dict[str, Any]
     use_bwrap: bool
@@ -314,6 +338,32 @@ def _kernel_workspace(job: Job) -> tuple[Path, Path, Path]:
     if Path(job.mpl_cache).is_dir():
         shutil.copytree(job.mpl_cache, home / ".matplotlib")
     return base, home, run
+
+
+def _private_view(job: Job, base: Path) -> Path:
+    """This submission's own copy of the lab's package view, in its private folder.
+
+    A kernel without the OS sandbox can write wherever this user can: into a view shared by
+    every submission it would change what later ones import. Its copy goes with it; the
+    shared view is checked unchanged before each copy.
+    """
+    if _tree_digest(Path(job.view)) != job.view_digest:
+        raise GradingError(
+            f"the package view {job.view} changed during the run (an unsandboxed submission "
+            "wrote to it?): grade again, in the sandbox"
+        )
+    view = base / "view"
+    shutil.copytree(job.view, view, symlinks=True)
+    return view
+
+
+def _tree_digest(root: Path) -> str:
+    """One hash of every file's relative path and content under ``root``."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes() if path.is_file() else b"link")
+    return digest.hexdigest()
 
 
 def _read_scores(db_url: str, lab: str, student: str) -> tuple[dict[str, list[float]], int]:
@@ -361,6 +411,7 @@ def _cell_problems(executed: Any) -> tuple[list[str], bool, bool]:
 
 def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     """Grade one submission in its own workspace; return the result and the files to keep."""
+    from transformer_lab.grading.contain import Containment
     from transformer_lab.grading.feedback import feedback_notebook, render_html
     from transformer_lab.grading.integrity import (
         confirmations,
@@ -370,6 +421,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     )
 
     options = GradingOptions(**job.options)
+    memory_bytes = int(options.memory_gb * 2**30)
+    containment = Containment(options.max_tasks, memory_bytes)
     result = SubmissionResult(job.student, job.lab, "graded", ignored=list(job.ignored))
     result.sandbox = "bubblewrap" if job.use_bwrap else "none"
     repo, course, lab, student = Path(job.repo), Path(job.course), job.lab, job.student
@@ -402,7 +455,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         source = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
         plan = plan_for(source, lab)
         base, home, run = _kernel_workspace(job)
-        view = Path(job.view)
+        view = _private_view(job, base)
+        containment.start()
         hidden_root = view / "transformer_lab" / "grading"
         guard_file = run / "guard.json"
         log = run / "guard.log"
@@ -421,8 +475,12 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             python_path=[view],
             hidden=[hidden_root],
             use_bwrap=job.use_bwrap,
-            memory_bytes=int(options.memory_gb * 2**30),
+            memory_bytes=memory_bytes,
             cpu_seconds=options.cpu_seconds,
+            max_tasks=options.max_tasks,
+            tmp_bytes=int(options.tmp_gb * 2**30),
+            shm_bytes=SHM_BYTES,
+            launcher_args=containment.launcher_args,
             env={
                 "TRANSFORMER_LAB_PROFILE": options.profile,
                 "TRANSFORMER_LAB_THREADS": str(options.threads),
@@ -459,6 +517,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
                 "memory_bytes": box.memory_bytes,
                 "cpu_seconds": box.cpu_seconds,
                 "use_bwrap": box.use_bwrap,
+                "max_tasks": box.max_tasks,
+                "tmp_bytes": box.tmp_bytes,
+                "shm_bytes": box.shm_bytes,
+                "launcher_args": box.launcher_args,
                 # A judged lab's kernel holds no check: the grading package is not there at all.
                 "masked": [str(p) for p in _installed_kits()]
                 + ([str(hidden_root)] if judged else []),
@@ -477,8 +539,9 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         )
         coursedir.assignment_id, coursedir.student_id = lab, student
 
-        # 3. Run it.
+        # 3. Run it; then nothing it started may outlive it.
         out = run_converter(GuardedAutograde, coursedir, config, force=True, create_student=True)
+        result.containment = f"{containment.kind}, {containment.end()} process(es) ended"
         if not out["success"]:
             result.status = "failed"
             result.error = f"nbgrader could not autograde it:\n{_failure_summary(out)}"
@@ -556,6 +619,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
         return result, files
     finally:
+        containment.end()
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
         result_work = str(work)
@@ -848,8 +912,8 @@ def grade_course(
         A :class:`GradeReport`; failures of single submissions are recorded, not raised.
 
     Raises:
-        GradingError: no ``submitted/``, a broken lab source, ``sandbox="required"`` without
-            bubblewrap, or a gradebook changed by someone else during the run.
+        GradingError: no ``submitted/``, a broken lab source, no working bubblewrap (unless
+            ``sandbox="off"``), or a gradebook changed by someone else during the run.
     """
     options = options or GradingOptions()
     options.profile = profile
@@ -862,21 +926,12 @@ def grade_course(
     submitted = course / "submitted"
     if not submitted.is_dir():
         raise GradingError(f"{submitted} does not exist: expected submitted/<student>/<lab>/")
-    use_bwrap = options.sandbox != "off" and find_bwrap() is not None
-    if options.sandbox == "required" and not use_bwrap:
-        raise GradingError(
-            "the sandbox is required but bubblewrap does not work here: install it "
-            "(Debian/Ubuntu: apt-get install bubblewrap) or pass --sandbox auto"
-        )
+    use_bwrap = options.sandbox == "required"
+    if use_bwrap and find_bwrap() is None:
+        raise GradingError(NO_SANDBOX)
     sandbox = "bubblewrap" if use_bwrap else "none"
     if not use_bwrap:
-        warnings.warn(
-            "UNSANDBOXED grading: bubblewrap is not available, so submissions run without an OS "
-            "sandbox (the guard, limits and flags still apply). Grading runs untrusted code: "
-            "install bubblewrap.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warnings.warn(UNSANDBOXED_WARNING, RuntimeWarning, stacklevel=2)
     known = select_labs(repo, None)
     wanted = select_labs(repo, labs) if labs else None
     pairs: list[tuple[str, str]] = []
@@ -922,6 +977,7 @@ def grade_course(
                 raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
             prepared[lab] = _prepare_lab(repo, course, lab, config)
         mpl_cache = str(_matplotlib_cache(course)) if pairs else ""
+        digests = {lab: _tree_digest(view) for lab, (_, _, view) in prepared.items()}
         job_list: list[Job] = []
         for student, lab in pairs:
             chosen, others = choose_notebook(submitted / student / lab, f"{lab}.ipynb")
@@ -948,6 +1004,7 @@ def grade_course(
                     release=str(release / f"{lab}.ipynb"),
                     template_db=str(template_db),
                     view=str(view),
+                    view_digest=digests[lab],
                     mpl_cache=mpl_cache,
                     options=asdict(options),
                     use_bwrap=use_bwrap,

@@ -8,6 +8,12 @@ hold for the sandbox and the kernel inside it:
 * ``--cpu SECONDS``: CPU time of the kernel (it is killed after that, whatever it does);
 * ``--output FILE``: the command's standard output and error go there (the kernel's own
   messages, a crash's last words), not to the grader's terminal;
+* ``--nproc N``: ``RLIMIT_NPROC``, N more tasks than this user has now (Linux counts the
+  limit per user, not per process tree; it does not bind root, for whom the cgroup's
+  ``pids.max`` of :mod:`~transformer_lab.grading.contain` is the bound);
+* ``--cgroup FILE`` (repeatable): join a cgroup (write this process's id into its
+  ``cgroup.procs``) before anything starts, so every descendant is in it;
+* ``--chdir DIR``: the working directory (the submission's workspace, never the course);
 * always: files of at most 1 GiB, 1024 open files, no core dumps.
 """
 
@@ -33,10 +39,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory", type=int, default=0, help="address-space limit in bytes")
     parser.add_argument("--cpu", type=int, default=0, help="CPU-time limit in seconds")
     parser.add_argument("--output", default="", help="file that receives stdout and stderr")
+    parser.add_argument("--nproc", type=int, default=0, help="tasks beyond this user's own")
+    parser.add_argument("--cgroup", action="append", default=[], help="a cgroup.procs to join")
+    parser.add_argument("--chdir", default="", help="working directory of the command")
     ns = parser.parse_args(args[:cut])
     command = args[cut + 1 :]
     if not command:
         raise SystemExit("transformer_lab.grading.limits: no command after --")
+    for procs in ns.cgroup:
+        with open(procs, "w") as handle:
+            handle.write(str(os.getpid()))
+    if ns.nproc:
+        tasks = ns.nproc + _tasks_of(os.getuid())
+        resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
+    if ns.chdir:
+        os.chdir(ns.chdir)
     if ns.memory:
         resource.setrlimit(resource.RLIMIT_AS, (ns.memory, ns.memory))
     if ns.cpu:
@@ -51,6 +68,22 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(fd, 2)
         os.close(fd)
     os.execvp(command[0], command)
+
+
+def _tasks_of(uid: int) -> int:
+    """Tasks (threads) that user ``uid`` has now: what ``RLIMIT_NPROC`` counts."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/status") as handle:
+                status = dict(line.split(":", 1) for line in handle.read().splitlines())
+        except (OSError, ValueError):
+            continue
+        if int(status.get("Uid", "-1 ").split()[0]) == uid:
+            count += int(status.get("Threads", "1"))
+    return count
 
 
 if __name__ == "__main__":

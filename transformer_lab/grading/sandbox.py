@@ -6,13 +6,15 @@ Grading runs untrusted code. Each submission's kernel is started (by nbgrader's 
     python -m transformer_lab.grading.limits ... -- bwrap <mounts> -- python -m \\
         transformer_lab.grading.guard -f <connection file>
 
-* ``limits`` (this package) sets the resource limits (address space, CPU seconds, file size,
-  open files) and replaces itself with the sandbox;
+* ``limits`` (this package) joins the submission's cgroups, sets the resource limits (address
+  space, CPU seconds, file size, open files, tasks) and replaces itself with the sandbox;
 * ``bwrap`` (bubblewrap, the sandbox of Flatpak; Debian package ``bubblewrap``) gives the kernel
-  new namespaces: no network (loopback only), its own process tree, a private ``/tmp``, and a
-  file system of read-only system folders (``/usr``, the Python environment, the grader's package
-  tree of the lab) plus ONE writable folder, the submission's workspace. The course (other
-  submissions, the gradebook, solutions, the kit's sources) is not there at all;
+  new namespaces: no network (loopback only), its own process tree, a private ``/tmp`` and
+  ``/dev/shm`` of bounded size (``--size``, bubblewrap 0.5+), a read-only ``/dev``, and a
+  file system of read-only system folders (``/usr``, the Python environment, the submission's
+  copy of the grader's package tree of the lab) plus ONE writable folder, the submission's
+  workspace. The course (other submissions, the gradebook, solutions, the kit's sources) is
+  not there at all;
 * the kernel talks to the grader over Unix sockets in the workspace (ZeroMQ's ``ipc``
   transport), since it has no network;
 * :mod:`transformer_lab.grading.guard` then installs the tamper-evident audit hook before IPython.
@@ -22,8 +24,10 @@ After each test cell of a judged lab, :class:`BudgetedExecute` hands the cell to
 asks the kernel for the student's values through :class:`KernelLink`; a hidden test cell's
 source is never sent to the kernel (it runs an empty stub there).
 
-Where bubblewrap is missing (macOS, a container without user namespaces), grading still runs:
-the same limits and guard, without the namespaces, and every report says "unsandboxed".
+Where bubblewrap is missing (macOS, a container without user namespaces), grading refuses
+unless asked for ``--unsandboxed``: then the same launcher, limits and containment
+(:mod:`~transformer_lab.grading.contain`) without the namespaces, in the workspace as working
+directory, and every report says "unsandboxed".
 
 The total time a submission may take is bounded too (:class:`BudgetedExecute`): each cell gets at
 most the time left, and cells after the budget or after the kernel died are marked as not run.
@@ -79,8 +83,10 @@ def find_bwrap() -> str | None:
     if path is None:
         return None
     try:
+        # --size (a bounded tmpfs) needs bubblewrap 0.5 or later.
+        sized_tmp = ["--size", "65536", "--tmpfs", "/tmp"]
         probe = subprocess.run(
-            [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+            [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", *sized_tmp, "true"],
             capture_output=True,
             timeout=20,
         )
@@ -103,6 +109,15 @@ class KernelSandbox:
         cpu_seconds: CPU-time limit for the whole kernel (0: none).
         use_bwrap: run inside bubblewrap (False: unsandboxed, guard and limits only).
         masked: installed copies of the kit to hide inside the sandbox (tmpfs over them).
+        max_tasks: ``RLIMIT_NPROC`` beyond the user's current tasks (0: none).
+        tmp_bytes: size of the sandbox's ``/tmp`` (a RAM tmpfs; 0: the tmpfs default).
+        shm_bytes: size of the sandbox's ``/dev/shm`` (0: the tmpfs default).
+        launcher_args: more options for the launcher (the cgroups it joins).
+
+    The address-space limit of each process is ``memory_bytes`` less the RAM file systems'
+    sizes, so what a process maps and what it writes to ``/tmp`` and ``/dev/shm`` stay within
+    ``memory_bytes`` together; a cgroup's memory limit (:mod:`~transformer_lab.grading.contain`),
+    where there is one, bounds all processes and the tmpfs pages together.
     """
 
     workspace: Path
@@ -114,6 +129,10 @@ class KernelSandbox:
     cpu_seconds: int = 0
     use_bwrap: bool = True
     masked: list[Path] = field(default_factory=list)
+    max_tasks: int = 0
+    tmp_bytes: int = 0
+    shm_bytes: int = 0
+    launcher_args: list[str] = field(default_factory=list)
 
     @property
     def connection_file(self) -> Path:
@@ -152,10 +171,13 @@ class KernelSandbox:
         """The full command line: limits, then (maybe) bubblewrap, then the guarded kernel."""
         limits = [python_executable(), "-m", "transformer_lab.grading.limits"]
         limits += ["--output", str(self.run_dir / "kernel-output.txt")]
+        limits += ["--chdir", str(self.workspace), *self.launcher_args]
         if self.memory_bytes:
-            limits += ["--memory", str(self.memory_bytes)]
+            limits += ["--memory", str(self.address_space())]
         if self.cpu_seconds:
             limits += ["--cpu", str(self.cpu_seconds)]
+        if self.max_tasks:
+            limits += ["--nproc", str(self.max_tasks)]
         limits.append("--")
         env = {
             "PATH": "/usr/bin:/bin",
@@ -182,8 +204,10 @@ class KernelSandbox:
             if os.path.exists(name):
                 args += ["--ro-bind", name, name]
         args += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
+        # RAM file systems of a bounded size; /dev itself read-only (it is a tmpfs too).
+        args += [*self._size(self.shm_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         # A private /tmp first: the folders below may live under the host's /tmp.
-        args += ["--tmpfs", "/tmp"]
+        args += [*self._size(self.tmp_bytes), "--tmpfs", "/tmp"]
         for name in sorted(
             {sys.base_prefix, sys.prefix, sys.exec_prefix, *map(str, self.python_path)}
         ):
@@ -191,13 +215,23 @@ class KernelSandbox:
                 args += ["--ro-bind", name, name]
         for path in self.masked:
             if path.is_dir():
-                args += ["--tmpfs", str(path)]
+                args += ["--size", "4096", "--tmpfs", str(path), "--remount-ro", str(path)]
         for folder in (self.workspace, self.run_dir):
             args += ["--bind", str(folder), str(folder)]
         for key, value in env.items():
             args += ["--setenv", key, value]
         args += ["--chdir", str(self.workspace), "--"]
         return [*limits, *args, *kernel_argv]
+
+    @staticmethod
+    def _size(nbytes: int) -> list[str]:
+        """bubblewrap's ``--size`` for the next tmpfs (bubblewrap 0.5 and later)."""
+        return ["--size", str(nbytes)] if nbytes else []
+
+    def address_space(self) -> int:
+        """``RLIMIT_AS`` of each process: the memory budget less the RAM file systems."""
+        ram_fs = self.tmp_bytes + self.shm_bytes if self.use_bwrap else 0
+        return max(self.memory_bytes - ram_fs, self.memory_bytes // 2)
 
 
 def python_executable() -> str:
