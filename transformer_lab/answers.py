@@ -19,7 +19,7 @@ order, and says which it used:
 A saved answer is checked again when it is loaded (its visible check, quietly): one that fails
 is still used, since it is the student's, and the one line says so, so a later lab's surprising
 figure can be traced to it. Grading never sees any of this: the grader's kernel loads no saved
-answer (``TRANSFORMER_LAB_GUARD`` is set there) and the graded lab's own checks compute with
+answer (``TRANSFORMER_LAB_GRADING`` is set there) and the graded lab's own checks compute with
 their own references.
 
 :data:`ANSWERS` is the one table: which name each lab asks for, which kit object it replaces,
@@ -57,8 +57,8 @@ __all__ = [
 
 #: Environment variable naming the folder of saved answers (overrides the search).
 ANSWERS_ENV = "TRANSFORMER_LAB_ANSWERS"
-#: Set in the grader's kernel (:mod:`transformer_lab.grading.sandbox`): no saved answer is loaded.
-GRADER_ENV = "TRANSFORMER_LAB_GUARD"
+#: Set in the grader's kernel (:mod:`transformer_lab.grading.grade`): no saved answer is loaded.
+GRADER_ENV = "TRANSFORMER_LAB_GRADING"
 FOLDER = "my_answers"
 DRIVE = Path("/content/drive/MyDrive")
 _LAB = re.compile(r"^\d\d_[a-z0-9_]+$")

@@ -483,6 +483,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             launcher_args=containment.launcher_args,
             env={
                 "TRANSFORMER_LAB_PROFILE": options.profile,
+                "TRANSFORMER_LAB_GRADING": "1",  # no saved answer of the student's is loaded
                 "TRANSFORMER_LAB_THREADS": str(options.threads),
                 "OMP_NUM_THREADS": str(options.threads),
                 "MKL_NUM_THREADS": str(options.threads),
@@ -576,6 +577,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         if judged:
             scores, notes = _judged_scores(scores, verdicts_path)
             result.verdicts = _verdict_records(scores, notes, verdicts_path)
+        else:  # the check's own message, since feedback shows no hidden cell's output
+            notes = _check_messages(executed, scores)
         for gid, (score, maximum) in scores.items():
             check = None if judged else confirmed.get(gid)
             if check is not None and not check.confirmed and score > 0:
@@ -659,6 +662,20 @@ def _judged_scores(
         if not verdict["passed"]:
             notes[gid] = verdict["message"]
     return judged, notes
+
+
+def _check_messages(executed: Any, scores: dict[str, list[float]]) -> dict[str, str]:
+    """The failed test cells' own messages (their error's text, never a traceback)."""
+    messages = {}
+    for cell in executed.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid not in scores or scores[gid][0] >= scores[gid][1]:
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                messages[gid] = f"{output.get('ename', '')}: {output.get('evalue', '')}"[:1000]
+                break
+    return messages
 
 
 def _verdict_records(
