@@ -380,6 +380,16 @@ class BudgetedExecute(Execute):
             self._dead = f"the kernel died while cell {cell_index + 1} ran ({exc})"
             cell.outputs = [*cell.get("outputs", []), _error_output(DEAD_ENAME, self._dead)]
             return cell
+        except ValueError as exc:
+            if "Signature" not in str(exc):
+                raise
+            # A message without the kernel's signature (a forked child writing to its sockets):
+            # nothing later can be trusted to run in it.
+            self._dead = (
+                f"the kernel sent a message the grader cannot authenticate in cell {cell_index + 1}"
+            )
+            cell.outputs = [*cell.get("outputs", []), _error_output(DEAD_ENAME, self._dead)]
+            return cell
         except CellTimeoutError:
             # The kernel stopped answering altogether (not even its output channel): nothing
             # later can run in it.
@@ -455,9 +465,12 @@ class BudgetedExecute(Execute):
 
     @staticmethod
     async def _next(channel: Any, timeout: float) -> dict[str, Any] | None:
+        """The channel's next message; None when there is none, or it is not signed."""
         try:
             return await ensure_async(channel.get_msg(timeout=timeout))
         except queue.Empty:
+            return None
+        except ValueError:  # an unsigned message (a forked child's): never the reply
             return None
 
     # nbclient binds the synchronous wrapper to its own coroutine: bind it to this one.
