@@ -93,6 +93,21 @@ def _build(home: Path) -> None:
     grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT)
 
 
+def test_the_collected_submission_time_reaches_the_gradebook(graded: dict) -> None:
+    """collect's timestamp.txt is graded with the submission, so nbgrader can judge lateness."""
+    from transformer_lab.grading.results import course_deadlines
+
+    with grading_env(), Gradebook(f"sqlite:///{graded['course'] / 'gradebook.db'}") as gb:
+        submission = gb.find_submission(LAB1, "s01")
+        assert submission.timestamp == dt.datetime(2026, 10, 2, 9, 0, 0)
+        due = course_deadlines(REPO).get(LAB1)
+        if due is not None:
+            assert gb.find_assignment(LAB1).duedate == due.replace(tzinfo=None)
+            assert (submission.total_seconds_late > 0) == (
+                submission.timestamp > gb.find_assignment(LAB1).duedate
+            )
+
+
 def test_manual_grade_survives_regrading_and_reaches_both_exports(graded: dict) -> None:
     course, home = graded["course"], graded["home"]
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:

@@ -186,6 +186,8 @@ class SubmissionResult:
         verdicts: test cell grade id -> ``{"score": float, "max_score": float, "mistake":
             str | None, "message": str}``: the named mistake a check recognised (``None``:
             none recognised) and what the student was told; read by ``labs report``.
+        timestamp: when it was handed in (ISO), from its ``timestamp.txt``, or ``""``.
+        late_penalty: the points nbgrader's late-submission settings took off.
     """
 
     student: str
@@ -208,6 +210,8 @@ class SubmissionResult:
     seconds: float = 0.0
     cell_scores: dict[str, list[float]] = field(default_factory=dict)
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timestamp: str = ""
+    late_penalty: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -381,6 +385,30 @@ def _read_scores(db_url: str, lab: str, student: str) -> tuple[dict[str, list[fl
     return scores, manual
 
 
+def _read_lateness(db_url: str, lab: str, student: str) -> tuple[str, float]:
+    """The submission's time (ISO, or "") and the late penalty nbgrader's settings gave it."""
+    with Gradebook(db_url) as gb:
+        submission = gb.find_submission(lab, student)
+        stamp = submission.timestamp.isoformat() if submission.timestamp else ""
+        penalty = sum(float(nb.late_submission_penalty or 0.0) for nb in submission.notebooks)
+    return stamp, penalty
+
+
+def set_due_date(db_url: str, lab: str, repo: Path) -> None:
+    """The lab's deadline (``c.TransformerLab.deadlines``) as its due date in a gradebook.
+
+    With it, nbgrader's late-submission settings (``c.LateSubmissionPlugin.penalty_method``)
+    apply to each submission's ``timestamp.txt`` (written by ``labs collect``).
+    """
+    from transformer_lab.grading.results import course_deadlines
+
+    due = course_deadlines(repo).get(lab)
+    if due is None:
+        return
+    with Gradebook(db_url) as gb:
+        gb.update_or_create_assignment(lab, duedate=due.astimezone(dt.UTC).replace(tzinfo=None))
+
+
 def _cell_problems(executed: Any) -> tuple[list[str], bool, bool]:
     """Cells that timed out, ran out of budget or died; and whether any did each.
 
@@ -449,6 +477,9 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             result.repairs.insert(0, f"graded {Path(job.notebook).name} as {lab}.ipynb")
         target = work / "submitted" / student / lab / f"{lab}.ipynb"
         write_notebook(repaired.notebook, target)
+        stamp = Path(job.notebook).parent / "timestamp.txt"  # nbgrader's submission time
+        if stamp.is_file():
+            shutil.copyfile(stamp, target.parent / "timestamp.txt")
         flags = [f"student code: {f}" for f in scan_student_code(repaired.notebook)]
 
         # 2. The kernel's sandbox, the guard's plan and the per-submission gradebook.
@@ -553,6 +584,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         executed = read_notebook(executed_path)
         problems, timed_out, died = _cell_problems(executed)
         scores, manual = _read_scores(f"sqlite:///{db}", lab, student)
+        result.timestamp, result.late_penalty = _read_lateness(f"sqlite:///{db}", lab, student)
         reading = read_log(log, plan.key) if guarded else None
         confirmed = confirmations(reading, plan) if reading is not None and not judged else {}
         flags += reading.problems if reading is not None else []
@@ -726,8 +758,11 @@ def record_result(db_url: str, result: SubmissionResult) -> None:
     with Gradebook(db_url) as gb:
         gb.update_or_create_student(result.student)
         submission = gb.update_or_create_submission(result.lab, result.student)
+        if result.timestamp:
+            submission.timestamp = dt.datetime.fromisoformat(result.timestamp)
         for notebook in submission.notebooks:
             notebook.flagged = result.status == "flagged"
+            notebook.late_submission_penalty = result.late_penalty or None
             for grade in notebook.grades:
                 if grade.name in result.cell_scores:
                     grade.auto_score = result.cell_scores[grade.name][0]
@@ -993,6 +1028,8 @@ def grade_course(
             if not out["success"]:
                 raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
             prepared[lab] = _prepare_lab(repo, course, lab, config)
+            for gradebook in (main_db, prepared[lab][1]):
+                set_due_date(f"sqlite:///{gradebook}", lab, repo)
         mpl_cache = str(_matplotlib_cache(course)) if pairs else ""
         digests = {lab: _tree_digest(view) for lab, (_, _, view) in prepared.items()}
         job_list: list[Job] = []
