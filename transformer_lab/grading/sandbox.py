@@ -443,7 +443,8 @@ class BudgetedExecute(Execute):
                     reply = await loop.run_in_executor(None, answer, prompt[len(CALLBACK_PREFIX) :])
                 self.kc.input(reply)
                 continue
-            msg = await self._next(self.kc.shell_channel, min(remaining, 0.05))
+            # Short polls: a call back from the kernel (a model's forward) waits for this loop.
+            msg = await self._next(self.kc.shell_channel, min(remaining, 0.002))
             if msg is None:
                 if not await ensure_async(self.km.is_alive()):
                     self._dead = "the kernel died while the grader's judge ran your code"
