@@ -27,10 +27,12 @@ class InProcessKernel:
         self.namespace = namespace
         self.texts: list[str] = []
         self.answer: Any = None
+        self.rng = torch.Generator().manual_seed(20261201).get_state()
         for name, empty in (("_objects", {}), ("_handles", {}), ("_calls", {})):
             monkeypatch.setattr(kernel, name, empty)
         monkeypatch.setattr(kernel, "_grader_modules", {})
         monkeypatch.setattr(kernel, "_grader_ids", {})
+        monkeypatch.setattr(kernel, "_param_refs", {})
         monkeypatch.setattr(kernel, "_namespace", lambda: self.namespace)
         monkeypatch.setattr(kernel, "_ask", lambda text: self.answer(text))
 
@@ -38,8 +40,12 @@ class InProcessKernel:
         self.texts.append(text)
         previous, self.answer = self.answer, answer
         try:
-            with torch.enable_grad():  # a kernel of its own is never inside the judge's backward
+            # A kernel is another process: its own random stream, and never inside the judge's
+            # backward pass.
+            with torch.random.fork_rng(devices=[]), torch.enable_grad():
+                torch.random.set_rng_state(self.rng)
                 kernel.serve(text)
+                self.rng = torch.random.get_rng_state()
             return kernel.reply()
         finally:
             self.answer = previous

@@ -182,6 +182,19 @@ def test_student_names_are_the_cells_free_names() -> None:
 # ---------------------------------------------------------------- every judged lab, in-process
 
 
+#: Cells that judge a model the notebook trains (not in an answers-only namespace): they are
+#: decided in the round trips through ``labs grade``, which run the whole notebook.
+NEEDS_TRAINING = frozenset(
+    {
+        "test_trained_encoder",
+        "test_train_translator_visible",
+        "test_train_translator_trained_visible",
+        "test_train_translator_hidden",
+        "test_train_translator_trained_greedy",
+    }
+)
+
+
 @pytest.mark.parametrize("lab", sorted(JUDGED_LABS))
 def test_the_solution_passes_every_judged_cell_and_the_release_none(
     monkeypatch: pytest.MonkeyPatch, lab: str
@@ -192,6 +205,8 @@ def test_the_solution_passes_every_judged_cell_and_the_release_none(
     for folder, should_pass in (("solutions", True), ("labs", False)):
         link = InProcessKernel(monkeypatch, answers_namespace(lab, folder))
         for grade_id, cell in plan.items():
+            if grade_id in NEEDS_TRAINING:
+                continue
             verdict = judge_cell(grade_id, cell["source"], JudgeSession(link, timeout=60))
             assert verdict.passed is should_pass, (folder, grade_id, verdict.message)
             if not should_pass:

@@ -276,6 +276,12 @@ def expect_close(
 _NAMED: list[str] = []
 
 
+def instance_attributes(obj: Any) -> dict[str, Any]:
+    """``vars(obj)``; for a student's module seen from the grader's judge, its module's own."""
+    remote = getattr(type(obj), "judge_vars", None)
+    return remote(obj) if remote is not None else vars(obj)
+
+
 def note_mistake(hint: str) -> None:
     """Record that a check matched the typical mistake ``hint``."""
     _NAMED.append(hint)

@@ -57,8 +57,10 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     generator,
+    instance_attributes,
     stored,
 )
+from transformer_lab.judge.mirror import portable
 
 __all__ = [
     "BLOCK_BAN",
@@ -765,15 +767,15 @@ def run_training_step(module: Any, batch: dict[str, Tensor]) -> tuple[Any, list[
     """``module.training_step(batch, 0)`` under the ban; what it returned and what it logged."""
     recorder = _LogRecorder()
     module.train()
-    module.__dict__["log"] = recorder.log
-    module.__dict__["log_dict"] = recorder.log_dict
+    module.log, module.log_dict = recorder.log, recorder.log_dict  # on the instance only
     try:
         out = call_forbidding(
             module.training_step, (batch, 0), {}, ban=MODULE_BAN, what="training_step(batch, 0)"
         )
     finally:
-        module.__dict__.pop("log", None)
-        module.__dict__.pop("log_dict", None)
+        for name in ("log", "log_dict"):
+            with contextlib.suppress(AttributeError):
+                delattr(module, name)
     return out, recorder.calls
 
 
@@ -783,7 +785,7 @@ def graph_holders(module: nn.Module) -> list[str]:
 
     def visit(value: Any, path: str, depth: int) -> None:
         if isinstance(value, Tensor):
-            if value.grad_fn is not None:
+            if value.requires_grad:  # a graph (or a leaf that starts one) is kept alive
                 found.append(path)
         elif depth < 3 and isinstance(value, list | tuple):
             for i, item in enumerate(value[:1000]):
@@ -792,7 +794,7 @@ def graph_holders(module: nn.Module) -> list[str]:
             for key, item in list(value.items())[:1000]:
                 visit(item, f"{path}[{key!r}]", depth + 1)
 
-    for name, value in vars(module).items():
+    for name, value in instance_attributes(module).items():
         if name not in ("_parameters", "_buffers", "_modules"):
             visit(value, f"self.{name}", 0)
     return found
@@ -885,6 +887,7 @@ def judge_logging(calls: Sequence[LogCall], loss: Tensor, module: nn.Module, wha
     )
 
 
+@portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
 class _StoredTagger(nn.Module):
     """A stand-in model whose logits are stored, so that the expected loss is a stored number.
 
@@ -931,6 +934,7 @@ def check_training_step(cls: Callable[..., Any]) -> None:
 # --------------------------------------------------------------------------------------
 
 
+@portable
 class ProbeModel(nn.Module):
     """A small tagging model with every kind of parameter (an embedding, a layer norm, linear
     layers with and without bias) whose logits depend on the tokens and on the padding mask:

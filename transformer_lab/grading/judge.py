@@ -64,6 +64,7 @@ JUDGED_LABS = frozenset(
         "01_positional_encoding",
         "02_self_attention",
         "03_multi_head_attention",
+        "04_transformer_block",
         "05_masking",
         "07_nlp_pipeline",
         "08_language_models",
@@ -181,6 +182,10 @@ class JudgeSession:
                 if "grader_changes" in reply:
                     changes = wire.decode(reply["grader_changes"], self._reference)
                     self._apply_changes(changes, self._gmodules)
+                if "rng" in reply:  # what the student's code drew, drawn here too
+                    torch.random.set_rng_state(
+                        _rng_state(wire.decode(reply["rng"], self._reference))
+                    )
                 return wire.decode(reply.get("value"), self._reference), reply
             except (wire.WireError, KeyError, TypeError, ValueError) as exc:
                 raise JudgeError(
@@ -199,12 +204,14 @@ class JudgeSession:
             self._objects[handle], self._handles[id(obj)] = obj, handle
         return handle
 
-    def keep(self, obj: Any) -> dict[str, Any]:
+    def keep(self, obj: Any) -> dict[str, Any] | None:
         """Send one of the grader's objects (a model, a step function) as a reference.
 
         A module is mirrored in the kernel (its parameters there, its forward here), so that
         the student's code can read and write its weights as it would locally.
         """
+        if isinstance(obj, nn.Parameter):
+            return None  # the mirrors' parameters go as values
         if isinstance(obj, nn.Module):
             root = self._grader_handle(obj)
             if root in self._gmodules:
@@ -280,6 +287,7 @@ class JudgeSession:
             data,
             lambda d: wire.decode(d, self._reference),
             lambda handle, kind: MirrorModule(self, handle, kind),
+            own=self._own_module,
         )
         if not isinstance(module, MirrorModule):  # torch's own layer, returned alone
             raise wire.WireError(f"a lone torch {type(module).__name__} is not mirrored")
@@ -290,7 +298,21 @@ class JudgeSession:
         self._parts.update(parts)
         return module
 
+    def _own_module(self, handle: int) -> nn.Module | None:
+        """The grader's module behind ``handle`` (a check's model inside the student's)."""
+        obj = self._objects.get(handle)
+        return obj if isinstance(obj, nn.Module) else None
+
+    def _parameter(self, data: dict[str, Any]) -> nn.Parameter:
+        part, name = self._parts.get(data["$param"]), data.get("name")
+        param = part._parameters.get(name) if isinstance(name, str) and part is not None else None
+        if not isinstance(param, nn.Parameter):
+            raise wire.WireError(f"no mirrored parameter {data['$param']}:{name}")
+        return param
+
     def _reference(self, data: dict[str, Any]) -> Any:
+        if "$param" in data:
+            return self._parameter(data)
         if "$module" in data:
             return self._mirror(data)
         if "$grader" in data:
@@ -300,8 +322,17 @@ class JudgeSession:
                 raise wire.WireError(f"no object of the grader's {data['$grader']}") from None
         handle = data["$handle"]
         if handle not in self._remotes:
-            self._remotes[handle] = Remote(self, handle, str(data.get("type", "object")))
+            cls = _remote_class(data.get("torch"))
+            self._remotes[handle] = cls(self, handle, str(data.get("type", "object")))
         return self._remotes[handle]
+
+
+def _rng_state(value: Any) -> torch.Tensor:
+    """A CPU generator's state from the kernel (a uint8 tensor of the size torch's has)."""
+    size = torch.random.get_rng_state().numel()
+    if not (type(value) is torch.Tensor and value.dtype == torch.uint8 and value.numel() == size):
+        raise wire.WireError("the kernel's random state is not a generator state")
+    return value
 
 
 def _student_error(reply: dict[str, Any]) -> BaseException:
@@ -369,6 +400,7 @@ def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> 
         "kwargs": session.encode(dict(kwargs), grads),
     }
     request["sync"] = session.sync(grads)
+    request["rng"] = session.encode(torch.random.get_rng_state())  # one random stream, as local
     ban = active_ban()
     if ban is not None:
         request["ban"] = ban
@@ -409,6 +441,29 @@ class MirrorModule(nn.Module, wire.Reference):
                 raise
         session, handle, _ = self.__dict__["_judge"]
         return session.request({"op": "getattr", "target": handle, "name": name})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A plain attribute (a check's ``self.log`` recorder) is set on the student's module."""
+        local = name.startswith("_") or name in self.__dict__ or not self.__dict__.get("_ready")
+        if local or isinstance(value, torch.Tensor | nn.Module):
+            super().__setattr__(name, value)
+            return
+        session, handle, _ = self.__dict__["_judge"]
+        value_data = session.encode(value)
+        session.request({"op": "setattr", "target": handle, "name": name, "value": value_data})
+
+    def __delattr__(self, name: str) -> None:
+        if name in self.__dict__ or name in self._parameters or name in self._modules:
+            super().__delattr__(name)
+            return
+        session, handle, _ = self.__dict__["_judge"]
+        session.request({"op": "delattr", "target": handle, "name": name})
+
+    def judge_vars(self) -> dict[str, Any]:
+        """The student's module's public instance attributes (what ``vars`` would show)."""
+        session, handle, _ = self.__dict__["_judge"]
+        found = session.request({"op": "vars", "target": handle})
+        return found if isinstance(found, dict) else {}
 
     def __getitem__(self, index: int | str) -> nn.Module:
         children = list(self._modules.values())
@@ -455,6 +510,7 @@ class Remote(wire.Reference):
             "args": self._session.encode(list(args)),
             "kwargs": self._session.encode(dict(kwargs)),
             "trace": True,
+            "rng": self._session.encode(torch.random.get_rng_state()),
         }
         ban = active_ban()
         if ban is not None:
@@ -483,8 +539,49 @@ class Remote(wire.Reference):
     def __len__(self) -> int:
         return len(list(self))
 
+    def __instancecheck__(self, obj: Any) -> bool:
+        """``isinstance(part, YourClass)``: asked of the kernel (a structural fact)."""
+        if not isinstance(obj, MirrorModule | Remote):
+            return False
+        handle = obj._judge[1] if isinstance(obj, MirrorModule) else obj._handle
+        request = {"op": "isinstance", "target": handle, "cls": self._handle}
+        return self._session.request(request) is True
+
     def __repr__(self) -> str:
         return f"<your {self._type}>"
+
+
+class _RemoteTorchObject(Remote):
+    """A student's optimizer or scheduler, seen from the judge as an instance of its torch class.
+
+    Nothing of the torch class's state is here: every attribute the checks read
+    (``param_groups``, ``step``) is read from the kernel's object when it is asked for.
+    """
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("wire_reference", "traced"):
+            return object.__getattribute__(self, name)
+        return Remote.__getattr__(self, name)
+
+
+_TORCH_BASES = ("torch.optim.", "torch.optim.lr_scheduler.")
+
+
+def _remote_class(dotted: Any) -> type[Remote]:
+    """:class:`Remote`, or one that is also an instance of the torch optimizer or scheduler
+    class named ``dotted`` (only classes of ``torch.optim`` are looked up)."""
+    if not isinstance(dotted, str) or not dotted.startswith(_TORCH_BASES[0]):
+        return Remote
+    module_name, _, qualname = dotted.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), qualname)
+    except (ImportError, AttributeError, ValueError):
+        return Remote
+    from torch.optim.lr_scheduler import LRScheduler
+
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer | LRScheduler)):
+        return Remote
+    return type(f"Your{qualname}", (_RemoteTorchObject, cls), {"__init__": Remote.__init__})
 
 
 def student_names(source: str, namespace: dict[str, Any]) -> list[str]:

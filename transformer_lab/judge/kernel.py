@@ -11,9 +11,20 @@ in the kernel and reads ``_tl_judge.reply()`` back as a user expression. A reque
   "grads": [...]}`` returns the gradients of its outputs with respect to the tensors that were
   sent marked ``"grad"`` (a check's backward pass through the student's function);
   With ``"trace": true`` the reply also lists the torch operations the call ran and their
-  output shapes (structural checks: a loop form, a matrix form);
+  output shapes (structural checks: a loop form, a matrix form). With ``"rng"`` (the judge's
+  CPU random state) the call draws from that state and the reply carries the state after it,
+  so dropout masks are those of one process;
 * ``{"op": "getattr", "target": h, "name": "vocab"}``; ``{"op": "iter", "target": h}``
-  (the items of an iterable object, as a list).
+  (the items of an iterable object, as a list);
+* ``{"op": "setattr", "target": h, "name": "log", "value": ...}`` and ``{"op": "delattr",
+  ...}``: an instance attribute of the object (a check recording what ``self.log`` receives);
+  ``{"op": "vars", "target": h}``: its public instance attributes;
+* ``{"op": "isinstance", "target": h, "cls": c}``: whether the object is an instance of the
+  class behind ``c`` (a structural fact, reported like the traced operations).
+
+An optimizer or a learning-rate scheduler goes as a reference that names its torch class
+(``"torch": "torch.optim.adamw.AdamW"``), so that the judge's checks can treat it as one; its
+parameter groups hold ``{"$param": ...}`` references to the mirrored modules' parameters.
 
 Results go back as data (:mod:`transformer_lab.judge.wire`); anything that is not data (a
 function, a class, a module, a tokenizer) stays here behind a handle, the same handle each time
@@ -43,6 +54,7 @@ _handles: dict[int, int] = {}  # id(object) -> its handle
 _grader_modules: dict[int, Any] = {}  # the grader's modules mirrored here, by root handle
 _grader_ids: dict[int, tuple[int, Any]] = {}  # id(mirror part) -> (grader handle, part)
 _calls: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+_param_refs: dict[int, tuple[torch.nn.Parameter, int, str]] = {}  # id -> (param, owner, name)
 _numbers = itertools.count(1)
 _last = ""
 
@@ -61,13 +73,44 @@ def _handle_of(obj: Any) -> int:
     return handle
 
 
-def _keep(obj: Any) -> dict[str, Any]:
-    grader = _grader_ids.get(id(obj))
-    if grader is not None and grader[1] is obj:  # a mirror of the grader's: send it back as such
-        return {"$grader": grader[0]}
+def _origin(part: Any) -> int | None:
+    """The grader's handle of ``part`` when it is a mirror of one of the grader's modules."""
+    grader = _grader_ids.get(id(part))
+    return grader[0] if grader is not None and grader[1] is part else None
+
+
+def _torch_class(obj: Any) -> str | None:
+    """The torch optimizer or scheduler class ``obj`` is, by its dotted name (or None)."""
+    from torch.optim import Optimizer
+    from torch.optim.lr_scheduler import LRScheduler
+
+    if not isinstance(obj, Optimizer | LRScheduler):
+        return None
+    for cls in type(obj).__mro__:
+        if cls.__module__.startswith("torch.optim"):
+            return f"{cls.__module__}.{cls.__qualname__}"
+    return None
+
+
+def _keep(obj: Any) -> dict[str, Any] | None:
+    if isinstance(obj, torch.nn.Parameter):
+        ref = _param_refs.get(id(obj))
+        return {"$param": ref[1], "name": ref[2]} if ref is not None and ref[0] is obj else None
+    origin = _origin(obj)
+    if origin is not None:  # a mirror of the grader's: send it back as such
+        return {"$grader": origin}
     if isinstance(obj, torch.nn.Module):
-        return mirror.spec(obj, _handle_of, "$module")
-    return {"$handle": _handle_of(obj), "type": type(obj).__name__}
+        data = mirror.spec(obj, _handle_of, "$module", _origin)
+        for sub in obj.modules():
+            for name, p in sub._parameters.items():
+                if p is not None:
+                    _param_refs[id(p)] = (p, _handle_of(sub), name)
+        return data
+    data = {"$handle": _handle_of(obj), "type": type(obj).__name__}
+    torch_class = _torch_class(obj)
+    if torch_class is not None:
+        data["torch"] = torch_class
+    return data
 
 
 def _sync(sync: list[Any]) -> dict[int, Any]:
@@ -124,12 +167,13 @@ class GraderObject(wire.Reference):
         raise error(str(answer.get("message", "")))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        marked: list[torch.Tensor] = []  # tensors with a graph arrive marked as such
         return self._request(
             {
                 "op": "call",
                 "target": self._handle,
-                "args": wire.encode(list(args), keep=_keep),
-                "kwargs": wire.encode(dict(kwargs), keep=_keep),
+                "args": wire.encode(list(args), keep=_keep, grads=marked),
+                "kwargs": wire.encode(dict(kwargs), keep=_keep, grads=marked),
             }
         )
 
@@ -162,6 +206,8 @@ def _grader_module(data: dict[str, Any]) -> Any:
 
 
 def _reference(data: dict[str, Any]) -> Any:
+    if "$param" in data:
+        raise wire.WireError("the judge sends no $param")
     if "$gmodule" in data:
         return _grader_module(data)
     if "$grader" in data and data["$grader"] in _grader_by_handle():
@@ -262,7 +308,11 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             inputs += [own[name] for name, value in params if value.requires_grad and name in own]
         storages = _storages()
         graders = {root: mirror.snapshot(m) for root, m in _grader_modules.items()}
+        if "rng" in request:  # the check's random stream: dropout drawn as in one process
+            torch.random.set_rng_state(wire.decode(request["rng"], _reference))
         value, extra = _call_as_asked(request, target, args, kwargs, inputs)
+        if "rng" in request:
+            extra["rng"] = wire.encode(torch.random.get_rng_state())
         changes = _changes(_objects, before, storages)
         grader_changes = _changes(_grader_modules, graders, storages)
         if changes:
@@ -274,6 +324,25 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         return getattr(target, str(request.get("name"))), {}
     if op == "iter":
         return list(target), {}
+    return _instance_op(op, target, request), {}
+
+
+def _instance_op(op: Any, target: Any, request: dict[str, Any]) -> Any:
+    """``setattr``, ``delattr``, ``vars`` and ``isinstance`` on the object ``target``."""
+    name = str(request.get("name", ""))
+    if op in ("setattr", "delattr") and (name.startswith("_") or not name.isidentifier()):
+        raise AttributeError(f"the judge sets no attribute {name!r}")
+    if op == "setattr":
+        vars(target)[name] = wire.decode(request.get("value"), _reference)
+        return None
+    if op == "delattr":
+        vars(target).pop(name, None)
+        return None
+    if op == "vars":
+        return {k: v for k, v in vars(target).items() if not k.startswith("_")}
+    if op == "isinstance":
+        cls = _reference({"$handle": request.get("cls")})
+        return isinstance(target, cls) if isinstance(cls, type) else False
     raise wire.WireError(f"unknown request {op!r}")
 
 
@@ -312,8 +381,12 @@ def serve(text: str) -> None:
     """Answer one request (its reply is read with :func:`reply`)."""
     global _last
     try:
-        value, extra = _run(wire.loads(text))
-        _last = wire.dumps({"ok": True, "value": wire.encode(value, keep=_keep), **extra})
+        request = wire.loads(text)
+        value, extra = _run(request)
+        # An object's attributes say which tensors keep a graph (as "grad" marks).
+        marked: list[torch.Tensor] | None = [] if request.get("op") == "vars" else None
+        encoded = wire.encode(value, keep=_keep, grads=marked)
+        _last = wire.dumps({"ok": True, "value": encoded, **extra})
     except BaseException as exc:  # a reply in every case: the judge decides what it means
         try:
             _last = wire.dumps(_error(exc))

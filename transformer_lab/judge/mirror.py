@@ -11,19 +11,40 @@ makes the mirror (torch's own layers are rebuilt as torch layers, every other mo
 ``proxy`` whose forward goes to the other side), and :func:`changes` / :func:`apply_changes`
 carry what a call did to parameters back (new values, a new Parameter object, memory shared with
 another parameter), so identity and in-place semantics hold on the mirror as on the module.
+
+Two refinements keep a check's own models whole when they pass through the student's code (a
+check's tagging model inside the student's ``LightningModule``):
+
+* a check's small model marked :func:`portable` (a class of ``transformer_lab.checks`` whose
+  forward is a few lines over its parameters) is rebuilt in the kernel as that class, so the
+  student's loss on its output has an autograd graph there, as it would locally;
+* a part of a student's module that *is* one of the grader's mirrored modules carries its
+  ``origin`` (the grader's handle), and the judge puts its own module there instead of a copy:
+  gradients and optimizers then reach the check's own parameters.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from transformer_lab.judge import wire
 
-__all__ = ["LAYER_FIELDS", "apply_changes", "build", "changes", "snapshot", "spec", "sync_into"]
+__all__ = [
+    "LAYER_FIELDS",
+    "PORTABLE_PREFIX",
+    "apply_changes",
+    "build",
+    "changes",
+    "portable",
+    "snapshot",
+    "spec",
+    "sync_into",
+]
 
 #: Hyperparameters sent for torch's own layers, which the other side rebuilds as torch layers.
 LAYER_FIELDS: dict[str, tuple[str, ...]] = {
@@ -38,16 +59,50 @@ LAYER_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def spec(module: nn.Module, handle_of: Callable[[Any], int], kind: str) -> dict[str, Any]:
-    """``module`` as wire data: ``{kind: handle, "type", "tree", "params", "buffers"}``."""
+#: Where the classes that :func:`portable` accepts live (the checks' own models).
+PORTABLE_PREFIX = "transformer_lab.checks."
+
+_T = TypeVar("_T", bound=type)
+
+
+def portable(cls: _T) -> _T:
+    """Mark a check's model class to be rebuilt as itself on the other side of the judge.
+
+    Only a class of :data:`PORTABLE_PREFIX` whose state is its parameters, buffers and
+    submodules qualifies: the other side builds it empty and fills those in.
+    """
+    if not cls.__module__.startswith(PORTABLE_PREFIX):
+        raise ValueError(f"{cls.__qualname__} is not a class of {PORTABLE_PREFIX}*")
+    cls.judge_portable = True  # type: ignore[attr-defined]
+    return cls
+
+
+def _kind(cls: type) -> tuple[str, bool]:
+    """A module class's name on the wire, and whether the other side rebuilds it natively."""
+    if cls.__module__.startswith("torch.nn") and cls.__name__ in LAYER_FIELDS:
+        return cls.__name__, True
+    if cls.__dict__.get("judge_portable") and cls.__module__.startswith(PORTABLE_PREFIX):
+        return f"{cls.__module__}:{cls.__qualname__}", True
+    return cls.__name__, False
+
+
+def spec(
+    module: nn.Module,
+    handle_of: Callable[[Any], int],
+    kind: str,
+    origin: Callable[[nn.Module], int | None] = lambda sub: None,
+) -> dict[str, Any]:
+    """``module`` as wire data: ``{kind: handle, "type", "tree", "params", "buffers"}``.
+
+    ``origin`` gives the other side's handle of a part that is a mirror of one of its modules.
+    """
     tree = []
     for path, sub in module.named_modules():
-        cls = type(sub)
-        native = cls.__module__.startswith("torch.nn") and cls.__name__ in LAYER_FIELDS
-        fields = {f: getattr(sub, f) for f in LAYER_FIELDS[cls.__name__]} if native else {}
+        name, native = _kind(type(sub))
+        fields = {f: getattr(sub, f) for f in LAYER_FIELDS.get(name, ())} if native else {}
         if "normalized_shape" in fields:
             fields["normalized_shape"] = list(fields["normalized_shape"])
-        tree.append([path, handle_of(sub), cls.__name__, native, fields, sub.training])
+        tree.append([path, handle_of(sub), name, native, fields, sub.training, origin(sub)])
     first: dict[int, str] = {}
     params = []
     for name, p in module.named_parameters(remove_duplicate=False):  # tied weights stay tied
@@ -69,8 +124,31 @@ def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (root.get_submodule(path) if path else root), attr
 
 
-def _native_layer(kind: str, f: dict[str, Any], path: str, names: set[str]) -> nn.Module | None:
-    """torch's own layer, rebuilt: its forward is torch's, whoever holds the mirror."""
+def _portable_module(kind: str) -> nn.Module | None:
+    """An empty module of a :func:`portable` class named ``"module:Qualname"``, or None."""
+    module_name, _, qualname = kind.partition(":")
+    if not module_name.startswith(PORTABLE_PREFIX) or not qualname.isidentifier():
+        return None
+    try:
+        cls = getattr(importlib.import_module(module_name), qualname)
+    except (ImportError, AttributeError):
+        return None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        return None
+    if not cls.__dict__.get("judge_portable"):
+        return None
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)  # its parameters, buffers and submodules come from the spec
+    return module
+
+
+def _native_layer(
+    kind: str, f: dict[str, Any], path: str, names: set[str], portable_ok: bool = True
+) -> nn.Module | None:
+    """torch's own layer (or a check's portable model), rebuilt: its forward is the same code,
+    whoever holds the mirror."""
+    if ":" in kind:
+        return _portable_module(kind) if portable_ok else None
     prefix = f"{path}." if path else ""
     if kind == "Linear":
         return nn.Linear(f["in_features"], f["out_features"], bias=f"{prefix}bias" in names)
@@ -92,6 +170,7 @@ def build(
     data: dict[str, Any],
     decode: Callable[[Any], Any],
     proxy: Callable[[int, str], nn.Module],
+    own: Callable[[int], nn.Module | None] | None = None,
 ) -> tuple[nn.Module, dict[int, nn.Module]]:
     """A mirror from a :func:`spec`, and each of its modules by the other side's handle.
 
@@ -99,23 +178,39 @@ def build(
         data: the spec.
         decode: wire data to values (this side's :func:`~transformer_lab.judge.wire.decode`).
         proxy: makes the mirror of a module that is not one of torch's own layers.
+        own: this side's module for an ``origin`` handle (its parameters are kept, not
+            replaced); None on the side that rebuilds :func:`portable` models (the kernel),
+            which has no modules of its own in a spec.
     """
     params = decode(data.get("params", []))
     tree = decode(data.get("tree", []))
     names = {name for name, *_ in params}
     modules: dict[str, nn.Module] = {}
-    for path, handle, kind, native, fields, training in tree:
-        module = _native_layer(kind, fields, path, names) if native else None
-        if module is None:
-            module = proxy(handle, kind)
-        module.train(bool(training))
+    kept: set[str] = set()  # paths of this side's own modules
+    for path, handle, kind, native, fields, training, *rest in tree:
+        origin = rest[0] if rest else None
+        module = own(origin) if own is not None and type(origin) is int else None
+        if module is not None:
+            kept.add(path)
+        else:
+            module = _native_layer(kind, fields, path, names, own is None) if native else None
+            module = proxy(handle, kind) if module is None else module
+            module.train(bool(training))
         modules[path] = module
     for path in sorted((p for p in modules if p), key=lambda p: p.count(".")):
         parent, _, last = path.rpartition(".")
-        modules[parent].add_module(last, modules[path])
+        if parent not in kept:
+            modules[parent].add_module(last, modules[path])
     root = modules[""]
+
+    def inside_kept(name: str) -> bool:
+        path = name.rpartition(".")[0]
+        return any(path == k or path.startswith(f"{k}.") or k == "" for k in kept)
+
     with torch.no_grad():
         for name, value, requires_grad, alias in params:
+            if inside_kept(name):
+                continue
             owner, attr = _owner(root, name)
             if alias is not None:
                 alias_owner, alias_attr = _owner(root, alias)
@@ -123,6 +218,8 @@ def build(
             else:
                 owner.register_parameter(attr, nn.Parameter(value, bool(requires_grad)))
         for name, value in decode(data.get("buffers", [])):
+            if inside_kept(name):
+                continue
             owner, attr = _owner(root, name)
             owner.register_buffer(attr, value)
     return root, {handle: modules[path] for path, handle, *_ in tree}

@@ -17,6 +17,8 @@ Both directions use one encoding. A request or reply is a JSON object; inside it
   ``nn.Module``: it stays in the kernel, and the judge mirrors its tree and parameters
   (:mod:`transformer_lab.judge.mirror`); ``{"$gmodule": ...}`` is one of the grader's modules,
   mirrored in the kernel;
+* ``{"$param": n, "name": "weight"}`` is the parameter ``weight`` of the module behind handle
+  ``n`` of a mirrored tree (an optimizer's parameter groups keep their identity);
 * ``{"$tensor": ..., "grad": true}`` is a tensor the receiver differentiates through, and
   ``{"$iter": [...]}`` an iterator over the items (``model.parameters()``).
 
@@ -89,7 +91,8 @@ def encode(
     Args:
         value: what to send.
         keep: how to send an object that is not data (this side keeps it and sends a
-            reference to it); None refuses such objects.
+            reference to it); None refuses such objects. It is also asked about each
+            ``nn.Parameter``, and returns None for one that goes as data.
         grads: where to list, in order, the tensors sent with ``requires_grad`` (they are
             marked ``"grad": true``, so the other side can differentiate through them).
         depth: nesting level (internal).
@@ -103,6 +106,10 @@ def encode(
         return value
     if isinstance(value, Reference):
         return value.wire_reference()
+    if isinstance(value, torch.nn.Parameter) and keep is not None:
+        ref = keep(value)  # a parameter of a mirrored module: sent as which one it is
+        if ref is not None:
+            return ref
     if isinstance(value, Tensor):
         data: dict[str, Any] = {"$tensor": _tensor_bytes(value)}
         if value.requires_grad and grads is not None:
@@ -162,7 +169,7 @@ def decode(
         return [decode(v, reference, grads, depth + 1) for v in data]
     if not isinstance(data, dict) or len(data) == 0:
         raise WireError(f"not a wire value: {type(data).__name__}")
-    for kind in ("$handle", "$grader", "$module", "$gmodule"):
+    for kind in ("$handle", "$grader", "$module", "$gmodule", "$param"):
         if kind in data:
             if type(data[kind]) is not int:
                 raise WireError(f"a {kind} must be an integer")
