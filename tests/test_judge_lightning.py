@@ -1,94 +1,123 @@
-"""The judge on Lightning modules: lab 04's ``TaggingModule`` judged from outside its kernel.
+"""The judge on Lightning modules: labs 04 and 06 judged from outside the student's kernel.
 
-The student's ``LightningModule`` stays in the kernel; the check's tagging model goes into it as
-a portable model (rebuilt there, so the student's loss has its graph), its parameters are the
-judge's own (the loss's backward reaches them), ``self.log`` is recorded by the check through
-the kernel, and the optimizer and scheduler ``configure_optimizers`` returns are read as torch's
-classes whose parameter groups hold the judge's parameters. Every typical mistake of the kit's
-catalogue (``tests/test_lab04_checks.py``) fails both cells with its own message; a correct
-module passes.
+The student's ``LightningModule`` stays in the kernel; the check's small model goes into it as a
+portable model (rebuilt there, so the student's loss has its graph), the judge's mirror holds the
+check's own model in its place (the loss's backward reaches the check's parameters), ``self.log``
+is recorded by the check through the kernel, the optimizer and scheduler that
+``configure_optimizers`` returns are read as torch's classes whose parameter groups hold the
+judge's parameters, and Lightning's ``Trainer`` loops run in the kernel through the checks'
+harnesses, which return only data. Typical mistakes of the kit's catalogues
+(``tests/test_lab04_checks.py``, ``tests/test_lab06_checks.py``) fail the same cells through the
+judge as they do locally, with their own messages; correct answers pass.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
 import pytest
+import test_lab04_checks as t04
+import test_lab06_checks as t06
 import torch
+from check_support import assert_fails, run_checks
 from judge_support import InProcessKernel, answers_namespace
-from test_lab04_checks import module_with
 
 from transformer_lab.checks import lab04
 from transformer_lab.grading.judge import JudgeSession, judge_cell
+from transformer_lab.lab import Session
 
-LAB = "04_transformer_block"
+HIDDEN04 = "from transformer_lab.grading.hidden import lab04 as hidden04\n"
+HIDDEN06 = "from transformer_lab.grading.hidden import lab06 as hidden06\n"
 
-CELLS = {
-    "training_step": (
-        "lab04.check_training_step(TaggingModule)",
-        "from transformer_lab.grading.hidden import lab04 as hidden04\n"
-        "hidden04.hidden_check_training_step(TaggingModule, seed=4401)",
-    ),
-    "configure_optimizers": (
-        "lab04.check_configure_optimizers(TaggingModule)",
-        "from transformer_lab.grading.hidden import lab04 as hidden04\n"
-        "hidden04.hidden_check_configure_optimizers(TaggingModule, seed=4402)",
-    ),
+TAGGING_CELLS = {
+    "visible": "lab04.check_training_step(TaggingModule)",
+    "hidden": HIDDEN04 + "hidden04.hidden_check_training_step(TaggingModule, seed=4401)",
 }
-
-TRAINING_STEP_MISTAKES = {
-    "mean_over_padding": "padding included",
-    "sum": "the sum over the real tokens",
-    "no_mask": "without the padding mask",
-    "returns_item": "not loss.item()",
-    "returns_detached": "without its autograd graph",
-    "no_log": "logged nothing",
-    "log_name": "under the name 'train_loss'",
-    "log_item": "makes the CPU wait for the GPU",
-    "enable_graph": "keeps the step's whole autograd graph",
-    "keeps_graph": "self.history[0] holds a tensor with its autograd",
+TAGGING_OPTIMIZER_CELLS = {
+    "visible": "lab04.check_configure_optimizers(TaggingModule)",
+    "hidden": HIDDEN04 + "hidden04.hidden_check_configure_optimizers(TaggingModule, seed=4402)",
 }
-OPTIMIZER_MISTAKES = {
-    "adam": "decays the weights directly",
-    "no_decay": "has weight_decay=0",
-    "subset": "does not update",
-    "no_scheduler": "without a learning-rate schedule",
-    "per_epoch": "every 1 epoch(s)",
-    "no_warmup": "It has no warm-up",
-    "linear_decay": "It decays linearly",
+TRANSLATION_CELLS = {
+    "training_step": "lab06.check_training_step(TranslationModule)",
+    "validation_step": "lab06.check_validation_step(TranslationModule)",
+    "configure_optimizers": "lab06.check_configure_optimizers(TranslationModule)",
+    "hidden": HIDDEN06 + "hidden06.hidden_check_translation_module(TranslationModule, seed=631)",
+}
+TRAIN_TRANSLATOR_CELLS = {
+    "visible": "lab06.check_train_translator(train_translator, session)",
+    "hidden": HIDDEN06
+    + "hidden06.hidden_check_train_translator(train_translator, session, seed=641)",
 }
 
 
-def _verdicts(monkeypatch: pytest.MonkeyPatch, cls: type, part: str) -> list:
-    namespace = answers_namespace(LAB)
-    namespace["TaggingModule"] = cls
-    session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=60)
-    return [judge_cell(f"{part}_{i}", source, session) for i, source in enumerate(CELLS[part])]
+@cache
+def _base(lab: str) -> dict[str, Any]:
+    return answers_namespace(lab)
 
 
-@pytest.mark.parametrize("part", sorted(CELLS))
-def test_the_solutions_module_passes_through_the_judge(
-    monkeypatch: pytest.MonkeyPatch, part: str
+def judged(
+    monkeypatch: pytest.MonkeyPatch, lab: str, name: str, cells: dict[str, str], **extra: Any
+) -> dict[str, Callable[[Any], None]]:
+    """The cells as checks of an answer bound to ``name``, each decided by the judge."""
+
+    def check(source: str) -> Callable[[Any], None]:
+        def run(answer: Any) -> None:
+            namespace = {**_base(lab), **extra, name: answer}
+            session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=120)
+            verdict = judge_cell("cell", source, session)
+            if not verdict.passed:
+                raise AssertionError(verdict.message)
+
+        return run
+
+    return {key: check(source) for key, source in cells.items()}
+
+
+# ---------------------------------------------------------------- lab 04: TaggingModule
+
+
+@pytest.mark.parametrize("cells", [TAGGING_CELLS, TAGGING_OPTIMIZER_CELLS])
+def test_the_solutions_tagging_module_passes_through_the_judge(
+    monkeypatch: pytest.MonkeyPatch, cells: dict[str, str]
 ) -> None:
-    cls = answers_namespace(LAB)["TaggingModule"]
-    for verdict in _verdicts(monkeypatch, cls, part):
-        assert verdict.passed, verdict.message
+    checks = judged(monkeypatch, "04_transformer_block", "TaggingModule", cells)
+    answer = _base("04_transformer_block")["TaggingModule"]
+    assert run_checks(checks, answer) == dict.fromkeys(cells, "")
 
 
 @pytest.mark.parametrize(
-    ("part", "mistake", "words"),
-    [("training_step", m, w) for m, w in TRAINING_STEP_MISTAKES.items()]
-    + [("configure_optimizers", m, w) for m, w in OPTIMIZER_MISTAKES.items()],
+    ("cells", "mistake", "words"),
+    [
+        (TAGGING_CELLS, "mean_over_padding", "padding included"),
+        (TAGGING_CELLS, "no_mask", "without the padding mask"),
+        (TAGGING_CELLS, "returns_item", "not loss.item()"),
+        (TAGGING_CELLS, "returns_detached", "without its autograd graph"),
+        (TAGGING_CELLS, "no_log", "logged nothing"),
+        (TAGGING_CELLS, "log_item", "makes the CPU wait for the GPU"),
+        (TAGGING_CELLS, "enable_graph", "keeps the step's whole autograd graph"),
+        (TAGGING_CELLS, "keeps_graph", "self.history[0] holds a tensor with its autograd"),
+        (TAGGING_OPTIMIZER_CELLS, "adam", "decays the weights directly"),
+        (TAGGING_OPTIMIZER_CELLS, "no_decay", "has weight_decay=0"),
+        (TAGGING_OPTIMIZER_CELLS, "subset", "does not update"),
+        (TAGGING_OPTIMIZER_CELLS, "no_scheduler", "without a learning-rate schedule"),
+        (TAGGING_OPTIMIZER_CELLS, "per_epoch", "every 1 epoch(s)"),
+        (TAGGING_OPTIMIZER_CELLS, "linear_decay", "It decays linearly"),
+    ],
 )
-def test_each_lightning_mistake_fails_through_the_judge_with_its_message(
-    monkeypatch: pytest.MonkeyPatch, part: str, mistake: str, words: str
+def test_each_tagging_module_mistake_fails_through_the_judge_with_its_message(
+    monkeypatch: pytest.MonkeyPatch, cells: dict[str, str], mistake: str, words: str
 ) -> None:
-    for verdict in _verdicts(monkeypatch, module_with(mistake), part):
-        assert not verdict.passed and words in verdict.message, (mistake, verdict.message)
+    checks = judged(monkeypatch, "04_transformer_block", "TaggingModule", cells)
+    assert_fails(checks, t04.module_with(mistake), list(cells), words)
 
 
 def test_the_checks_model_gets_the_gradients_and_the_optimizer_its_parameters(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    namespace = answers_namespace(LAB)
+    namespace = dict(_base("04_transformer_block"))
     session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=60)
     model = lab04.ProbeModel()
     module = lab04.build_module(
@@ -106,8 +135,84 @@ def test_the_checks_model_gets_the_gradients_and_the_optimizer_its_parameters(
     loss.backward()
     assert model.head.weight.grad is not None and model.head.weight.grad.abs().sum() > 0
     assert [c.name for c in calls] == ["train_loss"]
-    conf = module.configure_optimizers()
-    optimizer = conf["optimizer"]
+    optimizer = module.configure_optimizers()["optimizer"]
     assert isinstance(optimizer, torch.optim.AdamW)
     ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
     assert ids == {id(p) for p in model.parameters()}
+
+
+def test_dropout_draws_from_the_judges_random_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel is another process with its own generator; a call draws from the judge's."""
+    namespace = dict(_base("04_transformer_block"))
+    session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=60)
+    ff = session.lookup("FeedForward")(4, 16, dropout=0.5).train()
+    x = torch.ones(2, 3, 4)
+    torch.manual_seed(7)
+    first = ff(x)
+    after_first = torch.rand(1)  # the stream went on past the kernel's draws
+    torch.manual_seed(7)
+    assert torch.equal(ff(x), first) and torch.equal(torch.rand(1), after_first)
+
+
+# ---------------------------------------------------------------- lab 06: TranslationModule
+
+
+def test_the_solutions_translation_module_passes_through_the_judge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checks = judged(monkeypatch, "06_decoder_training", "TranslationModule", TRANSLATION_CELLS)
+    answer = _base("06_decoder_training")["TranslationModule"]
+    assert run_checks(checks, answer) == dict.fromkeys(TRANSLATION_CELLS, "")
+
+
+TRAIN, VALIDATION, OPTIM = (["training_step", "hidden"], ["validation_step", "hidden"],
+                            ["configure_optimizers", "hidden"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cls", "failing", "words"),
+    [
+        ("ModuleCountsPadding", [*TRAIN, "validation_step"], "counts the padding"),
+        ("ModuleReturnsDetached", TRAIN, "without a graph"),
+        ("ModuleNoLog", TRAIN, "did not log 'train_loss'"),
+        ("ModuleKeepsGraph", TRAIN, "keeps the graph"),
+        ("ModuleBatchAccuracy", VALIDATION, "averages the accuracies of the batches"),
+        ("ModuleNeverReset", VALIDATION, "keeps counting across runs"),
+        ("ModuleNoExactMatch", VALIDATION, "not 'val_exact_match'"),
+        ("ModuleHardCodedLr", OPTIM, "expected self.lr"),
+        ("ModuleSubset", OPTIM, "leaves out"),
+        ("ModulePerEpoch", OPTIM, "once per EPOCH"),
+    ],
+)
+def test_each_translation_module_mistake_fails_through_the_judge_with_its_message(
+    monkeypatch: pytest.MonkeyPatch, cls: str, failing: list[str], words: str
+) -> None:
+    checks = judged(monkeypatch, "06_decoder_training", "TranslationModule", TRANSLATION_CELLS)
+    assert_fails(checks, getattr(t06, cls), failing, words)
+
+
+@pytest.mark.parametrize(
+    ("fn", "failing", "words"),
+    [
+        ("train", [], ""),
+        ("train_fixed_precision", ["visible"], "precision=session.precision"),
+        ("train_default_logger", ["visible", "hidden"], "not under session.runs"),
+        ("train_without_validation", ["visible", "hidden"], "never validated"),
+        ("train_new_module", ["visible", "hidden"], "never trained the module it was given"),
+    ],
+)
+def test_train_translator_through_the_judge(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fn: str, failing: list[str], words: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a default logger would write ./lightning_logs here
+    session = Session(
+        "06_decoder_training", torch.device("cpu"), "grading", "32-true", 1, tmp_path / "runs"
+    )
+    checks = judged(
+        monkeypatch,
+        "06_decoder_training",
+        "train_translator",
+        TRAIN_TRANSLATOR_CELLS,
+        session=session,
+    )
+    assert_fails(checks, getattr(t06, fn), failing, words)

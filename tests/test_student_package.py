@@ -190,15 +190,16 @@ def test_unlocked_labs_are_whole_and_grading_view_has_hidden_checks(tmp_path: Pa
     assert (tmp_path / "transformer_lab" / "grading" / "hidden" / "lab01.py").is_file()
     assert not (tmp_path / "transformer_lab" / "grading" / "grade.py").exists()
     sys.path.insert(0, str(tmp_path))
+    # The kit's modules as they were: later tests in this worker keep the objects they imported.
+    saved = {m: sys.modules.pop(m) for m in list(sys.modules) if m.startswith("transformer_lab")}
     try:
-        for name in [m for m in sys.modules if m.startswith("transformer_lab")]:
-            sys.modules.pop(name)
         positional = importlib.import_module("transformer_lab.positional")
         assert positional.sinusoidal_encoding(3, 4).shape == (3, 4)
     finally:
         sys.path.remove(str(tmp_path))
         for name in [m for m in sys.modules if m.startswith("transformer_lab")]:
             sys.modules.pop(name)
+        sys.modules.update(saved)
 
 
 def test_lock_source_keeps_signature_docstring_and_valid_python() -> None:

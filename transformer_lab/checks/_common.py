@@ -276,6 +276,27 @@ def expect_close(
 _NAMED: list[str] = []
 
 
+def kernel_side(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a check's harness (a function of ``transformer_lab.checks``) that the judge runs in
+    the student's kernel, beside the student's objects, and that returns only data.
+
+    Used where the student's code must run inside a library's loop (Lightning's ``Trainer``):
+    the facts it returns are then judged on the grader's side.
+    """
+    func.judge_kernel_side = True  # type: ignore[attr-defined]
+    return func
+
+
+def run_beside(anchor: Any, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)`` where ``anchor`` (a student's object) lives.
+
+    Locally that is here; for an object seen from the grader's judge it is the student's
+    kernel (``func`` must be :func:`kernel_side`).
+    """
+    runner = getattr(type(anchor), "judge_run", None)
+    return func(*args, **kwargs) if runner is None else runner(anchor, func, args, kwargs)
+
+
 def instance_attributes(obj: Any) -> dict[str, Any]:
     """``vars(obj)``; for a student's module seen from the grader's judge, its module's own."""
     remote = getattr(type(obj), "judge_vars", None)

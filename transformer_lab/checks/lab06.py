@@ -55,9 +55,13 @@ from transformer_lab.checks._common import (
     expect_true,
     forbidden,
     generator,
+    instance_attributes,
+    kernel_side,
+    run_beside,
     stored,
 )
 from transformer_lab.graded import LockedAnswerError
+from transformer_lab.judge.mirror import portable
 
 __all__ = [
     "BLOCK_BAN",
@@ -671,6 +675,7 @@ def _translation_config(
     )
 
 
+@portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
 class TinySeq2Seq(nn.Module):
     """A small stand-in encoder-decoder for checking training code (it half-knows a copy task).
 
@@ -703,6 +708,15 @@ class TinySeq2Seq(nn.Module):
             self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
         self.nudge = nudge
         self.calls: list[tuple[bool, bool]] = []
+
+    def portable_state(self) -> dict[str, Any]:
+        """What the kernel's copy needs besides the parameters (see ``judge.mirror.portable``)."""
+        return {"config": dict(vars(self.config)), "nudge": float(self.nudge)}
+
+    def portable_restore(self, state: dict[str, Any]) -> None:
+        self.config = SimpleNamespace(**state["config"])
+        self.nudge = float(state["nudge"])
+        self.calls = []
 
     def copy_answer(self, src: Tensor, T: int) -> Tensor:
         """``(B, T)``: the real source symbols, then EOS (repeated over the padding)."""
@@ -786,13 +800,13 @@ class _LogRecorder:
 def _graph_keepers(module: nn.Module) -> list[str]:
     """Attributes of ``module`` that hold tensors with a graph (e.g. a list of losses)."""
     found = []
-    for name, value in vars(module).items():
+    for name, value in instance_attributes(module).items():
         if name.startswith("_"):
             continue
         values = value if isinstance(value, list | tuple) else [value]
         if isinstance(value, dict):
             values = list(value.values())
-        if any(isinstance(v, Tensor) and v.grad_fn is not None for v in values):
+        if any(isinstance(v, Tensor) and v.requires_grad for v in values):
             found.append(name)
     return found
 
@@ -1019,31 +1033,101 @@ def _trainer(**kwargs: Any) -> Any:
     return L.Trainer(**options)
 
 
+_VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
+
+
+@kernel_side
+def validation_runs(
+    cls: type, model: nn.Module, pad_id: int, runs: list[list[dict[str, Tensor]]]
+) -> list[dict[str, float]]:
+    """``Trainer.validate`` of one ``cls(model, pad_id)`` on each run's batches; the epoch
+    values each run logged, as numbers (the harness the judge runs in the kernel)."""
+    from torch.utils.data import DataLoader
+
+    module = _module_under_test(_checked_class(cls, MODULE_BAN), model, pad_id)
+    logged = []
+    for batches in runs:
+        loader = DataLoader(batches, batch_size=None)
+        with _quiet_lightning():
+            results = call_student(
+                _trainer().validate, module, dataloaders=loader, verbose=False, what=_VALIDATE_WHAT
+            )
+        logged.append({str(k): float(v) for k, v in dict(results[0]).items()} if results else {})
+    return logged
+
+
+FIT_WHAT = "TranslationModule trained by Trainer.fit for 12 steps (stand-in model)"
+
+
+@kernel_side
+def fit_facts(
+    cls: type,
+    model: nn.Module,
+    pad_id: int,
+    batches: list[dict[str, Tensor]],
+    *,
+    steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """``Trainer.fit`` of ``cls(model, pad_id, lr=2e-2, ...)`` for ``steps`` steps; what the
+    hidden check judges, as data: each step's learning rate, the parameters that never
+    changed, the names logged (the harness the judge runs in the kernel)."""
+    import warnings
+
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    fitted = _module_under_test(
+        _checked_class(cls, MODULE_BAN),
+        model,
+        pad_id,
+        lr=2e-2,
+        warmup_steps=warmup,
+        total_steps=steps,
+    )
+    before = {n: p.detach().clone() for n, p in fitted.named_parameters()}
+    rates: list[float] = []
+
+    class Rates(L.Callback):
+        def on_train_batch_start(
+            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
+            rates.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
+
+    with _quiet_lightning(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "a validation_step but no val_dataloader"
+        trainer = _trainer(max_steps=steps, callbacks=[Rates()], limit_val_batches=0)
+        call_student(
+            trainer.fit,
+            fitted,
+            train_dataloaders=DataLoader(batches, batch_size=None),
+            what=FIT_WHAT,
+        )
+    frozen = [n for n, p in fitted.named_parameters() if torch.equal(p.detach(), before[n])]
+    logged = sorted(set(trainer.logged_metrics) | set(trainer.callback_metrics))
+    return {"rates": rates, "frozen": frozen, "logged": logged}
+
+
 def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
     """``validation_step`` through ``Trainer.validate``: the epoch metrics, in two runs.
 
     The second run validates other sentences: a metric that is never reset mixes both runs.
     """
-    from torch.utils.data import DataLoader
-
     model, ids = stand_in(vocab_size, pad_id, seed)
-    module = _module_under_test(_checked_class(cls, MODULE_BAN), model, pad_id)
-    what = "validation_step (run by Trainer.validate on a stand-in model)"
+    what = _VALIDATE_WHAT
+    runs = {}
     for run in ("", " (second run, other sentences)"):
         first = seed + (10 if run else 0)
         # Batches of different sizes and sentence lengths, so that per-batch averages differ
         # from the epoch's values.
-        batches = [
+        runs[run] = [
             copy_task_batches(1, size, max_src=longest, seed=first + k, **ids)[0]
             for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
         ]
+    # Lightning's loop runs where the student's class lives (the kernel, when judged).
+    results = run_beside(cls, validation_runs, cls, model, pad_id, list(runs.values()))
+    for (run, batches), got in zip(runs.items(), results, strict=True):
         want, wrong = _validation_expected(model, batches, pad_id)
-        loader = DataLoader(batches, batch_size=None)
-        with _quiet_lightning():
-            results = call_student(
-                _trainer().validate, module, dataloaders=loader, verbose=False, what=what
-            )
-        got = dict(results[0]) if results else {}
         for name, value in want.items():
             if name not in got:
                 raise AssertionError(
@@ -1296,10 +1380,12 @@ def probe_classes() -> tuple[type, type]:
     return ProbeModule, ProbeData
 
 
-def train_translator_check(
+@kernel_side
+def train_translator_facts(
     fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
-) -> None:
-    """Run ``fn`` on :class:`ProbeModule` and :class:`ProbeData` with a session of ``precision``."""
+) -> dict[str, Any]:
+    """Run ``fn`` on :class:`ProbeModule` and :class:`ProbeData` with a session of ``precision``;
+    what the check judges, as data (the harness the judge runs in the kernel)."""
     import lightning as L
 
     module_cls, data_cls = probe_classes()
@@ -1315,49 +1401,79 @@ def train_translator_check(
             ban=Ban(reason="train with lightning.Trainer yourself"),
             what=what,
         )
-    if trainer is None:
+    logger = getattr(trainer, "logger", None)
+    log_dir = getattr(logger, "log_dir", None) if logger is not None else None
+    return {
+        "what": what,
+        "returned": None if trainer is None else type(trainer).__name__,
+        "is_trainer": isinstance(trainer, L.Trainer),
+        "steps": int(module.steps),
+        "global_step": int(getattr(trainer, "global_step", -1) or 0),
+        "precision": str(getattr(trainer, "precision", None)),
+        "log_dir": None if log_dir is None else str(log_dir),
+        "inside": log_dir is not None and Path(log_dir).resolve().is_relative_to(runs.resolve()),
+        "parts": [] if log_dir is None else list(Path(log_dir).parts),
+        "runs": str(runs),
+        "validations": int(module.validations),
+    }
+
+
+def train_translator_check(
+    fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
+) -> None:
+    """``fn`` on a stand-in module (:func:`train_translator_facts`, where ``fn`` lives): the
+    Trainer it returns, its steps, precision, logger and validation."""
+    facts = run_beside(
+        fn,
+        train_translator_facts,
+        fn,
+        session,
+        precision=precision,
+        max_steps=max_steps,
+        name=name,
+    )
+    what, log_dir, runs = facts["what"], facts["log_dir"], facts["runs"]
+    if facts["returned"] is None:
         raise AssertionError(
             f"{what} returned None: return the Trainer (the notebook reads its logs)."
         )
     expect_true(
-        isinstance(trainer, L.Trainer),
-        f"{what} returned {type(trainer).__name__}, not a lightning.Trainer: return the Trainer.",
+        facts["is_trainer"],
+        f"{what} returned {facts['returned']}, not a lightning.Trainer: return the Trainer.",
     )
+    steps = facts["steps"]
     expect_true(
-        module.steps > 0,
+        steps > 0,
         f"{what} never trained the module it was given: call trainer.fit(module, "
         "datamodule=datamodule) on that module (not on a new one).",
     )
     expect_true(
-        module.steps == max_steps and trainer.global_step == max_steps,
-        f"{what} took {module.steps} training steps, expected max_steps={max_steps}: pass "
+        steps == max_steps and facts["global_step"] == max_steps,
+        f"{what} took {steps} training steps, expected max_steps={max_steps}: pass "
         "max_steps=max_steps to the Trainer (not max_epochs).",
     )
     expect_true(
-        str(trainer.precision) == precision,
-        f"{what} trained in precision {trainer.precision!r}, but session.precision is "
+        facts["precision"] == precision,
+        f"{what} trained in precision {facts['precision']!r}, but session.precision is "
         f"{precision!r}: pass precision=session.precision (bf16 on recent GPUs, 32 on CPUs).",
     )
-    logger = trainer.logger
-    log_dir = getattr(logger, "log_dir", None) if logger is not None else None
     if log_dir is None:
         raise AssertionError(
             f"{what} trains without a logger: pass logger=CSVLogger(session.runs, name=name) so "
             "that the loss curves are written under session.runs."
         )
-    inside = Path(log_dir).resolve().is_relative_to(runs.resolve())
     expect_true(
-        inside,
+        facts["inside"],
         f"{what} writes its logs to {log_dir}, not under session.runs ({runs}): use "
         "CSVLogger(session.runs, name=name).",
     )
     expect_true(
-        Path(log_dir).name != "" and name in Path(log_dir).parts,
+        name in facts["parts"],
         f"{what} logs to {log_dir}, which does not use the run's name {name!r}: "
         "CSVLogger(session.runs, name=name).",
     )
     expect_true(
-        module.validations > 0,
+        facts["validations"] > 0,
         f"{what} never validated in {max_steps} steps: pass datamodule=datamodule to fit and "
         "validate during the run (val_check_interval=max(1, max_steps // 4), "
         "check_val_every_n_epoch=None).",
@@ -1368,6 +1484,34 @@ def check_train_translator(fn: Callable[..., Any], session: Any) -> None:
     """``fn`` trains a stand-in module for ``max_steps`` steps, in ``bf16-mixed``, logging under
     ``session.runs`` and validating during the run."""
     train_translator_check(fn, session, precision="bf16-mixed", max_steps=8, name="check")
+
+
+_DATA_FIELDS = ("task", "num_train", "num_val", "batch_size", "seed")
+_GRAMMAR_FIELDS = ("adjective_prob", "plural_prob", "indefinite_prob", "present_prob")
+
+
+def trusted_data(datamodule: Any) -> Any:
+    """The notebook's ``GrammarDataModule``, rebuilt here from its settings when it lives in the
+    student's kernel (seen from the grader's judge), so that the held-out sentences and the
+    tokenizers a check uses are the grader's own; locally, ``datamodule`` itself."""
+    if getattr(type(datamodule), "judge_run", None) is None:
+        return datamodule
+    from transformer_lab.data import GrammarDataModule
+
+    settings = {k: getattr(datamodule, k) for k in _DATA_FIELDS}
+    config = datamodule.config
+    settings |= {k: getattr(config, k) for k in _GRAMMAR_FIELDS}
+    plain = all(
+        isinstance(v, int | float | str) and not isinstance(v, bool) for v in settings.values()
+    )
+    expect_true(
+        plain,
+        "`data` is not the notebook's GrammarDataModule (its settings are not numbers): keep "
+        "the data cell as it is.",
+    )
+    rebuilt = GrammarDataModule(**settings)
+    rebuilt.setup()
+    return rebuilt
 
 
 def check_trained_translator(
@@ -1387,6 +1531,7 @@ def check_trained_translator(
     """
     from torchmetrics.functional.classification import multiclass_exact_match
 
+    datamodule = trusted_data(datamodule)
     blocks = list(getattr(model, "decoder_blocks", []))
     expect_true(
         bool(blocks) and all(isinstance(b, block_cls) for b in blocks),

@@ -66,6 +66,7 @@ JUDGED_LABS = frozenset(
         "03_multi_head_attention",
         "04_transformer_block",
         "05_masking",
+        "06_decoder_training",
         "07_nlp_pipeline",
         "08_language_models",
     }
@@ -192,6 +193,24 @@ class JudgeSession:
                     f"the kernel's reply is not data the judge reads ({exc})"
                 ) from None
         raise _student_error(reply)
+
+    def run(self, func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """A check's :func:`~transformer_lab.checks._common.kernel_side` harness, run in the
+        kernel on ``args`` (the student's objects as themselves); what it returns, as data."""
+        if not getattr(func, "judge_kernel_side", False):
+            raise JudgeError(f"{func.__qualname__} is not a harness the kernel may run")
+        request: dict[str, Any] = {
+            "op": "run",
+            "function": f"{func.__module__}:{func.__qualname__}",
+            "args": self.encode(list(args)),
+            "kwargs": self.encode(dict(kwargs)),
+            "sync": self.sync([]),
+            "rng": self.encode(torch.random.get_rng_state()),
+        }
+        ban = active_ban()
+        if ban is not None:
+            request["ban"] = ban
+        return self.request(request)
 
     def lookup(self, name: str) -> Any:
         """The notebook's ``name``: data, or a :class:`Remote` for an object."""
@@ -459,6 +478,9 @@ class MirrorModule(nn.Module, wire.Reference):
         session, handle, _ = self.__dict__["_judge"]
         session.request({"op": "delattr", "target": handle, "name": name})
 
+    def judge_run(self, func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        return self.__dict__["_judge"][0].run(func, args, kwargs)
+
     def judge_vars(self) -> dict[str, Any]:
         """The student's module's public instance attributes (what ``vars`` would show)."""
         session, handle, _ = self.__dict__["_judge"]
@@ -539,6 +561,9 @@ class Remote(wire.Reference):
     def __len__(self) -> int:
         return len(list(self))
 
+    def judge_run(self, func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        return self._session.run(func, args, kwargs)
+
     def __instancecheck__(self, obj: Any) -> bool:
         """``isinstance(part, YourClass)``: asked of the kernel (a structural fact)."""
         if not isinstance(obj, MirrorModule | Remote):
@@ -559,7 +584,7 @@ class _RemoteTorchObject(Remote):
     """
 
     def __getattribute__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("wire_reference", "traced"):
+        if name.startswith("_") or name in ("wire_reference", "traced", "judge_run"):
             return object.__getattribute__(self, name)
         return Remote.__getattr__(self, name)
 

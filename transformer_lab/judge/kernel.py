@@ -20,7 +20,10 @@ in the kernel and reads ``_tl_judge.reply()`` back as a user expression. A reque
   ...}``: an instance attribute of the object (a check recording what ``self.log`` receives);
   ``{"op": "vars", "target": h}``: its public instance attributes;
 * ``{"op": "isinstance", "target": h, "cls": c}``: whether the object is an instance of the
-  class behind ``c`` (a structural fact, reported like the traced operations).
+  class behind ``c`` (a structural fact, reported like the traced operations);
+* ``{"op": "run", "function": "transformer_lab.checks.lab06:name", "args": ...}``: a check's
+  harness marked :func:`~transformer_lab.checks._common.kernel_side` (running Lightning's
+  ``Trainer`` on the student's module), called here like a ``call``; it returns data.
 
 An optimizer or a learning-rate scheduler goes as a reference that names its torch class
 (``"torch": "torch.optim.adamw.AdamW"``), so that the judge's checks can treat it as one; its
@@ -37,6 +40,7 @@ their type names and message. Nothing here decides or knows a score.
 from __future__ import annotations
 
 import builtins
+import importlib
 import itertools
 from typing import Any
 
@@ -296,7 +300,10 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True
         )
         return list(found), {}
-    target = _reference({"$handle": request.get("target")})
+    if op == "run":  # a check's harness, run here on the kernel's objects
+        target, op = _kernel_side(request.get("function")), "call"
+    else:
+        target = _reference({"$handle": request.get("target")})
     if op == "call":
         inputs: list[torch.Tensor] = []
         args = wire.decode(request.get("args", []), _reference, inputs)
@@ -325,6 +332,17 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     if op == "iter":
         return list(target), {}
     return _instance_op(op, target, request), {}
+
+
+def _kernel_side(dotted: Any) -> Any:
+    """The check harness ``"transformer_lab.checks.labNN:name"`` marked ``kernel_side``."""
+    module_name, _, qualname = str(dotted).partition(":")
+    if not module_name.startswith(mirror.PORTABLE_PREFIX) or not qualname.isidentifier():
+        raise wire.WireError(f"no harness {dotted!r}")
+    func = getattr(importlib.import_module(module_name), qualname, None)
+    if not getattr(func, "judge_kernel_side", False):
+        raise wire.WireError(f"{dotted!r} is not a harness the judge may run here")
+    return func
 
 
 def _instance_op(op: Any, target: Any, request: dict[str, Any]) -> Any:

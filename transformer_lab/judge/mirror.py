@@ -68,8 +68,10 @@ _T = TypeVar("_T", bound=type)
 def portable(cls: _T) -> _T:
     """Mark a check's model class to be rebuilt as itself on the other side of the judge.
 
-    Only a class of :data:`PORTABLE_PREFIX` whose state is its parameters, buffers and
-    submodules qualifies: the other side builds it empty and fills those in.
+    Only a class of :data:`PORTABLE_PREFIX` qualifies. The other side builds it empty and fills
+    in its parameters, buffers and submodules; any other state goes as wire data through the
+    class's ``portable_state(self) -> dict`` and ``portable_restore(self, state)``, if it has
+    them.
     """
     if not cls.__module__.startswith(PORTABLE_PREFIX):
         raise ValueError(f"{cls.__qualname__} is not a class of {PORTABLE_PREFIX}*")
@@ -100,6 +102,8 @@ def spec(
     for path, sub in module.named_modules():
         name, native = _kind(type(sub))
         fields = {f: getattr(sub, f) for f in LAYER_FIELDS.get(name, ())} if native else {}
+        if native and ":" in name and hasattr(sub, "portable_state"):
+            fields = sub.portable_state()
         if "normalized_shape" in fields:
             fields["normalized_shape"] = list(fields["normalized_shape"])
         tree.append([path, handle_of(sub), name, native, fields, sub.training, origin(sub)])
@@ -124,7 +128,7 @@ def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (root.get_submodule(path) if path else root), attr
 
 
-def _portable_module(kind: str) -> nn.Module | None:
+def _portable_module(kind: str, state: dict[str, Any]) -> nn.Module | None:
     """An empty module of a :func:`portable` class named ``"module:Qualname"``, or None."""
     module_name, _, qualname = kind.partition(":")
     if not module_name.startswith(PORTABLE_PREFIX) or not qualname.isidentifier():
@@ -139,6 +143,8 @@ def _portable_module(kind: str) -> nn.Module | None:
         return None
     module = cls.__new__(cls)
     nn.Module.__init__(module)  # its parameters, buffers and submodules come from the spec
+    if hasattr(module, "portable_restore"):
+        module.portable_restore(state)
     return module
 
 
@@ -148,7 +154,7 @@ def _native_layer(
     """torch's own layer (or a check's portable model), rebuilt: its forward is the same code,
     whoever holds the mirror."""
     if ":" in kind:
-        return _portable_module(kind) if portable_ok else None
+        return _portable_module(kind, f) if portable_ok else None
     prefix = f"{path}." if path else ""
     if kind == "Linear":
         return nn.Linear(f["in_features"], f["out_features"], bias=f"{prefix}bias" in names)

@@ -25,14 +25,11 @@ Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vasw
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 from transformer_lab.checks._common import (
     call_student,
@@ -42,18 +39,16 @@ from transformer_lab.checks._common import (
     expect_true,
     generator,
     randint,
+    run_beside,
 )
 from transformer_lab.checks.lab06 import (
-    MODULE_BAN,
+    FIT_WHAT,
     RandomTranslator,
     ScriptedTranslator,
-    _checked_class,
-    _module_under_test,
-    _quiet_lightning,
     _shift_call,
-    _trainer,
     block_like_torch,
     copy_task_batches,
+    fit_facts,
     judge_decode,
     judge_loss,
     judge_shift,
@@ -65,6 +60,7 @@ from transformer_lab.checks.lab06 import (
     torch_decoder_output,
     train_translator_check,
     training_step_check,
+    trusted_data,
     validation_step_check,
 )
 from transformer_lab.grading.hidden import fixture_entry
@@ -702,48 +698,24 @@ def _fit_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
     """A real ``Trainer.fit``: the learning rate moves every step, every parameter trains."""
     tiny, ids = stand_in(vocab_size, pad_id, seed)
     steps, warmup = 12, 6
-    fitted = _module_under_test(
-        _checked_class(cls, MODULE_BAN),
-        tiny,
-        pad_id,
-        lr=2e-2,
-        warmup_steps=warmup,
-        total_steps=steps,
-    )
-    before = {n: p.detach().clone() for n, p in fitted.named_parameters()}
     batches = copy_task_batches(40, 4, seed=seed, **ids)
-    rates: list[float] = []
-
-    class Rates(L.Callback):
-        def on_train_batch_start(
-            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
-        ) -> None:
-            rates.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
-
-    what = "TranslationModule trained by Trainer.fit for 12 steps (stand-in model)"
-    with _quiet_lightning(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "a validation_step but no val_dataloader"
-        trainer = _trainer(max_steps=steps, callbacks=[Rates()], limit_val_batches=0)
-        call_student(
-            trainer.fit,
-            fitted,
-            train_dataloaders=DataLoader(batches, batch_size=None),
-            what=what,
-        )
+    what = FIT_WHAT
+    # Lightning's loop runs where the student's class lives (the kernel, when judged).
+    facts = run_beside(cls, fit_facts, cls, tiny, pad_id, batches, steps=steps, warmup=warmup)
+    rates, frozen = facts["rates"], facts["frozen"]
     expect_true(
         len(rates) == steps and rates[warmup - 1] > rates[0] + 1e-12,
         f"{what}: the learning rate stayed at {rates[0]:.3g} through the first {warmup} steps of "
         "the epoch: Lightning steps your scheduler once per epoch. Return it as "
         "{'scheduler': scheduler, 'interval': 'step'}.",
     )
-    frozen = [n for n, p in fitted.named_parameters() if torch.equal(p.detach(), before[n])]
     expect_true(
         not frozen,
         f"{what}: {', '.join(frozen[:3])} did not change: give the optimizer every parameter "
         "(self.parameters()).",
     )
     expect_true(
-        "train_loss" in trainer.logged_metrics or "train_loss" in trainer.callback_metrics,
+        "train_loss" in facts["logged"],
         f"{what}: no 'train_loss' was logged: self.log('train_loss', loss) in training_step.",
     )
 
@@ -799,6 +771,7 @@ def hidden_check_translator_greedy(
     """Greedy decoding of new held-out sentences gets ``min_exact_match`` of them exactly right."""
     from transformer_lab.data import grammar
 
+    datamodule = trusted_data(datamodule)
     g = generator(seed)
     fresh = grammar.make_grammar_translation(
         600,
