@@ -11,16 +11,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import nbformat
-import pytest
 
 from transformer_lab.grading.integrity import (
     GuardPlan,
-    confirmations,
-    plan_for,
     read_log,
     scan_student_code,
 )
@@ -70,9 +66,7 @@ def _run(
 ) -> tuple:
     from transformer_lab.grading.guard import cell_digest
 
-    plan = GuardPlan("ab" * 32, "nonce123", {}, {"test_values": []}, {"test_values": 2.0})
-    plan.trusted_cells = {cell_digest(t): "test_values" for t in trusted}
-    plan.expected["test_values"] = [("lab01.check_sinusoidal_encoding", "None")]
+    plan = GuardPlan("ab" * 32, "nonce123", {cell_digest(t): "test_values" for t in trusted})
     log = tmp_path / "guard.log"
     config = plan.guard_config(
         LAB, log=str(log), workspace=str(tmp_path), read_roots=list(read_roots), write_roots=[]
@@ -88,26 +82,24 @@ def _run(
     )
     assert "Traceback" not in out.stderr, out.stderr
     reading = read_log(log, plan.key)
-    return reading, confirmations(reading, plan), out.stdout
+    return reading, out.stdout
 
 
-def test_an_honest_run_is_confirmed_and_signed_off(tmp_path: Path) -> None:
-    reading, confirmed, stdout = _run(tmp_path, [SOLUTION, TEST])
-    assert reading.problems == [] and reading.started and reading.finished
-    assert confirmed["test_values"].confirmed, stdout
+def test_an_honest_run_is_signed_off_with_nothing_to_review(tmp_path: Path) -> None:
+    reading, stdout = _run(tmp_path, [SOLUTION, TEST])
+    assert reading.problems == [] and reading.started and reading.finished, stdout
     assert not reading.of("tamper") and not reading.of("violation")
 
 
 def test_patching_what_the_checks_use_is_recorded(tmp_path: Path) -> None:
     patch = "import torch\ntorch.allclose = lambda *a, **k: True"
-    reading, _, _ = _run(tmp_path, [SOLUTION, patch, TEST])
+    reading, _ = _run(tmp_path, [SOLUTION, patch, TEST])
     assert any("torch.allclose" in " ".join(r["what"]) for r in reading.of("tamper"))
 
 
-def test_a_replaced_check_is_not_confirmed(tmp_path: Path) -> None:
+def test_a_replaced_check_is_recorded_for_review(tmp_path: Path) -> None:
     fake = "import transformer_lab.checks.lab01 as m\nm.check_sinusoidal_encoding = lambda fn: None"
-    reading, confirmed, _ = _run(tmp_path, [fake, TEST])
-    assert not confirmed["test_values"].confirmed
+    reading, _ = _run(tmp_path, [fake, TEST])
     assert reading.of("tamper")
 
 
@@ -122,7 +114,7 @@ def test_forged_records_and_a_cut_log_are_found(tmp_path: Path) -> None:
         "    except OSError:\n"
         "        pass"
     )
-    reading, _, _ = _run(tmp_path, [forge])
+    reading, _ = _run(tmp_path, [forge])
     assert reading.of("forged")
     assert any("forged" in p for p in reading.problems)
 
@@ -179,14 +171,3 @@ def test_static_scan_names_the_cheat_constructs() -> None:
     assert scan_student_code(nbformat.read(str(REPO / "labs" / LAB / f"{LAB}.ipynb"), 4)) == []
     solution = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), 4)
     assert scan_student_code(solution) == []
-
-
-@pytest.mark.parametrize("lab", sorted(p.name for p in (REPO / "solutions").iterdir()))
-def test_every_test_cell_names_the_checks_it_runs(lab: str) -> None:
-    source = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
-    plan = plan_for(source, lab)
-    assert plan.expected, lab
-    for gid, calls in plan.expected.items():
-        assert calls, f"{lab}: test cell {gid} calls no check the grader can confirm"
-    text = textwrap.dedent(plan.finish_source)
-    assert plan.nonce in text

@@ -1531,7 +1531,7 @@ def check_trained_translator(
     """
     from torchmetrics.functional.classification import multiclass_exact_match
 
-    datamodule = trusted_data(datamodule)
+    datamodule = trusted_data(datamodule)  # the grader's own, when judged
     blocks = list(getattr(model, "decoder_blocks", []))
     expect_true(
         bool(blocks) and all(isinstance(b, block_cls) for b in blocks),

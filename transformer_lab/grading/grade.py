@@ -11,11 +11,14 @@ Grading runs untrusted code. The threat model and its answers (``docs/grading.md
 * scores reach the gradebook only through this process: each submission is autograded by
   nbgrader against a throw-away gradebook of its own, and the scores this process validated are
   then written into ``DIR/gradebook.db`` (checked unchanged by anyone else in between);
-* tampering is visible: the kernel's guard (:mod:`~transformer_lab.grading.guard`) logs what ran,
-  signed; a test cell counts only when the log confirms that the grader's checks ran and passed
-  in it (:mod:`~transformer_lab.grading.integrity`); tampering, forged or missing records, and
-  cheat constructs in the student's code flag the submission, whose autograded points are then
-  withheld (zero) until an instructor reviews it.
+* every autograded point is the judge's (:mod:`~transformer_lab.grading.judge`): each test
+  cell's trusted source runs in this process on the values the kernel returns as data, so
+  nothing in the kernel can forge a pass;
+* cheats are flagged for review: cheat constructs in the student's code (the static scan of
+  :mod:`~transformer_lab.grading.integrity`) and, without the OS sandbox, what the kernel's
+  guard (:mod:`~transformer_lab.grading.guard`, a fence around files and processes) refused or
+  saw tampered with; a flagged submission's autograded points are withheld (zero) until an
+  instructor reviews it.
 
 Layout of ``DIR`` (nbgrader's own, plus the grader's working folder)::
 
@@ -76,7 +79,6 @@ from transformer_lab.grading.course import (
     select_labs,
     write_notebook,
 )
-from transformer_lab.grading.judge import JUDGED_LABS
 from transformer_lab.grading.repair import repair_notebook
 from transformer_lab.grading.sandbox import (
     DEAD_ENAME,
@@ -173,7 +175,7 @@ class SubmissionResult:
         raw_auto_score: what the test cells earned before flags (for the reviewer).
         needs_manual: cells waiting for a human grader (written answers).
         flags: why the submission is flagged, one sentence each.
-        problems: cells that timed out, ran out of budget, died or were not confirmed.
+        problems: cells that timed out, ran out of budget or died.
         notes: things a reviewer may want to know that are not cheats.
         repairs: what :func:`repair_notebook` changed, per notebook.
         ignored: other notebooks found in the submission folder that were not graded.
@@ -441,12 +443,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     """Grade one submission in its own workspace; return the result and the files to keep."""
     from transformer_lab.grading.contain import Containment
     from transformer_lab.grading.feedback import feedback_notebook, render_html
-    from transformer_lab.grading.integrity import (
-        confirmations,
-        plan_for,
-        read_log,
-        scan_student_code,
-    )
+    from transformer_lab.grading.integrity import plan_for, read_log, scan_student_code
 
     options = GradingOptions(**job.options)
     memory_bytes = int(options.memory_gb * 2**30)
@@ -527,16 +524,14 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         guard_file.write_text(json.dumps(plan.guard_config(lab, **sandbox_paths)))
         db = work / "gradebook.db"
         shutil.copyfile(job.template_db, db)
-        judged = lab in JUDGED_LABS
-        # The guard decides nothing in a judged lab; without the OS sandbox it still fences the
+        # The judge decides every point; without the OS sandbox the guard still fences the
         # kernel (files, processes, sockets) as help, and flags what it refuses for review.
-        guarded = not judged or not job.use_bwrap
+        guarded = not job.use_bwrap
         plan_path, verdicts_path = work / "judge_plan.json", work / "verdicts.json"
-        if judged:  # outside the sandbox: the kernel can read neither file
-            plan_path.write_text(json.dumps(judge_plan(source)))
+        plan_path.write_text(json.dumps(judge_plan(source)))  # outside the sandbox
         overrides: dict[str, Any] = {
-            "BudgetedExecute__judge_plan": str(plan_path) if judged else "",
-            "BudgetedExecute__verdicts_path": str(verdicts_path) if judged else "",
+            "BudgetedExecute__judge_plan": str(plan_path),
+            "BudgetedExecute__verdicts_path": str(verdicts_path),
             "BudgetedExecute__budget": float(options.budget),
             "BudgetedExecute__finish_source": plan.finish_source if guarded else "",
             "SandboxedKernelManager__guard_config": str(guard_file) if guarded else "",
@@ -553,9 +548,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
                 "tmp_bytes": box.tmp_bytes,
                 "shm_bytes": box.shm_bytes,
                 "launcher_args": box.launcher_args,
-                # A judged lab's kernel holds no check: the grading package is not there at all.
-                "masked": [str(p) for p in _installed_kits()]
-                + ([str(hidden_root)] if judged else []),
+                # The kernel holds no check: the grading package is not there at all.
+                "masked": [str(p) for p in _installed_kits()] + [str(hidden_root)],
             },
         }
         if options.cell_timeout:
@@ -579,14 +573,13 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             result.error = f"nbgrader could not autograde it:\n{_failure_summary(out)}"
             return result, files
 
-        # 4. What the log confirms, what nbgrader scored, and the verdict.
+        # 4. The judge's verdicts, what nbgrader recorded, and the flags for review.
         executed_path = work / "autograded" / student / lab / f"{lab}.ipynb"
         executed = read_notebook(executed_path)
         problems, timed_out, died = _cell_problems(executed)
         scores, manual = _read_scores(f"sqlite:///{db}", lab, student)
         result.timestamp, result.late_penalty = _read_lateness(f"sqlite:///{db}", lab, student)
         reading = read_log(log, plan.key) if guarded else None
-        confirmed = confirmations(reading, plan) if reading is not None and not judged else {}
         flags += reading.problems if reading is not None else []
         for record in reading.records if reading is not None else []:
             event = record.get("event")
@@ -605,21 +598,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
                 result.notes.append(str(record.get("what")))
         if reading is not None and not reading.finished and not (died or timed_out):
             flags.append("the grader's closing record is missing: the notebook's execution was cut")
-        notes: dict[str, str] = {}
-        if judged:
-            scores, notes = _judged_scores(scores, verdicts_path)
-            result.verdicts = _verdict_records(scores, notes, verdicts_path)
-        else:  # the check's own message, since feedback shows no hidden cell's output
-            notes = _check_messages(executed, scores)
-        for gid, (score, maximum) in scores.items():
-            check = None if judged else confirmed.get(gid)
-            if check is not None and not check.confirmed and score > 0:
-                flags.append(
-                    f"test cell {gid} passed in the notebook but the grader's checks did not "
-                    f"confirm it ({check.reason})"
-                )
-                scores[gid] = [0.0, maximum]
-                notes[gid] = "(not confirmed by the grader's checks)"
+        scores, notes = _judged_scores(scores, verdicts_path)
+        result.verdicts = _verdict_records(scores, notes, verdicts_path)
         result.raw_auto_score = sum(s for s, _ in scores.values())
         result.flags = list(dict.fromkeys(flags))
         result.notes = list(dict.fromkeys(result.notes))[:20]
@@ -694,20 +674,6 @@ def _judged_scores(
         if not verdict["passed"]:
             notes[gid] = verdict["message"]
     return judged, notes
-
-
-def _check_messages(executed: Any, scores: dict[str, list[float]]) -> dict[str, str]:
-    """The failed test cells' own messages (their error's text, never a traceback)."""
-    messages = {}
-    for cell in executed.cells:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid not in scores or scores[gid][0] >= scores[gid][1]:
-            continue
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                messages[gid] = f"{output.get('ename', '')}: {output.get('evalue', '')}"[:1000]
-                break
-    return messages
 
 
 def _verdict_records(

@@ -1,12 +1,12 @@
-"""What the grader trusts: the guard's log, the checks each test cell must run, and static flags.
+"""Flags for an instructor's review: the guard's log (unsandboxed grading) and a static scan.
 
-The grader (this side, never inside the sandbox) prepares a :class:`GuardPlan` for a submission:
-a fresh secret key, a nonce for the closing cell, the digests of the notebook's locked cells
-(which the guard recognises when IPython compiles them) and, for every test cell, the checks its
-source calls with their seeds. After the kernel ran, :func:`read_log` verifies every record of
-the guard (MAC, sequence, start and closing records) and :func:`confirmations` decides for each
-test cell whether the grader's own checks ran in it and passed. A test cell that nbgrader scored
-but the log does not confirm earns nothing and flags the submission.
+No point is decided here: every autograded point is the judge's
+(:mod:`transformer_lab.grading.judge`). What is left is help for review. Without the OS sandbox
+the kernel runs under the guard, a fence around files and processes; the grader (this side)
+prepares its :class:`GuardPlan` (a fresh secret key, a nonce for the closing cell, the digests of
+the notebook's locked cells), and :func:`read_log` verifies the guard's records (MAC, sequence,
+start and closing records) and reads what it refused or saw tampered with, which the grader
+turns into flags.
 
 :func:`scan_student_code` reads the student's cells (answer cells and any cell the student added)
 for the constructs a cheat needs: assigning to a module the checks use, ``sys.modules``,
@@ -33,7 +33,6 @@ from transformer_lab.grading.guard import FINISH_EVENT, cell_digest
 __all__ = [
     "GuardPlan",
     "LogReading",
-    "confirmations",
     "plan_for",
     "read_log",
     "scan_student_code",
@@ -47,21 +46,17 @@ def _meta(cell: NotebookNode) -> dict:
 
 @dataclass
 class GuardPlan:
-    """What the grader tells the guard, and what it expects to read back.
+    """What the grader tells the guard (the fence of unsandboxed grading).
 
     Attributes:
         key: hex secret of the records' MACs (never in the notebook).
         nonce: the closing cell's secret word.
         trusted_cells: digest of a locked cell's source -> its grade id.
-        expected: test cell grade id -> ``(check label, repr(seed))`` calls its source makes.
-        points: test cell grade id -> its points.
     """
 
     key: str
     nonce: str
     trusted_cells: dict[str, str]
-    expected: dict[str, list[tuple[str, str]]]
-    points: dict[str, float]
 
     def guard_config(self, lab: str, **paths: object) -> dict:
         """The guard's configuration (written to a file the kernel deletes after reading)."""
@@ -78,39 +73,14 @@ class GuardPlan:
         return f'__import__("sys").audit("{FINISH_EVENT}", "{self.nonce}")'
 
 
-def _expected_calls(source: str, number: str) -> list[tuple[str, str]]:
-    """The checks a test cell calls: ``labNN.check_x(...)``, ``hiddenNN.hidden_check_x(...)``."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    calls = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id in (f"lab{number}", f"hidden{number}")
-            and node.func.attr.startswith(("check_", "hidden_check_"))
-        ):
-            seed = next((k.value for k in node.keywords if k.arg == "seed"), None)
-            seed_value = seed.value if isinstance(seed, ast.Constant) else None
-            calls.append((f"lab{number}.{node.func.attr}", repr(seed_value)))
-    return calls
-
-
 def plan_for(source: NotebookNode, lab: str) -> GuardPlan:
     """A fresh :class:`GuardPlan` for one submission of ``lab`` (source notebook with tests)."""
-    trusted, expected, points = {}, {}, {}
+    trusted = {}
     for cell in source.cells:
         meta = _meta(cell)
-        if cell.cell_type != "code" or not meta.get("locked"):
-            continue
-        trusted[cell_digest(cell.source)] = meta.get("grade_id", "")
-        if meta.get("grade"):
-            expected[meta["grade_id"]] = _expected_calls(cell.source, lab[:2])
-            points[meta["grade_id"]] = float(meta.get("points", 0))
-    return GuardPlan(secrets.token_hex(32), secrets.token_hex(16), trusted, expected, points)
+        if cell.cell_type == "code" and meta.get("locked"):
+            trusted[cell_digest(cell.source)] = meta.get("grade_id", "")
+    return GuardPlan(secrets.token_hex(32), secrets.token_hex(16), trusted)
 
 
 @dataclass
@@ -154,47 +124,6 @@ def read_log(path: Path, key: str) -> LogReading:
     if not reading.started:
         reading.problems.append("the guard's log has no start record")
     return reading
-
-
-@dataclass
-class Confirmation:
-    """Whether the grader's checks confirm one test cell."""
-
-    confirmed: bool
-    reason: str = ""
-
-
-def confirmations(reading: LogReading, plan: GuardPlan) -> dict[str, Confirmation]:
-    """For each test cell: did the grader's own checks run in it and pass?
-
-    A cell is confirmed when the log shows the cell starting and, before the next cell starts,
-    a ``pass`` of every check its source calls (with the same seed) and no ``fail``.
-    """
-    windows: dict[str, list[dict]] = {}
-    current = None
-    for record in reading.records:
-        if record.get("event") == "cell":
-            current = record.get("grade_id") or None
-            if current is not None:
-                windows[current] = []
-        elif record.get("event") == "check" and current is not None:
-            windows[current].append(record)
-    result = {}
-    for gid, calls in plan.expected.items():
-        if gid not in windows:
-            result[gid] = Confirmation(False, "the test cell never ran as the grader wrote it")
-            continue
-        records = windows[gid]
-        failed = [r for r in records if r.get("phase") == "fail"]
-        passed = [(r.get("check"), r.get("seed")) for r in records if r.get("phase") == "pass"]
-        missing = [c for c in calls if c not in passed]
-        if failed:
-            result[gid] = Confirmation(False, f"{failed[0]['check']} failed")
-        elif missing:
-            result[gid] = Confirmation(False, f"{missing[0][0]} did not report a pass")
-        else:
-            result[gid] = Confirmation(True)
-    return result
 
 
 # --------------------------------------------------------------------------------------

@@ -19,8 +19,7 @@ kernel enforces it as help for review, and the judge trusts only the values.
 
 :func:`judge_cell` is the verdict step, testable without a notebook (any :class:`Link`);
 ``BudgetedExecute`` (:mod:`transformer_lab.grading.sandbox`) links it to the kernel after each
-test cell. Labs whose checks use only what :class:`Remote` carries are listed in
-:data:`JUDGED_LABS`; the others are still confirmed by the in-kernel guard's log.
+test cell of every lab.
 
 Reference: the checker design of programming-contest judges (DMOJ, Kattis problemtools), where
 the submission only produces outputs and a separate process decides.
@@ -47,7 +46,6 @@ from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge import mirror, wire
 
 __all__ = [
-    "JUDGED_LABS",
     "JudgeError",
     "JudgeSession",
     "Link",
@@ -57,20 +55,6 @@ __all__ = [
     "judge_cell",
     "student_names",
 ]
-
-#: Labs whose every autograded cell is decided by the judge.
-JUDGED_LABS = frozenset(
-    {
-        "01_positional_encoding",
-        "02_self_attention",
-        "03_multi_head_attention",
-        "04_transformer_block",
-        "05_masking",
-        "06_decoder_training",
-        "07_nlp_pipeline",
-        "08_language_models",
-    }
-)
 
 #: Exception types a student's code may raise that the checks word themselves; anything else
 #: comes back as :class:`RemoteError` naming its type.
