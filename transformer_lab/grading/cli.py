@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from transformer_lab.grading.course import GradingError, find_repo
+from transformer_lab.grading.course import BUDGET_S, GradingError, find_repo
 
 __all__ = ["main"]
 
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--student", action="append", default=None, help="only this student")
     g.add_argument("--timeout", type=int, default=None, help="seconds per cell")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
-    g.add_argument("--budget", type=float, default=300.0, help="seconds per submission")
+    g.add_argument("--budget", type=float, default=BUDGET_S, help="seconds per submission")
     g.add_argument("--memory-gb", type=float, default=8.0, help="memory per submission")
     g.add_argument("--tmp-gb", type=float, default=1.0, help="its /tmp (part of --memory-gb)")
     g.add_argument("--max-tasks", type=int, default=256, help="its processes and threads")

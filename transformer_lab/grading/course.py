@@ -31,6 +31,9 @@ from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
 CONFIG_FILE = "nbgrader_config.py"
+#: Seconds one whole submission may run, all cells together: the one default of ``--budget``,
+#: ``GradingOptions.budget`` and ``BudgetedExecute.budget``.
+BUDGET_S = 300.0
 #: The section of ``nbgrader_config.py`` that holds the kit's own course settings.
 SETTINGS_SECTION = "TransformerLab"
 SOLUTIONS = "solutions"

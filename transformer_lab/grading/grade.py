@@ -69,6 +69,7 @@ from sqlalchemy.exc import SAWarning
 from traitlets import List
 
 from transformer_lab.grading.course import (
+    BUDGET_S,
     SOLUTIONS,
     GradingError,
     grading_env,
@@ -88,9 +89,11 @@ from transformer_lab.grading.sandbox import (
 )
 
 __all__ = [
+    "Decision",
     "GradeReport",
     "GradingOptions",
     "SubmissionResult",
+    "decide",
     "grade_course",
     "merge_gradebooks",
 ]
@@ -136,7 +139,7 @@ class GradingOptions:
 
     profile: str = "grading"
     cell_timeout: int | None = None
-    budget: float = 300.0
+    budget: float = BUDGET_S
     memory_gb: float = 8.0
     tmp_gb: float = 1.0
     max_tasks: int = 256
@@ -598,22 +601,15 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
                 result.notes.append(str(record.get("what")))
         if reading is not None and not reading.finished and not (died or timed_out):
             flags.append("the grader's closing record is missing: the notebook's execution was cut")
-        scores, notes = _judged_scores(scores, verdicts_path)
-        result.verdicts = _verdict_records(scores, notes, verdicts_path)
-        result.raw_auto_score = sum(s for s, _ in scores.values())
-        result.flags = list(dict.fromkeys(flags))
+        verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
+        decision = decide(scores, verdicts, flags, died=died, timed_out=timed_out)
+        scores, notes = decision.cell_scores, decision.notes
+        result.status = decision.status or result.status
+        result.verdicts, result.cell_scores = decision.verdicts, scores
+        result.raw_auto_score, result.auto_score = decision.raw_auto_score, decision.auto_score
+        result.auto_max, result.flags = decision.auto_max, decision.flags
         result.notes = list(dict.fromkeys(result.notes))[:20]
         result.problems = problems
-        if result.flags:
-            result.status = "flagged"
-            scores = {gid: [0.0, m] for gid, (_, m) in scores.items()}
-        elif died:
-            result.status = "crashed"
-        elif timed_out:
-            result.status = "incomplete"
-        result.cell_scores = scores
-        result.auto_score = sum(s for s, _ in scores.values())
-        result.auto_max = sum(m for _, m in scores.values())
         result.needs_manual = manual
 
         # 5. Feedback without hidden tests.
@@ -658,38 +654,78 @@ def judge_plan(source: Any) -> dict[str, dict[str, Any]]:
     return plan
 
 
-def _judged_scores(
-    scores: dict[str, list[float]], verdicts_path: Path
-) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """Each autograded cell's points from the judge's verdict alone; its message as a note."""
-    verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
-    judged, notes = {}, {}
-    for gid, (_, maximum) in scores.items():
+@dataclass
+class Decision:
+    """The verdict step's outcome for one submission (see :func:`decide`).
+
+    Attributes:
+        status: ``"flagged"``, ``"crashed"``, ``"incomplete"``, or ``""`` (graded).
+        cell_scores: test cell -> ``[points, maximum]`` as written to the gradebook.
+        notes: test cell -> the judge's message for a cell that lost its points.
+        verdicts: test cell -> points, message and named mistake (for the class report).
+        raw_auto_score: the judge's points before a flag withholds them.
+        auto_score, auto_max: the points given and the most there were.
+        flags: what an instructor must review, once each.
+    """
+
+    status: str
+    cell_scores: dict[str, list[float]]
+    notes: dict[str, str]
+    verdicts: dict[str, dict[str, Any]]
+    raw_auto_score: float
+    auto_score: float
+    auto_max: float
+    flags: list[str]
+
+
+_NOT_REACHED = "(the grader's judge was not reached: the notebook stopped before it)"
+
+
+def decide(
+    nbgrader_scores: dict[str, list[float]],
+    verdicts: dict[str, Any],
+    flags: list[str],
+    *,
+    died: bool = False,
+    timed_out: bool = False,
+) -> Decision:
+    """The points of one submission, from the judge's verdicts alone.
+
+    ``nbgrader_scores`` gives only each test cell's maximum (what nbgrader scored in the
+    kernel decides nothing); ``verdicts`` are the judge's, by grade id (a cell without one
+    scores 0 with the reason); any flag withholds every point until an instructor reviews it.
+    """
+    scores, notes, records = {}, {}, {}
+    for gid, (_, maximum) in nbgrader_scores.items():
         verdict = verdicts.get(gid)
+        passed = isinstance(verdict, dict) and verdict.get("passed") is True
+        scores[gid] = [float(maximum) if passed else 0.0, float(maximum)]
         if verdict is None:
-            judged[gid] = [0.0, maximum]
-            notes[gid] = "(the grader's judge was not reached: the notebook stopped before it)"
-            continue
-        judged[gid] = [maximum if verdict["passed"] else 0.0, maximum]
-        if not verdict["passed"]:
-            notes[gid] = verdict["message"]
-    return judged, notes
-
-
-def _verdict_records(
-    scores: dict[str, list[float]], notes: dict[str, str], verdicts_path: Path
-) -> dict[str, dict[str, Any]]:
-    """Per test cell: points, the judge's message and the named mistake (for the report)."""
-    verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
-    return {
-        gid: {
-            "score": score,
-            "max_score": maximum,
-            "mistake": (verdicts.get(gid) or {}).get("mistake"),
+            notes[gid] = _NOT_REACHED
+        elif not passed:
+            notes[gid] = str(verdict.get("message", "")) if isinstance(verdict, dict) else ""
+        mistake = verdict.get("mistake") if isinstance(verdict, dict) else None
+        records[gid] = {
+            "score": scores[gid][0],
+            "max_score": scores[gid][1],
+            "mistake": mistake,
             "message": notes.get(gid, ""),
         }
-        for gid, (score, maximum) in scores.items()
-    }
+    raw = sum(s for s, _ in scores.values())
+    unique_flags = list(dict.fromkeys(flags))
+    status = "flagged" if unique_flags else "crashed" if died else "incomplete" if timed_out else ""
+    if unique_flags:
+        scores = {gid: [0.0, m] for gid, (_, m) in scores.items()}
+    return Decision(
+        status=status,
+        cell_scores=scores,
+        notes=notes,
+        verdicts=records,
+        raw_auto_score=raw,
+        auto_score=sum(s for s, _ in scores.values()),
+        auto_max=sum(m for _, m in scores.values()),
+        flags=unique_flags,
+    )
 
 
 def _run_job(job: Job) -> tuple[SubmissionResult, dict[str, str]]:

@@ -62,6 +62,8 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Dict, Float, Unicode
 
+from transformer_lab.grading.course import BUDGET_S
+
 __all__ = [
     "BudgetedExecute",
     "KernelLink",
@@ -305,7 +307,7 @@ class BudgetedExecute(Execute):
     by the kernel's environment (``TRANSFORMER_LAB_THREADS``, ``OMP_NUM_THREADS``).
     """
 
-    budget = Float(600.0, help="seconds a whole submission may run").tag(config=True)
+    budget = Float(BUDGET_S, help="seconds a whole submission may run").tag(config=True)
     judge_plan = Unicode(
         "", help="JSON file {grade_id: trusted source} of the test cells the judge decides"
     ).tag(config=True)
