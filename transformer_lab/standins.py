@@ -112,6 +112,12 @@ def _merge_heads(x: Tensor) -> Tensor:
     return x.movedim(1, -2).flatten(-2)  # (B, T, D)
 
 
+def _sequence_loss(logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
+    """Mean cross-entropy over the non-padding targets: ``F.cross_entropy``'s ``ignore_index``."""
+    flat = logits.float().flatten(0, -2)  # (B*T, V)
+    return F.cross_entropy(flat, targets.flatten(), ignore_index=pad_id)
+
+
 class StandInFeedForward(nn.Module):
     """The feed-forward sub-layer of ``nn.TransformerEncoderLayer`` (its own ``_ff_block``)."""
 

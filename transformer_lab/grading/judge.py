@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import importlib
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -48,11 +49,13 @@ from transformer_lab.judge import mirror, wire
 __all__ = [
     "JudgeError",
     "JudgeSession",
+    "Judgements",
     "Link",
     "Remote",
     "Verdict",
     "grader_namespace",
     "judge_cell",
+    "stand_ins_for",
     "student_names",
 ]
 
@@ -634,19 +637,49 @@ def grader_namespace() -> dict[str, Any]:
     return namespace
 
 
+def stand_ins_for(
+    names: Iterable[str], env: dict[str, Any], failed: Iterable[str]
+) -> dict[str, str]:
+    """The earlier parts that the answers ``names`` build on and that failed their own checks:
+    notebook name -> its PyTorch stand-in's name in :mod:`transformer_lab.standins`.
+
+    Each lab's checks declare ``DEPENDS_ON = {"MultiHeadAttention": {"split_heads":
+    "_split_heads", ...}}`` (the answers a graded class or function calls by name).
+    """
+    failed, names = set(failed), list(names)
+    found: dict[str, str] = {}
+    for module in (v for k, v in env.items() if k.startswith("lab") and k[3:].isdigit()):
+        for name in names:
+            for part, stand_in in getattr(module, "DEPENDS_ON", {}).get(name, {}).items():
+                if part in failed and part not in names:
+                    found[part] = stand_in
+    return found
+
+
 def judge_cell(
     grade_id: str,
     source: str,
     session: JudgeSession,
     namespace: Callable[[], dict[str, Any]] = grader_namespace,
+    failed: Iterable[str] = (),
 ) -> Verdict:
-    """Run a test cell's trusted ``source`` here, on the student's values; its verdict."""
+    """Run a test cell's trusted ``source`` here, on the student's values; its verdict.
+
+    ``failed`` names the answers whose own test cells failed earlier in the notebook; an answer
+    of this cell that builds on one of them is judged with PyTorch's stand-in in its place
+    (:func:`stand_ins_for`), so one mistake costs only its own cells' points.
+    """
     started = time.monotonic()
     verdict = Verdict(grade_id, passed=False)
     named_mistakes()  # forget what an earlier cell named
+    stand_ins: dict[str, str] = {}
     try:
         env = namespace()
-        for name in student_names(source, env):
+        names = student_names(source, env)
+        stand_ins = stand_ins_for(names, env, failed)
+        if stand_ins:
+            session.request({"op": "bind", "names": stand_ins})
+        for name in names:
             try:
                 env[name] = session.lookup(name)
             except NameError:
@@ -664,11 +697,49 @@ def judge_cell(
     except Exception as exc:  # the check itself could not run on what the kernel returned
         verdict.message = f"The check could not run on your answer: {type(exc).__name__}: {exc}"
     finally:
+        if stand_ins:
+            _unbind(session)
         verdict.requests, verdict.seconds = session.requests, time.monotonic() - started
     named = named_mistakes()
     if not verdict.passed and named:
         verdict.mistake = _short(named[-1])
+    if stand_ins:
+        verdict.message = _on_stand_ins(verdict, names, stand_ins)
     return verdict
+
+
+class Judgements:
+    """The judge's verdicts on one notebook's test cells, taken in the notebook's order.
+
+    The answers a failed cell tests are remembered, so that a later cell whose answer builds on
+    one of them is judged with PyTorch's stand-in for it (:func:`judge_cell`'s ``failed``).
+    """
+
+    def __init__(self) -> None:
+        self.verdicts: dict[str, dict[str, Any]] = {}
+        self.failed: set[str] = set()
+
+    def judge(self, grade_id: str, source: str, session: JudgeSession) -> Verdict:
+        verdict = judge_cell(grade_id, source, session, failed=set(self.failed))
+        self.verdicts[grade_id] = verdict.to_json()
+        if not verdict.passed:
+            self.failed.update(student_names(source, grader_namespace()))
+        return verdict
+
+
+def _unbind(session: JudgeSession) -> None:
+    with contextlib.suppress(Exception):  # a dead kernel: nothing later runs in it anyway
+        session.request({"op": "unbind"})
+
+
+def _on_stand_ins(verdict: Verdict, names: list[str], stand_ins: dict[str, str]) -> str:
+    """The message of a cell judged with stand-ins for parts that failed their own checks."""
+    parts = " and ".join(f"`{p}`" for p in stand_ins)
+    yours = " and ".join(f"`{n}`" for n in names) or "your answer"
+    why = f"because your {parts} {'fails its' if len(stand_ins) == 1 else 'fail their'} own check"
+    if verdict.passed:
+        return f"Your {yours} is fine: it was checked with PyTorch's {parts} {why}."
+    return f"{verdict.message} (checked with PyTorch's {parts} {why})"
 
 
 def _short(hint: str) -> str:

@@ -331,7 +331,9 @@ class BudgetedExecute(Execute):
         """Run the notebook, then the closing cell (which is removed again afterwards)."""
         self._started, self._dead, self._cell_timeout = 0.0, "", self.timeout
         self._plan = json.loads(Path(self.judge_plan).read_text()) if self.judge_plan else {}
-        self._verdicts: dict[str, Any] = {}
+        from transformer_lab.grading.judge import Judgements
+
+        self._judgements = Judgements()  # in the notebook's order
         if self.finish_source:
             closing = nbformat.v4.new_code_cell(self.finish_source)
             closing.metadata["transformer_lab_finish"] = True
@@ -340,7 +342,7 @@ class BudgetedExecute(Execute):
             return super().preprocess(nb, resources, km)
         finally:
             if self.verdicts_path:
-                Path(self.verdicts_path).write_text(json.dumps(self._verdicts, indent=1))
+                Path(self.verdicts_path).write_text(json.dumps(self._judgements.verdicts, indent=1))
             nb.cells = [
                 c for c in nb.cells if not c.get("metadata", {}).get("transformer_lab_finish")
             ]
@@ -406,15 +408,14 @@ class BudgetedExecute(Execute):
 
     async def _judge(self, grade_id: str) -> None:
         """The judge's verdict on one test cell, from requests to the live kernel."""
-        from transformer_lab.grading.judge import JudgeSession, judge_cell
+        from transformer_lab.grading.judge import JudgeSession
 
         left = self.budget - (time.monotonic() - self._started)
         timeout = max(1.0, min(float(self._cell_timeout or left), left))
         loop = asyncio.get_running_loop()
         session = JudgeSession(KernelLink(self, loop), timeout)
         source = self._plan[grade_id]["source"]
-        verdict = await loop.run_in_executor(None, judge_cell, grade_id, source, session)
-        self._verdicts[grade_id] = verdict.to_json()
+        await loop.run_in_executor(None, self._judgements.judge, grade_id, source, session)
 
     async def exchange(self, text: str, timeout: float, answer: Callable[[str], str]) -> str:
         """One judge request in the kernel (silent, outside its history); the reply text.

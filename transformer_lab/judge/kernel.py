@@ -21,6 +21,10 @@ in the kernel and reads ``_tl_judge.reply()`` back as a user expression. A reque
   ``{"op": "vars", "target": h}``: its public instance attributes;
 * ``{"op": "isinstance", "target": h, "cls": c}``: whether the object is an instance of the
   class behind ``c`` (a structural fact, reported like the traced operations);
+* ``{"op": "bind", "names": {"split_heads": "_split_heads"}}`` / ``{"op": "unbind"}``: put
+  stand-ins of :mod:`transformer_lab.standins` under notebook names for one judged cell (a
+  later answer checked on a reference for an earlier part that fails its own check), and put
+  the notebook's own back;
 * ``{"op": "run", "function": "transformer_lab.checks.lab06:name", "args": ...}``: a check's
   harness marked :func:`~transformer_lab.checks._common.kernel_side` (running Lightning's
   ``Trainer`` on the student's module), called here like a ``call``; it returns data.
@@ -300,6 +304,12 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True
         )
         return list(found), {}
+    if op == "bind":
+        _bind(request.get("names", {}))
+        return None, {}
+    if op == "unbind":
+        _unbind()
+        return None, {}
     if op == "run":  # a check's harness, run here on the kernel's objects
         target, op = _kernel_side(request.get("function")), "call"
     else:
@@ -343,6 +353,35 @@ def _kernel_side(dotted: Any) -> Any:
     if not getattr(func, "judge_kernel_side", False):
         raise wire.WireError(f"{dotted!r} is not a harness the judge may run here")
     return func
+
+
+_STAND_IN_MODULE = "transformer_lab.standins"
+_bound: dict[str, Any] = {}  # name -> what the notebook held before a bind (or _UNSET)
+_UNSET = object()
+
+
+def _bind(names: Any) -> None:
+    """Put PyTorch stand-ins (:mod:`transformer_lab.standins`) under notebook names, for one
+    judged cell: the student's later code is then checked on a reference for an earlier part."""
+    namespace = _namespace()
+    stand_ins = importlib.import_module(_STAND_IN_MODULE)
+    for name, attr in dict(names).items():
+        value = getattr(stand_ins, str(attr), None)
+        if not (str(name).isidentifier() and callable(value)):
+            raise wire.WireError(f"no stand-in {attr!r} for {name!r}")
+        _bound.setdefault(str(name), namespace.get(str(name), _UNSET))
+        namespace[str(name)] = value
+
+
+def _unbind() -> None:
+    """The notebook's own names back, after a cell judged on stand-ins."""
+    namespace = _namespace()
+    for name, old in _bound.items():
+        if old is _UNSET:
+            namespace.pop(name, None)
+        else:
+            namespace[name] = old
+    _bound.clear()
 
 
 def _instance_op(op: Any, target: Any, request: dict[str, Any]) -> Any:
