@@ -195,7 +195,7 @@ def test_each_translation_module_mistake_fails_through_the_judge_with_its_messag
     ("fn", "failing", "words"),
     [
         ("train", [], ""),
-        ("train_fixed_precision", ["visible"], "precision=session.precision"),
+        ("train_fixed_precision", ["visible", "hidden"], "precision=session.precision"),
         ("train_default_logger", ["visible", "hidden"], "not under session.runs"),
         ("train_without_validation", ["visible", "hidden"], "never validated"),
         ("train_new_module", ["visible", "hidden"], "never trained the module it was given"),

@@ -967,6 +967,12 @@ def train_fixed_precision(module, datamodule, *, max_steps, session, name="trans
     return trainer
 
 
+def train_fixed_bf16(module, datamodule, *, max_steps, session, name="translator"):
+    trainer = _trainer_for(session, max_steps, name, precision="bf16-mixed")
+    trainer.fit(module, datamodule=datamodule)
+    return trainer
+
+
 def train_default_logger(module, datamodule, *, max_steps, session, name="translator"):
     trainer = _trainer_for(session, max_steps, name, logger=CSVLogger("logs", name=name))
     trainer.fit(module, datamodule=datamodule)
@@ -1016,7 +1022,8 @@ def test_correct_train_translators_pass(session, fn) -> None:
     ("fn", "failing", "words"),
     [
         (train_epochs, ["visible", "hidden"], "max_steps=max_steps"),
-        (train_fixed_precision, ["visible"], "precision=session.precision"),
+        (train_fixed_precision, ["visible", "hidden"], "precision=session.precision"),
+        (train_fixed_bf16, ["visible", "hidden"], "precision=session.precision"),
         (train_default_logger, ["visible", "hidden"], "not under session.runs"),
         (train_no_logger, ["visible", "hidden"], "without a logger"),
         (train_unnamed, ["visible", "hidden"], "run's name"),

@@ -43,6 +43,7 @@ from transformer_lab.checks._common import (
 )
 from transformer_lab.checks.lab06 import (
     FIT_WHAT,
+    PRECISIONS,
     RandomTranslator,
     ScriptedTranslator,
     _shift_call,
@@ -736,11 +737,13 @@ def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
 
 
 def hidden_check_train_translator(fn: Callable[..., Any], session: Any, seed: int = 0) -> None:
-    """Another precision (``32-true``), number of steps and run name."""
+    """Other numbers of steps and run names, in each precision (a hard-coded one fails)."""
     g = generator(seed)
-    train_translator_check(
-        fn, session, precision="32-true", max_steps=randint(4, 9, g), name=f"hidden_{seed}"
-    )
+    for precision in reversed(PRECISIONS):
+        steps = randint(4, 9, g)
+        train_translator_check(
+            fn, session, precision=precision, max_steps=steps, name=f"hidden_{seed}"
+        )
 
 
 @torch.no_grad()
