@@ -15,6 +15,10 @@ The helpers here keep those messages uniform across labs:
   and say where it differs, adding the caller's ``hint`` about the likely cause.
 * :func:`compare` goes one step further for checks that know the typical wrong answers: it
   names the one the student's output reproduces (:func:`close` is its elementwise test).
+* :func:`judge_cases` runs the student's function on every input of a check and, when some
+  answer is wrong, names the typical mistakes whose outputs match the student's on EVERY input
+  tried (one, unless two mistakes cannot be told apart there); when none does it says so and
+  shows the smallest failing input, expected against got (:func:`diagnose` does the naming).
 * :func:`call_forbidding` runs the student's function under a
   :class:`~transformer_lab.checks._bans.Ban` (what computes the answer: torch operation
   families such as softmax or normalisation, and Python functions such as the kit's
@@ -35,9 +39,10 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -48,19 +53,24 @@ from transformer_lab.graded import LockedAnswerError
 
 __all__ = [
     "FIXTURES",
+    "NOT_TYPICAL",
     "Ban",
+    "Case",
     "ForbiddenCallError",
     "OpLog",
     "call_forbidding",
     "call_student",
     "close",
     "compare",
+    "diagnose",
     "expect_close",
     "expect_module",
     "expect_shape",
     "expect_true",
     "forbidden",
     "generator",
+    "judge_cases",
+    "matching_mistakes",
     "named_mistakes",
     "note_mistake",
     "ran_on",
@@ -366,6 +376,164 @@ def compare(
             message += " " + advice
         raise AssertionError(message) from None
     return t
+
+
+# --------------------------------------------------------------------------------------
+# One diagnosis over every input a check tried
+# --------------------------------------------------------------------------------------
+
+I = TypeVar("I")
+
+#: What a failure message says when no catalogued mistake reproduces the student's outputs.
+NOT_TYPICAL = "This is not one of the typical mistakes the check knows."
+
+
+@dataclass
+class Case(Generic[I]):
+    """One input a check tried: the student's output there, the expected one, the mistakes'.
+
+    Attributes:
+        input: what the check passed (for the message; any value).
+        what: the call as the student would write it, e.g. ``"top_p_filter(logits, p=0.5)"``.
+        got: the student's output.
+        want: the expected output.
+        mistakes: hint -> what that typical mistake returns on this input. A hint missing here
+            returns ``want`` (stored examples keep only the mistakes that differ); ``None``
+            means the mistake does not apply to this input (it matches nothing).
+        size: how large the input is; the smallest failing input is the one shown.
+    """
+
+    input: I
+    what: str
+    got: Any
+    want: Any
+    mistakes: Mapping[str, Any]
+    size: float = 0.0
+
+
+def matching_mistakes(cases: Sequence[Case[Any]], same: Callable[[Any, Any], bool]) -> list[str]:
+    """The hints of the mistakes whose outputs equal the student's on EVERY case, in order.
+
+    A mistake that gives the right answer on an input the student also got right matches
+    there; one that is right where the student is wrong (or wrong where the student is right)
+    does not.
+    """
+    hints = list(dict.fromkeys(h for case in cases for h in case.mistakes))
+    found = []
+    for hint in hints:
+        outputs = [case.mistakes.get(hint, case.want) for case in cases]
+        if all(
+            out is not None and same(case.got, out)
+            for case, out in zip(cases, outputs, strict=True)
+        ):
+            found.append(hint)
+    return found
+
+
+def diagnose(
+    cases: Sequence[Case[Any]],
+    *,
+    same: Callable[[Any, Any], bool],
+    describe: Callable[[Case[Any]], str],
+    rule: str | Callable[[Case[Any]], str],
+    named: Callable[[Case[Any]], str | None] | None = None,
+) -> None:
+    """Raise one diagnosis for the cases a check tried, or nothing when every answer is right.
+
+    The message shows the smallest failing case (``describe``: the call, what it returned and
+    what was expected) and then, in this order:
+
+    * the typical mistake whose outputs match the student's on every case
+      (:func:`matching_mistakes`), recorded with :func:`note_mistake`. Only when several give
+      the same outputs on every case are they all listed, joined by " Or: " (a catalogue
+      should hold inputs that tell its mistakes apart);
+    * else the mistake ``named`` recognises in every failing case by its shape (ties dropped,
+      ``0`` instead of ``-inf``, ...), if it recognises the same one in each;
+    * else :data:`NOT_TYPICAL` and the ``rule`` the answer must follow.
+
+    Args:
+        cases: every input tried, right and wrong, in the order tried.
+        same: whether two outputs are the same answer.
+        describe: the failing case in the student's terms, ending with a full stop.
+        rule: what a right answer does (or a function of the case shown that says it).
+        named: a mistake recognised from one failing case alone (or ``None``).
+    """
+    failing = [case for case in cases if not same(case.got, case.want)]
+    if not failing:
+        return
+    shown = min(failing, key=lambda case: case.size)  # the first of the smallest
+    hints = matching_mistakes(cases, same)
+    if hints:
+        note_mistake(hints[0])
+        raise AssertionError(f"{describe(shown)} {' Or: '.join(hints)}")
+    if named is not None:
+        seen = {named(case) for case in failing}
+        if len(seen) == 1 and None not in seen:
+            hint = next(iter(seen)) or ""
+            note_mistake(hint)
+            raise AssertionError(f"{describe(shown)} {hint}")
+    advice = rule(shown) if callable(rule) else rule
+    raise AssertionError(f"{describe(shown)} {NOT_TYPICAL} {advice}")
+
+
+def judge_cases(
+    inputs: Sequence[I],
+    run: Callable[[I], Any],
+    expected: Callable[[I], Any],
+    mistakes: Callable[[I], Mapping[str, Any]],
+    *,
+    same: Callable[[Any, Any], bool],
+    what: Callable[[I], str],
+    describe: Callable[[Case[I]], str],
+    rule: str | Callable[[Case[I]], str],
+    size: Callable[[I], float] | None = None,
+    named: Callable[[Case[I]], str | None] | None = None,
+    screen: Callable[[Case[I]], None] | None = None,
+) -> None:
+    """Run the student's code on every input, then :func:`diagnose` what it got wrong.
+
+    The inputs are tried in order. A wrong answer does not stop the run: the remaining inputs
+    are tried too, so that the diagnosis rests on all of them (the typical mistakes are run on
+    the same inputs, only once something is wrong). The student's code raising (an
+    ``AssertionError`` from :func:`call_student` and friends) stops the run: before any wrong
+    answer that message is the verdict; after one, the diagnosis uses the inputs tried so far.
+
+    Args:
+        inputs: the check's inputs.
+        run: the student's output on an input (the call, under its ban).
+        expected: the right output on an input.
+        mistakes: hint -> each typical mistake's output on an input (see :class:`Case`).
+        same: whether two outputs are the same answer.
+        what: the call on an input, as the student would write it.
+        describe: see :func:`diagnose`.
+        rule: see :func:`diagnose`.
+        size: how large an input is (default: its position, so the first failing one shows).
+        named: see :func:`diagnose`.
+        screen: looks at every wrong answer as it comes and raises at once for a problem that
+            is no typical mistake of the values (a hypothesis without BOS, a wrong length).
+    """
+    tried: list[tuple[I, Any, Any]] = []
+    wrong = False
+    for item in inputs:
+        try:
+            got = run(item)
+        except AssertionError:
+            if not wrong:
+                raise
+            break
+        want = expected(item)
+        if not same(got, want):
+            wrong = True
+            if screen is not None:
+                screen(Case(item, what(item), got, want, {}, 0.0))
+        tried.append((item, got, want))
+    if not wrong:
+        return
+    cases = [
+        Case(item, what(item), got, want, mistakes(item), size(item) if size else float(i))
+        for i, (item, got, want) in enumerate(tried)
+    ]
+    diagnose(cases, same=same, describe=describe, rule=rule, named=named)
 
 
 def expect_module(obj: Any, what: str) -> nn.Module:

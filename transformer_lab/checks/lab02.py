@@ -14,7 +14,11 @@ here: the student package holds only the stored examples and the comparisons.
 The mask examples are built so that the masked keys have the **largest** raw scores (a mask that
 is ignored, or applied after the softmax, moves most of the weight), include rows where the mask
 allows no key (zero weights, never NaN), use ``T != S`` and values unlike the keys, and run in
-float16 as well (where a fill of ``-1e9`` overflows).
+float16 as well (where a fill of ``-1e9`` overflows). Attention weights with NaN are traced to
+their cause by probing the student's function (:func:`_softmax_overflows`): if it also gives
+NaN on scores that are large but finite in the dtype (16 in float16), every key allowed, its
+softmax lacks the max subtraction (exp overflows, or exp(finfo.min) = 0 makes 0/0 in a row the
+mask empties) and the message says so; only otherwise is a NaN in such a row blamed on the fill.
 
 Tolerances follow the arithmetic of the input's dtype (:func:`tolerance`): a correct float32
 softmax written as ``exp(x - logsumexp(x))`` passes at logits of 1e4, where rounding the
@@ -52,6 +56,8 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     forbidden,
+    note_mistake,
+    ran_on,
     stored,
 )
 from transformer_lab.judge.wire import Reference
@@ -471,6 +477,52 @@ def _named(
     return fallback
 
 
+_NO_MAX = (
+    "Your softmax overflows: subtract each row's maximum before exponentiating, "
+    "exp(x - x.amax(-1, keepdim=True)), so that no exp exceeds 1."
+)
+
+#: Scores whose exp overflows in each dtype while the dtype holds them (float16: exp(16) >
+#: 65504; float32 and bfloat16: exp(100) > 3.4e38; float64: exp(800) > 1.8e308).
+_OVERFLOWING_SCORE = {torch.float16: 16.0, torch.bfloat16: 100.0, torch.float32: 100.0}
+
+
+def _softmax_overflows(
+    fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+) -> str | None:
+    """What a probe shows when the student's softmax lacks the max subtraction, else None.
+
+    The probe: two queries and two keys in the dtype of ``q`` whose scores are large but
+    finite there (16 in float16, 100 in float32), every key allowed. A softmax that subtracts
+    the row maximum gives finite weights; one that does not computes exp(score) = inf and
+    inf / inf = NaN. A probe the student's code cannot run tells nothing (None).
+    """
+    dtype = q.dtype
+    big = _OVERFLOWING_SCORE.get(dtype, 800.0)
+    d, lead = q.shape[-1], tuple(q.shape[:-2])
+    side = math.sqrt(big * math.sqrt(d))  # q . k / sqrt(d) = big when both hold `side` at 0
+    pq = torch.zeros(*lead, 2, d, dtype=torch.float64)
+    pq[..., 0] = side
+    pk = pq.clone()
+    pk[..., 1, 0] = side / 2  # the second key scores big / 2
+    pv = torch.zeros(*v.shape[:-2], 2, v.shape[-1], dtype=torch.float64)
+    pq, pk, pv = (t.to(dtype) for t in (pq, pk, pv))
+    what = "scaled_dot_product_attention on a probe with large scores"
+    pmask = None if mask is None else torch.ones(*lead, 2, 2, dtype=torch.bool)
+    try:
+        _, weights = call_attention(fn, pq, pk, pv, pmask, what)
+    except AssertionError:
+        return None
+    if not isinstance(weights, Tensor) or bool(torch.isfinite(weights.detach()).all()):
+        return None
+    return (
+        f"With scores of {big:g} and {big / 2:g} (finite in {_dtype_name(dtype)}, every key "
+        f"allowed) your weights are not finite either, while a softmax that subtracts the row "
+        f"maximum gives finite ones: exp({big:g}) overflows {_dtype_name(dtype)} (its largest "
+        f"number is {torch.finfo(dtype).max:.4g}) and inf / inf is NaN."
+    )
+
+
 def judge_attention(
     got: tuple[Tensor, Tensor],
     want: tuple[Tensor, Tensor],
@@ -480,6 +532,8 @@ def judge_attention(
     k: Tensor,
     v: Tensor,
     mask: Tensor | None,
+    *,
+    fn: Callable[..., Any] | None = None,
 ) -> None:
     """Compare a student's ``(out, weights)`` with the expected pair; name the mistake.
 
@@ -496,6 +550,8 @@ def judge_attention(
         k: the keys.
         v: the values.
         mask: the mask it was called with (or None).
+        fn: the student's function; given, a NaN is traced to its cause by probing it (a
+            softmax without the max subtraction, rather than the fill of an empty row).
     """
     out, w = got
     want_out, want_w = want
@@ -525,6 +581,24 @@ def judge_attention(
     wd = w.detach().double()
     if bool(torch.isnan(wd).any()):
         nan_rows = torch.isnan(wd).any(-1)
+        overflow = _softmax_overflows(fn, q, k, v, mask) if fn is not None else None
+        if overflow is not None:
+            where = (
+                "in the rows the mask empties "
+                if bool(empty.any()) and bool((nan_rows <= empty).all())
+                else ""
+            )
+            note_mistake(_NO_MAX)
+            raise AssertionError(
+                f"the weights of {what} contain NaN {where}{ran_on(w)}. {overflow} {_NO_MAX}"
+                + (
+                    " In a row the mask empties every score is finfo.min: exp of it is 0 for "
+                    "every key, the sum is 0 and 0/0 is NaN; after subtracting the maximum the "
+                    "row is exp(0) = 1 everywhere, and multiplying by the mask zeroes it."
+                    if where
+                    else ""
+                )
+            )
         if bool(empty.any()) and bool((nan_rows <= empty).all()):
             half = (
                 " In float16 a fill such as -1e9 is already -inf (the largest float16 is 65504)."
@@ -638,7 +712,7 @@ def _check_attention_examples(fn: Callable[..., Any], examples: Mapping[str, Any
         mask = inputs[3] if masked else None
         want, mistakes = stored_attention(what)
         got = call_attention(fn, q, k, v, mask, what)
-        judge_attention(got, want, mistakes, what, q, k, v, mask)
+        judge_attention(got, want, mistakes, what, q, k, v, mask, fn=fn)
 
 
 def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
