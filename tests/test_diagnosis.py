@@ -2,13 +2,16 @@
 
 The catalogues of typical mistakes live in ``tests/test_labNN_checks.py`` (each entry: a wrong
 answer, the checks it must fail, words their messages must hold); this file imports them. For
-every entry of labs 02, 07 and 08 and every check it fails, the message must name that mistake
-(the hint recorded by ``note_mistake`` first, when the check names mistakes by running
+every entry of labs 01, 02, 05, 07 and 08 and every check it fails, the message must name that
+mistake (the hint recorded by ``note_mistake``, when the check names mistakes by running
 variants), hold no " Or: " list of alternatives (the checks' inputs tell the catalogue's
 mistakes apart), and not call it "not one of the typical mistakes" unless the catalogue says
 it is none. The shared helper itself (:func:`~transformer_lab.checks._common.diagnose`) is
 tested on tiny cases: a mistake must match on EVERY input tried, two are listed only when they
 agree on every input, and a wrong answer no mistake explains is shown at its smallest input.
+Lab 02's NaN (a softmax without the max subtraction, not the fill), lab 08's bad temperature
+(named where it starts, not as a failing torch.multinomial) and the judge's recorded mistake
+are tested too.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+import test_lab01_checks as t01
 import test_lab02_checks as t02
+import test_lab05_checks as t05
 import test_lab07_checks as t07
 import test_lab08_checks as t08
 import torch
@@ -50,13 +55,33 @@ def _flags(flags: Mapping[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in flags.items())
 
 
-Entry = tuple[str, Mapping[str, Callable[[Any], Any]], Any, list[str], str, tuple[str, ...]]
+Words = str | Mapping[str, str]
+Entry = tuple[str, Mapping[str, Callable[[Any], Any]], Any, list[str], Words, tuple[str, ...]]
 
 
 def _entries() -> list[Entry]:
     """``(entry id, checks by name, wrong answer, failing check names, words, checks whose
-    message is generic)`` of every catalogued mistake of labs 02, 07 and 08."""
-    out = []
+    message is generic)`` of every catalogued mistake of labs 01, 02, 05, 07 and 08."""
+    out: list[Entry] = []
+    for table, checks, kind in (
+        (t01.ENC_MISTAKES, t01.ENC_CHECKS, "encoding"),
+        (t01.SHIFT_MISTAKES, t01.SHIFT_CHECKS, "shift"),
+    ):
+        for fn, failing, words in table:
+            generic = (failing[0],) if fn is t01.shift_sin_cos_swapped else ()
+            out.append((f"lab01 {kind} {_name(fn)}", checks, fn, failing, words, generic))
+    for table, checks, kind in (
+        (t05.CAUSAL_MISTAKES, t05.CAUSAL_CHECKS, "causal"),
+        (t05.PADDING_MISTAKES, t05.PADDING_CHECKS, "padding"),
+    ):
+        for fn, words in table:
+            out.append((f"lab05 {kind} {_name(fn)}", checks, fn, ["visible", "hidden"], words, ()))
+    for table, checks, kind in (
+        (t05.COMBINE_MISTAKES, t05.COMBINE_CHECKS, "combine"),
+        (t05.ATTENTION_MISTAKES, t05.ATTENTION_CHECKS, "attention"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab05 {kind} {_name(fn)}", checks, fn, failing, words, ()))
     for cls, failing, words in t07.CHAR_MISTAKES:
         out.append((f"lab07 char {_name(cls)}", t07.CHAR_CHECKS, cls, failing, words, ()))
     for flags, failing, words in t07.TRAIN_MISTAKES:
@@ -111,12 +136,13 @@ def test_each_catalogued_mistake_gets_one_diagnosis_naming_it_first(
     checks: Mapping[str, Callable[[Any], Any]],
     answer: Any,
     failing: list[str],
-    words: str,
+    words: Words,
     generic: tuple[str, ...],
 ) -> None:
     entry = request.node.callspec.id
-    specific = SPECIFIC.get(entry, words)
     for name in failing:
+        said = words if isinstance(words, str) else words[name]
+        specific = SPECIFIC.get(entry, said)
         named_mistakes()  # forget what an earlier check named
         try:
             checks[name](answer)
@@ -128,14 +154,14 @@ def test_each_catalogued_mistake_gets_one_diagnosis_naming_it_first(
         assert " Or: " not in message, (name, message)
         if name in generic:  # the catalogue says this check cannot name the mistake
             continue
-        assert words.lower() in message.lower(), (name, message)
+        assert said.lower() in message.lower(), (name, message)
         assert specific.lower() in message.lower(), (name, message)
         if entry in NOT_TYPICAL_ENTRIES:
             assert NOT_TYPICAL in message, (name, message)
             continue
         assert NOT_TYPICAL not in message, (name, message)
         if named:  # named by running the catalogue's variants: that mistake, and it alone
-            assert len(named) == 1, (name, named)
+            assert len(set(named)) == 1, (name, named)  # one mistake (a check may note it twice)
             recorded = RECORDED.get(entry, specific)
             assert recorded.lower() in named[0].lower(), (name, named, message)
             assert named[0] in message, (name, message)
@@ -245,6 +271,35 @@ def test_kept_ids_follow_the_shape_of_the_logits() -> None:
     assert lab07.kept_ids(torch.tensor([[1.0, inf], [inf, 2.0]])) == [[0], [1]]
     three = torch.tensor([[[1.0, inf]], [[inf, 0.0]]])  # (2, 1, 2)
     assert lab07.kept_ids(three) == [[[0]], [[1]]]
+
+
+# --------------------------------------------------------------------------------------
+# Lab 02: a NaN is blamed on what the code does
+# --------------------------------------------------------------------------------------
+
+
+def _message(check: Callable[[Any], Any], fn: Any) -> str:
+    with pytest.raises(AssertionError) as info:
+        check(fn)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("fn", [t02.sdpa_softmax_no_max, t02.sdpa_half_overflow])
+def test_a_softmax_without_the_max_is_blamed_not_the_fill(fn: Any) -> None:
+    # Both fill with the dtype's own minimum, as the fill advice says: the NaN of an empty row
+    # is 0/0 from exp(finfo.min) = 0 (float32 and float16), or exp overflowing (float16).
+    message = _message(t02.A_MASK, fn)
+    assert "Your softmax overflows" in message
+    assert "fill masked scores with" not in message and "row of -inf" not in message
+    if fn is t02.sdpa_half_overflow:  # right in float32: the float16 example is the one shown
+        assert "float16" in message
+
+
+@pytest.mark.parametrize("mode", ["nan", "where_1e9"])
+def test_a_minus_inf_fill_is_still_blamed_on_the_fill(mode: str) -> None:
+    message = _message(t02.A_HID_MASK, t02._variant_sdpa(mask_mode=mode))
+    assert "rows where the mask allows no key" in message
+    assert "Your softmax overflows" not in message
 
 
 # --------------------------------------------------------------------------------------

@@ -327,8 +327,13 @@ def own_sample(
     logits: Tensor, temperature: float, generator: Any, *, how: str, top_k: Any, top_p: Any
 ) -> Tensor:
     """A student's sampling step that forgets that temperature 0 is the argmax: ``"divide"``
-    divides by the temperature in place, ``"helper"`` calls its own apply_temperature."""
+    divides by the temperature in place, ``"helper"`` calls its own apply_temperature;
+    ``"logits"`` (argmax at 0, right) samples from the scaled logits instead of their softmax."""
+    if how == "logits" and temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
     z = apply_temperature(logits, temperature) if how == "helper" else logits / temperature
+    if how == "logits":  # the scaled logits themselves, not their softmax
+        return torch.multinomial(z, num_samples=1, generator=generator)
     if top_k is not None:
         z = top_k_filter(z, top_k)
     if top_p is not None:
@@ -481,6 +486,7 @@ GENERATE_MISTAKES = [
     ({"prompt_uncached": True}, _ALL_BUT_STRATEGIES, "ran the prompt without the cache", ()),
     ({"sampling": "divide"}, ["visible", "hidden", "edges"], "in your function `own_sample`", ()),
     ({"sampling": "helper"}, ["visible", "hidden", "edges"], "function `apply_temperature`", ()),
+    ({"sampling": "logits"}, ["sampling", "hidden", "strategies"], "takes probabilities", ()),
 ]  # fmt: skip
 
 

@@ -619,7 +619,11 @@ def judge_attention(
                 w_mistakes,
                 tol,
                 "does the softmax overflow? Subtract the row maximum (your own softmax does) "
-                "before exponentiating.",
+                "before exponentiating."
+                if fn is None
+                else "your softmax handles large scores (a probe with scores that overflow "
+                "exp gave finite weights), so the NaN comes from the scores or the mask: a "
+                "-inf added to a score that is inf, 0 * inf, or a mask in another dtype.",
                 nan=True,
             )
         )

@@ -569,9 +569,15 @@ def _describe_logits(case: Case[Probe]) -> str:
             f"{kept_ids(want)}."
         )
     diff = (got.detach().double() - want).nan_to_num(0.0, 0.0, 0.0).abs()
+    values = (
+        f" (you returned {show_values(got)}, expected {show_values(want)})"
+        if logits.numel() <= 16
+        else ""
+    )
+    keep = "" if case.input.args[1] == "apply_temperature" else " Kept entries keep their logits."
     return (
-        f"{shown} keeps the right tokens but with other values (largest difference "
-        f"{float(diff.max()):.3g}): kept entries keep their logits."
+        f"{shown} keeps the right tokens but with other values{values}; the largest difference "
+        f"is {float(diff.max()):.3g}.{keep}"
     )
 
 

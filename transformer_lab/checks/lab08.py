@@ -615,9 +615,10 @@ class SamplingWatch(TorchFunctionMode):
     Every operation whose output holds NaN or ``+inf`` while none of its inputs does is
     remembered (the first one): its name, its number arguments and the function that ran it
     (``apply_temperature``, the student's sampling step...). Before ``torch.multinomial``
-    draws, the probabilities it is handed are checked (finite, non-negative, a positive sum in
-    every row); if they are not, an ``AssertionError`` names the operation and function where
-    the bad value started instead of letting the library call fail.
+    draws, the probabilities it is handed are checked (finite, non-negative, each row summing
+    to 1); if they are not, an ``AssertionError`` names the operation and function where
+    the bad value started instead of letting the library call fail. Rows must also sum to 1
+    (within 0.01): a distribution, the softmax, not weights ``torch.multinomial`` renormalises.
 
     Args:
         what: the call being watched, for messages.
@@ -650,31 +651,33 @@ class SamplingWatch(TorchFunctionMode):
         p = probs.double()
         rows = p.reshape(-1, p.shape[-1]) if p.dim() else p.reshape(1, 1)  # (B, V)
         finite, signed = bool(torch.isfinite(rows).all()), bool((rows >= 0).all())
-        if finite and signed and bool((rows.sum(-1) > 0).all()):
+        sums = rows.sum(-1, keepdim=True)  # (B, 1)
+        off = (sums - 1).abs() > _SUM_TOLERANCE
+        if finite and signed and not bool(off.any()):
             return
         if not finite:
             kind = "NaN" if bool(torch.isnan(rows).any()) else "inf"
+        elif not signed:
+            kind = "negative values"
         else:
-            kind = "negative values" if not signed else "a row of zeros"
-        bad_rows = ~torch.isfinite(rows) | (rows < 0) | (rows.sum(-1, keepdim=True) <= 0)
+            row_sums = [round(x, 4) for x in sums.flatten().tolist()[:4]]
+            kind = f"rows that do not sum to 1 (row sums {row_sums})"
+        bad_rows = ~torch.isfinite(rows) | (rows < 0) | off
         row = int(bad_rows.any(-1).float().argmax())
         shown = [round(x, 4) for x in rows[row].tolist()[:8]]
         t = "" if self.temperature is None else f" (temperature={self.temperature})"
         message = (
             f"{self.what}: the probabilities your function `{caller}` handed to "
             f"torch.multinomial hold {kind}{t}; row {row} is {shown}. The model's logits were "
-            "finite (this check's model made them), so the bad value comes from what your code "
-            "did to them before sampling: "
+            "finite (this check's model made them), so the problem is in what your code did to "
+            "them before sampling: "
         )
-        if self.origin is not None:
-            hint = f"it first became NaN or inf in {self.origin}. {_TEMPERATURE_ZERO}"
-            note_mistake(_TEMPERATURE_ZERO)
-        elif kind == "negative values":
-            hint = _LOGITS_SAMPLED
-            note_mistake(hint)
+        if not finite:
+            start = f"it first became NaN or inf in {self.origin}. " if self.origin else ""
+            hint, recorded = start + _TEMPERATURE_ZERO, _TEMPERATURE_ZERO
         else:
-            hint = _TEMPERATURE_ZERO
-            note_mistake(hint)
+            hint = recorded = _LOGITS_SAMPLED
+        note_mistake(recorded)
         raise AssertionError(message + hint)
 
 
@@ -689,8 +692,11 @@ _TEMPERATURE_ZERO = (
 )
 
 _LOGITS_SAMPLED = (
-    "torch.multinomial takes probabilities (the softmax of the scaled logits), not logits."
+    "torch.multinomial takes probabilities, the softmax of the scaled (and filtered) logits: "
+    "non-negative, each row summing to 1; not logits, nor exp(logits) unnormalised."
 )
+#: How far a row of probabilities may sum from 1 (float16 softmaxes round to about 1e-3).
+_SUM_TOLERANCE = 1e-2
 
 _MULTINOMIAL_FAILED = "probability tensor contains either `inf`, `nan` or element < 0"
 
