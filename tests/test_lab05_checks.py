@@ -351,6 +351,16 @@ def attention_manual_softmax(q, k, v, mask):
     return w @ v, w
 
 
+def attention_softmax_no_max(q, k, v, mask):
+    """The dtype's minimum as the fill and masked weights zeroed (right), but the softmax
+    written out without the max subtraction: scores far below 0 give 0 / 0 (an empty row is
+    0 / 0 as well, but zeroing the masked weights hides it)."""
+    s = _scores(q, k).masked_fill(~mask, torch.finfo(q.dtype).min)
+    e = torch.exp(s)
+    w = (e / e.sum(-1, keepdim=True)).masked_fill(~mask, 0.0)
+    return w @ v, w
+
+
 def attention_float32_inside(q, k, v, mask):
     out, w = attention_min_fill(q.float(), k.float(), v.float(), mask)
     return out.to(q.dtype), w.to(q.dtype)
@@ -489,6 +499,7 @@ ATTENTION_MISTAKES = [
         },
     ),
     (attention_minus_inf, ALL, "softmax of a row of -inf is 0/0"),
+    (attention_softmax_no_max, ["hidden"], "Your softmax overflows"),
     (attention_min_fill_unrepaired, ALL, "uniform weights 1/S"),
     (attention_inverted, ALL, "wrong way round"),
     (attention_ignores_mask, ALL, "ignore the mask"),

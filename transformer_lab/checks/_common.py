@@ -26,6 +26,9 @@ The helpers here keep those messages uniform across labs:
 * :func:`stored` reads the expected values of a visible check's worked example (and the
   outputs of the typical mistakes on it) from ``checks/fixtures/labNN.json``, which the
   instructor's build writes from the hidden checks' oracles: the student package needs no oracle.
+* :func:`softmax_overflow_probe` traces a NaN in attention weights to its cause: it runs the
+  student's attention on scores that are large but finite in the dtype, which a softmax
+  without the max subtraction turns into NaN (labs 02 and 05).
 * :func:`generator`, :func:`randint` and :func:`expect_module` are the small pieces the
   hidden checks share (seeded inputs that leave the notebook's RNG alone, built modules).
 
@@ -52,8 +55,10 @@ from transformer_lab.checks._bans import Ban, ForbiddenCallError, forbidden
 from transformer_lab.graded import LockedAnswerError
 
 __all__ = [
+    "EMPTY_ROW_NO_MAX",
     "FIXTURES",
     "NOT_TYPICAL",
+    "NO_MAX_SUBTRACTION",
     "Ban",
     "Case",
     "ForbiddenCallError",
@@ -75,6 +80,7 @@ __all__ = [
     "note_mistake",
     "ran_on",
     "randint",
+    "softmax_overflow_probe",
     "stored",
     "stored_data",
 ]
@@ -534,6 +540,74 @@ def judge_cases(
         for i, (item, got, want) in enumerate(tried)
     ]
     diagnose(cases, same=same, describe=describe, rule=rule, named=named)
+
+
+#: The mistake :func:`softmax_overflow_probe` finds.
+NO_MAX_SUBTRACTION = (
+    "Your softmax overflows: subtract each row's maximum before exponentiating, "
+    "exp(x - x.amax(-1, keepdim=True)), so that no exp exceeds 1."
+)
+#: Why a row the mask empties comes out NaN from such a softmax.
+EMPTY_ROW_NO_MAX = (
+    "In a row the mask empties every score is finfo.min: exp of it is 0 for every key, the sum "
+    "is 0 and 0/0 is NaN; after subtracting the maximum the row is exp(0) = 1 everywhere, and "
+    "zeroing the masked weights after the softmax makes it 0."
+)
+
+#: Scores whose exp overflows in each dtype while the dtype holds them (float16: exp(16) >
+#: 65504; float32 and bfloat16: exp(100) > 3.4e38; float64: exp(800) > 1.8e308).
+_OVERFLOWING_SCORE = {torch.float16: 16.0, torch.bfloat16: 100.0, torch.float32: 100.0}
+
+
+def softmax_overflow_probe(
+    weights_of: Callable[[Tensor, Tensor, Tensor, Tensor | None], Any],
+    q: Tensor,
+    v: Tensor,
+    *,
+    masked: bool,
+) -> str | None:
+    """What a probe shows when the student's softmax lacks the max subtraction, else None.
+
+    The probe: two queries and two keys in the dtype (and leading axes) of ``q`` whose scores,
+    ``q . k / sqrt(d_k)``, are large but finite there (16 and 8 in float16, 100 and 50 in
+    float32), every key allowed. A softmax that subtracts the row maximum gives finite weights;
+    one that does not computes exp(16) = inf in float16 and inf / inf = NaN. A probe the
+    student's code cannot run tells nothing (None).
+
+    Args:
+        weights_of: runs the student's attention on ``(q, k, v, mask or None)`` (under its
+            ban) and returns the weights.
+        q: the queries of the failing call (for the dtype, ``d_k`` and the leading axes).
+        v: its values (for ``d_v`` and their leading axes).
+        masked: whether the attention takes a mask (then an all-True one is passed).
+
+    Returns:
+        The sentence that says what the probe showed, or None when its weights are finite.
+    """
+    dtype = q.dtype
+    big = _OVERFLOWING_SCORE.get(dtype, 800.0)
+    d, lead = q.shape[-1], tuple(q.shape[:-2])
+    side = math.sqrt(big * math.sqrt(d))  # q . k / sqrt(d) = big where both hold `side`
+    pq = torch.zeros(*lead, 2, d, dtype=torch.float64)  # (..., 2, d_k)
+    pq[..., 0] = side
+    pk = pq.clone()
+    pk[..., 1, 0] = side / 2  # the second key scores big / 2
+    pv = torch.zeros(*v.shape[:-2], 2, v.shape[-1], dtype=torch.float64)  # (..., 2, d_v)
+    pq, pk, pv = (t.to(dtype) for t in (pq, pk, pv))
+    pmask = torch.ones(*lead, 2, 2, dtype=torch.bool) if masked else None
+    try:
+        weights = weights_of(pq, pk, pv, pmask)
+    except AssertionError:
+        return None
+    if not isinstance(weights, Tensor) or bool(torch.isfinite(weights.detach()).all()):
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return (
+        f"With scores of {big:g} and {big / 2:g} (finite in {name}, every key allowed) your "
+        "weights are not finite either, while a softmax that subtracts the row maximum gives "
+        f"finite ones: exp({big:g}) overflows {name} (its largest number is "
+        f"{torch.finfo(dtype).max:.4g}) and inf / inf is NaN."
+    )
 
 
 def expect_module(obj: Any, what: str) -> nn.Module:

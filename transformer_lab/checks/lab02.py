@@ -47,6 +47,8 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import (
+    EMPTY_ROW_NO_MAX,
+    NO_MAX_SUBTRACTION,
     Ban,
     OpLog,
     call_forbidding,
@@ -58,6 +60,7 @@ from transformer_lab.checks._common import (
     forbidden,
     note_mistake,
     ran_on,
+    softmax_overflow_probe,
     stored,
 )
 from transformer_lab.judge.wire import Reference
@@ -477,50 +480,17 @@ def _named(
     return fallback
 
 
-_NO_MAX = (
-    "Your softmax overflows: subtract each row's maximum before exponentiating, "
-    "exp(x - x.amax(-1, keepdim=True)), so that no exp exceeds 1."
-)
-
-#: Scores whose exp overflows in each dtype while the dtype holds them (float16: exp(16) >
-#: 65504; float32 and bfloat16: exp(100) > 3.4e38; float64: exp(800) > 1.8e308).
-_OVERFLOWING_SCORE = {torch.float16: 16.0, torch.bfloat16: 100.0, torch.float32: 100.0}
-
-
 def _softmax_overflows(
     fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
 ) -> str | None:
-    """What a probe shows when the student's softmax lacks the max subtraction, else None.
-
-    The probe: two queries and two keys in the dtype of ``q`` whose scores are large but
-    finite there (16 in float16, 100 in float32), every key allowed. A softmax that subtracts
-    the row maximum gives finite weights; one that does not computes exp(score) = inf and
-    inf / inf = NaN. A probe the student's code cannot run tells nothing (None).
-    """
-    dtype = q.dtype
-    big = _OVERFLOWING_SCORE.get(dtype, 800.0)
-    d, lead = q.shape[-1], tuple(q.shape[:-2])
-    side = math.sqrt(big * math.sqrt(d))  # q . k / sqrt(d) = big when both hold `side` at 0
-    pq = torch.zeros(*lead, 2, d, dtype=torch.float64)
-    pq[..., 0] = side
-    pk = pq.clone()
-    pk[..., 1, 0] = side / 2  # the second key scores big / 2
-    pv = torch.zeros(*v.shape[:-2], 2, v.shape[-1], dtype=torch.float64)
-    pq, pk, pv = (t.to(dtype) for t in (pq, pk, pv))
+    """:func:`~transformer_lab.checks._common.softmax_overflow_probe` of the student's
+    attention (every key allowed when it takes a mask)."""
     what = "scaled_dot_product_attention on a probe with large scores"
-    pmask = None if mask is None else torch.ones(*lead, 2, 2, dtype=torch.bool)
-    try:
-        _, weights = call_attention(fn, pq, pk, pv, pmask, what)
-    except AssertionError:
-        return None
-    if not isinstance(weights, Tensor) or bool(torch.isfinite(weights.detach()).all()):
-        return None
-    return (
-        f"With scores of {big:g} and {big / 2:g} (finite in {_dtype_name(dtype)}, every key "
-        f"allowed) your weights are not finite either, while a softmax that subtracts the row "
-        f"maximum gives finite ones: exp({big:g}) overflows {_dtype_name(dtype)} (its largest "
-        f"number is {torch.finfo(dtype).max:.4g}) and inf / inf is NaN."
-    )
+
+    def weights_of(pq: Tensor, pk: Tensor, pv: Tensor, pmask: Tensor | None) -> Any:
+        return call_attention(fn, pq, pk, pv, pmask, what)[1]
+
+    return softmax_overflow_probe(weights_of, q, v, masked=mask is not None)
 
 
 def judge_attention(
@@ -588,16 +558,10 @@ def judge_attention(
                 if bool(empty.any()) and bool((nan_rows <= empty).all())
                 else ""
             )
-            note_mistake(_NO_MAX)
+            note_mistake(NO_MAX_SUBTRACTION)
             raise AssertionError(
-                f"the weights of {what} contain NaN {where}{ran_on(w)}. {overflow} {_NO_MAX}"
-                + (
-                    " In a row the mask empties every score is finfo.min: exp of it is 0 for "
-                    "every key, the sum is 0 and 0/0 is NaN; after subtracting the maximum the "
-                    "row is exp(0) = 1 everywhere, and multiplying by the mask zeroes it."
-                    if where
-                    else ""
-                )
+                f"the weights of {what} contain NaN {where}{ran_on(w)}. {overflow} "
+                f"{NO_MAX_SUBTRACTION}" + (f" {EMPTY_ROW_NO_MAX}" if where else "")
             )
         if bool(empty.any()) and bool((nan_rows <= empty).all()):
             half = (
