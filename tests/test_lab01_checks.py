@@ -116,18 +116,19 @@ def test_correct_encodings_pass_every_check(fn) -> None:
     assert run_checks(ENC_CHECKS, fn) == dict.fromkeys(ENC_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (enc_swapped, ["shape", "values", "hidden", "properties"], "sin and cos are swapped"),
-        (enc_pair_index_exponent, ["values", "hidden", "properties"], "pair index i"),
-        (enc_from_one, ["shape", "values", "hidden", "properties"], "start at 1"),
-        (enc_transposed, ["shape", "values", "hidden", "properties"], "transposed"),
-        (enc_base_ignored, ["values", "hidden"], "hard-coded 10000"),
-        (enc_halves, ["shape", "values", "hidden", "properties"], "first half"),
-        (enc_integer_division, ["values", "hidden", "properties"], "integer division"),
-    ],
-)
+#: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
+ENC_MISTAKES = [
+    (enc_swapped, ["shape", "values", "hidden", "properties"], "sin and cos are swapped"),
+    (enc_pair_index_exponent, ["values", "hidden", "properties"], "pair index i"),
+    (enc_from_one, ["shape", "values", "hidden", "properties"], "start at 1"),
+    (enc_transposed, ["shape", "values", "hidden", "properties"], "transposed"),
+    (enc_base_ignored, ["values", "hidden"], "hard-coded 10000"),
+    (enc_halves, ["shape", "values", "hidden", "properties"], "first half"),
+    (enc_integer_division, ["values", "hidden", "properties"], "integer division"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), ENC_MISTAKES)
 def test_encoding_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     outcomes = run_checks(ENC_CHECKS, fn)
     assert sorted(name for name, msg in outcomes.items() if msg) == sorted(failing)
@@ -227,18 +228,19 @@ def test_correct_shift_matrices_pass_every_check(fn) -> None:
     assert run_checks(SHIFT_CHECKS, fn) == dict.fromkeys(SHIFT_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (shift_transposed, ["values", "hidden", "properties"], "moves the encoding the wrong way"),
-        (shift_negated, ["values", "hidden", "properties"], "sign of the offset is flipped"),
-        (shift_identity, ["values", "hidden", "properties"], "identity"),
-        (shift_pair_index, ["values", "hidden", "properties"], "pair index i"),
-        (shift_base_ignored, ["hidden"], "use the `base` argument"),
-        (shift_sin_cos_swapped, ["shape", "values", "hidden", "properties"], "cos on the diagonal"),
-        (shift_halves, ["values", "hidden", "properties"], "column i + d/2"),
-    ],
-)
+#: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
+SHIFT_MISTAKES = [
+    (shift_transposed, ["values", "hidden", "properties"], "moves the encoding the wrong way"),
+    (shift_negated, ["values", "hidden", "properties"], "sign of the offset is flipped"),
+    (shift_identity, ["values", "hidden", "properties"], "identity"),
+    (shift_pair_index, ["values", "hidden", "properties"], "pair index i"),
+    (shift_base_ignored, ["hidden"], "use the `base` argument"),
+    (shift_sin_cos_swapped, ["shape", "values", "hidden", "properties"], "cos on the diagonal"),
+    (shift_halves, ["values", "hidden", "properties"], "column i + d/2"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), SHIFT_MISTAKES)
 def test_shift_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     outcomes = run_checks(SHIFT_CHECKS, fn)
     assert sorted(name for name, msg in outcomes.items() if msg) == sorted(failing)

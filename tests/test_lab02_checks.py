@@ -407,6 +407,31 @@ def sdpa_out_only(q, k, v, mask=None):
     return sdpa(q, k, v, mask)[0]
 
 
+def sdpa_softmax_no_max(q, k, v, mask=None):
+    """The dtype's own minimum as the fill (right), but a softmax without the max subtraction:
+    a row the mask empties is exp(finfo.min) = 0 everywhere, 0 / 0 = NaN; large scores
+    overflow (in float16 from 11)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    w = sm_no_max(scores)
+    if mask is not None:
+        w = w * mask
+    return w @ v, w
+
+
+def sdpa_half_overflow(q, k, v, mask=None):
+    """Right in float32 and float64; in half precision the softmax skips the max subtraction
+    (a "fast path"), so exp overflows there."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    w = sm_no_max(scores) if scores.element_size() < 4 else softmax(scores)
+    if mask is not None:
+        w = w * mask
+    return w @ v, w
+
+
 def sdpa_upcast(q, k, v, mask=None):
     """Right values, but half-precision inputs come back as float32."""
     wide = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -543,6 +568,8 @@ MISTAKES = [
     (_variant_sdpa(mask_mode="additive"), [A_MASK, A_HID_MASK], "keep the dtype of q"),
     (_variant_sdpa(mask_mode="nan_grad"), [A_HID_MASK], "gradient"),
     (sdpa_upcast, [A_MASK, A_HID, A_HID_MASK], "keep the dtype of q"),
+    (sdpa_softmax_no_max, [A_MASK, A_HID, A_HID_MASK], "Your softmax overflows"),
+    (sdpa_half_overflow, [A_MASK, A_HID_MASK], "Your softmax overflows"),
     (sdpa_torch, [A_VIS, A_MASK, A_HID, A_HID_MASK], "torch.softmax"),
     (sdpa_fused, [A_VIS, A_MASK, A_HID, A_HID_MASK], "scaled_dot_product_attention"),
     (sdpa_kit, [A_VIS, A_MASK, A_HID, A_HID_MASK], "does not allow"),

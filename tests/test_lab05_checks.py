@@ -116,18 +116,19 @@ def test_correct_causal_masks_pass_every_check(fn) -> None:
     assert run_checks(CAUSAL_CHECKS, fn) == dict.fromkeys(CAUSAL_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "words"),
-    [
-        (causal_upper, "upper-triangular"),
-        (causal_no_diagonal, "leaves out the diagonal"),
-        (causal_inverted, "inverted"),
-        (causal_float, "dtype torch.float32, expected torch.bool"),
-        (causal_additive, "additive float mask"),
-        (causal_nothing_hidden, "nothing is hidden"),
-        (causal_extra_axis, "extra leading axis"),
-    ],
-)
+#: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
+CAUSAL_MISTAKES = [
+    (causal_upper, "upper-triangular"),
+    (causal_no_diagonal, "leaves out the diagonal"),
+    (causal_inverted, "inverted"),
+    (causal_float, "dtype torch.float32, expected torch.bool"),
+    (causal_additive, "additive float mask"),
+    (causal_nothing_hidden, "nothing is hidden"),
+    (causal_extra_axis, "extra leading axis"),
+]
+
+
+@pytest.mark.parametrize(("fn", "words"), CAUSAL_MISTAKES)
 def test_causal_mask_mistakes_are_named(fn, words) -> None:
     assert_fails(CAUSAL_CHECKS, fn, ["visible", "hidden"], words)
 
@@ -202,21 +203,22 @@ def test_correct_padding_masks_pass_every_check(fn) -> None:
     assert run_checks(PADDING_CHECKS, fn) == dict.fromkeys(PADDING_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "words"),
-    [
-        (padding_inverted, "True at the padding"),
-        (padding_off_by_one, "one real token too many"),
-        (padding_from_one, "start at 1"),
-        (padding_left, "left padding"),
-        (padding_transposed, "transposed"),
-        (padding_longest, "max(lengths) columns"),
-        (padding_float, "expected torch.bool"),
-        (padding_tensors_only, "torch.as_tensor(lengths)"),
-        (padding_ignores_lengths, "lengths are ignored"),
-        (padding_kit, "does not allow"),
-    ],
-)
+#: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
+PADDING_MISTAKES = [
+    (padding_inverted, "True at the padding"),
+    (padding_off_by_one, "one real token too many"),
+    (padding_from_one, "start at 1"),
+    (padding_left, "left padding"),
+    (padding_transposed, "transposed"),
+    (padding_longest, "max(lengths) columns"),
+    (padding_float, "expected torch.bool"),
+    (padding_tensors_only, "torch.as_tensor(lengths)"),
+    (padding_ignores_lengths, "lengths are ignored"),
+    (padding_kit, "does not allow"),
+]
+
+
+@pytest.mark.parametrize(("fn", "words"), PADDING_MISTAKES)
 def test_padding_mask_mistakes_are_named(fn, words) -> None:
     assert_fails(PADDING_CHECKS, fn, ["visible", "hidden"], words)
 
@@ -299,23 +301,24 @@ def test_correct_combinations_pass_every_check(fn) -> None:
     assert run_checks(COMBINE_CHECKS, fn) == dict.fromkeys(COMBINE_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (combine_or, ["visible", "hidden"], "| (or)"),
-        (combine_queries, ["visible", "hidden"], "hides the rows of padded queries"),
-        (combine_both, ["visible", "hidden"], "a query at a padded position still attends"),
-        (combine_no_head_axis, ["visible", "hidden"], "no head axis"),
-        (combine_head_axis_first, ["visible", "hidden"], "head axis is in the wrong place"),
-        (combine_ignores_padding, ["visible", "hidden"], "ignores the padding"),
-        (combine_ignores_causal, ["visible", "hidden"], "ignores the causal mask"),
-        (combine_inverted_padding, ["visible", "hidden"], "padding mask is inverted"),
-        (combine_transposed, ["visible", "hidden"], "causal part is transposed"),
-        (combine_own_causal, ["hidden"], "ignores the `causal` argument"),
-        (combine_float, ["visible", "hidden"], "expected torch.bool"),
-        (combine_kit, ["visible", "hidden"], "does not allow"),
-    ],
-)
+#: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
+COMBINE_MISTAKES = [
+    (combine_or, ["visible", "hidden"], "| (or)"),
+    (combine_queries, ["visible", "hidden"], "hides the rows of padded queries"),
+    (combine_both, ["visible", "hidden"], "a query at a padded position still attends"),
+    (combine_no_head_axis, ["visible", "hidden"], "no head axis"),
+    (combine_head_axis_first, ["visible", "hidden"], "head axis is in the wrong place"),
+    (combine_ignores_padding, ["visible", "hidden"], "ignores the padding"),
+    (combine_ignores_causal, ["visible", "hidden"], "ignores the causal mask"),
+    (combine_inverted_padding, ["visible", "hidden"], "padding mask is inverted"),
+    (combine_transposed, ["visible", "hidden"], "causal part is transposed"),
+    (combine_own_causal, ["hidden"], "ignores the `causal` argument"),
+    (combine_float, ["visible", "hidden"], "expected torch.bool"),
+    (combine_kit, ["visible", "hidden"], "does not allow"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), COMBINE_MISTAKES)
 def test_combine_masks_mistakes_are_named(fn, failing, words) -> None:
     assert_fails(COMBINE_CHECKS, fn, failing, words)
 
@@ -345,6 +348,16 @@ def attention_manual_softmax(q, k, v, mask):
     s = torch.where(mask, s, torch.tensor(torch.finfo(s.dtype).min, dtype=s.dtype))
     e = torch.exp(s - s.amax(-1, keepdim=True)) * mask
     w = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    return w @ v, w
+
+
+def attention_softmax_no_max(q, k, v, mask):
+    """The dtype's minimum as the fill and masked weights zeroed (right), but the softmax
+    written out without the max subtraction: scores far below 0 give 0 / 0 (an empty row is
+    0 / 0 as well, but zeroing the masked weights hides it)."""
+    s = _scores(q, k).masked_fill(~mask, torch.finfo(q.dtype).min)
+    e = torch.exp(s)
+    w = (e / e.sum(-1, keepdim=True)).masked_fill(~mask, 0.0)
     return w @ v, w
 
 
@@ -470,45 +483,47 @@ def test_correct_masked_attention_passes_every_check(fn) -> None:
 ALL = ["visible", "half", "hidden", "dtypes"]
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (attention_after_softmax, ALL, "no longer sum to one"),
-        (attention_fill_zero, ALL, "set to 0 instead of a very negative number"),
-        (attention_minus_1e9, ["half", "dtypes"], "-1e9 does not exist in float16"),
-        (
-            attention_minus_1e9_where,
-            ALL,
-            {
-                "visible": "uniform weights 1/S",
-                "hidden": "uniform weights 1/S",
-                "half": "-1e9 becomes -inf in float16",
-                "dtypes": "-1e9 becomes -inf in float16",
-            },
-        ),
-        (attention_minus_inf, ALL, "softmax of a row of -inf is 0/0"),
-        (attention_min_fill_unrepaired, ALL, "uniform weights 1/S"),
-        (attention_inverted, ALL, "wrong way round"),
-        (attention_ignores_mask, ALL, "ignore the mask"),
-        (attention_unscaled, ALL, "not scaled"),
-        (attention_minus_1e4, ["hidden"], "not negative enough"),
-        (
-            attention_after_renormalised,
-            ["half", "hidden", "dtypes"],
-            {
-                "half": "NaN in the rows where the mask allows no key",
-                "hidden": "Dividing by the row sums again is no cure",
-                "dtypes": "NaN in the rows where the mask allows no key",
-            },
-        ),
-        (attention_log_mask, ["dtypes"], "not finite"),
-        (attention_unsqueezed_mask, ALL, "as it is"),
-        (attention_out_only, ALL, "should return a pair"),
-        (attention_torch, ALL, "does not allow"),
-        (attention_lab02, ALL, "does not allow"),
-        (attention_kit, ALL, "does not allow"),
-    ],
-)
+#: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
+ATTENTION_MISTAKES = [
+    (attention_after_softmax, ALL, "no longer sum to one"),
+    (attention_fill_zero, ALL, "set to 0 instead of a very negative number"),
+    (attention_minus_1e9, ["half", "dtypes"], "-1e9 does not exist in float16"),
+    (
+        attention_minus_1e9_where,
+        ALL,
+        {
+            "visible": "uniform weights 1/S",
+            "hidden": "uniform weights 1/S",
+            "half": "-1e9 becomes -inf in float16",
+            "dtypes": "-1e9 becomes -inf in float16",
+        },
+    ),
+    (attention_minus_inf, ALL, "softmax of a row of -inf is 0/0"),
+    (attention_softmax_no_max, ["hidden"], "Your softmax overflows"),
+    (attention_min_fill_unrepaired, ALL, "uniform weights 1/S"),
+    (attention_inverted, ALL, "wrong way round"),
+    (attention_ignores_mask, ALL, "ignore the mask"),
+    (attention_unscaled, ALL, "not scaled"),
+    (attention_minus_1e4, ["hidden"], "not negative enough"),
+    (
+        attention_after_renormalised,
+        ["half", "hidden", "dtypes"],
+        {
+            "half": "NaN in the rows where the mask allows no key",
+            "hidden": "Dividing by the row sums again is no cure",
+            "dtypes": "NaN in the rows where the mask allows no key",
+        },
+    ),
+    (attention_log_mask, ["dtypes"], "not finite"),
+    (attention_unsqueezed_mask, ALL, "as it is"),
+    (attention_out_only, ALL, "should return a pair"),
+    (attention_torch, ALL, "does not allow"),
+    (attention_lab02, ALL, "does not allow"),
+    (attention_kit, ALL, "does not allow"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), ATTENTION_MISTAKES)
 def test_masked_attention_mistakes_are_named(fn, failing, words) -> None:
     assert_fails(ATTENTION_CHECKS, fn, failing, words)
 

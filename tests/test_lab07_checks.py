@@ -239,22 +239,23 @@ def test_correct_char_tokenizers_pass_every_check(cls) -> None:
     assert _outcomes(CHAR_CHECKS, cls) == dict.fromkeys(CHAR_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("cls", "failing", "words"),
-    [
-        (CharFirstSeen, ["visible", "hidden", "edges"], "in the order they first appear"),
-        (CharNoSpecials, ["visible", "hidden", "edges"], "characters start at id 0"),
-        (CharSpecialsLast, ["visible", "hidden", "edges"], "come after the characters"),
-        (CharUnknownRaises, ["visible", "hidden", "edges"], "becomes <unk> (id 3)"),
-        (CharUnknownDropped, ["visible", "hidden", "edges"], "drops characters it has not seen"),
-        (CharDecodeLosesSpecials, ["visible", "hidden", "edges"], "loses the special ids"),
-        (CharDecodeSpaces, ["visible", "hidden", "edges"], "nothing between them"),
-        (CharSizeWithoutSpecials, ["visible", "hidden", "edges"], "count the 4 special tokens"),
-        (CharFitReturnsNone, ["visible", "hidden", "edges"], "return self"),
-        (CharRefitAccumulates, ["edges"], "replacing the old one"),
-        (CharSizeMethod, ["visible", "hidden", "edges"], "make it a property"),
-    ],
-)
+#: (the mistake, the checks that must fail, words their messages must contain)
+CHAR_MISTAKES = [
+    (CharFirstSeen, ["visible", "hidden", "edges"], "in the order they first appear"),
+    (CharNoSpecials, ["visible", "hidden", "edges"], "characters start at id 0"),
+    (CharSpecialsLast, ["visible", "hidden", "edges"], "come after the characters"),
+    (CharUnknownRaises, ["visible", "hidden", "edges"], "becomes <unk> (id 3)"),
+    (CharUnknownDropped, ["visible", "hidden", "edges"], "drops characters it has not seen"),
+    (CharDecodeLosesSpecials, ["visible", "hidden", "edges"], "loses the special ids"),
+    (CharDecodeSpaces, ["visible", "hidden", "edges"], "nothing between them"),
+    (CharSizeWithoutSpecials, ["visible", "hidden", "edges"], "count the 4 special tokens"),
+    (CharFitReturnsNone, ["visible", "hidden", "edges"], "return self"),
+    (CharRefitAccumulates, ["edges"], "replacing the old one"),
+    (CharSizeMethod, ["visible", "hidden", "edges"], "make it a property"),
+]
+
+
+@pytest.mark.parametrize(("cls", "failing", "words"), CHAR_MISTAKES)
 def test_char_tokenizer_mistakes_fail_with_a_message_naming_them(cls, failing, words) -> None:
     _expect(_outcomes(CHAR_CHECKS, cls), failing, words)
 
@@ -414,26 +415,27 @@ def test_correct_bpe_train_passes_every_check(fn) -> None:
     assert _outcomes(TRAIN_CHECKS, fn) == dict.fromkeys(TRAIN_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("flags", "failing", "words"),
-    [
-        ({"words_of": "chain"}, ["visible", "rules", "hidden", "edges"], "cross word boundaries"),
-        ({"words_of": "spaces"}, ["visible", "rules", "hidden", "edges"], "cross word boundaries"),
-        ({"tie": "first"}, ["visible", "rules", "hidden", "edges"], "counted first"),
-        ({"tie": "max"}, ["visible", "rules", "hidden", "edges"], "the largest pair"),
-        ({"tie": "concat"}, ["rules", "hidden", "edges"], "compare the merged strings"),
-        (
-            {"overlap": False},
-            ["visible", "rules", "hidden", "edges"],
-            "holds the pair (a, a) TWICE",
-        ),
-        ({"eow": False}, ["visible", "rules", "hidden", "edges"], "do not end with </w>"),
-        ({"weighted": False}, ["visible", "rules", "hidden", "edges"], "how often the word occurs"),
-        ({"how": "once"}, ["hidden", "edges"], "only the first occurrence"),
-        ({"how": "rtl"}, ["rules", "hidden", "edges"], "merge from the right"),
-        ({"stop": False}, ["rules", "edges"], "Stop early when no pair is left"),
-    ],
-)
+#: (the mistake, the checks that must fail, words their messages must contain)
+TRAIN_MISTAKES = [
+    ({"words_of": "chain"}, ["visible", "rules", "hidden", "edges"], "cross word boundaries"),
+    ({"words_of": "spaces"}, ["visible", "rules", "hidden", "edges"], "cross word boundaries"),
+    ({"tie": "first"}, ["visible", "rules", "hidden", "edges"], "counted first"),
+    ({"tie": "max"}, ["visible", "rules", "hidden", "edges"], "the largest pair"),
+    ({"tie": "concat"}, ["rules", "hidden", "edges"], "compare the merged strings"),
+    (
+        {"overlap": False},
+        ["visible", "rules", "hidden", "edges"],
+        "holds the pair (a, a) TWICE",
+    ),
+    ({"eow": False}, ["visible", "rules", "hidden", "edges"], "do not end with </w>"),
+    ({"weighted": False}, ["visible", "rules", "hidden", "edges"], "how often the word occurs"),
+    ({"how": "once"}, ["hidden", "edges"], "only the first occurrence"),
+    ({"how": "rtl"}, ["rules", "hidden", "edges"], "merge from the right"),
+    ({"stop": False}, ["rules", "edges"], "Stop early when no pair is left"),
+]
+
+
+@pytest.mark.parametrize(("flags", "failing", "words"), TRAIN_MISTAKES)
 def test_bpe_train_mistakes_fail_with_a_message_naming_them(flags, failing, words) -> None:
     def fn(text: str, num_merges: int) -> list[tuple[str, str]]:
         return student_bpe_train(text, num_merges, **flags)
@@ -540,18 +542,19 @@ def test_correct_bpe_encode_passes_every_check(fn) -> None:
     assert _outcomes(ENCODE_CHECKS, fn) == dict.fromkeys(ENCODE_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("flags", "failing", "words"),
-    [
-        ({"order": "reverse"}, ["visible", "hidden", "edges"], "came EARLIEST in the list"),
-        ({"order": "sequential_once"}, ["visible", "hidden", "edges"], "only the first occurrence"),
-        ({"how": "rtl"}, ["visible", "hidden", "edges"], "merge from the right"),
-        ({"until_done": False}, ["visible", "hidden", "edges"], "one merge per word"),
-        ({"eow": False}, ["visible", "hidden", "edges"], "do not end with </w>"),
-        ({"per_word": False}, ["visible", "hidden", "edges"], "whole text as one sequence"),
-        ({"keep_eow": False}, ["visible", "hidden", "edges"], "dropped the </w> markers"),
-    ],
-)
+#: (the mistake, the checks that must fail, words their messages must contain)
+ENCODE_MISTAKES = [
+    ({"order": "reverse"}, ["visible", "hidden", "edges"], "came EARLIEST in the list"),
+    ({"order": "sequential_once"}, ["visible", "hidden", "edges"], "only the first occurrence"),
+    ({"how": "rtl"}, ["visible", "hidden", "edges"], "merge from the right"),
+    ({"until_done": False}, ["visible", "hidden", "edges"], "one merge per word"),
+    ({"eow": False}, ["visible", "hidden", "edges"], "do not end with </w>"),
+    ({"per_word": False}, ["visible", "hidden", "edges"], "whole text as one sequence"),
+    ({"keep_eow": False}, ["visible", "hidden", "edges"], "dropped the </w> markers"),
+]
+
+
+@pytest.mark.parametrize(("flags", "failing", "words"), ENCODE_MISTAKES)
 def test_bpe_encode_mistakes_fail_with_a_message_naming_them(flags, failing, words) -> None:
     def fn(text: str, merges: list[tuple[str, str]]) -> list[str]:
         return student_bpe_encode(text, merges, **flags)
@@ -639,16 +642,17 @@ def test_correct_temperatures_pass_every_check(fn) -> None:
     assert _outcomes(TEMPERATURE_CHECKS, fn) == dict.fromkeys(TEMPERATURE_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (temperature_times, ["visible", "hidden"], "You multiplied by t"),
-        (temperature_probabilities, ["visible", "hidden"], "You returned probabilities"),
-        (temperature_log_softmax, ["visible", "hidden"], "log-probabilities"),
-        (temperature_in_place, ["visible", "hidden"], "in place"),
-        (temperature_no_check, ["hidden"], "raise ValueError"),
-    ],
-)
+#: (the mistake, the checks that must fail, words their messages must contain)
+TEMPERATURE_MISTAKES = [
+    (temperature_times, ["visible", "hidden"], "You multiplied by t"),
+    (temperature_probabilities, ["visible", "hidden"], "You returned probabilities"),
+    (temperature_log_softmax, ["visible", "hidden"], "log-probabilities"),
+    (temperature_in_place, ["visible", "hidden"], "in place"),
+    (temperature_no_check, ["hidden"], "raise ValueError"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), TEMPERATURE_MISTAKES)
 def test_temperature_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     _expect(_outcomes(TEMPERATURE_CHECKS, fn), failing, words)
 
@@ -723,17 +727,18 @@ def test_correct_top_k_passes_every_check(fn) -> None:
     assert _outcomes(TOP_K_CHECKS, fn) == dict.fromkeys(TOP_K_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (top_k_plus_one, ["visible", "hidden", "edges"], "k + 1"),
-        (top_k_exact, ["visible", "hidden", "edges"], "tied with the k-th"),
-        (top_k_in_place, ["visible", "hidden", "edges"], "in place"),
-        (top_k_zeros, ["visible", "hidden", "edges"], "not 0"),
-        (top_k_smallest, ["visible", "hidden", "edges"], "SMALLEST"),
-        (top_k_too_large_fails, ["edges"], "raised RuntimeError"),
-    ],
-)
+#: (the mistake, the checks that must fail, words their messages must contain)
+TOP_K_MISTAKES = [
+    (top_k_plus_one, ["visible", "hidden", "edges"], "k + 1"),
+    (top_k_exact, ["visible", "hidden", "edges"], "tied with the k-th"),
+    (top_k_in_place, ["visible", "hidden", "edges"], "in place"),
+    (top_k_zeros, ["visible", "hidden", "edges"], "not 0"),
+    (top_k_smallest, ["visible", "hidden", "edges"], "SMALLEST"),
+    (top_k_too_large_fails, ["edges"], "raised RuntimeError"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), TOP_K_MISTAKES)
 def test_top_k_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     _expect(_outcomes(TOP_K_CHECKS, fn), failing, words)
 
@@ -781,6 +786,8 @@ def top_p_drops_crossing(logits: torch.Tensor, p: float) -> torch.Tensor:
 def top_p_unsorted(logits: torch.Tensor, p: float) -> torch.Tensor:
     if not 0 < p <= 1:
         raise ValueError("p")
+    if p == 1:  # the one mistake: no sorting (p = 1 keeps every token, as it should)
+        return logits.clone()
     probs = torch.softmax(logits.float(), dim=-1)
     remove = probs.cumsum(dim=-1) - probs >= p
     remove[..., 0] = False
@@ -791,6 +798,8 @@ def top_p_high_ids_first(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Sorts ascending (stable) and flips: equal probabilities come higher id first."""
     if not 0 < p <= 1:
         raise ValueError("p")
+    if p == 1:
+        return logits.clone()
     ascending, order = torch.sort(logits, dim=-1, stable=True)
     sorted_logits, order = ascending.flip(-1), order.flip(-1)
     probs = torch.softmax(sorted_logits.float(), dim=-1)
@@ -835,17 +844,18 @@ def test_correct_top_p_passes_every_check(fn) -> None:
     assert _outcomes(TOP_P_CHECKS, fn) == dict.fromkeys(TOP_P_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (top_p_drops_crossing, ["visible", "hidden", "edges"], "drop the token that crosses p"),
-        (top_p_unsorted, ["visible", "hidden", "edges"], "token-id order"),
-        (top_p_high_ids_first, ["visible", "edges"], "LOWEST first"),
-        (top_p_in_place, ["visible", "hidden", "edges"], "in place"),
-        (top_p_no_range_check, ["edges"], "raise ValueError"),
-        (top_p_sums_to_one_early, ["edges"], "expected [[0, 1, 2, 3, 4]]"),
-    ],
-)
+#: (the mistake, the checks that must fail, words their messages must contain)
+TOP_P_MISTAKES = [
+    (top_p_drops_crossing, ["visible", "hidden", "edges"], "drop the token that crosses p"),
+    (top_p_unsorted, ["visible", "hidden", "edges"], "token-id order"),
+    (top_p_high_ids_first, ["visible", "edges"], "LOWEST first"),
+    (top_p_in_place, ["visible", "hidden", "edges"], "in place"),
+    (top_p_no_range_check, ["edges"], "raise ValueError"),
+    (top_p_sums_to_one_early, ["edges"], "expected [[0, 1, 2, 3, 4]]"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), TOP_P_MISTAKES)
 def test_top_p_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     _expect(_outcomes(TOP_P_CHECKS, fn), failing, words)
 
@@ -980,26 +990,27 @@ def test_correct_beam_searches_pass_every_check(fn) -> None:
     assert _outcomes(BEAM_CHECKS, fn) == dict.fromkeys(BEAM_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("flags", "failing", "words"),
-    [
-        ({"score": "last"}, ["visible", "hidden", "rules"], "not accumulated"),
-        ({"score": "prob"}, ["hidden", "rules"], "You add probabilities"),
-        ({"per_beam": "one"}, ["visible", "eos", "hidden", "rules"], "not only its best one"),
-        ({"early": "first"}, ["visible", "eos", "hidden"], "first hypothesis that produced"),
-        ({"final": "mean", "early": "none"}, ["eos", "hidden", "rules"], "mean log-probability"),
-        ({"final": "finished"}, ["eos"], "only returned a finished"),
-        ({"order": "reverse"}, ["rules"], "ties go the wrong way"),
-        ({"final_ties": "last", "early": "none"}, ["rules"], "takes the last"),
-        (
-            {"extend_finished": True},
-            ["visible", "eos", "hidden", "rules"],
-            "already ended with EOS",
-        ),
-        ({"count_bos": False}, ["eos", "hidden", "rules"], "max_len counts every token"),
-        ({"with_bos": False}, ["visible", "eos", "hidden", "rules"], "starting with BOS"),
-    ],
-)
+#: (the mistake, the checks that must fail, words their messages must contain)
+BEAM_MISTAKES = [
+    ({"score": "last"}, ["visible", "hidden", "rules"], "not accumulated"),
+    ({"score": "prob"}, ["hidden", "rules"], "You add probabilities"),
+    ({"per_beam": "one"}, ["visible", "eos", "hidden", "rules"], "not only its best one"),
+    ({"early": "first"}, ["visible", "eos", "hidden"], "first hypothesis that produced"),
+    ({"final": "mean", "early": "none"}, ["eos", "hidden", "rules"], "mean log-probability"),
+    ({"final": "finished"}, ["eos", "hidden"], "only returned a finished"),
+    ({"order": "reverse"}, ["rules"], "ties go the wrong way"),
+    ({"final_ties": "last", "early": "none"}, ["rules"], "takes the last"),
+    (
+        {"extend_finished": True},
+        ["visible", "eos", "hidden", "rules"],
+        "already ended with EOS",
+    ),
+    ({"count_bos": False}, ["eos", "hidden", "rules"], "max_len counts every token"),
+    ({"with_bos": False}, ["visible", "eos", "hidden", "rules"], "starting with BOS"),
+]
+
+
+@pytest.mark.parametrize(("flags", "failing", "words"), BEAM_MISTAKES)
 def test_beam_search_mistakes_fail_with_a_message_naming_them(flags, failing, words) -> None:
     def fn(step_fn, bos_id, eos_id, beam_width, max_len):
         return student_beam(step_fn, bos_id, eos_id, beam_width, max_len, **flags)

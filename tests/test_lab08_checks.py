@@ -30,7 +30,8 @@ from transformer_lab.attention import (
     split_heads,
 )
 from transformer_lab.checks import lab08
-from transformer_lab.generation import apply_temperature, sample_next, top_k_filter, top_p_filter
+from transformer_lab.generation import apply_temperature as kit_apply_temperature
+from transformer_lab.generation import sample_next, top_k_filter, top_p_filter
 from transformer_lab.grading.hidden import lab08 as hidden08
 from transformer_lab.masks import causal_mask
 from transformer_lab.models import GPT, GPTConfig
@@ -317,6 +318,30 @@ GENERATE_CHECKS = {
 }
 
 
+def apply_temperature(logits: Tensor, t: float) -> Tensor:
+    """A student's own temperature, without the t = 0 case (greedy: the argmax)."""
+    return logits / t
+
+
+def own_sample(
+    logits: Tensor, temperature: float, generator: Any, *, how: str, top_k: Any, top_p: Any
+) -> Tensor:
+    """A student's sampling step that forgets that temperature 0 is the argmax: ``"divide"``
+    divides by the temperature in place, ``"helper"`` calls its own apply_temperature;
+    ``"logits"`` (argmax at 0, right) samples from the scaled logits instead of their softmax."""
+    if how == "logits" and temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    z = apply_temperature(logits, temperature) if how == "helper" else logits / temperature
+    if how == "logits":  # the scaled logits themselves, not their softmax
+        return torch.multinomial(z, num_samples=1, generator=generator)
+    if top_k is not None:
+        z = top_k_filter(z, top_k)
+    if top_p is not None:
+        z = top_p_filter(z, top_p)
+    probs = torch.softmax(z, dim=-1)  # (B, V)
+    return torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+
+
 def make_generate(**options: Any):
     """The notebook's answer, with switches for each typical mistake.
 
@@ -350,15 +375,25 @@ def make_generate(**options: Any):
             logits = (model(context, cache) if cache is not None else model(context))[:, pick]
         out = idx
         for step in range(max_new_tokens):
-            token = sample_next(
-                logits,
-                temperature=0.0
-                if options.get("greedy")
-                else (temperature if options.get("temperature", True) else 1.0),
-                top_k=top_k if options.get("filters", True) else None,
-                top_p=top_p if options.get("filters", True) else None,
-                generator=generator if options.get("generator", True) else None,
-            )
+            if options.get("sampling"):  # the student's own sampling step
+                token = own_sample(
+                    logits,
+                    temperature,
+                    generator,
+                    how=options["sampling"],
+                    top_k=top_k,
+                    top_p=top_p,
+                )
+            else:
+                token = sample_next(
+                    logits,
+                    temperature=0.0
+                    if options.get("greedy")
+                    else (temperature if options.get("temperature", True) else 1.0),
+                    top_k=top_k if options.get("filters", True) else None,
+                    top_p=top_p if options.get("filters", True) else None,
+                    generator=generator if options.get("generator", True) else None,
+                )
             out = torch.cat([out, token], dim=1)
             if step == max_new_tokens - 1 or options.get("one_call"):
                 continue
@@ -393,7 +428,7 @@ def refill_generate(
     def draw(logits: Tensor) -> Tensor:
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
-        z = apply_temperature(logits.float(), temperature)
+        z = kit_apply_temperature(logits.float(), temperature)
         if top_k is not None:
             z = top_k_filter(z, top_k)
         if top_p is not None:
@@ -433,25 +468,29 @@ def test_correct_generation_loops_pass_every_check(fn) -> None:
 _ALL_BUT_STRATEGIES = ["visible", "sampling", "hidden", "edges"]
 
 
-@pytest.mark.parametrize(
-    ("options", "failing", "words", "generic"),
-    [
-        ({"feed": "whole"}, _ALL_BUT_STRATEGIES, "newest token", ()),
-        ({"cache": "each_step"}, _ALL_BUT_STRATEGIES, "new, empty cache", ()),
-        ({"cache": "never"}, _ALL_BUT_STRATEGIES, "never used a KV cache", ()),
-        ({"one_call": True}, ["visible", "hidden", "edges"], "runs the model once", ("hidden",)),
-        ({"position": 0}, _ALL_BUT_STRATEGIES, "FIRST position", ("sampling", "hidden")),
-        ({"crop": False}, ["visible", "edges"], "Crop the prompt", ()),
-        ({"fallback": False}, _ALL_BUT_STRATEGIES, "once it holds n_ctx", ()),
-        ({"only_new": True}, list(GENERATE_CHECKS), "only the", ()),
-        ({"generator": False}, ["sampling", "hidden"], "same seed", ("hidden",)),
-        ({"greedy": True}, ["sampling", "strategies"], "seeds 0 and 1", ("strategies",)),
-        ({"filters": False}, ["strategies"], "filters remove", ()),
-        ({"temperature": False}, ["visible", "hidden", "edges", "strategies"], "temperature", ()),
-        ({"window": "short"}, _ALL_BUT_STRATEGIES, "n_ctx - 1", ()),
-        ({"prompt_uncached": True}, _ALL_BUT_STRATEGIES, "ran the prompt without the cache", ()),
-    ],
-)  # fmt: skip
+#: (the mistake's options, the checks that must fail, words, checks whose message is generic)
+GENERATE_MISTAKES = [
+    ({"feed": "whole"}, _ALL_BUT_STRATEGIES, "newest token", ()),
+    ({"cache": "each_step"}, _ALL_BUT_STRATEGIES, "new, empty cache", ()),
+    ({"cache": "never"}, _ALL_BUT_STRATEGIES, "never used a KV cache", ()),
+    ({"one_call": True}, ["visible", "hidden", "edges"], "runs the model once", ("hidden",)),
+    ({"position": 0}, _ALL_BUT_STRATEGIES, "FIRST position", ("sampling", "hidden")),
+    ({"crop": False}, ["visible", "edges"], "Crop the prompt", ()),
+    ({"fallback": False}, _ALL_BUT_STRATEGIES, "once it holds n_ctx", ()),
+    ({"only_new": True}, list(GENERATE_CHECKS), "only the", ()),
+    ({"generator": False}, ["sampling", "hidden"], "same seed", ("hidden",)),
+    ({"greedy": True}, ["sampling", "strategies"], "seeds 0 and 1", ("strategies",)),
+    ({"filters": False}, ["strategies"], "filters remove", ()),
+    ({"temperature": False}, ["visible", "hidden", "edges", "strategies"], "temperature", ()),
+    ({"window": "short"}, _ALL_BUT_STRATEGIES, "n_ctx - 1", ()),
+    ({"prompt_uncached": True}, _ALL_BUT_STRATEGIES, "ran the prompt without the cache", ()),
+    ({"sampling": "divide"}, ["visible", "hidden", "edges"], "in your function `own_sample`", ()),
+    ({"sampling": "helper"}, ["visible", "hidden", "edges"], "function `apply_temperature`", ()),
+    ({"sampling": "logits"}, ["sampling", "hidden", "strategies"], "takes probabilities", ()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("options", "failing", "words", "generic"), GENERATE_MISTAKES)
 def test_generation_mistakes_are_named(options, failing, words, generic) -> None:
     assert_fails(GENERATE_CHECKS, make_generate(**options), failing, words, generic=generic)
 

@@ -15,6 +15,10 @@ The helpers here keep those messages uniform across labs:
   and say where it differs, adding the caller's ``hint`` about the likely cause.
 * :func:`compare` goes one step further for checks that know the typical wrong answers: it
   names the one the student's output reproduces (:func:`close` is its elementwise test).
+* :func:`judge_cases` runs the student's function on every input of a check and, when some
+  answer is wrong, names the typical mistakes whose outputs match the student's on EVERY input
+  tried (one, unless two mistakes cannot be told apart there); when none does it says so and
+  shows the smallest failing input, expected against got (:func:`diagnose` does the naming).
 * :func:`call_forbidding` runs the student's function under a
   :class:`~transformer_lab.checks._bans.Ban` (what computes the answer: torch operation
   families such as softmax or normalisation, and Python functions such as the kit's
@@ -22,6 +26,9 @@ The helpers here keep those messages uniform across labs:
 * :func:`stored` reads the expected values of a visible check's worked example (and the
   outputs of the typical mistakes on it) from ``checks/fixtures/labNN.json``, which the
   instructor's build writes from the hidden checks' oracles: the student package needs no oracle.
+* :func:`softmax_overflow_probe` traces a NaN in attention weights to its cause: it runs the
+  student's attention on scores that are large but finite in the dtype, which a softmax
+  without the max subtraction turns into NaN (labs 02 and 05).
 * :func:`generator`, :func:`randint` and :func:`expect_module` are the small pieces the
   hidden checks share (seeded inputs that leave the notebook's RNG alone, built modules).
 
@@ -35,9 +42,10 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -47,24 +55,32 @@ from transformer_lab.checks._bans import Ban, ForbiddenCallError, forbidden
 from transformer_lab.graded import LockedAnswerError
 
 __all__ = [
+    "EMPTY_ROW_NO_MAX",
     "FIXTURES",
+    "NOT_TYPICAL",
+    "NO_MAX_SUBTRACTION",
     "Ban",
+    "Case",
     "ForbiddenCallError",
     "OpLog",
     "call_forbidding",
     "call_student",
     "close",
     "compare",
+    "diagnose",
     "expect_close",
     "expect_module",
     "expect_shape",
     "expect_true",
     "forbidden",
     "generator",
+    "judge_cases",
+    "matching_mistakes",
     "named_mistakes",
     "note_mistake",
     "ran_on",
     "randint",
+    "softmax_overflow_probe",
     "stored",
     "stored_data",
 ]
@@ -393,6 +409,232 @@ def compare(
             message += " " + advice
         raise AssertionError(message) from None
     return t
+
+
+# --------------------------------------------------------------------------------------
+# One diagnosis over every input a check tried
+# --------------------------------------------------------------------------------------
+
+I = TypeVar("I")
+
+#: What a failure message says when no catalogued mistake reproduces the student's outputs.
+NOT_TYPICAL = "This is not one of the typical mistakes the check knows."
+
+
+@dataclass
+class Case(Generic[I]):
+    """One input a check tried: the student's output there, the expected one, the mistakes'.
+
+    Attributes:
+        input: what the check passed (for the message; any value).
+        what: the call as the student would write it, e.g. ``"top_p_filter(logits, p=0.5)"``.
+        got: the student's output.
+        want: the expected output.
+        mistakes: hint -> what that typical mistake returns on this input. A hint missing here
+            returns ``want`` (stored examples keep only the mistakes that differ); ``None``
+            means the mistake does not apply to this input (it matches nothing).
+        size: how large the input is; the smallest failing input is the one shown.
+    """
+
+    input: I
+    what: str
+    got: Any
+    want: Any
+    mistakes: Mapping[str, Any]
+    size: float = 0.0
+
+
+def matching_mistakes(cases: Sequence[Case[Any]], same: Callable[[Any, Any], bool]) -> list[str]:
+    """The hints of the mistakes whose outputs equal the student's on EVERY case, in order.
+
+    A mistake that gives the right answer on an input the student also got right matches
+    there; one that is right where the student is wrong (or wrong where the student is right)
+    does not.
+    """
+    hints = list(dict.fromkeys(h for case in cases for h in case.mistakes))
+    found = []
+    for hint in hints:
+        outputs = [case.mistakes.get(hint, case.want) for case in cases]
+        if all(
+            out is not None and same(case.got, out)
+            for case, out in zip(cases, outputs, strict=True)
+        ):
+            found.append(hint)
+    return found
+
+
+def diagnose(
+    cases: Sequence[Case[Any]],
+    *,
+    same: Callable[[Any, Any], bool],
+    describe: Callable[[Case[Any]], str],
+    rule: str | Callable[[Case[Any]], str],
+    named: Callable[[Case[Any]], str | None] | None = None,
+) -> None:
+    """Raise one diagnosis for the cases a check tried, or nothing when every answer is right.
+
+    The message shows the smallest failing case (``describe``: the call, what it returned and
+    what was expected) and then, in this order:
+
+    * the typical mistake whose outputs match the student's on every case
+      (:func:`matching_mistakes`), recorded with :func:`note_mistake`. Only when several give
+      the same outputs on every case are they all listed, joined by " Or: " (a catalogue
+      should hold inputs that tell its mistakes apart);
+    * else the mistake ``named`` recognises in every failing case by its shape (ties dropped,
+      ``0`` instead of ``-inf``, ...), if it recognises the same one in each;
+    * else :data:`NOT_TYPICAL` and the ``rule`` the answer must follow.
+
+    Args:
+        cases: every input tried, right and wrong, in the order tried.
+        same: whether two outputs are the same answer.
+        describe: the failing case in the student's terms, ending with a full stop.
+        rule: what a right answer does (or a function of the case shown that says it).
+        named: a mistake recognised from one failing case alone (or ``None``).
+    """
+    failing = [case for case in cases if not same(case.got, case.want)]
+    if not failing:
+        return
+    shown = min(failing, key=lambda case: case.size)  # the first of the smallest
+    hints = matching_mistakes(cases, same)
+    if hints:
+        note_mistake(hints[0])
+        raise AssertionError(f"{describe(shown)} {' Or: '.join(hints)}")
+    if named is not None:
+        seen = {named(case) for case in failing}
+        if len(seen) == 1 and None not in seen:
+            hint = next(iter(seen)) or ""
+            note_mistake(hint)
+            raise AssertionError(f"{describe(shown)} {hint}")
+    advice = rule(shown) if callable(rule) else rule
+    raise AssertionError(f"{describe(shown)} {NOT_TYPICAL} {advice}")
+
+
+def judge_cases(
+    inputs: Sequence[I],
+    run: Callable[[I], Any],
+    expected: Callable[[I], Any],
+    mistakes: Callable[[I], Mapping[str, Any]],
+    *,
+    same: Callable[[Any, Any], bool],
+    what: Callable[[I], str],
+    describe: Callable[[Case[I]], str],
+    rule: str | Callable[[Case[I]], str],
+    size: Callable[[I], float] | None = None,
+    named: Callable[[Case[I]], str | None] | None = None,
+    screen: Callable[[Case[I]], None] | None = None,
+) -> None:
+    """Run the student's code on every input, then :func:`diagnose` what it got wrong.
+
+    The inputs are tried in order. A wrong answer does not stop the run: the remaining inputs
+    are tried too, so that the diagnosis rests on all of them (the typical mistakes are run on
+    the same inputs, only once something is wrong). The student's code raising (an
+    ``AssertionError`` from :func:`call_student` and friends) stops the run: before any wrong
+    answer that message is the verdict; after one, the diagnosis uses the inputs tried so far.
+
+    Args:
+        inputs: the check's inputs.
+        run: the student's output on an input (the call, under its ban).
+        expected: the right output on an input.
+        mistakes: hint -> each typical mistake's output on an input (see :class:`Case`).
+        same: whether two outputs are the same answer.
+        what: the call on an input, as the student would write it.
+        describe: see :func:`diagnose`.
+        rule: see :func:`diagnose`.
+        size: how large an input is (default: its position, so the first failing one shows).
+        named: see :func:`diagnose`.
+        screen: looks at every wrong answer as it comes and raises at once for a problem that
+            is no typical mistake of the values (a hypothesis without BOS, a wrong length).
+    """
+    tried: list[tuple[I, Any, Any]] = []
+    wrong = False
+    for item in inputs:
+        try:
+            got = run(item)
+        except AssertionError:
+            if not wrong:
+                raise
+            break
+        want = expected(item)
+        if not same(got, want):
+            wrong = True
+            if screen is not None:
+                screen(Case(item, what(item), got, want, {}, 0.0))
+        tried.append((item, got, want))
+    if not wrong:
+        return
+    cases = [
+        Case(item, what(item), got, want, mistakes(item), size(item) if size else float(i))
+        for i, (item, got, want) in enumerate(tried)
+    ]
+    diagnose(cases, same=same, describe=describe, rule=rule, named=named)
+
+
+#: The mistake :func:`softmax_overflow_probe` finds.
+NO_MAX_SUBTRACTION = (
+    "Your softmax overflows: subtract each row's maximum before exponentiating, "
+    "exp(x - x.amax(-1, keepdim=True)), so that no exp exceeds 1."
+)
+#: Why a row the mask empties comes out NaN from such a softmax.
+EMPTY_ROW_NO_MAX = (
+    "In a row the mask empties every score is finfo.min: exp of it is 0 for every key, the sum "
+    "is 0 and 0/0 is NaN; after subtracting the maximum the row is exp(0) = 1 everywhere, and "
+    "zeroing the masked weights after the softmax makes it 0."
+)
+
+#: Scores whose exp overflows in each dtype while the dtype holds them (float16: exp(16) >
+#: 65504; float32 and bfloat16: exp(100) > 3.4e38; float64: exp(800) > 1.8e308).
+_OVERFLOWING_SCORE = {torch.float16: 16.0, torch.bfloat16: 100.0, torch.float32: 100.0}
+
+
+def softmax_overflow_probe(
+    weights_of: Callable[[Tensor, Tensor, Tensor, Tensor | None], Any],
+    q: Tensor,
+    v: Tensor,
+    *,
+    masked: bool,
+) -> str | None:
+    """What a probe shows when the student's softmax lacks the max subtraction, else None.
+
+    The probe: two queries and two keys in the dtype (and leading axes) of ``q`` whose scores,
+    ``q . k / sqrt(d_k)``, are large but finite there (16 and 8 in float16, 100 and 50 in
+    float32), every key allowed. A softmax that subtracts the row maximum gives finite weights;
+    one that does not computes exp(16) = inf in float16 and inf / inf = NaN. A probe the
+    student's code cannot run tells nothing (None).
+
+    Args:
+        weights_of: runs the student's attention on ``(q, k, v, mask or None)`` (under its
+            ban) and returns the weights.
+        q: the queries of the failing call (for the dtype, ``d_k`` and the leading axes).
+        v: its values (for ``d_v`` and their leading axes).
+        masked: whether the attention takes a mask (then an all-True one is passed).
+
+    Returns:
+        The sentence that says what the probe showed, or None when its weights are finite.
+    """
+    dtype = q.dtype
+    big = _OVERFLOWING_SCORE.get(dtype, 800.0)
+    d, lead = q.shape[-1], tuple(q.shape[:-2])
+    side = math.sqrt(big * math.sqrt(d))  # q . k / sqrt(d) = big where both hold `side`
+    pq = torch.zeros(*lead, 2, d, dtype=torch.float64)  # (..., 2, d_k)
+    pq[..., 0] = side
+    pk = pq.clone()
+    pk[..., 1, 0] = side / 2  # the second key scores big / 2
+    pv = torch.zeros(*v.shape[:-2], 2, v.shape[-1], dtype=torch.float64)  # (..., 2, d_v)
+    pq, pk, pv = (t.to(dtype) for t in (pq, pk, pv))
+    pmask = torch.ones(*lead, 2, 2, dtype=torch.bool) if masked else None
+    try:
+        weights = weights_of(pq, pk, pv, pmask)
+    except AssertionError:
+        return None
+    if not isinstance(weights, Tensor) or bool(torch.isfinite(weights.detach()).all()):
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return (
+        f"With scores of {big:g} and {big / 2:g} (finite in {name}, every key allowed) your "
+        "weights are not finite either, while a softmax that subtracts the row maximum gives "
+        f"finite ones: exp({big:g}) overflows {name} (its largest number is "
+        f"{torch.finfo(dtype).max:.4g}) and inf / inf is NaN."
+    )
 
 
 def expect_module(obj: Any, what: str) -> nn.Module:

@@ -14,7 +14,11 @@ here: the student package holds only the stored examples and the comparisons.
 The mask examples are built so that the masked keys have the **largest** raw scores (a mask that
 is ignored, or applied after the softmax, moves most of the weight), include rows where the mask
 allows no key (zero weights, never NaN), use ``T != S`` and values unlike the keys, and run in
-float16 as well (where a fill of ``-1e9`` overflows).
+float16 as well (where a fill of ``-1e9`` overflows). Attention weights with NaN are traced to
+their cause by probing the student's function (:func:`_softmax_overflows`): if it also gives
+NaN on scores that are large but finite in the dtype (16 in float16), every key allowed, its
+softmax lacks the max subtraction (exp overflows, or exp(finfo.min) = 0 makes 0/0 in a row the
+mask empties) and the message says so; only otherwise is a NaN in such a row blamed on the fill.
 
 Tolerances follow the arithmetic of the input's dtype (:func:`tolerance`): a correct float32
 softmax written as ``exp(x - logsumexp(x))`` passes at logits of 1e4, where rounding the
@@ -43,6 +47,8 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import (
+    EMPTY_ROW_NO_MAX,
+    NO_MAX_SUBTRACTION,
     Ban,
     OpLog,
     call_forbidding,
@@ -52,6 +58,9 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     forbidden,
+    note_mistake,
+    ran_on,
+    softmax_overflow_probe,
     stored,
 )
 from transformer_lab.judge.wire import Reference
@@ -471,6 +480,19 @@ def _named(
     return fallback
 
 
+def _softmax_overflows(
+    fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+) -> str | None:
+    """:func:`~transformer_lab.checks._common.softmax_overflow_probe` of the student's
+    attention (every key allowed when it takes a mask)."""
+    what = "scaled_dot_product_attention on a probe with large scores"
+
+    def weights_of(pq: Tensor, pk: Tensor, pv: Tensor, pmask: Tensor | None) -> Any:
+        return call_attention(fn, pq, pk, pv, pmask, what)[1]
+
+    return softmax_overflow_probe(weights_of, q, v, masked=mask is not None)
+
+
 def judge_attention(
     got: tuple[Tensor, Tensor],
     want: tuple[Tensor, Tensor],
@@ -480,6 +502,8 @@ def judge_attention(
     k: Tensor,
     v: Tensor,
     mask: Tensor | None,
+    *,
+    fn: Callable[..., Any] | None = None,
 ) -> None:
     """Compare a student's ``(out, weights)`` with the expected pair; name the mistake.
 
@@ -496,6 +520,8 @@ def judge_attention(
         k: the keys.
         v: the values.
         mask: the mask it was called with (or None).
+        fn: the student's function; given, a NaN is traced to its cause by probing it (a
+            softmax without the max subtraction, rather than the fill of an empty row).
     """
     out, w = got
     want_out, want_w = want
@@ -525,6 +551,18 @@ def judge_attention(
     wd = w.detach().double()
     if bool(torch.isnan(wd).any()):
         nan_rows = torch.isnan(wd).any(-1)
+        overflow = _softmax_overflows(fn, q, k, v, mask) if fn is not None else None
+        if overflow is not None:
+            where = (
+                "in the rows the mask empties "
+                if bool(empty.any()) and bool((nan_rows <= empty).all())
+                else ""
+            )
+            note_mistake(NO_MAX_SUBTRACTION)
+            raise AssertionError(
+                f"the weights of {what} contain NaN {where}{ran_on(w)}. {overflow} "
+                f"{NO_MAX_SUBTRACTION}" + (f" {EMPTY_ROW_NO_MAX}" if where else "")
+            )
         if bool(empty.any()) and bool((nan_rows <= empty).all()):
             half = (
                 " In float16 a fill such as -1e9 is already -inf (the largest float16 is 65504)."
@@ -545,7 +583,11 @@ def judge_attention(
                 w_mistakes,
                 tol,
                 "does the softmax overflow? Subtract the row maximum (your own softmax does) "
-                "before exponentiating.",
+                "before exponentiating."
+                if fn is None
+                else "your softmax handles large scores (a probe with scores that overflow "
+                "exp gave finite weights), so the NaN comes from the scores or the mask: a "
+                "-inf added to a score that is inf, 0 * inf, or a mask in another dtype.",
                 nan=True,
             )
         )
@@ -638,7 +680,7 @@ def _check_attention_examples(fn: Callable[..., Any], examples: Mapping[str, Any
         mask = inputs[3] if masked else None
         want, mistakes = stored_attention(what)
         got = call_attention(fn, q, k, v, mask, what)
-        judge_attention(got, want, mistakes, what, q, k, v, mask)
+        judge_attention(got, want, mistakes, what, q, k, v, mask, fn=fn)
 
 
 def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:

@@ -38,12 +38,16 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import (
+    EMPTY_ROW_NO_MAX,
+    NO_MAX_SUBTRACTION,
     Ban,
     call_forbidding,
     close,
     expect_shape,
     expect_true,
     generator,
+    note_mistake,
+    softmax_overflow_probe,
     stored,
 )
 
@@ -317,6 +321,7 @@ def judge_attention(
     what: str,
     *,
     tol: float = _TOL,
+    probe: Callable[[], str | None] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Compare a student's ``(out, weights)`` with the expected pair; name the mistake.
 
@@ -328,6 +333,9 @@ def judge_attention(
         mask: the mask the call was given (bool, broadcasting to the weights).
         what: the call, for messages.
         tol: absolute and relative tolerance (looser in half precision).
+        probe: runs :func:`~transformer_lab.checks._common.softmax_overflow_probe` on the
+            student's code: a NaN is blamed on a softmax without the max subtraction when it
+            says so, on the fill of an empty row only otherwise.
 
     Returns:
         The student's ``(out, weights)``.
@@ -352,7 +360,16 @@ def judge_attention(
     empty = ~allowed.any(-1)  # (..., T): rows with nothing to attend
     nan_rows = torch.isnan(w).any(-1) | torch.isnan(o).any(-1)
     if bool(nan_rows.any()):
-        if bool(empty.any()) and bool((nan_rows <= empty).all()):
+        only_empty = bool(empty.any()) and bool((nan_rows <= empty).all())
+        overflow = probe() if probe is not None else None
+        if overflow is not None:
+            note_mistake(NO_MAX_SUBTRACTION)
+            where = " in the rows the mask empties" if only_empty else ""
+            raise AssertionError(
+                f"the weights or output of {what} contain NaN{where}. {overflow} "
+                f"{NO_MAX_SUBTRACTION}" + (f" {EMPTY_ROW_NO_MAX}" if only_empty else "")
+            )
+        if only_empty:
             raise AssertionError(f"the weights or output of {what} contain NaN. {_FULL_ROW_NAN}")
         raise AssertionError(
             f"the weights or output of {what} contain NaN at row {_first(nan_rows)}, which has "
@@ -556,7 +573,14 @@ def expect_attention(
     q, k, v, mask = inputs
     what = describe_attention(q, k, v, described)
     result = run_attention(fn, q, k, v, mask, what)
-    return judge_attention(result, want[0], want[1], mistakes, mask, what, tol=tol)
+
+    def probe() -> str | None:
+        def weights_of(pq: Tensor, pk: Tensor, pv: Tensor, pmask: Tensor | None) -> Any:
+            return run_attention(fn, pq, pk, pv, pmask, "masked_attention on a probe")[1]
+
+        return softmax_overflow_probe(weights_of, q, v, masked=True)
+
+    return judge_attention(result, want[0], want[1], mistakes, mask, what, tol=tol, probe=probe)
 
 
 # --------------------------------------------------------------------------------------

@@ -7,8 +7,11 @@ The student writes a character tokenizer (``CharTokenizer``), byte-pair encoding
 No oracle lives here. Every visible check runs the student's code on worked examples whose
 expected results, and the results of the typical mistakes on them, are stored in
 ``fixtures/lab07.json`` (written from the hidden checks' oracles by ``labs build``): a wrong
-answer that reproduces a stored mistake is told which one. The stand-ins the checks hand to the
-student's code live here too, because the hidden module's functions are refused inside a ban:
+answer is told the one stored mistake it reproduces on EVERY example of the check
+(:func:`~transformer_lab.checks._common.judge_cases`), or that it is none of them, with the
+smallest example it gets wrong. Messages show values in the shape the student passed. The
+stand-ins the checks hand to the student's code live here too, because the hidden module's
+functions are refused inside a ban:
 
 * :class:`TableStepFn`, a next-token distribution read from a hand-built table of prefixes
   (and :class:`RandomStepFn`, a seeded random one for every prefix), for ``beam_search``. Both
@@ -36,16 +39,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import (
     Ban,
+    Case,
     call_forbidding,
     expect_shape,
     expect_true,
+    judge_cases,
     stored_data,
 )
 
@@ -54,6 +59,7 @@ __all__ = [
     "END_OF_WORD",
     "SPECIALS",
     "TOKENIZER_BAN",
+    "Probe",
     "RandomStepFn",
     "TableStepFn",
     "check_apply_temperature",
@@ -97,6 +103,35 @@ def example(key: str) -> tuple[Any, dict[str, Any]]:
 
 def _tensor(data: Any) -> Tensor:
     return torch.tensor(data, dtype=torch.float64)
+
+
+class Probe(NamedTuple):
+    """One input of a check: what the student's code gets, how to look up the answer.
+
+    Attributes:
+        args: what the student's function is called with (the function or tokenizer first).
+        key: how the check finds the expected output and the mistakes' outputs (a stored
+            example's name, or the oracle's arguments).
+        what: the call as the student would write it, for messages.
+        rule: what a right answer does here (said when no typical mistake matches).
+    """
+
+    args: tuple[Any, ...]
+    key: Any
+    what: str
+    rule: str = ""
+
+
+Lookup = Callable[[Probe], Any]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return a == b
+
+
+def stored_lookups() -> tuple[Lookup, Callable[[Probe], Mapping[str, Any]]]:
+    """``(expected, mistakes)`` of probes whose ``key`` names a stored example."""
+    return (lambda probe: example(probe.key)[0]), (lambda probe: example(probe.key)[1])
 
 
 # ======================================================================================
@@ -197,36 +232,50 @@ def judge_vocab_size(got: int, want: int, n_chars: int, what: str) -> None:
     )
 
 
-def judge_ids(got: list[int], want: list[int], mistakes: Mapping[str, Any], what: str) -> None:
-    """Token ids against the expected ones; name the mistake they reproduce."""
-    if got == want:
-        return
-    shown = f"{what} returned {got}, expected {want}."
-    for hint, wrong in mistakes.items():
-        if got == wrong:
-            raise AssertionError(f"{shown} {hint}")
-    if len(got) != len(want):
-        raise AssertionError(
-            f"{shown} encode gives exactly one id per character, unknown characters included "
-            f"(they become <unk>, id {SPECIALS.index('<unk>')})."
+def _ids_rule(case: Case[Probe]) -> str:
+    if len(case.got) != len(case.want):
+        return (
+            "encode gives exactly one id per character, unknown characters included (they "
+            f"become <unk>, id {SPECIALS.index('<unk>')})."
         )
-    raise AssertionError(
-        f"{shown} Ids 0-3 are the specials {', '.join(SPECIALS)}; the characters fitted follow "
-        "in sorted order (sorted(set(text))), from id 4."
+    return (
+        f"Ids 0-3 are the specials {', '.join(SPECIALS)}; the characters fitted follow in sorted "
+        "order (sorted(set(text))), from id 4."
     )
 
 
-def judge_text(got: str, want: str, mistakes: Mapping[str, Any], what: str) -> None:
-    """Decoded text against the expected one; name the mistake it reproduces."""
-    if got == want:
-        return
-    shown = f"{what} returned {got!r}, expected {want!r}."
-    for hint, wrong in mistakes.items():
-        if got == wrong:
-            raise AssertionError(f"{shown} {hint}")
-    raise AssertionError(
-        f"{shown} decode writes each character id as its character, with nothing between them, "
-        "and each special id as its name (for example '<unk>')."
+def judge_encodes(
+    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+) -> None:
+    """``encode`` on every probe (``args = (tokenizer, text)``); one diagnosis for them all."""
+    judge_cases(
+        probes,
+        lambda probe: encode_with(*probe.args),
+        expected,
+        mistakes,
+        same=_equal,
+        what=lambda probe: probe.what,
+        describe=lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
+        rule=_ids_rule,
+        size=lambda probe: len(probe.args[1]),
+    )
+
+
+def judge_decodes(
+    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+) -> None:
+    """``decode`` on every probe (``args = (tokenizer, ids)``); one diagnosis for them all."""
+    judge_cases(
+        probes,
+        lambda probe: decode_with(*probe.args),
+        expected,
+        mistakes,
+        same=_equal,
+        what=lambda probe: probe.what,
+        describe=lambda case: f"{case.what} returned {case.got!r}, expected {case.want!r}.",
+        rule="decode writes each character id as its character, with nothing between them, and "
+        "each special id as its name (for example '<unk>').",
+        size=lambda probe: len(probe.args[1]),
     )
 
 
@@ -239,13 +288,15 @@ def check_char_tokenizer(cls: Callable[..., Any]) -> None:
     judge_vocab_size(
         vocab_size_of(tok), len(SPECIALS) + len(chars), len(chars), f"CharTokenizer().fit({text!r})"
     )
+    probes = []
     for probe in ("probe fitted", "probe unseen"):
         probe_text, _ = example(f"char {probe}: text")
-        want, mistakes = example(f"char {probe}: encode")
-        judge_ids(encode_with(tok, probe_text), want, mistakes, f"tokenizer.encode({probe_text!r})")
+        probes.append(
+            Probe((tok, probe_text), f"char {probe}: encode", f"tokenizer.encode({probe_text!r})")
+        )
+    judge_encodes(probes, *stored_lookups())
     ids, _ = example("char decode: ids")
-    want, mistakes = example("char decode")
-    judge_text(decode_with(tok, ids), want, mistakes, f"tokenizer.decode({ids})")
+    judge_decodes([Probe((tok, ids), "char decode", f"tokenizer.decode({ids})")], *stored_lookups())
 
 
 # ======================================================================================
@@ -295,54 +346,65 @@ def _first_difference(got: Sequence[Any], want: Sequence[Any]) -> int:
     return min(len(got), len(want))
 
 
-def judge_merges(
-    got: list[tuple[str, str]], want: list[tuple[str, str]], mistakes: Mapping[str, Any], what: str
-) -> None:
-    """Merges against the expected ones; name the mistake they reproduce."""
-    if got == want:
-        return
+def _describe_merges(case: Case[Probe]) -> str:
+    got, want = case.got, case.want
     i = _first_difference(got, want)
     if i < len(got) and i < len(want):
-        shown = f"{what}: merge {i} (counting from 0) is {got[i]}, expected {want[i]}."
-    else:
-        shown = f"{what} returned {len(got)} merges, expected {len(want)}."
-    for hint, wrong in mistakes.items():
-        if got == [tuple(pair) for pair in wrong]:
-            raise AssertionError(f"{shown} {hint}")
+        return f"{case.what}: merge {i} (counting from 0) is {got[i]}, expected {want[i]}."
+    return f"{case.what} returned {len(got)} merges, expected {len(want)}."
+
+
+def _merges_rule(case: Case[Probe]) -> str:
+    got, want = case.got, case.want
     if len(got) != len(want) and got[: len(want)] == want[: len(got)]:
-        raise AssertionError(
-            f"{shown} Learn exactly num_merges merges; stop earlier only when no pair is left."
-        )
-    raise AssertionError(
-        f"{shown} Each step counts every adjacent pair of symbols inside the words (word "
-        "frequency included), merges the most frequent pair (ties: the smallest pair) in every "
-        "word, and records it."
+        return "Learn exactly num_merges merges; stop earlier only when no pair is left."
+    return (
+        "Each step counts every adjacent pair of symbols inside the words (word frequency "
+        "included), merges the most frequent pair (ties: the smallest pair) in every word, and "
+        "records it."
+    )
+
+
+def _as_pairs(merges: Sequence[Sequence[str]] | None) -> list[tuple[str, str]] | None:
+    return None if merges is None else [(a, b) for a, b in merges]
+
+
+def judge_merges(
+    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+) -> None:
+    """``bpe_train`` on every probe (``args = (fn, text, num_merges)``); one diagnosis."""
+    judge_cases(
+        probes,
+        lambda probe: run_bpe_train(*probe.args),
+        lambda probe: _as_pairs(expected(probe)),
+        lambda probe: {h: _as_pairs(m) for h, m in mistakes(probe).items()},
+        same=_equal,
+        what=lambda probe: probe.what,
+        describe=_describe_merges,
+        rule=_merges_rule,
+        size=lambda probe: len(probe.args[1]) + probe.args[2],
     )
 
 
 def check_bpe_train(fn: Callable[..., Any]) -> None:
     """Worked examples: the lecture's rhyme (10 merges) and a few words (6 merges)."""
-    for key in ("rhyme", "words"):
-        _judge_bpe_train_example(fn, key)
+    _judge_bpe_train_examples(fn, ("rhyme", "words"))
 
 
 def check_bpe_train_rules(fn: Callable[..., Any]) -> None:
     """The stated rules on tiny texts: overlapping pairs ("aaa"), ties, word frequencies and
     stopping when no pair is left."""
-    for key in ("overlap", "ties", "frequency", "stop"):
-        _judge_bpe_train_example(fn, key)
+    _judge_bpe_train_examples(fn, ("overlap", "ties", "frequency", "stop"))
 
 
-def _judge_bpe_train_example(fn: Callable[..., Any], key: str) -> None:
-    """The student's ``bpe_train`` on the stored example ``key`` against its stored merges."""
-    (text, num_merges), _ = example(f"bpe_train {key}: input")
-    want, mistakes = example(f"bpe_train {key}")
-    judge_merges(
-        run_bpe_train(fn, text, num_merges),
-        [tuple(pair) for pair in want],
-        mistakes,
-        f"bpe_train({_short(text)}, {num_merges})",
-    )
+def _judge_bpe_train_examples(fn: Callable[..., Any], keys: Sequence[str]) -> None:
+    """The student's ``bpe_train`` on the stored examples ``keys`` against their merges."""
+    probes = []
+    for key in keys:
+        (text, num_merges), _ = example(f"bpe_train {key}: input")
+        what = f"bpe_train({_short(text)}, {num_merges})"
+        probes.append(Probe((fn, text, num_merges), f"bpe_train {key}", what))
+    judge_merges(probes, *stored_lookups())
 
 
 def run_bpe_encode(
@@ -359,42 +421,56 @@ def run_bpe_encode(
     return list(got)
 
 
-def judge_pieces(got: list[str], want: list[str], mistakes: Mapping[str, Any], what: str) -> None:
-    """Pieces against the expected ones; name the mistake they reproduce."""
-    if got == want:
-        return
-    shown = f"{what} returned {got}, expected {want}."
+def _describe_pieces(case: Case[Probe]) -> str:
+    got, want = case.got, case.want
+    shown = f"{case.what} returned {got}, expected {want}."
     if len(shown) > 600:
         i = _first_difference(got, want)
         shown = (
-            f"{what} differs from the expected pieces at piece {i}: you returned "
+            f"{case.what} differs from the expected pieces at piece {i}: you returned "
             f"{got[max(0, i - 2) : i + 3]}, expected {want[max(0, i - 2) : i + 3]}."
         )
-    for hint, wrong in mistakes.items():
-        if got == wrong:
-            raise AssertionError(f"{shown} {hint}")
-    if (
-        "".join(got).replace(END_OF_WORD, " ").split()
-        != "".join(want).replace(END_OF_WORD, " ").split()
-    ):
-        raise AssertionError(
-            f"{shown} The pieces must spell the text: each word's characters followed by "
-            f"{END_OF_WORD}."
-        )
-    raise AssertionError(
-        f"{shown} In each word, repeatedly merge the adjacent pair that was learned EARLIEST "
-        "(all its occurrences, left to right) until no learned pair is left."
+    return shown
+
+
+def _pieces_rule(case: Case[Probe]) -> str:
+    def words(pieces: Sequence[str]) -> list[str]:
+        return "".join(pieces).replace(END_OF_WORD, " ").split()
+
+    if words(case.got) != words(case.want):
+        return f"The pieces must spell the text: each word's characters followed by {END_OF_WORD}."
+    return (
+        "In each word, repeatedly merge the adjacent pair that was learned EARLIEST (all its "
+        "occurrences, left to right) until no learned pair is left."
+    )
+
+
+def judge_pieces(
+    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+) -> None:
+    """``bpe_encode`` on every probe (``args = (fn, text, merges)``); one diagnosis."""
+    judge_cases(
+        probes,
+        lambda probe: run_bpe_encode(*probe.args),
+        expected,
+        mistakes,
+        same=_equal,
+        what=lambda probe: probe.what,
+        describe=_describe_pieces,
+        rule=_pieces_rule,
+        size=lambda probe: len(probe.args[1]) + len(probe.args[2]),
     )
 
 
 def check_bpe_encode(fn: Callable[..., Any]) -> None:
-    """Worked examples: the rhyme's merges applied to the rhyme and to words it never saw; two
+    """Worked examples: the rhyme's merges applied to the rhyme and to words it never saw; three
     tiny examples where the order of merging changes the pieces."""
-    for key in ("rhyme", "unseen", "order", "longest"):
+    probes = []
+    for key in ("rhyme", "unseen", "order", "longest", "ranks"):
         (text, merges), _ = example(f"bpe_encode {key}: input")
-        want, mistakes = example(f"bpe_encode {key}")
         what = f"bpe_encode({_short(text)}, merges)"
-        judge_pieces(run_bpe_encode(fn, text, merges), want, mistakes, what)
+        probes.append(Probe((fn, text, merges), f"bpe_encode {key}", what))
+    judge_pieces(probes, *stored_lookups())
 
 
 # ======================================================================================
@@ -440,6 +516,29 @@ def _kept(t: Tensor) -> list[list[int]]:
     return [[i for i, v in enumerate(row.tolist()) if v != -math.inf] for row in rows]
 
 
+def _shaped(rows: list[Any], lead: Sequence[int]) -> Any:
+    """Per-row values nested as the leading dimensions ``lead`` (one row: the row itself)."""
+    if not lead:
+        return rows[0]
+    step = len(rows) // lead[0] if lead[0] else 0
+    return [_shaped(rows[i * step : (i + 1) * step], lead[1:]) for i in range(lead[0])]
+
+
+def kept_ids(t: Tensor) -> Any:
+    """The ids each row keeps (not ``-inf``), nested in the shape of ``t`` without its last
+    dimension: ``[0, 2]`` for a 1-D input, ``[[0, 2], [1]]`` for two rows."""
+    return _shaped(_kept(t), tuple(t.shape[:-1]))
+
+
+def show_values(t: Tensor, digits: int = 3) -> Any:
+    """``t`` as nested lists of rounded numbers, in its own shape (``-inf`` as ``-inf``)."""
+    return _shaped([[round(x, digits) for x in row] for row in _rows_of(t)], tuple(t.shape[:-1]))
+
+
+def _rows_of(t: Tensor) -> list[list[float]]:
+    return t.detach().to("cpu", torch.float64).reshape(-1, t.shape[-1]).tolist()
+
+
 _TIES_DROPPED = (
     "You keep exactly k tokens and drop some tied with the k-th largest; keep EVERY token whose "
     "logit equals the k-th largest (compare with the value, e.g. logits < kth -> -inf)."
@@ -456,65 +555,97 @@ def _drops_ties(got: Tensor, want: Tensor, k: int) -> bool:
     )
 
 
-def judge_logits(
-    got: Tensor,
-    want: Tensor,
-    mistakes: Mapping[str, Tensor],
-    what: str,
-    hint: str,
-    *,
-    k: int | None = None,
-) -> None:
-    """Filtered (or scaled) logits against the expected ones; name the mistake they reproduce.
-
-    ``k`` (top-k only) also recognises rows cut to exactly ``k`` tokens where ties keep more.
-    """
-    if same_logits(got, want):
-        return
+def _describe_logits(case: Case[Probe]) -> str:
+    got, want = case.got, case.want
+    logits = case.input.args[2]
+    shown = case.what
+    if logits.numel() <= 16:
+        shown += f" with logits = {show_values(logits)}"
     if bool(torch.isnan(got.detach()).any()):
-        shown = f"{what} contains NaN."
-    elif _kept(got) != _kept(want):
-        shown = (
-            f"{what} keeps the tokens {_kept(got)} (per row; the others at -inf), expected "
-            f"{_kept(want)}."
+        return f"{shown} contains NaN."
+    if _kept(got) != _kept(want):
+        return (
+            f"{shown} keeps the tokens {kept_ids(got)} (the others at -inf), expected "
+            f"{kept_ids(want)}."
         )
-    else:
-        diff = (got.detach().double() - want).nan_to_num(0.0, 0.0, 0.0).abs()
-        shown = (
-            f"{what} keeps the right tokens but with other values (largest difference "
-            f"{float(diff.max()):.3g}): kept entries keep their logits."
-        )
-    for advice, wrong in mistakes.items():
-        if same_logits(got, wrong):
-            raise AssertionError(f"{shown} {advice}")
-    if k is not None and not bool(torch.isnan(got.detach()).any()) and _drops_ties(got, want, k):
-        raise AssertionError(f"{shown} {_TIES_DROPPED}")
+    diff = (got.detach().double() - want).nan_to_num(0.0, 0.0, 0.0).abs()
+    values = (
+        f" (you returned {show_values(got)}, expected {show_values(want)})"
+        if logits.numel() <= 16
+        else ""
+    )
+    keep = "" if case.input.args[1] == "apply_temperature" else " Kept entries keep their logits."
+    return (
+        f"{shown} keeps the right tokens but with other values{values}; the largest difference "
+        f"is {float(diff.max()):.3g}.{keep}"
+    )
+
+
+def _logits_named(case: Case[Probe]) -> str | None:
+    """A mistake recognised by its shape: ties dropped at the k-th value, 0 instead of -inf."""
+    got, want = case.got, case.want
+    _, name, _, arg, _ = case.input.args
+    if bool(torch.isnan(got.detach()).any()):
+        return None
+    if name == "top_k_filter" and _drops_ties(got, want, int(arg)):
+        return _TIES_DROPPED
     zeros = want.clone()
     zeros[torch.isneginf(zeros)] = 0.0
     if same_logits(got, zeros) and not same_logits(want, zeros):
-        raise AssertionError(
-            f"{shown} Removed entries must be -inf (float('-inf')), not 0: a logit of 0 still "
-            "has probability exp(0) / Z after the softmax."
+        return (
+            "Removed entries must be -inf (float('-inf')), not 0: a logit of 0 still has "
+            "probability exp(0) / Z after the softmax."
         )
-    raise AssertionError(f"{shown} {hint}")
+    return None
 
 
-def _check_logits_examples(fn: Callable[..., Any], name: str, arg_name: str, hint: str) -> None:
+def _as_logits(data: Any) -> Tensor | None:
+    if data is None or isinstance(data, Tensor):
+        return data
+    return _tensor(data)
+
+
+def judge_logits(
+    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+) -> None:
+    """A filter (or the temperature) on every probe, one diagnosis for them all.
+
+    ``probe.args = (fn, name, logits, arg, arg_name)``; ``probe.rule`` is what a right answer
+    does. Besides the catalogued mistakes, rows cut to exactly ``k`` tokens where ties keep
+    more (top-k) and ``0`` instead of ``-inf`` are recognised.
+    """
+    judge_cases(
+        probes,
+        lambda probe: run_logits_fn(*probe.args)[0],
+        lambda probe: _as_logits(expected(probe)),
+        lambda probe: {h: _as_logits(m) for h, m in mistakes(probe).items()},
+        same=same_logits,
+        what=lambda probe: probe.what,
+        describe=_describe_logits,
+        rule=lambda case: case.input.rule,
+        size=lambda probe: probe.args[2].numel(),
+        named=_logits_named,
+    )
+
+
+def logits_probe(
+    fn: Callable[..., Any], name: str, logits: Tensor, arg: float, key: Any, rule: str
+) -> Probe:
+    """The probe of ``name(logits, arg)`` (``key`` finds its expected output)."""
+    arg_name = {"apply_temperature": "t", "top_k_filter": "k", "top_p_filter": "p"}[name]
+    what = f"{name}(logits {tuple(logits.shape)}, {arg_name}={arg})"
+    return Probe((fn, name, logits, arg, arg_name), key, what, rule)
+
+
+def _check_logits_examples(fn: Callable[..., Any], name: str, hint: str) -> None:
     keys, _ = example(f"{name}: examples")
+    probes = []
     for key in keys:
         logits_data, _ = example(f"{key}: logits")
         (arg,), _ = example(f"{key}: argument")
-        want, mistakes = example(key)
         logits = torch.tensor(logits_data, dtype=torch.float32)
-        got, what = run_logits_fn(fn, name, logits, arg, arg_name)
-        judge_logits(
-            got,
-            _tensor(want),
-            {h: _tensor(w) for h, w in mistakes.items()},
-            what,
-            hint,
-            k=int(arg) if name == "top_k_filter" else None,
-        )
+        probes.append(logits_probe(fn, name, logits, arg, key, hint))
+    judge_logits(probes, *stored_lookups())
 
 
 TEMPERATURE_HINT = "Divide the logits by t: logits / t (t < 1 sharpens, t > 1 flattens)."
@@ -530,19 +661,19 @@ TOP_P_HINT = (
 
 def check_apply_temperature(fn: Callable[..., Any]) -> None:
     """Worked examples: one row at ``t = 0.5`` and ``t = 2``, a batch of rows at ``t = 0.7``."""
-    _check_logits_examples(fn, "apply_temperature", "t", TEMPERATURE_HINT)
+    _check_logits_examples(fn, "apply_temperature", TEMPERATURE_HINT)
 
 
 def check_top_k_filter(fn: Callable[..., Any]) -> None:
     """Worked examples: ``k = 1, 2, 3`` on a row with a tie, a batch of rows, ``k`` = the
     vocabulary size."""
-    _check_logits_examples(fn, "top_k_filter", "k", TOP_K_HINT)
+    _check_logits_examples(fn, "top_k_filter", TOP_K_HINT)
 
 
 def check_top_p_filter(fn: Callable[..., Any]) -> None:
     """Worked examples: an unsorted row at ``p = 0.65`` and ``0.45`` (the crossing token kept),
     a batch of rows, ``p = 1``."""
-    _check_logits_examples(fn, "top_p_filter", "p", TOP_P_HINT)
+    _check_logits_examples(fn, "top_p_filter", TOP_P_HINT)
 
 
 # ======================================================================================
@@ -686,44 +817,76 @@ def run_beam(
     return list(got), what
 
 
-def judge_beam(
-    got: list[int],
-    want: list[int],
-    mistakes: Mapping[str, Any],
-    what: str,
-    step_fn: TableStepFn | RandomStepFn,
-    max_len: int,
-) -> None:
-    """The hypothesis returned against the expected one; name the mistake it reproduces."""
-    if got == want:
-        return
+def _screen_beam(case: Case[Probe]) -> None:
+    """What no typical mistake of the search explains: a hypothesis of the wrong form."""
+    got, want = case.got, case.want
+    _, step_fn, _, max_len = case.input.args
     bos, eos = step_fn.bos_id, step_fn.eos_id
     if not got or got[0] != bos:
         raise AssertionError(
-            f"{what} returned {got}, expected {want}: return the whole hypothesis, starting "
-            f"with BOS (bos_id={bos})."
+            f"{case.what} returned {got}, expected {want}: return the whole hypothesis, "
+            f"starting with BOS (bos_id={bos})."
         )
     if eos in got[:-1]:
         raise AssertionError(
-            f"{what} returned {got}, expected {want}: a hypothesis ends at its first EOS."
+            f"{case.what} returned {got}, expected {want}: a hypothesis ends at its first EOS."
         )
     if len(got) > max_len:
         raise AssertionError(
-            f"{what} returned {got} ({len(got)} tokens), expected {want}: max_len={max_len} "
-            "counts every token, BOS and EOS included."
+            f"{case.what} returned {got} ({len(got)} tokens), expected {want}: "
+            f"max_len={max_len} counts every token, BOS and EOS included."
         )
-    shown = (
-        f"{what} returned {got} (total log-probability {sequence_score(step_fn, got):.4f}), "
-        f"expected {want} ({sequence_score(step_fn, want):.4f})."
+
+
+def _describe_beam(case: Case[Probe]) -> str:
+    step_fn = case.input.args[1]
+    return (
+        f"{case.what} returned {case.got} (total log-probability "
+        f"{sequence_score(step_fn, case.got):.4f}), expected {case.want} "
+        f"({sequence_score(step_fn, case.want):.4f})."
     )
-    for hint, wrong in mistakes.items():
-        if got == list(wrong):
-            raise AssertionError(f"{shown} {hint}")
-    raise AssertionError(
-        f"{shown} Each step: every live hypothesis proposes its beam_width most likely next "
-        "tokens; rank all proposals by total log-probability; those ending in EOS among the "
-        "best beam_width are finished; the best beam_width others go on. Return the best "
-        "finished or live hypothesis."
+
+
+_BEAM_RULE = (
+    "Each step: every live hypothesis proposes its beam_width most likely next tokens; rank all "
+    "proposals by total log-probability; those ending in EOS among the best beam_width are "
+    "finished; the best beam_width others go on. Return the best finished or live hypothesis."
+)
+
+
+def beam_probe(
+    fn: Callable[..., Any], step_fn: TableStepFn | RandomStepFn, beam_width: int, key: Any
+) -> Probe:
+    """The probe of ``beam_search`` on ``step_fn`` at ``beam_width`` (its own ``max_len``)."""
+    bos, eos, max_len = step_fn.bos_id, step_fn.eos_id, step_fn.max_len
+    what = (
+        f"beam_search(step_fn, bos_id={bos}, eos_id={eos}, beam_width={beam_width}, "
+        f"max_len={max_len})"
+    )
+    return Probe((fn, step_fn, beam_width, max_len), key, what, _BEAM_RULE)
+
+
+def _run_probe_beam(probe: Probe) -> list[int]:
+    fn, step_fn, width, max_len = probe.args
+    step_fn.calls = 0
+    return run_beam(fn, step_fn, width, max_len)[0]
+
+
+def judge_beam(
+    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+) -> None:
+    """``beam_search`` on every probe (:func:`beam_probe`); one diagnosis for them all."""
+    judge_cases(
+        probes,
+        _run_probe_beam,
+        lambda probe: list(expected(probe)),
+        lambda probe: {h: None if m is None else list(m) for h, m in mistakes(probe).items()},
+        same=_equal,
+        what=lambda probe: probe.what,
+        describe=_describe_beam,
+        rule=_BEAM_RULE,
+        size=lambda probe: probe.args[3] * probe.args[2],
+        screen=_screen_beam,
     )
 
 
@@ -742,13 +905,12 @@ def table_step_fn(key: str) -> tuple[TableStepFn, dict[str, Any]]:
 
 
 def _check_beam_tables(fn: Callable[..., Any], keys: Sequence[str]) -> None:
+    probes = []
     for key in keys:
         step_fn, spec = table_step_fn(key)
         for width in spec["widths"]:
-            want, mistakes = example(f"{key}: beam_width={width}")
-            step_fn.calls = 0
-            got, what = run_beam(fn, step_fn, width, spec["max_len"])
-            judge_beam(got, want, mistakes, what, step_fn, spec["max_len"])
+            probes.append(beam_probe(fn, step_fn, width, f"{key}: beam_width={width}"))
+    judge_beam(probes, *stored_lookups())
 
 
 def check_beam_search(fn: Callable[..., Any]) -> None:

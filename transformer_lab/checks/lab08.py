@@ -15,7 +15,11 @@ The notebook's visible test cells call the ``check_*`` functions here. No oracle
   a known function of everything it has read, with a cache that records how it is fed (the
   prompt once, then one token per step) and refuses positions past its context, as the kit's
   GPT does; the expected tokens are stored, and sampling is checked by its properties (the
-  same seed gives the same tokens, with the cache and without);
+  same seed gives the same tokens, with the cache and without). While it runs (in the
+  notebook; under the grader's judge only the error comes back) :class:`SamplingWatch` checks
+  the probabilities handed to ``torch.multinomial`` (finite, non-negative) and names the
+  operation and function where a NaN or inf started (``apply_temperature``, the student's
+  sampling step), so that a bad temperature is not reported as a failing library call;
 * ``gpt_param_count`` is compared with the parameters of the kit's ``GPT`` counted by PyTorch
   (``numel``), ``kv_cache_bytes`` with the memory of the kit's ``KVCache``, and the four scale
   functions with stored worked examples and the values of their typical mistakes.
@@ -35,12 +39,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from transformer_lab.attention import KVCache
 from transformer_lab.checks._common import (
@@ -52,8 +59,10 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     generator,
+    note_mistake,
     stored,
 )
+from transformer_lab.judge.wire import Reference
 
 __all__ = [
     "ATTENTION_BAN",
@@ -62,6 +71,7 @@ __all__ = [
     "KV_EXAMPLES",
     "SCALE_BAN",
     "SCHEDULES",
+    "SamplingWatch",
     "ScriptedCache",
     "ScriptedLM",
     "attention_example",
@@ -578,6 +588,119 @@ _GENERATE_HINT = (
 )
 
 
+_MULTINOMIAL = {torch.multinomial, Tensor.multinomial}
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the checks, their bans
+
+
+def _bad(t: Tensor) -> bool:
+    """NaN or +inf anywhere (-inf alone is a removed token, which filters make on purpose)."""
+    return t.is_floating_point() and bool((torch.isnan(t) | torch.isposinf(t)).any())
+
+
+def _caller() -> tuple[str, str]:
+    """The function (and ``file:line``) of the innermost frame outside torch and the checks."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith((_TORCH_DIR, _CHECKS_DIR)):
+            return frame.f_code.co_name, f"{os.path.basename(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?", "?"
+
+
+class SamplingWatch(TorchFunctionMode):
+    """Watches a generation loop's torch operations: where a NaN starts, what is sampled.
+
+    Every operation whose output holds NaN or ``+inf`` while none of its inputs does is
+    remembered (the first one): its name, its number arguments and the function that ran it
+    (``apply_temperature``, the student's sampling step...). Before ``torch.multinomial``
+    draws, the probabilities it is handed are checked (finite, non-negative, each row summing
+    to 1); if they are not, an ``AssertionError`` names the operation and function where
+    the bad value started instead of letting the library call fail. Rows must also sum to 1
+    (within 0.01): a distribution, the softmax, not weights ``torch.multinomial`` renormalises.
+
+    Args:
+        what: the call being watched, for messages.
+        temperature: the temperature it was asked for (quoted in messages).
+    """
+
+    def __init__(self, what: str, temperature: float | None) -> None:
+        super().__init__()
+        self.what, self.temperature = what, temperature
+        self.origin: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func in _MULTINOMIAL:
+            probs = args[0] if args else kwargs.get("input")
+            if isinstance(probs, Tensor):
+                self._expect_distribution(probs.detach(), _caller()[0])
+        out = func(*args, **kwargs)
+        if self.origin is None and isinstance(out, Tensor) and _bad(out.detach()):
+            inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+            if not any(_bad(a.detach()) for a in inputs):
+                numbers_in = [repr(a) for a in (*args, *kwargs.values()) if _is_number(a)]
+                name, where = _caller()
+                shown = getattr(func, "__name__", repr(func))
+                extra = f" with {', '.join(numbers_in)}" if numbers_in else ""
+                self.origin = f"`{shown}`{extra} in your function `{name}` ({where})"
+        return out
+
+    def _expect_distribution(self, probs: Tensor, caller: str) -> None:
+        p = probs.double()
+        rows = p.reshape(-1, p.shape[-1]) if p.dim() else p.reshape(1, 1)  # (B, V)
+        finite, signed = bool(torch.isfinite(rows).all()), bool((rows >= 0).all())
+        sums = rows.sum(-1, keepdim=True)  # (B, 1)
+        off = (sums - 1).abs() > _SUM_TOLERANCE
+        if finite and signed and not bool(off.any()):
+            return
+        if not finite:
+            kind = "NaN" if bool(torch.isnan(rows).any()) else "inf"
+        elif not signed:
+            kind = "negative values"
+        else:
+            row_sums = [round(x, 4) for x in sums.flatten().tolist()[:4]]
+            kind = f"rows that do not sum to 1 (row sums {row_sums})"
+        bad_rows = ~torch.isfinite(rows) | (rows < 0) | off
+        row = int(bad_rows.any(-1).float().argmax())
+        shown = [round(x, 4) for x in rows[row].tolist()[:8]]
+        t = "" if self.temperature is None else f" (temperature={self.temperature})"
+        message = (
+            f"{self.what}: the probabilities your function `{caller}` handed to "
+            f"torch.multinomial hold {kind}{t}; row {row} is {shown}. The model's logits were "
+            "finite (this check's model made them), so the problem is in what your code did to "
+            "them before sampling: "
+        )
+        if not finite:
+            start = f"it first became NaN or inf in {self.origin}. " if self.origin else ""
+            hint, recorded = start + _TEMPERATURE_ZERO, _TEMPERATURE_ZERO
+        else:
+            hint = recorded = _LOGITS_SAMPLED
+        note_mistake(recorded)
+        raise AssertionError(message + hint)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+_TEMPERATURE_ZERO = (
+    "Temperature 0 means greedy decoding: take the argmax of the logits, with no division "
+    "(logits / 0 is inf and its softmax NaN); for t > 0 divide the logits by t, never multiply "
+    "or negate them, then take the softmax."
+)
+
+_LOGITS_SAMPLED = (
+    "torch.multinomial takes probabilities, the softmax of the scaled (and filtered) logits: "
+    "non-negative, each row summing to 1; not logits, nor exp(logits) unnormalised."
+)
+#: How far a row of probabilities may sum from 1 (float16 softmaxes round to about 1e-3).
+_SUM_TOLERANCE = 1e-2
+
+_MULTINOMIAL_FAILED = "probability tensor contains either `inf`, `nan` or element < 0"
+
+
 def run_generate(
     fn: Callable[..., Tensor],
     model: nn.Module,
@@ -592,14 +715,30 @@ def run_generate(
         The output, checked to be integer ``(B, T + max_new_tokens)`` starting with the prompt.
     """
     before = prompt.clone()
-    got = call_forbidding(
-        fn,
-        (model, prompt, max_new_tokens),
-        options,
-        ban=GENERATE_BAN,
-        what=what,
-        on_error=_GENERATE_HINT,
-    )
+    temperature = options.get("temperature")
+    try:
+        if isinstance(fn, Reference):  # judged: the student's operations run in the kernel
+            got = call_forbidding(
+                fn, (model, prompt, max_new_tokens), options, ban=GENERATE_BAN, what=what
+            )
+        else:
+            with SamplingWatch(what, temperature):
+                got = call_forbidding(
+                    fn, (model, prompt, max_new_tokens), options, ban=GENERATE_BAN, what=what
+                )
+    except AssertionError as exc:
+        message = str(exc)
+        if _MULTINOMIAL_FAILED in message:  # seen only from the outside (the judge's kernel)
+            note_mistake(_TEMPERATURE_ZERO)
+            raise AssertionError(
+                f"{message} The probabilities your sampling step handed to torch.multinomial "
+                f"were no distribution (temperature={temperature}); the model's logits were "
+                "finite (this check's model made them), so look at what your code does to "
+                f"them before sampling (apply_temperature, the softmax). {_TEMPERATURE_ZERO}"
+            ) from None
+        if f"{what} raised " in message:
+            raise AssertionError(f"{message} {_GENERATE_HINT}") from None
+        raise
     expect_true(
         torch.equal(prompt, before),
         f"{what} changed the prompt in place: build the output with torch.cat.",

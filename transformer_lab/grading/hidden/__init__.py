@@ -23,8 +23,9 @@ def fixture_entry(expected: Any, mistakes: dict[str, Any] | None = None) -> dict
     """One stored worked example, as JSON data: ``{"expected": ..., "mistakes": {hint: ...}}``.
 
     Tensors become nested lists; anything else (token ids, beams, scores) is stored as it is.
-    The mistakes keep their order, which the visible checks use: the first one that matches
-    names the mistake.
+    The mistakes keep their order, the catalogue's. Checks that name a mistake only when it
+    matches on every example (:func:`~transformer_lab.checks._common.judge_cases`) store the
+    mistakes that differ from the expected value: one left out gives the expected value there.
     """
 
     def plain(value: Any) -> Any:

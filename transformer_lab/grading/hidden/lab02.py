@@ -480,6 +480,7 @@ def _expect_attention(fn: Callable[..., Any], *qkv_mask: Any, what: str) -> None
         k,
         v,
         mask,
+        fn=fn,
     )
 
 

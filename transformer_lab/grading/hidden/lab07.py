@@ -13,8 +13,11 @@ floats, independent of :mod:`transformer_lab.tokenizers` and :mod:`transformer_l
 Each oracle has a ``*_variant`` twin whose flags reproduce the typical mistakes (merging across
 words, ties to the wrong pair, overlapping pairs counted once, merges applied in the wrong order,
 temperature as a product, top-k keeping k + 1 or dropping ties, top-p dropping the crossing
-token or not sorting, scores not accumulated, finished hypotheses kept in the beam, ...): the
-checks compare a wrong answer with those outputs and name the mistake.
+token or not sorting, scores not accumulated, finished hypotheses kept in the beam, ...). Each
+check runs the student's code on all its inputs and names the one mistake whose outputs match
+the student's on every input (:func:`~transformer_lab.checks._common.judge_cases`); a few fixed
+inputs (two beam-search distributions, a BPE example) are there so that no two mistakes of the
+catalogue agree on every input of their check.
 
 :func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab07.json``).
 
@@ -42,22 +45,23 @@ from transformer_lab.checks.lab07 import (
     TOKENIZER_BAN,
     TOP_K_HINT,
     TOP_P_HINT,
+    Probe,
     RandomStepFn,
     TableStepFn,
+    beam_probe,
     decode_with,
     encode_with,
     fitted_tokenizer,
     judge_beam,
-    judge_ids,
+    judge_decodes,
+    judge_encodes,
     judge_logits,
     judge_merges,
     judge_pieces,
-    judge_text,
     judge_vocab_size,
-    run_beam,
+    logits_probe,
     run_bpe_encode,
     run_bpe_train,
-    run_logits_fn,
     vocab_size_of,
 )
 from transformer_lab.grading.hidden import fixture_entry
@@ -97,25 +101,10 @@ RHYME = (
 WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
 
 
-def _named(
-    variants: Sequence[tuple[str, Any]], want: Any, same: Callable[[Any, Any], bool]
-) -> dict:
-    """Hint -> output of each mistake whose output differs from ``want``.
-
-    Mistakes that give the same output share one entry whose hint names each of them, so a
-    wrong answer is never told about only one of several mistakes it may have made.
-    """
-    groups: list[tuple[list[str], Any]] = []
-    for hint, got in variants:
-        if same(got, want):
-            continue
-        for hints, output in groups:
-            if same(got, output):
-                hints.append(hint)
-                break
-        else:
-            groups.append(([hint], got))
-    return {" Or: ".join(hints): output for hints, output in groups}
+def _differing(mistakes: Mapping[str, Any], want: Any, same: Callable[[Any, Any], bool]) -> dict:
+    """The mistakes whose output differs from ``want`` (what a stored example keeps: a mistake
+    left out gives the expected output there)."""
+    return {hint: out for hint, out in mistakes.items() if not same(out, want)}
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -151,7 +140,6 @@ def char_encode_mistakes(fit_text: str, text: str) -> dict[str, list[int]]:
     first_seen = list(dict.fromkeys(fit_text))
     by_code = sorted(set(fit_text))
     out: dict[str, list[int]] = {}
-    want = oracle_char_encode(fit_text, text)
     out[
         "Your characters are numbered in the order they first appear; sort them "
         "(sorted(set(text))) so that ids do not depend on where a character first occurs."
@@ -171,7 +159,7 @@ def char_encode_mistakes(fit_text: str, text: str) -> dict[str, list[int]]:
     out["An unseen character becomes <unk> (id 3), not <pad> (id 0)."] = [
         by_code.index(c) + n if c in by_code else 0 for c in text
     ]
-    return _named(list(out.items()), want, _equal)
+    return out
 
 
 def char_decode_mistakes(fit_text: str, ids: Sequence[int]) -> dict[str, str]:
@@ -193,10 +181,34 @@ def char_decode_mistakes(fit_text: str, ids: Sequence[int]) -> dict[str, str]:
     out["Your decode is off by the 4 special tokens: id i is the token vocab[i]."] = "".join(
         vocab[i + n] if i + n < len(vocab) else "?" for i in ids
     )
-    return _named(list(out.items()), oracle_char_decode(fit_text, ids), _equal)
+    return out
 
 
-def _expect_char_tokenizer(cls: Callable[..., Any], fit_text: str, probes: Sequence[str]) -> Any:
+def _encode_probe(tok: Any, fit_text: str, text: str, extra: str = "") -> Probe:
+    return Probe((tok, text), (fit_text, text), f"tokenizer.encode({text[:40]!r}){extra}")
+
+
+def _char_encode_expected(probe: Probe) -> list[int]:
+    return oracle_char_encode(*probe.key)
+
+
+def _char_encode_mistakes(probe: Probe) -> dict[str, list[int]]:
+    return char_encode_mistakes(*probe.key)
+
+
+def _decode_probe(tok: Any, fit_text: str, ids: list[int]) -> Probe:
+    return Probe((tok, ids), (fit_text, ids), f"tokenizer.decode({ids})")
+
+
+def _char_decode_expected(probe: Probe) -> str:
+    return oracle_char_decode(*probe.key)
+
+
+def _char_decode_mistakes(probe: Probe) -> dict[str, str]:
+    return char_decode_mistakes(*probe.key)
+
+
+def _fitted_char_tokenizer(cls: Callable[..., Any], fit_text: str) -> Any:
     tok = fitted_tokenizer(cls, fit_text)
     chars = sorted(set(fit_text))
     judge_vocab_size(
@@ -205,13 +217,6 @@ def _expect_char_tokenizer(cls: Callable[..., Any], fit_text: str, probes: Seque
         len(chars),
         f"CharTokenizer().fit({fit_text[:30]!r})",
     )
-    for text in probes:
-        judge_ids(
-            encode_with(tok, text),
-            oracle_char_encode(fit_text, text),
-            char_encode_mistakes(fit_text, text),
-            f"tokenizer.encode({text[:40]!r})",
-        )
     return tok
 
 
@@ -229,20 +234,23 @@ def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
     """Random texts over random alphabets (accents, CJK, emoji, tabs, newlines): ``vocab_size``,
     ``encode`` of the text and of texts with unseen characters, ``decode`` of random ids."""
     g = generator(seed)
+    fits: list[tuple[Any, str]] = []
+    encodes: list[Probe] = []
+    decodes: list[Probe] = []
     for _ in range(3):
         order = torch.randperm(len(_ALPHABET), generator=g).tolist()
         letters = "".join(_ALPHABET[i] for i in order[: randint(5, 30, g)])
         fit_text = _random_text(g, letters, randint(20, 200, g))
         unseen = _random_text(g, _ALPHABET, randint(5, 40, g))
-        tok = _expect_char_tokenizer(cls, fit_text, [fit_text, unseen])
+        tok = _fitted_char_tokenizer(cls, fit_text)
+        encodes += [_encode_probe(tok, fit_text, t) for t in (fit_text, unseen)]
         vocab = oracle_char_vocab(fit_text)
         ids = torch.randint(0, len(vocab), (randint(3, 30, g),), generator=g).tolist()
-        judge_text(
-            decode_with(tok, ids),
-            oracle_char_decode(fit_text, ids),
-            char_decode_mistakes(fit_text, ids),
-            f"tokenizer.decode({ids})",
-        )
+        decodes.append(_decode_probe(tok, fit_text, ids))
+        fits.append((tok, fit_text))
+    judge_encodes(encodes, _char_encode_expected, _char_encode_mistakes)
+    judge_decodes(decodes, _char_decode_expected, _char_decode_mistakes)
+    for tok, fit_text in fits:
         round_trip = decode_with(tok, encode_with(tok, fit_text))
         expect_true(
             round_trip == fit_text,
@@ -267,13 +275,11 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
             f"{want}: fit builds the vocabulary from the text it is given, replacing the old one."
         )
     judge_vocab_size(size, want, len(set(second)), f"...fit({second!r})")
-    judge_ids(
-        encode_with(tok, second + "a"),
-        oracle_char_encode(second, second + "a"),
-        char_encode_mistakes(second, second + "a"),
-        f"tokenizer.encode({second + 'a'!r}) after fitting again on {second!r}",
-    )
-    _expect_char_tokenizer(cls, "aaaa", ["aaaa", "", "ab"])
+    again = f" after fitting again on {second!r}"
+    repeated = _fitted_char_tokenizer(cls, "aaaa")
+    encodes = [_encode_probe(tok, second, second + "a", again)]
+    encodes += [_encode_probe(repeated, "aaaa", t) for t in ("aaaa", "", "ab")]
+    judge_encodes(encodes, _char_encode_expected, _char_encode_mistakes)
     tok = fitted_tokenizer(cls, "zy x")
     expect_true(
         encode_with(tok, "") == [],
@@ -281,12 +287,7 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     )
     expect_true(decode_with(tok, []) == "", "tokenizer.decode([]) should be ''.")
     ids = [0, 1, 4, 5, 6, 7, 3, 2]
-    judge_text(
-        decode_with(tok, ids),
-        oracle_char_decode("zy x", ids),
-        char_decode_mistakes("zy x", ids),
-        f"tokenizer.decode({ids})",
-    )
+    judge_decodes([_decode_probe(tok, "zy x", ids)], _char_decode_expected, _char_decode_mistakes)
 
 
 # ======================================================================================
@@ -458,8 +459,7 @@ def bpe_train_mistakes(text: str, num_merges: int) -> dict[str, list[tuple[str, 
             {"merge": "rtl"},
         ),
     ]
-    outputs = [(hint, bpe_train_variant(text, num_merges, **flags)) for hint, flags in variants]
-    return _named(outputs, oracle_bpe_train(text, num_merges), _equal)
+    return {hint: bpe_train_variant(text, num_merges, **flags) for hint, flags in variants}
 
 
 def _word_to_symbols(word: str, *, eow: bool = True) -> list[str]:
@@ -604,26 +604,32 @@ def bpe_encode_mistakes(text: str, merges: Sequence[tuple[str, str]]) -> dict[st
             {"keep_eow": False},
         ),
     ]
-    outputs = [(hint, bpe_encode_variant(text, merges, **flags)) for hint, flags in variants]
-    return _named(outputs, oracle_bpe_encode(text, merges), _equal)
+    return {hint: bpe_encode_variant(text, merges, **flags) for hint, flags in variants}
 
 
-def _expect_merges(fn: Callable[..., Any], text: str, num_merges: int) -> None:
-    learned = run_bpe_train(fn, text, num_merges)
+def _merges_probe(fn: Callable[..., Any], text: str, num_merges: int) -> Probe:
+    what = f"bpe_train({text[:37] + '...' if len(text) > 40 else text!r}, {num_merges})"
+    return Probe((fn, text, num_merges), (text, num_merges), what)
+
+
+def _expect_merges(probes: Sequence[Probe]) -> None:
     judge_merges(
-        learned,
-        oracle_bpe_train(text, num_merges),
-        bpe_train_mistakes(text, num_merges),
-        f"bpe_train({text[:37] + '...' if len(text) > 40 else text!r}, {num_merges})",
+        probes,
+        lambda probe: oracle_bpe_train(*probe.key),
+        lambda probe: bpe_train_mistakes(*probe.key),
     )
 
 
-def _expect_pieces(fn: Callable[..., Any], text: str, merges: list[tuple[str, str]]) -> None:
+def _pieces_probe(fn: Callable[..., Any], text: str, merges: list[tuple[str, str]]) -> Probe:
+    what = f"bpe_encode({text[:37] + '...' if len(text) > 40 else text!r}, merges)"
+    return Probe((fn, text, merges), (text, merges), what)
+
+
+def _expect_pieces(probes: Sequence[Probe]) -> None:
     judge_pieces(
-        run_bpe_encode(fn, text, merges),
-        oracle_bpe_encode(text, merges),
-        bpe_encode_mistakes(text, merges),
-        f"bpe_encode({text[:37] + '...' if len(text) > 40 else text!r}, merges)",
+        probes,
+        lambda probe: oracle_bpe_encode(*probe.key),
+        lambda probe: bpe_encode_mistakes(*probe.key),
     )
 
 
@@ -642,9 +648,11 @@ def hidden_check_bpe_train(fn: Callable[..., Any], seed: int = 0) -> None:
     """Random texts (small alphabets, so many ties and repeated letters; tabs and newlines
     between words) against the oracle, 5 to 40 merges."""
     g = generator(seed)
+    probes = []
     for letters in ("abc", "abcde", "lowerstn"):
         text = _random_words(g, letters, randint(15, 60, g))
-        _expect_merges(fn, text, randint(5, 40, g))
+        probes.append(_merges_probe(fn, text, randint(5, 40, g)))
+    _expect_merges(probes)
 
 
 def hidden_check_bpe_train_edges(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -656,28 +664,33 @@ def hidden_check_bpe_train_edges(fn: Callable[..., Any], seed: int = 0) -> None:
         run_bpe_train(fn, "   \n ", 3) == [],
         "bpe_train of a text of whitespace only should be [] (no words).",
     )
-    for text, n in (
-        ("ab ab ba", 20),
-        ("a b c a", 4),
-        ("aaaa aaa aa", 6),
-        ("zy zy zy ab abc abc", 5),
-        ("abc az az abc bc", 4),
-        (RHYME, 25),
-    ):
-        _expect_merges(fn, text, n)
+    probes = [
+        _merges_probe(fn, text, n)
+        for text, n in (
+            ("ab ab ba", 20),
+            ("a b c a", 4),
+            ("aaaa aaa aa", 6),
+            ("zy zy zy ab abc abc", 5),
+            ("abc az az abc bc", 4),
+            (RHYME, 25),
+        )
+    ]
     g = generator(seed)
-    _expect_merges(fn, _random_words(g, "ab", 40, longest=9), 30)
+    probes.append(_merges_probe(fn, _random_words(g, "ab", 40, longest=9), 30))
+    _expect_merges(probes)
 
 
 def hidden_check_bpe_encode(fn: Callable[..., Any], seed: int = 0) -> None:
     """Merges learned (by the oracle) on random texts, applied to the texts themselves and to
     new words of the same letters."""
     g = generator(seed)
+    probes = []
     for letters in ("abc", "abcde", "lowerstn"):
         text = _random_words(g, letters, randint(20, 60, g))
         merges = oracle_bpe_train(text, randint(5, 40, g))
-        _expect_pieces(fn, text, merges)
-        _expect_pieces(fn, _random_words(g, letters + "xy", 12), merges)
+        probes.append(_pieces_probe(fn, text, merges))
+        probes.append(_pieces_probe(fn, _random_words(g, letters + "xy", 12), merges))
+    _expect_pieces(probes)
 
 
 def hidden_check_bpe_encode_edges(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -687,14 +700,19 @@ def hidden_check_bpe_encode_edges(fn: Callable[..., Any], seed: int = 0) -> None
         run_bpe_encode(fn, "", oracle_bpe_train(RHYME, 5)) == [],
         "bpe_encode('', merges) should be [] (no words).",
     )
-    _expect_pieces(fn, "to sea", [])
-    _expect_pieces(fn, "aaaa aaaaa a", oracle_bpe_train("aaaa aaa aa", 6))
     rhyme = oracle_bpe_train(RHYME, 30)
-    _expect_pieces(fn, "the sailors saw seven seas, what a sight!", rhyme)
-    _expect_pieces(fn, "Zoë   sees\tthe sea", rhyme)
+    probes = [
+        _pieces_probe(fn, "to sea", []),
+        _pieces_probe(fn, "aaaa aaaaa a", oracle_bpe_train("aaaa aaa aa", 6)),
+        _pieces_probe(fn, "the sailors saw seven seas, what a sight!", rhyme),
+        _pieces_probe(fn, "Zoë   sees\tthe sea", rhyme),
+    ]
     g = generator(seed)
     text = _random_words(g, "ab", 40, longest=9)
-    _expect_pieces(fn, _random_words(g, "ab", 15, longest=12), oracle_bpe_train(text, 30))
+    probes.append(
+        _pieces_probe(fn, _random_words(g, "ab", 15, longest=12), oracle_bpe_train(text, 30))
+    )
+    _expect_pieces(probes)
 
 
 # ======================================================================================
@@ -731,7 +749,7 @@ def temperature_mistakes(logits: Tensor, t: float) -> dict[str, Tensor]:
         ),
         "You subtracted t; divide the logits by t.": x - t,
     }
-    return _named(list(out.items()), oracle_apply_temperature(logits, t), _same)
+    return out
 
 
 def _kth_largest(row: list[float], k: int) -> float:
@@ -793,8 +811,7 @@ def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
             "global",
         ),
     ]
-    outputs = [(hint, top_k_variant(logits, k, how=how)) for hint, how in variants]
-    return _named(outputs, oracle_top_k_filter(logits, k), _same)
+    return {hint: top_k_variant(logits, k, how=how) for hint, how in variants}
 
 
 def top_p_variant(
@@ -872,8 +889,7 @@ def top_p_mistakes(logits: Tensor, p: float) -> dict[str, Tensor]:
             {"ties": "high"},
         ),
     ]
-    outputs = [(hint, top_p_variant(logits, p, **flags)) for hint, flags in variants]
-    return _named(outputs, oracle_top_p_filter(logits, p), _same)
+    return {hint: top_p_variant(logits, p, **flags) for hint, flags in variants}
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
@@ -883,19 +899,25 @@ def _same(a: Tensor, b: Tensor) -> bool:
     return bool(torch.allclose(a[keep].double(), b[keep].double(), atol=1e-6, rtol=1e-6))
 
 
-def _expect_logits(
-    fn: Callable[..., Any],
-    name: str,
-    logits: Tensor,
-    arg: float,
-    want: Tensor,
-    mistakes: dict[str, Tensor],
-    hint: str,
-) -> None:
-    arg_name = {"apply_temperature": "t", "top_k_filter": "k", "top_p_filter": "p"}[name]
-    returned, call = run_logits_fn(fn, name, logits, arg, arg_name)
+def _logits_probe(
+    fn: Callable[..., Any], name: str, logits: Tensor, arg: float, hint: str
+) -> Probe:
+    return logits_probe(fn, name, logits, arg, (name, logits, arg), hint)
+
+
+def _logits_oracles(name: str) -> tuple[Callable[..., Tensor], Callable[..., dict[str, Tensor]]]:
+    return {
+        "apply_temperature": (oracle_apply_temperature, temperature_mistakes),
+        "top_k_filter": (oracle_top_k_filter, top_k_mistakes),
+        "top_p_filter": (oracle_top_p_filter, top_p_mistakes),
+    }[name]
+
+
+def _expect_logits(probes: Sequence[Probe]) -> None:
     judge_logits(
-        returned, want, mistakes, call, hint, k=int(arg) if name == "top_k_filter" else None
+        probes,
+        lambda probe: _logits_oracles(probe.key[0])[0](*probe.key[1:]),
+        lambda probe: _logits_oracles(probe.key[0])[1](*probe.key[1:]),
     )
 
 
@@ -907,6 +929,7 @@ def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> Non
     """Random batches (float32 and float64, any leading dims) at temperatures below and above 1;
     ``-inf`` entries stay ``-inf``; ``t = 1`` changes nothing; ``t <= 0`` raises ValueError."""
     g = generator(seed)
+    probes = []
     for shape, dtype, t in (
         ((7,), torch.float32, 0.3),
         ((3, 11), torch.float64, 1.7),
@@ -914,19 +937,10 @@ def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> Non
     ):
         logits = _random_logits(g, shape, dtype)
         logits[..., 1] = -math.inf
-        _expect_logits(
-            fn,
-            "apply_temperature",
-            logits,
-            t,
-            oracle_apply_temperature(logits, t),
-            temperature_mistakes(logits, t),
-            TEMPERATURE_HINT,
-        )
+        probes.append(_logits_probe(fn, "apply_temperature", logits, t, TEMPERATURE_HINT))
     logits = _random_logits(g, (2, 5), torch.float32)
-    _expect_logits(
-        fn, "apply_temperature", logits, 1.0, logits.double(), {}, "t = 1 changes nothing."
-    )
+    probes.append(_logits_probe(fn, "apply_temperature", logits, 1.0, "t = 1 changes nothing."))
+    _expect_logits(probes)
     for bad in (0.0, -1.0):
         try:
             result = call_forbidding(
@@ -945,6 +959,7 @@ def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> Non
 def hidden_check_top_k_filter(fn: Callable[..., Any], seed: int = 0) -> None:
     """Random batches (float32, float64, three dims) with several ``k``; rows with ties."""
     g = generator(seed)
+    probes = []
     for shape, dtype in (
         ((9,), torch.float32),
         ((4, 13), torch.float64),
@@ -954,15 +969,8 @@ def hidden_check_top_k_filter(fn: Callable[..., Any], seed: int = 0) -> None:
         # Round half the rows to whole numbers, so that ties happen at the k-th value.
         logits[..., ::2] = logits[..., ::2].round()
         k = randint(1, shape[-1] - 1, g)
-        _expect_logits(
-            fn,
-            "top_k_filter",
-            logits,
-            k,
-            oracle_top_k_filter(logits, k),
-            top_k_mistakes(logits, k),
-            TOP_K_HINT,
-        )
+        probes.append(_logits_probe(fn, "top_k_filter", logits, k, TOP_K_HINT))
+    _expect_logits(probes)
 
 
 def hidden_check_top_k_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -972,17 +980,11 @@ def hidden_check_top_k_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
     logits = _random_logits(g, (3, 6), torch.float32)
     logits[0, 2] = -math.inf
     logits[1] = 0.5
+    probes = []
     for k in (6, 9, 1, 3):
-        _expect_logits(
-            fn,
-            "top_k_filter",
-            logits,
-            k,
-            oracle_top_k_filter(logits, k),
-            top_k_mistakes(logits, k),
-            TOP_K_HINT
-            + (" k >= the vocabulary size keeps every token." if k >= logits.shape[-1] else ""),
-        )
+        every = " k >= the vocabulary size keeps every token." if k >= logits.shape[-1] else ""
+        probes.append(_logits_probe(fn, "top_k_filter", logits, k, TOP_K_HINT + every))
+    _expect_logits(probes)
     try:
         call_forbidding(fn, (logits, 0), {}, ban=DECODING_BAN, what="top_k_filter(logits, 0)")
     except AssertionError as exc:
@@ -1016,6 +1018,7 @@ def hidden_check_top_p_filter(fn: Callable[..., Any], seed: int = 0) -> None:
     """Random batches (float32, float64, three dims) at several ``p`` (never closer than 0.01 to
     a running mass); unsorted rows; rows whose nucleus is one token."""
     g = generator(seed)
+    probes = []
     for shape, dtype in (
         ((10,), torch.float32),
         ((4, 12), torch.float64),
@@ -1023,15 +1026,8 @@ def hidden_check_top_p_filter(fn: Callable[..., Any], seed: int = 0) -> None:
     ):
         logits = _random_logits(g, shape, dtype)
         p = _safe_p(g, logits)
-        _expect_logits(
-            fn,
-            "top_p_filter",
-            logits,
-            p,
-            oracle_top_p_filter(logits, p),
-            top_p_mistakes(logits, p),
-            TOP_P_HINT,
-        )
+        probes.append(_logits_probe(fn, "top_p_filter", logits, p, TOP_P_HINT))
+    _expect_logits(probes)
 
 
 def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -1049,27 +1045,21 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
         (tied, 0.5), (tied, 0.75), (tied, 1.0), (inf, 1.0), (inf, 0.8), (big, 0.9),
         (tiny, 1.0), (single, 0.5), (single, 1.0),
     )  # fmt: skip
-    for logits, p in cases:
-        _expect_logits(
+    probes = [
+        _logits_probe(
             fn,
             "top_p_filter",
             logits,
             p,
-            oracle_top_p_filter(logits, p),
-            top_p_mistakes(logits, p),
             TOP_P_HINT + (" p = 1 keeps every token." if p == 1.0 else ""),
         )
+        for logits, p in cases
+    ]
     g = generator(seed)
     logits = _random_logits(g, (3, 7), torch.float32)
-    _expect_logits(
-        fn,
-        "top_p_filter",
-        logits,
-        1e-4,
-        oracle_top_p_filter(logits, 1e-4),
-        top_p_mistakes(logits, 1e-4),
-        "A tiny p keeps only the most likely token of each row (it always stays).",
-    )
+    tiny_p = "A tiny p keeps only the most likely token of each row (it always stays)."
+    probes.append(_logits_probe(fn, "top_p_filter", logits, 1e-4, tiny_p))
+    _expect_logits(probes)
     for bad in (0.0, 1.5):
         try:
             call_forbidding(
@@ -1158,9 +1148,10 @@ def beam_variant(
             alive = [c for c in ranked if c[0][-1] != eos_id][:beam_width]
         if stop_first and finished:
             return finished[0][0]
-        # The kit's early stop: no live hypothesis can beat the best finished one any more
-        # (students who normalise by length at the end usually run to the end).
-        early = score == "logp" and final == "sum" and final_ties == "first"
+        # The kit's early stop: no live hypothesis can beat the best finished one any more, by
+        # the variant's own score (students who normalise by length at the end usually run to
+        # the end).
+        early = final == "sum" and final_ties == "first"
         if early and finished and alive and max(c[2] for c in finished) >= alive[0][2]:
             break
     pool = finished if final == "finished" and finished else finished + alive
@@ -1230,29 +1221,47 @@ def beam_mistakes(
 ) -> dict[str, list[int]]:
     """Hint -> the hypothesis a typical wrong ``beam_search`` returns."""
     args = (rows, bos_id, eos_id, beam_width, max_len)
-    outputs = [(hint, beam_variant(*args, **flags)) for hint, flags in _BEAM_MISTAKES]
-    return _named(outputs, oracle_beam_search(*args), _equal)
+    return {hint: beam_variant(*args, **flags) for hint, flags in _BEAM_MISTAKES}
 
 
-def _expect_beam(fn: Callable[..., Any], step_fn: Any, beam_width: int) -> None:
-    max_len = step_fn.max_len
-    args = (step_fn.row, step_fn.bos_id, step_fn.eos_id, beam_width, max_len)
-    got, what = run_beam(fn, step_fn, beam_width, max_len)
-    judge_beam(got, oracle_beam_search(*args), beam_mistakes(*args), what, step_fn, max_len)
+def _beam_probe(fn: Callable[..., Any], step_fn: Any, beam_width: int) -> Probe:
+    probe = beam_probe(fn, step_fn, beam_width, None)
+    args = (step_fn.row, step_fn.bos_id, step_fn.eos_id, beam_width, step_fn.max_len)
+    return probe._replace(key=args)
+
+
+def _expect_beam(probes: Sequence[Probe]) -> None:
+    judge_beam(
+        probes,
+        lambda probe: oracle_beam_search(*probe.key),
+        lambda probe: beam_mistakes(*probe.key),
+    )
 
 
 def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
     """Random next-token distributions (5 to 8 tokens, other BOS/EOS ids) at widths 1 to 5 and
-    several ``max_len``, against the oracle."""
+    several ``max_len``, and two fixed ones that tell the typical mistakes apart, against the
+    oracle."""
     g = generator(seed)
+    probes = []
     for _ in range(5):
         vocab = randint(5, 8, g)
         bos, eos = (0, 1) if randint(0, 1, g) else (vocab - 1, 2)
         step_fn = RandomStepFn(
             vocab, randint(0, 10**6, g), bos_id=bos, eos_id=eos, max_len=randint(3, 7, g)
         )
-        _expect_beam(fn, step_fn, randint(1, 5, g))
+        probes.append(_beam_probe(fn, step_fn, randint(1, 5, g)))
+    # Two fixed distributions on which the catalogue's mistakes return different hypotheses
+    # (random ones may let two of them agree everywhere: one diagnosis needs them apart).
+    for fixed in _SEPARATING_BEAM_SEEDS:
+        step_fn = RandomStepFn(6, fixed, bos_id=0, eos_id=1, max_len=6)
+        probes.append(_beam_probe(fn, step_fn, 3))
+    _expect_beam(probes)
 
+
+#: Seeds of :class:`RandomStepFn` (6 tokens, max_len 6, beam_width 3) that tell every pair of
+#: the catalogue's mistakes apart, ties aside (the tables below hold those).
+_SEPARATING_BEAM_SEEDS = (90, 75)
 
 # Hand-built tables for the stated rules: {prefix: probabilities}, "default" for the others.
 # Tokens: 0 BOS, 1 EOS, then words 2, 3, 4. No two tokens of a row tie where a beam is cut.
@@ -1298,18 +1307,19 @@ def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> Non
     """The stated ties (equal scores: the better-ranked beam's extension first; the final
     choice: the hypothesis that finished first), ``max_len = 1`` and ``2``, a beam wider than
     the vocabulary, an immediate EOS, other BOS/EOS ids."""
-    for spec in (_TIE_TABLE, _FINAL_TIE_TABLE):
-        step_fn = _table(spec)
-        _expect_beam(fn, step_fn, spec["widths"][0])
+    probes = [
+        _beam_probe(fn, _table(spec), spec["widths"][0]) for spec in (_TIE_TABLE, _FINAL_TIE_TABLE)
+    ]
     g = generator(seed)
     for max_len, width in ((1, 3), (2, 2), (4, 12)):
         step_fn = RandomStepFn(6, randint(0, 10**6, g), bos_id=3, eos_id=5, max_len=max_len)
-        _expect_beam(fn, step_fn, width)
+        probes.append(_beam_probe(fn, step_fn, width))
     eos_first = TableStepFn(
         {(2,): [0.1, 0.1, 0.0, 0.05, 0.75]}, [0.3, 0.3, 0.0, 0.1, 0.3], bos_id=2, eos_id=4,
         max_len=6,
     )  # fmt: skip
-    _expect_beam(fn, eos_first, 2)
+    probes.append(_beam_probe(fn, eos_first, 2))
+    _expect_beam(probes)
 
 
 # ======================================================================================
@@ -1385,13 +1395,15 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out["char chars"] = fixture_entry(sorted(set(CHAR_TEXT)))
     for key, text in CHAR_PROBES.items():
         out[f"char {key}: text"] = fixture_entry(text)
+        want = oracle_char_encode(CHAR_TEXT, text)
         out[f"char {key}: encode"] = fixture_entry(
-            oracle_char_encode(CHAR_TEXT, text), char_encode_mistakes(CHAR_TEXT, text)
+            want, _differing(char_encode_mistakes(CHAR_TEXT, text), want, _equal)
         )
     ids = [1, *oracle_char_encode(CHAR_TEXT, "a hat"), 3, 2]
     out["char decode: ids"] = fixture_entry(ids)
+    decoded = oracle_char_decode(CHAR_TEXT, ids)
     out["char decode"] = fixture_entry(
-        oracle_char_decode(CHAR_TEXT, ids), char_decode_mistakes(CHAR_TEXT, ids)
+        decoded, _differing(char_decode_mistakes(CHAR_TEXT, ids), decoded, _equal)
     )
     # bpe_train
     for key, text, n in (
@@ -1403,9 +1415,10 @@ def fixtures() -> dict[str, dict[str, Any]]:
         ("stop", "ab ab", 5),
     ):
         out[f"bpe_train {key}: input"] = fixture_entry([text, n])
+        merges = oracle_bpe_train(text, n)
+        wrong = _differing(bpe_train_mistakes(text, n), merges, _equal)
         out[f"bpe_train {key}"] = fixture_entry(
-            [list(m) for m in oracle_bpe_train(text, n)],
-            {h: [list(m) for m in v] for h, v in bpe_train_mistakes(text, n).items()},
+            [list(m) for m in merges], {h: [list(m) for m in v] for h, v in wrong.items()}
         )
     # bpe_encode
     rhyme_merges = oracle_bpe_train(RHYME, 20)
@@ -1414,10 +1427,13 @@ def fixtures() -> dict[str, dict[str, Any]]:
         ("unseen", "the sailors saw a blue seal", rhyme_merges),
         ("order", "aaaa abcab bcaca", oracle_bpe_train("aba aac ab abc", 4)),
         ("longest", "abc bcab", oracle_bpe_train("bc bc bc ab ab", 3)),
+        # The latest-learned pair first and the longest known piece cut "bbaa" differently.
+        ("ranks", "bbaa", oracle_bpe_train("baabbb baaaaa", 5)),
     ):
         out[f"bpe_encode {key}: input"] = fixture_entry([text, [list(m) for m in merges]])
+        pieces = oracle_bpe_encode(text, merges)
         out[f"bpe_encode {key}"] = fixture_entry(
-            oracle_bpe_encode(text, merges), bpe_encode_mistakes(text, merges)
+            pieces, _differing(bpe_encode_mistakes(text, merges), pieces, _equal)
         )
     # Filters
     row = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0])
@@ -1455,7 +1471,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
         for key, (_, logits, arg) in zip(keys, items, strict=True):
             out[f"{key}: logits"] = fixture_entry(logits)
             out[f"{key}: argument"] = fixture_entry([arg])
-            out[key] = fixture_entry(oracle(logits, arg), mistakes(logits, arg))
+            want = oracle(logits, arg)
+            out[key] = fixture_entry(want, _differing(mistakes(logits, arg), want, _same))
     # beam_search
     for key, spec in (
         ("beam lecture", LECTURE_TABLE),
@@ -1467,7 +1484,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
         step_fn = _table(spec)
         for width in spec["widths"]:
             args = (step_fn.row, spec["bos_id"], spec["eos_id"], width, spec["max_len"])
+            best = oracle_beam_search(*args)
             out[f"{key}: beam_width={width}"] = fixture_entry(
-                oracle_beam_search(*args), beam_mistakes(*args)
+                best, _differing(beam_mistakes(*args), best, _equal)
             )
     return out
