@@ -218,3 +218,37 @@ def test_block_size_too_large_for_file(tmp_path: Path) -> None:
     dm = CharCorpusDataModule(path=str(small), sha256=None, block_size=10)
     with pytest.raises(ValueError, match="block_size=10"):
         dm.setup()
+
+
+def test_fallback_warns_once_tries_once_and_gives_the_callers_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook calls prepare_data, then the Trainer does: one download try, one warning, and
+    the advice the caller gave (a notebook's own setting) instead of ``pass path=...``."""
+    import warnings
+
+    from transformer_lab.data import CorpusFallbackWarning, corpus, datamodules
+
+    tries = []
+    real = corpus.fetch_corpus
+
+    def counting(*args: object, **kwargs: object) -> Path:
+        tries.append(kwargs["url"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(datamodules.corpus, "fetch_corpus", counting)
+    options = dict(url=_closed_port_url(), cache_dir=str(tmp_path), fallback="grammar", timeout=5)
+    advice = "set CORPUS_PATH = '/path/to/tinyshakespeare.txt' in the settings cell above."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm = CharCorpusDataModule(**options, advice=advice)
+        dm.prepare_data()
+        dm.prepare_data()  # the Trainer's call: no second try
+        CharCorpusDataModule(**options, advice=advice).prepare_data()  # the same corpus again
+    fallbacks = [w for w in caught if issubclass(w.category, CorpusFallbackWarning)]
+    assert len(fallbacks) == 1 and len(tries) == 2, (fallbacks, tries)
+    message = str(fallbacks[0].message)
+    assert "could not download" in message and message.endswith(advice)
+    assert "pass path=" not in message
+    dm.setup()
+    assert dm.source == "fallback:grammar"

@@ -120,6 +120,37 @@ class TestLab08(LabNotebookTests):
         assert 'fallback="grammar"' in source  # offline: the synthetic corpus
         assert "OFFSET_" not in "\n".join(c.source for c in notebook.cells)
 
+    def test_the_corpus_advice_names_an_editable_setting_that_works(
+        self, notebook: Any, tmp_path: Path
+    ) -> None:
+        """The fallback warning's advice (set CORPUS_PATH) can be followed: an unlocked settings
+        cell holds it, in the release too, and the full profile's corpus is then that file."""
+        from notebook_support import release_path
+
+        def settings(nb: Any) -> list[Any]:
+            return [
+                c
+                for c in nb.cells
+                if c.cell_type == "code" and c.source.startswith("# Your settings")
+            ]
+
+        assert any("CORPUS_PATH = None" in c.source for c in settings(notebook))
+        assert all(not meta(c).get("locked") for c in settings(notebook))
+        if release_path(self.LAB).exists():
+            import nbformat
+
+            release = nbformat.read(str(release_path(self.LAB)), as_version=4)
+            found = [c for c in settings(release) if "CORPUS_PATH" in c.source]
+            assert found and found[0].metadata.get("editable", True), found
+        build = next(c for c in notebook.cells if meta(c).get("grade_id") == "demo_build")
+        assert '"path": CORPUS_PATH' in build.source and 'advice="set CORPUS_PATH' in build.source
+        text = tmp_path / "my_corpus.txt"
+        text.write_text("to be, or not to be, that is the question.\n" * 300)
+        namespace: dict[str, Any] = {"CORPUS_PATH": str(text)}  # as the settings cell would
+        cells = ("setup", "demo_gpt_diagram", "CausalSelfAttention", "demo_attention", "demo_build")
+        out = run_all_cells(notebook, tmp_path, "full", only=cells, namespace=namespace)
+        assert namespace["data"].source == str(text) and f"corpus: your {text}" in out
+
     @pytest.fixture(scope="class")
     def grading_run(
         self, notebook: Any, tmp_path_factory: pytest.TempPathFactory

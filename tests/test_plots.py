@@ -132,3 +132,65 @@ def test_collect_attention_from_a_gpt_is_causal() -> None:
     for w in maps:
         assert (w.triu(1) == 0).all()  # no weight on future tokens
         torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 5))
+
+
+def _lab08_scale_points() -> list[dict]:
+    """The points lab 08's scale chart draws (the kit's counts; a small char LM)."""
+    from transformer_lab.scale import GPT2_FAMILY, GPT3_FAMILY, gpt_param_count, training_flops
+
+    points = []
+    for family, specs in (("GPT-2", GPT2_FAMILY), ("GPT-3 (300B tokens)", GPT3_FAMILY)):
+        for spec in specs:
+            n = gpt_param_count(spec.n_layers, spec.d_model, spec.vocab_size, spec.n_ctx)
+            flops = training_flops(n, spec.n_tokens) if spec.n_tokens else None
+            points.append(
+                dict(family=family, label=spec.name, d_model=spec.d_model,
+                     published=spec.n_params, params=n, flops=flops)
+            )  # fmt: skip
+    lm = dict(family="this lab", label="your char LM", d_model=128, params=8e5, flops=8e10)
+    return [*points, lm]
+
+
+def test_scale_chart_labels_cover_no_point_and_no_other_label() -> None:
+    """GPT-2 and GPT-3 share widths: each label's box (display coordinates) must stay clear of
+    every marker, of the other labels and of the legend, inside its panel."""
+    from transformer_lab.figures.lab08 import scale_chart
+
+    fig = scale_chart(_lab08_scale_points())
+    fig.draw_without_rendering()
+    renderer = fig._get_renderer()
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_text()]
+        assert len(labels) >= 3, [t.get_text() for t in labels]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        centres = [
+            ax.transData.transform(xy)
+            for artist in (*ax.lines, *ax.collections)
+            for xy in (
+                artist.get_xydata() if hasattr(artist, "get_xydata") else artist.get_offsets()
+            )
+        ]
+        frame, legend = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+        for i, (text, box) in enumerate(zip(labels, boxes, strict=True)):
+            name = text.get_text()
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1, name
+            assert frame.y0 <= box.y0 and box.y1 <= frame.y1, name
+            assert not box.overlaps(legend), name
+            for other, box2 in zip(labels[i + 1 :], boxes[i + 1 :], strict=True):
+                assert not box.overlaps(box2), (name, other.get_text())
+            for cx, cy in centres:
+                assert not (box.x0 <= cx <= box.x1 and box.y0 <= cy <= box.y1), (name, cx, cy)
+    names = {t.get_text() for t in fig.axes[0].texts}
+    assert {"GPT-2 XL", "GPT-2 small", "GPT-3 Small", "GPT-3 175B", "your char LM"} <= names
+
+
+def test_dependency_grid_has_a_colour_bar_from_zero_to_one() -> None:
+    from transformer_lab.figures.lab08 import dependency_grid
+
+    causal = torch.tril(torch.rand(6, 6, generator=torch.Generator().manual_seed(0))) + 0.1
+    fig = dependency_grid({"a": causal.tril(), "b": causal})
+    panels = [ax for ax in fig.axes if ax.images]
+    bars = [ax for ax in fig.axes if not ax.images]
+    assert len(panels) == 2 and len(bars) == 1  # one shared scale
+    assert bars[0].get_ylim() == pytest.approx((0.0, 1.0))
+    assert "largest" in bars[0].get_ylabel()

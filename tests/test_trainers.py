@@ -115,3 +115,45 @@ def test_the_cli_sets_up_its_trainer_the_same_way(
     ]
     cli = cli_module.make_cli(args)
     assert seen == [cli.trainer]
+
+
+PROGRESS = textwrap.dedent(
+    """
+    import lightning as L
+    from lightning.pytorch.callbacks import TQDMProgressBar
+    from tqdm.std import tqdm as text_tqdm
+    from transformer_lab import lab
+    from transformer_lab.data import SyntheticDataModule
+    from transformer_lab.models import EncoderConfig
+    from transformer_lab.training import ClassifierModule
+
+    lab._one_line_progress()  # what lab.setup does in a notebook that imported lightning
+    dm = SyntheticDataModule(task="reverse", num_train=256, num_val=64, batch_size=32)
+    cfg = EncoderConfig(vocab_size=dm.vocab_size, max_len=dm.max_len, d_model=16, n_heads=2)
+    trainer = L.Trainer(max_steps=24, logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, val_check_interval=8, num_sanity_val_steps=2,
+                        check_val_every_n_epoch=None)  # a plain Trainer, as lab 06's students write
+    (bar,) = [c for c in trainer.callbacks if isinstance(c, TQDMProgressBar)]
+    trainer.fit(ClassifierModule(cfg), datamodule=dm)
+    print("BAR", type(bar).__name__, isinstance(bar.train_progress_bar, text_tqdm))
+    """
+)
+
+
+def test_in_a_notebook_lightnings_progress_is_one_text_line(tmp_path: Path) -> None:
+    """Rich is installed here (and on Colab), ipywidgets too: the bar is still tqdm's text bar,
+    every redraw on one line (carriage returns), and validation adds no bar of its own."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRESS],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        timeout=300,
+    )
+    out = done.stdout.decode()  # bytes: text mode would turn each "\r" into a line break
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "BAR TQDMProgressBar True" in out
+    bar_lines = [line for line in out.split("\n") if "Epoch" in line]
+    assert len(bar_lines) == 1, bar_lines  # redraws are "\r"-separated states of one line
+    assert bar_lines[0].rsplit("\r", 1)[-1].startswith("Epoch 2: 100%")
+    assert "Validation" not in out and "Sanity" not in out

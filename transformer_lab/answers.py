@@ -23,7 +23,9 @@ answer (``TRANSFORMER_LAB_GRADING`` is set there) and the graded lab's own check
 their own references.
 
 :data:`ANSWERS` is the one table: which name each lab asks for, which kit object it replaces,
-and which visible check judges it.
+and which visible check judges it; and the kit pieces a lab grades only through another answer
+(lab 04's loss, logging and optimizer, which every kit LightningModule calls: lab 08 trains
+one), which no notebook defines, so that only a stand-in fills them (``asked=False``).
 """
 
 from __future__ import annotations
@@ -74,12 +76,16 @@ class Answer:
         check: the visible check that judges it, ``"labNN.check_..."``.
         kit: dotted name of the kit's object it stands for; None where the kit has none with
             the same interface (the student's own LightningModules).
+        asked: False for a kit piece that the lab grades through another answer (lab 04's
+            loss, logging and optimizer, graded through the student's ``TaggingModule``): the
+            notebook defines no such name, so none is saved or loaded; only a stand-in fills it.
     """
 
     name: str
     lab: str
     check: str
     kit: str | None = None
+    asked: bool = True
 
     def check_function(self) -> Callable[[Any], None]:
         module, _, name = self.check.partition(".")
@@ -94,6 +100,15 @@ def _answers(lab: str, module: str, *rows: tuple[str, str] | tuple[str, str, Non
         kit = None if len(row) > 2 else f"transformer_lab.{module}.{name}"
         out.append(Answer(name, lab, f"lab{number}.{check}", kit))
     return out
+
+
+def _kit_pieces(lab: str, *rows: tuple[str, str]) -> list[Answer]:
+    """Kit pieces ``lab`` grades through another answer: ``(module.name, check)`` rows."""
+    return [
+        Answer(dotted.rpartition(".")[2], lab, f"lab{lab[:2]}.{check}", f"transformer_lab.{dotted}",
+               asked=False)
+        for dotted, check in rows
+    ]  # fmt: skip
 
 
 ANSWERS: tuple[Answer, ...] = (
@@ -126,6 +141,13 @@ ANSWERS: tuple[Answer, ...] = (
         ("EncoderBlock", "check_encoder_block"),
     ),
     *_answers("04_transformer_block", "", ("TaggingModule", "check_configure_optimizers", None)),
+    # What the kit's LightningModules call of lab 04's answer (lab 08 trains one of them).
+    *_kit_pieces(
+        "04_transformer_block",
+        ("training.modules.token_cross_entropy", "check_training_step"),
+        ("training.modules.log_metrics", "check_training_step"),
+        ("training.schedule.build_optimizer", "check_configure_optimizers"),
+    ),
     *_answers(
         "05_masking",
         "masks",
@@ -175,7 +197,8 @@ ANSWERS: tuple[Answer, ...] = (
 
 
 def _by_name(lab: str | None = None) -> dict[str, Answer]:
-    return {a.name: a for a in ANSWERS if lab is None or a.lab == lab}
+    """The answers the notebooks ask for (of ``lab``), by name."""
+    return {a.name: a for a in ANSWERS if a.asked and (lab is None or a.lab == lab)}
 
 
 # --------------------------------------------------------------------------------------
@@ -313,7 +336,7 @@ def save(lab: str, name: str, obj: Any, namespace: Mapping[str, Any]) -> Path | 
     path = _file(answers_folder(), lab)
     kept = _definitions(path.read_text(encoding="utf-8")) if path.is_file() else {}
     kept[name] = source
-    order = [a.name for a in ANSWERS if a.lab == lab and a.name in kept]
+    order = [a.name for a in ANSWERS if a.asked and a.lab == lab and a.name in kept]
     header = [
         f'"""Your answers to lab {lab}, saved when their visible checks passed.',
         "",

@@ -99,7 +99,7 @@ def _how_to_get(name: str) -> str:
     """What a student can do about a missing answer ``name``."""
     from transformer_lab.answers import ANSWERS, answers_folder
 
-    if any(a.name == name and a.kit for a in ANSWERS):
+    if any(a.name == name and a.kit and a.asked for a in ANSWERS):
         return (
             "which this student package does not hold yet: pass its visible check in that "
             f"lab's notebook (your answer is saved to {answers_folder()} and used from then on), "

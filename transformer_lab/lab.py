@@ -18,21 +18,25 @@ for later labs and returns it; otherwise it returns, in this order, the student'
 the kit's (once its lab is closed) or a PyTorch stand-in, with a line saying which one is used.
 
 A failed check (an ``AssertionError``) or a locked answer shows its message and the student's
-own lines, not pages of the kit's frames (:func:`_short_errors`).
+own lines, not pages of the kit's frames (:func:`_short_errors`). A demo that needs an earlier
+lab's answer which nothing fills (no saved answer, no stand-in) runs its body inside
+:func:`unless_locked`: the locked answer ends that body with one line naming the lab, the cell
+does not fail (Run All goes on), and the names the later cells read are set before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["THREADS_ENV", "Session", "setup", "yours_or_kit"]
+__all__ = ["THREADS_ENV", "Session", "setup", "unless_locked", "yours_or_kit"]
 
 THREADS_ENV = "TRANSFORMER_LAB_THREADS"
 _LAB = re.compile(r"^\d\d_[a-z0-9_]+$")
@@ -155,20 +159,62 @@ def _inline_figures() -> None:
 
 
 def _one_line_progress() -> None:
-    """Lightning's progress bar as one updating line: no bar per validation run.
+    """Lightning's progress in a notebook: one line of text, updated in place.
 
-    Without ipywidgets, JupyterLab shows tqdm's text bars, and each validation run (and the
-    sanity check) left a bar of its own: pages of them in a long fit. The training bar stays.
+    * The default bar is Lightning's TQDM one, not its Rich one (the default wherever ``rich``
+      is installed, as on Colab): Rich draws into an ipywidgets ``Output``, which shows nothing
+      without ipywidgets, in a saved notebook or in its feedback.
+    * The training (and test, predict) bar is tqdm's text bar even where ipywidgets is
+      installed: a ``\\r``-updated line, which JupyterLab, Colab and a terminal all draw in place,
+      redrawn at most twice a second (Lightning refreshes it at every step).
+    * Validation runs and the sanity check get no bar: without ipywidgets each left a bar of
+      its own, pages of them in a long fit.
     """
     try:
         from lightning.pytorch.callbacks import TQDMProgressBar
-        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+        from lightning.pytorch.callbacks.progress import tqdm_progress
+        from lightning.pytorch.trainer.connectors import callback_connector
+        from tqdm.std import tqdm as text_tqdm
     except ImportError:
         return
 
-    def no_bar(self: Any) -> Any:
-        return Tqdm(disable=True)
+    callback_connector._RICH_AVAILABLE = False  # Trainer(enable_progress_bar=True) -> TQDM
 
+    class LineTqdm(text_tqdm):
+        """tqdm's text bar with Lightning's number format, redrawn at most every 0.5 s."""
+
+        format_num = staticmethod(tqdm_progress.Tqdm.format_num)
+
+        def refresh(self, nolock: bool = False, lock_args: Any = None) -> Any:
+            now = self._time()
+            drawn = getattr(self, "_drawn_at", None)
+            if drawn is not None and now - drawn < self.mininterval and self.n != self.total:
+                return None
+            self._drawn_at = now
+            return super().refresh(nolock=nolock, lock_args=lock_args)
+
+    def line(description: Callable[[Any], str]) -> Callable[[Any], Any]:
+        def init(self: Any) -> Any:
+            return LineTqdm(
+                desc=description(self),
+                position=2 * self.process_position,
+                disable=self.is_disabled,
+                leave=True,
+                dynamic_ncols=True,
+                file=sys.stdout,
+                smoothing=0,
+                mininterval=0.5,
+                bar_format=self.BAR_FORMAT,
+            )
+
+        return init
+
+    def no_bar(self: Any) -> Any:
+        return tqdm_progress.Tqdm(disable=True)
+
+    TQDMProgressBar.init_train_tqdm = line(lambda bar: bar.train_description)  # type: ignore[method-assign]
+    TQDMProgressBar.init_test_tqdm = line(lambda bar: "Testing")  # type: ignore[method-assign]
+    TQDMProgressBar.init_predict_tqdm = line(lambda bar: bar.predict_description)  # type: ignore[method-assign]
     TQDMProgressBar.init_validation_tqdm = no_bar  # type: ignore[method-assign]
     TQDMProgressBar.init_sanity_tqdm = no_bar  # type: ignore[method-assign]
 
@@ -201,6 +247,27 @@ def _short_errors() -> None:
         return lines
 
     shell.set_custom_exc((AssertionError, LockedAnswerError), handler)
+
+
+@contextlib.contextmanager
+def unless_locked(what: str) -> Iterator[None]:
+    """Run a demo's block; an earlier lab's locked answer that it needs ends the block with one
+    line saying so, instead of an error that would stop *Run All*.
+
+    Args:
+        what: what the block shows, for the line (``"the sampled texts"``).
+
+    Example::
+
+        with lab.unless_locked("the sampled texts"):
+            print(write(model, prompt_ids, 40, temperature=0.8))
+    """
+    from transformer_lab.graded import LockedAnswerError, locked_line
+
+    try:
+        yield
+    except LockedAnswerError as exc:
+        print(locked_line(f"Skipped {what}", str(exc)))
 
 
 def yours_or_kit(

@@ -7,10 +7,13 @@ the kit's interface and computes with PyTorch's implementation (``F.scaled_dot_p
 ``F.multi_head_attention_forward``, ``nn.TransformerEncoderLayer``,
 ``nn.Transformer.generate_square_subsequent_mask``, ``F.layer_norm``, the feed-forward and head
 reshapes inside ``nn.TransformerEncoderLayer`` and ``F.multi_head_attention_forward``), so it
-reveals nothing PyTorch does not. Where PyTorch has no such piece (tokenizers, decoding,
-sampling, scale arithmetic) there is no stand-in; the one exception is a placeholder for the
-sinusoidal encoding that every later model needs: fixed pseudo-random position codes, which
-are no sinusoids and say so.
+reveals nothing PyTorch does not. Lab 04's training pieces, which every kit LightningModule
+calls (lab 08 trains one), are PyTorch's too: ``F.cross_entropy`` with ``ignore_index`` for the
+loss, a plain ``self.log`` per value for the logging, ``torch.optim.AdamW`` with PyTorch's own
+``LinearLR`` warm-up then ``CosineAnnealingLR`` (chained by ``SequentialLR``) for the optimizer.
+Where PyTorch has no such piece (tokenizers, decoding, sampling, scale arithmetic) there is no
+stand-in; the one exception is a placeholder for the sinusoidal encoding that every later model
+needs: fixed pseudo-random position codes, which are no sinusoids and say so.
 
 A stand-in that is not installed is refused inside every check's ban
 (:func:`transformer_lab.checks._bans.forbidden`), so none can pass the lab that asks for it.
@@ -19,6 +22,9 @@ A stand-in that is not installed is refused inside every check's ban
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +181,10 @@ def _layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: floa
 class StandInMultiHeadAttention(nn.Module):
     """``F.multi_head_attention_forward`` with the kit's interface and parameter names.
 
+    A kit class built on it that projects in its own way (the GPT's ``CausalSelfAttention``,
+    whose ``project`` uses one fused ``qkv_proj``) gets PyTorch's attention over the heads its
+    ``project`` returns instead.
+
     Args:
         d_model: model width ``D``.
         n_heads: heads ``H``; must divide ``d_model``.
@@ -212,6 +222,10 @@ class StandInMultiHeadAttention(nn.Module):
             )
         if is_causal:
             mask = _causal_mask(query.shape[1], device=query.device)
+        if type(self).project is not StandInMultiHeadAttention.project:
+            q, k, v = self.project(query, key, value)  # (B, H, T, Dh), (B, H, S, Dh) x 2
+            out, weights = _attention(q, k, v, mask, dropout_p=self.dropout * self.training)
+            return self.out_proj(_merge_heads(out)), weights if need_weights else None
         biases = [p.bias for p in (self.q_proj, self.k_proj, self.v_proj)]
         return torch_attention(
             query,
@@ -224,6 +238,15 @@ class StandInMultiHeadAttention(nn.Module):
             dropout_p=self.dropout * self.training,
             separate=(self.q_proj.weight, self.k_proj.weight, self.v_proj.weight),
             in_proj_bias=None if biases[0] is None else torch.cat(biases),
+        )
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The three projections, split into heads as ``F.multi_head_attention_forward`` does:
+        ``q (B, H, T, Dh)``, ``k (B, H, S, Dh)``, ``v (B, H, S, Dh)``."""
+        return (
+            _split_heads(self.q_proj(query), self.n_heads),
+            _split_heads(self.k_proj(key), self.n_heads),
+            _split_heads(self.v_proj(value), self.n_heads),
         )
 
 
@@ -338,6 +361,80 @@ class StandInEncoderBlock(nn.TransformerEncoderLayer):
         return super().forward(x, src_mask=blocked)
 
 
+def _token_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
+    """``F.cross_entropy`` over every position, ``ignore_index`` skipped, in float32 (stand-in for
+    lab 04's ``token_cross_entropy``): logits ``(..., V)``, targets ``(...)``, a scalar."""
+    return F.cross_entropy(
+        logits.flatten(0, -2).float(),  # (N, V): every position a row
+        targets.flatten(),  # (N,)
+        ignore_index=ignore_index,
+    )
+
+
+def _log_metrics(
+    module: Any, stage: str, loss: Tensor, batch_size: int, metrics: Any | None = None
+) -> None:
+    """Lightning's ``self.log``, once per value (stand-in for lab 04's ``log_metrics``).
+
+    ``{stage}_loss`` (``train_loss`` at every training step; validation and test losses and the
+    stage's metrics averaged over the epoch), all shown in the progress bar.
+    """
+    training = stage == "train"
+    values = {f"{stage}_loss": loss, **(dict(metrics.items()) if metrics is not None else {})}
+    for name, value in values.items():
+        module.log(
+            name,
+            value,
+            on_step=training,
+            on_epoch=not training,
+            prog_bar=True,
+            batch_size=batch_size,
+        )
+
+
+def _build_optimizer(
+    model: nn.Module, optim: Any, estimated_steps: float | None = None
+) -> dict[str, Any]:
+    """``torch.optim.AdamW`` over every parameter and PyTorch's own warm-up then cosine schedule
+    (stand-in for lab 04's ``build_optimizer``), in Lightning's per-step form.
+
+    ``LinearLR`` rises from ``1 / (warmup + 1)`` of the rate to all of it over the warm-up, then
+    ``CosineAnnealingLR`` falls to ``min_lr_ratio`` of it at the run's last step, chained by
+    ``SequentialLR``. Unlike the kit's, weight decay applies to every parameter (PyTorch's
+    default use of AdamW), biases and norms included.
+
+    Raises:
+        ValueError: neither ``optim.total_steps`` nor a finite ``estimated_steps`` is given.
+    """
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+
+    length = estimated_steps if optim.total_steps is None else optim.total_steps
+    if length is None or not math.isfinite(length):
+        raise ValueError(
+            f"estimated_steps={estimated_steps}: the learning-rate schedule needs a finite "
+            "length: set max_steps or max_epochs of the Trainer, or optim.total_steps"
+        )
+    steps = max(1, int(length))
+    rise = min(optim.warmup_steps, steps - 1)  # a run shorter than the warm-up still decays
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=optim.lr,
+        betas=tuple(optim.betas),
+        weight_decay=optim.weight_decay,
+        fused=getattr(optim, "fused", None),
+    )
+    cosine = CosineAnnealingLR(optimizer, T_max=steps - rise, eta_min=optim.lr * optim.min_lr_ratio)
+    scheduler: Any = cosine
+    if rise > 0:
+        linear = LinearLR(optimizer, start_factor=1.0 / (rise + 1), total_iters=rise)
+        scheduler = SequentialLR(optimizer, [linear, cosine], milestones=[rise])
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+    }
+
+
 #: kit dotted name -> its stand-in.
 STAND_INS: dict[str, object] = {
     "transformer_lab.positional.sinusoidal_encoding": _position_codes,
@@ -352,4 +449,7 @@ STAND_INS: dict[str, object] = {
     "transformer_lab.blocks.FeedForward": StandInFeedForward,
     "transformer_lab.attention.split_heads": _split_heads,
     "transformer_lab.attention.merge_heads": _merge_heads,
+    "transformer_lab.training.modules.token_cross_entropy": _token_cross_entropy,
+    "transformer_lab.training.modules.log_metrics": _log_metrics,
+    "transformer_lab.training.schedule.build_optimizer": _build_optimizer,
 }

@@ -61,7 +61,16 @@ _CHUNK = 1 << 16
 
 
 class CorpusUnavailableError(RuntimeError):
-    """The corpus can be neither found locally nor downloaded."""
+    """The corpus can be neither found locally nor downloaded.
+
+    Attributes:
+        reason: what went wrong, without the generic advice the message ends with (a caller
+            that knows a better fix, such as a notebook's own setting, gives that instead).
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class DownloadError(CorpusUnavailableError):
@@ -197,6 +206,5 @@ def fetch_corpus(
     except ChecksumError:
         raise
     except DownloadError as err:
-        raise CorpusUnavailableError(
-            f"{err}, and there is no cached copy at {cached}. {_how_to_fix(cached)}"
-        ) from err
+        reason = f"{err}, and there is no cached copy at {cached}."
+        raise CorpusUnavailableError(f"{reason} {_how_to_fix(cached)}", reason) from err

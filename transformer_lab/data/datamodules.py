@@ -58,8 +58,8 @@ __all__ = [
 ]
 
 
-#: The fallback warnings already shown in this process.
-_WARNED: set[str] = set()
+#: The corpora whose fallback warning was already shown in this process (one warning each).
+_WARNED: set[tuple[str | None, str, str]] = set()
 
 
 class CorpusFallbackWarning(UserWarning):
@@ -494,8 +494,12 @@ class CharCorpusDataModule(pl.LightningDataModule):
             ``len(train) // block_size``).
         val_blocks: cap on validation windows (default: all of them).
         fallback: ``"grammar"`` to train on sentences of :mod:`transformer_lab.data.grammar`
-            when the corpus can be neither found nor downloaded (a warning says so); None to
+            when the corpus can be neither found nor downloaded (a
+            :class:`CorpusFallbackWarning` says so, once per corpus and process); None to
             raise a :class:`~transformer_lab.data.corpus.CorpusUnavailableError`.
+        advice: what that warning tells the reader to do for the real corpus, in place of the
+            library's generic fixes (``pass path=...``): a notebook names its own editable
+            setting, e.g. ``"set CORPUS_PATH = '...' in the settings cell above"``.
         timeout: seconds to wait for the download server.
         num_workers: DataLoader workers.
 
@@ -527,6 +531,7 @@ class CharCorpusDataModule(pl.LightningDataModule):
         fallback: str | None = None,
         timeout: float = 30.0,
         num_workers: int = 0,
+        advice: str | None = None,
     ) -> None:
         super().__init__()
         _check_positive(block_size=block_size, batch_size=batch_size)
@@ -543,6 +548,8 @@ class CharCorpusDataModule(pl.LightningDataModule):
         self.batch_size, self.val_fraction, self.seed = batch_size, val_fraction, seed
         self.train_samples, self.val_blocks = train_samples, val_blocks
         self.fallback, self.timeout, self.num_workers = fallback, timeout, num_workers
+        self.advice = advice
+        self._unavailable = False  # set when prepare_data fell back: no second download try
         self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
         self.source: str | None = None
         self.train_ids: Tensor | None = None
@@ -588,6 +595,8 @@ class CharCorpusDataModule(pl.LightningDataModule):
             ChecksumError: a download had the wrong checksum (nothing was cached).
             CorpusUnavailableError: offline without a cached copy and without ``fallback``.
         """
+        if self._unavailable:
+            return  # a notebook's call, then the Trainer's: one download try, one warning
         try:
             corpus.fetch_corpus(
                 self.path,
@@ -601,15 +610,20 @@ class CharCorpusDataModule(pl.LightningDataModule):
         except corpus.CorpusUnavailableError as err:
             if self.fallback is None:
                 raise
-            if str(err) in _WARNED:
-                return  # prepare_data and setup both fetch: one warning per corpus is enough
-            _WARNED.add(str(err))
+            self._unavailable = True
+            which = (self.path, self.url, str(self._cached_path()))
+            if which in _WARNED:
+                return  # another module of the same corpus: its warning was shown
+            _WARNED.add(which)
+            if self.advice:
+                text = (
+                    f"{err.reason}\nTraining on the synthetic {self.fallback!r} corpus instead. "
+                    f"For the real one: {self.advice}"
+                )
+            else:
+                text = f"{err}\nFalling back to the synthetic {self.fallback!r} corpus."
             # Attributed to this line (stacklevel=1): the caller is Lightning's own code.
-            warnings.warn(
-                f"{err}\nFalling back to the synthetic {self.fallback!r} corpus.",
-                CorpusFallbackWarning,
-                stacklevel=1,
-            )
+            warnings.warn(text, CorpusFallbackWarning, stacklevel=1)
 
     def _load_text(self) -> tuple[str, str]:
         if self.path is not None:

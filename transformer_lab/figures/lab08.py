@@ -211,7 +211,8 @@ def dependency_grid(tables: Mapping[str, Tensor], labels: Sequence[str] | None =
 
     A table ``(T, T)`` holds, in row ``t`` and column ``s``, the size of the change of output
     ``t`` with input ``s`` (for example the norm of a Jacobian block). Each row is scaled to its
-    largest entry; exact zeros stay white, so a causal map shows an empty upper triangle.
+    largest entry; exact zeros stay white, so a causal map shows an empty upper triangle. A
+    colour bar gives the scale: the share of the row's largest dependence.
 
     Args:
         tables: title -> ``(T, T)`` table (rows: outputs, columns: inputs).
@@ -222,15 +223,16 @@ def dependency_grid(tables: Mapping[str, Tensor], labels: Sequence[str] | None =
     """
     if not tables:
         raise ValueError("dependency_grid: nothing to draw")
-    fig = Figure(figsize=(4.2 * len(tables), 4.2), layout="constrained")
+    fig = Figure(figsize=(4.2 * len(tables) + 0.8, 4.2), layout="constrained")
     axes = fig.subplots(1, len(tables), squeeze=False)[0]
+    image = None
     for ax, (title, table) in zip(axes, tables.items(), strict=True):
         t = table.detach().to("cpu", torch.float64)
         if t.ndim != 2 or t.shape[0] != t.shape[1]:
             raise ValueError(f"dependency_grid: {title!r} has shape {tuple(t.shape)}, not (T, T)")
         top = t.abs().amax(dim=1, keepdim=True).clamp_min(1e-300)
         shown = np.ma.masked_where(t.numpy() == 0.0, (t.abs() / top).numpy())
-        ax.imshow(shown, cmap="viridis", vmin=0.0, vmax=1.0)
+        image = ax.imshow(shown, cmap="viridis", vmin=0.0, vmax=1.0)
         ticks = list(range(t.shape[0]))
         names = list(labels) if labels is not None else [str(i) for i in ticks]
         ax.set_xticks(ticks, names, rotation=90, fontsize=8)
@@ -239,11 +241,18 @@ def dependency_grid(tables: Mapping[str, Tensor], labels: Sequence[str] | None =
         ax.set_ylabel("output position t")
         zeros = int((t == 0).sum())
         ax.set_title(f"{title}\n({zeros} exact zeros, white)", fontsize=9)
+    bar = fig.colorbar(image, ax=list(axes), shrink=0.8)  # one scale: every panel is 0..1
+    bar.set_label("share of the row's largest |d out_t / d x_s|", fontsize=8)
     return fig
 
 
 def scale_chart(points: Sequence[Mapping[str, Any]]) -> Figure:
     """Parameters and training compute against the model width, log-log, one line per family.
+
+    The first and last model of each family are labelled; each label goes to the first of a few
+    places around its point where it covers no plotted point, no other label and no legend, and
+    stays inside the panel (GPT-2 and GPT-3 share widths, so their labels would sit on each
+    other's points otherwise).
 
     Args:
         points: one mapping per model with ``family``, ``label``, ``d_model``, ``params``
@@ -262,6 +271,7 @@ def scale_chart(points: Sequence[Mapping[str, Any]]) -> Figure:
     left, right = fig.subplots(1, 2)
     families = list(dict.fromkeys(p["family"] for p in points))
     markers = "osD^v"
+    labels: dict[Any, list[tuple[str, float, float]]] = {left: [], right: []}
     for i, family in enumerate(families):
         rows = sorted((p for p in points if p["family"] == family), key=lambda p: p["d_model"])
         colour = f"C{i}"
@@ -281,21 +291,9 @@ def scale_chart(points: Sequence[Mapping[str, Any]]) -> Figure:
             )
         for p in rows:
             if len(rows) <= 2 or p is rows[-1] or p is rows[0]:
-                left.annotate(
-                    p["label"],
-                    (p["d_model"], p["params"]),
-                    fontsize=7,
-                    xytext=(4, -10),
-                    textcoords="offset points",
-                )
+                labels[left].append((p["label"], p["d_model"], p["params"]))
                 if p.get("flops"):
-                    right.annotate(
-                        p["label"],
-                        (p["d_model"], p["flops"]),
-                        fontsize=7,
-                        xytext=(4, -10),
-                        textcoords="offset points",
-                    )
+                    labels[right].append((p["label"], p["d_model"], p["flops"]))
     for ax, what in (
         (left, "parameters (hollow: as published)"),
         (right, "training FLOPs (6 N D)"),
@@ -305,5 +303,57 @@ def scale_chart(points: Sequence[Mapping[str, Any]]) -> Figure:
         ax.set_xlabel("model width d_model")
         ax.set_title(what, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
+        ax.margins(x=0.08, y=0.12)  # room for the labels of the outermost points
+    fig.draw_without_rendering()  # the layout settles: display coordinates are final
+    for ax, texts in labels.items():
+        _place_labels(ax, texts)
     return fig
+
+
+#: Where a label may go around its point: (dx, dy) in points, and its alignment there.
+_PLACES = [
+    ((dx * k, dy * k), ha, va)
+    for k in (1, 2, 3)
+    for (dx, dy), ha, va in (
+        ((5, -5), "left", "top"),
+        ((-5, 5), "right", "bottom"),
+        ((5, 5), "left", "bottom"),
+        ((-5, -5), "right", "top"),
+        ((7, 0), "left", "center"),
+        ((-7, 0), "right", "center"),
+    )
+]
+
+
+def _place_labels(ax: Any, texts: Sequence[tuple[str, float, float]]) -> None:
+    """Annotate each ``(label, x, y)`` of ``ax`` at the first place of :data:`_PLACES` where its
+    box covers no marker, no earlier label and no legend, inside the axes."""
+    fig = ax.figure
+    renderer = fig._get_renderer()
+    radius = 6.0 * fig.dpi / 72.0  # about a marker's (and a hollow circle's) radius, in pixels
+    centres = [
+        ax.transData.transform(xy)
+        for artist in (*ax.lines, *ax.collections)
+        for xy in (artist.get_xydata() if hasattr(artist, "get_xydata") else artist.get_offsets())
+    ]
+    frame = ax.get_window_extent(renderer)
+    legend = ax.get_legend()
+    taken = [legend.get_window_extent(renderer)] if legend is not None else []
+    for label, x, y in texts:
+        for offset, ha, va in _PLACES:  # the last place is kept when none is clear
+            note = ax.annotate(
+                label, (x, y), xytext=offset, textcoords="offset points", ha=ha, va=va, fontsize=7
+            )
+            note.set_in_layout(False)  # placed after the layout: it must not move the axes
+            box = note.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1
+            inside = inside and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            clear = not any(box.overlaps(other) for other in taken) and not any(
+                box.x0 - radius < cx < box.x1 + radius and box.y0 - radius < cy < box.y1 + radius
+                for cx, cy in centres
+            )
+            if (inside and clear) or (offset, ha, va) == _PLACES[-1]:
+                taken.append(box)
+                break
+            note.remove()

@@ -4,7 +4,8 @@ For every selected lab, the release is filled in with the solution's answers and
 kernel whose kit is the student package of that lab's deadline (the lab and later ones locked),
 so every figure after an exercise is drawn by the student's own code. The result is written as
 
-* ``OUT/<lab>.ipynb``: the executed notebook;
+* ``OUT/<lab>.ipynb``: the executed notebook, each progress bar's redraws (``\\r``) reduced to
+  their last state, as JupyterLab shows them;
 * ``OUT/<lab>.html``: the same in JupyterLab's look (nbconvert's ``lab`` template), math as
   MathML, images inline;
 * ``OUT/<lab>.png`` (the top of the page) and ``OUT/<lab>.pdf`` (all of it), where a headless
@@ -94,6 +95,7 @@ def render_labs(
 ) -> list[Path]:
     """Execute and render the selected labs into ``out``; return the files written."""
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     from transformer_lab.grading.student import build_package_tree
 
@@ -122,6 +124,8 @@ def render_labs(
                     allow_errors=True,
                     resources={"metadata": {"path": str(work)}},
                 ).execute()
+        # A text progress bar is one line redrawn after "\r": keep its last state, not pages.
+        nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
         executed = out / f"{lab}.ipynb"
         nbformat.write(nb, str(executed))
         for cell in nb.cells:

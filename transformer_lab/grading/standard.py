@@ -157,9 +157,11 @@ def cell_role(cell: NotebookNode) -> str:
     """What a cell is in the standard.
 
     Returns:
-        One of ``intro``, ``setup``, ``answer``, ``visible``, ``hidden``, ``try``, ``demo``,
-        ``question``, ``written``, ``summary``, ``prose`` and ``free`` (an unlocked code cell
-        that is not a "Try it" cell: not allowed).
+        One of ``intro``, ``setup``, ``answer``, ``visible``, ``hidden``, ``try``,
+        ``settings`` (an unlocked ``# Your settings`` cell: values the demos after it read,
+        which a locked demo's advice can tell the student to change), ``demo``, ``question``,
+        ``written``, ``summary``, ``prose`` and ``free`` (an unlocked code cell that is neither
+        a "Try it" nor a settings cell: not allowed).
     """
     meta, source = _meta(cell), cell.source.lstrip()
     if cell.cell_type == "markdown":
@@ -180,6 +182,8 @@ def cell_role(cell: NotebookNode) -> str:
         return "hidden" if "### BEGIN HIDDEN TESTS" in cell.source else "visible"
     if source.startswith("# Try it"):
         return "try"
+    if source.startswith("# Your settings") and not meta.get("locked"):
+        return "settings"
     return "demo" if meta.get("locked") else "free"
 
 
@@ -251,7 +255,11 @@ def lint_lab(nb: NotebookNode, lab: str, kit_source: str | None = None) -> list[
         if cell.cell_type == "code" and cell.get("outputs"):
             at(i, "has outputs: commit notebooks without outputs")
         if role == "free":
-            at(i, "a free code cell must start with '# Try it' or be locked (a demo)")
+            at(
+                i,
+                "a free code cell must start with '# Try it' or '# Your settings', or be "
+                "locked (a demo)",
+            )
         if role == "prose" and (found := _EXERCISE.search(cell.source)):
             heading = (int(found.group(1)), int(found.group(2)), found.group(3), i)
         if role == "answer":
