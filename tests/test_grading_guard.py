@@ -139,7 +139,7 @@ def test_student_code_cannot_read_outside_or_use_sqlite(tmp_path: Path) -> None:
         "/dev",
         str(REPO),
     )
-    reading, _, stdout = _run(tmp_path, [reach], read_roots=roots)
+    reading, stdout = _run(tmp_path, [reach], read_roots=roots)
     assert "refused" in stdout and "no sqlite" in stdout
     assert {r["what"] for r in reading.of("violation")} >= {"open", "sqlite3.connect"}
 
