@@ -280,6 +280,8 @@ def test_the_full_profile_reads_tiny_shakespeare_checked_from_the_cache(
     (cache / "tinyshakespeare.txt").write_bytes(tiny_shakespeare_path.read_bytes())
     monkeypatch.setenv("TRANSFORMER_LAB_CACHE", str(cache))
     wanted = ("setup", "demo_gpt_diagram", "CausalSelfAttention", "demo_attention", "demo_build")
-    text = run_all_cells(read_source("08_language_models"), tmp_path, "full", only=wanted)
+    settings = {"CORPUS_PATH": None, "GPT2_SIZE": "gpt2"}  # the unlocked "Your settings" cell
+    notebook = read_source("08_language_models")
+    text = run_all_cells(notebook, tmp_path, "full", only=wanted, namespace=settings)
     assert "corpus: Tiny Shakespeare (sha256 verified)" in text and "69 token ids" in text
     assert "818,560 parameters" in text  # 4 layers of width 128, context 128
