@@ -345,8 +345,14 @@ def _lint_exercise(
     else:
         j += 1
     tests = []
-    while j < len(cells) and roles[j] in ("visible", "hidden"):
-        tests.append((j, roles[j]))
+    # A locked demo cell may sit between the checks (a training run the next check judges).
+    while j < len(cells) and roles[j] in ("visible", "hidden", "demo"):
+        if roles[j] == "demo" and not (
+            j + 1 < len(cells) and roles[j + 1] in ("visible", "hidden")
+        ):
+            break
+        if roles[j] != "demo":
+            tests.append((j, roles[j]))
         j += 1
     kinds = [r for _, r in tests]
     if "visible" not in kinds:
