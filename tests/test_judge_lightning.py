@@ -148,10 +148,31 @@ def test_dropout_draws_from_the_judges_random_stream(monkeypatch: pytest.MonkeyP
     ff = session.lookup("FeedForward")(4, 16, dropout=0.5).train()
     x = torch.ones(2, 3, 4)
     torch.manual_seed(7)
-    first = ff(x)
-    after_first = torch.rand(1)  # the stream went on past the kernel's draws
+    first, second = ff(x), ff(x)  # consecutive calls go on along one stream
     torch.manual_seed(7)
-    assert torch.equal(ff(x), first) and torch.equal(torch.rand(1), after_first)
+    assert torch.equal(ff(x), first) and torch.equal(ff(x), second)
+    assert not torch.equal(first, second)
+    torch.manual_seed(7)
+    local = torch.nn.functional.dropout(torch.ones(2, 3, 16), 0.5)  # noqa: F841 (a draw here)
+    assert not torch.equal(ff(x), first)  # the check drew in between: the call goes on from it
+
+
+def test_the_kernel_cannot_set_the_judges_random_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace = dict(_base("04_transformer_block"))
+
+    def reseeds(x: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(0)  # the student's code picks the stream the check goes on with
+        return x
+
+    namespace["reseeds"] = reseeds
+    session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=60)
+    torch.manual_seed(123)
+    session.lookup("reseeds")(torch.ones(1))
+    chosen = torch.rand(3, generator=torch.Generator().manual_seed(0))
+    ours = torch.Generator().manual_seed(123)
+    torch.rand((), generator=ours)  # the judge's stream moves on by one draw per call
+    got = torch.rand(3)
+    assert torch.equal(got, torch.rand(3, generator=ours)) and not torch.equal(got, chosen)
 
 
 # ---------------------------------------------------------------- lab 06: TranslationModule

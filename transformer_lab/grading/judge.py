@@ -148,6 +148,21 @@ class JudgeSession:
         self._gmodules: dict[int, nn.Module] = {}  # the grader's modules mirrored in the kernel
         self._objects: dict[int, Any] = {}  # the grader's objects the kernel may call back
         self._handles: dict[int, int] = {}
+        self._kernel_rng: torch.Tensor | None = None  # the kernel's random state after a call
+        self._judge_rng = torch.empty(0, dtype=torch.uint8)  # ours when it was returned
+
+    def rng_for_call(self) -> torch.Tensor:
+        """The CPU random state the kernel's next call draws from.
+
+        A check seeds torch's generator and calls the student's code as if in one process, so
+        the call draws from the judge's state; consecutive calls go on where the kernel's stream
+        stopped, unless the check drew or re-seeded in between. The judge's own generator is
+        never set from the kernel's reply: the kernel cannot choose the check's random numbers.
+        """
+        current = torch.random.get_rng_state()
+        if self._kernel_rng is not None and torch.equal(current, self._judge_rng):
+            return self._kernel_rng
+        return current
 
     def request(self, message: dict[str, Any]) -> Any:
         """Send one request; the decoded value, or the student's exception raised here."""
@@ -170,10 +185,10 @@ class JudgeSession:
                 if "grader_changes" in reply:
                     changes = wire.decode(reply["grader_changes"], self._reference)
                     self._apply_changes(changes, self._gmodules)
-                if "rng" in reply:  # what the student's code drew, drawn here too
-                    torch.random.set_rng_state(
-                        _rng_state(wire.decode(reply["rng"], self._reference))
-                    )
+                if "rng" in reply:  # where the kernel's stream stands for its next call
+                    self._kernel_rng = _rng_state(wire.decode(reply["rng"], self._reference))
+                    torch.rand(())  # our stream moves on too: a re-seed then differs from it
+                    self._judge_rng = torch.random.get_rng_state()
                 return wire.decode(reply.get("value"), self._reference), reply
             except (wire.WireError, KeyError, TypeError, ValueError) as exc:
                 raise JudgeError(
@@ -192,7 +207,7 @@ class JudgeSession:
             "args": self.encode(list(args)),
             "kwargs": self.encode(dict(kwargs)),
             "sync": self.sync([]),
-            "rng": self.encode(torch.random.get_rng_state()),
+            "rng": self.encode(self.rng_for_call()),
         }
         ban = active_ban()
         if ban is not None:
@@ -406,7 +421,7 @@ def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> 
         "kwargs": session.encode(dict(kwargs), grads),
     }
     request["sync"] = session.sync(grads)
-    request["rng"] = session.encode(torch.random.get_rng_state())  # one random stream, as local
+    request["rng"] = session.encode(session.rng_for_call())
     ban = active_ban()
     if ban is not None:
         request["ban"] = ban
@@ -519,7 +534,7 @@ class Remote(wire.Reference):
             "args": self._session.encode(list(args)),
             "kwargs": self._session.encode(dict(kwargs)),
             "trace": True,
-            "rng": self._session.encode(torch.random.get_rng_state()),
+            "rng": self._session.encode(self._session.rng_for_call()),
         }
         ban = active_ban()
         if ban is not None:
