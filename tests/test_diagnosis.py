@@ -2,7 +2,7 @@
 
 The catalogues of typical mistakes live in ``tests/test_labNN_checks.py`` (each entry: a wrong
 answer, the checks it must fail, words their messages must hold); this file imports them. For
-every entry of labs 01, 02, 05, 07 and 08 and every check it fails, the message must name that
+every entry of labs 01-08 and every check it fails, the message must name that
 mistake (the hint recorded by ``note_mistake``, when the check names mistakes by running
 variants), hold no " Or: " list of alternatives (the checks' inputs tell the catalogue's
 mistakes apart), and not call it "not one of the typical mistakes" unless the catalogue says
@@ -23,7 +23,10 @@ from typing import Any
 import pytest
 import test_lab01_checks as t01
 import test_lab02_checks as t02
+import test_lab03_checks as t03
+import test_lab04_checks as t04
 import test_lab05_checks as t05
+import test_lab06_checks as t06
 import test_lab07_checks as t07
 import test_lab08_checks as t08
 import torch
@@ -61,7 +64,7 @@ Entry = tuple[str, Mapping[str, Callable[[Any], Any]], Any, list[str], Words, tu
 
 def _entries() -> list[Entry]:
     """``(entry id, checks by name, wrong answer, failing check names, words, checks whose
-    message is generic)`` of every catalogued mistake of labs 01, 02, 05, 07 and 08."""
+    message is generic)`` of every catalogued mistake of labs 01-08."""
     out: list[Entry] = []
     for table, checks, kind in (
         (t01.ENC_MISTAKES, t01.ENC_CHECKS, "encoding"),
@@ -70,6 +73,28 @@ def _entries() -> list[Entry]:
         for fn, failing, words in table:
             generic = (failing[0],) if fn is t01.shift_sin_cos_swapped else ()
             out.append((f"lab01 {kind} {_name(fn)}", checks, fn, failing, words, generic))
+    for table, checks, kind in (
+        (t03.SPLIT_MISTAKES, t03.SPLIT, "split_heads"),
+        (t03.MERGE_MISTAKES, t03.MERGE, "merge_heads"),
+        (t03.ATTENTION_MISTAKES, t03.MHA, "attention"),
+        (t03.LOAD_MISTAKES, t03.LOAD, "load"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab03 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for table, checks, kind in (
+        (t04.LN_MISTAKES, t04.LN_CHECKS, "layer_norm"),
+        (t04.FF_MISTAKES, t04.FF_CHECKS, "feed_forward"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab04 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for mistake, failing, words in t04.BLOCK_MISTAKES:  # "dropout" compares with PyTorch only
+        block = t04.block_with(mistake=mistake)
+        out.append(
+            (f"lab04 block {mistake}", t04.BLOCK_CHECKS, block, failing, words, ("dropout",))
+        )
+    for mistake, failing, words in t04.TRAINING_STEP_MISTAKES:
+        module = t04.module_with(mistake)
+        out.append((f"lab04 training_step {mistake}", t04.TRAIN_CHECKS, module, failing, words, ()))
     for table, checks, kind in (
         (t05.CAUSAL_MISTAKES, t05.CAUSAL_CHECKS, "causal"),
         (t05.PADDING_MISTAKES, t05.PADDING_CHECKS, "padding"),
@@ -82,6 +107,17 @@ def _entries() -> list[Entry]:
     ):
         for fn, failing, words in table:
             out.append((f"lab05 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for cls, failing, words, generic in t06.BLOCK_MISTAKES:
+        entry = f"lab06 decoder_block {_name(cls)}"
+        out.append((entry, t06.BLOCK_CHECKS, cls, failing, words, tuple(generic)))
+    for table, checks, kind in (
+        (t06.SHIFT_MISTAKES, t06.SHIFT_CHECKS, "shift_right"),
+        (t06.LOSS_MISTAKES, t06.LOSS_CHECKS, "sequence_loss"),
+        (t06.MODULE_MISTAKES, t06.MODULE_CHECKS, "translation_module"),
+        (t06.DECODE_MISTAKES, t06.DECODE_CHECKS, "greedy_decode"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab06 {kind} {_name(fn)}", checks, fn, failing, words, ()))
     for cls, failing, words in t07.CHAR_MISTAKES:
         out.append((f"lab07 char {_name(cls)}", t07.CHAR_CHECKS, cls, failing, words, ()))
     for flags, failing, words in t07.TRAIN_MISTAKES:

@@ -132,20 +132,20 @@ def test_correct_splits_pass_every_check(fn) -> None:
     assert run_checks(SPLIT, fn) == dict.fromkeys(SPLIT, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (split_no_transpose, ["visible", "hidden"], "then transpose(1, 2)"),
-        (split_interleaved, ["visible", "hidden"], "interleaved"),
-        (split_head_axis_left, ["visible", "hidden"], "left the head axis after the tokens"),
-        (split_no_check, ["divisible"], "not about the real problem"),
-        (split_vague_error, ["divisible"], "does not name"),
-        (split_assert, ["divisible"], "instead of raising ValueError"),
-        (split_casts_to_float, ["hidden"], "keep the input's dtype"),
-        (split_kit, ["visible", "divisible", "hidden"], "does not allow"),
-        (split_not_implemented, ["visible", "divisible", "hidden"], "not implemented yet"),
-    ],
-)
+SPLIT_MISTAKES = [
+    (split_no_transpose, ["visible", "hidden"], "then transpose(1, 2)"),
+    (split_interleaved, ["visible", "hidden"], "interleaved"),
+    (split_head_axis_left, ["visible", "hidden"], "left the head axis after the tokens"),
+    (split_no_check, ["divisible"], "not about the real problem"),
+    (split_vague_error, ["divisible"], "does not name"),
+    (split_assert, ["divisible"], "instead of raising ValueError"),
+    (split_casts_to_float, ["hidden"], "keep the input's dtype"),
+    (split_kit, ["visible", "divisible", "hidden"], "does not allow"),
+    (split_not_implemented, ["visible", "divisible", "hidden"], "not implemented yet"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), SPLIT_MISTAKES)
 def test_split_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     assert_fails(SPLIT, fn, failing, words, ignore_case=True)
 
@@ -210,18 +210,18 @@ def test_correct_merges_pass_every_check(fn) -> None:
     assert run_checks(MERGE, fn) == dict.fromkeys(MERGE, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (merge_no_transpose, ["visible", "hidden"], "no transpose"),
-        (merge_view, ["visible", "hidden"], "no longer contiguous"),
-        (merge_interleaved, ["visible", "hidden"], "interleaved"),
-        (merge_not_flat, ["visible", "hidden"], "not flattened"),
-        (merge_wrong_axes, ["visible", "hidden"], "transpose(2, 3)"),
-        (merge_kit, ["visible", "hidden"], "transformer_lab.attention.merge_heads"),
-        (merge_not_implemented, ["visible", "hidden"], "not implemented yet"),
-    ],
-)
+MERGE_MISTAKES = [
+    (merge_no_transpose, ["visible", "hidden"], "no transpose"),
+    (merge_view, ["visible", "hidden"], "no longer contiguous"),
+    (merge_interleaved, ["visible", "hidden"], "interleaved"),
+    (merge_not_flat, ["visible", "hidden"], "not flattened"),
+    (merge_wrong_axes, ["visible", "hidden"], "transpose(2, 3)"),
+    (merge_kit, ["visible", "hidden"], "transformer_lab.attention.merge_heads"),
+    (merge_not_implemented, ["visible", "hidden"], "not implemented yet"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), MERGE_MISTAKES)
 def test_merge_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     assert_fails(MERGE, fn, failing, words, ignore_case=True)
 
@@ -615,41 +615,42 @@ MASKS = ["mask", "hidden_mask", "dtypes"]
 ALL = list(MHA)
 
 
+ATTENTION_MISTAKES = [
+    (NoOutProj, VALUES, "without the output projection"),
+    (ScaleDModel, VALUES, "sqrt(d_model)"),
+    (NoScale, VALUES, "without scaling"),
+    (SplitNoTranspose, VALUES, "reshape(B, H, T, Dh)"),
+    (MergeNoTranspose, VALUES, "no transpose"),
+    (ValuesFromKey, VALUES, "values computed from `key`"),
+    (KeysFromValue, VALUES, "keys computed from `value`"),
+    (KeyValueSwapped, VALUES, "keys and values swapped"),
+    (KeysFromQuery, VALUES, "k_proj(key)"),
+    (MaskIgnored, MASKS, "without the mask"),
+    (MaskInverted, MASKS, "mask inverted"),
+    (MaskAfterSoftmax, MASKS, "after the softmax"),
+    (MaskNegInf, MASKS, "-inf"),
+    (MaskUniformEmptyRows, MASKS, "attend to nothing"),
+    (MaskFillMinus1e9, ["mask", "dtypes"], "finfo(scores.dtype).min"),
+    (MaskUnsqueezed, MASKS, "broadcasts to (B, H, T, S)"),
+    (MaskRepeatedWrongly, MASKS, "line up with the batch axis"),
+    (MaskFirstHeadOnly, ["mask", "hidden_mask"], "follows the mask of head"),
+    (AlwaysBias, ["visible", "hidden"], "bias=False"),
+    (NoDivisibilityCheck, ["divisible"], "instead of raising ValueError"),
+    (PerHeadLinears, ["visible", "mask", "hidden"], "parameters"),
+    (AveragedWeights, VALUES, "(B, H, T_q, T_k)"),
+    (DropoutOnWeights, ["visible", "hidden", "hidden_mask"], "no dropout"),
+    (ForwardWithoutGrad, ["visible", "hidden"], "does not require grad"),
+    (DetachedQueries, ["visible", "hidden"], "no gradient reaches q_proj.weight"),
+    (WrapsTorch, VALUES, "torch.nn.MultiheadAttention"),
+    (TorchSDPA, VALUES, "scaled_dot_product_attention"),
+    (FunctionalMHA, VALUES, "multi_head_attention_forward"),
+    (WrapsKit, VALUES, "does not allow"),
+    (NotImplementedModule, ALL, "not implemented yet"),
+]
+
+
 @pytest.mark.parametrize(
-    ("cls", "failing", "words"),
-    [
-        (NoOutProj, VALUES, "without the output projection"),
-        (ScaleDModel, VALUES, "sqrt(d_model)"),
-        (NoScale, VALUES, "without scaling"),
-        (SplitNoTranspose, VALUES, "reshape(B, H, T, Dh)"),
-        (MergeNoTranspose, VALUES, "no transpose"),
-        (ValuesFromKey, VALUES, "values computed from `key`"),
-        (KeysFromValue, VALUES, "keys computed from `value`"),
-        (KeyValueSwapped, VALUES, "keys and values swapped"),
-        (KeysFromQuery, VALUES, "k_proj(key)"),
-        (MaskIgnored, MASKS, "without the mask"),
-        (MaskInverted, MASKS, "mask inverted"),
-        (MaskAfterSoftmax, MASKS, "after the softmax"),
-        (MaskNegInf, MASKS, "-inf"),
-        (MaskUniformEmptyRows, MASKS, "attend to nothing"),
-        (MaskFillMinus1e9, ["mask", "dtypes"], "finfo(scores.dtype).min"),
-        (MaskUnsqueezed, MASKS, "broadcasts to (B, H, T, S)"),
-        (MaskRepeatedWrongly, MASKS, "line up with the batch axis"),
-        (MaskFirstHeadOnly, ["mask", "hidden_mask"], "follows the mask of head"),
-        (AlwaysBias, ["visible", "hidden"], "bias=False"),
-        (NoDivisibilityCheck, ["divisible"], "instead of raising ValueError"),
-        (PerHeadLinears, ["visible", "mask", "hidden"], "parameters"),
-        (AveragedWeights, VALUES, "(B, H, T_q, T_k)"),
-        (DropoutOnWeights, ["visible", "hidden", "hidden_mask"], "no dropout"),
-        (ForwardWithoutGrad, ["visible", "hidden"], "does not require grad"),
-        (DetachedQueries, ["visible", "hidden"], "no gradient reaches q_proj.weight"),
-        (WrapsTorch, VALUES, "torch.nn.MultiheadAttention"),
-        (TorchSDPA, VALUES, "scaled_dot_product_attention"),
-        (FunctionalMHA, VALUES, "multi_head_attention_forward"),
-        (WrapsKit, VALUES, "does not allow"),
-        (NotImplementedModule, ALL, "not implemented yet"),
-    ],
-    ids=lambda v: getattr(v, "__name__", None),
+    ("cls", "failing", "words"), ATTENTION_MISTAKES, ids=lambda v: getattr(v, "__name__", None)
 )
 def test_attention_mistakes_fail_with_a_message_naming_them(cls, failing, words) -> None:
     assert_fails(MHA, cls, failing, words, ignore_case=True)
@@ -817,24 +818,24 @@ def test_correct_loaders_pass_every_check(fn) -> None:
     assert run_checks(LOAD, fn) == dict.fromkeys(LOAD, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (load_wrong_order, ["visible", "hidden"], "order query, key, value"),
-        (load_transposed, ["visible", "hidden"], "without .T"),
-        (load_no_bias, ["visible", "hidden"], "copy the biases"),
-        (load_no_out_proj, ["visible", "hidden"], "out_proj.weight was not filled"),
-        (load_assumes_bias, ["hidden"], "bias=False"),
-        (load_new_parameters, ["visible", "hidden"], "optimizer built before loading"),
-        (load_new_linears, ["visible", "hidden"], "instead of the Parameter"),
-        (load_plain_tensor, ["visible", "hidden"], "COPY the values"),
-        (load_shares_memory, ["visible", "hidden"], "shares its memory"),
-        (load_without_no_grad, ["visible", "hidden"], "torch.no_grad()"),
-        (load_freezes, ["visible", "hidden"], "no longer requires grad"),
-        (load_kit, ["visible", "hidden"], "transformer_lab.attention.load_torch_weights"),
-        (load_not_implemented, ["visible", "hidden"], "not implemented yet"),
-    ],
-)
+LOAD_MISTAKES = [
+    (load_wrong_order, ["visible", "hidden"], "order query, key, value"),
+    (load_transposed, ["visible", "hidden"], "without .T"),
+    (load_no_bias, ["visible", "hidden"], "copy the biases"),
+    (load_no_out_proj, ["visible", "hidden"], "out_proj.weight was not filled"),
+    (load_assumes_bias, ["hidden"], "bias=False"),
+    (load_new_parameters, ["visible", "hidden"], "optimizer built before loading"),
+    (load_new_linears, ["visible", "hidden"], "instead of the Parameter"),
+    (load_plain_tensor, ["visible", "hidden"], "COPY the values"),
+    (load_shares_memory, ["visible", "hidden"], "shares its memory"),
+    (load_without_no_grad, ["visible", "hidden"], "torch.no_grad()"),
+    (load_freezes, ["visible", "hidden"], "no longer requires grad"),
+    (load_kit, ["visible", "hidden"], "transformer_lab.attention.load_torch_weights"),
+    (load_not_implemented, ["visible", "hidden"], "not implemented yet"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), LOAD_MISTAKES)
 def test_load_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     assert_fails(LOAD, fn, failing, words, ignore_case=True)
 

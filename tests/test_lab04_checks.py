@@ -164,20 +164,20 @@ def test_correct_layer_norms_pass_every_check(fn: Callable[..., Tensor]) -> None
     assert run_checks(LN_CHECKS, fn) == dict.fromkeys(LN_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (ln_wrong_axis, ["visible", "hidden", "numerics"], "the last dimension"),
-        (ln_whole_tensor, ["visible", "hidden", "numerics"], "per token, over the last"),
-        (ln_eps_outside, ["visible", "numerics"], "inside the square root"),
-        (ln_unbiased, ["visible", "hidden", "numerics"], "biased variance"),
-        (ln_no_affine, ["visible", "hidden", "numerics"], "multiply by weight and add bias"),
-        (ln_no_bias, ["visible", "hidden", "numerics"], "without the bias"),
-        (ln_shift_then_scale, ["visible", "hidden", "numerics"], "scale first, then shift"),
-        (ln_raw_moments, ["numerics"], "centred values"),
-        (ln_no_keepdim, ["visible", "hidden", "numerics"], "keepdim=True"),
-    ],
-)
+LN_MISTAKES = [
+    (ln_wrong_axis, ["visible", "hidden", "numerics"], "the last dimension"),
+    (ln_whole_tensor, ["visible", "hidden", "numerics"], "per token, over the last"),
+    (ln_eps_outside, ["visible", "numerics"], "inside the square root"),
+    (ln_unbiased, ["visible", "hidden", "numerics"], "biased variance"),
+    (ln_no_affine, ["visible", "hidden", "numerics"], "multiply by weight and add bias"),
+    (ln_no_bias, ["visible", "hidden", "numerics"], "without the bias"),
+    (ln_shift_then_scale, ["visible", "hidden", "numerics"], "scale first, then shift"),
+    (ln_raw_moments, ["numerics"], "centred values"),
+    (ln_no_keepdim, ["visible", "hidden", "numerics"], "keepdim=True"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), LN_MISTAKES)
 def test_layer_norm_mistakes_fail_with_a_message_naming_them(
     fn: Callable[..., Tensor], failing: list[str], words: str
 ) -> None:
@@ -324,21 +324,21 @@ def test_correct_feed_forwards_pass_every_check(cls: type) -> None:
     assert run_checks(FF_CHECKS, cls) == dict.fromkeys(FF_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("cls", "failing", "words"),
-    [
-        (FFNoActivation, ["visible", "hidden", "dropout"], "no nonlinearity"),
-        (FFActivationAtEnd, ["visible", "hidden", "dropout"], "goes between the layers"),
-        (FFGelu, ["visible", "hidden", "dropout"], "GELU"),
-        (FFWithResidual, ["visible", "hidden", "dropout"], "residual belongs to the block"),
-        (FFHiddenSizeDModel, ["visible", "hidden", "dropout"], "d_ff"),
-        (FFDropoutNeverApplied, ["visible", "dropout"], "output of eval mode"),
-        (FFDropoutAlwaysOn, ["visible", "dropout"], "eval mode"),
-        (FFDropoutOnOutput, ["visible", "dropout"], "d_ff"),
-        (FFSequential, ["visible", "hidden", "dropout"], "no nn.Linear attribute `linear1`"),
-        (FFNotAModule, ["visible", "hidden", "dropout"], "nn.Module"),
-    ],
-)
+FF_MISTAKES = [
+    (FFNoActivation, ["visible", "hidden", "dropout"], "no nonlinearity"),
+    (FFActivationAtEnd, ["visible", "hidden", "dropout"], "goes between the layers"),
+    (FFGelu, ["visible", "hidden", "dropout"], "GELU"),
+    (FFWithResidual, ["visible", "hidden", "dropout"], "residual belongs to the block"),
+    (FFHiddenSizeDModel, ["visible", "hidden", "dropout"], "d_ff"),
+    (FFDropoutNeverApplied, ["visible", "dropout"], "output of eval mode"),
+    (FFDropoutAlwaysOn, ["visible", "dropout"], "eval mode"),
+    (FFDropoutOnOutput, ["visible", "dropout"], "d_ff"),
+    (FFSequential, ["visible", "hidden", "dropout"], "no nn.Linear attribute `linear1`"),
+    (FFNotAModule, ["visible", "hidden", "dropout"], "nn.Module"),
+]
+
+
+@pytest.mark.parametrize(("cls", "failing", "words"), FF_MISTAKES)
 def test_feed_forward_mistakes_fail_with_a_message_naming_them(
     cls: type, failing: list[str], words: str
 ) -> None:
@@ -612,25 +612,25 @@ _ALL_BUT_PRE = ["visible", "dropout", "post", "mask"]
 _ALL_BUT_POST = ["visible", "dropout", "pre", "mask"]
 
 
-@pytest.mark.parametrize(
-    ("mistake", "failing", "words"),
-    [
-        ("no_residual", [*_ALL_BUT_PRE, "pre"], "without residuals"),
-        ("no_attention_residual", _ALL_BUT_PRE, "attention sub-layer has no residual"),
-        ("no_ff_residual", _ALL_BUT_PRE, "feed-forward sub-layer has no residual"),
-        ("always_post", _ALL_BUT_POST, "norm_first=True your block computes post-norm"),
-        ("always_pre", _ALL_BUT_PRE, "norm_first=False your block computes pre-norm"),
-        ("norms_swapped", ["visible", "post", "pre", "mask"], "norm1 and norm2 swapped"),
-        ("pre_residual_of_normed", _ALL_BUT_POST, "residual adds the normalised input"),
-        ("no_norms", _ALL_BUT_PRE, "no layer norm at all"),
-        ("norm_then_add", _ALL_BUT_PRE, "Add & Norm adds first"),
-        ("final_norm_inside", _ALL_BUT_POST, "normalises the block's output"),
-        ("mask_ignored", [*_ALL_BUT_PRE, "pre"], "without the mask"),
-        ("mask_inverted", [*_ALL_BUT_PRE, "pre"], "inverted mask"),
-        ("zero_padding", _ALL_BUT_PRE, "zeroes the outputs at padded positions"),
-        ("mask_first_row", ["mask"], "first query row of the mask"),
-    ],
-)
+BLOCK_MISTAKES = [
+    ("no_residual", [*_ALL_BUT_PRE, "pre"], "without residuals"),
+    ("no_attention_residual", _ALL_BUT_PRE, "attention sub-layer has no residual"),
+    ("no_ff_residual", _ALL_BUT_PRE, "feed-forward sub-layer has no residual"),
+    ("always_post", _ALL_BUT_POST, "norm_first=True your block computes post-norm"),
+    ("always_pre", _ALL_BUT_PRE, "norm_first=False your block computes pre-norm"),
+    ("norms_swapped", ["visible", "post", "pre", "mask"], "norm1 and norm2 swapped"),
+    ("pre_residual_of_normed", _ALL_BUT_POST, "residual adds the normalised input"),
+    ("no_norms", _ALL_BUT_PRE, "no layer norm at all"),
+    ("norm_then_add", _ALL_BUT_PRE, "Add & Norm adds first"),
+    ("final_norm_inside", _ALL_BUT_POST, "normalises the block's output"),
+    ("mask_ignored", [*_ALL_BUT_PRE, "pre"], "without the mask"),
+    ("mask_inverted", [*_ALL_BUT_PRE, "pre"], "inverted mask"),
+    ("zero_padding", _ALL_BUT_PRE, "zeroes the outputs at padded positions"),
+    ("mask_first_row", ["mask"], "first query row of the mask"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "failing", "words"), BLOCK_MISTAKES)
 def test_block_mistakes_fail_with_a_message_naming_them(
     mistake: str, failing: list[str], words: str
 ) -> None:
@@ -1041,25 +1041,25 @@ def test_correct_modules_pass_every_check(cls: type) -> None:
     assert run_checks(MODULE_CHECKS, cls) == dict.fromkeys(MODULE_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("mistake", "failing", "words"),
-    [
-        ("mean_over_padding", ["visible", "hidden"], "padding included"),
-        ("sum", ["visible", "hidden"], "the sum over the real tokens"),
-        ("no_mask", ["visible", "hidden"], "without the padding mask"),
-        ("per_sequence", ["visible", "hidden"], "each sequence's mean loss"),
-        ("clamped_targets", ["visible", "hidden"], "counts the padded positions as class 0"),
-        ("tokens_as_targets", ["visible", "hidden"], "batch['targets']"),
-        ("returns_item", ["visible", "hidden"], "not loss.item()"),
-        ("returns_detached", ["visible", "hidden"], "without its autograd graph"),
-        ("no_log", ["visible", "hidden"], "logged nothing"),
-        ("log_name", ["visible", "hidden"], "under the name 'train_loss'"),
-        ("log_item", ["visible", "hidden"], "makes the CPU wait for the GPU"),
-        ("enable_graph", ["visible", "hidden"], "keeps the step's whole autograd graph"),
-        ("keeps_graph", ["visible", "hidden"], "self.history[0] holds a tensor with its autograd"),
-        ("kit", ["visible", "hidden"], "does not allow"),
-    ],
-)
+TRAINING_STEP_MISTAKES = [
+    ("mean_over_padding", ["visible", "hidden"], "padding included"),
+    ("sum", ["visible", "hidden"], "the sum over the real tokens"),
+    ("no_mask", ["visible", "hidden"], "without the padding mask"),
+    ("per_sequence", ["visible", "hidden"], "each sequence's mean loss"),
+    ("clamped_targets", ["visible", "hidden"], "counts the padded positions as class 0"),
+    ("tokens_as_targets", ["visible", "hidden"], "batch['targets']"),
+    ("returns_item", ["visible", "hidden"], "not loss.item()"),
+    ("returns_detached", ["visible", "hidden"], "without its autograd graph"),
+    ("no_log", ["visible", "hidden"], "logged nothing"),
+    ("log_name", ["visible", "hidden"], "under the name 'train_loss'"),
+    ("log_item", ["visible", "hidden"], "makes the CPU wait for the GPU"),
+    ("enable_graph", ["visible", "hidden"], "keeps the step's whole autograd graph"),
+    ("keeps_graph", ["visible", "hidden"], "self.history[0] holds a tensor with its autograd"),
+    ("kit", ["visible", "hidden"], "does not allow"),
+]
+
+
+@pytest.mark.parametrize(("mistake", "failing", "words"), TRAINING_STEP_MISTAKES)
 def test_training_step_mistakes_fail_with_a_message_naming_them(
     mistake: str, failing: list[str], words: str
 ) -> None:

@@ -212,25 +212,25 @@ ALL = ["visible", "hidden", "masks", "training"]
 NOT_VISIBLE = ("visible",)  # the visible check has no oracle to name these: it says what to check
 
 
-@pytest.mark.parametrize(
-    ("cls", "failing", "words", "generic"),
-    [
-        (BlockMemoryAsQuery, ALL, "the queries come from the decoder states x", ()),
-        (BlockKeysFromX, ALL, "the keys and values from memory", ()),
-        (BlockPreNorm, ALL, "pre-norm", ()),
-        (BlockNoCrossResidual, ALL, "no residual connection", NOT_VISIBLE),
-        (BlockSelfMaskIgnored, ALL, "self_mask", ()),
-        (BlockMemoryMaskIgnored, ["visible", "hidden", "masks"], "memory_mask", ()),
-        (BlockMasksSwapped, ALL, "self_mask", ()),
-        (BlockCrossFirst, ALL, "before the self-attention", NOT_VISIBLE),
-        (BlockNormsSwapped, ALL, "norm2 and norm3 are swapped", NOT_VISIBLE),
-        (BlockNoCross, ALL, "cross-attention", ()),
-        (BlockDropoutAfterNorm, ["training"], "BEFORE the residual sum", ()),
-        (BlockNoResidualDropout, ["training"], "before it is added back", ()),
-        (BlockDropoutInEval, ["training"], "off in eval mode", ()),
-        (BlockDropoutIgnored, ["training"], "dropout does nothing", ()),
-    ],
-)
+BLOCK_MISTAKES = [
+    (BlockMemoryAsQuery, ALL, "the queries come from the decoder states x", ()),
+    (BlockKeysFromX, ALL, "the keys and values from memory", ()),
+    (BlockPreNorm, ALL, "pre-norm", ()),
+    (BlockNoCrossResidual, ALL, "no residual connection", NOT_VISIBLE),
+    (BlockSelfMaskIgnored, ALL, "self_mask", ()),
+    (BlockMemoryMaskIgnored, ["visible", "hidden", "masks"], "memory_mask", ()),
+    (BlockMasksSwapped, ALL, "self_mask", ()),
+    (BlockCrossFirst, ALL, "before the self-attention", NOT_VISIBLE),
+    (BlockNormsSwapped, ALL, "norm2 and norm3 are swapped", NOT_VISIBLE),
+    (BlockNoCross, ALL, "cross-attention", ()),
+    (BlockDropoutAfterNorm, ["training"], "BEFORE the residual sum", ()),
+    (BlockNoResidualDropout, ["training"], "before it is added back", ()),
+    (BlockDropoutInEval, ["training"], "off in eval mode", ()),
+    (BlockDropoutIgnored, ["training"], "dropout does nothing", ()),
+]
+
+
+@pytest.mark.parametrize(("cls", "failing", "words", "generic"), BLOCK_MISTAKES)
 def test_decoder_block_mistakes_fail_with_a_message_naming_them(cls, failing, words, generic):
     assert_fails(BLOCK_CHECKS, cls, failing, words, generic=generic)
     if generic:  # the visible check still says where to look
@@ -358,21 +358,21 @@ def test_correct_shifts_pass_every_check(fn) -> None:
     assert run_checks(SHIFT_CHECKS, fn) == dict.fromkeys(SHIFT_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (shift_left, ["visible", "hidden"], "shifted LEFT"),
-        (shift_no_bos, ["visible", "hidden"], "must hold bos_id"),
-        (shift_bos_at_end, ["visible", "hidden"], "BOS goes FIRST"),
-        (shift_drops_first, ["visible", "hidden"], "dropped the FIRST target"),
-        (shift_roll, ["visible", "hidden"], "torch.roll wraps"),
-        (shift_keeps_last, ["visible", "hidden"], "drop the LAST target"),
-        (shift_bos_one, ["visible", "hidden"], "not a fixed 1"),
-        (shift_batch_axis, ["visible", "hidden"], "batch axis"),
-        (shift_in_place, ["visible", "hidden"], "in place"),
-        (shift_float, ["visible", "hidden"], "token ids are integers"),
-    ],
-)
+SHIFT_MISTAKES = [
+    (shift_left, ["visible", "hidden"], "shifted LEFT"),
+    (shift_no_bos, ["visible", "hidden"], "must hold bos_id"),
+    (shift_bos_at_end, ["visible", "hidden"], "BOS goes FIRST"),
+    (shift_drops_first, ["visible", "hidden"], "dropped the FIRST target"),
+    (shift_roll, ["visible", "hidden"], "torch.roll wraps"),
+    (shift_keeps_last, ["visible", "hidden"], "drop the LAST target"),
+    (shift_bos_one, ["visible", "hidden"], "not a fixed 1"),
+    (shift_batch_axis, ["visible", "hidden"], "batch axis"),
+    (shift_in_place, ["visible", "hidden"], "in place"),
+    (shift_float, ["visible", "hidden"], "token ids are integers"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), SHIFT_MISTAKES)
 def test_shift_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     assert_fails(SHIFT_CHECKS, fn, failing, words)
 
@@ -491,21 +491,21 @@ def test_correct_losses_pass_every_check(fn) -> None:
     assert run_checks(LOSS_CHECKS, fn) == dict.fromkeys(LOSS_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (loss_counts_padding, ["visible", "hidden", "numerics"], "padding"),
-        (loss_sum, ["visible", "hidden", "numerics"], "SUM over the real tokens"),
-        (loss_mean_of_means, ["visible", "hidden", "numerics"], "per-sentence means"),
-        (loss_all_positions, ["visible", "hidden", "numerics"], "ALL positions (B * T)"),
-        (loss_time_softmax, ["visible", "hidden", "numerics"], "time axis"),
-        (loss_no_minus, ["visible", "hidden", "numerics"], "minus sign"),
-        (loss_probabilities, ["visible", "hidden", "numerics"], "-log-probability"),
-        (loss_pad_zero, ["visible", "hidden", "numerics"], "ignores id 0"),
-        (loss_log_of_softmax, ["numerics"], "logsumexp"),
-        (loss_item, ["visible", "hidden", "numerics"], "no .item()"),
-    ],
-)
+LOSS_MISTAKES = [
+    (loss_counts_padding, ["visible", "hidden", "numerics"], "padding"),
+    (loss_sum, ["visible", "hidden", "numerics"], "SUM over the real tokens"),
+    (loss_mean_of_means, ["visible", "hidden", "numerics"], "per-sentence means"),
+    (loss_all_positions, ["visible", "hidden", "numerics"], "ALL positions (B * T)"),
+    (loss_time_softmax, ["visible", "hidden", "numerics"], "time axis"),
+    (loss_no_minus, ["visible", "hidden", "numerics"], "minus sign"),
+    (loss_probabilities, ["visible", "hidden", "numerics"], "-log-probability"),
+    (loss_pad_zero, ["visible", "hidden", "numerics"], "ignores id 0"),
+    (loss_log_of_softmax, ["numerics"], "logsumexp"),
+    (loss_item, ["visible", "hidden", "numerics"], "no .item()"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), LOSS_MISTAKES)
 def test_loss_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     assert_fails(LOSS_CHECKS, fn, failing, words)
 
@@ -865,38 +865,38 @@ VALIDATION = ["validation_step", "hidden"]
 OPTIM = ["configure_optimizers", "hidden"]
 
 
-@pytest.mark.parametrize(
-    ("cls", "failing", "words"),
-    [
-        (ModuleFeedsTgtOut, TRAIN, "the decoder reading batch['tgt_out']"),
-        (ModuleTargetsTgtIn, TRAIN, "the labels are batch['tgt_out']"),
-        (ModuleCountsPadding, [*TRAIN, "validation_step"], "counts the padding"),
-        (ModulePadZero, ["hidden"], "ignores id 0"),
-        (ModuleNoMasks, [*TRAIN, "validation_step"], "padding masks"),
-        (ModuleReturnsItem, TRAIN, "loss.item()"),
-        (ModuleReturnsDetached, TRAIN, "without a graph"),
-        (ModuleNoLog, TRAIN, "did not log 'train_loss'"),
-        (ModuleKeepsGraph, TRAIN, "keeps the graph"),
-        (ModuleEnableGraph, TRAIN, "keeps the graph"),
-        (ModuleExactMatchWithPadding, VALIDATION, "padding positions"),
-        (ModuleBatchAccuracy, VALIDATION, "averages the accuracies of the batches"),
-        (ModuleNeverReset, VALIDATION, "keeps counting across runs"),
-        (ModuleComputesEveryStep, VALIDATION, "expected"),
-        (ModuleValLossPadding, VALIDATION, "counts the padding positions"),
-        (ModuleNoExactMatch, VALIDATION, "not 'val_exact_match'"),
-        (ModuleArgmaxTime, VALIDATION, "validation_step"),
-        (ModuleConstant, OPTIM, "no warm-up and no decay"),
-        (ModuleDecayOnly, OPTIM, "there is no warm-up"),
-        (ModuleWarmupOnly, OPTIM, "must decay"),
-        (ModuleFactorIsLr, OPTIM, "MULTIPLIES"),
-        (ModuleWarmup100, OPTIM, "use self.warmup_steps"),
-        (ModuleHardCodedLr, OPTIM, "expected self.lr"),
-        (ModuleSubset, OPTIM, "leaves out"),
-        (ModulePerEpoch, OPTIM, "once per EPOCH"),
-        (ModuleNoScheduler, OPTIM, "without a learning-rate scheduler"),
-        (ModuleUsesTrainer, OPTIM, "self.total_steps"),
-    ],
-)
+MODULE_MISTAKES = [
+    (ModuleFeedsTgtOut, TRAIN, "the decoder reading batch['tgt_out']"),
+    (ModuleTargetsTgtIn, TRAIN, "the labels are batch['tgt_out']"),
+    (ModuleCountsPadding, [*TRAIN, "validation_step"], "counts the padding"),
+    (ModulePadZero, ["hidden"], "ignores id 0"),
+    (ModuleNoMasks, [*TRAIN, "validation_step"], "padding masks"),
+    (ModuleReturnsItem, TRAIN, "loss.item()"),
+    (ModuleReturnsDetached, TRAIN, "without a graph"),
+    (ModuleNoLog, TRAIN, "did not log 'train_loss'"),
+    (ModuleKeepsGraph, TRAIN, "keeps the graph"),
+    (ModuleEnableGraph, TRAIN, "keeps the graph"),
+    (ModuleExactMatchWithPadding, VALIDATION, "padding positions"),
+    (ModuleBatchAccuracy, VALIDATION, "averages the accuracies of the batches"),
+    (ModuleNeverReset, VALIDATION, "keeps counting across runs"),
+    (ModuleComputesEveryStep, VALIDATION, "expected"),
+    (ModuleValLossPadding, VALIDATION, "counts the padding positions"),
+    (ModuleNoExactMatch, VALIDATION, "not 'val_exact_match'"),
+    (ModuleArgmaxTime, VALIDATION, "validation_step"),
+    (ModuleConstant, OPTIM, "no warm-up and no decay"),
+    (ModuleDecayOnly, OPTIM, "there is no warm-up"),
+    (ModuleWarmupOnly, OPTIM, "must decay"),
+    (ModuleFactorIsLr, OPTIM, "MULTIPLIES"),
+    (ModuleWarmup100, OPTIM, "use self.warmup_steps"),
+    (ModuleHardCodedLr, OPTIM, "expected self.lr"),
+    (ModuleSubset, OPTIM, "leaves out"),
+    (ModulePerEpoch, OPTIM, "once per EPOCH"),
+    (ModuleNoScheduler, OPTIM, "without a learning-rate scheduler"),
+    (ModuleUsesTrainer, OPTIM, "self.total_steps"),
+]
+
+
+@pytest.mark.parametrize(("cls", "failing", "words"), MODULE_MISTAKES)
 def test_module_mistakes_fail_with_a_message_naming_them(cls, failing, words) -> None:
     assert_fails(MODULE_CHECKS, cls, failing, words)
 
@@ -1203,27 +1203,27 @@ def test_correct_decoders_pass_every_check(fn) -> None:
     assert run_checks(DECODE_CHECKS, fn) == dict.fromkeys(DECODE_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (
-            greedy_no_pad_after_eos,
-            ["visible", "hidden", "edges"],
-            "must go on with model.config.pad_id",
-        ),
-        (greedy_never_stops, ["visible", "hidden", "edges"], "went on to max_len"),
-        (greedy_stops_at_first, ["visible", "hidden", "edges"], "FIRST sentence produced EOS"),
-        (greedy_first_position, ["visible", "hidden", "edges"], "logits[:, -1]"),
-        (greedy_drops_bos, ["visible", "hidden", "edges"], "BOS first"),
-        (greedy_max_len_new_tokens, ["visible", "edges"], "max_len counts BOS"),
-        (greedy_ignores_mask, ["visible", "hidden", "edges"], "ignore src_padding_mask"),
-        (greedy_mask_in_encode_only, ["visible", "hidden", "edges"], "ignore src_padding_mask"),
-        (greedy_fills_eos, ["visible", "hidden", "edges"], "not with eos_id"),
-        (greedy_fills_zero, ["hidden", "edges"], "not with 0"),
-        (greedy_feeds_logits, ["visible", "hidden", "edges"], "not the logits"),
-        (greedy_encodes_every_step, ["visible", "hidden", "edges"], "encode it once"),
-    ],
-)
+DECODE_MISTAKES = [
+    (
+        greedy_no_pad_after_eos,
+        ["visible", "hidden", "edges"],
+        "must go on with model.config.pad_id",
+    ),
+    (greedy_never_stops, ["visible", "hidden", "edges"], "went on to max_len"),
+    (greedy_stops_at_first, ["visible", "hidden", "edges"], "FIRST sentence produced EOS"),
+    (greedy_first_position, ["visible", "hidden", "edges"], "logits[:, -1]"),
+    (greedy_drops_bos, ["visible", "hidden", "edges"], "BOS first"),
+    (greedy_max_len_new_tokens, ["visible", "edges"], "max_len counts BOS"),
+    (greedy_ignores_mask, ["visible", "hidden", "edges"], "ignore src_padding_mask"),
+    (greedy_mask_in_encode_only, ["visible", "hidden", "edges"], "ignore src_padding_mask"),
+    (greedy_fills_eos, ["visible", "hidden", "edges"], "not with eos_id"),
+    (greedy_fills_zero, ["hidden", "edges"], "not with 0"),
+    (greedy_feeds_logits, ["visible", "hidden", "edges"], "not the logits"),
+    (greedy_encodes_every_step, ["visible", "hidden", "edges"], "encode it once"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), DECODE_MISTAKES)
 def test_decode_mistakes_fail_with_a_message_naming_them(fn, failing, words) -> None:
     assert_fails(DECODE_CHECKS, fn, failing, words)
 
