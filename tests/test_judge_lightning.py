@@ -237,3 +237,32 @@ def test_train_translator_through_the_judge(
         session=session,
     )
     assert_fails(checks, getattr(t06, fn), failing, words)
+
+
+def test_a_reply_with_a_forged_random_state_earns_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rewritten kernel server whose replies carry a state that is no generator's."""
+    from transformer_lab.judge import kernel, wire
+
+    namespace = dict(_base("04_transformer_block"))
+    link = InProcessKernel(monkeypatch, namespace)
+    real = kernel.reply
+
+    def forged() -> str:
+        reply = wire.loads(real())
+        if "rng" in reply:
+            reply["rng"] = wire.encode(torch.zeros(3, dtype=torch.uint8))
+        return wire.dumps(reply)
+
+    monkeypatch.setattr(kernel, "reply", forged)
+    verdict = judge_cell(
+        "cell", "lab04.check_feed_forward(FeedForward)", JudgeSession(link, timeout=60)
+    )
+    assert not verdict.passed and "not a generator state" in verdict.message
+
+
+def test_only_torchs_optimizers_and_schedulers_become_typed_remotes() -> None:
+    from transformer_lab.grading.judge import Remote, _remote_class
+
+    assert issubclass(_remote_class("torch.optim.adamw.AdamW"), torch.optim.AdamW)
+    for claimed in ("os.system", "torch.nn.modules.linear.Linear", "torch.optim.nothing", None):
+        assert _remote_class(claimed) is Remote

@@ -31,6 +31,10 @@ def _judge_all(monkeypatch: pytest.MonkeyPatch, lab: str, **answers: Any) -> dic
     return judgements.verdicts
 
 
+def _failed_cells(verdicts: dict[str, Any]) -> list[str]:
+    return sorted(g for g, v in verdicts.items() if not v["passed"])
+
+
 def split_heads_without_transpose(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     B, T, D = x.shape
     return x.reshape(B, n_heads, T, D // n_heads)  # (B, H, T, Dh) with the wrong layout
@@ -42,7 +46,7 @@ def test_a_split_heads_mistake_costs_only_the_split_heads_cells(
     verdicts = _judge_all(
         monkeypatch, "03_multi_head_attention", split_heads=split_heads_without_transpose
     )
-    failed = sorted(g for g, v in verdicts.items() if not v["passed"])
+    failed = _failed_cells(verdicts)
     assert failed and all(g.startswith("test_split_heads") for g in failed), failed
     mha = verdicts["test_mha_visible"]
     assert mha["passed"] and "checked with PyTorch's `split_heads`" in mha["message"]
@@ -57,7 +61,10 @@ def test_the_notebooks_own_answer_is_back_after_a_cell_on_stand_ins(
     session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=60)
     judgements = Judgements()
     judgements.failed.add("split_heads")
-    judgements.judge("cell", "lab03.check_multi_head_attention(MultiHeadAttention)", session)
+    verdict = judgements.judge(
+        "cell", "lab03.check_multi_head_attention(MultiHeadAttention)", session
+    )
+    assert verdict.passed and "checked with PyTorch's `split_heads`" in verdict.message
     assert namespace["split_heads"] is split_heads_without_transpose
 
 
@@ -71,7 +78,7 @@ def test_a_sequence_loss_mistake_leaves_the_translation_module_its_points(
     verdicts = _judge_all(
         monkeypatch, "06_decoder_training", sequence_loss=sequence_loss_over_padding
     )
-    failed = sorted(g for g, v in verdicts.items() if not v["passed"])
+    failed = _failed_cells(verdicts)
     assert failed and all(g.startswith("test_sequence_loss") for g in failed), failed
     step = verdicts["test_translation_module_training_step"]
     assert step["passed"] and "`sequence_loss`" in step["message"]

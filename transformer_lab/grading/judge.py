@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import importlib
 import itertools
 import math
@@ -594,6 +595,7 @@ class _RemoteTorchObject(Remote):
 _TORCH_BASES = ("torch.optim.", "torch.optim.lr_scheduler.")
 
 
+@functools.cache
 def _remote_class(dotted: Any) -> type[Remote]:
     """:class:`Remote`, or one that is also an instance of the torch optimizer or scheduler
     class named ``dotted`` (only classes of ``torch.optim`` are looked up)."""
