@@ -1,7 +1,8 @@
 """One diagnosis, the right one: every catalogued mistake is named alone, and first.
 
 The catalogues of typical mistakes live in ``tests/test_labNN_checks.py`` (each entry: a wrong
-answer, the checks it must fail, words their messages must hold); this file imports them. For
+answer, the checks it must fail, words their messages must hold); ``mistake_catalogue`` lists
+them. For
 every entry of labs 01-08 and every check it fails, the message must name that
 mistake (the hint recorded by ``note_mistake``, when the check names mistakes by running
 variants), hold no " Or: " list of alternatives (the checks' inputs tell the catalogue's
@@ -16,21 +17,16 @@ are tested too.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-import test_lab01_checks as t01
 import test_lab02_checks as t02
-import test_lab03_checks as t03
-import test_lab04_checks as t04
-import test_lab05_checks as t05
-import test_lab06_checks as t06
 import test_lab07_checks as t07
 import test_lab08_checks as t08
 import torch
 from judge_support import InProcessKernel
+from mistake_catalogue import ENTRIES, Words
 
 from transformer_lab.checks import lab07, lab08
 from transformer_lab.checks._common import NOT_TYPICAL, Case, diagnose, named_mistakes
@@ -50,122 +46,11 @@ RECORDED = {
 NOT_TYPICAL_ENTRIES = {"lab07 top_p top_p_sums_to_one_early"}
 
 
-def _name(fn: Any) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
-
-
-def _flags(flags: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in flags.items())
-
-
-Words = str | Mapping[str, str]
-Entry = tuple[str, Mapping[str, Callable[[Any], Any]], Any, list[str], Words, tuple[str, ...]]
-
-
-def _entries() -> list[Entry]:
-    """``(entry id, checks by name, wrong answer, failing check names, words, checks whose
-    message is generic)`` of every catalogued mistake of labs 01-08."""
-    out: list[Entry] = []
-    for table, checks, kind in (
-        (t01.ENC_MISTAKES, t01.ENC_CHECKS, "encoding"),
-        (t01.SHIFT_MISTAKES, t01.SHIFT_CHECKS, "shift"),
-    ):
-        for fn, failing, words in table:
-            generic = (failing[0],) if fn is t01.shift_sin_cos_swapped else ()
-            out.append((f"lab01 {kind} {_name(fn)}", checks, fn, failing, words, generic))
-    for table, checks, kind in (
-        (t03.SPLIT_MISTAKES, t03.SPLIT, "split_heads"),
-        (t03.MERGE_MISTAKES, t03.MERGE, "merge_heads"),
-        (t03.ATTENTION_MISTAKES, t03.MHA, "attention"),
-        (t03.LOAD_MISTAKES, t03.LOAD, "load"),
-    ):
-        for fn, failing, words in table:
-            out.append((f"lab03 {kind} {_name(fn)}", checks, fn, failing, words, ()))
-    for table, checks, kind in (
-        (t04.LN_MISTAKES, t04.LN_CHECKS, "layer_norm"),
-        (t04.FF_MISTAKES, t04.FF_CHECKS, "feed_forward"),
-    ):
-        for fn, failing, words in table:
-            out.append((f"lab04 {kind} {_name(fn)}", checks, fn, failing, words, ()))
-    for mistake, failing, words in t04.BLOCK_MISTAKES:  # "dropout" compares with PyTorch only
-        block = t04.block_with(mistake=mistake)
-        out.append(
-            (f"lab04 block {mistake}", t04.BLOCK_CHECKS, block, failing, words, ("dropout",))
-        )
-    for mistake, failing, words in t04.TRAINING_STEP_MISTAKES:
-        module = t04.module_with(mistake)
-        out.append((f"lab04 training_step {mistake}", t04.TRAIN_CHECKS, module, failing, words, ()))
-    for table, checks, kind in (
-        (t05.CAUSAL_MISTAKES, t05.CAUSAL_CHECKS, "causal"),
-        (t05.PADDING_MISTAKES, t05.PADDING_CHECKS, "padding"),
-    ):
-        for fn, words in table:
-            out.append((f"lab05 {kind} {_name(fn)}", checks, fn, ["visible", "hidden"], words, ()))
-    for table, checks, kind in (
-        (t05.COMBINE_MISTAKES, t05.COMBINE_CHECKS, "combine"),
-        (t05.ATTENTION_MISTAKES, t05.ATTENTION_CHECKS, "attention"),
-    ):
-        for fn, failing, words in table:
-            out.append((f"lab05 {kind} {_name(fn)}", checks, fn, failing, words, ()))
-    for cls, failing, words, generic in t06.BLOCK_MISTAKES:
-        entry = f"lab06 decoder_block {_name(cls)}"
-        out.append((entry, t06.BLOCK_CHECKS, cls, failing, words, tuple(generic)))
-    for table, checks, kind in (
-        (t06.SHIFT_MISTAKES, t06.SHIFT_CHECKS, "shift_right"),
-        (t06.LOSS_MISTAKES, t06.LOSS_CHECKS, "sequence_loss"),
-        (t06.MODULE_MISTAKES, t06.MODULE_CHECKS, "translation_module"),
-        (t06.DECODE_MISTAKES, t06.DECODE_CHECKS, "greedy_decode"),
-    ):
-        for fn, failing, words in table:
-            out.append((f"lab06 {kind} {_name(fn)}", checks, fn, failing, words, ()))
-    for cls, failing, words in t07.CHAR_MISTAKES:
-        out.append((f"lab07 char {_name(cls)}", t07.CHAR_CHECKS, cls, failing, words, ()))
-    for flags, failing, words in t07.TRAIN_MISTAKES:
-        fn = functools.partial(t07.student_bpe_train, **flags)
-        out.append((f"lab07 bpe_train {_flags(flags)}", t07.TRAIN_CHECKS, fn, failing, words, ()))
-    for flags, failing, words in t07.ENCODE_MISTAKES:
-        fn = functools.partial(t07.student_bpe_encode, **flags)
-        out.append((f"lab07 bpe_encode {_flags(flags)}", t07.ENCODE_CHECKS, fn, failing, words, ()))
-    out.append(
-        (
-            "lab07 bpe_encode longest",
-            t07.ENCODE_CHECKS,
-            t07.bpe_encode_longest,
-            list(t07.ENCODE_CHECKS),
-            "longest",
-            (),
-        )
-    )
-    for table, checks, kind in (
-        (t07.TEMPERATURE_MISTAKES, t07.TEMPERATURE_CHECKS, "temperature"),
-        (t07.TOP_K_MISTAKES, t07.TOP_K_CHECKS, "top_k"),
-        (t07.TOP_P_MISTAKES, t07.TOP_P_CHECKS, "top_p"),
-    ):
-        for fn, failing, words in table:
-            out.append((f"lab07 {kind} {_name(fn)}", checks, fn, failing, words, ()))
-    for flags, failing, words in t07.BEAM_MISTAKES:
-        fn = functools.partial(t07.student_beam, **flags)
-        out.append((f"lab07 beam {_flags(flags)}", t07.BEAM_CHECKS, fn, failing, words, ()))
-    for fn, failing, words in t02.MISTAKES:
-        group = next(g for g in t02.ALL_CHECKS if failing[0] in g)
-        checks = {f"check {i}": check for i, check in enumerate(group)}
-        names = [f"check {group.index(check)}" for check in failing]
-        out.append((f"lab02 {t02._id((fn, failing, words))}", checks, fn, names, words, ()))
-    for options, failing, words, generic in t08.GENERATE_MISTAKES:
-        fn = t08.make_generate(**options)
-        entry = f"lab08 generate {_flags(options)}"
-        out.append((entry, t08.GENERATE_CHECKS, fn, failing, words, generic))
-    return out
-
-
-ENTRIES = _entries()
-
-
 @pytest.mark.filterwarnings("ignore:The use of `x.T`")
 @pytest.mark.parametrize(
     ("checks", "answer", "failing", "words", "generic"),
-    [entry[1:] for entry in ENTRIES],
-    ids=[entry[0] for entry in ENTRIES],
+    [(e.checks, e.answer, e.failing, e.words, e.generic) for e in ENTRIES],
+    ids=[e.id for e in ENTRIES],
 )
 def test_each_catalogued_mistake_gets_one_diagnosis_naming_it_first(
     request: pytest.FixtureRequest,

@@ -2,7 +2,8 @@
 
 When an answer fails its own test cells, a later answer that calls it by name
 (``MultiHeadAttention`` calls ``split_heads``; ``TranslationModule`` calls ``sequence_loss``) is
-judged with PyTorch's stand-in in its place (the labs' ``DEPENDS_ON``), and its message says so.
+judged with PyTorch's stand-in in its place (``builds_on`` in the lab's spec), and its message
+says so.
 The cells run in the notebook's order through :class:`~transformer_lab.grading.judge.Judgements`,
 as ``BudgetedExecute`` runs them.
 """

@@ -732,23 +732,23 @@ def test_correct_detectors_pass_every_check(fn) -> None:
 EVERY = ["visible", "hidden", "subtle"]
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (detector_last_position_only, ["visible", "subtle"], "every cut"),
-        (detector_whole_output, EVERY, "Compare only out[:, :t+1]"),
-        (detector_includes_t, EVERY, "never t itself"),
-        (detector_perturbs_past, EVERY, "not the other way round"),
-        (detector_one_cut, ["visible", "subtle"], "every cut"),
-        (detector_loose, ["subtle"], "not atol=1e-2"),
-        (detector_in_place, EVERY, "changed x in place"),
-        (detector_batch_axis, EVERY, "Time is dim 1"),
-        (detector_whole_gradient, EVERY, "Compare only out[:, :t+1]"),
-        (detector_first_output_gradient, ["subtle"], "not only the first output"),
-        (detector_forgets_return, EVERY, "should return True or False"),
-        (detector_kit, EVERY, "does not allow"),
-    ],
-)
+DETECTOR_MISTAKES = [
+    (detector_last_position_only, ["visible", "subtle"], "every cut"),
+    (detector_whole_output, EVERY, "Compare only out[:, :t+1]"),
+    (detector_includes_t, EVERY, "never t itself"),
+    (detector_perturbs_past, EVERY, "not the other way round"),
+    (detector_one_cut, ["visible", "subtle"], "every cut"),
+    (detector_loose, ["subtle"], "not atol=1e-2"),
+    (detector_in_place, EVERY, "changed x in place"),
+    (detector_batch_axis, EVERY, "Time is dim 1"),
+    (detector_whole_gradient, EVERY, "Compare only out[:, :t+1]"),
+    (detector_first_output_gradient, ["subtle"], "not only the first output"),
+    (detector_forgets_return, EVERY, "should return True or False"),
+    (detector_kit, EVERY, "does not allow"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), DETECTOR_MISTAKES)
 def test_detector_mistakes_are_named(fn, failing, words) -> None:
     assert_fails(DETECTOR_CHECKS, fn, failing, words)
 

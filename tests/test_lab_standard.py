@@ -14,6 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from transformer_lab.checks import spec
 from transformer_lab.grading.course import course_settings, list_labs
 from transformer_lab.grading.standard import (
     HOW_GRADING_WORKS,
@@ -42,11 +43,14 @@ def test_labs_new_starts_a_lab_that_follows_the_standard(tmp_path: Path) -> None
         "solutions/09_vision_transformer/09_vision_transformer.ipynb",
         "transformer_lab/checks/lab09.py",
         "transformer_lab/grading/hidden/lab09.py",
+        "transformer_lab/checks/specs/lab09.toml",
     ]
     nb = nbformat.read(str(written[0]), as_version=4)
     assert lint_lab(nb, "09_vision_transformer", "https://x/kit.whl") == []
-    for path in written[1:]:
+    for path in written[1:3]:
         compile(path.read_text(), str(path), "exec")
+    new_spec = spec.parse(written[3].read_text())
+    assert spec.lint_spec(new_spec, nb, "09_vision_transformer") == []
     with pytest.raises(FileExistsError):
         new_lab(repo, "09_vision_transformer", "again")
 
@@ -69,3 +73,62 @@ def test_setup_cell_keeps_the_labs_imports_and_nothing_else() -> None:
     assert setup_cell_imports(source) == ["import torch", "from torch import nn"]
     assert 'KIT_SOURCE = "https://x"' in source and 'lab.setup("03_x")' in source
     assert "from transformer_lab.checks import lab03" in source
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_labs_spec_agrees_with_its_notebook_and_the_kit(lab: str) -> None:
+    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    assert spec.lint_spec(spec.load(lab), nb, lab) == []
+
+
+def test_every_graded_answer_of_the_kit_belongs_to_a_part_of_its_labs_spec() -> None:
+    import importlib
+    import pkgutil
+
+    import transformer_lab
+    from transformer_lab.graded import GRADED
+
+    modules = [
+        info.name
+        for info in pkgutil.walk_packages(transformer_lab.__path__, "transformer_lab.")
+        if ".grading" not in info.name
+    ]
+    for module in modules:
+        importlib.import_module(module)
+    claimed = {k for s in spec.all_specs() for p in s.parts.values() for k in p.kit}
+    # the package's own answers (other tests register copies of its modules under new names)
+    kit_answers = {n for n in GRADED if n.rsplit(".", 1)[0] in modules
+                   or n.rsplit(".", 2)[0] in modules}  # fmt: skip
+    assert kit_answers - claimed == set()
+
+
+def test_the_spec_lint_finds_drift() -> None:
+    lab = "03_multi_head_attention"
+    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    text = (REPO / "transformer_lab" / "checks" / "specs" / "lab03.toml").read_text()
+    drifted = {
+        "a cost outside its part": text.replace(
+            '"split_heads split_assert" = ["test_split_heads_divisible"]',
+            '"split_heads split_assert" = ["test_mha_visible"]',
+        ),
+        "an unknown stand-in": text.replace('"_merge_heads"', '"_no_such_stand_in"'),
+        "a later part built on": text.replace("merge_heads = ", "load_torch_weights = "),
+        "a kit name of another lab": text.replace(
+            '"transformer_lab.attention.split_heads"', '"transformer_lab.attention.softmax"'
+        ),
+    }
+    for what, changed in drifted.items():
+        assert changed != text, what
+        assert spec.lint_spec(spec.parse(changed), nb, lab), what
+    with pytest.raises(spec.SpecError, match="unknown keys"):
+        spec.parse(text.replace("[parts.split_heads]", "[parts.split_heads]\npoints = 3"))
+
+
+def test_the_curriculum_shows_the_specs_table_of_graded_parts() -> None:
+    notebooks = {
+        lab: nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+        for lab in LABS
+    }
+    table = spec.costs_table(list(spec.all_specs()), notebooks)
+    curriculum = (REPO / "docs" / "curriculum.md").read_text()
+    assert table in curriculum, "docs/curriculum.md: paste the table printed by\n" + table

@@ -69,7 +69,6 @@ from transformer_lab.checks._common import (
 
 __all__ = [
     "BAN",
-    "DEPENDS_ON",
     "check_load_torch_weights",
     "check_merge_heads",
     "check_multi_head_attention",
@@ -79,13 +78,6 @@ __all__ = [
     "check_split_heads_divisible",
     "reference_multi_head_attention",
 ]
-
-#: What the judge may check a later answer on when an earlier one fails its own check
-#: (notebook name -> its PyTorch stand-in in ``transformer_lab.standins``): one mistake in
-#: ``split_heads`` costs only its own cells, not the attention cells built on it.
-DEPENDS_ON = {
-    "MultiHeadAttention": {"split_heads": "_split_heads", "merge_heads": "_merge_heads"},
-}
 
 BAN = Ban(
     ops=("attention",),

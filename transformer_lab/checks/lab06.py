@@ -66,7 +66,6 @@ from transformer_lab.judge.mirror import portable
 __all__ = [
     "BLOCK_BAN",
     "DECODE_BAN",
-    "DEPENDS_ON",
     "LOSS_BAN",
     "MODULE_BAN",
     "SHIFT_BAN",
@@ -96,11 +95,6 @@ __all__ = [
     "torch_decoder_layer",
     "torch_decoder_output",
 ]
-
-#: What the judge may check a later answer on when an earlier one fails its own check
-#: (notebook name -> its PyTorch stand-in in ``transformer_lab.standins``): a mistake in
-#: ``sequence_loss`` costs only its own cells, not the TranslationModule's.
-DEPENDS_ON = {"TranslationModule": {"sequence_loss": "_sequence_loss"}}
 
 BLOCK_BAN = Ban(
     ops=("_transformer_decoder_only_layer_fwd",),

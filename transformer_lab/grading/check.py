@@ -126,8 +126,21 @@ def check_standard(repo: Path, labs: list[str]) -> list[str]:
     problems: list[str] = []
     for lab in labs:
         nb = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
-        problems += lint_lab(nb, lab, kit_source)
+        problems += lint_lab(nb, lab, kit_source) + _spec_problems(repo, lab, nb)
     return problems + check_fixtures(repo, labs)
+
+
+def _spec_problems(repo: Path, lab: str, nb: object) -> list[str]:
+    """The lab's spec (``transformer_lab/checks/specs/labNN.toml``) against its notebook."""
+    from transformer_lab.checks.spec import SpecError, lint_spec, parse
+
+    path = Path(repo) / "transformer_lab" / "checks" / "specs" / f"lab{lab[:2]}.toml"
+    if not path.is_file():
+        return [f"{lab}: no spec at {path} (`labs new` starts one)"]
+    try:
+        return lint_spec(parse(path.read_text(encoding="utf-8"), str(path)), nb, lab)
+    except SpecError as exc:
+        return [f"{lab}: {exc}"]
 
 
 def _solution_lines(source_nb: Path) -> set[str]:

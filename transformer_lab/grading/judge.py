@@ -44,6 +44,7 @@ from torch import nn
 
 from transformer_lab.checks._bans import ForbiddenCallError, active_ban
 from transformer_lab.checks._common import named_mistakes
+from transformer_lab.checks.spec import all_specs
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge import mirror, wire
 
@@ -149,6 +150,8 @@ class JudgeSession:
         self._gmodules: dict[int, nn.Module] = {}  # the grader's modules mirrored in the kernel
         self._objects: dict[int, Any] = {}  # the grader's objects the kernel may call back
         self._handles: dict[int, int] = {}
+        # differentiable calls back: number -> (their inputs, their outputs), for "grad"
+        self._callbacks: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         self._kernel_rng: torch.Tensor | None = None  # the kernel's random state after a call
         self._judge_rng = torch.empty(0, dtype=torch.uint8)  # ours when it was returned
 
@@ -250,8 +253,12 @@ class JudgeSession:
         """Answer the kernel's call back to one of the grader's objects (as a reply text)."""
         try:
             message = wire.loads(text)
-            target = self._objects[int(message.get("target", 0))]
             op = message.get("op")
+            if op == "grad":
+                return self._callback_grad(message)
+            target = self._objects[int(message.get("target", 0))]
+            if op == "call" and message.get("differentiable"):
+                return self._differentiable_callback(target, message)
             if op == "call":
                 args = wire.decode(message.get("args", []), self._reference)
                 kwargs = wire.decode(message.get("kwargs", {"$dict": []}), self._reference)
@@ -270,6 +277,45 @@ class JudgeSession:
             return wire.dumps({"ok": True, "value": self.encode(value)})
         except Exception as exc:  # the student's code gets the error, as it would locally
             return wire.dumps({"ok": False, "type": type(exc).__name__, "message": str(exc)})
+
+    def _differentiable_callback(self, target: Any, message: dict[str, Any]) -> str:
+        """A call back whose tensors carry the kernel's graph: kept here for its "grad"."""
+        inputs: list[torch.Tensor] = []
+        args = wire.decode(message.get("args", []), self._reference, inputs)
+        kwargs = wire.decode(message.get("kwargs", {"$dict": []}), self._reference, inputs)
+        with torch.enable_grad():
+            value = target(*args, **kwargs)
+        outputs = _top_tensors(value)
+        number = next(_callback_numbers)
+        self._callbacks[number] = (inputs, outputs)
+        for old in [n for n in self._callbacks if n <= number - 64]:  # a bounded memory
+            del self._callbacks[old]
+        needs = [o.requires_grad for o in outputs]
+        reply = {"ok": True, "value": self.encode(value), "call": number, "needs": needs}
+        return wire.dumps(reply)
+
+    def _callback_grad(self, message: dict[str, Any]) -> str:
+        """The gradients of a differentiable call back's inputs, for the kernel's backward."""
+        # kept, not popped: the student's code may differentiate one call again (a Jacobian)
+        inputs, outputs = self._callbacks[int(message.get("call", 0))]
+        grads = wire.decode(message.get("grads", []), self._reference)
+        pairs = [
+            (o, g)
+            for o, g in zip(outputs, grads, strict=False)
+            if o.requires_grad and g is not None
+        ]
+        found: list[Any] = [None] * len(inputs)
+        if pairs and inputs:
+            found = list(
+                torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    inputs,
+                    [g for _, g in pairs],
+                    allow_unused=True,
+                    retain_graph=True,
+                )
+            )
+        return wire.dumps({"ok": True, "value": self.encode(found)})
 
     def sync(self, grads: list[Any]) -> list[Any]:
         """The mirrors' parameters and modes, for the kernel's modules before a call.
@@ -349,6 +395,16 @@ class JudgeSession:
         return self._remotes[handle]
 
 
+_callback_numbers = itertools.count(1)
+
+
+def _top_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors a call returned: the value itself, or the items of a returned tuple or list
+    (both sides of a differentiable call back flatten alike)."""
+    items = value if type(value) in (tuple, list) else [value]
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
 def _rng_state(value: Any) -> torch.Tensor:
     """A CPU generator's state from the kernel (a uint8 tensor of the size torch's has)."""
     size = torch.random.get_rng_state().numel()
@@ -394,6 +450,7 @@ class _RemoteCall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, session: JudgeSession, request: dict[str, Any], box: dict, *inputs: Any):
         value, reply = session.request_reply(request)
+        box["reply"] = reply
         flat, box["rebuild"] = _flatten(value)
         ctx.session, ctx.call, ctx.n_inputs = session, reply.get("call"), len(inputs)
         needs = reply.get("needs", [])
@@ -427,13 +484,37 @@ def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> 
     if ban is not None:
         request["ban"] = ban
     if not grads or not torch.is_grad_enabled():
-        return session.request(request)
+        value, reply = session.request_reply(request)
+        _write_back(session, reply, [list(args), dict(kwargs)])
+        return value
     request["differentiable"] = True
     box: dict[str, Any] = {}
     outputs = _RemoteCall.apply(session, request, box, *grads)
+    _write_back(session, box["reply"], [list(args), dict(kwargs)])
     if "value" in box:
         return box["value"]
     return box["rebuild"](outputs if isinstance(outputs, tuple) else (outputs,))
+
+
+def _write_back(session: JudgeSession, reply: dict[str, Any], args: Any) -> None:
+    """Make the student's writes into the call's argument tensors on the judge's own, so a
+    check sees a function that changes its input in place as it would in one process."""
+    if "written" not in reply:
+        return
+    ours = wire.plain_tensors(args)
+    try:
+        written = wire.decode(reply["written"], session._reference)
+        with torch.no_grad():
+            for index, value in written:
+                target = ours[int(index)]
+                if type(value) is not torch.Tensor:
+                    raise TypeError(f"a written argument must be a tensor, not {type(value)}")
+                if value.shape == target.shape and value.dtype == target.dtype:
+                    target.copy_(value)
+                else:  # resized or retyped in place (``resize_``, ``set_``)
+                    target.data = value.clone()
+    except (wire.WireError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+        raise JudgeError(f"the kernel's reply is not data the judge reads ({exc})") from None
 
 
 class MirrorModule(nn.Module, wire.Reference):
@@ -654,20 +735,18 @@ def grader_namespace() -> dict[str, Any]:
     return namespace
 
 
-def stand_ins_for(
-    names: Iterable[str], env: dict[str, Any], failed: Iterable[str]
-) -> dict[str, str]:
+def stand_ins_for(names: Iterable[str], failed: Iterable[str]) -> dict[str, str]:
     """The earlier parts that the answers ``names`` build on and that failed their own checks:
     notebook name -> its PyTorch stand-in's name in :mod:`transformer_lab.standins`.
 
-    Each lab's checks declare ``DEPENDS_ON = {"MultiHeadAttention": {"split_heads":
-    "_split_heads", ...}}`` (the answers a graded class or function calls by name).
+    Each lab's spec declares what a part builds on (``builds_on`` of
+    :mod:`transformer_lab.checks.spec`: ``MultiHeadAttention`` calls ``split_heads``).
     """
     failed, names = set(failed), list(names)
     found: dict[str, str] = {}
-    for module in (v for k, v in env.items() if k.startswith("lab") and k[3:].isdigit()):
+    for spec in all_specs():
         for name in names:
-            for part, stand_in in getattr(module, "DEPENDS_ON", {}).get(name, {}).items():
+            for part, stand_in in spec.builds_on(name).items():
                 if part in failed and part not in names:
                     found[part] = stand_in
     return found
@@ -693,7 +772,7 @@ def judge_cell(
     try:
         env = namespace()
         names = student_names(source, env)
-        stand_ins = stand_ins_for(names, env, failed)
+        stand_ins = stand_ins_for(names, failed)
         if stand_ins:
             session.request({"op": "bind", "names": stand_ins})
         for name in names:

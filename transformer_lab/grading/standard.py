@@ -570,6 +570,21 @@ def hidden_check_example(fn: Callable[..., torch.Tensor], seed: int = 0) -> None
 '''
 
 
+_SPEC_TEMPLATE = """\
+# The spec of lab {number} ({title}): its graded parts in the notebook's order, what each
+# builds on, and the test cells each catalogued mistake costs (transformer_lab/checks/spec.py).
+
+lab = "{lab}"
+
+[parts.example]
+# kit = ["transformer_lab.<module>.example"]   # the @graded("{lab}") implementation
+# builds_on = {{ earlier_part = "_its_stand_in" }}
+
+[parts.example.mistakes]
+# "example doubled_twice" = ["test_example_visible", "test_example_hidden"]
+"""
+
+
 def new_lab(repo: Path, lab: str, title: str, kit_source: str = DEFAULT_KIT_SOURCE) -> list[Path]:
     """Start lab ``lab`` from the standard: notebook, visible checks, hidden checks.
 
@@ -584,6 +599,7 @@ def new_lab(repo: Path, lab: str, title: str, kit_source: str = DEFAULT_KIT_SOUR
         repo / "solutions" / lab / f"{lab}.ipynb": None,
         repo / "transformer_lab" / "checks" / f"lab{number}.py": _CHECKS_TEMPLATE,
         repo / "transformer_lab" / "grading" / "hidden" / f"lab{number}.py": _HIDDEN_TEMPLATE,
+        repo / "transformer_lab" / "checks" / "specs" / f"lab{number}.toml": _SPEC_TEMPLATE,
     }
     for path in files:
         if path.exists():
@@ -594,5 +610,6 @@ def new_lab(repo: Path, lab: str, title: str, kit_source: str = DEFAULT_KIT_SOUR
             text = nbformat.writes(new_lab_notebook(lab, title, kit_source))
             path.write_text(text + "\n", encoding="utf-8")
         else:
-            path.write_text(template.format(number=number, title=title), encoding="utf-8")
+            text = template.format(number=number, title=title, lab=lab)
+            path.write_text(text, encoding="utf-8")
     return list(files)

@@ -176,14 +176,27 @@ class GraderObject(wire.Reference):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         marked: list[torch.Tensor] = []  # tensors with a graph arrive marked as such
-        return self._request(
-            {
-                "op": "call",
-                "target": self._handle,
-                "args": wire.encode(list(args), keep=_keep, grads=marked),
-                "kwargs": wire.encode(dict(kwargs), keep=_keep, grads=marked),
-            }
-        )
+        message = {
+            "op": "call",
+            "target": self._handle,
+            "args": wire.encode(list(args), keep=_keep, grads=marked),
+            "kwargs": wire.encode(dict(kwargs), keep=_keep, grads=marked),
+        }
+        if not marked or not torch.is_grad_enabled():
+            return self._request(message)
+        # The student differentiates through the check's function (a gradient-based
+        # ``depends_on_future``): the call is one operation of the kernel's graph.
+        message["differentiable"] = True
+        box: dict[str, Any] = {}
+        outputs = _CallBack.apply(self, message, box, *marked)
+        return box["rebuild"](outputs)
+
+    def _request_reply(self, message: dict[str, Any]) -> dict[str, Any]:
+        answer = wire.loads(_ask(wire.dumps(message)))
+        if answer.get("ok") is True:
+            return answer
+        error = _ERRORS.get(str(answer.get("type")), RuntimeError)
+        raise error(str(answer.get("message", "")))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_handle", "_type"):
@@ -195,6 +208,44 @@ class GraderObject(wire.Reference):
 
     def __repr__(self) -> str:
         return f"<the grader's {self._type}>"
+
+
+class _CallBack(torch.autograd.Function):
+    """A differentiable call of the grader's function: its backward asks the grader."""
+
+    @staticmethod
+    def forward(ctx: Any, obj: GraderObject, message: dict[str, Any], box: dict, *marked: Any):
+        answer = obj._request_reply(message)
+        value = wire.decode(answer.get("value"), _reference)
+        if isinstance(value, torch.Tensor):
+            flat = [value]
+        else:  # exactly a tuple or a list, as the grader flattens it
+            items = value if type(value) in (tuple, list) else []
+            flat = [t for t in items if isinstance(t, torch.Tensor)]
+        ctx.obj, ctx.call, ctx.n_inputs = obj, answer.get("call"), len(marked)
+        needs = answer.get("needs", [])
+        ctx.mark_non_differentiable(
+            *[t for t, n in zip(flat, needs, strict=False) if n is not True]
+        )
+
+        def rebuild(outputs: tuple[Any, ...]) -> Any:
+            if isinstance(value, torch.Tensor):
+                return outputs[0]
+            if type(value) not in (tuple, list):
+                return value
+            it = iter(outputs)
+            return type(value)(next(it) if isinstance(v, torch.Tensor) else v for v in value)
+
+        box["rebuild"] = rebuild
+        return tuple(flat) if flat else torch.zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> tuple[Any, ...]:
+        answer = ctx.obj._request_reply(
+            {"op": "grad", "call": ctx.call, "grads": wire.encode(list(grad_outputs), keep=_keep)}
+        )
+        found = wire.decode(answer.get("value"), _reference)
+        return (None, None, None, *list(found)[: ctx.n_inputs])
 
 
 def _grader_module(data: dict[str, Any]) -> Any:
@@ -285,6 +336,24 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in items if isinstance(t, torch.Tensor)]
 
 
+def _written(watched: list[torch.Tensor], kept: list[torch.Tensor]) -> list[Any]:
+    """``[index, new value]`` of each argument tensor the call wrote into (bit for bit, so a
+    NaN left as it was is no write): the judge makes the same write on its own tensor."""
+    out = []
+    for index, (now, was) in enumerate(zip(watched, kept, strict=True)):
+        same = now.shape == was.shape and now.dtype == was.dtype
+        if same and now.numel():
+            same = torch.equal(_bits(now), _bits(was))
+        if not same:
+            out.append([index, now.detach().clone()])
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().contiguous().reshape(-1)  # (numel,)
+    return flat.view(torch.uint8) if flat.dtype != torch.bool else flat
+
+
 def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The value a request asks for, and what else its reply says."""
     op = request.get("op")
@@ -327,7 +396,12 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         graders = {root: mirror.snapshot(m) for root, m in _grader_modules.items()}
         if "rng" in request:  # the check's random stream: dropout drawn as in one process
             torch.random.set_rng_state(wire.decode(request["rng"], _reference))
+        watched = wire.plain_tensors([args, kwargs])
+        kept = [t.detach().clone() for t in watched]
         value, extra = _call_as_asked(request, target, args, kwargs, inputs)
+        written = _written(watched, kept)
+        if written:
+            extra["written"] = wire.encode(written)
         if "rng" in request:
             extra["rng"] = wire.encode(torch.random.get_rng_state())
         changes = _changes(_objects, before, storages)

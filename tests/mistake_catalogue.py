@@ -1,0 +1,217 @@
+"""The kit's catalogue of typical mistakes, one entry per mistake, for every lab.
+
+The wrong answers and the checks each must fail live in ``tests/test_labNN_checks.py`` (each
+table: a wrong answer, the checks it fails, words their messages must hold); this module lists
+them as :class:`Entry` rows with the lab and the notebook name they answer, so the tests of one
+diagnosis (``test_diagnosis.py``) and of what each mistake costs through the judge
+(``test_mistake_costs.py``, against the labs' specs) read the same catalogue.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import test_lab01_checks as t01
+import test_lab02_checks as t02
+import test_lab03_checks as t03
+import test_lab04_checks as t04
+import test_lab05_checks as t05
+import test_lab06_checks as t06
+import test_lab07_checks as t07
+import test_lab08_checks as t08
+
+#: ``"labNN kind"`` of an entry's id -> the notebook name its wrong answer stands for.
+FUNCTION_OF = {
+    "lab01 encoding": "sinusoidal_encoding",
+    "lab01 shift": "relative_shift_matrix",
+    "lab03 split_heads": "split_heads",
+    "lab03 merge_heads": "merge_heads",
+    "lab03 attention": "MultiHeadAttention",
+    "lab03 load": "load_torch_weights",
+    "lab04 layer_norm": "layer_norm",
+    "lab04 feed_forward": "FeedForward",
+    "lab04 block": "EncoderBlock",
+    "lab04 training_step": "TaggingModule",
+    "lab05 causal": "causal_mask",
+    "lab05 padding": "padding_mask",
+    "lab05 combine": "combine_masks",
+    "lab05 attention": "masked_attention",
+    "lab05 detector": "depends_on_future",
+    "lab06 decoder_block": "DecoderBlock",
+    "lab06 shift_right": "shift_right",
+    "lab06 sequence_loss": "sequence_loss",
+    "lab06 translation_module": "TranslationModule",
+    "lab06 greedy_decode": "greedy_decode",
+    "lab07 char": "CharTokenizer",
+    "lab07 bpe_train": "bpe_train",
+    "lab07 bpe_encode": "bpe_encode",
+    "lab07 temperature": "apply_temperature",
+    "lab07 top_k": "top_k_filter",
+    "lab07 top_p": "top_p_filter",
+    "lab07 beam": "beam_search",
+    "lab08 generate": "generate",
+}
+LAB02_FUNCTIONS = ("softmax", "self_attention_loop", "self_attention_matrix",
+                   "scaled_dot_product_attention")  # fmt: skip
+
+
+class Entry(NamedTuple):
+    """One catalogued mistake: its id, where it belongs, the wrong answer and what it fails."""
+
+    id: str
+    lab: str
+    function: str
+    checks: Mapping[str, Callable[[Any], Any]]
+    answer: Any
+    failing: list[str]
+    words: str | Mapping[str, str]
+    generic: tuple[str, ...]
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _flags(flags: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in flags.items())
+
+
+Words = str | Mapping[str, str]
+Row = tuple[str, Mapping[str, Callable[[Any], Any]], Any, list[str], Words, tuple[str, ...]]
+
+
+def _rows() -> list[Row]:
+    """``(entry id, checks by name, wrong answer, failing check names, words, checks whose
+    message is generic)`` of every catalogued mistake of labs 01-08."""
+    out: list[Row] = []
+    for table, checks, kind in (
+        (t01.ENC_MISTAKES, t01.ENC_CHECKS, "encoding"),
+        (t01.SHIFT_MISTAKES, t01.SHIFT_CHECKS, "shift"),
+    ):
+        for fn, failing, words in table:
+            generic = (failing[0],) if fn is t01.shift_sin_cos_swapped else ()
+            out.append((f"lab01 {kind} {_name(fn)}", checks, fn, failing, words, generic))
+    for table, checks, kind in (
+        (t03.SPLIT_MISTAKES, t03.SPLIT, "split_heads"),
+        (t03.MERGE_MISTAKES, t03.MERGE, "merge_heads"),
+        (t03.ATTENTION_MISTAKES, t03.MHA, "attention"),
+        (t03.LOAD_MISTAKES, t03.LOAD, "load"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab03 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for table, checks, kind in (
+        (t04.LN_MISTAKES, t04.LN_CHECKS, "layer_norm"),
+        (t04.FF_MISTAKES, t04.FF_CHECKS, "feed_forward"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab04 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for mistake, failing, words in t04.BLOCK_MISTAKES:  # "dropout" compares with PyTorch only
+        block = t04.block_with(mistake=mistake)
+        out.append(
+            (f"lab04 block {mistake}", t04.BLOCK_CHECKS, block, failing, words, ("dropout",))
+        )
+    for mistake, failing, words in t04.TRAINING_STEP_MISTAKES:
+        module = t04.module_with(mistake)
+        out.append((f"lab04 training_step {mistake}", t04.TRAIN_CHECKS, module, failing, words, ()))
+    for table, checks, kind in (
+        (t05.CAUSAL_MISTAKES, t05.CAUSAL_CHECKS, "causal"),
+        (t05.PADDING_MISTAKES, t05.PADDING_CHECKS, "padding"),
+    ):
+        for fn, words in table:
+            out.append((f"lab05 {kind} {_name(fn)}", checks, fn, ["visible", "hidden"], words, ()))
+    for table, checks, kind in (
+        (t05.COMBINE_MISTAKES, t05.COMBINE_CHECKS, "combine"),
+        (t05.ATTENTION_MISTAKES, t05.ATTENTION_CHECKS, "attention"),
+        (t05.DETECTOR_MISTAKES, t05.DETECTOR_CHECKS, "detector"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab05 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for cls, failing, words, generic in t06.BLOCK_MISTAKES:
+        entry = f"lab06 decoder_block {_name(cls)}"
+        out.append((entry, t06.BLOCK_CHECKS, cls, failing, words, tuple(generic)))
+    for table, checks, kind in (
+        (t06.SHIFT_MISTAKES, t06.SHIFT_CHECKS, "shift_right"),
+        (t06.LOSS_MISTAKES, t06.LOSS_CHECKS, "sequence_loss"),
+        (t06.MODULE_MISTAKES, t06.MODULE_CHECKS, "translation_module"),
+        (t06.DECODE_MISTAKES, t06.DECODE_CHECKS, "greedy_decode"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab06 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for cls, failing, words in t07.CHAR_MISTAKES:
+        out.append((f"lab07 char {_name(cls)}", t07.CHAR_CHECKS, cls, failing, words, ()))
+    for flags, failing, words in t07.TRAIN_MISTAKES:
+        fn = functools.partial(t07.student_bpe_train, **flags)
+        out.append((f"lab07 bpe_train {_flags(flags)}", t07.TRAIN_CHECKS, fn, failing, words, ()))
+    for flags, failing, words in t07.ENCODE_MISTAKES:
+        fn = functools.partial(t07.student_bpe_encode, **flags)
+        out.append((f"lab07 bpe_encode {_flags(flags)}", t07.ENCODE_CHECKS, fn, failing, words, ()))
+    out.append(
+        (
+            "lab07 bpe_encode longest",
+            t07.ENCODE_CHECKS,
+            t07.bpe_encode_longest,
+            list(t07.ENCODE_CHECKS),
+            "longest",
+            (),
+        )
+    )
+    for table, checks, kind in (
+        (t07.TEMPERATURE_MISTAKES, t07.TEMPERATURE_CHECKS, "temperature"),
+        (t07.TOP_K_MISTAKES, t07.TOP_K_CHECKS, "top_k"),
+        (t07.TOP_P_MISTAKES, t07.TOP_P_CHECKS, "top_p"),
+    ):
+        for fn, failing, words in table:
+            out.append((f"lab07 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    for flags, failing, words in t07.BEAM_MISTAKES:
+        fn = functools.partial(t07.student_beam, **flags)
+        out.append((f"lab07 beam {_flags(flags)}", t07.BEAM_CHECKS, fn, failing, words, ()))
+    for fn, failing, words in t02.MISTAKES:
+        group = next(g for g in t02.ALL_CHECKS if failing[0] in g)
+        checks = {f"check {i}": check for i, check in enumerate(group)}
+        names = [f"check {group.index(check)}" for check in failing]
+        out.append((f"lab02 {t02._id((fn, failing, words))}", checks, fn, names, words, ()))
+    for options, failing, words, generic in t08.GENERATE_MISTAKES:
+        fn = t08.make_generate(**options)
+        entry = f"lab08 generate {_flags(options)}"
+        out.append((entry, t08.GENERATE_CHECKS, fn, failing, words, generic))
+    return out
+
+
+def _entry(row: Row) -> Entry:
+    entry_id, checks, answer, failing, words, generic = row
+    number, kind = entry_id.split()[:2]
+    if number == "lab02":
+        group = next(i for i, g in enumerate(t02.ALL_CHECKS) if checks[failing[0]] in g)
+        function = LAB02_FUNCTIONS[group]
+    else:
+        function = FUNCTION_OF[f"{number} {kind}"]
+    lab = LABS[number]
+    return Entry(entry_id, lab, function, checks, answer, failing, words, generic)
+
+
+LABS = {
+    "lab01": "01_positional_encoding",
+    "lab02": "02_self_attention",
+    "lab03": "03_multi_head_attention",
+    "lab04": "04_transformer_block",
+    "lab05": "05_masking",
+    "lab06": "06_decoder_training",
+    "lab07": "07_nlp_pipeline",
+    "lab08": "08_language_models",
+}
+
+
+def _unique(entries: list[Entry]) -> list[Entry]:
+    """The entries, an id met again numbered by its place among its namesakes (``... #2``)."""
+    seen: dict[str, int] = {}
+    out = []
+    for entry in entries:
+        seen[entry.id] = seen.get(entry.id, 0) + 1
+        n = seen[entry.id]
+        out.append(entry._replace(id=f"{entry.id} #{n}") if n > 1 else entry)
+    return out
+
+
+ENTRIES = _unique([_entry(row) for row in _rows()])

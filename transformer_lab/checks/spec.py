@@ -1,0 +1,232 @@
+"""Each lab's spec: its graded parts, what each builds on, and what each typical mistake costs.
+
+One TOML file per lab (``transformer_lab/checks/specs/<lab>.toml``) declares, for every graded
+function or class of the lab (an exercise of its notebook, in the notebook's order):
+
+* ``kit``: the kit's own implementations that answer it (``@graded`` for this lab: locked in
+  the student package until the lab's deadline);
+* ``builds_on``: the earlier parts it calls by name, each with its PyTorch stand-in in
+  :mod:`transformer_lab.standins`. When a part fails its own test cells, the judge judges the
+  later part on the stand-in (issue 24: one mistake costs only its own points);
+* ``mistakes``: the kit's catalogue of typical mistakes of that part (``tests/``), each with
+  the test cells it costs. A mistake may cost only cells of its own part: that is the rule the
+  spec states and ``tests/test_mistake_costs.py`` holds through the judge.
+
+The notebook stays the home of cells and points (nbgrader reads them there); the spec names
+cells, and :func:`parts_of` reads the notebook to tell which cells belong to which part.
+The judge (:func:`~transformer_lab.grading.judge.stand_ins_for`), the lab standard's test, the
+catalogue's tests and the curriculum's table of graded parts (:func:`costs_table`) read it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import tomllib
+
+__all__ = [
+    "LabSpec",
+    "Part",
+    "SpecError",
+    "all_specs",
+    "costs_table",
+    "lint_spec",
+    "load",
+    "parse",
+    "parts_of",
+]
+
+_EXERCISE = re.compile(r"^### Exercise (\d+) \((\d+) points?\): `([A-Za-z_][A-Za-z0-9_]*)`", re.M)
+
+
+class SpecError(ValueError):
+    """A spec file that does not say what this module reads."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One graded function or class of a lab.
+
+    Attributes:
+        name: the notebook name the student defines.
+        kit: the kit's implementations of it (dotted names).
+        builds_on: earlier part -> its stand-in's name in :mod:`transformer_lab.standins`.
+        mistakes: catalogued mistake (its id in ``tests/mistake_catalogue.py`` without the
+            ``labNN`` prefix) -> the test cells it costs.
+    """
+
+    name: str
+    kit: tuple[str, ...] = ()
+    builds_on: dict[str, str] = field(default_factory=dict)
+    mistakes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """A lab's spec: its parts in the notebook's order."""
+
+    lab: str
+    parts: dict[str, Part]
+
+    def builds_on(self, name: str) -> dict[str, str]:
+        """Earlier part -> stand-in, for the part ``name`` (nothing for an unknown name)."""
+        part = self.parts.get(name)
+        return dict(part.builds_on) if part else {}
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"{where} must be a list of strings, not {value!r}")
+    return tuple(value)
+
+
+def _part(name: str, body: Any, where: str) -> Part:
+    if not isinstance(body, dict):
+        raise SpecError(f"{where}: [parts.{name}] must be a table")
+    unknown = set(body) - {"kit", "builds_on", "mistakes"}
+    if unknown:
+        raise SpecError(f"{where}: [parts.{name}] has unknown keys {sorted(unknown)}")
+    builds_on = body.get("builds_on", {})
+    if not isinstance(builds_on, dict) or not all(isinstance(v, str) for v in builds_on.values()):
+        raise SpecError(f"{where}: parts.{name}.builds_on maps a part to a stand-in's name")
+    mistakes = body.get("mistakes", {})
+    if not isinstance(mistakes, dict):
+        raise SpecError(f"{where}: parts.{name}.mistakes must be a table")
+    return Part(
+        name=name,
+        kit=_strings(body.get("kit", []), f"{where}: parts.{name}.kit"),
+        builds_on=dict(builds_on),
+        mistakes={
+            key: _strings(cells, f"{where}: parts.{name}.mistakes.{key!r}")
+            for key, cells in mistakes.items()
+        },
+    )
+
+
+def parse(text: str, where: str = "<spec>") -> LabSpec:
+    """A spec from its TOML text; :class:`SpecError` naming what is wrong."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{where} is not TOML: {exc}") from None
+    if not isinstance(data.get("lab"), str) or not isinstance(data.get("parts"), dict):
+        raise SpecError(f'{where} must set `lab = "NN_name"` and hold [parts.<name>] tables')
+    parts = {name: _part(name, body, where) for name, body in data["parts"].items()}
+    return LabSpec(lab=data["lab"], parts=parts)
+
+
+@cache
+def load(lab: str) -> LabSpec:
+    """The spec of ``lab`` (``"03_multi_head_attention"``), read from the package."""
+    number = lab[:2]
+    if not re.fullmatch(r"\d\d", number):
+        raise SpecError(f"no lab {lab!r}: a lab is named like '03_multi_head_attention'")
+    path = resources.files("transformer_lab.checks") / "specs" / f"lab{number}.toml"
+    if not path.is_file():
+        raise SpecError(f"lab {lab!r} has no spec ({path})")
+    spec = parse(path.read_text(encoding="utf-8"), str(path))
+    if spec.lab != lab:
+        raise SpecError(f"{path} is the spec of {spec.lab!r}, not of {lab!r}")
+    return spec
+
+
+@cache
+def all_specs() -> tuple[LabSpec, ...]:
+    """The spec of every lab the package holds, in the labs' order."""
+    folder = resources.files("transformer_lab.checks") / "specs"
+    names = sorted(p.name for p in folder.iterdir() if re.fullmatch(r"lab\d\d\.toml", p.name))
+    return tuple(
+        parse((folder / name).read_text(encoding="utf-8"), f"{folder}/{name}") for name in names
+    )
+
+
+def parts_of(nb: Any) -> dict[str, dict[str, int]]:
+    """Part name -> {test cell: points} of a lab notebook (``nbformat`` node), in its order:
+    each autograded test cell belongs to the exercise whose heading comes before it."""
+    parts: dict[str, dict[str, int]] = {}
+    current = None
+    for cell in nb.cells:
+        found = _EXERCISE.search(cell.source) if cell.cell_type == "markdown" else None
+        if found:
+            current = found.group(3)
+            parts[current] = {}
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        graded_test = meta.get("grade") and not meta.get("solution")
+        if current and cell.cell_type == "code" and graded_test:
+            parts[current][meta["grade_id"]] = int(meta.get("points", 0))
+    return parts
+
+
+def lint_spec(lab_spec: LabSpec, nb: Any, lab: str) -> list[str]:
+    """Every place the spec disagrees with its lab's source notebook (``nb``) or the kit."""
+    import importlib
+
+    from transformer_lab import standins
+    from transformer_lab.graded import GRADED
+
+    where = f"{lab}: spec"
+    if lab_spec.lab != lab:
+        return [f"{where} says lab = {lab_spec.lab!r}"]
+    cells = parts_of(nb)
+    problems = []
+    if list(lab_spec.parts) != list(cells):
+        problems.append(
+            f"{where} lists the parts {list(lab_spec.parts)}; the notebook's exercises are "
+            f"{list(cells)} (the same names, in the notebook's order)"
+        )
+    earlier: list[str] = []
+    for part in lab_spec.parts.values():
+        for base, stand_in in part.builds_on.items():
+            if base not in earlier:
+                problems.append(f"{where}: {part.name} builds on {base!r}, not an earlier part")
+            if not callable(getattr(standins, stand_in, None)):
+                problems.append(
+                    f"{where}: stand-in {stand_in!r} is not in transformer_lab.standins"
+                )
+        for dotted in part.kit:
+            module, _, name = dotted.rpartition(".")
+            try:
+                target = importlib.import_module(module)
+            except ImportError:  # a method: transformer_lab.tokenizers.CharTokenizer.fit
+                module, _, owner = module.rpartition(".")
+                target = getattr(importlib.import_module(module), owner, None)
+            if getattr(target, name, None) is None or GRADED.get(dotted) != lab:
+                problems.append(f"{where}: kit {dotted!r} is not an @graded({lab!r}) answer")
+        own = set(cells.get(part.name, {}))
+        for key, lost in part.mistakes.items():
+            foreign = sorted(set(lost) - own)
+            if not lost or foreign:
+                problems.append(
+                    f"{where}: mistake {key!r} of {part.name} must cost cells of {part.name} "
+                    f"only, and some: {foreign or 'none given'}"
+                )
+        earlier.append(part.name)
+    return problems
+
+
+def costs_table(specs: list[LabSpec], notebooks: dict[str, Any]) -> str:
+    """The curriculum's markdown table of graded parts: points, what each builds on, how many
+    typical mistakes the kit catalogues and what one costs (fewest-most points)."""
+    rows = [
+        "| lab | graded part | points (test cells) | builds on | "
+        "catalogued mistakes | points one costs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for spec in specs:
+        cells = parts_of(notebooks[spec.lab])
+        for part in spec.parts.values():
+            own = cells.get(part.name, {})
+            costs = [sum(own.get(c, 0) for c in lost) for lost in part.mistakes.values()]
+            spent = f"{min(costs)}-{max(costs)}" if costs else "-"
+            if costs and min(costs) == max(costs):
+                spent = str(costs[0])
+            leans = ", ".join(f"`{p}`" for p in part.builds_on) or "-"
+            rows.append(
+                f"| {spec.lab[:2]} | `{part.name}` | {sum(own.values())} ({len(own)}) | {leans} "
+                f"| {len(part.mistakes)} | {spent} |"
+            )
+    return "\n".join(rows)
