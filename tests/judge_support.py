@@ -34,6 +34,7 @@ class InProcessKernel:
         monkeypatch.setattr(kernel, "_grader_ids", {})
         monkeypatch.setattr(kernel, "_param_refs", {})
         monkeypatch.setattr(kernel, "_bound", {})
+        monkeypatch.setattr(kernel, "_exempted", set())
         monkeypatch.setattr(kernel, "_namespace", lambda: self.namespace)
         monkeypatch.setattr(kernel, "_ask", lambda text: self.answer(text))
 

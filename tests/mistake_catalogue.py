@@ -10,6 +10,7 @@ diagnosis (``test_diagnosis.py``) and of what each mistake costs through the jud
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -203,7 +204,7 @@ LABS = {
 }
 
 
-def _unique(entries: list[Entry]) -> list[Entry]:
+def _unique(entries: list[Any]) -> list[Any]:
     """The entries, an id met again numbered by its place among its namesakes (``... #2``)."""
     seen: dict[str, int] = {}
     out = []
@@ -215,3 +216,94 @@ def _unique(entries: list[Entry]) -> list[Entry]:
 
 
 ENTRIES = _unique([_entry(row) for row in _rows()])
+
+
+# ---------------------------------------------------------------- correct variants
+
+#: ``test_correct_*`` of ``tests/test_labNN_checks.py`` -> the part its answers stand for.
+CORRECT_TESTS = {
+    1: {"encodings": "sinusoidal_encoding", "shift_matrices": "relative_shift_matrix"},
+    3: {
+        "attention_modules": "MultiHeadAttention",
+        "loaders": "load_torch_weights",
+        "merges": "merge_heads",
+        "splits": "split_heads",
+    },
+    4: {
+        "blocks": "EncoderBlock",
+        "feed_forwards": "FeedForward",
+        "layer_norms": "layer_norm",
+        "modules": "TaggingModule",
+    },
+    5: {
+        "causal_masks": "causal_mask",
+        "combinations": "combine_masks",
+        "detectors": "depends_on_future",
+        "masked_attention": "masked_attention",
+        "padding_masks": "padding_mask",
+    },
+    6: {
+        "decoder_blocks": "DecoderBlock",
+        "decoders": "greedy_decode",
+        "losses": "sequence_loss",
+        "modules": "TranslationModule",
+        "shifts": "shift_right",
+        "train_translators": "train_translator",
+    },
+    7: {
+        "beam_searches": "beam_search",
+        "bpe_encode": "bpe_encode",
+        "bpe_train": "bpe_train",
+        "char_tokenizers": "CharTokenizer",
+        "temperatures": "apply_temperature",
+        "top_k": "top_k_filter",
+        "top_p": "top_p_filter",
+    },
+    8: {
+        "attentions": "CausalSelfAttention",
+        "cache_sizes": "kv_cache_bytes",
+        "counts": "gpt_param_count",
+        "flops": "training_flops",
+        "generation_loops": "generate",
+        "gpu_days": "gpu_days",
+    },
+}
+
+
+class Correct(NamedTuple):
+    """One correct variant of a part: it must keep every point of the part's cells."""
+
+    id: str
+    lab: str
+    function: str
+    answer: Any
+
+
+def _correct() -> list[Correct]:
+    """Every correct variant the labs' check tests parametrise (``test_correct_*``)."""
+    modules = {1: t01, 2: t02, 3: t03, 4: t04, 5: t05, 6: t06, 7: t07, 8: t08}
+    out = []
+    for number, module in modules.items():
+        lab = LABS[f"lab{number:02d}"]
+        for name in sorted(vars(module)):
+            found = re.match(r"test_correct_(\w+?)_(?:pass|passes)(?:_every_check)?$", name)
+            if not found:
+                continue
+            for mark in getattr(getattr(module, name), "pytestmark", []):
+                if mark.name != "parametrize":
+                    continue
+                for value in mark.args[1]:
+                    answer, checks = value if isinstance(value, tuple) else (value, None)
+                    if number == 2:
+                        group = t02.ALL_CHECKS.index(checks)
+                        function = LAB02_FUNCTIONS[group]
+                    else:
+                        function = CORRECT_TESTS[number][found.group(1)]
+                    label = getattr(answer, "__name__", type(answer).__name__)
+                    out.append(
+                        Correct(f"lab{number:02d} {function} {label}", lab, function, answer)
+                    )
+    return out
+
+
+CORRECT = _unique(_correct())

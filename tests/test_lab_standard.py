@@ -132,3 +132,19 @@ def test_the_curriculum_shows_the_specs_table_of_graded_parts() -> None:
     table = spec.costs_table(list(spec.all_specs()), notebooks)
     curriculum = (REPO / "docs" / "curriculum.md").read_text()
     assert table in curriculum, "docs/curriculum.md: paste the table printed by\n" + table
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_labs_bans_refuse_every_kit_answer_its_spec_names(lab: str) -> None:
+    """A check's ban must refuse the kit's own answer of each part: calling it is no answer."""
+    import importlib
+
+    from transformer_lab.checks._bans import Ban, _code_objects
+
+    checks = importlib.import_module(f"transformer_lab.checks.lab{lab[:2]}")
+    bans = [value for value in vars(checks).values() if isinstance(value, Ban)]
+    refused = _code_objects([f for ban in bans for f in ban.functions])
+    for part in spec.load(lab).parts.values():
+        for dotted in part.kit:
+            answer = _code_objects([dotted])
+            assert answer and set(answer) <= set(refused), f"{lab}: no ban refuses {dotted}"

@@ -10,7 +10,9 @@ part's own; for the first mistake of each part, also those of every later part w
 calls it by name (the only cells a mistake can reach), which is what keeps this test within
 CI's time; ``TRANSFORMER_LAB_ALL_CELLS=1`` judges every cell of the lab for every mistake (run
 before a release: 6 minutes on 2 cores).
-Cells that need a trained model (``NEEDS_TRAINING``) are judged by the round trips.
+Cells that need a trained model (``NEEDS_TRAINING``) are judged by the round trips. Every
+correct variant the checks' tests hold (``mistake_catalogue.CORRECT``) keeps its part's points
+through the judge too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import nbformat
 import pytest
 from judge_support import REPO, InProcessKernel, answers_namespace
-from mistake_catalogue import ENTRIES, Entry
+from mistake_catalogue import CORRECT, ENTRIES, Correct, Entry
 from test_judge import NEEDS_TRAINING
 
 from transformer_lab.checks import spec
@@ -31,6 +33,12 @@ from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import Judgements, JudgeSession
 
 ALL_CELLS = os.environ.get("TRANSFORMER_LAB_ALL_CELLS") == "1"
+#: Correct variants the judge still scores below the checks run in one process (open work).
+JUDGE_GAPS = {
+    "lab04 EncoderBlock make #2": "an EncoderBlock on torch's nn.MultiheadAttention: the "
+    "judge's mirror holds that layer as a remote module, not as torch's own, so the block "
+    "checks do not find its q_proj (rebuilding it natively in the kernel trips lab 03's ban)",
+}
 
 
 @functools.cache
@@ -119,23 +127,23 @@ def test_a_mistake_loses_exactly_the_cells_its_spec_names(
 
 
 @pytest.mark.parametrize(
-    "detector",
-    ["detector_every_cut", "detector_one_position_at_a_time", "detector_gradients",
-     "detector_jacobian", "detector_zeros", "detector_numpy"],
-)  # fmt: skip
-def test_correct_detectors_keep_every_point_through_the_judge(
-    monkeypatch: pytest.MonkeyPatch, detector: str
+    "variant", [c for c in CORRECT if c.function != "train_translator"], ids=lambda c: c.id
+)  # train_translator's cells all need training: the round trips judge them
+def test_a_correct_variant_keeps_every_point_of_its_part_through_the_judge(
+    monkeypatch: pytest.MonkeyPatch, variant: Correct
 ) -> None:
-    """A gradient-based ``depends_on_future`` differentiates through the check's function: the
-    kernel's call back to it is one differentiable operation (a Jacobian asks again)."""
-    import test_lab05_checks as t05
-
-    lab = "05_masking"
-    namespace = {**_namespace(lab), "depends_on_future": getattr(t05, detector)}
+    """What passes the checks in one process passes them through the judge: a NumPy bool
+    answer, a gradient through the check's function (lab 05's detectors), a Jacobian, a
+    ``{"loss": loss}`` training step."""
+    if variant.id in JUDGE_GAPS:
+        pytest.xfail(JUDGE_GAPS[variant.id])
+    cells = spec.parts_of(_notebook(variant.lab))[variant.function]
+    namespace = {**_namespace(variant.lab), variant.function: variant.answer}
     session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=120)
     judgements = Judgements()
-    for grade_id, cell in judge_plan(_notebook(lab)).items():
-        if grade_id.startswith("test_depends_on_future"):
+    for grade_id, cell in judge_plan(_notebook(variant.lab)).items():
+        if grade_id in cells and grade_id not in NEEDS_TRAINING:
             judgements.judge(grade_id, cell["source"], session)
-    assert len(judgements.verdicts) == 3
-    assert all(v["passed"] for v in judgements.verdicts.values()), judgements.verdicts
+    assert judgements.verdicts
+    failed = {g: v["message"][:300] for g, v in judgements.verdicts.items() if not v["passed"]}
+    assert not failed, failed

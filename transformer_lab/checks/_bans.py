@@ -233,9 +233,17 @@ def _checker_codes() -> dict[types.CodeType, str]:
 _EXEMPT: set[types.CodeType] = set()
 
 
-def exempt(*objects: Any) -> None:
-    """Let the torch operations that ``objects`` (installed stand-ins) call pass every ban."""
-    _EXEMPT.update(_code_objects(objects))
+def exempt(*objects: Any) -> set[types.CodeType]:
+    """Let the torch operations that ``objects`` (installed stand-ins) call pass every ban;
+    the code objects newly exempted (for :func:`unexempt`)."""
+    added = set(_code_objects(objects)) - _EXEMPT
+    _EXEMPT.update(added)
+    return added
+
+
+def unexempt(codes: set[types.CodeType]) -> None:
+    """Undo one :func:`exempt` (the judge's stand-ins after the cell judged on them)."""
+    _EXEMPT.difference_update(codes)
 
 
 def _idle_stand_ins() -> dict[types.CodeType, str]:
@@ -352,6 +360,8 @@ def active_ban() -> dict[str, Any] | None:
 def _enforced(ban: Ban) -> Iterator[None]:
     refusals = _Refusals(ban.reason)
     codes = {**_checker_codes(), **_idle_stand_ins(), **_code_objects(ban.functions)}
+    for code in _EXEMPT & codes.keys():  # an installed (or judge-bound) stand-in is no shortcut
+        del codes[code]
     previous = sys.getprofile()
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:

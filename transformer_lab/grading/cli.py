@@ -12,7 +12,9 @@
   submission is not cleanly graded: flagged, crashed, incomplete, unmatched or failed; the
   others are graded regardless).
 * ``render [LAB ...] --out DIR``: each lab executed with its solution in the student package of
-  its deadline, as a notebook, a JupyterLab-style HTML page and (with Chromium) a screenshot.
+  its deadline, as a notebook, a JupyterLab-style HTML page and (with Chromium) a screenshot;
+  with ``--feedback COURSE [--student S]``, the feedback pages of a graded course instead, as
+  its students see them.
 * ``merge --course DIR GRADEBOOK ...``: merge gradebooks graded on other machines into
   ``DIR/gradebook.db``.
 * ``collect --lms moodle|canvas|blackboard|classroom ARCHIVE --lab LAB --course DIR
@@ -70,6 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("labs", nargs="*")
     r.add_argument("--out", type=Path, required=True, help="folder for the .ipynb/.html/.png files")
     r.add_argument("--profile", choices=("grading", "full"), default="grading")
+    r.add_argument(
+        "--feedback",
+        type=Path,
+        default=None,
+        metavar="COURSE",
+        help="render the feedback pages `labs grade` wrote in COURSE (as students see them)",
+    )
+    r.add_argument("--student", action="append", default=None, help="with --feedback: only this")
     g = sub.add_parser("grade", help="autograde a course folder")
     g.add_argument("--course", type=Path, required=True, help="folder holding submitted/")
     g.add_argument("labs", nargs="*")
@@ -217,9 +227,14 @@ def main(args: list[str]) -> int:
             print(f"{summary} ({took:.0f} s)")
             return 1 if problems else 0
         if ns.command == "render":
-            from transformer_lab.grading.render import render_labs
+            from transformer_lab.grading.render import render_feedback, render_labs
 
-            for path in render_labs(repo, ns.labs, ns.out, profile=ns.profile):
+            if ns.feedback is not None:
+                labs = ns.labs or None
+                paths = render_feedback(ns.feedback, ns.out, students=ns.student, labs=labs)
+            else:
+                paths = render_labs(repo, ns.labs, ns.out, profile=ns.profile)
+            for path in paths:
                 print(f"wrote {path}")
             return 0
         if ns.command in ("collect", "export", "report"):
@@ -261,7 +276,7 @@ def main(args: list[str]) -> int:
         print(f"grades:    {report.csv_path}")
         print(f"feedback:  {report.feedback_dir}")
         return 0 if report.ok else 1
-    except (GradingError, FileExistsError, ValueError) as exc:
+    except (GradingError, FileExistsError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -661,7 +661,8 @@ class Decision:
     Attributes:
         status: ``"flagged"``, ``"crashed"``, ``"incomplete"``, or ``""`` (graded).
         cell_scores: test cell -> ``[points, maximum]`` as written to the gradebook.
-        notes: test cell -> the judge's message for a cell that lost its points.
+        notes: test cell -> the judge's message for a cell that lost its points, or that kept
+            them on a stand-in for an earlier part that failed (it says so).
         verdicts: test cell -> points, message and named mistake (for the class report).
         raw_auto_score: the judge's points before a flag withholds them.
         auto_score, auto_max: the points given and the most there were.
@@ -704,6 +705,8 @@ def decide(
             notes[gid] = _NOT_REACHED
         elif not passed:
             notes[gid] = str(verdict.get("message", "")) if isinstance(verdict, dict) else ""
+        elif verdict.get("message"):  # kept its points on a stand-in for an earlier part
+            notes[gid] = str(verdict["message"])
         mistake = verdict.get("mistake") if isinstance(verdict, dict) else None
         records[gid] = {
             "score": scores[gid][0],

@@ -436,6 +436,13 @@ def _flatten(value: Any) -> tuple[list[torch.Tensor], Callable[[tuple[Any, ...]]
             return type(value)(items)
 
         return [value[i] for i in places], rebuild
+    if type(value) is dict:  # Lightning's {"loss": loss, ...} from a training_step
+        keys = [k for k, item in value.items() if isinstance(item, torch.Tensor)]
+
+        def rebuild_dict(new: tuple[Any, ...]) -> Any:
+            return {**value, **dict(zip(keys, new, strict=True))}
+
+        return [value[k] for k in keys], rebuild_dict
     return [], lambda new: value
 
 
@@ -834,7 +841,8 @@ def _on_stand_ins(verdict: Verdict, names: list[str], stand_ins: dict[str, str])
     yours = " and ".join(f"`{n}`" for n in names) or "your answer"
     why = f"because your {parts} {'fails its' if len(stand_ins) == 1 else 'fail their'} own check"
     if verdict.passed:
-        return f"Your {yours} is fine: it was checked with PyTorch's {parts} {why}."
+        fine = "is fine" if len(names) <= 1 else "are fine"
+        return f"Your {yours} {fine}: it was checked with PyTorch's {parts} {why}."
     return f"{verdict.message} (checked with PyTorch's {parts} {why})"
 
 

@@ -12,6 +12,12 @@ so every figure after an exercise is drawn by the student's own code. The result
   Chromium is installed.
 
 This is how an author (or a reviewer) checks that the figures show what the text says.
+
+With ``--feedback COURSE``, it renders instead the feedback pages ``labs grade`` wrote
+(``COURSE/feedback/<student>/<lab>/<lab>.html``, what each student is sent): each is copied to
+``OUT/<student>/<lab>.html`` beside its PNG and PDF, so the judge's messages can be read as a
+student reads them (``tests/test_feedback_render.py`` grades a submission that makes one typical
+mistake per lab and renders it).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from transformer_lab.grading.course import (
 )
 from transformer_lab.grading.feedback import math_to_mathml
 
-__all__ = ["filled_release", "render_labs"]
+__all__ = ["filled_release", "render_feedback", "render_labs"]
 
 
 def filled_release(repo: Path, lab: str) -> NotebookNode:
@@ -137,4 +143,38 @@ def render_labs(
         html.write_text(body, encoding="utf-8")
         written += [executed, html]
         written += _screenshot(html, out / f"{lab}.png", out / f"{lab}.pdf")
+    return written
+
+
+def render_feedback(
+    course: Path, out: Path, *, students: list[str] | None = None, labs: list[str] | None = None
+) -> list[Path]:
+    """Copy each feedback page of ``course`` (the selected students' and labs') into
+    ``out/<student>/<lab>.html`` with its PNG and PDF; return the files written.
+
+    Raises:
+        FileNotFoundError: ``course`` has no feedback pages for the selection (grade it first).
+    """
+    pages = sorted(Path(course).glob("feedback/*/*/*.html"))
+    chosen = [
+        page
+        for page in pages
+        if page.stem == page.parent.name
+        and (not students or page.parent.parent.name in students)
+        and (not labs or any(page.stem.startswith(lab) for lab in labs))
+    ]
+    if not chosen:
+        raise FileNotFoundError(
+            f"{course}/feedback holds no feedback page for students={students or 'all'}, "
+            f"labs={labs or 'all'}: run `transformer-lab labs grade --course {course}` first"
+        )
+    written: list[Path] = []
+    for page in chosen:
+        student, lab = page.parent.parent.name, page.stem
+        folder = Path(out) / student
+        folder.mkdir(parents=True, exist_ok=True)
+        html = folder / f"{lab}.html"
+        shutil.copyfile(page, html)
+        written.append(html)
+        written += _screenshot(html, folder / f"{lab}.png", folder / f"{lab}.pdf")
     return written

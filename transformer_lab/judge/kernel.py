@@ -332,7 +332,11 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ban: dict[str, A
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    items = value if isinstance(value, tuple | list) else [value]
+    """A result's tensors, in the order the judge's ``_flatten`` reads them."""
+    if type(value) is dict:
+        items = list(value.values())
+    else:
+        items = value if isinstance(value, tuple | list) else [value]
     return [t for t in items if isinstance(t, torch.Tensor)]
 
 
@@ -431,6 +435,7 @@ def _kernel_side(dotted: Any) -> Any:
 
 _STAND_IN_MODULE = "transformer_lab.standins"
 _bound: dict[str, Any] = {}  # name -> what the notebook held before a bind (or _UNSET)
+_exempted: set[Any] = set()  # code objects of the bound stand-ins, exempted from bans
 _UNSET = object()
 
 
@@ -445,6 +450,11 @@ def _bind(names: Any) -> None:
             raise wire.WireError(f"no stand-in {attr!r} for {name!r}")
         _bound.setdefault(str(name), namespace.get(str(name), _UNSET))
         namespace[str(name)] = value
+        # A stand-in under a notebook name is the earlier part's reference, not the student's
+        # shortcut: the ban that refuses the kit's (and idle stand-ins') code lets it through.
+        from transformer_lab.checks._bans import exempt
+
+        _exempted.update(exempt(value))
 
 
 def _unbind() -> None:
@@ -456,6 +466,10 @@ def _unbind() -> None:
         else:
             namespace[name] = old
     _bound.clear()
+    from transformer_lab.checks._bans import unexempt
+
+    unexempt(_exempted)
+    _exempted.clear()
 
 
 def _instance_op(op: Any, target: Any, request: dict[str, Any]) -> Any:

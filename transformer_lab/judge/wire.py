@@ -34,6 +34,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -114,6 +115,8 @@ def encode(
         raise WireError(f"nesting deeper than {MAX_DEPTH}")
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if isinstance(value, np.generic) and isinstance(value.item(), bool | int | float):
+        return value.item()  # a NumPy scalar (``np.max(x) > 0``) is the number it holds
     if isinstance(value, Reference):
         return value.wire_reference()
     if isinstance(value, torch.nn.Parameter) and keep is not None:

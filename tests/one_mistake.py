@@ -1,0 +1,76 @@
+"""A submission per lab that makes one typical mistake, and what its feedback must say.
+
+Each entry edits one answer of the solution (the release filled in with the solution's
+answers, as a student who finished would submit it): the part it breaks, the old and new text,
+and words the judge's message for that part must hold. Used by ``test_feedback_render.py``,
+which grades these through the real ``labs grade`` and renders the feedback pages
+(``labs render --feedback``) as the student would see them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import nbformat
+
+from transformer_lab.grading.render import filled_release
+
+
+class OneMistake(NamedTuple):
+    part: str  # the answer cell's grade id (the part's name)
+    old: str
+    new: str
+    says: str  # words of the judge's message in the feedback
+
+
+ONE_MISTAKE = {
+    "01_positional_encoding": OneMistake(
+        "sinusoidal_encoding",
+        "pe[:, 0::2] = torch.sin(angles)\n    pe[:, 1::2] = torch.cos(angles)",
+        "pe[:, 0::2] = torch.cos(angles)\n    pe[:, 1::2] = torch.sin(angles)",
+        "sin",
+    ),
+    "02_self_attention": OneMistake(
+        "scaled_dot_product_attention", " / math.sqrt(q.shape[-1])", "", "scal"
+    ),
+    "03_multi_head_attention": OneMistake(
+        "split_heads",
+        "x.view(B, T, n_heads, D // n_heads).transpose(1, 2)",
+        "x.reshape(B, n_heads, T, D // n_heads)",
+        "transpose",
+    ),
+    "04_transformer_block": OneMistake(
+        "layer_norm",
+        "(centred**2).mean(dim=-1, keepdim=True)",
+        "x.var(dim=-1, keepdim=True)",
+        "biased",
+    ),
+    "05_masking": OneMistake(
+        "causal_mask",
+        "steps[None, :] <= steps[:, None]",
+        "steps[None, :] >= steps[:, None]",
+        "s <= t",
+    ),
+    "06_decoder_training": OneMistake(
+        "sequence_loss", "return -picked[real].sum() / real.sum()", "return -picked.mean()", "pad"
+    ),
+    "07_nlp_pipeline": OneMistake(
+        "apply_temperature", "return logits / t", "return logits * t", "divide"
+    ),
+    "08_language_models": OneMistake(
+        "gpu_days", "flops / (peak_flops * utilization)", "flops / peak_flops", "utilization"
+    ),
+}
+
+
+def submission(repo: Path, lab: str) -> nbformat.NotebookNode:
+    """The solution's answers in the release, with the lab's one mistake made."""
+    nb = filled_release(repo, lab)
+    mistake = ONE_MISTAKE[lab]
+    cell = next(
+        c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == mistake.part
+    )
+    assert mistake.old in cell.source, (lab, mistake.part)
+    cell.source = cell.source.replace(mistake.old, mistake.new)
+    return nb
