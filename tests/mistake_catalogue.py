@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import re
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import test_lab01_checks as t01
@@ -22,6 +24,9 @@ import test_lab05_checks as t05
 import test_lab06_checks as t06
 import test_lab07_checks as t07
 import test_lab08_checks as t08
+import torch
+
+from transformer_lab.lab import Session
 
 #: ``"labNN kind"`` of an entry's id -> the notebook name its wrong answer stands for.
 FUNCTION_OF = {
@@ -44,6 +49,7 @@ FUNCTION_OF = {
     "lab06 shift_right": "shift_right",
     "lab06 sequence_loss": "sequence_loss",
     "lab06 translation_module": "TranslationModule",
+    "lab06 train_translator": "train_translator",
     "lab06 greedy_decode": "greedy_decode",
     "lab07 char": "CharTokenizer",
     "lab07 bpe_train": "bpe_train",
@@ -52,7 +58,12 @@ FUNCTION_OF = {
     "lab07 top_k": "top_k_filter",
     "lab07 top_p": "top_p_filter",
     "lab07 beam": "beam_search",
+    "lab08 attention": "CausalSelfAttention",
     "lab08 generate": "generate",
+    "lab08 count": "gpt_param_count",
+    "lab08 flops": "training_flops",
+    "lab08 kv": "kv_cache_bytes",
+    "lab08 days": "gpu_days",
 }
 LAB02_FUNCTIONS = ("softmax", "self_attention_loop", "self_attention_matrix",
                    "scaled_dot_product_attention")  # fmt: skip
@@ -81,6 +92,14 @@ def _flags(flags: Mapping[str, Any]) -> str:
 
 Words = str | Mapping[str, str]
 Row = tuple[str, Mapping[str, Callable[[Any], Any]], Any, list[str], Words, tuple[str, ...]]
+
+
+def _train_checks() -> Mapping[str, Callable[[Any], Any]]:
+    """Lab 06's train_translator checks, on a session whose runs go to a new temporary folder
+    (a wrong answer's own logger writes under the working directory: tests run in theirs)."""
+    runs = Path(tempfile.mkdtemp(prefix="train_translator_")) / "runs"
+    session = Session("06_decoder_training", torch.device("cpu"), "grading", "32-true", 1, runs)
+    return t06._train_checks(session)
 
 
 def _rows() -> list[Row]:
@@ -140,6 +159,9 @@ def _rows() -> list[Row]:
     ):
         for fn, failing, words in table:
             out.append((f"lab06 {kind} {_name(fn)}", checks, fn, failing, words, ()))
+    train_checks = _train_checks()
+    for fn, failing, words in t06.TRAIN_MISTAKES:
+        out.append((f"lab06 train_translator {_name(fn)}", train_checks, fn, failing, words, ()))
     for cls, failing, words in t07.CHAR_MISTAKES:
         out.append((f"lab07 char {_name(cls)}", t07.CHAR_CHECKS, cls, failing, words, ()))
     for flags, failing, words in t07.TRAIN_MISTAKES:
@@ -173,10 +195,26 @@ def _rows() -> list[Row]:
         checks = {f"check {i}": check for i, check in enumerate(group)}
         names = [f"check {group.index(check)}" for check in failing]
         out.append((f"lab02 {t02._id((fn, failing, words))}", checks, fn, names, words, ()))
+    for options, failing, words in t08.ATTENTION_MISTAKES:
+        cls = t08.attention_variant("Wrong", **options)
+        generic = t08.attention_generic(failing)
+        out.append((f"lab08 attention {_flags(options)}", t08.ATTENTION_CHECKS, cls, failing,
+                    words, generic))  # fmt: skip
     for options, failing, words, generic in t08.GENERATE_MISTAKES:
         fn = t08.make_generate(**options)
         entry = f"lab08 generate {_flags(options)}"
         out.append((entry, t08.GENERATE_CHECKS, fn, failing, words, generic))
+    for kind, failing, words in t08.COUNT_MISTAKES:
+        fn = t08.count_mistake(kind)
+        out.append((f"lab08 count {kind}", t08.COUNT_CHECKS, fn, failing, words, ()))
+    for fn, words in t08.FLOPS_MISTAKES:
+        out.append((f"lab08 flops {_name(fn)}", t08.FLOPS_CHECKS, fn, t08.BOTH, words, ()))
+    for fn, failing, words in t08.KV_MISTAKES:
+        generic = t08.kv_generic(words)
+        out.append((f"lab08 kv {_name(fn)}", t08.KV_CHECKS, fn, failing, words, generic))
+    for fn, words in t08.DAYS_MISTAKES:
+        generic = t08.days_generic(words)
+        out.append((f"lab08 days {_name(fn)}", t08.DAYS_CHECKS, fn, t08.BOTH, words, generic))
     return out
 
 

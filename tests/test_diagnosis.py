@@ -18,6 +18,7 @@ are tested too.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,12 +55,15 @@ NOT_TYPICAL_ENTRIES = {"lab07 top_p top_p_sums_to_one_early"}
 )
 def test_each_catalogued_mistake_gets_one_diagnosis_naming_it_first(
     request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
     checks: Mapping[str, Callable[[Any], Any]],
     answer: Any,
     failing: list[str],
     words: Words,
     generic: tuple[str, ...],
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # a wrong train_translator's own logger writes here
     entry = request.node.callspec.id
     for name in failing:
         said = words if isinstance(words, str) else words[name]

@@ -193,7 +193,11 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
             text = page.inner_text("body")
             assert "Rubric (shown to graders only" in text
             assert "1 point: names the effect" in text  # written_small_base's rubric
-            with page.expect_response(lambda r: "/api/grade/" in r.url and r.ok):
+            # formgrader binds its score inputs only once its grades have loaded (an API call);
+            # typing before that is never saved, which a busy machine shows.
+            page.wait_for_function("() => formgrader.grades && formgrader.grades.loaded",
+                                   timeout=120_000)  # fmt: skip
+            with page.expect_response(lambda r: "/api/grade/" in r.url and r.ok, timeout=120_000):
                 page.fill("#written_extrapolation", "2")
                 page.press("#written_extrapolation", "Tab")
             browser.close()

@@ -1018,20 +1018,21 @@ def test_correct_train_translators_pass(session, fn) -> None:
     assert run_checks(_train_checks(session), fn) == {"visible": "", "hidden": ""}
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (train_epochs, ["visible", "hidden"], "max_steps=max_steps"),
-        (train_fixed_precision, ["visible", "hidden"], "precision=session.precision"),
-        (train_fixed_bf16, ["visible", "hidden"], "precision=session.precision"),
-        (train_default_logger, ["visible", "hidden"], "not under session.runs"),
-        (train_no_logger, ["visible", "hidden"], "without a logger"),
-        (train_unnamed, ["visible", "hidden"], "run's name"),
-        (train_without_validation, ["visible", "hidden"], "never validated"),
-        (train_returns_nothing, ["visible", "hidden"], "returned None"),
-        (train_new_module, ["visible", "hidden"], "never trained the module it was given"),
-    ],
-)
+#: (a wrong train_translator, the checks that must fail, words their messages must hold)
+TRAIN_MISTAKES = [
+    (train_epochs, ["visible", "hidden"], "max_steps=max_steps"),
+    (train_fixed_precision, ["visible", "hidden"], "precision=session.precision"),
+    (train_fixed_bf16, ["visible", "hidden"], "precision=session.precision"),
+    (train_default_logger, ["visible", "hidden"], "not under session.runs"),
+    (train_no_logger, ["visible", "hidden"], "without a logger"),
+    (train_unnamed, ["visible", "hidden"], "run's name"),
+    (train_without_validation, ["visible", "hidden"], "never validated"),
+    (train_returns_nothing, ["visible", "hidden"], "returned None"),
+    (train_new_module, ["visible", "hidden"], "never trained the module it was given"),
+]
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), TRAIN_MISTAKES)
 def test_train_translator_mistakes_fail_with_a_message_naming_them(
     session, fn, failing, words
 ) -> None:

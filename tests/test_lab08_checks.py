@@ -256,34 +256,39 @@ def test_correct_attentions_pass_every_check(cls) -> None:
 
 ALL = list(ATTENTION_CHECKS)
 
+#: (the mistake's options, the checks that must fail, words); the training check compares with
+#: torch only, so its message names no mistake of the forward pass.
+ATTENTION_MISTAKES = [
+    ({"mask": "none"}, ALL, "ignores the causal mask"),
+    ({"mask": "after"}, ALL, "BEFORE the softmax"),
+    ({"order": "kqv"}, ALL, "queries and keys are swapped"),
+    ({"scale": "model"}, ALL, "sqrt(d_model)"),
+    ({"split": "no_transpose"}, ALL, "view(B, H, T, Dh)"),
+    ({"out_proj": False}, ALL, "skips out_proj"),
+    ({"mask": "offset_ignored"}, ["cache", "hidden_cache"], "forgets the offset"),
+    ({"store": "ignore_return"}, ["cache", "hidden_cache"], "only the new tokens"),
+    ({"mask": "none_when_cached"}, ["cache", "hidden_cache"], "piece of several"),
+    ({"store": "swapped"}, ["cache", "hidden_cache"], "does not hold the keys"),
+    ({"store": "queries"}, ["cache", "hidden_cache"], "does not hold the keys"),
+    ({"dropout": "output"}, ["training"], "drops single features"),
+    ({"dropout": "always"}, ["training"], "Dropout must be off in eval mode"),
+    ({"dropout": "scores"}, ["training"], "not on the scores"),
+    ({"dropout": "unscaled"}, ["training"], "without scaling"),
+    ({"fill": -1e9}, ["hidden_cache"], "finfo"),
+    ({"detach": True}, ["training"], "the gradient does not"),
+    ({"no_grad": True}, ["training"], "does not depend differentiably"),
+    ({"tuple": True}, ALL, "return only the output"),
+]  # fmt: skip
 
-@pytest.mark.parametrize(
-    ("options", "failing", "words"),
-    [
-        ({"mask": "none"}, ALL, "ignores the causal mask"),
-        ({"mask": "after"}, ALL, "BEFORE the softmax"),
-        ({"order": "kqv"}, ALL, "queries and keys are swapped"),
-        ({"scale": "model"}, ALL, "sqrt(d_model)"),
-        ({"split": "no_transpose"}, ALL, "view(B, H, T, Dh)"),
-        ({"out_proj": False}, ALL, "skips out_proj"),
-        ({"mask": "offset_ignored"}, ["cache", "hidden_cache"], "forgets the offset"),
-        ({"store": "ignore_return"}, ["cache", "hidden_cache"], "only the new tokens"),
-        ({"mask": "none_when_cached"}, ["cache", "hidden_cache"], "piece of several"),
-        ({"store": "swapped"}, ["cache", "hidden_cache"], "does not hold the keys"),
-        ({"store": "queries"}, ["cache", "hidden_cache"], "does not hold the keys"),
-        ({"dropout": "output"}, ["training"], "drops single features"),
-        ({"dropout": "always"}, ["training"], "Dropout must be off in eval mode"),
-        ({"dropout": "scores"}, ["training"], "not on the scores"),
-        ({"dropout": "unscaled"}, ["training"], "without scaling"),
-        ({"fill": -1e9}, ["hidden_cache"], "finfo"),
-        ({"detach": True}, ["training"], "the gradient does not"),
-        ({"no_grad": True}, ["training"], "does not depend differentiably"),
-        ({"tuple": True}, ALL, "return only the output"),
-    ],
-)  # fmt: skip
+
+def attention_generic(failing: list[str]) -> tuple[str, ...]:
+    """The checks whose message is generic for a mistake that fails ``failing``."""
+    return ("training",) if "training" in failing and len(failing) > 1 else ()
+
+
+@pytest.mark.parametrize(("options", "failing", "words"), ATTENTION_MISTAKES)
 def test_attention_mistakes_are_named(options, failing, words) -> None:
-    # The training check compares with torch only (it names no mistake of the forward pass).
-    generic = ("training",) if "training" in failing and len(failing) > 1 else ()
+    generic = attention_generic(failing)
     assert_fails(
         ATTENTION_CHECKS, attention_variant("Wrong", **options), failing, words, generic=generic
     )
@@ -605,23 +610,25 @@ def test_correct_counts_pass_every_check(fn) -> None:
     assert run_checks(COUNT_CHECKS, fn) == dict.fromkeys(COUNT_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("kind", "failing", "words"),
-    [
-        ("untied", ["visible", "hidden"], "ties it to the token embedding"),
-        ("positions_as_vocab", ["visible", "hidden"], "one row per position"),
-        ("no_positions", ["visible", "hidden"], "position embeddings"),
-        ("no_final_norm", ["visible", "hidden"], "final layer norm"),
-        ("norm_without_bias", ["visible", "hidden"], "only their gains"),
-        ("bias_keeps_norms", ["visible", "hidden"], "AND of the layer norms"),
-        ("bias_ignored", ["visible", "hidden"], "still has every bias"),
-        ("mask_buffer", ["visible", "hidden"], "causal mask"),
-        ("rule_of_thumb", ["visible", "hidden"], "12 L D^2"),
-        ("narrow_mlp", ["visible", "hidden"], "4 D wide"),
-        ("one_norm", ["visible", "hidden"], "two"),
-        ("float", ["visible", "hidden"], "return an int"),
-    ],
-)
+BOTH = ["visible", "hidden"]
+#: (the mistake of ``count_mistake``, the checks that must fail, words)
+COUNT_MISTAKES = [
+    ("untied", BOTH, "ties it to the token embedding"),
+    ("positions_as_vocab", BOTH, "one row per position"),
+    ("no_positions", BOTH, "position embeddings"),
+    ("no_final_norm", BOTH, "final layer norm"),
+    ("norm_without_bias", BOTH, "only their gains"),
+    ("bias_keeps_norms", BOTH, "AND of the layer norms"),
+    ("bias_ignored", BOTH, "still has every bias"),
+    ("mask_buffer", BOTH, "causal mask"),
+    ("rule_of_thumb", BOTH, "12 L D^2"),
+    ("narrow_mlp", BOTH, "4 D wide"),
+    ("one_norm", BOTH, "two"),
+    ("float", BOTH, "return an int"),
+]
+
+
+@pytest.mark.parametrize(("kind", "failing", "words"), COUNT_MISTAKES)
 def test_count_mistakes_are_named(kind, failing, words) -> None:
     assert_fails(COUNT_CHECKS, count_mistake(kind), failing, words)
 
@@ -643,17 +650,24 @@ def test_correct_flops_pass(fn) -> None:
     assert run_checks(FLOPS_CHECKS, fn) == dict.fromkeys(FLOPS_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "words"),
-    [
-        (lambda n, d: 2 * n * d, "forward pass only"),
-        (lambda n, d: 4 * n * d, "backward pass only"),
-        (lambda n, d: n * d, "one operation per parameter"),
-        (lambda n, d: 3 * n * d, "multiply-adds"),
-        (lambda n, d: 12 * n * d, "twice over"),
-        (lambda n, d: 6 * (n + d), "added N and D"),
-    ],
-)
+def named(name: str, fn: Any) -> Any:
+    """``fn`` under ``name`` (a catalogue entry's id)."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+#: (a wrong training_flops, words its messages must hold); both checks fail
+FLOPS_MISTAKES = [
+    (named("forward_only", lambda n, d: 2 * n * d), "forward pass only"),
+    (named("backward_only", lambda n, d: 4 * n * d), "backward pass only"),
+    (named("one_per_parameter", lambda n, d: n * d), "one operation per parameter"),
+    (named("multiply_adds", lambda n, d: 3 * n * d), "multiply-adds"),
+    (named("twice_over", lambda n, d: 12 * n * d), "twice over"),
+    (named("added", lambda n, d: 6 * (n + d)), "added N and D"),
+]
+
+
+@pytest.mark.parametrize(("fn", "words"), FLOPS_MISTAKES)
 def test_flops_mistakes_are_named(fn, words) -> None:
     assert_fails(FLOPS_CHECKS, fn, ["visible", "hidden"], words)
 
@@ -672,26 +686,37 @@ def test_correct_cache_sizes_pass(fn) -> None:
     assert run_checks(KV_CHECKS, fn) == dict.fromkeys(KV_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "failing", "words"),
-    [
-        (lambda L, D, T, B=1, b=2: L * D * T * B * b, ["visible", "hidden"], "keys only"),
-        (lambda L, D, T, B=1, b=2: 3 * L * D * T * B * b, ["visible", "hidden"], "queries too"),
-        (lambda L, D, T, B=1, b=2: 2 * L * D * T * B, ["visible", "hidden"], "not bytes"),
-        (lambda L, D, T, B=1, b=2: 16 * L * D * T * B * b, ["visible", "hidden"], "bits"),
-        (lambda L, D, T, B=1, b=2: 2 * L * D * T * B * 4, ["visible", "hidden"], "4 bytes"),
-        (lambda L, D, T, B=1, b=2: 2 * L * D * T * b, ["visible", "hidden"], "the batch"),
-        (lambda L, D, T, B=1, b=2: 2 * D * T * B * b, ["visible", "hidden"], "the layers"),
-        (lambda L, D, T, B=1, b=2: 2 * L * T * T * B * b, ["visible", "hidden"], "T x T"),
-        (lambda L, D, T, B=1, b=2: 2.0 * L * D * T * B * b, ["visible", "hidden"], "return an int"),
-    ],
-)
-def test_cache_size_mistakes_are_named(fn, failing, words) -> None:
-    def wrapped(n_layers, d_model, n_ctx, batch_size=1, bytes_per_value=2):
-        return fn(n_layers, d_model, n_ctx, batch_size, bytes_per_value)
+def kv_mistake(name: str, formula: Any) -> Any:
+    """A kv_cache_bytes, named ``name``, that computes ``formula(L, D, T, B, b)``."""
 
-    generic = ("visible",) if words in ("not bytes", "4 bytes") else ()
-    assert_fails(KV_CHECKS, wrapped, failing, words, generic=generic)
+    def kv_cache_bytes(n_layers, d_model, n_ctx, batch_size=1, bytes_per_value=2):
+        return formula(n_layers, d_model, n_ctx, batch_size, bytes_per_value)
+
+    return named(name, kv_cache_bytes)
+
+
+#: (a wrong kv_cache_bytes, the checks that must fail, words)
+KV_MISTAKES = [
+    (kv_mistake("keys_only", lambda L, D, T, B, b: L * D * T * B * b), BOTH, "keys only"),
+    (kv_mistake("queries_too", lambda L, D, T, B, b: 3 * L * D * T * B * b), BOTH, "queries too"),
+    (kv_mistake("values_not_bytes", lambda L, D, T, B, b: 2 * L * D * T * B), BOTH, "not bytes"),
+    (kv_mistake("bits", lambda L, D, T, B, b: 16 * L * D * T * B * b), BOTH, "bits"),
+    (kv_mistake("four_bytes", lambda L, D, T, B, b: 2 * L * D * T * B * 4), BOTH, "4 bytes"),
+    (kv_mistake("no_batch", lambda L, D, T, B, b: 2 * L * D * T * b), BOTH, "the batch"),
+    (kv_mistake("one_layer", lambda L, D, T, B, b: 2 * D * T * B * b), BOTH, "the layers"),
+    (kv_mistake("scores", lambda L, D, T, B, b: 2 * L * T * T * B * b), BOTH, "T x T"),
+    (kv_mistake("float", lambda L, D, T, B, b: 2.0 * L * D * T * B * b), BOTH, "return an int"),
+]  # fmt: skip
+
+
+def kv_generic(words: str) -> tuple[str, ...]:
+    """The checks whose message is generic for the kv mistake that ``words`` names."""
+    return ("visible",) if words in ("not bytes", "4 bytes") else ()
+
+
+@pytest.mark.parametrize(("fn", "failing", "words"), KV_MISTAKES)
+def test_cache_size_mistakes_are_named(fn, failing, words) -> None:
+    assert_fails(KV_CHECKS, fn, failing, words, generic=kv_generic(words))
 
 
 @pytest.mark.parametrize(
@@ -705,21 +730,25 @@ def test_correct_gpu_days_pass(fn) -> None:
     assert run_checks(DAYS_CHECKS, fn) == dict.fromkeys(DAYS_CHECKS, "")
 
 
-@pytest.mark.parametrize(
-    ("fn", "words"),
-    [
-        (lambda f, p, u: f / p / 86400, "ignore the utilization"),
-        (lambda f, p, u: f * u / p / 86400, "multiply by the utilization"),
-        (lambda f, p, u: f / (p * u) / 3600, "hours"),
-        (lambda f, p, u: f / (p * u), "seconds"),
-        (lambda f, p, u: f / (p * u) / 60, "minutes"),
-        (lambda f, p, u: f / (p * u) / 86400 / 365, "years"),
-    ],
-)
+#: (a wrong gpu_days, words its messages must hold); both checks fail
+DAYS_MISTAKES = [
+    (named("no_utilization", lambda f, p, u: f / p / 86400), "ignore the utilization"),
+    (named("times_utilization", lambda f, p, u: f * u / p / 86400), "multiply by the utilization"),
+    (named("hours", lambda f, p, u: f / (p * u) / 3600), "hours"),
+    (named("seconds", lambda f, p, u: f / (p * u)), "seconds"),
+    (named("minutes", lambda f, p, u: f / (p * u) / 60), "minutes"),
+    (named("years", lambda f, p, u: f / (p * u) / 86400 / 365), "years"),
+]  # fmt: skip
+
+
+def days_generic(words: str) -> tuple[str, ...]:
+    """The checks whose message is generic for the gpu_days mistake that ``words`` names."""
+    return ("visible",) if "utilization" in words else ()
+
+
+@pytest.mark.parametrize(("fn", "words"), DAYS_MISTAKES)
 def test_gpu_days_mistakes_are_named(fn, words) -> None:
-    failing = ["visible", "hidden"]
-    generic = ("visible",) if "utilization" in words else ()
-    assert_fails(DAYS_CHECKS, fn, failing, words, generic=generic)
+    assert_fails(DAYS_CHECKS, fn, BOTH, words, generic=days_generic(words))
 
 
 def test_calling_the_kits_scale_functions_earns_nothing() -> None:
