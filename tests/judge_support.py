@@ -28,7 +28,7 @@ class InProcessKernel:
         self.texts: list[str] = []
         self.answer: Any = None
         self.rng = torch.Generator().manual_seed(20261201).get_state()
-        for name, empty in (("_objects", {}), ("_handles", {}), ("_calls", {})):
+        for name, empty in (("_objects", {}), ("_handles", {}), ("_calls", {}), ("_synced", {})):
             monkeypatch.setattr(kernel, name, empty)
         monkeypatch.setattr(kernel, "_grader_modules", {})
         monkeypatch.setattr(kernel, "_grader_ids", {})
@@ -51,6 +51,18 @@ class InProcessKernel:
             return kernel.reply()
         finally:
             self.answer = previous
+
+
+#: Cells that judge the model a demo cell of the notebook trained (lab 04's encoder, lab 06's
+#: translator): an answers-only namespace holds no trained model, so they are decided in the
+#: round trips through ``labs grade``, which run the whole notebook.
+TRAINED_MODEL = frozenset(
+    {
+        "test_trained_encoder",
+        "test_train_translator_trained_visible",
+        "test_train_translator_trained_greedy",
+    }
+)
 
 
 def answers_namespace(lab: str, folder: str = "solutions") -> dict[str, Any]:

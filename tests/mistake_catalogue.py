@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -94,11 +93,15 @@ Words = str | Mapping[str, str]
 Row = tuple[str, Mapping[str, Callable[[Any], Any]], Any, list[str], Words, tuple[str, ...]]
 
 
+#: Where the train_translator checks write, relative to the working directory of the test.
+RUNS = Path("runs")
+
+
 def _train_checks() -> Mapping[str, Callable[[Any], Any]]:
-    """Lab 06's train_translator checks, on a session whose runs go to a new temporary folder
-    (a wrong answer's own logger writes under the working directory: tests run in theirs)."""
-    runs = Path(tempfile.mkdtemp(prefix="train_translator_")) / "runs"
-    session = Session("06_decoder_training", torch.device("cpu"), "grading", "32-true", 1, runs)
+    """Lab 06's train_translator checks, on a session whose runs go to ``runs/`` under the
+    working directory when a check runs: the tests that run them work in their ``tmp_path``
+    (a wrong answer's own logger writes under the working directory too)."""
+    session = Session("06_decoder_training", torch.device("cpu"), "grading", "32-true", 1, RUNS)
     return t06._train_checks(session)
 
 

@@ -5,7 +5,9 @@ points, and a part built on the broken one says it was checked on PyTorch's stan
 The submissions are ``one_mistake.ONE_MISTAKE`` (one per lab). CI grades the labs where a
 later part builds on the broken one (03: ``split_heads`` under ``MultiHeadAttention``; 06:
 ``sequence_loss`` under ``TranslationModule``); ``TRANSFORMER_LAB_ALL_LABS=1``
-grades all eight (what produced ``docs/img/feedback/``).
+grades all eight (what produced ``docs/img/feedback/``). With lab 06, a second student's
+under-trained translator (``one_mistake.TRAINED_CELLS_MISTAKE``) must lose exactly the cells the
+spec says, the trained-model cells included, which no in-process test reaches.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import GRADING_SANDBOX
-from one_mistake import ONE_MISTAKE, submission
+from one_mistake import ONE_MISTAKE, TRAINED_CELLS_MISTAKE, submission
 
 from transformer_lab.checks import spec
 from transformer_lab.grading.cli import main
@@ -28,6 +30,7 @@ from transformer_lab.grading.render import render_feedback
 
 REPO = Path(__file__).resolve().parents[1]
 STUDENT = "one_mistake"
+TRAINED_STUDENT = "under_trained"
 IN_CI = ("03_multi_head_attention", "06_decoder_training")
 LABS = list(ONE_MISTAKE) if os.environ.get("TRANSFORMER_LAB_ALL_LABS") == "1" else list(IN_CI)
 #: What the feedback of a part built on the broken one says (it kept its points).
@@ -48,8 +51,18 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
         folder = course / "submitted" / STUDENT / lab
         folder.mkdir(parents=True)
         nbformat.write(submission(REPO, lab), str(folder / f"{lab}.ipynb"))
-    grade_course(course, REPO, LABS, options=GradingOptions(sandbox=GRADING_SANDBOX))
+    lab, _, mistake = TRAINED_CELLS_MISTAKE
+    if lab in LABS:
+        folder = course / "submitted" / TRAINED_STUDENT / lab
+        folder.mkdir(parents=True)
+        nbformat.write(submission(REPO, lab, mistake), str(folder / f"{lab}.ipynb"))
+    grade_course(course, REPO, LABS, jobs=2, options=GradingOptions(sandbox=GRADING_SANDBOX))
     return course
+
+
+def _result(course: Path, student: str, lab: str) -> dict:
+    runs = json.loads((course / "grading_report.json").read_text())["runs"]
+    return next(r for r in runs[-1]["results"] if r["lab"] == lab and r["student"] == student)
 
 
 def _text(page: Path) -> str:
@@ -58,11 +71,23 @@ def _text(page: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
 
 
+@pytest.mark.skipif(TRAINED_CELLS_MISTAKE[0] not in LABS, reason="lab 06 not graded in this run")
+def test_an_under_trained_translator_costs_what_the_spec_says(course: Path) -> None:
+    # The in-process cost test cannot reach the cells that judge the trained model (no demo
+    # runs there): this real grade holds the spec's cost of a mistake that reaches them.
+    lab, key, mistake = TRAINED_CELLS_MISTAKE
+    result = _result(course, TRAINED_STUDENT, lab)
+    assert result["status"] == "graded", result
+    lost = {g for g, v in result["verdicts"].items() if v["score"] < v["max_score"]}
+    assert lost == set(spec.load(lab).parts[mistake.part].mistakes[key]), result["verdicts"]
+    said = " ".join(result["verdicts"][g]["message"] for g in sorted(lost))
+    assert mistake.says in said, said
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_one_mistake_costs_its_own_part_and_its_feedback_says_so(course: Path, lab: str) -> None:
     mistake = ONE_MISTAKE[lab]
-    runs = json.loads((course / "grading_report.json").read_text())["runs"]
-    result = next(r for r in runs[-1]["results"] if r["lab"] == lab)
+    result = _result(course, STUDENT, lab)
     assert result["status"] == "graded", result
     source = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     own = set(spec.parts_of(source)[mistake.part])

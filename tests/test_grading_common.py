@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_lab.checks import _bans
 from transformer_lab.checks._common import (
     Ban,
     ForbiddenCallError,
@@ -120,6 +121,19 @@ def test_forbidden_catches_aliases_of_python_functions() -> None:
         _closure_target(torch.ones(1))
     assert torch.equal(_closure_target(torch.ones(1)), torch.full((1,), 2.0))
     assert sys.getprofile() is None
+
+
+def test_the_judges_side_records_a_ban_and_the_kernels_side_enforces_it() -> None:
+    """Under the judge (``forwarded``) a ban is only recorded for the kernel: no banned name is
+    imported, no profiler set; the kernel's side of a call (``enforced_here``) refuses again."""
+    ban = Ban(functions=(_package_like, "transformer_lab.no_such_module.answer"), ops=("add",))
+    with _bans.forwarded(), forbidden(ban):
+        assert _bans.active_ban() is not None and sys.getprofile() is None
+        assert torch.equal(_package_like(torch.ones(2)), torch.full((2,), 2.0))
+        refused = pytest.raises(ForbiddenCallError, match="_package_like")
+        with refused, _bans.enforced_here(), forbidden(ban):
+            _package_like(torch.ones(2))
+    assert _bans.active_ban() is None and sys.getprofile() is None
 
 
 def test_forbidden_detects_a_swallowed_call() -> None:

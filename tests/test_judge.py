@@ -16,7 +16,7 @@ import nbformat
 import pytest
 import torch
 from conftest import needs_bwrap
-from judge_support import InProcessKernel, answers_namespace
+from judge_support import TRAINED_MODEL, InProcessKernel, answers_namespace
 
 from transformer_lab.grading.cli import main
 from transformer_lab.grading.grade import judge_plan
@@ -26,7 +26,7 @@ from transformer_lab.grading.judge import (
     judge_cell,
     student_names,
 )
-from transformer_lab.judge import wire
+from transformer_lab.judge import kernel, wire
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
@@ -181,30 +181,18 @@ def test_student_names_are_the_cells_free_names() -> None:
 # ---------------------------------------------------------------- every judged lab, in-process
 
 
-#: Cells that judge a model the notebook trains (not in an answers-only namespace): they are
-#: decided in the round trips through ``labs grade``, which run the whole notebook.
-NEEDS_TRAINING = frozenset(
-    {
-        "test_trained_encoder",
-        "test_train_translator_visible",
-        "test_train_translator_trained_visible",
-        "test_train_translator_hidden",
-        "test_train_translator_trained_greedy",
-    }
-)
-
-
 @pytest.mark.parametrize("lab", sorted(p.name for p in (REPO / "solutions").iterdir()))
 def test_the_solution_passes_every_judged_cell_and_the_release_none(
-    monkeypatch: pytest.MonkeyPatch, lab: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lab: str
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # lab 06's Trainer-settings cells write their runs here
     source = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     plan = judge_plan(source)
     assert plan and any(cell["hidden"] for cell in plan.values())
     for folder, should_pass in (("solutions", True), ("labs", False)):
         link = InProcessKernel(monkeypatch, answers_namespace(lab, folder))
         for grade_id, cell in plan.items():
-            if grade_id in NEEDS_TRAINING:
+            if grade_id in TRAINED_MODEL:
                 continue
             verdict = judge_cell(grade_id, cell["source"], JudgeSession(link, timeout=60))
             assert verdict.passed is should_pass, (folder, grade_id, verdict.message)
@@ -232,6 +220,38 @@ def test_a_module_is_mirrored_and_trains_through_the_kernel(
     local.load_state_dict(mha.state_dict())
     torch.testing.assert_close(mha(x, x, x)[0], local(x, x, x)[0])
     assert not torch.equal(before, mha.q_proj.weight.detach())
+
+
+def test_a_call_without_grad_sends_only_the_parameters_that_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``no_grad`` the mirror's unchanged parameters go by name, and the kernel's module
+    still starts every call from the judge's values (what was sent last is put back)."""
+    namespace = answers_namespace("03_multi_head_attention")
+    link = InProcessKernel(monkeypatch, namespace)
+    session = JudgeSession(link, timeout=30)
+    mha = session.lookup("MultiHeadAttention")(16, 2)
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        first = mha(x, x, x)[0]
+        sizes = [len(link.texts[-1])]
+        second = mha(x, x, x)[0]
+        sizes.append(len(link.texts[-1]))
+        # The student's module changed in the kernel behind the judge's back (a thread, say).
+        module = next(o for o in kernel._objects.values() if isinstance(o, torch.nn.Module))
+        module.q_proj.weight.data.zero_()
+        third = mha(x, x, x)[0]
+        mha.k_proj.weight.mul_(2.0)  # the judge's own change is sent
+        fourth = mha(x, x, x)[0]
+        sizes.append(len(link.texts[-1]))
+    weights = 4 * 16 * 16 * 4  # bytes of the four projection matrices, sent once
+    assert sizes[0] - sizes[1] >= weights and sizes[1] < sizes[2] < sizes[0], sizes
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(third, first, rtol=0, atol=0)
+    local = namespace["MultiHeadAttention"](16, 2)
+    local.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(fourth, local(x, x, x)[0])
+    assert not torch.allclose(fourth, first)
 
 
 def test_the_students_writes_into_a_checks_module_come_back(

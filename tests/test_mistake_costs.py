@@ -27,7 +27,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from judge_support import REPO, InProcessKernel, answers_namespace
+from judge_support import REPO, TRAINED_MODEL, InProcessKernel, answers_namespace
 from mistake_catalogue import CORRECT, ENTRIES, Correct, Entry
 
 from transformer_lab.checks import spec
@@ -35,14 +35,6 @@ from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import Judgements, JudgeSession
 
 ALL_CELLS = os.environ.get("TRANSFORMER_LAB_ALL_CELLS") == "1"
-#: Cells that judge the model a demo cell of the notebook trained (not run here).
-TRAINED_MODEL = frozenset(
-    {
-        "test_trained_encoder",
-        "test_train_translator_trained_visible",
-        "test_train_translator_trained_greedy",
-    }
-)
 #: Correct variants the judge still scores below the checks run in one process (open work).
 JUDGE_GAPS = {
     "lab04 EncoderBlock make #2": "an EncoderBlock on torch's nn.MultiheadAttention: the "
@@ -62,7 +54,8 @@ def _answers(lab: str) -> dict[str, str]:
     found: dict[str, str] = {}
     current = None
     for cell in _notebook(lab).cells:
-        heading = spec._EXERCISE.search(cell.source) if cell.cell_type == "markdown" else None
+        markdown = cell.cell_type == "markdown"
+        heading = spec.EXERCISE_HEADING.search(cell.source) if markdown else None
         if heading:
             current = heading.group(3)
         answer = cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")

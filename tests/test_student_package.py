@@ -90,7 +90,8 @@ def _solution_lines() -> dict[str, set[str]]:
 def _hidden_lines_and_names() -> tuple[set[str], set[str]]:
     lines: set[str] = set()
     names: set[str] = set()
-    for path in sorted((REPO / "transformer_lab" / "grading" / "hidden").glob("lab*.py")):
+    hidden = REPO / "transformer_lab" / "grading" / "hidden"
+    for path in sorted(p for p in hidden.glob("*.py") if p.name != "__init__.py"):
         source = path.read_text()
         tree = ast.parse(source)
         body_lines: list[str] = []

@@ -34,6 +34,7 @@ import contextlib
 import importlib
 import inspect
 import sys
+import threading
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,7 +43,16 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["OP_FAMILIES", "Ban", "ForbiddenCallError", "active_ban", "exempt", "forbidden"]
+__all__ = [
+    "OP_FAMILIES",
+    "Ban",
+    "ForbiddenCallError",
+    "active_ban",
+    "enforced_here",
+    "exempt",
+    "forbidden",
+    "forwarded",
+]
 
 #: Operations that compute the same thing under several names (public functions and the
 #: ATen operators they dispatch to). A ban of a family refuses every name in it.
@@ -323,10 +333,41 @@ def forbidden(ban: Ban) -> Iterator[None]:
     """
     _ACTIVE.append(ban)
     try:
-        with _enforced(ban):
-            yield
+        if getattr(_WHERE, "forwarding", False):
+            yield  # the judge's side: the kernel enforces the ban it is sent with each call
+        else:
+            with _enforced(ban):
+                yield
     finally:
         _ACTIVE.pop()
+
+
+#: Whether this thread runs the judge's checks (bans recorded and forwarded, not enforced).
+_WHERE = threading.local()
+
+
+@contextlib.contextmanager
+def _forwarding(on: bool) -> Iterator[None]:
+    previous = getattr(_WHERE, "forwarding", False)
+    _WHERE.forwarding = on
+    try:
+        yield
+    finally:
+        _WHERE.forwarding = previous
+
+
+def forwarded() -> contextlib.AbstractContextManager[None]:
+    """In this block a :func:`forbidden` ban is only recorded (:func:`active_ban`), for the
+    grader's judge to send with each call: its checks run where none of the student's code
+    does, so enforcing there would only resolve the banned names (importing Lightning, say)
+    and slow the judge's own code down."""
+    return _forwarding(True)
+
+
+def enforced_here() -> contextlib.AbstractContextManager[None]:
+    """In this block :func:`forbidden` enforces its ban again (the kernel's side of a call the
+    judge asked for, even when the kernel is served in the judge's own thread, in tests)."""
+    return _forwarding(False)
 
 
 #: The bans of the blocks running now, innermost last (the judge forwards them to the kernel).

@@ -38,7 +38,6 @@ Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (2019); Lightning's
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +58,12 @@ from transformer_lab.checks._common import (
     generator,
     instance_attributes,
     stored,
+)
+from transformer_lab.checks._lightning import (
+    judge_every_parameter,
+    judge_stepped_per_step,
+    learning_rates,
+    parse_optimizers,
 )
 from transformer_lab.judge.mirror import portable
 
@@ -962,51 +967,6 @@ def run_configure_optimizers(module: Any) -> Any:
     )
 
 
-_RETURN_HINT = (
-    'return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}'
-)
-
-
-def parse_optimizers(conf: Any) -> tuple[torch.optim.Optimizer, Any, str, int]:
-    """Read what ``configure_optimizers`` returned as Lightning does.
-
-    Returns:
-        ``(optimizer, scheduler or None, interval, frequency)``; a scheduler returned without a
-        config dict is stepped every ``"epoch"`` (Lightning's default).
-    """
-    what = "configure_optimizers()"
-    optimizer, scheduler, interval, frequency = conf, None, "epoch", 1
-    if isinstance(conf, Mapping):
-        optimizer, scheduler = conf.get("optimizer"), conf.get("lr_scheduler")
-    elif isinstance(conf, list | tuple) and len(conf) == 2 and isinstance(conf[0], list | tuple):
-        if len(conf[0]) != 1 or len(conf[1]) != 1:
-            raise AssertionError(f"{what} should give one optimizer and one scheduler.")
-        optimizer, scheduler = conf[0][0], conf[1][0]
-    elif isinstance(conf, list | tuple) and len(conf) == 1:
-        optimizer = conf[0]
-    if isinstance(scheduler, Mapping):
-        interval = scheduler.get("interval", "epoch")
-        frequency = scheduler.get("frequency", 1)
-        scheduler = scheduler.get("scheduler")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise AssertionError(
-            f"{what} returned {type(conf).__name__}, in which the checks find no optimizer: "
-            + _RETURN_HINT
-            + "."
-        )
-    if scheduler is None:
-        raise AssertionError(
-            f"{what} returned an optimizer without a learning-rate schedule: build the warm-up "
-            "and cosine decay from torch.optim.lr_scheduler and " + _RETURN_HINT + "."
-        )
-    expect_true(
-        isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler),
-        f"{what} gave {type(scheduler).__name__} as the scheduler: use one from "
-        "torch.optim.lr_scheduler (LambdaLR, or LinearLR and CosineAnnealingLR in SequentialLR).",
-    )
-    return optimizer, scheduler, interval, frequency
-
-
 def judge_optimizer(
     optimizer: torch.optim.Optimizer, model: nn.Module, lr: float, weight_decay: float
 ) -> None:
@@ -1023,17 +983,19 @@ def judge_optimizer(
                 else ""
             )
         )
-    group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    missing = [n for n, p in named if id(p) not in group_of]
-    if missing:
-        raise AssertionError(
-            f"{what}: the optimizer does not update {', '.join(missing)}: give it every "
-            "parameter of the module (self.parameters()), split into two groups."
-        )
+    judge_every_parameter(
+        optimizer,
+        model,
+        "Give it every parameter of the module (self.parameters()), split into two groups.",
+        what,
+    )
+    groups = optimizer.param_groups  # read once (the judge asks the kernel for it)
+    decay_of = {id(p): g.get("weight_decay", 0.0) for g in groups for p in g["params"]}
     wrong = []
-    for name, param in named:
-        decay = optimizer.param_groups[group_of[id(param)]].get("weight_decay", 0.0)
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        decay = decay_of[id(param)]
         want = weight_decay if param.dim() >= 2 else 0.0
         if abs(decay - want) > 1e-12:
             wrong.append((name, param.dim(), decay, want))
@@ -1046,33 +1008,12 @@ def judge_optimizer(
             "weight_decay, and nothing with one dimension (biases, LayerNorm weights and "
             "biases): shrinking a norm's gain or a bias towards 0 is no regularisation."
         )
-    peaks = {g.get("initial_lr", g["lr"]) for g in optimizer.param_groups}
+    peaks = {g.get("initial_lr", g["lr"]) for g in groups}
     expect_true(
         all(abs(peak - lr) <= 1e-12 + 1e-6 * lr for peak in peaks),
         f"{what}: the optimizer's learning rate is {sorted(peaks)}, expected lr={lr:g}: use "
         "self.hparams.lr.",
     )
-
-
-def learning_rates(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> Tensor:
-    """The learning rate of each of the first ``steps`` optimizer steps (group 0).
-
-    Raises:
-        AssertionError: the parameter groups follow different schedules.
-    """
-    rates = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
-        for _ in range(steps):
-            group_rates = {round(g["lr"], 15) for g in optimizer.param_groups}
-            expect_true(
-                len(group_rates) == 1,
-                "configure_optimizers(): the parameter groups have different learning rates "
-                f"{sorted(group_rates)}: give both groups the same lr.",
-            )
-            rates.append(optimizer.param_groups[0]["lr"])
-            scheduler.step()
-    return torch.as_tensor(rates, dtype=torch.float64)  # (steps,)
 
 
 def judge_schedule(
@@ -1087,12 +1028,7 @@ def judge_schedule(
 ) -> None:
     """The schedule is stepped every optimizer step and gives ``expected`` learning rates."""
     what = "configure_optimizers()"
-    expect_true(
-        interval == "step" and frequency == 1,
-        f"{what}: Lightning steps your scheduler every {frequency} {interval}(s): a "
-        "warm-up of warmup_steps epochs never ends in a short run. Ask for one step per "
-        'optimizer step: "lr_scheduler": {"scheduler": scheduler, "interval": "step"}.',
-    )
+    judge_stepped_per_step(interval, frequency, what)
     steps = int(hparams["total_steps"])
     compare(
         learning_rates(optimizer, scheduler, steps),

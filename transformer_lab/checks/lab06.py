@@ -60,6 +60,12 @@ from transformer_lab.checks._common import (
     run_beside,
     stored,
 )
+from transformer_lab.checks._lightning import (
+    judge_every_parameter,
+    judge_stepped_per_step,
+    parse_optimizers,
+)
+from transformer_lab.checks._lightning import learning_rates as shared_learning_rates
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge.mirror import portable
 
@@ -1164,49 +1170,10 @@ def check_validation_step(cls: type) -> None:
 # -------------------------------------------------------------------------- configure_optimizers
 
 
-def _parse_optimizers(returned: Any, what: str) -> tuple[Any, Any, str]:
-    """``(optimizer, scheduler, interval)`` from what ``configure_optimizers`` may return."""
-    optimizer, scheduler, interval = None, None, "epoch"
-    if isinstance(returned, torch.optim.Optimizer):
-        optimizer = returned
-    elif isinstance(returned, Mapping):
-        optimizer = returned.get("optimizer")
-        scheduler = returned.get("lr_scheduler")
-    elif isinstance(returned, list | tuple) and len(returned) == 2:
-        opts, scheds = returned
-        optimizer = opts[0] if isinstance(opts, list | tuple) else opts
-        scheduler = scheds[0] if isinstance(scheds, list | tuple) and scheds else scheds
-    elif isinstance(returned, list | tuple) and len(returned) == 1:
-        return _parse_optimizers(returned[0], what)
-    if isinstance(scheduler, Mapping):
-        interval = scheduler.get("interval", "epoch")
-        scheduler = scheduler.get("scheduler")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise AssertionError(
-            f"{what} returned {type(returned).__name__}, which holds no optimizer: return "
-            "{'optimizer': optimizer, 'lr_scheduler': {'scheduler': scheduler, 'interval': "
-            "'step'}}."
-        )
-    if scheduler is None:
-        raise AssertionError(
-            f"{what} returned an optimizer without a learning-rate scheduler: add the warm-up "
-            "and decay schedule (torch.optim.lr_scheduler.LambdaLR) and return it as "
-            "'lr_scheduler'."
-        )
-    return optimizer, scheduler, interval
-
-
 def learning_rates(optimizer: Any, scheduler: Any, steps: int) -> list[float]:
-    """The learning rate of each of ``steps`` optimizer steps (the scheduler stepped after each).
-
-    The optimizer steps without gradients (nothing changes), so the schedule is all that moves.
-    """
-    rates = []
-    for _ in range(steps):
-        rates.append(float(optimizer.param_groups[0]["lr"]))
-        optimizer.step()
-        scheduler.step()
-    return rates
+    """The learning rate of each of ``steps`` optimizer steps (see
+    :func:`transformer_lab.checks._lightning.learning_rates`: every group the same)."""
+    return shared_learning_rates(optimizer, scheduler, steps).tolist()
 
 
 def optimizers_check(
@@ -1231,22 +1198,11 @@ def optimizers_check(
         on_error="Use self.lr, self.warmup_steps and self.total_steps "
         "(the module has no Trainer here).",
     )
-    optimizer, scheduler, interval = _parse_optimizers(returned, what)
-    mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    missing = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in mine]
-    if missing:
-        total = sum(1 for p in module.parameters() if p.requires_grad)
-        raise AssertionError(
-            f"your optimizer leaves out {len(missing)} of the module's {total} parameter tensors "
-            f"(e.g. {', '.join(missing[:3])}): they would never be trained. Give it all of them: "
-            "torch.optim.AdamW(self.parameters(), lr=self.lr)."
-        )
-    if interval != "step":
-        raise AssertionError(
-            f"{what} returns the scheduler with interval={interval!r}: Lightning then steps it "
-            "once per EPOCH, so the warm-up would last warmup_steps epochs. Return "
-            "{'scheduler': scheduler, 'interval': 'step'} as 'lr_scheduler'."
-        )
+    optimizer, scheduler, interval, frequency = parse_optimizers(returned, what)
+    judge_every_parameter(
+        optimizer, module, "Give it all: torch.optim.AdamW(self.parameters(), lr=self.lr).", what
+    )
+    judge_stepped_per_step(interval, frequency, what)
     rates = learning_rates(optimizer, scheduler, total_steps)
     judge_schedule(rates, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
     return rates
@@ -1312,9 +1268,7 @@ def learning_rate_curve(
     steps without gradients (see :func:`learning_rates`).
     """
     module = cls(TinySeq2Seq(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
-    optimizer, scheduler, _ = _parse_optimizers(
-        module.configure_optimizers(), "configure_optimizers()"
-    )
+    optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
     return learning_rates(optimizer, scheduler, total_steps)
 
 

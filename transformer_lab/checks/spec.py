@@ -29,6 +29,7 @@ from typing import Any
 import tomllib
 
 __all__ = [
+    "EXERCISE_HEADING",
     "LabSpec",
     "Part",
     "SpecError",
@@ -40,7 +41,11 @@ __all__ = [
     "parts_of",
 ]
 
-_EXERCISE = re.compile(r"^### Exercise (\d+) \((\d+) points?\): `([A-Za-z_][A-Za-z0-9_]*)`", re.M)
+#: An exercise's heading in a lab notebook: its number, points and the name the student defines
+#: (the lab standard, :mod:`transformer_lab.grading.standard`, reads the same headings).
+EXERCISE_HEADING = re.compile(
+    r"^### Exercise (\d+) \((\d+) points?\): `([A-Za-z_][A-Za-z0-9_]*)`", re.M
+)
 
 
 class SpecError(ValueError):
@@ -150,7 +155,7 @@ def parts_of(nb: Any) -> dict[str, dict[str, int]]:
     parts: dict[str, dict[str, int]] = {}
     current = None
     for cell in nb.cells:
-        found = _EXERCISE.search(cell.source) if cell.cell_type == "markdown" else None
+        found = EXERCISE_HEADING.search(cell.source) if cell.cell_type == "markdown" else None
         if found:
             current = found.group(3)
             parts[current] = {}

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from transformer_lab.checks._bans import ForbiddenCallError, active_ban
+from transformer_lab.checks._bans import ForbiddenCallError, active_ban, forwarded
 from transformer_lab.checks._common import named_mistakes
 from transformer_lab.checks.spec import all_specs
 from transformer_lab.graded import LockedAnswerError
@@ -146,6 +146,9 @@ class JudgeSession:
         self.link, self.timeout, self.requests = link, timeout, 0
         self._remotes: dict[int, Remote] = {}
         self._mirrors: dict[int, MirrorModule] = {}  # the student's modules, by root handle
+        # What was last sent of each mirror's parameters (root -> name -> value), so that a
+        # call that cannot differentiate sends only what changed since (see :meth:`sync`).
+        self._sent: dict[int, dict[str, torch.Tensor]] = {}
         self._parts: dict[int, nn.Module] = {}  # every module of their trees, by handle
         self._gmodules: dict[int, nn.Module] = {}  # the grader's modules mirrored in the kernel
         self._objects: dict[int, Any] = {}  # the grader's objects the kernel may call back
@@ -210,7 +213,7 @@ class JudgeSession:
             "function": f"{func.__module__}:{func.__qualname__}",
             "args": self.encode(list(args)),
             "kwargs": self.encode(dict(kwargs)),
-            "sync": self.sync([]),
+            "sync": self.sync([], reuse=True),
             "rng": self.encode(self.rng_for_call()),
         }
         ban = active_ban()
@@ -317,17 +320,28 @@ class JudgeSession:
             )
         return wire.dumps({"ok": True, "value": self.encode(found)})
 
-    def sync(self, grads: list[Any]) -> list[Any]:
+    def sync(self, grads: list[Any], *, reuse: bool = False) -> list[Any]:
         """The mirrors' parameters and modes, for the kernel's modules before a call.
 
         Parameters that require grad are listed in ``grads`` (the call is differentiable in
-        them: a loss on its output trains the mirror, as it would train the module).
+        them: a loss on its output trains the mirror, as it would train the module). With
+        ``reuse`` (a call that cannot differentiate: grad mode off, or a harness), a parameter
+        equal to what was last sent goes by name only, and the kernel puts back the value it
+        received then (a model decoded step by step is not sent again at every step).
         """
         payload = []
         for root, module in self._mirrors.items():
-            params = [[n, p] for n, p in module.named_parameters()]
+            sent = self._sent.setdefault(root, {})
+            params, kept = [], []
+            for name, param in module.named_parameters():
+                last = sent.get(name)
+                if reuse and last is not None and _unchanged(last, param):
+                    kept.append(name)
+                    continue
+                params.append([name, param])
+                sent[name] = param.detach().clone()
             modes = [[path, m.training] for path, m in module.named_modules()]
-            payload.append([root, self.encode(params, grads), modes])
+            payload.append([root, self.encode(params, grads), modes, kept])
         return payload
 
     def _find(self, where: str, modules: dict[int, nn.Module]) -> Any:
@@ -476,6 +490,11 @@ class _RemoteCall(torch.autograd.Function):
         return (None, None, None, *list(grads)[: ctx.n_inputs])
 
 
+def _unchanged(last: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether ``param`` still holds exactly ``last`` (its shape, dtype and every value)."""
+    return last.shape == param.shape and last.dtype == param.dtype and torch.equal(last, param)
+
+
 def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> Any:
     """Call the kernel's object ``handle``: the mirrors synced first, differentiable if asked."""
     grads: list[torch.Tensor] = []
@@ -485,7 +504,7 @@ def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> 
         "args": session.encode(list(args), grads),
         "kwargs": session.encode(dict(kwargs), grads),
     }
-    request["sync"] = session.sync(grads)
+    request["sync"] = session.sync(grads, reuse=not torch.is_grad_enabled())
     request["rng"] = session.encode(session.rng_for_call())
     ban = active_ban()
     if ban is not None:
@@ -791,7 +810,8 @@ def judge_cell(
                     "cell that defines it first (and keep its name)."
                 )
                 return verdict
-        exec(compile(source, f"<test cell {grade_id}>", "exec"), env)  # trusted: solutions/
+        with forwarded():  # bans go to the kernel with each call; nothing of theirs runs here
+            exec(compile(source, f"<test cell {grade_id}>", "exec"), env)  # trusted: solutions/
         verdict.passed = True
     except AssertionError as exc:
         verdict.message = str(exc) or "the check failed"

@@ -23,6 +23,8 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from transformer_lab.checks.spec import EXERCISE_HEADING
+
 __all__ = [
     "BEFORE_SUBMITTING",
     "DEFAULT_KIT_SOURCE",
@@ -143,7 +145,6 @@ def setup_cell_imports(source: str) -> list[str]:
 # Cell roles
 # --------------------------------------------------------------------------------------
 
-_EXERCISE = re.compile(r"^### Exercise (\d+) \((\d+) points?\): `([A-Za-z_][A-Za-z0-9_]*)`", re.M)
 _QUESTION = re.compile(r"^\*\*Question (\d+) \((\d+) points?\)\.\*\*", re.M)
 _TEST_HEAD = re.compile(r"^# (Visible|Hidden) check \((\d+) points?\): \S")
 
@@ -260,7 +261,7 @@ def lint_lab(nb: NotebookNode, lab: str, kit_source: str | None = None) -> list[
                 "a free code cell must start with '# Try it' or '# Your settings', or be "
                 "locked (a demo)",
             )
-        if role == "prose" and (found := _EXERCISE.search(cell.source)):
+        if role == "prose" and (found := EXERCISE_HEADING.search(cell.source)):
             heading = (int(found.group(1)), int(found.group(2)), found.group(3), i)
         if role == "answer":
             exercise_no += 1

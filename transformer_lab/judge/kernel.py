@@ -60,6 +60,7 @@ CALLBACK_PREFIX = "\x1etl-judge\x1e"
 _objects: dict[int, Any] = {}
 _handles: dict[int, int] = {}  # id(object) -> its handle
 _grader_modules: dict[int, Any] = {}  # the grader's modules mirrored here, by root handle
+_synced: dict[int, dict[str, Any]] = {}  # root handle -> the values the judge last sent
 _grader_ids: dict[int, tuple[int, Any]] = {}  # id(mirror part) -> (grader handle, part)
 _calls: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 _param_refs: dict[int, tuple[torch.nn.Parameter, int, str]] = {}  # id -> (param, owner, name)
@@ -122,11 +123,22 @@ def _keep(obj: Any) -> dict[str, Any] | None:
 
 
 def _sync(sync: list[Any]) -> dict[int, Any]:
-    """Put the judge's mirrored parameters and modes into the student's modules."""
+    """Put the judge's mirrored parameters and modes into the student's modules.
+
+    Each entry is ``[root, params, modes, kept]``: ``kept`` names the parameters the judge did
+    not send again because they equal what it sent last; they get that value back (whatever
+    the student's code did to them since), so every call starts from the judge's values.
+    """
     before = {}
-    for root_handle, params, modes in sync:
+    for root_handle, params, modes, *rest in sync:
         root = _objects[root_handle]
-        mirror.sync_into(root, params, modes)
+        synced = _synced.setdefault(root_handle, {})
+        kept = rest[0] if rest else []
+        missing = [name for name in kept if name not in synced]
+        if missing:
+            raise wire.WireError(f"parameters {missing[:3]} were never sent")
+        mirror.sync_into(root, [*params, *[[name, synced[name]] for name in kept]], modes)
+        synced.update({str(name): value.detach() for name, value in params})
         before[root_handle] = mirror.snapshot(root)
     return before
 
@@ -320,14 +332,14 @@ def _namespace() -> dict[str, Any]:
 def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ban: dict[str, Any] | None) -> Any:
     if not ban:
         return target(*args, **kwargs)
-    from transformer_lab.checks._bans import Ban, forbidden
+    from transformer_lab.checks._bans import Ban, enforced_here, forbidden
 
     rule = Ban(
         ops=tuple(ban.get("ops", ())),
         functions=tuple(ban.get("functions", ())),
         reason=str(ban.get("reason", "")),
     )
-    with forbidden(rule):
+    with enforced_here(), forbidden(rule):
         return target(*args, **kwargs)
 
 
@@ -393,7 +405,7 @@ def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         kwargs = wire.decode(request.get("kwargs", {"$dict": []}), _reference, inputs)
         sync = wire.decode(request.get("sync", []), _reference)
         before = _sync(sync)
-        for root_handle, params, _ in sync:  # the mirrors' parameters were sent to differentiate
+        for root_handle, params, *_ in sync:  # the mirrors' parameters sent to differentiate
             own = dict(_objects[root_handle].named_parameters())
             inputs += [own[name] for name, value in params if value.requires_grad and name in own]
         storages = _storages()

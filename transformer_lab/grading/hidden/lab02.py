@@ -45,6 +45,7 @@ from transformer_lab.checks.lab02 import (
     tolerance,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden._attention import masked_weights
 
 __all__ = [
     "adversarial_keys",
@@ -92,7 +93,8 @@ def _attend(
 
     ``fill`` says what a fully masked row becomes: ``"zero"`` (the contract), ``"nan"``
     (softmax of all ``-inf``), ``"uniform"`` (a large finite fill, never zeroed) or ``"after"``
-    (the weights multiplied by the mask after the softmax, not renormalised).
+    (the weights multiplied by the mask after the softmax, not renormalised); the weights are
+    the shared reference's (:func:`~transformer_lab.grading.hidden._attention.masked_weights`).
     """
     q, k, v = q.double(), k.double(), v.double()
     if swap:
@@ -110,21 +112,10 @@ def _attend(
         scores = q @ kt * s  # (..., T, S)
     except RuntimeError:
         return None
-    if mask is not None:
-        try:
-            mask = torch.broadcast_to(mask, scores.shape)
-        except RuntimeError:
-            return None
-        if fill == "after":
-            w = torch.softmax(scores, axis) * mask
-        elif fill == "uniform":
-            w = torch.softmax(scores.masked_fill(~mask, -1e9), axis)
-        else:
-            w = torch.softmax(scores.masked_fill(~mask, float("-inf")), axis)
-            if fill == "zero":
-                w = w.nan_to_num(0.0)  # the rows with no allowed key: 0/0 -> 0
-    else:
-        w = torch.softmax(scores, axis)
+    try:
+        w = masked_weights(scores, mask, fill, axis)
+    except RuntimeError:  # the mask does not broadcast to these scores
+        return None
     if transpose_weights:
         w = w.transpose(-2, -1)
     if w.shape[-1] != v.shape[-2]:

@@ -50,6 +50,7 @@ from transformer_lab.checks.lab03 import (
     watch_parameters,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden._attention import mask_as_used, masked_weights
 
 __all__ = [
     "fixtures",
@@ -103,39 +104,18 @@ def _linear(x: Tensor, p: Params, name: str) -> Tensor:
     return x @ w.T if b is None else x @ w.T + b
 
 
-def _allowed(mask: Tensor | None, shape: Sequence[int], mode: str) -> Tensor | None:
-    """The mask as ``(B, H, T, S)`` for a given way of (mis)using it; None if it cannot apply."""
-    if mask is None or mode == "ignored":
-        return torch.ones(shape, dtype=torch.bool)
-    m = mask.cpu()
-    if mode == "inverted":
-        m = ~m
-    if mode == "unsqueezed":
-        m = m.unsqueeze(1)
-    try:
-        return torch.broadcast_to(m, tuple(shape))
-    except RuntimeError:
-        return None
-
-
-def _softmax_rows(scores: Tensor, allowed: Tensor, mode: str) -> Tensor:
-    """Softmax over the keys of ``scores`` where ``allowed``, in one of the mistaken ways."""
-    if mode == "after_softmax":
-        e = torch.exp(scores - scores.amax(-1, keepdim=True))
-        return e / e.sum(-1, keepdim=True) * allowed
-    if mode == "neg_inf":
-        s = scores.masked_fill(~allowed, float("-inf"))
-        e = torch.exp(s - s.amax(-1, keepdim=True))  # an empty row: exp(nan) = nan
-        return e / e.sum(-1, keepdim=True)
-    if mode == "uniform":  # a finite fill, nothing zeroed: empty rows become uniform
-        s = scores.masked_fill(~allowed, -1e300)
-        e = torch.exp(s - s.amax(-1, keepdim=True))
-        return e / e.sum(-1, keepdim=True)
-    top = scores.masked_fill(~allowed, float("-inf")).amax(-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    e = torch.where(allowed, torch.exp(scores - top), torch.zeros_like(scores))
-    total = e.sum(-1, keepdim=True)
-    return e / torch.where(total > 0, total, torch.ones_like(total))
+#: How each ``mask_mode`` of :func:`oracle_multi_head_attention` misuses the mask: the mask as
+#: applied (:func:`~transformer_lab.grading.hidden._attention.mask_as_used`) and the softmax's
+#: fill (:func:`~transformer_lab.grading.hidden._attention.masked_weights`).
+_MASK_MODES: dict[str, tuple[str, str]] = {
+    "right": ("right", "zero"),
+    "ignored": ("ignored", "zero"),
+    "inverted": ("inverted", "zero"),
+    "unsqueezed": ("unsqueezed", "zero"),
+    "after_softmax": ("right", "after"),
+    "neg_inf": ("right", "nan"),
+    "uniform": ("right", "uniform"),
+}
 
 
 def oracle_multi_head_attention(
@@ -194,15 +174,15 @@ def oracle_multi_head_attention(
     qs = heads(_linear(query, p, "q_proj"))
     ks = heads(_linear(key, p, "k_proj"))
     vs = heads(_linear(value, p, "v_proj"))
-    allowed = _allowed(mask, (B, H, T, S), mask_mode)
+    use, fill = _MASK_MODES[mask_mode]
+    allowed = mask_as_used(mask, (B, H, T, S), use)
     if allowed is None:
         return None
     factor = {"head": 1 / math.sqrt(dh), "model": 1 / math.sqrt(D), "none": 1.0}[scale]
-    softmax_mode = mask_mode if mask_mode in ("after_softmax", "neg_inf", "uniform") else "right"
     outs, weights = [], []
     for h in range(H):
         scores = qs[h] @ ks[h].transpose(1, 2) * factor  # (B, T, S)
-        w = _softmax_rows(scores, allowed[:, h], softmax_mode)
+        w = masked_weights(scores, allowed[:, h], fill)
         weights.append(w)
         outs.append(w @ vs[h])  # (B, T, Dh)
     if merge == "no_transpose":

@@ -56,6 +56,7 @@ from transformer_lab.checks.lab04 import (
     run_training_step,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden._attention import masked_weights
 
 __all__ = [
     "encoder_block_mistakes",
@@ -379,9 +380,7 @@ class _Oracle:
 
         q, k, v = heads("q_proj"), heads("k_proj"), heads("v_proj")
         scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(D // H)  # (B, H, T, S)
-        if mask is not None:
-            scores = scores.masked_fill(~mask.bool(), float("-inf"))
-        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        weights = masked_weights(scores, mask)  # fully masked rows: zeros
         out = torch.einsum("bhts,bhsd->bthd", weights, v).reshape(B, T, D)  # (B, T, D)
         return out @ w["self_attn.out_proj.weight"].T + w["self_attn.out_proj.bias"]
 

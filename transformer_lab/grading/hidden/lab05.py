@@ -44,6 +44,7 @@ from transformer_lab.checks.lab05 import (
     run_attention,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden._attention import attend64, masked_weights
 
 __all__ = [
     "attention_mistakes",
@@ -94,31 +95,10 @@ def oracle_combine_masks(padding: Tensor, causal: Tensor) -> Tensor:
     return out
 
 
-def _attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    allowed: Tensor,
-    *,
-    scale: float | None = None,
-    axis: int = -1,
-) -> tuple[Tensor, Tensor]:
-    """Float64 attention over the allowed keys only; rows with none get zeros."""
-    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = q.double() @ k.double().transpose(-2, -1) * s  # (..., T, S)
-    allowed = torch.broadcast_to(allowed.to(torch.bool), scores.shape)
-    kept = scores.masked_fill(~allowed, -math.inf)  # (..., T, S)
-    top = kept.amax(axis, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    e = torch.exp(kept - top)  # exactly 0 where not allowed
-    total = e.sum(axis, keepdim=True)
-    w = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), torch.zeros_like(e))
-    return w @ v.double(), w
-
-
 def oracle_masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Reference ``(out, weights)`` in float64: softmax over the keys the mask allows."""
-    return _attend(q, k, v, mask)
+    """Reference ``(out, weights)`` in float64: softmax over the keys the mask allows, rows
+    with none zero (the shared reference, :mod:`transformer_lab.grading.hidden._attention`)."""
+    return attend64(q, k, v, mask)
 
 
 # --------------------------------------------------------------------------------------
@@ -271,14 +251,14 @@ def attention_mistakes(
     d = q.shape[-1]
     scores = qd @ kd.transpose(-2, -1) / math.sqrt(d)  # (..., T, S)
     allowed = torch.broadcast_to(mask.to(torch.bool), scores.shape)
-    everything = torch.ones_like(allowed)
 
-    def plain(s: Tensor) -> tuple[Tensor, Tensor]:
-        w = torch.softmax(s, dim=-1)
+    def filled(fill: str | float, zeroed: bool = False) -> tuple[Tensor, Tensor]:
+        """The weights with hidden keys so filled (then zeroed, not renormalised) and output."""
+        w = masked_weights(scores, allowed, fill)
+        if zeroed:
+            w = w * allowed
         return w @ vd, w
 
-    after = torch.softmax(scores, dim=-1) * allowed
-    zero_fill = torch.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)
     candidates: dict[str, tuple[Tensor, Tensor]] = {}
     low = float(scores.masked_fill(~allowed, math.inf).min()) if bool(allowed.any()) else 0.0
     if low < -1e4:  # first: after-the-softmax mistakes look alike here
@@ -287,27 +267,25 @@ def attention_mistakes(
             "below a fill such as -1e4, so masked keys outrank them. Use the dtype's own "
             "minimum, torch.finfo(scores.dtype).min."
         )
-        w = torch.softmax(scores.masked_fill(~allowed, -1e4), dim=-1)
-        candidates[small] = (w @ vd, w)
-        candidates[small + " (Zeroing the masked weights afterwards cannot repair that.)"] = (
-            (w * allowed) @ vd,
-            w * allowed,
+        candidates[small] = filled(-1e4)
+        candidates[small + " (Zeroing the masked weights afterwards cannot repair that.)"] = filled(
+            -1e4, zeroed=True
         )
     candidates |= {
-        _AFTER: (after @ vd, after),
-        _FILL_ZERO: plain(scores.masked_fill(~allowed, 0.0)),
+        _AFTER: filled("after"),
+        _FILL_ZERO: filled(0.0),
         _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring the rest back "
-        "to a sum of one.)": ((zero_fill * allowed) @ vd, zero_fill * allowed),
-        _UNIFORM: plain(scores.masked_fill(~allowed, -1e300)),  # a finite fill, rows not fixed
-        _INVERTED: _attend(q, k, v, ~allowed),
-        _IGNORED: _attend(q, k, v, everything),
+        "to a sum of one.)": filled(0.0, zeroed=True),
+        _UNIFORM: filled("uniform"),  # a finite fill, rows not fixed
+        _INVERTED: attend64(q, k, v, ~allowed),
+        _IGNORED: attend64(q, k, v, None),
         "Your scores are not scaled: divide q @ k.transpose(-2, -1) by sqrt(d_k), "
-        "d_k = q.shape[-1].": _attend(q, k, v, allowed, scale=1.0),
-        "Your scores are divided by d_k: the scale is 1/sqrt(d_k).": _attend(
+        "d_k = q.shape[-1].": attend64(q, k, v, allowed, scale=1.0),
+        "Your scores are divided by d_k: the scale is 1/sqrt(d_k).": attend64(
             q, k, v, allowed, scale=1.0 / d
         ),
         "Your softmax runs over the queries (dim=-2): each query's weights over the keys must "
-        "sum to one, so take it over the last axis.": _attend(q, k, v, allowed, axis=-2),
+        "sum to one, so take it over the last axis.": attend64(q, k, v, allowed, axis=-2),
     }
     want_out, want_w = oracle_masked_attention(q, k, v, mask)
     kept: dict[str, tuple[Tensor, Tensor]] = {}

@@ -65,6 +65,7 @@ from transformer_lab.checks.lab06 import (
     validation_step_check,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden._attention import masked_weights
 
 __all__ = [
     "fixtures",
@@ -117,15 +118,7 @@ def _attention(
     k = k.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
     v = v.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D // H)  # (B, H, T, S)
-    allowed = torch.ones_like(scores, dtype=torch.bool)
-    if mask is not None:
-        allowed = torch.broadcast_to(mask, scores.shape)
-    scores = scores.masked_fill(~allowed, -math.inf)
-    top = scores.amax(-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    e = torch.exp(scores - top)  # masked keys: exp(-inf) = 0
-    total = e.sum(-1, keepdim=True)
-    weights = torch.where(total > 0, e / total.clamp_min(1e-300), torch.zeros_like(e))
+    weights = masked_weights(scores, mask)  # masked keys 0, fully masked rows 0
     out = (weights @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
     return out @ p[prefix + ".out_proj.weight"].T + p[prefix + ".out_proj.bias"]
 

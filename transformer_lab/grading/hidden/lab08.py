@@ -69,6 +69,7 @@ from transformer_lab.checks.lab08 import (
     torch_output,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden._attention import masked_weights
 
 __all__ = [
     "attention_mistakes",
@@ -185,13 +186,11 @@ def oracle_attention(
     outs = []
     for start, end in schedule or ((0, T),):
         scores = q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1) * scale  # (B, H, t, end)
-        allowed = _allowed(variant, start, end)
         if variant == "after_softmax":
-            weights_ = torch.softmax(scores, dim=-1) * _allowed("", start, end)
+            weights_ = masked_weights(scores, _allowed("", start, end), "after")
         else:
-            kept = scores.masked_fill(~allowed, -math.inf)
             dim = -2 if variant == "softmax_queries" else -1
-            weights_ = torch.softmax(kept, dim=dim).nan_to_num(0.0)
+            weights_ = masked_weights(scores, _allowed(variant, start, end), "zero", dim)
         out = weights_ @ v[:, :, :end]  # (B, H, t, Dh)
         if split == "no_transpose":
             out = out.reshape(B, end - start, D)  # the matching merge of the wrong split
