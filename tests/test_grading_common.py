@@ -241,6 +241,29 @@ def test_compare_names_the_matching_candidate_or_falls_back_to_the_hint() -> Non
         compare(got, want, what="f(x)", candidates=cands, hint="generic")
 
 
+def test_a_write_into_an_argument_is_undone_or_named() -> None:
+    """A check's tensors come back as they went in (an oracle computed after the call still
+    sees its inputs); a returned written input keeps the student's values; ``in_place`` names
+    the write as the mistake instead."""
+
+    def halve(x: torch.Tensor, scratch: list[torch.Tensor]) -> torch.Tensor:
+        scratch[0].fill_(float("nan"))
+        return x.div_(2)
+
+    x, scratch = torch.tensor([2.0, 4.0]), [torch.zeros(3)]
+    got = call_student(halve, x, scratch, what="halve(x)")
+    assert torch.equal(got, torch.tensor([1.0, 2.0])) and torch.equal(x, torch.tensor([2.0, 4.0]))
+    assert torch.equal(scratch[0], torch.zeros(3))
+    with pytest.raises(AssertionError, match=r"^halve\(x\) changed x: copy it"):
+        call_student(halve, x, scratch, what="halve(x)", in_place="changed x: copy it")
+    assert torch.equal(x, torch.tensor([2.0, 4.0]))  # a named write is undone as well
+    nan = torch.tensor([float("nan"), 1.0])  # a NaN left as it was is no write
+    assert call_student(lambda t: t.sum(), nan, what="sum", in_place="wrote") is not None
+    resized = torch.ones(2, 2)
+    call_student(lambda t: t.resize_(1), resized, what="resize")
+    assert torch.equal(resized, torch.ones(2, 2))
+
+
 def test_call_forbidding_disables_the_bans_and_adds_advice_to_crashes() -> None:
     def cheat(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, -1)

@@ -254,6 +254,60 @@ def test_a_call_without_grad_sends_only_the_parameters_that_changed(
     assert not torch.allclose(fourth, first)
 
 
+def test_a_returned_dict_carries_gradients_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Lightning-style ``{"loss": ...}`` crosses the wire differentiably in both directions:
+    the judge's backward through the student's call, the student's through a check's."""
+
+    def step(x: torch.Tensor) -> dict[str, Any]:
+        return {"loss": (3 * x).sum(), "count": 2}
+
+    def through(check: Any, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone().requires_grad_(True)
+        check(x)["loss"].backward()
+        return x.grad
+
+    link = InProcessKernel(monkeypatch, {"step": step, "through": through})
+    session = JudgeSession(link, timeout=10)
+    x = torch.randn(4, requires_grad=True)
+    out = session.lookup("step")(x)
+    assert out["count"] == 2
+    out["loss"].backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+    grad = session.lookup("through")(lambda t: {"loss": t.pow(2).sum()}, torch.arange(3.0))
+    torch.testing.assert_close(grad, 2 * torch.arange(3.0))
+
+
+def test_both_sides_read_a_result_alike() -> None:
+    t, u = torch.ones(1), torch.zeros(2)
+    for value, count in [(t, 1), ((t, 3, u), 2), ([u], 1), ({"loss": t, "n": 1}, 1), (7, 0)]:
+        tensors, rebuild = wire.result_tensors(value)
+        assert len(tensors) == count
+        again = rebuild([x + 1 for x in tensors])
+        assert type(again) is type(value)
+        assert wire.result_tensors(again)[0] == [] or torch.equal(
+            wire.result_tensors(again)[0][0], tensors[0] + 1
+        )
+    cache = torch.return_types.max((t, u))  # a structseq goes by reference: no tensors
+    assert wire.result_tensors(cache)[0] == []
+
+
+def test_a_submission_that_zeroes_the_checks_inputs_still_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel's writes come back to the judge's tensors, and the check undoes them before
+    its oracle runs: zeroing q, k and v cannot make attention on zeros the expected answer."""
+    from test_lab02_checks import _zeroing_attention
+
+    source = (
+        "### BEGIN HIDDEN TESTS\n"
+        "from transformer_lab.grading.hidden import lab02 as hidden02\n"
+        "hidden02.hidden_check_scaled_dot_product_attention(scaled_dot_product_attention, seed=3)\n"
+        "### END HIDDEN TESTS\n"
+    )
+    verdict, _ = _judge(monkeypatch, source, scaled_dot_product_attention=_zeroing_attention)
+    assert not verdict.passed and "weights of scaled_dot_product_attention" in verdict.message
+
+
 def test_the_students_writes_into_a_checks_module_come_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -53,6 +53,7 @@ from torch.overrides import TorchFunctionMode
 
 from transformer_lab.checks._bans import Ban, ForbiddenCallError, forbidden
 from transformer_lab.graded import LockedAnswerError
+from transformer_lab.judge import wire
 
 __all__ = [
     "EMPTY_ROW_NO_MAX",
@@ -99,27 +100,43 @@ _RTOL = 1e-4
 # --------------------------------------------------------------------------------------
 
 
-def call_student(fn: Callable[..., Any], *args: Any, what: str = "your function", **kw: Any) -> Any:
+def call_student(
+    fn: Callable[..., Any],
+    *args: Any,
+    what: str = "your function",
+    in_place: str | None = None,
+    **kw: Any,
+) -> Any:
     """Call ``fn(*args, **kw)`` and translate its failures into student-facing messages.
+
+    The check's tensors among the arguments come back as they went in: a write the student's
+    code makes into one (``x -= ...``) is undone after the call, so an expected value computed
+    afterwards still comes from the check's inputs (a function that zeroes its inputs cannot
+    make the oracle agree with it). Where a write is itself the mistake, ``in_place`` says so.
 
     Args:
         fn: the student's function (or class).
         *args: positional arguments for ``fn``.
         what: how to name the call in messages, e.g. ``"sinusoidal_encoding(4, 6)"``.
+        in_place: if given, a write into an argument tensor (undone all the same) fails the
+            call with the message ``f"{what} {in_place}"``; by default it is forgiven.
         **kw: keyword arguments for ``fn``.
 
     Returns:
-        Whatever ``fn`` returns.
+        Whatever ``fn`` returns (a returned tensor that is a written argument, as returned).
 
     Raises:
-        AssertionError: ``fn`` is not callable, still raises ``NotImplementedError``, or
-            raised any other exception (named, with its message). Assertion errors,
-            including those of :func:`forbidden`, pass through unchanged.
+        AssertionError: ``fn`` is not callable, still raises ``NotImplementedError``, raised
+            any other exception (named, with its message), or wrote into an argument while
+            ``in_place`` is given. Assertion errors, including those of :func:`forbidden`,
+            pass through unchanged.
     """
     if not callable(fn):
         raise AssertionError(f"{what}: expected a function, got {type(fn).__name__}.")
+    given = wire.plain_tensors([list(args), dict(kw)])
+    before = [t.detach().clone() for t in given]
     try:
-        return fn(*args, **kw)
+        result = fn(*args, **kw)
     except LockedAnswerError as exc:
         raise AssertionError(
             f"{what} needs something your installed kit does not hold yet: {exc}"
@@ -136,6 +153,32 @@ def call_student(fn: Callable[..., Any], *args: Any, what: str = "your function"
         # The grader's guard (if any) checks here that the student's code left the checks and
         # what they use as they were; without a guard this event goes nowhere.
         sys.audit(STUDENT_CALL_EVENT)
+    written = [i for i, t in enumerate(given) if not wire.same_bits(t, before[i])]
+    result = _undo_writes(result, [given[i] for i in written], [before[i] for i in written])
+    if written and in_place is not None:
+        raise AssertionError(f"{what} {in_place}")
+    return result
+
+
+def _undo_writes(result: Any, targets: list[Tensor], values: list[Tensor]) -> Any:
+    """Put ``values`` back into the argument tensors ``targets``; a tensor of ``result`` that
+    shares memory with one of them is copied first, so the student's answer stays as given."""
+    if not targets:
+        return result
+    tensors, rebuild = wire.result_tensors(result)
+    result = rebuild([t.clone() if any(_shares(t, x) for x in targets) else t for t in tensors])
+    with torch.no_grad():
+        for target, value in zip(targets, values, strict=True):
+            if target.shape == value.shape and target.dtype == value.dtype:
+                target.copy_(value)
+            else:  # resized or retyped in place (``resize_``, ``set_``)
+                target.data = value
+    return result
+
+
+def _shares(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are views of one memory (a written input returned as is)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
 
 
 class OpLog(TorchFunctionMode):
@@ -674,6 +717,7 @@ def call_forbidding(
     ban: Ban,
     what: str,
     on_error: str = "",
+    in_place: str | None = None,
 ) -> Any:
     """:func:`call_student` ``fn(*args, **kwargs)`` with ``ban`` enforced.
 
@@ -684,13 +728,14 @@ def call_forbidding(
         ban: what the call may not use (:class:`~transformer_lab.checks._bans.Ban`).
         what: how to name the call in messages.
         on_error: appended to the message when the student's code raises an exception.
+        in_place: what a write into an argument tensor fails with (:func:`call_student`).
 
     Returns:
         Whatever ``fn`` returns.
     """
     try:
         with forbidden(ban):
-            return call_student(fn, *args, what=what, **kwargs)
+            return call_student(fn, *args, what=what, in_place=in_place, **kwargs)
     except AssertionError as exc:
         if on_error and f"{what} raised " in str(exc):
             raise AssertionError(f"{exc} {on_error}") from exc

@@ -186,17 +186,15 @@ class JudgeSession:
         if reply.get("ok") is True:
             try:
                 if "changes" in reply:
-                    self._apply_changes(
-                        wire.decode(reply["changes"], self._reference), self._mirrors
-                    )
+                    self._apply_changes(self.decode(reply["changes"]), self._mirrors)
                 if "grader_changes" in reply:
-                    changes = wire.decode(reply["grader_changes"], self._reference)
+                    changes = self.decode(reply["grader_changes"])
                     self._apply_changes(changes, self._gmodules)
                 if "rng" in reply:  # where the kernel's stream stands for its next call
-                    self._kernel_rng = _rng_state(wire.decode(reply["rng"], self._reference))
+                    self._kernel_rng = _rng_state(self.decode(reply["rng"]))
                     torch.rand(())  # our stream moves on too: a re-seed then differs from it
                     self._judge_rng = torch.random.get_rng_state()
-                return wire.decode(reply.get("value"), self._reference), reply
+                return self.decode(reply.get("value")), reply
             except (wire.WireError, KeyError, TypeError, ValueError) as exc:
                 raise JudgeError(
                     f"the kernel's reply is not data the judge reads ({exc})"
@@ -252,6 +250,10 @@ class JudgeSession:
         """``value`` for the kernel: data, references to the grader's objects and Remotes."""
         return wire.encode(value, keep=self.keep, grads=grads)
 
+    def decode(self, data: Any, grads: list[torch.Tensor] | None = None) -> Any:
+        """The kernel's wire data as values: its objects as Remotes and mirrors."""
+        return wire.decode(data, self._reference, grads)
+
     def answer(self, text: str) -> str:
         """Answer the kernel's call back to one of the grader's objects (as a reply text)."""
         try:
@@ -263,8 +265,8 @@ class JudgeSession:
             if op == "call" and message.get("differentiable"):
                 return self._differentiable_callback(target, message)
             if op == "call":
-                args = wire.decode(message.get("args", []), self._reference)
-                kwargs = wire.decode(message.get("kwargs", {"$dict": []}), self._reference)
+                args = self.decode(message.get("args", []))
+                kwargs = self.decode(message.get("kwargs", {"$dict": []}))
                 value = target(*args, **kwargs)
             elif op == "getattr":
                 name = str(message.get("name"))
@@ -284,11 +286,11 @@ class JudgeSession:
     def _differentiable_callback(self, target: Any, message: dict[str, Any]) -> str:
         """A call back whose tensors carry the kernel's graph: kept here for its "grad"."""
         inputs: list[torch.Tensor] = []
-        args = wire.decode(message.get("args", []), self._reference, inputs)
-        kwargs = wire.decode(message.get("kwargs", {"$dict": []}), self._reference, inputs)
+        args = self.decode(message.get("args", []), inputs)
+        kwargs = self.decode(message.get("kwargs", {"$dict": []}), inputs)
         with torch.enable_grad():
             value = target(*args, **kwargs)
-        outputs = _top_tensors(value)
+        outputs, _ = wire.result_tensors(value)
         number = next(_callback_numbers)
         self._callbacks[number] = (inputs, outputs)
         for old in [n for n in self._callbacks if n <= number - 64]:  # a bounded memory
@@ -301,7 +303,7 @@ class JudgeSession:
         """The gradients of a differentiable call back's inputs, for the kernel's backward."""
         # kept, not popped: the student's code may differentiate one call again (a Jacobian)
         inputs, outputs = self._callbacks[int(message.get("call", 0))]
-        grads = wire.decode(message.get("grads", []), self._reference)
+        grads = self.decode(message.get("grads", []))
         pairs = [
             (o, g)
             for o, g in zip(outputs, grads, strict=False)
@@ -361,13 +363,13 @@ class JudgeSession:
         if root in self._parts and root not in self._mirrors:  # a part of a mirrored module
             return self._parts[root]
         if root in self._mirrors:  # the same module again (``fit`` returns self): refresh it
-            params = wire.decode(data.get("params", []), self._reference)
+            params = self.decode(data.get("params", []))
             fresh = [[n, v, rg, False, None] for n, v, rg, alias in params if alias is None]
             self._apply_changes([[root, fresh, []]], self._mirrors)
             return self._mirrors[root]
         module, parts = mirror.build(
             data,
-            lambda d: wire.decode(d, self._reference),
+            self.decode,
             lambda handle, kind: MirrorModule(self, handle, kind),
             own=self._own_module,
         )
@@ -412,13 +414,6 @@ class JudgeSession:
 _callback_numbers = itertools.count(1)
 
 
-def _top_tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors a call returned: the value itself, or the items of a returned tuple or list
-    (both sides of a differentiable call back flatten alike)."""
-    items = value if type(value) in (tuple, list) else [value]
-    return [t for t in items if isinstance(t, torch.Tensor)]
-
-
 def _rng_state(value: Any) -> torch.Tensor:
     """A CPU generator's state from the kernel (a uint8 tensor of the size torch's has)."""
     size = torch.random.get_rng_state().numel()
@@ -436,30 +431,6 @@ def _student_error(reply: dict[str, Any]) -> BaseException:
     return RemoteError(f"{str(reply.get('type', 'an exception'))[:80]}: {message}")
 
 
-def _flatten(value: Any) -> tuple[list[torch.Tensor], Callable[[tuple[Any, ...]], Any]]:
-    """The tensors of a result, and how to put new ones (same order) back in their place."""
-    if isinstance(value, torch.Tensor):
-        return [value], lambda new: new[0]
-    if isinstance(value, tuple | list):
-        places = [i for i, item in enumerate(value) if isinstance(item, torch.Tensor)]
-
-        def rebuild(new: tuple[Any, ...]) -> Any:
-            items = list(value)
-            for i, t in zip(places, new, strict=True):
-                items[i] = t
-            return type(value)(items)
-
-        return [value[i] for i in places], rebuild
-    if type(value) is dict:  # Lightning's {"loss": loss, ...} from a training_step
-        keys = [k for k, item in value.items() if isinstance(item, torch.Tensor)]
-
-        def rebuild_dict(new: tuple[Any, ...]) -> Any:
-            return {**value, **dict(zip(keys, new, strict=True))}
-
-        return [value[k] for k in keys], rebuild_dict
-    return [], lambda new: value
-
-
 class _RemoteCall(torch.autograd.Function):
     """A call of the student's function as one differentiable operation of the judge's graph.
 
@@ -472,7 +443,7 @@ class _RemoteCall(torch.autograd.Function):
     def forward(ctx: Any, session: JudgeSession, request: dict[str, Any], box: dict, *inputs: Any):
         value, reply = session.request_reply(request)
         box["reply"] = reply
-        flat, box["rebuild"] = _flatten(value)
+        flat, box["rebuild"] = wire.result_tensors(value)
         ctx.session, ctx.call, ctx.n_inputs = session, reply.get("call"), len(inputs)
         needs = reply.get("needs", [])
         fixed = [t for t, need in zip(flat, needs, strict=False) if need is not True]
@@ -529,7 +500,7 @@ def _write_back(session: JudgeSession, reply: dict[str, Any], args: Any) -> None
         return
     ours = wire.plain_tensors(args)
     try:
-        written = wire.decode(reply["written"], session._reference)
+        written = session.decode(reply["written"])
         with torch.no_grad():
             for index, value in written:
                 target = ours[int(index)]

@@ -180,11 +180,8 @@ class GraderObject(wire.Reference):
         return {"$grader": self._handle}
 
     def _request(self, message: dict[str, Any]) -> Any:
-        answer = wire.loads(_ask(wire.dumps(message)))
-        if answer.get("ok") is True:
-            return wire.decode(answer.get("value"), _reference)
-        error = _ERRORS.get(str(answer.get("type")), RuntimeError)
-        raise error(str(answer.get("message", "")))
+        """The grader's answer to ``message``, as a value."""
+        return wire.decode(self._request_reply(message).get("value"), _reference)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         marked: list[torch.Tensor] = []  # tensors with a graph arrive marked as such
@@ -204,6 +201,7 @@ class GraderObject(wire.Reference):
         return box["rebuild"](outputs)
 
     def _request_reply(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The grader's whole answer to ``message``; its error, raised here, if it failed."""
         answer = wire.loads(_ask(wire.dumps(message)))
         if answer.get("ok") is True:
             return answer
@@ -229,26 +227,12 @@ class _CallBack(torch.autograd.Function):
     def forward(ctx: Any, obj: GraderObject, message: dict[str, Any], box: dict, *marked: Any):
         answer = obj._request_reply(message)
         value = wire.decode(answer.get("value"), _reference)
-        if isinstance(value, torch.Tensor):
-            flat = [value]
-        else:  # exactly a tuple or a list, as the grader flattens it
-            items = value if type(value) in (tuple, list) else []
-            flat = [t for t in items if isinstance(t, torch.Tensor)]
+        flat, box["rebuild"] = wire.result_tensors(value)  # as the grader read its result
         ctx.obj, ctx.call, ctx.n_inputs = obj, answer.get("call"), len(marked)
         needs = answer.get("needs", [])
         ctx.mark_non_differentiable(
             *[t for t, n in zip(flat, needs, strict=False) if n is not True]
         )
-
-        def rebuild(outputs: tuple[Any, ...]) -> Any:
-            if isinstance(value, torch.Tensor):
-                return outputs[0]
-            if type(value) not in (tuple, list):
-                return value
-            it = iter(outputs)
-            return type(value)(next(it) if isinstance(v, torch.Tensor) else v for v in value)
-
-        box["rebuild"] = rebuild
         return tuple(flat) if flat else torch.zeros(())
 
     @staticmethod
@@ -343,31 +327,14 @@ def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ban: dict[str, A
         return target(*args, **kwargs)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """A result's tensors, in the order the judge's ``_flatten`` reads them."""
-    if type(value) is dict:
-        items = list(value.values())
-    else:
-        items = value if isinstance(value, tuple | list) else [value]
-    return [t for t in items if isinstance(t, torch.Tensor)]
-
-
 def _written(watched: list[torch.Tensor], kept: list[torch.Tensor]) -> list[Any]:
     """``[index, new value]`` of each argument tensor the call wrote into (bit for bit, so a
     NaN left as it was is no write): the judge makes the same write on its own tensor."""
-    out = []
-    for index, (now, was) in enumerate(zip(watched, kept, strict=True)):
-        same = now.shape == was.shape and now.dtype == was.dtype
-        if same and now.numel():
-            same = torch.equal(_bits(now), _bits(was))
-        if not same:
-            out.append([index, now.detach().clone()])
-    return out
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    flat = t.detach().contiguous().reshape(-1)  # (numel,)
-    return flat.view(torch.uint8) if flat.dtype != torch.bool else flat
+    return [
+        [index, now.detach().clone()]
+        for index, (now, was) in enumerate(zip(watched, kept, strict=True))
+        if not wire.same_bits(now, was)
+    ]
 
 
 def _run(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -517,7 +484,7 @@ def _call_as_asked(
     value = _call(target, list(args), dict(kwargs), request.get("ban"))
     if not request.get("differentiable"):
         return value, {}
-    outputs = _tensors(value)
+    outputs, _ = wire.result_tensors(value)
     call = next(_numbers)
     _calls[call] = (inputs, outputs)
     for old_call in [c for c in _calls if c <= call - 64]:  # a bounded memory of calls

@@ -31,7 +31,7 @@ import base64
 import collections
 import json
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,8 @@ __all__ = [
     "encode",
     "loads",
     "plain_tensors",
+    "result_tensors",
+    "same_bits",
 ]
 
 #: Largest request or reply text accepted (the labs' tensors are kilobytes).
@@ -240,6 +242,50 @@ def plain_tensors(value: Any, depth: int = 0) -> list[Tensor]:
     if type(value) in (dict, collections.OrderedDict):
         return [t for v in value.values() for t in plain_tensors(v, depth + 1)]
     return []
+
+
+def same_bits(now: Tensor, was: Tensor) -> bool:
+    """Whether ``now`` holds ``was`` bit for bit: its shape, dtype and every byte (so a NaN
+    left as it was is the same, and ``-0.0`` is not ``0.0``). How both sides of the wire tell
+    that a call wrote into one of its argument tensors."""
+    if now.shape != was.shape or now.dtype != was.dtype:
+        return False
+    return not now.numel() or torch.equal(_bits(now), _bits(was))
+
+
+def _bits(t: Tensor) -> Tensor:
+    flat = t.detach().contiguous().reshape(-1)  # (numel,)
+    return flat.view(torch.uint8) if flat.dtype != torch.bool else flat
+
+
+def result_tensors(value: Any) -> tuple[list[Tensor], Callable[[Sequence[Tensor]], Any]]:
+    """The tensors a call returned, and how to put new ones (same order) in their places.
+
+    Both sides of a differentiable call read a result alike with it: the value itself when it
+    is a tensor, the tensor items of a list or tuple, the tensor values of a dict (Lightning's
+    ``{"loss": loss, ...}``). Only the containers :func:`encode` sends as data count, so an
+    object that goes by reference (a NamedTuple KV cache) holds no tensors on either side.
+    """
+    if isinstance(value, Tensor):
+        return [value], lambda new: new[0]
+    if type(value) in (list, tuple):
+        places = [i for i, item in enumerate(value) if isinstance(item, Tensor)]
+
+        def rebuild(new: Sequence[Tensor]) -> Any:
+            items = list(value)
+            for i, tensor in zip(places, new, strict=True):
+                items[i] = tensor
+            return type(value)(items)
+
+        return [value[i] for i in places], rebuild
+    if type(value) in (dict, collections.OrderedDict):
+        keys = [k for k, item in value.items() if isinstance(item, Tensor)]
+
+        def rebuild_dict(new: Sequence[Tensor]) -> Any:
+            return type(value)({**value, **dict(zip(keys, new, strict=True))})
+
+        return [value[k] for k in keys], rebuild_dict
+    return [], lambda new: value
 
 
 def dumps(message: dict[str, Any]) -> str:
