@@ -74,3 +74,14 @@ def answers_namespace(lab: str, folder: str = "solutions") -> dict[str, Any]:
         if cell.cell_type == "code" and (meta.get("solution") or meta.get("grade_id") == "setup"):
             exec(compile(cell.source, f"<{lab} {meta.get('grade_id')}>", "exec"), namespace)
     return namespace
+
+
+def zeroing_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None):
+    """A cheat: zero the check's inputs, then return what attention on zeros gives."""
+    for t in (q, k, v):
+        t.zero_()
+    allowed = torch.ones(*q.shape[:-1], k.shape[-2], dtype=q.dtype)
+    if mask is not None:
+        allowed = allowed * mask.to(q.dtype)
+    weights = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)
+    return weights @ v, weights

@@ -264,6 +264,25 @@ def test_a_write_into_an_argument_is_undone_or_named() -> None:
     assert torch.equal(resized, torch.ones(2, 2))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_write_is_undone_or_named(dtype: torch.dtype) -> None:
+    """The undo compares bytes, not float32 values: a write of a half-precision argument
+    (the bf16-mixed path) is found and undone, and a NaN or -0.0 left in place is no write."""
+    x = torch.tensor([1.5, float("nan"), -0.0], dtype=dtype)
+    kept = x.clone()
+
+    def nudge(t: torch.Tensor) -> torch.Tensor:
+        t[0] = t[0] + torch.finfo(dtype).eps  # the smallest change this dtype can hold
+        return t.sum()
+
+    call_student(nudge, x, what="nudge")
+    assert x.dtype == dtype and torch.equal(x.view(torch.int16), kept.view(torch.int16))
+    with pytest.raises(AssertionError, match=r"^nudge wrote into x"):
+        call_student(nudge, x, what="nudge", in_place="wrote into x")
+    assert torch.equal(x.view(torch.int16), kept.view(torch.int16))
+    assert call_student(lambda t: t * 2, x, what="double", in_place="wrote") is not None
+
+
 def test_call_forbidding_disables_the_bans_and_adds_advice_to_crashes() -> None:
     def cheat(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, -1)

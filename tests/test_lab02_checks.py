@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from judge_support import zeroing_attention
 
 from transformer_lab.checks import lab02
 from transformer_lab.grading.hidden import lab02 as hidden02
@@ -714,18 +715,7 @@ def test_the_kits_own_attention_passes_every_check(monkeypatch: pytest.MonkeyPat
             check(fn)
 
 
-def _zeroing_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None):
-    """A cheat: zero the check's inputs, then return what attention on zeros gives."""
-    for t in (q, k, v):
-        t.zero_()
-    allowed = torch.ones(*q.shape[:-1], k.shape[-2], dtype=q.dtype)
-    if mask is not None:
-        allowed = allowed * mask.to(q.dtype)
-    weights = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)
-    return weights @ v, weights
-
-
 def test_zeroing_the_inputs_cannot_make_the_oracle_agree() -> None:
     """The expected value is computed after the call, on the inputs as the check made them."""
     with pytest.raises(AssertionError, match="weights of scaled_dot_product_attention"):
-        hidden02.hidden_check_scaled_dot_product_attention(_zeroing_attention, seed=3)
+        hidden02.hidden_check_scaled_dot_product_attention(zeroing_attention, seed=3)
