@@ -15,13 +15,22 @@ one CPU thread per kernel) once with ``--jobs 1`` and once with ``--jobs N``, an
 
 Every copy must come back ``graded`` with full marks, or the lab's row says how many did not.
 Nothing is written inside the repository.
+
+``--against REV`` measures side by side instead: this checkout and a git revision ``REV`` (in a
+temporary worktree, e.g. the last commit before a change to the grader) grade the same labs in
+turn, ``--rounds`` times each (ABBA order, one job each), each through its own copy of this
+script in a fresh process. Machines differ by 2x in speed; a target measured on one machine is
+checked on another only this way. ``ratio`` = this checkout's seconds per submission over the
+revision's (the medians over the rounds).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -69,12 +78,68 @@ def grade_copies(lab: str, copies: int, jobs: int, workdir: Path) -> dict[str, A
     }
 
 
+def _graded_by(checkout: Path, lab: str, submissions: int, out: Path) -> dict[str, Any]:
+    """One run of ``checkout``'s own copy of this script on ``lab`` (one job), in a fresh
+    process that imports that checkout's kit; its row."""
+    script = checkout / "benchmarks" / "bench_grading.py"
+    command = [sys.executable, str(script), "--labs", lab, "--submissions", str(submissions)]
+    env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*command, "--jobs", "1", "--out", str(out)], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0 or not out.is_file():
+        raise SystemExit(f"{checkout} could not grade {lab}:\n{done.stderr[-2000:]}")
+    return json.loads(out.read_text())["rows"][0]
+
+
+def compare_with(rev: str, labs: list[str], submissions: int, rounds: int) -> list[dict[str, Any]]:
+    """Seconds per submission of this checkout and of revision ``rev``, graded in turn."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-grading-against-") as tmp:
+        baseline = Path(tmp) / "baseline"
+        subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "worktree", "add", "--detach", str(baseline), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            for lab in labs:
+                seconds: dict[str, list[float]] = {"now": [], "then": []}
+                full: dict[str, list[str]] = {"now": [], "then": []}
+                for turn in range(rounds):
+                    order = [("now", REPO_ROOT), ("then", baseline)]
+                    for side, checkout in order if turn % 2 == 0 else order[::-1]:
+                        row = _graded_by(checkout, lab, submissions, Path(tmp) / f"{side}.json")
+                        seconds[side] += [row["s_per_submission"], row["s_busy"]]
+                        full[side].append(row["full_marks"])
+                now, then = statistics.median(seconds["now"]), statistics.median(seconds["then"])
+                rows.append(
+                    {
+                        "lab": lab,
+                        "s_now": round(now, 1),
+                        f"s_{rev}": round(then, 1),
+                        "ratio": round(now / then, 2),
+                        "samples": len(seconds["now"]),
+                        "full_marks_now": ", ".join(full["now"]),
+                        f"full_marks_{rev}": ", ".join(full["then"]),
+                    }
+                )
+        finally:
+            subprocess.run(
+                ["git", "-C", str(REPO_ROOT), "worktree", "remove", "--force", str(baseline)],
+                capture_output=True,
+            )
+    return rows
+
+
 def main() -> None:
     parser = _base_parser(__doc__.split("\n")[0])
     parser.add_argument("--labs", nargs="*", default=None, help="labs to measure (default: all)")
     parser.add_argument("--submissions", type=int, default=4, help="copies graded per lab")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel jobs")
     parser.add_argument("--students", type=int, default=300, help="term size for the estimate")
+    parser.add_argument("--against", default=None, help="a git revision to measure side by side")
+    parser.add_argument("--rounds", type=int, default=2, help="turns of each side (--against)")
     args = parser.parse_args()
     labs = sorted(
         p.name
@@ -83,6 +148,11 @@ def main() -> None:
     )
     if args.smoke:
         labs, args.submissions = labs[:1], 2
+    if args.against:
+        rows = compare_with(args.against, labs, args.submissions, args.rounds)
+        print_table(rows, list(rows[0]))
+        write_json(args.out, {"date": now(), "against": args.against, "rows": rows})
+        return
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         for lab in labs:

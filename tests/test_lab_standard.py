@@ -141,10 +141,52 @@ def test_the_labs_bans_refuse_every_kit_answer_its_spec_names(lab: str) -> None:
 
     from transformer_lab.checks._bans import Ban, _code_objects
 
-    checks = importlib.import_module(f"transformer_lab.checks.lab{lab[:2]}")
-    bans = [value for value in vars(checks).values() if isinstance(value, Ban)]
-    refused = _code_objects([f for ban in bans for f in ban.functions])
-    for part in spec.load(lab).parts.values():
+    lab_spec = spec.load(lab)
+    for part in lab_spec.parts.values():
+        own = [lab_spec.ban(name) for name in part.bans]
+        refused = _code_objects([f for ban in own for f in ban.functions])
         for dotted in part.kit:
             answer = _code_objects([dotted])
             assert answer and set(answer) <= set(refused), f"{lab}: no ban refuses {dotted}"
+    # the checks' bans are the spec's, written nowhere else
+    checks = importlib.import_module(f"transformer_lab.checks.lab{lab[:2]}")
+    bans = {value for value in vars(checks).values() if isinstance(value, Ban)}
+    assert bans and bans <= {lab_spec.ban(name) for name in lab_spec.bans}
+    assert "= Ban(" not in Path(checks.__file__).read_text()
+
+
+def test_the_spec_lint_finds_a_ban_that_drifted() -> None:
+    lab = "04_transformer_block"
+    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    text = (REPO / "transformer_lab" / "checks" / "specs" / "lab04.toml").read_text()
+    drifted = {
+        "an unknown ban": (
+            text.replace('bans = ["feed_forward"]', 'bans = ["feedforward"]'),
+            "names the ban 'feedforward'",
+        ),
+        "a kit answer no ban of its part refuses": (
+            text.replace('"transformer_lab.blocks.FeedForward", "torch', '"torch', 1),
+            "'transformer_lab.blocks.FeedForward' is refused by none",
+        ),
+        "a banned name that does not exist": (
+            text.replace('"torch.nn.TransformerEncoder"]', '"torch.nn.TransformerEncodr"]'),
+            "'torch.nn.TransformerEncodr', which does not exist",
+        ),
+        "an op that does not exist": (
+            text.replace('ops = ["normalization"]', 'ops = ["normalisation"]'),
+            "'normalisation', no op family or operator",
+        ),
+        "a ban no part holds": (text + '\n[bans.spare]\nreason = "x"\n', "no part holds"),
+    }
+    for what, (changed, says) in drifted.items():
+        assert changed != text, what
+        problems = "\n".join(spec.lint_spec(spec.parse(changed), nb, lab))
+        assert says in problems, (what, problems)
+    with pytest.raises(spec.SpecError, match="positive number"):
+        spec.parse(
+            text.replace("[parts.layer_norm]", "[tolerance]\nfloat32 = -1\n\n[parts.layer_norm]")
+        )
+    with pytest.raises(spec.SpecError, match=r"no \[bans\.nothing\]"):
+        spec.load(lab).ban("nothing")
+    with pytest.raises(spec.SpecError, match="no tolerance 'half'"):
+        spec.load("01_positional_encoding").tol("half")

@@ -36,11 +36,7 @@ from transformer_lab.grading.judge import Judgements, JudgeSession
 
 ALL_CELLS = os.environ.get("TRANSFORMER_LAB_ALL_CELLS") == "1"
 #: Correct variants the judge still scores below the checks run in one process (open work).
-JUDGE_GAPS = {
-    "lab04 EncoderBlock make #2": "an EncoderBlock on torch's nn.MultiheadAttention: the "
-    "judge's mirror holds that layer as a remote module, not as torch's own, so the block "
-    "checks do not find its q_proj (rebuilding it natively in the kernel trips lab 03's ban)",
-}
+JUDGE_GAPS: dict[str, str] = {}
 
 
 @functools.cache

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
-    Ban,
     call_forbidding,
     expect_close,
     expect_shape,
@@ -40,11 +40,10 @@ __all__ = [
     "check_sinusoidal_encoding_shape",
 ]
 
-BAN = Ban(
-    functions=("transformer_lab.positional",),
-    reason="lab 01 asks you to build the encoding yourself from torch.sin and torch.cos",
-)
-_TOL = 1e-4
+#: The lab's spec (``specs/lab01.toml``): its bans and shared tolerances.
+SPEC = spec.load("01_positional_encoding")
+BAN = SPEC.ban("positional")
+_TOL = SPEC.tol("float32")
 
 
 def _show(args: tuple[float, ...], base: float) -> str:

@@ -46,10 +46,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     EMPTY_ROW_NO_MAX,
     NO_MAX_SUBTRACTION,
-    Ban,
     OpLog,
     call_forbidding,
     call_student,
@@ -80,20 +80,9 @@ __all__ = [
     "tolerance",
 ]
 
-BAN = Ban(
-    ops=("softmax", "attention", "_sparse_softmax", "_sparse_log_softmax"),
-    functions=(
-        "torch.nn.MultiheadAttention",
-        "transformer_lab.attention.softmax",
-        "transformer_lab.attention.scaled_dot_product_attention",
-        "transformer_lab.attention.self_attention_loop",
-        "transformer_lab.attention.self_attention_matrix",
-        "transformer_lab.attention.MultiHeadAttention",
-        "transformer_lab.attention.attend",
-        "transformer_lab.attention.masked_attention",
-    ),
-    reason="this lab asks for your own softmax and attention",
-)
+#: The lab's spec (``specs/lab02.toml``): its bans and shared tolerances.
+SPEC = spec.load("02_self_attention")
+BAN = SPEC.ban("attention")
 
 _LAB = "lab02"
 

@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
-    Ban,
     ForbiddenCallError,
     call_forbidding,
     close,
@@ -79,19 +79,9 @@ __all__ = [
     "reference_multi_head_attention",
 ]
 
-BAN = Ban(
-    ops=("attention",),
-    functions=(
-        "torch.nn.MultiheadAttention",
-        "transformer_lab.attention.split_heads",
-        "transformer_lab.attention.merge_heads",
-        "transformer_lab.attention.MultiHeadAttention",
-        "transformer_lab.attention.load_torch_weights",
-        "transformer_lab.attention.attend",
-    ),
-    reason="lab 03 asks for your own heads; lab 02's scaled_dot_product_attention and softmax "
-    "(yours, or the kit's in transformer_lab.attention) may be reused",
-)
+#: The lab's spec (``specs/lab03.toml``): its bans and shared tolerances.
+SPEC = spec.load("03_multi_head_attention")
+BAN = SPEC.ban("heads")
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 

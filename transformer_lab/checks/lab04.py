@@ -46,8 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
-    Ban,
     call_forbidding,
     call_student,
     close,
@@ -108,34 +108,12 @@ __all__ = [
 
 IGNORE_INDEX = -100
 
-LAYER_NORM_BAN = Ban(
-    ops=("normalization",),
-    functions=("transformer_lab.blocks.layer_norm", "transformer_lab.blocks.LayerNorm"),
-    reason="lab 04 asks you to compute each token's mean and variance yourself",
-)
-FEED_FORWARD_BAN = Ban(
-    functions=("transformer_lab.blocks.FeedForward", "torch.nn.TransformerEncoderLayer"),
-    reason="build the feed-forward network from your two nn.Linear layers",
-)
-BLOCK_BAN = Ban(
-    functions=(
-        "transformer_lab.blocks.EncoderBlock",
-        "transformer_lab.blocks._ResidualBlock",
-        "transformer_lab.blocks.FeedForward",
-        "transformer_lab.blocks.LayerNorm",
-        "transformer_lab.blocks.layer_norm",
-        "torch.nn.TransformerEncoderLayer",
-        "torch.nn.TransformerEncoder",
-    ),
-    ops=("_transformer_encoder_layer_fwd",),
-    reason="build the block from its sub-layers: your FeedForward, nn.LayerNorm and the kit's "
-    "MultiHeadAttention",
-)
-MODULE_BAN = Ban(
-    functions=("transformer_lab.training.modules", "transformer_lab.training.schedule"),
-    reason="the kit's ClassifierModule and its schedule are this exercise's answer: write "
-    "training_step and configure_optimizers with PyTorch and Lightning",
-)
+#: The lab's spec (``specs/lab04.toml``): its bans and shared tolerances.
+SPEC = spec.load("04_transformer_block")
+LAYER_NORM_BAN = SPEC.ban("layer_norm")
+FEED_FORWARD_BAN = SPEC.ban("feed_forward")
+BLOCK_BAN = SPEC.ban("block")
+MODULE_BAN = SPEC.ban("module")
 
 _LAB = "lab04"
 

@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     EMPTY_ROW_NO_MAX,
     NO_MAX_SUBTRACTION,
-    Ban,
     call_forbidding,
     close,
     expect_shape,
@@ -81,34 +81,16 @@ __all__ = [
     "visible_probes",
 ]
 
-_KIT_MASKS = "transformer_lab.masks"
-MASK_BAN = Ban(
-    functions=(
-        _KIT_MASKS,
-        "torch.nn.Transformer.generate_square_subsequent_mask",
-        "torch.nn.modules.transformer._generate_square_subsequent_mask",
-    ),
-    reason="lab 05 asks you to build the masks yourself from comparisons, torch.tril or loops",
-)
-ATTENTION_BAN = Ban(
-    ops=("attention",),
-    functions=(
-        _KIT_MASKS,
-        "transformer_lab.attention.scaled_dot_product_attention",
-        "transformer_lab.attention.attend",
-        "transformer_lab.attention.masked_attention",
-        "transformer_lab.attention.MultiHeadAttention",
-        "torch.nn.MultiheadAttention",
-    ),
-    reason="lab 05 asks for your own masked attention; lab 02's attention and PyTorch's "
-    "kernels already apply masks",
-)
-DETECTOR_BAN = Ban(functions=(_KIT_MASKS,), reason="lab 05 asks for your own leak detector")
+#: The lab's spec (``specs/lab05.toml``): its bans and shared tolerances.
+SPEC = spec.load("05_masking")
+MASK_BAN = SPEC.ban("masks")
+ATTENTION_BAN = SPEC.ban("attention")
+DETECTOR_BAN = SPEC.ban("detector")
 
 #: float32 answers agree with the float64 oracle to ~1e-6; every catalogued mistake differs by
 #: far more. Half-precision answers carry rounding errors of ~1e-3.
-_TOL = 1e-4
-_HALF_TOL = 1e-2
+_TOL = SPEC.tol("float32")
+_HALF_TOL = SPEC.tol("half")
 
 
 # --------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
     call_forbidding,
@@ -102,41 +103,15 @@ __all__ = [
     "torch_decoder_output",
 ]
 
-BLOCK_BAN = Ban(
-    ops=("_transformer_decoder_only_layer_fwd",),
-    functions=(
-        "torch.nn.TransformerDecoderLayer",
-        "torch.nn.TransformerDecoder",
-        "torch.nn.Transformer",
-        "transformer_lab.blocks.DecoderBlock",
-    ),
-    reason="lab 06 asks you to build the decoder block from its sub-layers yourself",
-)
-SHIFT_BAN = Ban(
-    functions=("transformer_lab.seq2seq", "transformer_lab.data.synthetic.to_seq2seq"),
-    reason="lab 06 asks you to shift the targets yourself",
-)
-LOSS_BAN = Ban(
-    ops=("cross_entropy",),
-    functions=("transformer_lab.seq2seq", "transformer_lab.training.modules"),
-    reason="lab 06 asks for the loss from the log-probabilities, without F.cross_entropy or "
-    "F.nll_loss",
-)
-MODULE_BAN = Ban(
-    functions=(
-        "transformer_lab.seq2seq",
-        "transformer_lab.training.modules",
-        "transformer_lab.training.schedule",
-    ),
-    reason="lab 06 asks you to write these methods yourself, without the kit's "
-    "LightningModules or its learning-rate schedule",
-)
-DECODE_BAN = Ban(
-    functions=("transformer_lab.generation",),
-    reason="lab 06 asks you to write the decoding loop yourself",
-)
+#: The lab's spec (``specs/lab06.toml``): its bans and shared tolerances.
+SPEC = spec.load("06_decoder_training")
+BLOCK_BAN = SPEC.ban("block")
+SHIFT_BAN = SPEC.ban("shift")
+LOSS_BAN = SPEC.ban("loss")
+MODULE_BAN = SPEC.ban("module")
+DECODE_BAN = SPEC.ban("decode")
 # A correct float32 decoder block differs from torch's by ~1e-6.
-_ATOL = 1e-4
+_ATOL = SPEC.tol("float32")
 _SUBLAYERS = (
     "self_attn (MultiHeadAttention), cross_attn (MultiHeadAttention), ff (FeedForward with "
     "linear1 and linear2), norm1 (after self-attention), norm2 (after cross-attention) and "

@@ -44,8 +44,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
-    Ban,
     Case,
     call_forbidding,
     expect_shape,
@@ -81,15 +81,10 @@ SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>")
 #: The end-of-word symbol of BPE.
 END_OF_WORD = "</w>"
 
-TOKENIZER_BAN = Ban(
-    functions=("transformer_lab.tokenizers",),
-    reason="lab 07 asks you to write the tokenizer yourself, without the kit's tokenizers",
-)
-DECODING_BAN = Ban(
-    functions=("transformer_lab.generation",),
-    reason="lab 07 asks you to write the decoding step yourself, without the kit's generation "
-    "module",
-)
+#: The lab's spec (``specs/lab07.toml``): its bans and shared tolerances.
+SPEC = spec.load("07_nlp_pipeline")
+TOKENIZER_BAN = SPEC.ban("tokenizer")
+DECODING_BAN = SPEC.ban("decoding")
 
 
 def example(key: str) -> tuple[Any, dict[str, Any]]:

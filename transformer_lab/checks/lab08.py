@@ -50,8 +50,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from transformer_lab.attention import KVCache
+from transformer_lab.checks import spec as lab_specs
 from transformer_lab.checks._common import (
-    Ban,
     call_forbidding,
     close,
     expect_close,
@@ -103,41 +103,14 @@ __all__ = [
     "torch_output",
 ]
 
-ATTENTION_BAN = Ban(
-    ops=("attention",),
-    functions=(
-        "torch.nn.MultiheadAttention",
-        "torch.nn.TransformerEncoderLayer",
-        "torch.nn.TransformerDecoderLayer",
-        "torch.nn.Transformer",
-        "transformer_lab.attention.MultiHeadAttention",
-        "transformer_lab.attention.attend",
-        "transformer_lab.models.CausalSelfAttention",
-        "transformer_lab.models.GPTBlock",
-        "transformer_lab.models.GPT",
-    ),
-    reason="lab 08 asks for your own causal attention: your lab-05 masked attention "
-    "(transformer_lab.attention.masked_attention) or the computation written out",
-)
-GENERATE_BAN = Ban(
-    functions=(
-        "transformer_lab.generation.generate",
-        "transformer_lab.generation.DecodeStep",
-        "transformer_lab.generation.compile_decode_step",
-    ),
-    reason="lab 08 asks you to write the generation loop yourself (sample_next is allowed)",
-)
-SCALE_BAN = Ban(
-    functions=(
-        "transformer_lab.scale",
-        "transformer_lab.models.GPT",
-        "transformer_lab.models.GPTConfig.param_count",
-    ),
-    reason="lab 08 asks you to do this arithmetic yourself",
-)
+#: The lab's spec (``specs/lab08.toml``): its bans and shared tolerances.
+SPEC = lab_specs.load("08_language_models")
+ATTENTION_BAN = SPEC.ban("attention")
+GENERATE_BAN = SPEC.ban("generate")
+SCALE_BAN = SPEC.ban("scale")
 
 # A correct float32 attention differs from float64 or torch by ~1e-6.
-_TOL = 1e-4
+_TOL = SPEC.tol("float32")
 
 # ======================================================================================
 # CausalSelfAttention: building, loading weights, running

@@ -10,12 +10,20 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
   later part on the stand-in (issue 24: one mistake costs only its own points);
 * ``mistakes``: the kit's catalogue of typical mistakes of that part (``tests/``), each with
   the test cells it costs. A mistake may cost only cells of its own part: that is the rule the
-  spec states and ``tests/test_mistake_costs.py`` holds through the judge.
+  spec states and ``tests/test_mistake_costs.py`` holds through the judge;
+* ``bans``: the names of the lab's ``[bans.<name>]`` tables that hold while a check runs it.
+
+A lab's ``[bans.<name>]`` tables say what its graded code may not call (torch operation
+families ``ops``, dotted ``functions``, the ``reason`` the refusal gives); the checks build their
+:class:`~transformer_lab.checks._bans.Ban` from them (:meth:`LabSpec.ban`), and the lint holds
+that every part's kit answer is refused by its own bans. Its ``[tolerance]`` table names the
+tolerances that its visible and hidden checks share (``float32 = 1e-4``).
 
 The notebook stays the home of cells and points (nbgrader reads them there); the spec names
 cells, and :func:`parts_of` reads the notebook to tell which cells belong to which part.
-The judge (:func:`~transformer_lab.grading.judge.stand_ins_for`), the lab standard's test, the
-catalogue's tests and the curriculum's table of graded parts (:func:`costs_table`) read it.
+The judge (:func:`~transformer_lab.grading.judge.stand_ins_for`), the visible and hidden checks
+(bans, tolerances), the lab standard's test, ``labs check``, the catalogue's tests and the
+curriculum's table of graded parts (:func:`costs_table`) read it.
 """
 
 from __future__ import annotations
@@ -26,10 +34,14 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (the kit's checks read the spec on a student's machine)
+    import tomli as tomllib  # type: ignore[no-redef]
 
 __all__ = [
     "EXERCISE_HEADING",
+    "BanSpec",
     "LabSpec",
     "Part",
     "SpecError",
@@ -62,12 +74,29 @@ class Part:
         builds_on: earlier part -> its stand-in's name in :mod:`transformer_lab.standins`.
         mistakes: catalogued mistake (its id in ``tests/mistake_catalogue.py`` without the
             ``labNN`` prefix) -> the test cells it costs.
+        bans: the lab's bans (names of its ``[bans.<name>]`` tables) that hold while a check
+            runs this part.
     """
 
     name: str
     kit: tuple[str, ...] = ()
     builds_on: dict[str, str] = field(default_factory=dict)
     mistakes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    bans: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BanSpec:
+    """One ``[bans.<name>]`` table: what graded code may not call while a check runs it."""
+
+    ops: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()
+    reason: str = ""
+
+    def refuses(self, dotted: str) -> bool:
+        """Whether the dotted name ``dotted`` falls under one of the banned ``functions``
+        (itself, or a member of a banned module or class)."""
+        return any(dotted == f or dotted.startswith(f + ".") for f in self.functions)
 
 
 @dataclass(frozen=True)
@@ -76,11 +105,31 @@ class LabSpec:
 
     lab: str
     parts: dict[str, Part]
+    bans: dict[str, BanSpec] = field(default_factory=dict)
+    tolerance: dict[str, float] = field(default_factory=dict)
 
     def builds_on(self, name: str) -> dict[str, str]:
         """Earlier part -> stand-in, for the part ``name`` (nothing for an unknown name)."""
         part = self.parts.get(name)
         return dict(part.builds_on) if part else {}
+
+    def ban(self, name: str) -> Any:
+        """The :class:`~transformer_lab.checks._bans.Ban` of the table ``[bans.<name>]``."""
+        from transformer_lab.checks._bans import Ban
+
+        if name not in self.bans:
+            raise SpecError(
+                f"the spec of {self.lab} has no [bans.{name}] (it has {sorted(self.bans)})"
+            )
+        table = self.bans[name]
+        return Ban(ops=table.ops, functions=table.functions, reason=table.reason)
+
+    def tol(self, name: str) -> float:
+        """The tolerance ``name`` of its ``[tolerance]`` table."""
+        if name not in self.tolerance:
+            known = sorted(self.tolerance)
+            raise SpecError(f"the spec of {self.lab} has no tolerance {name!r} (it has {known})")
+        return self.tolerance[name]
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:
@@ -92,7 +141,7 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
 def _part(name: str, body: Any, where: str) -> Part:
     if not isinstance(body, dict):
         raise SpecError(f"{where}: [parts.{name}] must be a table")
-    unknown = set(body) - {"kit", "builds_on", "mistakes"}
+    unknown = set(body) - {"kit", "builds_on", "mistakes", "bans"}
     if unknown:
         raise SpecError(f"{where}: [parts.{name}] has unknown keys {sorted(unknown)}")
     builds_on = body.get("builds_on", {})
@@ -109,7 +158,30 @@ def _part(name: str, body: Any, where: str) -> Part:
             key: _strings(cells, f"{where}: parts.{name}.mistakes.{key!r}")
             for key, cells in mistakes.items()
         },
+        bans=_strings(body.get("bans", []), f"{where}: parts.{name}.bans"),
     )
+
+
+def _ban(name: str, body: Any, where: str) -> BanSpec:
+    if not isinstance(body, dict) or set(body) - {"ops", "functions", "reason"}:
+        raise SpecError(f"{where}: [bans.{name}] holds only ops, functions and reason")
+    reason = body.get("reason", "")
+    if not isinstance(reason, str):
+        raise SpecError(f"{where}: bans.{name}.reason must be a string, not {reason!r}")
+    return BanSpec(
+        ops=_strings(body.get("ops", []), f"{where}: bans.{name}.ops"),
+        functions=_strings(body.get("functions", []), f"{where}: bans.{name}.functions"),
+        reason=reason,
+    )
+
+
+def _tolerances(body: Any, where: str) -> dict[str, float]:
+    if not isinstance(body, dict):
+        raise SpecError(f"{where}: [tolerance] must be a table of name = number")
+    for key, value in body.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise SpecError(f"{where}: tolerance.{key} must be a positive number, not {value!r}")
+    return {key: float(value) for key, value in body.items()}
 
 
 def parse(text: str, where: str = "<spec>") -> LabSpec:
@@ -120,8 +192,19 @@ def parse(text: str, where: str = "<spec>") -> LabSpec:
         raise SpecError(f"{where} is not TOML: {exc}") from None
     if not isinstance(data.get("lab"), str) or not isinstance(data.get("parts"), dict):
         raise SpecError(f'{where} must set `lab = "NN_name"` and hold [parts.<name>] tables')
+    unknown = set(data) - {"lab", "parts", "bans", "tolerance"}
+    if unknown:
+        raise SpecError(f"{where} has unknown tables or keys {sorted(unknown)}")
     parts = {name: _part(name, body, where) for name, body in data["parts"].items()}
-    return LabSpec(lab=data["lab"], parts=parts)
+    bans = data.get("bans", {})
+    if not isinstance(bans, dict):
+        raise SpecError(f"{where}: [bans] must hold [bans.<name>] tables")
+    return LabSpec(
+        lab=data["lab"],
+        parts=parts,
+        bans={name: _ban(name, body, where) for name, body in bans.items()},
+        tolerance=_tolerances(data.get("tolerance", {}), where),
+    )
 
 
 @cache
@@ -209,7 +292,50 @@ def lint_spec(lab_spec: LabSpec, nb: Any, lab: str) -> list[str]:
                     f"{where}: mistake {key!r} of {part.name} must cost cells of {part.name} "
                     f"only, and some: {foreign or 'none given'}"
                 )
+        problems += _lint_part_bans(lab_spec, part, where)
         earlier.append(part.name)
+    return problems + _lint_bans(lab_spec, where)
+
+
+def _lint_part_bans(lab_spec: LabSpec, part: Part, where: str) -> list[str]:
+    """A part's bans exist, and refuse each of its kit answers (else a student could call it)."""
+    problems = [
+        f"{where}: {part.name} names the ban {name!r}; the spec has {sorted(lab_spec.bans)}"
+        for name in part.bans
+        if name not in lab_spec.bans
+    ]
+    tables = [lab_spec.bans[name] for name in part.bans if name in lab_spec.bans]
+    for dotted in part.kit:
+        if not any(table.refuses(dotted) for table in tables):
+            problems.append(
+                f"{where}: {part.name}'s kit answer {dotted!r} is refused by none of its bans "
+                f"{list(part.bans)}: a student could call it"
+            )
+    return problems
+
+
+def _lint_bans(lab_spec: LabSpec, where: str) -> list[str]:
+    """Every ban is held by some part, names real torch op families or operators and real
+    functions, classes or modules."""
+    import torch
+
+    from transformer_lab.checks._bans import OP_FAMILIES, _resolve
+
+    used = {name for part in lab_spec.parts.values() for name in part.bans}
+    problems = [
+        f"{where}: no part holds the ban {name!r}" for name in lab_spec.bans if name not in used
+    ]
+    for name, table in lab_spec.bans.items():
+        for op in table.ops:
+            if op not in OP_FAMILIES and not hasattr(torch.ops.aten, op):
+                problems.append(f"{where}: bans.{name} refuses {op!r}, no op family or operator")
+        for dotted in table.functions:
+            try:
+                _resolve(dotted)
+            except (ImportError, AttributeError):
+                problems.append(f"{where}: bans.{name} refuses {dotted!r}, which does not exist")
+        if not table.reason:
+            problems.append(f"{where}: bans.{name} gives no reason (the refusal says it)")
     return problems
 
 

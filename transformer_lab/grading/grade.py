@@ -443,14 +443,18 @@ def _cell_problems(executed: Any) -> tuple[list[str], bool, bool]:
 
 
 def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
-    """Grade one submission in its own workspace; return the result and the files to keep."""
+    """Grade one submission in its own workspace; return the result and the files to keep.
+
+    Its steps, each a function of its own: the submission repaired into the workspace
+    (:func:`_stage_submission`), the kernel's sandbox and nbgrader's settings
+    (:func:`_kernel_overrides`), nbgrader's run, the verdict (:func:`decide`, from the judge's
+    verdicts and the flags) and the feedback without hidden tests (:func:`_write_feedback`).
+    """
     from transformer_lab.grading.contain import Containment
-    from transformer_lab.grading.feedback import feedback_notebook, render_html
-    from transformer_lab.grading.integrity import plan_for, read_log, scan_student_code
+    from transformer_lab.grading.integrity import plan_for, scan_student_code
 
     options = GradingOptions(**job.options)
-    memory_bytes = int(options.memory_gb * 2**30)
-    containment = Containment(options.max_tasks, memory_bytes)
+    containment = Containment(options.max_tasks, int(options.memory_gb * 2**30))
     result = SubmissionResult(job.student, job.lab, "graded", ignored=list(job.ignored))
     result.sandbox = "bubblewrap" if job.use_bwrap else "none"
     repo, course, lab, student = Path(job.repo), Path(job.course), job.lab, job.student
@@ -458,105 +462,20 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     files: dict[str, str] = {}
     base = None
     try:
-        # 1. The submission, repaired, in the workspace.
-        try:
-            submitted = read_notebook(Path(job.notebook))
-        except Exception as exc:
-            result.status, result.error = "unmatched", f"not a readable notebook: {exc}"
+        repaired = _stage_submission(job, work, result)
+        if repaired is None:
             return result, files
-        release = read_notebook(Path(job.release))
-        repaired = repair_notebook(submitted, release)
-        if not repaired.ok:
-            result.status, result.error = (
-                "unmatched",
-                f"{Path(job.notebook).name}: {repaired.reason}",
-            )
-            return result, files
-        result.repairs = list(repaired.actions)
-        if Path(job.notebook).name != f"{lab}.ipynb":
-            result.repairs.insert(0, f"graded {Path(job.notebook).name} as {lab}.ipynb")
-        target = work / "submitted" / student / lab / f"{lab}.ipynb"
-        write_notebook(repaired.notebook, target)
-        stamp = Path(job.notebook).parent / "timestamp.txt"  # nbgrader's submission time
-        if stamp.is_file():
-            shutil.copyfile(stamp, target.parent / "timestamp.txt")
-        flags = [f"student code: {f}" for f in scan_student_code(repaired.notebook)]
-
-        # 2. The kernel's sandbox, the guard's plan and the per-submission gradebook.
+        flags = [f"student code: {f}" for f in scan_student_code(repaired)]
         source = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
         plan = plan_for(source, lab)
         base, home, run = _kernel_workspace(job)
         view = _private_view(job, base)
         containment.start()
-        hidden_root = view / "transformer_lab" / "grading"
-        guard_file = run / "guard.json"
-        log = run / "guard.log"
-        sandbox_paths = {
-            "workspace": str(home),
-            "log": str(log),
-            "hidden_root": str(hidden_root),
-            "read_roots": [],
-            "write_roots": [],
-        }
-        from transformer_lab.grading.sandbox import KernelSandbox
-
-        box = KernelSandbox(
-            workspace=home,
-            run_dir=run,
-            python_path=[view],
-            hidden=[hidden_root],
-            use_bwrap=job.use_bwrap,
-            memory_bytes=memory_bytes,
-            cpu_seconds=options.cpu_seconds,
-            max_tasks=options.max_tasks,
-            tmp_bytes=int(options.tmp_gb * 2**30),
-            shm_bytes=SHM_BYTES,
-            launcher_args=containment.launcher_args,
-            env={
-                "TRANSFORMER_LAB_PROFILE": options.profile,
-                "TRANSFORMER_LAB_GRADING": "1",  # no saved answer of the student's is loaded
-                "TRANSFORMER_LAB_THREADS": str(options.threads),
-                "OMP_NUM_THREADS": str(options.threads),
-                "MKL_NUM_THREADS": str(options.threads),
-                "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-                "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-            },
-        )
-        sandbox_paths["read_roots"] = box.read_roots()
-        sandbox_paths["write_roots"] = [str(box.tmp_dir)]
-        guard_file.write_text(json.dumps(plan.guard_config(lab, **sandbox_paths)))
+        guarded = not job.use_bwrap  # without the OS sandbox the guard fences, as help
+        overrides = _kernel_overrides(job, options, containment, home, run, view, work, plan)
+        (work / "judge_plan.json").write_text(json.dumps(judge_plan(source)))  # outside the box
         db = work / "gradebook.db"
         shutil.copyfile(job.template_db, db)
-        # The judge decides every point; without the OS sandbox the guard still fences the
-        # kernel (files, processes, sockets) as help, and flags what it refuses for review.
-        guarded = not job.use_bwrap
-        plan_path, verdicts_path = work / "judge_plan.json", work / "verdicts.json"
-        plan_path.write_text(json.dumps(judge_plan(source)))  # outside the sandbox
-        overrides: dict[str, Any] = {
-            "BudgetedExecute__judge_plan": str(plan_path),
-            "BudgetedExecute__verdicts_path": str(verdicts_path),
-            "BudgetedExecute__budget": float(options.budget),
-            "BudgetedExecute__finish_source": plan.finish_source if guarded else "",
-            "SandboxedKernelManager__guard_config": str(guard_file) if guarded else "",
-            "SandboxedKernelManager__sandbox": {
-                "workspace": str(home),
-                "run_dir": str(run),
-                "python_path": [str(view)],
-                "hidden": [str(hidden_root)],
-                "env": box.env,
-                "memory_bytes": box.memory_bytes,
-                "cpu_seconds": box.cpu_seconds,
-                "use_bwrap": box.use_bwrap,
-                "max_tasks": box.max_tasks,
-                "tmp_bytes": box.tmp_bytes,
-                "shm_bytes": box.shm_bytes,
-                "launcher_args": box.launcher_args,
-                # The kernel holds no check: the grading package is not there at all.
-                "masked": [str(p) for p in _installed_kits()] + [str(hidden_root)],
-            },
-        }
-        if options.cell_timeout:
-            overrides["Execute__timeout"] = int(options.cell_timeout)
         config = load_config(repo, **overrides)
         coursedir = make_coursedir(
             config,
@@ -568,7 +487,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         )
         coursedir.assignment_id, coursedir.student_id = lab, student
 
-        # 3. Run it; then nothing it started may outlive it.
+        # Run it; then nothing it started may outlive it.
         out = run_converter(GuardedAutograde, coursedir, config, force=True, create_student=True)
         result.containment = f"{containment.kind}, {containment.end()} process(es) ended"
         if not out["success"]:
@@ -576,54 +495,25 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             result.error = f"nbgrader could not autograde it:\n{_failure_summary(out)}"
             return result, files
 
-        # 4. The judge's verdicts, what nbgrader recorded, and the flags for review.
+        # The judge's verdicts, what nbgrader recorded, and the flags for review.
         executed_path = work / "autograded" / student / lab / f"{lab}.ipynb"
         executed = read_notebook(executed_path)
         problems, timed_out, died = _cell_problems(executed)
         scores, manual = _read_scores(f"sqlite:///{db}", lab, student)
         result.timestamp, result.late_penalty = _read_lateness(f"sqlite:///{db}", lab, student)
-        reading = read_log(log, plan.key) if guarded else None
-        flags += reading.problems if reading is not None else []
-        for record in reading.records if reading is not None else []:
-            event = record.get("event")
-            if event == "tamper":
-                flags.append(
-                    f"tampering {record.get('where')}: {'; '.join(record.get('what', []))}"
-                )
-            elif event == "violation":
-                flags.append(
-                    f"refused during grading: {record.get('what')} {record.get('detail', '')} "
-                    f"({record.get('where', '')})"
-                )
-            elif event == "forged":
-                flags.append(f"forged grader record: {record.get('what')}")
-            elif event == "note":
-                result.notes.append(str(record.get("what")))
-        if reading is not None and not reading.finished and not (died or timed_out):
-            flags.append("the grader's closing record is missing: the notebook's execution was cut")
+        if guarded:
+            flags += _guard_flags(run / "guard.log", plan.key, result, stopped=died or timed_out)
+        verdicts_path = work / "verdicts.json"
         verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
         decision = decide(scores, verdicts, flags, died=died, timed_out=timed_out)
-        scores, notes = decision.cell_scores, decision.notes
         result.status = decision.status or result.status
-        result.verdicts, result.cell_scores = decision.verdicts, scores
+        result.verdicts, result.cell_scores = decision.verdicts, decision.cell_scores
         result.raw_auto_score, result.auto_score = decision.raw_auto_score, decision.auto_score
         result.auto_max, result.flags = decision.auto_max, decision.flags
         result.notes = list(dict.fromkeys(result.notes))[:20]
         result.problems = problems
         result.needs_manual = manual
-
-        # 5. Feedback without hidden tests.
-        feedback = feedback_notebook(
-            executed,
-            {gid: (s, m) for gid, (s, m) in scores.items()},
-            title=f"lab {lab}, {student}",
-            status=result.status,
-            notes=notes,
-            flags=result.flags,
-        )
-        feedback_path = work / "feedback" / f"{lab}.html"
-        feedback_path.parent.mkdir(parents=True, exist_ok=True)
-        feedback_path.write_text(render_html(feedback), encoding="utf-8")
+        feedback_path = _write_feedback(executed, decision, result, work)
         files = {"autograded": str(executed_path), "feedback": str(feedback_path)}
         return result, files
     except Exception as exc:  # one broken submission never stops the batch
@@ -633,8 +523,163 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         containment.end()
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
-        result_work = str(work)
-        files.setdefault("work", result_work)
+        files.setdefault("work", str(work))
+
+
+def _stage_submission(job: Job, work: Path, result: SubmissionResult) -> Any | None:
+    """The submission, repaired against the release, written where nbgrader looks for it.
+
+    Returns the repaired notebook, or ``None`` with ``result`` saying why it cannot be graded
+    (not a notebook, or not this lab's).
+    """
+    try:
+        submitted = read_notebook(Path(job.notebook))
+    except Exception as exc:
+        result.status, result.error = "unmatched", f"not a readable notebook: {exc}"
+        return None
+    repaired = repair_notebook(submitted, read_notebook(Path(job.release)))
+    if not repaired.ok:
+        result.status, result.error = "unmatched", f"{Path(job.notebook).name}: {repaired.reason}"
+        return None
+    result.repairs = list(repaired.actions)
+    if Path(job.notebook).name != f"{job.lab}.ipynb":
+        result.repairs.insert(0, f"graded {Path(job.notebook).name} as {job.lab}.ipynb")
+    target = work / "submitted" / job.student / job.lab / f"{job.lab}.ipynb"
+    write_notebook(repaired.notebook, target)
+    stamp = Path(job.notebook).parent / "timestamp.txt"  # nbgrader's submission time
+    if stamp.is_file():
+        shutil.copyfile(stamp, target.parent / "timestamp.txt")
+    return repaired.notebook
+
+
+def _kernel_overrides(
+    job: Job,
+    options: GradingOptions,
+    containment: Any,
+    home: Path,
+    run: Path,
+    view: Path,
+    work: Path,
+    plan: Any,
+) -> dict[str, Any]:
+    """nbgrader's settings for one submission: the judge's files, the time budget, and the
+    kernel's sandbox (its workspace, the package view without the grading package, limits).
+
+    Without the OS sandbox the in-kernel guard is configured too (``run/guard.json``): it
+    fences files, processes and sockets as help, and what it refuses becomes a flag.
+    """
+    from transformer_lab.grading.sandbox import KernelSandbox
+
+    guarded = not job.use_bwrap
+    hidden_root = view / "transformer_lab" / "grading"
+    box = KernelSandbox(
+        workspace=home,
+        run_dir=run,
+        python_path=[view],
+        hidden=[hidden_root],
+        use_bwrap=job.use_bwrap,
+        memory_bytes=int(options.memory_gb * 2**30),
+        cpu_seconds=options.cpu_seconds,
+        max_tasks=options.max_tasks,
+        tmp_bytes=int(options.tmp_gb * 2**30),
+        shm_bytes=SHM_BYTES,
+        launcher_args=containment.launcher_args,
+        env={
+            "TRANSFORMER_LAB_PROFILE": options.profile,
+            "TRANSFORMER_LAB_GRADING": "1",  # no saved answer of the student's is loaded
+            "TRANSFORMER_LAB_THREADS": str(options.threads),
+            "OMP_NUM_THREADS": str(options.threads),
+            "MKL_NUM_THREADS": str(options.threads),
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        },
+    )
+    guard_file = run / "guard.json"
+    if guarded:
+        guard_file.write_text(
+            json.dumps(
+                plan.guard_config(
+                    job.lab,
+                    workspace=str(home),
+                    log=str(run / "guard.log"),
+                    hidden_root=str(hidden_root),
+                    read_roots=box.read_roots(),
+                    write_roots=[str(box.tmp_dir)],
+                )
+            )
+        )
+    overrides: dict[str, Any] = {
+        "BudgetedExecute__judge_plan": str(work / "judge_plan.json"),
+        "BudgetedExecute__verdicts_path": str(work / "verdicts.json"),
+        "BudgetedExecute__budget": float(options.budget),
+        "BudgetedExecute__finish_source": plan.finish_source if guarded else "",
+        "SandboxedKernelManager__guard_config": str(guard_file) if guarded else "",
+        "SandboxedKernelManager__sandbox": {
+            "workspace": str(home),
+            "run_dir": str(run),
+            "python_path": [str(view)],
+            "hidden": [str(hidden_root)],
+            "env": box.env,
+            "memory_bytes": box.memory_bytes,
+            "cpu_seconds": box.cpu_seconds,
+            "use_bwrap": box.use_bwrap,
+            "max_tasks": box.max_tasks,
+            "tmp_bytes": box.tmp_bytes,
+            "shm_bytes": box.shm_bytes,
+            "launcher_args": box.launcher_args,
+            # The kernel holds no check: the grading package is not there at all.
+            "masked": [str(p) for p in _installed_kits()] + [str(hidden_root)],
+        },
+    }
+    if options.cell_timeout:
+        overrides["Execute__timeout"] = int(options.cell_timeout)
+    return overrides
+
+
+def _guard_flags(log: Path, key: str, result: SubmissionResult, *, stopped: bool) -> list[str]:
+    """What the in-kernel guard (unsandboxed grading only) refused or noticed, as flags for
+    review; its notes go to ``result.notes``. ``stopped``: the kernel died or ran out of time
+    (otherwise a missing closing record means its execution was cut some other way)."""
+    from transformer_lab.grading.integrity import read_log
+
+    reading = read_log(log, key)
+    flags = list(reading.problems)
+    for record in reading.records:
+        event = record.get("event")
+        if event == "tamper":
+            flags.append(f"tampering {record.get('where')}: {'; '.join(record.get('what', []))}")
+        elif event == "violation":
+            flags.append(
+                f"refused during grading: {record.get('what')} {record.get('detail', '')} "
+                f"({record.get('where', '')})"
+            )
+        elif event == "forged":
+            flags.append(f"forged grader record: {record.get('what')}")
+        elif event == "note":
+            result.notes.append(str(record.get("what")))
+    if not reading.finished and not stopped:
+        flags.append("the grader's closing record is missing: the notebook's execution was cut")
+    return flags
+
+
+def _write_feedback(
+    executed: Any, decision: Decision, result: SubmissionResult, work: Path
+) -> Path:
+    """The student's feedback HTML (sanitised, without hidden tests) in the workspace."""
+    from transformer_lab.grading.feedback import feedback_notebook, render_html
+
+    feedback = feedback_notebook(
+        executed,
+        {gid: (score, most) for gid, (score, most) in decision.cell_scores.items()},
+        title=f"lab {result.lab}, {result.student}",
+        status=result.status,
+        notes=decision.notes,
+        flags=result.flags,
+    )
+    path = work / "feedback" / f"{result.lab}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(feedback), encoding="utf-8")
+    return path
 
 
 def judge_plan(source: Any) -> dict[str, dict[str, Any]]:

@@ -342,8 +342,7 @@ class JudgeSession:
                     continue
                 params.append([name, param])
                 sent[name] = param.detach().clone()
-            modes = [[path, m.training] for path, m in module.named_modules()]
-            payload.append([root, self.encode(params, grads), modes, kept])
+            payload.append([root, self.encode(params, grads), mirror.modes(module), kept])
         return payload
 
     def _find(self, where: str, modules: dict[int, nn.Module]) -> Any:

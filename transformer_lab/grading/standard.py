@@ -531,11 +531,14 @@ from collections.abc import Callable
 
 import torch
 
-from transformer_lab.checks._common import Ban, call_forbidding, expect_close
+from transformer_lab.checks import spec
+from transformer_lab.checks._common import call_forbidding, expect_close
 
 __all__ = ["check_example"]
 
-_BAN = Ban(reason="write it yourself")
+#: The lab's spec (``specs/lab{number}.toml``): its bans and shared tolerances.
+SPEC = spec.load("{lab}")
+_BAN = SPEC.ban("own")
 
 
 def check_example(fn: Callable[..., torch.Tensor]) -> None:
@@ -556,11 +559,12 @@ from collections.abc import Callable
 
 import torch
 
-from transformer_lab.checks._common import Ban, call_forbidding, expect_close, generator
+from transformer_lab.checks._common import call_forbidding, expect_close, generator
+from transformer_lab.checks.lab{number} import SPEC
 
 __all__ = ["hidden_check_example"]
 
-_BAN = Ban(reason="write it yourself")
+_BAN = SPEC.ban("own")
 
 
 def hidden_check_example(fn: Callable[..., torch.Tensor], seed: int = 0) -> None:
@@ -577,7 +581,18 @@ _SPEC_TEMPLATE = """\
 
 lab = "{lab}"
 
+# What graded code may not call while a check runs it (transformer_lab.checks._bans.Ban).
+[bans.own]
+# ops = ["softmax"]                            # torch op families or operator names
+# functions = ["transformer_lab.<module>"]     # the kit's answer, PyTorch's ready-made layer
+reason = "lab {number} asks you to write it yourself"
+
+# Tolerances the visible and hidden checks share: SPEC.tol("float32").
+[tolerance]
+float32 = 1e-4
+
 [parts.example]
+bans = ["own"]
 # kit = ["transformer_lab.<module>.example"]   # the @graded("{lab}") implementation
 # builds_on = {{ earlier_part = "_its_stand_in" }}
 

@@ -40,6 +40,7 @@ __all__ = [
     "apply_changes",
     "build",
     "changes",
+    "modes",
     "portable",
     "snapshot",
     "spec",
@@ -49,6 +50,18 @@ __all__ = [
 #: Hyperparameters sent for torch's own layers, which the other side rebuilds as torch layers.
 LAYER_FIELDS: dict[str, tuple[str, ...]] = {
     "Linear": ("in_features", "out_features"),
+    # nn.MultiheadAttention's own output projection (a Linear under another name)
+    "NonDynamicallyQuantizableLinear": ("in_features", "out_features"),
+    # the bias, bias_k/bias_v and separate q/k/v weights are told by its parameters' names
+    "MultiheadAttention": (
+        "embed_dim",
+        "num_heads",
+        "dropout",
+        "batch_first",
+        "kdim",
+        "vdim",
+        "add_zero_attn",
+    ),
     "LayerNorm": ("normalized_shape", "eps", "elementwise_affine"),
     "Embedding": ("num_embeddings", "embedding_dim", "padding_idx"),
     "Dropout": ("p",),
@@ -57,6 +70,25 @@ LAYER_FIELDS: dict[str, tuple[str, ...]] = {
     "Tanh": (),
     "Identity": (),
 }
+
+
+#: Settings of torch's own layers that a check may change on a mirror and that go with its
+#: modes before each call (a check switches the attention's own dropout off: lab 04).
+MUTABLE_FIELDS: dict[str, tuple[str, ...]] = {
+    "Dropout": ("p",),
+    "MultiheadAttention": ("dropout",),
+}
+
+
+def modes(root: nn.Module) -> list[Any]:
+    """Each module's path and training flag, and the :data:`MUTABLE_FIELDS` of torch's own
+    layers (``[path, training]`` or ``[path, training, [[field, value], ...]]``)."""
+    out: list[Any] = []
+    for path, module in root.named_modules():
+        name, native = _kind(type(module))
+        fields = [[f, getattr(module, f)] for f in MUTABLE_FIELDS.get(name, ())] if native else []
+        out.append([path, module.training, fields] if fields else [path, module.training])
+    return out
 
 
 #: Where the classes that :func:`portable` accepts live (the checks' own models).
@@ -158,6 +190,22 @@ def _native_layer(
     prefix = f"{path}." if path else ""
     if kind == "Linear":
         return nn.Linear(f["in_features"], f["out_features"], bias=f"{prefix}bias" in names)
+    if kind == "NonDynamicallyQuantizableLinear":
+        return nn.modules.linear.NonDynamicallyQuantizableLinear(
+            f["in_features"], f["out_features"], bias=f"{prefix}bias" in names
+        )
+    if kind == "MultiheadAttention":
+        return nn.MultiheadAttention(
+            f["embed_dim"],
+            f["num_heads"],
+            dropout=f["dropout"],
+            bias=f"{prefix}in_proj_bias" in names or f"{prefix}out_proj.bias" in names,
+            add_bias_kv=f"{prefix}bias_k" in names,
+            add_zero_attn=f["add_zero_attn"],
+            kdim=f["kdim"],
+            vdim=f["vdim"],
+            batch_first=f["batch_first"],
+        )
     if kind == "LayerNorm":
         return nn.LayerNorm(
             f["normalized_shape"], eps=f["eps"], elementwise_affine=f["elementwise_affine"]
@@ -286,7 +334,7 @@ def apply_changes(
 
 
 def sync_into(root: nn.Module, params: list[Any], modes: list[Any]) -> None:
-    """Put a mirror's parameters (``[[name, value], ...]``) and modes into the module."""
+    """Put a mirror's parameters (``[[name, value], ...]``) and :func:`modes` into the module."""
     own = dict(root.named_parameters())
     with torch.no_grad():
         for name, value in params:
@@ -297,6 +345,12 @@ def sync_into(root: nn.Module, params: list[Any], modes: list[Any]) -> None:
             else:
                 own[name].data = value.detach().clone()  # .half(), .double(): the same object
     paths = dict(root.named_modules())
-    for path, training in modes:
-        if path in paths:
-            paths[path].training = bool(training)
+    for path, training, *fields in modes:
+        module = paths.get(path)
+        if module is None:
+            continue
+        module.training = bool(training)
+        allowed = MUTABLE_FIELDS.get(_kind(type(module))[0], ())
+        for field, value in fields[0] if fields else []:
+            if field in allowed and type(value) is float:
+                setattr(module, field, value)

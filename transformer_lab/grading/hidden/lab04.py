@@ -690,7 +690,9 @@ def _random_block(
     seed: int,
 ) -> tuple[nn.Module, str, int]:
     n_heads = randint(1, 3, g)
-    d_model = n_heads * randint(2, 5, g)
+    # With dropout, at least 4 features: a post-norm block of width 2 normalises each token to
+    # +-1 whatever was dropped, so training mode could not be told from eval mode.
+    d_model = n_heads * max(randint(2, 5, g), -(-4 // n_heads) if dropout else 2)
     d_ff = randint(8, 32, g)
     block, what = build_block(
         cls, d_model, n_heads, d_ff, norm_first=norm_first, dropout=dropout, seed=seed

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.checks import spec as lab_specs
 from transformer_lab.checks._common import (
     close,
     expect_close,
@@ -98,7 +99,7 @@ __all__ = [
     "oracle_training_flops",
 ]
 
-_TOL = 1e-4
+_TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the visible checks
 
 # ======================================================================================
 # CausalSelfAttention: the oracle and its wrong variants
