@@ -776,6 +776,33 @@ def decide(
     )
 
 
+def warm_judge(repo: str, labs: list[str]) -> None:
+    """Import in this (the grader's) process what the judge of each lab will import: its
+    visible and hidden checks and the libraries its source notebook's setup cell imports
+    (Lightning, torchmetrics: seconds each).
+
+    Paid once per run and worker, with the lab's other fixed costs, instead of by the first
+    submission a worker grades. Trusted code only (the repository's own notebook and
+    package); a failure here just leaves the imports to the judge.
+    """
+    import importlib
+
+    from transformer_lab.grading.standard import setup_cell_imports
+
+    for lab in labs:
+        try:
+            source = read_notebook(Path(repo) / SOLUTIONS / lab / f"{lab}.ipynb")
+            setup = next(
+                cell.source
+                for cell in source.cells
+                if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "setup"
+            )
+            exec(compile("\n".join(setup_cell_imports(setup)), f"<{lab} imports>", "exec"), {})
+            importlib.import_module(f"transformer_lab.grading.hidden.lab{lab[:2]}")
+        except Exception:  # the judge imports what it needs itself
+            pass
+
+
 def _run_job(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -1138,12 +1165,16 @@ def grade_course(
                 shutil.rmtree(files["work"], ignore_errors=True)
             results.append(result)
 
+        graded_labs = sorted({job.lab for job in job_list})
         if jobs == 1 or len(job_list) <= 1:
+            warm_judge(str(repo), graded_labs)
             for job in job_list:
                 accept(*_run_job(job))
         else:
             context = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            with concurrent.futures.ProcessPoolExecutor(
+                jobs, mp_context=context, initializer=warm_judge, initargs=(str(repo), graded_labs)
+            ) as pool:
                 futures = {pool.submit(_run_job, job): job for job in job_list}
                 for future in concurrent.futures.as_completed(futures):
                     job = futures[future]

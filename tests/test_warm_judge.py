@@ -1,0 +1,34 @@
+"""The grader imports what a lab's judge will import once per run, before any submission.
+
+Otherwise the first submission a worker grades carries seconds of Lightning and torchmetrics
+imports (lab 06: 4 of its 8 judge seconds), and a benchmark of few copies reads them as
+per-submission cost.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_warm_judge_imports_the_labs_checks_and_libraries_and_survives_a_missing_lab() -> None:
+    code = (
+        "import sys\n"
+        "from transformer_lab.grading.grade import warm_judge\n"
+        f"warm_judge({str(REPO)!r}, ['99_no_such_lab', '06_decoder_training'])\n"
+        "need = ['lightning', 'torchmetrics', 'transformer_lab.grading.hidden.lab06',\n"
+        "        'transformer_lab.checks.lab06']\n"
+        "print([m for m in need if m not in sys.modules])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
