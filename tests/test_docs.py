@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from transformer_lab.pysource import parse_python
+
 REPO = Path(__file__).resolve().parents[1]
 #: Top-level entries of the repository a path may start with.
 ROOTS = (
@@ -62,7 +64,7 @@ def _documents() -> Iterator[tuple[Path, str, bool]]:
         yield path, path.read_text(), False
     for folder in ("transformer_lab", "benchmarks"):
         for path in sorted((REPO / folder).rglob("*.py")):
-            docstring = ast.get_docstring(ast.parse(path.read_text()))
+            docstring = ast.get_docstring(parse_python(path.read_text()))
             if docstring:
                 yield path, docstring, True
 

@@ -16,6 +16,7 @@ from notebook_support import LabNotebookTests, meta, release_path
 
 from transformer_lab.checks import lab01
 from transformer_lab.grading.hidden import lab01 as hidden01
+from transformer_lab.pysource import parse_python
 
 
 class TestLab01(LabNotebookTests):
@@ -51,7 +52,7 @@ class TestLab01(LabNotebookTests):
             ("sinusoidal_encoding", ["seq_len", "d_model", "base"]),
             ("relative_shift_matrix", ["offset", "d_model", "base"]),
         ):
-            tree = ast.parse(answers[name])
+            tree = parse_python(answers[name])
             fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
             assert fn.name == name and [a.arg for a in fn.args.args] == args
             assert ast.literal_eval(fn.args.defaults[0]) == 10000.0

@@ -17,6 +17,7 @@ from notebook_support import LabNotebookTests, meta
 
 from transformer_lab.checks import lab02
 from transformer_lab.grading.hidden import lab02 as hidden02
+from transformer_lab.pysource import parse_python
 
 
 class TestLab02(LabNotebookTests):
@@ -54,7 +55,7 @@ class TestLab02(LabNotebookTests):
             ("self_attention_matrix", ["X", "W_q", "b_q", "W_k", "b_k", "W_v", "b_v"]),
             ("scaled_dot_product_attention", ["q", "k", "v", "mask"]),
         ):
-            fn = next(n for n in ast.parse(answers[name]).body if isinstance(n, ast.FunctionDef))
+            fn = next(n for n in parse_python(answers[name]).body if isinstance(n, ast.FunctionDef))
             assert fn.name == name and [a.arg for a in fn.args.args] == args
 
     def test_demos_run_the_students_code_not_the_kits_answers(self, notebook: Any) -> None:

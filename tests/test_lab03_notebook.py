@@ -15,6 +15,7 @@ from notebook_support import LabNotebookTests, meta
 
 from transformer_lab.checks import lab03
 from transformer_lab.grading.hidden import lab03 as hidden03
+from transformer_lab.pysource import parse_python
 
 
 class TestLab03(LabNotebookTests):
@@ -46,10 +47,12 @@ class TestLab03(LabNotebookTests):
             "load_torch_weights": ["ours", "theirs"],
         }
         for name, args in expected.items():
-            fn = next(n for n in ast.parse(answers[name]).body if isinstance(n, ast.FunctionDef))
+            fn = next(n for n in parse_python(answers[name]).body if isinstance(n, ast.FunctionDef))
             assert fn.name == name and [a.arg for a in fn.args.args] == args
         cls = next(
-            n for n in ast.parse(answers["MultiHeadAttention"]).body if isinstance(n, ast.ClassDef)
+            n
+            for n in parse_python(answers["MultiHeadAttention"]).body
+            if isinstance(n, ast.ClassDef)
         )
         methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
         assert [a.arg for a in methods["__init__"].args.args] == [

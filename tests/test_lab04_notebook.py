@@ -16,6 +16,7 @@ from notebook_support import LabNotebookTests, meta
 
 from transformer_lab.checks import lab04
 from transformer_lab.grading.hidden import lab04 as hidden04
+from transformer_lab.pysource import parse_python
 
 
 class TestLab04(LabNotebookTests):
@@ -43,7 +44,7 @@ class TestLab04(LabNotebookTests):
 
     def test_graded_names_and_signatures_follow_the_curriculum(self, notebook: Any) -> None:
         answers = {meta(c)["grade_id"]: c.source for c in notebook.cells if meta(c).get("solution")}
-        tree = ast.parse(answers["layer_norm"])
+        tree = parse_python(answers["layer_norm"])
         fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
         assert fn.name == "layer_norm"
         assert [a.arg for a in fn.args.args] == ["x", "weight", "bias", "eps"]
@@ -60,7 +61,9 @@ class TestLab04(LabNotebookTests):
                 ["self", "model", "lr", "weight_decay", "warmup_steps", "total_steps"],
             ),
         ):
-            cls = next(n for n in ast.parse(answers[grade_id]).body if isinstance(n, ast.ClassDef))
+            cls = next(
+                n for n in parse_python(answers[grade_id]).body if isinstance(n, ast.ClassDef)
+            )
             init = next(n for n in cls.body if getattr(n, "name", "") == "__init__")
             assert cls.name == name and [a.arg for a in init.args.args] == args
         # The Lightning exercise leaves __init__ and forward to the student as given code.

@@ -21,6 +21,7 @@ from notebook_support import LabNotebookTests, meta, run_all_cells
 
 from transformer_lab.checks import lab05
 from transformer_lab.grading.hidden import lab05 as hidden05
+from transformer_lab.pysource import parse_python
 
 
 class TestLab05(LabNotebookTests):
@@ -66,7 +67,7 @@ class TestLab05(LabNotebookTests):
             ("masked_attention", ["q", "k", "v", "mask"]),
             ("depends_on_future", ["fn", "x"]),
         ):
-            tree = ast.parse(answers[name])
+            tree = parse_python(answers[name])
             fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
             assert fn.name == name and [a.arg for a in fn.args.args] == args
             assert not re.search(r"\b(masks|attention|F)\.\w+\(", answers[name])  # no kit call

@@ -18,6 +18,7 @@ from notebook_support import LabNotebookTests, meta
 
 from transformer_lab.checks import lab06
 from transformer_lab.grading.hidden import lab06 as hidden06
+from transformer_lab.pysource import parse_python
 
 
 class TestLab06(LabNotebookTests):
@@ -74,12 +75,12 @@ class TestLab06(LabNotebookTests):
             "train_translator": ["module", "datamodule"],
         }
         for name, args in signatures.items():
-            tree = ast.parse(answers[name])
+            tree = parse_python(answers[name])
             fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
             assert fn.name == name and [a.arg for a in fn.args.args] == args
-        train = next(n for n in ast.parse(answers["train_translator"]).body)
+        train = next(n for n in parse_python(answers["train_translator"]).body)
         assert [a.arg for a in train.args.kwonlyargs] == ["max_steps", "session", "name"]
-        block = next(n for n in ast.parse(answers["DecoderBlock"]).body)
+        block = next(n for n in parse_python(answers["DecoderBlock"]).body)
         init, forward = (f for f in block.body if isinstance(f, ast.FunctionDef))
         assert [a.arg for a in init.args.args] == ["self", "d_model", "n_heads", "d_ff", "dropout"]
         assert [a.arg for a in forward.args.args] == [
@@ -89,7 +90,7 @@ class TestLab06(LabNotebookTests):
             "self_mask",
             "memory_mask",
         ]
-        module = next(n for n in ast.parse(answers["TranslationModule"]).body)
+        module = next(n for n in parse_python(answers["TranslationModule"]).body)
         methods = {f.name for f in module.body if isinstance(f, ast.FunctionDef)}
         assert {"training_step", "validation_step", "configure_optimizers"} <= methods
         assert answers["TranslationModule"].count("### BEGIN SOLUTION") == 3

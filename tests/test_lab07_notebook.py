@@ -16,6 +16,7 @@ from notebook_support import LabNotebookTests, meta
 
 from transformer_lab.checks import lab07
 from transformer_lab.grading.hidden import lab07 as hidden07
+from transformer_lab.pysource import parse_python
 
 
 class TestLab07(LabNotebookTests):
@@ -69,11 +70,11 @@ class TestLab07(LabNotebookTests):
             "beam_search": ["step_fn", "bos_id", "eos_id", "beam_width", "max_len"],
         }
         for name, args in signatures.items():
-            tree = ast.parse(answers[name])
+            tree = parse_python(answers[name])
             fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
             assert fn.name == name and [a.arg for a in fn.args.args] == args
             assert "### BEGIN SOLUTION" in answers[name]
-        tree = ast.parse(answers["CharTokenizer"])
+        tree = parse_python(answers["CharTokenizer"])
         cls = next(n for n in tree.body if isinstance(n, ast.ClassDef))
         methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
         assert {"__init__", "fit", "encode", "decode", "vocab_size"} <= methods

@@ -21,6 +21,7 @@ from notebook_support import LabNotebookTests, meta, run_all_cells
 
 from transformer_lab.checks import lab08
 from transformer_lab.grading.hidden import lab08 as hidden08
+from transformer_lab.pysource import parse_python
 
 
 class TestLab08(LabNotebookTests):
@@ -71,10 +72,10 @@ class TestLab08(LabNotebookTests):
              []),
             ("gpu_days", ["flops", "peak_flops", "utilization"], []),
         ):  # fmt: skip
-            fn = next(n for n in ast.parse(answers[name]).body if isinstance(n, ast.FunctionDef))
+            fn = next(n for n in parse_python(answers[name]).body if isinstance(n, ast.FunctionDef))
             assert fn.name == name and [a.arg for a in fn.args.args] == args
             assert [a.arg for a in fn.args.kwonlyargs] == kwonly
-        cls = next(n for n in ast.parse(answers["CausalSelfAttention"]).body)
+        cls = next(n for n in parse_python(answers["CausalSelfAttention"]).body)
         init, forward = (f for f in cls.body if isinstance(f, ast.FunctionDef))
         assert [a.arg for a in init.args.args] == ["self", "d_model", "n_heads", "dropout"]
         assert [a.arg for a in forward.args.args] == ["self", "x", "kv_cache"]

@@ -221,6 +221,30 @@ def test_lock_source_keeps_signature_docstring_and_valid_python() -> None:
     compile(new, "m", "exec")
 
 
+class _ParsesWhenCollected:
+    """Garbage whose finalizer parses Python, as asyncio's does when it logs a task's
+    unretrieved exception (3.11's traceback module parses each line for its carets)."""
+
+    def __init__(self) -> None:
+        self.cycle = [self]
+
+    def __del__(self) -> None:
+        def deeper(n: int) -> object:
+            return ast.parse("x = 1 + 2") if n == 0 else deeper(n - 1)
+
+        deeper(40)
+
+
+def test_locking_survives_a_finalizer_that_parses_python() -> None:
+    """CI met ``SystemError: AST constructor recursion depth mismatch`` here: a collection
+    during ``ast.parse`` ran such a finalizer. The kit parses with the collector paused."""
+    source = (REPO / "transformer_lab" / "checks" / "lab03.py").read_text(encoding="utf-8")
+    for _ in range(5):
+        garbage = [_ParsesWhenCollected() for _ in range(3000)]
+        del garbage
+        lock_source(source, {"03_multi_head_attention"}, "transformer_lab.checks.lab03")
+
+
 def test_deadlines_unlock_labs() -> None:
     import datetime as dt
 

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_lab.pysource import parse_python
+
 __all__ = [
     "ANSWERS",
     "ANSWERS_ENV",
@@ -236,7 +238,7 @@ def _file(folder: Path, lab: str) -> Path:
 def _definitions(source: str) -> dict[str, str]:
     """Top-level ``name -> source`` (decorators included) of the functions and classes."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return {}
     lines = source.splitlines()

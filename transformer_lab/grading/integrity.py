@@ -29,6 +29,7 @@ from pathlib import Path
 from nbformat import NotebookNode
 
 from transformer_lab.grading.guard import FINISH_EVENT, cell_digest
+from transformer_lab.pysource import parse_python
 
 __all__ = [
     "GuardPlan",
@@ -196,7 +197,7 @@ def _imported_names(submission: NotebookNode) -> set[str]:
         if cell.cell_type != "code":
             continue
         try:
-            tree = ast.parse(cell.source)
+            tree = parse_python(cell.source)
         except SyntaxError:
             continue
         for node in ast.walk(tree):
@@ -225,7 +226,7 @@ def scan_student_code(submission: NotebookNode) -> list[str]:
                 line = next(i for i, t in enumerate(source.splitlines(), 1) if needle in t)
                 flags.append(f"cell {index} line {line}: {what} ({needle!r})")
         try:
-            tree = ast.parse(lines)
+            tree = parse_python(lines)
         except SyntaxError:
             continue
         for node in ast.walk(tree):

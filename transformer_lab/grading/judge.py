@@ -47,6 +47,7 @@ from transformer_lab.checks._common import named_mistakes
 from transformer_lab.checks.spec import all_specs
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge import mirror, wire
+from transformer_lab.pysource import parse_python
 
 __all__ = [
     "JudgeError",
@@ -692,7 +693,7 @@ def _remote_class(dotted: Any) -> type[Remote]:
 
 def student_names(source: str, namespace: dict[str, Any]) -> list[str]:
     """The names a test cell reads that neither it, the judge's namespace nor Python defines."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     loaded: list[str] = []
     bound: set[str] = set()
     for node in ast.walk(tree):

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_lab.grading.course import GradingError, list_labs
+from transformer_lab.pysource import parse_python
 
 __all__ = [
     "StudentBuild",
@@ -125,7 +126,7 @@ def lock_source(source: str, locked: set[str], module: str) -> tuple[str, list[s
     Returns:
         ``(new source, qualnames that were locked)``.
     """
-    tree = ast.parse(source)
+    tree = parse_python(source)
     lines = source.splitlines(keepends=True)
     cuts: list[tuple[int, int, str]] = []  # (first line index, end line index, replacement)
     done: list[str] = []
@@ -156,7 +157,7 @@ def lock_source(source: str, locked: set[str], module: str) -> tuple[str, list[s
     new = "".join(lines)
     if done and "LockedAnswerError" not in _imported_names(tree):
         new = _add_import(new, "from transformer_lab.graded import LockedAnswerError\n")
-    ast.parse(new, filename=module)  # the result must still be valid Python
+    parse_python(new, filename=module)  # the result must still be valid Python
     return new, done
 
 
@@ -170,7 +171,7 @@ def _imported_names(tree: ast.AST) -> set[str]:
 
 def _add_import(source: str, line: str) -> str:
     """Insert ``line`` after the module's ``from __future__`` import (or its docstring)."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     after = 0
     for node in tree.body:
         if (isinstance(node, ast.ImportFrom) and node.module == "__future__") or (
@@ -193,7 +194,7 @@ def graded_definitions(package_dir: Path) -> list[GradedDefinition]:
         module = ".".join(rel.with_suffix("").parts)
         source = path.read_text(encoding="utf-8")
         lines = source.splitlines()
-        for qualname, node in _walk_definitions(ast.parse(source)):
+        for qualname, node in _walk_definitions(parse_python(source)):
             lab = _graded_lab(node)
             if lab is None:
                 continue
