@@ -183,9 +183,15 @@ def test_the_spec_lint_finds_a_ban_that_drifted() -> None:
         problems = "\n".join(spec.lint_spec(spec.parse(changed), nb, lab))
         assert says in problems, (what, problems)
     with pytest.raises(spec.SpecError, match="positive number"):
-        spec.parse(
-            text.replace("[parts.layer_norm]", "[tolerance]\nfloat32 = -1\n\n[parts.layer_norm]")
-        )
+        spec.parse(text.replace("large_mean = 1e-2", "large_mean = -1"))
+    with pytest.raises(spec.SpecError, match=r"\{atol = number, rtol = number\}"):
+        spec.parse(text.replace("large_mean = 1e-2", "large_mean = { atol = 1e-2 }"))
+    pair = spec.parse(text.replace("large_mean = 1e-2", "large_mean = { atol = 1e-2, rtol = 3 }"))
+    assert pair.close_tol("large_mean") == {"atol": 1e-2, "rtol": 3.0}
+    with pytest.raises(spec.SpecError, match="use close_tol"):
+        pair.tol("large_mean")
+    with pytest.raises(spec.SpecError, match="use tol"):
+        pair.close_tol("float32")
     with pytest.raises(spec.SpecError, match=r"no \[bans\.nothing\]"):
         spec.load(lab).ban("nothing")
     with pytest.raises(spec.SpecError, match="no tolerance 'half'"):

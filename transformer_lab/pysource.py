@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import ast
 import gc
+from typing import Any
 
 
-def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
-    """``ast.parse(source, filename)`` with no finalizer able to run inside it."""
+def parse_python(source: str, filename: str = "<unknown>", mode: str = "exec") -> Any:
+    """``ast.parse(source, filename, mode)`` with no finalizer able to run inside it (an
+    ``ast.Module``, or an ``ast.Expression`` for ``mode="eval"``)."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        return ast.parse(source, filename=filename)
+        return ast.parse(source, filename=filename, mode=mode)
     finally:
         if paused:
             gc.enable()

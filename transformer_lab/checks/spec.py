@@ -17,7 +17,8 @@ A lab's ``[bans.<name>]`` tables say what its graded code may not call (torch op
 families ``ops``, dotted ``functions``, the ``reason`` the refusal gives); the checks build their
 :class:`~transformer_lab.checks._bans.Ban` from them (:meth:`LabSpec.ban`), and the lint holds
 that every part's kit answer is refused by its own bans. Its ``[tolerance]`` table names the
-tolerances that its visible and hidden checks share (``float32 = 1e-4``).
+tolerances that its visible and hidden checks use (``float32 = 1e-4``, or an ``atol``/``rtol``
+pair ``long_angles = {atol = 2e-4, rtol = 1e-3}``).
 
 The notebook stays the home of cells and points (nbgrader reads them there); the spec names
 cells, and :func:`parts_of` reads the notebook to tell which cells belong to which part.
@@ -106,7 +107,7 @@ class LabSpec:
     lab: str
     parts: dict[str, Part]
     bans: dict[str, BanSpec] = field(default_factory=dict)
-    tolerance: dict[str, float] = field(default_factory=dict)
+    tolerance: dict[str, float | dict[str, float]] = field(default_factory=dict)
 
     def builds_on(self, name: str) -> dict[str, str]:
         """Earlier part -> stand-in, for the part ``name`` (nothing for an unknown name)."""
@@ -125,7 +126,21 @@ class LabSpec:
         return Ban(ops=table.ops, functions=table.functions, reason=table.reason)
 
     def tol(self, name: str) -> float:
-        """The tolerance ``name`` of its ``[tolerance]`` table."""
+        """The tolerance ``name`` of its ``[tolerance]`` table (a number)."""
+        value = self._tolerance(name)
+        if isinstance(value, dict):
+            raise SpecError(f"tolerance.{name} of {self.lab} is an atol/rtol pair: use close_tol")
+        return value
+
+    def close_tol(self, name: str) -> dict[str, float]:
+        """The ``{atol, rtol}`` pair ``name = {atol = ..., rtol = ...}`` of ``[tolerance]``,
+        to pass as ``**spec.close_tol(name)``."""
+        value = self._tolerance(name)
+        if not isinstance(value, dict):
+            raise SpecError(f"tolerance.{name} of {self.lab} is one number: use tol")
+        return dict(value)
+
+    def _tolerance(self, name: str) -> float | dict[str, float]:
         if name not in self.tolerance:
             known = sorted(self.tolerance)
             raise SpecError(f"the spec of {self.lab} has no tolerance {name!r} (it has {known})")
@@ -175,13 +190,28 @@ def _ban(name: str, body: Any, where: str) -> BanSpec:
     )
 
 
-def _tolerances(body: Any, where: str) -> dict[str, float]:
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
+def _tolerances(body: Any, where: str) -> dict[str, float | dict[str, float]]:
+    """``name = number``, or ``name = {atol = number, rtol = number}``."""
     if not isinstance(body, dict):
         raise SpecError(f"{where}: [tolerance] must be a table of name = number")
+    out: dict[str, float | dict[str, float]] = {}
     for key, value in body.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        if isinstance(value, dict):
+            if set(value) != {"atol", "rtol"} or not all(map(_positive, value.values())):
+                raise SpecError(
+                    f"{where}: tolerance.{key} must be {{atol = number, rtol = number}} with "
+                    f"positive numbers, not {value!r}"
+                )
+            out[key] = {k: float(v) for k, v in value.items()}
+        elif _positive(value):
+            out[key] = float(value)
+        else:
             raise SpecError(f"{where}: tolerance.{key} must be a positive number, not {value!r}")
-    return {key: float(value) for key, value in body.items()}
+    return out
 
 
 def parse(text: str, where: str = "<spec>") -> LabSpec:

@@ -125,16 +125,13 @@ def render_setup_cells(repo: Path, labs: list[str], kit_source: str) -> list[str
     Returns:
         The source notebooks that changed.
     """
-    from transformer_lab.grading.standard import setup_cell_imports, setup_cell_source
+    from transformer_lab.grading.standard import setup_cell, setup_cell_imports, setup_cell_source
 
     changed = []
     for lab in labs:
         path = repo / SOLUTIONS / lab / f"{lab}.ipynb"
         nb = read_notebook(path)
-        cell = next(
-            (c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "setup"),
-            None,
-        )
+        cell = setup_cell(nb)
         if cell is None:
             raise GradingError(f"{path} has no setup cell (grade_id 'setup'): see docs/labs.md")
         want = setup_cell_source(lab, kit_source, setup_cell_imports(cell.source))

@@ -787,17 +787,15 @@ def warm_judge(repo: str, labs: list[str]) -> None:
     """
     import importlib
 
-    from transformer_lab.grading.standard import setup_cell_imports
+    from transformer_lab.grading.standard import setup_cell, setup_cell_imports
 
     for lab in labs:
         try:
             source = read_notebook(Path(repo) / SOLUTIONS / lab / f"{lab}.ipynb")
-            setup = next(
-                cell.source
-                for cell in source.cells
-                if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "setup"
-            )
-            exec(compile("\n".join(setup_cell_imports(setup)), f"<{lab} imports>", "exec"), {})
+            setup = setup_cell(source)
+            if setup is not None:
+                imports = "\n".join(setup_cell_imports(setup.source))
+                exec(compile(imports, f"<{lab} imports>", "exec"), {})
             importlib.import_module(f"transformer_lab.grading.hidden.lab{lab[:2]}")
         except Exception:  # the judge imports what it needs itself
             pass

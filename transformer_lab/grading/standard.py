@@ -32,6 +32,7 @@ __all__ = [
     "cell_role",
     "lint_lab",
     "new_lab",
+    "setup_cell",
     "setup_cell_imports",
     "setup_cell_source",
 ]
@@ -186,6 +187,11 @@ def cell_role(cell: NotebookNode) -> str:
     if source.startswith("# Your settings") and not meta.get("locked"):
         return "settings"
     return "demo" if meta.get("locked") else "free"
+
+
+def setup_cell(nb: NotebookNode) -> NotebookNode | None:
+    """The notebook's setup cell (the one whose role is ``setup``), or None."""
+    return next((cell for cell in nb.cells if cell_role(cell) == "setup"), None)
 
 
 # --------------------------------------------------------------------------------------

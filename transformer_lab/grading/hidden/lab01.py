@@ -21,7 +21,14 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import expect_close, expect_shape, expect_true, generator
-from transformer_lab.checks.lab01 import diagnose, encode, judge_encoding, judge_shift, shift
+from transformer_lab.checks.lab01 import (
+    SPEC,
+    diagnose,
+    encode,
+    judge_encoding,
+    judge_shift,
+    shift,
+)
 from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
@@ -190,8 +197,8 @@ def _expect_encoding(
     d_model: int,
     base: float,
     *,
-    atol: float = 1e-4,
-    rtol: float = 1e-4,
+    atol: float | None = None,
+    rtol: float | None = None,
 ) -> None:
     what = f"sinusoidal_encoding({seq_len}, {d_model}" + (
         f", base={base:g})" if base != 10000.0 else ")"
@@ -201,8 +208,8 @@ def _expect_encoding(
         oracle_sinusoidal_encoding(seq_len, d_model, base),
         encoding_mistakes(seq_len, d_model, base),
         what,
-        atol=atol,
-        rtol=rtol,
+        atol=SPEC.tol("float32") if atol is None else atol,
+        rtol=SPEC.tol("float32") if rtol is None else rtol,
     )
 
 
@@ -255,10 +262,9 @@ def hidden_check_sinusoidal_encoding_properties(fn: Callable[..., Tensor], seed:
         torch.full_like(norms, math.sqrt(d_model / 2)),
         f"row norms of {what}",
         hint="Every row holds d/2 (sin, cos) pairs of one angle each, so its norm is sqrt(d/2).",
-        atol=1e-3,
+        atol=SPEC.tol("row_norm"),
     )
-    # float32 angles of a few hundred radians carry errors of ~1e-5: allow a little more.
-    _expect_encoding(fn, 200, d_model, 10000.0, atol=2e-4, rtol=1e-3)
+    _expect_encoding(fn, 200, d_model, 10000.0, **SPEC.close_tol("long_angles"))
 
 
 def hidden_check_relative_shift_matrix(fn: Callable[..., Tensor], seed: int = 0) -> None:
@@ -298,14 +304,14 @@ def hidden_check_relative_shift_matrix_properties(fn: Callable[..., Tensor], see
             "Moving an encoding does not change its length, so M is a rotation (orthogonal). "
             "Each 2x2 block needs cos on the diagonal and +/-sin off it.",
         ),
-        atol=1e-4,
+        atol=SPEC.tol("float32"),
     )
     expect_close(
         ma @ mb,
         matrix(a + b),
         f"relative_shift_matrix({a}, {d_model}) @ relative_shift_matrix({b}, {d_model})",
         hint=named(ma, a, f"Moving by {a} then by {b} positions must equal moving by {a + b}."),
-        atol=1e-4,
+        atol=SPEC.tol("float32"),
     )
     _expect_shift(fn, -a, d_model, 10000.0)
     _expect_shift(fn, 1000, 2, 10000.0)

@@ -38,6 +38,7 @@ from transformer_lab.checks._common import (
 )
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
+    SPEC,
     ProbeModel,
     block_weights,
     build_block,
@@ -158,7 +159,7 @@ def _expect_layer_norm(
     bias: Tensor,
     eps: float = 1e-5,
     *,
-    atol: float = 1e-4,
+    atol: float | None = None,
     hint: str = _LN_HINT,
 ) -> None:
     got = layer_norm_call(fn, x, weight, bias, eps)
@@ -170,7 +171,7 @@ def _expect_layer_norm(
         what=f"layer_norm(x, weight, bias{eps_text}) on x of shape {tuple(x.shape)} ({x.dtype})",
         candidates=[(t, h) for h, t in mistakes.items()],
         hint=hint,
-        atol=atol,
+        atol=SPEC.tol("float32") if atol is None else atol,
     )
 
 
@@ -213,7 +214,7 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
         x,
         torch.ones(16),
         torch.zeros(16),
-        atol=1e-2,
+        atol=SPEC.tol("large_mean"),
         hint="Compute the variance from the centred values, ((x - mean) ** 2).mean(-1): "
         "mean(x ** 2) - mean(x) ** 2 cancels catastrophically in float32 when the mean is large.",
     )

@@ -87,7 +87,8 @@ __all__ = [
     "oracle_shift_right",
 ]
 
-_ATOL = spec.load("06_decoder_training").tol("float32")  # shared with the visible checks
+SPEC = spec.load("06_decoder_training")
+_ATOL = SPEC.tol("float32")  # shared with the visible checks
 
 
 # ======================================================================================
@@ -376,8 +377,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
             f"{what} in {dtype} against float32",
             hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
             "fixed -1e9, and nothing may be computed in another precision.",
-            atol=0.15,
-            rtol=0.05,
+            **SPEC.close_tol("half_block"),
         )
 
 
@@ -453,8 +453,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
         "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
         "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
         "the feed-forward; not to x, not to the sum, not after the norm.",
-        atol=1e-3,
-        rtol=1e-3,
+        **SPEC.close_tol("dropout_one"),
     )
 
 
@@ -635,8 +634,7 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
             hint="Adding a constant to every logit changes no probability. exp of large logits "
             "overflows (and a probability underflows to 0 before its log): compute "
             "log-probabilities as logits - logsumexp(logits, dim=-1), or with log_softmax.",
-            atol=1e-3,
-            rtol=1e-4,
+            **SPEC.close_tol("loss"),
         )
     scaled = 60.0 * base
     what = f"sequence_loss(60 * logits, targets, pad_id={pad_id})"
@@ -647,8 +645,7 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
         candidates=[],
         hint="Confident logits make some probabilities underflow to 0: take log-probabilities "
         "directly (logits - logsumexp), not the log of a softmax.",
-        atol=1e-3,
-        rtol=1e-4,
+        **SPEC.close_tol("loss"),
     )
     what = f"sequence_loss(bfloat16 logits, targets, pad_id={pad_id})"
     low = loss_call(fn, base.bfloat16(), targets, pad_id, what)
@@ -657,8 +654,7 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
         oracle_sequence_loss(base.bfloat16().float(), targets, pad_id),
         what,
         hint="Half-precision logits must still give a finite loss close to the float32 one.",
-        atol=5e-2,
-        rtol=2e-2,
+        **SPEC.close_tol("bfloat16_loss"),
     )
     logits = base.clone().requires_grad_()
     what = f"sequence_loss(logits, targets, pad_id={pad_id})"
