@@ -450,7 +450,8 @@ class BudgetedExecute(Execute):
             if remaining <= 0:
                 await ensure_async(self.km.interrupt_kernel())
                 raise JudgeError(f"your code did not return within {timeout:.0f} s")
-            ready = await self._ready(min(remaining, 0.05))
+            # Short waits, as a missed wake-up must not cost more than 2 ms.
+            ready = await self._ready(min(remaining, 0.002))
             request = await self._next(self.kc.stdin_channel, 0.0) if "stdin" in ready else None
             if request is not None and request.get("msg_type") == "input_request":
                 prompt = str(request.get("content", {}).get("prompt", ""))
