@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     call_student,
     close,
@@ -45,6 +44,7 @@ from transformer_lab.checks._common import (
 from transformer_lab.checks.lab06 import (
     FIT_WHAT,
     PRECISIONS,
+    SPEC,
     RandomTranslator,
     ScriptedTranslator,
     _shift_call,
@@ -87,7 +87,6 @@ __all__ = [
     "oracle_shift_right",
 ]
 
-SPEC = spec.load("06_decoder_training")
 _ATOL = SPEC.tol("float32")  # shared with the visible checks
 
 
