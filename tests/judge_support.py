@@ -8,6 +8,8 @@ seconds. The real kernel, sandbox and ``labs grade`` are tested by the round tri
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,26 @@ TRAINED_MODEL = frozenset(
         "test_train_translator_trained_greedy",
     }
 )
+
+
+def grade_one(course: Path, student: str, lab: str, nb: Any, *options: str) -> dict[str, Any]:
+    """Grade one submission ``nb`` of ``lab`` with the real ``labs grade`` (in the sandbox
+    where the tests require it, else ``--unsandboxed``); its result in the grading report."""
+    from conftest import GRADING_SANDBOX
+
+    from transformer_lab.grading.cli import main
+
+    folder = course / "submitted" / student / lab
+    folder.mkdir(parents=True)
+    nbformat.write(nb, str(folder / f"{lab}.ipynb"))
+    sandbox = [] if GRADING_SANDBOX == "required" else ["--unsandboxed"]
+    grade = ["grade", "--course", str(course), "--jobs", "1", *options, *sandbox]
+    unsandboxed = pytest.warns(RuntimeWarning, match="UNSANDBOXED")
+    with unsandboxed if sandbox else contextlib.nullcontext():
+        main(["--repo", str(REPO), *grade])
+    report = json.loads((course / "grading_report.json").read_text())
+    (result,) = report["runs"][-1]["results"]
+    return result
 
 
 def answers_namespace(lab: str, folder: str = "solutions") -> dict[str, Any]:

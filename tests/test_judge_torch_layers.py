@@ -9,15 +9,11 @@ layers) and sends dropout settings to the kernel with each request; the in-proce
 
 from __future__ import annotations
 
-import contextlib
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import GRADING_SANDBOX
-
-from transformer_lab.grading.cli import main
+from judge_support import grade_one
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "04_transformer_block"
@@ -67,16 +63,7 @@ def _submission() -> nbformat.NotebookNode:
 
 
 def test_an_encoder_block_on_torch_attention_keeps_every_point(tmp_path: Path) -> None:
-    course = tmp_path / "course"
-    folder = course / "submitted" / "torch_attention" / LAB
-    folder.mkdir(parents=True)
-    nbformat.write(_submission(), str(folder / f"{LAB}.ipynb"))
-    sandbox = [] if GRADING_SANDBOX == "required" else ["--unsandboxed"]
-    unsandboxed = pytest.warns(RuntimeWarning, match="UNSANDBOXED")
-    with unsandboxed if sandbox else contextlib.nullcontext():
-        main(["--repo", str(REPO), "grade", "--course", str(course), "--jobs", "1", *sandbox])
-    report = json.loads((course / "grading_report.json").read_text())
-    (result,) = report["runs"][-1]["results"]
+    result = grade_one(tmp_path / "course", "torch_attention", LAB, _submission())
     assert result["status"] == "graded", result
     assert result["auto_score"] == result["auto_max"] > 0, result
     assert not result["flags"], result

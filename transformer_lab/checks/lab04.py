@@ -484,7 +484,7 @@ def _no_attention_dropout(attn: nn.Module) -> Iterator[None]:
             saved.append((module, "p", module.p))
             module.p = 0.0
     value = getattr(attn, "dropout", None)
-    if isinstance(value, float):
+    if isinstance(value, float) and value != 0.0:  # (a judged module's write is a request)
         saved.append((attn, "dropout", value))
         attn.dropout = 0.0
     try:

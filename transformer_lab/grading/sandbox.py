@@ -38,7 +38,6 @@ nbclient's ``NotebookClient.async_execute_cell``.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import functools
 import json
@@ -65,11 +64,11 @@ from nbgrader.preprocessors import Execute
 from traitlets import Dict, Float, Unicode
 
 from transformer_lab.grading.course import BUDGET_S
-from transformer_lab.pysource import parse_python
 
-#: Judge requests longer than this go to the kernel through its input channel, not its code
-#: (an input round trip costs ~2 ms more; a request in the code ~0.25 ms more per KB).
-INLINE_REQUEST_CHARS = 8192
+#: The longest reply the judge reads from the kernel (characters of wire text).
+MAX_REPLY_CHARS = 2**29
+#: Seconds the kernel has to leave its serving loop after a judged cell (then it is interrupted).
+END_SERVING_S = 10.0
 
 __all__ = [
     "BudgetedExecute",
@@ -337,6 +336,8 @@ class BudgetedExecute(Execute):
     ) -> tuple[NotebookNode, Any]:
         """Run the notebook, then the closing cell (which is removed again afterwards)."""
         self._started, self._dead, self._cell_timeout = 0.0, "", self.timeout
+        self._serving: str | None = None  # the msg_id of the kernel's serving loop, if one runs
+        self._waiting = False  # whether that loop waits for the judge's next request
         self._plan = json.loads(Path(self.judge_plan).read_text()) if self.judge_plan else {}
         from transformer_lab.grading.judge import Judgements
 
@@ -422,28 +423,39 @@ class BudgetedExecute(Execute):
         loop = asyncio.get_running_loop()
         session = JudgeSession(KernelLink(self, loop), timeout)
         source = self._plan[grade_id]["source"]
-        await loop.run_in_executor(None, self._judgements.judge, grade_id, source, session)
+        try:
+            await loop.run_in_executor(None, self._judgements.judge, grade_id, source, session)
+        finally:
+            await self._end_serving()
 
     async def exchange(self, text: str, timeout: float, answer: Callable[[str], str]) -> str:
-        """One judge request in the kernel (silent, outside its history); the reply text.
+        """One judge request, served by the kernel's serving loop of this cell; the reply text.
 
-        While it runs, the kernel's calls back to the grader's objects arrive as input
-        requests on the stdin channel; ``answer`` (run in a worker thread) answers each.
+        The first request of a cell starts the loop (``serve_loop()``, silent, outside the
+        kernel's history), which fetches it through the input channel; every later one answers
+        the input prompt that carried the last reply. While a request runs, the kernel's calls
+        back to the grader's objects arrive as input requests too; ``answer`` (run in a worker
+        thread) answers each.
         """
         from transformer_lab.grading.judge import JudgeError
-        from transformer_lab.judge.kernel import CALLBACK_PREFIX, REQUEST_PROMPT
+        from transformer_lab.judge.kernel import CALLBACK_PREFIX, REPLY_PREFIX, REQUEST_PROMPT
 
-        # A small request travels in the code; a large one through the input channel
-        # (serve_next asks for it once), which IPython does not tokenize (~0.25 ms per KB).
-        large = len(text) > INLINE_REQUEST_CHARS
-        call = "serve_next()" if large else f"serve({text!r})"
-        code = f"import transformer_lab.judge.kernel as _tl_judge\n_tl_judge.{call}"
-        unsent: str | None = text if large else None
-        expression = {"reply": "_tl_judge.reply()"}
-        msg_id = self.kc.execute(
-            code, silent=True, store_history=False, user_expressions=expression, allow_stdin=True
-        )
+        if self._serving is not None and not self._waiting:
+            await self._end_serving()  # a loop left mid-request (a timeout): end it first
+        if self._dead:
+            raise JudgeError(self._dead)
+        unsent: str | None = None
+        if self._serving is None:
+            code = "import transformer_lab.judge.kernel as _tl_judge\n_tl_judge.serve_loop()"
+            self._serving = self.kc.execute(
+                code, silent=True, store_history=False, allow_stdin=True
+            )
+            unsent = text
+        else:
+            self.kc.input(text)  # the kernel waits for it at the prompt of its last reply
+        self._waiting = False
         loop = asyncio.get_running_loop()
+        poller = self._poller()
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -451,10 +463,13 @@ class BudgetedExecute(Execute):
                 await ensure_async(self.km.interrupt_kernel())
                 raise JudgeError(f"your code did not return within {timeout:.0f} s")
             # Short waits, as a missed wake-up must not cost more than 2 ms.
-            ready = await self._ready(min(remaining, 0.002))
+            ready = await self._ready(poller, min(remaining, 0.002))
             request = await self._next(self.kc.stdin_channel, 0.0) if "stdin" in ready else None
             if request is not None and request.get("msg_type") == "input_request":
                 prompt = str(request.get("content", {}).get("prompt", ""))
+                if prompt.startswith(REPLY_PREFIX):
+                    self._waiting = True
+                    return _reply_text(prompt[len(REPLY_PREFIX) :])
                 reply = ""
                 if prompt == REQUEST_PROMPT:
                     reply, unsent = unsent or "", None
@@ -468,29 +483,58 @@ class BudgetedExecute(Execute):
                     self._dead = "the kernel died while the grader's judge ran your code"
                     raise JudgeError(self._dead)
                 continue
-            if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                break
-        result = msg.get("content", {}).get("user_expressions", {}).get("reply", {})
-        plain = result.get("data", {}).get("text/plain") if isinstance(result, dict) else None
-        if not isinstance(plain, str) or len(plain) > 2 * 2**20 * 256:
-            raise JudgeError("your notebook's kernel did not answer the judge's request")
-        try:
-            reply_text = ast.literal_eval(parse_python(plain, mode="eval"))
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            reply_text = None
-        if not isinstance(reply_text, str):
-            raise JudgeError("your notebook's kernel answered the judge with something else")
-        return reply_text
+            if msg.get("parent_header", {}).get("msg_id") == self._serving:
+                self._serving = None
+                raise JudgeError("your notebook's kernel stopped answering the judge's requests")
 
-    async def _ready(self, timeout: float) -> set[str]:
+    async def _end_serving(self) -> None:
+        """End the kernel's serving loop of this cell, if one runs, so the next cell can run.
+
+        Every input request still coming (a reply to a request the judge gave up on, a call back)
+        is answered with the end marker. A loop that does not end within
+        :data:`END_SERVING_S` is interrupted once; a kernel that still does not answer is dead.
+        """
+        from transformer_lab.judge.kernel import END
+
+        if self._serving is None or self._dead:
+            self._serving, self._waiting = None, False
+            return
+        if self._waiting:
+            self.kc.input(END)
+        poller, interrupted = self._poller(), False
+        deadline = time.monotonic() + END_SERVING_S
+        while self._serving is not None:
+            if time.monotonic() > deadline:
+                if interrupted:
+                    self._dead = "the kernel stopped answering after the grader's judge ran"
+                    break
+                await ensure_async(self.km.interrupt_kernel())
+                interrupted, deadline = True, time.monotonic() + END_SERVING_S
+            ready = await self._ready(poller, 0.01)
+            request = await self._next(self.kc.stdin_channel, 0.0) if "stdin" in ready else None
+            if request is not None and request.get("msg_type") == "input_request":
+                self.kc.input(END)
+            msg = await self._next(self.kc.shell_channel, 0.0) if "shell" in ready else None
+            if msg is not None and msg.get("parent_header", {}).get("msg_id") == self._serving:
+                self._serving = None
+            elif msg is None and not await ensure_async(self.km.is_alive()):
+                self._dead = "the kernel died while the grader's judge ran your code"
+                break
+        self._serving, self._waiting = None, False
+
+    def _poller(self) -> zmq.asyncio.Poller:
+        """A poller of the kernel's stdin and shell sockets (one per exchange)."""
+        poller = zmq.asyncio.Poller()
+        for socket in (self.kc.stdin_channel.socket, self.kc.shell_channel.socket):
+            poller.register(socket, zmq.POLLIN)
+        return poller
+
+    async def _ready(self, poller: zmq.asyncio.Poller, timeout: float) -> set[str]:
         """Which of the kernel's stdin and shell channels have a message, waiting on both at
         once up to ``timeout`` s (a call back from the kernel, a model's forward, waits for
         this loop: it must wake as soon as either arrives)."""
-        channels = {"stdin": self.kc.stdin_channel.socket, "shell": self.kc.shell_channel.socket}
-        poller = zmq.asyncio.Poller()
-        for socket in channels.values():
-            poller.register(socket, zmq.POLLIN)
         events = dict(await poller.poll(int(timeout * 1000)))
+        channels = {"stdin": self.kc.stdin_channel.socket, "shell": self.kc.shell_channel.socket}
         return {name for name, socket in channels.items() if events.get(socket)}
 
     @staticmethod
@@ -505,6 +549,15 @@ class BudgetedExecute(Execute):
 
     # nbclient binds the synchronous wrapper to its own coroutine: bind it to this one.
     execute_cell = run_sync(async_execute_cell)
+
+
+def _reply_text(text: str) -> str:
+    """The kernel's reply, bounded in size (what it means is the judge's to read)."""
+    from transformer_lab.grading.judge import JudgeError
+
+    if len(text) > MAX_REPLY_CHARS:
+        raise JudgeError("your notebook's kernel answered the judge with too much data")
+    return text
 
 
 class KernelLink:

@@ -1,7 +1,10 @@
 """Serve the judge's requests in the student's kernel: look up, call, read; reply with data.
 
-The grader runs ``import transformer_lab.judge.kernel as _tl_judge; _tl_judge.serve(TEXT)``
-in the kernel and reads ``_tl_judge.reply()`` back as a user expression. A request is one of
+For each judged cell the grader runs ``import transformer_lab.judge.kernel as _tl_judge;
+_tl_judge.serve_loop()`` in the kernel once: the loop fetches each request with ``input()``
+(Jupyter's stdin messages) and sends its reply as the prompt of the ``input()`` that fetches the
+next one, until the grader answers :data:`END`. One request costs one input round trip, not a
+cell's execution (IPython's transforms, hooks and replies: ~2 ms each). A request is one of
 
 * ``{"op": "lookup", "name": "causal_mask"}``: a name of the notebook's namespace;
 * ``{"op": "call", "target": h, "args": [...], "kwargs": {...}, "ban": {...}}``: call the
@@ -52,12 +55,25 @@ import torch
 
 from transformer_lab.judge import mirror, wire
 
-__all__ = ["CALLBACK_PREFIX", "REQUEST_PROMPT", "GraderObject", "reply", "serve", "serve_next"]
+__all__ = [
+    "CALLBACK_PREFIX",
+    "END",
+    "REPLY_PREFIX",
+    "REQUEST_PROMPT",
+    "GraderObject",
+    "reply",
+    "serve",
+    "serve_loop",
+]
 
 #: What starts the prompt of an ``input()`` that carries a call back to the grader.
 CALLBACK_PREFIX = "\x1etl-judge\x1e"
-#: The prompt of the ``input()`` that fetches the judge's next request.
+#: The prompt of the ``input()`` that fetches the judge's first request of a cell.
 REQUEST_PROMPT = "\x1etl-judge-request\x1e"
+#: What starts the prompt that carries a reply (and fetches the next request).
+REPLY_PREFIX = "\x1etl-judge-reply\x1e"
+#: The grader's answer that ends :func:`serve_loop` (never a request: requests are objects).
+END = "\x1etl-judge-end\x1e"
 
 _objects: dict[int, Any] = {}
 _handles: dict[int, int] = {}  # id(object) -> its handle
@@ -520,13 +536,16 @@ def serve(text: str) -> None:
             _last = wire.dumps({"ok": False, "type": "Exception", "bases": [], "message": ""})
 
 
-def serve_next() -> None:
-    """Fetch the judge's request through the input channel, then :func:`serve` it.
+def serve_loop() -> None:
+    """Serve the judge's requests of one judged cell until it answers :data:`END`.
 
-    A request sent as a string literal in the executed code cost IPython ~0.2 s per MB (its
-    input transformers tokenize the cell); through ``input()`` it costs ~10 ms.
+    Each reply travels as the prompt of the ``input()`` that fetches the next request, so a
+    request costs one input round trip (no cell execution), whatever its size.
     """
-    serve(builtins.input(REQUEST_PROMPT))
+    text = builtins.input(REQUEST_PROMPT)
+    while text != END:
+        serve(text)
+        text = builtins.input(REPLY_PREFIX + _last)
 
 
 def reply() -> str:
