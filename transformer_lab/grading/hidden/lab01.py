@@ -197,8 +197,8 @@ def _expect_encoding(
     d_model: int,
     base: float,
     *,
-    atol: float | None = None,
-    rtol: float | None = None,
+    atol: float = SPEC.tol("float32"),
+    rtol: float = SPEC.tol("float32"),
 ) -> None:
     what = f"sinusoidal_encoding({seq_len}, {d_model}" + (
         f", base={base:g})" if base != 10000.0 else ")"
@@ -208,8 +208,8 @@ def _expect_encoding(
         oracle_sinusoidal_encoding(seq_len, d_model, base),
         encoding_mistakes(seq_len, d_model, base),
         what,
-        atol=SPEC.tol("float32") if atol is None else atol,
-        rtol=SPEC.tol("float32") if rtol is None else rtol,
+        atol=atol,
+        rtol=rtol,
     )
 
 

@@ -159,7 +159,7 @@ def _expect_layer_norm(
     bias: Tensor,
     eps: float = 1e-5,
     *,
-    atol: float | None = None,
+    atol: float = SPEC.tol("float32"),
     hint: str = _LN_HINT,
 ) -> None:
     got = layer_norm_call(fn, x, weight, bias, eps)
@@ -171,7 +171,7 @@ def _expect_layer_norm(
         what=f"layer_norm(x, weight, bias{eps_text}) on x of shape {tuple(x.shape)} ({x.dtype})",
         candidates=[(t, h) for h, t in mistakes.items()],
         hint=hint,
-        atol=SPEC.tol("float32") if atol is None else atol,
+        atol=atol,
     )
 
 
