@@ -21,6 +21,7 @@ from judge_support import TRAINED_MODEL, InProcessKernel, answers_namespace, zer
 from transformer_lab.grading.cli import main
 from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import (
+    HIDDEN_ERROR_TEXT,
     JudgeSession,
     Remote,
     judge_cell,
@@ -78,6 +79,73 @@ def test_an_unwritten_answer_says_not_implemented(monkeypatch: pytest.MonkeyPatc
 
     verdict, _ = _judge(monkeypatch, VISIBLE, sinusoidal_encoding=stub)
     assert not verdict.passed and "not implemented yet" in verdict.message
+
+
+class LeakyError(Exception):
+    """An exception class of the student's (its name is the student's text too)."""
+
+
+def _raising(error: BaseException) -> Any:
+    def answer(seq_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+        raise error
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("error", "visible_words", "hidden_words"),
+    [
+        (RuntimeError("seq_len=26 leaked"), "RuntimeError: seq_len=26 leaked", "RuntimeError"),
+        (AssertionError("seq_len=26 leaked"), "seq_len=26 leaked", ""),
+        (LeakyError("seq_len=26 leaked"), "LeakyError: seq_len=26 leaked", "of your own class"),
+        (OSError("seq_len=26 leaked"), "OSError: seq_len=26 leaked", "OSError"),
+    ],
+)
+def test_a_hidden_cell_never_shows_the_text_of_the_students_exception(
+    monkeypatch: pytest.MonkeyPatch, error: BaseException, visible_words: str, hidden_words: str
+) -> None:
+    answer = _raising(error)
+    visible, _ = _judge(monkeypatch, VISIBLE, sinusoidal_encoding=answer)
+    assert not visible.passed and visible_words in visible.message  # help, in a visible cell
+    link = InProcessKernel(monkeypatch, {"sinusoidal_encoding": answer})
+    hidden = judge_cell("test_cell", HIDDEN, JudgeSession(link, timeout=10, hidden=True))
+    assert not hidden.passed and hidden_words in hidden.message, hidden.message
+    assert HIDDEN_ERROR_TEXT in hidden.message
+    assert "leaked" not in hidden.message and "LeakyError" not in hidden.message
+
+
+def test_a_hidden_check_reads_the_error_its_message_leaves_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check's logic sees the kernel's text (a ValueError must name the bad value); only
+    the hidden cell's message drops it, quoted (KeyError) or not."""
+    source = (
+        "import sys\n"
+        "try:\n"
+        "    sinusoidal_encoding(3, 5)\n"
+        "except (ValueError, KeyError):\n"
+        "    error = sys.exc_info()[1]\n"
+        "    assert 'd_model=5' in str(error), 'the check could not read the error'\n"
+        "    raise AssertionError(f'it raised {type(error).__name__}: {error}; so far so good')\n"
+    )
+    for error in (ValueError("d_model=5 is odd"), KeyError("d_model=5 'odd'\n")):
+        link = InProcessKernel(monkeypatch, {"sinusoidal_encoding": _raising(error)})
+        verdict = judge_cell("cell", source, JudgeSession(link, timeout=10, hidden=True))
+        kind = type(error).__name__
+        assert verdict.message == f"it raised {kind}: ({HIDDEN_ERROR_TEXT}); so far so good"
+
+
+def test_a_hidden_cell_words_a_refused_call_from_the_ban_it_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def uses_torch(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return torch.softmax(x, dim=dim)
+
+    link = InProcessKernel(monkeypatch, {"softmax": uses_torch})
+    source = "lab02.check_softmax(softmax)\n"
+    verdict = judge_cell("test_cell", source, JudgeSession(link, timeout=10, hidden=True))
+    assert not verdict.passed and "does not allow" in verdict.message, verdict.message
+    assert "torch.softmax" not in verdict.message  # (the kernel's words name what it called)
 
 
 def test_a_missing_name_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,10 +392,13 @@ def test_the_students_writes_into_a_checks_module_come_back(
 # ---------------------------------------------------------------- through the real grader
 
 ATTACKS = {
-    # The kernel's server rewritten to claim success: it can only return other data.
+    # The kernel's server rewritten to claim success for every request (the serving loop
+    # sends whatever ``serve`` leaves in ``_last``): it can only return other data.
     "forged_reply": (
         "import transformer_lab.judge.kernel as k\n"
-        'k.reply = lambda: \'{"ok": true, "value": null}\''
+        "def serve(text):\n"
+        '    k._last = \'{"ok": true, "value": null}\'\n'
+        "k.serve = serve"
     ),
     # Comparisons dispatched to the student's object.
     "agreeable_tensor": (

@@ -50,6 +50,7 @@ from transformer_lab.judge import mirror, wire
 from transformer_lab.pysource import parse_python
 
 __all__ = [
+    "HIDDEN_ERROR_TEXT",
     "JudgeError",
     "JudgeSession",
     "Judgements",
@@ -60,7 +61,11 @@ __all__ = [
     "judge_cell",
     "stand_ins_for",
     "student_names",
+    "without_kernel_text",
 ]
+
+#: What a hidden check says in place of the text of an exception raised in the kernel.
+HIDDEN_ERROR_TEXT = "a hidden check does not show the error's own text"
 
 #: Exception types a student's code may raise that the checks word themselves; anything else
 #: comes back as :class:`RemoteError` naming its type.
@@ -143,8 +148,12 @@ _GRADER_HANDLES = itertools.count(1)
 class JudgeSession:
     """Requests to one kernel: replies decoded strictly; objects on each side behind handles."""
 
-    def __init__(self, link: Link, timeout: float) -> None:
-        self.link, self.timeout, self.requests = link, timeout, 0
+    def __init__(self, link: Link, timeout: float, *, hidden: bool = False) -> None:
+        """``hidden``: the session judges a hidden test cell, whose message never carries the
+        text of an exception raised in the kernel (see :func:`without_kernel_text`)."""
+        self.link, self.timeout, self.requests, self.hidden = link, timeout, 0, hidden
+        #: The texts of the exceptions the kernel reported (a hidden cell's message drops them).
+        self.kernel_texts: set[str] = set()
         self._remotes: dict[int, Remote] = {}
         self._mirrors: dict[int, MirrorModule] = {}  # the student's modules, by root handle
         # What was last sent of each mirror's parameters (root -> name -> value), so that a
@@ -200,7 +209,9 @@ class JudgeSession:
                 raise JudgeError(
                     f"the kernel's reply is not data the judge reads ({exc})"
                 ) from None
-        raise _student_error(reply)
+        error = _student_error(reply, message, hidden=self.hidden)
+        self.kernel_texts.add(str(reply.get("message", ""))[:2000])
+        raise error
 
     def run(self, func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """A check's :func:`~transformer_lab.checks._common.kernel_side` harness, run in the
@@ -422,13 +433,46 @@ def _rng_state(value: Any) -> torch.Tensor:
     return value
 
 
-def _student_error(reply: dict[str, Any]) -> BaseException:
-    message = str(reply.get("message", ""))[:2000]
+def _student_error(
+    reply: dict[str, Any], request: dict[str, Any], *, hidden: bool = False
+) -> BaseException:
+    """The exception the kernel reported for ``request``, raised again on the judge's side.
+
+    Its text is the kernel's, for the checks to read (a ``ValueError`` that must name the bad
+    value, a torch error a hint is chosen by); a hidden cell's message drops it afterwards
+    (:func:`without_kernel_text`). In a hidden check a refused call is worded from the ban the
+    judge sent, and an exception class of the student's own is not named.
+    """
     bases = reply.get("bases") if isinstance(reply.get("bases"), list) else []
-    for name in [reply.get("type"), *bases]:
-        if isinstance(name, str) and name in _KNOWN_ERRORS:
+    names = [n for n in [reply.get("type"), *bases] if isinstance(n, str)]
+    message = str(reply.get("message", ""))[:2000]
+    if hidden and "ForbiddenCallError" in names:
+        ban = request.get("ban") if isinstance(request.get("ban"), dict) else {}
+        reason = str(ban.get("reason", ""))
+        message = (
+            "your graded function called something this exercise does not allow: write the "
+            "computation yourself" + (f" ({reason})." if reason else ".")
+        )
+    for name in names:
+        if name in _KNOWN_ERRORS:
             return _KNOWN_ERRORS[name](message)
-    return RemoteError(f"{str(reply.get('type', 'an exception'))[:80]}: {message}")
+    kind = str(reply.get("type", "an exception"))[:80]
+    builtin = getattr(builtins, kind, None)
+    if hidden and not (isinstance(builtin, type) and issubclass(builtin, BaseException)):
+        kind = "an exception of your own class"  # (its name is the student's text too)
+    return RemoteError(f"{kind}: {message}")
+
+
+def without_kernel_text(message: str, texts: Iterable[str]) -> str:
+    """``message`` with every text of an exception the kernel raised cut out (a hidden cell's).
+
+    Such a text is whatever the student's code put there: the kernel's frames, the hidden
+    case's inputs. The longest go first, so a text that holds a shorter one goes whole.
+    """
+    marker = f"({HIDDEN_ERROR_TEXT})"
+    for text in sorted({t for t in texts if t.strip()}, key=len, reverse=True):
+        message = message.replace(repr(text), marker).replace(text, marker)
+    return message
 
 
 class _RemoteCall(torch.autograd.Function):
@@ -794,6 +838,8 @@ def judge_cell(
         if stand_ins:
             _unbind(session)
         verdict.requests, verdict.seconds = session.requests, time.monotonic() - started
+    if session.hidden:
+        verdict.message = without_kernel_text(verdict.message, session.kernel_texts)
     named = named_mistakes()
     if not verdict.passed and named:
         verdict.mistake = _short(named[-1])

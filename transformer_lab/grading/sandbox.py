@@ -421,7 +421,8 @@ class BudgetedExecute(Execute):
         left = self.budget - (time.monotonic() - self._started)
         timeout = max(1.0, min(float(self._cell_timeout or left), left))
         loop = asyncio.get_running_loop()
-        session = JudgeSession(KernelLink(self, loop), timeout)
+        hidden = bool(self._plan[grade_id]["hidden"])
+        session = JudgeSession(KernelLink(self, loop), timeout, hidden=hidden)
         source = self._plan[grade_id]["source"]
         try:
             await loop.run_in_executor(None, self._judgements.judge, grade_id, source, session)
