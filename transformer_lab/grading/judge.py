@@ -34,6 +34,7 @@ import functools
 import importlib
 import itertools
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -467,12 +468,22 @@ def without_kernel_text(message: str, texts: Iterable[str]) -> str:
     """``message`` with every text of an exception the kernel raised cut out (a hidden cell's).
 
     Such a text is whatever the student's code put there: the kernel's frames, the hidden
-    case's inputs. The longest go first, so a text that holds a shorter one goes whole.
+    case's inputs. The longest go first, so a text that holds a shorter one goes whole; a text
+    is cut where it stands alone, never out of a longer word or number (``"1"`` leaves
+    ``"16"`` as it is).
     """
     marker = f"({HIDDEN_ERROR_TEXT})"
     for text in sorted({t for t in texts if t.strip()}, key=len, reverse=True):
-        message = message.replace(repr(text), marker).replace(text, marker)
+        for quoted in (repr(text), text):
+            message = _alone(quoted).sub(lambda _: marker, message)
     return message
+
+
+def _alone(text: str) -> re.Pattern[str]:
+    """``text`` where it is not part of a longer word (no word character glued to its ends)."""
+    head = r"(?<!\w)" if re.match(r"\w", text[0]) else ""
+    tail = r"(?!\w)" if re.match(r"\w", text[-1]) else ""
+    return re.compile(head + re.escape(text) + tail)
 
 
 class _RemoteCall(torch.autograd.Function):

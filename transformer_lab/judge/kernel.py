@@ -520,7 +520,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 def serve(text: str) -> None:
-    """Answer one request (its reply is read with :func:`reply`)."""
+    """Answer one request: its reply is kept, for :func:`serve_loop` to send (and :func:`reply`)."""
     global _last
     try:
         request = wire.loads(text)
