@@ -52,6 +52,7 @@ __all__ = [
     "exempt",
     "forbidden",
     "forwarded",
+    "refusal",
 ]
 
 #: Operations that compute the same thing under several names (public functions and the
@@ -283,13 +284,18 @@ class _Refusals:
         self.messages: list[str] = []
 
     def refuse(self, what: str) -> None:
-        message = (
-            f"your graded function called {what}, which this exercise does not allow: write the "
-            "computation yourself"
-        )
-        message += f" ({self.reason})." if self.reason else "."
+        message = refusal(what, self.reason)
         self.messages.append(message)
         raise ForbiddenCallError(message)
+
+
+def refusal(what: str, reason: str) -> str:
+    """The message of a refused call of ``what`` (the kernel's words, and a hidden check's)."""
+    message = (
+        f"your graded function called {what}, which this exercise does not allow: write the "
+        "computation yourself"
+    )
+    return message + (f" ({reason})." if reason else ".")
 
 
 class _FunctionBan(TorchFunctionMode):

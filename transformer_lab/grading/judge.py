@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from transformer_lab.checks._bans import ForbiddenCallError, active_ban, forwarded
+from transformer_lab.checks._bans import ForbiddenCallError, active_ban, forwarded, refusal
 from transformer_lab.checks._common import named_mistakes
 from transformer_lab.checks.spec import all_specs
 from transformer_lab.graded import LockedAnswerError
@@ -449,11 +449,7 @@ def _student_error(
     message = str(reply.get("message", ""))[:2000]
     if hidden and "ForbiddenCallError" in names:
         ban = request.get("ban") if isinstance(request.get("ban"), dict) else {}
-        reason = str(ban.get("reason", ""))
-        message = (
-            "your graded function called something this exercise does not allow: write the "
-            "computation yourself" + (f" ({reason})." if reason else ".")
-        )
+        message = refusal("something", str(ban.get("reason", "")))
     for name in names:
         if name in _KNOWN_ERRORS:
             return _KNOWN_ERRORS[name](message)
