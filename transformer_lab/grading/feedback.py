@@ -1,27 +1,39 @@
 """Feedback a student can read: which checks failed and why, never the hidden tests' code.
 
 From a submission's executed notebook and its final scores, :func:`feedback_notebook` builds the
-notebook the student gets back:
+notebook the student gets back, and :func:`render_html` its one self-contained HTML page:
 
 * a summary at the top: autograded points, the status (and, for a flagged submission, that an
-  instructor will review it), and the written answers still to be graded by hand;
-* every test cell followed by its points; a **hidden** test cell shows only its first line (what
-  it checks and its points) and, if it failed, the check's message, never its code or seeds;
+  instructor will review it), the written answers still to be graded by hand, and a table of
+  the checks that did not pass (check, points lost, the first line of the grader's message),
+  each linking to its cell, so a student need not scroll the page to find the first one;
+* every test cell followed by its points and the grader's message; a **hidden** test cell shows
+  only its first line (what it checks and its points), never its code or seeds;
 * errors keep their message (the line that names the mistake) but lose the traceback, which
   would show the checks' source;
-* a hidden cell shows no output at all (its message is the grader's, next to its points), and
-  every cell after the first hidden test cell loses its outputs for a one-line note: a later
-  cell could print IPython's history (``In``, ``_ih``) or what a check left behind;
-* figures stay (the written questions refer to "your curves"): PNG and JPEG images, plain text,
-  and HTML **sanitised** by nh3 (:func:`sanitize_html`: no script, no event handler, no style or
-  class to dress up as the grader's score boxes, no external resource, only ``data:`` images).
-  Other output types (JavaScript, SVG, widgets, Markdown, LaTeX) are dropped. Every markdown cell
-  the student could have written (all but the locked ones) is sanitised the same way.
+* a hidden cell shows no output at all, and every cell after the first hidden test cell loses
+  its outputs for a one-line note: a later cell could print IPython's history (``In``, ``_ih``)
+  or what a check left behind;
+* figures stay (the written questions refer to "your curves").
 
-:func:`render_html` turns it into one self-contained HTML file: math converted to MathML (read
-by every current browser, offline; no MathJax from a CDN), long messages wrapped, images inline.
+The page is built from an allow-list (:mod:`transformer_lab.grading.inert`), because everything
+in a submission, including any text the grader quotes from it, is the student's:
 
-Reference: nbconvert's ``HTMLExporter``; MathML Core (W3C); nh3 (Python binding of ammonia).
+* what the grader writes (summary, table, points, messages) is HTML built here from **escaped
+  plain text**, never markdown: a message quoting a student's ``AssertionError`` shows its
+  ``![](...)`` or ``**12 / 12 points: passed**`` as the characters they are;
+* every markdown cell is rendered first and sanitised after (:func:`inert.markdown_html`), the
+  kit's prose included (a "locked" cell's metadata is the student's to forge); a raw cell is
+  shown as text;
+* outputs keep only plain text, PNG, JPEG and sanitised HTML, with validated sizes as their
+  only metadata, and ANSI colours on a fixed palette (:func:`inert.safe_output`);
+* the page carries a Content-Security-Policy that lets nothing run or load (only inline styles
+  and ``data:`` images), and nbconvert's template scripts are removed.
+
+In the notebook :func:`feedback_notebook` returns, a raw cell holds the page's own HTML (written
+here); :func:`render_html` copies raw cells into the page as they are, markdown cells not at all.
+
+Reference: nbconvert's ``HTMLExporter``; MathML Core (W3C); CSP Level 3 (W3C).
 """
 
 from __future__ import annotations
@@ -35,7 +47,22 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-__all__ = ["feedback_notebook", "math_to_mathml", "render_html", "sanitize_html"]
+from transformer_lab.grading.inert import (
+    fixed_palette,
+    markdown_html,
+    math_to_mathml,
+    safe_output,
+    sanitize_html,
+)
+
+__all__ = [
+    "CONTENT_POLICY",
+    "failed_checks",
+    "feedback_notebook",
+    "math_to_mathml",
+    "render_html",
+    "sanitize_html",
+]
 
 _CSS = """
 <style>
@@ -43,91 +70,49 @@ _CSS = """
   pre, .jp-OutputArea-output pre, .output_text pre, code {
     white-space: pre-wrap !important; word-break: break-word; overflow-wrap: anywhere;
   }
-  .tl-points { font-weight: 600; padding: 0.3em 0.6em; border-radius: 4px; }
+  .tl-summary, .tl-result { padding: 0.4em 0 0.4em 6.5em; }
+  .tl-result { display: flex; gap: 0.6em; align-items: baseline; }
+  .tl-points { font-weight: 600; padding: 0.3em 0.6em; border-radius: 4px; white-space: nowrap; }
   .tl-pass { background: #e6f4ea; } .tl-fail { background: #fdecea; }
+  .tl-message { white-space: pre-wrap; overflow-wrap: anywhere; }
+  .tl-failed { border-collapse: collapse; margin: 0.6em 0; }
+  .tl-failed th, .tl-failed td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left;
+    vertical-align: top; }
+  .tl-failed td.tl-lost { text-align: right; white-space: nowrap; }
+  .tl-student, .tl-raw { padding-left: 6.5em; }
   math { font-size: 1.05em; }
   img { max-width: 100%; }
 </style>
 """
-
-
-#: What a student's HTML may keep: text structure and tables (pandas), ``data:`` images, MathML.
-_TEXT_TAGS = {
-    *("a", "b", "i", "em", "strong", "code", "pre", "kbd", "samp", "var", "sub", "sup"),
-    *("p", "br", "hr", "span", "div", "ul", "ol", "li", "dl", "dt", "dd", "blockquote"),
-    *("table", "thead", "tbody", "tfoot", "tr", "th", "td", "caption", "img"),
-}
-_MATHML_TAGS = {
-    *("math", "mi", "mn", "mo", "ms", "mtext", "mspace", "mrow", "mfrac", "msqrt", "mroot"),
-    *("msub", "msup", "msubsup", "munder", "mover", "munderover", "mtable", "mtr", "mtd"),
-    *("mstyle", "mpadded", "mphantom", "menclose", "semantics", "annotation"),
-}
-_ATTRIBUTES = {
-    "img": {"src", "alt", "width", "height"},
-    "td": {"colspan", "rowspan"},
-    "th": {"colspan", "rowspan"},
-    "math": {"display", "xmlns"},
-    "mo": {"stretchy", "fence", "separator", "lspace", "rspace", "form"},
-    "mi": {"mathvariant"},
-    "mtable": {"columnalign"},
-    "mstyle": {"displaystyle", "scriptlevel"},
-    "mspace": {"width"},
-    "annotation": {"encoding"},
-}
-#: Output types a student's cell keeps in feedback (HTML only after :func:`sanitize_html`).
-_KEPT_MIMETYPES = ("text/plain", "image/png", "image/jpeg", "text/html")
+#: Nothing on a feedback page may run or load: inline styles and inline images only.
+CONTENT_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
+    "form-action 'none'; base-uri 'none'"
+)
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 AFTER_HIDDEN_NOTE = (
     "(outputs after the first hidden check are not shown in feedback: your points and the "
     "grader's messages are)\n"
 )
+_PAGE_CELL = "transformer_lab_page"  # metadata key of a raw cell this module wrote
 
 
-def sanitize_html(text: str) -> str:
-    """``text`` with only inert HTML left: see the module docstring (nh3, i.e. ammonia).
-
-    Links keep their text and lose their target unless it is a ``data:`` URL; nothing can run
-    (no script, no ``on*`` attribute), load anything from elsewhere, or borrow the grader's
-    styles (no ``class``, ``id`` or ``style``).
-    """
-    import nh3
-
-    return nh3.clean(
-        text,
-        tags=_TEXT_TAGS | _MATHML_TAGS,
-        attributes=_ATTRIBUTES,
-        url_schemes={"data"},
-        link_rel="noopener noreferrer nofollow",
-        strip_comments=True,
-    )
+def _page_cell(markup: str) -> NotebookNode:
+    """A raw cell holding HTML this module built (copied into the page as it is)."""
+    cell = nbformat.v4.new_raw_cell(markup)
+    cell.metadata["raw_mimetype"] = "text/html"
+    cell.metadata[_PAGE_CELL] = True
+    return cell
 
 
-def _safe_output(output: NotebookNode) -> NotebookNode | None:
-    """A display or result output reduced to the kept types (HTML sanitised), or None."""
-    data = output.get("data", {})
-    kept = {k: v for k, v in data.items() if k in _KEPT_MIMETYPES}
-    if "text/html" in kept:
-        html_text = kept["text/html"]
-        kept["text/html"] = sanitize_html(
-            "".join(html_text) if isinstance(html_text, list) else str(html_text)
-        )
-    if not kept:
-        return None
-    output = copy.deepcopy(output)
-    output["data"] = kept
-    output.get("metadata", {}).pop("text/html", None)
-    return output
+def _plain(text: str) -> str:
+    """Plain text as HTML: escaped; a judge's `name` set in <code> (of the escaped text)."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(text))
 
 
-def _safe_markdown(source: str) -> str:
-    """A markdown cell the student could have written: math to MathML, then sanitised.
-
-    Code spans and fenced blocks are left as they are: markdown renders them as escaped text.
-    """
-    parts = re.split(r"(```.*?```|`[^`\n]*`)", source, flags=re.S)
-    return "".join(
-        part if i % 2 else sanitize_html(math_to_mathml(part)) for i, part in enumerate(parts)
-    )
+def _anchor(grade_id: str) -> str:
+    """The page's id for a check's cell (grade ids are the kit's; kept to [A-Za-z0-9_-])."""
+    return "check-" + re.sub(r"[^A-Za-z0-9_-]", "-", grade_id)
 
 
 def _meta(cell: NotebookNode) -> dict:
@@ -135,49 +120,73 @@ def _meta(cell: NotebookNode) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def _tex(expression: str, display: bool) -> str:
-    try:
-        from latex2mathml.converter import convert
-    except ImportError:  # the optional converter is missing: show the TeX as code
-        return f"<code>{html.escape(expression)}</code>"
-    try:
-        return convert(expression, display="block" if display else "inline")
-    except Exception:  # an expression the converter does not know: keep it readable
-        return f"<code>{html.escape(expression)}</code>"
-
-
-def math_to_mathml(markdown: str) -> str:
-    """Replace ``$$...$$`` and ``$...$`` (outside code) by MathML."""
-    parts = re.split(r"(```.*?```|`[^`\n]*`)", markdown, flags=re.S)
-    out = []
-    for i, part in enumerate(parts):
-        if i % 2:  # code: untouched
-            out.append(part)
-            continue
-        part = re.sub(r"\$\$(.+?)\$\$", lambda m: _tex(m.group(1).strip(), True), part, flags=re.S)
-        part = re.sub(r"(?<![\\$])\$([^$\n]+?)\$", lambda m: _tex(m.group(1), False), part)
-        out.append(part)
-    return "".join(out)
-
-
 def _message_only(output: NotebookNode) -> NotebookNode:
-    """An error output reduced to its name and message (no traceback, no source lines)."""
-    evalue = str(output.get("evalue", ""))
+    """An error output reduced to one line, its name and message (no traceback, no source)."""
+    ename = fixed_palette(str(output.get("ename", "Error")))
+    evalue = fixed_palette(str(output.get("evalue", "")))
     return nbformat.v4.new_output(
-        "error", ename=output.get("ename", "Error"), evalue=evalue, traceback=[]
+        "error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"]
     )
 
 
-def _points_cell(score: float, maximum: float, note: str = "") -> NotebookNode:
+def _points_html(score: float, maximum: float, note: str = "") -> str:
     ok = score >= maximum and maximum > 0
     label = "passed" if ok else "did not pass"
-    text = (
+    box = (
         f'<span class="tl-points {"tl-pass" if ok else "tl-fail"}">'
         f"{score:g} / {maximum:g} point{'s' * (maximum != 1)}: {label}</span>"
     )
-    if note:
-        text += f" {html.escape(note)}"
-    return nbformat.v4.new_markdown_cell(text)
+    message = f'<div class="tl-message">{_plain(note)}</div>' if note else ""
+    return f'<div class="tl-result">{box}{message}</div>'
+
+
+def failed_checks(
+    order: list[str], scores: dict[str, tuple[float, float]], notes: dict[str, str]
+) -> list[tuple[str, float, str]]:
+    """``(grade id, points lost, first line of the message)`` of each check that lost points,
+    in the notebook's order (``order``: the test cells' grade ids as they appear)."""
+    rows = []
+    for gid in order:
+        score, maximum = scores[gid]
+        if score < maximum:
+            first = (notes.get(gid) or "").strip().splitlines()
+            rows.append((gid, maximum - score, first[0] if first else ""))
+    return rows
+
+
+def _summary_html(
+    title: str, status: str, earned: float, possible: float, manual: int, failed: list
+) -> str:
+    parts = [
+        f"<h1>Feedback: {html.escape(title)}</h1>",
+        f"<p><strong>Autograded points: {earned:g} / {possible:g}.</strong></p>",
+    ]
+    if manual:
+        parts.append(f"<p>Your {manual} written answer(s) are graded by hand.</p>")
+    if status == "flagged":
+        parts.append(
+            "<p><strong>This submission was flagged for review</strong>: the grader found code "
+            "that changes how the checks run or what they use. An instructor will look at it; "
+            "the points above are withheld until then.</p>"
+        )
+    elif status in ("incomplete", "crashed"):
+        parts.append(
+            f"<p><strong>Grading was {html.escape(status)}</strong>: some cells did not run to "
+            "the end (see below). If your code is correct, ask your instructor to grade it "
+            "again.</p>"
+        )
+    if failed:
+        rows = "".join(
+            f'<tr><td><a href="#{_anchor(gid)}"><code>{html.escape(gid)}</code></a></td>'
+            f'<td class="tl-lost">{lost:g}</td><td>{_plain(first)}</td></tr>'
+            for gid, lost, first in failed
+        )
+        parts.append(
+            f"<h2>Checks that did not pass ({len(failed)})</h2>"
+            '<table class="tl-failed"><thead><tr><th>Check</th><th>Points lost</th>'
+            f"<th>What the grader said</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
+    return f'<div class="tl-summary">{"".join(parts)}</div>'
 
 
 def feedback_notebook(
@@ -196,53 +205,33 @@ def feedback_notebook(
         scores: test cell grade id -> (points earned, points possible), as recorded.
         title: e.g. ``"Lab 01 (01_positional_encoding), student alice"``.
         status: the submission's status (``graded``, ``incomplete``, ``crashed``, ``flagged``).
-        notes: test cell grade id -> a sentence shown next to its points.
+        notes: test cell grade id -> the grader's message shown next to its points.
         flags: why the submission was flagged (shown as "will be reviewed", not in detail).
     """
     notes = notes or {}
     nb = copy.deepcopy(executed)
-    earned = sum(s for s, _ in scores.values())
-    possible = sum(m for _, m in scores.values())
     manual = sum(
         1
         for c in nb.cells
         if _meta(c).get("grade") and _meta(c).get("solution") and c.cell_type == "markdown"
     )
-    summary = [
-        f"# Feedback: {html.escape(title)}",
-        "",
-        f"**Autograded points: {earned:g} / {possible:g}.**",
-    ]
-    if manual:
-        summary.append(f"Your {manual} written answer(s) are graded by hand.")
-    if status == "flagged":
-        summary.append(
-            "**This submission was flagged for review**: the grader found code that changes how "
-            "the checks run or what they use. An instructor will look at it; the points above are "
-            "withheld until then."
-        )
-    elif status in ("incomplete", "crashed"):
-        summary.append(
-            f"**Grading was {status}**: some cells did not run to the end (see below). If your "
-            "code is correct, ask your instructor to grade it again."
-        )
-    cells = [nbformat.v4.new_markdown_cell("\n\n".join(summary))]
+    cells, order = [], []
     after_hidden = False
     for cell in nb.cells:
         if cell.get("metadata", {}).get("transformer_lab_finish"):
             continue
-        meta = _meta(cell)
         if cell.cell_type == "markdown":
-            trusted = meta.get("locked") and not meta.get("solution")
-            cell.source = math_to_mathml(cell.source) if trusted else _safe_markdown(cell.source)
-            cells.append(cell)
+            cells.append(_page_cell(f'<div class="tl-student">{markdown_html(cell.source)}</div>'))
             continue
-        if cell.cell_type != "code":
-            if cell.cell_type == "raw":  # raw HTML would be copied into the page as it is
-                cell.metadata.pop("raw_mimetype", None)
-                cell.metadata.pop("format", None)
-            cells.append(cell)
+        if cell.cell_type != "code":  # a raw cell: its text, never its markup
+            cells.append(_page_cell(f'<pre class="tl-raw">{html.escape(cell.source)}</pre>'))
             continue
+        meta = _meta(cell)
+        gid = meta.get("grade_id")
+        graded = bool(meta.get("grade")) and gid in scores and gid not in order
+        if graded:
+            order.append(gid)
+            cells.append(_page_cell(f'<a id="{_anchor(gid)}"></a>'))
         hidden = HIDDEN_MARK in cell.source
         # A hidden cell's only feedback is the grader's message, next to its points.
         cell.outputs = [] if hidden else _feedback_outputs(cell.get("outputs", []), after_hidden)
@@ -250,11 +239,20 @@ def feedback_notebook(
             head = cell.source.split(HIDDEN_MARK)[0].rstrip()
             cell.source = head + "\n# (a hidden check: its code is not shown)"
         after_hidden |= hidden
+        # Of a code cell's metadata the page uses tags (as classes) and nothing we need.
+        cell.metadata = {"nbgrader": copy.deepcopy(meta)} if meta else {}
+        count = cell.get("execution_count")
+        cell.execution_count = count if type(count) is int else None
         cells.append(cell)
-        gid = meta.get("grade_id")
-        if meta.get("grade") and gid in scores:
-            cells.append(_points_cell(*scores[gid], notes.get(gid, "")))
-    nb.cells = cells
+        if graded:
+            cells.append(_page_cell(_points_html(*scores[gid], notes.get(gid, ""))))
+    earned = sum(s for s, _ in scores.values())
+    possible = sum(m for _, m in scores.values())
+    failed = failed_checks(order, scores, notes)
+    summary = _summary_html(title, status, earned, possible, manual, failed)
+    nb.cells = [_page_cell(summary), *cells]
+    # The notebook's own metadata (widget state, title) is the student's: the page needs none.
+    nb.metadata = nbformat.from_dict({"language_info": {"name": "python"}})
     return nb
 
 
@@ -274,9 +272,12 @@ def _feedback_outputs(outputs: list[NotebookNode], withheld: bool) -> list[Noteb
         if kind == "error":
             kept.append(_message_only(output))
         elif kind == "stream":
-            kept.append(output)
+            name = "stderr" if output.get("name") == "stderr" else "stdout"
+            text = output.get("text", "")
+            text = "".join(text) if isinstance(text, list) else str(text)
+            kept.append(nbformat.v4.new_output("stream", name=name, text=fixed_palette(text)))
         elif kind in ("display_data", "execute_result"):
-            safe = _safe_output(output)
+            safe = safe_output(output)
             if safe is not None:
                 kept.append(safe)
     return kept
@@ -286,17 +287,37 @@ def _feedback_outputs(outputs: list[NotebookNode], withheld: bool) -> list[Noteb
 def _html_exporter() -> Any:
     """nbconvert's exporter with JupyterLab's template, built once per process.
 
+    Raw cells are copied as they are (nbconvert's bleach pass would escape MathML and tables):
+    every raw cell of a feedback notebook is the page's own HTML (see :func:`_inert_cells`).
     Building it loads and compiles the Jinja templates (about a second); a grading worker
     renders many submissions with the same one.
     """
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(template_name="lab")
+    return HTMLExporter(template_name="lab", filters={"clean_html": lambda text: text})
+
+
+def _inert_cells(nb: NotebookNode) -> NotebookNode:
+    """``nb`` where only this module's raw cells stay HTML: any other raw or markdown cell
+    becomes its inert form, so nothing reaches the page unsanitised whoever built ``nb``."""
+    nb = copy.copy(nb)
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell = _page_cell(markdown_html(cell.source))
+        elif cell.cell_type == "raw" and not cell.get("metadata", {}).get(_PAGE_CELL):
+            cell = _page_cell(f'<pre class="tl-raw">{html.escape(cell.source)}</pre>')
+        cells.append(cell)
+    nb.cells = cells
+    return nb
 
 
 def render_html(nb: NotebookNode) -> str:
-    """One self-contained HTML page of ``nb``: images inline, MathML, wrapped messages."""
-    body, _ = _html_exporter().from_notebook_node(nb)
-    body = re.sub(r"<script[^>]*mathjax[^>]*>\s*</script>", "", body, flags=re.I)
-    body = re.sub(r"<script[^>]*>[^<]*MathJax[^<]*</script>", "", body, flags=re.S)
+    """One self-contained HTML page of ``nb``: images inline, MathML, wrapped messages, and a
+    policy under which nothing runs or loads (template scripts removed)."""
+    body, _ = _html_exporter().from_notebook_node(_inert_cells(nb))
+    body = re.sub(r"<script\b.*?</script\s*>", "", body, flags=re.S | re.I)
+    body = re.sub(r"<link\b[^>]*>", "", body, flags=re.I)
+    policy = f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_POLICY}">'
+    body = re.sub(r"<head>", lambda m: m.group(0) + "\n" + policy, body, count=1, flags=re.I)
     return body.replace("</head>", _CSS + "</head>", 1)

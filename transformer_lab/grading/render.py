@@ -9,7 +9,8 @@ so every figure after an exercise is drawn by the student's own code. The result
 * ``OUT/<lab>.html``: the same in JupyterLab's look (nbconvert's ``lab`` template), math as
   MathML, images inline;
 * ``OUT/<lab>.png`` (the top of the page) and ``OUT/<lab>.pdf`` (all of it), where a headless
-  Chromium is installed.
+  Chromium is installed: JavaScript off, no network, its sandbox on
+  (:mod:`transformer_lab.grading.browser`), since a feedback page is built from students' work.
 
 This is how an author (or a reviewer) checks that the figures show what the text says.
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -32,6 +32,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbformat import NotebookNode
 
+from transformer_lab.grading.browser import screenshot
 from transformer_lab.grading.course import (
     LABS,
     SOLUTIONS,
@@ -39,7 +40,7 @@ from transformer_lab.grading.course import (
     read_notebook,
     select_labs,
 )
-from transformer_lab.grading.feedback import math_to_mathml
+from transformer_lab.grading.inert import math_to_mathml
 
 __all__ = ["filled_release", "render_feedback", "render_labs"]
 
@@ -60,40 +61,6 @@ def filled_release(repo: Path, lab: str) -> NotebookNode:
         if gid in answers:
             cell.source = answers[gid]
     return release
-
-
-def _browser() -> str | None:
-    """A headless-capable Chromium on PATH, or None."""
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _screenshot(html: Path, png: Path, pdf: Path) -> list[Path]:
-    """The top of ``html`` as ``png`` and all of it as ``pdf`` (headless Chromium).
-
-    Returns the files written: none where no Chromium is installed or it fails (a rendering
-    aid, never a reason for the command to fail).
-    """
-    browser = _browser()
-    if browser is None:
-        return []
-    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    jobs = {
-        png: [f"--screenshot={png}", "--window-size=1280,12000"],
-        pdf: [f"--print-to-pdf={pdf}", "--no-pdf-header-footer"],
-    }
-    written = []
-    for target, args in jobs.items():
-        try:
-            subprocess.run([*common, *args, html.as_uri()], capture_output=True, timeout=180)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if target.is_file() and target.stat().st_size > 0:
-            written.append(target)
-    return written
 
 
 def render_labs(
@@ -142,7 +109,7 @@ def render_labs(
         html = out / f"{lab}.html"
         html.write_text(body, encoding="utf-8")
         written += [executed, html]
-        written += _screenshot(html, out / f"{lab}.png", out / f"{lab}.pdf")
+        written += screenshot(html, out / f"{lab}.png", out / f"{lab}.pdf")
     return written
 
 
@@ -176,5 +143,5 @@ def render_feedback(
         html = folder / f"{lab}.html"
         shutil.copyfile(page, html)
         written.append(html)
-        written += _screenshot(html, folder / f"{lab}.png", folder / f"{lab}.pdf")
+        written += screenshot(html, folder / f"{lab}.png", folder / f"{lab}.pdf")
     return written
