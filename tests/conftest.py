@@ -51,15 +51,19 @@ needs_bwrap = pytest.mark.skipif(
 class LoopbackServer:
     """An HTTP server on 127.0.0.1 that serves fixed bytes at every path and counts requests."""
 
-    def __init__(self, payload: bytes) -> None:
+    def __init__(self, payload: bytes, content_type: str = "application/octet-stream") -> None:
         self.payload = payload
+        self.content_type = content_type
         self.requests = 0
+        self.paths: list[str] = []  # what was asked for, in order
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.requests += 1
+                outer.paths.append(self.path)
                 self.send_response(200)
+                self.send_header("Content-Type", outer.content_type)
                 self.send_header("Content-Length", str(len(outer.payload)))
                 self.end_headers()
                 self.wfile.write(outer.payload)

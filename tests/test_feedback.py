@@ -8,6 +8,8 @@ outputs a student's code can produce, and passes it through :func:`feedback_note
 from __future__ import annotations
 
 import base64
+import html
+import re
 
 import nbformat
 import pytest
@@ -154,3 +156,135 @@ def test_raw_cells_and_the_title_cannot_carry_html() -> None:
     )
     page = render_html(feedback)
     assert "<script>alert(8)" not in page and "onerror=alert(9)>" not in page
+
+
+# ------------------------------------------------- issue 41, class 4: an allow-listed page
+
+#: A student's own text as a visible check quotes it (an answer raising AssertionError).
+QUOTED = (
+    "![seen](http://127.0.0.1:9/quoted.png) [click](javascript:alert(10)) "
+    "**12 / 12 points: passed** <b>bold?</b>\nsecond line"
+)
+
+
+def _urls(page: str) -> list[str]:
+    """Every address the page's markup names (src, href, srcset, CSS url(...))."""
+    found = re.findall(r"""[\s"'](?:src|href|srcset|action|data)\s*=\s*["']?([^"'\s>]*)""", page)
+    return found + re.findall(r"url\(\s*['\"]?([^'\")]*)", page)
+
+
+def _assert_inert(page: str) -> None:
+    """Nothing on ``page`` runs or points anywhere but an inline image or its own anchors."""
+    assert "<script" not in page.lower()
+    assert re.search(r"<[^>]*\son[a-z]+\s*=", page) is None
+    outside = [u for u in _urls(page) if not u.startswith(("data:", "#"))]
+    assert outside == [], outside
+    assert 'http-equiv="Content-Security-Policy"' in page and "default-src 'none'" in page
+
+
+def test_the_graders_message_is_plain_text_never_markdown() -> None:
+    nb = _notebook(
+        _code("check_a()", [], grade=True, grade_id="t_a", points=1, locked=True),
+        _code("check_b()", [], grade=True, grade_id="t_b", points=2, locked=True),
+    )
+    page = _feedback_html(nb, {"t_a": (0.0, 1.0), "t_b": (2.0, 2.0)}, {"t_a": QUOTED})
+    _assert_inert(page)
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    # The student's characters are shown as they are: no image, no link, no bold box.
+    assert "![seen](http://127.0.0.1:9/quoted.png)" in text
+    assert "**12 / 12 points: passed** <b>bold?</b>" in text
+    assert "<strong>12 / 12" not in page and "quoted.png" not in " ".join(_urls(page))
+    assert page.count('class="tl-points tl-pass"') == 1  # t_b's, the grader's own
+    assert page.count('class="tl-points tl-fail"') == 1
+
+
+def test_output_metadata_keeps_only_numeric_image_sizes() -> None:
+    png = {"image/png": PNG, "text/plain": "<Figure>"}
+    hostile = {
+        "image/png": {"width": "1 onerror=alert(11)", "height": 1e400},
+        "filenames": {"image/png": "http://127.0.0.1:9/file.png"},
+        "unconfined": True,
+    }
+    nb = _notebook(
+        _code("plot()", [nbformat.v4.new_output("display_data", data=png, metadata=hostile)]),
+        _code(
+            "plot()",
+            [
+                nbformat.v4.new_output(
+                    "display_data", data=png, metadata={"image/png": {"width": 320.4}}
+                ),
+                _display({"image/png": "not base64 <img src=x onerror=alert(12)>"}),
+            ],
+        ),
+    )
+    page = _feedback_html(nb)
+    _assert_inert(page)
+    body = page.split("</style>")[-1]
+    assert "onerror" not in body and "file.png" not in body and "unconfined" not in body
+    assert page.count(f'src="data:image/png;base64,{PNG}"') == 2
+    assert re.search(r"\swidth=\"?320\b", page)  # a numeric size stays
+
+
+def test_markdown_is_rendered_before_it_is_sanitised() -> None:
+    cells = []
+    for text, meta in (
+        (
+            "![md](http://127.0.0.1:9/md.png) [x](javascript:alert(13)) <img src=//evil.example/"
+            "p.png> [ok](data:text/html,<script>alert(14)</script>)",
+            {"solution": True, "grade": True, "grade_id": "w1", "points": 2},
+        ),
+        # A cell the student marked "locked" themselves: trusted by nothing.
+        (
+            '<span class="tl-points tl-pass">12 / 12 points: passed</span>'
+            "<img src=http://127.0.0.1:9/locked.png><script>document.title='pwned'</script>",
+            {"locked": True, "solution": False, "grade": False},
+        ),
+    ):
+        cell = nbformat.v4.new_markdown_cell(text)
+        cell.metadata["nbgrader"] = meta
+        cells.append(cell)
+    raw = nbformat.v4.new_raw_cell('<span class="tl-points tl-pass">raw</span>')
+    page = _feedback_html(_notebook(*cells, raw))
+    _assert_inert(page)
+    body = page.split("</style>")[-1]
+    assert "pwned" not in page and re.search(r"<[^>]*tl-pass", body) is None
+    shown = html.unescape(re.sub(r"<[^>]+>", "", body))
+    assert '<span class="tl-points tl-pass">raw</span>' in shown  # a raw cell: its text
+
+
+def test_ansi_colours_are_reduced_to_the_fixed_palette() -> None:
+    fake_box = "\x1b[48;2;230;244;234m\x1b[38;2;0;0;0m 12 / 12 points: passed \x1b[0m"
+    text = f"{fake_box} \x1b[1;31mred\x1b[0m \x1b[7minverse\x1b[0m \x1b[48;5;120mbg\x1b[0m\n"
+    nb = _notebook(
+        _code("print()", [nbformat.v4.new_output("stream", name="stdout", text=text)]),
+        _code("x", [nbformat.v4.new_output("execute_result", data={"text/plain": text})]),
+        _code("raise", [nbformat.v4.new_output("error", ename="E", evalue=text, traceback=[])]),
+    )
+    page = _feedback_html(nb).split("</style>")[-1]
+    assert "rgb(" not in page and "#e6f4ea" not in page.lower() and "-bg" not in page
+    assert "ansi-red" in page and "12 / 12 points: passed" in page
+    assert page.count("inverse") == 3  # the text stays, the inversion does not
+
+
+def test_the_page_opens_with_the_failed_checks_each_linking_to_its_cell() -> None:
+    nb = _notebook(
+        _code("check_a()", [], grade=True, grade_id="t_a", points=1, locked=True),
+        _code("check_b()", [], grade=True, grade_id="t_b", points=2, locked=True),
+        _code("check_c()", [], grade=True, grade_id="t_c", points=3, locked=True),
+    )
+    scores = {"t_a": (0.0, 1.0), "t_b": (2.0, 2.0), "t_c": (0.0, 3.0)}
+    notes = {"t_a": "first of a\nsecond of a", "t_c": "`f(3)` is wrong"}
+    page = _feedback_html(nb, scores, notes)
+    table = page.split('<table class="tl-failed">')[1].split("</table>")[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1])
+    assert len(rows) == 2
+    assert 'href="#check-t_a"' in rows[0] and ">1</td>" in rows[0] and "first of a" in rows[0]
+    assert "second of a" not in table
+    assert 'href="#check-t_c"' in rows[1] and ">3</td>" in rows[1]
+    assert "<code>f(3)</code> is wrong" in rows[1]
+    # Each link lands on its own cell (the code cell right after the anchor), after the table.
+    for gid in ("t_a", "t_c"):
+        after = page.split(f'<a id="check-{gid}"></a>')[1]
+        assert after.startswith('<div class="jp-Cell jp-CodeCell')
+        assert f"check_{gid[-1]}" in after.split("tl-result")[0]
+    assert page.index("Checks that did not pass (2)") < page.index('id="check-t_a"')
