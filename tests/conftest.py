@@ -71,7 +71,8 @@ class LoopbackServer:
             def log_message(self, *args: object) -> None:  # keep pytest output clean
                 pass
 
-        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        # Threads: a browser holds idle (preconnected) sockets open, which would stall one thread.
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/tinyshakespeare.txt"
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
