@@ -288,3 +288,5 @@ def test_the_page_opens_with_the_failed_checks_each_linking_to_its_cell() -> Non
         assert after.startswith('<div class="jp-Cell jp-CodeCell')
         assert f"check_{gid[-1]}" in after.split("tl-result")[0]
     assert page.index("Checks that did not pass (2)") < page.index('id="check-t_a"')
+    passed = _feedback_html(nb, {g: (m, m) for g, (_, m) in scores.items()})
+    assert "Every check passed." in passed and "tl-failed" not in passed.split("</style>")[-1]

@@ -175,10 +175,13 @@ def _summary_html(
             "the end (see below). If your code is correct, ask your instructor to grade it "
             "again.</p>"
         )
+    if not failed and possible > 0 and status != "flagged":
+        parts.append("<p>Every check passed.</p>")
     if failed:
+        withheld = "(withheld until the review)" if status == "flagged" else ""
         rows = "".join(
             f'<tr><td><a href="#{_anchor(gid)}"><code>{html.escape(gid)}</code></a></td>'
-            f'<td class="tl-lost">{lost:g}</td><td>{_plain(first)}</td></tr>'
+            f'<td class="tl-lost">{lost:g}</td><td>{_plain(first or withheld)}</td></tr>'
             for gid, lost, first in failed
         )
         parts.append(
