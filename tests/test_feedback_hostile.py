@@ -152,6 +152,15 @@ def test_the_hostile_page_shows_the_students_text_and_runs_or_loads_nothing(grad
     assert server.paths == []
 
 
+def _table_lines(image: Any) -> int:
+    """Rows of the top 800 px ruled across 500 px in the table's border grey (#ccc)."""
+    top = image.convert("RGB").crop((0, 0, image.width, 800))
+    width = top.width
+    pixels = list(top.getdata())
+    rows = (pixels[y * width : (y + 1) * width] for y in range(top.height))
+    return sum(1 for row in rows if sum(p == (204, 204, 204) for p in row) >= 500)
+
+
 def test_labs_render_feedback_draws_the_pages_without_a_request(graded, tmp_path: Path) -> None:
     course, _, server = graded
     if browser.browser() is None:
@@ -160,10 +169,14 @@ def test_labs_render_feedback_draws_the_pages_without_a_request(graded, tmp_path
     assert main(["--repo", str(REPO), "render", "--feedback", str(course), "--out", str(out)]) == 0
     from PIL import Image
 
+    lines = {}
     for student in ("hostile", "honest"):
         with Image.open(out / student / f"{LAB}.png") as image:
             assert image.width == 1280
+            lines[student] = _table_lines(image)
         assert (out / student / f"{LAB}.pdf").read_bytes()[:5] == b"%PDF-"
+    # The failed-checks table is in sight at the top: its header and four rows, ruled.
+    assert lines == {"hostile": 4 + 2, "honest": 0}, lines
     assert server.paths == []
 
 
