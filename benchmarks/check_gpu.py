@@ -9,8 +9,10 @@ it is met:
   those figures);
 * lab 08 at least 4x faster than on that CPU;
 * the KV cache's speed-up at batch 1 at least 3x in the path lab 08 uses: the figure lab 08's
-  own timing cell printed (``batch 1: ... N.Nx faster``), kept by ``bench_labs.py --outputs``;
-  the kit's compiled decode step (``bench_generation.py``) is reported beside it;
+  own timing cell printed, kept by ``bench_labs.py --outputs`` (on a GPU its compiled cached
+  step, ``batch 1, compiled ...: N.Nx faster``, compile time printed beside it; elsewhere the
+  eager cache's ``batch 1: ... N.Nx faster``); the kit's compiled decode step at the benchmark's
+  size (``bench_generation.py``) is reported beside it;
 * the labs step within its time limit (every lab measured, their sum under the limit).
 
 It prints a table (pasteable into RESULTS.md), writes it as JSON with ``--out``, and exits 1
@@ -30,7 +32,11 @@ HERE = Path(__file__).resolve().parent
 CPU_SECTION = re.compile(r"^### CPU, full profile, quiet machine", re.MULTILINE)
 TABLE_ROW = re.compile(r"^\| (\d\d_[a-z0-9_]+) \| ([0-9.]+) \|", re.MULTILINE)
 LAB08 = "08_language_models"
-LAB08_BATCH1 = re.compile(r"^batch 1: .*?: ([0-9.]+)x faster", re.MULTILINE)
+# Lab 08's timing cell: the compiled cached step on a GPU, else the eager cache at batch 1.
+LAB08_BATCH1 = (
+    re.compile(r"^batch 1, compiled .*?: ([0-9.]+)x faster", re.MULTILINE),
+    re.compile(r"^batch 1: .*?: ([0-9.]+)x faster", re.MULTILINE),
+)
 
 
 def quiet_cpu_seconds(results_md: Path) -> dict[str, float]:
@@ -79,7 +85,8 @@ def check(
         )
     )
     printed = results / "lab_outputs" / f"{LAB08}.txt"
-    found = LAB08_BATCH1.search(printed.read_text()) if printed.is_file() else None
+    text = printed.read_text() if printed.is_file() else ""
+    found = next((m for m in (p.search(text) for p in LAB08_BATCH1) if m), None)
     speedup = float(found.group(1)) if found else None
     out.append(
         _criterion(

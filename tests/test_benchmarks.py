@@ -392,6 +392,12 @@ def test_check_gpu_judges_issue_39s_criteria_against_the_quiet_cpu_figures(
     assert "| KV cache speed-up at batch 1, lab 08's timing cell | 4.5x | >= 3x | met |" in out
     assert "issue 39 Done-when: met" in out
 
+    compiled = "batch 1, compiled cached step (CUDA graphs): 60 ms: 5.2x faster than without\n"
+    both = _gpu_results(tmp_path / "both", 3.9, 50.0, line.replace("4.5x", "1.0x") + compiled)
+    assert check_gpu.main([str(both), *argv]) == 0  # on a GPU the compiled line counts
+    assert (
+        "| KV cache speed-up at batch 1, lab 08's timing cell | 5.2x |" in capsys.readouterr().out
+    )
     slow = _gpu_results(tmp_path / "slow", 15.8, 43.6, line.replace("4.5x", "1.0x"))
     assert check_gpu.main([str(slow), *argv, "--labs-wall", "500"]) == 1
     out = capsys.readouterr().out
