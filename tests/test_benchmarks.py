@@ -436,6 +436,7 @@ def test_gpu_script_rehearses_issue_39s_check_on_the_cpu(tmp_path: Path) -> None
     summary = (tmp_path / "bundle" / "summary.md").read_text()
     assert "## bench_generation (exit 0," in summary and "## bench_labs (exit 0," in summary
     assert "## check_gpu (exit 1)" in summary or "## check_gpu (exit 0)" in summary, summary
+    assert "## bench_generation_cudagraphs (exit 0," in summary  # after the check: informative
     assert "08_language_models: execute" in summary
     assert "bench_attention" not in summary  # the check's call runs nothing else
     printed = (tmp_path / "results" / "lab_outputs" / "08_language_models.txt").read_text()
