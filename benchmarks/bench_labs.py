@@ -82,8 +82,14 @@ for number, cell in enumerate(cells):
 """
 
 
-def execute_as_script(nb_path: Path, workdir: Path, profile: str, timeout: int) -> float:
-    """Run a copy of ``nb_path``'s code cells in a fresh Python process; return the seconds."""
+def execute_as_script(
+    nb_path: Path, workdir: Path, profile: str, timeout: int, output: Path | None = None
+) -> float:
+    """Run a copy of ``nb_path``'s code cells in a fresh Python process; return the seconds.
+
+    ``output``: a file to keep what the cells printed in (e.g. lab 08's cache speed-up, which
+    ``check_gpu.py`` reads).
+    """
     import subprocess
     import sys
 
@@ -100,9 +106,32 @@ def execute_as_script(nb_path: Path, workdir: Path, profile: str, timeout: int) 
         text=True,
     )
     seconds = time.perf_counter() - t0
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
     return seconds
+
+
+def warm_up() -> float:
+    """Load torch, Lightning and the kit once, untimed, in a process of its own; the seconds.
+
+    The first process of a run otherwise pays for reading PyTorch's libraries (several GB with
+    CUDA's) from a cold disk, which the laps after it find in the page cache: on the H200 of
+    2026-12-04 lab 01 took 15.8 s, most of it that. The CPU figures it is compared with were
+    measured on a machine that had loaded them before.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, lightning, transformer_lab.lab\n"
+        "if torch.cuda.is_available(): torch.zeros(1, device='cuda')"
+    )
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=False, capture_output=True)
+    return time.perf_counter() - t0
 
 
 def jupyter_available() -> bool:
@@ -153,6 +182,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--no-autograde", action="store_true")
     p.add_argument("--timeout", type=int, default=1200, help="per-cell timeout, seconds")
     p.add_argument(
+        "--outputs",
+        type=Path,
+        default=None,
+        help="keep each lab's printed output in DIR/<lab>.txt (script runner)",
+    )
+    p.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="load torch, Lightning and the kit once, untimed, before the first lab",
+    )
+    p.add_argument(
         "--runner",
         choices=["auto", "kernel", "script"],
         default="auto",
@@ -162,7 +202,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runner = a.runner
     if runner == "auto":
         runner = "kernel" if jupyter_available() else "script"
-    execute = execute_notebook if runner == "kernel" else execute_as_script
+    if runner == "kernel":
+        execute = execute_notebook
+    else:
+
+        def execute(nb: Path, workdir: Path, profile: str, timeout: int) -> float:
+            kept = a.outputs / f"{nb.parent.name}.txt" if a.outputs else None
+            return execute_as_script(nb, workdir, profile, timeout, kept)
+
     if runner == "script" and not a.no_autograde:
         print("no Jupyter here (script runner): autograding skipped")
         a.no_autograde = True
@@ -181,6 +228,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "settings": {"profile": a.profile, "smoke": a.smoke, "runner": runner},
         "rows": rows,
     }
+    if a.warm_up:
+        result["settings"]["warm_up_s"] = round(warm_up(), 1)
+        print(f"warm-up (untimed): {result['settings']['warm_up_s']} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_labs_") as tmp:
         for nb in labs:
             row: dict[str, Any] = {"lab": nb.parent.name}

@@ -5,8 +5,15 @@
 #                                      # generation, and every lab in the full profile
 #   benchmarks/gpu.sh --no-labs        # items 1-3 and 5 only
 #   benchmarks/gpu.sh --only-labs      # item 4 alone
+#   benchmarks/gpu.sh --check          # issue 39's Done-when in one call (560 s of step limits,
+#                                      # about 5 minutes on an H200): the compiled decode step at
+#                                      # batch 1, every lab in the full profile (lab 08's cache
+#                                      # timing kept), then check_gpu.py: each lab no slower than
+#                                      # its quiet 2-core CPU time in RESULTS.md, lab 08 >= 4x
+#                                      # faster, the cache >= 3x at batch 1, the labs within limit
 #   benchmarks/gpu.sh --rehearse       # the same steps on the CPU at smoke sizes (a minute): checks
 #                                      # the script itself, e.g. before spending a GPU lease on it
+#                                      # (--rehearse --check: the check's steps, lab 08 only)
 #   QUALITY_VARIANTS=1 benchmarks/gpu.sh   # also time the kit recipe compiled (about +60 s)
 #   GENERATION_COMPILE=1 benchmarks/gpu.sh --no-labs   # also time the compiled decode step
 #   RESULTS_DIR=/some/dir benchmarks/gpu.sh   # where results go (default benchmarks/results/gpu_<time>)
@@ -32,13 +39,14 @@ if [[ -z "$PY" ]]; then
     fi
 fi
 RESULTS_DIR="${RESULTS_DIR:-$HERE/results/gpu_$(date -u +%Y%m%d_%H%M)}"
-WITH_LABS=1 ONLY_LABS=0 REHEARSE=0
+WITH_LABS=1 ONLY_LABS=0 REHEARSE=0 CHECK=0
 for arg in "$@"; do
     case "$arg" in
         --no-labs) WITH_LABS=0 ;;
         --only-labs) WITH_LABS=1 ONLY_LABS=1 ;;
         --rehearse) REHEARSE=1 ;;
-        *) echo "gpu.sh: unknown argument '$arg' (--no-labs, --only-labs, --rehearse)" >&2; exit 2 ;;
+        --check) CHECK=1 ;;
+        *) echo "gpu.sh: unknown argument '$arg' (--no-labs, --only-labs, --check, --rehearse)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$RESULTS_DIR"
@@ -79,14 +87,16 @@ fi
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')" | tee -a "$RESULTS_DIR/summary.md"
 
 status=0
-step() {  # step NAME LIMIT_SECONDS ARGS...
-    local name="$1" limit="$2"
+STEP_SECONDS=0
+step() {  # step NAME[:LABEL] LIMIT_SECONDS ARGS...: benchmarks/NAME.py, its results as LABEL
+    local script="${1%%:*}" name="${1##*:}" limit="$2"
     shift 2
     echo "== $name (limit ${limit}s)"
     local t0=$SECONDS
-    timeout --signal=INT --kill-after=10 "$limit" "$PY" "$HERE/$name.py" "${DEVICE_ARGS[@]}" \
+    timeout --signal=INT --kill-after=10 "$limit" "$PY" "$HERE/$script.py" "${DEVICE_ARGS[@]}" \
         --out "$RESULTS_DIR/$name.json" "$@" >"$RESULTS_DIR/$name.log" 2>&1
     local rc=$?
+    STEP_SECONDS=$((SECONDS - t0))
     {
         echo
         echo "## $name (exit $rc, $((SECONDS - t0)) s)"
@@ -114,6 +124,32 @@ GENERATION_DEFAULT_LIMIT=35
 if [[ -n "${GENERATION_COMPILE:-}" ]]; then
     GENERATION_ARGS=(--compile on)
     GENERATION_DEFAULT_LIMIT=240
+fi
+if [[ $CHECK -eq 1 ]]; then
+    # Issue 39's Done-when: the step limits add up to 560 s (plus 10 s of grace each), so the
+    # call fits the device tool's 10 minutes; on an H200 expect about 5 (generation with its
+    # compilation ~1, the labs ~4: labs 01, 03-06 run on the CPU there, lab.CPU_LABS). The last
+    # step, after the check, times the compiled step with torch.compile's cudagraphs backend
+    # (no inductor): whether lab 08 would wait less for its compilation that way.
+    LABS_LIMIT="${LABS_LIMIT:-380}"
+    step bench_generation "${GENERATION_LIMIT:-100}" --compile on --batches 1
+    if [[ $REHEARSE -eq 1 ]]; then
+        LAB_ARGS=(--profile grading --labs 08_language_models)
+    else
+        LAB_ARGS=(--profile full)
+    fi
+    step bench_labs "$LABS_LIMIT" "${LAB_ARGS[@]}" --runner script --no-autograde --warm-up \
+        --outputs "$RESULTS_DIR/lab_outputs"
+    LABS_WALL=$STEP_SECONDS
+    echo "== check_gpu (issue 39's Done-when)"
+    "$PY" "$HERE/check_gpu.py" "$RESULTS_DIR" --labs-limit "$LABS_LIMIT" --labs-wall "$LABS_WALL" \
+        --out "$RESULTS_DIR/check_gpu.json" >"$RESULTS_DIR/check_gpu.log" 2>&1
+    rc=$?
+    { echo; echo "## check_gpu (exit $rc)"; cat "$RESULTS_DIR/check_gpu.log"; } | tee -a "$RESULTS_DIR/summary.md"
+    if [[ $rc -eq 2 || ( $rc -ne 0 && $REHEARSE -eq 0 ) ]]; then status=1; fi
+    step bench_generation:bench_generation_cudagraphs "${CUDAGRAPHS_LIMIT:-80}" --compile cudagraphs \
+        --batches 1
+    WITH_LABS=0 ONLY_LABS=1  # nothing else in this call
 fi
 if [[ $ONLY_LABS -eq 0 ]]; then
     step bench_attention "${ATTENTION_LIMIT:-75}" --min-seconds 0.1

@@ -347,3 +347,22 @@ def test_grammar_datamodule(task: str) -> None:
         assert dm.vocab_size == dm.src_vocab_size == dm.tokenizer.vocab_size
     with pytest.raises(ValueError, match="task='poetry'"):
         GrammarDataModule(task="poetry")
+
+
+def test_batches_are_pinned_only_for_a_trainer_on_cuda() -> None:
+    """Issue 39: a lab trained on the CPU of a GPU machine (``lab.CPU_LABS``) pins nothing (it
+    would start CUDA and pin every batch for nothing); a loader without a trainer pins wherever
+    CUDA is."""
+    from types import SimpleNamespace
+
+    from transformer_lab.data.datamodules import SyntheticDataModule, pin_memory
+
+    def on(kind: str) -> SimpleNamespace:
+        return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(kind)))
+
+    assert pin_memory(on("cuda")) is True and pin_memory(on("cpu")) is False
+    assert pin_memory() is torch.cuda.is_available()
+    dm = SyntheticDataModule(task="copy", seq_len=6, num_symbols=5, num_train=16, num_val=8)
+    assert dm.train_dataloader().pin_memory is torch.cuda.is_available()
+    dm.trainer = on("cpu")
+    assert dm.train_dataloader().pin_memory is False and dm.val_dataloader().pin_memory is False

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from transformer_lab.generation import (
     DecodeStep,
@@ -14,6 +16,7 @@ from transformer_lab.generation import (
     compile_decode_step,
     generate,
     greedy_decode,
+    kit_attention_copy,
     top_k_filter,
     top_p_filter,
 )
@@ -359,3 +362,48 @@ def test_cuda_graph_generation_gives_the_uncached_greedy_tokens() -> None:
     for _ in range(2):
         assert torch.equal(generate(model, idx, 20, temperature=0.0, compile=True), plain)
     assert torch.equal(generate(model, idx, 20, temperature=0.0), plain)
+
+
+class _OwnMaskAttention(nn.Module):
+    """Lab 08's kind of attention: one fused projection, a mask made from the keys it gets."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, query, key=None, value=None, mask=None, need_weights=False, *,
+                is_causal=False, kv_cache=None):  # fmt: skip
+        B, T, D = query.shape
+        q, k, v = (
+            t.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, Dh)
+            for t in self.qkv_proj(query).chunk(3, dim=-1)
+        )
+        if kv_cache is not None:
+            k, v = kv_cache.store(k, v)  # (B, H, S, Dh)
+        S = k.shape[-2]
+        own = torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None]  # (T, S)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=own)  # (B, H, T, Dh)
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, D)), None
+
+
+def test_a_kit_attention_copy_decodes_an_own_mask_gpt_compiled_with_the_same_tokens() -> None:
+    """Lab 08 on a GPU compiles the decode step of a copy of the student's trained GPT with the
+    kit's attention (the student's own mask would see unwritten slots of the static cache)."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=17, n_ctx=24, d_model=16, n_layers=2, n_heads=2)
+    model = GPT(config)
+    for block in model.blocks:
+        block.attn = _OwnMaskAttention(16, 2)
+    model.reset_parameters()
+    model = model.double().eval()
+    twin = kit_attention_copy(model)
+    assert twin.tok_emb.weight.dtype == torch.float64 and not twin.training
+    idx = torch.randint(0, 17, (1, 3))
+    eager = generate(model, idx, 12, temperature=0)
+    step = compile_decode_step(twin, 1, {"backend": "eager"})
+    assert torch.equal(generate(twin, idx, 12, temperature=0, decode_step=step), eager)
+    with pytest.raises(ValueError, match="do not fit the kit's GPT: missing"):
+        model.blocks[0].attn = nn.Identity()
+        kit_attention_copy(model)

@@ -194,6 +194,48 @@ class TestLab08(LabNotebookTests):
         ]
 
     @pytest.mark.slow
+    def test_the_timing_cells_gpu_branch_decodes_compiled_with_the_students_tokens(
+        self,
+        notebook: Any,
+        grading_run: tuple[str, dict[str, Any], Path],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """On CUDA the timing cell also decodes through the compiled cached step (issue 39: the
+        eager cache gains nothing on a GPU). Its branch, run here on the CPU after the grading
+        run (eager backend, CUDA's synchronisation a no-op), prints the speed-up, the seconds
+        the compilation took and greedy tokens equal to the student's model's."""
+        import contextlib
+        import io
+
+        import torch
+
+        from transformer_lab import generation
+
+        _, namespace, _ = grading_run
+        cell = next(c for c in notebook.cells if "kit_attention_copy" in c.source)
+        branch = 'if session.device.type == "cuda":  # the cached step'
+        assert branch in cell.source
+        source = cell.source.replace(branch, "if True:  # the cached step")
+        compile_step = generation.compile_decode_step
+        monkeypatch.setattr(
+            generation,
+            "compile_decode_step",
+            lambda model, batch, options=True: compile_step(model, batch, {"backend": "eager"}),
+        )
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, "<timing cell>", "exec"), dict(namespace))
+        assert re.search(
+            r"^batch 1, compiled cached step \(CUDA graphs\): \d+ ms: [\d.]+x faster than without "
+            r"the cache; compiling took \d+ s, once; greedy tokens the same as yours: True$",
+            printed.getvalue(),
+            re.M,
+        ), printed.getvalue()
+        why = next(c for c in notebook.cells if c.source.startswith("What the cache buys"))
+        assert "launching" in why.source and "CUDA graph" in why.source
+
+    @pytest.mark.slow
     def test_the_gpt2_section_runs_against_a_loopback_hub(
         self,
         notebook: Any,

@@ -65,13 +65,19 @@ class _Recorder:
         self.calls.append(("<dict>", values, options))
 
 
-def test_log_metrics_logs_the_training_loss_on_written_steps_only() -> None:
+@pytest.mark.parametrize("bar", [True, False])
+def test_log_metrics_logs_the_training_loss_on_written_steps_only(bar: bool) -> None:
     loss = torch.tensor(2.0)
     written, skipped = _Recorder(step=49), _Recorder(step=50)
+    for module in (written, skipped):
+        module._trainer.progress_bar_callback = object() if bar else None
     log_metrics(written, "train", loss, batch_size=8)  # type: ignore[arg-type]
     log_metrics(skipped, "train", loss, batch_size=8)  # type: ignore[arg-type]
     assert [c[0] for c in written.calls] == ["train_loss"]
     assert written.calls[0][2]["on_step"] and not written.calls[0][2]["on_epoch"]
+    # Shown in the bar only where there is one: Lightning turns a bar's value into a number
+    # (a host-device synchronisation on a GPU) at every step.
+    assert written.calls[0][2]["prog_bar"] is bar
     assert skipped.calls == []
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "compile_decode_step",
     "generate",
     "greedy_decode",
+    "kit_attention_copy",
     "sample_next",
     "top_k_filter",
     "top_p_filter",
@@ -214,6 +215,38 @@ def compile_decode_step(
     for t in (*step.cache.layer_k, *step.cache.layer_v):
         torch._dynamo.mark_static_address(t)
     return torch.compile(step, fullgraph=True, **kwargs)
+
+
+def kit_attention_copy(model: nn.Module) -> nn.Module:
+    """A copy of a :class:`~transformer_lab.models.GPT` with the kit's attention and its weights.
+
+    A compiled :class:`DecodeStep` reads all ``n_ctx`` cache slots under the kit's mask
+    (``offset`` on the device); an attention that makes its own mask from the number of keys it
+    gets back (lab 08's ``CausalSelfAttention``) would attend to the unwritten slots there. Its
+    trained weights load into the kit's attention when names and shapes agree (one fused
+    ``qkv_proj``, then ``out_proj``, as lab 08 asks), so the copy computes the same function and
+    can be compiled.
+
+    Args:
+        model: the GPT (``config``, ``tok_emb``), on its device and dtype.
+
+    Returns:
+        The copy, on the same device, dtype and mode.
+
+    Raises:
+        ValueError: if the weights do not fit the kit's GPT (the message names them).
+    """
+    from transformer_lab.models import GPT
+
+    weight = model.tok_emb.weight
+    twin = GPT(model.config).to(device=weight.device, dtype=weight.dtype)
+    missing, unexpected = twin.load_state_dict(model.state_dict(), strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            "the model's weights do not fit the kit's GPT: "
+            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+        )
+    return twin.train(model.training)
 
 
 @graded("08_language_models")

@@ -6,9 +6,11 @@ notebook behave the same on Colab, on a laptop and in the grader:
 * it seeds PyTorch, so the demos and training cells print the same numbers each run;
 * it pins the CPU threads (``TRANSFORMER_LAB_THREADS``, default 1 on a CPU): the labs' models
   are small, and on a busy two-core laptop more threads made a training cell 100x slower;
-* it picks the device (CUDA when present), the training precision the CLI would pick
-  (``bf16-mixed`` on recent GPUs, ``16-mixed`` on a T4, ``32-true`` on CPUs) and the run profile
-  (``full`` unless the grader asks for ``grading``), and prints them on one line.
+* it picks the device (CUDA when present, except for the labs whose models are too small to
+  gain from it, :data:`CPU_LABS`; ``TRANSFORMER_LAB_DEVICE`` overrides), the training precision
+  the CLI would pick (``bf16-mixed`` on recent GPUs, ``16-mixed`` on a T4, ``32-true`` on CPUs)
+  and the run profile (``full`` unless the grader asks for ``grading``), and prints them on one
+  line.
 
 Earlier labs' answers carry forward (:mod:`transformer_lab.answers`): :func:`setup` fills every
 locked kit answer of an earlier lab with the student's saved one, or a PyTorch stand-in, and
@@ -36,9 +38,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["THREADS_ENV", "Session", "setup", "unless_locked", "yours_or_kit"]
+__all__ = [
+    "CPU_LABS",
+    "DEVICE_ENV",
+    "THREADS_ENV",
+    "Session",
+    "choose_device",
+    "setup",
+    "unless_locked",
+    "yours_or_kit",
+]
 
 THREADS_ENV = "TRANSFORMER_LAB_THREADS"
+DEVICE_ENV = "TRANSFORMER_LAB_DEVICE"
+# Labs whose models (widths 16-64, a few thousand tokens a step) are too small to gain from a
+# GPU: a training step is a few hundred kernel launches of microseconds of arithmetic each, so
+# the GPU waits on the Python that launches them, and the CUDA start-up comes on top. Measured
+# in the full profile (benchmarks/RESULTS.md, item 4, issue 39): an H200 took 15.8, 46.0, 66.8,
+# 38.0 and 65.4 s for labs 01, 03, 04, 05 and 06, a quiet 2-core CPU 4.1, 13.8, 68.5, 14.6 and
+# 35.3 s. Labs 02, 07 and 08 gained from the GPU (8.3 s against 15.9; 30.0 against 34.4; 43.6
+# against 233) and use it.
+CPU_LABS = frozenset(
+    {
+        "01_positional_encoding",
+        "03_multi_head_attention",
+        "04_transformer_block",
+        "05_masking",
+        "06_decoder_training",
+    }
+)
+_SMALL_NOTE = (
+    f"a GPU is present, but this lab's models are too small to gain from it; {DEVICE_ENV}=cuda "
+    "uses it"
+)
 _LAB = re.compile(r"^\d\d_[a-z0-9_]+$")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,6 +114,30 @@ def _threads() -> int:
     return threads
 
 
+def choose_device(lab: str) -> tuple[str, str | None]:
+    """The lab's device, ``"cuda"`` or ``"cpu"``, and a note saying why when it is not the GPU.
+
+    ``TRANSFORMER_LAB_DEVICE`` (``cuda`` or ``cpu``) decides when set; otherwise CUDA when
+    present, except for the labs in :data:`CPU_LABS`, whose models train faster on the CPU.
+
+    Raises:
+        ValueError: ``TRANSFORMER_LAB_DEVICE`` names another device, or ``cuda`` without one.
+    """
+    from transformer_lab.training.devices import choose_accelerator
+
+    wanted = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if wanted not in ("", "cuda", "cpu"):
+        raise ValueError(f"{DEVICE_ENV}={wanted!r} is not one of 'cuda', 'cpu'")
+    present = choose_accelerator() == "cuda"
+    if wanted == "cuda" and not present:
+        raise ValueError(f"{DEVICE_ENV}=cuda, but PyTorch sees no CUDA GPU on this machine")
+    if wanted:
+        return wanted, None
+    if present and lab in CPU_LABS:
+        return "cpu", _SMALL_NOTE
+    return ("cuda" if present else "cpu"), None
+
+
 def setup(lab: str, *, seed: int = 0) -> Session:
     """Prepare a lab notebook: seed, threads, device, precision and profile; print them.
 
@@ -94,7 +150,8 @@ def setup(lab: str, *, seed: int = 0) -> Session:
 
     Raises:
         ValueError: ``lab`` is not a lab name, or ``TRANSFORMER_LAB_THREADS`` is not a positive
-            integer, or ``TRANSFORMER_LAB_PROFILE`` is not a profile.
+            integer, or ``TRANSFORMER_LAB_PROFILE`` is not a profile, or
+            ``TRANSFORMER_LAB_DEVICE`` is not a device of this machine (:func:`choose_device`).
     """
     if not _LAB.match(lab):
         raise ValueError(f"lab={lab!r} is not a lab folder name such as '01_positional_encoding'")
@@ -102,12 +159,12 @@ def setup(lab: str, *, seed: int = 0) -> Session:
 
     import transformer_lab
     from transformer_lab.profiles import current_profile
-    from transformer_lab.training.devices import choose_accelerator, choose_precision
+    from transformer_lab.training.devices import choose_precision
 
     threads = _threads()
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    accelerator = "cuda" if choose_accelerator() == "cuda" else "cpu"
+    accelerator, note = choose_device(lab)
     device = torch.device(accelerator)
     precision = choose_precision(accelerator)
     if accelerator == "cuda":
@@ -121,6 +178,7 @@ def setup(lab: str, *, seed: int = 0) -> Session:
         _one_line_progress()
     session = Session(lab, device, profile, precision, threads, Path("runs") / lab)
     where = f"{accelerator}, {threads} thread{'s' * (threads != 1)}"
+    where += f" ({note})" if note else ""
     print(
         f"transformer_lab {transformer_lab.__version__} | lab {lab[:2]} | profile: {profile} | "
         f"device: {where} | precision: {precision}"

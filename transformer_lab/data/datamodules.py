@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -95,14 +96,28 @@ class TensorDictDataset(Dataset):
         return {k: v[index] for k, v in self.tensors.items()}
 
 
-def pin_memory() -> bool:
-    """Whether batches should be pinned: wherever CUDA is, since a copy to the GPU from ordinary
-    (pageable) memory makes the CPU wait for the GPU to finish its queue, on every batch."""
+def pin_memory(trainer: Any = None) -> bool:
+    """Whether batches should be pinned: when they go to a CUDA GPU, since a copy to the GPU from
+    ordinary (pageable) memory makes the CPU wait for the GPU to finish its queue, on every batch.
+
+    With the ``trainer`` the loader serves, only if it trains on CUDA: a run on the CPU of a GPU
+    machine (``lab.CPU_LABS``) would otherwise start CUDA and pin every batch for nothing.
+    Without one (a loader built by hand), wherever CUDA is.
+    """
+    if trainer is not None:
+        device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+        return device is not None and device.type == "cuda"
     return torch.cuda.is_available()
 
 
 def _loader(
-    dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, num_workers: int
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    num_workers: int,
+    pin: bool | None = None,
 ) -> DataLoader:
     # A seeded generator makes the shuffling order reproducible and independent of the global RNG.
     generator = torch.Generator().manual_seed(seed) if shuffle else None
@@ -113,7 +128,7 @@ def _loader(
         generator=generator,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
-        pin_memory=pin_memory(),
+        pin_memory=pin_memory() if pin is None else pin,
     )
 
 
@@ -161,6 +176,7 @@ class _InMemoryDataModule(pl.LightningDataModule):
             shuffle=train,
             seed=self.seed,
             num_workers=self.num_workers,
+            pin=pin_memory(self.trainer),
         )
 
 
@@ -449,16 +465,18 @@ class BlockDataset(Dataset):
         windows = self.data[starts[:, None] + self._span]  # (B, T + 1)
         return {"tokens": windows[:, :-1], "targets": windows[:, 1:]}
 
-    def loader(self, sampler: Sampler[int], batch_size: int, num_workers: int) -> DataLoader:
+    def loader(
+        self, sampler: Sampler[int], batch_size: int, num_workers: int, pin: bool | None = None
+    ) -> DataLoader:
         """Batches of the windows ``sampler`` picks, ``batch_size`` at a time (the last may be
-        smaller), each fetched as one gathered batch."""
+        smaller), each fetched as one gathered batch; ``pin``: :func:`pin_memory` by default."""
         return DataLoader(
             self,
             batch_size=None,  # the batch sampler's index lists arrive whole at __getitem__
             sampler=BatchSampler(sampler, batch_size, drop_last=False),
             num_workers=num_workers,
             persistent_workers=num_workers > 0,
-            pin_memory=pin_memory(),
+            pin_memory=pin_memory() if pin is None else pin,
         )
 
 
@@ -673,7 +691,7 @@ class CharCorpusDataModule(pl.LightningDataModule):
             num_samples=num_samples,
             generator=torch.Generator().manual_seed(self.seed),
         )
-        return dataset.loader(sampler, self.batch_size, self.num_workers)
+        return dataset.loader(sampler, self.batch_size, self.num_workers, pin_memory(self.trainer))
 
     def val_dataloader(self) -> DataLoader:
         """Fixed, non-overlapping windows of the validation text, in order."""
@@ -683,7 +701,8 @@ class CharCorpusDataModule(pl.LightningDataModule):
         if self.val_blocks is not None:
             offsets = offsets[: self.val_blocks]
         dataset = BlockDataset(self.val_ids, self.block_size, offsets)
-        return dataset.loader(SequentialSampler(dataset), self.batch_size, self.num_workers)
+        pin = pin_memory(self.trainer)
+        return dataset.loader(SequentialSampler(dataset), self.batch_size, self.num_workers, pin)
 
     def test_dataloader(self) -> DataLoader:
         """The validation windows."""

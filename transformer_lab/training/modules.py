@@ -75,6 +75,7 @@ __all__ = [
     "ClassifierModule",
     "OptimConfig",
     "Seq2SeqModule",
+    "has_progress_bar",
     "is_written_step",
     "log_metrics",
     "token_cross_entropy",
@@ -269,6 +270,20 @@ def is_written_step(module: L.LightningModule) -> bool:
     return (module.global_step + 1) % every == 0
 
 
+def has_progress_bar(module: L.LightningModule) -> bool:
+    """Whether the module's trainer shows a progress bar (``enable_progress_bar``).
+
+    A value logged with ``prog_bar=True`` is turned into a Python number by Lightning at the end
+    of *every* training step (``.item()``, the last logged value included), whether or not a bar
+    shows it: on a GPU that is a host-device synchronisation per step, which keeps the CPU from
+    queueing the next step's kernels while the GPU works. Without a bar there is nothing to show,
+    so the training loss goes to the loggers only, and a step of the kit's loop synchronises
+    nowhere (``tests/test_training_sync.py`` counts it).
+    """
+    trainer = module._trainer
+    return getattr(trainer, "progress_bar_callback", None) is not None
+
+
 @graded("04_transformer_block")
 def log_metrics(
     module: L.LightningModule,
@@ -280,9 +295,10 @@ def log_metrics(
     """Log one step of ``stage`` (``"train"``, ``"val"`` or ``"test"``) from ``module``.
 
     Training logs ``train_loss`` on the steps Lightning writes (:func:`is_written_step`), shown
-    in the progress bar. Validation and test log ``{stage}_loss``, averaged over the epoch
-    (weighted by ``batch_size``, over processes under DDP), and the stage's torchmetrics
-    ``metrics``, which Lightning computes and resets at the end of the epoch.
+    in the progress bar when there is one (:func:`has_progress_bar`). Validation and test log
+    ``{stage}_loss``, averaged over the epoch (weighted by ``batch_size``, over processes under
+    DDP), and the stage's torchmetrics ``metrics``, which Lightning computes and resets at the
+    end of the epoch.
 
     Args:
         module: the LightningModule whose ``log`` is called.
@@ -293,7 +309,8 @@ def log_metrics(
     """
     if stage == "train":
         if is_written_step(module):
-            module.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+            bar = has_progress_bar(module)
+            module.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=bar)
         return
     # Averaging the epoch loss over processes is only needed (and only paid) under DDP.
     distributed = module._trainer is not None and module._trainer.world_size > 1
