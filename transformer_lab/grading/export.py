@@ -174,7 +174,8 @@ def _export_moodle(
                 }
             )
             if o.feedback is not None:
-                prefix = f"{name}_{who['lms_id']}_assignsubmission_file_"
+                # Moodle writes a name's "_" as " " (its importer splits the prefix at "_").
+                prefix = f"{name.replace('_', ' ')}_{who['lms_id']}_assignsubmission_file_"
                 members.append((f"{prefix}{lab}_feedback.html", o.feedback))
         sheet = out / f"moodle-{lab}-grades.csv"
         _write_csv(sheet, MOODLE_COLUMNS, rows)
@@ -249,12 +250,32 @@ def _export_canvas(
         report.written.append(_feedback_zip(out / "canvas-feedback.zip", members))
 
 
+#: A spreadsheet reads a cell starting with one of these as a formula (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(value: object) -> str:
+    """A CSV cell no spreadsheet runs: text starting like a formula gets a leading ``'``.
+
+    A name or comment is text the LMS or a student chose (``=HYPERLINK(...)``); numbers
+    (``-1.5``) and Moodle's ``-`` for "no date" stay as they are.
+    """
+    text = "" if value is None else str(value)
+    if not text.startswith(FORMULA_START) or text == "-":
+        return text
+    try:
+        float(text)
+    except ValueError:
+        return "'" + text
+    return text
+
+
 def _write_csv(path: Path, fields: list[str], rows: list[dict[str, str]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields, restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: neutralise(v) for k, v in row.items()} for row in rows)
 
 
 def complete_nbgrader_feedback(course: Path) -> list[Path]:
