@@ -134,6 +134,9 @@ def _lms_parsers(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--course", type=Path, required=True)
     rep.add_argument("labs", nargs="*")
     rep.add_argument("--out", type=Path, default=None, help="default: COURSE/report")
+    rep.add_argument(
+        "--roster", type=Path, default=None, help="default: the one collect kept in COURSE/lms"
+    )
 
 
 def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
@@ -143,7 +146,7 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
 
     roster = Roster.read(ns.roster) if getattr(ns, "roster", None) else None
     if ns.command == "collect":
-        from transformer_lab.grading.lms import collect
+        from transformer_lab.grading.lms import collect, save_roster
 
         done = collect(
             ns.source,
@@ -156,6 +159,9 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
         )
         print(done.table())
         print(f"record:    {done.record}")
+        if ns.roster is not None:
+            print(f"roster:    {save_roster(ns.course, ns.roster)} (grade, report and export list "
+                  "every student on it)")  # fmt: skip
         return 1 if done.skipped else 0
     if ns.command == "export":
         from transformer_lab.grading.export import export_grades
@@ -184,7 +190,7 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
     from transformer_lab.grading.report import write_report
 
     labs = select_labs(repo, ns.labs) if ns.labs else None
-    files = write_report(ns.course, labs, ns.out, course_deadlines(repo))
+    files = write_report(ns.course, labs, ns.out, course_deadlines(repo), roster=roster)
     for path in files:
         print(f"wrote {path}")
     return 0

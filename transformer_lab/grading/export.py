@@ -45,10 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_lab.grading.course import GradingError
-from transformer_lab.grading.lms import Roster, lms_record
-from transformer_lab.grading.results import Outcome, course_outcomes
+from transformer_lab.grading.lms import Roster, course_roster, lms_record
+from transformer_lab.grading.results import (
+    GRADED,
+    Outcome,
+    course_outcomes,
+    neutralise,
+    unplaced_files,
+)
 
-__all__ = ["CANVAS_COLUMNS", "MOODLE_COLUMNS", "ExportReport", "export_grades"]
+__all__ = ["CANVAS_COLUMNS", "MOODLE_COLUMNS", "ExportReport", "export_grades", "neutralise"]
 
 MOODLE_COLUMNS = [
     "Identifier",
@@ -63,8 +69,6 @@ MOODLE_COLUMNS = [
     "Feedback comments",
 ]
 CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-#: Statuses whose points are withheld from the LMS (empty grade) until an instructor decides.
-WITHHELD = ("flagged", "failed", "unmatched", "missing")
 #: nbgrader's release_feedback reads these beside each feedback page.
 NBGRADER_FEEDBACK_FILES = ("timestamp.txt", "submission_secret.txt")
 
@@ -96,13 +100,15 @@ def _points(value: float) -> str:
 
 def grade_value(outcome: Outcome) -> str:
     """The grade an LMS gets: points, or empty where they are withheld (flagged, ...)."""
-    return "" if outcome.status in WITHHELD else _points(outcome.score)
+    return "" if outcome.status not in GRADED else _points(outcome.score)
 
 
 def summary(outcome: Outcome) -> str:
     """A short feedback comment: status, points, what is withheld and why."""
     parts = [f"Status: {outcome.label}."]
-    if outcome.status in WITHHELD:
+    if outcome.status == "missing":
+        parts.append("No grade exported.")
+    elif outcome.status not in GRADED:
         parts.append("No grade exported: an instructor reviews it.")
     else:
         auto = outcome.score - outcome.manual_score
@@ -250,26 +256,6 @@ def _export_canvas(
         report.written.append(_feedback_zip(out / "canvas-feedback.zip", members))
 
 
-#: A spreadsheet reads a cell starting with one of these as a formula (OWASP, "CSV Injection").
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def neutralise(value: object) -> str:
-    """A CSV cell no spreadsheet runs: text starting like a formula gets a leading ``'``.
-
-    A name or comment is text the LMS or a student chose (``=HYPERLINK(...)``); numbers
-    (``-1.5``) and Moodle's ``-`` for "no date" stay as they are.
-    """
-    text = "" if value is None else str(value)
-    if not text.startswith(FORMULA_START) or text == "-":
-        return text
-    try:
-        float(text)
-    except ValueError:
-        return "'" + text
-    return text
-
-
 def _write_csv(path: Path, fields: list[str], rows: list[dict[str, str]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
@@ -325,8 +311,8 @@ def export_grades(
     course, out = Path(course).resolve(), Path(out).resolve()
     if out.is_relative_to(course / "submitted"):
         raise GradingError(f"--out {out} is inside submitted/: choose another folder")
-    enrolled = [s.id for s in roster.students] if roster is not None else None
-    outcomes = course_outcomes(course, labs, deadlines, enrolled)
+    roster = course_roster(course, roster)
+    outcomes = course_outcomes(course, labs, deadlines, roster=roster)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     if lms == "moodle":
@@ -334,4 +320,10 @@ def export_grades(
     else:
         _export_canvas(course, outcomes, out, roster, report, dict(assignment_ids or {}))
     report.written += complete_nbgrader_feedback(course)
+    for item in unplaced_files(course, sorted({o.lab for o in outcomes})):
+        lms_id = f" (LMS id {item['lms_id']})" if item.get("lms_id") else ""
+        report.left_out.append(
+            f"{item['lms']} {item['lab']}: file {item['file']!r}{lms_id} is no student's: "
+            f"{item.get('reason', '')}"
+        )
     return report

@@ -934,15 +934,19 @@ def _write_csv(db_url: str, csv_path: Path, latest: dict[str, dict[str, Any]]) -
     with open(tmp, newline="") as handle:
         rows = list(csv.DictReader(handle))
     fields = [*(rows[0].keys() if rows else ["assignment", "student_id"]), "status", "flags"]
+    for row in rows:
+        item = latest.get(f"{row['student_id']}/{row['assignment']}", {})
+        submitted = row.get("timestamp") not in ("", None, "None")
+        row["status"] = item.get("status", "graded" if submitted else "missing")
+        row["flags"] = " | ".join(item.get("flags", []))
+    from transformer_lab.grading.results import class_rows, neutralise
+
+    # The whole class: roster students without a submission, files collect placed for nobody.
+    more, rows = class_rows(csv_path.parent, rows)
     with open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer = csv.DictWriter(handle, fieldnames=[*fields, *more], restval="")
         writer.writeheader()
-        for row in rows:
-            item = latest.get(f"{row['student_id']}/{row['assignment']}", {})
-            submitted = row.get("timestamp") not in ("", None, "None")
-            row["status"] = item.get("status", "graded" if submitted else "missing")
-            row["flags"] = " | ".join(item.get("flags", []))
-            writer.writerow(row)
+        writer.writerows({k: neutralise(v) for k, v in row.items()} for row in rows)
     tmp.replace(csv_path)
 
 

@@ -77,13 +77,17 @@ __all__ = [
     "Roster",
     "Student",
     "collect",
+    "collected_files",
+    "course_roster",
     "lms_record",
     "read_timestamp",
+    "save_roster",
 ]
 
 ARCHIVE_EXTS = (".zip", ".gz", ".tgz", ".tar", ".bz2", ".xz", ".7z", ".rar")
 TIMESTAMP = "timestamp.txt"
 LMS_DIR = "lms"
+ROSTER = "roster.csv"
 
 
 @dataclass(frozen=True)
@@ -833,3 +837,42 @@ def lms_record(course: Path, lms: str, lab: str) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return {}
     return dict(json.loads(path.read_text()).get("students", {}))
+
+
+def save_roster(course: Path, roster_csv: Path) -> Path:
+    """Keep the roster as ``COURSE/lms/roster.csv``: grading, the report and the exports then
+    list every enrolled student, also those who handed in nothing."""
+    target = Path(course) / LMS_DIR / ROSTER
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if Path(roster_csv).resolve() != target.resolve():
+        shutil.copyfile(roster_csv, target)
+    return target
+
+
+def course_roster(course: Path, roster: Roster | None = None) -> Roster | None:
+    """``roster`` if given, else the one ``collect --roster`` kept in the course, else ``None``."""
+    if roster is not None:
+        return roster
+    path = Path(course) / LMS_DIR / ROSTER
+    return Roster.read(path) if path.is_file() else None
+
+
+def collected_files(course: Path) -> list[dict[str, Any]]:
+    """Every file of the latest collection of each archive, with its ``lms`` and ``lab``.
+
+    What ``collect`` did with each (``action``, ``kind``, ``reason``, ``student``): the
+    report, ``grades.csv`` and the exports show the files that were not placed from it.
+    """
+    files: list[dict[str, Any]] = []
+    for path in sorted((Path(course) / LMS_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        latest: dict[str, dict[str, Any]] = {}
+        for run in data.get("runs", []):
+            latest[str(run.get("archive"))] = run
+        for run in latest.values():
+            for item in run.get("files", []):
+                files.append({**item, "lms": data.get("lms", ""), "lab": data.get("lab", "")})
+    return files

@@ -10,9 +10,14 @@ external asset: it opens offline and can be mailed) and the same tables as CSV:
   diagonal: 14 of 61 students"), each linked to those students' feedback pages; the names come
   from the checks' verdicts (``SubmissionResult.verdicts``, :mod:`~transformer_lab.grading.
   results`); records without verdicts contribute per-cell scores only;
-* ``attention.csv``: flagged, incomplete, crashed, unmatched and failed submissions with
+* ``attention.csv``: flagged, incomplete, crashed, unmatched and failed submissions, and
+  students whose files ``collect`` could not place (not a notebook, wrong lab, ...), with
   their reasons;
+* ``not_placed.csv``: files ``collect`` found no student for (unknown, ambiguous, misnamed);
 * ``progress.csv``: each student's score per lab (fraction of the maximum), figure: a heat map.
+
+Every student of the roster (``--roster``, or the one ``collect`` kept) is in it, with their
+name beside their id, also those who handed in nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from transformer_lab.grading.results import Outcome, course_outcomes
+from transformer_lab.grading.lms import Roster
+from transformer_lab.grading.results import Outcome, course_outcomes, neutralise, unplaced_files
 
 __all__ = ["write_report"]
 
@@ -38,7 +44,7 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:70em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
 text-align:left;vertical-align:top}th{background:#f2f2f2}td.n{text-align:right}
 h2{border-bottom:2px solid #ddd;margin-top:2em}img{max-width:100%}.muted{color:#777}
-.flagged{color:#a00}.incomplete,.crashed{color:#a60}.missing{color:#999}
+.flagged,.lost{color:#a00}.incomplete,.crashed{color:#a60}.missing{color:#999}
 """
 
 
@@ -73,6 +79,7 @@ def _distribution_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         }
         for status in ("graded", *ATTENTION, "missing"):
             row[status] = sum(o.status == status for o in mine)
+        row["not placed"] = sum(o.status not in ("graded", *ATTENTION, "missing") for o in mine)
         row["written_answers_ungraded"] = sum(o.needs_manual > 0 for o in handed)
         rows.append(row)
     return rows
@@ -140,12 +147,13 @@ def _attention_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         {
             "lab": o.lab,
             "student": o.student,
+            "name": o.name,
             "status": o.status,
             "reasons": " | ".join(o.reasons) or "-",
             "outcome": o,
         }
         for o in outcomes
-        if o.status in ATTENTION
+        if o.status not in ("graded", "missing")
     ]
 
 
@@ -156,7 +164,8 @@ def _progress_rows(outcomes: list[Outcome]) -> tuple[list[str], list[dict[str, A
         frac = _fraction(o)
         table[o.student][o.lab] = "" if frac is None else round(frac, 3)
         table[o.student][f"{o.lab} status"] = o.status
-    rows = [{"student": s, **table[s]} for s in sorted(table)]
+    names = {o.student: o.name for o in outcomes}
+    rows = [{"student": s, "name": names.get(s, ""), **table[s]} for s in sorted(table)]
     return labs, rows
 
 
@@ -204,6 +213,29 @@ def _progress_chart(labs: list[str], rows: list[dict[str, Any]]) -> str:
     return _png(fig)
 
 
+def _head_count(outcomes: list[Outcome], lost: list[dict[str, Any]]) -> str:
+    """``20 students, 3 of them handed in nothing for some lab, 2 files placed for nobody``."""
+    students = {o.student for o in outcomes}
+    nothing = {o.student for o in outcomes if o.status == "missing"}
+    return (
+        f"{len(students)} students ({len(nothing)} handed in nothing for some lab), "
+        f"{len(lost)} file(s) placed for no student"
+    )
+
+
+def _progress_cell(labs: list[str]) -> Any:
+    """A lab's cell: the fraction, or the status where nothing was graded."""
+
+    def cell(row: dict[str, Any], column: str) -> str | None:
+        if column in labs and row.get(column, "") == "":
+            status = str(row.get(f"{column} status", ""))
+            shown = "nothing handed in" if status == "missing" else status
+            return f'<td class="missing">{html.escape(shown)}</td>'
+        return None
+
+    return cell
+
+
 def _link(o: Outcome, page: Path) -> str:
     name = html.escape(o.student)
     if o.feedback is None:
@@ -232,7 +264,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> No
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore", restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: neutralise(v) for k, v in row.items() if k in columns} for row in rows)
 
 
 def write_report(
@@ -240,6 +272,7 @@ def write_report(
     labs: list[str] | None = None,
     out: Path | None = None,
     deadlines: dict[str, dt.datetime] | None = None,
+    roster: Roster | None = None,
 ) -> list[Path]:
     """Write ``index.html`` and the CSV tables into ``out`` (default ``COURSE/report``).
 
@@ -253,7 +286,8 @@ def write_report(
     out = Path(out).resolve() if out else course / "report"
     out.mkdir(parents=True, exist_ok=True)
     page = out / "index.html"
-    outcomes = course_outcomes(course, labs, deadlines)
+    outcomes = course_outcomes(course, labs, deadlines, roster=roster)
+    lost = unplaced_files(course, sorted({o.lab for o in outcomes}))
     dist = _distribution_rows(outcomes)
     cells = _cell_rows(outcomes)
     mistakes = _mistake_rows(outcomes)
@@ -270,18 +304,21 @@ def write_report(
         "graded",
         *ATTENTION,
         "missing",
+        "not placed",
         "written_answers_ungraded",
     ]
     cell_cols = ["lab", "test_cell", "max_score", "students", "mean", "full_marks", "zero"]
     mistake_cols = ["lab", "mistake", "students", "of", "test_cells", "message", "student_ids"]
-    attention_cols = ["lab", "student", "status", "reasons"]
-    progress_cols = ["student", *lab_names, *(f"{lab} status" for lab in lab_names)]
+    attention_cols = ["lab", "student", "name", "status", "reasons"]
+    lost_cols = ["lab", "lms", "file", "lms_id", "kind", "reason"]
+    progress_cols = ["student", "name", *lab_names, *(f"{lab} status" for lab in lab_names)]
     files = [page]
     for name, rows, cols in (
         ("scores.csv", dist, dist_cols),
         ("cells.csv", cells, cell_cols),
         ("mistakes.csv", mistakes, mistake_cols),
         ("attention.csv", attention, attention_cols),
+        ("not_placed.csv", lost, lost_cols),
         ("progress.csv", progress, progress_cols),
     ):
         _write_csv(out / name, rows, cols)
@@ -299,7 +336,8 @@ def write_report(
         if column == "student":
             return f"<td>{_link(row['outcome'], page)}</td>"
         if column == "status":
-            return f'<td class="{row["status"]}">{html.escape(row["status"])}</td>'
+            klass = row["status"] if row["status"] in (*ATTENTION, "missing") else "lost"
+            return f'<td class="{klass}">{html.escape(row["status"])}</td>'
         return None
 
     without_verdicts = not any(
@@ -309,7 +347,7 @@ def write_report(
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>Class report: {html.escape(course.name)}</title><style>{CSS}</style></head><body>",
         f"<h1>Class report: {html.escape(course.name)}</h1>",
-        f"<p class='muted'>{len({o.student for o in outcomes})} students, labs "
+        f"<p class='muted'>{_head_count(outcomes, lost)}, labs "
         f"{', '.join(html.escape(lab) for lab in lab_names)}. Tables as CSV beside this page.</p>",
         "<h2>Score distribution per lab</h2>",
         _table(dist, dist_cols),
@@ -327,9 +365,13 @@ def write_report(
         _cell_chart(cells) if cells else "",
         "<h2>Submissions to look at</h2>",
         _table(attention, attention_cols, attention_cell) if attention else "<p>None.</p>",
+        "<h2>Files no student could be found for</h2>",
+        _table(lost, lost_cols) if lost else "<p>None.</p>",
         "<h2>Each student's progress</h2>",
+        "<p class='muted'>Fraction of the maximum per lab; the status where nothing was graded."
+        "</p>",
         _progress_chart(lab_names, progress) if progress and lab_names else "",
-        _table(progress, ["student", *lab_names]),
+        _table(progress, ["student", "name", *lab_names], _progress_cell(lab_names)),
         "</body></html>",
     ]
     page.write_text("\n".join(parts), encoding="utf-8")
