@@ -433,3 +433,13 @@ def test_rubrics_beside_written_answers_for_formgrader(tmp_path: Path) -> None:
         rubric = cells[ids.index(gid) + 1]
         assert rubric["metadata"] == {"transformer_lab": {"rubric_for": gid}}
         assert "Model answer and rubric" in "".join(rubric["source"])
+
+
+def test_a_colab_notebooks_repairs_are_one_line_of_the_grade_table(tmp_path: Path) -> None:
+    from transformer_lab.grading.grade import GradeReport, SubmissionResult
+
+    result = SubmissionResult("s01", LAB1, "graded", auto_score=12.0, auto_max=12.0)
+    result.repairs = [f"restored the lost metadata of cell {i}" for i in range(24)]
+    text = GradeReport(tmp_path, [result], tmp_path / "g.csv", tmp_path, "bwrap", "r").table()
+    (line,) = [line for line in text.splitlines() if "repaired" in line]
+    assert line.strip().startswith("repaired: 24 cell(s) matched to the release")

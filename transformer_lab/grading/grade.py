@@ -261,7 +261,11 @@ class GradeReport:
             lines += [f"    flag: {f}" for f in r.flags]
             lines += [f"    problem: {p}" for p in r.problems]
             lines += [f"    ignored: {i}" for i in r.ignored]
-            lines += [f"    repaired: {a}" for a in r.repairs]
+            if r.repairs:  # one line: each repair is in grading_report.json
+                lines.append(
+                    f"    repaired: {len(r.repairs)} cell(s) matched to the release (Colab and "
+                    "editors drop nbgrader's metadata; each repair in grading_report.json)"
+                )
             if r.error:
                 lines.append(f"    error: {r.error}")
         return "\n".join(lines)
