@@ -343,7 +343,7 @@ def test_term_moodle_export(term: dict[str, Path]) -> None:
 def test_term_canvas_export(term: dict[str, Path]) -> None:
     course, out = term["course"], term["base"] / "canvas-out"
     roster = Roster.read(term["roster"])
-    export_grades(
+    done = export_grades(
         course, "canvas", out, roster=roster, assignment_ids={LAB1: "101", LAB2: "102", LAB5: "105"}
     )
     with open(out / "canvas-grades.csv", newline="") as handle:
@@ -361,12 +361,19 @@ def test_term_canvas_export(term: dict[str, Path]) -> None:
     assert status[("40007", f"{LAB2} (102)")]["status"] == "flagged"
     assert "No grade exported" in status[("40007", f"{LAB2} (102)")]["comment"]
     assert status[("40008", f"{LAB5} (105)")]["status"] == "incomplete"
-    with zipfile.ZipFile(out / "canvas-feedback.zip") as zf:
+    # One zip per lab, for the lab collected from Canvas (02): the download's prefixes, which
+    # carry the attachment id Canvas's re-upload needs; the other labs' pages are named.
+    assert sorted(p.name for p in out.glob("*.zip")) == [f"canvas-{LAB2}-feedback.zip"]
+    with zipfile.ZipFile(out / f"canvas-{LAB2}-feedback.zip") as zf:
         names = zf.namelist()
-    # Lab 02 was collected from Canvas: its feedback keeps the download's prefix.
+    assert len(names) == 20
     assert f"{canvas_name('s01')}_40001_7000_{LAB2}_feedback.html" in names
     for name in names:
         assert re.match(FORMATS["canvas"].named_regexp, name), name
+    assert any(
+        line.startswith(f"canvas {LAB1}: s01's feedback page is in no zip")
+        for line in done.left_out
+    )
 
 
 def test_manual_grades_in_both_exports(term: dict[str, Path], tmp_path: Path) -> None:

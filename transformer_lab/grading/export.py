@@ -23,8 +23,12 @@ report (:mod:`~transformer_lab.grading.results`):
    points they earned and say so.
 2. the feedback pages bundled for the LMS's bulk feedback upload: Moodle's "Upload multiple
    feedback files in a zip" (files named ``Full Name_<n>_assignsubmission_file_<name>``, the
-   download's naming) and Canvas's "Re-upload submissions" (files named as Canvas downloads
-   them, ``<name>_<user id>_<attachment id>_<name>``; they become submission comments).
+   download's naming) and Canvas's "Re-upload submissions", one zip per lab (files named as
+   Canvas downloads them, ``<name>_<user id>_<attachment id>_<name>``, for the submissions
+   collected from Canvas: Canvas reads the first two all-digit parts as user and attachment id
+   and ignores a file whose attachment is not that submission's; the file becomes a submission
+   comment, which Canvas names after the submitted file, ``<lab>.ipynb``, whatever the zip
+   calls it).
 3. nbgrader's own feedback layout for JupyterHub courses: ``labs grade`` already writes
    ``feedback/<student>/<lab>/<lab>.html`` (``GenerateFeedback``'s layout); nbgrader's
    ``release_feedback`` also needs ``timestamp.txt`` and ``submission_secret.txt`` beside it,
@@ -38,7 +42,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import re
 import shutil
 import zipfile
 from dataclasses import dataclass, field
@@ -203,7 +206,7 @@ def _export_canvas(
         lab: f"{lab} ({assignment_ids[lab]})" if lab in assignment_ids else lab for lab in labs
     }
     people: dict[str, dict[str, str]] = {}
-    members = []
+    members: dict[str, list[tuple[str, Path]]] = {}
     for lab in labs:
         for student, who in _ids(course, "canvas", lab, roster).items():
             people.setdefault(student, {}).update({k: v for k, v in who.items() if v})
@@ -240,11 +243,15 @@ def _export_canvas(
                 "comment": summary(o),
             }
         )
-        lab_prefix = _ids(course, "canvas", o.lab, None).get(o.student, {}).get("prefix")
         if o.feedback is not None:
-            squashed = re.sub(r"[^a-z0-9]", "", (who.get("last_first") or o.student).lower())
-            prefix = lab_prefix or f"{squashed}_{who['lms_id']}_0_"
-            members.append((f"{prefix}{o.lab}_feedback.html", o.feedback))
+            prefix = _ids(course, "canvas", o.lab, None).get(o.student, {}).get("prefix")
+            if prefix:
+                members.setdefault(o.lab, []).append((f"{prefix}{o.lab}_feedback.html", o.feedback))
+            else:
+                report.left_out.append(
+                    f"canvas {o.lab}: {o.student}'s feedback page is in no zip: Canvas's re-upload "
+                    "needs the attachment id of their submission (collect the lab from Canvas)"
+                )
     fields = [*CANVAS_COLUMNS, *columns.values()]
     points_row = {"Student": "Points Possible", **maxima}
     sheet = out / "canvas-grades.csv"
@@ -252,8 +259,8 @@ def _export_canvas(
     status = out / "canvas-status.csv"
     _write_csv(status, list(status_rows[0]) if status_rows else ["Student"], status_rows)
     report.written += [sheet, status]
-    if members:
-        report.written.append(_feedback_zip(out / "canvas-feedback.zip", members))
+    for lab, files in sorted(members.items()):  # one zip per lab: one re-upload per assignment
+        report.written.append(_feedback_zip(out / f"canvas-{lab}-feedback.zip", files))
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict[str, str]]) -> None:

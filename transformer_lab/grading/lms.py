@@ -23,24 +23,32 @@ with one named-group regular expression per LMS, plus what ``zip_collect`` leave
   ``labs export`` needs the LMS's ids (Moodle's participant numbers, Canvas's user ids) to write
   grades and feedback the LMS can import.
 
-The file naming of each LMS (what ``FORMATS`` matches):
+The file naming of each LMS (what ``FORMATS`` matches), read from the LMSs' own code:
 
-* Moodle, "Download all submissions" (``mod/assign``): ``Full Name_<participant>_
-  assignsubmission_file_<file>``, in one folder per student when "Download submissions in
-  folders" is on (``Full Name_<participant>_assignsubmission_file_/<file>``). The same names are
-  what Moodle's "Upload multiple feedback files in a zip" matches
-  (``mod/assign/feedback/file/importziplib.php``, ``is_valid_filename_for_import``).
-* Canvas, "Download Submissions": ``<name>_[LATE_]<user id>_<attachment id>_<file>`` where
-  ``<name>`` is the student's sortable name squashed to lower-case letters (``doejane``) and
-  ``LATE`` marks a late submission; re-uploads keep those names (Canvas Instructor Guide, "How
-  do I download all student submissions for an assignment?").
-* Blackboard Learn, "Download assignment": ``<Assignment>_<username>_attempt_<YYYY-MM-DD-HH-
-  MM-SS>_<file>`` plus a receipt ``<Assignment>_<username>_attempt_<time>.txt`` per attempt
-  (the example in nbgrader's own ``zip_collect`` documentation).
+* Moodle, "Download all submissions" (``mod/assign/classes/downloader.php``): the prefix
+  ``Full Name_<participant>_assignsubmission_file`` (the name's own ``_`` written as spaces),
+  as a folder per student when "Download submissions in folders" is on (the default:
+  ``<prefix>/<file>`` since 4.1, ``<prefix>_/<file>`` before; subfolders kept), else
+  ``<prefix>_<file>``. Moodle's "Upload multiple feedback files in a zip"
+  (``mod/assign/feedback/file/importziplib.php``) reads the same prefixes back.
+* Canvas, "Download Submissions": ``<name>_[late_]<user id>_<attachment id>_<file>``, where
+  ``<name>`` is the sortable name squashed to lower-case letters of any script (``doejane``,
+  ``núñezjosé``); a re-upload's file ends ``-1``, ``-2``. Canvas's "Re-upload submissions"
+  reads the first two all-digit parts of a name as user and attachment id.
+* Blackboard Learn, "Download assignment": ``<Assignment>_<user name>_attempt_<YYYY-MM-DD-
+  HH-MM-SS>_<file>`` plus a receipt ``<Assignment>_<user name>_attempt_<time>.txt`` per
+  attempt; both names may hold ``_``: the roster's ``lms_id`` (the user name) tells them apart.
 * Google Classroom: an assignment's Drive folder downloaded as a zip. Files students upload keep
   their own names; Classroom's "Make a copy for each student" names copies ``Student Name -
-  <title>``. The kit expects ``Student Name - <anything>.ipynb`` and also accepts
-  ``<anything> - Student Name.ipynb`` (the side that names a roster student wins).
+  <title>``. The kit expects ``Student Name - <anything>`` and also accepts ``<anything> -
+  Student Name``.
+
+Identity and time come only from what the LMS wrote, never from a name a student chose: the
+LMS's part of an entry is its first part (Moodle's folder or prefix; Canvas's first
+``_<user>_<attachment>_``; Blackboard's first ``_attempt_<time>``), and a student's upload is
+named after it, so an upload named like another student's entry stays the uploader's. Google
+Classroom's download says nothing about who uploaded a file: two files naming one student
+place neither (reported as ambiguous).
 
 Blackboard names carry the submission time; the others do not, so for them the time is the
 archive entry's modification time (when the LMS wrote the file: Moodle and Canvas stamp each
