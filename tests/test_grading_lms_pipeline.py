@@ -107,7 +107,8 @@ def _build(home: Path) -> None:
         comment = gb.find_comment("written_small_base", LAB1, LAB1, "s01")
         comment.manual_comment = "Right idea; the wavelengths repeat sooner."
         gb.db.commit()
-    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT)
+    # Unchanged, s01 would be skipped: forced, the manual grade must survive grading again.
+    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT, force=True)
 
 
 def test_the_collected_submission_time_reaches_the_gradebook(graded: dict) -> None:
@@ -201,6 +202,26 @@ def test_one_view_of_the_whole_class(graded: dict) -> None:
     assert any("Mallory Unknown" in line and "LMS id 999" in line for line in done.left_out)
 
 
+def test_regrading_grades_only_what_changed(graded: dict, tmp_path: Path) -> None:
+    course = tmp_path / "course"
+    shutil.copytree(graded["course"], course, symlinks=True)
+    before = (course / "gradebook.db").read_bytes()
+    again = grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    assert again.results == [] and again.skipped == [f"s01/{LAB1}", f"s02/{LAB1}", f"s04/{LAB1}"]
+    assert "skipped 3 unchanged submission(s)" in again.table()
+    assert (course / "gradebook.db").read_bytes() == before
+    # s02 hands in the solution: only s02 is graded, and gets its points.
+    solution = (REPO / "solutions" / LAB1 / f"{LAB1}.ipynb").read_text()
+    (course / "submitted" / "s02" / LAB1 / f"{LAB1}.ipynb").write_text(solution)
+    changed = grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    assert [(r.student, r.status, r.auto_score) for r in changed.results] == [
+        ("s02", "graded", 12.0)
+    ]
+    assert changed.skipped == [f"s01/{LAB1}", f"s04/{LAB1}"]
+    forced = grade_course(course, REPO, [LAB1], students=["s04"], force=True)
+    assert [(r.student, r.status) for r in forced.results] == [("s04", "unmatched")]
+
+
 def test_nothing_handed_in_was_modified(graded: dict) -> None:
     home, course = graded["home"], graded["course"]
     assert repr(tree_hashes(home / "moodle.zip")) == (home / "archive.sha").read_text()
@@ -273,7 +294,7 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert main(["grade", "--course", str(course), "01", "--student", "s02",
+    assert main(["grade", "--course", str(course), "01", "--student", "s02", "--force",
                  "--timeout", str(TIMEOUT)]) in (0, 1)  # fmt: skip
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         grade = gb.find_grade("written_extrapolation", LAB1, LAB1, "s02")

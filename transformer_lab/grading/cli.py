@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
         help="bubblewrap sandbox: required (the default), off (the same as --unsandboxed)",
     )
     g.add_argument("--keep-work", action="store_true", help="keep the per-submission workspaces")
+    g.add_argument(
+        "--force", action="store_true", help="grade again also submissions unchanged since graded"
+    )
     m = sub.add_parser("merge", help="merge gradebooks graded elsewhere into DIR/gradebook.db")
     m.add_argument("--course", type=Path, required=True, help="folder holding gradebook.db")
     m.add_argument("gradebooks", nargs="+", type=Path, help="other gradebook.db files")
@@ -272,6 +275,7 @@ def main(args: list[str]) -> int:
             timeout=ns.timeout,
             jobs=ns.jobs,
             options=options,
+            force=ns.force,
         )
         print(report.table())
         from transformer_lab.grading.rubrics import add_rubrics

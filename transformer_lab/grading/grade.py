@@ -232,6 +232,7 @@ class GradeReport:
     feedback_dir: Path
     sandbox: str = ""
     run_id: str = ""
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -268,6 +269,12 @@ class GradeReport:
                 )
             if r.error:
                 lines.append(f"    error: {r.error}")
+        if self.skipped:
+            lines.append(
+                f"skipped {len(self.skipped)} unchanged submission(s) (the same submission, lab "
+                "source, kit and options as when last graded; --force grades them again): "
+                + ", ".join(self.skipped)
+            )
         return "\n".join(lines)
 
 
@@ -376,6 +383,39 @@ def _tree_digest(root: Path) -> str:
     for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes() if path.is_file() else b"link")
+    return digest.hexdigest()
+
+
+#: Statuses of a previous grading that an unchanged submission keeps (the others may pass on a
+#: second try: a timeout, a dead kernel, a grader failure).
+KEPT = ("graded", "flagged", "unmatched")
+INPUTS = "inputs.json"
+
+
+def _kit_digest(repo: Path) -> str:
+    """One hash of the kit's own files (grader, checks, specs; bytecode caches left out) and
+    the course's ``nbgrader_config.py``."""
+    import transformer_lab
+
+    root = Path(transformer_lab.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    config = repo / "nbgrader_config.py"
+    digest.update(config.read_bytes() if config.is_file() else b"")
+    return digest.hexdigest()
+
+
+def _inputs_digest(folder: Path, source: Path, kit: str, options: Any) -> str:
+    """What a submission's grade depends on: its files, its lab's source (``solutions/<lab>``,
+    from which the release and the hidden tests are made), the kit, the grading options.
+    Unchanged, grading it again gives the same grade."""
+    settings = {k: v for k, v in asdict(options).items() if k != "keep_work"}
+    digest = hashlib.sha256()
+    for part in (_tree_digest(folder), _tree_digest(source), kit):
+        digest.update(part.encode() + b"\0")
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()
 
 
@@ -1030,8 +1070,12 @@ def grade_course(
     *,
     jobs: int = 1,
     options: GradingOptions | None = None,
+    force: bool = False,
 ) -> GradeReport:
     """Autograde ``course/submitted`` into ``course/gradebook.db``; write feedback, CSV, report.
+
+    A submission graded before is graded again only when it, its lab's source, the kit or the
+    options changed (or ``force``); the report lists the ones skipped.
 
     Args:
         course: the course folder (layout in the module docstring).
@@ -1042,6 +1086,7 @@ def grade_course(
         profile: value of ``TRANSFORMER_LAB_PROFILE`` while notebooks run.
         jobs: submissions graded at once, each in its own process.
         options: everything else (:class:`GradingOptions`).
+        force: grade every submission, also those unchanged since they were graded.
 
     Returns:
         A :class:`GradeReport`; failures of single submissions are recorded, not raised.
@@ -1104,6 +1149,21 @@ def grade_course(
             source_directory=str((repo / SOLUTIONS).resolve()),
             release_directory=RELEASE_DIR,
         )
+        # Graded before from the same inputs: not graded again (nor its lab prepared).
+        inputs_path = course / WORK / INPUTS
+        inputs = json.loads(inputs_path.read_text()) if inputs_path.is_file() else {}
+        before = {k: r.get("status") for k, r in _read_latest(course).items()}
+        kit = _kit_digest(repo)
+        fresh = {
+            f"{s}/{lab}": _inputs_digest(submitted / s / lab, repo / SOLUTIONS / lab, kit, options)
+            for s, lab in pairs
+        }
+        skipped = [
+            k
+            for k, v in fresh.items()
+            if not force and inputs.get(k) == v and before.get(k) in KEPT
+        ]
+        pairs = [(s, lab) for s, lab in pairs if f"{s}/{lab}" not in skipped]
         prepared: dict[str, tuple[Path, Path, Path]] = {}
         for lab in sorted({lab for _, lab in pairs}):
             main_dir.assignment_id, main_dir.student_id = lab, "."
@@ -1156,6 +1216,9 @@ def grade_course(
                     f"{main_db} was changed by something else while submissions ran: stopping "
                     "before writing any more grades (look at the last grading_report.json)"
                 )
+            key = f"{result.student}/{result.lab}"
+            if key in fresh:  # what it was graded from: unchanged, it is not graded again
+                inputs[key] = fresh[key] if result.status in KEPT else None
             if result.status not in ("unmatched", "failed"):
                 record_result(db_url, result)
                 for kind, dest in (
@@ -1208,4 +1271,17 @@ def grade_course(
         }
         latest = _append_report(course / REPORT, run)
         _write_csv(db_url, csv_path, latest)
-    return GradeReport(course, results, csv_path, course / "feedback", sandbox, run_id)
+        inputs_path.write_text(json.dumps(inputs, indent=1, sort_keys=True) + "\n")
+    return GradeReport(
+        course, results, csv_path, course / "feedback", sandbox, run_id, skipped=skipped
+    )
+
+
+def _read_latest(course: Path) -> dict[str, dict[str, Any]]:
+    """The latest record per ``student/lab`` of ``grading_report.json`` (empty if none)."""
+    from transformer_lab.grading.results import read_latest
+
+    try:
+        return read_latest(course)
+    except GradingError:
+        return {}
