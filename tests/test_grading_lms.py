@@ -450,3 +450,32 @@ def test_a_colab_notebooks_repairs_are_one_line_of_the_grade_table(tmp_path: Pat
     text = GradeReport(tmp_path, [result], tmp_path / "g.csv", tmp_path, "bwrap", "r").table()
     (line,) = [line for line in text.splitlines() if "repaired" in line]
     assert line.strip().startswith("repaired: 24 cell(s) matched to the release")
+
+
+def test_report_is_readable_at_a_laptops_width(term: dict[str, Path], tmp_path: Path) -> None:
+    """Headless Chromium at 1280 px: every table fits, names beside ids, points apart."""
+    import importlib.util
+
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.is_file() or importlib.util.find_spec("playwright") is None:
+        pytest.skip(f"needs {chromium} and the playwright package")
+    from playwright.sync_api import sync_playwright
+
+    page_path = write_report(term["course"], out=tmp_path / "report")[0]
+    with sync_playwright() as play:
+        browser = play.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(page_path.as_uri())
+        widths = page.evaluate(
+            "() => [document.documentElement.scrollWidth,"
+            " ...[...document.querySelectorAll('table')].map(t => t.getBoundingClientRect().right)]"
+        )
+        text = page.inner_text("body")
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        browser.close()
+    assert max(widths) <= 1280, widths
+    assert "20 students (1 handed in nothing for some lab), 0 file(s) placed for no student" in text
+    # Names beside ids; autograded and written points apart (s02: 3 written answers by hand).
+    assert "s03\tJosé Núñez" in text
+    assert "8/12 + 3/6 written" in text and "12/12 + 0/6 written (3 to grade)" in text
+    assert (tmp_path / "report.png").stat().st_size > 0

@@ -40,9 +40,10 @@ __all__ = ["write_report"]
 
 ATTENTION = ("flagged", "incomplete", "crashed", "unmatched", "failed")
 CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:70em;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
-text-align:left;vertical-align:top}th{background:#f2f2f2}td.n{text-align:right}
+body{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:74em;color:#222}
+table{border-collapse:collapse;margin:1em 0;max-width:100%;font-size:.9em}
+td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;
+overflow-wrap:break-word}th{background:#f2f2f2}td.n{text-align:right;white-space:nowrap}
 h2{border-bottom:2px solid #ddd;margin-top:2em}img{max-width:100%}.muted{color:#777}
 .flagged,.lost{color:#a00}.incomplete,.crashed{color:#a60}.missing{color:#999}
 """
@@ -59,8 +60,25 @@ def _png(fig: Any) -> str:
     return f'<img alt="figure" src="data:image/png;base64,{data}">'
 
 
+def _auto(o: Outcome) -> tuple[float, float]:
+    """Autograded points and their maximum (the written answers, graded by hand, apart)."""
+    return o.score - o.manual_score, o.max_score - o.manual_max
+
+
 def _fraction(o: Outcome) -> float | None:
-    return o.score / o.max_score if o.max_score and o.status != "missing" else None
+    """The autograded fraction: written answers not graded yet do not lower it."""
+    score, top = _auto(o)
+    return score / top if top and o.status != "missing" else None
+
+
+def _points(o: Outcome) -> str:
+    """``12/12 + 3/6 written (1 to grade)``: autograded and manual points apart."""
+    score, top = _auto(o)
+    text = f"{score:g}/{top:g}"
+    if o.manual_max:
+        text += f" + {o.manual_score:g}/{o.manual_max:g} written"
+        text += f" ({o.needs_manual} to grade)" if o.needs_manual else ""
+    return text
 
 
 def _distribution_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
@@ -69,6 +87,7 @@ def _distribution_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         mine = [o for o in outcomes if o.lab == lab]
         handed = [o for o in mine if o.status != "missing"]
         scores = [o.score for o in handed]
+        auto = [_auto(o)[0] for o in handed]
         row: dict[str, Any] = {
             "lab": lab,
             "students": len(mine),
@@ -76,6 +95,9 @@ def _distribution_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             "max_score": max((o.max_score for o in mine), default=0.0),
             "mean": round(statistics.fmean(scores), 2) if scores else "",
             "median": round(statistics.median(scores), 2) if scores else "",
+            "auto_max": max((_auto(o)[1] for o in mine), default=0.0),
+            "auto_mean": round(statistics.fmean(auto), 2) if auto else "",
+            "written_max": max((o.manual_max for o in mine), default=0.0),
         }
         for status in ("graded", *ATTENTION, "missing"):
             row[status] = sum(o.status == status for o in mine)
@@ -164,6 +186,7 @@ def _progress_rows(outcomes: list[Outcome]) -> tuple[list[str], list[dict[str, A
         frac = _fraction(o)
         table[o.student][o.lab] = "" if frac is None else round(frac, 3)
         table[o.student][f"{o.lab} status"] = o.status
+        table[o.student][f"{o.lab} points"] = _points(o) if frac is not None else ""
     names = {o.student: o.name for o in outcomes}
     rows = [{"student": s, "name": names.get(s, ""), **table[s]} for s in sorted(table)]
     return labs, rows
@@ -180,7 +203,7 @@ def _histograms(outcomes: list[Outcome], labs: list[str]) -> str:
         fracs = [f for o in outcomes if o.lab == lab and (f := _fraction(o)) is not None]
         ax.hist([100 * f for f in fracs], bins=10, range=(0, 100), color="#4c72b0")
         ax.set_title(lab, fontsize=9)
-        ax.set_xlabel("% of the maximum", fontsize=8)
+        ax.set_xlabel("% of the autograded maximum", fontsize=8)
         ax.set_ylabel("students", fontsize=8)
     return _png(fig)
 
@@ -209,7 +232,7 @@ def _progress_chart(labs: list[str], rows: list[dict[str, Any]]) -> str:
     image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1)
     ax.set_xticks(range(len(labs)), [lab[:2] for lab in labs], fontsize=8)
     ax.set_yticks(range(len(rows)), [r["student"] for r in rows], fontsize=7)
-    fig.colorbar(image, ax=ax, label="fraction of the maximum (blank: nothing handed in)")
+    fig.colorbar(image, ax=ax, label="autograded fraction (blank: nothing graded)")
     return _png(fig)
 
 
@@ -231,6 +254,8 @@ def _progress_cell(labs: list[str]) -> Any:
             status = str(row.get(f"{column} status", ""))
             shown = "nothing handed in" if status == "missing" else status
             return f'<td class="missing">{html.escape(shown)}</td>'
+        if column in labs:
+            return f"<td>{html.escape(str(row.get(f'{column} points', '')))}</td>"
         return None
 
     return cell
@@ -245,7 +270,8 @@ def _link(o: Outcome, page: Path) -> str:
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str], cell: Any = None) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    # Long ids break after "_" (01_<wbr>positional_<wbr>encoding), so tables fit a laptop.
+    head = "".join(f"<th>{_breakable(c)}</th>" for c in columns)
     body = []
     for row in rows:
         tds = []
@@ -254,10 +280,15 @@ def _table(rows: list[dict[str, Any]], columns: list[str], cell: Any = None) -> 
             if shown is None:
                 value = row.get(c, "")
                 klass = ' class="n"' if isinstance(value, int | float) else ""
-                shown = f"<td{klass}>{html.escape(str(value))}</td>"
+                shown = f"<td{klass}>{_breakable(str(value))}</td>"
             tds.append(shown)
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _breakable(text: str) -> str:
+    """``text`` escaped, with a line-break opportunity after each ``_``."""
+    return html.escape(text).replace("_", "_<wbr>")
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -301,6 +332,9 @@ def write_report(
         "max_score",
         "mean",
         "median",
+        "auto_max",
+        "auto_mean",
+        "written_max",
         "graded",
         *ATTENTION,
         "missing",
@@ -311,7 +345,13 @@ def write_report(
     mistake_cols = ["lab", "mistake", "students", "of", "test_cells", "message", "student_ids"]
     attention_cols = ["lab", "student", "name", "status", "reasons"]
     lost_cols = ["lab", "lms", "file", "lms_id", "kind", "reason"]
-    progress_cols = ["student", "name", *lab_names, *(f"{lab} status" for lab in lab_names)]
+    progress_cols = [
+        "student",
+        "name",
+        *lab_names,
+        *(f"{lab} status" for lab in lab_names),
+        *(f"{lab} points" for lab in lab_names),
+    ]
     files = [page]
     for name, rows, cols in (
         ("scores.csv", dist, dist_cols),
@@ -350,7 +390,11 @@ def write_report(
         f"<p class='muted'>{_head_count(outcomes, lost)}, labs "
         f"{', '.join(html.escape(lab) for lab in lab_names)}. Tables as CSV beside this page.</p>",
         "<h2>Score distribution per lab</h2>",
-        _table(dist, dist_cols),
+        # Two tables (one CSV): points, then what happened to the submissions.
+        _table(
+            dist, [c for c in dist_cols if c not in ("graded", *ATTENTION, "missing", "not placed")]
+        ),
+        _table(dist, ["lab", "graded", *ATTENTION, "missing", "not placed"]),
         _histograms(outcomes, lab_names) if lab_names else "",
         "<h2>What the class got wrong</h2>",
         "<p class='muted'>Named mistakes recognised by the checks; each name links to that "
@@ -368,8 +412,9 @@ def write_report(
         "<h2>Files no student could be found for</h2>",
         _table(lost, lost_cols) if lost else "<p>None.</p>",
         "<h2>Each student's progress</h2>",
-        "<p class='muted'>Fraction of the maximum per lab; the status where nothing was graded."
-        "</p>",
+        "<p class='muted'>Autograded points, then written answers graded by hand (and how many "
+        "are still to grade), per lab; the status where nothing was graded. The chart and "
+        "progress.csv give the autograded fraction.</p>",
         _progress_chart(lab_names, progress) if progress and lab_names else "",
         _table(progress, ["student", "name", *lab_names], _progress_cell(lab_names)),
         "</body></html>",
