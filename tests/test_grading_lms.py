@@ -346,17 +346,20 @@ def test_term_canvas_export(term: dict[str, Path]) -> None:
     done = export_grades(
         course, "canvas", out, roster=roster, assignment_ids={LAB1: "101", LAB2: "102", LAB5: "105"}
     )
-    with open(out / "canvas-grades.csv", newline="") as handle:
-        header = next(csv.reader(handle))
-    assert header == [*CANVAS_COLUMNS, f"{LAB1} (101)", f"{LAB2} (102)", f"{LAB5} (105)"]
-    rows = _read_csv(out / "canvas-grades.csv")
-    assert rows[0]["Student"] == "Points Possible" and rows[0][f"{LAB5} (105)"] == "29"
-    people = {r["ID"]: r for r in rows[1:]}
-    assert len(people) == 20
-    s07 = people["40007"]
-    assert s07[f"{LAB2} ({102})"] == "", "flagged: withheld, not zero"
-    assert people["40003"]["Student"] == "Núñez, José"
-    assert people["40020"][f"{LAB5} (105)"] == ""  # missing
+    # One import per lab; a row only where a grade is exported (Canvas's importer clears a
+    # grade for a blank cell): the flagged, unmatched and missing have none.
+    sheets = {lab: out / f"canvas-{lab}-grades.csv" for lab in (LAB1, LAB2, LAB5)}
+    for lab, number in ((LAB1, "101"), (LAB2, "102"), (LAB5, "105")):
+        with open(sheets[lab], newline="") as handle:
+            assert next(csv.reader(handle)) == [*CANVAS_COLUMNS, f"{lab} ({number})"]
+    rows = {lab: _read_csv(path) for lab, path in sheets.items()}
+    assert rows[LAB5][0]["Student"] == "Points Possible" and rows[LAB5][0][f"{LAB5} (105)"] == "29"
+    people = {lab: {r["ID"]: r for r in found[1:]} for lab, found in rows.items()}
+    assert len(people[LAB1]) == 19 and "40019" not in people[LAB1]  # s19 unmatched
+    assert len(people[LAB2]) == 19 and "40007" not in people[LAB2]  # s07 flagged: withheld
+    assert len(people[LAB5]) == 19 and "40020" not in people[LAB5]  # s20 handed in nothing
+    assert all(r[f"{LAB5} (105)"] != "" for r in people[LAB5].values())
+    assert people[LAB2]["40003"]["Student"] == "Núñez, José"
     status = {(r["ID"], r["assignment"]): r for r in _read_csv(out / "canvas-status.csv")}
     assert status[("40007", f"{LAB2} (102)")]["status"] == "flagged"
     assert "No grade exported" in status[("40007", f"{LAB2} (102)")]["comment"]
@@ -388,7 +391,7 @@ def test_manual_grades_in_both_exports(term: dict[str, Path], tmp_path: Path) ->
     roster = Roster.read(term["roster"])
     export_grades(course, "canvas", tmp_path / "c", roster=roster)
     export_grades(course, "moodle", tmp_path / "m", roster=roster, labs=[LAB1])
-    canvas = {r["ID"]: r for r in _read_csv(tmp_path / "c" / "canvas-grades.csv")}
+    canvas = {r["ID"]: r for r in _read_csv(tmp_path / "c" / f"canvas-{LAB5}-grades.csv")}
     assert float(canvas["40011"][LAB5]) == total
     assert "written answers 2/" in next(
         r["comment"] for r in _read_csv(tmp_path / "c" / "canvas-status.csv")

@@ -12,15 +12,18 @@ report (:mod:`~transformer_lab.grading.results`):
      by ``Identifier`` (``Participant <n>``, the number in its download's file names) and
      imports ``Grade`` and ``Feedback comments``; ``Status`` is shown, not imported, so the
      kit's status goes in both ``Status`` and the comments.
-   * Canvas's Gradebook import CSV (Grades > Import), one file for all labs:
-     ``Student,ID,SIS User ID,SIS Login ID,Section,<assignment> (<assignment id>)...`` with the
-     ``Points Possible`` row Canvas's own export has. Canvas matches rows by ``ID`` (its user
+   * Canvas's Gradebook import CSV (Grades > Import), one file per lab:
+     ``Student,ID,SIS User ID,SIS Login ID,Section,<assignment> (<assignment id>)`` with the
+     ``Points Possible`` row Canvas's own export has, and a row only for students whose grade
+     is exported: Canvas's importer (``gradebook_importer.rb``) takes a blank cell as "no
+     score", a change that clears the grade it has. Canvas matches rows by ``ID`` (its user
      id) and turns any column it does not know into a new assignment, so the status goes into
-     a second file, ``canvas-status.csv``, not into the import.
+     ``canvas-status.csv``, not into the import.
 
-   Flagged, failed and unmatched submissions get an empty grade (the LMS leaves the grade
-   as it was) and their reasons, never a silent zero; incomplete and crashed ones get the
-   points they earned and say so.
+   Flagged, failed, unmatched, not placed and missing submissions get no grade (an empty
+   ``Grade`` in Moodle's worksheet, which its importer skips; no row in Canvas's import) and
+   their reasons, never a silent zero; incomplete and crashed ones get the points they earned
+   and say so.
 2. the feedback pages bundled for the LMS's bulk feedback upload: Moodle's "Upload multiple
    feedback files in a zip" (files named ``Full Name_<n>_assignsubmission_file_<name>``, the
    download's naming) and Canvas's "Re-upload submissions", one zip per lab (files named as
@@ -210,7 +213,9 @@ def _export_canvas(
     for lab in labs:
         for student, who in _ids(course, "canvas", lab, roster).items():
             people.setdefault(student, {}).update({k: v for k, v in who.items() if v})
-    grid: dict[str, dict[str, str]] = {}
+    # One import per lab, with a row only where a grade is exported: Canvas's importer takes a
+    # blank cell for "no score" and so as a change that clears the grade it has.
+    grids: dict[str, list[dict[str, str]]] = {lab: [] for lab in labs}
     status_rows = []
     maxima: dict[str, str] = {}
     for o in outcomes:
@@ -218,20 +223,16 @@ def _export_canvas(
         if not who.get("lms_id"):
             report.no_id("canvas", o, "Canvas user id")
             continue
-        row = grid.setdefault(
-            o.student,
-            {
-                "Student": who.get("last_first") or who.get("full_name") or o.student,
-                "ID": who["lms_id"],
-                "SIS User ID": "",
-                "SIS Login ID": "",
-                "Section": "",
-            },
-        )
-        row[columns[o.lab]] = grade_value(o)
-        maxima[columns[o.lab]] = (
-            _points(o.max_score) if o.max_score else maxima.get(columns[o.lab], "")
-        )
+        row = {
+            "Student": who.get("last_first") or who.get("full_name") or o.student,
+            "ID": who["lms_id"],
+            "SIS User ID": "",
+            "SIS Login ID": "",
+            "Section": "",
+        }
+        if grade_value(o):
+            grids[o.lab].append({**row, columns[o.lab]: grade_value(o)})
+        maxima[o.lab] = _points(o.max_score) if o.max_score else maxima.get(o.lab, "")
         status_rows.append(
             {
                 "Student": row["Student"],
@@ -252,13 +253,14 @@ def _export_canvas(
                     f"canvas {o.lab}: {o.student}'s feedback page is in no zip: Canvas's re-upload "
                     "needs the attachment id of their submission (collect the lab from Canvas)"
                 )
-    fields = [*CANVAS_COLUMNS, *columns.values()]
-    points_row = {"Student": "Points Possible", **maxima}
-    sheet = out / "canvas-grades.csv"
-    _write_csv(sheet, fields, [points_row, *grid.values()])
+    for lab, rows in grids.items():
+        points_row = {"Student": "Points Possible", columns[lab]: maxima.get(lab, "")}
+        sheet = out / f"canvas-{lab}-grades.csv"
+        _write_csv(sheet, [*CANVAS_COLUMNS, columns[lab]], [points_row, *rows])
+        report.written.append(sheet)
     status = out / "canvas-status.csv"
     _write_csv(status, list(status_rows[0]) if status_rows else ["Student"], status_rows)
-    report.written += [sheet, status]
+    report.written.append(status)
     for lab, files in sorted(members.items()):  # one zip per lab: one re-upload per assignment
         report.written.append(_feedback_zip(out / f"canvas-{lab}-feedback.zip", files))
 
