@@ -850,7 +850,7 @@ def lms_record(course: Path, lms: str, lab: str) -> dict[str, dict[str, Any]]:
 def save_roster(course: Path, roster_csv: Path) -> Path:
     """Keep the roster as ``COURSE/lms/roster.csv``: grading, the report and the exports then
     list every enrolled student, also those who handed in nothing."""
-    target = Path(course) / LMS_DIR / ROSTER
+    target = Path(course).resolve() / LMS_DIR / ROSTER
     target.parent.mkdir(parents=True, exist_ok=True)
     if Path(roster_csv).resolve() != target.resolve():
         shutil.copyfile(roster_csv, target)
