@@ -213,7 +213,15 @@ def test_regrading_grades_only_what_changed(graded: dict, tmp_path: Path) -> Non
     # s02 hands in the solution: only s02 is graded, and gets its points.
     solution = (REPO / "solutions" / LAB1 / f"{LAB1}.ipynb").read_text()
     (course / "submitted" / "s02" / LAB1 / f"{LAB1}.ipynb").write_text(solution)
-    changed = grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    seen: list[tuple[str, int, int]] = []
+    changed = grade_course(
+        course,
+        REPO,
+        [LAB1],
+        timeout=TIMEOUT,
+        progress=lambda r, n, of: seen.append((r.student, n, of)),
+    )
+    assert seen == [("s02", 1, 1)], "one progress call per submission graded"
     assert [(r.student, r.status, r.auto_score) for r in changed.results] == [
         ("s02", "graded", 12.0)
     ]

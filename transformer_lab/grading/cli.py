@@ -33,8 +33,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer_lab.grading.course import BUDGET_S, GradingError, find_repo
+
+if TYPE_CHECKING:
+    from transformer_lab.grading.grade import SubmissionResult
 
 __all__ = ["main"]
 
@@ -276,6 +280,7 @@ def main(args: list[str]) -> int:
             jobs=ns.jobs,
             options=options,
             force=ns.force,
+            progress=_progress_line,
         )
         print(report.table())
         from transformer_lab.grading.rubrics import add_rubrics
@@ -289,6 +294,17 @@ def main(args: list[str]) -> int:
     except (GradingError, FileExistsError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _progress_line(result: SubmissionResult, done: int, total: int) -> None:
+    """One line per submission as it is graded (stderr: the table on stdout stays whole)."""
+    auto = f" {result.auto_score:g}/{result.auto_max:g}" if result.auto_score is not None else ""
+    print(
+        f"[{done}/{total}] {result.student} {result.lab}: {result.status}{auto} "
+        f"({result.seconds:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _build(repo: Path, labs: list[str], *, student: bool) -> int:

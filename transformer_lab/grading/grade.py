@@ -50,6 +50,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1071,6 +1072,7 @@ def grade_course(
     jobs: int = 1,
     options: GradingOptions | None = None,
     force: bool = False,
+    progress: Callable[[SubmissionResult, int, int], None] | None = None,
 ) -> GradeReport:
     """Autograde ``course/submitted`` into ``course/gradebook.db``; write feedback, CSV, report.
 
@@ -1087,6 +1089,8 @@ def grade_course(
         jobs: submissions graded at once, each in its own process.
         options: everything else (:class:`GradingOptions`).
         force: grade every submission, also those unchanged since they were graded.
+        progress: called with each submission's result as it is recorded, how many were
+            recorded and how many this run grades (``labs grade`` prints a line each).
 
     Returns:
         A :class:`GradeReport`; failures of single submissions are recorded, not raised.
@@ -1208,6 +1212,7 @@ def grade_course(
                 )
             )
         expected = _fingerprint(main_db)
+        before_jobs = len(results)
 
         def accept(result: SubmissionResult, files: dict[str, str]) -> None:
             nonlocal expected
@@ -1233,6 +1238,8 @@ def grade_course(
             if not options.keep_work and files.get("work"):
                 shutil.rmtree(files["work"], ignore_errors=True)
             results.append(result)
+            if progress is not None:
+                progress(result, len(results) - before_jobs, len(job_list))
 
         graded_labs = sorted({job.lab for job in job_list})
         if jobs == 1 or len(job_list) <= 1:
