@@ -157,8 +157,10 @@ def test_blackboard_attempts_keep_the_newest(tmp_path: Path, roster: Roster) -> 
     text = (course / "submitted" / "s01" / LAB5 / "timestamp.txt").read_text().strip()
     assert text == "2026-10-02 19:15:00"
     reasons = [f.reason for f in report.skipped]
-    assert sum("receipt" in r for r in reasons) == 2
-    assert any("older attempt" in r for r in reasons)
+    assert any("older attempt" in r for r in reasons) and len(reasons) == 1
+    # Blackboard's receipts are read for nothing, not counted as files not placed.
+    assert [f.kind for f in report.files].count("receipt") == 2
+    assert "2 placed, 1 not placed, 2 Blackboard receipt(s) read for nothing" in report.table()
 
 
 def test_recollecting_never_overwrites_silently(tmp_path: Path, roster: Roster) -> None:
@@ -341,30 +343,40 @@ def test_term_moodle_export(term: dict[str, Path]) -> None:
 def test_term_canvas_export(term: dict[str, Path]) -> None:
     course, out = term["course"], term["base"] / "canvas-out"
     roster = Roster.read(term["roster"])
-    export_grades(
+    done = export_grades(
         course, "canvas", out, roster=roster, assignment_ids={LAB1: "101", LAB2: "102", LAB5: "105"}
     )
-    with open(out / "canvas-grades.csv", newline="") as handle:
-        header = next(csv.reader(handle))
-    assert header == [*CANVAS_COLUMNS, f"{LAB1} (101)", f"{LAB2} (102)", f"{LAB5} (105)"]
-    rows = _read_csv(out / "canvas-grades.csv")
-    assert rows[0]["Student"] == "Points Possible" and rows[0][f"{LAB5} (105)"] == "29"
-    people = {r["ID"]: r for r in rows[1:]}
-    assert len(people) == 20
-    s07 = people["40007"]
-    assert s07[f"{LAB2} ({102})"] == "", "flagged: withheld, not zero"
-    assert people["40003"]["Student"] == "Núñez, José"
-    assert people["40020"][f"{LAB5} (105)"] == ""  # missing
+    # One import per lab; a row only where a grade is exported (Canvas's importer clears a
+    # grade for a blank cell): the flagged, unmatched and missing have none.
+    sheets = {lab: out / f"canvas-{lab}-grades.csv" for lab in (LAB1, LAB2, LAB5)}
+    for lab, number in ((LAB1, "101"), (LAB2, "102"), (LAB5, "105")):
+        with open(sheets[lab], newline="") as handle:
+            assert next(csv.reader(handle)) == [*CANVAS_COLUMNS, f"{lab} ({number})"]
+    rows = {lab: _read_csv(path) for lab, path in sheets.items()}
+    assert rows[LAB5][0]["Student"] == "Points Possible" and rows[LAB5][0][f"{LAB5} (105)"] == "29"
+    people = {lab: {r["ID"]: r for r in found[1:]} for lab, found in rows.items()}
+    assert len(people[LAB1]) == 19 and "40019" not in people[LAB1]  # s19 unmatched
+    assert len(people[LAB2]) == 19 and "40007" not in people[LAB2]  # s07 flagged: withheld
+    assert len(people[LAB5]) == 19 and "40020" not in people[LAB5]  # s20 handed in nothing
+    assert all(r[f"{LAB5} (105)"] != "" for r in people[LAB5].values())
+    assert people[LAB2]["40003"]["Student"] == "Núñez, José"
     status = {(r["ID"], r["assignment"]): r for r in _read_csv(out / "canvas-status.csv")}
     assert status[("40007", f"{LAB2} (102)")]["status"] == "flagged"
     assert "No grade exported" in status[("40007", f"{LAB2} (102)")]["comment"]
     assert status[("40008", f"{LAB5} (105)")]["status"] == "incomplete"
-    with zipfile.ZipFile(out / "canvas-feedback.zip") as zf:
+    # One zip per lab, for the lab collected from Canvas (02): the download's prefixes, which
+    # carry the attachment id Canvas's re-upload needs; the other labs' pages are named.
+    assert sorted(p.name for p in out.glob("*.zip")) == [f"canvas-{LAB2}-feedback.zip"]
+    with zipfile.ZipFile(out / f"canvas-{LAB2}-feedback.zip") as zf:
         names = zf.namelist()
-    # Lab 02 was collected from Canvas: its feedback keeps the download's prefix.
+    assert len(names) == 20
     assert f"{canvas_name('s01')}_40001_7000_{LAB2}_feedback.html" in names
     for name in names:
         assert re.match(FORMATS["canvas"].named_regexp, name), name
+    assert any(
+        line.startswith(f"canvas {LAB1}: s01's feedback page is in no zip")
+        for line in done.left_out
+    )
 
 
 def test_manual_grades_in_both_exports(term: dict[str, Path], tmp_path: Path) -> None:
@@ -379,7 +391,7 @@ def test_manual_grades_in_both_exports(term: dict[str, Path], tmp_path: Path) ->
     roster = Roster.read(term["roster"])
     export_grades(course, "canvas", tmp_path / "c", roster=roster)
     export_grades(course, "moodle", tmp_path / "m", roster=roster, labs=[LAB1])
-    canvas = {r["ID"]: r for r in _read_csv(tmp_path / "c" / "canvas-grades.csv")}
+    canvas = {r["ID"]: r for r in _read_csv(tmp_path / "c" / f"canvas-{LAB5}-grades.csv")}
     assert float(canvas["40011"][LAB5]) == total
     assert "written answers 2/" in next(
         r["comment"] for r in _read_csv(tmp_path / "c" / "canvas-status.csv")
@@ -431,3 +443,51 @@ def test_rubrics_beside_written_answers_for_formgrader(tmp_path: Path) -> None:
         rubric = cells[ids.index(gid) + 1]
         assert rubric["metadata"] == {"transformer_lab": {"rubric_for": gid}}
         assert "Model answer and rubric" in "".join(rubric["source"])
+
+
+def test_a_colab_notebooks_repairs_are_one_line_of_the_grade_table(tmp_path: Path) -> None:
+    from transformer_lab.grading.grade import GradeReport, SubmissionResult
+
+    result = SubmissionResult("s01", LAB1, "graded", auto_score=12.0, auto_max=12.0)
+    result.repairs = [f"restored the lost metadata of cell {i}" for i in range(24)]
+    text = GradeReport(tmp_path, [result], tmp_path / "g.csv", tmp_path, "bwrap", "r").table()
+    (line,) = [line for line in text.splitlines() if "repaired" in line]
+    assert line.strip().startswith("repaired: 24 cell(s) matched to the release")
+
+
+def test_report_is_readable_at_a_laptops_width(term: dict[str, Path], tmp_path: Path) -> None:
+    """Headless Chromium at 1280 px: every table fits, names beside ids, points apart."""
+    import importlib.util
+
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.is_file() or importlib.util.find_spec("playwright") is None:
+        pytest.skip(f"needs {chromium} and the playwright package")
+    from playwright.sync_api import sync_playwright
+
+    page_path = write_report(term["course"], out=tmp_path / "report")[0]
+    with sync_playwright() as play:
+        browser = play.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(page_path.as_uri())
+        widths = page.evaluate(
+            "() => [document.documentElement.scrollWidth,"
+            " ...[...document.querySelectorAll('table')].map(t => t.getBoundingClientRect().right)]"
+        )
+        text = page.inner_text("body")
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        browser.close()
+    assert max(widths) <= 1280, widths
+    assert "20 students (1 handed in nothing for some lab), 0 file(s) placed for no student" in text
+    # Names beside ids; autograded and written points apart (s02: 3 written answers by hand).
+    assert "s03\tJosé Núñez" in text
+    assert "8/12 + 3/6 written" in text and "12/12 + 0/6 written (3 to grade)" in text
+    assert (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_labs_grade_prints_a_line_per_submission(capsys) -> None:
+    from transformer_lab.grading.cli import _progress_line
+    from transformer_lab.grading.grade import SubmissionResult
+
+    result = SubmissionResult("s01", LAB1, "graded", auto_score=12.0, auto_max=12.0, seconds=9.6)
+    _progress_line(result, 3, 40)
+    assert capsys.readouterr().err == f"[3/40] s01 {LAB1}: graded 12/12 (10 s)\n"

@@ -9,6 +9,7 @@ is covered without kernels in ``test_grading_lms.py``.
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import importlib.util
 import os
@@ -22,14 +23,25 @@ from pathlib import Path
 import nbformat
 import pytest
 from filelock import FileLock
-from lms_support import LAB1, MOODLE_IDS, REPO, full_name, tree_hashes, write_roster, write_zip
+from lms_support import (
+    LAB1,
+    LAB2,
+    MOODLE_IDS,
+    REPO,
+    STUDENTS,
+    full_name,
+    release_text,
+    tree_hashes,
+    write_roster,
+    write_zip,
+)
 from nbgrader.api import Gradebook
 
 from transformer_lab.grading.cli import main
 from transformer_lab.grading.course import grading_env
 from transformer_lab.grading.export import export_grades
 from transformer_lab.grading.grade import grade_course
-from transformer_lab.grading.lms import Roster, collect
+from transformer_lab.grading.lms import Roster
 from transformer_lab.grading.report import write_report
 from transformer_lab.grading.results import course_outcomes
 from transformer_lab.grading.rubrics import add_rubrics
@@ -74,13 +86,18 @@ def _build(home: Path) -> None:
             for s, name, text in (
                 ("s01", f"{LAB1}.ipynb", solution),
                 ("s02", "lab1 final.ipynb", _swapped()),
+                ("s03", "report.pdf", "%PDF-1.4"),  # a PDF only
+                ("s04", f"{LAB1}.ipynb", solution[: len(solution) // 2]),  # truncated
+                ("s05", f"{LAB2}.ipynb", release_text(LAB2)),  # another lab's notebook
             )
-        ],
+        ]
+        + [(f"Mallory Unknown_999_assignsubmission_file/{LAB1}.ipynb", solution, when)],
     )
     (home / "archive.sha").write_text(repr(tree_hashes(archive)))
-    roster = Roster.read(write_roster(home / "roster.csv"))
     course = home / "course"
-    collect(archive, lms="moodle", lab=LAB1, course=course, repo=REPO, roster=roster)
+    # A roster of 20 for 6 files: collect keeps it, and grade, report and export list them all.
+    assert main(["collect", str(archive), "--lms", "moodle", "--lab", LAB1, "--course",
+                 str(course), "--roster", str(write_roster(home / "roster.csv"))]) == 1  # fmt: skip
     (home / "submitted.sha").write_text(repr(tree_hashes(course / "submitted")))
     grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
@@ -90,7 +107,8 @@ def _build(home: Path) -> None:
         comment = gb.find_comment("written_small_base", LAB1, LAB1, "s01")
         comment.manual_comment = "Right idea; the wavelengths repeat sooner."
         gb.db.commit()
-    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT)
+    # Unchanged, s01 would be skipped: forced, the manual grade must survive grading again.
+    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT, force=True)
 
 
 def test_the_collected_submission_time_reaches_the_gradebook(graded: dict) -> None:
@@ -121,15 +139,95 @@ def test_manual_grade_survives_regrading_and_reaches_both_exports(graded: dict) 
     moodle = (home / "out" / f"moodle-{LAB1}-grades.csv").read_text()
     assert f"Participant {MOODLE_IDS['s01']},{full_name('s01')},s01@uni.example," in moodle
     assert ",13.5,18,Yes," in moodle and "written answers 1.5/6" in moodle
-    canvas = (home / "out" / "canvas-grades.csv").read_text()
+    canvas = (home / "out" / f"canvas-{LAB1}-grades.csv").read_text()
     assert ",40001,,,,13.5" in canvas
     # sin and cos swapped: row 0 is wrong, so every encoding check fails; the feedback says why.
     (s02,) = [o for o in course_outcomes(course) if o.student == "s02"]
     assert (s02.status, s02.score, s02.needs_manual) == ("graded", 0.0, 3)
     assert "Your sin and cos are swapped" in s02.feedback.read_text()
     assert s02.submitted == dt.datetime(2026, 10, 2, 9, tzinfo=dt.timezone.utc)
-    page = write_report(course, out=home / "report")[0].read_text()
+    page = write_report(course, out=home / "report")[0].read_text().replace("<wbr>", "")
     assert "test_sinusoidal_encoding_values" in page
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_one_view_of_the_whole_class(graded: dict) -> None:
+    """Every roster student and every file handed in, with what happened to it, by name."""
+    course, home = graded["course"], graded["home"]
+    want = {
+        "s01": "graded",
+        "s02": "graded",
+        "s03": "not a notebook",
+        "s04": "unmatched",
+        "s05": "wrong lab",
+    }
+    # grades.csv (written by labs grade): all 20 students, names beside ids, and the file.
+    rows = _rows(course / "grades.csv")
+    by_id = {r["student_id"]: r for r in rows if r["student_id"]}
+    assert len(by_id) == len(STUDENTS) == 20
+    assert {s: by_id[s]["status"] for s in want} == want
+    assert by_id["s20"]["status"] == "missing" and by_id["s20"]["note"] == "nothing handed in"
+    assert by_id["s03"]["note"].endswith("not a notebook (.pdf): only .ipynb is graded")
+    assert (by_id["s03"]["first_name"], by_id["s03"]["last_name"]) == ("José", "Núñez")
+    (lost,) = [r for r in rows if not r["student_id"]]
+    assert lost["status"] == "unknown student" and "Mallory Unknown" in lost["file"]
+    # The report: the same, on the page and in its tables.
+    files = write_report(course, out=home / "one-view")
+    page = files[0].read_text()
+    assert "20 students (15 handed in nothing for some lab), 1 file(s) placed for no student" in (
+        page
+    )
+    attention = {r["student"]: r for r in _rows(home / "one-view" / "attention.csv")}
+    assert {s: attention[s]["status"] for s in ("s03", "s04", "s05")} == {
+        s: want[s] for s in ("s03", "s04", "s05")
+    }
+    assert attention["s03"]["name"] == "José Núñez"
+    assert "not a readable notebook" in attention["s04"]["reasons"]
+    (row,) = _rows(home / "one-view" / "not_placed.csv")
+    assert row["kind"] == "unknown student" and row["lms_id"] == "999"
+    progress = {r["student"]: r for r in _rows(home / "one-view" / "progress.csv")}
+    assert len(progress) == 20 and progress["s20"]["name"] == full_name("s20")
+    assert progress["s05"][f"{LAB1} status"] == "wrong lab"
+    # The exports: a status for everyone with an LMS id; the others and the file named.
+    done = export_grades(course, "canvas", home / "one-view-out")
+    status = {r["ID"]: r for r in _rows(home / "one-view-out" / "canvas-status.csv")}
+    assert len(status) == 20
+    assert status["40003"]["status"] == "not a notebook" and status["40003"]["points"] == ""
+    assert "report.pdf" in status["40003"]["comment"]
+    assert status["40020"]["comment"].startswith("Status: nothing handed in.")
+    assert any("Mallory Unknown" in line and "LMS id 999" in line for line in done.left_out)
+
+
+def test_regrading_grades_only_what_changed(graded: dict, tmp_path: Path) -> None:
+    course = tmp_path / "course"
+    shutil.copytree(graded["course"], course, symlinks=True)
+    before = (course / "gradebook.db").read_bytes()
+    again = grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    assert again.results == [] and again.skipped == [f"s01/{LAB1}", f"s02/{LAB1}", f"s04/{LAB1}"]
+    assert "skipped 3 unchanged submission(s)" in again.table()
+    assert (course / "gradebook.db").read_bytes() == before
+    # s02 hands in the solution: only s02 is graded, and gets its points.
+    solution = (REPO / "solutions" / LAB1 / f"{LAB1}.ipynb").read_text()
+    (course / "submitted" / "s02" / LAB1 / f"{LAB1}.ipynb").write_text(solution)
+    seen: list[tuple[str, int, int]] = []
+    changed = grade_course(
+        course,
+        REPO,
+        [LAB1],
+        timeout=TIMEOUT,
+        progress=lambda r, n, of: seen.append((r.student, n, of)),
+    )
+    assert seen == [("s02", 1, 1)], "one progress call per submission graded"
+    assert [(r.student, r.status, r.auto_score) for r in changed.results] == [
+        ("s02", "graded", 12.0)
+    ]
+    assert changed.skipped == [f"s01/{LAB1}", f"s04/{LAB1}"]
+    forced = grade_course(course, REPO, [LAB1], students=["s04"], force=True)
+    assert [(r.student, r.status) for r in forced.results] == [("s04", "unmatched")]
 
 
 def test_nothing_handed_in_was_modified(graded: dict) -> None:
@@ -204,7 +302,7 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert main(["grade", "--course", str(course), "01", "--student", "s02",
+    assert main(["grade", "--course", str(course), "01", "--student", "s02", "--force",
                  "--timeout", str(TIMEOUT)]) in (0, 1)  # fmt: skip
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         grade = gb.find_grade("written_extrapolation", LAB1, LAB1, "s02")
@@ -215,4 +313,4 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
     moodle = (tmp_path / "out" / f"moodle-{LAB1}-grades.csv").read_text()
     assert f"Participant {MOODLE_IDS['s02']},{full_name('s02')},s02@uni.example," in moodle
     assert ",2,18,Yes," in moodle and "written answers 2/6" in moodle
-    assert ",40002,,,,2" in (tmp_path / "out" / "canvas-grades.csv").read_text()
+    assert ",40002,,,,2" in (tmp_path / "out" / f"canvas-{LAB1}-grades.csv").read_text()

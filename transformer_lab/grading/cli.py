@@ -33,8 +33,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer_lab.grading.course import BUDGET_S, GradingError, find_repo
+
+if TYPE_CHECKING:
+    from transformer_lab.grading.grade import SubmissionResult
 
 __all__ = ["main"]
 
@@ -98,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
         help="bubblewrap sandbox: required (the default), off (the same as --unsandboxed)",
     )
     g.add_argument("--keep-work", action="store_true", help="keep the per-submission workspaces")
+    g.add_argument(
+        "--force", action="store_true", help="grade again also submissions unchanged since graded"
+    )
     m = sub.add_parser("merge", help="merge gradebooks graded elsewhere into DIR/gradebook.db")
     m.add_argument("--course", type=Path, required=True, help="folder holding gradebook.db")
     m.add_argument("gradebooks", nargs="+", type=Path, help="other gradebook.db files")
@@ -134,6 +141,9 @@ def _lms_parsers(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--course", type=Path, required=True)
     rep.add_argument("labs", nargs="*")
     rep.add_argument("--out", type=Path, default=None, help="default: COURSE/report")
+    rep.add_argument(
+        "--roster", type=Path, default=None, help="default: the one collect kept in COURSE/lms"
+    )
 
 
 def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
@@ -143,7 +153,7 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
 
     roster = Roster.read(ns.roster) if getattr(ns, "roster", None) else None
     if ns.command == "collect":
-        from transformer_lab.grading.lms import collect
+        from transformer_lab.grading.lms import collect, save_roster
 
         done = collect(
             ns.source,
@@ -156,6 +166,9 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
         )
         print(done.table())
         print(f"record:    {done.record}")
+        if ns.roster is not None:
+            print(f"roster:    {save_roster(ns.course, ns.roster)} (grade, report and export list "
+                  "every student on it)")  # fmt: skip
         return 1 if done.skipped else 0
     if ns.command == "export":
         from transformer_lab.grading.export import export_grades
@@ -184,7 +197,7 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
     from transformer_lab.grading.report import write_report
 
     labs = select_labs(repo, ns.labs) if ns.labs else None
-    files = write_report(ns.course, labs, ns.out, course_deadlines(repo))
+    files = write_report(ns.course, labs, ns.out, course_deadlines(repo), roster=roster)
     for path in files:
         print(f"wrote {path}")
     return 0
@@ -266,6 +279,8 @@ def main(args: list[str]) -> int:
             timeout=ns.timeout,
             jobs=ns.jobs,
             options=options,
+            force=ns.force,
+            progress=_progress_line,
         )
         print(report.table())
         from transformer_lab.grading.rubrics import add_rubrics
@@ -279,6 +294,17 @@ def main(args: list[str]) -> int:
     except (GradingError, FileExistsError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _progress_line(result: SubmissionResult, done: int, total: int) -> None:
+    """One line per submission as it is graded (stderr: the table on stdout stays whole)."""
+    auto = f" {result.auto_score:g}/{result.auto_max:g}" if result.auto_score is not None else ""
+    print(
+        f"[{done}/{total}] {result.student} {result.lab}: {result.status}{auto} "
+        f"({result.seconds:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _build(repo: Path, labs: list[str], *, student: bool) -> int:

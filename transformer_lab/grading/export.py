@@ -12,19 +12,26 @@ report (:mod:`~transformer_lab.grading.results`):
      by ``Identifier`` (``Participant <n>``, the number in its download's file names) and
      imports ``Grade`` and ``Feedback comments``; ``Status`` is shown, not imported, so the
      kit's status goes in both ``Status`` and the comments.
-   * Canvas's Gradebook import CSV (Grades > Import), one file for all labs:
-     ``Student,ID,SIS User ID,SIS Login ID,Section,<assignment> (<assignment id>)...`` with the
-     ``Points Possible`` row Canvas's own export has. Canvas matches rows by ``ID`` (its user
+   * Canvas's Gradebook import CSV (Grades > Import), one file per lab:
+     ``Student,ID,SIS User ID,SIS Login ID,Section,<assignment> (<assignment id>)`` with the
+     ``Points Possible`` row Canvas's own export has, and a row only for students whose grade
+     is exported: Canvas's importer (``gradebook_importer.rb``) takes a blank cell as "no
+     score", a change that clears the grade it has. Canvas matches rows by ``ID`` (its user
      id) and turns any column it does not know into a new assignment, so the status goes into
-     a second file, ``canvas-status.csv``, not into the import.
+     ``canvas-status.csv``, not into the import.
 
-   Flagged, failed and unmatched submissions get an empty grade (the LMS leaves the grade
-   as it was) and their reasons, never a silent zero; incomplete and crashed ones get the
-   points they earned and say so.
+   Flagged, failed, unmatched, not placed and missing submissions get no grade (an empty
+   ``Grade`` in Moodle's worksheet, which its importer skips; no row in Canvas's import) and
+   their reasons, never a silent zero; incomplete and crashed ones get the points they earned
+   and say so.
 2. the feedback pages bundled for the LMS's bulk feedback upload: Moodle's "Upload multiple
    feedback files in a zip" (files named ``Full Name_<n>_assignsubmission_file_<name>``, the
-   download's naming) and Canvas's "Re-upload submissions" (files named as Canvas downloads
-   them, ``<name>_<user id>_<attachment id>_<name>``; they become submission comments).
+   download's naming) and Canvas's "Re-upload submissions", one zip per lab (files named as
+   Canvas downloads them, ``<name>_<user id>_<attachment id>_<name>``, for the submissions
+   collected from Canvas: Canvas reads the first two all-digit parts as user and attachment id
+   and ignores a file whose attachment is not that submission's; the file becomes a submission
+   comment, which Canvas names after the submitted file, ``<lab>.ipynb``, whatever the zip
+   calls it).
 3. nbgrader's own feedback layout for JupyterHub courses: ``labs grade`` already writes
    ``feedback/<student>/<lab>/<lab>.html`` (``GenerateFeedback``'s layout); nbgrader's
    ``release_feedback`` also needs ``timestamp.txt`` and ``submission_secret.txt`` beside it,
@@ -38,17 +45,22 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import re
 import shutil
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_lab.grading.course import GradingError
-from transformer_lab.grading.lms import Roster, lms_record
-from transformer_lab.grading.results import Outcome, course_outcomes
+from transformer_lab.grading.lms import Roster, course_roster, lms_record
+from transformer_lab.grading.results import (
+    GRADED,
+    Outcome,
+    course_outcomes,
+    neutralise,
+    unplaced_files,
+)
 
-__all__ = ["CANVAS_COLUMNS", "MOODLE_COLUMNS", "ExportReport", "export_grades"]
+__all__ = ["CANVAS_COLUMNS", "MOODLE_COLUMNS", "ExportReport", "export_grades", "neutralise"]
 
 MOODLE_COLUMNS = [
     "Identifier",
@@ -63,8 +75,6 @@ MOODLE_COLUMNS = [
     "Feedback comments",
 ]
 CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-#: Statuses whose points are withheld from the LMS (empty grade) until an instructor decides.
-WITHHELD = ("flagged", "failed", "unmatched", "missing")
 #: nbgrader's release_feedback reads these beside each feedback page.
 NBGRADER_FEEDBACK_FILES = ("timestamp.txt", "submission_secret.txt")
 
@@ -96,13 +106,15 @@ def _points(value: float) -> str:
 
 def grade_value(outcome: Outcome) -> str:
     """The grade an LMS gets: points, or empty where they are withheld (flagged, ...)."""
-    return "" if outcome.status in WITHHELD else _points(outcome.score)
+    return "" if outcome.status not in GRADED else _points(outcome.score)
 
 
 def summary(outcome: Outcome) -> str:
     """A short feedback comment: status, points, what is withheld and why."""
     parts = [f"Status: {outcome.label}."]
-    if outcome.status in WITHHELD:
+    if outcome.status == "missing":
+        parts.append("No grade exported.")
+    elif outcome.status not in GRADED:
         parts.append("No grade exported: an instructor reviews it.")
     else:
         auto = outcome.score - outcome.manual_score
@@ -174,7 +186,8 @@ def _export_moodle(
                 }
             )
             if o.feedback is not None:
-                prefix = f"{name}_{who['lms_id']}_assignsubmission_file_"
+                # Moodle writes a name's "_" as " " (its importer splits the prefix at "_").
+                prefix = f"{name.replace('_', ' ')}_{who['lms_id']}_assignsubmission_file_"
                 members.append((f"{prefix}{lab}_feedback.html", o.feedback))
         sheet = out / f"moodle-{lab}-grades.csv"
         _write_csv(sheet, MOODLE_COLUMNS, rows)
@@ -196,11 +209,13 @@ def _export_canvas(
         lab: f"{lab} ({assignment_ids[lab]})" if lab in assignment_ids else lab for lab in labs
     }
     people: dict[str, dict[str, str]] = {}
-    members = []
+    members: dict[str, list[tuple[str, Path]]] = {}
     for lab in labs:
         for student, who in _ids(course, "canvas", lab, roster).items():
             people.setdefault(student, {}).update({k: v for k, v in who.items() if v})
-    grid: dict[str, dict[str, str]] = {}
+    # One import per lab, with a row only where a grade is exported: Canvas's importer takes a
+    # blank cell for "no score" and so as a change that clears the grade it has.
+    grids: dict[str, list[dict[str, str]]] = {lab: [] for lab in labs}
     status_rows = []
     maxima: dict[str, str] = {}
     for o in outcomes:
@@ -208,20 +223,16 @@ def _export_canvas(
         if not who.get("lms_id"):
             report.no_id("canvas", o, "Canvas user id")
             continue
-        row = grid.setdefault(
-            o.student,
-            {
-                "Student": who.get("last_first") or who.get("full_name") or o.student,
-                "ID": who["lms_id"],
-                "SIS User ID": "",
-                "SIS Login ID": "",
-                "Section": "",
-            },
-        )
-        row[columns[o.lab]] = grade_value(o)
-        maxima[columns[o.lab]] = (
-            _points(o.max_score) if o.max_score else maxima.get(columns[o.lab], "")
-        )
+        row = {
+            "Student": who.get("last_first") or who.get("full_name") or o.student,
+            "ID": who["lms_id"],
+            "SIS User ID": "",
+            "SIS Login ID": "",
+            "Section": "",
+        }
+        if grade_value(o):
+            grids[o.lab].append({**row, columns[o.lab]: grade_value(o)})
+        maxima[o.lab] = _points(o.max_score) if o.max_score else maxima.get(o.lab, "")
         status_rows.append(
             {
                 "Student": row["Student"],
@@ -233,20 +244,25 @@ def _export_canvas(
                 "comment": summary(o),
             }
         )
-        lab_prefix = _ids(course, "canvas", o.lab, None).get(o.student, {}).get("prefix")
         if o.feedback is not None:
-            squashed = re.sub(r"[^a-z0-9]", "", (who.get("last_first") or o.student).lower())
-            prefix = lab_prefix or f"{squashed}_{who['lms_id']}_0_"
-            members.append((f"{prefix}{o.lab}_feedback.html", o.feedback))
-    fields = [*CANVAS_COLUMNS, *columns.values()]
-    points_row = {"Student": "Points Possible", **maxima}
-    sheet = out / "canvas-grades.csv"
-    _write_csv(sheet, fields, [points_row, *grid.values()])
+            prefix = _ids(course, "canvas", o.lab, None).get(o.student, {}).get("prefix")
+            if prefix:
+                members.setdefault(o.lab, []).append((f"{prefix}{o.lab}_feedback.html", o.feedback))
+            else:
+                report.left_out.append(
+                    f"canvas {o.lab}: {o.student}'s feedback page is in no zip: Canvas's re-upload "
+                    "needs the attachment id of their submission (collect the lab from Canvas)"
+                )
+    for lab, rows in grids.items():
+        points_row = {"Student": "Points Possible", columns[lab]: maxima.get(lab, "")}
+        sheet = out / f"canvas-{lab}-grades.csv"
+        _write_csv(sheet, [*CANVAS_COLUMNS, columns[lab]], [points_row, *rows])
+        report.written.append(sheet)
     status = out / "canvas-status.csv"
     _write_csv(status, list(status_rows[0]) if status_rows else ["Student"], status_rows)
-    report.written += [sheet, status]
-    if members:
-        report.written.append(_feedback_zip(out / "canvas-feedback.zip", members))
+    report.written.append(status)
+    for lab, files in sorted(members.items()):  # one zip per lab: one re-upload per assignment
+        report.written.append(_feedback_zip(out / f"canvas-{lab}-feedback.zip", files))
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict[str, str]]) -> None:
@@ -254,7 +270,7 @@ def _write_csv(path: Path, fields: list[str], rows: list[dict[str, str]]) -> Non
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields, restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: neutralise(v) for k, v in row.items()} for row in rows)
 
 
 def complete_nbgrader_feedback(course: Path) -> list[Path]:
@@ -304,8 +320,8 @@ def export_grades(
     course, out = Path(course).resolve(), Path(out).resolve()
     if out.is_relative_to(course / "submitted"):
         raise GradingError(f"--out {out} is inside submitted/: choose another folder")
-    enrolled = [s.id for s in roster.students] if roster is not None else None
-    outcomes = course_outcomes(course, labs, deadlines, enrolled)
+    roster = course_roster(course, roster)
+    outcomes = course_outcomes(course, labs, deadlines, roster=roster)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     if lms == "moodle":
@@ -313,4 +329,10 @@ def export_grades(
     else:
         _export_canvas(course, outcomes, out, roster, report, dict(assignment_ids or {}))
     report.written += complete_nbgrader_feedback(course)
+    for item in unplaced_files(course, sorted({o.lab for o in outcomes})):
+        lms_id = f" (LMS id {item['lms_id']})" if item.get("lms_id") else ""
+        report.left_out.append(
+            f"{item['lms']} {item['lab']}: file {item['file']!r}{lms_id} is no student's: "
+            f"{item.get('reason', '')}"
+        )
     return report

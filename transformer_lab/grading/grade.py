@@ -50,6 +50,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,7 @@ class GradeReport:
     feedback_dir: Path
     sandbox: str = ""
     run_id: str = ""
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -261,9 +263,19 @@ class GradeReport:
             lines += [f"    flag: {f}" for f in r.flags]
             lines += [f"    problem: {p}" for p in r.problems]
             lines += [f"    ignored: {i}" for i in r.ignored]
-            lines += [f"    repaired: {a}" for a in r.repairs]
+            if r.repairs:  # one line: each repair is in grading_report.json
+                lines.append(
+                    f"    repaired: {len(r.repairs)} cell(s) matched to the release (Colab and "
+                    "editors drop nbgrader's metadata; each repair in grading_report.json)"
+                )
             if r.error:
                 lines.append(f"    error: {r.error}")
+        if self.skipped:
+            lines.append(
+                f"skipped {len(self.skipped)} unchanged submission(s) (the same submission, lab "
+                "source, kit and options as when last graded; --force grades them again): "
+                + ", ".join(self.skipped)
+            )
         return "\n".join(lines)
 
 
@@ -372,6 +384,39 @@ def _tree_digest(root: Path) -> str:
     for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes() if path.is_file() else b"link")
+    return digest.hexdigest()
+
+
+#: Statuses of a previous grading that an unchanged submission keeps (the others may pass on a
+#: second try: a timeout, a dead kernel, a grader failure).
+KEPT = ("graded", "flagged", "unmatched")
+INPUTS = "inputs.json"
+
+
+def _kit_digest(repo: Path) -> str:
+    """One hash of the kit's own files (grader, checks, specs; bytecode caches left out) and
+    the course's ``nbgrader_config.py``."""
+    import transformer_lab
+
+    root = Path(transformer_lab.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    config = repo / "nbgrader_config.py"
+    digest.update(config.read_bytes() if config.is_file() else b"")
+    return digest.hexdigest()
+
+
+def _inputs_digest(folder: Path, source: Path, kit: str, options: Any) -> str:
+    """What a submission's grade depends on: its files, its lab's source (``solutions/<lab>``,
+    from which the release and the hidden tests are made), the kit, the grading options.
+    Unchanged, grading it again gives the same grade."""
+    settings = {k: v for k, v in asdict(options).items() if k != "keep_work"}
+    digest = hashlib.sha256()
+    for part in (_tree_digest(folder), _tree_digest(source), kit):
+        digest.update(part.encode() + b"\0")
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()
 
 
@@ -934,15 +979,19 @@ def _write_csv(db_url: str, csv_path: Path, latest: dict[str, dict[str, Any]]) -
     with open(tmp, newline="") as handle:
         rows = list(csv.DictReader(handle))
     fields = [*(rows[0].keys() if rows else ["assignment", "student_id"]), "status", "flags"]
+    for row in rows:
+        item = latest.get(f"{row['student_id']}/{row['assignment']}", {})
+        submitted = row.get("timestamp") not in ("", None, "None")
+        row["status"] = item.get("status", "graded" if submitted else "missing")
+        row["flags"] = " | ".join(item.get("flags", []))
+    from transformer_lab.grading.results import class_rows, neutralise
+
+    # The whole class: roster students without a submission, files collect placed for nobody.
+    more, rows = class_rows(csv_path.parent, rows)
     with open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer = csv.DictWriter(handle, fieldnames=[*fields, *more], restval="")
         writer.writeheader()
-        for row in rows:
-            item = latest.get(f"{row['student_id']}/{row['assignment']}", {})
-            submitted = row.get("timestamp") not in ("", None, "None")
-            row["status"] = item.get("status", "graded" if submitted else "missing")
-            row["flags"] = " | ".join(item.get("flags", []))
-            writer.writerow(row)
+        writer.writerows({k: neutralise(v) for k, v in row.items()} for row in rows)
     tmp.replace(csv_path)
 
 
@@ -1022,8 +1071,13 @@ def grade_course(
     *,
     jobs: int = 1,
     options: GradingOptions | None = None,
+    force: bool = False,
+    progress: Callable[[SubmissionResult, int, int], None] | None = None,
 ) -> GradeReport:
     """Autograde ``course/submitted`` into ``course/gradebook.db``; write feedback, CSV, report.
+
+    A submission graded before is graded again only when it, its lab's source, the kit or the
+    options changed (or ``force``); the report lists the ones skipped.
 
     Args:
         course: the course folder (layout in the module docstring).
@@ -1034,6 +1088,9 @@ def grade_course(
         profile: value of ``TRANSFORMER_LAB_PROFILE`` while notebooks run.
         jobs: submissions graded at once, each in its own process.
         options: everything else (:class:`GradingOptions`).
+        force: grade every submission, also those unchanged since they were graded.
+        progress: called with each submission's result as it is recorded, how many were
+            recorded and how many this run grades (``labs grade`` prints a line each).
 
     Returns:
         A :class:`GradeReport`; failures of single submissions are recorded, not raised.
@@ -1096,6 +1153,21 @@ def grade_course(
             source_directory=str((repo / SOLUTIONS).resolve()),
             release_directory=RELEASE_DIR,
         )
+        # Graded before from the same inputs: not graded again (nor its lab prepared).
+        inputs_path = course / WORK / INPUTS
+        inputs = json.loads(inputs_path.read_text()) if inputs_path.is_file() else {}
+        before = {k: r.get("status") for k, r in _read_latest(course).items()}
+        kit = _kit_digest(repo)
+        fresh = {
+            f"{s}/{lab}": _inputs_digest(submitted / s / lab, repo / SOLUTIONS / lab, kit, options)
+            for s, lab in pairs
+        }
+        skipped = [
+            k
+            for k, v in fresh.items()
+            if not force and inputs.get(k) == v and before.get(k) in KEPT
+        ]
+        pairs = [(s, lab) for s, lab in pairs if f"{s}/{lab}" not in skipped]
         prepared: dict[str, tuple[Path, Path, Path]] = {}
         for lab in sorted({lab for _, lab in pairs}):
             main_dir.assignment_id, main_dir.student_id = lab, "."
@@ -1140,6 +1212,7 @@ def grade_course(
                 )
             )
         expected = _fingerprint(main_db)
+        before_jobs = len(results)
 
         def accept(result: SubmissionResult, files: dict[str, str]) -> None:
             nonlocal expected
@@ -1148,6 +1221,9 @@ def grade_course(
                     f"{main_db} was changed by something else while submissions ran: stopping "
                     "before writing any more grades (look at the last grading_report.json)"
                 )
+            key = f"{result.student}/{result.lab}"
+            if key in fresh:  # what it was graded from: unchanged, it is not graded again
+                inputs[key] = fresh[key] if result.status in KEPT else None
             if result.status not in ("unmatched", "failed"):
                 record_result(db_url, result)
                 for kind, dest in (
@@ -1162,6 +1238,8 @@ def grade_course(
             if not options.keep_work and files.get("work"):
                 shutil.rmtree(files["work"], ignore_errors=True)
             results.append(result)
+            if progress is not None:
+                progress(result, len(results) - before_jobs, len(job_list))
 
         graded_labs = sorted({job.lab for job in job_list})
         if jobs == 1 or len(job_list) <= 1:
@@ -1200,4 +1278,17 @@ def grade_course(
         }
         latest = _append_report(course / REPORT, run)
         _write_csv(db_url, csv_path, latest)
-    return GradeReport(course, results, csv_path, course / "feedback", sandbox, run_id)
+        inputs_path.write_text(json.dumps(inputs, indent=1, sort_keys=True) + "\n")
+    return GradeReport(
+        course, results, csv_path, course / "feedback", sandbox, run_id, skipped=skipped
+    )
+
+
+def _read_latest(course: Path) -> dict[str, dict[str, Any]]:
+    """The latest record per ``student/lab`` of ``grading_report.json`` (empty if none)."""
+    from transformer_lab.grading.results import read_latest
+
+    try:
+        return read_latest(course)
+    except GradingError:
+        return {}

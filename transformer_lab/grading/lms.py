@@ -23,24 +23,32 @@ with one named-group regular expression per LMS, plus what ``zip_collect`` leave
   ``labs export`` needs the LMS's ids (Moodle's participant numbers, Canvas's user ids) to write
   grades and feedback the LMS can import.
 
-The file naming of each LMS (what ``FORMATS`` matches):
+The file naming of each LMS (what ``FORMATS`` matches), read from the LMSs' own code:
 
-* Moodle, "Download all submissions" (``mod/assign``): ``Full Name_<participant>_
-  assignsubmission_file_<file>``, in one folder per student when "Download submissions in
-  folders" is on (``Full Name_<participant>_assignsubmission_file_/<file>``). The same names are
-  what Moodle's "Upload multiple feedback files in a zip" matches
-  (``mod/assign/feedback/file/importziplib.php``, ``is_valid_filename_for_import``).
-* Canvas, "Download Submissions": ``<name>_[LATE_]<user id>_<attachment id>_<file>`` where
-  ``<name>`` is the student's sortable name squashed to lower-case letters (``doejane``) and
-  ``LATE`` marks a late submission; re-uploads keep those names (Canvas Instructor Guide, "How
-  do I download all student submissions for an assignment?").
-* Blackboard Learn, "Download assignment": ``<Assignment>_<username>_attempt_<YYYY-MM-DD-HH-
-  MM-SS>_<file>`` plus a receipt ``<Assignment>_<username>_attempt_<time>.txt`` per attempt
-  (the example in nbgrader's own ``zip_collect`` documentation).
+* Moodle, "Download all submissions" (``mod/assign/classes/downloader.php``): the prefix
+  ``Full Name_<participant>_assignsubmission_file`` (the name's own ``_`` written as spaces),
+  as a folder per student when "Download submissions in folders" is on (the default:
+  ``<prefix>/<file>`` since 4.1, ``<prefix>_/<file>`` before; subfolders kept), else
+  ``<prefix>_<file>``. Moodle's "Upload multiple feedback files in a zip"
+  (``mod/assign/feedback/file/importziplib.php``) reads the same prefixes back.
+* Canvas, "Download Submissions": ``<name>_[late_]<user id>_<attachment id>_<file>``, where
+  ``<name>`` is the sortable name squashed to lower-case letters of any script (``doejane``,
+  ``núñezjosé``); a re-upload's file ends ``-1``, ``-2``. Canvas's "Re-upload submissions"
+  reads the first two all-digit parts of a name as user and attachment id.
+* Blackboard Learn, "Download assignment": ``<Assignment>_<user name>_attempt_<YYYY-MM-DD-
+  HH-MM-SS>_<file>`` plus a receipt ``<Assignment>_<user name>_attempt_<time>.txt`` per
+  attempt; both names may hold ``_``: the roster's ``lms_id`` (the user name) tells them apart.
 * Google Classroom: an assignment's Drive folder downloaded as a zip. Files students upload keep
   their own names; Classroom's "Make a copy for each student" names copies ``Student Name -
-  <title>``. The kit expects ``Student Name - <anything>.ipynb`` and also accepts
-  ``<anything> - Student Name.ipynb`` (the side that names a roster student wins).
+  <title>``. The kit expects ``Student Name - <anything>`` and also accepts ``<anything> -
+  Student Name``.
+
+Identity and time come only from what the LMS wrote, never from a name a student chose: the
+LMS's part of an entry is its first part (Moodle's folder or prefix; Canvas's first
+``_<user>_<attachment>_``; Blackboard's first ``_attempt_<time>``), and a student's upload is
+named after it, so an upload named like another student's entry stays the uploader's. Google
+Classroom's download says nothing about who uploaded a file: two files naming one student
+place neither (reported as ambiguous).
 
 Blackboard names carry the submission time; the others do not, so for them the time is the
 archive entry's modification time (when the LMS wrote the file: Moodle and Canvas stamp each
@@ -77,13 +85,17 @@ __all__ = [
     "Roster",
     "Student",
     "collect",
+    "collected_files",
+    "course_roster",
     "lms_record",
     "read_timestamp",
+    "save_roster",
 ]
 
 ARCHIVE_EXTS = (".zip", ".gz", ".tgz", ".tar", ".bz2", ".xz", ".7z", ".rar")
 TIMESTAMP = "timestamp.txt"
 LMS_DIR = "lms"
+ROSTER = "roster.csv"
 
 
 @dataclass(frozen=True)
@@ -108,30 +120,44 @@ class LmsFormat:
     receipt: str = ""
 
 
+#: A Blackboard attempt's own part of a name: the first ``_attempt_<time>`` in it.
+_BB_TIME = r"\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d"
+_BB_OUTER = rf"(?P<outer>(?:(?!_attempt_{_BB_TIME})[^/])+)"
+
 FORMATS: dict[str, LmsFormat] = {
+    # Moodle replaces "_" in the full name by " " (downloader.php), so the first "_<digits>_"
+    # ends the name; the prefix is the archive entry's first part (the folder, or the flat
+    # file's own prefix): what a student names a file inside their folder never counts.
     "moodle": LmsFormat(
         "moodle",
-        r"^(?:.*/)?(?P<prefix>(?P<student_id>[^/]+?)_(?P<lms_id>\d+)_assignsubmission_"
-        r"(?P<plugin>file|onlinetext)_)(?:/(?:.*/)?)?(?P<file_id>[^/]+)$",
-        "Jane Doe_123456_assignsubmission_file_01_positional_encoding.ipynb",
+        r"^(?P<prefix>(?P<student_id>[^_/]+)_(?P<lms_id>\d+)_assignsubmission_"
+        r"(?P<plugin>[a-z]+))(?:_?/(?:[^/]+/)*|_)(?P<file_id>[^/]+)$",
+        "Jane Doe_123456_assignsubmission_file/01_positional_encoding.ipynb",
     ),
+    # Canvas: the squashed sortable name keeps Unicode letters; the first
+    # "[_late]_<user id>_<attachment id>_" ends the LMS's part. Canvas downloads are flat.
     "canvas": LmsFormat(
         "canvas",
-        r"^(?:.*/)?(?P<prefix>(?P<student_id>[a-z0-9]+)_(?:(?P<late>late)_)?(?P<lms_id>\d+)_"
+        r"^(?P<prefix>(?P<student_id>[^/]*?)(?:_(?P<late>(?i:late)))?_(?P<lms_id>\d+)_"
         r"(?P<attachment>\d+)_)(?P<file_id>[^/]+)$",
         "doejane_late_123456_7890123_01_positional_encoding.ipynb",
     ),
+    # Blackboard: "<assignment>_<user name>" before the first "_attempt_<time>"; both may
+    # hold "_", so the user name is told apart by the roster (or the assignment name all
+    # entries share). A student's file named like an attempt comes after it and never counts.
     "blackboard": LmsFormat(
         "blackboard",
-        r"^(?:.*/)?(?P<prefix>(?P<assignment>[^/]+)_(?P<student_id>[^_/]+)_attempt_"
-        r"(?P<timestamp>\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)_)(?P<file_id>[^/]+)$",
+        rf"^(?P<prefix>{_BB_OUTER}_attempt_(?P<timestamp>{_BB_TIME})_)(?P<file_id>[^/]+)$",
         "Lab 1_jdoe_attempt_2026-10-02-14-30-00_01_positional_encoding.ipynb",
         time_format="%Y-%m-%d-%H-%M-%S",
-        receipt=r"^(?:.*/)?[^/]+_[^_/]+_attempt_\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d\.txt$",
+        receipt=rf"^{_BB_OUTER}_attempt_{_BB_TIME}\.txt$",
     ),
+    # Google Classroom's Drive download carries no owner: "Student Name - <title>" is all
+    # there is (Classroom's own copies are named so, but a student chooses an upload's name),
+    # so a student named by two files gets neither, and the report says so.
     "classroom": LmsFormat(
         "classroom",
-        r"^(?:.*/)?(?P<student_id>[^/]+?) - (?P<other>[^/]+?)(?P<file_id>\.ipynb)$",
+        r"^(?:.*/)?(?P<student_id>[^/]+?) - (?P<other>[^/]+?)(?P<file_id>\.[^./]+)?$",
         "Jane Doe - 01_positional_encoding.ipynb",
     ),
 }
@@ -152,19 +178,31 @@ class LmsExtractor(ExtractorPlugin):
     """nbgrader's extractor that opens only the LMS's own archive, never one inside it.
 
     A student's zip inside the download is copied as a file (and then reported), because its
-    contents were not handed in through the LMS's naming and cannot be attributed safely.
+    contents were not handed in through the LMS's naming and cannot be attributed safely. A
+    symbolic link in an unpacked folder is never followed (it could point at another student's
+    file, or anywhere on the instructor's machine): it is listed in ``links`` and reported.
     """
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.links: list[str] = []
+
     def extract(self, archive_path: str, extracted_path: str) -> None:
-        for root, _, files in os.walk(archive_path):
+        for root, dirs, files in os.walk(archive_path):
             target = Path(extracted_path) / Path(root).relative_to(archive_path)
             target.mkdir(parents=True, exist_ok=True)
+            for name in [*files, *dirs]:
+                source = os.path.join(root, name)
+                if os.path.islink(source) and not (
+                    root == archive_path and name.endswith(tuple(self.zip_ext))
+                ):
+                    self.links.append(Path(source).relative_to(archive_path).as_posix())
             for name in files:
                 source = os.path.join(root, name)
                 if root == archive_path and name.endswith(tuple(self.zip_ext)):
                     unzip(source, str(target), zip_ext=self.zip_ext, tree=False)
-                else:
-                    shutil.copy(source, target / name)
+                elif not os.path.islink(source):
+                    shutil.copy(source, target / name, follow_symlinks=False)
 
 
 # --------------------------------------------------------------------------------------
@@ -180,7 +218,8 @@ def _norm(text: str) -> str:
 
 
 def _squash(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", _norm(text))
+    """Letters and digits only, any script (Canvas keeps ``ñ``, ``张``): ``doejane``."""
+    return re.sub(r"[\W_]", "", _norm(text))
 
 
 @dataclass(frozen=True)
@@ -241,16 +280,32 @@ class Roster:
 
     def find(self, *, lms_id: str = "", names: tuple[str, ...] = ()) -> Student | None:
         """The one student with this LMS id, else named so; ``None`` if none or several."""
-        candidates = self._keys.get(f"lms:{lms_id}", []) if lms_id else []
+        return self.match(lms_id=lms_id, names=names)[0]
+
+    def match(self, *, lms_id: str = "", names: tuple[str, ...] = ()) -> tuple[Student | None, str]:
+        """The student with this LMS id, else the one named so; else ``None`` and why.
+
+        The LMS's own id decides first; a name decides only when one roster student has it.
+        """
+        if lms_id and (by_id := self._unique(self._keys.get(f"lms:{lms_id}", []))):
+            return by_id[0], ""
         for name in names:
-            if candidates:
-                break
-            for key in (name.casefold(), _norm(name), _squash(name)):
-                if self._keys.get(key):
-                    candidates = self._keys[key]
-                    break
-        unique = list({s.id: s for s in candidates}.values())
-        return unique[0] if len(unique) == 1 else None
+            for key in dict.fromkeys((name.casefold(), _norm(name), _squash(name))):
+                found = self._unique(self._keys.get(key, []))
+                if len(found) == 1:
+                    return found[0], ""
+                if found:
+                    ids = ", ".join(s.id for s in found)
+                    return None, (
+                        f"ambiguous: {len(found)} roster students are called {name!r} ({ids}): "
+                        "add their lms_id to the roster"
+                    )
+        said = " / ".join(repr(n) for n in names) + (f" (LMS id {lms_id})" if lms_id else "")
+        return None, f"unknown student: {said} is not in the roster (add them, or their lms_id)"
+
+    @staticmethod
+    def _unique(students: list[Student]) -> list[Student]:
+        return list({s.id: s for s in students}.values())
 
 
 def _slug(name: str) -> str:
@@ -277,11 +332,15 @@ class Placed:
         submitted: submission time, ISO 8601 in UTC (empty when unknown).
         time_source: ``file name``, ``archive entry`` or ``file mtime``.
         late: the LMS marked it late (Canvas).
+        kind: what happened, in a few words (``placed``, ``not a notebook``, ``wrong lab``,
+            ``unknown student``, ``ambiguous``, ``older attempt``, ``receipt``, ...): the
+            report's and the exports' status for a student whose file was not graded.
     """
 
     file: str
     action: str = "skipped"
     reason: str = ""
+    kind: str = ""
     student: str = ""
     lms_id: str = ""
     full_name: str = ""
@@ -290,6 +349,11 @@ class Placed:
     submitted: str = ""
     time_source: str = ""
     late: bool = False
+
+    def skip(self, kind: str, reason: str) -> str:
+        """Mark the file as not placed, for ``reason``; return the reason."""
+        self.action, self.kind, self.reason = "skipped", kind, reason
+        return reason
 
 
 @dataclass
@@ -308,17 +372,22 @@ class CollectReport:
 
     @property
     def skipped(self) -> list[Placed]:
+        """Files not placed (the LMS's own receipts are not submissions: not counted)."""
         return [f for f in self.files if f.action == "skipped"]
 
     def table(self) -> str:
         """One line per file: what happened and why."""
         lines = [f"{self.lms} archive {self.archive} -> lab {self.lab}"]
         for f in self.files:
-            who = f.student or "?"
+            who = f"{f.student} ({f.full_name})" if f.student and f.full_name else f.student or "?"
             when = f" at {f.submitted}" if f.submitted and f.action != "skipped" else ""
-            line = f"  {f.action:<9} {who:<14} {f.file}{when}"
+            line = f"  {f.action:<9} {who:<24} {f.file}{when}"
             lines.append(line + (f"\n            {f.reason}" if f.reason else ""))
-        lines.append(f"{len(self.placed)} placed, {len(self.skipped)} not placed")
+        receipts = sum(f.action == "receipt" for f in self.files)
+        lines.append(
+            f"{len(self.placed)} placed, {len(self.skipped)} not placed"
+            + (f", {receipts} Blackboard receipt(s) read for nothing" if receipts else "")
+        )
         return "\n".join(lines)
 
 
@@ -353,9 +422,15 @@ def _which_lab(path: Path, lab: str, releases: dict[str, Any]) -> tuple[str, str
     best = max(shared, key=lambda name: (shared[name], name == lab))
     if shared[best] > 0:
         return ("ok", "") if best == lab else ("other", best)
-    if repair_notebook(notebook, releases[lab]).ok:
-        return "ok", ""
-    return "unknown", ""
+    # No cell id survived: the lab whose graded cells the grader's own matching finds most of.
+    found = {}
+    for name, release in releases.items():
+        result = repair_notebook(notebook, release)
+        found[name] = result.matched / max(result.expected, 1) if result.ok else 0.0
+    best = max(found, key=lambda name: (found[name], name == lab))
+    if found[best] == 0.0:
+        return "unknown", ""
+    return ("ok", "") if best == lab else ("other", best)
 
 
 def _entry_times(archive: Path, zone: ZoneInfo) -> dict[str, dt.datetime]:
@@ -391,27 +466,96 @@ def _sha(path: Path) -> str:
 
 
 def _identify(
-    item: Placed, groups: dict[str, str], fmt: LmsFormat, roster: Roster | None
+    item: Placed,
+    groups: dict[str, str],
+    fmt: LmsFormat,
+    roster: Roster | None,
+    assignment: str = "",
 ) -> str | None:
-    """Fill in who ``item`` belongs to; return why it cannot be placed, or ``None``."""
-    name = groups.get("student_id", "")
-    other = groups.get("other", "")
+    """Fill in who ``item`` belongs to from what the LMS wrote; return why not, or ``None``.
+
+    Args:
+        assignment: Blackboard only: the assignment name every entry of the download starts
+            with (tells ``<assignment>_<user name>`` apart when both hold ``_``).
+    """
     item.lms_id = groups.get("lms_id", "") or ""
     item.prefix = groups.get("prefix", "") or ""
     item.late = bool(groups.get("late"))
+    if fmt.name == "blackboard":
+        return _identify_blackboard(item, groups["outer"], roster, assignment)
+    name = groups.get("student_id", "")
     if roster is None:
         item.student, item.full_name = _slug(name), name
         return None
-    found = roster.find(lms_id=item.lms_id, names=(name,))
-    if found is None and fmt.name == "classroom" and other:
-        found = roster.find(names=(other,))
+    found, why = roster.match(lms_id=item.lms_id, names=(name,))
+    if fmt.name == "classroom" and groups.get("other"):
+        # "<title> - Student Name" is accepted too; a file naming two students is neither's.
+        other, _ = roster.match(names=(groups["other"],))
+        if found is not None and other is not None and other.id != found.id:
+            ids = f"{found.id} and {other.id}"
+            return item.skip("ambiguous", f"ambiguous: the name names two students ({ids})")
+        found = found or other
     if found is None:
-        said = f"{name!r}" + (f" (LMS id {item.lms_id})" if item.lms_id else "")
-        return f"unknown student: {said} is not in the roster (add them, or their lms_id)"
+        kind = "ambiguous" if why.startswith("ambiguous") else "unknown student"
+        return item.skip(kind, why)
+    _fill(item, found)
+    return None
+
+
+def _fill(item: Placed, found: Student) -> None:
     item.student, item.full_name, item.email = found.id, found.full_name, found.email
     if not item.lms_id and found.lms_id:
         item.lms_id = found.lms_id
-    return None
+
+
+def _identify_blackboard(
+    item: Placed, outer: str, roster: Roster | None, assignment: str
+) -> str | None:
+    """``<assignment>_<user name>``: the user name is the roster's ``lms_id`` (or id, e-mail)."""
+    splits = [outer[i + 1 :] for i, c in enumerate(outer) if c == "_"]
+    if not splits:
+        return item.skip("misnamed", f"no user name in Blackboard's {outer!r}")
+    shared = outer[len(assignment) + 1 :] if outer.startswith(assignment + "_") else ""
+    if roster is None:
+        user = shared or splits[-1]
+        item.student, item.full_name, item.lms_id = _slug(user), user, user
+        return None
+    found: dict[str, tuple[Student, str]] = {}
+    for user in splits:
+        student, _ = roster.match(lms_id=user, names=(user,))
+        if student is not None:
+            found.setdefault(student.id, (student, user))
+    if len(found) > 1:
+        # Several readings name roster students: the one after the shared assignment name.
+        found = {k: v for k, v in found.items() if v[1] == shared}
+        if len(found) != 1:
+            return item.skip(
+                "ambiguous",
+                f"ambiguous: Blackboard's {outer!r} could name several roster students: add "
+                "their lms_id (Blackboard user name) to the roster",
+            )
+    if found:
+        student, user = next(iter(found.values()))
+        _fill(item, student)
+        item.lms_id = user
+        return None
+    return item.skip(
+        "unknown student",
+        f"unknown student: no roster student has a user name in Blackboard's {outer!r} "
+        "(add them, or their lms_id: the Blackboard user name)",
+    )
+
+
+def _blackboard_assignment(rels: list[str], fmt: LmsFormat) -> str:
+    """The assignment name every Blackboard entry starts with (the longest shared ``..._``)."""
+    if fmt.name != "blackboard":
+        return ""
+    outers = [m.group("outer") for r in rels if (m := re.match(fmt.named_regexp, r))]
+    outers += [m.group("outer") for r in rels if (m := re.match(fmt.receipt, r))]
+    if len(set(outers)) < 2:
+        return ""
+    common = os.path.commonprefix(outers)  # noqa: RUF071 (names, not paths)
+    return common[: common.rfind("_")] if "_" in common else ""
 
 
 def collect(
@@ -480,28 +624,36 @@ def collect(
         for name in sorted(n for n in times if not (extracted / n).is_file()):
             if not name.endswith("/") and not (extracted / name).is_dir():
                 reason = "an unsafe path (absolute or with ..) in the archive: not extracted"
-                report.files.append(Placed(name, reason=reason))
+                report.files.append(Placed(name, action="skipped", reason=reason, kind="unsafe"))
+        for link in extractor.links:
+            reason = "a symbolic link: not followed (hand in the file itself)"
+            report.files.append(Placed(link, action="skipped", reason=reason, kind="link"))
+        paths = sorted(p for p in extracted.rglob("*") if p.is_file() and not p.is_symlink())
+        rels = [p.relative_to(extracted).as_posix() for p in paths]
+        assignment = _blackboard_assignment(rels, fmt)
         candidates: dict[str, list[tuple[Placed, Path, dt.datetime | None]]] = {}
-        for path in sorted(p for p in extracted.rglob("*") if p.is_file()):
-            rel = path.relative_to(extracted).as_posix()
+        for path, rel in zip(paths, rels, strict=True):
             item = Placed(rel)
             report.files.append(item)
             when = _submission_time(rel, path, source, fmt, times, zone, item)
-            reason = _screen(rel, fmt, collector, item, roster)
-            if reason is None:
-                kind, detail = _which_lab(path, lab, releases)
-                if kind == "other":
-                    reason = f"a notebook of lab {detail}, not of {lab}: collect it with --lab"
-                elif kind == "broken":
-                    item.reason = f"placed, but not a readable notebook ({detail})"
-                elif kind == "unknown":
-                    item.reason = "placed, but its graded cells match no lab's release"
-            if reason is not None:
-                item.reason = reason
+            if _screen(rel, fmt, collector, item, roster, assignment) is not None:
                 continue
+            kind, detail = _which_lab(path, lab, releases)
+            if kind == "other":
+                item.skip("wrong lab", f"a notebook of lab {detail}, not of {lab}: collect it "
+                          "with --lab")  # fmt: skip
+                continue
+            if kind == "broken":
+                item.kind, item.reason = (
+                    "unreadable",
+                    f"placed, but not a readable notebook ({detail})",
+                )
+            elif kind == "unknown":
+                item.kind = "unmatched"
+                item.reason = "placed, but its graded cells match no lab's release"
             candidates.setdefault(item.student, []).append((item, path, when))
         for _student, found in candidates.items():
-            chosen = _choose(found, lab)
+            chosen = _choose(found, lab, by_name_only=fmt.name == "classroom")
             if chosen is not None:
                 _place(course, lab, *chosen, report=report)
     report.record = _write_record(course, report)
@@ -537,51 +689,74 @@ def _submission_time(
 
 
 def _screen(
-    rel: str, fmt: LmsFormat, collector: LmsCollector, item: Placed, roster: Roster | None
+    rel: str,
+    fmt: LmsFormat,
+    collector: LmsCollector,
+    item: Placed,
+    roster: Roster | None,
+    assignment: str = "",
 ) -> str | None:
     """Why the file at ``rel`` cannot be placed (``None``: it can, and ``item`` knows whose)."""
     name = Path(rel).name
     if fmt.receipt and re.match(fmt.receipt, rel):
-        return "a Blackboard submission receipt, not a submission (its time is in its name)"
+        item.action, item.kind = "receipt", "receipt"
+        item.reason = "Blackboard's submission receipt: read for nothing, not a submission"
+        return item.reason
     groups = collector.collect(rel)
     if groups is not None:
-        reason = _identify(item, groups, fmt, roster)
+        reason = _identify(item, groups, fmt, roster, assignment)
         if reason is not None:
             return reason
     if name.lower().endswith(ARCHIVE_EXTS):
-        return "an archive inside the archive: not opened; ask the student for the notebook"
+        return item.skip(
+            "archive", "an archive inside the archive: not opened; ask the student for the notebook"
+        )
     if groups is None:
-        return f"the name does not follow {fmt.name}'s download naming (e.g. {fmt.example!r})"
+        return item.skip(
+            "misnamed",
+            f"the name does not follow {fmt.name}'s download naming (e.g. {fmt.example!r})",
+        )
     if not name.lower().endswith(".ipynb"):
-        return f"not a notebook ({Path(name).suffix or 'no extension'}): only .ipynb is graded"
+        suffix = Path(name).suffix or "no extension"
+        return item.skip("not a notebook", f"not a notebook ({suffix}): only .ipynb is graded")
     return None
 
 
 def _choose(
-    found: list[tuple[Placed, Path, dt.datetime | None]], lab: str
+    found: list[tuple[Placed, Path, dt.datetime | None]], lab: str, *, by_name_only: bool = False
 ) -> tuple[Placed, Path, dt.datetime | None] | None:
     """One student's notebook to place: the newest, as ``zip_collect`` keeps the newest.
 
     Without distinct times (two files handed in together) nothing is placed: the grader
-    cannot know which one the student meant.
+    cannot know which one the student meant. Where the LMS names files by nothing but a name
+    anyone can type (``by_name_only``: Google Classroom), two files naming one student are
+    both left out: either may be another student's upload named after them.
     """
     if len(found) == 1:
         return found[0]
+    names = ", ".join(item.file for item, _, _ in found)
     times = [when for _, _, when in found]
-    if None in times or len(set(times)) < len(times):
-        names = ", ".join(item.file for item, _, _ in found)
+    if by_name_only or None in times or len(set(times)) < len(times):
+        why = (
+            "the download does not say who uploaded which"
+            if by_name_only
+            else "no submission times to choose by"
+        )
+        count = "two" if len(found) == 2 else str(len(found))
         for item, _, _ in found:
-            item.reason = (
-                f"two notebooks for {lab} from one student ({names}) and no submission times "
-                "to choose by: none placed; keep one and collect again"
+            item.skip(
+                "ambiguous",
+                f"ambiguous: {count} notebooks for {lab} from one student ({names}) and {why}: "
+                "none placed; keep one and collect again",
             )
         return None
     ordered = sorted(found, key=lambda one: one[2])
     newest = ordered[-1]
     for item, _, when in ordered[:-1]:
-        item.reason = (
+        item.skip(
+            "older attempt",
             f"an older attempt ({when.isoformat()}): the newest ({newest[0].file}) was placed, "
-            "as nbgrader's zip_collect keeps the newest"
+            "as nbgrader's zip_collect keeps the newest",
         )
     return newest
 
@@ -601,7 +776,7 @@ def _place(
     existing = sorted(folder.glob("*.ipynb")) if folder.is_dir() else []
     if existing:
         if any(_sha(p) == _sha(path) for p in existing):
-            item.action = "unchanged"
+            item.action, item.kind = "unchanged", item.kind or "placed"
             item.reason = (item.reason + "; " if item.reason else "") + "already collected"
             return
         before = read_timestamp(folder)
@@ -612,7 +787,7 @@ def _place(
                 + (f" and this one is from {when.isoformat()}" if when else "")
                 + ": kept the one there (nbgrader keeps the newest); move it away to replace it"
             )
-            item.action = "skipped"
+            item.action, item.kind = "skipped", "kept existing"
             return
         stamp = before.strftime("%Y%m%dT%H%M%SZ")
         aside = course / LMS_DIR / "superseded" / item.student / lab / stamp
@@ -620,12 +795,12 @@ def _place(
         for old in folder.iterdir():
             if old.is_file():
                 shutil.move(str(old), aside / old.name)
-        item.action = "replaced"
+        item.action, item.kind = "replaced", item.kind or "placed"
         item.reason = (
             item.reason + "; " if item.reason else ""
         ) + f"the older one moved to {aside}"
     else:
-        item.action = "placed"
+        item.action, item.kind = "placed", item.kind or "placed"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(path, target)
     if when is not None:
@@ -670,3 +845,42 @@ def lms_record(course: Path, lms: str, lab: str) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return {}
     return dict(json.loads(path.read_text()).get("students", {}))
+
+
+def save_roster(course: Path, roster_csv: Path) -> Path:
+    """Keep the roster as ``COURSE/lms/roster.csv``: grading, the report and the exports then
+    list every enrolled student, also those who handed in nothing."""
+    target = Path(course).resolve() / LMS_DIR / ROSTER
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if Path(roster_csv).resolve() != target.resolve():
+        shutil.copyfile(roster_csv, target)
+    return target
+
+
+def course_roster(course: Path, roster: Roster | None = None) -> Roster | None:
+    """``roster`` if given, else the one ``collect --roster`` kept in the course, else ``None``."""
+    if roster is not None:
+        return roster
+    path = Path(course) / LMS_DIR / ROSTER
+    return Roster.read(path) if path.is_file() else None
+
+
+def collected_files(course: Path) -> list[dict[str, Any]]:
+    """Every file of the latest collection of each archive, with its ``lms`` and ``lab``.
+
+    What ``collect`` did with each (``action``, ``kind``, ``reason``, ``student``): the
+    report, ``grades.csv`` and the exports show the files that were not placed from it.
+    """
+    files: list[dict[str, Any]] = []
+    for path in sorted((Path(course) / LMS_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        latest: dict[str, dict[str, Any]] = {}
+        for run in data.get("runs", []):
+            latest[str(run.get("archive"))] = run
+        for run in latest.values():
+            for item in run.get("files", []):
+                files.append({**item, "lms": data.get("lms", ""), "lab": data.get("lab", "")})
+    return files

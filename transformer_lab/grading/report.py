@@ -10,9 +10,14 @@ external asset: it opens offline and can be mailed) and the same tables as CSV:
   diagonal: 14 of 61 students"), each linked to those students' feedback pages; the names come
   from the checks' verdicts (``SubmissionResult.verdicts``, :mod:`~transformer_lab.grading.
   results`); records without verdicts contribute per-cell scores only;
-* ``attention.csv``: flagged, incomplete, crashed, unmatched and failed submissions with
+* ``attention.csv``: flagged, incomplete, crashed, unmatched and failed submissions, and
+  students whose files ``collect`` could not place (not a notebook, wrong lab, ...), with
   their reasons;
+* ``not_placed.csv``: files ``collect`` found no student for (unknown, ambiguous, misnamed);
 * ``progress.csv``: each student's score per lab (fraction of the maximum), figure: a heat map.
+
+Every student of the roster (``--roster``, or the one ``collect`` kept) is in it, with their
+name beside their id, also those who handed in nothing.
 """
 
 from __future__ import annotations
@@ -28,17 +33,19 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from transformer_lab.grading.results import Outcome, course_outcomes
+from transformer_lab.grading.lms import Roster
+from transformer_lab.grading.results import Outcome, course_outcomes, neutralise, unplaced_files
 
 __all__ = ["write_report"]
 
 ATTENTION = ("flagged", "incomplete", "crashed", "unmatched", "failed")
 CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:70em;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
-text-align:left;vertical-align:top}th{background:#f2f2f2}td.n{text-align:right}
+body{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:74em;color:#222}
+table{border-collapse:collapse;margin:1em 0;max-width:100%;font-size:.9em}
+td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;
+overflow-wrap:break-word}th{background:#f2f2f2}td.n{text-align:right;white-space:nowrap}
 h2{border-bottom:2px solid #ddd;margin-top:2em}img{max-width:100%}.muted{color:#777}
-.flagged{color:#a00}.incomplete,.crashed{color:#a60}.missing{color:#999}
+.flagged,.lost{color:#a00}.incomplete,.crashed{color:#a60}.missing{color:#999}
 """
 
 
@@ -53,8 +60,25 @@ def _png(fig: Any) -> str:
     return f'<img alt="figure" src="data:image/png;base64,{data}">'
 
 
+def _auto(o: Outcome) -> tuple[float, float]:
+    """Autograded points and their maximum (the written answers, graded by hand, apart)."""
+    return o.score - o.manual_score, o.max_score - o.manual_max
+
+
 def _fraction(o: Outcome) -> float | None:
-    return o.score / o.max_score if o.max_score and o.status != "missing" else None
+    """The autograded fraction: written answers not graded yet do not lower it."""
+    score, top = _auto(o)
+    return score / top if top and o.status != "missing" else None
+
+
+def _points(o: Outcome) -> str:
+    """``12/12 + 3/6 written (1 to grade)``: autograded and manual points apart."""
+    score, top = _auto(o)
+    text = f"{score:g}/{top:g}"
+    if o.manual_max:
+        text += f" + {o.manual_score:g}/{o.manual_max:g} written"
+        text += f" ({o.needs_manual} to grade)" if o.needs_manual else ""
+    return text
 
 
 def _distribution_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
@@ -63,6 +87,7 @@ def _distribution_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         mine = [o for o in outcomes if o.lab == lab]
         handed = [o for o in mine if o.status != "missing"]
         scores = [o.score for o in handed]
+        auto = [_auto(o)[0] for o in handed]
         row: dict[str, Any] = {
             "lab": lab,
             "students": len(mine),
@@ -70,9 +95,13 @@ def _distribution_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             "max_score": max((o.max_score for o in mine), default=0.0),
             "mean": round(statistics.fmean(scores), 2) if scores else "",
             "median": round(statistics.median(scores), 2) if scores else "",
+            "auto_max": max((_auto(o)[1] for o in mine), default=0.0),
+            "auto_mean": round(statistics.fmean(auto), 2) if auto else "",
+            "written_max": max((o.manual_max for o in mine), default=0.0),
         }
         for status in ("graded", *ATTENTION, "missing"):
             row[status] = sum(o.status == status for o in mine)
+        row["not placed"] = sum(o.status not in ("graded", *ATTENTION, "missing") for o in mine)
         row["written_answers_ungraded"] = sum(o.needs_manual > 0 for o in handed)
         rows.append(row)
     return rows
@@ -140,12 +169,13 @@ def _attention_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         {
             "lab": o.lab,
             "student": o.student,
+            "name": o.name,
             "status": o.status,
             "reasons": " | ".join(o.reasons) or "-",
             "outcome": o,
         }
         for o in outcomes
-        if o.status in ATTENTION
+        if o.status not in ("graded", "missing")
     ]
 
 
@@ -156,7 +186,9 @@ def _progress_rows(outcomes: list[Outcome]) -> tuple[list[str], list[dict[str, A
         frac = _fraction(o)
         table[o.student][o.lab] = "" if frac is None else round(frac, 3)
         table[o.student][f"{o.lab} status"] = o.status
-    rows = [{"student": s, **table[s]} for s in sorted(table)]
+        table[o.student][f"{o.lab} points"] = _points(o) if frac is not None else ""
+    names = {o.student: o.name for o in outcomes}
+    rows = [{"student": s, "name": names.get(s, ""), **table[s]} for s in sorted(table)]
     return labs, rows
 
 
@@ -171,7 +203,7 @@ def _histograms(outcomes: list[Outcome], labs: list[str]) -> str:
         fracs = [f for o in outcomes if o.lab == lab and (f := _fraction(o)) is not None]
         ax.hist([100 * f for f in fracs], bins=10, range=(0, 100), color="#4c72b0")
         ax.set_title(lab, fontsize=9)
-        ax.set_xlabel("% of the maximum", fontsize=8)
+        ax.set_xlabel("% of the autograded maximum", fontsize=8)
         ax.set_ylabel("students", fontsize=8)
     return _png(fig)
 
@@ -200,8 +232,33 @@ def _progress_chart(labs: list[str], rows: list[dict[str, Any]]) -> str:
     image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1)
     ax.set_xticks(range(len(labs)), [lab[:2] for lab in labs], fontsize=8)
     ax.set_yticks(range(len(rows)), [r["student"] for r in rows], fontsize=7)
-    fig.colorbar(image, ax=ax, label="fraction of the maximum (blank: nothing handed in)")
+    fig.colorbar(image, ax=ax, label="autograded fraction (blank: nothing graded)")
     return _png(fig)
+
+
+def _head_count(outcomes: list[Outcome], lost: list[dict[str, Any]]) -> str:
+    """``20 students, 3 of them handed in nothing for some lab, 2 files placed for nobody``."""
+    students = {o.student for o in outcomes}
+    nothing = {o.student for o in outcomes if o.status == "missing"}
+    return (
+        f"{len(students)} students ({len(nothing)} handed in nothing for some lab), "
+        f"{len(lost)} file(s) placed for no student"
+    )
+
+
+def _progress_cell(labs: list[str]) -> Any:
+    """A lab's cell: the fraction, or the status where nothing was graded."""
+
+    def cell(row: dict[str, Any], column: str) -> str | None:
+        if column in labs and row.get(column, "") == "":
+            status = str(row.get(f"{column} status", ""))
+            shown = "nothing handed in" if status == "missing" else status
+            return f'<td class="missing">{html.escape(shown)}</td>'
+        if column in labs:
+            return f"<td>{html.escape(str(row.get(f'{column} points', '')))}</td>"
+        return None
+
+    return cell
 
 
 def _link(o: Outcome, page: Path) -> str:
@@ -213,7 +270,8 @@ def _link(o: Outcome, page: Path) -> str:
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str], cell: Any = None) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    # Long ids break after "_" (01_<wbr>positional_<wbr>encoding), so tables fit a laptop.
+    head = "".join(f"<th>{_breakable(c)}</th>" for c in columns)
     body = []
     for row in rows:
         tds = []
@@ -222,17 +280,22 @@ def _table(rows: list[dict[str, Any]], columns: list[str], cell: Any = None) -> 
             if shown is None:
                 value = row.get(c, "")
                 klass = ' class="n"' if isinstance(value, int | float) else ""
-                shown = f"<td{klass}>{html.escape(str(value))}</td>"
+                shown = f"<td{klass}>{_breakable(str(value))}</td>"
             tds.append(shown)
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _breakable(text: str) -> str:
+    """``text`` escaped, with a line-break opportunity after each ``_``."""
+    return html.escape(text).replace("_", "_<wbr>")
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore", restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: neutralise(v) for k, v in row.items() if k in columns} for row in rows)
 
 
 def write_report(
@@ -240,6 +303,7 @@ def write_report(
     labs: list[str] | None = None,
     out: Path | None = None,
     deadlines: dict[str, dt.datetime] | None = None,
+    roster: Roster | None = None,
 ) -> list[Path]:
     """Write ``index.html`` and the CSV tables into ``out`` (default ``COURSE/report``).
 
@@ -253,7 +317,8 @@ def write_report(
     out = Path(out).resolve() if out else course / "report"
     out.mkdir(parents=True, exist_ok=True)
     page = out / "index.html"
-    outcomes = course_outcomes(course, labs, deadlines)
+    outcomes = course_outcomes(course, labs, deadlines, roster=roster)
+    lost = unplaced_files(course, sorted({o.lab for o in outcomes}))
     dist = _distribution_rows(outcomes)
     cells = _cell_rows(outcomes)
     mistakes = _mistake_rows(outcomes)
@@ -267,21 +332,33 @@ def write_report(
         "max_score",
         "mean",
         "median",
+        "auto_max",
+        "auto_mean",
+        "written_max",
         "graded",
         *ATTENTION,
         "missing",
+        "not placed",
         "written_answers_ungraded",
     ]
     cell_cols = ["lab", "test_cell", "max_score", "students", "mean", "full_marks", "zero"]
     mistake_cols = ["lab", "mistake", "students", "of", "test_cells", "message", "student_ids"]
-    attention_cols = ["lab", "student", "status", "reasons"]
-    progress_cols = ["student", *lab_names, *(f"{lab} status" for lab in lab_names)]
+    attention_cols = ["lab", "student", "name", "status", "reasons"]
+    lost_cols = ["lab", "lms", "file", "lms_id", "kind", "reason"]
+    progress_cols = [
+        "student",
+        "name",
+        *lab_names,
+        *(f"{lab} status" for lab in lab_names),
+        *(f"{lab} points" for lab in lab_names),
+    ]
     files = [page]
     for name, rows, cols in (
         ("scores.csv", dist, dist_cols),
         ("cells.csv", cells, cell_cols),
         ("mistakes.csv", mistakes, mistake_cols),
         ("attention.csv", attention, attention_cols),
+        ("not_placed.csv", lost, lost_cols),
         ("progress.csv", progress, progress_cols),
     ):
         _write_csv(out / name, rows, cols)
@@ -299,7 +376,8 @@ def write_report(
         if column == "student":
             return f"<td>{_link(row['outcome'], page)}</td>"
         if column == "status":
-            return f'<td class="{row["status"]}">{html.escape(row["status"])}</td>'
+            klass = row["status"] if row["status"] in (*ATTENTION, "missing") else "lost"
+            return f'<td class="{klass}">{html.escape(row["status"])}</td>'
         return None
 
     without_verdicts = not any(
@@ -309,10 +387,14 @@ def write_report(
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>Class report: {html.escape(course.name)}</title><style>{CSS}</style></head><body>",
         f"<h1>Class report: {html.escape(course.name)}</h1>",
-        f"<p class='muted'>{len({o.student for o in outcomes})} students, labs "
+        f"<p class='muted'>{_head_count(outcomes, lost)}, labs "
         f"{', '.join(html.escape(lab) for lab in lab_names)}. Tables as CSV beside this page.</p>",
         "<h2>Score distribution per lab</h2>",
-        _table(dist, dist_cols),
+        # Two tables (one CSV): points, then what happened to the submissions.
+        _table(
+            dist, [c for c in dist_cols if c not in ("graded", *ATTENTION, "missing", "not placed")]
+        ),
+        _table(dist, ["lab", "graded", *ATTENTION, "missing", "not placed"]),
         _histograms(outcomes, lab_names) if lab_names else "",
         "<h2>What the class got wrong</h2>",
         "<p class='muted'>Named mistakes recognised by the checks; each name links to that "
@@ -327,9 +409,14 @@ def write_report(
         _cell_chart(cells) if cells else "",
         "<h2>Submissions to look at</h2>",
         _table(attention, attention_cols, attention_cell) if attention else "<p>None.</p>",
+        "<h2>Files no student could be found for</h2>",
+        _table(lost, lost_cols) if lost else "<p>None.</p>",
         "<h2>Each student's progress</h2>",
+        "<p class='muted'>Autograded points, then written answers graded by hand (and how many "
+        "are still to grade), per lab; the status where nothing was graded. The chart and "
+        "progress.csv give the autograded fraction.</p>",
         _progress_chart(lab_names, progress) if progress and lab_names else "",
-        _table(progress, ["student", *lab_names]),
+        _table(progress, ["student", "name", *lab_names], _progress_cell(lab_names)),
         "</body></html>",
     ]
     page.write_text("\n".join(parts), encoding="utf-8")
