@@ -228,6 +228,11 @@ def test_regrading_grades_only_what_changed(graded: dict, tmp_path: Path) -> Non
     assert changed.skipped == [f"s01/{LAB1}", f"s04/{LAB1}"]
     forced = grade_course(course, REPO, [LAB1], students=["s04"], force=True)
     assert [(r.student, r.status) for r in forced.results] == [("s04", "unmatched")]
+    # A course whose gradebook was deleted has nothing graded to keep: it is graded again.
+    (course / "gradebook.db").unlink()
+    lost = grade_course(course, REPO, [LAB1], students=["s04"])
+    assert [(r.student, r.status) for r in lost.results] == [("s04", "unmatched")]
+    assert lost.skipped == []
 
 
 def test_nothing_handed_in_was_modified(graded: dict) -> None:

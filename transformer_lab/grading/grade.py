@@ -988,8 +988,10 @@ def _write_csv(db_url: str, csv_path: Path, latest: dict[str, dict[str, Any]]) -
 
     # The whole class: roster students without a submission, files collect placed for nobody.
     more, rows = class_rows(csv_path.parent, rows)
+    # An empty export has none of nbgrader's name columns: the roster's names still get theirs.
+    columns = list(dict.fromkeys([*fields, *more, *(k for row in rows for k in row)]))
     with open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*fields, *more], restval="")
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows({k: neutralise(v) for k, v in row.items()} for row in rows)
     tmp.replace(csv_path)
@@ -1155,7 +1157,9 @@ def grade_course(
         )
         # Graded before from the same inputs: not graded again (nor its lab prepared).
         inputs_path = course / WORK / INPUTS
-        inputs = json.loads(inputs_path.read_text()) if inputs_path.is_file() else {}
+        # Without the gradebook (deleted, or a fresh copy of the course) nothing counts as graded.
+        known = inputs_path.is_file() and main_db.is_file()
+        inputs = json.loads(inputs_path.read_text()) if known else {}
         before = {k: r.get("status") for k, r in _read_latest(course).items()}
         kit = _kit_digest(repo)
         fresh = {
