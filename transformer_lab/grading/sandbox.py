@@ -65,8 +65,6 @@ from traitlets import Dict, Float, Unicode
 
 from transformer_lab.grading.course import BUDGET_S
 
-#: The longest reply the judge reads from the kernel (characters of wire text).
-MAX_REPLY_CHARS = 2**29
 #: Seconds the kernel has to leave its serving loop after a judged cell (then it is interrupted).
 END_SERVING_S = 10.0
 
@@ -555,8 +553,9 @@ class BudgetedExecute(Execute):
 def _reply_text(text: str) -> str:
     """The kernel's reply, bounded in size (what it means is the judge's to read)."""
     from transformer_lab.grading.judge import JudgeError
+    from transformer_lab.judge.wire import MAX_BYTES
 
-    if len(text) > MAX_REPLY_CHARS:
+    if len(text) > MAX_BYTES:
         raise JudgeError("your notebook's kernel answered the judge with too much data")
     return text
 
