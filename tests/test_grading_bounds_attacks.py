@@ -2,8 +2,8 @@
 
 One sandboxed run of lab 01, one submission at a time, the attacks first and the controls last:
 
-* ``a_slow``: every call the judge makes sleeps 3 s (the notebook's own calls do not), under
-  the 10 s cell timeout each, so a cell of 6 calls would take 18 s if the timeout were per
+* ``a_slow``: every call the judge makes sleeps 4 s (the notebook's own calls do not), under
+  the 15 s cell timeout each, so a cell of 6 calls would take 24 s if the timeout were per
   request: the judged cell's one deadline ends it, and only that answer's cells lose points;
 * ``a_deep``: the solution with its metadata lost and 20 cells of 8 KB before its first
   answer (160 KB: what made the repair's similarity quadratic): repaired and graded in full;
@@ -38,8 +38,8 @@ from transformer_lab.judge import wire
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
-TIMEOUT = 10  # seconds per cell: lab 01's slowest cell takes ~4 s on a loaded 2-core machine
-SLEEP = 3  # seconds each of a_slow's judged calls takes
+TIMEOUT = 15  # seconds per cell: lab 01's training cell takes over 10 s on a loaded machine
+SLEEP = 4  # seconds each of a_slow's judged calls takes
 MAX_BYTES = 16 * 2**20  # the wire's size bound in this run (256 MiB would cost the machine)
 pytestmark = pytest.mark.slow
 
