@@ -32,7 +32,11 @@ Layout of ``DIR`` (nbgrader's own, plus the grader's working folder)::
     DIR/.grading/                               package views, templates, workspaces
 
 ``--jobs N`` grades N submissions at once in separate processes (one CPU thread each); a term
-can also be split across machines and the gradebooks merged (:func:`merge_gradebooks`).
+can also be split across machines and the gradebooks merged (:func:`merge_gradebooks`). Each
+submission's grading runs in a child process of its own, under an address-space limit
+(``--grader-memory-gb``) and a deadline (the budget plus :data:`GRADER_SLACK_S`): a failure there
+(an exception, memory, time, a kill) is that submission's ``failed`` record, said in one line on
+standard error, and the batch goes on (:mod:`~transformer_lab.grading.isolate`).
 
 Reference: nbgrader's converters (``GenerateAssignment``, ``Autograde``) and gradebook API.
 """

@@ -100,6 +100,9 @@ class Link(Protocol):
     def exchange(self, text: str, timeout: float, answer: Callable[[str], str]) -> str:
         """Send ``text``; return the reply, passing the kernel's calls back to ``answer``.
 
+        ``timeout`` is what is left of the judged cell's one deadline (:class:`JudgeSession`):
+        the link gives up when it has passed, checking it while it waits.
+
         Raises:
             JudgeError: a timeout or a dead kernel.
         """
