@@ -8,10 +8,9 @@ One sandboxed run of lab 01, one submission at a time, the attacks first and the
 * ``a_deep``: the solution with its metadata lost and 20 cells of 8 KB before its first
   answer (160 KB: what made the repair's similarity quadratic): repaired and graded in full;
 * ``a_many``: more cells than the repair matches: unmatched, with the reason, unread;
-* ``b_nested``: a kernel whose every reply is millions of nested empty lists (3 characters
-  for an object): refused before JSON builds them, every cell 0;
-* ``b_oversized``: a first reply larger than the wire accepts (its bound lowered to 16 MiB for
-  the run): that cell 0, the rest judged;
+* ``b_replies``: a kernel whose first reply is larger than the wire accepts (its bound lowered
+  to 16 MiB for the run) and every later one millions of nested empty lists (3 characters for
+  an object): the first refused by its size, the others before JSON builds them; every cell 0;
 * ``c_killed``, ``c_oom``: the grader's own work on the submission killed (what the system's
   out-of-memory killer does) or out of its memory (a stand-in for what no reply can do any
   more, patched into the grader): that submission fails, says so, and the batch goes on;
@@ -51,31 +50,24 @@ SLOW = f"""\
     if frame is not None:  # only when the judge calls: the notebook's own cells are fast
         time.sleep({SLEEP})
 """
-NESTED = f"""
+# The kernel's serving loop rewritten: its first reply is larger than the wire accepts, every
+# later one is millions of nested empty lists.
+REPLIES = f"""
 import builtins
 import transformer_lab.judge.kernel as _k
+_sent = []
 
-def _nested_loop():
-    bomb = '{{"ok":true,"value":[' + "[]," * {3 * 2**20} + "[]]}}"
+def _bombs():
+    nested = '{{"ok":true,"value":[' + "[]," * {3 * 2**20} + "[]]}}"
     text = builtins.input(_k.REQUEST_PROMPT)
     while text != _k.END:
-        text = builtins.input(_k.REPLY_PREFIX + bomb)
+        reply = nested
+        if not _sent:  # the first reply of all
+            _sent.append(1)
+            reply = '{{"ok":true,"value":"' + "x" * {MAX_BYTES} + '"}}'
+        text = builtins.input(_k.REPLY_PREFIX + reply)
 
-_k.serve_loop = _nested_loop
-"""
-OVERSIZED = f"""
-import builtins
-import transformer_lab.judge.kernel as _k
-_real_loop, _sent = _k.serve_loop, []
-
-def _oversized_once():
-    if _sent:
-        return _real_loop()
-    _sent.append(1)
-    if builtins.input(_k.REQUEST_PROMPT) != _k.END:
-        builtins.input(_k.REPLY_PREFIX + '{{"ok":true,"value":"' + "x" * {MAX_BYTES} + '"}}')
-
-_k.serve_loop = _oversized_once
+_k.serve_loop = _bombs
 """
 
 
@@ -164,8 +156,7 @@ def test_stalling_or_killing_the_grader_costs_only_the_attacker(
             "a_slow": _slow(),
             "a_deep": _deep(),
             "a_many": _many(),
-            "b_nested": _with_cell(NESTED),
-            "b_oversized": _with_cell(OVERSIZED),
+            "b_replies": _with_cell(REPLIES),
             "c_killed": _notebook("solutions"),
             "c_oom": _notebook("solutions"),
             "z_honest": _notebook("solutions"),
@@ -196,14 +187,12 @@ def test_stalling_or_killing_the_grader_costs_only_the_attacker(
     assert many["status"] == "unmatched" and many["auto_score"] is None
     assert f"more than the {repair.MAX_CELLS} the grader matches" in many["error"]
 
-    # Replies: nested empty lists refused before they are built; an oversized one by its size.
-    nested = results["b_nested"]
-    assert nested["raw_auto_score"] == 0.0 and nested["auto_score"] == 0.0, nested
-    assert f"holds more than {wire.MAX_ITEMS}" in _message(nested, "test_sinusoidal_encoding_shape")
-    oversized = results["b_oversized"]
-    assert "too much data" in _message(oversized, "test_sinusoidal_encoding_shape")
-    assert oversized["raw_auto_score"] == 11.0, oversized  # the other cells, judged
-    assert oversized["auto_score"] in (0.0, 11.0)  # 0 when the scan flags the rewrite
+    # Replies: an oversized one refused by its size; nested empty lists before they are built.
+    replies = results["b_replies"]
+    assert replies["raw_auto_score"] == 0.0 and replies["auto_score"] == 0.0, replies
+    assert "too much data" in _message(replies, "test_sinusoidal_encoding_shape")
+    for cell in ("test_sinusoidal_encoding_values", "test_relative_shift_matrix_hidden"):
+        assert f"holds more than {wire.MAX_ITEMS}" in _message(replies, cell), replies
 
     # The grader's own failures: the submission's record says what happened, one line each.
     killed, oom = results["c_killed"], results["c_oom"]

@@ -79,7 +79,7 @@ def describe(exc: BaseException, memory_bytes: int = 0) -> str:
     if isinstance(exc, MemoryError):
         limit = f" (its limit: {memory_bytes / 2**30:g} GiB)" if memory_bytes else ""
         return f"the grader's work on this submission ran out of memory{limit}"
-    text = " ".join(str(exc).split())[:300]
+    text = " ".join(str(exc).split())[:2000]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
