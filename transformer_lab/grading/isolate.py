@@ -18,6 +18,8 @@ untouched, the failure is the submission's result, and the batch goes on.
 
 Forked, not spawned: the child inherits what the grader imported once (torch, the checks,
 Lightning: :func:`~transformer_lab.grading.grade.warm_judge`), so the bound costs milliseconds.
+The grader's process only imports before it forks (it computes nothing with torch, opens no
+kernel), so the child starts with no thread pool or socket of its parent's in use.
 
 Reference: setrlimit(2) ``RLIMIT_AS``; :mod:`multiprocessing`'s ``fork`` context and ``Pipe``.
 """
