@@ -33,8 +33,8 @@ The total time a submission may take is bounded too (:class:`BudgetedExecute`): 
 most the time left, and cells after the budget or after the kernel died are marked as not run.
 The judge of a test cell gets one deadline (the cell timeout or the time left) for all of its
 requests together, checked while each exchange waits; a reply longer than the wire's
-``MAX_BYTES`` is refused unread. The grader's own work around all of this runs in a child
-process bounded in memory and time (:mod:`~transformer_lab.grading.isolate`).
+``MAX_BYTES`` is refused before it is parsed. The grader's own work around all of this runs in
+a child process bounded in memory and time (:mod:`~transformer_lab.grading.isolate`).
 
 Reference: bubblewrap(1); jupyter_client's ``KernelManager`` (``format_kernel_cmd``, ``transport``);
 nbclient's ``NotebookClient.async_execute_cell``.
