@@ -94,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--memory-gb", type=float, default=8.0, help="memory per submission")
     g.add_argument("--tmp-gb", type=float, default=1.0, help="its /tmp (part of --memory-gb)")
     g.add_argument("--max-tasks", type=int, default=256, help="its processes and threads")
+    g.add_argument(
+        "--grader-memory-gb",
+        type=float,
+        default=6.0,
+        help="memory of the grader's own work on each submission (its child process)",
+    )
     g.add_argument("--unsandboxed", action="store_true", help=UNSANDBOXED_HELP)
     g.add_argument(
         "--sandbox",
@@ -266,6 +272,7 @@ def main(args: list[str]) -> int:
         options = GradingOptions(
             budget=ns.budget,
             memory_gb=ns.memory_gb,
+            grader_memory_gb=ns.grader_memory_gb,
             tmp_gb=ns.tmp_gb,
             max_tasks=ns.max_tasks,
             sandbox=_sandbox_mode(ns),

@@ -32,7 +32,11 @@ Layout of ``DIR`` (nbgrader's own, plus the grader's working folder)::
     DIR/.grading/                               package views, templates, workspaces
 
 ``--jobs N`` grades N submissions at once in separate processes (one CPU thread each); a term
-can also be split across machines and the gradebooks merged (:func:`merge_gradebooks`).
+can also be split across machines and the gradebooks merged (:func:`merge_gradebooks`). Each
+submission's grading runs in a child process of its own, under an address-space limit
+(``--grader-memory-gb``) and a deadline (the budget plus :data:`GRADER_SLACK_S`): a failure there
+(an exception, memory, time, a kill) is that submission's ``failed`` record, said in one line on
+standard error, and the batch goes on (:mod:`~transformer_lab.grading.isolate`).
 
 Reference: nbgrader's converters (``GenerateAssignment``, ``Autograde``) and gradebook API.
 """
@@ -47,6 +51,7 @@ import json
 import multiprocessing
 import re
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -81,6 +86,7 @@ from transformer_lab.grading.course import (
     select_labs,
     write_notebook,
 )
+from transformer_lab.grading.isolate import Bounds, describe, run_bounded
 from transformer_lab.grading.repair import repair_notebook
 from transformer_lab.grading.sandbox import (
     DEAD_ENAME,
@@ -101,6 +107,9 @@ __all__ = [
 
 RELEASE_DIR = "release"
 SHM_BYTES = 256 * 2**20  # the sandbox's /dev/shm
+#: Seconds the grader's work on a submission may take beyond its budget (the kernel's start,
+#: nbgrader's bookkeeping, the feedback page) before it is stopped.
+GRADER_SLACK_S = 180.0
 WORK = ".grading"
 REPORT = "grading_report.json"
 STATUSES = ("graded", "incomplete", "crashed", "flagged", "unmatched", "failed")
@@ -136,6 +145,9 @@ class GradingOptions:
             or ``off`` (``--unsandboxed``: no OS sandbox, said loudly; each submission is
             still contained, see :mod:`~transformer_lab.grading.contain`).
         keep_work: keep each submission's workspace under ``DIR/.grading/work``.
+        grader_memory_gb: address space of the grader's own work on one submission (it runs
+            in a child process of its own, :mod:`~transformer_lab.grading.isolate`, before a
+            deadline of ``budget`` plus :data:`GRADER_SLACK_S`).
     """
 
     profile: str = "grading"
@@ -148,6 +160,7 @@ class GradingOptions:
     threads: int = 1
     sandbox: str = "required"
     keep_work: bool = False
+    grader_memory_gb: float = 6.0
 
     def __post_init__(self) -> None:
         if self.sandbox not in SANDBOX_MODES:
@@ -155,7 +168,10 @@ class GradingOptions:
                 f"sandbox={self.sandbox!r} is not one of {', '.join(SANDBOX_MODES)} (grading "
                 "needs bubblewrap unless you opt out with --unsandboxed)"
             )
-        for name in ("budget", "memory_gb", "tmp_gb", "max_tasks", "cpu_seconds", "threads"):
+        for name in (
+            "budget", "memory_gb", "tmp_gb", "max_tasks", "cpu_seconds", "threads",
+            "grader_memory_gb",
+        ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise GradingError(f"{name}={getattr(self, name)} must be positive")
 
@@ -562,7 +578,8 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         files = {"autograded": str(executed_path), "feedback": str(feedback_path)}
         return result, files
     except Exception as exc:  # one broken submission never stops the batch
-        result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+        result.status = "failed"
+        result.error = describe(exc, int(options.grader_memory_gb * 2**30))
         return result, files
     finally:
         containment.end()
@@ -846,13 +863,31 @@ def warm_judge(repo: str, labs: list[str]) -> None:
             pass
 
 
-def _run_job(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
-    start = time.perf_counter()
+def _grade_quietly(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
     with warnings.catch_warnings():
         # nbgrader's gradebook triggers SQLAlchemy autoflush warnings that mean nothing here.
         warnings.filterwarnings("ignore", category=SAWarning)
-        result, files = grade_one(job)
+        return grade_one(job)
+
+
+def _run_job(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
+    """One submission, graded in a child process bounded in memory and time
+    (:func:`~transformer_lab.grading.isolate.run_bounded`): whatever fails there is this
+    submission's result, said in one line on standard error, and the batch goes on."""
+    start = time.perf_counter()
+    options = GradingOptions(**job.options)
+    bounds = Bounds(int(options.grader_memory_gb * 2**30), options.budget + GRADER_SLACK_S)
+    outcome = run_bounded(_grade_quietly, job, bounds)
+    if outcome.ok:
+        result, files = outcome.value
+    else:
+        result = SubmissionResult(job.student, job.lab, "failed", ignored=list(job.ignored))
+        result.error, files = outcome.failure, {}
     result.seconds = round(time.perf_counter() - start, 2)
+    if result.status == "failed":
+        why = result.error.splitlines()[0] if result.error else "no reason given"
+        line = f"labs grade: {job.student}/{job.lab} failed ({why}); the batch goes on"
+        print(line, file=sys.stderr)
     return result, files
 
 

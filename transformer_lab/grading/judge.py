@@ -100,6 +100,9 @@ class Link(Protocol):
     def exchange(self, text: str, timeout: float, answer: Callable[[str], str]) -> str:
         """Send ``text``; return the reply, passing the kernel's calls back to ``answer``.
 
+        ``timeout`` is what is left of the judged cell's one deadline (:class:`JudgeSession`):
+        the link gives up when it has passed, checking it while it waits.
+
         Raises:
             JudgeError: a timeout or a dead kernel.
         """
@@ -150,9 +153,12 @@ class JudgeSession:
     """Requests to one kernel: replies decoded strictly; objects on each side behind handles."""
 
     def __init__(self, link: Link, timeout: float, *, hidden: bool = False) -> None:
-        """``hidden``: the session judges a hidden test cell, whose message never carries the
-        text of an exception raised in the kernel (see :func:`without_kernel_text`)."""
+        """``timeout``: seconds the whole judged cell may take, all its requests together (one
+        deadline, from now: each exchange gets only the time left, and checks it while it
+        waits). ``hidden``: the session judges a hidden test cell, whose message never carries
+        the text of an exception raised in the kernel (see :func:`without_kernel_text`)."""
         self.link, self.timeout, self.requests, self.hidden = link, timeout, 0, hidden
+        self.deadline = time.monotonic() + timeout
         #: The texts of the exceptions the kernel reported (a hidden cell's message drops them).
         self.kernel_texts: set[str] = set()
         self._remotes: dict[int, Remote] = {}
@@ -188,11 +194,22 @@ class JudgeSession:
 
     def request_reply(self, message: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         """:meth:`request`, with the whole reply beside the value."""
+        out_of_time = JudgeError(
+            f"your code did not return within {self.timeout:.0f} s (the time of the whole "
+            "judged cell, all its calls together)"
+        )
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise out_of_time
         try:
-            text = self.link.exchange(wire.dumps(message), self.timeout, self.answer)
+            text = self.link.exchange(wire.dumps(message), left, self.answer)
             reply = wire.loads(text)
         except wire.WireError as exc:
             raise JudgeError(f"the kernel's reply is not data the judge reads ({exc})") from None
+        except JudgeError:
+            if time.monotonic() >= self.deadline:
+                raise out_of_time from None
+            raise
         self.requests += 1
         if reply.get("ok") is True:
             try:

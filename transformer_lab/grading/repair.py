@@ -20,12 +20,21 @@ another lab's notebook) is reported as unmatched and must not be graded silently
 
 The caller keeps the student's file untouched: :func:`repair_notebook` works on a copy.
 
+The work is bounded in what the student chose (it runs in the grader): at most
+:data:`MAX_CELLS` cells are matched (more: unmatched, with the reason); identical content is
+found through an index, not by comparing every pair; and similarity, the only costly
+comparison (``difflib``, quadratic in the texts), reads at most :data:`SIMILAR_CHARS`
+characters of each text, for at most :data:`CANDIDATES` cells of a gap, chosen by a cheap
+upper bound of it (character counts). The work grows linearly with the submission's cells
+and characters; :attr:`_Match.work` counts it, for the tests.
+
 Reference: nbgrader's metadata format (nbgrader/nbgraderformat/v3.py) and
 ``OverwriteCells``/``DeduplicateIds`` preprocessors, which this complements.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import difflib
 from dataclasses import dataclass, field
@@ -39,6 +48,12 @@ __all__ = ["RepairResult", "repair_notebook"]
 _EDITOR_KEYS = ("id", "colab", "colab_type", "executionInfo", "outputId", "cellView")
 # Fraction of the release's answer cells that must be found for the notebook to count as matched.
 _MIN_MATCHED = 0.5
+#: Most cells a submission may have to be matched (a lab's notebook has a few hundred at most).
+MAX_CELLS = 2000
+#: Characters of each text that a similarity reads.
+SIMILAR_CHARS = 1000
+#: Most cells of a gap whose similarity to a release cell is computed.
+CANDIDATES = 8
 
 
 @dataclass
@@ -101,7 +116,19 @@ def _kind(meta: dict) -> str:
 
 
 def _similarity(a: str, b: str) -> float:
+    """difflib's ratio of the first :data:`SIMILAR_CHARS` characters of each text."""
+    a, b = a[:SIMILAR_CHARS], b[:SIMILAR_CHARS]
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def _similarity_bound(a: collections.Counter, b: collections.Counter, size: int) -> float:
+    """An upper bound of :func:`_similarity` from the texts' character counts (difflib's
+    ``quick_ratio``); ``size`` is both texts' lengths together."""
+    return 2.0 * sum((a & b).values()) / size if size else 1.0
+
+
+def _counts(text: str) -> collections.Counter:
+    return collections.Counter(text[:SIMILAR_CHARS])
 
 
 @dataclass
@@ -117,6 +144,10 @@ class _Match:
     match: dict[int, int] = field(default_factory=dict)
     how: dict[int, str] = field(default_factory=dict)
     taken: set[int] = field(default_factory=set)
+    duplicated: set[str] = field(default_factory=set)  # grade ids found in several cells
+    counts: dict[int, collections.Counter] = field(default_factory=dict)  # see _candidates
+    #: Steps taken (a cell looked at, a similarity computed): the tests' measure of the cost.
+    work: int = 0
 
     def take(self, r: int, s: int, how: str) -> None:
         self.match[r], self.how[r] = s, how
@@ -141,7 +172,9 @@ def _match_by_grade_id(m: _Match, actions: list[str]) -> None:
         candidates = [s for s in by_id.get(gid, []) if s not in m.taken]
         if not candidates:
             continue
+        m.work += len(candidates)
         if len(candidates) > 1:
+            m.duplicated.add(gid)
             locked = not _nbgrader(m.rel_cells[r]).get("solution")
             same = [s for s in candidates if m.sub_src[s] == m.rel_src[r]]
             changed = [s for s in candidates if m.sub_src[s] != m.rel_src[r]]
@@ -156,17 +189,22 @@ def _match_by_grade_id(m: _Match, actions: list[str]) -> None:
 
 
 def _match_by_content(m: _Match) -> None:
-    """Step 2: identical content, in order (every release cell: prose anchors the gaps)."""
+    """Step 2: identical content, in order (every release cell: prose anchors the gaps).
+
+    The submission's cells are indexed by type and content once, so each release cell looks
+    only at the cells that hold its text.
+    """
+    index: dict[tuple[str, str], list[int]] = {}
+    for s, cell in enumerate(m.sub_cells):
+        index.setdefault((str(cell.get("cell_type")), m.sub_cmp[s]), []).append(s)
+    m.work += len(m.sub_cells)
     for r, cell in enumerate(m.rel_cells):
         if r in m.match or not m.rel_src[r]:
             continue
         lo, hi = m.bounds(r)
-        for s in range(lo + 1, hi):
-            if (
-                s not in m.taken
-                and m.sub_cells[s].get("cell_type") == cell.cell_type
-                and m.sub_cmp[s] == m.rel_src[r]
-            ):
+        for s in index.get((cell.cell_type, m.rel_src[r]), []):
+            m.work += 1
+            if lo < s < hi and s not in m.taken:
                 m.take(r, s, "content")
                 break
 
@@ -183,6 +221,7 @@ def _match_by_position(m: _Match) -> None:
             for s in range(lo + 1, hi)
             if s not in m.taken and m.sub_cells[s].get("cell_type") == kind
         ]
+        m.work += hi - lo
         if not gap:
             continue
         # Release cells of this type still waiting for a partner in the same gap.
@@ -191,11 +230,31 @@ def _match_by_position(m: _Match) -> None:
             for rr in m.graded
             if rr not in m.match and m.bounds(rr) == (lo, hi) and m.rel_cells[rr].cell_type == kind
         ]
-        scores = {s: _similarity(m.sub_cmp[s], m.rel_src[r]) for s in gap}
-        best = max(gap, key=lambda s: scores[s])
+        scores = {s: _similarity(m.sub_cmp[s], m.rel_src[r]) for s in _candidates(m, r, gap)}
+        m.work += len(gap) + len(scores)
+        best = max(scores, key=lambda s: scores[s])
         threshold = 0.3 if _nbgrader(m.rel_cells[r]).get("solution") else 0.5
         if scores[best] >= threshold or (len(gap) == 1 and len(rivals) == 1):
             m.take(r, best, "position")
+
+
+def _candidates(m: _Match, r: int, gap: list[int]) -> list[int]:
+    """The cells of ``gap`` whose similarity to release cell ``r`` is worth computing: all of
+    a gap of :data:`CANDIDATES` cells or fewer (any honest notebook), else the
+    :data:`CANDIDATES` with the highest upper bound of it, in the gap's order."""
+    if len(gap) <= CANDIDATES:
+        return gap
+    ours = _counts(m.rel_src[r])
+    length = min(len(m.rel_src[r]), SIMILAR_CHARS)
+
+    def bound(s: int) -> float:
+        if s not in m.counts:
+            m.counts[s] = _counts(m.sub_cmp[s])
+        size = length + min(len(m.sub_cmp[s]), SIMILAR_CHARS)
+        return _similarity_bound(m.counts[s], ours, size)
+
+    best = sorted(gap, key=lambda s: (-bound(s), s))[:CANDIDATES]
+    return sorted(best)
 
 
 def _recognised(m: _Match) -> tuple[int, int]:
@@ -258,7 +317,7 @@ def _rebuild_metadata(m: _Match, actions: list[str]) -> None:
         if r is None or not _nbgrader(m.rel_cells[r]):
             if old is not None:
                 gid = old.get("grade_id", "?") if isinstance(old, dict) else "?"
-                if not (r is None and any(f"'{gid}' appeared" in a for a in actions)):
+                if not (r is None and isinstance(gid, str) and gid in m.duplicated):
                     actions.append(f"removed stray grading metadata ('{gid}') from cell {s + 1}")
                 del meta["nbgrader"]
             for key in ("editable", "deletable"):
@@ -321,6 +380,13 @@ def repair_notebook(submitted: NotebookNode, release: NotebookNode) -> RepairRes
         A :class:`RepairResult`; ``result.notebook`` is ``None`` when fewer than half of the
         release's answer cells (the cells a student fills in) could be found.
     """
+    cells = submitted.get("cells", [])
+    if len(cells) > MAX_CELLS:
+        return RepairResult(
+            notebook=None,
+            reason=f"the notebook has {len(cells)} cells, more than the {MAX_CELLS} the grader "
+            "matches against the release: is this the lab's notebook?",
+        )
     sub = copy.deepcopy(submitted)
     sub_cells = list(sub.get("cells", []))
     rel_cells = list(release.cells)

@@ -31,6 +31,10 @@ directory, and every report says "unsandboxed".
 
 The total time a submission may take is bounded too (:class:`BudgetedExecute`): each cell gets at
 most the time left, and cells after the budget or after the kernel died are marked as not run.
+The judge of a test cell gets one deadline (the cell timeout or the time left) for all of its
+requests together, checked while each exchange waits; a reply longer than the wire's
+``MAX_BYTES`` is refused before it is parsed. The grader's own work around all of this runs in
+a child process bounded in memory and time (:mod:`~transformer_lab.grading.isolate`).
 
 Reference: bubblewrap(1); jupyter_client's ``KernelManager`` (``format_kernel_cmd``, ``transport``);
 nbclient's ``NotebookClient.async_execute_cell``.
@@ -65,8 +69,6 @@ from traitlets import Dict, Float, Unicode
 
 from transformer_lab.grading.course import BUDGET_S
 
-#: The longest reply the judge reads from the kernel (characters of wire text).
-MAX_REPLY_CHARS = 2**29
 #: Seconds the kernel has to leave its serving loop after a judged cell (then it is interrupted).
 END_SERVING_S = 10.0
 
@@ -555,8 +557,9 @@ class BudgetedExecute(Execute):
 def _reply_text(text: str) -> str:
     """The kernel's reply, bounded in size (what it means is the judge's to read)."""
     from transformer_lab.grading.judge import JudgeError
+    from transformer_lab.judge.wire import MAX_BYTES
 
-    if len(text) > MAX_REPLY_CHARS:
+    if len(text) > MAX_BYTES:
         raise JudgeError("your notebook's kernel answered the judge with too much data")
     return text
 

@@ -23,6 +23,10 @@ Both directions use one encoding. A request or reply is a JSON object; inside it
   ``{"$iter": [...]}`` an iterator over the items (``model.parameters()``).
 
 :func:`decode` refuses anything else, oversized texts and nesting deeper than :data:`MAX_DEPTH`.
+:func:`loads` bounds what a text may cost before JSON builds anything of it: at most
+:data:`MAX_BYTES` characters and :data:`MAX_ITEMS` values (counted by a scan of the text's
+separators, a few passes at C speed), so a reply of nested empty lists (``[[],[],...]``, 3
+characters for an object of 56 bytes) is refused, not built.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from torch import Tensor
 __all__ = [
     "MAX_BYTES",
     "MAX_DEPTH",
+    "MAX_ITEMS",
     "Reference",
     "WireError",
+    "count_items",
     "decode",
     "dumps",
     "encode",
@@ -56,6 +62,9 @@ __all__ = [
 MAX_BYTES = 256 * 2**20
 #: Deepest nesting of lists, tuples and dicts accepted.
 MAX_DEPTH = 32
+#: Most JSON values (keys included) one request or reply may hold: a traced call's operation
+#: log of a loop form is the largest honest one (tens of thousands of values).
+MAX_ITEMS = 2**20
 
 
 class WireError(ValueError):
@@ -293,16 +302,30 @@ def dumps(message: dict[str, Any]) -> str:
     return json.dumps(message, allow_nan=True, separators=(",", ":"))
 
 
+def count_items(text: str) -> int:
+    """An upper bound on the JSON values (keys included) in ``text``, before parsing it.
+
+    Every value but the first follows a ``[`` (an array's first item), a ``,`` (a later one),
+    a ``{`` (an object's first key) or a ``:`` (a key's value); those characters inside
+    strings only make the bound larger. Four ``str.count`` passes: linear, nothing built.
+    """
+    return 1 + sum(text.count(c) for c in "[{,:")
+
+
 def loads(text: Any) -> dict[str, Any]:
     """A request or reply from text, refusing oversized or malformed ones.
 
     Raises:
-        WireError: not a string, larger than :data:`MAX_BYTES`, not JSON, or not an object.
+        WireError: not a string, larger than :data:`MAX_BYTES`, holding more than
+            :data:`MAX_ITEMS` values (:func:`count_items`), not JSON, or not an object.
     """
     if not isinstance(text, str):
         raise WireError(f"a message must be text, got {type(text).__name__}")
     if len(text) > MAX_BYTES:
         raise WireError(f"a message of {len(text)} characters is larger than {MAX_BYTES}")
+    items = count_items(text)
+    if items > MAX_ITEMS:
+        raise WireError(f"a message of up to {items} values holds more than {MAX_ITEMS}")
     try:
         message = json.loads(text)
     except (ValueError, RecursionError) as exc:
