@@ -489,3 +489,33 @@ def test_lab08_demos_run_with_every_lab_locked_and_nothing_saved(
     skipped = [line for line in out.splitlines() if line.startswith("Skipped ")]
     assert skipped and all("the answer to lab 07_nlp_pipeline" in line for line in skipped)
     assert "Skipped the sampled texts: needs apply_temperature" in out
+
+
+def test_a_ban_knows_the_kits_code_by_identity_not_by_the_slot_it_sits_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The student's softmax carried into ``transformer_lab.attention.softmax`` is theirs: an
+    answer calling it passes lab 02's check; the kit's own softmax stays refused under any alias."""
+    from transformer_lab.checks import lab02
+    from transformer_lab.checks._bans import ForbiddenCallError
+
+    kits_softmax = attention.softmax
+    mine = _define(
+        "def softmax(x, dim=-1):\n"
+        "    e = (x - x.amax(dim, keepdim=True)).exp()\n"
+        "    return e / e.sum(dim, keepdim=True)\n",
+        "softmax",
+    )
+    monkeypatch.setattr(attention, "softmax", mine)  # what answers.install does with a saved one
+
+    def through_the_slot(X, W_q, b_q, W_k, b_k, W_v, b_v):
+        q, k, v = (X @ w + (0 if b is None else b) for w, b in ((W_q, b_q), (W_k, b_k), (W_v, b_v)))
+        return attention.softmax(q @ k.T / k.shape[-1] ** 0.5, dim=-1) @ v  # (N, Dv)
+
+    def through_an_alias(X, W_q, b_q, W_k, b_k, W_v, b_v, softmax=kits_softmax):
+        q, k, v = (X @ w + (0 if b is None else b) for w, b in ((W_q, b_q), (W_k, b_k), (W_v, b_v)))
+        return softmax(q @ k.T / k.shape[-1] ** 0.5, dim=-1) @ v  # (N, Dv)
+
+    lab02.check_self_attention_matrix(through_the_slot)
+    with pytest.raises(ForbiddenCallError, match=r"transformer_lab\.attention\.softmax"):
+        lab02.check_self_attention_matrix(through_an_alias)
