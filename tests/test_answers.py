@@ -519,3 +519,102 @@ def test_a_ban_knows_the_kits_code_by_identity_not_by_the_slot_it_sits_in(
     lab02.check_self_attention_matrix(through_the_slot)
     with pytest.raises(ForbiddenCallError, match=r"transformer_lab\.attention\.softmax"):
         lab02.check_self_attention_matrix(through_an_alias)
+
+
+# --------------------------------------------------------------------------------------
+# What a saved answer needs, read from the student's cells
+# --------------------------------------------------------------------------------------
+
+
+def _kernel(*cells: str) -> dict:
+    """A namespace after running ``cells`` as IPython does (``In`` and :mod:`linecache`)."""
+    namespace: dict = {"In": [""]}
+    for number, source in enumerate(cells, 1):
+        filename = f"/tmp/ipykernel_0/cell{number}-{abs(hash(source))}.py"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace["In"].append(source)
+        exec(compile(source, filename, "exec"), namespace)
+    return namespace
+
+
+_SETUP = """\
+import collections
+import itertools
+import math
+import re
+
+import lightning as L
+import torch
+
+session = type("Session", (), {"device": torch.device("cpu")})()  # the notebook's, not an answer's
+device = session.device
+"""
+
+
+@pytest.mark.parametrize(
+    ("cell", "carried"),
+    [
+        ("SCALE = 1.0\n\n\ndef softmax(x, dim=-1):\n    e = (x * SCALE).exp()\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "SCALE = 1.0"),
+        ("def _exps(x):\n    return x.exp()\n\n\ndef softmax(x, dim=-1):\n    e = _exps(x)\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "def _exps(x):"),
+        ("def softmax(x, dim=-1):\n    assert issubclass(L.LightningModule, torch.nn.Module)\n"
+         "    e = x.exp()\n    return e / e.sum(dim, keepdim=True)\n", "import lightning as L"),
+        ("def softmax(x, dim=-1):\n    e = x.exp() * math.exp(0)\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "import math"),
+        ("def softmax(x, dim=-1):\n    e = x.exp()\n"
+         "    return e / sum(itertools.repeat(e.sum(dim, keepdim=True), 1))\n", "import itertools"),
+        ("def softmax(x, dim=-1):\n    assert collections.Counter('aa')['a'] == 2\n"
+         "    e = x.exp()\n    return e / e.sum(dim, keepdim=True)\n", "import collections"),
+        ('NUMBER = re.compile(r"\\d+")\n\n\ndef softmax(x, dim=-1):\n'
+         '    assert NUMBER.fullmatch("12")\n    e = x.exp()\n'
+         "    return e / e.sum(dim, keepdim=True)\n", "NUMBER = re.compile"),
+    ],
+    ids=["constant", "helper", "lightning", "math", "itertools", "collections", "re"],
+)  # fmt: skip
+def test_an_answer_carries_its_imports_constants_and_helpers(
+    cell: str, carried: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path))
+    monkeypatch.delenv(answers.GRADER_ENV, raising=False)
+    namespace = _kernel(_SETUP, cell)
+    path = answers.save("02_self_attention", "softmax", namespace["softmax"], namespace)
+    assert path is not None and capsys.readouterr().out == ""  # nothing to warn about
+    text = path.read_text()
+    assert carried in text and "session" not in text, text
+    loaded = answers.load_saved("02_self_attention")["softmax"]
+    assert torch.allclose(loaded(torch.zeros(4)), torch.full((4,), 0.25))
+
+
+def test_a_name_the_saved_file_cannot_define_is_said_when_saving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path))
+    monkeypatch.delenv(answers.GRADER_ENV, raising=False)
+    cell = "def softmax(x, dim=-1):\n    e = x.to(device).exp()\n    return e / e.sum(dim)\n"
+    namespace = _kernel(_SETUP, cell)
+    path = answers.save("02_self_attention", "softmax", namespace["softmax"], namespace)
+    said = capsys.readouterr().out.strip().splitlines()
+    assert path is not None and len(said) == 1, said
+    assert said[0].startswith("Warning: your softmax was saved to ") and "device" in said[0]
+    assert "device = session.device" in said[0] and "later labs cannot use it" in said[0]
+
+
+def test_answers_of_one_lab_keep_what_each_needs_and_a_later_one_calls_the_saved_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path))
+    monkeypatch.delenv(answers.GRADER_ENV, raising=False)
+    lab = "07_nlp_pipeline"
+    train = 'END_OF_WORD = "</w>"\n\n\ndef bpe_train(words, merges):\n    return [END_OF_WORD]\n'
+    first = _kernel(_SETUP, train)
+    answers.save(lab, "bpe_train", first["bpe_train"], first)
+    encode = "def bpe_encode(word, merges):\n    return list(word) + [END_OF_WORD]\n"
+    later = _kernel("import torch\n", encode)  # another session: END_OF_WORD is in the file
+    later["END_OF_WORD"] = "</w>"
+    path = answers.save(lab, "bpe_encode", later["bpe_encode"], later)
+    assert capsys.readouterr().out == ""
+    loaded = answers.load_saved(lab)
+    assert loaded["bpe_train"]([], []) == ["</w>"]
+    assert loaded["bpe_encode"]("ab", []) == ["a", "b", "</w>"]
+    assert path.read_text().count('END_OF_WORD = "</w>"') == 1

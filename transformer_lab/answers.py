@@ -6,10 +6,12 @@ A student package locks the kit's answer to every lab whose deadline has not pas
 order, and says which it used:
 
 1. **the student's saved answer**: when a lab's visible check passes, :func:`save` writes the
-   source of the student's function or class (never a pickle) into ``my_answers/labNN.py``, a
-   small module the student keeps (beside the notebooks, in Drive when it is mounted on Colab,
-   or anywhere ``TRANSFORMER_LAB_ANSWERS`` names); :func:`install` runs those modules and puts
-   their definitions where the kit's locked ones were;
+   source of the student's function or class (never a pickle), with the imports, constants and
+   helpers it uses read from the student's cells (:mod:`transformer_lab.answer_source`), into
+   ``my_answers/labNN.py``, a small module the student keeps (beside the notebooks, in Drive
+   when it is mounted on Colab, or anywhere ``TRANSFORMER_LAB_ANSWERS`` names);
+   :func:`install` runs those modules and puts their definitions where the kit's locked ones
+   were;
 2. **the kit's answer**, once its lab is closed (the stub is not locked any more: nothing to do);
 3. **a stand-in built from PyTorch's own modules** (:mod:`transformer_lab.standins`), which
    reveals nothing PyTorch does not;
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_lab import answer_source
 from transformer_lab.pysource import parse_python
 
 __all__ = [
@@ -270,13 +273,6 @@ def _source_of(name: str, obj: Any) -> str | None:
     return None
 
 
-#: Libraries whose modules and names a saved answer may import, as its notebook did.
-_LIBRARIES = frozenset(
-    {"torch", "math", "typing", "collections", "dataclasses", "functools", "itertools", "numpy",
-     "transformer_lab"}
-)  # fmt: skip
-
-
 def _kit_home(name: str, value: Any) -> str | None:
     """The kit module the notebook imported ``name`` from (it may hold an installed answer)."""
     import sys
@@ -284,7 +280,7 @@ def _kit_home(name: str, value: Any) -> str | None:
     answer = _by_name().get(name)
     if answer is not None and answer.kit and kit_object(answer.kit) is value:
         return answer.kit.rpartition(".")[0]
-    if not (getattr(value, "__module__", None) or "").startswith("transformer_lab"):
+    if not (getattr(value, "__module__", None) or "").startswith(("transformer_lab", "my_answers")):
         return None
     for module_name, module in sorted(sys.modules.items()):
         if module_name.startswith("transformer_lab.") and getattr(module, name, None) is value:
@@ -292,40 +288,87 @@ def _kit_home(name: str, value: Any) -> str | None:
     return None
 
 
-def _imports(namespace: Mapping[str, Any]) -> list[str]:
-    """Import lines that rebuild the notebook's modules and library names (``torch``, ``nn``...)."""
-    lines = []
-    for name, value in sorted(namespace.items()):
-        if name.startswith("_"):
-            continue
-        if isinstance(value, types.ModuleType):
-            full = value.__name__
-            if full.partition(".")[0] not in _LIBRARIES or full == "transformer_lab.lab":
-                continue  # the notebook's plumbing (subprocess, plots): answers need none of it
-            lines.append(f"import {full}" if full == name else f"import {full} as {name}")
-            continue
-        kit = _kit_home(name, value)
-        if kit is not None:
-            lines.append(f"from {kit} import {name}")
-            continue
-        module = getattr(value, "__module__", None) or ""
-        if module.split(".")[0] not in _LIBRARIES:
-            continue
-        if getattr(value, "__name__", None) != name:
-            continue
-        with contextlib.suppress(ImportError):
-            home = importlib.import_module(module.rsplit(".", 1)[0] if "." in module else module)
-            if getattr(home, name, None) is value:
-                lines.append(f"from {home.__name__} import {name}")
-    return lines
+def _import_line(name: str, value: Any) -> str | None:
+    """How a saved file binds ``name``, which no statement of the student's cells binds."""
+    kit = _kit_home(name, value)
+    if kit is not None:
+        return f"from {kit} import {name}"
+    return answer_source.namespace_line(name, value)
+
+
+_HEADER = """\"\"\"Your answers to lab {lab}, saved when their visible checks passed.
+
+Later labs load this file (keep it beside your notebooks, or in Drive on Colab).
+Edit it only to fix an answer; rerunning the lab overwrites what it saves.\"\"\"
+
+from __future__ import annotations
+"""
+
+
+def _target(name: str, source: str, history: list[answer_source.Statement], at: int):
+    """The statement of the answer's definition: where its cell ran, else after everything."""
+    same = [s for s in history if s.source == source and name in s.binds]
+    if same:
+        return same[-1]
+    (statement,) = answer_source.statements(source, at) or [None]
+    return statement
+
+
+def compose(
+    lab: str, name: str, source: str, namespace: Mapping[str, Any], old: str = ""
+) -> tuple[str, dict[str, str]]:
+    """The text of ``lab``'s saved file with ``name`` defined by ``source``, and the names its
+    answers use that the file cannot define (``name -> why``).
+
+    What each answer needs is read from the student's cells (:mod:`transformer_lab.answer_source`):
+    the file ``old`` (answers saved before, with what they needed), then the kernel's cells.
+    """
+    kept_part = answer_source.statements(old, trusted=True)
+    cells = [*kept_part]
+    for cell in answer_source.cell_sources(namespace):
+        cells += answer_source.statements(cell, len(cells))
+    if not answer_source.cell_sources(namespace):  # outside IPython: the answer's own file
+        cells += answer_source.statements(_whole_file_of(namespace.get(name)), len(cells))
+    asked = [a.name for a in ANSWERS if a.asked and a.lab == lab]
+    targets = []
+    for other in asked:
+        if other == name:
+            target = _target(name, source, cells, len(cells))
+        else:
+            defined = [s for s in kept_part if s.kind == "definition" and other in s.binds]
+            target = defined[-1] if defined else None
+        if target is not None:
+            targets.append(target)
+    needs = answer_source.needed(targets, cells, namespace, import_line=_import_line)
+    body = [*needs.lines, *(s.source for s in needs.statements)]
+    imports = [b for b in body if b.startswith(("import ", "from "))]
+    rest = [b for b in body if not b.startswith(("import ", "from "))]
+    text = _HEADER.format(lab=lab) + "\n" + "\n".join(dict.fromkeys(imports))
+    text += "\n\n\n" + "\n\n\n".join(rest) + "\n"
+    return text, needs.missing
+
+
+def _whole_file_of(obj: Any) -> str:
+    """The source of the file (or cell) that defined ``obj``, from :mod:`linecache`."""
+    import linecache
+
+    functions = [obj] if not isinstance(obj, type) else list(vars(obj).values())
+    for func in functions:
+        func = getattr(func, "__func__", func)
+        code = getattr(inspect.unwrap(func), "__code__", None) if callable(func) else None
+        if code is not None:
+            return "".join(linecache.getlines(code.co_filename))
+    return ""
 
 
 def save(lab: str, name: str, obj: Any, namespace: Mapping[str, Any]) -> Path | None:
     """Save the student's ``name`` (whose visible check just passed) into ``my_answers/labNN.py``.
 
-    The file keeps every answer of that lab saved so far; ``name``'s definition replaces an older
-    one. Nothing is written where the source cannot be found or the answer is not in
-    :data:`ANSWERS`.
+    The file keeps every answer of that lab saved so far, each with what it needs from the
+    student's cells (imports, constants, helpers: :func:`compose`); ``name``'s definition
+    replaces an older one. Nothing is written where the source cannot be found or the answer
+    is not in :data:`ANSWERS`. A name the saved file cannot define, or a file that does not run,
+    is said in one line now, when the check passes, not when a later lab loads the file.
 
     Returns:
         The file written, or None.
@@ -336,26 +379,28 @@ def save(lab: str, name: str, obj: Any, namespace: Mapping[str, Any]) -> Path | 
     if source is None:
         return None
     path = _file(answers_folder(), lab)
-    kept = _definitions(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    kept[name] = source
-    order = [a.name for a in ANSWERS if a.asked and a.lab == lab and a.name in kept]
-    header = [
-        f'"""Your answers to lab {lab}, saved when their visible checks passed.',
-        "",
-        "Later labs load this file (keep it beside your notebooks, or in Drive on Colab).",
-        'Edit it only to fix an answer; rerunning the lab overwrites what it saves."""',
-        "",
-        "from __future__ import annotations",
-        "",
-        *_imports(namespace),
-    ]
-    body = "\n\n\n".join(kept[n] for n in order)
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    text, missing = compose(lab, name, source, {**namespace, name: obj}, old)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(header) + "\n\n\n" + body + "\n", encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError:
         return None
+    problem = _saved_problem(path, missing)
+    if problem:
+        print(
+            f"Warning: your {name} was saved to {path}, but {problem}: later labs cannot use "
+            f"it. Import or define what it needs in the cell of {name}, then rerun this check."
+        )
     return path
+
+
+def _saved_problem(path: Path, missing: Mapping[str, str]) -> str:
+    """Why the saved file would not give later labs its answers ("" when it would)."""
+    if missing:
+        return "that file cannot define " + "; ".join(f"{n} ({why})" for n, why in missing.items())
+    _, reason = _run_file(path, f"my_answers.check_{path.stem}")
+    return reason
 
 
 # --------------------------------------------------------------------------------------
@@ -385,13 +430,8 @@ def _load_saved(
         path = _file(folder, lab)
         if not path.is_file():
             continue
-        module = types.ModuleType(f"my_answers.lab{lab[:2]}")
-        module.__file__ = str(path)
-        try:
-            source = path.read_text(encoding="utf-8")
-            exec(compile(source, str(path), "exec"), module.__dict__)  # the student's own file
-        except Exception as exc:  # a broken file must not stop the notebook
-            reason = f"{path.name} does not run ({type(exc).__name__}: {exc})"
+        module, reason = _run_file(path, f"my_answers.lab{lab[:2]}")
+        if module is None:  # a broken file must not stop the notebook
             for name in _by_name(lab):
                 found[name] = (None, reason)
             continue
@@ -401,6 +441,25 @@ def _load_saved(
             if name in module.__dict__:
                 found[name] = (module.__dict__[name], "")
     return found
+
+
+def _run_file(path: Path, module_name: str) -> tuple[types.ModuleType | None, str]:
+    """Run a saved file as a module: ``(module, "")``, or ``(None, why it does not run)``.
+
+    PyTorch's random numbers are left as they were (a saved constant may draw some), so a
+    notebook's seeded demos print the same numbers with or without saved answers.
+    """
+    import torch
+
+    module = types.ModuleType(module_name)
+    module.__file__ = str(path)
+    try:
+        source = path.read_text(encoding="utf-8")
+        with torch.random.fork_rng(devices=[]):
+            exec(compile(source, str(path), "exec"), module.__dict__)  # the student's own file
+    except Exception as exc:
+        return None, f"{path.name} does not run ({type(exc).__name__}: {exc})"
+    return module, ""
 
 
 def load_saved(lab: str) -> dict[str, Any]:
