@@ -656,54 +656,117 @@ def install(
                 exempt(stand_in)
             how = "stand-in" if stand_in is not None else "missing"
             done.append((answer, stub, stand_in, None, how, broken))
+        # The lab's own classes that no kit object stands for (lab 04's TaggingModule): saved
+        # or not, they are the student's parts of that lab.
+        for answer in [a for a in ANSWERS if a.lab == lab and a.asked and a.kit is None]:
+            theirs, broken = mine.get(answer.name, (None, ""))
+            how = "saved" if theirs is not None else ("broken" if broken else "absent")
+            done.append((answer, None, None, theirs, how, broken))
     out = []
     for answer, _stub, _fitted, theirs, how, broken in done:  # checked once all is in place
         # A check's ban knows the kit's code by identity: the student's answers installed in
         # the kit's places are theirs, and calling them passes.
         failure = _passes(answer, theirs) if how == "saved" else broken
-        out.append(Installed(answer, f"{how}, wrong" if failure else how, failure))
+        out.append(Installed(answer, f"{how}, wrong" if failure and how != "broken" else how,
+                             failure))  # fmt: skip
     return out
 
 
+def whose_code(installed: Iterable[Installed]) -> str:
+    """One line saying whose code stands where the kit's answers are locked: the student's saved
+    answers (from which labs), PyTorch stand-ins ("" where no answer is locked)."""
+    items = [i for i in installed if i.answer.asked and i.answer.kit]
+    if not items:
+        return ""
+    saved = {i.answer.lab[:2] for i in items if i.how.startswith("saved")}
+    stand_in = {i.answer.lab[:2] for i in items if i.how.startswith("stand-in")} - saved
+    folder = answers_folder()
+    if saved:
+        said = f"runs on your saved answers from labs {_span(saved)} ({folder})"
+        return said + (f" and PyTorch stand-ins for labs {_span(stand_in)}" if stand_in else "")
+    if stand_in:
+        return (
+            f"runs on PyTorch stand-ins for labs {_span(stand_in)} (no saved answers in {folder})"
+        )
+    return f"finds no saved answers in {folder}"
+
+
+def _span(labs: Iterable[str]) -> str:
+    """``"01-04"`` for consecutive lab numbers, else ``"01, 03"``."""
+    numbers = sorted(int(n) for n in labs)
+    if len(numbers) > 1 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]:02d}-{numbers[-1]:02d}"
+    return ", ".join(f"{n:02d}" for n in numbers)
+
+
 def summary(installed: Iterable[Installed], folder: Path | None = None) -> list[str]:
-    """At most four short lines saying what stands in for the locked answers."""
-    groups: dict[str, list[Answer]] = {}
-    reasons = {}
-    for item in installed:
-        groups.setdefault(item.how, []).append(item.answer)
-        reasons[item.answer.name] = item.reason
-
-    def names(answers: list[Answer]) -> str:
-        labs: dict[str, list[str]] = {}
-        for a in answers:
-            labs.setdefault(a.lab[:2], []).append(a.name)
-        return "; ".join(f"{', '.join(n)} ({lab})" for lab, n in labs.items())
-
-    lines = []
-    if "saved" in groups:
-        lines.append(f"Your saved answers: {names(groups['saved'])}.")
-    for answer in groups.get("saved, wrong", []):
-        lines.append(
-            f"Warning: the demos run on your saved {answer.name} from lab {answer.lab}, which "
-            f"fails its visible check ({reasons[answer.name]}); fix it there and rerun that lab."
-        )
-    for how in ("stand-in, wrong", "missing, wrong"):
-        for answer in groups.get(how, []):
-            lines.append(
-                f"Warning: your saved {answer.name} from lab {answer.lab} is not used: "
-                f"{reasons[answer.name]}."
-            )
-    if "stand-in" in groups:
-        lines.append(f"PyTorch stand-ins (labs still open): {names(groups['stand-in'])}.")
-        if any(a.name == "sinusoidal_encoding" for a in groups["stand-in"]):
-            lines.append(
-                "(The stand-in for sinusoidal_encoding gives fixed random position codes, not "
-                "sinusoids: save yours by passing lab 01's checks.)"
-            )
-    if "missing" in groups:
-        where = folder or answers_folder()
-        lines.append(
-            f"Not in this kit yet (lab open, no saved answer in {where}): "
-            f"{names(groups['missing'])}."
-        )
+    """What a notebook's setup says about the earlier labs' answers: one line listing the
+    student's saved answers that pass their checks, and one line for each lab that is not
+    wholly so (a saved answer that fails, a file that does not run, parts not saved: what is
+    used instead). A correct student who took every earlier lab sees the first line only."""
+    items = [i for i in installed if i.answer.asked]
+    good = [i.answer for i in items if i.how == "saved"]
+    lines = [f"Your saved answers: {_names(good)}."] if good else []
+    for lab in sorted({i.answer.lab for i in items}):
+        line = _lab_line(lab, [i for i in items if i.answer.lab == lab], folder)
+        if line:
+            lines.append(line)
     return lines
+
+
+def _names(answers: Iterable[Answer]) -> str:
+    labs: dict[str, list[str]] = {}
+    for a in answers:
+        labs.setdefault(a.lab[:2], []).append(a.name)
+    return "; ".join(f"{', '.join(n)} ({lab})" for lab, n in labs.items())
+
+
+#: What a stand-in is, where it is not what the lab's answer computes.
+_STAND_IN_NOTES = {
+    "sinusoidal_encoding": "sinusoidal_encoding (random position codes, not sinusoids)"
+}
+
+
+def _first_sentence(text: str, most: int = 160) -> str:
+    first = re.split(r"(?<=[.;:])\s", text.strip(), maxsplit=1)[0].rstrip(".;:")
+    return first if len(first) <= most else first[: most - 3].rstrip() + "..."
+
+
+def _lab_line(lab: str, items: list[Installed], folder: Path | None) -> str:
+    """The one line about ``lab``'s answers that are not saved and passing ("" when all are)."""
+    by: dict[str, list[Installed]] = {}
+    for item in items:
+        by.setdefault(item.how, []).append(item)
+
+    def names(how: str) -> str:
+        return ", ".join(i.answer.name for i in by.get(how, []))
+
+    parts = []
+    if by.get("saved, wrong"):
+        first = _first_sentence(by["saved, wrong"][0].reason)
+        parts.append(
+            f"your saved {names('saved, wrong')} fail{'s' * (len(by['saved, wrong']) == 1)} "
+            f"the visible check ({first}); the demos run on yours anyway: fix it there and "
+            "rerun that lab"
+        )
+    broken = [i for i in items if i.how.endswith(", wrong") and i.how != "saved, wrong"]
+    broken += by.get("broken", [])
+    if broken:
+        parts.append(f"your saved answers are not used: {broken[0].reason}")
+    unsaved = [i for i in items if i.how.partition(",")[0] in ("stand-in", "missing")]
+    if unsaved and not broken:
+        none_saved = not any(i.how.startswith(("saved", "broken")) for i in items)
+        parts.append("no saved answers (lab not taken yet)" if none_saved else
+                     f"no saved {', '.join(i.answer.name for i in unsaved)}")  # fmt: skip
+    if any(i.how.startswith("stand-in") for i in items):
+        used = [i.answer.name for i in items if i.how.startswith("stand-in")]
+        used = [_STAND_IN_NOTES.get(name, name) for name in used]
+        parts.append(f"the demos use PyTorch stand-ins for {', '.join(used)}")
+    if any(i.how.startswith("missing") for i in items):
+        lost = [i.answer.name for i in items if i.how.startswith("missing")]
+        where = folder or answers_folder()
+        parts.append(
+            f"nothing stands in for {', '.join(lost)} (no saved answer in {where}): the demos "
+            "that need it are skipped"
+        )
+    return f"Lab {lab[:2]} ({lab}): " + "; ".join(parts) + "." if parts else ""
