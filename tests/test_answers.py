@@ -593,8 +593,12 @@ device = session.device
         ('NUMBER = re.compile(r"\\d+")\n\n\ndef softmax(x, dim=-1):\n'
          '    assert NUMBER.fullmatch("12")\n    e = x.exp()\n'
          "    return e / e.sum(dim, keepdim=True)\n", "NUMBER = re.compile"),
+        ("def softmax(x, dim=-1, depth=1):\n    if depth:\n"
+         "        return softmax(x, dim, depth - 1)\n    e = x.exp()\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "return softmax(x, dim, depth - 1)"),
     ],
-    ids=["constant", "helper", "lightning", "math", "itertools", "collections", "re"],
+    ids=["constant", "helper", "lightning", "math", "itertools", "collections", "re",
+         "recursive"],
 )  # fmt: skip
 def test_an_answer_carries_its_imports_constants_and_helpers(
     cell: str, carried: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys

@@ -34,7 +34,15 @@ from typing import Any
 
 from transformer_lab.pysource import parse_python
 
-__all__ = ["Needs", "Statement", "cell_sources", "needed", "statements"]
+__all__ = [
+    "Needs",
+    "Statement",
+    "cell_sources",
+    "is_constant",
+    "namespace_line",
+    "needed",
+    "statements",
+]
 
 _FUTURE = "from __future__ import annotations\n"
 
@@ -130,10 +138,13 @@ def _kind(node: ast.stmt) -> tuple[str, frozenset[str]]:
     elif isinstance(node, ast.AnnAssign | ast.AugAssign) and node.value is not None:
         targets = [node.target]
     names = [n for t in targets for n in ast.walk(t)]
-    if targets and all(isinstance(n, ast.Name | ast.Tuple | ast.List | ast.Starred | ast.Load |
-                                     ast.Store) for n in names):  # fmt: skip
+    if targets and all(isinstance(n, _NAME_TARGETS) for n in names):
         return "assignment", frozenset(n.id for n in names if isinstance(n, ast.Name))
-    return "other", frozenset()
+    return "other", frozenset()  # x[0] = ..., obj.attr = ...: not a constant's definition
+
+
+#: What an assignment's targets may be made of to define constants: names, unpacked or not.
+_NAME_TARGETS = (ast.Name, ast.Tuple, ast.List, ast.Starred, ast.Load, ast.Store)
 
 
 def _tables(text: str, future: bool) -> symtable.SymbolTable | None:
@@ -223,8 +234,9 @@ def needed(
     todo = list(targets)
     while todo:
         statement = todo.pop()
-        if chosen.setdefault(statement.position, statement) is not statement:
-            continue
+        if statement.position in chosen:
+            continue  # already carried (a recursive function, a helper two answers share)
+        chosen[statement.position] = statement
         wanted = [(n, True) for n in statement.now] + [(n, False) for n in statement.later]
         wanted += [(n, None) for n in statement.annotations]
         for name, now in sorted(wanted, key=lambda w: w[0]):
