@@ -46,13 +46,15 @@ def cells(lab: str, everything: bool) -> list[tuple[str, str]]:
 
 def main(argv: list[str]) -> int:
     lab, everything = argv[0], "--all" in argv
-    namespace: dict = {"display": lambda *a, **k: None, "__name__": "__main__"}
+    # As IPython does: each cell's source in ``In`` (the saved answers read it) and linecache.
+    namespace: dict = {"display": lambda *a, **k: None, "__name__": "__main__", "In": [""]}
     failures = 0
     for number, (gid, source) in enumerate(cells(lab, everything)):
         printed = io.StringIO()
         start = time.perf_counter()
-        filename = f"<cell {number}: {gid}>"  # as IPython does: the cell's source in linecache
+        filename = f"<cell {number}: {gid}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace["In"].append(source)
         try:
             with contextlib.redirect_stdout(printed):
                 exec(compile(source, filename, "exec"), namespace)

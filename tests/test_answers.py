@@ -201,12 +201,29 @@ def _run(tree: Path, code: str, cwd: Path, **env: str) -> subprocess.CompletedPr
     )
 
 
-_SOFTMAX_OK = """import torch
+_LAB02_OK = """import math
+
+import torch
 
 
 def softmax(x, dim=-1):
     e = (x - x.amax(dim, keepdim=True)).exp()
     return e / e.sum(dim, keepdim=True)
+
+
+def self_attention_matrix(X, W_q, b_q, W_k, b_k, W_v, b_v):
+    Q, K, V = X @ W_q + b_q, X @ W_k + b_k, X @ W_v + b_v  # (N, d_k), (N, d_k), (N, d_v)
+    return softmax(Q @ K.T / math.sqrt(W_q.shape[1]), dim=-1) @ V  # (N, d_v)
+
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = softmax(scores, dim=-1)  # (..., T, S)
+    if mask is not None:
+        weights = weights * mask
+    return weights @ v, weights
 """
 _SOFTMAX_WRONG = "def softmax(x, dim=-1):\n    return x.exp()\n"
 
@@ -214,9 +231,12 @@ _SOFTMAX_WRONG = "def softmax(x, dim=-1):\n    return x.exp()\n"
 def test_saved_answers_fill_the_locked_kit_and_a_wrong_one_is_named(
     locked_tree: Path, tmp_path: Path
 ) -> None:
+    """Lab 02's answers, each calling the student's own softmax (carried into the kit's
+    ``attention.softmax``), pass their checks: one line lists them; lab 01, not taken, gets one
+    line; a wrong saved softmax, or a file that does not run, one line for lab 02."""
     mine = tmp_path / "my_answers"
     mine.mkdir()
-    (mine / "lab02.py").write_text(_SOFTMAX_OK)
+    (mine / "lab02.py").write_text(_LAB02_OK)
     code = """
         import torch
         from transformer_lab import answers, attention
@@ -229,25 +249,24 @@ def test_saved_answers_fill_the_locked_kit_and_a_wrong_one_is_named(
     """
     done = _run(locked_tree, code, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "Your saved answers: softmax (02)." in done.stdout
-    assert "PyTorch stand-ins (labs still open): sinusoidal_encoding (01); " in done.stdout
-    assert "scaled_dot_product_attention (02)" in done.stdout
-    assert "not sinusoids" in done.stdout  # lab 01's placeholder says what it is
-    assert "relative_shift_matrix (01)" in done.stdout  # no saved answer, no stand-in
-    assert "[0.25, 0.25, 0.25, 0.25]" in done.stdout and "(1, 2, 3)" in done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0] == (
+        "Your saved answers: softmax, self_attention_matrix, scaled_dot_product_attention (02)."
+    ), done.stdout
+    assert lines[1].startswith("Lab 01 (01_positional_encoding): no saved answers"), lines
+    assert "stand-ins for sinusoidal_encoding" in lines[1] and "not sinusoids" in lines[1]
+    assert "nothing stands in for relative_shift_matrix" in lines[1]  # no stand-in either
+    assert lines[2:] == ["[0.25, 0.25, 0.25, 0.25]", "(1, 2, 3)"], lines
     (mine / "lab02.py").write_text(_SOFTMAX_WRONG)
     done = _run(locked_tree, code, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert (
-        "Warning: the demos run on your saved softmax from lab 02_self_attention, which fails"
-        in done.stdout
-    )
+    said = [line for line in done.stdout.splitlines() if "Lab 02" in line]
+    assert len(said) == 1 and "your saved softmax fails the visible check" in said[0], said
+    assert "no saved self_attention_matrix, scaled_dot_product_attention" in said[0], said
     (mine / "lab02.py").write_text("def softmax(:\n")
     done = _run(locked_tree, code, tmp_path)
-    assert (
-        "Warning: your saved softmax from lab 02_self_attention is not used: lab02.py does not run"
-        in done.stdout
-    )
+    said = [line for line in done.stdout.splitlines() if "Lab 02" in line]
+    assert len(said) == 1 and "your saved answers are not used: lab02.py does not run" in said[0]
 
 
 @pytest.mark.slow
@@ -271,9 +290,10 @@ def test_fit_in_a_locked_package_trains_on_stand_ins_or_exits_2_naming_the_lab(
         done = _run(locked_tree, code, tmp_path, TRANSFORMER_LAB_PROFILE="grading")
         assert done.returncode == status, (config, done.stderr[-2000:])
         assert "Traceback" not in done.stderr and "Union" not in done.stderr
+        said = [ln for ln in done.stderr.splitlines() if ln.startswith("transformer-lab")]
+        assert said[0].startswith("transformer-lab fit runs on PyTorch stand-ins for labs 01-05")
         if status == 2:
-            lines = [ln for ln in done.stderr.splitlines() if ln.startswith("transformer-lab")]
-            assert len(lines) == 1 and "the answer to lab 06_decoder_training" in lines[0], (
+            assert len(said) == 2 and "the answer to lab 06_decoder_training" in said[1], (
                 done.stderr[-2000:]
             )
 
@@ -293,7 +313,8 @@ def test_generate_in_a_locked_package_exits_2_with_one_line_naming_the_lab(
     done = _run(locked_tree, code, tmp_path, TRANSFORMER_LAB_PROFILE="grading")
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "the answer to lab 0" in lines[0], done.stderr[-2000:]
+    assert len(lines) == 2 and "the answer to lab 0" in lines[1], done.stderr[-2000:]
+    assert lines[0].startswith("transformer-lab generate finds no saved answers in "), lines
 
 
 def test_a_stamped_wheel_carries_its_version_in_metadata_and_package(tmp_path: Path) -> None:
@@ -484,8 +505,144 @@ def test_lab08_demos_run_with_every_lab_locked_and_nothing_saved(
     assert set(result["failed"]) <= {"test_generate_sampling"}, result["failed"]
     assert result["trained"] and "Figure" in result["shown"]
     out = done.stdout
-    assert "token_cross_entropy, log_metrics, build_optimizer (04)" in out
+    assert (
+        "Lab 04 (04_transformer_block): no saved answers (lab not taken yet); the demos use "
+        "PyTorch stand-ins for layer_norm, FeedForward, EncoderBlock." in out
+    ), out
     assert re.search(r"120 steps in \d+ s: validation loss [\d.]+ nats per character", out), out
     skipped = [line for line in out.splitlines() if line.startswith("Skipped ")]
     assert skipped and all("the answer to lab 07_nlp_pipeline" in line for line in skipped)
     assert "Skipped the sampled texts: needs apply_temperature" in out
+
+
+def test_a_ban_knows_the_kits_code_by_identity_not_by_the_slot_it_sits_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The student's softmax carried into ``transformer_lab.attention.softmax`` is theirs: an
+    answer calling it passes lab 02's check; the kit's own softmax stays refused under any alias."""
+    from transformer_lab.checks import lab02
+    from transformer_lab.checks._bans import ForbiddenCallError
+
+    kits_softmax = attention.softmax
+    mine = _define(
+        "def softmax(x, dim=-1):\n"
+        "    e = (x - x.amax(dim, keepdim=True)).exp()\n"
+        "    return e / e.sum(dim, keepdim=True)\n",
+        "softmax",
+    )
+    monkeypatch.setattr(attention, "softmax", mine)  # what answers.install does with a saved one
+
+    def through_the_slot(X, W_q, b_q, W_k, b_k, W_v, b_v):
+        q, k, v = (X @ w + (0 if b is None else b) for w, b in ((W_q, b_q), (W_k, b_k), (W_v, b_v)))
+        return attention.softmax(q @ k.T / k.shape[-1] ** 0.5, dim=-1) @ v  # (N, Dv)
+
+    def through_an_alias(X, W_q, b_q, W_k, b_k, W_v, b_v, softmax=kits_softmax):
+        q, k, v = (X @ w + (0 if b is None else b) for w, b in ((W_q, b_q), (W_k, b_k), (W_v, b_v)))
+        return softmax(q @ k.T / k.shape[-1] ** 0.5, dim=-1) @ v  # (N, Dv)
+
+    lab02.check_self_attention_matrix(through_the_slot)
+    with pytest.raises(ForbiddenCallError, match=r"transformer_lab\.attention\.softmax"):
+        lab02.check_self_attention_matrix(through_an_alias)
+
+
+# --------------------------------------------------------------------------------------
+# What a saved answer needs, read from the student's cells
+# --------------------------------------------------------------------------------------
+
+
+def _kernel(*cells: str) -> dict:
+    """A namespace after running ``cells`` as IPython does (``In`` and :mod:`linecache`)."""
+    namespace: dict = {"In": [""]}
+    for number, source in enumerate(cells, 1):
+        filename = f"/tmp/ipykernel_0/cell{number}-{abs(hash(source))}.py"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace["In"].append(source)
+        exec(compile(source, filename, "exec"), namespace)
+    return namespace
+
+
+_SETUP = """\
+import collections
+import itertools
+import math
+import re
+
+import lightning as L
+import torch
+
+session = type("Session", (), {"device": torch.device("cpu")})()  # the notebook's, not an answer's
+device = session.device
+"""
+
+
+@pytest.mark.parametrize(
+    ("cell", "carried"),
+    [
+        ("SCALE = 1.0\n\n\ndef softmax(x, dim=-1):\n    e = (x * SCALE).exp()\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "SCALE = 1.0"),
+        ("def _exps(x):\n    return x.exp()\n\n\ndef softmax(x, dim=-1):\n    e = _exps(x)\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "def _exps(x):"),
+        ("def softmax(x, dim=-1):\n    assert issubclass(L.LightningModule, torch.nn.Module)\n"
+         "    e = x.exp()\n    return e / e.sum(dim, keepdim=True)\n", "import lightning as L"),
+        ("def softmax(x, dim=-1):\n    e = x.exp() * math.exp(0)\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "import math"),
+        ("def softmax(x, dim=-1):\n    e = x.exp()\n"
+         "    return e / sum(itertools.repeat(e.sum(dim, keepdim=True), 1))\n", "import itertools"),
+        ("def softmax(x, dim=-1):\n    assert collections.Counter('aa')['a'] == 2\n"
+         "    e = x.exp()\n    return e / e.sum(dim, keepdim=True)\n", "import collections"),
+        ('NUMBER = re.compile(r"\\d+")\n\n\ndef softmax(x, dim=-1):\n'
+         '    assert NUMBER.fullmatch("12")\n    e = x.exp()\n'
+         "    return e / e.sum(dim, keepdim=True)\n", "NUMBER = re.compile"),
+        ("def softmax(x, dim=-1, depth=1):\n    if depth:\n"
+         "        return softmax(x, dim, depth - 1)\n    e = x.exp()\n"
+         "    return e / e.sum(dim, keepdim=True)\n", "return softmax(x, dim, depth - 1)"),
+    ],
+    ids=["constant", "helper", "lightning", "math", "itertools", "collections", "re",
+         "recursive"],
+)  # fmt: skip
+def test_an_answer_carries_its_imports_constants_and_helpers(
+    cell: str, carried: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path))
+    monkeypatch.delenv(answers.GRADER_ENV, raising=False)
+    namespace = _kernel(_SETUP, cell)
+    path = answers.save("02_self_attention", "softmax", namespace["softmax"], namespace)
+    assert path is not None and capsys.readouterr().out == ""  # nothing to warn about
+    text = path.read_text()
+    assert carried in text and "session" not in text, text
+    loaded = answers.load_saved("02_self_attention")["softmax"]
+    assert torch.allclose(loaded(torch.zeros(4)), torch.full((4,), 0.25))
+
+
+def test_a_name_the_saved_file_cannot_define_is_said_when_saving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path))
+    monkeypatch.delenv(answers.GRADER_ENV, raising=False)
+    cell = "def softmax(x, dim=-1):\n    e = x.to(device).exp()\n    return e / e.sum(dim)\n"
+    namespace = _kernel(_SETUP, cell)
+    path = answers.save("02_self_attention", "softmax", namespace["softmax"], namespace)
+    said = capsys.readouterr().out.strip().splitlines()
+    assert path is not None and len(said) == 1, said
+    assert said[0].startswith("Warning: your softmax was saved to ") and "device" in said[0]
+    assert "device = session.device" in said[0] and "later labs cannot use it" in said[0]
+
+
+def test_answers_of_one_lab_keep_what_each_needs_and_a_later_one_calls_the_saved_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path))
+    monkeypatch.delenv(answers.GRADER_ENV, raising=False)
+    lab = "07_nlp_pipeline"
+    train = 'END_OF_WORD = "</w>"\n\n\ndef bpe_train(words, merges):\n    return [END_OF_WORD]\n'
+    first = _kernel(_SETUP, train)
+    answers.save(lab, "bpe_train", first["bpe_train"], first)
+    encode = "def bpe_encode(word, merges):\n    return list(word) + [END_OF_WORD]\n"
+    later = _kernel("import torch\n", encode)  # another session: END_OF_WORD is in the file
+    later["END_OF_WORD"] = "</w>"
+    path = answers.save(lab, "bpe_encode", later["bpe_encode"], later)
+    assert capsys.readouterr().out == ""
+    loaded = answers.load_saved(lab)
+    assert loaded["bpe_train"]([], []) == ["</w>"]
+    assert loaded["bpe_encode"]("ab", []) == ["a", "b", "</w>"]
+    assert path.read_text().count('END_OF_WORD = "</w>"') == 1

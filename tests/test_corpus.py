@@ -252,3 +252,26 @@ def test_fallback_warns_once_tries_once_and_gives_the_callers_advice(
     assert "pass path=" not in message
     dm.setup()
     assert dm.source == "fallback:grammar"
+
+
+def test_a_notebook_shows_the_offline_corpus_warning_as_its_text_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a lab (``lab.setup``), lab 08's offline warning is ``Warning: <text>``: no
+    site-packages path, no ``warnings.warn(...)`` source line; other warnings keep Python's."""
+    import warnings
+
+    from transformer_lab import lab
+    from transformer_lab.data import CorpusFallbackWarning
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # put back after
+    lab._plain_kit_warnings()
+    lab._plain_kit_warnings()  # a second lab's setup in the same kernel: still one wrapper
+    site = "/usr/lib/python3/site-packages/transformer_lab/data/datamodules.py"
+    shown = warnings.formatwarning(  # what warnings.showwarning writes to stderr
+        CorpusFallbackWarning("could not download it\nTraining on the synthetic corpus."),
+        CorpusFallbackWarning, site, 626, "warnings.warn(text, CorpusFallbackWarning)",
+    )  # fmt: skip
+    assert shown == "Warning: could not download it\nTraining on the synthetic corpus.\n"
+    other = warnings.formatwarning("careful", UserWarning, "/x/y.py", 3, "warn('careful')")
+    assert other.startswith("/x/y.py:3: UserWarning: careful")

@@ -170,9 +170,19 @@ def test_a_file_the_hub_lacks_is_one_clear_line(checkpoint: Path, tmp_path: Path
 
 
 def test_missing_extras_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real packages, by the names PyPI knows (the student wheel declares no extras; no
+    ``transformer-lab[gpt2]`` exists there), and to re-run the setup cell."""
+    import tomllib
+
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
-    with pytest.raises(gpt2.GPT2UnavailableError, match=r"pip install .*\[gpt2\]"):
+    with pytest.raises(gpt2.GPT2UnavailableError) as raised:
         gpt2.download_gpt2("gpt2")
+    said = str(raised.value)
+    assert "[gpt2]" not in said and "transformer-lab" not in said and "\n" not in said
+    assert "%pip install 'huggingface_hub>=0.20' 'safetensors>=0.4' 'tokenizers>=0.15'" in said
+    assert said.endswith("then re-run the setup cell")
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert list(gpt2.PACKAGES) == project["project"]["optional-dependencies"]["gpt2"]
 
 
 def test_the_tokenizer_is_byte_level_bpe_read_from_its_file(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ cells (the round trip runs them).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -110,3 +111,54 @@ class TestLab06(LabNotebookTests):
         source = "\n".join(c.source for c in notebook.cells if c.cell_type == "code")
         assert "session.precision" in source and "session.runs" in source
         assert "session.grading" in source and "tempfile" not in source
+
+
+_NO_SHIFT_CELLS = (
+    "setup", "demo_data", "DecoderBlock", "demo_decoder_block", "demo_build_translator",
+    "shift_right", "sequence_loss", "TranslationModule", "demo_schedule", "train_translator",
+    "demo_train_translator", "greedy_decode", "demo_translate", "demo_no_shift",
+)  # fmt: skip
+_NO_SHIFT_LINE = re.compile(
+    r"^ *(?P<name>shifted \(yours\)|unshifted): training loss at step (?P<step>\d+): "
+    r"(?P<loss>[\d.]+); validation exact match \(teacher forcing\) (?P<forced>[\d.]+)%; "
+    r"decoded greedily (?P<greedy>[\d.]+)%$"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["grading", "full"])
+def test_the_no_shift_experiment_makes_its_point_in_every_profile(
+    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Question 3 relies on the unshifted model's training loss falling much faster than the
+    real translator's, and on its teacher-forced exact match being high while its greedy
+    translations fail. The demo's cell runs as written; the translator trains only the steps
+    the comparison reads (its own schedule), which give the same curve up to there."""
+    import contextlib
+    import io
+    import linecache
+
+    from notebook_support import read_source
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRANSFORMER_LAB_PROFILE", profile)
+    monkeypatch.setenv("TRANSFORMER_LAB_ANSWERS", str(tmp_path / "my_answers"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    cells = {meta(c).get("grade_id"): c.source for c in read_source("06_decoder_training").cells}
+    space: dict[str, Any] = {"display": lambda *a, **k: None, "In": [""]}
+    printed = io.StringIO()
+    for gid in _NO_SHIFT_CELLS:
+        source = re.sub(r"\s*### (BEGIN|END) SOLUTION", "", cells[gid])
+        if gid == "demo_train_translator":  # only the steps the comparison reads
+            source = source.replace("max_steps=TRAIN_STEPS", "max_steps=50")
+        filename = f"<cell {gid}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        space["In"].append(source)
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, filename, "exec"), space)
+    lines = printed.getvalue().splitlines()
+    rows = {m["name"]: m for line in lines if (m := _NO_SHIFT_LINE.match(line))}
+    yours, unshifted = rows["shifted (yours)"], rows["unshifted"]
+    assert yours["step"] == unshifted["step"] == "49", printed.getvalue()[-2000:]
+    assert float(unshifted["loss"]) < float(yours["loss"]) / 2, (yours, unshifted)
+    assert float(unshifted["forced"]) >= 80 and float(unshifted["greedy"]) <= 20, unshifted

@@ -196,3 +196,43 @@ def test_the_spec_lint_finds_a_ban_that_drifted() -> None:
         spec.load(lab).ban("nothing")
     with pytest.raises(spec.SpecError, match="no tolerance 'half'"):
         spec.load("01_positional_encoding").tol("half")
+
+
+def _setup_stops(kit_source: str, pip_stderr: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What the setup cell's install part says when it stops, on a machine without the kit."""
+    import subprocess
+    import sys
+
+    source = setup_cell_source("01_x", kit_source).split("\nimport torch")[0]
+    source = source.split("\nfrom transformer_lab import lab")[0]
+    monkeypatch.setitem(sys.modules, "transformer_lab", None)  # `import transformer_lab` fails
+    failed = subprocess.CompletedProcess([], 1, "", pip_stderr)
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: failed)
+    with pytest.raises(SystemExit) as stop:
+        exec(compile(source, "<setup>", "exec"), {})
+    return str(stop.value)
+
+
+def test_the_setup_cell_says_in_one_line_that_latest_json_is_unreachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    said = _setup_stops("http://127.0.0.1:9/kit/", "", monkeypatch)
+    assert said.startswith("Could not read http://127.0.0.1:9/kit/latest.json (")
+    assert "pip" not in said and "\n" not in said and "ask your instructor" in said
+
+
+def test_a_failed_install_quotes_pips_error_without_colour_codes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside a Jupyter kernel pip's last line is a colour code: the error line is quoted."""
+    stderr = (
+        "\x1b[33mWARNING: Retrying after connection broken\x1b[0m\n"
+        "\x1b[31mERROR: HTTP error 404 while getting http://127.0.0.1:9/kit/k.whl\x1b[0m\n"
+        "\x1b[0m\n"
+    )
+    said = _setup_stops("http://127.0.0.1:9/kit/k.whl", stderr, monkeypatch)
+    assert said.startswith(
+        "Could not install the kit from http://127.0.0.1:9/kit/k.whl (ERROR: HTTP error 404 "
+        "while getting http://127.0.0.1:9/kit/k.whl). Check the internet connection"
+    ), said
+    assert "\x1b" not in said

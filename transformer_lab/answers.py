@@ -6,10 +6,12 @@ A student package locks the kit's answer to every lab whose deadline has not pas
 order, and says which it used:
 
 1. **the student's saved answer**: when a lab's visible check passes, :func:`save` writes the
-   source of the student's function or class (never a pickle) into ``my_answers/labNN.py``, a
-   small module the student keeps (beside the notebooks, in Drive when it is mounted on Colab,
-   or anywhere ``TRANSFORMER_LAB_ANSWERS`` names); :func:`install` runs those modules and puts
-   their definitions where the kit's locked ones were;
+   source of the student's function or class (never a pickle), with the imports, constants and
+   helpers it uses read from the student's cells (:mod:`transformer_lab.answer_source`), into
+   ``my_answers/labNN.py``, a small module the student keeps (beside the notebooks, in Drive
+   when it is mounted on Colab, or anywhere ``TRANSFORMER_LAB_ANSWERS`` names);
+   :func:`install` runs those modules and puts their definitions where the kit's locked ones
+   were;
 2. **the kit's answer**, once its lab is closed (the stub is not locked any more: nothing to do);
 3. **a stand-in built from PyTorch's own modules** (:mod:`transformer_lab.standins`), which
    reveals nothing PyTorch does not;
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer_lab import answer_source
 from transformer_lab.pysource import parse_python
 
 __all__ = [
@@ -270,13 +273,6 @@ def _source_of(name: str, obj: Any) -> str | None:
     return None
 
 
-#: Libraries whose modules and names a saved answer may import, as its notebook did.
-_LIBRARIES = frozenset(
-    {"torch", "math", "typing", "collections", "dataclasses", "functools", "itertools", "numpy",
-     "transformer_lab"}
-)  # fmt: skip
-
-
 def _kit_home(name: str, value: Any) -> str | None:
     """The kit module the notebook imported ``name`` from (it may hold an installed answer)."""
     import sys
@@ -284,7 +280,7 @@ def _kit_home(name: str, value: Any) -> str | None:
     answer = _by_name().get(name)
     if answer is not None and answer.kit and kit_object(answer.kit) is value:
         return answer.kit.rpartition(".")[0]
-    if not (getattr(value, "__module__", None) or "").startswith("transformer_lab"):
+    if not (getattr(value, "__module__", None) or "").startswith(("transformer_lab", "my_answers")):
         return None
     for module_name, module in sorted(sys.modules.items()):
         if module_name.startswith("transformer_lab.") and getattr(module, name, None) is value:
@@ -292,40 +288,87 @@ def _kit_home(name: str, value: Any) -> str | None:
     return None
 
 
-def _imports(namespace: Mapping[str, Any]) -> list[str]:
-    """Import lines that rebuild the notebook's modules and library names (``torch``, ``nn``...)."""
-    lines = []
-    for name, value in sorted(namespace.items()):
-        if name.startswith("_"):
-            continue
-        if isinstance(value, types.ModuleType):
-            full = value.__name__
-            if full.partition(".")[0] not in _LIBRARIES or full == "transformer_lab.lab":
-                continue  # the notebook's plumbing (subprocess, plots): answers need none of it
-            lines.append(f"import {full}" if full == name else f"import {full} as {name}")
-            continue
-        kit = _kit_home(name, value)
-        if kit is not None:
-            lines.append(f"from {kit} import {name}")
-            continue
-        module = getattr(value, "__module__", None) or ""
-        if module.split(".")[0] not in _LIBRARIES:
-            continue
-        if getattr(value, "__name__", None) != name:
-            continue
-        with contextlib.suppress(ImportError):
-            home = importlib.import_module(module.rsplit(".", 1)[0] if "." in module else module)
-            if getattr(home, name, None) is value:
-                lines.append(f"from {home.__name__} import {name}")
-    return lines
+def _import_line(name: str, value: Any) -> str | None:
+    """How a saved file binds ``name``, which no statement of the student's cells binds."""
+    kit = _kit_home(name, value)
+    if kit is not None:
+        return f"from {kit} import {name}"
+    return answer_source.namespace_line(name, value)
+
+
+_HEADER = """\"\"\"Your answers to lab {lab}, saved when their visible checks passed.
+
+Later labs load this file (keep it beside your notebooks, or in Drive on Colab).
+Edit it only to fix an answer; rerunning the lab overwrites what it saves.\"\"\"
+
+from __future__ import annotations
+"""
+
+
+def _target(name: str, source: str, history: list[answer_source.Statement], at: int):
+    """The statement of the answer's definition: where its cell ran, else after everything."""
+    same = [s for s in history if s.source == source and name in s.binds]
+    if same:
+        return same[-1]
+    (statement,) = answer_source.statements(source, at) or [None]
+    return statement
+
+
+def compose(
+    lab: str, name: str, source: str, namespace: Mapping[str, Any], old: str = ""
+) -> tuple[str, dict[str, str]]:
+    """The text of ``lab``'s saved file with ``name`` defined by ``source``, and the names its
+    answers use that the file cannot define (``name -> why``).
+
+    What each answer needs is read from the student's cells (:mod:`transformer_lab.answer_source`):
+    the file ``old`` (answers saved before, with what they needed), then the kernel's cells.
+    """
+    kept_part = answer_source.statements(old, trusted=True)
+    cells = [*kept_part]
+    for cell in answer_source.cell_sources(namespace):
+        cells += answer_source.statements(cell, len(cells))
+    if not answer_source.cell_sources(namespace):  # outside IPython: the answer's own file
+        cells += answer_source.statements(_whole_file_of(namespace.get(name)), len(cells))
+    asked = [a.name for a in ANSWERS if a.asked and a.lab == lab]
+    targets = []
+    for other in asked:
+        if other == name:
+            target = _target(name, source, cells, len(cells))
+        else:
+            defined = [s for s in kept_part if s.kind == "definition" and other in s.binds]
+            target = defined[-1] if defined else None
+        if target is not None:
+            targets.append(target)
+    needs = answer_source.needed(targets, cells, namespace, import_line=_import_line)
+    body = [*needs.lines, *(s.source for s in needs.statements)]
+    imports = [b for b in body if b.startswith(("import ", "from "))]
+    rest = [b for b in body if not b.startswith(("import ", "from "))]
+    text = _HEADER.format(lab=lab) + "\n" + "\n".join(dict.fromkeys(imports))
+    text += "\n\n\n" + "\n\n\n".join(rest) + "\n"
+    return text, needs.missing
+
+
+def _whole_file_of(obj: Any) -> str:
+    """The source of the file (or cell) that defined ``obj``, from :mod:`linecache`."""
+    import linecache
+
+    functions = [obj] if not isinstance(obj, type) else list(vars(obj).values())
+    for func in functions:
+        func = getattr(func, "__func__", func)
+        code = getattr(inspect.unwrap(func), "__code__", None) if callable(func) else None
+        if code is not None:
+            return "".join(linecache.getlines(code.co_filename))
+    return ""
 
 
 def save(lab: str, name: str, obj: Any, namespace: Mapping[str, Any]) -> Path | None:
     """Save the student's ``name`` (whose visible check just passed) into ``my_answers/labNN.py``.
 
-    The file keeps every answer of that lab saved so far; ``name``'s definition replaces an older
-    one. Nothing is written where the source cannot be found or the answer is not in
-    :data:`ANSWERS`.
+    The file keeps every answer of that lab saved so far, each with what it needs from the
+    student's cells (imports, constants, helpers: :func:`compose`); ``name``'s definition
+    replaces an older one. Nothing is written where the source cannot be found or the answer
+    is not in :data:`ANSWERS`. A name the saved file cannot define, or a file that does not run,
+    is said in one line now, when the check passes, not when a later lab loads the file.
 
     Returns:
         The file written, or None.
@@ -336,26 +379,28 @@ def save(lab: str, name: str, obj: Any, namespace: Mapping[str, Any]) -> Path | 
     if source is None:
         return None
     path = _file(answers_folder(), lab)
-    kept = _definitions(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    kept[name] = source
-    order = [a.name for a in ANSWERS if a.asked and a.lab == lab and a.name in kept]
-    header = [
-        f'"""Your answers to lab {lab}, saved when their visible checks passed.',
-        "",
-        "Later labs load this file (keep it beside your notebooks, or in Drive on Colab).",
-        'Edit it only to fix an answer; rerunning the lab overwrites what it saves."""',
-        "",
-        "from __future__ import annotations",
-        "",
-        *_imports(namespace),
-    ]
-    body = "\n\n\n".join(kept[n] for n in order)
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    text, missing = compose(lab, name, source, {**namespace, name: obj}, old)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(header) + "\n\n\n" + body + "\n", encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError:
         return None
+    problem = _saved_problem(path, missing)
+    if problem:
+        print(
+            f"Warning: your {name} was saved to {path}, but {problem}: later labs cannot use "
+            f"it. Import or define what it needs in the cell of {name}, then rerun this check."
+        )
     return path
+
+
+def _saved_problem(path: Path, missing: Mapping[str, str]) -> str:
+    """Why the saved file would not give later labs its answers ("" when it would)."""
+    if missing:
+        return "that file cannot define " + "; ".join(f"{n} ({why})" for n, why in missing.items())
+    _, reason = _run_file(path, f"my_answers.check_{path.stem}")
+    return reason
 
 
 # --------------------------------------------------------------------------------------
@@ -385,13 +430,8 @@ def _load_saved(
         path = _file(folder, lab)
         if not path.is_file():
             continue
-        module = types.ModuleType(f"my_answers.lab{lab[:2]}")
-        module.__file__ = str(path)
-        try:
-            source = path.read_text(encoding="utf-8")
-            exec(compile(source, str(path), "exec"), module.__dict__)  # the student's own file
-        except Exception as exc:  # a broken file must not stop the notebook
-            reason = f"{path.name} does not run ({type(exc).__name__}: {exc})"
+        module, reason = _run_file(path, f"my_answers.lab{lab[:2]}")
+        if module is None:  # a broken file must not stop the notebook
             for name in _by_name(lab):
                 found[name] = (None, reason)
             continue
@@ -401,6 +441,25 @@ def _load_saved(
             if name in module.__dict__:
                 found[name] = (module.__dict__[name], "")
     return found
+
+
+def _run_file(path: Path, module_name: str) -> tuple[types.ModuleType | None, str]:
+    """Run a saved file as a module: ``(module, "")``, or ``(None, why it does not run)``.
+
+    PyTorch's random numbers are left as they were (a saved constant may draw some), so a
+    notebook's seeded demos print the same numbers with or without saved answers.
+    """
+    import torch
+
+    module = types.ModuleType(module_name)
+    module.__file__ = str(path)
+    try:
+        source = path.read_text(encoding="utf-8")
+        with torch.random.fork_rng(devices=[]):
+            exec(compile(source, str(path), "exec"), module.__dict__)  # the student's own file
+    except Exception as exc:
+        return None, f"{path.name} does not run ({type(exc).__name__}: {exc})"
+    return module, ""
 
 
 def load_saved(lab: str) -> dict[str, Any]:
@@ -597,58 +656,117 @@ def install(
                 exempt(stand_in)
             how = "stand-in" if stand_in is not None else "missing"
             done.append((answer, stub, stand_in, None, how, broken))
+        # The lab's own classes that no kit object stands for (lab 04's TaggingModule): saved
+        # or not, they are the student's parts of that lab.
+        for answer in [a for a in ANSWERS if a.lab == lab and a.asked and a.kit is None]:
+            theirs, broken = mine.get(answer.name, (None, ""))
+            how = "saved" if theirs is not None else ("broken" if broken else "absent")
+            done.append((answer, None, None, theirs, how, broken))
     out = []
-    for answer, stub, fitted, theirs, how, broken in done:  # checked once all is in place
-        failure = broken
-        if how == "saved":
-            # Its check bans the kit's name, which now holds this very answer: put the stub back
-            # while the check runs.
-            _replace(fitted, stub, spaces)
-            failure = _passes(answer, theirs)
-            _replace(stub, fitted, spaces)
-        out.append(Installed(answer, f"{how}, wrong" if failure else how, failure))
+    for answer, _stub, _fitted, theirs, how, broken in done:  # checked once all is in place
+        # A check's ban knows the kit's code by identity: the student's answers installed in
+        # the kit's places are theirs, and calling them passes.
+        failure = _passes(answer, theirs) if how == "saved" else broken
+        out.append(Installed(answer, f"{how}, wrong" if failure and how != "broken" else how,
+                             failure))  # fmt: skip
     return out
 
 
+def whose_code(installed: Iterable[Installed]) -> str:
+    """One line saying whose code stands where the kit's answers are locked: the student's saved
+    answers (from which labs), PyTorch stand-ins ("" where no answer is locked)."""
+    items = [i for i in installed if i.answer.asked and i.answer.kit]
+    if not items:
+        return ""
+    saved = {i.answer.lab[:2] for i in items if i.how.startswith("saved")}
+    stand_in = {i.answer.lab[:2] for i in items if i.how.startswith("stand-in")} - saved
+    folder = answers_folder()
+    if saved:
+        said = f"runs on your saved answers from labs {_span(saved)} ({folder})"
+        return said + (f" and PyTorch stand-ins for labs {_span(stand_in)}" if stand_in else "")
+    if stand_in:
+        return (
+            f"runs on PyTorch stand-ins for labs {_span(stand_in)} (no saved answers in {folder})"
+        )
+    return f"finds no saved answers in {folder}"
+
+
+def _span(labs: Iterable[str]) -> str:
+    """``"01-04"`` for consecutive lab numbers, else ``"01, 03"``."""
+    numbers = sorted(int(n) for n in labs)
+    if len(numbers) > 1 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]:02d}-{numbers[-1]:02d}"
+    return ", ".join(f"{n:02d}" for n in numbers)
+
+
 def summary(installed: Iterable[Installed], folder: Path | None = None) -> list[str]:
-    """At most four short lines saying what stands in for the locked answers."""
-    groups: dict[str, list[Answer]] = {}
-    reasons = {}
-    for item in installed:
-        groups.setdefault(item.how, []).append(item.answer)
-        reasons[item.answer.name] = item.reason
-
-    def names(answers: list[Answer]) -> str:
-        labs: dict[str, list[str]] = {}
-        for a in answers:
-            labs.setdefault(a.lab[:2], []).append(a.name)
-        return "; ".join(f"{', '.join(n)} ({lab})" for lab, n in labs.items())
-
-    lines = []
-    if "saved" in groups:
-        lines.append(f"Your saved answers: {names(groups['saved'])}.")
-    for answer in groups.get("saved, wrong", []):
-        lines.append(
-            f"Warning: the demos run on your saved {answer.name} from lab {answer.lab}, which "
-            f"fails its visible check ({reasons[answer.name]}); fix it there and rerun that lab."
-        )
-    for how in ("stand-in, wrong", "missing, wrong"):
-        for answer in groups.get(how, []):
-            lines.append(
-                f"Warning: your saved {answer.name} from lab {answer.lab} is not used: "
-                f"{reasons[answer.name]}."
-            )
-    if "stand-in" in groups:
-        lines.append(f"PyTorch stand-ins (labs still open): {names(groups['stand-in'])}.")
-        if any(a.name == "sinusoidal_encoding" for a in groups["stand-in"]):
-            lines.append(
-                "(The stand-in for sinusoidal_encoding gives fixed random position codes, not "
-                "sinusoids: save yours by passing lab 01's checks.)"
-            )
-    if "missing" in groups:
-        where = folder or answers_folder()
-        lines.append(
-            f"Not in this kit yet (lab open, no saved answer in {where}): "
-            f"{names(groups['missing'])}."
-        )
+    """What a notebook's setup says about the earlier labs' answers: one line listing the
+    student's saved answers that pass their checks, and one line for each lab that is not
+    wholly so (a saved answer that fails, a file that does not run, parts not saved: what is
+    used instead). A correct student who took every earlier lab sees the first line only."""
+    items = [i for i in installed if i.answer.asked]
+    good = [i.answer for i in items if i.how == "saved"]
+    lines = [f"Your saved answers: {_names(good)}."] if good else []
+    for lab in sorted({i.answer.lab for i in items}):
+        line = _lab_line(lab, [i for i in items if i.answer.lab == lab], folder)
+        if line:
+            lines.append(line)
     return lines
+
+
+def _names(answers: Iterable[Answer]) -> str:
+    labs: dict[str, list[str]] = {}
+    for a in answers:
+        labs.setdefault(a.lab[:2], []).append(a.name)
+    return "; ".join(f"{', '.join(n)} ({lab})" for lab, n in labs.items())
+
+
+#: What a stand-in is, where it is not what the lab's answer computes.
+_STAND_IN_NOTES = {
+    "sinusoidal_encoding": "sinusoidal_encoding (random position codes, not sinusoids)"
+}
+
+
+def _first_sentence(text: str, most: int = 160) -> str:
+    first = re.split(r"(?<=[.;:])\s", text.strip(), maxsplit=1)[0].rstrip(".;:")
+    return first if len(first) <= most else first[: most - 3].rstrip() + "..."
+
+
+def _lab_line(lab: str, items: list[Installed], folder: Path | None) -> str:
+    """The one line about ``lab``'s answers that are not saved and passing ("" when all are)."""
+    by: dict[str, list[Installed]] = {}
+    for item in items:
+        by.setdefault(item.how, []).append(item)
+
+    def names(how: str) -> str:
+        return ", ".join(i.answer.name for i in by.get(how, []))
+
+    parts = []
+    if by.get("saved, wrong"):
+        first = _first_sentence(by["saved, wrong"][0].reason)
+        parts.append(
+            f"your saved {names('saved, wrong')} fail{'s' * (len(by['saved, wrong']) == 1)} "
+            f"the visible check ({first}); the demos run on yours anyway: fix it there and "
+            "rerun that lab"
+        )
+    broken = [i for i in items if i.how.endswith(", wrong") and i.how != "saved, wrong"]
+    broken += by.get("broken", [])
+    if broken:
+        parts.append(f"your saved answers are not used: {broken[0].reason}")
+    unsaved = [i for i in items if i.how.partition(",")[0] in ("stand-in", "missing")]
+    if unsaved and not broken:
+        none_saved = not any(i.how.startswith(("saved", "broken")) for i in items)
+        parts.append("no saved answers (lab not taken yet)" if none_saved else
+                     f"no saved {', '.join(i.answer.name for i in unsaved)}")  # fmt: skip
+    if any(i.how.startswith("stand-in") for i in items):
+        used = [i.answer.name for i in items if i.how.startswith("stand-in")]
+        used = [_STAND_IN_NOTES.get(name, name) for name in used]
+        parts.append(f"the demos use PyTorch stand-ins for {', '.join(used)}")
+    if any(i.how.startswith("missing") for i in items):
+        lost = [i.answer.name for i in items if i.how.startswith("missing")]
+        where = folder or answers_folder()
+        parts.append(
+            f"nothing stands in for {', '.join(lost)} (no saved answer in {where}): the demos "
+            "that need it are skipped"
+        )
+    return f"Lab {lab[:2]} ({lab}): " + "; ".join(parts) + "." if parts else ""

@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_on_answers(args: list[str]) -> int:
     """``generate`` or Lightning's CLI, with every locked answer filled first: the student's saved
-    one, or for ``fit`` a PyTorch stand-in (:mod:`transformer_lab.answers`); one still missing
-    ends the command with status 2 and one line naming its lab."""
-    from transformer_lab.answers import install
+    one, or for ``fit`` a PyTorch stand-in (:mod:`transformer_lab.answers`), said in one line;
+    one still missing ends the command with status 2 and one line naming its lab."""
+    from transformer_lab.answers import install, whose_code
     from transformer_lab.graded import (
         LockedAnswerError,
         LockedAnswerExit,
@@ -50,7 +50,9 @@ def _run_on_answers(args: list[str]) -> int:
         f"transformer-lab {args[0]}" if args and not args[0].startswith("-") else "transformer-lab"
     )
     # A checkpoint given to generate was trained on the kit's own layers: no stand-ins there.
-    install(stand_ins=args[:1] != ["generate"])
+    said = whose_code(install(stand_ins=args[:1] != ["generate"]))
+    if said and args[:1] in (["fit"], ["generate"], ["validate"], ["test"], ["predict"]):
+        print(f"{name} {said}.", file=sys.stderr)  # a student package: whose code this runs
     try:
         with exit_on_locked(name):
             if args[:1] == ["generate"]:

@@ -21,7 +21,8 @@ as the kit's ``qkv_proj`` (queries, keys, values).
 * :func:`attention_maps` gives every head's attention weights, computed from each layer's own
   ``qkv_proj`` on the input that layer received (for ``plots.plot_attention_maps``).
 
-Install the extras with ``pip install "transformer-lab[gpt2]"``.
+It needs three more packages (:data:`PACKAGES`, the ``gpt2`` extra of the instructor's
+install); a student package declares no extras, so a missing one is named with its pip line.
 
 References: Radford et al., "Language Models are Unsupervised Multitask Learners", 2019; the
 GPT-2 checkpoints at https://huggingface.co/openai-community/gpt2; A. Karpathy, nanoGPT's
@@ -69,7 +70,12 @@ GPT2_REPOS: dict[str, str] = {
 }
 #: What a checkpoint folder holds: the shape, the weights, the tokenizer.
 GPT2_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-_EXTRA = 'pip install "transformer-lab[gpt2]"'
+#: The packages GPT-2 needs (the ``gpt2`` extra in ``pyproject.toml``; a test keeps them equal).
+PACKAGES = ("huggingface_hub>=0.20", "safetensors>=0.4", "tokenizers>=0.15")
+_EXTRA = (
+    "huggingface_hub, safetensors and tokenizers: install them in the notebook with "
+    f"%pip install {' '.join(repr(p) for p in PACKAGES)}, then re-run the setup cell"
+)
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
 
@@ -115,7 +121,7 @@ def download_gpt2(
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import HfHubHTTPError, LocalEntryNotFoundError  # 0.20 on
     except ImportError:
-        raise GPT2UnavailableError(f"GPT-2 needs the gpt2 extras: {_EXTRA}") from None
+        raise GPT2UnavailableError(f"GPT-2 needs {_EXTRA}") from None
     repo = GPT2_REPOS.get(name, name)
     url = endpoint or _endpoint()
     cache = cache_dir or os.environ.get("HF_HUB_CACHE") or None
@@ -194,7 +200,7 @@ class GPT2Tokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise GPT2UnavailableError(f"the GPT-2 tokenizer needs: {_EXTRA}") from None
+            raise GPT2UnavailableError(f"the GPT-2 tokenizer needs {_EXTRA}") from None
         try:
             self.backend = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception subclass
@@ -446,7 +452,7 @@ def from_pretrained(
     try:
         from safetensors.torch import load_file
     except ImportError:
-        raise GPT2UnavailableError(f"GPT-2 needs the gpt2 extras: {_EXTRA}") from None
+        raise GPT2UnavailableError(f"GPT-2 needs {_EXTRA}") from None
     folder = Path(name)
     if folder.is_dir():
         files = _local_files(folder)

@@ -31,6 +31,7 @@ from typing import TypeVar
 
 __all__ = [
     "GRADED",
+    "KIT_ORIGINALS",
     "LockedAnswerError",
     "LockedAnswerExit",
     "exit_on_locked",
@@ -43,6 +44,10 @@ T = TypeVar("T", bound=Callable[..., object])
 
 #: ``"module.qualname" -> lab`` for every decorated implementation imported so far.
 GRADED: dict[str, str] = {}
+#: ``"module.qualname" -> object`` as the kit's module defined it: the kit's own code, known by
+#: identity wherever it is, even where a student's saved answer now sits in its place
+#: (:mod:`transformer_lab.answers`), for the bans of the checks (``checks._bans``).
+KIT_ORIGINALS: dict[str, object] = {}
 
 
 #: Set by :func:`exit_on_locked`: the command whose run a locked answer ends.
@@ -135,7 +140,9 @@ def graded(lab: str) -> Callable[[T], T]:
         raise ValueError(f"lab={lab!r} is not a lab folder name such as '02_self_attention'")
 
     def mark(obj: T) -> T:
-        GRADED[f"{obj.__module__}.{obj.__qualname__}"] = lab
+        dotted = f"{obj.__module__}.{obj.__qualname__}"
+        GRADED[dotted] = lab
+        KIT_ORIGINALS[dotted] = obj
         return obj
 
     return mark

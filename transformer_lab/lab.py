@@ -195,10 +195,32 @@ def setup(lab: str, *, seed: int = 0) -> Session:
 
 
 def _quiet() -> None:
-    """Silence warnings a student cannot act on (deprecations inside libraries)."""
+    """Silence warnings a student cannot act on (deprecations inside libraries); show the kit's
+    own warnings (lab 08's offline corpus) as their text alone."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="lightning")
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    _plain_kit_warnings()
+
+
+def _plain_kit_warnings() -> None:
+    """A warning class of the kit's (``CorpusFallbackWarning``) is shown as ``Warning: <text>``:
+    no site-packages path, no ``warnings.warn(...)`` source line, which say nothing to a student.
+    Every other warning keeps Python's format."""
+    previous = warnings.formatwarning
+    if getattr(previous, "kit_plain", False):
+        return
+
+    def formatwarning(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int,
+        line: str | None = None,
+    ) -> str:  # fmt: skip
+        if (getattr(category, "__module__", "") or "").startswith("transformer_lab."):
+            return f"Warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    formatwarning.kit_plain = True  # type: ignore[attr-defined]
+    warnings.formatwarning = formatwarning
 
 
 def _inline_figures() -> None:

@@ -14,7 +14,10 @@ not one spelling of it:
   and ``torch._C`` in student code instead.)
 * **Python functions and classes** (the kit's implementation of an earlier lab that computes
   this lab's answer, PyTorch modules such as ``nn.MultiheadAttention``): refused by the identity
-  of their code objects through ``sys.setprofile``, which sees every call of every alias.
+  of their code objects through ``sys.setprofile``, which sees every call of every alias. A
+  dotted name of the kit means the kit's own code (:data:`transformer_lab.graded.KIT_ORIGINALS`),
+  not whatever sits in that slot now: a student's own ``softmax``, carried forward into
+  ``transformer_lab.attention.softmax``, is the student's code and may be called.
 
 Whatever a ban names, the oracles of the checks are refused too: every function of a loaded
 hidden-check module (``transformer_lab.grading.hidden.*``) and every ``reference_*`` helper of
@@ -160,6 +163,23 @@ def _resolve(target: str) -> Any:
     raise ImportError(f"cannot import {target!r}")
 
 
+def _kit_own(dotted: str, found: Any) -> Any:
+    """The kit's own object at ``dotted``: a graded answer as its module defined it, not what sits
+    in its place now (a student's saved answer, installed there by :mod:`transformer_lab.answers`,
+    is the student's code and no shortcut; the kit's own answer stays refused wherever it is)."""
+    from transformer_lab.graded import KIT_ORIGINALS
+
+    return KIT_ORIGINALS.get(dotted, found)
+
+
+def _kit_originals_in(module: str) -> list[Any]:
+    """The kit's own graded objects defined in ``module`` (see :func:`_kit_own`)."""
+    from transformer_lab.graded import KIT_ORIGINALS
+
+    prefix = module + "."
+    return [obj for dotted, obj in KIT_ORIGINALS.items() if dotted.startswith(prefix)]
+
+
 def _label(obj: Any) -> str:
     module = getattr(obj, "__module__", None) or ""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
@@ -173,20 +193,21 @@ def _code_objects(targets: Iterable[Any]) -> dict[types.CodeType, str]:
         label = target if isinstance(target, str) else None
         if isinstance(target, str):
             try:
-                target = _resolve(target)
+                target = _kit_own(target, _resolve(target))
             except (ImportError, AttributeError):
                 if label.startswith("transformer_lab."):
                     continue  # an older kit without this name: nothing to ban
                 raise
         if isinstance(target, types.ModuleType):
-            # A module: every function and class it defines (helpers included).
+            # A module: every function and class it defines (helpers included), the kit's own
+            # graded ones even where a student's answer sits in their place now.
             defined = [
                 v
                 for v in vars(target).values()
                 if getattr(v, "__module__", None) == target.__name__
                 and (isinstance(v, type) or callable(v))
             ]
-            codes.update(_code_objects(defined))
+            codes.update(_code_objects([*defined, *_kit_originals_in(target.__name__)]))
             continue
         if isinstance(target, type):
             owner = label or _label(target)

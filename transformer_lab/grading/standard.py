@@ -62,6 +62,7 @@ _SETUP_TEMPLATE = """\
 KIT_SOURCE = "{kit_source}"
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -75,9 +76,14 @@ kit_site = KIT_SOURCE.rsplit("/", 1)[0] if KIT_SOURCE.endswith(".whl") else KIT_
 try:
     with urllib.request.urlopen(kit_site + "/latest.json", timeout=10) as reply:
         latest = json.load(reply)
-except (OSError, ValueError):
-    latest = None
+except (OSError, ValueError) as exc:
+    latest, unread = None, getattr(exc, "reason", exc)
 have = getattr(transformer_lab, "__version__", None)
+if have is None and latest is None and not KIT_SOURCE.endswith(".whl"):
+    raise SystemExit(
+        f"Could not read {{kit_site}}/latest.json ({{unread}}), which names the kit to install. "
+        "Check the internet connection, or ask your instructor for the kit's address."
+    )
 if have is None or (latest and latest["version"] != have):
     wheel = f"{{kit_site}}/{{latest['wheel']}}" if latest else KIT_SOURCE
     if have is None:
@@ -87,10 +93,12 @@ if have is None or (latest and latest["version"] != have):
     pip = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", wheel], capture_output=True, text=True
     )
-    if pip.returncode != 0:
-        reason = (pip.stderr.strip().splitlines() or ["pip failed"])[-1]
+    if pip.returncode != 0:  # pip's last error, without a terminal's colour codes
+        said = re.sub(r"\\x1b\\[[0-9;]*[A-Za-z]", "", pip.stderr).splitlines()
+        said = [line.strip() for line in said if line.strip()] or ["pip failed"]
+        reason = [line for line in said if line.startswith("ERROR")][-1:] or said[-1:]
         raise SystemExit(
-            f"Could not install the kit from {{wheel}} ({{reason}}). Check the internet "
+            f"Could not install the kit from {{wheel}} ({{reason[0]}}). Check the internet "
             "connection, or ask your instructor for the kit's address."
         )
     for name in [m for m in sys.modules if m.partition(".")[0] == "transformer_lab"]:
