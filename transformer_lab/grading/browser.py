@@ -16,7 +16,8 @@ instructor's machine, so the browser is configured as if each page were hostile:
   :func:`screenshot` says why: a rendering aid never runs unsandboxed.
 
 Reference: Chromium's ``--headless``, ``--screenshot``, ``--print-to-pdf``, ``--proxy-server``,
-``--host-resolver-rules`` switches and its Linux sandbox design (docs/linux/sandboxing.md).
+``--host-resolver-rules`` switches and its Linux sandbox design (Chromium's own "Linux
+Sandboxing" document).
 """
 
 from __future__ import annotations
