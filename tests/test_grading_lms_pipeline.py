@@ -10,7 +10,6 @@ is covered without kernels in ``test_grading_lms.py``.
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import os
 import shutil
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import GRADING_SANDBOX, NEEDS, chromium_path
 from filelock import FileLock
 from lms_support import LAB1, MOODLE_IDS, REPO, full_name, tree_hashes, write_roster, write_zip
 from nbgrader.api import Gradebook
@@ -28,7 +28,7 @@ from nbgrader.api import Gradebook
 from transformer_lab.grading.cli import main
 from transformer_lab.grading.course import grading_env
 from transformer_lab.grading.export import export_grades
-from transformer_lab.grading.grade import grade_course
+from transformer_lab.grading.grade import GradingOptions, grade_course
 from transformer_lab.grading.lms import Roster, collect
 from transformer_lab.grading.report import write_report
 from transformer_lab.grading.results import course_outcomes
@@ -36,7 +36,6 @@ from transformer_lab.grading.rubrics import add_rubrics
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 20
-CHROMIUM = "/usr/bin/chromium"
 STUB = "# YOUR CODE HERE\n    raise NotImplementedError()"
 ENC_SWAPPED = """two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
     angles = torch.arange(seq_len, dtype=torch.float32)[:, None] / base ** (two_i / d_model)
@@ -82,7 +81,8 @@ def _build(home: Path) -> None:
     course = home / "course"
     collect(archive, lms="moodle", lab=LAB1, course=course, repo=REPO, roster=roster)
     (home / "submitted.sha").write_text(repr(tree_hashes(course / "submitted")))
-    grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    options = GradingOptions(sandbox=GRADING_SANDBOX)
+    grade_course(course, REPO, [LAB1], timeout=TIMEOUT, options=options)
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         grade = gb.find_grade("written_small_base", LAB1, LAB1, "s01")
         grade.manual_score = 1.5
@@ -90,7 +90,8 @@ def _build(home: Path) -> None:
         comment = gb.find_comment("written_small_base", LAB1, LAB1, "s01")
         comment.manual_comment = "Right idea; the wavelengths repeat sooner."
         gb.db.commit()
-    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT)
+    options = GradingOptions(sandbox=GRADING_SANDBOX)
+    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT, options=options)
 
 
 def test_the_collected_submission_time_reaches_the_gradebook(graded: dict) -> None:
@@ -163,8 +164,9 @@ def _free_port() -> int:
 
 def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
     """A written answer graded in formgrader (Chromium) survives re-grading and is exported."""
-    if not Path(CHROMIUM).is_file() or importlib.util.find_spec("playwright") is None:
-        pytest.skip(f"needs {CHROMIUM} and the playwright package (pip install playwright)")
+    chromium = chromium_path()
+    if chromium is None:
+        pytest.skip(NEEDS["chromium"])
     from playwright.sync_api import sync_playwright
 
     course = tmp_path / "course"
@@ -177,7 +179,7 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
         with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
             notebook_id = gb.find_submission_notebook(LAB1, LAB1, "s02").id
         with sync_playwright() as play:
-            browser = play.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            browser = play.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             # The token as a header on every request (formgrader's API calls included).
             context = browser.new_context(extra_http_headers={"Authorization": f"token {token}"})
             page = context.new_page()
@@ -205,7 +207,7 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
         server.terminate()
         server.wait(timeout=30)
     assert main(["grade", "--course", str(course), "01", "--student", "s02",
-                 "--timeout", str(TIMEOUT)]) in (0, 1)  # fmt: skip
+                 "--timeout", str(TIMEOUT), "--sandbox", GRADING_SANDBOX]) in (0, 1)  # fmt: skip
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         grade = gb.find_grade("written_extrapolation", LAB1, LAB1, "s02")
         assert grade.manual_score == 2.0 and not grade.needs_manual_grade
