@@ -43,7 +43,7 @@ TOOL_FOLDERS = {".pytest_cache", "__pycache__", ".ruff_cache"}
 #: ``TRANSFORMER_LAB_NO_SKIP=bubblewrap,chromium``: there such a skip fails the test instead.
 NEEDS = {
     "bubblewrap": "needs a working bubblewrap (0.5+): Debian package `bubblewrap` runs it",
-    "chromium": "needs Chromium and playwright: Debian package `chromium` runs it",
+    "chromium": "needs Chromium: Debian package `chromium` runs it",
 }
 NO_SKIP_ENV = "TRANSFORMER_LAB_NO_SKIP"
 
