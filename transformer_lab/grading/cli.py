@@ -5,7 +5,8 @@
 * ``new NN_name --title TITLE``: start a lab from the lab standard (notebook and checks).
 * ``check [LAB ...] [--no-grade] [--unsandboxed]``: release in sync, nothing leaked, solution
   gets full marks and the untouched release zero (exit 1 with the reasons otherwise).
-* ``grade --course DIR [LAB ...] [--student ID ...] [--jobs N] [--unsandboxed]``: autograde
+* ``grade --course DIR [LAB ...] [--student ID ...] [--jobs N | --cluster ADDRESS] [--resume]
+  [--unsandboxed]``: autograde
   ``DIR/submitted`` into ``DIR/gradebook.db`` (each submission in a bubblewrap sandbox; without
   one it refuses unless ``--unsandboxed``), write ``DIR/grades.csv`` (with
   ``status`` and ``flags``), ``DIR/feedback/`` and ``DIR/grading_report.json`` (exit 1 if any
@@ -33,8 +34,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer_lab.grading.course import BUDGET_S, GradingError, find_repo
+
+if TYPE_CHECKING:
+    from transformer_lab.grading.grade import SubmissionResult
 
 __all__ = ["main"]
 
@@ -98,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
         help="bubblewrap sandbox: required (the default), off (the same as --unsandboxed)",
     )
     g.add_argument("--keep-work", action="store_true", help="keep the per-submission workspaces")
+    g.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="grade on a Dask cluster: tcp://scheduler:8786, a scheduler file (*.json) or "
+        "local:N (N worker processes here); docs/grading.md",
+    )
+    g.add_argument(
+        "--resume", action="store_true", help="grade only what a stopped run left ungraded"
+    )
     m = sub.add_parser("merge", help="merge gradebooks graded elsewhere into DIR/gradebook.db")
     m.add_argument("--course", type=Path, required=True, help="folder holding gradebook.db")
     m.add_argument("gradebooks", nargs="+", type=Path, help="other gradebook.db files")
@@ -266,6 +281,9 @@ def main(args: list[str]) -> int:
             timeout=ns.timeout,
             jobs=ns.jobs,
             options=options,
+            cluster=ns.cluster,
+            resume=ns.resume,
+            progress=_progress,
         )
         print(report.table())
         from transformer_lab.grading.rubrics import add_rubrics
@@ -279,6 +297,15 @@ def main(args: list[str]) -> int:
     except (GradingError, FileExistsError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _progress(done: int, total: int, result: SubmissionResult) -> None:
+    """One line per finished submission, on standard error (the table comes at the end)."""
+    points = ""
+    if result.auto_score is not None:
+        points = f" {result.auto_score:g}/{result.auto_max or 0:g}"
+    line = f"[{done}/{total}] {result.student} {result.lab}: {result.status}{points}"
+    print(f"{line} ({result.seconds:.0f} s)", file=sys.stderr, flush=True)
 
 
 def _build(repo: Path, labs: list[str], *, student: bool) -> int:

@@ -226,7 +226,7 @@ def feedback_notebook(
             f"**Grading was {status}**: some cells did not run to the end (see below). If your "
             "code is correct, ask your instructor to grade it again."
         )
-    cells = [nbformat.v4.new_markdown_cell("\n\n".join(summary))]
+    cells = [nbformat.v4.new_markdown_cell("\n\n".join(summary), id="feedback-summary")]
     after_hidden = False
     for cell in nb.cells:
         if cell.get("metadata", {}).get("transformer_lab_finish"):
@@ -254,6 +254,7 @@ def feedback_notebook(
         gid = meta.get("grade_id")
         if meta.get("grade") and gid in scores:
             cells.append(_points_cell(*scores[gid], notes.get(gid, "")))
+            cells[-1].id = f"points-{gid}"[:64]  # the same page for the same grading, anywhere
     nb.cells = cells
     return nb
 
