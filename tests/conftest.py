@@ -44,6 +44,7 @@ TOOL_FOLDERS = {".pytest_cache", "__pycache__", ".ruff_cache"}
 NEEDS = {
     "bubblewrap": "needs a working bubblewrap (0.5+): Debian package `bubblewrap` runs it",
     "chromium": "needs Chromium: Debian package `chromium` runs it",
+    "podman": "needs podman with runc: Debian packages `podman` and `runc` run it",
 }
 NO_SKIP_ENV = "TRANSFORMER_LAB_NO_SKIP"
 
