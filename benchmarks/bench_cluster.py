@@ -6,12 +6,12 @@ one-thread worker processes on this machine) for each N in ``--workers``. Report
 
 * ``wall_s``: the whole run (the lab's preparation, the cluster's start, every submission);
 * ``first_s``: until the first submission was accepted (the fixed cost of a run);
-* ``per_hour``: steady submissions per hour, ``3600 x (submissions - 1) / (wall - first)``;
+* ``per_hour``: steady submissions per hour, between the first accepted and the last;
 * ``coordinator_ms``: the coordinating process's own time per submission, measured around
   what it does with each (the worker's reply made into files, then the gradebook write, the
   gradebook's fingerprint checks, the feedback copied into place, the journal); what bounds a
   cluster of 1,000 workers, since one coordinator accepts every submission in turn;
-* ``gradebook_kb``: the gradebook's size per submission, and ``hash_mb_s``: how fast this
+* ``gradebook_kb``: what each submission adds to the gradebook, and ``hash_mb_s``: how fast this
   machine hashes it (the coordinator hashes the whole gradebook twice per submission to notice
   a writer other than itself, so its cost grows with the term: see ``term_coordinator_s``, the
   estimate for the last submission of a term of ``--term`` submissions).
@@ -104,16 +104,19 @@ def grade_on(workers: int, copies: int, workdir: Path) -> dict[str, Any]:
         if not (r.status == "graded" and r.auto_score == r.auto_max):
             print(f"{r.student}: {r.status}: {r.error or r.problems or r.flags}", file=sys.stderr)
     first = accepted[0] if accepted else float("nan")
-    steady = (copies - 1) / (wall - first) * 3600 if copies > 1 else float("nan")
+    span = accepted[-1] - accepted[0] if len(accepted) > 1 else float("nan")
+    steady = (len(accepted) - 1) / span * 3600 if span > 0 else float("nan")
+    empty = (course / ".grading" / "templates" / LAB / "gradebook.db").stat().st_size
+    added = (course / "gradebook.db").stat().st_size - empty
     return {
         "workers": workers,
         "submissions": copies,
         "full_marks": f"{full}/{copies}",
         "wall_s": round(wall, 1),
         "first_s": round(first, 1),
-        "per_hour": round(steady),
+        "per_hour": round(steady) if steady == steady else None,
         "coordinator_ms": round(1000 * watch.seconds / copies, 1),
-        "gradebook_kb": round((course / "gradebook.db").stat().st_size / 1024 / copies, 1),
+        "gradebook_kb": round(added / 1024 / copies, 1),
     }
 
 

@@ -245,3 +245,14 @@ def test_a_worker_on_another_commit_refuses_by_name() -> None:
     other = LabBundle(LAB, b"", b"", b"", "", "", "another kit")
     with pytest.raises(GradingError, match="transformer_lab differs from the coordinator's"):
         _check_worker(other, REPO, use_bwrap=False)
+
+
+def test_each_finished_submission_prints_one_progress_line(capsys) -> None:
+    from transformer_lab.grading.cli import _progress
+
+    _progress(12, 300, SubmissionResult("alice", LAB, "graded", auto_score=12.0, auto_max=12.0))
+    _progress(13, 300, SubmissionResult("bob", LAB, "failed", error="KilledWorker", seconds=3.4))
+    assert capsys.readouterr().err.splitlines() == [
+        f"[12/300] alice {LAB}: graded 12/12 (0 s)",
+        f"[13/300] bob {LAB}: failed (3 s)",
+    ]
