@@ -256,3 +256,28 @@ def test_each_finished_submission_prints_one_progress_line(capsys) -> None:
         f"[12/300] alice {LAB}: graded 12/12 (0 s)",
         f"[13/300] bob {LAB}: failed (3 s)",
     ]
+
+
+def test_a_worker_with_two_threads_refuses_by_name() -> None:
+    """Each submission ends every process it started: two at once on one worker must not be."""
+    from distributed import Client, LocalCluster
+
+    from transformer_lab.grading.cluster import (
+        LabBundle,
+        RemoteTask,
+        _solution_digest,
+        grade_task,
+        kit_digest,
+    )
+    from transformer_lab.grading.grade import Job
+
+    bundle = LabBundle(LAB, b"", b"", b"", "", _solution_digest(REPO, LAB), kit_digest())
+    job = Job(str(REPO), "", "ada", LAB, "", [], "", "", "", "", "", {}, use_bwrap=False)
+    task = RemoteTask(job, b"{}", f"{LAB}.ipynb", None)
+    refused = pytest.raises(GradingError, match=r"runs 2 threads: .*dask worker --nthreads 1")
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False) as cluster,
+        Client(cluster) as client,
+        refused,
+    ):
+        client.submit(grade_task, task, bundle, pure=False).result()

@@ -150,14 +150,24 @@ def make_bundle(repo: Path, lab: str, prepared: tuple[Path, Path, Path]) -> LabB
 # --------------------------------------------------------------------------------------
 
 
+def _dask_worker() -> Any | None:
+    """The Dask worker running this task, or None (called outside one)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except (ImportError, ValueError):
+        return None
+
+
 def _worker_root() -> Path:
     """This worker's own folder: in the Dask worker's local directory (removed with the
     worker, a killed one's at the next start), else a temporary one of this process."""
-    root = Path(tempfile.gettempdir()) / f"{WORKER_DIR}-{os.getpid()}"
-    with contextlib.suppress(ImportError, ValueError):
-        from distributed import get_worker
-
-        root = Path(get_worker().local_directory) / WORKER_DIR
+    worker = _dask_worker()
+    if worker is not None:
+        root = Path(worker.local_directory) / WORKER_DIR
+    else:
+        root = Path(tempfile.gettempdir()) / f"{WORKER_DIR}-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
     return root
 
@@ -196,17 +206,13 @@ def _check_worker(bundle: LabBundle, repo: Path, use_bwrap: bool) -> None:
     from transformer_lab.grading.grade import NO_SANDBOX
     from transformer_lab.grading.sandbox import find_bwrap
 
-    here = socket.gethostname()
-    with contextlib.suppress(ImportError, ValueError):
-        from distributed import get_worker
-
-        worker = get_worker()
-        here = worker.address
-        if worker.state.nthreads != 1:
-            raise GradingError(
-                f"worker {here} runs {worker.state.nthreads} threads: a grading worker runs "
-                "one submission at a time (start it with `dask worker --nthreads 1`)"
-            )
+    worker = _dask_worker()
+    here = str(worker.address) if worker is not None else socket.gethostname()
+    if worker is not None and worker.state.nthreads != 1:
+        raise GradingError(
+            f"worker {here} runs {worker.state.nthreads} threads: a grading worker runs "
+            "one submission at a time (start it with `dask worker --nthreads 1`)"
+        )
     if kit_digest() != bundle.kit_digest:
         raise GradingError(f"worker {here}'s transformer_lab differs from the coordinator's")
     if _solution_digest(repo, bundle.lab) != bundle.solution_digest:
@@ -267,11 +273,8 @@ def grade_task(task: RemoteTask, bundle: LabBundle) -> dict[str, Any]:
 
 
 def _address() -> str:
-    with contextlib.suppress(ImportError, ValueError):
-        from distributed import get_worker
-
-        return str(get_worker().address)
-    return socket.gethostname()
+    worker = _dask_worker()
+    return str(worker.address) if worker is not None else socket.gethostname()
 
 
 # --------------------------------------------------------------------------------------
