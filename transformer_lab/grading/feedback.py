@@ -33,6 +33,7 @@ import re
 from typing import Any
 
 import nbformat
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 from nbformat import NotebookNode
 
 __all__ = ["feedback_notebook", "math_to_mathml", "render_html", "sanitize_html"]
@@ -200,7 +201,9 @@ def feedback_notebook(
         flags: why the submission was flagged (shown as "will be reviewed", not in detail).
     """
     notes = notes or {}
-    nb = copy.deepcopy(executed)
+    # One output per stream run: how the kernel's prints were split into messages depends on
+    # timing, and must not change the page (the same grading gives the same feedback).
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(copy.deepcopy(executed), {})
     earned = sum(s for s, _ in scores.values())
     possible = sum(m for _, m in scores.values())
     manual = sum(
