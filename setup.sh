@@ -18,4 +18,5 @@ fi
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 .venv/bin/transformer-lab info
+command -v bwrap >/dev/null 2>&1 || echo "note: bubblewrap is missing: 'labs grade' refuses and its tests skip until you run 'sudo apt-get install bubblewrap' (Debian/Ubuntu; docs/grading.md for macOS and Windows)"
 echo "transformer-lab is ready: activate with 'source .venv/bin/activate'"

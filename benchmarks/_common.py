@@ -67,6 +67,17 @@ def kit_available(module: str, *names: str) -> bool:
     return all(hasattr(mod, n) for n in names)
 
 
+def grading_sandbox() -> str:
+    """The grader's sandbox for a benchmark: ``required`` where bubblewrap works, else ``off``.
+
+    A benchmark grades the kit's own solutions, not students' code, so without bubblewrap it
+    measures unsandboxed (and says so in its results) instead of failing.
+    """
+    from transformer_lab.grading.sandbox import find_bwrap
+
+    return "required" if find_bwrap() is not None else "off"
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     """An argument parser with the options every benchmark shares."""
     p = argparse.ArgumentParser(description=description)

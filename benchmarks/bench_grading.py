@@ -2,7 +2,8 @@
 
 For every lab the script builds a throw-away course with ``--submissions`` copies of the solution
 (each a different student), grades it with the kit's grader (sandboxed where bubblewrap works,
-one CPU thread per kernel) once with ``--jobs 1`` and once with ``--jobs N``, and reports:
+else unsandboxed and said so; one CPU thread per kernel) once with ``--jobs 1`` and once with
+``--jobs N``, and reports:
 
 * ``setup_s``: the lab's fixed cost, paid once per ``labs grade`` run whatever the number of
   submissions (nbgrader's assignment, the lab's gradebooks, the student-package view, merging);
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO_ROOT, now, print_table, write_json
+from _common import REPO_ROOT, grading_sandbox, now, print_table, write_json
 from _common import base_parser as _base_parser
 
 
@@ -60,7 +61,8 @@ def grade_copies(lab: str, copies: int, jobs: int, workdir: Path) -> dict[str, A
         folder.mkdir(parents=True)
         shutil.copy(source, folder / f"{lab}.ipynb")
     start = time.perf_counter()
-    report = grade_course(course, REPO_ROOT, [lab], jobs=jobs, options=GradingOptions())
+    options = GradingOptions(sandbox=grading_sandbox())
+    report = grade_course(course, REPO_ROOT, [lab], jobs=jobs, options=options)
     wall = time.perf_counter() - start
     seconds = sorted(r.seconds or 0.0 for r in report.results)
     full = 0
@@ -184,7 +186,11 @@ def main() -> None:
         "full_marks",
     ]
     print_table(rows, columns)
-    write_json(args.out, {"date": now(), "students": args.students, "rows": rows})
+    sandbox = "bubblewrap" if grading_sandbox() == "required" else "none (no bubblewrap here)"
+    print(f"sandbox: {sandbox}")
+    write_json(
+        args.out, {"date": now(), "students": args.students, "sandbox": sandbox, "rows": rows}
+    )
 
 
 if __name__ == "__main__":

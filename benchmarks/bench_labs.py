@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO_ROOT, machine, now, print_table, write_json
+from _common import REPO_ROOT, grading_sandbox, machine, now, print_table, write_json
 from _common import base_parser as _base_parser
 
 
@@ -152,7 +152,7 @@ def autograde_one(nb_path: Path, workdir: Path, profile: str) -> dict[str, Any]:
     Returns:
         ``{"autograde_s", "auto_score", "auto_max", "status"}``.
     """
-    from transformer_lab.grading.grade import grade_course
+    from transformer_lab.grading.grade import GradingOptions, grade_course
 
     lab = nb_path.parent.name
     course = workdir / lab
@@ -160,7 +160,8 @@ def autograde_one(nb_path: Path, workdir: Path, profile: str) -> dict[str, Any]:
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copy2(nb_path, dst / nb_path.name)
     t0 = time.perf_counter()
-    report = grade_course(course, REPO_ROOT, labs=[lab], profile=profile)
+    options = GradingOptions(sandbox=grading_sandbox())
+    report = grade_course(course, REPO_ROOT, labs=[lab], profile=profile, options=options)
     seconds = time.perf_counter() - t0
     res = report.find("solution", lab)
     if res.status != "graded":

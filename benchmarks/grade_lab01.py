@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import REPO_ROOT, machine, now, write_json
+from _common import REPO_ROOT, grading_sandbox, machine, now, write_json
 
 LAB = "01_positional_encoding"
 TARGET_S = 20.0
@@ -36,7 +36,7 @@ def main() -> int:
     if args.submissions < 1:
         raise ValueError(f"--submissions={args.submissions} must be >= 1")
 
-    from transformer_lab.grading.grade import grade_course
+    from transformer_lab.grading.grade import GradingOptions, grade_course
 
     with tempfile.TemporaryDirectory(prefix="tlab-bench-") as tmp:
         course = Path(tmp)
@@ -44,7 +44,8 @@ def main() -> int:
             dst = course / "submitted" / f"student{k:03d}" / LAB
             shutil.copytree(REPO_ROOT / "solutions" / LAB, dst)
         start = time.perf_counter()
-        report = grade_course(course, REPO_ROOT, [LAB])
+        options = GradingOptions(sandbox=grading_sandbox())
+        report = grade_course(course, REPO_ROOT, [LAB], options=options)
         total = time.perf_counter() - start
     per = [r.seconds for r in report.results]
     bad = [r for r in report.results if r.status != "graded" or r.auto_score != r.auto_max]

@@ -38,14 +38,55 @@ CORPUS_ENV = "TRANSFORMER_LAB_TINY_SHAKESPEARE"
 # Made by tools, not by the tests' own runs.
 TOOL_FOLDERS = {".pytest_cache", "__pycache__", ".ruff_cache"}
 
-#: Tests that grade in the bubblewrap sandbox: without it they skip, saying how to run them.
+#: Why a test that needs a system tool skipped: one line naming the Debian package that runs it
+#: (shown in pytest's ``-ra`` summary). ``.ci/run`` installs both packages and sets
+#: ``TRANSFORMER_LAB_NO_SKIP=bubblewrap,chromium``: there such a skip fails the test instead.
+NEEDS = {
+    "bubblewrap": "needs a working bubblewrap (0.5+): Debian package `bubblewrap` runs it",
+    "chromium": "needs Chromium: Debian package `chromium` runs it",
+    "podman": "needs podman with runc: Debian packages `podman` and `runc` run it",
+}
+NO_SKIP_ENV = "TRANSFORMER_LAB_NO_SKIP"
+
+
+def _bwrap_works() -> bool:
+    """Whether the grader's sandbox works here (installed, and user namespaces allowed)."""
+    if shutil.which("bwrap") is None:
+        return False
+    from transformer_lab.grading.sandbox import find_bwrap
+
+    return find_bwrap() is not None
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium (the browser tests drive it through playwright), or None."""
+    import importlib.util
+
+    found = shutil.which("chromium")
+    return found if found and importlib.util.find_spec("playwright") is not None else None
+
+
+#: Tests that grade in the bubblewrap sandbox: without it they skip, naming the package.
 #: Round trips that test a lab, not the sandbox, grade without it there, asked for explicitly
 #: (``labs grade`` refuses to unless told ``--unsandboxed``).
-GRADING_SANDBOX = "required" if shutil.which("bwrap") else "off"
-needs_bwrap = pytest.mark.skipif(
-    shutil.which("bwrap") is None,
-    reason="bubblewrap is not installed: `apt-get install bubblewrap` (as .ci/run does) to run it",
-)
+HAVE_BWRAP = _bwrap_works()
+GRADING_SANDBOX = "required" if HAVE_BWRAP else "off"
+needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason=NEEDS["bubblewrap"])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Where ``$TRANSFORMER_LAB_NO_SKIP`` names a tool (CI), a test skipped for want of it fails."""
+    outcome = yield
+    report = outcome.get_result()
+    strict = {t.strip() for t in os.environ.get(NO_SKIP_ENV, "").split(",") if t.strip()}
+    if not (report.skipped and strict) or not isinstance(report.longrepr, tuple):
+        return
+    reason = str(report.longrepr[2])
+    for tool in strict & NEEDS.keys():
+        if NEEDS[tool] in reason:
+            report.outcome = "failed"
+            report.longrepr = f"skipped where {NO_SKIP_ENV} requires {tool}: {reason}"
 
 
 class LoopbackServer:

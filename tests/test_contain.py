@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import NEEDS
 
 from transformer_lab.grading.contain import Containment, descendants
 from transformer_lab.grading.sandbox import KernelSandbox, find_bwrap
@@ -76,7 +77,7 @@ def test_the_sandbox_bounds_its_ram_file_systems_and_counts_them(tmp_path: Path)
     box.use_bwrap = True
     assert box.address_space() == 4 * 2**30 - 2**30 - 2**28
     if find_bwrap() is None:
-        pytest.skip("bubblewrap does not work here")
+        pytest.skip(NEEDS["bubblewrap"])
     line = " ".join(box.command(["kernel"]))
     assert f"--size {2**30} --tmpfs /tmp" in line
     assert f"--size {2**28} --tmpfs /dev/shm --remount-ro /dev" in line

@@ -16,11 +16,12 @@ import html
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import GRADING_SANDBOX
+from conftest import GRADING_SANDBOX, NEEDS
 from one_mistake import ONE_MISTAKE, TRAINED_CELLS_MISTAKE, submission
 
 from transformer_lab.checks import spec
@@ -113,7 +114,8 @@ def test_labs_render_feedback_shows_the_pages(course: Path, tmp_path: Path) -> N
         and page.read_text()
         == (course / "feedback" / STUDENT / LABS[0] / f"{LABS[0]}.html").read_text()
     )
-    if any(p.suffix == ".png" for p in written):  # where a Chromium is installed
+    chromium = shutil.which("chromium") or shutil.which("google-chrome")
+    if chromium:  # the page's screenshot
         assert (tmp_path / STUDENT / f"{LABS[0]}.png").stat().st_size > 10_000
     out = tmp_path / "cli"
     assert (
@@ -121,6 +123,8 @@ def test_labs_render_feedback_shows_the_pages(course: Path, tmp_path: Path) -> N
         == 0
     )
     assert (out / STUDENT / f"{LABS[0]}.html").is_file()
+    if not chromium:
+        pytest.skip(NEEDS["chromium"])  # the pages above were checked all the same
 
 
 def test_labs_render_feedback_of_an_ungraded_course_says_what_to_do(tmp_path: Path, capsys) -> None:

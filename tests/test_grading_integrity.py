@@ -12,6 +12,7 @@ The same cheats graded without the sandbox still earn 0 and a flag, and the run 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import needs_bwrap
+from conftest import GRADING_SANDBOX, needs_bwrap
 
 from transformer_lab.grading.cli import main
 
@@ -125,7 +126,10 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile")
     _submit(root, "honest", nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), 4))
     _submit(root, "victim", nbformat.read(str(REPO / "labs" / LAB / f"{LAB}.ipynb"), 4))
-    assert _grade(root, "--student", "honest", "--student", "victim") == 0
+    # What the cheats are measured against: graded in the sandbox where it works.
+    sandbox = ["--sandbox", GRADING_SANDBOX]
+    with pytest.warns(RuntimeWarning) if GRADING_SANDBOX == "off" else contextlib.nullcontext():
+        assert _grade(root, "--student", "honest", "--student", "victim", *sandbox) == 0
     rows = _csv(root)
     assert rows["honest"]["score"] == "12.0" and rows["victim"]["score"] == "0.0"
     return root

@@ -482,12 +482,3 @@ def test_report_is_readable_at_a_laptops_width(term: dict[str, Path], tmp_path: 
     assert "s03\tJosé Núñez" in text
     assert "8/12 + 3/6 written" in text and "12/12 + 0/6 written (3 to grade)" in text
     assert (tmp_path / "report.png").stat().st_size > 0
-
-
-def test_labs_grade_prints_a_line_per_submission(capsys) -> None:
-    from transformer_lab.grading.cli import _progress_line
-    from transformer_lab.grading.grade import SubmissionResult
-
-    result = SubmissionResult("s01", LAB1, "graded", auto_score=12.0, auto_max=12.0, seconds=9.6)
-    _progress_line(result, 3, 40)
-    assert capsys.readouterr().err == f"[3/40] s01 {LAB1}: graded 12/12 (10 s)\n"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import importlib.util
 import os
 import shutil
 import socket
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import GRADING_SANDBOX, NEEDS, chromium_path
 from filelock import FileLock
 from lms_support import (
     LAB1,
@@ -40,7 +40,7 @@ from nbgrader.api import Gradebook
 from transformer_lab.grading.cli import main
 from transformer_lab.grading.course import grading_env
 from transformer_lab.grading.export import export_grades
-from transformer_lab.grading.grade import grade_course
+from transformer_lab.grading.grade import GradingOptions, grade_course
 from transformer_lab.grading.lms import Roster
 from transformer_lab.grading.report import write_report
 from transformer_lab.grading.results import course_outcomes
@@ -48,7 +48,6 @@ from transformer_lab.grading.rubrics import add_rubrics
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 20
-CHROMIUM = "/usr/bin/chromium"
 STUB = "# YOUR CODE HERE\n    raise NotImplementedError()"
 ENC_SWAPPED = """two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
     angles = torch.arange(seq_len, dtype=torch.float32)[:, None] / base ** (two_i / d_model)
@@ -75,6 +74,11 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"course": home / "course", "home": home}
 
 
+def _options() -> GradingOptions:
+    """Every grading of this file alike (re-grading skips only what was graded with the same)."""
+    return GradingOptions(sandbox=GRADING_SANDBOX)
+
+
 def _build(home: Path) -> None:
     home.mkdir(parents=True, exist_ok=True)
     solution = (REPO / "solutions" / LAB1 / f"{LAB1}.ipynb").read_text()
@@ -99,7 +103,7 @@ def _build(home: Path) -> None:
     assert main(["collect", str(archive), "--lms", "moodle", "--lab", LAB1, "--course",
                  str(course), "--roster", str(write_roster(home / "roster.csv"))]) == 1  # fmt: skip
     (home / "submitted.sha").write_text(repr(tree_hashes(course / "submitted")))
-    grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    grade_course(course, REPO, [LAB1], timeout=TIMEOUT, options=_options())
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         grade = gb.find_grade("written_small_base", LAB1, LAB1, "s01")
         grade.manual_score = 1.5
@@ -108,7 +112,9 @@ def _build(home: Path) -> None:
         comment.manual_comment = "Right idea; the wavelengths repeat sooner."
         gb.db.commit()
     # Unchanged, s01 would be skipped: forced, the manual grade must survive grading again.
-    grade_course(course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT, force=True)
+    grade_course(
+        course, REPO, [LAB1], students=["s01"], timeout=TIMEOUT, options=_options(), force=True
+    )
 
 
 def test_the_collected_submission_time_reaches_the_gradebook(graded: dict) -> None:
@@ -206,7 +212,7 @@ def test_regrading_grades_only_what_changed(graded: dict, tmp_path: Path) -> Non
     course = tmp_path / "course"
     shutil.copytree(graded["course"], course, symlinks=True)
     before = (course / "gradebook.db").read_bytes()
-    again = grade_course(course, REPO, [LAB1], timeout=TIMEOUT)
+    again = grade_course(course, REPO, [LAB1], timeout=TIMEOUT, options=_options())
     assert again.results == [] and again.skipped == [f"s01/{LAB1}", f"s02/{LAB1}", f"s04/{LAB1}"]
     assert "skipped 3 unchanged submission(s)" in again.table()
     assert (course / "gradebook.db").read_bytes() == before
@@ -219,18 +225,19 @@ def test_regrading_grades_only_what_changed(graded: dict, tmp_path: Path) -> Non
         REPO,
         [LAB1],
         timeout=TIMEOUT,
-        progress=lambda r, n, of: seen.append((r.student, n, of)),
+        options=_options(),
+        progress=lambda n, of, r: seen.append((r.student, n, of)),
     )
     assert seen == [("s02", 1, 1)], "one progress call per submission graded"
     assert [(r.student, r.status, r.auto_score) for r in changed.results] == [
         ("s02", "graded", 12.0)
     ]
     assert changed.skipped == [f"s01/{LAB1}", f"s04/{LAB1}"]
-    forced = grade_course(course, REPO, [LAB1], students=["s04"], force=True)
+    forced = grade_course(course, REPO, [LAB1], students=["s04"], force=True, options=_options())
     assert [(r.student, r.status) for r in forced.results] == [("s04", "unmatched")]
     # A course whose gradebook was deleted has nothing graded to keep: it is graded again.
     (course / "gradebook.db").unlink()
-    lost = grade_course(course, REPO, [LAB1], students=["s04"])
+    lost = grade_course(course, REPO, [LAB1], students=["s04"], options=_options())
     assert [(r.student, r.status) for r in lost.results] == [("s04", "unmatched")]
     assert lost.skipped == []
 
@@ -266,8 +273,9 @@ def _free_port() -> int:
 
 def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
     """A written answer graded in formgrader (Chromium) survives re-grading and is exported."""
-    if not Path(CHROMIUM).is_file() or importlib.util.find_spec("playwright") is None:
-        pytest.skip(f"needs {CHROMIUM} and the playwright package (pip install playwright)")
+    chromium = chromium_path()
+    if chromium is None:
+        pytest.skip(NEEDS["chromium"])
     from playwright.sync_api import sync_playwright
 
     course = tmp_path / "course"
@@ -280,7 +288,7 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
         with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
             notebook_id = gb.find_submission_notebook(LAB1, LAB1, "s02").id
         with sync_playwright() as play:
-            browser = play.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            browser = play.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             # The token as a header on every request (formgrader's API calls included).
             context = browser.new_context(extra_http_headers={"Authorization": f"token {token}"})
             page = context.new_page()
@@ -308,7 +316,7 @@ def test_formgrader_in_chromium(graded: dict, tmp_path: Path) -> None:
         server.terminate()
         server.wait(timeout=30)
     assert main(["grade", "--course", str(course), "01", "--student", "s02", "--force",
-                 "--timeout", str(TIMEOUT)]) in (0, 1)  # fmt: skip
+                 "--timeout", str(TIMEOUT), "--sandbox", GRADING_SANDBOX]) in (0, 1)  # fmt: skip
     with grading_env(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         grade = gb.find_grade("written_extrapolation", LAB1, LAB1, "s02")
         assert grade.manual_score == 2.0 and not grade.needs_manual_grade

@@ -5,7 +5,8 @@
 * ``new NN_name --title TITLE``: start a lab from the lab standard (notebook and checks).
 * ``check [LAB ...] [--no-grade] [--unsandboxed]``: release in sync, nothing leaked, solution
   gets full marks and the untouched release zero (exit 1 with the reasons otherwise).
-* ``grade --course DIR [LAB ...] [--student ID ...] [--jobs N] [--unsandboxed]``: autograde
+* ``grade --course DIR [LAB ...] [--student ID ...] [--jobs N | --cluster ADDRESS] [--resume]
+  [--unsandboxed]``: autograde
   ``DIR/submitted`` into ``DIR/gradebook.db`` (each submission in a bubblewrap sandbox; without
   one it refuses unless ``--unsandboxed``), write ``DIR/grades.csv`` (with
   ``status`` and ``flags``), ``DIR/feedback/`` and ``DIR/grading_report.json`` (exit 1 if any
@@ -110,6 +111,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--keep-work", action="store_true", help="keep the per-submission workspaces")
     g.add_argument(
         "--force", action="store_true", help="grade again also submissions unchanged since graded"
+    )
+    g.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="grade on a Dask cluster: tcp://scheduler:8786, a scheduler file (*.json) or "
+        "local:N (N worker processes here); docs/grading.md",
+    )
+    g.add_argument(
+        "--resume", action="store_true", help="grade only what a stopped run left ungraded"
     )
     m = sub.add_parser("merge", help="merge gradebooks graded elsewhere into DIR/gradebook.db")
     m.add_argument("--course", type=Path, required=True, help="folder holding gradebook.db")
@@ -287,7 +298,9 @@ def main(args: list[str]) -> int:
             jobs=ns.jobs,
             options=options,
             force=ns.force,
-            progress=_progress_line,
+            cluster=ns.cluster,
+            resume=ns.resume,
+            progress=_progress,
         )
         print(report.table())
         from transformer_lab.grading.rubrics import add_rubrics
@@ -303,15 +316,13 @@ def main(args: list[str]) -> int:
         return 2
 
 
-def _progress_line(result: SubmissionResult, done: int, total: int) -> None:
-    """One line per submission as it is graded (stderr: the table on stdout stays whole)."""
-    auto = f" {result.auto_score:g}/{result.auto_max:g}" if result.auto_score is not None else ""
-    print(
-        f"[{done}/{total}] {result.student} {result.lab}: {result.status}{auto} "
-        f"({result.seconds:.0f} s)",
-        file=sys.stderr,
-        flush=True,
-    )
+def _progress(done: int, total: int, result: SubmissionResult) -> None:
+    """One line per finished submission, on standard error (the table comes at the end)."""
+    points = ""
+    if result.auto_score is not None:
+        points = f" {result.auto_score:g}/{result.auto_max or 0:g}"
+    line = f"[{done}/{total}] {result.student} {result.lab}: {result.status}{points}"
+    print(f"{line} ({result.seconds:.0f} s)", file=sys.stderr, flush=True)
 
 
 def _build(repo: Path, labs: list[str], *, student: bool) -> int:

@@ -45,6 +45,7 @@ import re
 from typing import Any
 
 import nbformat
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 from nbformat import NotebookNode
 
 from transformer_lab.grading.inert import (
@@ -212,7 +213,9 @@ def feedback_notebook(
         flags: why the submission was flagged (shown as "will be reviewed", not in detail).
     """
     notes = notes or {}
-    nb = copy.deepcopy(executed)
+    # One output per stream run: how the kernel's prints were split into messages depends on
+    # timing, and must not change the page (the same grading gives the same feedback).
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(copy.deepcopy(executed), {})
     manual = sum(
         1
         for c in nb.cells
@@ -254,6 +257,9 @@ def feedback_notebook(
     failed = failed_checks(order, scores, notes)
     summary = _summary_html(title, status, earned, possible, manual, failed)
     nb.cells = [_page_cell(summary), *cells]
+    for number, cell in enumerate(nb.cells):  # the same page for the same grading, anywhere
+        if cell.metadata.get(_PAGE_CELL):
+            cell.id = f"feedback-{number}"
     # The notebook's own metadata (widget state, title) is the student's: the page needs none.
     nb.metadata = nbformat.from_dict({"language_info": {"name": "python"}})
     return nb
@@ -306,11 +312,14 @@ def _inert_cells(nb: NotebookNode) -> NotebookNode:
     nb = copy.copy(nb)
     cells = []
     for cell in nb.cells:
+        inert = cell
         if cell.cell_type == "markdown":
-            cell = _page_cell(markdown_html(cell.source))
+            inert = _page_cell(markdown_html(cell.source))
         elif cell.cell_type == "raw" and not cell.get("metadata", {}).get(_PAGE_CELL):
-            cell = _page_cell(f'<pre class="tl-raw">{html.escape(cell.source)}</pre>')
-        cells.append(cell)
+            inert = _page_cell(f'<pre class="tl-raw">{html.escape(cell.source)}</pre>')
+        if inert is not cell and "id" in cell:  # the same page for the same notebook
+            inert.id = cell.id
+        cells.append(inert)
     nb.cells = cells
     return nb
 

@@ -31,12 +31,15 @@ Layout of ``DIR`` (nbgrader's own, plus the grader's working folder)::
     DIR/grading_report.json                     every run's records (appended, never lost)
     DIR/.grading/                               package views, templates, workspaces
 
-``--jobs N`` grades N submissions at once in separate processes (one CPU thread each); a term
-can also be split across machines and the gradebooks merged (:func:`merge_gradebooks`). Each
-submission's grading runs in a child process of its own, under an address-space limit
-(``--grader-memory-gb``) and a deadline (the budget plus :data:`GRADER_SLACK_S`): a failure there
-(an exception, memory, time, a kill) is that submission's ``failed`` record, said in one line on
-standard error, and the batch goes on (:mod:`~transformer_lab.grading.isolate`).
+``--jobs N`` grades N submissions at once in separate processes (one CPU thread each);
+``--cluster ADDRESS`` on the workers of a Dask cluster (:mod:`~transformer_lab.grading.cluster`),
+this process still the only writer; ``--resume`` grades only what a stopped run left
+(:mod:`~transformer_lab.grading.journal`). A term can also be split across machines by hand and
+the gradebooks merged (:func:`merge_gradebooks`). Each submission's grading runs in a child
+process of its own, under an address-space limit (``--grader-memory-gb``) and a deadline (the
+budget plus :data:`GRADER_SLACK_S`): a failure there (an exception, memory, time, a kill) is that
+submission's ``failed`` record, said in one line on standard error, and the batch goes on
+(:mod:`~transformer_lab.grading.isolate`).
 
 Reference: nbgrader's converters (``GenerateAssignment``, ``Autograde``) and gradebook API.
 """
@@ -87,6 +90,7 @@ from transformer_lab.grading.course import (
     write_notebook,
 )
 from transformer_lab.grading.isolate import Bounds, describe, run_bounded
+from transformer_lab.grading.journal import Journal, notebook_digest
 from transformer_lab.grading.repair import repair_notebook
 from transformer_lab.grading.sandbox import (
     DEAD_ENAME,
@@ -1109,7 +1113,9 @@ def grade_course(
     jobs: int = 1,
     options: GradingOptions | None = None,
     force: bool = False,
-    progress: Callable[[SubmissionResult, int, int], None] | None = None,
+    cluster: str | None = None,
+    resume: bool = False,
+    progress: Callable[[int, int, SubmissionResult], None] | None = None,
 ) -> GradeReport:
     """Autograde ``course/submitted`` into ``course/gradebook.db``; write feedback, CSV, report.
 
@@ -1126,8 +1132,10 @@ def grade_course(
         jobs: submissions graded at once, each in its own process.
         options: everything else (:class:`GradingOptions`).
         force: grade every submission, also those unchanged since they were graded.
-        progress: called with each submission's result as it is recorded, how many were
-            recorded and how many this run grades (``labs grade`` prints a line each).
+        cluster: grade on a Dask cluster instead of here: ``local:N``, a scheduler file or
+            a scheduler address (:mod:`~transformer_lab.grading.cluster`).
+        resume: grade only what a stopped run left (:mod:`~transformer_lab.grading.journal`).
+        progress: called with (done, total, result) as each submission is accepted.
 
     Returns:
         A :class:`GradeReport`; failures of single submissions are recorded, not raised.
@@ -1142,6 +1150,14 @@ def grade_course(
         options.cell_timeout = int(timeout)
     if jobs < 1:
         raise GradingError(f"jobs={jobs} must be at least 1")
+    if cluster and jobs > 1:
+        raise GradingError(
+            f"jobs={jobs} with cluster={cluster!r}: on a cluster its workers grade at once"
+        )
+    if cluster:
+        from transformer_lab.grading.cluster import check_address
+
+        check_address(cluster)
     course = Path(course).resolve()
     repo = Path(repo).resolve()
     submitted = course / "submitted"
@@ -1219,6 +1235,8 @@ def grade_course(
         mpl_cache = str(_matplotlib_cache(course)) if pairs else ""
         digests = {lab: _tree_digest(view) for lab, (_, _, view) in prepared.items()}
         job_list: list[Job] = []
+        journal = Journal(course / WORK, resume=resume)
+        digests_in: dict[tuple[str, str], str] = {}
         for student, lab in pairs:
             chosen, others = choose_notebook(submitted / student / lab, f"{lab}.ipynb")
             if chosen is None:
@@ -1231,6 +1249,11 @@ def grade_course(
                         f"{others or 'none'})",
                     )
                 )
+                continue
+            digests_in[(student, lab)] = notebook_digest(chosen)
+            earlier = journal.finished(student, lab, digests_in[(student, lab)])
+            if earlier is not None:  # graded by the run this one resumes
+                results.append(SubmissionResult(**earlier))
                 continue
             release, template_db, view = prepared[lab]
             job_list.append(
@@ -1251,7 +1274,7 @@ def grade_course(
                 )
             )
         expected = _fingerprint(main_db)
-        before_jobs = len(results)
+        total = len(results) + len(job_list)  # unmatched and resumed ones are in results
 
         def accept(result: SubmissionResult, files: dict[str, str]) -> None:
             nonlocal expected
@@ -1277,11 +1300,19 @@ def grade_course(
             if not options.keep_work and files.get("work"):
                 shutil.rmtree(files["work"], ignore_errors=True)
             results.append(result)
+            if result.status != "failed" and (result.student, result.lab) in digests_in:
+                journal.add(result.to_json(), digests_in[(result.student, result.lab)])
             if progress is not None:
-                progress(result, len(results) - before_jobs, len(job_list))
+                progress(len(results), total, result)
 
         graded_labs = sorted({job.lab for job in job_list})
-        if jobs == 1 or len(job_list) <= 1:
+        if cluster:
+            from transformer_lab.grading.cluster import grade_on_cluster, make_bundle
+
+            bundles = {lab: make_bundle(repo, lab, prepared[lab]) for lab in graded_labs}
+            for pair in grade_on_cluster(cluster, job_list, bundles, course / WORK / "work"):
+                accept(*pair)
+        elif jobs == 1 or len(job_list) <= 1:
             warm_judge(str(repo), graded_labs)
             for job in job_list:
                 accept(*_run_job(job))
@@ -1312,12 +1343,14 @@ def grade_course(
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "sandbox": sandbox,
             "jobs": jobs,
+            "cluster": cluster or "",
             "options": asdict(options),
             "results": [r.to_json() for r in results],
         }
         latest = _append_report(course / REPORT, run)
         _write_csv(db_url, csv_path, latest)
         inputs_path.write_text(json.dumps(inputs, indent=1, sort_keys=True) + "\n")
+        journal.close()
     return GradeReport(
         course, results, csv_path, course / "feedback", sandbox, run_id, skipped=skipped
     )
