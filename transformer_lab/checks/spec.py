@@ -15,7 +15,7 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
 
 A lab's ``[bans.<name>]`` tables say what its graded code may not call (torch operation
 families ``ops``, dotted ``functions``, the ``reason`` the refusal gives); the checks build their
-:class:`~transformer_lab.checks._bans.Ban` from them (:meth:`LabSpec.ban`), and the lint holds
+:class:`~transformer_lab.judge.bans.Ban` from them (:meth:`LabSpec.ban`), and the lint holds
 that every part's kit answer is refused by its own bans. Its ``[tolerance]`` table names the
 tolerances that its visible and hidden checks use (``float32 = 1e-4``, or an ``atol``/``rtol``
 pair ``long_angles = {atol = 2e-4, rtol = 1e-3}``).
@@ -115,8 +115,8 @@ class LabSpec:
         return dict(part.builds_on) if part else {}
 
     def ban(self, name: str) -> Any:
-        """The :class:`~transformer_lab.checks._bans.Ban` of the table ``[bans.<name>]``."""
-        from transformer_lab.checks._bans import Ban
+        """The :class:`~transformer_lab.judge.bans.Ban` of the table ``[bans.<name>]``."""
+        from transformer_lab.judge.bans import Ban
 
         if name not in self.bans:
             raise SpecError(
@@ -349,7 +349,7 @@ def _lint_bans(lab_spec: LabSpec, where: str) -> list[str]:
     functions, classes or modules."""
     import torch
 
-    from transformer_lab.checks._bans import OP_FAMILIES, _resolve
+    from transformer_lab.judge.bans import OP_FAMILIES, _resolve
 
     used = {name for part in lab_spec.parts.values() for name in part.bans}
     problems = [

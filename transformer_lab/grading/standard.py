@@ -587,7 +587,7 @@ _SPEC_TEMPLATE = """\
 
 lab = "{lab}"
 
-# What graded code may not call while a check runs it (transformer_lab.checks._bans.Ban).
+# What graded code may not call while a check runs it (transformer_lab.judge.bans.Ban).
 [bans.own]
 # ops = ["softmax"]                            # torch op families or operator names
 # functions = ["transformer_lab.<module>"]     # the kit's answer, PyTorch's ready-made layer

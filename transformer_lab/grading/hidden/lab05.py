@@ -13,7 +13,7 @@ causal and centred convolutions, attention with and without a mask, leaks one, t
 positions ahead, leaks of size 1e-3, normalisation over time...), on float inputs of several
 shapes: a correct detector that perturbs the future or one that follows gradients passes them
 all. They are closures made inside the checks, so the refusal of this module's functions inside
-a ban (:mod:`transformer_lab.checks._bans`) does not reach them.
+a ban (:mod:`transformer_lab.judge.bans`) does not reach them.
 
 :func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab05.json``).
 
