@@ -1,0 +1,183 @@
+"""A lab's facts have one home, its spec: the tables that name labs are derived from the specs or
+checked against them here (issue 36).
+
+* the judge's namespace (the visible checks a test cell reads from the grader, never from the
+  kernel) is every lab that has a spec, nothing more;
+* ``answers.ANSWERS`` and ``standins.STAND_INS`` name only parts, labs and kit answers that the
+  specs declare;
+* a lab 09 started with ``transformer-lab labs new`` in a copy of the repository (a spec, a
+  notebook, the kit's answer and the lab's oracle) is linted clean against its spec, and its
+  visible test cell is judged in the grader: a notebook that reassigns ``lab09.check_example``
+  earns nothing for it, and the kernel is never asked for ``lab09``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer_lab.answers import ANSWERS
+from transformer_lab.checks.spec import all_specs
+from transformer_lab.grading.judge import grader_namespace, lab_check_modules
+from transformer_lab.standins import STAND_INS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_judge_reads_the_checks_of_every_lab_with_a_spec_and_no_other() -> None:
+    labs = [f"lab{spec.lab[:2]}" for spec in all_specs()]
+    assert labs[:8] == [f"lab{n:02d}" for n in range(1, 9)]
+    assert list(lab_check_modules()) == labs
+    namespace = grader_namespace()
+    assert sorted(k for k in namespace if k.startswith("lab") and k[3:].isdigit()) == labs
+    for name in labs:
+        assert namespace[name] is importlib.import_module(f"transformer_lab.checks.{name}")
+
+
+def test_every_answer_is_a_part_of_its_labs_spec_with_the_specs_kit() -> None:
+    specs = {spec.lab: spec for spec in all_specs()}
+    for answer in ANSWERS:
+        assert answer.lab in specs, f"{answer.name}: no spec for lab {answer.lab!r}"
+        spec = specs[answer.lab]
+        module, _, _ = answer.check.partition(".")
+        assert module == f"lab{answer.lab[:2]}", f"{answer.name}: {answer.check} of another lab"
+        assert callable(answer.check_function()), f"{answer.check} is not a check"
+        kits = {k for part in spec.parts.values() for k in part.kit}
+        if answer.asked:
+            assert answer.name in spec.parts, f"{answer.name} is no part of {answer.lab}'s spec"
+            if answer.kit:
+                assert answer.kit in spec.parts[answer.name].kit, (answer.name, answer.kit)
+        else:  # a kit piece graded through another answer: one of that lab's kit answers
+            assert answer.kit in kits, f"{answer.kit} is no kit answer of {answer.lab}'s spec"
+
+
+def test_every_stand_in_replaces_a_kit_answer_a_spec_declares() -> None:
+    kits = {k for spec in all_specs() for part in spec.parts.values() for k in part.kit}
+    assert set(STAND_INS) <= kits, sorted(set(STAND_INS) - kits)
+    stand_ins = {
+        s for spec in all_specs() for p in spec.parts.values() for s in p.builds_on.values()
+    }
+    import transformer_lab.standins as module
+
+    assert all(callable(getattr(module, name, None)) for name in stand_ins), sorted(stand_ins)
+
+
+# -- a lab 09, scaffolded in a copy of the repository --------------------------------------------
+
+KIT_ANSWER = '''"""Lab 09's kit answer (a test's scaffolded lab)."""
+
+import torch
+
+from transformer_lab.graded import graded
+
+
+@graded("09_example")
+def example(x: torch.Tensor) -> torch.Tensor:
+    """Twice x."""
+    return 2 * x
+'''
+
+#: Run in the copy: judge lab 09's visible and hidden cells for a correct notebook and for one
+#: that reassigns its visible check (in-process kernel: ``judge_support.InProcessKernel``).
+JUDGE_SCRIPT = r"""
+import json, sys, types
+import nbformat, pytest
+from judge_support import InProcessKernel
+from transformer_lab.checks.spec import lint_spec, load
+from transformer_lab.grading import judge
+
+nb = nbformat.read(sys.argv[1], as_version=4)
+cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in nb.cells}
+out = {"judge": judge.__file__, "labs": list(judge.lab_check_modules()),
+       "lint": lint_spec(load("09_example"), nb, "09_example")}
+
+def run(kernel_names, grade_id, hidden=False):
+    with pytest.MonkeyPatch.context() as mp:
+        link = InProcessKernel(mp, kernel_names)
+        session = judge.JudgeSession(link, timeout=30, hidden=hidden)
+        verdict = judge.judge_cell(grade_id, cells[grade_id], session)
+        return {"passed": verdict.passed, "message": verdict.message,
+                "asked_for_lab09": any('"lab09"' in text for text in link.texts)}
+
+def twice(x):
+    return 2 * x
+
+def wrong(x):
+    return x
+
+# What a notebook's `lab09.check_example = lambda *a: None` leaves in its kernel (a stand-in
+# module here: the in-process kernel shares this process's real one with the grader).
+forged = types.SimpleNamespace(check_example=lambda *a: None)
+out["correct"] = run({"example": twice}, "test_example_visible")
+out["correct_hidden"] = run({"example": twice}, "test_example_hidden", hidden=True)
+out["wrong"] = run({"example": wrong}, "test_example_visible")
+out["forged"] = run({"example": wrong, "lab09": forged}, "test_example_visible")
+print(json.dumps(out))
+"""
+
+
+def _copy_of_the_repository(root: Path) -> Path:
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "transformer_lab", root / "transformer_lab", ignore=skip)
+    shutil.copy(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    (root / "solutions").mkdir()
+    return root
+
+
+def _in_copy(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO / "tests")])}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_a_lab_09_made_with_labs_new_is_judged_in_the_grader(tmp_path: Path) -> None:
+    root = _copy_of_the_repository(tmp_path / "repo")
+    new = _in_copy(
+        root, "-m", "transformer_lab.cli", "labs", "new", "09_example", "--title", "Example"
+    )
+    assert new.returncode == 0, new.stderr
+    assert "wrote transformer_lab/checks/specs/lab09.toml" in new.stdout
+    # The author's part: the kit's answer, declared in the spec with the ban that refuses it.
+    (root / "transformer_lab" / "example.py").write_text(KIT_ANSWER)
+    spec = root / "transformer_lab" / "checks" / "specs" / "lab09.toml"
+    text = spec.read_text().replace(
+        'reason = "lab 09', 'functions = ["transformer_lab.example"]\nreason = "lab 09'
+    )
+    text = text.replace(
+        '[parts.example]\nbans = ["own"]',
+        '[parts.example]\nbans = ["own"]\nkit = ["transformer_lab.example.example"]',
+    )
+    spec.write_text(text)
+    notebook = root / "solutions" / "09_example" / "09_example.ipynb"
+    (root / "judge_lab09.py").write_text(JUDGE_SCRIPT)
+    ran = _in_copy(root, "judge_lab09.py", str(notebook))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert Path(out["judge"]).is_relative_to(root)  # the copy's kit, not the repository's
+    assert out["labs"][-1] == "lab09" and "lab09" not in [n for n in out["labs"][:-1]]
+    assert out["lint"] == []
+    assert out["correct"] == {"passed": True, "message": "", "asked_for_lab09": False}
+    assert out["correct_hidden"]["passed"], out["correct_hidden"]
+    for case in ("wrong", "forged"):
+        verdict = out[case]
+        assert not verdict["passed"] and not verdict["asked_for_lab09"], (case, verdict)
+        assert "example([1, 2])" in verdict["message"], (case, verdict)
+    assert out["forged"] == out["wrong"]
+
+
+@pytest.mark.parametrize("bad", ["9_example", "09-Example"])
+def test_labs_new_names_a_bad_lab_name(tmp_path: Path, bad: str) -> None:
+    root = _copy_of_the_repository(tmp_path / "repo")
+    new = _in_copy(root, "-m", "transformer_lab.cli", "labs", "new", bad, "--title", "X")
+    assert new.returncode != 0
+    assert repr(bad) in new.stderr + new.stdout
+    assert not (root / "transformer_lab" / "checks" / "specs" / "lab09.toml").exists()
