@@ -8,7 +8,8 @@ checked against them here (issue 36).
 * a lab 09 started with ``transformer-lab labs new`` in a copy of the repository (a spec, a
   notebook, the kit's answer and the lab's oracle) is linted clean against its spec, and its
   visible test cell is judged in the grader: a notebook that reassigns ``lab09.check_example``
-  earns nothing for it, and the kernel is never asked for ``lab09``.
+  earns nothing for it, and the kernel is never asked for ``lab09`` (in-process, and through
+  the real ``labs build`` and ``labs grade``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from transformer_lab.answers import ANSWERS
@@ -139,14 +141,15 @@ def _in_copy(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_lab_09_made_with_labs_new_is_judged_in_the_grader(tmp_path: Path) -> None:
-    root = _copy_of_the_repository(tmp_path / "repo")
+def _lab_09(root: Path) -> Path:
+    """A copy of the repository at ``root`` holding lab 09, made as an author makes one:
+    ``labs new``, then the kit's answer declared in the spec with the ban that refuses it."""
+    _copy_of_the_repository(root)
     new = _in_copy(
         root, "-m", "transformer_lab.cli", "labs", "new", "09_example", "--title", "Example"
     )
     assert new.returncode == 0, new.stderr
     assert "wrote transformer_lab/checks/specs/lab09.toml" in new.stdout
-    # The author's part: the kit's answer, declared in the spec with the ban that refuses it.
     (root / "transformer_lab" / "example.py").write_text(KIT_ANSWER)
     spec = root / "transformer_lab" / "checks" / "specs" / "lab09.toml"
     text = spec.read_text().replace(
@@ -157,6 +160,11 @@ def test_a_lab_09_made_with_labs_new_is_judged_in_the_grader(tmp_path: Path) -> 
         '[parts.example]\nbans = ["own"]\nkit = ["transformer_lab.example.example"]',
     )
     spec.write_text(text)
+    return root
+
+
+def test_a_lab_09_made_with_labs_new_is_judged_in_the_grader(tmp_path: Path) -> None:
+    root = _lab_09(tmp_path / "repo")
     notebook = root / "solutions" / "09_example" / "09_example.ipynb"
     (root / "judge_lab09.py").write_text(JUDGE_SCRIPT)
     ran = _in_copy(root, "judge_lab09.py", str(notebook))
@@ -172,6 +180,53 @@ def test_a_lab_09_made_with_labs_new_is_judged_in_the_grader(tmp_path: Path) -> 
         assert not verdict["passed"] and not verdict["asked_for_lab09"], (case, verdict)
         assert "example([1, 2])" in verdict["message"], (case, verdict)
     assert out["forged"] == out["wrong"]
+
+
+def _submission(root: Path, course: Path, student: str, forged: bool) -> None:
+    nb = nbformat.read(str(root / "solutions" / "09_example" / "09_example.ipynb"), as_version=4)
+    if forged:  # a wrong answer, and the visible check replaced by one that passes anything
+        (answer,) = [
+            c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "example"
+        ]
+        answer.source = answer.source.replace("return 2 * x", "return x")
+        nb.cells.insert(2, nbformat.v4.new_code_cell("lab09.check_example = lambda *a: None"))
+    folder = course / "submitted" / student / "09_example"
+    folder.mkdir(parents=True)
+    nbformat.write(nb, str(folder / "09_example.ipynb"))
+
+
+@pytest.mark.slow
+def test_labs_grade_judges_lab_09_and_a_reassigned_check_earns_nothing(tmp_path: Path) -> None:
+    """The round trip: ``labs build 09`` and ``labs grade`` in the copy, in the sandbox where
+    the tests require it; the visible cell's verdict is the grader's check's own message."""
+    from conftest import GRADING_SANDBOX
+
+    root = _lab_09(tmp_path / "repo")
+    built = _in_copy(root, "-m", "transformer_lab.cli", "labs", "build", "09", "--no-student")
+    assert built.returncode == 0, built.stderr[-3000:]
+    course = tmp_path / "course"
+    _submission(root, course, "honest", forged=False)
+    _submission(root, course, "forged", forged=True)
+    sandbox = ["--sandbox", "required"] if GRADING_SANDBOX == "required" else ["--unsandboxed"]
+    graded = _in_copy(
+        root, "-m", "transformer_lab.cli", "labs", "grade", "--course", str(course),
+        "--jobs", "1", "--timeout", "60", *sandbox,
+    )  # fmt: skip
+    assert graded.returncode == 1, graded.stderr[-3000:]  # 1: a submission is flagged
+    report = json.loads((course / "grading_report.json").read_text())
+    results = {r["student"]: r for r in report["runs"][-1]["results"]}
+    assert results["honest"]["cell_scores"] == {
+        "test_example_visible": [1.0, 1.0],
+        "test_example_hidden": [1.0, 1.0],
+    }
+    forged = results["forged"]
+    assert forged["auto_score"] == 0.0
+    visible = forged["verdicts"]["test_example_visible"]
+    assert visible["score"] == 0.0
+    assert visible["message"].startswith("example([1, 2]) is wrong at 2 of 2 entries")
+    assert "expected 4" in visible["message"] and visible["message"].endswith("Multiply by two.")
+    assert forged["status"] == "flagged" and results["honest"]["status"] == "graded"
+    assert any("changes lab09.check_example" in flag for flag in forged["flags"])
 
 
 @pytest.mark.parametrize("bad", ["9_example", "09-Example"])
