@@ -14,6 +14,7 @@ checked against them here (issue 36).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -21,11 +22,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
+import torch
 
 from transformer_lab.answers import ANSWERS
+from transformer_lab.checks import spec
 from transformer_lab.checks.spec import all_specs
 from transformer_lab.grading.judge import grader_namespace, lab_check_modules
 from transformer_lab.standins import STAND_INS
@@ -236,3 +240,80 @@ def test_labs_new_names_a_bad_lab_name(tmp_path: Path, bad: str) -> None:
     assert new.returncode != 0
     assert repr(bad) in new.stderr + new.stdout
     assert not (root / "transformer_lab" / "checks" / "specs" / "lab09.toml").exists()
+
+
+# -- a mistake is a record: lab 05's upper-triangular causal mask ------------------------------
+
+UPPER = "causal causal_upper"
+
+
+def _upper_disagreements(record: Any) -> list[str]:
+    """Where the hidden check, the stored fixtures and the catalogue's test disagree with the
+    spec's record of lab 05's upper-triangular causal mask (one line each)."""
+    import test_lab05_checks as t05
+
+    from transformer_lab.checks._common import stored_data
+    from transformer_lab.grading.hidden import lab05 as hidden05
+
+    wrong = record.wrong_answer()
+    problems = []
+    for T in (1, 4, 7):  # the stored examples' sizes (T = 1: the mistake gives the answer)
+        mistakes = hidden05.causal_mistakes(T)
+        _, stored = stored_data("lab05", f"causal_mask({T})")
+        if T > 1 and not torch.equal(mistakes.get(record.hint, torch.empty(0)), wrong(T)):
+            problems.append(f"the hidden check's causal_mistakes({T}) has no {record.hint!r}")
+        if T > 1 and stored.get(record.hint) != wrong(T).tolist():
+            problems.append(f"fixtures/lab05.json's causal_mask({T}) has no {record.hint!r}")
+    named = {fn.__name__: words for fn, words in t05.CAUSAL_MISTAKES}
+    if named.get(wrong.__name__) is None or named[wrong.__name__] not in record.hint:
+        problems.append(f"test_lab05_checks.CAUSAL_MISTAKES does not run {wrong.__name__}")
+    else:
+        fn = next(fn for fn, _ in t05.CAUSAL_MISTAKES if fn.__name__ == wrong.__name__)
+        if not torch.equal(fn(5), wrong(5)):
+            problems.append(f"test_lab05_checks' {wrong.__name__} is not the spec's wrong code")
+    return problems
+
+
+def test_lab05s_upper_triangular_mask_is_declared_once_in_its_spec() -> None:
+    lab05 = spec.load("05_masking")
+    record = lab05.mistake(UPPER)
+    assert record.cells == ("test_causal_mask", "test_causal_mask_hidden")
+    assert lab05.parts["causal_mask"].mistakes[UPPER] == record.cells  # what the costs read
+    assert record.hint.startswith("Your mask is upper-triangular: ")
+    assert _upper_disagreements(record) == []
+
+
+def test_a_record_the_others_disagree_with_is_named() -> None:
+    record = spec.load("05_masking").mistake(UPPER)
+    reworded = dataclasses.replace(record, hint="Your mask is upside down.")
+    assert _upper_disagreements(reworded) == [
+        "the hidden check's causal_mistakes(4) has no 'Your mask is upside down.'",
+        "fixtures/lab05.json's causal_mask(4) has no 'Your mask is upside down.'",
+        "the hidden check's causal_mistakes(7) has no 'Your mask is upside down.'",
+        "fixtures/lab05.json's causal_mask(7) has no 'Your mask is upside down.'",
+        "test_lab05_checks.CAUSAL_MISTAKES does not run causal_upper",
+    ]
+    other_code = dataclasses.replace(
+        record, wrong="def causal_upper(T):\n    return torch.ones(T, T)\n"
+    )
+    assert "test_lab05_checks' causal_upper is not the spec's wrong code" in _upper_disagreements(
+        other_code
+    )
+
+
+def test_a_bad_mistake_record_is_named() -> None:
+    bad = '[parts.a.mistakes."a a_wrong"]\ncells = ["t"]\nhints = "x"\n'
+    with pytest.raises(spec.SpecError, match=r"parts\.a\.mistakes\.'a a_wrong' holds cells"):
+        spec.parse(f'lab = "09_x"\n{bad}', "lab09.toml")
+    with pytest.raises(spec.SpecError, match="no mistake record 'a a_nope'"):
+        spec.parse('lab = "09_x"\n[parts.a]\n', "lab09.toml").mistake("a a_nope")
+
+
+def test_docs_labs_shows_the_course_code_table_of_the_tree() -> None:
+    from transformer_lab.grading.course import list_labs
+    from transformer_lab.grading.standard import course_code_table
+
+    table = course_code_table(REPO, list_labs(REPO))
+    assert table.splitlines()[-1].startswith("| all | ")
+    docs = (REPO / "docs" / "labs.md").read_text()
+    assert table in docs, "docs/labs.md: paste the table printed by\n" + table
