@@ -47,6 +47,17 @@ def test_the_judge_reads_the_checks_of_every_lab_with_a_spec_and_no_other() -> N
         assert namespace[name] is importlib.import_module(f"transformer_lab.checks.{name}")
 
 
+def test_the_labs_in_solutions_and_the_kits_lab_tables_are_the_specs_labs() -> None:
+    """``solutions/`` (what ``list_labs`` and the tests enumerate) holds exactly the labs with a
+    spec, and the kit's per-lab tables name only those."""
+    from transformer_lab.grading.course import list_labs
+    from transformer_lab.lab import CPU_LABS
+
+    labs = [s.lab for s in all_specs()]
+    assert list_labs(REPO) == labs
+    assert set(CPU_LABS) <= set(labs), sorted(set(CPU_LABS) - set(labs))
+
+
 def test_every_answer_is_a_part_of_its_labs_spec_with_the_specs_kit() -> None:
     specs = {spec.lab: spec for spec in all_specs()}
     for answer in ANSWERS:
