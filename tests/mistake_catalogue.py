@@ -25,6 +25,7 @@ import test_lab07_checks as t07
 import test_lab08_checks as t08
 import torch
 
+from transformer_lab.checks.spec import all_specs
 from transformer_lab.lab import Session
 
 #: ``"labNN kind"`` of an entry's id -> the notebook name its wrong answer stands for.
@@ -233,16 +234,8 @@ def _entry(row: Row) -> Entry:
     return Entry(entry_id, lab, function, checks, answer, failing, words, generic)
 
 
-LABS = {
-    "lab01": "01_positional_encoding",
-    "lab02": "02_self_attention",
-    "lab03": "03_multi_head_attention",
-    "lab04": "04_transformer_block",
-    "lab05": "05_masking",
-    "lab06": "06_decoder_training",
-    "lab07": "07_nlp_pipeline",
-    "lab08": "08_language_models",
-}
+#: ``labNN`` -> the lab's folder name, for every lab with a spec.
+LABS = {f"lab{spec.lab[:2]}": spec.lab for spec in all_specs()}
 
 
 def _unique(entries: list[Any]) -> list[Any]:

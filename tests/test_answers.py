@@ -521,7 +521,7 @@ def test_a_ban_knows_the_kits_code_by_identity_not_by_the_slot_it_sits_in(
     """The student's softmax carried into ``transformer_lab.attention.softmax`` is theirs: an
     answer calling it passes lab 02's check; the kit's own softmax stays refused under any alias."""
     from transformer_lab.checks import lab02
-    from transformer_lab.checks._bans import ForbiddenCallError
+    from transformer_lab.judge.bans import ForbiddenCallError
 
     kits_softmax = attention.softmax
     mine = _define(

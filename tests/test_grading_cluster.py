@@ -269,7 +269,7 @@ def test_a_worker_with_two_threads_refuses_by_name() -> None:
         grade_task,
         kit_digest,
     )
-    from transformer_lab.grading.grade import Job
+    from transformer_lab.grading.grade import CLUSTER_GRADER, Job
 
     bundle = LabBundle(LAB, b"", b"", b"", "", _solution_digest(REPO, LAB), kit_digest())
     job = Job(str(REPO), "", "ada", LAB, "", [], "", "", "", "", "", {}, use_bwrap=False)
@@ -280,4 +280,4 @@ def test_a_worker_with_two_threads_refuses_by_name() -> None:
         Client(cluster) as client,
         refused,
     ):
-        client.submit(grade_task, task, bundle, pure=False).result()
+        client.submit(grade_task, task, bundle, CLUSTER_GRADER, pure=False).result()

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.checks import _bans
 from transformer_lab.checks._common import (
     Ban,
     ForbiddenCallError,
@@ -27,6 +26,7 @@ from transformer_lab.checks._common import (
     generator,
     randint,
 )
+from transformer_lab.judge import bans as _bans
 
 
 def test_expect_shape_names_a_transpose_and_missing_axes() -> None:

@@ -19,7 +19,7 @@ from check_support import assert_fails, run_checks
 
 import transformer_lab.attention as attention
 import transformer_lab.masks as masks
-from transformer_lab.checks import lab05
+from transformer_lab.checks import lab05, spec
 from transformer_lab.grading.hidden import lab05 as hidden05
 
 CAUSAL_CHECKS = {
@@ -71,8 +71,9 @@ def causal_not_triu(T):
     return ~torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
 
 
-def causal_upper(T):
-    return torch.ones(T, T, dtype=torch.bool).triu()
+#: Declared once, as a record of the lab's spec: its wrong code, its hint (tests/test_one_home.py).
+UPPER = spec.load("05_masking").mistake("causal causal_upper")
+causal_upper = UPPER.wrong_answer()
 
 
 def causal_no_diagonal(T):
@@ -118,7 +119,7 @@ def test_correct_causal_masks_pass_every_check(fn) -> None:
 
 #: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
 CAUSAL_MISTAKES = [
-    (causal_upper, "upper-triangular"),
+    (causal_upper, UPPER.hint.partition(":")[0]),
     (causal_no_diagonal, "leaves out the diagonal"),
     (causal_inverted, "inverted"),
     (causal_float, "dtype torch.float32, expected torch.bool"),

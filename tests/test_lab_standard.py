@@ -139,7 +139,7 @@ def test_the_labs_bans_refuse_every_kit_answer_its_spec_names(lab: str) -> None:
     """A check's ban must refuse the kit's own answer of each part: calling it is no answer."""
     import importlib
 
-    from transformer_lab.checks._bans import Ban, _code_objects
+    from transformer_lab.judge.bans import Ban, _code_objects
 
     lab_spec = spec.load(lab)
     for part in lab_spec.parts.values():

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformer_lab import answer_source
+from transformer_lab import answer_source, graded
 from transformer_lab.pysource import parse_python
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "Answer",
     "Installed",
     "answers_folder",
+    "how_to_get",
     "install",
     "kit_object",
     "load_saved",
@@ -209,6 +210,21 @@ def _by_name(lab: str | None = None) -> dict[str, Answer]:
 # --------------------------------------------------------------------------------------
 # Where the answers live
 # --------------------------------------------------------------------------------------
+
+
+def how_to_get(name: str) -> str | None:
+    """How a student gets the locked answer ``name`` that a notebook asks for (saved when its
+    visible check passes); None for a name no notebook asks for (:data:`graded.HOW_TO_GET`)."""
+    if any(a.name == name and a.kit and a.asked for a in ANSWERS):
+        return (
+            "which this student package does not hold yet: pass its visible check in that "
+            f"lab's notebook (your answer is saved to {answers_folder()} and used from then on), "
+            "or reinstall the kit after the lab's deadline."
+        )
+    return None
+
+
+graded.HOW_TO_GET.append(how_to_get)
 
 
 def answers_folder(cwd: Path | None = None) -> Path:
@@ -632,8 +648,8 @@ def install(
         One :class:`Installed` per locked answer that was looked at, in course order.
     """
     from transformer_lab import standins
-    from transformer_lab.checks._bans import exempt
     from transformer_lab.graded import is_locked
+    from transformer_lab.judge.bans import exempt
 
     spaces = list(namespaces)
     wanted = [a for a in ANSWERS if a.kit and (before is None or a.lab < before)]

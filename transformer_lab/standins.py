@@ -16,7 +16,7 @@ stand-in; the one exception is a placeholder for the sinusoidal encoding that ev
 needs: fixed pseudo-random position codes, which are no sinusoids and say so.
 
 A stand-in that is not installed is refused inside every check's ban
-(:func:`transformer_lab.checks._bans.forbidden`), so none can pass the lab that asks for it.
+(:func:`transformer_lab.judge.bans.forbidden`), so none can pass the lab that asks for it.
 
 :data:`STAND_INS` maps the kit's dotted name to its stand-in.
 """

@@ -20,7 +20,7 @@ The helpers here keep those messages uniform across labs:
   tried (one, unless two mistakes cannot be told apart there); when none does it says so and
   shows the smallest failing input, expected against got (:func:`diagnose` does the naming).
 * :func:`call_forbidding` runs the student's function under a
-  :class:`~transformer_lab.checks._bans.Ban` (what computes the answer: torch operation
+  :class:`~transformer_lab.judge.bans.Ban` (what computes the answer: torch operation
   families such as softmax or normalisation, and Python functions such as the kit's
   implementation of an earlier lab), so a graded function that merely wraps them earns nothing.
 * :func:`stored` reads the expected values of a visible check's worked example (and the
@@ -49,11 +49,11 @@ from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
-from transformer_lab.checks._bans import Ban, ForbiddenCallError, forbidden
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge import wire
+from transformer_lab.judge.bans import Ban, ForbiddenCallError, forbidden
+from transformer_lab.judge.oplog import OpLog
 
 __all__ = [
     "EMPTY_ROW_NO_MAX",
@@ -179,26 +179,6 @@ def _undo_writes(result: Any, targets: list[Tensor], values: list[Tensor]) -> An
 def _shares(a: Tensor, b: Tensor) -> bool:
     """Whether ``a`` and ``b`` are views of one memory (a written input returned as is)."""
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
-
-
-class OpLog(TorchFunctionMode):
-    """Records the name and output shapes of every torch operation run under it.
-
-    Structural checks (a loop form whose work grows with the tokens, a matrix form whose work
-    does not) compare such logs; under the grader's judge the log is taken in the kernel, where
-    the student's code runs, and returned as data.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[tuple[str, list[tuple[int, ...]]]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        out = func(*args, **(kwargs or {}))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        shapes = [tuple(o.shape) for o in outs if isinstance(o, Tensor)]
-        self.ops.append((getattr(func, "__name__", repr(func)), shapes))
-        return out
 
 
 # --------------------------------------------------------------------------------------
@@ -725,7 +705,7 @@ def call_forbidding(
         fn: the student's function or class.
         args: its positional arguments.
         kwargs: its keyword arguments.
-        ban: what the call may not use (:class:`~transformer_lab.checks._bans.Ban`).
+        ban: what the call may not use (:class:`~transformer_lab.judge.bans.Ban`).
         what: how to name the call in messages.
         on_error: appended to the message when the student's code raises an exception.
         in_place: what a write into an argument tensor fails with (:func:`call_student`).

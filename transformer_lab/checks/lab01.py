@@ -10,7 +10,7 @@ answer is compared with those tables and the message names the mistake it reprod
 oracle lives here: the student package holds only these stored examples.
 
 While the student's function runs, the kit's own positional module is refused
-(:class:`~transformer_lab.checks._bans.Ban`), so an answer that calls it earns nothing.
+(:class:`~transformer_lab.judge.bans.Ban`), so an answer that calls it earns nothing.
 
 Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.5; the course's
 conventions in ``docs/curriculum.md`` (positions from 0, ``PE[p + k] == PE[p] @ M(k)``).

@@ -30,7 +30,7 @@ build the ``N x N`` score table in one operation; ``self_attention_matrix`` must
 operations whatever ``N`` is.
 
 While the student's function runs, torch's softmax and attention families, ``nn.MultiheadAttention``
-and the kit's own attention functions are refused (:class:`~transformer_lab.checks._bans.Ban`).
+and the kit's own attention functions are refused (:class:`~transformer_lab.judge.bans.Ban`).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.2 (dot-product self-attention,
 12.2.4 matrix form) and 12.3.2 (scaled dot-product attention); Vaswani et al., "Attention Is All

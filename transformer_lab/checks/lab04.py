@@ -19,7 +19,7 @@ module. A check knows what to expect in one of two ways:
   place gives another output.
 
 While the student's code runs, what would compute the answer is refused
-(:class:`~transformer_lab.checks._bans.Ban`): every normalisation op for ``layer_norm``
+(:class:`~transformer_lab.judge.bans.Ban`): every normalisation op for ``layer_norm``
 (``F.layer_norm``, ``F.group_norm(x.reshape(-1, D), 1)``...), PyTorch's and the kit's encoder
 layers for the block, and the kit's training modules (``ClassifierModule``, its schedule) for
 ``TaggingModule``.

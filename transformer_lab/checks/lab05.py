@@ -20,7 +20,7 @@ The leak detector is tried on small sequence maps whose causality is known by co
 While the student's function runs, the kit's own masks module, PyTorch's
 ``generate_square_subsequent_mask`` and, for attention, every attention kernel (the ``attention``
 op family, lab 02's ``scaled_dot_product_attention``, the multi-head modules) are refused
-(:class:`~transformer_lab.checks._bans.Ban`), so an answer that calls them earns nothing.
+(:class:`~transformer_lab.judge.bans.Ban`), so an answer that calls them earns nothing.
 
 Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2 (masked self-attention);
 Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.3; the course's conventions

@@ -25,7 +25,7 @@ The notebook's visible test cells call the ``check_*`` functions here. No oracle
   functions with stored worked examples and the values of their typical mistakes.
 
 While the student's code runs, what computes the answer is refused
-(:class:`~transformer_lab.checks._bans.Ban`): PyTorch's attention kernels and modules, the kit's
+(:class:`~transformer_lab.judge.bans.Ban`): PyTorch's attention kernels and modules, the kit's
 multi-head attention, ``attend`` and GPT (for the attention; lab 05's ``masked_attention`` is
 allowed), the kit's ``generate`` and decode step (for generation; lab 07's ``sample_next`` is
 allowed), ``transformer_lab.scale`` and the kit's GPT (for the arithmetic).

@@ -9,13 +9,15 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
   :mod:`transformer_lab.standins`. When a part fails its own test cells, the judge judges the
   later part on the stand-in (issue 24: one mistake costs only its own points);
 * ``mistakes``: the kit's catalogue of typical mistakes of that part (``tests/``), each with
-  the test cells it costs. A mistake may cost only cells of its own part: that is the rule the
-  spec states and ``tests/test_mistake_costs.py`` holds through the judge;
+  the test cells it costs: a list of cells, or a record (:class:`Mistake`) that also holds the
+  hint the checks give and the wrong code the tests run, so that they read it from here. A
+  mistake may cost only cells of its own part: that is the rule the spec states and
+  ``tests/test_mistake_costs.py`` holds through the judge;
 * ``bans``: the names of the lab's ``[bans.<name>]`` tables that hold while a check runs it.
 
 A lab's ``[bans.<name>]`` tables say what its graded code may not call (torch operation
 families ``ops``, dotted ``functions``, the ``reason`` the refusal gives); the checks build their
-:class:`~transformer_lab.checks._bans.Ban` from them (:meth:`LabSpec.ban`), and the lint holds
+:class:`~transformer_lab.judge.bans.Ban` from them (:meth:`LabSpec.ban`), and the lint holds
 that every part's kit answer is refused by its own bans. Its ``[tolerance]`` table names the
 tolerances that its visible and hidden checks use (``float32 = 1e-4``, or an ``atol``/``rtol``
 pair ``long_angles = {atol = 2e-4, rtol = 1e-3}``).
@@ -44,6 +46,7 @@ __all__ = [
     "EXERCISE_HEADING",
     "BanSpec",
     "LabSpec",
+    "Mistake",
     "Part",
     "SpecError",
     "all_specs",
@@ -75,6 +78,8 @@ class Part:
         builds_on: earlier part -> its stand-in's name in :mod:`transformer_lab.standins`.
         mistakes: catalogued mistake (its id in ``tests/mistake_catalogue.py`` without the
             ``labNN`` prefix) -> the test cells it costs.
+        records: the mistakes declared as a record (a table, not a list of cells): id -> its
+            :class:`Mistake`, whose hint the checks give and whose wrong code the tests run.
         bans: the lab's bans (names of its ``[bans.<name>]`` tables) that hold while a check
             runs this part.
     """
@@ -84,6 +89,42 @@ class Part:
     builds_on: dict[str, str] = field(default_factory=dict)
     mistakes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bans: tuple[str, ...] = ()
+    records: dict[str, Mistake] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A named mistake declared once, as a record of its part's spec::
+
+        [parts.causal_mask.mistakes."causal causal_upper"]
+        cells = ["test_causal_mask", "test_causal_mask_hidden"]
+        hint = "Your mask is upper-triangular: ..."
+        wrong = '''def causal_upper(T): ...'''
+
+    Attributes:
+        id: its id (``"causal causal_upper"``: the catalogue's id without ``labNN``).
+        cells: the test cells it costs.
+        hint: what the checks say when an answer makes it (their key for it, the stored
+            fixtures' too); empty where the checks word it otherwise.
+        wrong: Python source defining the wrong answer (one function named after the id's last
+            word), for the tests; empty where a test holds it.
+    """
+
+    id: str
+    cells: tuple[str, ...]
+    hint: str = ""
+    wrong: str = ""
+
+    def wrong_answer(self) -> Any:
+        """The function :attr:`wrong` defines (run with ``torch`` imported)."""
+        import torch
+
+        name = self.id.rpartition(" ")[2]
+        namespace: dict[str, Any] = {"torch": torch}
+        exec(compile(self.wrong, f"<mistake {self.id!r}>", "exec"), namespace)
+        if not callable(namespace.get(name)):
+            raise SpecError(f"the wrong code of mistake {self.id!r} defines no function {name}")
+        return namespace[name]
 
 
 @dataclass(frozen=True)
@@ -109,14 +150,22 @@ class LabSpec:
     bans: dict[str, BanSpec] = field(default_factory=dict)
     tolerance: dict[str, float | dict[str, float]] = field(default_factory=dict)
 
+    def mistake(self, mistake_id: str) -> Mistake:
+        """The mistake declared as a record under ``mistake_id`` (``"causal causal_upper"``)."""
+        for part in self.parts.values():
+            if mistake_id in part.records:
+                return part.records[mistake_id]
+        known = sorted(k for p in self.parts.values() for k in p.records)
+        raise SpecError(f"the spec of {self.lab} has no mistake record {mistake_id!r} ({known})")
+
     def builds_on(self, name: str) -> dict[str, str]:
         """Earlier part -> stand-in, for the part ``name`` (nothing for an unknown name)."""
         part = self.parts.get(name)
         return dict(part.builds_on) if part else {}
 
     def ban(self, name: str) -> Any:
-        """The :class:`~transformer_lab.checks._bans.Ban` of the table ``[bans.<name>]``."""
-        from transformer_lab.checks._bans import Ban
+        """The :class:`~transformer_lab.judge.bans.Ban` of the table ``[bans.<name>]``."""
+        from transformer_lab.judge.bans import Ban
 
         if name not in self.bans:
             raise SpecError(
@@ -165,15 +214,36 @@ def _part(name: str, body: Any, where: str) -> Part:
     mistakes = body.get("mistakes", {})
     if not isinstance(mistakes, dict):
         raise SpecError(f"{where}: parts.{name}.mistakes must be a table")
+    records = {
+        key: _mistake(key, value, f"{where}: parts.{name}.mistakes.{key!r}")
+        for key, value in mistakes.items()
+        if isinstance(value, dict)
+    }
     return Part(
         name=name,
         kit=_strings(body.get("kit", []), f"{where}: parts.{name}.kit"),
         builds_on=dict(builds_on),
         mistakes={
-            key: _strings(cells, f"{where}: parts.{name}.mistakes.{key!r}")
+            key: records[key].cells
+            if key in records
+            else _strings(cells, f"{where}: parts.{name}.mistakes.{key!r}")
             for key, cells in mistakes.items()
         },
         bans=_strings(body.get("bans", []), f"{where}: parts.{name}.bans"),
+        records=records,
+    )
+
+
+def _mistake(key: str, body: dict[str, Any], where: str) -> Mistake:
+    """A mistake's record: ``cells`` (required), ``hint`` and ``wrong`` (strings)."""
+    unknown = set(body) - {"cells", "hint", "wrong"}
+    if unknown or "cells" not in body:
+        raise SpecError(f"{where} holds cells and, if need be, hint and wrong; not {sorted(body)}")
+    for text in ("hint", "wrong"):
+        if not isinstance(body.get(text, ""), str):
+            raise SpecError(f"{where}.{text} must be a string, not {body[text]!r}")
+    return Mistake(
+        key, _strings(body["cells"], f"{where}.cells"), body.get("hint", ""), body.get("wrong", "")
     )
 
 
@@ -349,7 +419,7 @@ def _lint_bans(lab_spec: LabSpec, where: str) -> list[str]:
     functions, classes or modules."""
     import torch
 
-    from transformer_lab.checks._bans import OP_FAMILIES, _resolve
+    from transformer_lab.judge.bans import OP_FAMILIES, _resolve
 
     used = {name for part in lab_spec.parts.values() for name in part.bans}
     problems = [

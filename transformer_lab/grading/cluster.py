@@ -38,7 +38,7 @@ import shutil
 import socket
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,26 @@ class RemoteTask:
     timestamp: bytes | None
 
 
+@dataclass(frozen=True)
+class Grader:
+    """What a worker runs, handed in by :mod:`~transformer_lab.grading.grade` (this module
+    never imports it: module-level functions travel to the workers by reference).
+
+    Attributes:
+        run_job: grades one job here, returning ``(result, files)``.
+        warm: imports a lab's judge once per worker (repo path, labs).
+        mpl_cache: the matplotlib cache folder under a worker's root.
+        work: the name of a course's work folder (``.grading``).
+        result: the result class, built from a worker's plain data.
+    """
+
+    run_job: Callable[[Any], tuple[Any, dict[str, str]]]
+    warm: Callable[[str, list[str]], None]
+    mpl_cache: Callable[[Path], Path]
+    work: str
+    result: Callable[..., Any]
+
+
 def kit_digest() -> str:
     """sha256 of every ``.py`` file of the installed kit: coordinator and workers must agree."""
     import transformer_lab
@@ -128,18 +148,19 @@ def _tar(folder: Path) -> bytes:
     return buffer.getvalue()
 
 
-def make_bundle(repo: Path, lab: str, prepared: tuple[Path, Path, Path]) -> LabBundle:
+def make_bundle(
+    repo: Path, lab: str, prepared: tuple[Path, Path, Path], view_digest: str
+) -> LabBundle:
     """The coordinator's files of ``lab``, as prepared for this run (its release folder,
-    template gradebook and package view), as one :class:`LabBundle`."""
-    from transformer_lab.grading.grade import _tree_digest
-
+    template gradebook and package view, whose digest the run computed), as one
+    :class:`LabBundle`."""
     release, template_db, view = prepared
     return LabBundle(
         lab=lab,
         release=(release / f"{lab}.ipynb").read_bytes(),
         template_db=template_db.read_bytes(),
         view=_tar(view),
-        view_digest=_tree_digest(view),
+        view_digest=view_digest,
         solution_digest=_solution_digest(repo, lab),
         kit_digest=kit_digest(),
     )
@@ -203,8 +224,7 @@ _WARM: set[str] = set()
 
 def _check_worker(bundle: LabBundle, repo: Path, use_bwrap: bool) -> None:
     """Refuse, naming this worker, to grade with another grader or without the sandbox."""
-    from transformer_lab.grading.grade import NO_SANDBOX
-    from transformer_lab.grading.sandbox import find_bwrap
+    from transformer_lab.grading.sandbox import NO_SANDBOX, find_bwrap
 
     worker = _dask_worker()
     here = str(worker.address) if worker is not None else socket.gethostname()
@@ -224,7 +244,7 @@ def _check_worker(bundle: LabBundle, repo: Path, use_bwrap: bool) -> None:
         raise GradingError(f"on worker {here}: {NO_SANDBOX}")
 
 
-def grade_task(task: RemoteTask, bundle: LabBundle) -> dict[str, Any]:
+def grade_task(task: RemoteTask, bundle: LabBundle, grader: Grader) -> dict[str, Any]:
     """Grade one submission on this worker; return plain data (runs on a Dask worker).
 
     Returns:
@@ -232,20 +252,18 @@ def grade_task(task: RemoteTask, bundle: LabBundle) -> dict[str, Any]:
         text}, "worker": address}``; nothing is written outside this worker's own folder,
         which is removed again.
     """
-    from transformer_lab.grading.grade import WORK, _matplotlib_cache, _run_job, warm_judge
-
     job = task.job
     repo = _worker_repo(job.repo)
     _check_worker(bundle, repo, job.use_bwrap)
     root = _worker_root()
     release, template, view = _unpack(bundle, root)
-    mpl_cache = _matplotlib_cache(root)
+    mpl_cache = grader.mpl_cache(root)
     if bundle.lab not in _WARM:
-        warm_judge(str(repo), [bundle.lab])
+        grader.warm(str(repo), [bundle.lab])
         _WARM.add(bundle.lab)
     course = Path(tempfile.mkdtemp(prefix=f"{job.student}-{job.lab[:2]}-", dir=root))
     try:
-        (course / WORK / "work").mkdir(parents=True)
+        (course / grader.work / "work").mkdir(parents=True)
         folder = course / "submitted" / job.student / job.lab
         folder.mkdir(parents=True)
         (folder / task.notebook_name).write_bytes(task.notebook)
@@ -261,7 +279,7 @@ def grade_task(task: RemoteTask, bundle: LabBundle) -> dict[str, Any]:
             view=str(view),
             mpl_cache=str(mpl_cache),
         )
-        result, files = _run_job(local)
+        result, files = grader.run_job(local)
         texts = {
             kind: Path(files[kind]).read_text(encoding="utf-8")
             for kind in ("autograded", "feedback")
@@ -344,7 +362,7 @@ def _task(job: Any) -> RemoteTask:
 
 
 def grade_on_cluster(
-    address: str, jobs: list[Any], bundles: dict[str, LabBundle], staging: Path
+    address: str, jobs: list[Any], bundles: dict[str, LabBundle], staging: Path, grader: Grader
 ) -> Iterator[tuple[Any, dict[str, str]]]:
     """Grade ``jobs`` on the cluster at ``address``; yield ``(result, files)`` as each ends.
 
@@ -353,8 +371,6 @@ def grade_on_cluster(
     for the coordinator to put in place as a local run's are. A task that failed for good
     (its workers lost too often, or a worker that refused) comes back ``failed`` with why.
     """
-    from transformer_lab.grading.grade import SubmissionResult
-
     if not jobs:
         return
     with connect(address) as client:
@@ -366,7 +382,9 @@ def grade_on_cluster(
             task = _task(job)
             digest = hashlib.sha256(task.notebook).hexdigest()[:12]
             key = f"grade-{job.student}-{job.lab}-{digest}-{os.urandom(4).hex()}"
-            futures[client.submit(grade_task, task, shared[job.lab], key=key, pure=False)] = job
+            futures[
+                client.submit(grade_task, task, shared[job.lab], grader, key=key, pure=False)
+            ] = job
         seen: set[tuple[str, str]] = set()
         for future in as_completed(futures):
             job = futures[future]
@@ -379,17 +397,15 @@ def grade_on_cluster(
                 why = f"{type(exc).__name__}: {exc}"
                 if type(exc).__name__ == "KilledWorker":
                     why += " (its workers were lost: grade again with --resume)"
-                yield SubmissionResult(job.student, job.lab, "failed", error=why), {}
+                yield grader.result(job.student, job.lab, "failed", error=why), {}
                 continue
-            yield _received(payload, staging)
+            yield _received(payload, staging, grader)
             future.release()
 
 
-def _received(payload: dict[str, Any], staging: Path) -> tuple[Any, dict[str, str]]:
+def _received(payload: dict[str, Any], staging: Path, grader: Grader) -> tuple[Any, dict[str, str]]:
     """A worker's plain data as a result and files in ``staging`` (what a local run has)."""
-    from transformer_lab.grading.grade import SubmissionResult
-
-    result = SubmissionResult(**payload["result"])
+    result = grader.result(**payload["result"])
     folder = Path(tempfile.mkdtemp(prefix=f"{result.student}-{result.lab[:2]}-", dir=staging))
     files = {"work": str(folder)}
     for kind, text in payload.get("files", {}).items():

@@ -77,6 +77,7 @@ from nbgrader.preprocessors import (
 from sqlalchemy.exc import SAWarning
 from traitlets import List
 
+from transformer_lab.grading.cluster import Grader
 from transformer_lab.grading.course import (
     BUDGET_S,
     SOLUTIONS,
@@ -94,6 +95,7 @@ from transformer_lab.grading.journal import Journal, notebook_digest
 from transformer_lab.grading.repair import repair_notebook
 from transformer_lab.grading.sandbox import (
     DEAD_ENAME,
+    NO_SANDBOX,
     TIMEOUT_ENAMES,
     BudgetedExecute,
     find_bwrap,
@@ -118,10 +120,6 @@ WORK = ".grading"
 REPORT = "grading_report.json"
 STATUSES = ("graded", "incomplete", "crashed", "flagged", "unmatched", "failed")
 SANDBOX_MODES = ("required", "off")
-NO_SANDBOX = (
-    "bubblewrap (0.5 or later) does not work here and grading runs untrusted code: install it "
-    "(Debian/Ubuntu: apt-get install bubblewrap), or pass --unsandboxed to grade without it"
-)
 UNSANDBOXED_WARNING = (
     "UNSANDBOXED grading (--unsandboxed): submissions run without an OS sandbox; each is "
     "contained (own package view, workspace, process group, limits) but can read and write "
@@ -1102,6 +1100,16 @@ def _matplotlib_cache(course: Path) -> Path:
     return cache
 
 
+#: What a Dask worker runs for ``labs grade --cluster`` (the same steps as a local run).
+CLUSTER_GRADER = Grader(
+    run_job=_run_job,
+    warm=warm_judge,
+    mpl_cache=_matplotlib_cache,
+    work=WORK,
+    result=SubmissionResult,
+)
+
+
 def grade_course(
     course: Path,
     repo: Path,
@@ -1309,8 +1317,11 @@ def grade_course(
         if cluster:
             from transformer_lab.grading.cluster import grade_on_cluster, make_bundle
 
-            bundles = {lab: make_bundle(repo, lab, prepared[lab]) for lab in graded_labs}
-            for pair in grade_on_cluster(cluster, job_list, bundles, course / WORK / "work"):
+            bundles = {
+                lab: make_bundle(repo, lab, prepared[lab], digests[lab]) for lab in graded_labs
+            }
+            staging = course / WORK / "work"
+            for pair in grade_on_cluster(cluster, job_list, bundles, staging, CLUSTER_GRADER):
                 accept(*pair)
         elif jobs == 1 or len(job_list) <= 1:
             warm_judge(str(repo), graded_labs)

@@ -11,8 +11,8 @@ module, before IPython runs a single cell:
 2. imports the lab's visible and hidden checks and wraps every public check function, so that
    each call is reported (``begin``, then ``pass`` or ``fail`` with the message);
 3. takes a snapshot of what the checks rely on: the check modules and their functions (code,
-   defaults), ``transformer_lab.checks._common``/``_bans``, ``builtins``, ``math`` and ``torch``'s
-   namespaces, and their ``sys.modules`` entries;
+   defaults), ``transformer_lab.checks._common``, ``transformer_lab.judge.bans``, ``builtins``,
+   ``math`` and ``torch``'s namespaces, and their ``sys.modules`` entries;
 4. installs a Python audit hook (:func:`sys.addaudithook`: it cannot be removed) that holds the
    key and the snapshot, and that no Python object refers to afterwards.
 
@@ -106,7 +106,7 @@ def install(config: dict[str, Any]) -> None:
 
     # 1. The checks, imported now and wrapped.
     names = [f"transformer_lab.checks.lab{lab}", f"transformer_lab.grading.hidden.lab{lab}"]
-    support = ["transformer_lab.checks._common", "transformer_lab.checks._bans"]
+    support = ["transformer_lab.checks._common", "transformer_lab.judge.bans"]
     check_modules = [importlib.import_module(n) for n in names if importlib.util.find_spec(n)]
     support_modules = [importlib.import_module(n) for n in support]
     genuine: dict[str, Any] = {}  # "module.name" -> the genuine check function
@@ -131,7 +131,7 @@ def install(config: dict[str, Any]) -> None:
         return check_wrapper
 
     wrapper_code = make_wrapper("x", len).__code__
-    from transformer_lab.checks import _bans
+    from transformer_lab.judge import bans as _bans
 
     # The one place that may set a profile hook: a check's ban (the judge's kernel side runs
     # the student's call under it); its hook is the ban's own, never the student's.

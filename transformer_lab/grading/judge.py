@@ -43,11 +43,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from transformer_lab.checks._bans import ForbiddenCallError, active_ban, forwarded, refusal
 from transformer_lab.checks._common import named_mistakes
-from transformer_lab.checks.spec import all_specs
+from transformer_lab.checks.spec import SpecError, all_specs
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge import mirror, wire
+from transformer_lab.judge.bans import ForbiddenCallError, active_ban, forwarded, refusal
 from transformer_lab.pysource import parse_python
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "Verdict",
     "grader_namespace",
     "judge_cell",
+    "lab_check_modules",
     "stand_ins_for",
     "student_names",
     "without_kernel_text",
@@ -793,11 +794,28 @@ def grader_namespace() -> dict[str, Any]:
         "lab": importlib.import_module("transformer_lab.lab"),
         "print": lambda *args, **kwargs: None,  # a test cell's "passed" line is the kernel's
     }
-    for number in range(1, 9):
-        namespace[f"lab{number:02d}"] = importlib.import_module(
-            f"transformer_lab.checks.lab{number:02d}"
-        )
+    for name in lab_check_modules():
+        namespace[name] = _checks_module(name)
     return namespace
+
+
+def lab_check_modules() -> tuple[str, ...]:
+    """The visible checks' module of every lab that has a spec (``lab01`` ... ): the names a
+    test cell reads from the grader, never from the kernel. Derived from the spec files, so a
+    new lab's checks are judged here as soon as its spec exists."""
+    return tuple(f"lab{spec.lab[:2]}" for spec in all_specs())
+
+
+def _checks_module(name: str) -> Any:
+    try:
+        return importlib.import_module(f"transformer_lab.checks.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"transformer_lab.checks.{name}":
+            raise
+        raise SpecError(
+            f"the spec specs/{name}.toml has no visible checks module "
+            f"transformer_lab/checks/{name}.py (start a lab with `transformer-lab labs new`)"
+        ) from None
 
 
 def stand_ins_for(names: Iterable[str], failed: Iterable[str]) -> dict[str, str]:

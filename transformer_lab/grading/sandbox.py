@@ -69,6 +69,11 @@ from traitlets import Dict, Float, Unicode
 
 from transformer_lab.grading.course import BUDGET_S
 
+NO_SANDBOX = (
+    "bubblewrap (0.5 or later) does not work here and grading runs untrusted code: install it "
+    "(Debian/Ubuntu: apt-get install bubblewrap), or pass --unsandboxed to grade without it"
+)
+
 #: Seconds the kernel has to leave its serving loop after a judged cell (then it is interrupted).
 END_SERVING_S = 10.0
 

@@ -595,7 +595,7 @@ _SPEC_TEMPLATE = """\
 
 lab = "{lab}"
 
-# What graded code may not call while a check runs it (transformer_lab.checks._bans.Ban).
+# What graded code may not call while a check runs it (transformer_lab.judge.bans.Ban).
 [bans.own]
 # ops = ["softmax"]                            # torch op families or operator names
 # functions = ["transformer_lab.<module>"]     # the kit's answer, PyTorch's ready-made layer
@@ -643,3 +643,34 @@ def new_lab(repo: Path, lab: str, title: str, kit_source: str = DEFAULT_KIT_SOUR
             text = template.format(number=number, title=title, lab=lab)
             path.write_text(text, encoding="utf-8")
     return list(files)
+
+
+#: A lab's course code (what its budget counts) and what else a lab costs, by file pattern.
+_COURSE_CODE = {
+    "visible checks": "transformer_lab/checks/lab{n}.py",
+    "hidden checks": "transformer_lab/grading/hidden/lab{n}.py",
+    "spec": "transformer_lab/checks/specs/lab{n}.toml",
+}
+_BESIDES = {"figures": "transformer_lab/figures/lab{n}.py", "tests": "tests/test_lab{n}_*.py"}
+
+
+def _lines(repo: Path, pattern: str) -> int:
+    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in repo.glob(pattern))
+
+
+def course_code_table(repo: Path, labs: Iterable[str]) -> str:
+    """``docs/labs.md``'s markdown table of what each lab costs in lines, read from the tree:
+    its course code (visible checks, hidden checks, spec; figures excluded) and, beside it, its
+    figures and its tests (``tests/test_labNN_*.py``), with a row of totals."""
+    columns = [*_COURSE_CODE, "course code", *_BESIDES]
+    rows = [f"| lab | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
+    totals = dict.fromkeys(columns, 0)
+    for lab in labs:
+        n = lab[:2]
+        counts = {name: _lines(repo, p.format(n=n)) for name, p in _COURSE_CODE.items()}
+        counts["course code"] = sum(counts.values())
+        counts |= {name: _lines(repo, p.format(n=n)) for name, p in _BESIDES.items()}
+        rows.append(f"| {lab} | " + " | ".join(str(counts[c]) for c in columns) + " |")
+        totals = {c: totals[c] + counts[c] for c in columns}
+    rows.append("| all | " + " | ".join(str(totals[c]) for c in columns) + " |")
+    return "\n".join(rows)

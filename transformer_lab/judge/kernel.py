@@ -334,7 +334,7 @@ def _namespace() -> dict[str, Any]:
 def _call(target: Any, args: list[Any], kwargs: dict[str, Any], ban: dict[str, Any] | None) -> Any:
     if not ban:
         return target(*args, **kwargs)
-    from transformer_lab.checks._bans import Ban, enforced_here, forbidden
+    from transformer_lab.judge.bans import Ban, enforced_here, forbidden
 
     rule = Ban(
         ops=tuple(ban.get("ops", ())),
@@ -449,7 +449,7 @@ def _bind(names: Any) -> None:
         namespace[str(name)] = value
         # A stand-in under a notebook name is the earlier part's reference, not the student's
         # shortcut: the ban that refuses the kit's (and idle stand-ins') code lets it through.
-        from transformer_lab.checks._bans import exempt
+        from transformer_lab.judge.bans import exempt
 
         _exempted.update(exempt(value))
 
@@ -463,7 +463,7 @@ def _unbind() -> None:
         else:
             namespace[name] = old
     _bound.clear()
-    from transformer_lab.checks._bans import unexempt
+    from transformer_lab.judge.bans import unexempt
 
     unexempt(_exempted)
     _exempted.clear()
@@ -493,7 +493,7 @@ def _call_as_asked(
 ) -> tuple[Any, dict[str, Any]]:
     """Call ``target``: plainly, with its operations logged, or kept for a backward pass."""
     if request.get("trace"):  # a structural check: which operations the code runs
-        from transformer_lab.checks._common import OpLog
+        from transformer_lab.judge.oplog import OpLog
 
         log = OpLog()
         with log:

@@ -8,7 +8,7 @@ regions of the source notebook's test cells call, the independent oracles they c
 the visible checks need no oracle.
 
 The student package leaves this folder out (:mod:`transformer_lab.grading.student`); inside a
-ban (:mod:`transformer_lab.checks._bans`) every function defined here is refused, so a
+ban (:mod:`transformer_lab.judge.bans`) every function defined here is refused, so a
 submission that reaches an oracle at grading time earns nothing from it.
 """
 

@@ -10,7 +10,7 @@ not negative enough, the mask applied after the softmax, and the mask ignored, i
 an extra axis. One module computes them, so that the labs cannot drift apart in what they call
 right or name wrong.
 
-Like every module of this folder, it is refused inside a ban (:mod:`transformer_lab.checks._bans`)
+Like every module of this folder, it is refused inside a ban (:mod:`transformer_lab.judge.bans`)
 and left out of the student package.
 """
 

@@ -13,7 +13,7 @@ causal and centred convolutions, attention with and without a mask, leaks one, t
 positions ahead, leaks of size 1e-3, normalisation over time...), on float inputs of several
 shapes: a correct detector that perturbs the future or one that follows gradients passes them
 all. They are closures made inside the checks, so the refusal of this module's functions inside
-a ban (:mod:`transformer_lab.checks._bans`) does not reach them.
+a ban (:mod:`transformer_lab.judge.bans`) does not reach them.
 
 :func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab05.json``).
 
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks._common import expect_shape, expect_true, generator, randint
 from transformer_lab.checks.lab05 import (
+    SPEC,
     Probe,
     attention_example,
     combine_key,
@@ -125,9 +126,7 @@ def causal_mistakes(T: int) -> dict[str, Tensor]:
     return _distinct(
         good,
         {
-            "Your mask is upper-triangular: query t (row) would attend keys t, t+1, ..., the "
-            "future, and never the past. Keep the lower triangle, key s <= query t "
-            "(torch.tril, not torch.triu).": s >= t,
+            SPEC.mistake("causal causal_upper").hint: s >= t,
             "Your mask leaves out the diagonal: a token may attend to itself. Allow key "
             "s <= query t, not s < t (torch.tril with the default diagonal=0).": s < t,
             "Your mask is inverted: True must mean *may attend* (as in "
