@@ -2,8 +2,9 @@
 
 Every payload here is hidden as ``exec(bytes.fromhex(...).decode())``, as issue 21's attackers
 hid theirs, so the static scan sees nothing but the ``exec`` (itself a flag for review since
-issue 41) and the score before that flag is the judge's verdicts alone. One class of attack per submission of lab 01, graded in one run of
-``labs grade`` in the bubblewrap sandbox beside an honest submission and an untouched release:
+issue 41) and the score before that flag is the judge's verdicts alone. One class of attack
+per submission of lab 01, graded in one run of ``labs grade`` in the bubblewrap sandbox beside
+an honest submission and an untouched release:
 
 * the kernel's side of the judge rewritten (``serve``, the serving loop): on a *correct*
   submission, so any trust in what the kernel says about itself would show as points;
