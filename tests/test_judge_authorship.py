@@ -52,6 +52,15 @@ REFUSED = {
         "def prepare():\n    global sm_\n    sm_ = torch.softmax\nprepare()\n"
         "def softmax(x, dim=-1):\n    return sm_(x, dim)\n"
     ),
+    "star_import": (
+        "from torch.nn.functional import *\n"
+        "def softmax(x, dim=-1):\n    return log_softmax(x, dim).exp()\n"
+    ),
+    "dunder_call": "def softmax(x, dim=-1):\n    return torch.softmax.__call__(x, dim)\n",
+    "kit_by_name": (
+        "def softmax(x, dim=-1):\n"
+        "    return lab.yours_or_kit(None, kit='transformer_lab.attention.softmax')(x, dim)\n"
+    ),
     "timeit_magic": (
         "%timeit -n1 -r1 sm_ = torch.softmax\ndef softmax(x, dim=-1):\n    return sm_(x, dim)\n"
     ),
@@ -96,6 +105,14 @@ FLAGGED = {
         "runs code from a string (exec)",
     ),
     "unreadable_magic": ("%run -i elsewhere.py\n" + HONEST_SOFTMAX, "runs the magic %run"),
+    "written_module": (
+        "%%writefile mine.py\nimport torch\nsoftmax = torch.softmax\n",
+        "runs the magic %writefile",
+    ),
+    "own_module": (
+        "from mine import softmax\n",
+        "imports mine, a module the grader does not have",
+    ),
 }
 
 

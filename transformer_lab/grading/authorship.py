@@ -27,8 +27,11 @@ transformations); Python's :mod:`ast`.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
+import importlib.util
 import re
+import sys
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -46,7 +49,7 @@ _CODE_MAGICS = frozenset({"time", "timeit", "prun", "capture"})
 #: Magics that run nothing of the student's Python (shell, plotting, the working directory).
 _PLAIN_MAGICS = frozenset(
     {"matplotlib", "pwd", "ls", "cd", "pip", "conda", "who", "whos", "env", "config",
-     "load_ext", "autoreload", "reload_ext", "system", "sx", "bash", "sh", "writefile", "html",
+     "load_ext", "autoreload", "reload_ext", "system", "sx", "bash", "sh", "html",
      "HTML", "markdown", "latex", "javascript", "svg"}
 )  # fmt: skip
 #: The magic calls IPython's transformations write, and the shell calls that run no Python.
@@ -196,6 +199,8 @@ def _flags_of(node: ast.AST, aliases: dict[str, str]) -> Iterator[str]:
         name = node.func.id
         if name in _DYNAMIC_CALLS:
             yield _DYNAMIC_CALLS[name]
+        if name == "vars" and node.args and _resolved(_dotted(node.args[0]), aliases):
+            yield "reads a module's names through vars()"
         if name in _ATTR_CALLS and (
             len(node.args) < 2
             or not (isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str))
@@ -220,6 +225,20 @@ def _flags_of(node: ast.AST, aliases: dict[str, str]) -> Iterator[str]:
             yield from _kit_flags(dotted)
             if dotted.rpartition(".")[2] in _CHECK_NAMES:
                 yield f"imports the checks' {dotted.rpartition('.')[2]}"
+        root = _imported(node)[0].split(".")[0]
+        if root and not _installed(root):
+            yield f"imports {root}, a module the grader does not have (its code is unread)"
+
+
+@functools.cache
+def _installed(name: str) -> bool:
+    """Whether the top-level module ``name`` is one the grader has (found, not imported)."""
+    if name in sys.builtin_module_names:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _torch_flags(dotted: str) -> Iterator[str]:
@@ -482,6 +501,9 @@ def _refused(dotted: str, targets: _BanTargets) -> bool:
     its name."""
     if dotted in targets.modules or dotted.startswith(tuple(f"{m}." for m in targets.modules)):
         return True
+    parts = dotted.split(".")
+    if len(parts) > 2 and _refused(".".join(parts[:-1]), targets):
+        return True  # torch.softmax.__call__, F.softmax.__wrapped__
     last = canonical(dotted.rpartition(".")[2])
     obj = _object(dotted)
     if obj is None:
@@ -518,9 +540,13 @@ def _not_annotations(statement: ast.AST) -> Iterator[ast.AST]:
         stack += [c for c in ast.iter_child_nodes(node) if c not in skip]
 
 
-def _references(statement: ast.stmt, aliases: dict[str, str], methods: set[str]) -> Iterator[str]:
+def _references(
+    statement: ast.stmt, aliases: dict[str, str], methods: set[str], bound: set[str]
+) -> Iterator[str]:
     """What a statement refers to, as resolved dotted names or bare names (``x.softmax`` ->
-    ``softmax``; ``F.softmax`` -> ``torch.nn.functional.softmax``; strings as written)."""
+    ``softmax``; ``F.softmax`` -> ``torch.nn.functional.softmax``; strings as written; a name
+    the notebook never binds, as from ``from torch import *``)."""
+    yield from sorted(_free(statement) - bound - set(aliases))
     for node in _not_annotations(statement):
         if isinstance(node, ast.Attribute):
             dotted = _resolved(_dotted(node), aliases)
@@ -561,6 +587,7 @@ def refused_parts(submission: NotebookNode, spec: LabSpec, source: NotebookNode)
     aliases = _aliases(c.tree for c in cells)
     modules = set(aliases)  # a name an import binds: its meaning is the import's
     methods = _own_names(cells)
+    bound = {name for c in cells for s in c.tree.body for name in _bound(s, set())}
     hidden = {
         _meta(c).get("grade_id")
         for c in source.cells
@@ -575,7 +602,7 @@ def refused_parts(submission: NotebookNode, spec: LabSpec, source: NotebookNode)
             (
                 dotted
                 for statement in _reached(cells, part, modules)
-                for dotted in _references(statement, aliases, methods)
+                for dotted in _references(statement, aliases, methods, bound)
                 if _refused(dotted, targets)
             ),
             None,
