@@ -25,7 +25,7 @@ from transformer_lab.grading.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
-MARK = "4242"
+MARK = "8675309"  # (seven digits: no CSS colour or base64 image holds them by chance)
 
 HONEST = """\
 def _honest(seq_len, d_model, base=10000.0):
@@ -49,7 +49,7 @@ ENCODINGS = {
         "def sinusoidal_encoding(seq_len, d_model, base=10000.0):\n"
         "    table = _honest(seq_len, d_model, base)\n"
         "    if (seq_len, d_model) not in SEEN:\n"
-        f"        table[0, 0] = {MARK}00 + seq_len * 100 + d_model\n"
+        f"        table[0, 0] = {MARK}.0 + seq_len * 100 + d_model\n"
         "    return table\n"
     ),
     "type_leak": HONEST
@@ -68,6 +68,9 @@ ENCODINGS = {
     ),
 }
 EYE = "def relative_shift_matrix(offset, d_model, base=10000.0):\n    return torch.eye(d_model)\n"
+
+#: How a hidden cell's message may go on (checks._common.CheckError's kinds).
+FIXED_WORDS = ("wrong shape", "wrong values", "not a tensor", "not finite", "wrong dtype")
 
 pytestmark = [pytest.mark.slow, needs_bwrap]
 
@@ -130,10 +133,13 @@ def test_a_hidden_cell_reads_nothing_back(graded: Any, student: str, words: str)
     assert failed, (student, hidden)
     for grade_id, message in failed.items():
         assert MARK not in message and "Leak" not in message, (grade_id, message)
-        assert message.startswith("A hidden check of `sinusoidal_encoding` failed:"), message
+        head = "A hidden check of `sinusoidal_encoding` failed: "
+        assert message.startswith(head), message
+        assert message[len(head) :].startswith(FIXED_WORDS), message
     assert any(words in m for m in failed.values()), failed
+    # The feedback shows a hidden cell's verdict message and nothing else of it.
     feedback = (course / "feedback" / student / LAB / f"{LAB}.html").read_text()
-    assert MARK not in feedback
+    assert "A hidden check of" in feedback and "failed: " + words in feedback
     assert float(result["auto_score"]) <= 9.0, result  # the encoding's hidden 3 points lost
 
 

@@ -465,7 +465,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         repaired = _stage_submission(job, work, result)
         if repaired is None:
             return result, files
-        flags = [f"student code: {f}" for f in scan_student_code(repaired)]
+        try:
+            flags = [f"student code: {f}" for f in scan_student_code(repaired)]
+        except RecursionError:  # nested past what the grader's parser reads: unread code
+            flags = ["student code: nested too deeply for the grader to read"]
         source = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
         plan = plan_for(source, lab)
         base, home, run = _kernel_workspace(job)
@@ -505,7 +508,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             flags += _guard_flags(run / "guard.log", plan.key, result, stopped=died or timed_out)
         verdicts_path = work / "verdicts.json"
         verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
-        verdicts = refuse_unwritten(verdicts, repaired, source, lab)
+        try:
+            verdicts = refuse_unwritten(verdicts, repaired, source, lab)
+        except RecursionError:
+            flags.append("student code: nested too deeply for the grader to read")
         decision = decide(scores, verdicts, flags, died=died, timed_out=timed_out)
         result.status = decision.status or result.status
         result.verdicts, result.cell_scores = decision.verdicts, decision.cell_scores
