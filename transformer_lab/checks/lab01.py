@@ -200,6 +200,8 @@ def check_sinusoidal_encoding_shape(fn: Callable[..., Tensor]) -> None:
         _, mistakes = stored("lab01", what)
         hint = diagnose(got, mistakes, hint)
     expect_close(row0, want0, f"row 0 (position 0) of {what}", hint=hint)
+    # A second size, so that a table that ignores its arguments does not pass.
+    expect_shape(encode(fn, 3, 2), (3, 2), "sinusoidal_encoding(3, 2)")
 
 
 def check_sinusoidal_encoding(fn: Callable[..., Tensor]) -> None:

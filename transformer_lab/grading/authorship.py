@@ -302,10 +302,26 @@ def review_flags(cells: list[Cell]) -> list[str]:
         if not cell.student:
             continue
         flags += cell.flags
+        shell = _shell_calls(cell.tree)
         for node in ast.walk(cell.tree):
-            for what in _flags_of(node, aliases):
+            whats = list(_flags_of(node, aliases))
+            if isinstance(node, ast.Name) and node.id == "get_ipython" and id(node) not in shell:
+                whats.append("holds the notebook's shell (get_ipython) beyond a magic's call")
+            for what in whats:
                 flags.append(f"cell {cell.index} line {getattr(node, 'lineno', '?')}: {what}")
     return list(dict.fromkeys(flags))
+
+
+def _shell_calls(tree: ast.AST) -> set[int]:
+    """The ``get_ipython`` names of ``get_ipython().run_line_magic(...)`` and the other calls
+    IPython's transformations write (by id): any other use of the shell is a flag."""
+    return {
+        id(node.value.func)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and _is_ipython(node.value)
+        and node.attr in _MAGIC_CALLS | _SHELL_CALLS
+    }
 
 
 # --------------------------------------------------------------------------------------
