@@ -170,15 +170,15 @@ def test_every_labs_honest_and_untouched_notebooks_raise_nothing(spec: Any) -> N
 
 # ------------------------------------------------------------- through the real grader
 
-#: The replays graded in the sandbox: student -> (softmax cell, what it must come to).
+#: The replays graded in the sandbox: student -> (softmax cell, what it must come to). (The
+#: other attacks above are decided by the same code from the same notebook: CI's time is
+#: spent on one of each way past the kernel's ban.)
 REPLAYED = {
     "special": (REFUSED["special"], "refused"),
     "tensor_method": (REFUSED["tensor_method"], "refused"),
-    "computed_getattr": (FLAGGED["computed_getattr"][0], "flagged"),
     "torchscript": (FLAGGED["torchscript"][0], "flagged"),
     "thread": (FLAGGED["thread"][0], "flagged"),
     "magic_hides_switch": (FLAGGED["magic_hides_switch"][0], "flagged"),
-    "pop_mode": (FLAGGED["pop_mode"][0], "flagged"),
     "exempt": (FLAGGED["exempt"][0], "flagged"),
 }
 
@@ -217,3 +217,28 @@ def test_the_sandboxed_grader_refuses_or_flags_every_replay(graded: Any) -> None
             assert verdict["score"] == 0.0, (student, cell, verdict)
             assert "The grader read your code" in verdict["message"], (student, verdict)
         assert float(result["auto_score"]) < 18.0, student
+
+
+def test_a_pasted_table_of_expected_values_is_flagged() -> None:
+    """Lab 01's worked examples pasted in as literals pass the visible cells in the kernel;
+    the grader flags the table (issue 41, class 2)."""
+    from transformer_lab.checks._common import stored_data
+
+    lab = "01_positional_encoding"
+    keys = [f"sinusoidal_encoding({k})" for k in ("5, 4", "6, 8", "3, 4, base=100")]
+    tables = {key: stored_data("lab01", key)[0] for key in keys}
+    nb = _notebook("solutions", lab)
+    cell = next(
+        c
+        for c in nb.cells
+        if c.metadata.get("nbgrader", {}).get("grade_id") == "sinusoidal_encoding"
+    )
+    cell.source = (
+        f"TABLES = {tables!r}\n"
+        "def sinusoidal_encoding(seq_len, d_model, base=10000.0):\n"
+        "    key = f'sinusoidal_encoding({seq_len}, {d_model}'\n"
+        "    key += f', base={base:g})' if base != 10000.0 else ')'\n"
+        "    return torch.tensor(TABLES[key])\n"
+    )
+    flags = "\n".join(scan_student_code(nb))
+    assert "a table of" in flags and "numbers" in flags, flags

@@ -297,7 +297,7 @@ def review_flags(cells: list[Cell]) -> list[str]:
     """What the student's cells do that the grader cannot resolve statically, as ``cell N line
     L: what`` sentences (each a flag for review: the points are withheld until then)."""
     aliases = _aliases(c.tree for c in cells)
-    flags: list[str] = []
+    flags: list[str] = _tables([c for c in cells if c.student])
     for cell in cells:
         if not cell.student:
             continue
@@ -310,6 +310,39 @@ def review_flags(cells: list[Cell]) -> list[str]:
             for what in whats:
                 flags.append(f"cell {cell.index} line {getattr(node, 'lineno', '?')}: {what}")
     return list(dict.fromkeys(flags))
+
+
+#: How many number literals (other than small integers) the student's cells may hold before they
+#: read as a
+#: pasted table of answers (the visible checks' worked examples), and how long a string of
+#: digits may be.
+_MAX_NUMBERS = 48
+_MAX_DIGIT_TEXT = 300
+
+
+def _tables(cells: list[Cell]) -> list[str]:
+    """Cells that hold a table of numbers rather than code computing them: a flag, since an
+    answer that returns stored expected values passes the worked examples it was copied from."""
+    nodes = [(c.index, n) for c in cells for n in ast.walk(c.tree)]
+    numbers = [
+        n.value
+        for _, n in nodes
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, int | float)
+        and not isinstance(n.value, bool)
+        and not (isinstance(n.value, int) and -16 <= n.value <= 16)
+    ]
+    found = []
+    if len(numbers) > _MAX_NUMBERS:
+        found.append(f"your cells hold a table of {len(numbers)} numbers (pasted answers?)")
+    for index, n in nodes:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes):
+            text = n.value if isinstance(n.value, str) else n.value.decode("latin-1")
+            digits = sum(ch.isdigit() for ch in text)
+            if len(text) > _MAX_DIGIT_TEXT and digits > len(text) // 3:
+                found.append(f"cell {index} line {n.lineno}: a long text of numbers (answers?)")
+                break
+    return found
 
 
 def _shell_calls(tree: ast.AST) -> set[int]:
