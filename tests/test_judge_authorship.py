@@ -22,9 +22,10 @@ import pytest
 from conftest import needs_bwrap
 
 from transformer_lab.checks.spec import all_specs, load, parts_of
-from transformer_lab.grading.authorship import python_cells, refused_parts, review_flags
+from transformer_lab.grading.authorship import python_cells, refused_parts
 from transformer_lab.grading.cli import main
 from transformer_lab.grading.integrity import scan_student_code
+from transformer_lab.grading.unreadable import review_flags
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "02_self_attention"

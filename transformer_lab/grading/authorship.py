@@ -13,12 +13,9 @@ transformations: a magic cannot hide a cell):
   points. What a part reaches is every name its definition reads, followed through the
   notebook's top-level bindings (and through every statement that changes what such a name
   holds), not only what a check happened to call.
-* :func:`review_flags`: what cannot be resolved statically (dynamic attribute access,
-  ``exec``/``eval``/``compile``, threads, TorchScript and ``torch.compile``, switching torch's
-  function hooks or any private ``torch._`` name, importing the kit's check machinery, a cell
-  that is not Python after IPython's transformations, a magic that runs code out of sight) is a
-  flag for an instructor's review: the submission's autograded points are withheld, never
-  passed.
+* the cells as Python (:func:`python_cells`) and their imports, for both this decision and the
+  flags of :mod:`transformer_lab.grading.unreadable` (what cannot be resolved statically is a
+  flag for review there, never a pass).
 
 Reference: IPython's ``TransformerManager.transform_cell`` (the kernel's own input
 transformations); Python's :mod:`ast`.
@@ -27,11 +24,8 @@ transformations); Python's :mod:`ast`.
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
-import importlib.util
 import re
-import sys
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,7 +36,19 @@ from nbformat import NotebookNode
 from transformer_lab.checks.spec import LabSpec, parts_of
 from transformer_lab.pysource import parse_python
 
-__all__ = ["Cell", "canonical", "python_cells", "refused_parts", "review_flags", "transformed"]
+__all__ = [
+    "MAGIC_CALLS",
+    "SHELL_CALLS",
+    "Cell",
+    "canonical",
+    "dotted_name",
+    "import_aliases",
+    "imported_names",
+    "python_cells",
+    "refused_parts",
+    "resolved_name",
+    "transformed",
+]
 
 #: Line and cell magics whose argument is Python the kernel runs: it is analysed as written.
 _CODE_MAGICS = frozenset({"time", "timeit", "prun", "capture"})
@@ -53,38 +59,8 @@ _PLAIN_MAGICS = frozenset(
      "HTML", "markdown", "latex", "javascript", "svg"}
 )  # fmt: skip
 #: The magic calls IPython's transformations write, and the shell calls that run no Python.
-_MAGIC_CALLS = frozenset({"run_line_magic", "run_cell_magic"})
-_SHELL_CALLS = frozenset({"system", "getoutput"})
-
-#: Modules whose use runs the student's code where the kernel's ban does not look.
-_THREAD_MODULES = frozenset({"threading", "_thread", "concurrent", "asyncio", "queue"})
-#: Builtins that run or reach code the scan cannot read.
-_DYNAMIC_CALLS = {
-    "exec": "runs code from a string (exec)",
-    "eval": "runs code from a string (eval)",
-    "compile": "compiles code from a string (compile)",
-    "__import__": "imports a module by a computed name (__import__)",
-    "globals": "reaches names through globals()",
-    "breakpoint": "stops in the debugger (breakpoint)",
-}
-_ATTR_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
-_DYNAMIC_ATTRS = {
-    "__getattribute__": "reads attributes by a computed name (__getattribute__)",
-    "__dict__": "reads attributes through __dict__",
-    "attrgetter": "reads attributes by name (operator.attrgetter)",
-    "methodcaller": "calls methods by name (operator.methodcaller)",
-}
-#: torch's entry points that run code outside the hooks the kernel's ban uses.
-_TORCH_ESCAPES = {
-    "jit": "compiles with TorchScript (torch.jit)",
-    "compile": "compiles with torch.compile",
-    "fx": "traces with torch.fx",
-    "overrides": "uses torch's function hooks (torch.overrides)",
-    "library": "registers torch operators (torch.library)",
-}
-#: The kit's check machinery: never the student's to import.
-_CHECK_MODULES = ("transformer_lab.checks", "transformer_lab.judge", "transformer_lab.grading")
-_CHECK_NAMES = frozenset({"exempt", "unexempt", "forbidden", "enforced_here", "forwarded"})
+MAGIC_CALLS = frozenset({"run_line_magic", "run_cell_magic"})
+SHELL_CALLS = frozenset({"system", "getoutput"})
 
 
 @dataclass
@@ -116,7 +92,7 @@ def _magic_calls(tree: ast.AST) -> Iterator[tuple[ast.Call, str, list[str]]]:
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
-            and node.func.attr in _MAGIC_CALLS
+            and node.func.attr in MAGIC_CALLS
         ):
             args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
             name = args[0] if args and isinstance(args[0], str) else ""
@@ -169,12 +145,7 @@ def python_cells(nb: NotebookNode) -> list[Cell]:
     return cells
 
 
-# --------------------------------------------------------------------------------------
-# What cannot be resolved statically: flags
-# --------------------------------------------------------------------------------------
-
-
-def _dotted(node: ast.AST) -> str:
+def dotted_name(node: ast.AST) -> str:
     """``torch.nn.functional.softmax`` for an attribute chain on a name, else ``""``."""
     parts = []
     while isinstance(node, ast.Attribute):
@@ -185,81 +156,7 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
-def _is_ipython(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in ("get_ipython",)
-    )
-
-
-def _flags_of(node: ast.AST, aliases: dict[str, str]) -> Iterator[str]:
-    """What in one node cannot be resolved statically (a few words each)."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        name = node.func.id
-        if name in _DYNAMIC_CALLS:
-            yield _DYNAMIC_CALLS[name]
-        if name == "vars" and node.args and _resolved(_dotted(node.args[0]), aliases):
-            yield "reads a module's names through vars()"
-        if name in _ATTR_CALLS and (
-            len(node.args) < 2
-            or not (isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str))
-        ):
-            yield f"reads attributes by a computed name ({name})"
-    if isinstance(node, ast.Attribute):
-        if node.attr in _DYNAMIC_ATTRS:
-            yield _DYNAMIC_ATTRS[node.attr]
-        if _is_ipython(node.value) and node.attr not in _MAGIC_CALLS | _SHELL_CALLS:
-            yield f"drives the notebook's shell directly (get_ipython().{node.attr})"
-        dotted = _resolved(_dotted(node), aliases)
-        yield from _torch_flags(dotted)
-        yield from _kit_flags(dotted)
-    if isinstance(node, ast.Name):
-        yield from _torch_flags(aliases.get(node.id, ""))
-        yield from _kit_flags(aliases.get(node.id, ""))
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        for dotted in _imported(node):
-            if dotted.split(".")[0] in _THREAD_MODULES:
-                yield f"imports {dotted}: code in another thread runs outside the checks' bans"
-            yield from _torch_flags(dotted)
-            yield from _kit_flags(dotted)
-            if dotted.rpartition(".")[2] in _CHECK_NAMES:
-                yield f"imports the checks' {dotted.rpartition('.')[2]}"
-        root = _imported(node)[0].split(".")[0]
-        if root and not _installed(root):
-            yield f"imports {root}, a module the grader does not have (its code is unread)"
-
-
-@functools.cache
-def _installed(name: str) -> bool:
-    """Whether the top-level module ``name`` is one the grader has (found, not imported)."""
-    if name in sys.builtin_module_names:
-        return True
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _torch_flags(dotted: str) -> Iterator[str]:
-    parts = dotted.split(".")
-    if parts[0] != "torch":
-        return
-    for part in parts[1:]:
-        if part in _TORCH_ESCAPES:
-            yield _TORCH_ESCAPES[part]
-            return
-        if part.startswith("_") and not part.startswith("__"):
-            yield f"uses torch's private internals ({dotted})"
-            return
-
-
-def _kit_flags(dotted: str) -> Iterator[str]:
-    if dotted.startswith(_CHECK_MODULES):
-        yield f"uses the kit's check machinery ({dotted})"
-
-
-def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+def imported_names(node: ast.Import | ast.ImportFrom) -> list[str]:
     """The dotted names an import statement reaches (a module, or a name from one)."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -267,7 +164,7 @@ def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [module, *(f"{module}.{a.name}" for a in node.names)]
 
 
-def _aliases(trees: Iterable[ast.AST]) -> dict[str, str]:
+def import_aliases(trees: Iterable[ast.AST]) -> dict[str, str]:
     """Name -> the dotted module path or object an import binds it to (the whole notebook)."""
     found: dict[str, str] = {}
     for tree in trees:
@@ -285,76 +182,12 @@ def _aliases(trees: Iterable[ast.AST]) -> dict[str, str]:
     return found
 
 
-def _resolved(dotted: str, aliases: dict[str, str]) -> str:
+def resolved_name(dotted: str, aliases: dict[str, str]) -> str:
     """``F.softmax`` -> ``torch.nn.functional.softmax`` through the notebook's imports."""
     root, _, rest = dotted.partition(".")
     if root not in aliases:
         return ""
     return f"{aliases[root]}.{rest}" if rest else aliases[root]
-
-
-def review_flags(cells: list[Cell]) -> list[str]:
-    """What the student's cells do that the grader cannot resolve statically, as ``cell N line
-    L: what`` sentences (each a flag for review: the points are withheld until then)."""
-    aliases = _aliases(c.tree for c in cells)
-    flags: list[str] = _tables([c for c in cells if c.student])
-    for cell in cells:
-        if not cell.student:
-            continue
-        flags += cell.flags
-        shell = _shell_calls(cell.tree)
-        for node in ast.walk(cell.tree):
-            whats = list(_flags_of(node, aliases))
-            if isinstance(node, ast.Name) and node.id == "get_ipython" and id(node) not in shell:
-                whats.append("holds the notebook's shell (get_ipython) beyond a magic's call")
-            for what in whats:
-                flags.append(f"cell {cell.index} line {getattr(node, 'lineno', '?')}: {what}")
-    return list(dict.fromkeys(flags))
-
-
-#: How many number literals (other than small integers) the student's cells may hold before they
-#: read as a
-#: pasted table of answers (the visible checks' worked examples), and how long a string of
-#: digits may be.
-_MAX_NUMBERS = 48
-_MAX_DIGIT_TEXT = 300
-
-
-def _tables(cells: list[Cell]) -> list[str]:
-    """Cells that hold a table of numbers rather than code computing them: a flag, since an
-    answer that returns stored expected values passes the worked examples it was copied from."""
-    nodes = [(c.index, n) for c in cells for n in ast.walk(c.tree)]
-    numbers = [
-        n.value
-        for _, n in nodes
-        if isinstance(n, ast.Constant)
-        and isinstance(n.value, int | float)
-        and not isinstance(n.value, bool)
-        and not (isinstance(n.value, int) and -16 <= n.value <= 16)
-    ]
-    found = []
-    if len(numbers) > _MAX_NUMBERS:
-        found.append(f"your cells hold a table of {len(numbers)} numbers (pasted answers?)")
-    for index, n in nodes:
-        if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes):
-            text = n.value if isinstance(n.value, str) else n.value.decode("latin-1")
-            digits = sum(ch.isdigit() for ch in text)
-            if len(text) > _MAX_DIGIT_TEXT and digits > len(text) // 3:
-                found.append(f"cell {index} line {n.lineno}: a long text of numbers (answers?)")
-                break
-    return found
-
-
-def _shell_calls(tree: ast.AST) -> set[int]:
-    """The ``get_ipython`` names of ``get_ipython().run_line_magic(...)`` and the other calls
-    IPython's transformations write (by id): any other use of the shell is a flag."""
-    return {
-        id(node.value.func)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and _is_ipython(node.value)
-        and node.attr in _MAGIC_CALLS | _SHELL_CALLS
-    }
 
 
 # --------------------------------------------------------------------------------------
@@ -598,7 +431,7 @@ def _references(
     yield from sorted(_free(statement) - bound - set(aliases))
     for node in _not_annotations(statement):
         if isinstance(node, ast.Attribute):
-            dotted = _resolved(_dotted(node), aliases)
+            dotted = resolved_name(dotted_name(node), aliases)
             if dotted:
                 yield dotted
             elif node.attr not in methods:  # a method of the student's own is theirs
@@ -606,7 +439,7 @@ def _references(
         elif isinstance(node, ast.Name) and node.id in aliases:
             yield aliases[node.id]
         elif isinstance(node, ast.Import | ast.ImportFrom):
-            yield from _imported(node)
+            yield from imported_names(node)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value
             if len(text) < 200 and all(p.isidentifier() for p in text.split(".")):
@@ -633,7 +466,7 @@ def refused_parts(submission: NotebookNode, spec: LabSpec, source: NotebookNode)
     from transformer_lab.checks._bans import refusal
 
     cells = python_cells(submission)
-    aliases = _aliases(c.tree for c in cells)
+    aliases = import_aliases(c.tree for c in cells)
     modules = set(aliases)  # a name an import binds: its meaning is the import's
     methods = _own_names(cells)
     bound = {name for c in cells for s in c.tree.body for name in _bound(s, set())}

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from transformer_lab.grading.authorship import python_cells, review_flags, transformed
+from transformer_lab.grading.authorship import python_cells, transformed
 from transformer_lab.grading.guard import FINISH_EVENT, cell_digest
+from transformer_lab.grading.unreadable import review_flags
 from transformer_lab.pysource import parse_python
 
 __all__ = [

@@ -34,7 +34,6 @@ import functools
 import importlib
 import itertools
 import math
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -64,7 +63,6 @@ __all__ = [
     "judge_cell",
     "stand_ins_for",
     "student_names",
-    "without_kernel_text",
 ]
 
 #: What a hidden check says in place of the text of an exception raised in the kernel.
@@ -153,7 +151,8 @@ class JudgeSession:
 
     def __init__(self, link: Link, timeout: float, *, hidden: bool = False) -> None:
         """``hidden``: the session judges a hidden test cell, whose message never carries the
-        text of an exception raised in the kernel (see :func:`without_kernel_text`)."""
+        text of an exception raised in the kernel, nor anything else the answer produced (see
+        :func:`hidden_message`)."""
         self.link, self.timeout, self.requests, self.hidden = link, timeout, 0, hidden
         #: The texts of the exceptions the kernel reported (a hidden cell's message drops them).
         self.kernel_texts: set[str] = set()
@@ -443,7 +442,7 @@ def _student_error(
 
     Its text is the kernel's, for the checks to read (a ``ValueError`` that must name the bad
     value, a torch error a hint is chosen by); a hidden cell's message drops it afterwards
-    (:func:`without_kernel_text`). In a hidden check a refused call is worded from the ban the
+    (:func:`hidden_message`). In a hidden check a refused call is worded from the ban the
     judge sent, and an exception class of the student's own is not named.
     """
     bases = reply.get("bases") if isinstance(reply.get("bases"), list) else []
@@ -516,28 +515,6 @@ def _raised(failure: BaseException) -> str:
     if cause is None:
         return "an exception"
     return type(cause).__name__
-
-
-def without_kernel_text(message: str, texts: Iterable[str]) -> str:
-    """``message`` with every text of an exception the kernel raised cut out (a hidden cell's).
-
-    Such a text is whatever the student's code put there: the kernel's frames, the hidden
-    case's inputs. The longest go first, so a text that holds a shorter one goes whole; a text
-    is cut where it stands alone, never out of a longer word or number (``"1"`` leaves
-    ``"16"`` as it is).
-    """
-    marker = f"({HIDDEN_ERROR_TEXT})"
-    for text in sorted({t for t in texts if t.strip()}, key=len, reverse=True):
-        for quoted in (repr(text), text):
-            message = _alone(quoted).sub(lambda _: marker, message)
-    return message
-
-
-def _alone(text: str) -> re.Pattern[str]:
-    """``text`` where it is not part of a longer word (no word character glued to its ends)."""
-    head = r"(?<!\w)" if re.match(r"\w", text[0]) else ""
-    tail = r"(?!\w)" if re.match(r"\w", text[-1]) else ""
-    return re.compile(head + re.escape(text) + tail)
 
 
 class _RemoteCall(torch.autograd.Function):
