@@ -207,10 +207,12 @@ def test_an_attack_the_scan_cannot_see_earns_nothing_from_the_judge(
 ) -> None:
     _, results = graded
     result = results[student]
-    # The exec that hides it is itself a flag for review (the grader cannot read it), and
-    # only that: the score before the flag (raw_auto_score) is the judge's alone.
+    # The exec that hides it is itself a flag for review (the grader cannot read it), and so
+    # is its hex text (a long text of digits), and only they: the score before the flags
+    # (raw_auto_score) is the judge's alone.
     assert result["status"] == "flagged", (student, result["flags"])
-    assert all("(exec)" in f for f in result["flags"]), (
+    hiding = ("(exec)", "a long text of numbers")
+    assert all(any(h in f for h in hiding) for f in result["flags"]), (
         f"the static scan caught {student} ({result['flags']}): hide it again, or this test no "
         "longer measures the judge"
     )
