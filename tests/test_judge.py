@@ -22,11 +22,11 @@ from transformer_lab.grading.cli import main
 from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import (
     HIDDEN_ERROR_TEXT,
+    HIDDEN_FAILURE,
     JudgeSession,
     Remote,
     judge_cell,
     student_names,
-    without_kernel_text,
 )
 from transformer_lab.judge import kernel, wire
 
@@ -118,31 +118,25 @@ def test_a_hidden_cell_never_shows_the_text_of_the_students_exception(
 def test_a_hidden_check_reads_the_error_its_message_leaves_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The check's logic sees the kernel's text (a ValueError must name the bad value); only
-    the hidden cell's message drops it, quoted (KeyError) or not."""
-    source = (
+    """The check's logic sees the kernel's text (a ValueError must name the bad value); the
+    hidden cell's message is fixed words, whatever the check's own text quoted."""
+    reads = (
         "import sys\n"
         "try:\n"
         "    sinusoidal_encoding(3, 5)\n"
         "except (ValueError, KeyError):\n"
         "    error = sys.exc_info()[1]\n"
         "    assert 'd_model=5' in str(error), 'the check could not read the error'\n"
-        "    raise AssertionError(f'it raised {type(error).__name__}: {error}; so far so good')\n"
     )
+    quotes = reads + "    raise AssertionError(f'it raised {type(error).__name__}: {error}')\n"
     for error in (ValueError("d_model=5 is odd"), KeyError("d_model=5 'odd'\n")):
         link = InProcessKernel(monkeypatch, {"sinusoidal_encoding": _raising(error)})
-        verdict = judge_cell("cell", source, JudgeSession(link, timeout=10, hidden=True))
-        kind = type(error).__name__
-        assert verdict.message == f"it raised {kind}: ({HIDDEN_ERROR_TEXT}); so far so good"
-
-
-def test_a_cut_text_goes_where_it_stands_alone() -> None:
-    marker = f"({HIDDEN_ERROR_TEXT})"
-    message = "f(16, 1) raised KeyError: '1' and ValueError: 1; x=1x"
-    assert without_kernel_text(message, {"1"}) == (
-        f"f(16, {marker}) raised KeyError: {marker} and ValueError: {marker}; x=1x"
-    )
-    assert without_kernel_text("raised E: a (b) c", {"a (b) c", "b"}) == f"raised E: {marker}"
+        verdict = judge_cell("cell", reads, JudgeSession(link, timeout=10, hidden=True))
+        assert verdict.passed, verdict.message  # it read the text
+        verdict = judge_cell("cell", quotes, JudgeSession(link, timeout=10, hidden=True))
+        assert verdict.message == (
+            f"A hidden check of `sinusoidal_encoding` failed: {HIDDEN_FAILURE}."
+        ), verdict.message
 
 
 def test_a_hidden_cell_words_a_refused_call_from_the_ban_it_sent(

@@ -1,9 +1,10 @@
 """Attacks the static scan cannot see, through the real grader: the judge alone gives them 0.
 
 Every payload here is hidden as ``exec(bytes.fromhex(...).decode())``, as issue 21's attackers
-hid theirs, so the static scan (a flag for review) does not fire and the submission is scored
-by the judge's verdicts alone. One class of attack per submission of lab 01, graded in one run of
-``labs grade`` in the bubblewrap sandbox beside an honest submission and an untouched release:
+hid theirs, so the static scan sees nothing but the ``exec`` (itself a flag for review since
+issue 41) and the score before that flag is the judge's verdicts alone. One class of attack
+per submission of lab 01, graded in one run of ``labs grade`` in the bubblewrap sandbox beside
+an honest submission and an untouched release:
 
 * the kernel's side of the judge rewritten (``serve``, the serving loop): on a *correct*
   submission, so any trust in what the kernel says about itself would show as points;
@@ -206,8 +207,12 @@ def test_an_attack_the_scan_cannot_see_earns_nothing_from_the_judge(
 ) -> None:
     _, results = graded
     result = results[student]
-    # Unflagged: the score below is the judge's alone (a flag would zero it regardless).
-    assert result["status"] == "graded", (
+    # The exec that hides it is itself a flag for review (the grader cannot read it), and so
+    # is its hex text (a long text of digits), and only they: the score before the flags
+    # (raw_auto_score) is the judge's alone.
+    assert result["status"] == "flagged", (student, result["flags"])
+    hiding = ("(exec)", "a long text of numbers")
+    assert all(any(h in f for h in hiding) for f in result["flags"]), (
         f"the static scan caught {student} ({result['flags']}): hide it again, or this test no "
         "longer measures the judge"
     )

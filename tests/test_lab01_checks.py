@@ -232,7 +232,7 @@ def test_correct_shift_matrices_pass_every_check(fn) -> None:
 SHIFT_MISTAKES = [
     (shift_transposed, ["values", "hidden", "properties"], "moves the encoding the wrong way"),
     (shift_negated, ["values", "hidden", "properties"], "sign of the offset is flipped"),
-    (shift_identity, ["values", "hidden", "properties"], "identity"),
+    (shift_identity, ["shape", "values", "hidden", "properties"], "identity"),
     (shift_pair_index, ["values", "hidden", "properties"], "pair index i"),
     (shift_base_ignored, ["hidden"], "use the `base` argument"),
     (shift_sin_cos_swapped, ["shape", "values", "hidden", "properties"], "cos on the diagonal"),

@@ -47,7 +47,7 @@ T = TypeVar("T", bound=Callable[..., object])
 GRADED: dict[str, str] = {}
 #: ``"module.qualname" -> object`` as the kit's module defined it: the kit's own code, known by
 #: identity wherever it is, even where a student's saved answer now sits in its place
-#: (:mod:`transformer_lab.answers`), for the bans of the checks (``checks._bans``).
+#: (:mod:`transformer_lab.answers`), for the bans of the checks (``judge.bans``).
 KIT_ORIGINALS: dict[str, object] = {}
 
 

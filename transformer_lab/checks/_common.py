@@ -62,6 +62,7 @@ __all__ = [
     "NO_MAX_SUBTRACTION",
     "Ban",
     "Case",
+    "CheckError",
     "ForbiddenCallError",
     "OpLog",
     "call_forbidding",
@@ -132,7 +133,7 @@ def call_student(
             pass through unchanged.
     """
     if not callable(fn):
-        raise AssertionError(f"{what}: expected a function, got {type(fn).__name__}.")
+        raise CheckError(f"{what}: expected a function, got {type(fn).__name__}.", "not a function")
     given = wire.plain_tensors([list(args), dict(kw)])
     before = [t.detach().clone() for t in given]
     try:
@@ -142,13 +143,14 @@ def call_student(
             f"{what} needs something your installed kit does not hold yet: {exc}"
         ) from exc
     except NotImplementedError as exc:
-        raise AssertionError(
-            f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code."
+        raise CheckError(
+            f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code.",
+            "not implemented yet",
         ) from exc
     except AssertionError:
         raise
     except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        raise CheckError(f"{what} raised {type(exc).__name__}: {exc}", "raised") from exc
     finally:
         # The grader's guard (if any) checks here that the student's code left the checks and
         # what they use as they were; without a guard this event goes nowhere.
@@ -181,6 +183,19 @@ def _shares(a: Tensor, b: Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0
 
 
+class CheckError(AssertionError):
+    """A check's failure, with what kind of failure it is in a few fixed words.
+
+    A hidden cell's message is made of these words alone (the judge's
+    :func:`~transformer_lab.grading.judge.judge_cell`): the full text quotes what the answer
+    returned (its shape, its values), which would let an answer read a hidden case back.
+    """
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 # --------------------------------------------------------------------------------------
 # Comparisons
 # --------------------------------------------------------------------------------------
@@ -190,7 +205,7 @@ def _as_tensor(value: Any, what: str) -> Tensor:
     if isinstance(value, Tensor):
         return value
     got = "None (did you forget to `return` it?)" if value is None else type(value).__name__
-    raise AssertionError(f"{what} should be a torch.Tensor, got {got}.")
+    raise CheckError(f"{what} should be a torch.Tensor, got {got}.", "not a tensor")
 
 
 def _fmt_shape(shape: Sequence[int | None]) -> str:
@@ -237,15 +252,19 @@ def expect_shape(t: Any, shape: Sequence[int | None], what: str) -> Tensor:
     if ok:
         return t
     msg = f"{what} has shape {_fmt_shape(got)}, expected {_fmt_shape(want)}"
+    kind = "wrong shape"
     if None not in want and len(got) == len(want) and sorted(got) == sorted(want):
         msg += ": the sizes are right but in the wrong order. Did you transpose or swap two axes?"
+        kind += " (the right sizes in the wrong order)"
     elif len(got) == len(want) - 1:
         msg += ": one dimension is missing. Did a sum, indexing or squeeze drop an axis?"
+        kind += " (one dimension missing)"
     elif len(got) == len(want) + 1:
         msg += ": there is an extra dimension. Did you forget to squeeze or index an axis?"
+        kind += " (one dimension too many)"
     else:
         msg += "."
-    raise AssertionError(msg)
+    raise CheckError(msg, kind)
 
 
 def expect_close(
@@ -277,9 +296,10 @@ def expect_close(
     """
     t = expect_shape(actual, tuple(expected.shape), what)
     if expected.is_floating_point() and not (t.is_floating_point() or t.is_complex()):
-        raise AssertionError(
+        raise CheckError(
             f"{what} has dtype {t.dtype}, expected a floating-point tensor ({expected.dtype}). "
-            "Did integer arithmetic (e.g. torch.arange without dtype=torch.float32) creep in?"
+            "Did integer arithmetic (e.g. torch.arange without dtype=torch.float32) creep in?",
+            "wrong dtype (not floating point)",
         )
     got = t.detach().to("cpu", torch.float64)
     want = expected.detach().to("cpu", torch.float64)
@@ -287,9 +307,10 @@ def expect_close(
     if bool(bad_finite.any()):
         idx = tuple(int(i) for i in bad_finite.nonzero()[0])
         kind = "NaN" if math.isnan(float(got[idx])) else "inf"
-        raise AssertionError(
+        raise CheckError(
             f"{what} contains {kind} at index {idx} where {float(want[idx]):.4g} was expected "
-            f"{ran_on(t)}. Look for a division by zero, an overflow or log of 0."
+            f"{ran_on(t)}. Look for a division by zero, an overflow or log of 0.",
+            "not finite",
         )
     diff = (got - want).abs()
     diff = torch.where(torch.isnan(diff) & torch.isnan(want), torch.zeros_like(diff), diff)
@@ -307,7 +328,7 @@ def expect_close(
     )
     if hint:
         msg += " " + hint
-    raise AssertionError(msg)
+    raise CheckError(msg, "wrong values")
 
 
 #: The typical mistakes the checks named since the last :func:`named_mistakes` (the grader's
@@ -430,7 +451,7 @@ def compare(
         message = str(exc)
         if advice not in message:
             message += " " + advice
-        raise AssertionError(message) from None
+        raise CheckError(message, getattr(exc, "kind", "wrong values")) from None
     return t
 
 
@@ -667,9 +688,10 @@ def expect_module(obj: Any, what: str) -> nn.Module:
         AssertionError: ``obj`` is not a module (a class that forgot to inherit from it).
     """
     if not isinstance(obj, nn.Module):
-        raise AssertionError(
+        raise CheckError(
             f"{what} should build an nn.Module, got {type(obj).__name__}: does your class "
-            "inherit from nn.Module and call super().__init__()?"
+            "inherit from nn.Module and call super().__init__()?",
+            "not an nn.Module",
         )
     return obj
 
@@ -718,7 +740,7 @@ def call_forbidding(
             return call_student(fn, *args, what=what, in_place=in_place, **kwargs)
     except AssertionError as exc:
         if on_error and f"{what} raised " in str(exc):
-            raise AssertionError(f"{exc} {on_error}") from exc
+            raise CheckError(f"{exc} {on_error}", getattr(exc, "kind", "raised")) from exc
         raise
 
 

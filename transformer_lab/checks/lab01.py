@@ -26,6 +26,7 @@ from torch import Tensor
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     call_forbidding,
+    close,
     expect_close,
     expect_shape,
     expect_true,
@@ -199,6 +200,8 @@ def check_sinusoidal_encoding_shape(fn: Callable[..., Tensor]) -> None:
         _, mistakes = stored("lab01", what)
         hint = diagnose(got, mistakes, hint)
     expect_close(row0, want0, f"row 0 (position 0) of {what}", hint=hint)
+    # A second size, so that a table that ignores its arguments does not pass.
+    expect_shape(encode(fn, 3, 2), (3, 2), "sinusoidal_encoding(3, 2)")
 
 
 def check_sinusoidal_encoding(fn: Callable[..., Tensor]) -> None:
@@ -210,17 +213,25 @@ def check_sinusoidal_encoding(fn: Callable[..., Tensor]) -> None:
 
 
 def check_relative_shift_matrix_shape(fn: Callable[..., Tensor]) -> None:
-    """Shape ``(d, d)``, a float matrix, and the identity for offset 0."""
+    """Shape ``(d, d)``, a float matrix, the identity for offset 0 and not for offset 2 (so a
+    matrix that ignores its offset, ``torch.eye(d)``, does not pass)."""
     got = expect_shape(shift(fn, 0, 4), (4, 4), "relative_shift_matrix(0, 4)")
     expect_true(
         got.is_floating_point(), f"relative_shift_matrix(0, 4) has dtype {got.dtype}, not float."
     )
+    eye = torch.eye(4, dtype=torch.float64)
     expect_close(
         got,
-        torch.eye(4, dtype=torch.float64),
+        eye,
         "relative_shift_matrix(0, 4)",
         hint="Moving by 0 positions changes nothing, so M(0) is the identity: each block "
         "is a rotation by angle 0.",
+    )
+    moved = expect_shape(shift(fn, 2, 4), (4, 4), "relative_shift_matrix(2, 4)")
+    expect_true(
+        not close(moved.detach().to("cpu", torch.float64), eye),
+        "relative_shift_matrix(2, 4) is the identity: it does not move the encoding. Each 2x2 "
+        "block must rotate by the angle offset / base**(2i/d).",
     )
 
 

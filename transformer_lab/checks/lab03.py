@@ -312,9 +312,12 @@ def check_split_heads(fn: Callable[..., Tensor]) -> None:
 
 
 def check_split_heads_divisible(fn: Callable[..., Tensor]) -> None:
-    """A width of 10 cut into 4 heads raises a ``ValueError`` naming 10 and 4."""
+    """A width of 10 cut into 4 heads raises a ``ValueError`` naming 10 and 4; a width of 8
+    does not (so an answer that always raises does not pass)."""
     x = torch.zeros(2, 3, 10)
     expect_value_error(fn, (x, 4), ("10", "4"), "split_heads(x, 4) for x of width d_model=10")
+    fits = torch.zeros(2, 3, 8)  # (B, T, D): 8 = 4 heads of width 2
+    call_forbidding(fn, (fits, 4), {}, ban=BAN, what="split_heads(x, 4) for x of width d_model=8")
 
 
 def check_merge_heads(fn: Callable[..., Tensor]) -> None:

@@ -633,6 +633,9 @@ def check_padding_mask(fn: Callable[..., Any]) -> None:
     want, mistakes = stored("lab05", "padding_mask([3, 1, 5, 0], 6)")
     for lengths in (torch.tensor([3, 1, 5, 0]), [3, 1, 5, 0]):
         expect_padding_mask(fn, lengths, 6, want, mistakes)
+    # A second batch, so that a mask that ignores its arguments does not pass.
+    other = torch.tensor([[True, True, False], [False, False, False]])  # lengths [2, 0], T=3
+    expect_padding_mask(fn, torch.tensor([2, 0]), 3, other, {})
 
 
 _COMBINE_EXAMPLES = (((4, 2), 4), ((5, 3, 1), 5))

@@ -528,7 +528,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         repaired = _stage_submission(job, work, result)
         if repaired is None:
             return result, files
-        flags = [f"student code: {f}" for f in scan_student_code(repaired)]
+        try:
+            flags = [f"student code: {f}" for f in scan_student_code(repaired)]
+        except RecursionError:  # nested past what the grader's parser reads: unread code
+            flags = ["student code: nested too deeply for the grader to read"]
         source = read_notebook(repo / SOLUTIONS / lab / f"{lab}.ipynb")
         plan = plan_for(source, lab)
         base, home, run = _kernel_workspace(job)
@@ -568,6 +571,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
             flags += _guard_flags(run / "guard.log", plan.key, result, stopped=died or timed_out)
         verdicts_path = work / "verdicts.json"
         verdicts = json.loads(verdicts_path.read_text()) if verdicts_path.is_file() else {}
+        try:
+            verdicts = refuse_unwritten(verdicts, repaired, source, lab)
+        except RecursionError:
+            flags.append("student code: nested too deeply for the grader to read")
         decision = decide(scores, verdicts, flags, died=died, timed_out=timed_out)
         result.status = decision.status or result.status
         result.verdicts, result.cell_scores = decision.verdicts, decision.cell_scores
@@ -744,6 +751,27 @@ def _write_feedback(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(feedback), encoding="utf-8")
     return path
+
+
+def refuse_unwritten(
+    verdicts: dict[str, Any], submission: Any, source: Any, lab: str
+) -> dict[str, Any]:
+    """The judge's verdicts with every test cell of a part that reaches what its bans refuse
+    failed, whatever the kernel did (:func:`transformer_lab.grading.authorship.refused_parts`:
+    decided here, from the notebook's source, where no code of the student's runs)."""
+    from transformer_lab.checks.spec import SpecError, load
+    from transformer_lab.grading.authorship import refused_parts
+
+    try:
+        spec = load(lab)
+    except SpecError:
+        return verdicts
+    refused = refused_parts(submission, spec, source)
+    out = dict(verdicts)
+    for gid, message in refused.items():
+        old = out.get(gid) if isinstance(out.get(gid), dict) else {}
+        out[gid] = {**old, "grade_id": gid, "passed": False, "message": message, "mistake": None}
+    return out
 
 
 def judge_plan(source: Any) -> dict[str, dict[str, Any]]:

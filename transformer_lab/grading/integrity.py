@@ -28,7 +28,9 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
+from transformer_lab.grading.authorship import python_cells, transformed
 from transformer_lab.grading.guard import FINISH_EVENT, cell_digest
+from transformer_lab.grading.unreadable import review_flags
 from transformer_lab.pysource import parse_python
 
 __all__ = [
@@ -197,8 +199,8 @@ def _imported_names(submission: NotebookNode) -> set[str]:
         if cell.cell_type != "code":
             continue
         try:
-            tree = parse_python(cell.source)
-        except SyntaxError:
+            tree = parse_python(transformed(cell.source))
+        except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -216,20 +218,15 @@ def scan_student_code(submission: NotebookNode) -> list[str]:
     """
     flags: list[str] = []
     protected = _PROTECTED_ROOTS | _imported_names(submission)
+    cells = python_cells(submission)
+    trees = {cell.index: cell.tree for cell in cells if cell.student}
     for index, cell in _student_cells(submission):
         source = cell.source
-        lines = "\n".join(
-            line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))
-        )
         for needle, what in _FORBIDDEN_TEXT.items():
             if needle in source:
                 line = next(i for i, t in enumerate(source.splitlines(), 1) if needle in t)
                 flags.append(f"cell {index} line {line}: {what} ({needle!r})")
-        try:
-            tree = parse_python(lines)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
+        for node in ast.walk(trees[index]):
             where = f"cell {index} line {getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Attribute | ast.Name):
                 name = node.attr if isinstance(node, ast.Attribute) else node.id
@@ -277,4 +274,5 @@ def scan_student_code(submission: NotebookNode) -> list[str]:
                     root.id in protected or root.id.startswith(("lab", "hidden"))
                 ):
                     flags.append(f"{where}: changes {ast.unparse(node.args[0])} with setattr")
+    flags += review_flags(cells)
     return list(dict.fromkeys(flags))

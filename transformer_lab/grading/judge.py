@@ -34,7 +34,6 @@ import functools
 import importlib
 import itertools
 import math
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -52,6 +51,7 @@ from transformer_lab.pysource import parse_python
 
 __all__ = [
     "HIDDEN_ERROR_TEXT",
+    "HIDDEN_FAILURE",
     "JudgeError",
     "JudgeSession",
     "Judgements",
@@ -59,11 +59,11 @@ __all__ = [
     "Remote",
     "Verdict",
     "grader_namespace",
+    "hidden_message",
     "judge_cell",
     "lab_check_modules",
     "stand_ins_for",
     "student_names",
-    "without_kernel_text",
 ]
 
 #: What a hidden check says in place of the text of an exception raised in the kernel.
@@ -157,7 +157,8 @@ class JudgeSession:
         """``timeout``: seconds the whole judged cell may take, all its requests together (one
         deadline, from now: each exchange gets only the time left, and checks it while it
         waits). ``hidden``: the session judges a hidden test cell, whose message never carries
-        the text of an exception raised in the kernel (see :func:`without_kernel_text`)."""
+        the text of an exception raised in the kernel, nor anything else the answer produced
+        (see :func:`hidden_message`)."""
         self.link, self.timeout, self.requests, self.hidden = link, timeout, 0, hidden
         self.deadline = time.monotonic() + timeout
         #: The texts of the exceptions the kernel reported (a hidden cell's message drops them).
@@ -459,7 +460,7 @@ def _student_error(
 
     Its text is the kernel's, for the checks to read (a ``ValueError`` that must name the bad
     value, a torch error a hint is chosen by); a hidden cell's message drops it afterwards
-    (:func:`without_kernel_text`). In a hidden check a refused call is worded from the ban the
+    (:func:`hidden_message`). In a hidden check a refused call is worded from the ban the
     judge sent, and an exception class of the student's own is not named.
     """
     bases = reply.get("bases") if isinstance(reply.get("bases"), list) else []
@@ -478,26 +479,60 @@ def _student_error(
     return RemoteError(f"{kind}: {message}")
 
 
-def without_kernel_text(message: str, texts: Iterable[str]) -> str:
-    """``message`` with every text of an exception the kernel raised cut out (a hidden cell's).
+#: What a hidden check says of a failure that no fixed words name (its own text may quote
+#: what the answer returned).
+HIDDEN_FAILURE = "a property the hidden check tests does not hold"
 
-    Such a text is whatever the student's code put there: the kernel's frames, the hidden
-    case's inputs. The longest go first, so a text that holds a shorter one goes whole; a text
-    is cut where it stands alone, never out of a longer word or number (``"1"`` leaves
-    ``"16"`` as it is).
+
+def hidden_message(
+    failure: BaseException, names: Iterable[str], kernel_texts: Iterable[str], named: list[str]
+) -> str:
+    """A hidden cell's message, in fixed words only: which answer, what kind of failure
+    (``wrong shape``, ``not finite``, ``wrong values``, a refused call, an error's class), and
+    the catalogued mistake the check named, if any.
+
+    Never the failure's own text: a check words it from what the answer returned (its shape,
+    values or type), and an answer that encodes a hidden case's inputs into its output would
+    read them back from its feedback.
     """
-    marker = f"({HIDDEN_ERROR_TEXT})"
-    for text in sorted({t for t in texts if t.strip()}, key=len, reverse=True):
-        for quoted in (repr(text), text):
-            message = _alone(quoted).sub(lambda _: marker, message)
+    which = " and ".join(f"`{n}`" for n in names) or "your answer"
+    kind = _failure_kind(failure, set(kernel_texts))
+    message = f"A hidden check of {which} failed: {kind}."
+    if named:
+        message += f" {named[-1]}"
     return message
 
 
-def _alone(text: str) -> re.Pattern[str]:
-    """``text`` where it is not part of a longer word (no word character glued to its ends)."""
-    head = r"(?<!\w)" if re.match(r"\w", text[0]) else ""
-    tail = r"(?!\w)" if re.match(r"\w", text[-1]) else ""
-    return re.compile(head + re.escape(text) + tail)
+def _failure_kind(failure: BaseException, kernel_texts: set[str]) -> str:
+    """The fixed words for one failure of a hidden check (see :func:`hidden_message`)."""
+    if isinstance(failure, ForbiddenCallError):
+        return str(failure).rstrip(".")  # worded from the ban the judge sent (refusal)
+    if isinstance(failure, JudgeError):
+        return (
+            "the grader's judge got no usable answer from your notebook (a timeout, a kernel "
+            "that died, or a reply that is not data)"
+        )
+    kind = getattr(failure, "kind", None)
+    if kind == "raised" or (not isinstance(kind, str) and str(failure) in kernel_texts):
+        return f"it raised {_raised(failure)} ({HIDDEN_ERROR_TEXT})"
+    if isinstance(kind, str):
+        return kind
+    if not isinstance(failure, AssertionError):
+        return "the check could not run on what your answer returned"
+    return HIDDEN_FAILURE
+
+
+def _raised(failure: BaseException) -> str:
+    """The class of the exception the student's code raised, as a hidden check may name it
+    (a built-in's name; "an exception of your own class" for theirs)."""
+    cause: BaseException | None = failure
+    while cause is not None and getattr(cause, "kind", None) == "raised":
+        cause = cause.__cause__
+    if isinstance(cause, RemoteError):
+        return str(cause).partition(":")[0]
+    if cause is None:
+        return "an exception"
+    return type(cause).__name__
 
 
 class _RemoteCall(torch.autograd.Function):
@@ -852,6 +887,8 @@ def judge_cell(
     verdict = Verdict(grade_id, passed=False)
     named_mistakes()  # forget what an earlier cell named
     stand_ins: dict[str, str] = {}
+    names: list[str] = []
+    failure: BaseException | None = None
     try:
         env = namespace()
         names = student_names(source, env)
@@ -871,18 +908,20 @@ def judge_cell(
             exec(compile(source, f"<test cell {grade_id}>", "exec"), env)  # trusted: solutions/
         verdict.passed = True
     except AssertionError as exc:
-        verdict.message = str(exc) or "the check failed"
+        failure, verdict.message = exc, str(exc) or "the check failed"
     except JudgeError as exc:
+        failure = exc
         verdict.message = f"The grader's judge got no usable answer from your notebook: {exc}"
     except Exception as exc:  # the check itself could not run on what the kernel returned
+        failure = exc
         verdict.message = f"The check could not run on your answer: {type(exc).__name__}: {exc}"
     finally:
         if stand_ins:
             _unbind(session)
         verdict.requests, verdict.seconds = session.requests, time.monotonic() - started
-    if session.hidden:
-        verdict.message = without_kernel_text(verdict.message, session.kernel_texts)
     named = named_mistakes()
+    if session.hidden and failure is not None:
+        verdict.message = hidden_message(failure, names, session.kernel_texts, named)
     if not verdict.passed and named:
         verdict.mistake = _short(named[-1])
     if stand_ins:

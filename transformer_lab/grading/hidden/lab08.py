@@ -673,6 +673,11 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
             f"({outs[0].tolist()} and {outs[1].tolist()}): the cache must give the logits of "
             "the uncached model, position for position, and both paths sample alike.",
         )
+    # A second prompt, short and within the context: an answer that ignores its prompt fails.
+    other = torch.randint(0, 13, (1, 3), generator=g)
+    what = f"generate(gpt, idx {tuple(other.shape)}, 2, temperature=0) with a GPT of n_ctx=10"
+    got = run_generate(fn, model, other, 2, what, temperature=0.0, use_cache=False)
+    judge_tokens(got, _greedy_reference(model, other, 2), {}, what)
 
 
 def hidden_check_generate_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
