@@ -71,6 +71,10 @@ def causal_not_triu(T):
     return ~torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
 
 
+def causal_one_ahead(T):
+    return torch.ones(T, T, dtype=torch.bool).tril(1)
+
+
 def causal_upper(T):
     return torch.ones(T, T, dtype=torch.bool).triu()
 
@@ -119,6 +123,7 @@ def test_correct_causal_masks_pass_every_check(fn) -> None:
 #: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
 CAUSAL_MISTAKES = [
     (causal_upper, "upper-triangular"),
+    (causal_one_ahead, "one step ahead"),
     (causal_no_diagonal, "leaves out the diagonal"),
     (causal_inverted, "inverted"),
     (causal_float, "dtype torch.float32, expected torch.bool"),

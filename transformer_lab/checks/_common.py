@@ -667,9 +667,14 @@ def softmax_overflow_probe(
     pmask = torch.ones(*lead, 2, 2, dtype=torch.bool) if masked else None
     try:
         weights = weights_of(pq, pk, pv, pmask)
+        # The control: the same probe with scores of 1 and 1/2. Not finite there either, the
+        # NaN is no overflow (an inverted mask empties the probe's rows): the probe tells nothing.
+        control = weights_of(pq / math.sqrt(big), pk / math.sqrt(big), pv, pmask)
     except AssertionError:
         return None
     if not isinstance(weights, Tensor) or bool(torch.isfinite(weights.detach()).all()):
+        return None
+    if not isinstance(control, Tensor) or not bool(torch.isfinite(control.detach()).all()):
         return None
     name = str(dtype).removeprefix("torch.")
     return (

@@ -512,8 +512,19 @@ def visible_probes() -> list[Probe]:
 def expect_causal_mask(
     fn: Callable[..., Any], T: int, want: Tensor, mistakes: Mapping[str, Tensor]
 ) -> None:
-    """``causal_mask(T)`` must equal ``want``; ``mistakes`` name a wrong answer."""
+    """``causal_mask(T)`` must equal ``want``; ``mistakes`` name a wrong answer (and the mask
+    one step ahead, named here for every ``T`` where it differs)."""
+    ahead = torch.ones(T, T, dtype=torch.bool).tril(1)  # (T, T): key s <= query t + 1
+    if not torch.equal(ahead, want.to(torch.bool)):
+        mistakes = {**mistakes, ONE_STEP_AHEAD: ahead}
     judge_mask(run_causal_mask(fn, T), want, mistakes, f"causal_mask({T})")
+
+
+#: The causal mask shifted by one: each query also sees the next key.
+ONE_STEP_AHEAD = (
+    "Your mask is one step ahead: query t may also attend key t+1, the next token (s <= t + 1, "
+    "torch.tril(..., diagonal=1)). Allow key s <= query t only (diagonal=0)."
+)
 
 
 def expect_padding_mask(

@@ -430,6 +430,13 @@ def oracle_encoder_block(
     return o.norm(2, x + d2 * o.feed_forward(x, hidden))
 
 
+_BESSEL_BLOCK = (
+    "It matches the block whose layer norms divide by D - 1 (Bessel's correction: x.var() is "
+    "unbiased by default): layer norm uses the biased variance, mean((x - mean)**2) "
+    "(x.var(unbiased=False) or correction=0)."
+)
+
+
 def encoder_block_mistakes(
     w: Mapping[str, Tensor],
     x: Tensor,
@@ -464,6 +471,18 @@ def encoder_block_mistakes(
 
     run = pre if norm_first else post
     named: dict[str, Tensor] = {}
+
+    def bessel(index: int, h: Tensor) -> Tensor:  # a norm dividing by D - 1
+        gain, shift = o.w[f"norm{index}.weight"], o.w[f"norm{index}.bias"]
+        var = h.var(-1, unbiased=True, keepdim=True)
+        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(var + o.eps[index - 1]) * gain + shift
+
+    if norm_first:
+        h = x + sa(bessel(1, x))
+        named[_BESSEL_BLOCK] = h + ff(bessel(2, h))
+    else:
+        h = bessel(1, x + sa(x))
+        named[_BESSEL_BLOCK] = bessel(2, h + ff(h))
     if mask is not None:
         B, T = x.shape[:2]
         keep = mask.bool().expand(B, 1, T, T)[:, 0].diagonal(dim1=1, dim2=2)  # (B, T)
