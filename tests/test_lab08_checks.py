@@ -54,9 +54,9 @@ class Attention(nn.Module):
 
     ``options``: ``mask`` (``causal``, ``none``, ``after``, ``offset_ignored``,
     ``none_when_cached``), ``order`` (``qkv``/``kqv``), ``scale`` (``head``/``model``),
-    ``split`` (``heads``/``no_transpose``), ``out_proj``, ``store`` (``yes``, ``ignore_return``,
-    ``swapped``), ``dropout`` (``weights``, ``output``, ``always``, ``scores``, ``unscaled``),
-    ``fill`` (a number or ``"min"``), ``detach``, ``tuple``.
+    ``split`` (``heads``/``no_transpose``/``split_only``: the split only), ``out_proj``,
+    ``store`` (``yes``, ``ignore_return``, ``swapped``), ``dropout`` (``weights``, ``output``,
+    ``always``, ``scores``, ``unscaled``), ``fill`` (a number or ``"min"``), ``detach``, ``tuple``.
     """
 
     options: ClassVar[dict[str, Any]] = {}
@@ -87,7 +87,7 @@ class Attention(nn.Module):
             q = q.detach()
 
         def heads(t: Tensor) -> Tensor:
-            if self.opt("split", "heads") == "no_transpose":
+            if self.opt("split", "heads") in ("no_transpose", "split_only"):
                 return t.reshape(B, H, T, D // H)
             return t.view(B, T, H, D // H).transpose(1, 2)
 
@@ -130,7 +130,7 @@ class Attention(nn.Module):
             w = w * (torch.rand(w.shape) >= self.p)
         out = (
             merge_heads(w @ v)
-            if self.opt("split", "heads") == "heads"
+            if self.opt("split", "heads") in ("heads", "split_only")
             else (w @ v).reshape(B, T, D)
         )
         if self.opt("out_proj", True):
@@ -264,6 +264,7 @@ ATTENTION_MISTAKES = [
     ({"order": "kqv"}, ALL, "queries and keys are swapped"),
     ({"scale": "model"}, ALL, "sqrt(d_model)"),
     ({"split": "no_transpose"}, ALL, "view(B, H, T, Dh)"),
+    ({"split": "split_only"}, ALL, "merging back with a transpose does not undo it"),
     ({"out_proj": False}, ALL, "skips out_proj"),
     ({"mask": "offset_ignored"}, ["cache", "hidden_cache"], "forgets the offset"),
     ({"store": "ignore_return"}, ["cache", "hidden_cache"], "only the new tokens"),

@@ -182,7 +182,8 @@ def oracle_attention(
     Dh = D // n_heads
     order = "kqv" if variant == "kqv_order" else "qkv"
     split = "no_transpose" if variant == "no_transpose" else "heads"
-    q, k, v = oracle_projections(weights, x, n_heads, order, split)
+    wrong_split = "no_transpose" if variant == "split_no_transpose" else split
+    q, k, v = oracle_projections(weights, x, n_heads, order, wrong_split)
     w = _weights64(weights)
     scale = {"scale_D": 1 / math.sqrt(D), "no_scale": 1.0}.get(variant, 1 / math.sqrt(Dh))
     outs = []
@@ -219,6 +220,10 @@ ATTENTION_MISTAKES: dict[str, str] = {
     "no_scale": "Your scores are not scaled: divide q @ k^T by sqrt(Dh), the head width.",
     "no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which "
     "cuts across tokens: view as (B, T, H, Dh) and then transpose(1, 2).",
+    "split_no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, "
+    "D), which cuts across tokens (merging back with a transpose does not undo it): view as "
+    "(B, T, H, Dh) and then transpose(1, 2), as in lab 03. Later tokens then leak into earlier "
+    "outputs through the heads, not through the mask.",
     "softmax_queries": "Your softmax runs over the queries (dim=-2): each query's weights over "
     "the keys sum to one, so take it over the last axis.",
     "no_out_proj": "Your output skips out_proj: after merging the heads back to (B, T, D), "
