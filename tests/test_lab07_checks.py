@@ -915,7 +915,13 @@ def student_beam(
             ranked = sorted(range(logp.numel()), key=lambda i: (-float(logp[i]), i))[:k]
             for token in ranked:
                 lp = float(logp[token])
-                new = {"logp": total + lp, "last": lp, "prob": total + math.exp(lp)}[score]
+                n = len(seq)  # generated tokens once this one is added
+                new = {
+                    "logp": total + lp,
+                    "last": lp,
+                    "prob": total + math.exp(lp),
+                    "mean": (total * (n - 1) + lp) / n,  # length-normalised at every step
+                }[score]
                 proposals.append((new, [*seq, token]))
         if order == "stable":
             proposals.sort(key=lambda c: -c[0])
@@ -997,6 +1003,7 @@ BEAM_MISTAKES = [
     ({"per_beam": "one"}, ["visible", "eos", "hidden", "rules"], "not only its best one"),
     ({"early": "first"}, ["visible", "eos", "hidden"], "first hypothesis that produced"),
     ({"final": "mean", "early": "none"}, ["eos", "hidden", "rules"], "mean log-probability"),
+    ({"score": "mean"}, ["hidden", "rules"], "at every step"),
     ({"final": "finished"}, ["eos", "hidden"], "only returned a finished"),
     ({"order": "reverse"}, ["rules"], "ties go the wrong way"),
     ({"final_ties": "last", "early": "none"}, ["rules"], "takes the last"),

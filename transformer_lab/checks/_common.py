@@ -477,6 +477,8 @@ class Case(Generic[I]):
             returns ``want`` (stored examples keep only the mistakes that differ); ``None``
             means the mistake does not apply to this input (it matches nothing).
         size: how large the input is; the smallest failing input is the one shown.
+        decides: False for an input tried only to tell mistakes apart once another failed
+            (a wrong answer there is no failure of its own, and is never the one shown).
     """
 
     input: I
@@ -485,6 +487,7 @@ class Case(Generic[I]):
     want: Any
     mistakes: Mapping[str, Any]
     size: float = 0.0
+    decides: bool = True
 
 
 def matching_mistakes(cases: Sequence[Case[Any]], same: Callable[[Any, Any], bool]) -> list[str]:
@@ -534,7 +537,7 @@ def diagnose(
         rule: what a right answer does (or a function of the case shown that says it).
         named: a mistake recognised from one failing case alone (or ``None``).
     """
-    failing = [case for case in cases if not same(case.got, case.want)]
+    failing = [case for case in cases if case.decides and not same(case.got, case.want)]
     if not failing:
         return
     shown = min(failing, key=lambda case: case.size)  # the first of the smallest
@@ -565,6 +568,7 @@ def judge_cases(
     size: Callable[[I], float] | None = None,
     named: Callable[[Case[I]], str | None] | None = None,
     screen: Callable[[Case[I]], None] | None = None,
+    tell_apart: Sequence[I] = (),
 ) -> None:
     """Run the student's code on every input, then :func:`diagnose` what it got wrong.
 
@@ -587,6 +591,9 @@ def judge_cases(
         named: see :func:`diagnose`.
         screen: looks at every wrong answer as it comes and raises at once for a problem that
             is no typical mistake of the values (a hypothesis without BOS, a wrong length).
+        tell_apart: inputs tried only once an answer is wrong, to tell apart mistakes that
+            agree on every input (their :class:`Case` ``decides`` nothing; one that raises is
+            left out).
     """
     tried: list[tuple[I, Any, Any]] = []
     wrong = False
@@ -609,6 +616,12 @@ def judge_cases(
         Case(item, what(item), got, want, mistakes(item), size(item) if size else float(i))
         for i, (item, got, want) in enumerate(tried)
     ]
+    for item in tell_apart:
+        try:
+            got = run(item)
+        except AssertionError:
+            continue
+        cases.append(Case(item, what(item), got, expected(item), mistakes(item), decides=False))
     diagnose(cases, same=same, describe=describe, rule=rule, named=named)
 
 

@@ -471,14 +471,20 @@ def _named(
             same = torch.isnan(g) == torch.isnan(wrong)
             keep = ~torch.isnan(g)
             if bool(same.all()) and bool(torch.allclose(g[keep], wrong[keep], atol=tol, rtol=tol)):
-                return hint
+                return _noted(hint)
         elif close(g, wrong, atol=tol, rtol=tol):
-            return hint
+            return _noted(hint)
     if nan:  # NaN exactly in the rows a mistake leaves without a key, that mistake elsewhere
         for hint, wrong in mistakes.items():
             if wrong.shape == g.shape and _empties_rows_of(g, wrong.double(), tol):
-                return f"{hint} {_NAN_ROWS}"
+                return f"{_noted(hint)} {_NAN_ROWS}"
     return fallback
+
+
+def _noted(hint: str) -> str:
+    """``hint``, recorded as the mistake named (a hidden cell's message says it)."""
+    note_mistake(hint)
+    return hint
 
 
 _NAN_ROWS = (

@@ -263,6 +263,8 @@ def judge_mask(got: Any, want: Tensor, mistakes: Mapping[str, Tensor], what: str
     if bool(wrong_at.any()):
         idx = _first(wrong_at)
         hint = next((h for h, m in mistakes.items() if _same_values(got, m)), "")
+        if hint:
+            note_mistake(hint)  # a hidden cell's message says it (the judge's own words)
         raise AssertionError(
             f"{what} is wrong at {int(wrong_at.sum())} of {want.numel()} entries; at index {idx} "
             f"you have {bool(got[idx])}, expected {bool(want[idx])}." + (f" {hint}" if hint else "")

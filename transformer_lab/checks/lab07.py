@@ -866,9 +866,13 @@ def _run_probe_beam(probe: Probe) -> list[int]:
 
 
 def judge_beam(
-    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+    probes: Sequence[Probe],
+    expected: Lookup,
+    mistakes: Callable[[Probe], Mapping[str, Any]],
+    tell_apart: Sequence[Probe] = (),
 ) -> None:
-    """``beam_search`` on every probe (:func:`beam_probe`); one diagnosis for them all."""
+    """``beam_search`` on every probe (:func:`beam_probe`); one diagnosis for them all
+    (``tell_apart``: probes run only to tell mistakes apart, once one probe failed)."""
     judge_cases(
         probes,
         _run_probe_beam,
@@ -880,6 +884,7 @@ def judge_beam(
         rule=_BEAM_RULE,
         size=lambda probe: probe.args[3] * probe.args[2],
         screen=_screen_beam,
+        tell_apart=tell_apart,
     )
 
 
