@@ -79,6 +79,7 @@ __all__ = [
     "matching_mistakes",
     "named_mistakes",
     "note_mistake",
+    "raised_on",
     "ran_on",
     "randint",
     "softmax_overflow_probe",
@@ -555,6 +556,18 @@ def diagnose(
     raise AssertionError(f"{describe(shown)} {NOT_TYPICAL} {advice}")
 
 
+def raised_on(exc: AssertionError, kind: str) -> AssertionError:
+    """``exc`` (a check's failure), saying which kind of input the student's code raised on
+    when it raised: the check's words, which a hidden check shows where it hides the error's
+    own text (kept as ``exc.input_kind`` too)."""
+    if kind and " raised " in str(exc) and not getattr(exc, "input_kind", None):
+        exc.input_kind = kind  # type: ignore[attr-defined]
+        text = str(exc).rstrip()
+        end = " " if text.endswith((".", ")")) else ". "
+        exc.args = (f"{text}{end}It raised on {kind}.", *exc.args[1:])
+    return exc
+
+
 def judge_cases(
     inputs: Sequence[I],
     run: Callable[[I], Any],
@@ -569,6 +582,7 @@ def judge_cases(
     named: Callable[[Case[I]], str | None] | None = None,
     screen: Callable[[Case[I]], None] | None = None,
     tell_apart: Sequence[I] = (),
+    input_kind: Callable[[I], str] | None = None,
 ) -> None:
     """Run the student's code on every input, then :func:`diagnose` what it got wrong.
 
@@ -594,15 +608,17 @@ def judge_cases(
         tell_apart: inputs tried only once an answer is wrong, to tell apart mistakes that
             agree on every input (their :class:`Case` ``decides`` nothing; one that raises is
             left out).
+        input_kind: what sets an input apart, in the check's own words ("k above the
+            vocabulary size"): the student's code raising there says so (:func:`raised_on`).
     """
     tried: list[tuple[I, Any, Any]] = []
     wrong = False
     for item in inputs:
         try:
             got = run(item)
-        except AssertionError:
+        except AssertionError as exc:
             if not wrong:
-                raise
+                raise raised_on(exc, input_kind(item) if input_kind else "") from exc.__cause__
             break
         want = expected(item)
         if not same(got, want):

@@ -707,12 +707,16 @@ def run_generate(
     except AssertionError as exc:
         message = str(exc)
         if _MULTINOMIAL_FAILED in message:  # seen only from the outside (the judge's kernel)
-            note_mistake(_TEMPERATURE_ZERO)
+            # At a positive temperature dividing by it keeps the logits finite: what reached
+            # torch.multinomial was no softmax (negative entries); at 0 it is the division.
+            positive = _is_number(temperature) and temperature > 0
+            hint = _LOGITS_SAMPLED if positive else _TEMPERATURE_ZERO
+            note_mistake(hint)
             raise AssertionError(
                 f"{message} The probabilities your sampling step handed to torch.multinomial "
                 f"were no distribution (temperature={temperature}); the model's logits were "
                 "finite (this check's model made them), so look at what your code does to "
-                f"them before sampling (apply_temperature, the softmax). {_TEMPERATURE_ZERO}"
+                f"them before sampling (apply_temperature, the softmax). {hint}"
             ) from None
         if f"{what} raised " in message:
             raise AssertionError(f"{message} {_GENERATE_HINT}") from None
