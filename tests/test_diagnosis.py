@@ -290,3 +290,58 @@ def test_a_judged_temperature_nan_is_blamed_on_the_sampling(
     assert "Temperature 0 means greedy decoding" in verdict.message, verdict.message
     assert "Crop the prompt" not in verdict.message
     assert verdict.mistake.startswith("Temperature 0 means greedy decoding")
+
+
+# --------------------------------------------------------------------------------------
+# Issue 40: what a symptom check says where a named mistake causes the symptom
+# --------------------------------------------------------------------------------------
+
+
+def test_a_shared_layer_norm_is_mirrored_as_the_alias_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import test_lab04_checks as t04
+
+    verdict = _judged(
+        monkeypatch,
+        "lab04.check_encoder_block(EncoderBlock)\n",
+        EncoderBlock=t04.block_with(mistake="shared_norm"),
+    )
+    assert not verdict.passed
+    assert "norm1 and EncoderBlock(8, 2, 16).norm2 are one and the same LayerNorm" in (
+        verdict.message
+    ), verdict.message
+    for internal in ("MirrorModule", "Remote", "GraderModule", "has no attribute"):
+        assert internal not in verdict.message, verdict.message
+
+
+def test_a_missing_attribute_names_the_students_class_not_the_mirror(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class NoNorms(torch.nn.Module):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+            self.ff = torch.nn.Linear(2, 2)
+
+    verdict = _judged(
+        monkeypatch, "lab04.check_encoder_block(EncoderBlock)\n", EncoderBlock=NoNorms
+    )
+    assert not verdict.passed
+    assert "has no attribute(s) self_attn, norm1, norm2" in verdict.message, verdict.message
+    assert "MirrorModule" not in verdict.message
+
+
+def test_an_inverted_mask_filled_with_minus_inf_is_named_not_the_softmax() -> None:
+    message = _message(t02.A_MASK, t02.sdpa_inverted_minus_inf)
+    assert "mask inverted" in message.lower(), message
+    assert "Your softmax overflows" not in message
+
+
+def test_a_bessel_corrected_norm_inside_the_block_is_named() -> None:
+    import test_lab04_checks as t04
+
+    from transformer_lab.checks import lab04
+
+    block = t04.block_with(mistake="bessel_norm")
+    message = _message(lab04.check_encoder_block, block)
+    assert "Bessel's correction" in message and "Expected post-norm" not in message, message

@@ -376,6 +376,29 @@ def _variant_sdpa(*, scale="sqrt", axis=-1, swap=False, kT=False, mask_mode="ok"
     return fn
 
 
+def sdpa_inverted_minus_inf(q, k, v, mask=None):
+    """Wrong: the mask inverted (True hides a key), filled with -inf: NaN wherever the real
+    mask allows every key (the inverted one then allows none), finite weights elsewhere."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    w = softmax(scores, dim=-1)
+    return w @ v, w
+
+
+def sdpa_in_place_divide(q, k, v, mask=None):
+    """Wrong: normalises the weights in place (exp, then w /= sum): exp's output, which its
+    backward pass needs, is changed, so a backward pass raises."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    w = (scores - scores.amax(-1, keepdim=True)).exp()
+    w /= w.sum(-1, keepdim=True)
+    if mask is not None:
+        w = w * mask
+    return w @ v, w
+
+
 def sdpa_torch(q, k, v, mask=None):
     w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
     if mask is not None:
@@ -560,6 +583,8 @@ MISTAKES = [
     (_variant_sdpa(swap=True), [A_VIS, A_MASK, A_HID, A_HID_MASK], "swapped"),
     (_variant_sdpa(kT=True), [A_VIS, A_MASK, A_HID, A_HID_MASK], "k.T"),
     (_variant_sdpa(mask_mode="invert"), [A_MASK, A_HID_MASK], "mask inverted"),
+    (sdpa_inverted_minus_inf, [A_MASK, A_HID_MASK], "mask inverted"),
+    (sdpa_in_place_divide, [A_HID_MASK], "It raised on a backward pass"),
     (_variant_sdpa(mask_mode="ignore"), [A_MASK, A_HID_MASK], "mask is ignored"),
     (_variant_sdpa(mask_mode="nan"), [A_MASK, A_HID_MASK], "NaN"),
     (_variant_sdpa(mask_mode="uniform"), [A_MASK, A_HID_MASK], "equal weights 1/S"),

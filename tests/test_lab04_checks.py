@@ -407,6 +407,14 @@ class Attention(nn.Module):
         return self.out_proj(out), weights
 
 
+class BesselNorm(nn.LayerNorm):
+    """Wrong: a layer norm dividing by D - 1 (``x.var()``'s default, Bessel's correction)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        var = x.var(-1, keepdim=True)  # unbiased
+        return (x - x.mean(-1, keepdim=True)) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
 class Block(nn.Module):
     """A correct encoder block; ``mistake`` switches in one typical error."""
 
@@ -437,7 +445,9 @@ class Block(nn.Module):
         ff_dropout = 0.0 if mistake in ("ff_without_dropout", "no_dropout") else dropout
         self.ff = FeedForward(d_model, d_ff, ff_dropout)
         self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
+        self.norm2 = self.norm1 if mistake == "shared_norm" else nn.LayerNorm(d_model)
+        if mistake == "bessel_norm":
+            self.norm1, self.norm2 = BesselNorm(d_model), BesselNorm(d_model)
         p = 0.0 if mistake == "no_dropout" else dropout
         self.dropout1 = nn.Dropout(p)
         self.dropout2 = nn.Dropout(p)
@@ -627,6 +637,8 @@ BLOCK_MISTAKES = [
     ("mask_inverted", [*_ALL_BUT_PRE, "pre"], "inverted mask"),
     ("zero_padding", _ALL_BUT_PRE, "zeroes the outputs at padded positions"),
     ("mask_first_row", ["mask"], "first query row of the mask"),
+    ("shared_norm", [*_ALL_BUT_PRE, "pre"], "one and the same LayerNorm"),
+    ("bessel_norm", [*_ALL_BUT_PRE, "pre"], "Bessel's correction"),
 ]
 
 

@@ -76,6 +76,10 @@ UPPER = spec.load("05_masking").mistake("causal causal_upper")
 causal_upper = UPPER.wrong_answer()
 
 
+def causal_one_ahead(T):
+    return torch.ones(T, T, dtype=torch.bool).tril(1)
+
+
 def causal_no_diagonal(T):
     return torch.ones(T, T, dtype=torch.bool).tril(diagonal=-1)
 
@@ -120,6 +124,7 @@ def test_correct_causal_masks_pass_every_check(fn) -> None:
 #: (the mistake, ..., words its messages must contain): the catalogue, also read by test_diagnosis
 CAUSAL_MISTAKES = [
     (causal_upper, UPPER.hint.partition(":")[0]),
+    (causal_one_ahead, "one step ahead"),
     (causal_no_diagonal, "leaves out the diagonal"),
     (causal_inverted, "inverted"),
     (causal_float, "dtype torch.float32, expected torch.bool"),

@@ -734,7 +734,7 @@ TOP_K_MISTAKES = [
     (top_k_in_place, ["visible", "hidden", "edges"], "in place"),
     (top_k_zeros, ["visible", "hidden", "edges"], "not 0"),
     (top_k_smallest, ["visible", "hidden", "edges"], "SMALLEST"),
-    (top_k_too_large_fails, ["edges"], "raised RuntimeError"),
+    (top_k_too_large_fails, ["edges"], "It raised on k above the vocabulary size"),
 ]
 
 
@@ -915,7 +915,13 @@ def student_beam(
             ranked = sorted(range(logp.numel()), key=lambda i: (-float(logp[i]), i))[:k]
             for token in ranked:
                 lp = float(logp[token])
-                new = {"logp": total + lp, "last": lp, "prob": total + math.exp(lp)}[score]
+                n = len(seq)  # generated tokens once this one is added
+                new = {
+                    "logp": total + lp,
+                    "last": lp,
+                    "prob": total + math.exp(lp),
+                    "mean": (total * (n - 1) + lp) / n,  # length-normalised at every step
+                }[score]
                 proposals.append((new, [*seq, token]))
         if order == "stable":
             proposals.sort(key=lambda c: -c[0])
@@ -997,6 +1003,7 @@ BEAM_MISTAKES = [
     ({"per_beam": "one"}, ["visible", "eos", "hidden", "rules"], "not only its best one"),
     ({"early": "first"}, ["visible", "eos", "hidden"], "first hypothesis that produced"),
     ({"final": "mean", "early": "none"}, ["eos", "hidden", "rules"], "mean log-probability"),
+    ({"score": "mean"}, ["hidden", "rules"], "at every step"),
     ({"final": "finished"}, ["eos", "hidden"], "only returned a finished"),
     ({"order": "reverse"}, ["rules"], "ties go the wrong way"),
     ({"final_ties": "last", "early": "none"}, ["rules"], "takes the last"),

@@ -5,7 +5,8 @@ labs 01-08) is put in place of its part in the solution's namespace, and the lab
 are judged in the notebook's order by the grader's own judge (:class:`Judgements`, the kernel
 served in this process): the cells that fail must be exactly the ones the spec
 (``transformer_lab/checks/specs/labNN.toml``) names for that mistake, all of them cells of the
-mistake's own part, and the parts built on it keep their points. The cells judged are the
+mistake's own part, and the parts built on it keep their points; the first cell that loses
+points (the first message the student reads) names the mistake. The cells judged are the
 part's own; for the first mistake of each part, also those of every later part whose solution
 calls it by name (the only cells a mistake can reach), which is what keeps this test within
 CI's time; ``TRANSFORMER_LAB_ALL_CELLS=1`` judges every cell of the lab for every mistake (run
@@ -29,6 +30,7 @@ import nbformat
 import pytest
 from judge_support import REPO, TRAINED_MODEL, InProcessKernel, answers_namespace
 from mistake_catalogue import CORRECT, ENTRIES, Correct, Entry
+from test_diagnosis import RECORDED
 
 from transformer_lab.checks import spec
 from transformer_lab.grading.grade import judge_plan
@@ -37,6 +39,16 @@ from transformer_lab.grading.judge import Judgements, JudgeSession
 ALL_CELLS = os.environ.get("TRANSFORMER_LAB_ALL_CELLS") == "1"
 #: Correct variants the judge still scores below the checks run in one process (open work).
 JUDGE_GAPS: dict[str, str] = {}
+#: Catalogued mistakes whose first lost cell does not yet name them through the judge (open
+#: work, issue 40): the entry and what the student reads first instead.
+FIRST_MESSAGE_GAPS: dict[str, str] = {
+    "lab03 load load_plain_tensor": "the judge's write-back of a Parameter replaced by a plain "
+    "tensor fails: 'The check could not run on your answer: AttributeError: ...'",
+    "lab03 load load_shares_memory": "the judge's write-back of a weight whose .data is a slice "
+    "of torch's fails: 'The check could not run on your answer: RuntimeError: ...'",
+}
+#: Words of the grader's internals that no message may hold.
+INTERNALS = ("MirrorModule", "GraderModule", "Remote(", "wire.", "The check could not run")
 
 
 @functools.cache
@@ -125,6 +137,24 @@ def test_a_mistake_loses_exactly_the_cells_its_spec_names(
     assert sorted(failed) == sorted(declared), {g: verdicts[g]["message"][:300] for g in failed}
     for grade_id in failed:
         assert verdicts[grade_id]["message"], grade_id  # every lost point says why
+    first = next(g for g in plan if g in failed)  # the first message the student reads
+    message = verdicts[first]["message"]
+    if entry.id in FIRST_MESSAGE_GAPS:
+        pytest.xfail(FIRST_MESSAGE_GAPS[entry.id])
+    assert not [w for w in INTERNALS if w in message], (first, message)
+    # A check the catalogue calls generic for this mistake (a comparison with torch's own
+    # layer) says which symptom it saw and what to check; every other names the mistake.
+    assert entry.generic or _names(entry, message), (first, message)
+
+
+def _names(entry: Entry, message: str) -> bool:
+    """Whether ``message`` names ``entry``'s mistake: the catalogue's words for it (one of
+    them, where its checks say it in different words), or the rule it breaks where the
+    catalogue records that (test_diagnosis.RECORDED: the function at fault runs in the kernel,
+    out of the judge's sight)."""
+    words = [entry.words] if isinstance(entry.words, str) else list(entry.words.values())
+    words += [RECORDED[entry.id]] if entry.id in RECORDED else []
+    return any(w.lower() in message.lower() for w in words)
 
 
 @pytest.mark.parametrize("variant", CORRECT, ids=lambda c: c.id)

@@ -80,6 +80,7 @@ __all__ = [
     "matching_mistakes",
     "named_mistakes",
     "note_mistake",
+    "raised_on",
     "ran_on",
     "randint",
     "softmax_overflow_probe",
@@ -478,6 +479,8 @@ class Case(Generic[I]):
             returns ``want`` (stored examples keep only the mistakes that differ); ``None``
             means the mistake does not apply to this input (it matches nothing).
         size: how large the input is; the smallest failing input is the one shown.
+        decides: False for an input tried only to tell mistakes apart once another failed
+            (a wrong answer there is no failure of its own, and is never the one shown).
     """
 
     input: I
@@ -486,6 +489,7 @@ class Case(Generic[I]):
     want: Any
     mistakes: Mapping[str, Any]
     size: float = 0.0
+    decides: bool = True
 
 
 def matching_mistakes(cases: Sequence[Case[Any]], same: Callable[[Any, Any], bool]) -> list[str]:
@@ -535,7 +539,7 @@ def diagnose(
         rule: what a right answer does (or a function of the case shown that says it).
         named: a mistake recognised from one failing case alone (or ``None``).
     """
-    failing = [case for case in cases if not same(case.got, case.want)]
+    failing = [case for case in cases if case.decides and not same(case.got, case.want)]
     if not failing:
         return
     shown = min(failing, key=lambda case: case.size)  # the first of the smallest
@@ -553,6 +557,18 @@ def diagnose(
     raise AssertionError(f"{describe(shown)} {NOT_TYPICAL} {advice}")
 
 
+def raised_on(exc: AssertionError, kind: str) -> AssertionError:
+    """``exc`` (a check's failure), saying which kind of input the student's code raised on
+    when it raised: the check's words, which a hidden check shows where it hides the error's
+    own text (kept as ``exc.input_kind`` too)."""
+    if kind and " raised " in str(exc) and not getattr(exc, "input_kind", None):
+        exc.input_kind = kind  # type: ignore[attr-defined]
+        text = str(exc).rstrip()
+        end = " " if text.endswith((".", ")")) else ". "
+        exc.args = (f"{text}{end}It raised on {kind}.", *exc.args[1:])
+    return exc
+
+
 def judge_cases(
     inputs: Sequence[I],
     run: Callable[[I], Any],
@@ -566,6 +582,8 @@ def judge_cases(
     size: Callable[[I], float] | None = None,
     named: Callable[[Case[I]], str | None] | None = None,
     screen: Callable[[Case[I]], None] | None = None,
+    tell_apart: Sequence[I] = (),
+    input_kind: Callable[[I], str] | None = None,
 ) -> None:
     """Run the student's code on every input, then :func:`diagnose` what it got wrong.
 
@@ -588,15 +606,20 @@ def judge_cases(
         named: see :func:`diagnose`.
         screen: looks at every wrong answer as it comes and raises at once for a problem that
             is no typical mistake of the values (a hypothesis without BOS, a wrong length).
+        tell_apart: inputs tried only once an answer is wrong, to tell apart mistakes that
+            agree on every input (their :class:`Case` ``decides`` nothing; one that raises is
+            left out).
+        input_kind: what sets an input apart, in the check's own words ("k above the
+            vocabulary size"): the student's code raising there says so (:func:`raised_on`).
     """
     tried: list[tuple[I, Any, Any]] = []
     wrong = False
     for item in inputs:
         try:
             got = run(item)
-        except AssertionError:
+        except AssertionError as exc:
             if not wrong:
-                raise
+                raise raised_on(exc, input_kind(item) if input_kind else "") from exc.__cause__
             break
         want = expected(item)
         if not same(got, want):
@@ -610,6 +633,12 @@ def judge_cases(
         Case(item, what(item), got, want, mistakes(item), size(item) if size else float(i))
         for i, (item, got, want) in enumerate(tried)
     ]
+    for item in tell_apart:
+        try:
+            got = run(item)
+        except AssertionError:
+            continue
+        cases.append(Case(item, what(item), got, expected(item), mistakes(item), decides=False))
     diagnose(cases, same=same, describe=describe, rule=rule, named=named)
 
 
@@ -668,9 +697,14 @@ def softmax_overflow_probe(
     pmask = torch.ones(*lead, 2, 2, dtype=torch.bool) if masked else None
     try:
         weights = weights_of(pq, pk, pv, pmask)
+        # The control: the same probe with scores of 1 and 1/2. Not finite there either, the
+        # NaN is no overflow (an inverted mask empties the probe's rows): the probe tells nothing.
+        control = weights_of(pq / math.sqrt(big), pk / math.sqrt(big), pv, pmask)
     except AssertionError:
         return None
     if not isinstance(weights, Tensor) or bool(torch.isfinite(weights.detach()).all()):
+        return None
+    if not isinstance(control, Tensor) or not bool(torch.isfinite(control.detach()).all()):
         return None
     name = str(dtype).removeprefix("torch.")
     return (

@@ -471,10 +471,38 @@ def _named(
             same = torch.isnan(g) == torch.isnan(wrong)
             keep = ~torch.isnan(g)
             if bool(same.all()) and bool(torch.allclose(g[keep], wrong[keep], atol=tol, rtol=tol)):
-                return hint
+                return _noted(hint)
         elif close(g, wrong, atol=tol, rtol=tol):
-            return hint
+            return _noted(hint)
+    if nan:  # NaN exactly in the rows a mistake leaves without a key, that mistake elsewhere
+        for hint, wrong in mistakes.items():
+            if wrong.shape == g.shape and _empties_rows_of(g, wrong.double(), tol):
+                return f"{_noted(hint)} {_NAN_ROWS}"
     return fallback
+
+
+def _noted(hint: str) -> str:
+    """``hint``, recorded as the mistake named (a hidden cell's message says it)."""
+    note_mistake(hint)
+    return hint
+
+
+_NAN_ROWS = (
+    "(Your NaN rows are the rows that mistake leaves without a key: a softmax of a row of -inf "
+    "is 0/0.)"
+)
+
+
+def _empties_rows_of(g: Tensor, wrong: Tensor, tol: float) -> bool:
+    """``g`` is NaN in whole rows where ``wrong`` weighs nothing, and ``wrong`` elsewhere."""
+    if g.dim() == 0 or bool(torch.isnan(wrong).any()):
+        return False
+    rows = torch.isnan(g).any(-1)  # (..., T)
+    if not bool(rows.any()) or not bool(torch.isnan(g[rows]).all()):
+        return False
+    if bool(wrong[rows].abs().amax() > tol):
+        return False
+    return bool(torch.allclose(g[~rows], wrong[~rows], atol=tol, rtol=tol))
 
 
 def _softmax_overflows(

@@ -57,6 +57,7 @@ from transformer_lab.checks._common import (
     expect_true,
     generator,
     instance_attributes,
+    note_mistake,
     stored,
 )
 from transformer_lab.checks._lightning import (
@@ -406,6 +407,13 @@ def _attention_parts(attn: Any, d_model: int, what: str) -> None:
             )
 
 
+#: norm1 and norm2 one module (``self.norm2 = self.norm1``), which the judge mirrors as such.
+SHARED_NORM = (
+    "one and the same LayerNorm (an alias, as self.norm2 = self.norm1 makes): each sub-layer "
+    "needs its own nn.LayerNorm(d_model), with its own weight and bias."
+)
+
+
 def block_parts(block: nn.Module, d_model: int, n_heads: int, d_ff: int, what: str) -> _Parts:
     """The block's sub-layers, checked against the attribute names of the notebook."""
     expect_module(block, what)
@@ -416,6 +424,9 @@ def block_parts(block: nn.Module, d_model: int, n_heads: int, d_ff: int, what: s
             "(MultiHeadAttention), self.ff (your FeedForward, with linear1 and linear2), "
             "self.norm1 (the attention sub-layer's norm) and self.norm2 (the feed-forward's)."
         )
+    if block.norm1 is block.norm2:
+        note_mistake(SHARED_NORM)
+        raise AssertionError(f"{what}.norm1 and {what}.norm2 are {SHARED_NORM}")
     _attention_parts(block.self_attn, d_model, what)
     ff_parts(block.ff, d_model, d_ff, f"{what}.ff")
     _norm_parts(block.norm1, "norm1", d_model, what)

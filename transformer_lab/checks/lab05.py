@@ -263,6 +263,8 @@ def judge_mask(got: Any, want: Tensor, mistakes: Mapping[str, Tensor], what: str
     if bool(wrong_at.any()):
         idx = _first(wrong_at)
         hint = next((h for h, m in mistakes.items() if _same_values(got, m)), "")
+        if hint:
+            note_mistake(hint)  # a hidden cell's message says it (the judge's own words)
         raise AssertionError(
             f"{what} is wrong at {int(wrong_at.sum())} of {want.numel()} entries; at index {idx} "
             f"you have {bool(got[idx])}, expected {bool(want[idx])}." + (f" {hint}" if hint else "")
@@ -512,8 +514,19 @@ def visible_probes() -> list[Probe]:
 def expect_causal_mask(
     fn: Callable[..., Any], T: int, want: Tensor, mistakes: Mapping[str, Tensor]
 ) -> None:
-    """``causal_mask(T)`` must equal ``want``; ``mistakes`` name a wrong answer."""
+    """``causal_mask(T)`` must equal ``want``; ``mistakes`` name a wrong answer (and the mask
+    one step ahead, named here for every ``T`` where it differs)."""
+    ahead = torch.ones(T, T, dtype=torch.bool).tril(1)  # (T, T): key s <= query t + 1
+    if not torch.equal(ahead, want.to(torch.bool)):
+        mistakes = {**mistakes, ONE_STEP_AHEAD: ahead}
     judge_mask(run_causal_mask(fn, T), want, mistakes, f"causal_mask({T})")
+
+
+#: The causal mask shifted by one: each query also sees the next key.
+ONE_STEP_AHEAD = (
+    "Your mask is one step ahead: query t may also attend key t+1, the next token (s <= t + 1, "
+    "torch.tril(..., diagonal=1)). Allow key s <= query t only (diagonal=0)."
+)
 
 
 def expect_padding_mask(

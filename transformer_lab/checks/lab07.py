@@ -72,6 +72,7 @@ __all__ = [
     "check_top_k_filter",
     "check_top_p_filter",
     "example",
+    "logits_input_kind",
     "same_logits",
     "sequence_score",
 ]
@@ -618,7 +619,26 @@ def judge_logits(
         rule=lambda case: case.input.rule,
         size=lambda probe: probe.args[2].numel(),
         named=_logits_named,
+        input_kind=logits_input_kind,
     )
+
+
+def logits_input_kind(probe: Probe) -> str:
+    """What sets a logits probe apart, in the check's words (for a call that raised on it)."""
+    _, name, logits, arg, *_ = probe.args
+    vocab = logits.shape[-1]
+    kinds = []
+    if name == "top_k_filter" and arg > vocab:
+        kinds.append(f"k above the vocabulary size (k={arg:g}, {vocab} tokens)")
+    elif name == "top_k_filter" and arg == vocab:
+        kinds.append(f"k equal to the vocabulary size ({vocab})")
+    if bool(torch.isneginf(logits).any()):
+        kinds.append("logits that already hold -inf")
+    if logits.dim() != 2:
+        kinds.append(f"logits with {logits.dim()} dimensions {tuple(logits.shape)}")
+    if logits.dtype != torch.float32:
+        kinds.append(f"{str(logits.dtype).removeprefix('torch.')} logits")
+    return ", ".join(kinds) or f"logits of shape {tuple(logits.shape)}"
 
 
 def logits_probe(
@@ -866,9 +886,13 @@ def _run_probe_beam(probe: Probe) -> list[int]:
 
 
 def judge_beam(
-    probes: Sequence[Probe], expected: Lookup, mistakes: Callable[[Probe], Mapping[str, Any]]
+    probes: Sequence[Probe],
+    expected: Lookup,
+    mistakes: Callable[[Probe], Mapping[str, Any]],
+    tell_apart: Sequence[Probe] = (),
 ) -> None:
-    """``beam_search`` on every probe (:func:`beam_probe`); one diagnosis for them all."""
+    """``beam_search`` on every probe (:func:`beam_probe`); one diagnosis for them all
+    (``tell_apart``: probes run only to tell mistakes apart, once one probe failed)."""
     judge_cases(
         probes,
         _run_probe_beam,
@@ -880,6 +904,7 @@ def judge_beam(
         rule=_BEAM_RULE,
         size=lambda probe: probe.args[3] * probe.args[2],
         screen=_screen_beam,
+        tell_apart=tell_apart,
     )
 
 

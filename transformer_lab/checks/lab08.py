@@ -52,8 +52,10 @@ from torch.overrides import TorchFunctionMode
 from transformer_lab.attention import KVCache
 from transformer_lab.checks import spec as lab_specs
 from transformer_lab.checks._common import (
+    Case,
     call_forbidding,
     close,
+    diagnose,
     expect_close,
     expect_module,
     expect_shape,
@@ -71,6 +73,7 @@ __all__ = [
     "KV_EXAMPLES",
     "SCALE_BAN",
     "SCHEDULES",
+    "CountCall",
     "SamplingWatch",
     "ScriptedCache",
     "ScriptedLM",
@@ -88,6 +91,7 @@ __all__ = [
     "copy_torch_attention",
     "expect_attention",
     "expect_count",
+    "expect_counts",
     "expect_number",
     "generate_examples",
     "greedy_run",
@@ -293,6 +297,8 @@ def expect_attention(
     if close(g, want, atol=tol, rtol=tol):
         return
     named = next((h for h, w in mistakes.items() if close(g, w, atol=tol, rtol=tol)), None)
+    if named:
+        note_mistake(named)  # a hidden cell's message says it (the judge's own words)
     expect_close(g, want, what, hint=named or hint, atol=tol, rtol=tol)
 
 
@@ -701,12 +707,16 @@ def run_generate(
     except AssertionError as exc:
         message = str(exc)
         if _MULTINOMIAL_FAILED in message:  # seen only from the outside (the judge's kernel)
-            note_mistake(_TEMPERATURE_ZERO)
+            # At a positive temperature dividing by it keeps the logits finite: what reached
+            # torch.multinomial was no softmax (negative entries); at 0 it is the division.
+            positive = _is_number(temperature) and temperature > 0
+            hint = _LOGITS_SAMPLED if positive else _TEMPERATURE_ZERO
+            note_mistake(hint)
             raise AssertionError(
                 f"{message} The probabilities your sampling step handed to torch.multinomial "
                 f"were no distribution (temperature={temperature}); the model's logits were "
                 "finite (this check's model made them), so look at what your code does to "
-                f"them before sampling (apply_temperature, the softmax). {_TEMPERATURE_ZERO}"
+                f"them before sampling (apply_temperature, the softmax). {hint}"
             ) from None
         if f"{what} raised " in message:
             raise AssertionError(f"{message} {_GENERATE_HINT}") from None
@@ -970,10 +980,8 @@ def _is_integer(value: Any) -> bool:
     return isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point()
 
 
-def expect_count(
-    got: Any, want: int, mistakes: Mapping[str, float], what: str, *, d_model: int | None = None
-) -> None:
-    """An exact whole number (a count of parameters or bytes); name the mistake it reproduces."""
+def _whole(got: Any, want: int, what: str) -> int:
+    """The student's count as an int; a float or another type is refused, saying why."""
     if isinstance(got, float) and got == want:
         raise AssertionError(
             f"{what} returned the float {got!r}: return an int (counts are whole numbers; "
@@ -982,21 +990,57 @@ def expect_count(
     if not _is_integer(got):
         shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
         raise AssertionError(f"{what} should return an int, got {shown}.")
-    value = int(got)
+    return int(got)
+
+
+def _difference(value: int, want: int, d_model: int | None) -> str:
+    diff = value - want
+    if d_model and diff % d_model == 0:
+        return (
+            f" The difference, {diff:+,}, is {diff // d_model:+,} x d_model: a vector of width "
+            "d_model counted too often or too rarely (a bias, a layer norm's gain or bias, an "
+            "embedding row)."
+        )
+    return ""
+
+
+def expect_count(
+    got: Any, want: int, mistakes: Mapping[str, float], what: str, *, d_model: int | None = None
+) -> None:
+    """An exact whole number (a count of parameters or bytes); name the mistake it reproduces."""
+    value = _whole(got, want, what)
     if value == want:
         return
     for hint, wrong in mistakes.items():
         if value == wrong:
             raise AssertionError(f"{what} returned {value:,}, expected {want:,}. {hint}")
-    diff = value - want
-    extra = ""
-    if d_model and diff % d_model == 0:
-        extra = (
-            f" The difference, {diff:+,}, is {diff // d_model:+,} x d_model: a vector of width "
-            "d_model counted too often or too rarely (a bias, a layer norm's gain or bias, an "
-            "embedding row)."
-        )
-    raise AssertionError(f"{what} returned {value:,}, expected {want:,}.{extra}")
+    raise AssertionError(
+        f"{what} returned {value:,}, expected {want:,}.{_difference(value, want, d_model)}"
+    )
+
+
+#: One call of a counting function: (the call as shown, the student's answer, the expected
+#: count, hint -> the count that mistake gives there (only those that differ), d_model or None).
+CountCall = tuple[str, Any, int, Mapping[str, float], int | None]
+
+
+def expect_counts(calls: Sequence[CountCall]) -> None:
+    """Exact counts on several calls, diagnosed together: a mistake is named only where it gives
+    the student's count on EVERY call (two mistakes that agree on one call, a QKV bias of width D
+    and a block with one layer norm at bias=True, are told apart by the others); the first
+    failing call is shown."""
+    cases = [
+        Case(d_model, what, _whole(got, want, what), want, mistakes, size=float(i))
+        for i, (what, got, want, mistakes, d_model) in enumerate(calls)
+    ]
+
+    def describe(case: Case[Any]) -> str:
+        return f"{case.what} returned {case.got:,}, expected {case.want:,}."
+
+    def rule(case: Case[Any]) -> str:
+        return _difference(case.got, case.want, case.input).strip() or "Count it step by step."
+
+    diagnose(cases, same=lambda a, b: a == b, describe=describe, rule=rule)
 
 
 def expect_number(
@@ -1045,11 +1089,12 @@ def check_gpt_param_count(fn: Callable[..., Any]) -> None:
     PyTorch counts on its own layers of the same shapes (no graded answer involved)."""
     from transformer_lab.models import GPTConfig
 
+    calls = []
     for args, kwargs in COUNT_EXAMPLES:
         what = show_call("gpt_param_count", args, kwargs)
         want, mistakes = _scalar(what)
-        got = run_scale(fn, args, kwargs, what)
-        expect_count(got, int(want), mistakes, what, d_model=args[1])
+        calls.append((what, run_scale(fn, args, kwargs, what), int(want), mistakes, args[1]))
+    expect_counts(calls)
     for layers, width, vocab, n_ctx, bias in ((1, 8, 5, 4, True), (3, 12, 17, 9, False)):
         config = GPTConfig(
             vocab_size=vocab, n_ctx=n_ctx, d_model=width, n_layers=layers, n_heads=2, bias=bias
@@ -1080,11 +1125,12 @@ def check_training_flops(fn: Callable[..., Any]) -> None:
 def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
     """Worked examples (GPT-3's full context in float16; float32 and a batch), and the memory of
     the kit's own KV cache measured by PyTorch."""
+    calls = []
     for args, kwargs in KV_EXAMPLES:
         what = show_call("kv_cache_bytes", args, kwargs)
         want, mistakes = _scalar(what)
-        got = run_scale(fn, args, kwargs, what)
-        expect_count(got, int(want), mistakes, what)
+        calls.append((what, run_scale(fn, args, kwargs, what), int(want), mistakes, None))
+    expect_counts(calls)
     cache = KVCache(3, 2, 4, 8, 4, dtype=torch.float32)  # L=3, B=2, H=4, n_ctx=8, Dh=4: D=16
     real = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
     what = "kv_cache_bytes(3, 16, 8, batch_size=2, bytes_per_value=4)"

@@ -641,8 +641,10 @@ class MirrorModule(nn.Module, wire.Reference):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            if name.startswith("_") or not self.__dict__.get("_ready"):
+            if name.startswith("_"):
                 raise
+            if not self.__dict__.get("_ready"):  # the student's class's name, never the mirror's
+                raise AttributeError(f"your {self._judge[2]} has no attribute {name!r}") from None
         session, handle, _ = self.__dict__["_judge"]
         return session.request({"op": "getattr", "target": handle, "name": name})
 

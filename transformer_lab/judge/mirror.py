@@ -131,7 +131,7 @@ def spec(
     ``origin`` gives the other side's handle of a part that is a mirror of one of its modules.
     """
     tree = []
-    for path, sub in module.named_modules():
+    for path, sub in module.named_modules(remove_duplicate=False):  # an alias stays an alias
         name, native = _kind(type(sub))
         fields = {f: getattr(sub, f) for f in LAYER_FIELDS.get(name, ())} if native else {}
         if native and ":" in name and hasattr(sub, "portable_state"):
@@ -240,16 +240,23 @@ def build(
     tree = decode(data.get("tree", []))
     names = {name for name, *_ in params}
     modules: dict[str, nn.Module] = {}
+    by_handle: dict[int, nn.Module] = {}  # a module met again (``self.norm2 = self.norm1``)
     kept: set[str] = set()  # paths of this side's own modules
     for path, handle, kind, native, fields, training, *rest in tree:
         origin = rest[0] if rest else None
         module = own(origin) if own is not None and type(origin) is int else None
-        if module is not None:
+        if type(handle) is int and handle in by_handle:
+            module = by_handle[handle]  # the same mirror under a second name
+            if any(modules[k] is module for k in kept):
+                kept.add(path)
+        elif module is not None:
             kept.add(path)
         else:
             module = _native_layer(kind, fields, path, names, own is None) if native else None
             module = proxy(handle, kind) if module is None else module
             module.train(bool(training))
+        if type(handle) is int:
+            by_handle.setdefault(handle, module)
         modules[path] = module
     for path in sorted((p for p in modules if p), key=lambda p: p.count(".")):
         parent, _, last = path.rpartition(".")

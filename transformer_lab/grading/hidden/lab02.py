@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_lab.checks._common import expect_shape, generator, randint
+from transformer_lab.checks._common import expect_shape, generator, raised_on, randint
 from transformer_lab.checks.lab02 import (
     SA_ARGS,
     SA_EXAMPLES,
@@ -553,7 +553,13 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
             f"the output of {what} does not depend differentiably on q, k, v: avoid .detach(), "
             ".item() or building new tensors from Python numbers in the computation."
         )
-    out.pow(2).sum().backward()
+    try:
+        out.pow(2).sum().backward()
+    except Exception as exc:  # the student's forward broke autograd (or the kernel's did)
+        failure = AssertionError(
+            f"the backward pass of {what} raised {type(exc).__name__}: {exc}. {_BACKWARD_HINT}"
+        )
+        raise raised_on(failure, "a backward pass (q, k and v require grad)") from exc
     for name, x in (("q", qg), ("k", kg), ("v", vg)):
         if x.grad is None or not bool(torch.isfinite(x.grad).all()):
             raise AssertionError(
@@ -562,6 +568,12 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
                 "replace its output afterwards. Fill masked scores with a large finite negative "
                 "number (torch.finfo(scores.dtype).min) and zero empty rows after the softmax."
             )
+
+
+_BACKWARD_HINT = (
+    "An in-place operation (scores /= ..., w.div_(...), w[...] = 0) on a tensor autograd saved "
+    "for the backward pass breaks it: write it out of place (scores = scores / ...)."
+)
 
 
 # --------------------------------------------------------------------------------------

@@ -430,6 +430,28 @@ def oracle_encoder_block(
     return o.norm(2, x + d2 * o.feed_forward(x, hidden))
 
 
+_BESSEL_BLOCK = (
+    "It matches the block whose layer norms divide by D - 1 (Bessel's correction: x.var() is "
+    "unbiased by default): layer norm uses the biased variance, mean((x - mean)**2) "
+    "(x.var(unbiased=False) or correction=0)."
+)
+
+
+def _bessel_block(o: _Oracle, x: Tensor, mask: Tensor | None, norm_first: bool) -> Tensor:
+    """The block whose norms divide by D - 1 (``x.var()``'s default), in float64."""
+
+    def norm(index: int, h: Tensor) -> Tensor:
+        gain, shift = o.w[f"norm{index}.weight"], o.w[f"norm{index}.bias"]
+        var = h.var(-1, unbiased=True, keepdim=True)
+        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(var + o.eps[index - 1]) * gain + shift
+
+    if norm_first:
+        h = x + o.attention(norm(1, x), mask)
+        return h + o.feed_forward(norm(2, h))
+    h = norm(1, x + o.attention(x, mask))
+    return norm(2, h + o.feed_forward(h))
+
+
 def encoder_block_mistakes(
     w: Mapping[str, Tensor],
     x: Tensor,
@@ -464,6 +486,7 @@ def encoder_block_mistakes(
 
     run = pre if norm_first else post
     named: dict[str, Tensor] = {}
+
     if mask is not None:
         B, T = x.shape[:2]
         keep = mask.bool().expand(B, 1, T, T)[:, 0].diagonal(dim1=1, dim2=2)  # (B, T)
@@ -536,6 +559,7 @@ def encoder_block_mistakes(
                 ),
             }
         )
+    named[_BESSEL_BLOCK] = _bessel_block(o, x, mask, norm_first)
     return named
 
 

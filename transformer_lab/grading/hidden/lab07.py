@@ -1103,7 +1103,8 @@ def beam_variant(
     Args:
         rows: ``rows(prefix) -> (V,)`` log-probabilities (no prefix checks).
         score: ``"logp"`` (right: sum of log-probabilities), ``"last"`` (the last token's
-            log-probability only) or ``"prob"`` (sum of probabilities).
+            log-probability only), ``"prob"`` (sum of probabilities) or ``"mean"`` (the mean
+            log-probability per generated token, at every step).
         propose: each live hypothesis proposes its ``"width"`` best tokens (right), ``"all"``
             tokens, or ``"one"`` (its best).
         slots: finished hypotheses keep their place in the beam (it shrinks). ``slots`` and
@@ -1131,6 +1132,8 @@ def beam_variant(
                 new_logp = logp + row[token]
                 if score == "logp":
                     new_value = new_logp
+                elif score == "mean":  # normalised by length at every step
+                    new_value = new_logp / len(seq)  # len(seq) generated tokens after this one
                 elif score == "last":
                     new_value = row[token]
                 else:
@@ -1198,6 +1201,13 @@ _BEAM_MISTAKES: list[tuple[str, dict[str, Any]]] = [
         {"final": "mean"},
     ),
     (
+        "You normalise by length at every step: your hypotheses are ranked by their mean "
+        "log-probability per token while the search runs. This lab's beam search ranks them "
+        "by the TOTAL log-probability throughout (no length normalisation, in the steps or at "
+        "the end).",
+        {"score": "mean"},
+    ),
+    (
         "You only returned a finished hypothesis; a hypothesis still live at max_len competes "
         "too, with its total log-probability.",
         {"final": "finished"},
@@ -1230,12 +1240,21 @@ def _beam_probe(fn: Callable[..., Any], step_fn: Any, beam_width: int) -> Probe:
     return probe._replace(key=args)
 
 
-def _expect_beam(probes: Sequence[Probe]) -> None:
+def _expect_beam(probes: Sequence[Probe], tell_apart: Sequence[Probe] = ()) -> None:
     judge_beam(
         probes,
         lambda probe: oracle_beam_search(*probe.key),
         lambda probe: beam_mistakes(*probe.key),
+        tell_apart,
     )
+
+
+def _separating_probes(fn: Callable[..., Any]) -> list[Probe]:
+    """Probes on which the catalogue's mistakes return different hypotheses, ties aside."""
+    return [
+        _beam_probe(fn, RandomStepFn(6, seed, bos_id=0, eos_id=1, max_len=max_len), 3)
+        for seed, max_len in _SEPARATING_BEAM_SEEDS
+    ]
 
 
 def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -1253,15 +1272,13 @@ def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
         probes.append(_beam_probe(fn, step_fn, randint(1, 5, g)))
     # Two fixed distributions on which the catalogue's mistakes return different hypotheses
     # (random ones may let two of them agree everywhere: one diagnosis needs them apart).
-    for fixed in _SEPARATING_BEAM_SEEDS:
-        step_fn = RandomStepFn(6, fixed, bos_id=0, eos_id=1, max_len=6)
-        probes.append(_beam_probe(fn, step_fn, 3))
-    _expect_beam(probes)
+    _expect_beam([*probes, *_separating_probes(fn)])
 
 
-#: Seeds of :class:`RandomStepFn` (6 tokens, max_len 6, beam_width 3) that tell every pair of
-#: the catalogue's mistakes apart, ties aside (the tables below hold those).
-_SEPARATING_BEAM_SEEDS = (90, 75)
+#: Seeds and max_len of :class:`RandomStepFn` (6 tokens, beam_width 3) that tell every pair of
+#: the catalogue's mistakes apart, ties aside (the tables below hold those); the third tells a
+#: length normalisation at every step from one in the final choice only.
+_SEPARATING_BEAM_SEEDS = ((90, 6), (75, 6), (135, 8))
 
 # Hand-built tables for the stated rules: {prefix: probabilities}, "default" for the others.
 # Tokens: 0 BOS, 1 EOS, then words 2, 3, 4. No two tokens of a row tie where a beam is cut.
@@ -1319,7 +1336,10 @@ def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> Non
         max_len=6,
     )  # fmt: skip
     probes.append(_beam_probe(fn, eos_first, 2))
-    _expect_beam(probes)
+    # The rules' probes may leave two mistakes alike (adding probabilities, or normalising by
+    # length at every step, with a beam wider than the vocabulary): once one fails, the
+    # separating probes tell them apart (they score nothing here).
+    _expect_beam(probes, tell_apart=_separating_probes(fn))
 
 
 # ======================================================================================

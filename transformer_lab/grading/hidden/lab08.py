@@ -48,13 +48,14 @@ from transformer_lab.checks.lab08 import (
     COUNT_EXAMPLES,
     KV_EXAMPLES,
     SCHEDULES,
+    CountCall,
     ScriptedLM,
     attention_example,
     build_attention,
     cached_run,
     copy_torch_attention,
     expect_attention,
-    expect_count,
+    expect_counts,
     expect_number,
     generate_examples,
     greedy_run,
@@ -181,7 +182,8 @@ def oracle_attention(
     Dh = D // n_heads
     order = "kqv" if variant == "kqv_order" else "qkv"
     split = "no_transpose" if variant == "no_transpose" else "heads"
-    q, k, v = oracle_projections(weights, x, n_heads, order, split)
+    wrong_split = "no_transpose" if variant == "split_no_transpose" else split
+    q, k, v = oracle_projections(weights, x, n_heads, order, wrong_split)
     w = _weights64(weights)
     scale = {"scale_D": 1 / math.sqrt(D), "no_scale": 1.0}.get(variant, 1 / math.sqrt(Dh))
     outs = []
@@ -218,6 +220,10 @@ ATTENTION_MISTAKES: dict[str, str] = {
     "no_scale": "Your scores are not scaled: divide q @ k^T by sqrt(Dh), the head width.",
     "no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which "
     "cuts across tokens: view as (B, T, H, Dh) and then transpose(1, 2).",
+    "split_no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, "
+    "D), which cuts across tokens (merging back with a transpose does not undo it): view as "
+    "(B, T, H, Dh) and then transpose(1, 2), as in lab 03. Later tokens then leak into earlier "
+    "outputs through the heads, not through the mask.",
     "softmax_queries": "Your softmax runs over the queries (dim=-2): each query's weights over "
     "the keys sum to one, so take it over the last axis.",
     "no_out_proj": "Your output skips out_proj: after merging the heads back to (B, T, D), "
@@ -845,12 +851,11 @@ def count_mistakes(
         - b * L * 4 * D,
         "Your blocks have one layer norm: GPT-2's blocks have two (before the attention and "
         "before the MLP).": right - L * (1 + b) * D,
+        "Your QKV projection's bias has width D: qkv_proj maps D -> 3D, so its bias holds 3D "
+        "numbers (with bias=True).": right - b * L * 2 * D,
     }
-    kept: dict[str, int] = {}
-    for hint, value in candidates.items():
-        if value != right and value not in kept.values():
-            kept[hint] = value
-    return kept
+    # Hints of the same count are all kept: a check tells them apart by its other calls.
+    return {hint: value for hint, value in candidates.items() if value != right}
 
 
 def oracle_training_flops(n_params: float, n_tokens: float) -> float:
@@ -898,12 +903,10 @@ def kv_mistakes(
         "You left out the layers: every block caches its own keys and values.": right // L,
         "You count a T x T table per layer (the attention scores), not T keys and values of "
         "width D.": 2 * L * T * T * B * b,
+        "You assume 2 bytes per number whatever bytes_per_value says.": right // b * 2,
     }
-    kept: dict[str, int] = {}
-    for hint, value in candidates.items():
-        if value != right and value not in kept.values() and value > 0:
-            kept[hint] = value
-    return kept
+    # Hints of the same count are all kept: a check tells them apart by its other calls.
+    return {hint: value for hint, value in candidates.items() if value != right and value > 0}
 
 
 def oracle_gpu_days(flops: float, peak_flops: float, utilization: float) -> float:
@@ -934,16 +937,12 @@ def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> di
 # ======================================================================================
 
 
-def _expect_count_call(fn: Callable[..., Any], args: tuple[int, ...], bias: bool) -> None:
+def _count_call(fn: Callable[..., Any], args: tuple[int, ...], bias: bool) -> CountCall:
     options = {} if bias else {"bias": False}
     call = show_call("gpt_param_count", args, options)
-    expect_count(
-        run_scale(fn, args, options, call),
-        oracle_gpt_param_count(*args, bias=bias),
-        count_mistakes(*args, bias=bias),
-        call,
-        d_model=args[1],
-    )
+    got = run_scale(fn, args, options, call)
+    want = oracle_gpt_param_count(*args, bias=bias)
+    return (call, got, want, count_mistakes(*args, bias=bias), args[1])
 
 
 def hidden_check_gpt_param_count(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -951,6 +950,7 @@ def hidden_check_gpt_param_count(fn: Callable[..., Any], seed: int = 0) -> None:
     from transformer_lab.scale import GPT2_FAMILY, GPT3_FAMILY
 
     g = generator(seed)
+    calls = []
     for _ in range(4):
         args = (
             randint(1, 48, g),
@@ -958,10 +958,12 @@ def hidden_check_gpt_param_count(fn: Callable[..., Any], seed: int = 0) -> None:
             randint(2, 60000, g),
             randint(1, 4096, g),
         )
-        _expect_count_call(fn, args, bias=bool(randint(0, 1, g)))
+        calls.append(_count_call(fn, args, bias=bool(randint(0, 1, g))))
     for spec in (*GPT2_FAMILY, GPT3_FAMILY[-1]):
-        _expect_count_call(fn, (spec.n_layers, spec.d_model, spec.vocab_size, spec.n_ctx), True)
-    _expect_count_call(fn, (96, 12288, 50257, 2048), bias=False)
+        sizes = (spec.n_layers, spec.d_model, spec.vocab_size, spec.n_ctx)
+        calls.append(_count_call(fn, sizes, True))
+    calls.append(_count_call(fn, (96, 12288, 50257, 2048), bias=False))
+    expect_counts(calls)
 
 
 def hidden_check_training_flops(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -982,16 +984,15 @@ def hidden_check_training_flops(fn: Callable[..., Any], seed: int = 0) -> None:
 def hidden_check_kv_cache_bytes(fn: Callable[..., Any], seed: int = 0) -> None:
     """Random sizes, batches and value widths (1, 2 and 4 bytes)."""
     g = generator(seed)
+    calls: list[CountCall] = []
     for width in (4, 2, 1):
         args = (randint(2, 96, g), 64 * randint(1, 100, g), 128 * randint(1, 64, g))
         kwargs = {"batch_size": randint(2, 64, g), "bytes_per_value": width}
         call = show_call("kv_cache_bytes", args, kwargs)
-        expect_count(
-            run_scale(fn, args, kwargs, call),
-            oracle_kv_cache_bytes(*args, **kwargs),
-            kv_mistakes(*args, **kwargs),
-            call,
-        )
+        got = run_scale(fn, args, kwargs, call)
+        want = oracle_kv_cache_bytes(*args, **kwargs)
+        calls.append((call, got, want, kv_mistakes(*args, **kwargs), None))
+    expect_counts(calls)
 
 
 def hidden_check_gpu_days(fn: Callable[..., Any], seed: int = 0) -> None:
