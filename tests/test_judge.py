@@ -23,6 +23,7 @@ from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import (
     HIDDEN_ERROR_TEXT,
     HIDDEN_FAILURE,
+    JudgeError,
     JudgeSession,
     Remote,
     judge_cell,
@@ -391,6 +392,116 @@ def test_the_students_writes_into_a_checks_module_come_back(
     session.lookup("load_torch_weights")(ours, theirs)
     assert ours.q_proj.weight is weight  # copied in place, as the student's code did
     torch.testing.assert_close(weight.detach(), theirs.in_proj_weight.detach()[:6])
+
+
+def _load_into_projections(monkeypatch: pytest.MonkeyPatch, load: Any) -> tuple[Any, Any, Any]:
+    """``load(ours, theirs)`` run in the kernel on a check's modules; both, and the Parameter
+    ``ours.q_proj.weight`` was before."""
+    session = JudgeSession(InProcessKernel(monkeypatch, {"load": load}), timeout=30)
+    from transformer_lab.checks.lab03 import Projections
+
+    ours, theirs = Projections(6, 2, bias=True), torch.nn.MultiheadAttention(6, 2)
+    weight = ours.q_proj.weight
+    session.lookup("load")(ours, theirs)
+    return ours, theirs, weight
+
+
+def test_a_parameter_the_students_code_replaced_by_a_plain_tensor_comes_back_as_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def load(ours: Any, theirs: Any) -> None:
+        w = theirs.in_proj_weight.detach()[:6].clone()
+        del ours.q_proj.weight
+        ours.q_proj.weight = w
+
+    ours, theirs, weight = _load_into_projections(monkeypatch, load)
+    now = ours.q_proj.weight  # what the check reads: the tensor, not a module without one
+    assert type(now) is torch.Tensor and now is not weight
+    assert "weight" not in dict(ours.q_proj.named_parameters())
+    torch.testing.assert_close(now, theirs.in_proj_weight.detach()[:6])
+    assert ours.q_proj(torch.ones(1, 6)).shape == (1, 6)  # the layer still runs on it
+
+
+def test_a_parameter_pointed_at_a_slice_of_a_checks_tensor_shares_its_memory_here_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def load(ours: Any, theirs: Any) -> None:
+        ours.k_proj.weight.data = theirs.in_proj_weight.data[6:12]
+        ours.out_proj.weight.data = theirs.out_proj.weight.data
+
+    ours, theirs, weight = _load_into_projections(monkeypatch, load)
+    assert ours.q_proj.weight is weight
+    k, full = ours.k_proj.weight, theirs.in_proj_weight
+    assert k.shape == (6, 6) and k.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
+    torch.testing.assert_close(k.detach(), full.detach()[6:12])
+    with torch.no_grad():
+        full[7, 2] = 123.0  # one memory: a write into torch's tensor shows in ours
+    assert k[1, 2].item() == 123.0
+    assert ours.out_proj.weight.data_ptr() == theirs.out_proj.weight.data_ptr()
+
+
+def _forged_changes(changes: Any) -> tuple[torch.nn.Module, Any]:
+    """A check's module and what a kernel that replies ``changes`` to a call makes of it."""
+    module = torch.nn.Linear(2, 2)
+    box: dict[str, Any] = {}
+
+    class Forger:
+        def exchange(self, text: str, timeout: float, answer: Any) -> str:
+            changed = changes(box["root"])
+            return wire.dumps({"ok": True, "value": None, "grader_changes": wire.encode(changed)})
+
+    session = JudgeSession(Forger(), timeout=5)
+    box["root"] = session.keep(module)["$gmodule"]
+    try:
+        return module, session.request({"op": "call", "target": 1})
+    except JudgeError as exc:
+        return module, exc
+
+
+W = torch.full((2, 2), 7.0)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        lambda root: [[root, [["nothing.weight", W, True, False, None]], [], []]],
+        lambda root: [[root, [["weight", "not a tensor", True, False, None]], [], []]],
+        lambda root: [[root, [["weight", W.long(), True, True, None]], [], []]],
+        lambda root: [
+            [root, [["weight", W, True, False, [f"{root}:bias", 0, [2, "x"], [1, 1]]]], [], []]
+        ],
+        lambda root: [[root, [], [], [["forward", W, False]]]],
+        lambda root: [[root, [], [["nothing.bias"]], []]],
+        lambda root: [[root, [], []]],
+    ],
+    ids=[
+        "unknown",
+        "not_a_tensor",
+        "int_requires_grad",
+        "bad_view",
+        "plain_no_param",
+        "bad_removed",
+        "short",
+    ],
+)
+def test_a_forged_write_back_scores_zero_with_the_reason(changes: Any) -> None:
+    """Nothing a kernel says a call did to a check's module crashes the grader: a name that is
+    not a parameter, a value that is not a tensor, a view that is not one."""
+    _, result = _forged_changes(changes)
+    assert isinstance(result, JudgeError) and "not data the judge reads" in str(result)
+
+
+def test_a_forged_view_outside_the_shared_tensor_is_kept_as_a_copy() -> None:
+    """A ``shares`` that does not lie inside the tensor it names (or holds other values) is not
+    made a view: the mirror keeps the values, in memory of its own."""
+
+    def far(root: int) -> Any:
+        return [[root, [["weight", W, True, False, [f"{root}:bias", 0, [2, 2], [9, 1]]]], [], []]]
+
+    module, result = _forged_changes(far)
+    assert result is None
+    assert module.weight.data_ptr() != module.bias.data_ptr()
+    assert torch.equal(module.weight.detach(), W)
 
 
 # ---------------------------------------------------------------- through the real grader

@@ -40,13 +40,8 @@ ALL_CELLS = os.environ.get("TRANSFORMER_LAB_ALL_CELLS") == "1"
 #: Correct variants the judge still scores below the checks run in one process (open work).
 JUDGE_GAPS: dict[str, str] = {}
 #: Catalogued mistakes whose first lost cell does not yet name them through the judge (open
-#: work, issue 40): the entry and what the student reads first instead.
-FIRST_MESSAGE_GAPS: dict[str, str] = {
-    "lab03 load load_plain_tensor": "the judge's write-back of a Parameter replaced by a plain "
-    "tensor fails: 'The check could not run on your answer: AttributeError: ...'",
-    "lab03 load load_shares_memory": "the judge's write-back of a weight whose .data is a slice "
-    "of torch's fails: 'The check could not run on your answer: RuntimeError: ...'",
-}
+#: work): the entry and what the student reads first instead.
+FIRST_MESSAGE_GAPS: dict[str, str] = {}
 #: Words of the grader's internals that no message may hold.
 INTERNALS = ("MirrorModule", "GraderModule", "Remote(", "wire.", "The check could not run")
 

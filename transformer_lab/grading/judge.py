@@ -225,7 +225,12 @@ class JudgeSession:
                     torch.rand(())  # our stream moves on too: a re-seed then differs from it
                     self._judge_rng = torch.random.get_rng_state()
                 return self.decode(reply.get("value")), reply
-            except (wire.WireError, KeyError, TypeError, ValueError) as exc:
+            # Whatever the reply says that does not fit what the judge holds (a parameter,
+            # a module or a view it never sent) fails the cell with the reason, never the grader.
+            except (
+                wire.WireError, AttributeError, IndexError, KeyError, RuntimeError, TypeError,
+                ValueError,
+            ) as exc:  # fmt: skip
                 raise JudgeError(
                     f"the kernel's reply is not data the judge reads ({exc})"
                 ) from None
@@ -384,9 +389,13 @@ class JudgeSession:
 
     def _apply_changes(self, changes: list[Any], modules: dict[int, nn.Module]) -> None:
         """What a call did to the other side's modules' parameters, done to ours."""
-        for root, changed, removed in changes:
+        for root, changed, removed, plain in changes:
             mirror.apply_changes(
-                modules[root], changed, removed, lambda where: self._find(where, self._gmodules)
+                modules[root],
+                changed,
+                removed,
+                plain,
+                lambda where: self._find(where, self._gmodules),
             )
 
     def _mirror(self, data: dict[str, Any]) -> nn.Module:
@@ -396,7 +405,7 @@ class JudgeSession:
         if root in self._mirrors:  # the same module again (``fit`` returns self): refresh it
             params = self.decode(data.get("params", []))
             fresh = [[n, v, rg, False, None] for n, v, rg, alias in params if alias is None]
-            self._apply_changes([[root, fresh, []]], self._mirrors)
+            self._apply_changes([[root, fresh, [], []]], self._mirrors)
             return self._mirrors[root]
         module, parts = mirror.build(
             data,

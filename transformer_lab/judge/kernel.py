@@ -161,10 +161,11 @@ def _sync(sync: list[Any]) -> dict[int, Any]:
     return before
 
 
-def _storages() -> dict[int, str]:
-    """Data pointer -> ``"root:name"`` of every parameter of the grader's mirrored modules."""
+def _storages() -> dict[int, tuple[str, torch.Tensor]]:
+    """Data pointer -> ``"root:name"`` and the tensor of every parameter of the grader's
+    mirrored modules (a parameter pointed at one's memory comes back as a view into it)."""
     return {
-        p.untyped_storage().data_ptr(): f"{root}:{name}"
+        p.untyped_storage().data_ptr(): (f"{root}:{name}", p)
         for root, module in _grader_modules.items()
         for name, p in module.named_parameters()
         if p.numel()
@@ -172,7 +173,7 @@ def _storages() -> dict[int, str]:
 
 
 def _changes(
-    modules: dict[int, Any], before: dict[int, Any], storages: dict[int, str]
+    modules: dict[int, Any], before: dict[int, Any], storages: dict[int, tuple[str, torch.Tensor]]
 ) -> list[Any]:
     """What a call did to the parameters of ``modules`` (root handle -> module), as data."""
     found = []

@@ -10,7 +10,9 @@ Both sides use the same three steps: :func:`spec` describes a module as wire dat
 makes the mirror (torch's own layers are rebuilt as torch layers, every other module becomes a
 ``proxy`` whose forward goes to the other side), and :func:`changes` / :func:`apply_changes`
 carry what a call did to parameters back (new values, a new Parameter object, memory shared with
-another parameter), so identity and in-place semantics hold on the mirror as on the module.
+another parameter or a slice of it, a plain tensor put in a parameter's place), so identity and
+in-place semantics hold on the mirror as on the module. What comes back is checked as data
+(:func:`apply_changes`): a reply cannot name what the mirror does not hold.
 
 Two refinements keep a check's own models whole when they pass through the student's code (a
 check's tagging model inside the student's ``LightningModule``):
@@ -292,13 +294,23 @@ def snapshot(root: nn.Module) -> dict[str, tuple[nn.Parameter, torch.Tensor]]:
 
 
 def changes(
-    root: nn.Module, before: dict[str, tuple[nn.Parameter, torch.Tensor]], storages: dict[int, str]
-) -> tuple[list[Any], list[str]] | None:
+    root: nn.Module,
+    before: dict[str, tuple[nn.Parameter, torch.Tensor]],
+    storages: dict[int, tuple[str, torch.Tensor]],
+) -> tuple[list[Any], list[str], list[Any]] | None:
     """What a call did to ``root``'s parameters since :func:`snapshot`, as values.
 
-    Each change is ``[name, value, requires_grad, replaced, shares]``: ``replaced`` when the
-    module holds a new object under that name, ``shares`` the name (in ``storages``: data
-    pointer -> name) of another mirrored parameter whose memory it now uses. None: no change.
+    Returns ``(changed, removed, plain)``, or None when the call changed nothing:
+
+    * each ``changed`` item is ``[name, value, requires_grad, replaced, shares]``:
+      ``replaced`` when the module holds a new object under that name; ``shares``, when it now
+      uses the memory of another mirrored parameter (``storages``: data pointer -> that
+      parameter's name and tensor), is ``[name, offset, size, stride]``: which one, and where
+      in it (:func:`_view_in`; a slice of torch's ``in_proj_weight`` is a view into it);
+    * ``removed`` names the parameters that are gone;
+    * each ``plain`` item is ``[name, value, requires_grad]``: a parameter the module now holds
+      as a plain tensor (``del lin.weight; lin.weight = w``), so the other side sees the
+      tensor that took its place, not a module without it.
     """
     now = dict(root.named_parameters())
     changed = []
@@ -306,23 +318,60 @@ def changes(
         old = before.get(name)
         same_value = old is not None and old[0] is p and torch.equal(old[1], p.detach())
         if not same_value:
-            shares = storages.get(p.untyped_storage().data_ptr()) if p.numel() else None
+            shared = storages.get(p.untyped_storage().data_ptr()) if p.numel() else None
+            shares = None if shared is None else [shared[0], *_view_in(p, shared[1])]
             replaced = old is None or old[0] is not p
             changed.append([name, p.detach(), p.requires_grad, replaced, shares])
-    removed = sorted(set(before) - set(now))
-    return (changed, removed) if changed or removed else None
+    removed, plain = [], []
+    for name in sorted(set(before) - set(now)):
+        value = _plain_tensor(root, name)
+        if value is None:
+            removed.append(name)
+        else:
+            plain.append([name, value.detach(), value.requires_grad])
+    return (changed, removed, plain) if changed or removed or plain else None
+
+
+def _view_in(p: torch.Tensor, base: torch.Tensor) -> tuple[int, list[int], list[int]]:
+    """Where ``p`` lies in the memory of ``base`` (which it shares): its offset from ``base``'s
+    first element, its size and its strides, in elements."""
+    return p.storage_offset() - base.storage_offset(), list(p.shape), list(p.stride())
+
+
+def _plain_tensor(root: nn.Module, name: str) -> torch.Tensor | None:
+    """The plain tensor that module ``root`` holds under a parameter's ``name``, if any.
+
+    Read from the owner's own attributes and buffers only: an attribute read that the module
+    forwards (a mirror's ``__getattr__``) would ask the other side while the reply is built.
+    """
+    try:
+        owner, attr = _owner(root, name)
+    except AttributeError:  # its submodule is gone too
+        return None
+    value = owner.__dict__.get(attr, owner._buffers.get(attr))
+    if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+        return value
+    return None
 
 
 def apply_changes(
-    root: nn.Module, changed: list[Any], removed: list[str], find: Callable[[str], Any]
+    root: nn.Module,
+    changed: list[Any],
+    removed: list[str],
+    plain: list[Any],
+    find: Callable[[str], Any],
 ) -> None:
     """Do to the mirror ``root`` what a call did to the module (see :func:`changes`).
 
-    ``find`` gives the tensor of this side that a ``shares`` name refers to.
+    ``find`` gives the tensor of this side that a ``shares`` name refers to. What the other
+    side sent is data to check, not to trust: a name that is not a parameter of the mirror's
+    tree, a value that is not a tensor or a view outside the shared tensor raises
+    :class:`~transformer_lab.judge.wire.WireError`.
     """
     with torch.no_grad():
         for name, value, requires_grad, replaced, shares in changed:
-            owner, attr = _owner(root, name)
+            owner, attr = _owned(root, name)
+            _tensor(value, name)
             current = owner._parameters.get(attr)
             if replaced or current is None or current.shape != value.shape:
                 owner.register_parameter(attr, nn.Parameter(value, bool(requires_grad)))
@@ -331,13 +380,62 @@ def apply_changes(
             else:
                 current.copy_(value)
             param = owner._parameters[attr]
-            if shares is not None and find(shares) is not None:
-                param.data = find(shares).data  # the same memory, as on the other side
+            view = _shared_view(shares, value, find) if shares is not None else None
+            if view is not None:
+                param.data = view  # the same memory, as on the other side
             if param.requires_grad != bool(requires_grad):
                 param.requires_grad_(bool(requires_grad))
         for name in removed:
-            owner, attr = _owner(root, name)
+            owner, attr = _owned(root, name)
             owner._parameters.pop(attr, None)
+        for name, value, requires_grad in plain:
+            owner, attr = _owned(root, name)
+            if not isinstance(owner._parameters.get(attr), nn.Parameter):
+                raise wire.WireError(f"{name!r} is not a parameter of the mirror")
+            _tensor(value, name)
+            del owner._parameters[attr]
+            tensor = value.requires_grad_(bool(requires_grad) and value.is_floating_point())
+            nn.Module.__setattr__(owner, attr, tensor)  # a plain attribute, as on the other side
+
+
+def _owned(root: nn.Module, name: Any) -> tuple[nn.Module, str]:
+    """:func:`_owner` of a parameter name the other side sent, checked."""
+    if not isinstance(name, str) or not name:
+        raise wire.WireError(f"a parameter's name must be text, not {type(name).__name__}")
+    try:
+        return _owner(root, name)
+    except AttributeError:
+        raise wire.WireError(f"no module of the mirror holds {name!r}") from None
+
+
+def _tensor(value: Any, name: str) -> None:
+    if type(value) is not torch.Tensor:
+        raise wire.WireError(f"the value of {name!r} must be a tensor, not {type(value).__name__}")
+
+
+def _shared_view(
+    shares: Any, value: torch.Tensor, find: Callable[[str], Any]
+) -> torch.Tensor | None:
+    """The view of this side's tensor that ``shares`` (``[name, offset, size, stride]``, see
+    :func:`changes`) describes, when it lies inside that tensor's memory and holds exactly
+    ``value`` (what the other side's parameter holds); None when it does not, and the mirror
+    keeps a copy of the values instead."""
+    if not (isinstance(shares, list) and len(shares) == 4 and isinstance(shares[0], str)):
+        raise wire.WireError("a shared parameter is [name, offset, size, stride]")
+    where, offset, size, stride = shares
+    base = find(where)
+    shape = [*size, *stride] if isinstance(size, list) and isinstance(stride, list) else []
+    if type(offset) is not int or not shape or any(type(n) is not int or n < 0 for n in shape):
+        raise wire.WireError(f"not a view: offset {offset!r}, size {size!r}, stride {stride!r}")
+    if not isinstance(base, torch.Tensor) or len(size) != len(stride) or not value.numel():
+        return None
+    start = base.storage_offset() + offset
+    last = start + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    elements = base.untyped_storage().nbytes() // base.element_size()
+    if base.dtype != value.dtype or start < 0 or last >= elements:
+        return None
+    view = base.detach().as_strided(size, stride, start)
+    return view if wire.same_bits(view, value) else None
 
 
 def sync_into(root: nn.Module, params: list[Any], modes: list[Any]) -> None:
