@@ -21,7 +21,7 @@ class OneMistake(NamedTuple):
     part: str  # the answer cell's grade id (the part's name)
     old: str
     new: str
-    says: str  # words of the judge's message in the feedback
+    says: str  # words that name the mistake in the judge's first message for it
 
 
 ONE_MISTAKE = {
@@ -29,37 +29,43 @@ ONE_MISTAKE = {
         "sinusoidal_encoding",
         "pe[:, 0::2] = torch.sin(angles)\n    pe[:, 1::2] = torch.cos(angles)",
         "pe[:, 0::2] = torch.cos(angles)\n    pe[:, 1::2] = torch.sin(angles)",
-        "sin",
+        "sin and cos are swapped",
     ),
     "02_self_attention": OneMistake(
-        "scaled_dot_product_attention", " / math.sqrt(q.shape[-1])", "", "scal"
+        "scaled_dot_product_attention", " / math.sqrt(q.shape[-1])", "", "without scaling"
     ),
     "03_multi_head_attention": OneMistake(
         "split_heads",
         "x.view(B, T, n_heads, D // n_heads).transpose(1, 2)",
         "x.reshape(B, n_heads, T, D // n_heads)",
-        "transpose",
+        "reshape(B, H, T, Dh) straight away",
     ),
     "04_transformer_block": OneMistake(
         "layer_norm",
         "(centred**2).mean(dim=-1, keepdim=True)",
         "x.var(dim=-1, keepdim=True)",
-        "biased",
+        "the unbiased variance",
     ),
     "05_masking": OneMistake(
         "causal_mask",
         "steps[None, :] <= steps[:, None]",
         "steps[None, :] >= steps[:, None]",
-        "s <= t",
+        "your mask is upper-triangular",
     ),
     "06_decoder_training": OneMistake(
-        "sequence_loss", "return -picked[real].sum() / real.sum()", "return -picked.mean()", "pad"
+        "sequence_loss",
+        "return -picked[real].sum() / real.sum()",
+        "return -picked.mean()",
+        "padding counts",
     ),
     "07_nlp_pipeline": OneMistake(
-        "apply_temperature", "return logits / t", "return logits * t", "divide"
+        "apply_temperature", "return logits / t", "return logits * t", "multiplied by t"
     ),
     "08_language_models": OneMistake(
-        "gpu_days", "flops / (peak_flops * utilization)", "flops / peak_flops", "utilization"
+        "gpu_days",
+        "flops / (peak_flops * utilization)",
+        "flops / peak_flops",
+        "ignore the utilization",
     ),
 }
 

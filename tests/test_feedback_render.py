@@ -1,6 +1,10 @@
 """A submission that makes one typical mistake, graded for real and rendered as its student
 sees it: the mistake's own cells lose their points and say why; every other part keeps its
-points, and a part built on the broken one says it was checked on PyTorch's stand-in.
+points, and a part built on the broken one says it was checked on PyTorch's stand-in. Every
+graded lab's page is rendered (``labs render --feedback``, one call) and screenshotted in headless
+Chromium: it opens with the table of the checks that did not pass, whose first row is a check of
+the mistake's own part, and that row and the first cell that lost points (in the notebook's order)
+both say the words that name the mistake (``OneMistake.says``).
 
 The submissions are ``one_mistake.ONE_MISTAKE`` (one per lab). CI grades the labs where a
 later part builds on the broken one (03: ``split_heads`` under ``MultiHeadAttention``; 06:
@@ -16,7 +20,6 @@ import html
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import nbformat
@@ -25,6 +28,7 @@ from conftest import GRADING_SANDBOX, NEEDS
 from one_mistake import ONE_MISTAKE, TRAINED_CELLS_MISTAKE, submission
 
 from transformer_lab.checks import spec
+from transformer_lab.grading.browser import browser
 from transformer_lab.grading.cli import main
 from transformer_lab.grading.grade import GradingOptions, grade_course
 from transformer_lab.grading.render import render_feedback
@@ -106,17 +110,64 @@ def test_one_mistake_costs_its_own_part_and_its_feedback_says_so(course: Path, l
         assert STAND_IN[lab] in page
 
 
-def test_labs_render_feedback_shows_the_pages(course: Path, tmp_path: Path) -> None:
-    written = render_feedback(course, tmp_path, students=[STUDENT], labs=LABS[:1])
-    page = tmp_path / STUDENT / f"{LABS[0]}.html"
-    assert (
-        page in written
-        and page.read_text()
-        == (course / "feedback" / STUDENT / LABS[0] / f"{LABS[0]}.html").read_text()
+def _failed_table(page: str) -> list[tuple[str, str]]:
+    """The failed-checks table a feedback page opens with: (check, what the grader said) per
+    row, as the reader sees them."""
+    table = re.search(r'<table class="tl-failed">(.*?)</table>', page, flags=re.S)
+    assert table, "the page does not open with the table of the checks that did not pass"
+    rows = re.findall(r"<tr><td>(.*?)</td><td[^>]*>.*?</td><td>(.*?)</td></tr>", table.group(1))
+    return [(_plain(check), _plain(said)) for check, said in rows]
+
+
+def _lost_cells(page: str) -> list[tuple[str, str]]:
+    """Each check cell of the page that lost points, in the page's (the notebook's) order: its
+    anchor and the message shown under its points."""
+    lost = []
+    points = re.compile(
+        r'<div class="tl-result"><span class="tl-points (tl-pass|tl-fail)">.*?</span>'
+        r'(?:<div class="tl-message">(.*?)</div>)?',
+        flags=re.S,
     )
-    chromium = shutil.which("chromium") or shutil.which("google-chrome")
-    if chromium:  # the page's screenshot
-        assert (tmp_path / STUDENT / f"{LABS[0]}.png").stat().st_size > 10_000
+    cells = re.findall(r'<a id="(check-[^"]+)"></a>(.*?)(?=<a id="check-|\Z)', page, flags=re.S)
+    for anchor, cell in cells:
+        result = points.search(cell)
+        if result and result.group(1) == "tl-fail":
+            lost.append((anchor, _plain(result.group(2) or "")))
+    return lost
+
+
+def _plain(markup: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", markup)).strip()
+
+
+def test_labs_render_feedback_shows_the_naming_message_at_the_first_lost_point(
+    course: Path, tmp_path: Path
+) -> None:
+    """Every graded lab's one-mistake page, rendered and screenshotted (one ``render_feedback``
+    call), opens with the failed-checks table whose first row is a check of the mistake's own
+    part saying the mistake's words, and the first cell that lost points, in the notebook's
+    order, says them under its points: the first message the student reads names the mistake."""
+    written = render_feedback(course, tmp_path, students=[STUDENT], labs=LABS)
+    chromium = browser()
+    for lab in LABS:
+        mistake = ONE_MISTAKE[lab]
+        page = tmp_path / STUDENT / f"{lab}.html"
+        assert page in written, (lab, written)
+        markup = page.read_text(encoding="utf-8")
+        assert markup == (course / "feedback" / STUDENT / lab / f"{lab}.html").read_text()
+        source = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+        own = {f"check-{g}" for g in spec.parts_of(source)[mistake.part]}
+        says = mistake.says.lower()
+        table = _failed_table(markup)
+        assert table, (lab, "no check lost points")
+        check, said = table[0]
+        assert f"check-{check}" in own and says in said.lower(), (lab, table[0])
+        lost = _lost_cells(markup)
+        assert lost and lost[0][0] == f"check-{check}", (lab, lost)
+        assert says in lost[0][1].lower(), (lab, lost[0])
+        if chromium:  # what the student sees: the page's top as an image
+            png = tmp_path / STUDENT / f"{lab}.png"
+            assert png in written and png.stat().st_size > 10_000, lab
     out = tmp_path / "cli"
     assert (
         main(["--repo", str(REPO), "render", "--feedback", str(course), "--out", str(out), LABS[0]])
