@@ -9,7 +9,7 @@ both say the words that name the mistake (``OneMistake.says``).
 The submissions are ``one_mistake.ONE_MISTAKE`` (one per lab). CI grades the labs where a
 later part builds on the broken one (03: ``split_heads`` under ``MultiHeadAttention``; 06:
 ``sequence_loss`` under ``TranslationModule``); ``TRANSFORMER_LAB_ALL_LABS=1``
-grades all eight (the run that was looked at, screenshot by screenshot). With lab 06, a second student's
+grades all eight (the run whose screenshots were looked at). With lab 06, a second student's
 under-trained translator (``one_mistake.TRAINED_CELLS_MISTAKE``) must lose exactly the cells the
 spec says, the trained-model cells included, which no in-process test reaches.
 """

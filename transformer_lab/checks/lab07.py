@@ -626,12 +626,12 @@ def judge_logits(
 def logits_input_kind(probe: Probe) -> str:
     """What sets a logits probe apart, in the check's words (for a call that raised on it)."""
     _, name, logits, arg, *_ = probe.args
-    vocab = logits.shape[-1]
+    n_tokens = logits.shape[-1]
     kinds = []
-    if name == "top_k_filter" and arg > vocab:
-        kinds.append(f"k above the vocabulary size (k={arg:g}, {vocab} tokens)")
-    elif name == "top_k_filter" and arg == vocab:
-        kinds.append(f"k equal to the vocabulary size ({vocab})")
+    if name == "top_k_filter" and arg > n_tokens:
+        kinds.append(f"k above the vocabulary size (k={arg:g}, {n_tokens} tokens)")
+    elif name == "top_k_filter" and arg == n_tokens:
+        kinds.append(f"k equal to the vocabulary size ({n_tokens})")
     if bool(torch.isneginf(logits).any()):
         kinds.append("logits that already hold -inf")
     if logits.dim() != 2:

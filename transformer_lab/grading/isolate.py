@@ -93,7 +93,8 @@ def run_bounded(func: Callable[[Any], Any], arg: Any, bounds: Bounds) -> Outcome
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(func, arg, bounds.memory_bytes, sender))
-    child.start()
+    with _children_allowed():
+        child.start()
     sender.close()
     try:
         if receiver.poll(bounds.seconds):
@@ -109,6 +110,27 @@ def run_bounded(func: Callable[[Any], Any], arg: Any, bounds: Bounds) -> Outcome
         if child.is_alive():
             _kill_tree(child.pid)
             child.join()
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Any:
+    """Let a daemonic process (a Dask worker under its nanny) start the child.
+
+    :mod:`multiprocessing` refuses children to a daemonic process because its termination would
+    orphan them; :func:`run_bounded` never leaves one behind (it joins the child, or kills it and
+    everything below it, before it returns), so the refusal does not apply here. The flag is
+    ``multiprocessing``'s own (``process._config``), set back as it was once the child started.
+    """
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemon = config.get("daemon")
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon is None:
+            config.pop("daemon", None)
+        else:
+            config["daemon"] = daemon
 
 
 def _received(receiver: Any, child: Any, bounds: Bounds) -> Outcome:

@@ -963,7 +963,7 @@ def hidden_check_gpt_param_count(fn: Callable[..., Any], seed: int = 0) -> None:
         sizes = (spec.n_layers, spec.d_model, spec.vocab_size, spec.n_ctx)
         calls.append(_count_call(fn, sizes, True))
     calls.append(_count_call(fn, (96, 12288, 50257, 2048), bias=False))
-    expect_counts(calls)
+    expect_counts(calls)  # (the visible check's own diagnosis, over the hidden calls)
 
 
 def hidden_check_training_flops(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -992,7 +992,7 @@ def hidden_check_kv_cache_bytes(fn: Callable[..., Any], seed: int = 0) -> None:
         got = run_scale(fn, args, kwargs, call)
         want = oracle_kv_cache_bytes(*args, **kwargs)
         calls.append((call, got, want, kv_mistakes(*args, **kwargs), None))
-    expect_counts(calls)
+    expect_counts(calls)  # (the visible check's own diagnosis, over the hidden calls)
 
 
 def hidden_check_gpu_days(fn: Callable[..., Any], seed: int = 0) -> None:
