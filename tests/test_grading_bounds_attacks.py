@@ -93,7 +93,7 @@ def _deep() -> Any:
     first = nb.cells.index(_cell(nb, "sinusoidal_encoding"))
     for cell in nb.cells:
         cell.metadata.pop("nbgrader", None)  # lost in a round trip: matched by similarity
-    filler = "#" + ("       x" * 20 + "\n") * 50  # 8 KB: a comment, quick to run
+    filler = ("#      " + "       x" * 19 + "\n") * 50  # 8 KB of comments, quick to run
     nb.cells[first:first] = [nbformat.v4.new_code_cell(filler) for _ in range(20)]
     return nb
 
@@ -181,7 +181,7 @@ def test_stalling_or_killing_the_grader_costs_only_the_attacker(
 
     # The repair: a deep notebook repaired and graded in full; too many cells, unmatched.
     deep = results["a_deep"]
-    assert deep["status"] == "graded" and deep["auto_score"] == 12.0, deep
+    assert deep["status"] == "graded" and deep["auto_score"] == 12.0, (deep["flags"], deep)
     assert any("restored the lost metadata" in line for line in deep["repairs"])
     many = results["a_many"]
     assert many["status"] == "unmatched" and many["auto_score"] is None
@@ -191,8 +191,12 @@ def test_stalling_or_killing_the_grader_costs_only_the_attacker(
     replies = results["b_replies"]
     assert replies["raw_auto_score"] == 0.0 and replies["auto_score"] == 0.0, replies
     assert "too much data" in _message(replies, "test_sinusoidal_encoding_shape")
-    for cell in ("test_sinusoidal_encoding_values", "test_relative_shift_matrix_hidden"):
-        assert f"holds more than {wire.MAX_ITEMS}" in _message(replies, cell), replies
+    assert f"holds more than {wire.MAX_ITEMS}" in _message(
+        replies, "test_sinusoidal_encoding_values"
+    ), replies
+    # a hidden cell says it in fixed words (the wire's own text is not shown there)
+    hidden = _message(replies, "test_relative_shift_matrix_hidden")
+    assert "got no usable answer from your notebook" in hidden, replies
 
     # The grader's own failures: the submission's record says what happened, one line each.
     killed, oom = results["c_killed"], results["c_oom"]

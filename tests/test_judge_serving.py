@@ -9,6 +9,7 @@ a fresh loop with their points. Through ``labs grade`` in the sandbox (lab 01).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -22,9 +23,13 @@ TIMEOUT = 15  # seconds per cell: lab 01's slowest cell takes ~4 s on a loaded 2
 
 # The first call made by the judge (its module is then in the notebook's namespace) never
 # returns; the kernel's own calls, and every later call, are correct.
+# (Found without globals() or sys.modules, which the grader flags for review.)
+STALLED = "_STALLED = []\n"
 STALL_ONCE = """\
-    if "_tl_judge" in globals() and not globals().get("_stalled"):
-        globals()["_stalled"] = True
+    import traceback
+    judged = any(frame.name == "serve_loop" for frame in traceback.extract_stack())
+    if judged and not _STALLED:
+        _STALLED.append(True)
         while True:
             pass
 """
@@ -41,7 +46,7 @@ def _submission() -> nbformat.NotebookNode:
     )
     head, marker, body = cell.source.partition("    ### BEGIN SOLUTION\n")
     assert marker, "the answer cell's solution marker moved"
-    cell.source = head + marker + STALL_ONCE + body
+    cell.source = STALLED + head + marker + STALL_ONCE + body
     return nb
 
 
@@ -51,7 +56,8 @@ def test_a_call_that_never_returns_costs_only_its_cell(tmp_path: Path) -> None:
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         notebook = gb.find_submission_notebook(LAB, LAB, "stall")
         grades = {g.name: (g.score, g.max_score) for g in notebook.grades}
-    assert grades["test_sinusoidal_encoding_shape"] == (0.0, 1.0), result
-    assert result["auto_score"] == result["auto_max"] - 1.0, result
+    assert result["status"] == "graded" and not result["flags"], json.dumps(result)[:3000]
+    assert grades["test_sinusoidal_encoding_shape"] == (0.0, 1.0), json.dumps(result)[:3000]
+    assert result["auto_score"] == result["auto_max"] - 1.0, json.dumps(result)[:3000]
     html = (course / "feedback" / "stall" / LAB / f"{LAB}.html").read_text()
     assert f"did not return within {TIMEOUT} s" in html

@@ -197,7 +197,7 @@ class JudgeSession:
     def request_reply(self, message: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         """:meth:`request`, with the whole reply beside the value."""
         out_of_time = JudgeError(
-            f"your code did not return within {self.timeout:.0f} s (the time of the whole "
+            f"{_OUT_OF_TIME}{self.timeout:.0f} s (the time of the whole "
             "judged cell, all its calls together)"
         )
         left = self.deadline - time.monotonic()
@@ -516,7 +516,10 @@ def _failure_kind(failure: BaseException, kernel_texts: set[str]) -> str:
     """The fixed words for one failure of a hidden check (see :func:`hidden_message`)."""
     if isinstance(failure, ForbiddenCallError):
         return str(failure).rstrip(".")  # worded from the ban the judge sent (refusal)
-    if isinstance(failure, JudgeError):
+    judge_error = _judge_error_in(failure)
+    if judge_error is not None:
+        if str(judge_error).startswith(_OUT_OF_TIME):  # the judge's own words, no student text
+            return str(judge_error)
         return (
             "the grader's judge got no usable answer from your notebook (a timeout, a kernel "
             "that died, or a reply that is not data)"
@@ -529,6 +532,21 @@ def _failure_kind(failure: BaseException, kernel_texts: set[str]) -> str:
     if not isinstance(failure, AssertionError):
         return "the check could not run on what your answer returned"
     return HIDDEN_FAILURE
+
+
+#: How the judge's own timeout begins (:meth:`JudgeSession.request_reply`, the sandbox's link).
+_OUT_OF_TIME = "your code did not return within "
+
+
+def _judge_error_in(failure: BaseException) -> JudgeError | None:
+    """The :class:`JudgeError` behind ``failure`` (itself, or the cause a check re-raised it
+    with, as a call that raised on a kind of input), if any."""
+    seen: BaseException | None = failure
+    for _ in range(16):  # (a chain the checks build is two or three long)
+        if seen is None or isinstance(seen, JudgeError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _raised(failure: BaseException) -> str:
