@@ -37,6 +37,7 @@ OUT_OF_REACH = {
     "greedy_decode": "takes a model",
     "generate": "takes a model",
     "beam_search": "takes a model's step function",
+    "combine_masks": "takes boolean masks only, whose structure (causal) no redraw keeps",
 }
 
 

@@ -8,22 +8,30 @@ visible cell, it also calls the student's function on inputs drawn now, from a s
 (``os.urandom``), one drawn case for each of the first calls the check made:
 
 * each call the check made to a function of the notebook whose part's spec names a kit function
-  of the same name (``parts.<name>.kit``) is a *template*;
+  of the same name (``parts.<name>.kit``) is a *template*, recorded with the student's answer;
 * its inputs are redrawn keeping their structure: float and integer tensors get fresh values
-  in the range the check's own had (same shape and dtype), strings are shuffled, positive
-  integer sizes are doubled, and failing that boolean tensors are redrawn or positive floats
-  scaled (:data:`_LADDER`, least change first);
+  in the range the check's own had (same shape and dtype), a text's words are put in a new
+  order, positive integer sizes are all multiplied by 2 (or 3), and failing those positive
+  floats are scaled (:data:`_LADDER`, least change first);
 * the kit's own implementation, run here in the grader and never sent to the kernel, is the
   oracle: a draw on which it raises, or gives a value less finite than on the check's inputs,
   is replaced by the next; a part whose kit answer differs twice on the same input (it draws
   random numbers) is skipped, as is a call with anything else than plain data among its inputs
   (a model, a function, an object of the student's);
-* the student's answer must match the kit's in kind and shape, and in value at the lab's
-  ``float32`` tolerance of its spec (``[tolerance]``).
+* the student's answer must match the kit's in kind (float, integer, bool), shape and length,
+  and in value at the lab's ``float32`` tolerance of its spec (``[tolerance]``; half-precision
+  results at 16 times their eps; integers exactly).
+
+A drawn case judges only what its cell judged on the check's own calls (:func:`agreement`):
+where one of the student's answers there already differed from the kit's in value (and the cell
+passed it: a shape check, a check of the loops' form), the drawn cases compare kind and shape
+only; where one differed in those too, nothing is drawn. So a catalogued mistake still costs exactly the cells its spec names, and an
+answer that returns the stored values for the stored inputs (a table looked up) fails.
 
 Out of reach: classes (``MultiHeadAttention``, ``CharTokenizer``) and their methods, whose
 answers are per instance; functions taking models or functions (``greedy_decode``,
-``generate``). Their visible points rest on the worked examples and the hidden checks.
+``generate``); functions of boolean masks only (``combine_masks``: no redraw keeps a causal
+mask causal). Their visible points rest on the worked examples and the hidden checks.
 """
 
 from __future__ import annotations
@@ -45,10 +53,24 @@ import torch
 from transformer_lab.checks.spec import all_specs
 from transformer_lab.graded import KIT_ORIGINALS, is_locked
 
-__all__ = ["DRAWN_PER_CELL", "Call", "Drawn", "DrawnMismatchError", "Recorder", "kit_answer"]
+__all__ = [
+    "DRAWN_PER_CELL",
+    "RECORDED_PER_CELL",
+    "Call",
+    "Drawn",
+    "DrawnMismatchError",
+    "Recorder",
+    "agreement",
+    "draw",
+    "judge",
+    "kit_answer",
+]
 
 #: How many of a cell's recorded calls get one drawn case each (the first distinct ones).
 DRAWN_PER_CELL = 3
+#: How many distinct calls of a cell are recorded: what the cell judged is read from all of
+#: them (:func:`agreement`), the drawn cases from the first :data:`DRAWN_PER_CELL`.
+RECORDED_PER_CELL = 16
 
 #: The tolerance of a part whose lab's spec names no ``float32`` one.
 _DEFAULT_TOL = 1e-4
@@ -60,11 +82,12 @@ _LADDER: tuple[frozenset[str], ...] = (
     frozenset({"tensors"}),
     frozenset({"tensors", "ints"}),
     frozenset({"ints"}),
-    frozenset({"tensors", "bools"}),
-    frozenset({"bools"}),
     frozenset({"floats"}),
     frozenset({"ints", "floats"}),
 )
+
+#: A call whose answer has not come back (it raised, or is still running).
+_UNANSWERED: Any = object()
 
 #: Values kept as they are in a drawn case (and allowed in a template's inputs).
 _CONSTANTS = (type(None), torch.dtype, torch.device)
@@ -82,6 +105,8 @@ class Call:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     ban: dict[str, Any] | None = None
+    #: the student's answer to it, as data (:meth:`Recorder.answered`)
+    got: Any = _UNANSWERED
 
 
 @dataclass
@@ -100,17 +125,28 @@ class Recorder:
     drawn: list[Drawn] = field(default_factory=list)
     _keys: set[Any] = field(default_factory=set)
 
-    def record(self, handle: int, args: Sequence[Any], kwargs: dict[str, Any], ban: Any) -> None:
+    def record(
+        self, handle: int, args: Sequence[Any], kwargs: dict[str, Any], ban: Any
+    ) -> Call | None:
+        """Record a call about to be made; the record, for :meth:`answered`, or None (not a
+        watched function, not plain data, one seen already, or enough recorded)."""
         name = self.watched.get(handle)
-        if name is None or len(self.calls) >= DRAWN_PER_CELL:
-            return
+        if name is None or len(self.calls) >= RECORDED_PER_CELL:
+            return None
         if not (_plain(list(args)) and _plain(kwargs)):
-            return
+            return None
         call = Call(name, tuple(_copy(list(args))), _copy(dict(kwargs)), ban)
         key = (name, _key(call.args), _key(call.kwargs))
-        if key not in self._keys:
-            self._keys.add(key)
-            self.calls.append(call)
+        if key in self._keys:
+            return None
+        self._keys.add(key)
+        self.calls.append(call)
+        return call
+
+    def answered(self, call: Call | None, value: Any) -> None:
+        """What the student's function returned for the recorded ``call``."""
+        if call is not None and _plain(value):
+            call.got = _copy(value)
 
 
 @dataclass
@@ -119,6 +155,10 @@ class Drawn:
 
     call: Call
     expected: Any
+    #: ``"values"``: the answer must match the kit's (the student's did on the check's own
+    #: calls); ``"structure"``: only its kind, shape and length (the cell passed answers
+    #: whose values differ from the kit's: what it judges is not the values)
+    level: str = "values"
 
     def describe(self) -> str:
         """The call as the student would write it, tensors by dtype and shape."""
@@ -151,9 +191,36 @@ def kit_answer(name: str) -> tuple[Callable[..., Any], float, float] | None:
     return None
 
 
-def draw(call: Call, seed: int) -> Drawn | None:
-    """A drawn case of ``call`` from ``seed``, or None where none can be drawn (the kit
-    raises on the check's own inputs, draws random numbers, or every draw fails)."""
+def agreement(calls: Sequence[Call], seed: int) -> str | None:
+    """What a passed cell judged of the answers to its recorded ``calls``, read from how they
+    agree with the kit's: ``"values"`` (all of them match the kit's), ``"structure"`` (some
+    differ in value only: the cell judges shapes, a loop's form ...), or None (some differ in
+    kind or shape too, or none can be compared: the cell judges something else)."""
+    levels = set()
+    for call in calls:
+        found = kit_answer(call.name)
+        if found is None or call.got is _UNANSWERED:
+            continue
+        kit, atol, rtol = found
+        try:
+            original = _run_kit(kit, call, seed)
+        except Exception:  # a case the check expects to raise: nothing to compare
+            continue
+        if not difference(call.got, original, atol, rtol):
+            levels.add("values")
+        elif not difference(call.got, original, atol, rtol, values=False):
+            levels.add("structure")
+        else:
+            return None
+    if not levels:
+        return None
+    return "structure" if "structure" in levels else "values"
+
+
+def draw(call: Call, seed: int, level: str = "values") -> Drawn | None:
+    """A drawn case of ``call`` from ``seed``, judged at ``level`` (:func:`agreement`), or
+    None where none can be drawn (the kit raises on the check's own inputs, draws random
+    numbers, or every draw fails)."""
     found = kit_answer(call.name)
     if found is None:
         return None
@@ -179,7 +246,7 @@ def draw(call: Call, seed: int) -> Drawn | None:
         if _key(expected) != _key(again):
             return None  # the kit draws random numbers: nothing to compare one call with
         if _finite(expected) or not _finite(original):
-            return Drawn(fresh, expected)
+            return Drawn(fresh, expected, level)
     return None
 
 
@@ -200,8 +267,13 @@ def judge(
         DrawnMismatchError: an answer that differs from the kit's on a drawn case, or raised.
     """
     seed = int.from_bytes(os.urandom(8), "little") >> 1
+    level = agreement(recorder.calls, seed)
+    if level is None:
+        return
     for index, call in enumerate(recorder.calls):
-        case = draw(call, seed + index)
+        if len(recorder.drawn) >= DRAWN_PER_CELL:
+            break
+        case = draw(call, seed + index, level)
         if case is None:
             continue
         what = case.describe()
@@ -218,7 +290,7 @@ def judge(
             raise DrawnMismatchError(_lead(what) + raised) from None
         found = kit_answer(call.name)
         assert found is not None  # (draw found it)
-        problem = difference(got, case.expected, found[1], found[2])
+        problem = difference(got, case.expected, found[1], found[2], values=case.level == "values")
         if problem:
             raise DrawnMismatchError(_lead(what) + problem)
 
@@ -229,14 +301,17 @@ def _lead(what: str) -> str:
     return f"Your answer matches the worked examples but not a case drawn at grading time: {what} "
 
 
-def difference(got: Any, want: Any, atol: float, rtol: float, where: str = "") -> str:
+def difference(
+    got: Any, want: Any, atol: float, rtol: float, where: str = "", values: bool = True
+) -> str:
     """What differs between the student's value ``got`` and the kit's ``want`` ("" if none):
-    kind and shape exactly, float values at ``atol``/``rtol``, everything else exactly."""
+    kind, shape and length exactly; with ``values``, float values at ``atol``/``rtol`` and
+    everything else exactly too."""
     at = f" (in item {where})" if where else ""
     if type(want) is torch.Tensor:
-        return _tensor_difference(got, want, atol, rtol, at)
+        return _tensor_difference(got, want, atol, rtol, at, values)
     if isinstance(want, bool | str) or want is None:
-        if type(got) is type(want) and got == want:
+        if type(got) is type(want) and (got == want or not values):
             return ""
         return f"returned {_short(got)}, expected {_short(want)}{at}"
     if isinstance(want, int | float):
@@ -244,26 +319,26 @@ def difference(got: Any, want: Any, atol: float, rtol: float, where: str = "") -
             got = got.item()
         if not isinstance(got, int | float) or isinstance(got, bool):
             return f"returned {_kind(got)}, expected a number{at}"
+        if not values:
+            return ""
         if type(got) is int and type(want) is int:  # a count: exactly
             return "" if got == want else f"returned {got}, expected {want}{at}"
         if math.isclose(got, want, rel_tol=rtol, abs_tol=atol) or (got == want):
             return ""
         return f"returned {got:.6g}, expected {want:.6g}{at}"
-    if isinstance(want, list | tuple):
-        if not isinstance(got, list | tuple) or len(got) != len(want):
+    if isinstance(want, list | tuple | dict):
+        if not isinstance(got, type(want) if isinstance(want, dict) else list | tuple):
             return f"returned {_kind(got)}, expected {_kind(want)}{at}"
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            found = difference(g, w, atol, rtol, f"{where}[{i}]" if where else f"{i}")
+        if len(got) != len(want) or (isinstance(want, dict) and set(got) != set(want)):
+            return f"returned {_kind(got)}, expected {_kind(want)}{at}"
+        keys = list(want) if isinstance(want, dict) else range(len(want))
+        for k in keys:
+            inner = f"{where}[{k!r}]" if where or isinstance(want, dict) else f"{k}"
+            found = difference(got[k], want[k], atol, rtol, inner, values)
             if found:
                 return found
         return ""
-    if isinstance(want, dict):
-        if not isinstance(got, dict) or set(got) != set(want):
-            return f"returned {_kind(got)}, expected {_kind(want)}{at}"
-        for k in want:
-            found = difference(got[k], want[k], atol, rtol, f"{where}[{k!r}]")
-            if found:
-                return found
+    if not values:
         return ""
     with contextlib.suppress(Exception):
         if bool(got == want):
@@ -271,7 +346,9 @@ def difference(got: Any, want: Any, atol: float, rtol: float, where: str = "") -
     return f"returned {_kind(got)}, expected {_kind(want)}{at}"
 
 
-def _tensor_difference(got: Any, want: torch.Tensor, atol: float, rtol: float, at: str) -> str:
+def _tensor_difference(
+    got: Any, want: torch.Tensor, atol: float, rtol: float, at: str, values: bool
+) -> str:
     if type(got) is not torch.Tensor:
         return f"returned {_kind(got)}, expected {_kind(want)}{at}"
     if want.is_floating_point() and torch.finfo(want.dtype).bits < 32:
@@ -282,6 +359,8 @@ def _tensor_difference(got: Any, want: torch.Tensor, atol: float, rtol: float, a
         return f"returned shape {tuple(got.shape)}, expected {tuple(want.shape)}{at}"
     if _dtype_kind(got) != _dtype_kind(want):
         return f"returned dtype {got.dtype}, expected {want.dtype}{at}"
+    if not values:
+        return ""
     if not want.is_floating_point():
         bad = got.cpu() != want.cpu()
         if not bool(bad.any()):
@@ -399,8 +478,8 @@ class _Draw:
 
     def __call__(self, value: Any, top: bool = False) -> Any:
         """``value`` with what :attr:`how` names redrawn, its structure (shapes, dtypes) kept;
-        a string is shuffled only where it is an argument itself (``top``: a text, not a
-        token of a table)."""
+        a string's words are shuffled only where it is an argument itself (``top``: a text,
+        not a token of a table)."""
         how = self.how
         if type(value) is torch.Tensor:
             return _mutate_tensor(value, how, self.rng)
@@ -411,11 +490,11 @@ class _Draw:
         if type(value) is float:
             return value * self.float_factor if "floats" in how and value > 0 else value
         if type(value) is str:
-            if "strings" not in how or not top or len(value) < 2:
+            words = value.split(" ")
+            if "strings" not in how or not top or len(set(words)) < 2:
                 return value
-            chars = list(value)
-            self.shuffler.shuffle(chars)
-            return "".join(chars)
+            self.shuffler.shuffle(words)  # the same words (what a word's answer rests on)
+            return " ".join(words)
         if type(value) in (list, tuple):
             return type(value)(self(v) for v in value)
         if type(value) is dict:
@@ -427,11 +506,7 @@ def _mutate_tensor(t: torch.Tensor, how: frozenset[str], rng: torch.Generator) -
     """Fresh values of ``t``'s shape and dtype, in the range its own values span."""
     if t.numel() == 0:
         return t.clone()
-    if t.dtype == torch.bool:
-        if "bools" not in how:
-            return t.clone()
-        return torch.rand(t.shape, generator=rng) < 0.5
-    if "tensors" not in how:
+    if t.dtype == torch.bool or "tensors" not in how:  # (a mask's structure: kept)
         return t.clone()
     if t.is_floating_point():
         low, high = float(t.double().min()), float(t.double().max())

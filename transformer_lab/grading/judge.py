@@ -718,9 +718,13 @@ class Remote(wire.Reference):
         return {"$handle": self._handle}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._session.recorder is not None:
-            self._session.recorder.record(self._handle, args, kwargs, active_ban())
-        return _call_remote(self._session, self._handle, args, kwargs)
+        recorder = self._session.recorder
+        if recorder is None:
+            return _call_remote(self._session, self._handle, args, kwargs)
+        call = recorder.record(self._handle, args, kwargs, active_ban())  # (inputs as they go)
+        value = _call_remote(self._session, self._handle, args, kwargs)
+        recorder.answered(call, value)
+        return value
 
     def traced(
         self, *args: Any, **kwargs: Any
@@ -730,8 +734,8 @@ class Remote(wire.Reference):
         The operations are the kernel's report, as data: a structural check (a loop form, a
         matrix form) can only be measured where the code runs.
         """
-        if self._session.recorder is not None:
-            self._session.recorder.record(self._handle, args, kwargs, active_ban())
+        recorder = self._session.recorder
+        call = recorder.record(self._handle, args, kwargs, active_ban()) if recorder else None
         request = {
             "op": "call",
             "target": self._handle,
@@ -754,6 +758,8 @@ class Remote(wire.Reference):
             ]
         except (TypeError, ValueError):
             raise JudgeError("the kernel's report of its operations is not data") from None
+        if recorder is not None:
+            recorder.answered(call, value)
         return value, log
 
     def __getattr__(self, name: str) -> Any:
