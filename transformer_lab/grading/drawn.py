@@ -25,8 +25,9 @@ visible cell, it also calls the student's function on inputs drawn now, from a s
 A drawn case judges only what its cell judged on the check's own calls (:func:`agreement`):
 where one of the student's answers there already differed from the kit's in value (and the cell
 passed it: a shape check, a check of the loops' form), the drawn cases compare kind and shape
-only; where one differed in those too, nothing is drawn. So a catalogued mistake still costs exactly the cells its spec names, and an
-answer that returns the stored values for the stored inputs (a table looked up) fails.
+only; where one differed in those too, nothing is drawn. So a catalogued mistake still costs
+exactly the cells its spec names, and an answer that returns the stored values for the stored
+inputs (a table looked up) fails.
 
 Out of reach: classes (``MultiHeadAttention``, ``CharTokenizer``) and their methods, whose
 answers are per instance; functions taking models or functions (``greedy_decode``,
