@@ -45,6 +45,7 @@ from torch import nn
 from transformer_lab.checks._common import named_mistakes
 from transformer_lab.checks.spec import SpecError, all_specs
 from transformer_lab.graded import LockedAnswerError
+from transformer_lab.grading import drawn
 from transformer_lab.judge import mirror, wire
 from transformer_lab.judge.bans import ForbiddenCallError, active_ban, forwarded, refusal
 from transformer_lab.pysource import parse_python
@@ -153,13 +154,22 @@ _GRADER_HANDLES = itertools.count(1)
 class JudgeSession:
     """Requests to one kernel: replies decoded strictly; objects on each side behind handles."""
 
-    def __init__(self, link: Link, timeout: float, *, hidden: bool = False) -> None:
+    def __init__(
+        self, link: Link, timeout: float, *, hidden: bool = False, draws: bool = True
+    ) -> None:
         """``timeout``: seconds the whole judged cell may take, all its requests together (one
         deadline, from now: each exchange gets only the time left, and checks it while it
         waits). ``hidden``: the session judges a hidden test cell, whose message never carries
         the text of an exception raised in the kernel, nor anything else the answer produced
-        (see :func:`hidden_message`)."""
+        (see :func:`hidden_message`). ``draws``: a visible cell that passes is also judged on
+        cases drawn at grading time (:mod:`transformer_lab.grading.drawn`); off only in tests
+        that show what the worked examples alone would pass."""
         self.link, self.timeout, self.requests, self.hidden = link, timeout, 0, hidden
+        self.draws = draws and not hidden
+        #: The calls of the judged cell to the student's functions, while it runs.
+        self.recorder: drawn.Recorder | None = None
+        #: The cases drawn at grading time that the cell was judged on (a visible cell's).
+        self.drawn: list[drawn.Drawn] = []
         self.deadline = time.monotonic() + timeout
         #: The texts of the exceptions the kernel reported (a hidden cell's message drops them).
         self.kernel_texts: set[str] = set()
@@ -597,8 +607,12 @@ def _unchanged(last: torch.Tensor, param: torch.Tensor) -> bool:
     return last.shape == param.shape and last.dtype == param.dtype and torch.equal(last, param)
 
 
-def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> Any:
-    """Call the kernel's object ``handle``: the mirrors synced first, differentiable if asked."""
+def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any, ban: Any = ...) -> Any:
+    """Call the kernel's object ``handle``: the mirrors synced first, differentiable if asked.
+
+    ``ban``: what to send as the call's ban (a drawn case sends the one its template had);
+    by default the bans of the check's blocks running now.
+    """
     grads: list[torch.Tensor] = []
     request: dict[str, Any] = {
         "op": "call",
@@ -608,7 +622,8 @@ def _call_remote(session: JudgeSession, handle: int, args: Any, kwargs: Any) -> 
     }
     request["sync"] = session.sync(grads, reuse=not torch.is_grad_enabled())
     request["rng"] = session.encode(session.rng_for_call())
-    ban = active_ban()
+    if ban is ...:
+        ban = active_ban()
     if ban is not None:
         request["ban"] = ban
     if not grads or not torch.is_grad_enabled():
@@ -730,7 +745,13 @@ class Remote(wire.Reference):
         return {"$handle": self._handle}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call_remote(self._session, self._handle, args, kwargs)
+        recorder = self._session.recorder
+        if recorder is None:
+            return _call_remote(self._session, self._handle, args, kwargs)
+        call = recorder.record(self._handle, args, kwargs, active_ban())  # (inputs as they go)
+        value = _call_remote(self._session, self._handle, args, kwargs)
+        recorder.answered(call, value)
+        return value
 
     def traced(
         self, *args: Any, **kwargs: Any
@@ -740,6 +761,8 @@ class Remote(wire.Reference):
         The operations are the kernel's report, as data: a structural check (a loop form, a
         matrix form) can only be measured where the code runs.
         """
+        recorder = self._session.recorder
+        call = recorder.record(self._handle, args, kwargs, active_ban()) if recorder else None
         request = {
             "op": "call",
             "target": self._handle,
@@ -762,6 +785,8 @@ class Remote(wire.Reference):
             ]
         except (TypeError, ValueError):
             raise JudgeError("the kernel's report of its operations is not data") from None
+        if recorder is not None:
+            recorder.answered(call, value)
         return value, log
 
     def __getattr__(self, name: str) -> Any:
@@ -933,8 +958,11 @@ def judge_cell(
                     "cell that defines it first (and keep its name)."
                 )
                 return verdict
+        if session.draws:
+            session.recorder = _recorder(env, names, stand_ins)
         with forwarded():  # bans go to the kernel with each call; nothing of theirs runs here
             exec(compile(source, f"<test cell {grade_id}>", "exec"), env)  # trusted: solutions/
+        _judge_drawn(session)
         verdict.passed = True
     except AssertionError as exc:
         failure, verdict.message = exc, str(exc) or "the check failed"
@@ -945,6 +973,7 @@ def judge_cell(
         failure = exc
         verdict.message = f"The check could not run on your answer: {type(exc).__name__}: {exc}"
     finally:
+        session.recorder = None
         if stand_ins:
             _unbind(session)
         verdict.requests, verdict.seconds = session.requests, time.monotonic() - started
@@ -956,6 +985,36 @@ def judge_cell(
     if stand_ins:
         verdict.message = _on_stand_ins(verdict, names, stand_ins)
     return verdict
+
+
+def _recorder(env: dict[str, Any], names: list[str], stand_ins: dict[str, str]) -> drawn.Recorder:
+    """What records the cell's calls to the student's functions that the kit answers too (not
+    to a stand-in bound in place of a failed part: that is PyTorch's, not theirs)."""
+    watched = {
+        env[name]._handle: name
+        for name in names
+        if type(env.get(name)) is Remote and name not in stand_ins and drawn.kit_answer(name)
+    }
+    return drawn.Recorder(watched)
+
+
+def _judge_drawn(session: JudgeSession) -> None:
+    """A passed visible cell's drawn cases (:mod:`transformer_lab.grading.drawn`), each asked
+    of the student's function under the ban its template ran under.
+
+    Raises:
+        AssertionError: an answer that differs from the kit's on a drawn case.
+    """
+    recorder, session.recorder = session.recorder, None
+    if recorder is None or not recorder.calls:
+        return
+    handles = {name: handle for handle, name in recorder.watched.items()}
+
+    def ask(call: drawn.Call) -> Any:
+        return _call_remote(session, handles[call.name], call.args, call.kwargs, ban=call.ban)
+
+    session.drawn = recorder.drawn
+    drawn.judge(recorder, ask, passing=(JudgeError, ForbiddenCallError))
 
 
 class Judgements:
