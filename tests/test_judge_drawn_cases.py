@@ -162,6 +162,7 @@ def _drawn_inputs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def test_the_drawn_inputs_differ_between_two_gradings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(drawn.DRAW_SEED_ENV, raising=False)  # (conftest pins it for the others)
     first, second = _drawn_inputs(monkeypatch), _drawn_inputs(monkeypatch)
     assert len(first) == len(second)
     assert drawn._key(first) != drawn._key(second)
@@ -200,3 +201,13 @@ def test_a_hidden_cell_draws_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert judge_cell(cell, plan[cell]["source"], session).passed
     assert session.drawn == []
+
+
+def test_a_pinned_seed_draws_the_same_cases_and_a_bad_one_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(drawn.DRAW_SEED_ENV, "12345")
+    assert drawn._key(_drawn_inputs(monkeypatch)) == drawn._key(_drawn_inputs(monkeypatch))
+    monkeypatch.setenv(drawn.DRAW_SEED_ENV, "tuesday")
+    with pytest.raises(ValueError, match="TRANSFORMER_LAB_DRAW_SEED='tuesday' is not an integer"):
+        drawn.grading_seed()

@@ -192,6 +192,24 @@ def kit_answer(name: str) -> tuple[Callable[..., Any], float, float] | None:
     return None
 
 
+#: The environment variable that pins the drawn cases' seed (an integer): for reproducing one
+#: grading, and for the tests' contract that a catalogued mistake costs exactly its cells. The
+#: grader's environment is the instructor's, never the student's.
+DRAW_SEED_ENV = "TRANSFORMER_LAB_DRAW_SEED"
+
+
+def grading_seed() -> int:
+    """The seed of this grading's drawn cases: :data:`DRAW_SEED_ENV` where it is set, else drawn
+    now from ``os.urandom`` (a student cannot know it in advance)."""
+    pinned = os.environ.get(DRAW_SEED_ENV, "").strip()
+    if not pinned:
+        return int.from_bytes(os.urandom(8), "little") >> 1
+    try:
+        return int(pinned) & (2**62 - 1)
+    except ValueError:
+        raise ValueError(f"{DRAW_SEED_ENV}={pinned!r} is not an integer seed") from None
+
+
 def agreement(calls: Sequence[Call], seed: int) -> str | None:
     """What a passed cell judged of the answers to its recorded ``calls``, read from how they
     agree with the kit's: ``"values"`` (all of them match the kit's), ``"structure"`` (some
@@ -267,7 +285,7 @@ def judge(
     Raises:
         DrawnMismatchError: an answer that differs from the kit's on a drawn case, or raised.
     """
-    seed = int.from_bytes(os.urandom(8), "little") >> 1
+    seed = grading_seed()
     level = agreement(recorder.calls, seed)
     if level is None:
         return
