@@ -211,3 +211,39 @@ def test_a_pinned_seed_draws_the_same_cases_and_a_bad_one_is_named(
     monkeypatch.setenv(drawn.DRAW_SEED_ENV, "tuesday")
     with pytest.raises(ValueError, match="TRANSFORMER_LAB_DRAW_SEED='tuesday' is not an integer"):
         drawn.grading_seed()
+
+
+#: Lab 01's sinusoidal_encoding as a table lookup a student could write without importing or
+#: pasting anything the grader flags: honest on the sizes the visible checks call, zeros on any
+#: other size.
+LOOKUP_GUARD = """\
+    if (seq_len, d_model) not in {(4, 6), (5, 4), (6, 8), (3, 4), (12, 6), (3, 2), (2, 4)}:
+        return torch.zeros(seq_len, d_model)
+"""
+
+
+@pytest.mark.slow
+def test_labs_grade_takes_a_visible_cells_points_from_a_table_lookup(tmp_path: Path) -> None:
+    """The real ``labs grade`` (sandboxed where the tests require it): the lookup loses the
+    visible values cell, with the drawn case named, and is not flagged (a plain wrong answer);
+    its other answer keeps its points."""
+    from judge_support import grade_one
+
+    lab = "01_positional_encoding"
+    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    cell = next(
+        c
+        for c in nb.cells
+        if c.metadata.get("nbgrader", {}).get("grade_id") == "sinusoidal_encoding"
+    )
+    head, marker, body = cell.source.partition("    ### BEGIN SOLUTION\n")
+    assert marker, "the answer cell's solution marker moved"
+    cell.source = head + marker + LOOKUP_GUARD + body
+    result = grade_one(tmp_path / "course", "lookup", lab, nb)
+    assert result["status"] == "graded" and not result["flags"], result
+    values = result["verdicts"]["test_sinusoidal_encoding_values"]
+    assert values["score"] == 0.0, result
+    assert "not a case drawn at grading time: sinusoidal_encoding(" in values["message"]
+    for part in ("shape", "values", "hidden", "properties"):
+        verdict = result["verdicts"][f"test_relative_shift_matrix_{part}"]
+        assert verdict["score"] == verdict["max_score"], result
