@@ -107,3 +107,29 @@ def zeroing_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=No
         allowed = allowed * mask.to(q.dtype)
     weights = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)
     return weights @ v, weights
+
+
+def function_parts() -> list[tuple[str, str]]:
+    """(lab, part) for every graded part of every spec whose answer is a function (the
+    solution defines ``def part(``; classes answer per instance)."""
+    from transformer_lab.checks.spec import all_specs
+
+    found = []
+    for spec in all_specs():
+        nb = nbformat.read(str(REPO / "solutions" / spec.lab / f"{spec.lab}.ipynb"), 4)
+        source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        found += [(spec.lab, part) for part in spec.parts if f"def {part}(" in source]
+    return found
+
+
+def with_code_first_in_answer(
+    lab: str, part: str, code: str, *, before: str = ""
+) -> nbformat.NotebookNode:
+    """The solution of ``lab`` with ``code`` (indented for the function's body) run first in
+    ``part``'s answer, and ``before`` (module level) ahead of the answer cell's code."""
+    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == part)
+    head, marker, body = cell.source.partition("    ### BEGIN SOLUTION\n")
+    assert marker, f"{lab}'s {part} answer cell lost its solution marker"
+    cell.source = before + head + marker + code + body
+    return nb

@@ -16,9 +16,9 @@ from typing import Any
 
 import nbformat
 import pytest
-from judge_support import TRAINED_MODEL, InProcessKernel, answers_namespace
+from judge_support import TRAINED_MODEL, InProcessKernel, answers_namespace, function_parts
 
-from transformer_lab.checks.spec import all_specs, parts_of
+from transformer_lab.checks.spec import parts_of
 from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import JudgeSession, judge_cell
 
@@ -44,20 +44,7 @@ def constant(fn: Any) -> Any:
     return answer
 
 
-def _function_parts() -> list[tuple[str, str]]:
-    """(lab, part) for every graded part whose answer is a function (classes answer per
-    instance and are out of this test's reach)."""
-    found = []
-    for spec in all_specs():
-        nb = nbformat.read(str(REPO / "solutions" / spec.lab / f"{spec.lab}.ipynb"), 4)
-        source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-        for part in spec.parts:
-            if f"def {part}(" in source:
-                found.append((spec.lab, part))
-    return found
-
-
-@pytest.mark.parametrize(("lab", "part"), _function_parts(), ids=lambda v: str(v))
+@pytest.mark.parametrize(("lab", "part"), function_parts(), ids=lambda v: str(v))
 def test_a_constant_answer_fails_every_cell_of_its_part(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lab: str, part: str
 ) -> None:

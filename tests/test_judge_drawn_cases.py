@@ -18,9 +18,9 @@ from typing import Any
 import nbformat
 import pytest
 import torch
-from judge_support import TRAINED_MODEL, InProcessKernel, answers_namespace
+from judge_support import TRAINED_MODEL, InProcessKernel, answers_namespace, function_parts
 
-from transformer_lab.checks.spec import all_specs, parts_of
+from transformer_lab.checks.spec import parts_of
 from transformer_lab.grading import drawn
 from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import JudgeSession, judge_cell
@@ -39,19 +39,6 @@ OUT_OF_REACH = {
     "beam_search": "takes a model's step function",
     "combine_masks": "takes boolean masks only, whose structure (causal) no redraw keeps",
 }
-
-
-def _function_parts() -> list[tuple[str, str]]:
-    """(lab, part) for every graded part whose answer is a function (classes are out of
-    scope: their answers are per instance)."""
-    found = []
-    for spec in all_specs():
-        nb = nbformat.read(str(REPO / "solutions" / spec.lab / f"{spec.lab}.ipynb"), 4)
-        source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-        for part in spec.parts:
-            if f"def {part}(" in source:
-                found.append((spec.lab, part))
-    return found
 
 
 def _key(args: Any, kwargs: Any) -> Any:
@@ -116,13 +103,13 @@ def _visible_cells(lab: str, part: str) -> list[str]:
 
 def test_the_parts_out_of_reach_are_the_listed_ones() -> None:
     """A new graded function is either drawn for or listed (with its reason) above."""
-    functions = {part for _, part in _function_parts()}
+    functions = {part for _, part in function_parts()}
     assert set(OUT_OF_REACH) <= functions
     unanswered = {p for p in functions if drawn.kit_answer(p) is None}
     assert unanswered <= set(OUT_OF_REACH), unanswered
 
 
-@pytest.mark.parametrize(("lab", "part"), _function_parts(), ids=lambda v: str(v))
+@pytest.mark.parametrize(("lab", "part"), function_parts(), ids=lambda v: str(v))
 def test_a_table_lookup_fails_the_visible_cells_and_the_honest_answer_passes(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, lab: str, part: str
 ) -> None:
@@ -227,18 +214,10 @@ def test_labs_grade_takes_a_visible_cells_points_from_a_table_lookup(tmp_path: P
     """The real ``labs grade`` (sandboxed where the tests require it): the lookup loses the
     visible values cell, with the drawn case named, and is not flagged (a plain wrong answer);
     its other answer keeps its points."""
-    from judge_support import grade_one
+    from judge_support import grade_one, with_code_first_in_answer
 
     lab = "01_positional_encoding"
-    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
-    cell = next(
-        c
-        for c in nb.cells
-        if c.metadata.get("nbgrader", {}).get("grade_id") == "sinusoidal_encoding"
-    )
-    head, marker, body = cell.source.partition("    ### BEGIN SOLUTION\n")
-    assert marker, "the answer cell's solution marker moved"
-    cell.source = head + marker + LOOKUP_GUARD + body
+    nb = with_code_first_in_answer(lab, "sinusoidal_encoding", LOOKUP_GUARD)
     result = grade_one(tmp_path / "course", "lookup", lab, nb)
     assert result["status"] == "graded" and not result["flags"], result
     values = result["verdicts"]["test_sinusoidal_encoding_values"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from judge_support import grade_one
+from judge_support import grade_one, with_code_first_in_answer
 from nbgrader.api import Gradebook
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,16 +38,7 @@ pytestmark = pytest.mark.slow
 
 
 def _submission() -> nbformat.NotebookNode:
-    nb = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
-    cell = next(
-        c
-        for c in nb.cells
-        if c.metadata.get("nbgrader", {}).get("grade_id") == "sinusoidal_encoding"
-    )
-    head, marker, body = cell.source.partition("    ### BEGIN SOLUTION\n")
-    assert marker, "the answer cell's solution marker moved"
-    cell.source = STALLED + head + marker + STALL_ONCE + body
-    return nb
+    return with_code_first_in_answer(LAB, "sinusoidal_encoding", STALL_ONCE, before=STALLED)
 
 
 def test_a_call_that_never_returns_costs_only_its_cell(tmp_path: Path) -> None:
