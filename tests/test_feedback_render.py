@@ -46,7 +46,8 @@ STAND_IN = {
     "sequence_loss",
 }
 
-pytestmark = pytest.mark.slow
+# one worker grades the module's fixture once (xdist runs a module fixture once per worker)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("feedback_render")]
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,8 @@ LAB = "01_positional_encoding"
 STUB = "# YOUR CODE HERE\n    raise NotImplementedError()"
 TIMEOUT = 20  # seconds per cell: lab 01 cells take a few seconds even on a loaded machine
 
-pytestmark = pytest.mark.slow
+# one worker grades the module's fixture once (xdist runs a module fixture once per worker)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grading_pipeline")]
 
 
 def _release() -> nbformat.NotebookNode:
