@@ -133,3 +133,20 @@ def with_code_first_in_answer(
     assert marker, f"{lab}'s {part} answer cell lost its solution marker"
     cell.source = before + head + marker + code + body
     return nb
+
+
+def grade_class(
+    course: Path, lab: str, notebooks: dict[str, Any], *, budget: int = 200
+) -> dict[str, dict[str, Any]]:
+    """Hand in ``notebooks`` (student -> notebook) of ``lab`` and grade them all in one real,
+    sandboxed ``labs grade`` run (two jobs, 60 s cells); each student's result in its report."""
+    from transformer_lab.grading.cli import main
+
+    for student, nb in notebooks.items():
+        folder = course / "submitted" / student / lab
+        folder.mkdir(parents=True)
+        nbformat.write(nb, str(folder / f"{lab}.ipynb"))
+    grade = ["grade", "--course", str(course), "--jobs", "2", "--sandbox", "required"]
+    main(["--repo", str(REPO), *grade, "--timeout", "60", "--budget", str(budget)])
+    report = json.loads((course / "grading_report.json").read_text())
+    return {r["student"]: r for r in report["runs"][-1]["results"]}

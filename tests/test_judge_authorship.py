@@ -13,17 +13,16 @@ real ``labs grade`` in the bubblewrap sandbox, in one run beside the honest and 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
 from conftest import needs_bwrap
+from judge_support import grade_class
 
 from transformer_lab.checks.spec import all_specs, load, parts_of
 from transformer_lab.grading.authorship import python_cells, refused_parts
-from transformer_lab.grading.cli import main
 from transformer_lab.grading.integrity import scan_student_code
 from transformer_lab.grading.unreadable import review_flags
 
@@ -190,14 +189,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     course = tmp_path_factory.mktemp("authorship") / "course"
     notebooks = {name: _with_softmax(code) for name, (code, _) in REPLAYED.items()}
     notebooks |= {"honest": _notebook("solutions"), "untouched": _notebook("labs")}
-    for student, nb in notebooks.items():
-        folder = course / "submitted" / student / LAB
-        folder.mkdir(parents=True)
-        nbformat.write(nb, str(folder / f"{LAB}.ipynb"))
-    grade = ["grade", "--course", str(course), "--jobs", "2", "--sandbox", "required"]
-    main(["--repo", str(REPO), *grade, "--timeout", "60", "--budget", "300"])
-    report = json.loads((course / "grading_report.json").read_text())
-    return {r["student"]: r for r in report["runs"][-1]["results"]}
+    return grade_class(course, LAB, notebooks, budget=300)
 
 
 @pytest.mark.slow

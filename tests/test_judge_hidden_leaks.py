@@ -13,15 +13,13 @@ an honest student (12 / 12) and an untouched release (0):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
 from conftest import needs_bwrap
-
-from transformer_lab.grading.cli import main
+from judge_support import grade_class
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
@@ -99,14 +97,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, di
         "honest": _notebook("solutions"),
         "untouched": _notebook("labs"),
     }
-    for student, nb in notebooks.items():
-        folder = course / "submitted" / student / LAB
-        folder.mkdir(parents=True)
-        nbformat.write(nb, str(folder / f"{LAB}.ipynb"))
-    grade = ["grade", "--course", str(course), "--jobs", "2", "--sandbox", "required"]
-    main(["--repo", str(REPO), *grade, "--timeout", "60", "--budget", "200"])
-    report = json.loads((course / "grading_report.json").read_text())
-    return course, {r["student"]: r for r in report["runs"][-1]["results"]}
+    return course, grade_class(course, LAB, notebooks, budget=200)
 
 
 def _hidden(verdicts: dict[str, Any]) -> dict[str, Any]:
