@@ -76,6 +76,17 @@ GRADING_SANDBOX = "required" if HAVE_BWRAP else "off"
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason=NEEDS["bubblewrap"])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with a slow test first, each module's tests kept together and in order.
+
+    ``--dist loadscope`` hands each worker whole modules in collection order, so the longest
+    work (sandboxed gradings, trainings, fresh venvs) starts first and two workers finish
+    together instead of one running a long module alone at the end.
+    """
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     """Where ``$TRANSFORMER_LAB_NO_SKIP`` names a tool (CI), a test skipped for want of it fails."""

@@ -45,8 +45,7 @@ PNG = base64.b64encode(
     )
 ).decode()
 FAKE_BOX = "12 / 12 points: passed"
-# one worker grades the module's fixture once (xdist runs a module fixture once per worker)
-pytestmark = [pytest.mark.slow, needs_bwrap, pytest.mark.xdist_group("feedback_hostile")]
+pytestmark = [pytest.mark.slow, needs_bwrap]
 
 
 def _quoted(base: str) -> str:

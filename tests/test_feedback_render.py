@@ -46,8 +46,7 @@ STAND_IN = {
     "sequence_loss",
 }
 
-# one worker grades the module's fixture once (xdist runs a module fixture once per worker)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("feedback_render")]
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -70,8 +70,7 @@ EYE = "def relative_shift_matrix(offset, d_model, base=10000.0):\n    return tor
 #: How a hidden cell's message may go on (checks._common.CheckError's kinds).
 FIXED_WORDS = ("wrong shape", "wrong values", "not a tensor", "not finite", "wrong dtype")
 
-# one worker grades the module's fixture once (xdist runs a module fixture once per worker)
-pytestmark = [pytest.mark.slow, needs_bwrap, pytest.mark.xdist_group("hidden_leaks")]
+pytestmark = [pytest.mark.slow, needs_bwrap]
 
 
 def _notebook(folder: str) -> nbformat.NotebookNode:

@@ -153,8 +153,7 @@ ATTACKS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "leak": ("labs", [("answer", LEAK_FRAMES), ("end", LEAK_HISTORY)]),
 }
 
-# one worker grades the module's fixture once (xdist runs a module fixture once per worker)
-pytestmark = [pytest.mark.slow, needs_bwrap, pytest.mark.xdist_group("unscanned")]
+pytestmark = [pytest.mark.slow, needs_bwrap]
 
 
 def hidden(payload: str) -> str:

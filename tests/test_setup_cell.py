@@ -22,8 +22,7 @@ from transformer_lab.grading.student import build_student_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
-# one worker grades the module's fixture once (xdist runs a module fixture once per worker)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("setup_cell")]
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
