@@ -19,8 +19,9 @@
 * ``merge --course DIR GRADEBOOK ...``: merge gradebooks graded on other machines into
   ``DIR/gradebook.db``.
 * ``collect --lms moodle|canvas|blackboard|classroom ARCHIVE --lab LAB --course DIR
-  [--roster CSV]``: an LMS's "download all submissions" into ``DIR/submitted`` (every file
-  not placed is named with its reason; exit 1 if any).
+  [--roster CSV] [--drive-listing JSON]``: an LMS's "download all submissions" into
+  ``DIR/submitted`` (every file not placed is named with its reason; exit 1 if any); for
+  Classroom, Drive's listing of the folder places each file by its owner.
 * ``export --lms moodle|canvas --course DIR [--lab LAB ...] --out OUT``: the LMS's grade
   import CSV and feedback zip; nbgrader's feedback layout completed. ``--lms canvas-api
   --canvas-url URL --canvas-course ID --canvas-assignment LAB=ID [--canvas-grades]
@@ -145,6 +146,14 @@ def _lms_parsers(sub: argparse._SubParsersAction) -> None:
         "--roster", type=Path, default=None, help="id,first_name,last_name,email[,lms_id]"
     )
     col.add_argument("--timezone", default="UTC", help="zone of times written without one")
+    col.add_argument(
+        "--drive-listing",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="classroom: the Drive API's files.list of the assignment folder (owners): each "
+        "file is placed by its owner's e-mail, not its name (docs/grading.md)",
+    )
     ex = sub.add_parser("export", help="grades and feedback for an LMS's import")
     ex.add_argument(
         "--lms",
@@ -205,6 +214,7 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
             repo=repo,
             roster=roster,
             timezone=ns.timezone,
+            drive_listing=ns.drive_listing,
         )
         print(done.table())
         print(f"record:    {done.record}")
