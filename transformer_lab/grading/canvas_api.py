@@ -45,7 +45,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -300,8 +300,8 @@ class _Client:
 
     target: CanvasTarget
     token: str
+    token_env: str = TOKEN_ENV
     who: str = ""
-    sent: list[str] = field(default_factory=list)
 
     def call(
         self,
@@ -331,7 +331,6 @@ class _Client:
             headers["Content-Type"] = content_type
         request = urllib.request.Request(url, data=body, headers=headers, method=method)
         what = f"{method} {_short(url)}"
-        self.sent.append(what)
         try:
             with _OPENER.open(request, timeout=TIMEOUT_S) as answer:
                 return _Response(answer.status, dict(answer.headers.items()), answer.read())
@@ -351,7 +350,7 @@ class _Client:
         if exc.code == 401:
             return CanvasError(
                 f"{self.who}: Canvas answered 401 Unauthorized to {what}: the token in "
-                f"${TOKEN_ENV} (or --canvas-token-env) is not accepted (expired, revoked or "
+                f"${self.token_env} is not accepted (expired, revoked or "
                 f"of another Canvas){said}; stopped, nothing more sent",
                 fatal=True,
             )
@@ -538,7 +537,7 @@ def push_feedback(
     _write_json(out / PLAN, {"canvas": target.root, "course_id": target.course_id,
                              "dry_run": dry_run, "comments": plan})  # fmt: skip
     report.written.append(out / PLAN)
-    client = _Client(target, token)
+    client = _Client(target, token, token_env)
     stopped = ""
     for item, entry in zip(items, plan, strict=True):
         label = f"{item.student} {item.lab} (Canvas user {item.user_id})"
