@@ -324,7 +324,7 @@ def test_a_201_upload_answer_and_a_404_assignment(
 
 
 def test_bad_values_are_named(
-    course: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    course: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     monkeypatch.setenv("CANVAS_API_TOKEN", TOKEN)
     for url, said in (
@@ -335,6 +335,12 @@ def test_bad_values_are_named(
             push_feedback(course, tmp_path, CanvasTarget(url, COURSE_ID, {LAB1: ASSIGNMENT}))
     with pytest.raises(GradingError, match="--canvas-course 'abc'"):
         push_feedback(course, tmp_path, CanvasTarget("https://c.example", "abc", {LAB1: "1"}))
+    args = ["export", "--lms", "canvas-api", "--course", str(course), "--out", str(tmp_path),
+            "--canvas-assignment", f"01={ASSIGNMENT}"]  # fmt: skip
+    assert main([*args, "--canvas-course", COURSE_ID]) == 2  # no --canvas-url
+    assert main([*args, "--canvas-url", "https://c.example", "--canvas-course", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "needs --canvas-url" in err and "--canvas-course 'x' is not a Canvas course id" in err
     monkeypatch.delenv("CANVAS_API_TOKEN")
     with pytest.raises(GradingError, match=r"\$CANVAS_API_TOKEN is empty"):
         push_feedback(course, tmp_path, CanvasTarget("https://c.example", "1", {LAB1: "1"}))

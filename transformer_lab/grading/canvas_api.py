@@ -188,10 +188,13 @@ class Item:
 
 
 def _items(
-    course: Path, outcomes: list[Outcome], target: CanvasTarget, report: ExportReport
+    course: Path,
+    outcomes: list[Outcome],
+    target: CanvasTarget,
+    roster: Roster | None,
+    report: ExportReport,
 ) -> list[Item]:
     """What to send, per student and lab; a ``left out:`` line for each one not sent."""
-    roster = course_roster(course)
     items = []
     for o in outcomes:
         if o.lab not in target.assignments:
@@ -522,7 +525,7 @@ def push_feedback(
     roster = course_roster(course, roster)
     outcomes = course_outcomes(course, chosen, deadlines, roster=roster)
     report = ExportReport()
-    items = _items(course, outcomes, target, report)
+    items = _items(course, outcomes, target, roster, report)
     journal_path = course / LMS_DIR / JOURNAL
     everything = _read_journal(journal_path)
     scope = f"{target.root}|course {target.course_id}"
