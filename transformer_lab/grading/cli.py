@@ -19,10 +19,14 @@
 * ``merge --course DIR GRADEBOOK ...``: merge gradebooks graded on other machines into
   ``DIR/gradebook.db``.
 * ``collect --lms moodle|canvas|blackboard|classroom ARCHIVE --lab LAB --course DIR
-  [--roster CSV]``: an LMS's "download all submissions" into ``DIR/submitted`` (every file
-  not placed is named with its reason; exit 1 if any).
+  [--roster CSV] [--drive-listing JSON]``: an LMS's "download all submissions" into
+  ``DIR/submitted`` (every file not placed is named with its reason; exit 1 if any); for
+  Classroom, Drive's listing of the folder places each file by its owner.
 * ``export --lms moodle|canvas --course DIR [--lab LAB ...] --out OUT``: the LMS's grade
-  import CSV and feedback zip; nbgrader's feedback layout completed.
+  import CSV and feedback zip; nbgrader's feedback layout completed. ``--lms canvas-api
+  --canvas-url URL --canvas-course ID --canvas-assignment LAB=ID [--canvas-grades]
+  [--dry-run]``: each feedback page sent as a Canvas comment file, under its ``.html`` name
+  (token from ``$CANVAS_API_TOKEN``).
 * ``report --course DIR [LAB ...]``: the class report (HTML and CSV) in ``DIR/report``.
 
 Labs are named in full (``01_positional_encoding``) or by prefix (``01``).
@@ -40,6 +44,7 @@ from transformer_lab.grading.course import BUDGET_S, GradingError, find_repo
 
 if TYPE_CHECKING:
     from transformer_lab.grading.grade import SubmissionResult
+    from transformer_lab.grading.lms import Roster
 
 __all__ = ["main"]
 
@@ -141,8 +146,21 @@ def _lms_parsers(sub: argparse._SubParsersAction) -> None:
         "--roster", type=Path, default=None, help="id,first_name,last_name,email[,lms_id]"
     )
     col.add_argument("--timezone", default="UTC", help="zone of times written without one")
+    col.add_argument(
+        "--drive-listing",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="classroom: the Drive API's files.list of the assignment folder (owners): each "
+        "file is placed by its owner's e-mail, not its name (docs/grading.md)",
+    )
     ex = sub.add_parser("export", help="grades and feedback for an LMS's import")
-    ex.add_argument("--lms", required=True, choices=("moodle", "canvas"))
+    ex.add_argument(
+        "--lms",
+        required=True,
+        choices=("moodle", "canvas", "canvas-api"),
+        help="canvas-api: send each feedback page as a Canvas comment file (REST API)",
+    )
     ex.add_argument("--course", type=Path, required=True)
     ex.add_argument("--lab", action="append", default=None, help="only this lab (repeatable)")
     ex.add_argument("--out", type=Path, required=True, help="folder for the CSV and zip files")
@@ -152,7 +170,23 @@ def _lms_parsers(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="LAB=ID",
-        help="Canvas assignment id of a lab (the gradebook column 'LAB (ID)')",
+        help="Canvas assignment id of a lab (the gradebook column 'LAB (ID)'; canvas-api: "
+        "where its comments go)",
+    )
+    api = ex.add_argument_group("canvas-api (token from $CANVAS_API_TOKEN, never a flag)")
+    api.add_argument("--canvas-url", default=None, help="https://canvas.example.edu")
+    api.add_argument("--canvas-course", default=None, help="the Canvas course id")
+    api.add_argument(
+        "--canvas-grades", action="store_true", help="also post each grade (posted_grade)"
+    )
+    api.add_argument(
+        "--dry-run", action="store_true", help="write OUT/canvas-api-plan.json, send nothing"
+    )
+    api.add_argument(
+        "--canvas-token-env",
+        default="CANVAS_API_TOKEN",
+        metavar="NAME",
+        help="the environment variable holding the token (default CANVAS_API_TOKEN)",
     )
     rep = sub.add_parser("report", help="the class report: HTML page and CSV tables")
     rep.add_argument("--course", type=Path, required=True)
@@ -180,6 +214,7 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
             repo=repo,
             roster=roster,
             timezone=ns.timezone,
+            drive_listing=ns.drive_listing,
         )
         print(done.table())
         print(f"record:    {done.record}")
@@ -197,6 +232,8 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
                 raise GradingError(f"--canvas-assignment {item!r} is not LAB=NUMBER")
             ids[select_labs(repo, [lab])[0]] = number.strip()
         labs = select_labs(repo, ns.lab) if ns.lab else None
+        if ns.lms == "canvas-api":
+            return _canvas_api(ns, ids, labs, course_deadlines(repo), roster)
         done = export_grades(
             ns.course,
             ns.lms,
@@ -218,6 +255,43 @@ def _lms_command(repo: Path, ns: argparse.Namespace) -> int:
     for path in files:
         print(f"wrote {path}")
     return 0
+
+
+def _canvas_api(
+    ns: argparse.Namespace,
+    ids: dict[str, str],
+    labs: list[str] | None,
+    deadlines: dict,
+    roster: Roster | None,
+) -> int:
+    """``export --lms canvas-api``: one line per student; exit 1 if any was not sent."""
+    from transformer_lab.grading.canvas_api import CanvasTarget, push_feedback
+
+    for flag, value in (("--canvas-url", ns.canvas_url), ("--canvas-course", ns.canvas_course)):
+        if not value:
+            raise GradingError(f"--lms canvas-api needs {flag}")
+    target = CanvasTarget(ns.canvas_url, str(ns.canvas_course), ids, grades=ns.canvas_grades)
+    done, lines = push_feedback(
+        ns.course,
+        ns.out,
+        target,
+        labs=labs,
+        roster=roster,
+        dry_run=ns.dry_run,
+        token_env=ns.canvas_token_env,
+        deadlines=deadlines,
+    )
+    for path in done.written:
+        print(f"wrote {path}")
+    for line in lines:
+        print(line)
+    for line in done.left_out:
+        print(f"left out: {line}")
+    failed = sum(line.startswith(("FAILED", "not sent")) for line in lines)
+    if failed:
+        print(f"{failed} not sent: run the same command again to retry them (the others are "
+              "not sent twice)", file=sys.stderr)  # fmt: skip
+    return 1 if failed else 0
 
 
 def main(args: list[str]) -> int:

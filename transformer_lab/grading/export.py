@@ -31,7 +31,8 @@ report (:mod:`~transformer_lab.grading.results`):
    collected from Canvas: Canvas reads the first two all-digit parts as user and attachment id
    and ignores a file whose attachment is not that submission's; the file becomes a submission
    comment, which Canvas names after the submitted file, ``<lab>.ipynb``, whatever the zip
-   calls it).
+   calls it; ``--lms canvas-api``, :mod:`~transformer_lab.grading.canvas_api`, sends each page
+   through Canvas's REST API instead, under its ``.html`` name).
 3. nbgrader's own feedback layout for JupyterHub courses: ``labs grade`` already writes
    ``feedback/<student>/<lab>/<lab>.html`` (``GenerateFeedback``'s layout); nbgrader's
    ``release_feedback`` also needs ``timestamp.txt`` and ``submission_secret.txt`` beside it,

@@ -40,15 +40,20 @@ The file naming of each LMS (what ``FORMATS`` matches), read from the LMSs' own 
   attempt; both names may hold ``_``: the roster's ``lms_id`` (the user name) tells them apart.
 * Google Classroom: an assignment's Drive folder downloaded as a zip. Files students upload keep
   their own names; Classroom's "Make a copy for each student" names copies ``Student Name -
-  <title>``. The kit expects ``Student Name - <anything>`` and also accepts ``<anything> -
-  Student Name``.
+  <title>``. Drive's zip renames files of one name, ``<name> (1).<ext>``, ``(2)``... With
+  the Drive API's listing of that folder (``files.list`` with ``fields=files(id,name,owners(
+  emailAddress,displayName),modifiedTime,md5Checksum)``, saved as JSON: ``--drive-listing``),
+  each file is placed by its Drive **owner**'s e-mail, matched to the roster's ``email`` or
+  ``lms_id`` (a renamed ``(1)`` copy by its content's md5, where the listing has it); without
+  one the kit expects ``Student Name - <anything>`` and also accepts ``<anything> - Student
+  Name``.
 
 Identity and time come only from what the LMS wrote, never from a name a student chose: the
 LMS's part of an entry is its first part (Moodle's folder or prefix; Canvas's first
 ``_<user>_<attachment>_``; Blackboard's first ``_attempt_<time>``), and a student's upload is
 named after it, so an upload named like another student's entry stays the uploader's. Google
-Classroom's download says nothing about who uploaded a file: two files naming one student
-place neither (reported as ambiguous).
+Classroom's download says nothing about who uploaded a file: without Drive's listing of owners,
+two files naming one student place neither (reported as ambiguous).
 
 Blackboard names carry the submission time; the others do not, so for them the time is the
 archive entry's modification time (when the LMS wrote the file: Moodle and Canvas stamp each
@@ -81,6 +86,8 @@ from transformer_lab.grading.course import GradingError, read_notebook, select_l
 __all__ = [
     "FORMATS",
     "CollectReport",
+    "DriveFile",
+    "DriveListing",
     "LmsFormat",
     "Roster",
     "Student",
@@ -303,6 +310,15 @@ class Roster:
         said = " / ".join(repr(n) for n in names) + (f" (LMS id {lms_id})" if lms_id else "")
         return None, f"unknown student: {said} is not in the roster (add them, or their lms_id)"
 
+    def by_account(self, email: str) -> list[Student]:
+        """The students whose ``email`` (or ``lms_id``) is this account, exactly (any case)."""
+        key = email.strip().casefold()
+        if not key:
+            return []
+        return [
+            s for s in self.students if key in (s.email.strip().casefold(), s.lms_id.casefold())
+        ]
+
     @staticmethod
     def _unique(students: list[Student]) -> list[Student]:
         return list({s.id: s for s in students}.values())
@@ -311,6 +327,166 @@ class Roster:
 def _slug(name: str) -> str:
     """A student id made from an LMS name when there is no roster (``Jane Doe`` -> ``jane_doe``)."""
     return re.sub(r"[^a-z0-9]+", "_", _norm(name)).strip("_") or "unknown"
+
+
+# --------------------------------------------------------------------------------------
+# Google Drive's listing of a Classroom folder: who owns each file
+# --------------------------------------------------------------------------------------
+
+#: Drive's zip download renames files of one name: ``lab.ipynb``, ``lab (1).ipynb``, ...
+_DRIVE_COPY = re.compile(r"^(?P<stem>.+?) ?\((?P<n>\d+)\)(?P<ext>\.[^./ ]+)?$")
+
+
+@dataclass(frozen=True)
+class DriveFile:
+    """One file of a Drive ``files.list`` answer: its name, owner, time and content hash."""
+
+    id: str
+    name: str
+    owner: str
+    owner_name: str = ""
+    modified: dt.datetime | None = None
+    md5: str = ""
+
+
+class DriveListing:
+    """The Drive API's listing of a Classroom assignment folder: each file's owner.
+
+    Read from the JSON of ``files.list`` (``{"files": [...]}``), several pages of it (a list of
+    such answers, or ``{"pages": [...]}``) or a bare list of files; each file needs ``name``
+    and ``owners[].emailAddress``; ``modifiedTime`` and ``md5Checksum`` are used where present.
+    """
+
+    def __init__(self, files: list[DriveFile], path: Path) -> None:
+        self.path = path
+        self.by_name: dict[str, list[DriveFile]] = {}
+        for f in files:
+            self.by_name.setdefault(unicodedata.normalize("NFC", f.name), []).append(f)
+
+    @classmethod
+    def read(cls, path: Path) -> DriveListing:
+        """Read a saved ``files.list`` answer.
+
+        Raises:
+            GradingError: no such file, not JSON, or not a ``files.list`` answer (named).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise GradingError(f"--drive-listing {path} does not exist")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise GradingError(f"--drive-listing {path} is not JSON ({exc})") from exc
+        pages = data.get("pages", [data]) if isinstance(data, dict) else data
+        bare = isinstance(pages, list) and all(isinstance(p, dict) for p in pages)
+        if bare and pages and not any("files" in p for p in pages):
+            pages = [{"files": pages}]  # a bare list of files
+        if not isinstance(pages, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("files", []), list) for p in pages
+        ):
+            raise GradingError(
+                f"--drive-listing {path} is not the Drive API's files.list answer "
+                '({"files": [{"name": ..., "owners": [{"emailAddress": ...}]}, ...]})'
+            )
+        files = [cls._file(entry, path) for page in pages for entry in page.get("files", [])]
+        return cls(files, path)
+
+    @staticmethod
+    def _file(entry: Any, path: Path) -> DriveFile:
+        owners = entry.get("owners") if isinstance(entry, dict) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        emails = [o.get("emailAddress") for o in owners or [] if isinstance(o, dict)]
+        if not isinstance(name, str) or not emails or not all(emails):
+            raise GradingError(
+                f"--drive-listing {path}: the entry {json.dumps(entry)[:160]} has no name or no "
+                "owners[].emailAddress: list with fields=files(id,name,owners(emailAddress,"
+                "displayName),modifiedTime,md5Checksum)"
+            )
+        modified = None
+        if isinstance(entry.get("modifiedTime"), str):
+            try:
+                modified = dt.datetime.fromisoformat(entry["modifiedTime"].replace("Z", "+00:00"))
+            except ValueError:
+                modified = None
+        return DriveFile(
+            id=str(entry.get("id", "")),
+            name=name,
+            owner=str(emails[0]),
+            owner_name=str(owners[0].get("displayName") or ""),
+            modified=_utc(modified) if modified and modified.tzinfo else None,
+            md5=str(entry.get("md5Checksum") or "").lower(),
+        )
+
+    def find(self, rel: str, path: Path) -> tuple[DriveFile | None, str]:
+        """The listed file a downloaded one is, else ``None`` and why.
+
+        By name (Drive's zip adds `` (1)``, `` (2)`` to files of one name, in an order it does
+        not say), narrowed by the content's md5 where the listing has ``md5Checksum``: a name
+        several owners share, with nothing to tell them apart, is nobody's.
+        """
+        name = unicodedata.normalize("NFC", Path(rel).name)
+        candidates = list(self.by_name.get(name, []))
+        if (copy := _DRIVE_COPY.match(name)) is not None:
+            original = copy.group("stem") + (copy.group("ext") or "")
+            if len(self.by_name.get(original, [])) > 1:
+                candidates += self.by_name[original]
+        if not candidates:
+            return None, (
+                f"not in the Drive listing {self.path.name}: list the folder again after the "
+                "download (or it is not that folder's)"
+            )
+        if any(c.md5 for c in candidates):
+            digest = hashlib.md5(path.read_bytes()).hexdigest()
+            same = [c for c in candidates if c.md5 == digest]
+            if not same:
+                return None, (
+                    f"its content matches no file named {name!r} in the Drive listing "
+                    f"{self.path.name} (changed since it was listed? list the folder again)"
+                )
+            candidates = same
+        owners = sorted({c.owner.casefold() for c in candidates})
+        if len(owners) > 1:
+            return None, (
+                f"ambiguous: the Drive listing has {len(candidates)} files named like {name!r}, "
+                f"owned by {', '.join(owners)}, and Drive's zip renames them (' (1)', ' (2)') "
+                "in an order it does not say: list with md5Checksum in fields (docs/grading.md)"
+            )
+        latest = [c for c in candidates if c.modified is not None]
+        return (max(latest, key=lambda c: c.modified) if latest else candidates[0]), ""
+
+
+def _identify_owner(
+    item: Placed, rel: str, path: Path, listing: DriveListing, roster: Roster | None
+) -> str | None:
+    """Fill in whose ``item`` is from its Drive owner; return why it cannot be, or ``None``."""
+    found, why = listing.find(rel, path)
+    if found is None:
+        kind = "ambiguous" if why.startswith("ambiguous") else "not listed"
+        return item.skip(kind, why)
+    item.lms_id = found.owner
+    if found.modified is not None:
+        item.submitted = found.modified.isoformat(timespec="seconds")
+        item.time_source = "Drive listing"
+    owner = f"{found.owner}" + (f" ({found.owner_name})" if found.owner_name else "")
+    if roster is None:
+        item.student = _slug(found.owner.split("@")[0])
+        item.full_name, item.email = found.owner_name or found.owner, found.owner
+        return None
+    students = roster.by_account(found.owner)
+    if len(students) > 1:
+        ids = ", ".join(s.id for s in students)
+        return item.skip("ambiguous", f"ambiguous: the Drive owner {owner} is the e-mail or "
+                         f"lms_id of several roster students ({ids})")  # fmt: skip
+    if not students:
+        return item.skip(
+            "unknown student",
+            f"unknown student: owned in Drive by {owner}, who is not on the roster (add their "
+            "Google account as email or lms_id; a teacher's account owns only files passed "
+            "to them)",
+        )
+    _fill(item, students[0])
+    item.lms_id = found.owner
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -567,6 +743,7 @@ def collect(
     repo: Path,
     roster: Roster | None = None,
     timezone: str = "UTC",
+    drive_listing: Path | None = None,
 ) -> CollectReport:
     """Place an LMS's "download all submissions" into ``course/submitted/<student>/<lab>/``.
 
@@ -579,17 +756,23 @@ def collect(
         roster: maps the LMS's names and ids to course ids (without one, ids are made from
             the LMS's names and nobody is "unknown").
         timezone: zone of times without one (zip entry times, Blackboard's names).
+        drive_listing: Google Classroom only: the Drive API's ``files.list`` answer for the
+            assignment's folder (JSON): files are placed by their Drive owner's e-mail, not
+            by their names.
 
     Returns:
         A :class:`CollectReport` listing every file of the archive and what became of it.
 
     Raises:
-        GradingError: an unknown LMS, lab or zone, or a source that is neither a folder nor a
-            readable archive.
+        GradingError: an unknown LMS, lab or zone, a source that is neither a folder nor a
+            readable archive, a Drive listing for another LMS or one that cannot be read.
     """
     if lms not in FORMATS:
         raise GradingError(f"--lms {lms!r} is not one of {', '.join(FORMATS)}")
     fmt = FORMATS[lms]
+    if drive_listing is not None and lms != "classroom":
+        raise GradingError(f"--drive-listing {drive_listing} is for --lms classroom, not {lms}")
+    listing = DriveListing.read(drive_listing) if drive_listing is not None else None
     (lab,) = select_labs(repo, [lab])
     try:
         zone = ZoneInfo(timezone)
@@ -630,13 +813,23 @@ def collect(
             report.files.append(Placed(link, action="skipped", reason=reason, kind="link"))
         paths = sorted(p for p in extracted.rglob("*") if p.is_file() and not p.is_symlink())
         rels = [p.relative_to(extracted).as_posix() for p in paths]
+        if listing is not None and listing.path.resolve().is_relative_to(source):
+            # The listing saved inside the downloaded folder is the instructor's, not handed in.
+            own = listing.path.resolve().relative_to(source).as_posix()
+            kept = [(p, r) for p, r in zip(paths, rels, strict=True) if r != own]
+            paths, rels = [p for p, _ in kept], [r for _, r in kept]
         assignment = _blackboard_assignment(rels, fmt)
         candidates: dict[str, list[tuple[Placed, Path, dt.datetime | None]]] = {}
         for path, rel in zip(paths, rels, strict=True):
             item = Placed(rel)
             report.files.append(item)
             when = _submission_time(rel, path, source, fmt, times, zone, item)
-            if _screen(rel, fmt, collector, item, roster, assignment) is not None:
+            if listing is not None:
+                if _screen_owned(rel, path, listing, item, roster) is not None:
+                    continue
+                if item.time_source == "Drive listing":
+                    when = dt.datetime.fromisoformat(item.submitted)
+            elif _screen(rel, fmt, collector, item, roster, assignment) is not None:
                 continue
             kind, detail = _which_lab(path, lab, releases)
             if kind == "other":
@@ -653,7 +846,13 @@ def collect(
                 item.reason = "placed, but its graded cells match no lab's release"
             candidates.setdefault(item.student, []).append((item, path, when))
         for _student, found in candidates.items():
-            chosen = _choose(found, lab, by_name_only=fmt.name == "classroom")
+            why = (
+                f"all are owned by {found[0][0].lms_id} in Drive, and Classroom hands in every "
+                "attached file together"
+                if listing is not None
+                else ""
+            )
+            chosen = _choose(found, lab, by_name_only=fmt.name == "classroom", why=why)
             if chosen is not None:
                 _place(course, lab, *chosen, report=report)
     report.record = _write_record(course, report)
@@ -722,22 +921,46 @@ def _screen(
     return None
 
 
+def _screen_owned(
+    rel: str, path: Path, listing: DriveListing, item: Placed, roster: Roster | None
+) -> str | None:
+    """As :func:`_screen`, for a Classroom download with Drive's listing: the owner decides."""
+    reason = _identify_owner(item, rel, path, listing, roster)
+    if reason is not None:
+        return reason
+    name = Path(rel).name
+    if name.lower().endswith(ARCHIVE_EXTS):
+        return item.skip(
+            "archive", "an archive inside the archive: not opened; ask the student for the notebook"
+        )
+    if not name.lower().endswith(".ipynb"):
+        suffix = Path(name).suffix or "no extension"
+        return item.skip("not a notebook", f"not a notebook ({suffix}): only .ipynb is graded")
+    return None
+
+
 def _choose(
-    found: list[tuple[Placed, Path, dt.datetime | None]], lab: str, *, by_name_only: bool = False
+    found: list[tuple[Placed, Path, dt.datetime | None]],
+    lab: str,
+    *,
+    by_name_only: bool = False,
+    why: str = "",
 ) -> tuple[Placed, Path, dt.datetime | None] | None:
     """One student's notebook to place: the newest, as ``zip_collect`` keeps the newest.
 
     Without distinct times (two files handed in together) nothing is placed: the grader
     cannot know which one the student meant. Where the LMS names files by nothing but a name
     anyone can type (``by_name_only``: Google Classroom), two files naming one student are
-    both left out: either may be another student's upload named after them.
+    both left out: either may be another student's upload named after them; with Drive's
+    owners (``why`` says so), two files of one owner are still two attachments handed in
+    together.
     """
     if len(found) == 1:
         return found[0]
     names = ", ".join(item.file for item, _, _ in found)
     times = [when for _, _, when in found]
     if by_name_only or None in times or len(set(times)) < len(times):
-        why = (
+        why = why or (
             "the download does not say who uploaded which"
             if by_name_only
             else "no submission times to choose by"
