@@ -1,11 +1,15 @@
-"""``labs export --lms canvas-api`` against a fake Canvas on 127.0.0.1.
+"""``labs export --lms canvas-api`` against a fake Canvas on 127.0.0.1, through canvasapi.
 
-The fake implements what the kit calls, as Canvas documents it (``doc/api/file_uploads.md``,
-the Submissions and Submission Comments APIs): the comment-file upload (step 1 answers
-``upload_url``/``upload_params``; step 2 takes a multipart POST with ``file`` last and no
-token, and answers a redirect, or 201 with ``Location``; step 3 GETs it with the token) and
-the submission PUT with ``comment[text_comment]``, ``comment[file_ids][]`` and
-``submission[posted_grade]``. It stores what Canvas would store, and every request.
+The fake implements what the kit (canvasapi, on its behalf) calls, as Canvas documents it
+(``doc/api/file_uploads.md``, the Courses, Assignments, Submissions and Submission Comments
+APIs): ``GET`` of the course, the assignment and the student's submission; the comment-file
+upload (step 1 answers ``upload_url``/``upload_params``; step 2 takes a multipart POST with
+``file`` last and no token, and answers a redirect to the confirmation, which completes the
+upload and answers the file (canvasapi follows it without the token; the URL's ``uuid``
+identifies the upload), or inst-fs's 201 with the file's JSON); the submission PUT with
+``comment[text_comment]``, ``comment[file_ids][]`` and ``submission[posted_grade]``. A refused
+token is Canvas's 401 with ``WWW-Authenticate``. It stores what Canvas would store, and every
+request.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import email.parser
 import email.policy
 import json
 import re
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,8 +90,27 @@ class FakeCanvas:
             if auth:
                 return self.answer(h, 400, {"errors": [{"message": "token sent to the store"}]})
             return self.upload(h, int(path.rsplit("/", 1)[1]), body)
+        if m := re.fullmatch(r"/api/v1/files/(\d+)/create_success", path):
+            number = int(m.group(1))
+            if urllib.parse.parse_qs(urllib.parse.urlsplit(h.path).query) != {"uuid": ["x"]}:
+                return self.answer(h, 401, {"errors": [{"message": "bad uuid"}]})
+            self.files[number]["available"] = True
+            return self.answer(h, 200, self._file(number))
         if auth != f"Bearer {self.token}":
-            return self.answer(h, 401, {"errors": [{"message": "Invalid access token."}]})
+            return self.answer(h, 401, {"errors": [{"message": "Invalid access token."}]},
+                               authenticate=True)  # fmt: skip
+        if path == f"/api/v1/courses/{COURSE_ID}" and method == "GET":
+            return self.answer(h, 200, {"id": int(COURSE_ID), "name": "Transformers"})
+        if m := re.fullmatch(rf"/api/v1/courses/{COURSE_ID}/assignments/(\d+)", path):
+            if m.group(1) != ASSIGNMENT:
+                return self.answer(h, 404, {"errors": [{"message": "The specified resource "
+                                                       "does not exist."}]})  # fmt: skip
+            return self.answer(h, 200, {"id": int(ASSIGNMENT), "course_id": int(COURSE_ID)})
+        if (m := re.fullmatch(base, path)) and method == "GET":
+            if status := self.fail.get(("GET", m.group(2))):
+                return self.answer(h, status, {"errors": [{"message": "boom"}]})
+            return self.answer(h, 200, {"id": 5, "assignment_id": int(m.group(1)),
+                                        "user_id": int(m.group(2))})  # fmt: skip
         if m := re.fullmatch(base + "/comments/files", path):
             if status := self.fail.get(("POST", m.group(2))):
                 return self.answer(h, status, {"errors": [{"message": "boom"}]})
@@ -100,12 +124,6 @@ class FakeCanvas:
                 "upload_url": f"{self.url}/upload/{self._next}",
                 "upload_params": {"key": f"uploads/{self._next}", "filename": form["name"]},
             })  # fmt: skip
-        if m := re.fullmatch(r"/api/v1/files/(\d+)/create_success", path):
-            number = int(m.group(1))
-            self.files[number]["available"] = True
-            return self.answer(h, 200, self._file(number))
-        if m := re.fullmatch(r"/api/v1/files/(\d+)", path):
-            return self.answer(h, 200, self._file(int(m.group(1))))
         if (m := re.fullmatch(base, path)) and method == "PUT":
             if status := self.fail.get(("PUT", m.group(2))):
                 return self.answer(h, status, {"errors": [{"message": "boom"}]})
@@ -135,23 +153,37 @@ class FakeCanvas:
             "id": number, "display_name": pending["name"], "data": data, "available": False,
         }  # fmt: skip
         where = f"{self.url}/api/v1/files/{number}/create_success?uuid=x"
-        if self.upload_answer == 201:
+        if self.upload_answer == 201:  # inst-fs: the upload is complete, the file's JSON
             self.files[number]["available"] = True
-            return self.answer(h, 201, {}, location=f"{self.url}/api/v1/files/{number}")
+            return self.answer(h, 201, self._file(number), location=f"{self.url}/api/v1/files/"
+                               f"{number}")  # fmt: skip
         return self.answer(h, 301, None, location=where)
 
     def _file(self, number: int) -> dict[str, Any]:
         found = self.files[number]
-        return {"id": number, "display_name": found["display_name"], "size": len(found["data"])}
+        return {
+            "id": number,
+            "display_name": found["display_name"],
+            "size": len(found["data"]),
+            "url": f"{self.url}/files/{number}/download",
+        }
 
     @staticmethod
-    def answer(h: BaseHTTPRequestHandler, status: int, data: Any, location: str = "") -> None:
+    def answer(
+        h: BaseHTTPRequestHandler,
+        status: int,
+        data: Any,
+        location: str = "",
+        authenticate: bool = False,
+    ) -> None:
         payload = b"" if data is None else json.dumps(data).encode()
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(payload)))
         if location:
             h.send_header("Location", location)
+        if authenticate:  # Canvas's answer to a token it does not accept
+            h.send_header("WWW-Authenticate", 'Bearer realm="canvas-lms"')
         h.end_headers()
         h.wfile.write(payload)
 
@@ -214,9 +246,11 @@ def test_each_student_receives_an_html_page_comment_and_grade(
     assert canvas.grades == {_uid(sid): expected[sid] for sid in IDS}
     assert canvas.grades[_uid("s01")] != canvas.grades[_uid("s02")]
     assert sum(line.startswith("sent") for line in lines) == 4
-    # The token went to Canvas only: never to the file store, the plan, the journal, a line.
+    # The token went to Canvas's API only: never to the file store (nor to the confirmation,
+    # which canvasapi follows without it), the plan, the journal, a line.
     for request in canvas.requests:
-        assert (request["auth"] == "") == request["path"].startswith("/upload/")
+        untokened = request["path"].startswith("/upload/") or "create_success" in request["path"]
+        assert (request["auth"] == "") == untokened, request["path"]
     for text in [(tmp_path / "out" / PLAN).read_text(), (course / "lms" / JOURNAL).read_text(),
                  *lines, *report.left_out]:  # fmt: skip
         assert TOKEN not in text
@@ -281,7 +315,7 @@ def test_a_refused_token_is_named_and_stops(
     assert code == 1
     (failed,) = [line for line in out.out.splitlines() if line.startswith("FAILED")]
     assert "401 Unauthorized" in failed and "$CANVAS_API_TOKEN" in failed
-    assert "s01" in failed and f"/submissions/{_uid('s01')}/comments/files" in failed
+    assert "s01" in failed and f"GET {canvas.url}/api/v1/courses/{COURSE_ID}" in failed
     assert len(canvas.requests) == 1, "a refused token must stop the run"
     assert out.out.count("not sent      ") == 3
     assert TOKEN not in out.out + out.err
@@ -300,7 +334,7 @@ def test_one_students_500_leaves_the_others_done(
     del canvas.fail[("PUT", _uid("s02"))]
     before = len(canvas.requests)
     _, lines = push_feedback(course, tmp_path / "out", _target(canvas))
-    assert [r["method"] for r in canvas.requests[before:]] == ["PUT"]
+    assert [r["method"] for r in canvas.requests[before:] if r["method"] != "GET"] == ["PUT"]
     (comment,) = canvas.comments[_uid("s02")]
     assert comment["files"][0]["display_name"] == PAGE
 
@@ -320,7 +354,7 @@ def test_a_201_upload_answer_and_a_404_assignment(
     failed = [line for line in lines if line.startswith("FAILED")]
     assert len(failed) == 4, "a 404 is one student's: the others are tried"
     assert "404" in failed[0] and "no such course, assignment or student" in failed[0]
-    assert "/assignments/999/" in failed[0]
+    assert f"GET {canvas.url}/api/v1/courses/{COURSE_ID}/assignments/999" in failed[0]
 
 
 def test_bad_values_are_named(
@@ -357,3 +391,36 @@ def test_no_connection_is_one_line_and_stops(
     (failed,) = [line for line in lines if line.startswith("FAILED")]
     assert f"could not reach {url}" in failed
     assert sum(line.startswith("not sent") for line in lines) == 3
+
+
+def test_a_403_and_a_401_for_one_action_are_that_students_lines(
+    course: Path, canvas: FakeCanvas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """canvasapi's ``Forbidden`` and ``Unauthorized`` (a 401 without ``WWW-Authenticate``: the
+    token is good, this action is not allowed, e.g. a TA outside the student's section)."""
+    monkeypatch.setenv("CANVAS_API_TOKEN", TOKEN)
+    canvas.fail[("GET", _uid("s02"))] = 403
+    canvas.fail[("PUT", _uid("s03"))] = 401
+    _, lines = push_feedback(course, tmp_path / "out", _target(canvas))
+    failed = {line.split()[1]: line for line in lines if line.startswith("FAILED")}
+    assert sorted(failed) == ["s02", "s03"], lines
+    assert "403 to GET " in failed["s02"] and "(Canvas: boom)" in failed["s02"]
+    assert f"/submissions/{_uid('s02')}: the token's user may not" in failed["s02"]
+    assert f"401 to PUT {canvas.url}" in failed["s03"] and "for this student" in failed["s03"]
+    assert sorted(canvas.comments) == sorted(_uid(s) for s in IDS if s not in ("s02", "s03"))
+
+
+def test_without_canvasapi_the_command_names_the_install(
+    course: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("CANVAS_API_TOKEN", TOKEN)
+    monkeypatch.setitem(sys.modules, "canvasapi", None)  # import canvasapi: ImportError
+    code = main(
+        ["export", "--lms", "canvas-api", "--course", str(course), "--out", str(tmp_path),
+         "--canvas-url", "https://canvas.example.edu", "--canvas-course", COURSE_ID,
+         "--canvas-assignment", f"01={ASSIGNMENT}"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "needs canvasapi: pip install 'transformer-lab[lms]'" in err
+    assert not (tmp_path / PLAN).exists(), "nothing planned or sent without the library"

@@ -3,31 +3,37 @@
 Canvas's "Re-upload submissions" (the ``canvas`` export's feedback zip) names an attached page
 after the submitted file (``01_positional_encoding.ipynb``), so the student receives an HTML
 page under a notebook's name. Canvas's REST API keeps the name it is given: per student and
-lab, this module sends the feedback page as a submission-comment file, through Canvas's
-documented upload flow (``doc/api/file_uploads.md``, "Uploading via POST"):
+lab, this module sends the feedback page as a submission-comment file. It talks to Canvas
+through ``canvasapi`` (UCF Open's maintained client, on ``requests``; the ``lms`` extra):
 
-1. ``POST /api/v1/courses/:course/assignments/:assignment/submissions/:user/comments/files``
-   with ``name``, ``size``, ``content_type``: Canvas answers ``upload_url`` and
-   ``upload_params``;
-2. ``POST upload_url``, multipart, every ``upload_params`` field unchanged and then ``file``
-   last, *without* the token (the URL may be another host: S3, inst-fs);
-3. the upload's answer: a 3xx (GET its ``Location`` with the token to complete the upload), a
-   201 with ``Location`` (GET it for the file), or the file's JSON itself: its ``id``;
-4. ``PUT /api/v1/courses/:course/assignments/:assignment/submissions/:user`` with
-   ``comment[text_comment]`` (score and the checks that failed, in plain text),
-   ``comment[file_ids][]`` and, with ``--canvas-grades``, ``submission[posted_grade]``.
+1. ``Canvas(url, token).get_course(course).get_assignment(assignment)`` (once per run and
+   lab), then ``get_submission(user)``: ``GET .../submissions/:user``;
+2. canvasapi's ``Uploader`` (the upload ``Submission.upload_comment`` runs), Canvas's
+   documented flow (``doc/api/file_uploads.md``): ``POST .../submissions/:user/comments/files``
+   (name, size, ``text/html``), the page to the ``upload_url`` Canvas answers
+   (``upload_params`` unchanged, the file last, *without* the token), the confirmation: the
+   file's id;
+3. ``Submission.edit``: ``PUT .../submissions/:user`` with ``comment[text_comment]`` (score
+   and the checks that failed, in plain text), ``comment[file_ids][]`` and, with
+   ``--canvas-grades``, ``submission[posted_grade]``: one comment holding text and page.
+   (``upload_comment`` itself would attach the file to a comment of its own, text-less, and
+   the text would be a second comment: the upload is run here without that comment.)
 
 What it guarantees:
 
 * the token is read from an environment variable (``CANVAS_API_TOKEN`` by default), never from
   the command line, and is never written anywhere (not in errors, the plan or the journal); it
-  goes only to the ``--canvas-url`` host, and never over plain ``http`` except to this machine;
+  goes only to the ``--canvas-url`` host (canvasapi sends it to its base URL only, never
+  with the upload; ``requests`` drops it on a redirect to another host), and never over plain
+  ``http`` except to this machine;
 * a journal (``COURSE/lms/canvas-api-journal.json``) records each step as it completes: a
   re-run sends nothing for a student already done (a student whose page, comment or grade
   changed since is sent again), and a file uploaded before a failure is not uploaded twice;
 * a failure for one student (a 403, 404 or 500) is one line naming the student, the request
   and what Canvas said, and the others go on; a 401 (the token is refused) or no connection
-  to Canvas stops the run at once, with one line, since every further request would fail so;
+  to Canvas stops the run at once, with one line, since every further request would fail so
+  (canvasapi's ``InvalidAccessToken``; its ``Unauthorized``, a 401 for one action, is the
+  student's line);
 * ``--dry-run`` writes the plan (``OUT/canvas-api-plan.json``: per student, the requests, the
   comment's text, the file's name and size, the grade) and sends nothing.
 
@@ -41,11 +47,13 @@ import hashlib
 import ipaddress
 import json
 import os
-import urllib.error
+import re
+import shutil
+import tempfile
 import urllib.parse
-import urllib.request
-import uuid
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +74,6 @@ __all__ = [
 TOKEN_ENV = "CANVAS_API_TOKEN"
 JOURNAL = "canvas-api-journal.json"
 PLAN = "canvas-api-plan.json"
-TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -252,6 +259,7 @@ def _plan_entry(item: Item, target: CanvasTarget, state: str) -> dict[str, Any]:
         "text_comment": item.text,
         "posted_grade": item.grade or None,
         "requests": [
+            {"method": "GET", "url": target.root + path},
             {"method": "POST", "url": target.root + path + "/comments/files",
              "form": {"name": item.page_name, "size": item.page.stat().st_size,
                       "content_type": "text/html"}},
@@ -262,8 +270,13 @@ def _plan_entry(item: Item, target: CanvasTarget, state: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------
-# HTTP
+# Canvas, through canvasapi
 # --------------------------------------------------------------------------------------
+
+NO_CANVASAPI = (
+    "labs export --lms canvas-api needs canvasapi: pip install 'transformer-lab[lms]' "
+    "(or pip install 'canvasapi>=3.0')"
+)
 
 
 class CanvasError(Exception):
@@ -274,116 +287,147 @@ class CanvasError(Exception):
         self.fatal = fatal
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are Canvas's upload confirmations: handled by hand, with or without token."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
-@dataclass
-class _Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body.decode("utf-8") or "null")
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return None
+def _canvasapi() -> Any:
+    """The ``canvasapi`` package, or the ``pip install`` that brings it, in one line."""
+    try:
+        import canvasapi
+        import canvasapi.upload  # the upload flow, run without upload_comment's own comment
+    except ImportError as exc:
+        raise GradingError(NO_CANVASAPI) from exc
+    return canvasapi
 
 
 @dataclass
-class _Client:
-    """Requests to one Canvas: the token only to its host, every failure in one sentence."""
+class _Canvas:
+    """canvasapi's view of one Canvas: the course fetched once, each lab's assignment once.
+
+    Every call goes through :meth:`ask`, which turns canvasapi's and requests' exceptions into
+    one :class:`CanvasError` line naming the student, the request and what Canvas said.
+    """
 
     target: CanvasTarget
-    token: str
+    api: Any  # canvasapi.Canvas
     token_env: str = TOKEN_ENV
     who: str = ""
+    course: Any = None
+    assignments: dict[str, Any] = field(default_factory=dict)
 
-    def call(
-        self,
-        method: str,
-        url: str,
-        *,
-        form: list[tuple[str, str]] | None = None,
-        body: bytes | None = None,
-        content_type: str = "",
-        auth: bool = True,
-    ) -> _Response:
-        """One request; 2xx and 3xx are answers, anything else a :class:`CanvasError`."""
-        if url.startswith("/"):
-            url = self.target.root + url
-        headers = {"Accept": "application/json"}
-        if auth:
-            if urllib.parse.urlsplit(url).netloc != urllib.parse.urlsplit(self.target.root).netloc:
-                raise CanvasError(
-                    f"{self.who}: Canvas sent us to {_short(url)}, not {self.target.root}: "
-                    "the token is sent only to --canvas-url; nothing sent there"
-                )
-            headers["Authorization"] = f"Bearer {self.token}"
-        if form is not None:
-            body = urllib.parse.urlencode(form).encode()
-            content_type = "application/x-www-form-urlencoded"
-        if content_type:
-            headers["Content-Type"] = content_type
-        request = urllib.request.Request(url, data=body, headers=headers, method=method)
-        what = f"{method} {_short(url)}"
+    @classmethod
+    def connect(cls, target: CanvasTarget, token: str, token_env: str) -> _Canvas:
+        canvasapi = _canvasapi()
+        with warnings.catch_warnings():  # plain http: CanvasTarget.check allowed loopback only
+            warnings.simplefilter("ignore", UserWarning)
+            return cls(target, canvasapi.Canvas(target.root, token), token_env)
+
+    def submission(self, item: Item) -> Any:
+        """``get_course(...).get_assignment(...).get_submission(user)`` (course, lab cached)."""
+        t, api = self.target, self.target.root + "/api/v1"
+        if not item.user_id.isdigit():
+            raise CanvasError(f"{self.who}: Canvas user id {item.user_id!r} is not a number")
+        if self.course is None:
+            what = f"GET {api}/courses/{t.course_id}"
+            self.course = self.ask(what, lambda: self.api.get_course(int(t.course_id)))
+        number = t.assignments[item.lab]
+        if item.lab not in self.assignments:
+            what = f"GET {api}/courses/{t.course_id}/assignments/{number}"
+            found = self.ask(what, lambda: self.course.get_assignment(int(number)))
+            self.assignments[item.lab] = found
+        what = f"GET {t.root}{t.submission(item.lab, item.user_id)}"
+        return self.ask(what, lambda: self.assignments[item.lab].get_submission(int(item.user_id)))
+
+    def upload(self, submission: Any, item: Item) -> int:
+        """Canvas's 3-step comment-file upload (canvasapi's ``Uploader``); the file's id.
+
+        ``Submission.upload_comment`` runs this same ``Uploader`` and then PUTs a comment
+        holding the file alone; the file is uploaded here without that comment, so that one
+        PUT (:func:`_send`) attaches it to the comment with the text and grade. The page is
+        copied under the name Canvas is to show (the uploader sends the file's own name).
+        """
+        canvasapi = _canvasapi()
+        path = self.target.submission(item.lab, item.user_id)
+        what = f"POST {self.target.root}{path}/comments/files (then the page to its upload_url)"
+        with tempfile.TemporaryDirectory(prefix="canvas-api-") as tmp:
+            copy = Path(tmp) / item.page_name
+            shutil.copyfile(item.page, copy)
+            uploader = canvasapi.upload.Uploader(
+                submission._requester,  # the submission's own (its course, token, host)
+                path.removeprefix("/api/v1/") + "/comments/files",
+                str(copy),
+                content_type="text/html",
+            )
+            ok, answer = self.ask(what, uploader.start)
+        if not ok or not isinstance(answer, dict) or answer.get("id") is None:
+            raise CanvasError(f"{self.who}: Canvas's answer to {what} names no file{_said(answer)}")
+        return int(answer["id"])
+
+    def ask(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``; a failure becomes one :class:`CanvasError` line (fatal: stop the run)."""
+        canvasapi = _canvasapi()
+        import requests
+
         try:
-            with _OPENER.open(request, timeout=TIMEOUT_S) as answer:
-                return _Response(answer.status, dict(answer.headers.items()), answer.read())
-        except urllib.error.HTTPError as exc:
-            if 300 <= exc.code < 400:
-                return _Response(exc.code, dict(exc.headers.items()), exc.read())
-            raise self._http_error(exc, what) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            return call()
+        except canvasapi.exceptions.CanvasException as exc:
+            raise self._refused(exc, what) from None
+        except requests.ConnectionError as exc:
+            url = exc.request.url if exc.request is not None else self.target.root
             raise CanvasError(
-                f"{self.who}: could not reach {_host(url)} ({what}): {reason}",
-                fatal=auth,  # Canvas itself unreachable: so for everyone
+                f"{self.who}: could not reach {_host(url)} ({what}): {_reason(exc)}",
+                fatal=_host(url) == _host(self.target.root),  # Canvas itself: so for everyone
             ) from None
+        except (requests.RequestException, ValueError) as exc:  # e.g. an answer not JSON
+            # a ValueError's words are canvasapi's or the JSON parser's (no URL, no query)
+            why = str(exc)[:200] if isinstance(exc, ValueError) else type(exc).__name__
+            raise CanvasError(f"{self.who}: {what} failed: {why}") from None
 
-    def _http_error(self, exc: urllib.error.HTTPError, what: str) -> CanvasError:
-        said = _canvas_message(exc)
-        if exc.code == 401:
+    def _refused(self, exc: Exception, what: str) -> CanvasError:
+        """What Canvas's refusal means, with its own words; a token refused is fatal."""
+        errors = _canvasapi().exceptions
+        said = _said(getattr(exc, "message", ""))
+        if isinstance(exc, errors.InvalidAccessToken):
             return CanvasError(
                 f"{self.who}: Canvas answered 401 Unauthorized to {what}: the token in "
                 f"${self.token_env} is not accepted (expired, revoked or "
                 f"of another Canvas){said}; stopped, nothing more sent",
                 fatal=True,
             )
-        meaning = {
-            403: "the token's user may not do this in course "
-            f"{self.target.course_id} (a teacher's or TA's token is needed)",
-            404: f"no such course, assignment or student (course {self.target.course_id}: "
-            "check --canvas-course, --canvas-assignment and the student's Canvas user id)",
-        }.get(exc.code, "Canvas failed")
-        return CanvasError(f"{self.who}: Canvas answered {exc.code} to {what}: {meaning}{said}")
+        course = self.target.course_id
+        meanings = (
+            (errors.Unauthorized, "401", "the token's user may not do this for this student "
+             f"(in course {course}: a teacher's token, or a TA's whose sections include them)"),
+            (errors.RateLimitExceeded, "429", "too many requests: run the command again later"),
+            (errors.Forbidden, "403", "the token's user may not do this in course "
+             f"{course} (a teacher's or TA's token is needed)"),
+            (errors.ResourceDoesNotExist, "404", f"no such course, assignment or student (course "
+             f"{course}: check --canvas-course, --canvas-assignment and the student's Canvas "
+             "user id)"),
+        )  # fmt: skip
+        status, meaning = next(
+            ((status, meaning) for kind, status, meaning in meanings if isinstance(exc, kind)),
+            ("an error", "Canvas failed"),  # a 500, or another status canvasapi raises
+        )
+        return CanvasError(f"{self.who}: Canvas answered {status} to {what}: {meaning}{said}")
 
 
-def _canvas_message(exc: urllib.error.HTTPError) -> str:
-    """Canvas's own words (``{"errors": [{"message": ...}]}``), shortened; never headers."""
-    try:
-        data = json.loads(exc.read().decode("utf-8"))
-    except Exception:
-        return ""
-    errors = data.get("errors") if isinstance(data, dict) else None
-    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
-        return f" (Canvas: {str(errors[0].get('message', ''))[:200]})"
-    if isinstance(errors, dict):
-        return f" (Canvas: {json.dumps(errors)[:200]})"
-    return ""
+def _said(message: Any) -> str:
+    """Canvas's own words (``{"errors": [{"message": ...}]}``, or canvasapi's), shortened."""
+    if isinstance(message, str):
+        try:
+            message = json.loads(message)
+        except ValueError:
+            text = " ".join(message.split())
+            return f" (Canvas: {text[:200]})" if text and not text.startswith("<") else ""
+    if isinstance(message, dict):
+        message = message.get("errors") or message.get("message") or ""
+    if isinstance(message, list) and message and isinstance(message[0], dict):
+        message = message[0].get("message", "")
+    return f" (Canvas: {str(message)[:200]})" if message else ""
 
 
-def _short(url: str) -> str:
-    """A URL without its query (an upload URL's query may hold a signature)."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+def _reason(exc: Exception) -> str:
+    """Why a connection failed (``[Errno 111] Connection refused``), without the URL's query."""
+    found = re.search(r"\[Errno -?\d+\][^'\")]*", str(exc))
+    return found.group(0).strip() if found else type(exc).__name__
 
 
 def _host(url: str) -> str:
@@ -391,61 +435,26 @@ def _host(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _multipart(fields: list[tuple[str, str]], name: str, data: bytes) -> tuple[bytes, str]:
-    """multipart/form-data: ``fields`` in order, then the file last (as Canvas requires)."""
-    boundary = f"tl-{uuid.uuid4().hex}"
-    chunks = []
-    for key, value in fields:
-        head = f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
-        chunks.append(f"{head}{value}\r\n".encode())
-    quoted = name.replace('"', "%22")
-    chunks.append(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{quoted}"\r\n'
-        "Content-Type: text/html\r\n\r\n".encode()
-    )
-    chunks.append(data + f"\r\n--{boundary}--\r\n".encode())
-    return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
+def _send(canvas: _Canvas, item: Item, journal: dict[str, Any], save: Any) -> dict[str, Any]:
+    """Upload (unless the journal has the file) and attach it with the comment and grade.
 
-
-def _upload(client: _Client, item: Item, path: str) -> int:
-    """Steps 1 to 3 of Canvas's upload flow; return the new file's id."""
-    data = item.page.read_bytes()
-    form = [("name", item.page_name), ("size", str(len(data))), ("content_type", "text/html")]
-    start = client.call("POST", f"{path}/comments/files", form=form).json()
-    if not isinstance(start, dict) or not start.get("upload_url"):
-        raise CanvasError(f"{client.who}: Canvas's answer to POST {path}/comments/files has no "
-                          "upload_url")  # fmt: skip
-    params = start.get("upload_params") or {}
-    body, ctype = _multipart([(str(k), str(v)) for k, v in params.items()], item.page_name, data)
-    done = client.call("POST", str(start["upload_url"]), body=body, content_type=ctype, auth=False)
-    found = done.json()
-    if isinstance(found, dict) and found.get("id") is not None and done.status < 300:
-        return int(found["id"])
-    location = done.headers.get("Location") or done.headers.get("location")
-    if not location:
-        raise CanvasError(f"{client.who}: the upload's answer ({done.status}) names no file")
-    location = urllib.parse.urljoin(str(start["upload_url"]), location)
-    confirmed = client.call("GET", location).json()
-    if not isinstance(confirmed, dict) or confirmed.get("id") is None:
-        raise CanvasError(f"{client.who}: GET {_short(location)} did not return the file's id")
-    return int(confirmed["id"])
-
-
-def _send(client: _Client, item: Item, journal: dict[str, Any], save: Any) -> dict[str, Any]:
-    """Upload (unless the journal has the file) and attach it with the comment and grade."""
-    path = client.target.submission(item.lab, item.user_id)
-    entry = journal.setdefault(item.key(client.target), {})
+    One ``Submission.edit`` (``PUT .../submissions/:user``) makes one comment holding the text
+    and the file (``comment[text_comment]``, ``comment[file_ids][]``) and, with
+    ``--canvas-grades``, posts the grade (``submission[posted_grade]``).
+    """
+    entry = journal.setdefault(item.key(canvas.target), {})
     digest = item.digest()
     if entry.get("digest") != digest:
         entry.clear()
         entry["digest"] = digest
+    submission = canvas.submission(item)
     if entry.get("file_id") is None:
-        entry["file_id"] = _upload(client, item, path)
+        entry["file_id"] = canvas.upload(submission, item)
         save()
-    form = [("comment[text_comment]", item.text), ("comment[file_ids][]", str(entry["file_id"]))]
-    if item.grade:
-        form.append(("submission[posted_grade]", item.grade))
-    client.call("PUT", path, form=form)
+    comment = {"text_comment": item.text, "file_ids": [entry["file_id"]]}
+    grade = {"submission": {"posted_grade": item.grade}} if item.grade else {}
+    what = f"PUT {canvas.target.root}{canvas.target.submission(item.lab, item.user_id)}"
+    canvas.ask(what, lambda: submission.edit(comment=comment, **grade))
     entry["state"] = "done"
     save()
     return entry
@@ -522,6 +531,7 @@ def push_feedback(
             f"${token_env} is empty: put a Canvas API token there (Account > Settings > New "
             "access token); it is never read from the command line"
         )
+    canvas = None if dry_run else _Canvas.connect(target, token, token_env)
     roster = course_roster(course, roster)
     outcomes = course_outcomes(course, chosen, deadlines, roster=roster)
     report = ExportReport()
@@ -537,10 +547,13 @@ def push_feedback(
         sent = done.get("state") == "done" and done.get("digest") == item.digest()
         plan.append(_plan_entry(item, target, "already sent" if sent else "to send"))
     out.mkdir(parents=True, exist_ok=True)
+    api = f"{target.root}/api/v1/courses/{target.course_id}"
+    first = [{"method": "GET", "url": api}]  # once per run, and each lab's assignment once:
+    first += [{"method": "GET", "url": f"{api}/assignments/{target.assignments[lab]}"}
+              for lab in chosen]  # fmt: skip
     _write_json(out / PLAN, {"canvas": target.root, "course_id": target.course_id,
-                             "dry_run": dry_run, "comments": plan})  # fmt: skip
+                             "dry_run": dry_run, "first": first, "comments": plan})  # fmt: skip
     report.written.append(out / PLAN)
-    client = _Client(target, token, token_env)
     stopped = ""
     for item, entry in zip(items, plan, strict=True):
         label = f"{item.student} {item.lab} (Canvas user {item.user_id})"
@@ -551,9 +564,9 @@ def push_feedback(
         elif stopped:
             lines.append(f"not sent      {label}: stopped ({stopped})")
         else:
-            client.who = f"{item.student} {item.lab} (Canvas user {item.user_id})"
+            canvas.who = label
             try:
-                done = _send(client, item, journal, lambda: _write_json(journal_path, everything))
+                done = _send(canvas, item, journal, lambda: _write_json(journal_path, everything))
             except CanvasError as exc:
                 lines.append(f"FAILED        {exc}")
                 if exc.fatal:
