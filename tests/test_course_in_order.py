@@ -41,7 +41,8 @@ from transformer_lab.grading.student import build_student_wheel, build_version
 
 REPO = Path(__file__).resolve().parents[1]
 LABS = list_labs(REPO)
-# One worker for the whole module (--dist loadscope): the tests share a venv, and the last one upgrades its kit.
+# One worker for the whole module (--dist loadscope): the tests share a venv, and the last one
+# upgrades its kit.
 pytestmark = [pytest.mark.slow]
 
 
