@@ -14,8 +14,15 @@ judged here, with one message each:
   groups (two groups that drift apart follow two schedules, and a check reading group 0 alone
   would judge only one of them).
 
-What differs stays with each lab: lab 04 judges two weight-decay groups and the exact schedule,
-lab 06 the schedule's shape.
+* :func:`judge_adamw`: AdamW over every parameter, decay on the matrices only, the peak rate;
+* :func:`judge_schedule`: the learning rates step by step, against the exact rates a lab stores
+  or computes (with its catalogue of wrong schedules), or else by their shape (a linear warm-up
+  to ``lr`` at ``warmup_steps``, then a decay);
+* :func:`judge_configure_optimizers`: the whole contract in the order a student meets it, the
+  one judge both labs' visible and hidden checks call.
+
+What differs stays with each lab, as data: lab 04 asks for two weight-decay groups and the exact
+warm-up + cosine (its oracle is hidden), lab 06 for the schedule's shape.
 
 Reference: Lightning's ``LightningModule.configure_optimizers`` documentation (the accepted
 return values, ``"interval"`` and ``"frequency"``).
@@ -24,19 +31,30 @@ return values, ``"interval"`` and ``"frequency"``).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from transformer_lab.checks._common import expect_true, kernel_side, run_beside
+from transformer_lab.checks._common import (
+    Ban,
+    call_forbidding,
+    compare,
+    expect_true,
+    kernel_side,
+    run_beside,
+)
 
 __all__ = [
     "RETURN_HINT",
     "OptimizerConfig",
+    "Schedule",
     "group_rates",
+    "judge_adamw",
+    "judge_configure_optimizers",
     "judge_every_parameter",
+    "judge_schedule",
     "judge_stepped_per_step",
     "learning_rates",
     "parse_optimizers",
@@ -47,6 +65,18 @@ WHAT = "configure_optimizers()"
 RETURN_HINT = (
     'return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}'
 )
+
+
+class Schedule(NamedTuple):
+    """The learning-rate schedule a module's hyper-parameters ask for: a linear warm-up to
+    ``lr`` over ``warmup_steps`` optimizer steps, then a decay that ends at ``total_steps``."""
+
+    lr: float
+    warmup_steps: int
+    total_steps: int
+
+    def __str__(self) -> str:
+        return f"(lr={self.lr:g}, warmup_steps={self.warmup_steps}, total_steps={self.total_steps})"
 
 
 class OptimizerConfig(NamedTuple):
@@ -179,3 +209,175 @@ def learning_rates(
             f"{sorted(set(values))}: give every group the same lr (one schedule for the model).",
         )
     return torch.tensor([float(r[0]) for r in rates], dtype=torch.float64)  # (steps,)
+
+
+def judge_adamw(
+    optimizer: torch.optim.Optimizer, model: nn.Module, lr: float, weight_decay: float
+) -> None:
+    """AdamW over every parameter once: ``weight_decay`` on the matrices, none on biases and
+    norms, and the peak learning rate ``lr`` in every group."""
+    if not isinstance(optimizer, torch.optim.AdamW):
+        raise AssertionError(
+            f"{WHAT} builds {type(optimizer).__name__}: use torch.optim.AdamW. "
+            + (
+                "Adam's weight_decay adds the decay to the gradient, where Adam's division by "
+                "the gradient's running size distorts it (weights with large gradients are "
+                "hardly decayed); AdamW decays the weights directly (decoupled)."
+                if isinstance(optimizer, torch.optim.Adam)
+                else ""
+            )
+        )
+    judge_every_parameter(
+        optimizer,
+        model,
+        "Give it every parameter of the module (self.parameters()), split into two groups.",
+    )
+    groups = optimizer.param_groups  # read once (the judge asks the kernel for it)
+    decay_of = {id(p): g.get("weight_decay", 0.0) for g in groups for p in g["params"]}
+    wrong = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        decay = decay_of[id(param)]
+        want = weight_decay if param.dim() >= 2 else 0.0
+        if abs(decay - want) > 1e-12:
+            wrong.append((name, param.dim(), decay, want))
+    if wrong:
+        shown = "; ".join(
+            f"{n} ({d}-D) has weight_decay={w:g}, expected {e:g}" for n, d, w, e in wrong
+        )
+        raise AssertionError(
+            f"{WHAT}: {shown}. Decay the weight matrices and the embedding (p.dim() >= 2) with "
+            "weight_decay, and nothing with one dimension (biases, LayerNorm weights and "
+            "biases): shrinking a norm's gain or a bias towards 0 is no regularisation."
+        )
+    peaks = {g.get("initial_lr", g["lr"]) for g in groups}
+    expect_true(
+        all(abs(peak - lr) <= 1e-12 + 1e-6 * lr for peak in peaks),
+        f"{WHAT}: the optimizer's learning rate is {sorted(peaks)}, expected lr={lr:g}: use "
+        "self.hparams.lr.",
+    )
+
+
+def _judge_exact_rates(
+    rates: Tensor, schedule: Schedule, expected: Tensor, mistakes: Sequence[tuple[Tensor, str]]
+) -> None:
+    """The rates are ``expected`` (a linear warm-up from ``lr / warmup_steps``, then a cosine
+    to 0 at ``total_steps``); a catalogued wrong schedule is named."""
+    lr, warmup, total = schedule
+    compare(
+        rates,
+        expected,
+        what=f"the learning rates of steps 0..{total - 1} for lr={lr:g}, "
+        f"warmup_steps={warmup:g}, total_steps={total:g}",
+        candidates=mistakes,
+        hint="Expected lr * (step + 1) / warmup_steps for the first warmup_steps steps, then a "
+        "cosine from lr at step warmup_steps down to 0 at step total_steps.",
+        atol=1e-10,
+        rtol=1e-5,
+    )
+
+
+def _judge_rates_shape(rates: Tensor, schedule: Schedule) -> None:
+    """A warm-up to ``lr`` (not ``lr**2``) that ends at ``warmup_steps``, then a decay to at
+    most ``lr / 2`` by ``total_steps``; any curve of that shape (linear, cosine) passes."""
+    r = rates.double()
+    lr, warmup_steps, total_steps = schedule
+    peak, top = float(r.max()), int(r.argmax())
+    say = str(schedule)
+    if abs(peak - lr * lr) <= 1e-3 * lr * lr and abs(lr - 1.0) > 1e-6:
+        raise AssertionError(
+            f"your learning rate peaks at {peak:.3g} = lr squared {say}: LambdaLR MULTIPLIES the "
+            "optimizer's lr by your function, so the function returns a factor between 0 and 1, "
+            "not a learning rate."
+        )
+    if abs(peak - lr) > 0.02 * lr:
+        raise AssertionError(
+            f"your learning rate peaks at {peak:.3g}, expected self.lr = {lr:g} {say}: build "
+            "the optimizer with lr=self.lr and let the factor reach 1 at the end of the warm-up."
+        )
+    if bool((r == r[0]).all()):
+        raise AssertionError(
+            f"your learning rate is {peak:.3g} at every step {say}: there is no warm-up and no "
+            "decay. The factor rises linearly to 1 over self.warmup_steps steps, then decays."
+        )
+    if float(r[0]) > 0.25 * lr:
+        raise AssertionError(
+            f"your learning rate starts at {float(r[0]):.3g}, already {float(r[0]) / lr:.0%} of "
+            f"the peak {say}: there is no warm-up. Start near 0 and rise linearly to self.lr over "
+            "self.warmup_steps steps."
+        )
+    if abs(top - warmup_steps) > max(2, warmup_steps // 10):
+        raise AssertionError(
+            f"your learning rate peaks at step {top}, expected at the end of the warm-up, step "
+            f"{warmup_steps} {say}: use self.warmup_steps."
+        )
+    rising, falling = r[: top + 1], r[top:]
+    if bool((rising[1:] < rising[:-1] - 1e-12).any()) or bool(
+        (falling[1:] > falling[:-1] + 1e-12).any()
+    ):
+        raise AssertionError(
+            f"your learning rate goes up and down {say}: it should rise during the warm-up and "
+            "only fall after it."
+        )
+    if float(r[-1]) > 0.5 * lr:
+        raise AssertionError(
+            f"your learning rate is still {float(r[-1]):.3g} at step {total_steps - 1}, "
+            f"{float(r[-1]) / lr:.0%} of the peak {say}: after the warm-up it must decay (cosine "
+            "or linear) toward 0 by self.total_steps."
+        )
+
+
+def judge_schedule(
+    rates: Tensor,
+    schedule: Schedule,
+    *,
+    expected: Tensor | None = None,
+    mistakes: Sequence[tuple[Tensor, str]] = (),
+) -> None:
+    """The learning rates of steps ``0 .. total_steps - 1`` (:func:`learning_rates`).
+
+    Args:
+        expected: the exact rates, where the lab asks for one schedule (stored in the visible
+            fixtures, or the hidden oracle's); ``None`` judges the schedule's shape only.
+        mistakes: ``(rates, hint)`` of the typical wrong schedules, named when matched.
+    """
+    if expected is None:
+        _judge_rates_shape(rates, schedule)
+    else:
+        _judge_exact_rates(rates, schedule, expected, mistakes)
+
+
+def judge_configure_optimizers(
+    module: Any,
+    model: nn.Module,
+    schedule: Schedule,
+    *,
+    ban: Ban,
+    weight_decay: float | None = None,
+    expected: Tensor | None = None,
+    mistakes: Sequence[tuple[Tensor, str]] = (),
+    on_error: str = "",
+) -> Tensor:
+    """``module.configure_optimizers()`` under ``ban``, read as Lightning reads it and judged in
+    the order a student meets the contract: the optimizer (AdamW with two weight-decay groups
+    when ``weight_decay`` is given, else any optimizer over every parameter of ``model``), the
+    scheduler stepped per step, then the rates (:func:`judge_schedule`).
+
+    Returns:
+        The learning rates of the first ``schedule.total_steps`` steps, ``(total_steps,)``.
+    """
+    returned = call_forbidding(
+        module.configure_optimizers, (), {}, ban=ban, what=WHAT, on_error=on_error
+    )
+    optimizer, scheduler, interval, frequency = parse_optimizers(returned)
+    if weight_decay is None:
+        judge_every_parameter(
+            optimizer, model, "Give it all: torch.optim.AdamW(self.parameters(), lr=self.lr)."
+        )
+    else:
+        judge_adamw(optimizer, model, schedule.lr, weight_decay)
+    judge_stepped_per_step(interval, frequency)
+    rates = learning_rates(optimizer, scheduler, schedule.total_steps)
+    judge_schedule(rates, schedule, expected=expected, mistakes=mistakes)
+    return rates

@@ -61,8 +61,8 @@ from transformer_lab.checks._common import (
     stored,
 )
 from transformer_lab.checks._lightning import (
-    judge_every_parameter,
-    judge_stepped_per_step,
+    Schedule,
+    judge_configure_optimizers,
     learning_rates,
     parse_optimizers,
 )
@@ -92,17 +92,15 @@ __all__ = [
     "graph_holders",
     "held_out_batches",
     "judge_logging",
-    "judge_optimizer",
-    "judge_schedule",
     "judge_training_loss",
     "layer_norm_call",
     "learning_rates",
     "load_weights",
+    "optimizers_check",
     "parse_optimizers",
     "reference_encoder_block",
     "reference_feed_forward",
     "run_block",
-    "run_configure_optimizers",
     "run_feed_forward",
     "run_training_step",
 ]
@@ -949,86 +947,34 @@ class ProbeModel(nn.Module):
         return self.head(torch.tanh(self.mix(h + 2.0 * context)))  # (B, T, C)
 
 
-def run_configure_optimizers(module: Any) -> Any:
-    """``module.configure_optimizers()`` under the ban."""
-    return call_forbidding(
-        module.configure_optimizers, (), {}, ban=MODULE_BAN, what="configure_optimizers()"
-    )
-
-
-def judge_optimizer(
-    optimizer: torch.optim.Optimizer, model: nn.Module, lr: float, weight_decay: float
-) -> None:
-    """AdamW over every parameter once: decay on the matrices, none on biases and norms."""
-    what = "configure_optimizers()"
-    if not isinstance(optimizer, torch.optim.AdamW):
-        raise AssertionError(
-            f"{what} builds {type(optimizer).__name__}: use torch.optim.AdamW. "
-            + (
-                "Adam's weight_decay adds the decay to the gradient, where Adam's division by "
-                "the gradient's running size distorts it (weights with large gradients are "
-                "hardly decayed); AdamW decays the weights directly (decoupled)."
-                if isinstance(optimizer, torch.optim.Adam)
-                else ""
-            )
-        )
-    judge_every_parameter(
-        optimizer,
-        model,
-        "Give it every parameter of the module (self.parameters()), split into two groups.",
-        what,
-    )
-    groups = optimizer.param_groups  # read once (the judge asks the kernel for it)
-    decay_of = {id(p): g.get("weight_decay", 0.0) for g in groups for p in g["params"]}
-    wrong = []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        decay = decay_of[id(param)]
-        want = weight_decay if param.dim() >= 2 else 0.0
-        if abs(decay - want) > 1e-12:
-            wrong.append((name, param.dim(), decay, want))
-    if wrong:
-        shown = "; ".join(
-            f"{n} ({d}-D) has weight_decay={w:g}, expected {e:g}" for n, d, w, e in wrong
-        )
-        raise AssertionError(
-            f"{what}: {shown}. Decay the weight matrices and the embedding (p.dim() >= 2) with "
-            "weight_decay, and nothing with one dimension (biases, LayerNorm weights and "
-            "biases): shrinking a norm's gain or a bias towards 0 is no regularisation."
-        )
-    peaks = {g.get("initial_lr", g["lr"]) for g in groups}
-    expect_true(
-        all(abs(peak - lr) <= 1e-12 + 1e-6 * lr for peak in peaks),
-        f"{what}: the optimizer's learning rate is {sorted(peaks)}, expected lr={lr:g}: use "
-        "self.hparams.lr.",
-    )
-
-
-def judge_schedule(
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    interval: str,
-    frequency: int,
-    *,
-    hparams: Mapping[str, Any],
+def optimizers_check(
+    cls: Callable[..., Any],
+    model: nn.Module,
+    schedule: Schedule,
+    weight_decay: float,
     expected: Tensor,
-    mistakes: Sequence[tuple[Tensor, str]],
+    mistakes: Mapping[str, Tensor],
 ) -> None:
-    """The schedule is stepped every optimizer step and gives ``expected`` learning rates."""
-    what = "configure_optimizers()"
-    judge_stepped_per_step(interval, frequency, what)
-    steps = int(hparams["total_steps"])
-    compare(
-        learning_rates(optimizer, scheduler, steps),
-        expected,
-        what=f"the learning rates of steps 0..{steps - 1} for "
-        + ", ".join(f"{k}={v:g}" for k, v in hparams.items()),
-        candidates=mistakes,
-        hint="Expected lr * (step + 1) / warmup_steps for the first warmup_steps steps, then a "
-        "cosine from lr at step warmup_steps down to 0 at step total_steps.",
-        atol=1e-10,
-        rtol=1e-5,
+    """``configure_optimizers`` of ``cls(model, lr=..., weight_decay=..., warmup_steps=...,
+    total_steps=...)``: AdamW's two groups and the exact rates (``expected``, a catalogued wrong
+    schedule named), stepped per step (:func:`judge_configure_optimizers`, shared with lab 06)."""
+    lr, warmup_steps, total_steps = schedule
+    module = build_module(
+        cls,
+        model,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+    )
+    judge_configure_optimizers(
+        module,
+        model,
+        schedule,
+        ban=MODULE_BAN,
+        weight_decay=weight_decay,
+        expected=expected,
+        mistakes=[(rates, hint) for hint, rates in mistakes.items()],
     )
 
 
@@ -1036,20 +982,9 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     """AdamW with two parameter groups and the warm-up + cosine schedule, stepped per step."""
     with _seeded(0):
         model = ProbeModel()
-    hparams = {"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 4, "total_steps": 12}
-    module = build_module(cls, model, **hparams)
-    optimizer, scheduler, interval, frequency = parse_optimizers(run_configure_optimizers(module))
-    judge_optimizer(optimizer, model, hparams["lr"], hparams["weight_decay"])
-    want, mistakes = stored(_LAB, "learning rates (lr=0.01, warmup_steps=4, total_steps=12)")
-    judge_schedule(
-        optimizer,
-        scheduler,
-        interval,
-        frequency,
-        hparams={k: hparams[k] for k in ("lr", "warmup_steps", "total_steps")},
-        expected=want,
-        mistakes=[(t, h) for h, t in mistakes.items()],
-    )
+    schedule = Schedule(lr=0.01, warmup_steps=4, total_steps=12)
+    want, mistakes = stored(_LAB, f"learning rates {schedule}")
+    optimizers_check(cls, model, schedule, 0.1, want, mistakes)
 
 
 # --------------------------------------------------------------------------------------

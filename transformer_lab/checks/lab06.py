@@ -62,11 +62,11 @@ from transformer_lab.checks._common import (
     stored,
 )
 from transformer_lab.checks._lightning import (
-    judge_every_parameter,
-    judge_stepped_per_step,
+    Schedule,
+    judge_configure_optimizers,
+    learning_rates,
     parse_optimizers,
 )
-from transformer_lab.checks._lightning import learning_rates as shared_learning_rates
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge.mirror import portable
 
@@ -93,7 +93,6 @@ __all__ = [
     "copy_task_batches",
     "cross_attention_maps",
     "learning_rate_curve",
-    "learning_rates",
     "load_torch_decoder_layer",
     "probe_classes",
     "run_block",
@@ -1142,93 +1141,23 @@ def check_validation_step(cls: type) -> None:
 # -------------------------------------------------------------------------- configure_optimizers
 
 
-def learning_rates(optimizer: Any, scheduler: Any, steps: int) -> list[float]:
-    """The learning rate of each of ``steps`` optimizer steps (see
-    :func:`transformer_lab.checks._lightning.learning_rates`: every group the same)."""
-    return shared_learning_rates(optimizer, scheduler, steps).tolist()
-
-
 def optimizers_check(
     cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int, seed: int
-) -> list[float]:
-    """``configure_optimizers`` called directly: parameters, interval and the schedule's shape.
-
-    Returns:
-        The learning rates of the first ``total_steps`` steps.
-    """
+) -> None:
+    """``configure_optimizers`` called directly: every parameter, stepped per step, and the
+    schedule's shape (:func:`judge_configure_optimizers`, shared with lab 04)."""
     model = TinySeq2Seq(seed=seed)
     module = _module_under_test(
         cls, model, 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps
     )
-    what = "configure_optimizers()"
-    returned = call_forbidding(
-        module.configure_optimizers,
-        (),
-        {},
+    judge_configure_optimizers(
+        module,
+        module,
+        Schedule(lr, warmup_steps, total_steps),
         ban=MODULE_BAN,
-        what=what,
         on_error="Use self.lr, self.warmup_steps and self.total_steps "
         "(the module has no Trainer here).",
     )
-    optimizer, scheduler, interval, frequency = parse_optimizers(returned, what)
-    judge_every_parameter(
-        optimizer, module, "Give it all: torch.optim.AdamW(self.parameters(), lr=self.lr).", what
-    )
-    judge_stepped_per_step(interval, frequency, what)
-    rates = learning_rates(optimizer, scheduler, total_steps)
-    judge_schedule(rates, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
-    return rates
-
-
-def judge_schedule(
-    rates: Sequence[float], *, lr: float, warmup_steps: int, total_steps: int
-) -> None:
-    """Linear warm-up to ``lr`` over ``warmup_steps`` steps, then a decay to at most ``lr / 2``."""
-    r = torch.tensor(rates, dtype=torch.float64)
-    peak = float(r.max())
-    top = int(r.argmax())
-    say = f"(lr={lr:g}, warmup_steps={warmup_steps}, total_steps={total_steps})"
-    if abs(peak - lr * lr) <= 1e-3 * lr * lr and abs(lr - 1.0) > 1e-6:
-        raise AssertionError(
-            f"your learning rate peaks at {peak:.3g} = lr squared {say}: LambdaLR MULTIPLIES the "
-            "optimizer's lr by your function, so the function returns a factor between 0 and 1, "
-            "not a learning rate."
-        )
-    if abs(peak - lr) > 0.02 * lr:
-        raise AssertionError(
-            f"your learning rate peaks at {peak:.3g}, expected self.lr = {lr:g} {say}: build "
-            "the optimizer with lr=self.lr and let the factor reach 1 at the end of the warm-up."
-        )
-    if bool((r == r[0]).all()):
-        raise AssertionError(
-            f"your learning rate is {peak:.3g} at every step {say}: there is no warm-up and no "
-            "decay. The factor rises linearly to 1 over self.warmup_steps steps, then decays."
-        )
-    if float(r[0]) > 0.25 * lr:
-        raise AssertionError(
-            f"your learning rate starts at {float(r[0]):.3g}, already {float(r[0]) / lr:.0%} of "
-            f"the peak {say}: there is no warm-up. Start near 0 and rise linearly to self.lr over "
-            "self.warmup_steps steps."
-        )
-    if abs(top - warmup_steps) > max(2, warmup_steps // 10):
-        raise AssertionError(
-            f"your learning rate peaks at step {top}, expected at the end of the warm-up, step "
-            f"{warmup_steps} {say}: use self.warmup_steps."
-        )
-    rising, falling = r[: top + 1], r[top:]
-    if bool((rising[1:] < rising[:-1] - 1e-12).any()) or bool(
-        (falling[1:] > falling[:-1] + 1e-12).any()
-    ):
-        raise AssertionError(
-            f"your learning rate goes up and down {say}: it should rise during the warm-up and "
-            "only fall after it."
-        )
-    if float(r[-1]) > 0.5 * lr:
-        raise AssertionError(
-            f"your learning rate is still {float(r[-1]):.3g} at step {total_steps - 1}, "
-            f"{float(r[-1]) / lr:.0%} of the peak {say}: after the warm-up it must decay (cosine "
-            "or linear) toward 0 by self.total_steps."
-        )
 
 
 def learning_rate_curve(
@@ -1237,11 +1166,11 @@ def learning_rate_curve(
     """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``.
 
     For plotting a schedule: the module is built around :class:`TinySeq2Seq` and its optimizer
-    steps without gradients (see :func:`learning_rates`).
+    steps without gradients (see :func:`transformer_lab.checks._lightning.learning_rates`).
     """
     module = cls(TinySeq2Seq(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
-    return learning_rates(optimizer, scheduler, total_steps)
+    return learning_rates(optimizer, scheduler, total_steps).tolist()
 
 
 def check_configure_optimizers(cls: Callable[..., Any]) -> None:

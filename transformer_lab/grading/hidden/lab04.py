@@ -36,6 +36,7 @@ from transformer_lab.checks._common import (
     generator,
     randint,
 )
+from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
     SPEC,
@@ -45,14 +46,11 @@ from transformer_lab.checks.lab04 import (
     build_feed_forward,
     build_module,
     judge_logging,
-    judge_optimizer,
-    judge_schedule,
     judge_training_loss,
     layer_norm_call,
     load_weights,
-    parse_optimizers,
+    optimizers_check,
     run_block,
-    run_configure_optimizers,
     run_feed_forward,
     run_training_step,
 )
@@ -1014,26 +1012,12 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
         lr = float(10 ** (-3 + 1.5 * torch.rand(1, generator=g)))
         weight_decay = round(float(0.01 + 0.2 * torch.rand(1, generator=g)), 3)
         warmup = randint(1, 6, g) if trial else randint(2, 6, g)
-        total = warmup + randint(3, 15, g)
+        schedule = Schedule(lr, warmup, warmup + randint(3, 15, g))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + trial)
             model = ProbeModel(randint(5, 20, g), randint(2, 8, g), randint(2, 9, g))
-        module = build_module(
-            cls, model, lr=lr, weight_decay=weight_decay, warmup_steps=warmup, total_steps=total
-        )
-        optimizer, scheduler, interval, frequency = parse_optimizers(
-            run_configure_optimizers(module)
-        )
-        judge_optimizer(optimizer, model, lr, weight_decay)
-        judge_schedule(
-            optimizer,
-            scheduler,
-            interval,
-            frequency,
-            hparams={"lr": lr, "warmup_steps": warmup, "total_steps": total},
-            expected=oracle_learning_rates(lr, warmup, total),
-            mistakes=[(t, h) for h, t in schedule_mistakes(lr, warmup, total).items()],
-        )
+        expected = oracle_learning_rates(*schedule)
+        optimizers_check(cls, model, schedule, weight_decay, expected, schedule_mistakes(*schedule))
 
 
 # --------------------------------------------------------------------------------------
