@@ -14,11 +14,11 @@ No oracle lives here:
 * ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are run on worked examples whose
   expected values, and the values of the typical mistakes, are stored in
   ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs build``);
-* the training code runs on stand-ins: :class:`TinySeq2Seq` (a small encoder-decoder that
-  half-knows a copy task, so metrics are neither 0 nor 1) with PyTorch's ``F.cross_entropy`` on
-  its outputs, :class:`ProbeModule` and :class:`ProbeData` (a one-parameter LightningModule that
-  learns nothing, for checking a ``Trainer`` call), and :class:`ScriptedTranslator` (a fake
-  encoder-decoder whose next token is known in advance, for checking a decoding loop).
+* the training code and the decoding loop run on one stand-in, :class:`StandInTranslator`: a
+  small encoder-decoder that half-knows a copy task (so metrics are neither 0 nor 1), with
+  PyTorch's ``F.cross_entropy`` on its outputs, or, scripted, one whose next token is known in
+  advance (for checking a decoding loop); :class:`ProbeModule` and :class:`ProbeData` (a
+  one-parameter LightningModule that learns nothing) check a ``Trainer`` call.
 
 While the student's code runs, the kit's own answers are refused (``Ban``): torch's and the
 kit's decoder layers, ``transformer_lab.seq2seq``, the cross-entropy family in
@@ -76,9 +76,8 @@ __all__ = [
     "LOSS_BAN",
     "MODULE_BAN",
     "SHIFT_BAN",
-    "RandomTranslator",
-    "ScriptedTranslator",
-    "TinySeq2Seq",
+    "PortableTranslator",
+    "StandInTranslator",
     "block_like_torch",
     "block_under_test",
     "check_configure_optimizers",
@@ -638,29 +637,30 @@ def copy_task_batches(
     return batches
 
 
-def _translation_config(
-    vocab_size: int, pad_id: int, bos_id: int, eos_id: int, max_len: int
-) -> SimpleNamespace:
-    """The config fields a translation module and decoding loop read, for the stand-in models."""
-    return SimpleNamespace(
-        src_vocab_size=vocab_size,
-        tgt_vocab_size=vocab_size,
-        pad_id=pad_id,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        max_len=max_len,
-    )
+class StandInTranslator(nn.Module):
+    """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
+    ``encode(src, src_padding_mask)`` returns the source ids, its mask and its embeddings as a
+    ``(B, S, 2 + D)`` "memory" and counts its calls (``encode_calls``);
+    ``decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)`` returns ``(B, T, V)`` logits;
+    ``forward(src, tgt_in, src_padding_mask, tgt_padding_mask)`` is both. The logits are a base
+    plus a bump on the token of an answer known in advance:
 
-@portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
-class TinySeq2Seq(nn.Module):
-    """A small stand-in encoder-decoder for checking training code (it half-knows a copy task).
+    * by default (a model that half-knows a copy task, for training code and a neural decoding
+      case) the base is a small network, the mean of the real source embeddings added to each
+      target embedding through ``tanh`` and a linear layer, and the answer, ``nudge`` above it,
+      is the source's symbols then EOS: some predictions are right and some wrong, so metrics
+      are neither 0 nor 1;
+    * ``scripted=True`` (for decoding loops) the base is a fixed ramp and the answer, 4 above
+      the rest, a script: for real source symbols ``x_0 .. x_{n-1}``, ``y_t = symbol((x_t +
+      y_{t-1}) mod K)`` (``K`` symbols; ``y_{-1}`` counts as 0), then EOS, then ordinary symbols,
+      so a loop that feeds back the wrong token, reads the wrong position or does not stop shows
+      it. A source position counts as padding only if BOTH the mask given to ``encode`` and the
+      one given to ``decode`` say so (a loop that forgets either decodes the padding's junk);
+      ``decode`` refuses float tokens and inputs that do not start with BOS.
 
-    ``forward(src, tgt_in, src_padding_mask=None, tgt_padding_mask=None) -> (B, T, V)``: the
-    mean of the real source embeddings is added to each target embedding, a linear layer gives
-    logits, and a fixed nudge toward the copy answer makes some predictions right and some
-    wrong. It records which masks each call received (``calls``). ``config`` has the fields a
-    translation module reads (``tgt_vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``).
+    ``config`` has the fields a translation module and a decoding loop read (``tgt_vocab_size``,
+    ``pad_id``, ``bos_id``, ``eos_id``, ``max_len``).
     """
 
     def __init__(
@@ -673,9 +673,17 @@ class TinySeq2Seq(nn.Module):
         d_model: int = 8,
         nudge: float = 3.0,
         seed: int = 0,
+        scripted: bool = False,
     ) -> None:
         super().__init__()
-        self.config = _translation_config(vocab_size, pad_id, bos_id, eos_id, max_len=16)
+        self.config = SimpleNamespace(
+            src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size,
+            pad_id=pad_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            max_len=64,
+        )
         g = generator(seed)
         self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
@@ -683,17 +691,54 @@ class TinySeq2Seq(nn.Module):
         with torch.no_grad():
             self.out.weight.copy_(0.6 * torch.randn(vocab_size, d_model, generator=g))
             self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
-        self.nudge = nudge
-        self.calls: list[tuple[bool, bool]] = []
+        self.portable_restore({"config": vars(self.config), "nudge": nudge, "scripted": scripted})
 
     def portable_state(self) -> dict[str, Any]:
         """What the kernel's copy needs besides the parameters (see ``judge.mirror.portable``)."""
-        return {"config": dict(vars(self.config)), "nudge": float(self.nudge)}
+        return {"config": dict(vars(self.config)), "nudge": self.nudge, "scripted": self.scripted}
 
     def portable_restore(self, state: dict[str, Any]) -> None:
         self.config = SimpleNamespace(**state["config"])
-        self.nudge = float(state["nudge"])
-        self.calls = []
+        self.nudge, self.scripted = float(state["nudge"]), bool(state["scripted"])
+        c = self.config
+        self.symbols = [
+            i for i in range(c.tgt_vocab_size) if i not in (c.pad_id, c.bos_id, c.eos_id)
+        ]
+        self.encode_calls = 0
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        self.encode_calls += 1
+        real = (
+            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
+        )
+        ids = torch.stack([src, real], dim=-1).to(self.src_embed.dtype)  # (B, S, 2)
+        return torch.cat([ids, self.src_embed[src]], dim=-1)  # (B, S, 2 + D)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        src, real = memory[..., 0].round().long(), memory[..., 1] > 0.5  # (B, S)
+        if self.scripted:
+            return self._scripted(tgt_in, src, real, src_padding_mask)
+        weights = real.to(memory.dtype)[..., None]  # (B, S, 1)
+        mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
+        logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
+        nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
+        return logits + self.nudge * nudge.to(logits.dtype)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        memory = self.encode(src, src_padding_mask)
+        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
 
     def copy_answer(self, src: Tensor, T: int) -> Tensor:
         """``(B, T)``: the real source symbols, then EOS (repeated over the padding)."""
@@ -705,34 +750,66 @@ class TinySeq2Seq(nn.Module):
         after = torch.arange(T, device=src.device)[None] >= n[:, None]  # (B, T)
         return answer.masked_fill(after, c.eos_id)
 
-    def forward(
-        self,
-        src: Tensor,
-        tgt_in: Tensor,
-        src_padding_mask: Tensor | None = None,
-        tgt_padding_mask: Tensor | None = None,
+    def _scripted(
+        self, tgt_in: Tensor, src: Tensor, real: Tensor, src_padding_mask: Tensor | None
     ) -> Tensor:
-        self.calls.append((src_padding_mask is not None, tgt_padding_mask is not None))
-        real = (
-            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
-        )
-        weights = real.to(self.src_embed.dtype)[..., None]  # (B, S, 1)
-        memory = (self.src_embed[src] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
-        h = torch.tanh(self.tgt_embed[tgt_in] + memory[:, None])  # (B, T, D)
-        logits = self.out(h)  # (B, T, V)
-        nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
-        return logits + self.nudge * nudge.to(logits.dtype)
+        """The scripted logits ``(B, T, V)``: the ramp, and 4 at the script's next token."""
+        c = self.config
+        if tgt_in.is_floating_point():
+            raise AssertionError(
+                "your loop fed the decoder float values: feed token ids, the argmax of the "
+                "logits (logits[:, -1].argmax(dim=-1)), not the logits or probabilities."
+            )
+        if tgt_in.ndim != 2 or tgt_in.shape[0] != src.shape[0]:
+            raise AssertionError(
+                f"your loop fed the decoder a tensor of shape {tuple(tgt_in.shape)}; it takes "
+                f"the tokens so far, (B, L) with B={src.shape[0]}."
+            )
+        if bool((tgt_in[:, 0] != c.bos_id).any()):
+            raise AssertionError(
+                f"your loop fed the decoder {tgt_in[:, 0].tolist()} at position 0: every "
+                f"decoder input starts with BOS (bos_id={c.bos_id})."
+            )
+        if src_padding_mask is None:
+            real = torch.ones_like(real)
+        else:
+            real = real | src_padding_mask.to(real.device)
+        K = len(self.symbols)
+        index = {s: i for i, s in enumerate(self.symbols)}
+        B, T = tgt_in.shape
+        ramp = torch.linspace(0.0, 0.5, c.tgt_vocab_size)  # (V,): ties never happen
+        logits = ramp.expand(B, T, c.tgt_vocab_size).clone()  # (B, T, V)
+        for b in range(B):
+            source = [index.get(int(s), 0) for s in src[b][real[b]]]
+            for t in range(T):
+                prev = index.get(int(tgt_in[b, t]), 0) if t else 0
+                if t < len(source):
+                    token = self.symbols[(source[t] + prev) % K]
+                elif t == len(source):
+                    token = c.eos_id
+                else:
+                    token = self.symbols[t % K]
+                logits[b, t, token] = 4.0
+        return logits
 
 
-def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[TinySeq2Seq, dict[str, int]]:
-    """A :class:`TinySeq2Seq` and the ids of its copy task (BOS and EOS follow ``pad_id``)."""
+@portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
+class PortableTranslator(StandInTranslator):
+    """:class:`StandInTranslator` rebuilt as itself in the student's kernel when judged, for the
+    training code; the decoding checks keep theirs on the grader's side, where its
+    ``encode_calls`` are counted."""
+
+
+def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[PortableTranslator, dict[str, int]]:
+    """A :class:`PortableTranslator` and the ids of its copy task (BOS and EOS follow
+    ``pad_id``)."""
     ids = {
         "vocab_size": vocab_size,
         "pad_id": pad_id,
         "bos_id": (pad_id + 1) % vocab_size,
         "eos_id": (pad_id + 2) % vocab_size,
     }
-    model = TinySeq2Seq(
+    model = PortableTranslator(
         vocab_size, pad_id=pad_id, bos_id=ids["bos_id"], eos_id=ids["eos_id"], seed=seed
     )
     return model, ids
@@ -802,7 +879,7 @@ def _loss_of(out: Any, what: str) -> Tensor:
 
 
 def _training_step_candidates(
-    model: TinySeq2Seq, batch: dict[str, Tensor], pad_id: int
+    model: StandInTranslator, batch: dict[str, Tensor], pad_id: int
 ) -> tuple[Tensor, list[tuple[Tensor, str]]]:
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
     masks = {
@@ -875,7 +952,7 @@ def training_step_check(
     compare(
         loss,
         want,
-        what=f"the loss {what} returned (model TinySeq2Seq, pad_id={pad_id})",
+        what=f"the loss {what} returned (stand-in model, pad_id={pad_id})",
         candidates=candidates,
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
@@ -912,7 +989,7 @@ def check_training_step(cls: Callable[..., Any]) -> None:
 
 
 def _validation_expected(
-    model: TinySeq2Seq, batches: Sequence[dict[str, Tensor]], pad_id: int
+    model: StandInTranslator, batches: Sequence[dict[str, Tensor]], pad_id: int
 ) -> tuple[dict[str, float], dict[str, list[tuple[float, str]]]]:
     """Epoch values of val_loss, val_acc, val_exact_match, and the typical wrong values.
 
@@ -1146,7 +1223,7 @@ def optimizers_check(
 ) -> None:
     """``configure_optimizers`` called directly: every parameter, stepped per step, and the
     schedule's shape (:func:`judge_configure_optimizers`, shared with lab 04)."""
-    model = TinySeq2Seq(seed=seed)
+    model = PortableTranslator(seed=seed)
     module = _module_under_test(
         cls, model, 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps
     )
@@ -1165,10 +1242,10 @@ def learning_rate_curve(
 ) -> list[float]:
     """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``.
 
-    For plotting a schedule: the module is built around :class:`TinySeq2Seq` and its optimizer
-    steps without gradients (see :func:`transformer_lab.checks._lightning.learning_rates`).
+    For plotting a schedule: the module is built around a :class:`PortableTranslator` and its
+    optimizer steps without gradients (:func:`~transformer_lab.checks._lightning.learning_rates`).
     """
-    module = cls(TinySeq2Seq(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
+    module = cls(PortableTranslator(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
     return learning_rates(optimizer, scheduler, total_steps).tolist()
 
@@ -1430,124 +1507,6 @@ def check_trained_translator(
 # ======================================================================================
 
 
-class ScriptedTranslator(nn.Module):
-    """A fake encoder-decoder whose next token is known in advance, for checking decoding loops.
-
-    The translation of a source with real symbols ``x_0 .. x_{n-1}`` is ``y_0 .. y_{n-1}, EOS``
-    with ``y_t = symbol((x_t + y_{t-1}) mod K)`` (``K`` symbols; ``y_{-1}`` counts as 0): each
-    output token depends on the source and on the token fed back before it. After EOS the
-    script goes on with ordinary symbols, so a loop that does not stop shows it.
-
-    ``encode(src, src_padding_mask)`` returns the source and its mask as a ``(B, S, 2)``
-    "memory"; ``decode(tgt_in, memory, src_padding_mask)`` returns ``(B, T, V)`` logits, the
-    scripted token 4 above the rest. A source position counts as padding only if BOTH the mask
-    given to ``encode`` and the one given to ``decode`` say so, so a loop that forgets either
-    mask decodes the padding's junk tokens. ``decode`` refuses float tokens and inputs that do
-    not start with BOS; ``encode_calls`` counts the calls of ``encode``.
-    """
-
-    def __init__(
-        self, vocab_size: int = 10, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2
-    ) -> None:
-        super().__init__()
-        self.config = _translation_config(vocab_size, pad_id, bos_id, eos_id, max_len=64)
-        self.symbols = [i for i in range(vocab_size) if i not in (pad_id, bos_id, eos_id)]
-        self.height = nn.Parameter(torch.tensor(4.0))
-        self.encode_calls = 0
-
-    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        self.encode_calls += 1
-        real = (
-            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
-        )
-        return torch.stack([src.float(), real.float()], dim=-1)  # (B, S, 2)
-
-    def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor,
-        src_padding_mask: Tensor | None = None,
-        tgt_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        c = self.config
-        if tgt_in.is_floating_point():
-            raise AssertionError(
-                "your loop fed the decoder float values: feed token ids, the argmax of the "
-                "logits (logits[:, -1].argmax(dim=-1)), not the logits or probabilities."
-            )
-        if tgt_in.ndim != 2 or tgt_in.shape[0] != memory.shape[0]:
-            raise AssertionError(
-                f"your loop fed the decoder a tensor of shape {tuple(tgt_in.shape)}; it takes "
-                f"the tokens so far, (B, L) with B={memory.shape[0]}."
-            )
-        if bool((tgt_in[:, 0] != c.bos_id).any()):
-            raise AssertionError(
-                f"your loop fed the decoder {tgt_in[:, 0].tolist()} at position 0: every "
-                f"decoder input starts with BOS (bos_id={c.bos_id})."
-            )
-        src = memory[..., 0].round().long()  # (B, S)
-        real = memory[..., 1] > 0.5
-        if src_padding_mask is None:
-            real = torch.ones_like(real)
-        else:
-            real = real | src_padding_mask.to(real.device)
-        K = len(self.symbols)
-        index = {s: i for i, s in enumerate(self.symbols)}
-        B, T = tgt_in.shape
-        ramp = torch.linspace(0.0, 0.5, c.tgt_vocab_size)  # (V,): ties never happen
-        logits = ramp.expand(B, T, c.tgt_vocab_size).clone()  # (B, T, V)
-        for b in range(B):
-            source = [index.get(int(s), 0) for s in src[b][real[b]]]
-            for t in range(T):
-                prev = index.get(int(tgt_in[b, t]), 0) if t else 0
-                if t < len(source):
-                    token = self.symbols[(source[t] + prev) % K]
-                elif t == len(source):
-                    token = c.eos_id
-                else:
-                    token = self.symbols[t % K]
-                logits[b, t, token] = 4.0
-        return logits * (self.height / 4.0)
-
-
-class RandomTranslator(nn.Module):
-    """A small random encoder-decoder for checking decoding loops on real-valued logits.
-
-    ``encode`` embeds the real source tokens; ``decode`` adds the mean of the memory to the
-    running (causal) mean of the target embeddings and maps it to logits, making EOS likelier
-    the longer the output. Special ids: pad 0, bos 1, eos 2.
-    """
-
-    def __init__(self, vocab_size: int, *, seed: int = 0) -> None:
-        super().__init__()
-        g = generator(seed)
-        self.config = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2, tgt_vocab_size=vocab_size)
-        self.src_embed = nn.Parameter(torch.randn(vocab_size, 8, generator=g))
-        self.tgt_embed = nn.Parameter(torch.randn(vocab_size, 8, generator=g))
-        self.out = nn.Parameter(torch.randn(8, vocab_size, generator=g))
-
-    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        if src_padding_mask is None:
-            src_padding_mask = torch.ones_like(src, dtype=torch.bool)
-        return self.src_embed[src] * src_padding_mask[..., None]  # (B, S, 8)
-
-    def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor,
-        src_padding_mask: Tensor | None = None,
-        tgt_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        T, S = tgt_in.shape[1], memory.shape[1]
-        steps = torch.arange(1, T + 1, dtype=memory.dtype)  # (T,)
-        h = self.tgt_embed[tgt_in].cumsum(1) / steps[None, :, None]  # (B, T, 8): causal mean
-        aligned = memory[:, torch.arange(T) % S]  # (B, T, 8): source position t for output t
-        logits = torch.tanh(0.5 * h + aligned) @ self.out  # (B, T, V)
-        eos = torch.zeros_like(logits)
-        eos[..., self.config.eos_id] = 0.6 * steps - 1.6  # EOS likelier with length
-        return logits + eos
-
-
 def run_decode(
     fn: Callable[..., Tensor],
     model: nn.Module,
@@ -1599,14 +1558,14 @@ def judge_decode(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what
 
 
 def check_greedy_decode(fn: Callable[..., Tensor]) -> None:
-    """Worked examples on a :class:`ScriptedTranslator`: three sources of different lengths
+    """Worked examples on a scripted :class:`StandInTranslator`: three sources of different lengths
     (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence short."""
     for key in ("three sentences", "short max_len"):
         src, _ = stored("lab06", f"greedy_decode {key}: src")
         mask, _ = stored("lab06", f"greedy_decode {key}: mask")
         want, mistakes = stored("lab06", f"greedy_decode {key}")
         max_len = 10 if key == "three sentences" else 3
-        model = ScriptedTranslator()
+        model = StandInTranslator(scripted=True)
         got, what = run_decode(fn, model, src.long(), mask.bool(), 1, 2, max_len)
         judge_decode(got, want, mistakes, what)
         expect_true(

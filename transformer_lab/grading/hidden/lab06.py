@@ -45,8 +45,7 @@ from transformer_lab.checks.lab06 import (
     FIT_WHAT,
     PRECISIONS,
     SPEC,
-    RandomTranslator,
-    ScriptedTranslator,
+    StandInTranslator,
     _shift_call,
     block_like_torch,
     copy_task_batches,
@@ -902,9 +901,9 @@ def greedy_mistakes(
 
 def _scripted_example(
     g: torch.Generator, B: int, S: int, vocab: int, specials: tuple[int, int, int]
-) -> tuple[ScriptedTranslator, Tensor, Tensor]:
+) -> tuple[StandInTranslator, Tensor, Tensor]:
     pad_id, bos_id, eos_id = specials
-    model = ScriptedTranslator(vocab, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+    model = StandInTranslator(vocab, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, scripted=True)
     symbols = torch.tensor(model.symbols)
     src = symbols[torch.randint(0, len(symbols), (B, S), generator=g)]
     lengths = torch.randint(1, S + 1, (B,), generator=g)
@@ -944,7 +943,7 @@ def hidden_check_greedy_decode(fn: Callable[..., Tensor], seed: int = 0) -> None
         B, S = randint(2, 5, g), randint(3, 6, g)
         model, src, mask = _scripted_example(g, B, S, 10, specials)
         _expect_decode(fn, model, src, mask, specials[1:], S + randint(2, 4, g))
-    model = RandomTranslator(9, seed=seed)
+    model = StandInTranslator(9, seed=seed)
     src = torch.randint(3, 9, (4, 5), generator=g)
     mask = torch.ones_like(src, dtype=torch.bool)
     mask[2, 3:] = False
@@ -962,7 +961,7 @@ def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -
     empty[1] = False  # a source with no real token: EOS at once
     _expect_decode(fn, model, src, empty, (1, 2), 7)
     _expect_decode(fn, model, src[:1], mask[:1], (1, 2), 7)
-    full = ScriptedTranslator(10, pad_id=7)
+    full = StandInTranslator(10, pad_id=7, scripted=True)
     _expect_decode(fn, full, src[:, :3], None, (1, 2), 6)
 
 
@@ -1007,7 +1006,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     src = torch.tensor([[4, 5, 6, 7], [8, 3, 9, 9], [5, 5, 3, 4]])
     mask = torch.tensor([[True] * 4, [True, True, False, False], [True, True, True, False]])
     for key, max_len in (("three sentences", 10), ("short max_len", 3)):
-        scripted = ScriptedTranslator()
+        scripted = StandInTranslator(scripted=True)
         want = oracle_greedy_decode(scripted, src, 1, 2, max_len, mask)
         out[f"greedy_decode {key}: src"] = fixture_entry(src.double())
         out[f"greedy_decode {key}: mask"] = fixture_entry(mask.double())
