@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,13 +56,13 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     generator,
-    instance_attributes,
     note_mistake,
     stored,
 )
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
+    judge_training_step,
     learning_rates,
     parse_optimizers,
 )
@@ -72,8 +72,8 @@ __all__ = [
     "BLOCK_BAN",
     "FEED_FORWARD_BAN",
     "LAYER_NORM_BAN",
+    "LOSS_HINT",
     "MODULE_BAN",
-    "LogCall",
     "ProbeModel",
     "accuracy_on_fresh_data",
     "block_parts",
@@ -89,10 +89,7 @@ __all__ = [
     "check_trained_encoder",
     "check_training_step",
     "ff_parts",
-    "graph_holders",
     "held_out_batches",
-    "judge_logging",
-    "judge_training_loss",
     "layer_norm_call",
     "learning_rates",
     "load_weights",
@@ -102,7 +99,6 @@ __all__ = [
     "reference_feed_forward",
     "run_block",
     "run_feed_forward",
-    "run_training_step",
 ]
 
 IGNORE_INDEX = -100
@@ -718,29 +714,6 @@ def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
-class LogCall:
-    """One ``self.log(name, value, **options)`` call of a ``training_step``."""
-
-    name: str
-    value: Any
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-class _LogRecorder:
-    """Stands in for ``LightningModule.log``/``log_dict`` while a check calls ``training_step``."""
-
-    def __init__(self) -> None:
-        self.calls: list[LogCall] = []
-
-    def log(self, name: str, value: Any, *args: Any, **options: Any) -> None:
-        self.calls.append(LogCall(name, value, options))
-
-    def log_dict(self, values: Mapping[str, Any], *args: Any, **options: Any) -> None:
-        for name, value in values.items():
-            self.calls.append(LogCall(name, value, options))
-
-
 def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> Any:
     """``cls(model, **hparams)``: the student's LightningModule around a given model."""
     shown = ", ".join(f"{k}={v!r}" for k, v in hparams.items())
@@ -755,128 +728,12 @@ def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> A
     return module
 
 
-def run_training_step(module: Any, batch: dict[str, Tensor]) -> tuple[Any, list[LogCall]]:
-    """``module.training_step(batch, 0)`` under the ban; what it returned and what it logged."""
-    recorder = _LogRecorder()
-    module.train()
-    module.log, module.log_dict = recorder.log, recorder.log_dict  # on the instance only
-    try:
-        out = call_forbidding(
-            module.training_step, (batch, 0), {}, ban=MODULE_BAN, what="training_step(batch, 0)"
-        )
-    finally:
-        for name in ("log", "log_dict"):
-            with contextlib.suppress(AttributeError):
-                delattr(module, name)
-    return out, recorder.calls
-
-
-def graph_holders(module: nn.Module) -> list[str]:
-    """Attributes of ``module`` that keep tensors with an autograd graph (``self.losses[3]``...)."""
-    found: list[str] = []
-
-    def visit(value: Any, path: str, depth: int) -> None:
-        if isinstance(value, Tensor):
-            if value.requires_grad:  # a graph (or a leaf that starts one) is kept alive
-                found.append(path)
-        elif depth < 3 and isinstance(value, list | tuple):
-            for i, item in enumerate(value[:1000]):
-                visit(item, f"{path}[{i}]", depth + 1)
-        elif depth < 3 and isinstance(value, dict):
-            for key, item in list(value.items())[:1000]:
-                visit(item, f"{path}[{key!r}]", depth + 1)
-
-    for name, value in instance_attributes(module).items():
-        if name not in ("_parameters", "_buffers", "_modules"):
-            visit(value, f"self.{name}", 0)
-    return found
-
-
-def judge_training_loss(
-    out: Any,
-    expected: Tensor,
-    mistakes: Sequence[tuple[Tensor, str]],
-    what: str,
-) -> Tensor:
-    """The returned loss: a scalar tensor with its graph, equal to ``expected``."""
-    loss = out.get("loss") if isinstance(out, Mapping) else out
-    if isinstance(loss, float | int):
-        raise AssertionError(
-            f"{what} returned the number {loss:.4g}: return the loss tensor itself (Lightning "
-            "calls loss.backward() on it), not loss.item()."
-        )
-    expect_true(
-        isinstance(loss, Tensor),
-        f"{what} returned {type(out).__name__}: return the loss tensor (or {{'loss': loss}}).",
-    )
-    expect_true(
-        loss.dim() == 0,
-        f"{what} returned a loss of shape {tuple(loss.shape)}: average it to one number "
-        "(the mean over the real tokens).",
-    )
-    expect_true(
-        loss.requires_grad and loss.grad_fn is not None,
-        f"{what} returned a loss without its autograd graph (detached, or rebuilt from "
-        "loss.item()): return the loss as computed, so that Lightning can call backward().",
-    )
-    return compare(
-        loss,
-        expected,
-        what=f"the loss {what} returned",
-        candidates=mistakes,
-        hint="Expected the cross-entropy averaged over the real tokens only: model(tokens, "
-        "padding_mask) gives logits (B, T, C); flatten them to (B*T, C) and the targets to "
-        "(B*T,), and let F.cross_entropy ignore the targets -100.",
-        atol=1e-5,
-        rtol=1e-5,
-    )
-
-
-def judge_logging(calls: Sequence[LogCall], loss: Tensor, module: nn.Module, what: str) -> None:
-    """``self.log("train_loss", ...)``: once, the loss's value, a tensor whose graph is not kept."""
-    names = [c.name for c in calls]
-    ours = [c for c in calls if c.name == "train_loss"]
-    if not ours:
-        raise AssertionError(
-            f"{what} logged {names or 'nothing'}: log the loss under the name 'train_loss' "
-            "(self.log('train_loss', loss.detach())); the notebook's plots read that name."
-        )
-    expect_true(
-        len(ours) == 1, f"{what} logged 'train_loss' {len(ours)} times: log it once per step."
-    )
-    call = ours[0]
-    if isinstance(call.value, float | int):
-        raise AssertionError(
-            f"{what} logged a Python number ({call.value:.4g}, from .item()): on a GPU .item() "
-            "makes the CPU wait for the GPU at every step. Log the tensor, detached: "
-            "self.log('train_loss', loss.detach())."
-        )
-    expect_true(
-        isinstance(call.value, Tensor) and call.value.numel() == 1,
-        f"{what} logged {type(call.value).__name__} as 'train_loss': log the loss tensor.",
-    )
-    expect_true(
-        close(call.value.detach().reshape(()), loss.detach()),
-        f"{what} logged {float(call.value.detach()):.4g} as 'train_loss' but returned the loss "
-        f"{float(loss.detach()):.4g}: log the loss you return.",
-    )
-    if call.options.get("enable_graph") and call.value.requires_grad:
-        raise AssertionError(
-            f"{what} logs the loss with enable_graph=True: the logger then keeps the step's whole "
-            "autograd graph alive. Log loss.detach() (without enable_graph)."
-        )
-    expect_true(
-        call.options.get("on_step", True) is not False,
-        f"{what} logs 'train_loss' with on_step=False: the loss curves need one value per step "
-        "(the default in training_step).",
-    )
-    holders = graph_holders(module)
-    expect_true(
-        not holders,
-        f"after {what}, {', '.join(holders[:3])} holds a tensor with its autograd graph: every "
-        "step's activations stay in memory and the run slows down and runs out of memory. "
-        "Store loss.detach() (or nothing: self.log keeps the curve).",
-    )
+#: What a wrong loss is told: lab 04's loss, the cross-entropy of the real tokens.
+LOSS_HINT = (
+    "Expected the cross-entropy averaged over the real tokens only: model(tokens, "
+    "padding_mask) gives logits (B, T, C); flatten them to (B*T, C) and the targets to "
+    "(B*T,), and let F.cross_entropy ignore the targets -100."
+)
 
 
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
@@ -912,13 +769,15 @@ def check_training_step(cls: Callable[..., Any]) -> None:
         _example("training_step logits without padding_mask (3, 5, 6)"),
     )
     module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
-    batch = _stored_batch()
-    out, calls = run_training_step(module, batch)
     want, mistakes = stored(_LAB, "training_step loss")
-    loss = judge_training_loss(
-        out, want, [(t, h) for h, t in mistakes.items()], "training_step(batch, 0)"
+    judge_training_step(
+        module,
+        _stored_batch(),
+        ban=MODULE_BAN,
+        expected=want,
+        mistakes=[(t, h) for h, t in mistakes.items()],
+        hint=LOSS_HINT,
     )
-    judge_logging(calls, loss, module, "training_step(batch, 0)")
 
 
 # --------------------------------------------------------------------------------------

@@ -56,7 +56,6 @@ from transformer_lab.checks._common import (
     expect_true,
     forbidden,
     generator,
-    instance_attributes,
     kernel_side,
     run_beside,
     stored,
@@ -64,6 +63,7 @@ from transformer_lab.checks._common import (
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
+    judge_training_step,
     learning_rates,
     parse_optimizers,
 )
@@ -833,51 +833,6 @@ def _module_under_test(
     return expect_module(module, what)
 
 
-class _LogRecorder:
-    """Stands in for ``LightningModule.log``/``log_dict`` on a module called without a Trainer."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any, dict[str, Any]]] = []
-
-    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        self.calls.append((name, value, kwargs))
-
-    def log_dict(self, values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
-        for name, value in values.items():
-            self.calls.append((name, value, kwargs))
-
-    def value(self, name: str) -> Any:
-        found = [v for n, v, _ in self.calls if n == name]
-        return found[-1] if found else None
-
-
-def _graph_keepers(module: nn.Module) -> list[str]:
-    """Attributes of ``module`` that hold tensors with a graph (e.g. a list of losses)."""
-    found = []
-    for name, value in instance_attributes(module).items():
-        if name.startswith("_"):
-            continue
-        values = value if isinstance(value, list | tuple) else [value]
-        if isinstance(value, dict):
-            values = list(value.values())
-        if any(isinstance(v, Tensor) and v.requires_grad for v in values):
-            found.append(name)
-    return found
-
-
-def _loss_of(out: Any, what: str) -> Tensor:
-    if isinstance(out, Mapping):
-        out = out.get("loss")
-    if isinstance(out, float | int):
-        raise AssertionError(
-            f"{what} returned the number {out!r}: return the loss tensor itself (not loss.item()); "
-            "Lightning calls backward() on it."
-        )
-    if out is None:
-        raise AssertionError(f"{what} returned None: return the loss (Lightning trains on it).")
-    return expect_shape(out, (), what)
-
-
 def _training_step_candidates(
     model: StandInTranslator, batch: dict[str, Tensor], pad_id: int
 ) -> tuple[Tensor, list[tuple[Tensor, str]]]:
@@ -933,54 +888,21 @@ def _training_step_candidates(
 def training_step_check(
     cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
 ) -> None:
-    """One ``training_step`` on a stand-in model: value, graph, and what is logged."""
+    """One ``training_step`` on a stand-in model: value, graph, and what is logged
+    (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
     model, ids = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
     batch = copy_task_batches(1, 6, seed=seed, **ids)[0]
-    recorder = _LogRecorder()
-    module.log, module.log_dict = recorder.log, recorder.log_dict
-    what = "training_step(batch, 0)"
-    module.train()
-    out = call_forbidding(module.training_step, (batch, 0), {}, ban=MODULE_BAN, what=what)
-    loss = _loss_of(out, what)
-    expect_true(
-        loss.grad_fn is not None,
-        f"{what} returned a loss without a graph (no grad_fn): return the tensor your loss "
-        "function computed, not loss.detach() or a new tensor; Lightning calls backward() on it.",
-    )
     want, candidates = _training_step_candidates(model, batch, pad_id)
-    compare(
-        loss,
-        want,
-        what=f"the loss {what} returned (stand-in model, pad_id={pad_id})",
-        candidates=candidates,
+    judge_training_step(
+        module,
+        batch,
+        ban=MODULE_BAN,
+        expected=want,
+        mistakes=candidates,
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
-        atol=1e-5,
-        rtol=1e-5,
     )
-    logged = recorder.value("train_loss")
-    if logged is None:
-        names = sorted({n for n, _, _ in recorder.calls})
-        raise AssertionError(
-            f"{what} did not log 'train_loss' (it logged {names or 'nothing'}): call "
-            "self.log('train_loss', loss) so that the loss curve can be drawn."
-        )
-    logged = torch.as_tensor(logged).detach().double()
-    expect_true(
-        close(logged, want),
-        f"{what} logged train_loss={float(logged):.4g} but returned {float(loss.detach()):.4g}: "
-        "log the loss you return.",
-    )
-    graph = [kw for n, _, kw in recorder.calls if kw.get("enable_graph")]
-    keepers = _graph_keepers(module)
-    if graph or keepers:
-        where = f"self.{keepers[0]}" if keepers else "self.log(..., enable_graph=True)"
-        raise AssertionError(
-            f"{what} keeps the graph of the loss alive in {where}: every step's whole "
-            "computation graph would stay in memory. self.log detaches what it logs; keep "
-            "numbers with loss.detach() or loss.item() if you must store them."
-        )
 
 
 def check_training_step(cls: Callable[..., Any]) -> None:

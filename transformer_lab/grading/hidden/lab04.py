@@ -36,23 +36,22 @@ from transformer_lab.checks._common import (
     generator,
     randint,
 )
-from transformer_lab.checks._lightning import Schedule
+from transformer_lab.checks._lightning import Schedule, judge_training_step
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
+    LOSS_HINT,
+    MODULE_BAN,
     SPEC,
     ProbeModel,
     block_weights,
     build_block,
     build_feed_forward,
     build_module,
-    judge_logging,
-    judge_training_loss,
     layer_norm_call,
     load_weights,
     optimizers_check,
     run_block,
     run_feed_forward,
-    run_training_step,
 )
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import masked_weights
@@ -928,18 +927,17 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
         module = build_module(
             cls, model, lr=0.003, weight_decay=0.01, warmup_steps=2, total_steps=10
         )
-        result, calls = run_training_step(module, batch)
         with torch.no_grad():
             logits, unmasked = model(tokens, keep), model(tokens)
         mistakes = tagging_loss_mistakes(logits, unmasked, targets, tokens)
-        call = "training_step(batch, 0)"
-        returned = judge_training_loss(
-            result,
-            oracle_tagging_loss(logits, targets),
-            [(t, h) for h, t in mistakes.items()],
-            call,
+        returned = judge_training_step(
+            module,
+            batch,
+            ban=MODULE_BAN,
+            expected=oracle_tagging_loss(logits, targets),
+            mistakes=[(t, h) for h, t in mistakes.items()],
+            hint=LOSS_HINT,
         )
-        judge_logging(calls, returned, module, call)
         returned.backward()  # Lightning will: the graph must reach the model's weights
         expect_true(
             model.head.weight.grad is not None,
