@@ -54,7 +54,7 @@ from transformer_lab.checks.lab04 import (
     run_feed_forward,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import masked_weights
+from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
 __all__ = [
     "encoder_block_mistakes",
@@ -85,13 +85,9 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 
 
-def oracle_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
-    """Layer norm over the last dimension in float64: centred values, biased variance."""
-    x64 = x.detach().double()
-    d = x64.shape[-1]
-    centred = x64 - x64.sum(-1, keepdim=True) / d
-    var = (centred * centred).sum(-1, keepdim=True) / d
-    return centred / torch.sqrt(var + eps) * weight.double() + bias.double()
+#: Layer norm over the last dimension in float64 (centred values, biased variance), shared with
+#: lab 06's decoder-block oracle.
+oracle_layer_norm = layer_norm64
 
 
 def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> dict[str, Tensor]:
@@ -236,10 +232,7 @@ def oracle_feed_forward(
     w: Mapping[str, Tensor], x: Tensor, hidden_mask: Tensor | None = None
 ) -> Tensor:
     """``relu(x W1^T + b1) W2^T + b2`` in float64; ``hidden_mask`` scales the hidden units."""
-    hidden = torch.clamp(x.double() @ w["w1"].T + w["b1"], min=0.0)  # (..., F)
-    if hidden_mask is not None:
-        hidden = hidden * hidden_mask
-    return hidden @ w["w2"].T + w["b2"]  # (..., D)
+    return feed_forward64(x, (w["w1"], w["b1"]), (w["w2"], w["b2"]), hidden_mask)
 
 
 def feed_forward_mistakes(w: Mapping[str, Tensor], x: Tensor) -> dict[str, Tensor]:
@@ -367,20 +360,14 @@ class _Oracle:
         self.n_heads = n_heads
         self.eps = eps
 
+    def _layer(self, name: str) -> tuple[Tensor, Tensor]:
+        return self.w[f"{name}.weight"], self.w[f"{name}.bias"]
+
     def attention(self, h: Tensor, mask: Tensor | None) -> Tensor:
         """Multi-head self-attention of ``h (B, T, D)``; fully masked rows give zeros."""
-        w, H = self.w, self.n_heads
-        B, T, D = h.shape
-
-        def heads(name: str) -> Tensor:
-            y = h @ w[f"self_attn.{name}.weight"].T + w[f"self_attn.{name}.bias"]
-            return y.reshape(B, T, H, D // H).permute(0, 2, 1, 3)  # (B, H, T, Dh)
-
-        q, k, v = heads("q_proj"), heads("k_proj"), heads("v_proj")
-        scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(D // H)  # (B, H, T, S)
-        weights = masked_weights(scores, mask)  # fully masked rows: zeros
-        out = torch.einsum("bhts,bhsd->bthd", weights, v).reshape(B, T, D)  # (B, T, D)
-        return out @ w["self_attn.out_proj.weight"].T + w["self_attn.out_proj.bias"]
+        names = ("q_proj", "k_proj", "v_proj", "out_proj")
+        layers = tuple(self._layer(f"self_attn.{n}") for n in names)
+        return multi_head64(h, h, h, layers, self.n_heads, mask)
 
     def scores(self, h: Tensor) -> Tensor:
         """Raw scores ``(B, H, T, S)`` of ``h``, before masking and softmax."""
@@ -391,15 +378,11 @@ class _Oracle:
         return torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D // H)
 
     def feed_forward(self, h: Tensor, hidden_mask: Tensor | None = None) -> Tensor:
-        w = self.w
-        hidden = torch.clamp(h @ w["ff.linear1.weight"].T + w["ff.linear1.bias"], min=0.0)
-        if hidden_mask is not None:
-            hidden = hidden * hidden_mask
-        return hidden @ w["ff.linear2.weight"].T + w["ff.linear2.bias"]
+        first, second = self._layer("ff.linear1"), self._layer("ff.linear2")
+        return feed_forward64(h, first, second, hidden_mask)
 
     def norm(self, index: int, h: Tensor) -> Tensor:
-        gain, shift = self.w[f"norm{index}.weight"], self.w[f"norm{index}.bias"]
-        return oracle_layer_norm(h, gain, shift, self.eps[index - 1])
+        return oracle_layer_norm(h, *self._layer(f"norm{index}"), self.eps[index - 1])
 
 
 def _eps(block: nn.Module) -> tuple[float, float]:

@@ -65,7 +65,7 @@ from transformer_lab.checks.lab06 import (
     validation_step_check,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import masked_weights
+from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
 __all__ = [
     "fixtures",
@@ -104,34 +104,21 @@ def decoder_params(layer: nn.TransformerDecoderLayer) -> dict[str, Any]:
 def _attention(
     p: dict[str, Any], prefix: str, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None
 ) -> Tensor:
-    """Multi-head attention of ``p[prefix + ...]``; masked keys get weight 0, empty rows 0."""
-    W = p[prefix + ".in_proj_weight"]
-    b = p[prefix + ".in_proj_bias"]
-    D = query.shape[-1]
-    H = p["heads"]
-    q = query @ W[:D].T + b[:D]
-    k = key @ W[D : 2 * D].T + b[D : 2 * D]
-    v = value @ W[2 * D :].T + b[2 * D :]
-    B, T, _ = q.shape
-    S = k.shape[1]
-    q = q.view(B, T, H, D // H).transpose(1, 2)  # (B, H, T, Dh)
-    k = k.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
-    v = v.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(D // H)  # (B, H, T, S)
-    weights = masked_weights(scores, mask)  # masked keys 0, fully masked rows 0
-    out = (weights @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-    return out @ p[prefix + ".out_proj.weight"].T + p[prefix + ".out_proj.bias"]
+    """Multi-head attention of torch's ``p[prefix + ...]`` (its packed ``in_proj``)."""
+    weights = p[prefix + ".in_proj_weight"].chunk(3)  # 3 x (D, D)
+    biases = p[prefix + ".in_proj_bias"].chunk(3)  # 3 x (D,)
+    out = (p[prefix + ".out_proj.weight"], p[prefix + ".out_proj.bias"])
+    layers = (*zip(weights, biases, strict=True), out)
+    return multi_head64(query, key, value, layers, p["heads"], mask)
 
 
 def _norm(p: dict[str, Any], name: str, x: Tensor) -> Tensor:
-    centre = x.mean(-1, keepdim=True)
-    var = ((x - centre) ** 2).mean(-1, keepdim=True)
-    return (x - centre) / torch.sqrt(var + 1e-5) * p[name + ".weight"] + p[name + ".bias"]
+    return layer_norm64(x, p[name + ".weight"], p[name + ".bias"])
 
 
 def _feed_forward(p: dict[str, Any], x: Tensor) -> Tensor:
-    h = torch.relu(x @ p["linear1.weight"].T + p["linear1.bias"])
-    return h @ p["linear2.weight"].T + p["linear2.bias"]
+    layers = [(p[f"linear{i}.weight"], p[f"linear{i}.bias"]) for i in (1, 2)]
+    return feed_forward64(x, *layers)
 
 
 def oracle_decoder_block(
