@@ -257,15 +257,10 @@ def feed_forward_dropout_cases(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Training mode: the expected output and the mistaken placements, masks from ``seed``."""
     d_model, d_ff = w["w1"].shape[1], w["w1"].shape[0]
+    lead = tuple(x.shape[:-1])
 
-    def draws(*widths: int) -> list[Tensor]:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # the seed the student's call ran under
-            shape = x.shape[:-1]
-            return [
-                F.dropout(torch.ones(*shape, n, dtype=x.dtype), p, training=True).double()
-                for n in widths
-            ]
+    def draws(*widths: int) -> list[Tensor]:  # from the seed the student's call ran under
+        return _dropout_masks(seed, [(*lead, n) for n in widths], p, x.dtype, set())
 
     (hidden,) = draws(d_ff)
     (on_out,) = draws(d_model)
