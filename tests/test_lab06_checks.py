@@ -872,10 +872,10 @@ MODULE_MISTAKES = [
     (ModulePadZero, ["hidden"], "ignores id 0"),
     (ModuleNoMasks, [*TRAIN, "validation_step"], "padding masks"),
     (ModuleReturnsItem, TRAIN, "loss.item()"),
-    (ModuleReturnsDetached, TRAIN, "without a graph"),
-    (ModuleNoLog, TRAIN, "did not log 'train_loss'"),
-    (ModuleKeepsGraph, TRAIN, "keeps the graph"),
-    (ModuleEnableGraph, TRAIN, "keeps the graph"),
+    (ModuleReturnsDetached, TRAIN, "without its autograd graph"),
+    (ModuleNoLog, TRAIN, "logged nothing"),
+    (ModuleKeepsGraph, TRAIN, "self.losses[0] holds a tensor with its autograd"),
+    (ModuleEnableGraph, TRAIN, "keeps the step's whole autograd graph"),
     (ModuleExactMatchWithPadding, VALIDATION, "padding positions"),
     (ModuleBatchAccuracy, VALIDATION, "averages the accuracies of the batches"),
     (ModuleNeverReset, VALIDATION, "keeps counting across runs"),
@@ -1240,7 +1240,7 @@ def test_decode_calling_the_kit_earns_nothing() -> None:
 
 
 def test_decode_oracle_agrees_with_the_kit() -> None:
-    model = lab06.RandomTranslator(9, seed=3)
+    model = lab06.StandInTranslator(9, seed=3)
     src = torch.randint(3, 9, (4, 5), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(src, dtype=torch.bool)
     mask[1, 2:] = False
@@ -1302,14 +1302,14 @@ def test_cross_attention_maps_are_one_per_decoder_block() -> None:
 
 
 def test_stand_in_models_record_and_refuse_what_they_should() -> None:
-    model = lab06.ScriptedTranslator()
+    model = lab06.StandInTranslator(scripted=True)
     memory = model.encode(torch.tensor([[4, 5]]))
     with pytest.raises(AssertionError, match="float values"):
         model.decode(torch.tensor([[1.0]]), memory)
     with pytest.raises(AssertionError, match="starts with BOS"):
         model.decode(torch.tensor([[3]]), memory)
     assert model.encode_calls == 1
-    tiny = lab06.TinySeq2Seq(seed=62)
+    tiny = lab06.StandInTranslator(seed=62)
     batch = lab06.copy_task_batches(1, 32, seed=62)[0]
     masks = (batch["src_padding_mask"], batch["tgt_padding_mask"])
     logits = tiny(batch["src"], batch["tgt_in"], *masks)
@@ -1318,5 +1318,5 @@ def test_stand_in_models_record_and_refuse_what_they_should() -> None:
     exact = (right | (batch["tgt_out"] == 0)).all(-1).float().mean()
     # Partly right: metrics that are neither 0 nor 1 tell correct code from wrong code.
     assert 0.4 < float(accuracy) < 0.95 and 0.05 < float(exact) < 0.8
-    assert tiny.calls == [(True, True)]
+    assert tiny.encode_calls == 1
     assert dataclasses.is_dataclass(Session)

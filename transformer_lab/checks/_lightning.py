@@ -1,52 +1,96 @@
-"""What Lightning makes of a ``configure_optimizers``, judged once for every lab that asks for one.
+"""The LightningModule contract labs 04 and 06 share, judged once for both.
 
-Labs 04 (``TaggingModule``) and 06 (``TranslationModule``) both ask for AdamW with a learning
-rate that warms up and decays step by step. The parts of that contract the two labs share are
-judged here, with one message each:
+Labs 04 (``TaggingModule``) and 06 (``TranslationModule``) both ask for a ``training_step``
+that returns and logs the loss, and a ``configure_optimizers`` with a learning rate that warms
+up and decays step by step. Their checks, visible and hidden, call the judges here, with one
+message each:
 
-* :func:`parse_optimizers` reads the return value the ways Lightning accepts it (an optimizer, a
-  dict with ``"optimizer"`` and ``"lr_scheduler"``, ``([optimizer], [scheduler])``, a list of
-  one), with the scheduler's ``interval`` and ``frequency``;
+* :func:`judge_training_step`: ``training_step(batch, 0)`` called without a Trainer
+  (:func:`run_training_step`, ``self.log`` recorded): the loss is a scalar tensor with its graph
+  and the expected value (a catalogued wrong loss named), logged once as ``train_loss``, and no
+  attribute of the module keeps a graph alive (:func:`graph_holders`);
+* :func:`parse_optimizers` reads what ``configure_optimizers`` returns the ways Lightning
+  accepts it (an optimizer, a dict with ``"optimizer"`` and ``"lr_scheduler"``,
+  ``([optimizer], [scheduler])``, a list of one), with the scheduler's ``interval`` and
+  ``frequency``;
 * :func:`judge_every_parameter`: every trainable parameter of the module is in the optimizer;
+  :func:`judge_adamw`: AdamW, decay on the matrices only, the peak rate;
 * :func:`judge_stepped_per_step`: the scheduler is stepped once per optimizer step (Lightning's
   default is once per *epoch*, under which a warm-up of N steps lasts N epochs);
 * :func:`learning_rates`: the learning rate step by step, with one rate for all parameter
   groups (two groups that drift apart follow two schedules, and a check reading group 0 alone
-  would judge only one of them).
+  would judge only one of them); :func:`judge_schedule`: those rates against the exact ones a
+  lab stores or computes (with its catalogue of wrong schedules), or else by their shape (a
+  linear warm-up to ``lr`` at ``warmup_steps``, then a decay);
+* :func:`judge_configure_optimizers`: the optimizer contract in the order a student meets it.
 
-What differs stays with each lab: lab 04 judges two weight-decay groups and the exact schedule,
-lab 06 the schedule's shape.
+What differs stays with each lab, as data: the expected loss and its mistakes, lab 04's two
+weight-decay groups and exact warm-up + cosine (its oracle is hidden), lab 06's schedule shape.
 
-Reference: Lightning's ``LightningModule.configure_optimizers`` documentation (the accepted
-return values, ``"interval"`` and ``"frequency"``).
+Reference: Lightning's ``LightningModule`` documentation (``training_step``, ``self.log``,
+``configure_optimizers``: the accepted return values, ``"interval"`` and ``"frequency"``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from transformer_lab.checks._common import expect_true, kernel_side, run_beside
+from transformer_lab.checks._common import (
+    Ban,
+    call_forbidding,
+    close,
+    compare,
+    expect_true,
+    instance_attributes,
+    kernel_side,
+    run_beside,
+)
 
 __all__ = [
     "RETURN_HINT",
+    "LogCall",
     "OptimizerConfig",
+    "Schedule",
+    "graph_holders",
     "group_rates",
+    "judge_adamw",
+    "judge_configure_optimizers",
     "judge_every_parameter",
+    "judge_logging",
+    "judge_schedule",
     "judge_stepped_per_step",
+    "judge_training_loss",
+    "judge_training_step",
     "learning_rates",
     "parse_optimizers",
+    "run_training_step",
 ]
 
 WHAT = "configure_optimizers()"
+STEP = "training_step(batch, 0)"
 
 RETURN_HINT = (
     'return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}'
 )
+
+
+class Schedule(NamedTuple):
+    """The learning-rate schedule a module's hyper-parameters ask for: a linear warm-up to
+    ``lr`` over ``warmup_steps`` optimizer steps, then a decay that ends at ``total_steps``."""
+
+    lr: float
+    warmup_steps: int
+    total_steps: int
+
+    def __str__(self) -> str:
+        return f"(lr={self.lr:g}, warmup_steps={self.warmup_steps}, total_steps={self.total_steps})"
 
 
 class OptimizerConfig(NamedTuple):
@@ -179,3 +223,343 @@ def learning_rates(
             f"{sorted(set(values))}: give every group the same lr (one schedule for the model).",
         )
     return torch.tensor([float(r[0]) for r in rates], dtype=torch.float64)  # (steps,)
+
+
+def judge_adamw(
+    optimizer: torch.optim.Optimizer, model: nn.Module, lr: float, weight_decay: float
+) -> None:
+    """AdamW over every parameter once: ``weight_decay`` on the matrices, none on biases and
+    norms, and the peak learning rate ``lr`` in every group."""
+    if not isinstance(optimizer, torch.optim.AdamW):
+        raise AssertionError(
+            f"{WHAT} builds {type(optimizer).__name__}: use torch.optim.AdamW. "
+            + (
+                "Adam's weight_decay adds the decay to the gradient, where Adam's division by "
+                "the gradient's running size distorts it (weights with large gradients are "
+                "hardly decayed); AdamW decays the weights directly (decoupled)."
+                if isinstance(optimizer, torch.optim.Adam)
+                else ""
+            )
+        )
+    judge_every_parameter(
+        optimizer,
+        model,
+        "Give it every parameter of the module (self.parameters()), split into two groups.",
+    )
+    groups = optimizer.param_groups  # read once (the judge asks the kernel for it)
+    decay_of = {id(p): g.get("weight_decay", 0.0) for g in groups for p in g["params"]}
+    wrong = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        decay = decay_of[id(param)]
+        want = weight_decay if param.dim() >= 2 else 0.0
+        if abs(decay - want) > 1e-12:
+            wrong.append((name, param.dim(), decay, want))
+    if wrong:
+        shown = "; ".join(
+            f"{n} ({d}-D) has weight_decay={w:g}, expected {e:g}" for n, d, w, e in wrong
+        )
+        raise AssertionError(
+            f"{WHAT}: {shown}. Decay the weight matrices and the embedding (p.dim() >= 2) with "
+            "weight_decay, and nothing with one dimension (biases, LayerNorm weights and "
+            "biases): shrinking a norm's gain or a bias towards 0 is no regularisation."
+        )
+    peaks = {g.get("initial_lr", g["lr"]) for g in groups}
+    expect_true(
+        all(abs(peak - lr) <= 1e-12 + 1e-6 * lr for peak in peaks),
+        f"{WHAT}: the optimizer's learning rate is {sorted(peaks)}, expected lr={lr:g}: use "
+        "self.hparams.lr.",
+    )
+
+
+def _judge_exact_rates(
+    rates: Tensor, schedule: Schedule, expected: Tensor, mistakes: Sequence[tuple[Tensor, str]]
+) -> None:
+    """The rates are ``expected`` (a linear warm-up from ``lr / warmup_steps``, then a cosine
+    to 0 at ``total_steps``); a catalogued wrong schedule is named."""
+    lr, warmup, total = schedule
+    compare(
+        rates,
+        expected,
+        what=f"the learning rates of steps 0..{total - 1} for lr={lr:g}, "
+        f"warmup_steps={warmup:g}, total_steps={total:g}",
+        candidates=mistakes,
+        hint="Expected lr * (step + 1) / warmup_steps for the first warmup_steps steps, then a "
+        "cosine from lr at step warmup_steps down to 0 at step total_steps.",
+        atol=1e-10,
+        rtol=1e-5,
+    )
+
+
+def _judge_rates_shape(rates: Tensor, schedule: Schedule) -> None:
+    """A warm-up to ``lr`` (not ``lr**2``) that ends at ``warmup_steps``, then a decay to at
+    most ``lr / 2`` by ``total_steps``; any curve of that shape (linear, cosine) passes."""
+    r = rates.double()
+    lr, warmup_steps, total_steps = schedule
+    peak, top = float(r.max()), int(r.argmax())
+    say = str(schedule)
+    if abs(peak - lr * lr) <= 1e-3 * lr * lr and abs(lr - 1.0) > 1e-6:
+        raise AssertionError(
+            f"your learning rate peaks at {peak:.3g} = lr squared {say}: LambdaLR MULTIPLIES the "
+            "optimizer's lr by your function, so the function returns a factor between 0 and 1, "
+            "not a learning rate."
+        )
+    if abs(peak - lr) > 0.02 * lr:
+        raise AssertionError(
+            f"your learning rate peaks at {peak:.3g}, expected self.lr = {lr:g} {say}: build "
+            "the optimizer with lr=self.lr and let the factor reach 1 at the end of the warm-up."
+        )
+    if bool((r == r[0]).all()):
+        raise AssertionError(
+            f"your learning rate is {peak:.3g} at every step {say}: there is no warm-up and no "
+            "decay. The factor rises linearly to 1 over self.warmup_steps steps, then decays."
+        )
+    if float(r[0]) > 0.25 * lr:
+        raise AssertionError(
+            f"your learning rate starts at {float(r[0]):.3g}, already {float(r[0]) / lr:.0%} of "
+            f"the peak {say}: there is no warm-up. Start near 0 and rise linearly to self.lr over "
+            "self.warmup_steps steps."
+        )
+    if abs(top - warmup_steps) > max(2, warmup_steps // 10):
+        raise AssertionError(
+            f"your learning rate peaks at step {top}, expected at the end of the warm-up, step "
+            f"{warmup_steps} {say}: use self.warmup_steps."
+        )
+    rising, falling = r[: top + 1], r[top:]
+    if bool((rising[1:] < rising[:-1] - 1e-12).any()) or bool(
+        (falling[1:] > falling[:-1] + 1e-12).any()
+    ):
+        raise AssertionError(
+            f"your learning rate goes up and down {say}: it should rise during the warm-up and "
+            "only fall after it."
+        )
+    if float(r[-1]) > 0.5 * lr:
+        raise AssertionError(
+            f"your learning rate is still {float(r[-1]):.3g} at step {total_steps - 1}, "
+            f"{float(r[-1]) / lr:.0%} of the peak {say}: after the warm-up it must decay (cosine "
+            "or linear) toward 0 by self.total_steps."
+        )
+
+
+def judge_schedule(
+    rates: Tensor,
+    schedule: Schedule,
+    *,
+    expected: Tensor | None = None,
+    mistakes: Sequence[tuple[Tensor, str]] = (),
+) -> None:
+    """The learning rates of steps ``0 .. total_steps - 1`` (:func:`learning_rates`).
+
+    Args:
+        expected: the exact rates, where the lab asks for one schedule (stored in the visible
+            fixtures, or the hidden oracle's); ``None`` judges the schedule's shape only.
+        mistakes: ``(rates, hint)`` of the typical wrong schedules, named when matched.
+    """
+    if expected is None:
+        _judge_rates_shape(rates, schedule)
+    else:
+        _judge_exact_rates(rates, schedule, expected, mistakes)
+
+
+def judge_configure_optimizers(
+    module: Any,
+    model: nn.Module,
+    schedule: Schedule,
+    *,
+    ban: Ban,
+    weight_decay: float | None = None,
+    expected: Tensor | None = None,
+    mistakes: Sequence[tuple[Tensor, str]] = (),
+    on_error: str = "",
+) -> Tensor:
+    """``module.configure_optimizers()`` under ``ban``, read as Lightning reads it and judged in
+    the order a student meets the contract: the optimizer (AdamW with two weight-decay groups
+    when ``weight_decay`` is given, else any optimizer over every parameter of ``model``), the
+    scheduler stepped per step, then the rates (:func:`judge_schedule`).
+
+    Returns:
+        The learning rates of the first ``schedule.total_steps`` steps, ``(total_steps,)``.
+    """
+    returned = call_forbidding(
+        module.configure_optimizers, (), {}, ban=ban, what=WHAT, on_error=on_error
+    )
+    optimizer, scheduler, interval, frequency = parse_optimizers(returned)
+    if weight_decay is None:
+        judge_every_parameter(
+            optimizer, model, "Give it all: torch.optim.AdamW(self.parameters(), lr=self.lr)."
+        )
+    else:
+        judge_adamw(optimizer, model, schedule.lr, weight_decay)
+    judge_stepped_per_step(interval, frequency)
+    rates = learning_rates(optimizer, scheduler, schedule.total_steps)
+    judge_schedule(rates, schedule, expected=expected, mistakes=mistakes)
+    return rates
+
+
+# --------------------------------------------------------------------------------------
+# training_step
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LogCall:
+    """One ``self.log(name, value, **options)`` call of a ``training_step``."""
+
+    name: str
+    value: Any
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class _LogRecorder:
+    """Stands in for ``LightningModule.log``/``log_dict`` while a check calls ``training_step``."""
+
+    def __init__(self) -> None:
+        self.calls: list[LogCall] = []
+
+    def log(self, name: str, value: Any, *args: Any, **options: Any) -> None:
+        self.calls.append(LogCall(name, value, options))
+
+    def log_dict(self, values: Mapping[str, Any], *args: Any, **options: Any) -> None:
+        for name, value in values.items():
+            self.calls.append(LogCall(name, value, options))
+
+
+def run_training_step(module: Any, batch: dict[str, Tensor], ban: Ban) -> tuple[Any, list[LogCall]]:
+    """``module.training_step(batch, 0)`` under ``ban``, without a Trainer; what it returned and
+    what it logged."""
+    recorder = _LogRecorder()
+    module.train()
+    module.log, module.log_dict = recorder.log, recorder.log_dict  # on the instance only
+    try:
+        out = call_forbidding(module.training_step, (batch, 0), {}, ban=ban, what=STEP)
+    finally:
+        for name in ("log", "log_dict"):
+            with contextlib.suppress(AttributeError):
+                delattr(module, name)
+    return out, recorder.calls
+
+
+def graph_holders(module: nn.Module) -> list[str]:
+    """Attributes of ``module`` that keep tensors with an autograd graph (``self.losses[3]``...)."""
+    found: list[str] = []
+
+    def visit(value: Any, path: str, depth: int) -> None:
+        if isinstance(value, Tensor):
+            if value.requires_grad:  # a graph (or a leaf that starts one) is kept alive
+                found.append(path)
+        elif depth < 3 and isinstance(value, list | tuple):
+            for i, item in enumerate(value[:1000]):
+                visit(item, f"{path}[{i}]", depth + 1)
+        elif depth < 3 and isinstance(value, dict):
+            for key, item in list(value.items())[:1000]:
+                visit(item, f"{path}[{key!r}]", depth + 1)
+
+    for name, value in instance_attributes(module).items():
+        if name not in ("_parameters", "_buffers", "_modules"):
+            visit(value, f"self.{name}", 0)
+    return found
+
+
+def judge_training_loss(
+    out: Any, expected: Tensor, mistakes: Sequence[tuple[Tensor, str]], hint: str
+) -> Tensor:
+    """The returned loss: a scalar tensor with its graph, equal to ``expected`` (a catalogued
+    wrong loss named); ``hint`` says how the lab's loss is computed."""
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(loss, float | int):
+        raise AssertionError(
+            f"{STEP} returned the number {loss:.4g}: return the loss tensor itself (Lightning "
+            "calls loss.backward() on it), not loss.item()."
+        )
+    expect_true(
+        isinstance(loss, Tensor),
+        f"{STEP} returned {type(out).__name__}: return the loss tensor (or {{'loss': loss}}).",
+    )
+    expect_true(
+        loss.dim() == 0,
+        f"{STEP} returned a loss of shape {tuple(loss.shape)}: average it to one number "
+        "(the mean over the real tokens).",
+    )
+    expect_true(
+        loss.requires_grad and loss.grad_fn is not None,
+        f"{STEP} returned a loss without its autograd graph (detached, or rebuilt from "
+        "loss.item()): return the loss as computed, so that Lightning can call backward().",
+    )
+    return compare(
+        loss,
+        expected,
+        what=f"the loss {STEP} returned",
+        candidates=mistakes,
+        hint=hint,
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def judge_logging(calls: Sequence[LogCall], loss: Tensor, module: nn.Module) -> None:
+    """``self.log("train_loss", ...)``: once, the loss's value, a tensor whose graph is not kept."""
+    names = [c.name for c in calls]
+    ours = [c for c in calls if c.name == "train_loss"]
+    if not ours:
+        raise AssertionError(
+            f"{STEP} logged {names or 'nothing'}: log the loss under the name 'train_loss' "
+            "(self.log('train_loss', loss.detach())); the notebook's plots read that name."
+        )
+    expect_true(
+        len(ours) == 1, f"{STEP} logged 'train_loss' {len(ours)} times: log it once per step."
+    )
+    call = ours[0]
+    if isinstance(call.value, float | int):
+        raise AssertionError(
+            f"{STEP} logged a Python number ({call.value:.4g}, from .item()): on a GPU .item() "
+            "makes the CPU wait for the GPU at every step. Log the tensor, detached: "
+            "self.log('train_loss', loss.detach())."
+        )
+    expect_true(
+        isinstance(call.value, Tensor) and call.value.numel() == 1,
+        f"{STEP} logged {type(call.value).__name__} as 'train_loss': log the loss tensor.",
+    )
+    expect_true(
+        close(call.value.detach().reshape(()), loss.detach()),
+        f"{STEP} logged {float(call.value.detach()):.4g} as 'train_loss' but returned the loss "
+        f"{float(loss.detach()):.4g}: log the loss you return.",
+    )
+    if call.options.get("enable_graph") and call.value.requires_grad:
+        raise AssertionError(
+            f"{STEP} logs the loss with enable_graph=True: the logger then keeps the step's whole "
+            "autograd graph alive. Log loss.detach() (without enable_graph)."
+        )
+    expect_true(
+        call.options.get("on_step", True) is not False,
+        f"{STEP} logs 'train_loss' with on_step=False: the loss curves need one value per step "
+        "(the default in training_step).",
+    )
+    holders = graph_holders(module)
+    expect_true(
+        not holders,
+        f"after {STEP}, {', '.join(holders[:3])} holds a tensor with its autograd graph: every "
+        "step's activations stay in memory and the run slows down and runs out of memory. "
+        "Store loss.detach() (or nothing: self.log keeps the curve).",
+    )
+
+
+def judge_training_step(
+    module: Any,
+    batch: dict[str, Tensor],
+    *,
+    ban: Ban,
+    expected: Tensor,
+    mistakes: Sequence[tuple[Tensor, str]],
+    hint: str,
+) -> Tensor:
+    """``module.training_step(batch, 0)`` under ``ban``: the loss it returns
+    (:func:`judge_training_loss`), then what it logs and keeps (:func:`judge_logging`).
+
+    Returns:
+        The returned loss, its graph kept (a hidden check may call ``backward`` on it).
+    """
+    out, calls = run_training_step(module, batch, ban)
+    loss = judge_training_loss(out, expected, mistakes, hint)
+    judge_logging(calls, loss, module)
+    return loss

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,13 +56,13 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     generator,
-    instance_attributes,
     note_mistake,
     stored,
 )
 from transformer_lab.checks._lightning import (
-    judge_every_parameter,
-    judge_stepped_per_step,
+    Schedule,
+    judge_configure_optimizers,
+    judge_training_step,
     learning_rates,
     parse_optimizers,
 )
@@ -72,8 +72,8 @@ __all__ = [
     "BLOCK_BAN",
     "FEED_FORWARD_BAN",
     "LAYER_NORM_BAN",
+    "LOSS_HINT",
     "MODULE_BAN",
-    "LogCall",
     "ProbeModel",
     "accuracy_on_fresh_data",
     "block_parts",
@@ -89,22 +89,16 @@ __all__ = [
     "check_trained_encoder",
     "check_training_step",
     "ff_parts",
-    "graph_holders",
     "held_out_batches",
-    "judge_logging",
-    "judge_optimizer",
-    "judge_schedule",
-    "judge_training_loss",
     "layer_norm_call",
     "learning_rates",
     "load_weights",
+    "optimizers_check",
     "parse_optimizers",
     "reference_encoder_block",
     "reference_feed_forward",
     "run_block",
-    "run_configure_optimizers",
     "run_feed_forward",
-    "run_training_step",
 ]
 
 IGNORE_INDEX = -100
@@ -720,29 +714,6 @@ def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
-class LogCall:
-    """One ``self.log(name, value, **options)`` call of a ``training_step``."""
-
-    name: str
-    value: Any
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-class _LogRecorder:
-    """Stands in for ``LightningModule.log``/``log_dict`` while a check calls ``training_step``."""
-
-    def __init__(self) -> None:
-        self.calls: list[LogCall] = []
-
-    def log(self, name: str, value: Any, *args: Any, **options: Any) -> None:
-        self.calls.append(LogCall(name, value, options))
-
-    def log_dict(self, values: Mapping[str, Any], *args: Any, **options: Any) -> None:
-        for name, value in values.items():
-            self.calls.append(LogCall(name, value, options))
-
-
 def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> Any:
     """``cls(model, **hparams)``: the student's LightningModule around a given model."""
     shown = ", ".join(f"{k}={v!r}" for k, v in hparams.items())
@@ -757,128 +728,12 @@ def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> A
     return module
 
 
-def run_training_step(module: Any, batch: dict[str, Tensor]) -> tuple[Any, list[LogCall]]:
-    """``module.training_step(batch, 0)`` under the ban; what it returned and what it logged."""
-    recorder = _LogRecorder()
-    module.train()
-    module.log, module.log_dict = recorder.log, recorder.log_dict  # on the instance only
-    try:
-        out = call_forbidding(
-            module.training_step, (batch, 0), {}, ban=MODULE_BAN, what="training_step(batch, 0)"
-        )
-    finally:
-        for name in ("log", "log_dict"):
-            with contextlib.suppress(AttributeError):
-                delattr(module, name)
-    return out, recorder.calls
-
-
-def graph_holders(module: nn.Module) -> list[str]:
-    """Attributes of ``module`` that keep tensors with an autograd graph (``self.losses[3]``...)."""
-    found: list[str] = []
-
-    def visit(value: Any, path: str, depth: int) -> None:
-        if isinstance(value, Tensor):
-            if value.requires_grad:  # a graph (or a leaf that starts one) is kept alive
-                found.append(path)
-        elif depth < 3 and isinstance(value, list | tuple):
-            for i, item in enumerate(value[:1000]):
-                visit(item, f"{path}[{i}]", depth + 1)
-        elif depth < 3 and isinstance(value, dict):
-            for key, item in list(value.items())[:1000]:
-                visit(item, f"{path}[{key!r}]", depth + 1)
-
-    for name, value in instance_attributes(module).items():
-        if name not in ("_parameters", "_buffers", "_modules"):
-            visit(value, f"self.{name}", 0)
-    return found
-
-
-def judge_training_loss(
-    out: Any,
-    expected: Tensor,
-    mistakes: Sequence[tuple[Tensor, str]],
-    what: str,
-) -> Tensor:
-    """The returned loss: a scalar tensor with its graph, equal to ``expected``."""
-    loss = out.get("loss") if isinstance(out, Mapping) else out
-    if isinstance(loss, float | int):
-        raise AssertionError(
-            f"{what} returned the number {loss:.4g}: return the loss tensor itself (Lightning "
-            "calls loss.backward() on it), not loss.item()."
-        )
-    expect_true(
-        isinstance(loss, Tensor),
-        f"{what} returned {type(out).__name__}: return the loss tensor (or {{'loss': loss}}).",
-    )
-    expect_true(
-        loss.dim() == 0,
-        f"{what} returned a loss of shape {tuple(loss.shape)}: average it to one number "
-        "(the mean over the real tokens).",
-    )
-    expect_true(
-        loss.requires_grad and loss.grad_fn is not None,
-        f"{what} returned a loss without its autograd graph (detached, or rebuilt from "
-        "loss.item()): return the loss as computed, so that Lightning can call backward().",
-    )
-    return compare(
-        loss,
-        expected,
-        what=f"the loss {what} returned",
-        candidates=mistakes,
-        hint="Expected the cross-entropy averaged over the real tokens only: model(tokens, "
-        "padding_mask) gives logits (B, T, C); flatten them to (B*T, C) and the targets to "
-        "(B*T,), and let F.cross_entropy ignore the targets -100.",
-        atol=1e-5,
-        rtol=1e-5,
-    )
-
-
-def judge_logging(calls: Sequence[LogCall], loss: Tensor, module: nn.Module, what: str) -> None:
-    """``self.log("train_loss", ...)``: once, the loss's value, a tensor whose graph is not kept."""
-    names = [c.name for c in calls]
-    ours = [c for c in calls if c.name == "train_loss"]
-    if not ours:
-        raise AssertionError(
-            f"{what} logged {names or 'nothing'}: log the loss under the name 'train_loss' "
-            "(self.log('train_loss', loss.detach())); the notebook's plots read that name."
-        )
-    expect_true(
-        len(ours) == 1, f"{what} logged 'train_loss' {len(ours)} times: log it once per step."
-    )
-    call = ours[0]
-    if isinstance(call.value, float | int):
-        raise AssertionError(
-            f"{what} logged a Python number ({call.value:.4g}, from .item()): on a GPU .item() "
-            "makes the CPU wait for the GPU at every step. Log the tensor, detached: "
-            "self.log('train_loss', loss.detach())."
-        )
-    expect_true(
-        isinstance(call.value, Tensor) and call.value.numel() == 1,
-        f"{what} logged {type(call.value).__name__} as 'train_loss': log the loss tensor.",
-    )
-    expect_true(
-        close(call.value.detach().reshape(()), loss.detach()),
-        f"{what} logged {float(call.value.detach()):.4g} as 'train_loss' but returned the loss "
-        f"{float(loss.detach()):.4g}: log the loss you return.",
-    )
-    if call.options.get("enable_graph") and call.value.requires_grad:
-        raise AssertionError(
-            f"{what} logs the loss with enable_graph=True: the logger then keeps the step's whole "
-            "autograd graph alive. Log loss.detach() (without enable_graph)."
-        )
-    expect_true(
-        call.options.get("on_step", True) is not False,
-        f"{what} logs 'train_loss' with on_step=False: the loss curves need one value per step "
-        "(the default in training_step).",
-    )
-    holders = graph_holders(module)
-    expect_true(
-        not holders,
-        f"after {what}, {', '.join(holders[:3])} holds a tensor with its autograd graph: every "
-        "step's activations stay in memory and the run slows down and runs out of memory. "
-        "Store loss.detach() (or nothing: self.log keeps the curve).",
-    )
+#: What a wrong loss is told: lab 04's loss, the cross-entropy of the real tokens.
+LOSS_HINT = (
+    "Expected the cross-entropy averaged over the real tokens only: model(tokens, "
+    "padding_mask) gives logits (B, T, C); flatten them to (B*T, C) and the targets to "
+    "(B*T,), and let F.cross_entropy ignore the targets -100."
+)
 
 
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
@@ -914,13 +769,15 @@ def check_training_step(cls: Callable[..., Any]) -> None:
         _example("training_step logits without padding_mask (3, 5, 6)"),
     )
     module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
-    batch = _stored_batch()
-    out, calls = run_training_step(module, batch)
     want, mistakes = stored(_LAB, "training_step loss")
-    loss = judge_training_loss(
-        out, want, [(t, h) for h, t in mistakes.items()], "training_step(batch, 0)"
+    judge_training_step(
+        module,
+        _stored_batch(),
+        ban=MODULE_BAN,
+        expected=want,
+        mistakes=[(t, h) for h, t in mistakes.items()],
+        hint=LOSS_HINT,
     )
-    judge_logging(calls, loss, module, "training_step(batch, 0)")
 
 
 # --------------------------------------------------------------------------------------
@@ -949,86 +806,34 @@ class ProbeModel(nn.Module):
         return self.head(torch.tanh(self.mix(h + 2.0 * context)))  # (B, T, C)
 
 
-def run_configure_optimizers(module: Any) -> Any:
-    """``module.configure_optimizers()`` under the ban."""
-    return call_forbidding(
-        module.configure_optimizers, (), {}, ban=MODULE_BAN, what="configure_optimizers()"
-    )
-
-
-def judge_optimizer(
-    optimizer: torch.optim.Optimizer, model: nn.Module, lr: float, weight_decay: float
-) -> None:
-    """AdamW over every parameter once: decay on the matrices, none on biases and norms."""
-    what = "configure_optimizers()"
-    if not isinstance(optimizer, torch.optim.AdamW):
-        raise AssertionError(
-            f"{what} builds {type(optimizer).__name__}: use torch.optim.AdamW. "
-            + (
-                "Adam's weight_decay adds the decay to the gradient, where Adam's division by "
-                "the gradient's running size distorts it (weights with large gradients are "
-                "hardly decayed); AdamW decays the weights directly (decoupled)."
-                if isinstance(optimizer, torch.optim.Adam)
-                else ""
-            )
-        )
-    judge_every_parameter(
-        optimizer,
-        model,
-        "Give it every parameter of the module (self.parameters()), split into two groups.",
-        what,
-    )
-    groups = optimizer.param_groups  # read once (the judge asks the kernel for it)
-    decay_of = {id(p): g.get("weight_decay", 0.0) for g in groups for p in g["params"]}
-    wrong = []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        decay = decay_of[id(param)]
-        want = weight_decay if param.dim() >= 2 else 0.0
-        if abs(decay - want) > 1e-12:
-            wrong.append((name, param.dim(), decay, want))
-    if wrong:
-        shown = "; ".join(
-            f"{n} ({d}-D) has weight_decay={w:g}, expected {e:g}" for n, d, w, e in wrong
-        )
-        raise AssertionError(
-            f"{what}: {shown}. Decay the weight matrices and the embedding (p.dim() >= 2) with "
-            "weight_decay, and nothing with one dimension (biases, LayerNorm weights and "
-            "biases): shrinking a norm's gain or a bias towards 0 is no regularisation."
-        )
-    peaks = {g.get("initial_lr", g["lr"]) for g in groups}
-    expect_true(
-        all(abs(peak - lr) <= 1e-12 + 1e-6 * lr for peak in peaks),
-        f"{what}: the optimizer's learning rate is {sorted(peaks)}, expected lr={lr:g}: use "
-        "self.hparams.lr.",
-    )
-
-
-def judge_schedule(
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    interval: str,
-    frequency: int,
-    *,
-    hparams: Mapping[str, Any],
+def optimizers_check(
+    cls: Callable[..., Any],
+    model: nn.Module,
+    schedule: Schedule,
+    weight_decay: float,
     expected: Tensor,
-    mistakes: Sequence[tuple[Tensor, str]],
+    mistakes: Mapping[str, Tensor],
 ) -> None:
-    """The schedule is stepped every optimizer step and gives ``expected`` learning rates."""
-    what = "configure_optimizers()"
-    judge_stepped_per_step(interval, frequency, what)
-    steps = int(hparams["total_steps"])
-    compare(
-        learning_rates(optimizer, scheduler, steps),
-        expected,
-        what=f"the learning rates of steps 0..{steps - 1} for "
-        + ", ".join(f"{k}={v:g}" for k, v in hparams.items()),
-        candidates=mistakes,
-        hint="Expected lr * (step + 1) / warmup_steps for the first warmup_steps steps, then a "
-        "cosine from lr at step warmup_steps down to 0 at step total_steps.",
-        atol=1e-10,
-        rtol=1e-5,
+    """``configure_optimizers`` of ``cls(model, lr=..., weight_decay=..., warmup_steps=...,
+    total_steps=...)``: AdamW's two groups and the exact rates (``expected``, a catalogued wrong
+    schedule named), stepped per step (:func:`judge_configure_optimizers`, shared with lab 06)."""
+    lr, warmup_steps, total_steps = schedule
+    module = build_module(
+        cls,
+        model,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+    )
+    judge_configure_optimizers(
+        module,
+        model,
+        schedule,
+        ban=MODULE_BAN,
+        weight_decay=weight_decay,
+        expected=expected,
+        mistakes=[(rates, hint) for hint, rates in mistakes.items()],
     )
 
 
@@ -1036,20 +841,9 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     """AdamW with two parameter groups and the warm-up + cosine schedule, stepped per step."""
     with _seeded(0):
         model = ProbeModel()
-    hparams = {"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 4, "total_steps": 12}
-    module = build_module(cls, model, **hparams)
-    optimizer, scheduler, interval, frequency = parse_optimizers(run_configure_optimizers(module))
-    judge_optimizer(optimizer, model, hparams["lr"], hparams["weight_decay"])
-    want, mistakes = stored(_LAB, "learning rates (lr=0.01, warmup_steps=4, total_steps=12)")
-    judge_schedule(
-        optimizer,
-        scheduler,
-        interval,
-        frequency,
-        hparams={k: hparams[k] for k in ("lr", "warmup_steps", "total_steps")},
-        expected=want,
-        mistakes=[(t, h) for h, t in mistakes.items()],
-    )
+    schedule = Schedule(lr=0.01, warmup_steps=4, total_steps=12)
+    want, mistakes = stored(_LAB, f"learning rates {schedule}")
+    optimizers_check(cls, model, schedule, 0.1, want, mistakes)
 
 
 # --------------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ No oracle lives here:
 * ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are run on worked examples whose
   expected values, and the values of the typical mistakes, are stored in
   ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs build``);
-* the training code runs on stand-ins: :class:`TinySeq2Seq` (a small encoder-decoder that
-  half-knows a copy task, so metrics are neither 0 nor 1) with PyTorch's ``F.cross_entropy`` on
-  its outputs, :class:`ProbeModule` and :class:`ProbeData` (a one-parameter LightningModule that
-  learns nothing, for checking a ``Trainer`` call), and :class:`ScriptedTranslator` (a fake
-  encoder-decoder whose next token is known in advance, for checking a decoding loop).
+* the training code and the decoding loop run on one stand-in, :class:`StandInTranslator`: a
+  small encoder-decoder that half-knows a copy task (so metrics are neither 0 nor 1), with
+  PyTorch's ``F.cross_entropy`` on its outputs, or, scripted, one whose next token is known in
+  advance (for checking a decoding loop); :class:`ProbeModule` and :class:`ProbeData` (a
+  one-parameter LightningModule that learns nothing) check a ``Trainer`` call.
 
 While the student's code runs, the kit's own answers are refused (``Ban``): torch's and the
 kit's decoder layers, ``transformer_lab.seq2seq``, the cross-entropy family in
@@ -56,17 +56,17 @@ from transformer_lab.checks._common import (
     expect_true,
     forbidden,
     generator,
-    instance_attributes,
     kernel_side,
     run_beside,
     stored,
 )
 from transformer_lab.checks._lightning import (
-    judge_every_parameter,
-    judge_stepped_per_step,
+    Schedule,
+    judge_configure_optimizers,
+    judge_training_step,
+    learning_rates,
     parse_optimizers,
 )
-from transformer_lab.checks._lightning import learning_rates as shared_learning_rates
 from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge.mirror import portable
 
@@ -76,9 +76,8 @@ __all__ = [
     "LOSS_BAN",
     "MODULE_BAN",
     "SHIFT_BAN",
-    "RandomTranslator",
-    "ScriptedTranslator",
-    "TinySeq2Seq",
+    "PortableTranslator",
+    "StandInTranslator",
     "block_like_torch",
     "block_under_test",
     "check_configure_optimizers",
@@ -93,7 +92,6 @@ __all__ = [
     "copy_task_batches",
     "cross_attention_maps",
     "learning_rate_curve",
-    "learning_rates",
     "load_torch_decoder_layer",
     "probe_classes",
     "run_block",
@@ -639,29 +637,30 @@ def copy_task_batches(
     return batches
 
 
-def _translation_config(
-    vocab_size: int, pad_id: int, bos_id: int, eos_id: int, max_len: int
-) -> SimpleNamespace:
-    """The config fields a translation module and decoding loop read, for the stand-in models."""
-    return SimpleNamespace(
-        src_vocab_size=vocab_size,
-        tgt_vocab_size=vocab_size,
-        pad_id=pad_id,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        max_len=max_len,
-    )
+class StandInTranslator(nn.Module):
+    """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
+    ``encode(src, src_padding_mask)`` returns the source ids, its mask and its embeddings as a
+    ``(B, S, 2 + D)`` "memory" and counts its calls (``encode_calls``);
+    ``decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)`` returns ``(B, T, V)`` logits;
+    ``forward(src, tgt_in, src_padding_mask, tgt_padding_mask)`` is both. The logits are a base
+    plus a bump on the token of an answer known in advance:
 
-@portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
-class TinySeq2Seq(nn.Module):
-    """A small stand-in encoder-decoder for checking training code (it half-knows a copy task).
+    * by default (a model that half-knows a copy task, for training code and a neural decoding
+      case) the base is a small network, the mean of the real source embeddings added to each
+      target embedding through ``tanh`` and a linear layer, and the answer, ``nudge`` above it,
+      is the source's symbols then EOS: some predictions are right and some wrong, so metrics
+      are neither 0 nor 1;
+    * ``scripted=True`` (for decoding loops) the base is a fixed ramp and the answer, 4 above
+      the rest, a script: for real source symbols ``x_0 .. x_{n-1}``, ``y_t = symbol((x_t +
+      y_{t-1}) mod K)`` (``K`` symbols; ``y_{-1}`` counts as 0), then EOS, then ordinary symbols,
+      so a loop that feeds back the wrong token, reads the wrong position or does not stop shows
+      it. A source position counts as padding only if BOTH the mask given to ``encode`` and the
+      one given to ``decode`` say so (a loop that forgets either decodes the padding's junk);
+      ``decode`` refuses float tokens and inputs that do not start with BOS.
 
-    ``forward(src, tgt_in, src_padding_mask=None, tgt_padding_mask=None) -> (B, T, V)``: the
-    mean of the real source embeddings is added to each target embedding, a linear layer gives
-    logits, and a fixed nudge toward the copy answer makes some predictions right and some
-    wrong. It records which masks each call received (``calls``). ``config`` has the fields a
-    translation module reads (``tgt_vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``).
+    ``config`` has the fields a translation module and a decoding loop read (``tgt_vocab_size``,
+    ``pad_id``, ``bos_id``, ``eos_id``, ``max_len``).
     """
 
     def __init__(
@@ -674,9 +673,17 @@ class TinySeq2Seq(nn.Module):
         d_model: int = 8,
         nudge: float = 3.0,
         seed: int = 0,
+        scripted: bool = False,
     ) -> None:
         super().__init__()
-        self.config = _translation_config(vocab_size, pad_id, bos_id, eos_id, max_len=16)
+        self.config = SimpleNamespace(
+            src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size,
+            pad_id=pad_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            max_len=64,
+        )
         g = generator(seed)
         self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
@@ -684,17 +691,54 @@ class TinySeq2Seq(nn.Module):
         with torch.no_grad():
             self.out.weight.copy_(0.6 * torch.randn(vocab_size, d_model, generator=g))
             self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
-        self.nudge = nudge
-        self.calls: list[tuple[bool, bool]] = []
+        self.portable_restore({"config": vars(self.config), "nudge": nudge, "scripted": scripted})
 
     def portable_state(self) -> dict[str, Any]:
         """What the kernel's copy needs besides the parameters (see ``judge.mirror.portable``)."""
-        return {"config": dict(vars(self.config)), "nudge": float(self.nudge)}
+        return {"config": dict(vars(self.config)), "nudge": self.nudge, "scripted": self.scripted}
 
     def portable_restore(self, state: dict[str, Any]) -> None:
         self.config = SimpleNamespace(**state["config"])
-        self.nudge = float(state["nudge"])
-        self.calls = []
+        self.nudge, self.scripted = float(state["nudge"]), bool(state["scripted"])
+        c = self.config
+        self.symbols = [
+            i for i in range(c.tgt_vocab_size) if i not in (c.pad_id, c.bos_id, c.eos_id)
+        ]
+        self.encode_calls = 0
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        self.encode_calls += 1
+        real = (
+            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
+        )
+        ids = torch.stack([src, real], dim=-1).to(self.src_embed.dtype)  # (B, S, 2)
+        return torch.cat([ids, self.src_embed[src]], dim=-1)  # (B, S, 2 + D)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        src, real = memory[..., 0].round().long(), memory[..., 1] > 0.5  # (B, S)
+        if self.scripted:
+            return self._scripted(tgt_in, src, real, src_padding_mask)
+        weights = real.to(memory.dtype)[..., None]  # (B, S, 1)
+        mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
+        logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
+        nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
+        return logits + self.nudge * nudge.to(logits.dtype)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        memory = self.encode(src, src_padding_mask)
+        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
 
     def copy_answer(self, src: Tensor, T: int) -> Tensor:
         """``(B, T)``: the real source symbols, then EOS (repeated over the padding)."""
@@ -706,34 +750,66 @@ class TinySeq2Seq(nn.Module):
         after = torch.arange(T, device=src.device)[None] >= n[:, None]  # (B, T)
         return answer.masked_fill(after, c.eos_id)
 
-    def forward(
-        self,
-        src: Tensor,
-        tgt_in: Tensor,
-        src_padding_mask: Tensor | None = None,
-        tgt_padding_mask: Tensor | None = None,
+    def _scripted(
+        self, tgt_in: Tensor, src: Tensor, real: Tensor, src_padding_mask: Tensor | None
     ) -> Tensor:
-        self.calls.append((src_padding_mask is not None, tgt_padding_mask is not None))
-        real = (
-            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
-        )
-        weights = real.to(self.src_embed.dtype)[..., None]  # (B, S, 1)
-        memory = (self.src_embed[src] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
-        h = torch.tanh(self.tgt_embed[tgt_in] + memory[:, None])  # (B, T, D)
-        logits = self.out(h)  # (B, T, V)
-        nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
-        return logits + self.nudge * nudge.to(logits.dtype)
+        """The scripted logits ``(B, T, V)``: the ramp, and 4 at the script's next token."""
+        c = self.config
+        if tgt_in.is_floating_point():
+            raise AssertionError(
+                "your loop fed the decoder float values: feed token ids, the argmax of the "
+                "logits (logits[:, -1].argmax(dim=-1)), not the logits or probabilities."
+            )
+        if tgt_in.ndim != 2 or tgt_in.shape[0] != src.shape[0]:
+            raise AssertionError(
+                f"your loop fed the decoder a tensor of shape {tuple(tgt_in.shape)}; it takes "
+                f"the tokens so far, (B, L) with B={src.shape[0]}."
+            )
+        if bool((tgt_in[:, 0] != c.bos_id).any()):
+            raise AssertionError(
+                f"your loop fed the decoder {tgt_in[:, 0].tolist()} at position 0: every "
+                f"decoder input starts with BOS (bos_id={c.bos_id})."
+            )
+        if src_padding_mask is None:
+            real = torch.ones_like(real)
+        else:
+            real = real | src_padding_mask.to(real.device)
+        K = len(self.symbols)
+        index = {s: i for i, s in enumerate(self.symbols)}
+        B, T = tgt_in.shape
+        ramp = torch.linspace(0.0, 0.5, c.tgt_vocab_size)  # (V,): ties never happen
+        logits = ramp.expand(B, T, c.tgt_vocab_size).clone()  # (B, T, V)
+        for b in range(B):
+            source = [index.get(int(s), 0) for s in src[b][real[b]]]
+            for t in range(T):
+                prev = index.get(int(tgt_in[b, t]), 0) if t else 0
+                if t < len(source):
+                    token = self.symbols[(source[t] + prev) % K]
+                elif t == len(source):
+                    token = c.eos_id
+                else:
+                    token = self.symbols[t % K]
+                logits[b, t, token] = 4.0
+        return logits
 
 
-def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[TinySeq2Seq, dict[str, int]]:
-    """A :class:`TinySeq2Seq` and the ids of its copy task (BOS and EOS follow ``pad_id``)."""
+@portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
+class PortableTranslator(StandInTranslator):
+    """:class:`StandInTranslator` rebuilt as itself in the student's kernel when judged, for the
+    training code; the decoding checks keep theirs on the grader's side, where its
+    ``encode_calls`` are counted."""
+
+
+def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[PortableTranslator, dict[str, int]]:
+    """A :class:`PortableTranslator` and the ids of its copy task (BOS and EOS follow
+    ``pad_id``)."""
     ids = {
         "vocab_size": vocab_size,
         "pad_id": pad_id,
         "bos_id": (pad_id + 1) % vocab_size,
         "eos_id": (pad_id + 2) % vocab_size,
     }
-    model = TinySeq2Seq(
+    model = PortableTranslator(
         vocab_size, pad_id=pad_id, bos_id=ids["bos_id"], eos_id=ids["eos_id"], seed=seed
     )
     return model, ids
@@ -757,53 +833,8 @@ def _module_under_test(
     return expect_module(module, what)
 
 
-class _LogRecorder:
-    """Stands in for ``LightningModule.log``/``log_dict`` on a module called without a Trainer."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any, dict[str, Any]]] = []
-
-    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        self.calls.append((name, value, kwargs))
-
-    def log_dict(self, values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
-        for name, value in values.items():
-            self.calls.append((name, value, kwargs))
-
-    def value(self, name: str) -> Any:
-        found = [v for n, v, _ in self.calls if n == name]
-        return found[-1] if found else None
-
-
-def _graph_keepers(module: nn.Module) -> list[str]:
-    """Attributes of ``module`` that hold tensors with a graph (e.g. a list of losses)."""
-    found = []
-    for name, value in instance_attributes(module).items():
-        if name.startswith("_"):
-            continue
-        values = value if isinstance(value, list | tuple) else [value]
-        if isinstance(value, dict):
-            values = list(value.values())
-        if any(isinstance(v, Tensor) and v.requires_grad for v in values):
-            found.append(name)
-    return found
-
-
-def _loss_of(out: Any, what: str) -> Tensor:
-    if isinstance(out, Mapping):
-        out = out.get("loss")
-    if isinstance(out, float | int):
-        raise AssertionError(
-            f"{what} returned the number {out!r}: return the loss tensor itself (not loss.item()); "
-            "Lightning calls backward() on it."
-        )
-    if out is None:
-        raise AssertionError(f"{what} returned None: return the loss (Lightning trains on it).")
-    return expect_shape(out, (), what)
-
-
 def _training_step_candidates(
-    model: TinySeq2Seq, batch: dict[str, Tensor], pad_id: int
+    model: StandInTranslator, batch: dict[str, Tensor], pad_id: int
 ) -> tuple[Tensor, list[tuple[Tensor, str]]]:
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
     masks = {
@@ -857,54 +888,21 @@ def _training_step_candidates(
 def training_step_check(
     cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
 ) -> None:
-    """One ``training_step`` on a stand-in model: value, graph, and what is logged."""
+    """One ``training_step`` on a stand-in model: value, graph, and what is logged
+    (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
     model, ids = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
     batch = copy_task_batches(1, 6, seed=seed, **ids)[0]
-    recorder = _LogRecorder()
-    module.log, module.log_dict = recorder.log, recorder.log_dict
-    what = "training_step(batch, 0)"
-    module.train()
-    out = call_forbidding(module.training_step, (batch, 0), {}, ban=MODULE_BAN, what=what)
-    loss = _loss_of(out, what)
-    expect_true(
-        loss.grad_fn is not None,
-        f"{what} returned a loss without a graph (no grad_fn): return the tensor your loss "
-        "function computed, not loss.detach() or a new tensor; Lightning calls backward() on it.",
-    )
     want, candidates = _training_step_candidates(model, batch, pad_id)
-    compare(
-        loss,
-        want,
-        what=f"the loss {what} returned (model TinySeq2Seq, pad_id={pad_id})",
-        candidates=candidates,
+    judge_training_step(
+        module,
+        batch,
+        ban=MODULE_BAN,
+        expected=want,
+        mistakes=candidates,
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
-        atol=1e-5,
-        rtol=1e-5,
     )
-    logged = recorder.value("train_loss")
-    if logged is None:
-        names = sorted({n for n, _, _ in recorder.calls})
-        raise AssertionError(
-            f"{what} did not log 'train_loss' (it logged {names or 'nothing'}): call "
-            "self.log('train_loss', loss) so that the loss curve can be drawn."
-        )
-    logged = torch.as_tensor(logged).detach().double()
-    expect_true(
-        close(logged, want),
-        f"{what} logged train_loss={float(logged):.4g} but returned {float(loss.detach()):.4g}: "
-        "log the loss you return.",
-    )
-    graph = [kw for n, _, kw in recorder.calls if kw.get("enable_graph")]
-    keepers = _graph_keepers(module)
-    if graph or keepers:
-        where = f"self.{keepers[0]}" if keepers else "self.log(..., enable_graph=True)"
-        raise AssertionError(
-            f"{what} keeps the graph of the loss alive in {where}: every step's whole "
-            "computation graph would stay in memory. self.log detaches what it logs; keep "
-            "numbers with loss.detach() or loss.item() if you must store them."
-        )
 
 
 def check_training_step(cls: Callable[..., Any]) -> None:
@@ -913,7 +911,7 @@ def check_training_step(cls: Callable[..., Any]) -> None:
 
 
 def _validation_expected(
-    model: TinySeq2Seq, batches: Sequence[dict[str, Tensor]], pad_id: int
+    model: StandInTranslator, batches: Sequence[dict[str, Tensor]], pad_id: int
 ) -> tuple[dict[str, float], dict[str, list[tuple[float, str]]]]:
     """Epoch values of val_loss, val_acc, val_exact_match, and the typical wrong values.
 
@@ -1142,93 +1140,23 @@ def check_validation_step(cls: type) -> None:
 # -------------------------------------------------------------------------- configure_optimizers
 
 
-def learning_rates(optimizer: Any, scheduler: Any, steps: int) -> list[float]:
-    """The learning rate of each of ``steps`` optimizer steps (see
-    :func:`transformer_lab.checks._lightning.learning_rates`: every group the same)."""
-    return shared_learning_rates(optimizer, scheduler, steps).tolist()
-
-
 def optimizers_check(
     cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int, seed: int
-) -> list[float]:
-    """``configure_optimizers`` called directly: parameters, interval and the schedule's shape.
-
-    Returns:
-        The learning rates of the first ``total_steps`` steps.
-    """
-    model = TinySeq2Seq(seed=seed)
+) -> None:
+    """``configure_optimizers`` called directly: every parameter, stepped per step, and the
+    schedule's shape (:func:`judge_configure_optimizers`, shared with lab 04)."""
+    model = PortableTranslator(seed=seed)
     module = _module_under_test(
         cls, model, 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps
     )
-    what = "configure_optimizers()"
-    returned = call_forbidding(
-        module.configure_optimizers,
-        (),
-        {},
+    judge_configure_optimizers(
+        module,
+        module,
+        Schedule(lr, warmup_steps, total_steps),
         ban=MODULE_BAN,
-        what=what,
         on_error="Use self.lr, self.warmup_steps and self.total_steps "
         "(the module has no Trainer here).",
     )
-    optimizer, scheduler, interval, frequency = parse_optimizers(returned, what)
-    judge_every_parameter(
-        optimizer, module, "Give it all: torch.optim.AdamW(self.parameters(), lr=self.lr).", what
-    )
-    judge_stepped_per_step(interval, frequency, what)
-    rates = learning_rates(optimizer, scheduler, total_steps)
-    judge_schedule(rates, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
-    return rates
-
-
-def judge_schedule(
-    rates: Sequence[float], *, lr: float, warmup_steps: int, total_steps: int
-) -> None:
-    """Linear warm-up to ``lr`` over ``warmup_steps`` steps, then a decay to at most ``lr / 2``."""
-    r = torch.tensor(rates, dtype=torch.float64)
-    peak = float(r.max())
-    top = int(r.argmax())
-    say = f"(lr={lr:g}, warmup_steps={warmup_steps}, total_steps={total_steps})"
-    if abs(peak - lr * lr) <= 1e-3 * lr * lr and abs(lr - 1.0) > 1e-6:
-        raise AssertionError(
-            f"your learning rate peaks at {peak:.3g} = lr squared {say}: LambdaLR MULTIPLIES the "
-            "optimizer's lr by your function, so the function returns a factor between 0 and 1, "
-            "not a learning rate."
-        )
-    if abs(peak - lr) > 0.02 * lr:
-        raise AssertionError(
-            f"your learning rate peaks at {peak:.3g}, expected self.lr = {lr:g} {say}: build "
-            "the optimizer with lr=self.lr and let the factor reach 1 at the end of the warm-up."
-        )
-    if bool((r == r[0]).all()):
-        raise AssertionError(
-            f"your learning rate is {peak:.3g} at every step {say}: there is no warm-up and no "
-            "decay. The factor rises linearly to 1 over self.warmup_steps steps, then decays."
-        )
-    if float(r[0]) > 0.25 * lr:
-        raise AssertionError(
-            f"your learning rate starts at {float(r[0]):.3g}, already {float(r[0]) / lr:.0%} of "
-            f"the peak {say}: there is no warm-up. Start near 0 and rise linearly to self.lr over "
-            "self.warmup_steps steps."
-        )
-    if abs(top - warmup_steps) > max(2, warmup_steps // 10):
-        raise AssertionError(
-            f"your learning rate peaks at step {top}, expected at the end of the warm-up, step "
-            f"{warmup_steps} {say}: use self.warmup_steps."
-        )
-    rising, falling = r[: top + 1], r[top:]
-    if bool((rising[1:] < rising[:-1] - 1e-12).any()) or bool(
-        (falling[1:] > falling[:-1] + 1e-12).any()
-    ):
-        raise AssertionError(
-            f"your learning rate goes up and down {say}: it should rise during the warm-up and "
-            "only fall after it."
-        )
-    if float(r[-1]) > 0.5 * lr:
-        raise AssertionError(
-            f"your learning rate is still {float(r[-1]):.3g} at step {total_steps - 1}, "
-            f"{float(r[-1]) / lr:.0%} of the peak {say}: after the warm-up it must decay (cosine "
-            "or linear) toward 0 by self.total_steps."
-        )
 
 
 def learning_rate_curve(
@@ -1236,12 +1164,12 @@ def learning_rate_curve(
 ) -> list[float]:
     """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``.
 
-    For plotting a schedule: the module is built around :class:`TinySeq2Seq` and its optimizer
-    steps without gradients (see :func:`learning_rates`).
+    For plotting a schedule: the module is built around a :class:`PortableTranslator` and its
+    optimizer steps without gradients (:func:`~transformer_lab.checks._lightning.learning_rates`).
     """
-    module = cls(TinySeq2Seq(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
+    module = cls(PortableTranslator(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
-    return learning_rates(optimizer, scheduler, total_steps)
+    return learning_rates(optimizer, scheduler, total_steps).tolist()
 
 
 def check_configure_optimizers(cls: Callable[..., Any]) -> None:
@@ -1501,124 +1429,6 @@ def check_trained_translator(
 # ======================================================================================
 
 
-class ScriptedTranslator(nn.Module):
-    """A fake encoder-decoder whose next token is known in advance, for checking decoding loops.
-
-    The translation of a source with real symbols ``x_0 .. x_{n-1}`` is ``y_0 .. y_{n-1}, EOS``
-    with ``y_t = symbol((x_t + y_{t-1}) mod K)`` (``K`` symbols; ``y_{-1}`` counts as 0): each
-    output token depends on the source and on the token fed back before it. After EOS the
-    script goes on with ordinary symbols, so a loop that does not stop shows it.
-
-    ``encode(src, src_padding_mask)`` returns the source and its mask as a ``(B, S, 2)``
-    "memory"; ``decode(tgt_in, memory, src_padding_mask)`` returns ``(B, T, V)`` logits, the
-    scripted token 4 above the rest. A source position counts as padding only if BOTH the mask
-    given to ``encode`` and the one given to ``decode`` say so, so a loop that forgets either
-    mask decodes the padding's junk tokens. ``decode`` refuses float tokens and inputs that do
-    not start with BOS; ``encode_calls`` counts the calls of ``encode``.
-    """
-
-    def __init__(
-        self, vocab_size: int = 10, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2
-    ) -> None:
-        super().__init__()
-        self.config = _translation_config(vocab_size, pad_id, bos_id, eos_id, max_len=64)
-        self.symbols = [i for i in range(vocab_size) if i not in (pad_id, bos_id, eos_id)]
-        self.height = nn.Parameter(torch.tensor(4.0))
-        self.encode_calls = 0
-
-    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        self.encode_calls += 1
-        real = (
-            torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
-        )
-        return torch.stack([src.float(), real.float()], dim=-1)  # (B, S, 2)
-
-    def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor,
-        src_padding_mask: Tensor | None = None,
-        tgt_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        c = self.config
-        if tgt_in.is_floating_point():
-            raise AssertionError(
-                "your loop fed the decoder float values: feed token ids, the argmax of the "
-                "logits (logits[:, -1].argmax(dim=-1)), not the logits or probabilities."
-            )
-        if tgt_in.ndim != 2 or tgt_in.shape[0] != memory.shape[0]:
-            raise AssertionError(
-                f"your loop fed the decoder a tensor of shape {tuple(tgt_in.shape)}; it takes "
-                f"the tokens so far, (B, L) with B={memory.shape[0]}."
-            )
-        if bool((tgt_in[:, 0] != c.bos_id).any()):
-            raise AssertionError(
-                f"your loop fed the decoder {tgt_in[:, 0].tolist()} at position 0: every "
-                f"decoder input starts with BOS (bos_id={c.bos_id})."
-            )
-        src = memory[..., 0].round().long()  # (B, S)
-        real = memory[..., 1] > 0.5
-        if src_padding_mask is None:
-            real = torch.ones_like(real)
-        else:
-            real = real | src_padding_mask.to(real.device)
-        K = len(self.symbols)
-        index = {s: i for i, s in enumerate(self.symbols)}
-        B, T = tgt_in.shape
-        ramp = torch.linspace(0.0, 0.5, c.tgt_vocab_size)  # (V,): ties never happen
-        logits = ramp.expand(B, T, c.tgt_vocab_size).clone()  # (B, T, V)
-        for b in range(B):
-            source = [index.get(int(s), 0) for s in src[b][real[b]]]
-            for t in range(T):
-                prev = index.get(int(tgt_in[b, t]), 0) if t else 0
-                if t < len(source):
-                    token = self.symbols[(source[t] + prev) % K]
-                elif t == len(source):
-                    token = c.eos_id
-                else:
-                    token = self.symbols[t % K]
-                logits[b, t, token] = 4.0
-        return logits * (self.height / 4.0)
-
-
-class RandomTranslator(nn.Module):
-    """A small random encoder-decoder for checking decoding loops on real-valued logits.
-
-    ``encode`` embeds the real source tokens; ``decode`` adds the mean of the memory to the
-    running (causal) mean of the target embeddings and maps it to logits, making EOS likelier
-    the longer the output. Special ids: pad 0, bos 1, eos 2.
-    """
-
-    def __init__(self, vocab_size: int, *, seed: int = 0) -> None:
-        super().__init__()
-        g = generator(seed)
-        self.config = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2, tgt_vocab_size=vocab_size)
-        self.src_embed = nn.Parameter(torch.randn(vocab_size, 8, generator=g))
-        self.tgt_embed = nn.Parameter(torch.randn(vocab_size, 8, generator=g))
-        self.out = nn.Parameter(torch.randn(8, vocab_size, generator=g))
-
-    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        if src_padding_mask is None:
-            src_padding_mask = torch.ones_like(src, dtype=torch.bool)
-        return self.src_embed[src] * src_padding_mask[..., None]  # (B, S, 8)
-
-    def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor,
-        src_padding_mask: Tensor | None = None,
-        tgt_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        T, S = tgt_in.shape[1], memory.shape[1]
-        steps = torch.arange(1, T + 1, dtype=memory.dtype)  # (T,)
-        h = self.tgt_embed[tgt_in].cumsum(1) / steps[None, :, None]  # (B, T, 8): causal mean
-        aligned = memory[:, torch.arange(T) % S]  # (B, T, 8): source position t for output t
-        logits = torch.tanh(0.5 * h + aligned) @ self.out  # (B, T, V)
-        eos = torch.zeros_like(logits)
-        eos[..., self.config.eos_id] = 0.6 * steps - 1.6  # EOS likelier with length
-        return logits + eos
-
-
 def run_decode(
     fn: Callable[..., Tensor],
     model: nn.Module,
@@ -1670,14 +1480,14 @@ def judge_decode(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what
 
 
 def check_greedy_decode(fn: Callable[..., Tensor]) -> None:
-    """Worked examples on a :class:`ScriptedTranslator`: three sources of different lengths
+    """Worked examples on a scripted :class:`StandInTranslator`: three sources of different lengths
     (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence short."""
     for key in ("three sentences", "short max_len"):
         src, _ = stored("lab06", f"greedy_decode {key}: src")
         mask, _ = stored("lab06", f"greedy_decode {key}: mask")
         want, mistakes = stored("lab06", f"greedy_decode {key}")
         max_len = 10 if key == "three sentences" else 3
-        model = ScriptedTranslator()
+        model = StandInTranslator(scripted=True)
         got, what = run_decode(fn, model, src.long(), mask.bool(), 1, 2, max_len)
         judge_decode(got, want, mistakes, what)
         expect_true(

@@ -36,28 +36,25 @@ from transformer_lab.checks._common import (
     generator,
     randint,
 )
+from transformer_lab.checks._lightning import Schedule, judge_training_step
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
+    LOSS_HINT,
+    MODULE_BAN,
     SPEC,
     ProbeModel,
     block_weights,
     build_block,
     build_feed_forward,
     build_module,
-    judge_logging,
-    judge_optimizer,
-    judge_schedule,
-    judge_training_loss,
     layer_norm_call,
     load_weights,
-    parse_optimizers,
+    optimizers_check,
     run_block,
-    run_configure_optimizers,
     run_feed_forward,
-    run_training_step,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import masked_weights
+from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
 __all__ = [
     "encoder_block_mistakes",
@@ -88,13 +85,9 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 
 
-def oracle_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
-    """Layer norm over the last dimension in float64: centred values, biased variance."""
-    x64 = x.detach().double()
-    d = x64.shape[-1]
-    centred = x64 - x64.sum(-1, keepdim=True) / d
-    var = (centred * centred).sum(-1, keepdim=True) / d
-    return centred / torch.sqrt(var + eps) * weight.double() + bias.double()
+#: Layer norm over the last dimension in float64 (centred values, biased variance), shared with
+#: lab 06's decoder-block oracle.
+oracle_layer_norm = layer_norm64
 
 
 def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> dict[str, Tensor]:
@@ -239,10 +232,7 @@ def oracle_feed_forward(
     w: Mapping[str, Tensor], x: Tensor, hidden_mask: Tensor | None = None
 ) -> Tensor:
     """``relu(x W1^T + b1) W2^T + b2`` in float64; ``hidden_mask`` scales the hidden units."""
-    hidden = torch.clamp(x.double() @ w["w1"].T + w["b1"], min=0.0)  # (..., F)
-    if hidden_mask is not None:
-        hidden = hidden * hidden_mask
-    return hidden @ w["w2"].T + w["b2"]  # (..., D)
+    return feed_forward64(x, (w["w1"], w["b1"]), (w["w2"], w["b2"]), hidden_mask)
 
 
 def feed_forward_mistakes(w: Mapping[str, Tensor], x: Tensor) -> dict[str, Tensor]:
@@ -267,15 +257,10 @@ def feed_forward_dropout_cases(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Training mode: the expected output and the mistaken placements, masks from ``seed``."""
     d_model, d_ff = w["w1"].shape[1], w["w1"].shape[0]
+    lead = tuple(x.shape[:-1])
 
-    def draws(*widths: int) -> list[Tensor]:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # the seed the student's call ran under
-            shape = x.shape[:-1]
-            return [
-                F.dropout(torch.ones(*shape, n, dtype=x.dtype), p, training=True).double()
-                for n in widths
-            ]
+    def draws(*widths: int) -> list[Tensor]:  # from the seed the student's call ran under
+        return _dropout_masks(seed, [(*lead, n) for n in widths], p, x.dtype, set())
 
     (hidden,) = draws(d_ff)
     (on_out,) = draws(d_model)
@@ -370,20 +355,14 @@ class _Oracle:
         self.n_heads = n_heads
         self.eps = eps
 
+    def _layer(self, name: str) -> tuple[Tensor, Tensor]:
+        return self.w[f"{name}.weight"], self.w[f"{name}.bias"]
+
     def attention(self, h: Tensor, mask: Tensor | None) -> Tensor:
         """Multi-head self-attention of ``h (B, T, D)``; fully masked rows give zeros."""
-        w, H = self.w, self.n_heads
-        B, T, D = h.shape
-
-        def heads(name: str) -> Tensor:
-            y = h @ w[f"self_attn.{name}.weight"].T + w[f"self_attn.{name}.bias"]
-            return y.reshape(B, T, H, D // H).permute(0, 2, 1, 3)  # (B, H, T, Dh)
-
-        q, k, v = heads("q_proj"), heads("k_proj"), heads("v_proj")
-        scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(D // H)  # (B, H, T, S)
-        weights = masked_weights(scores, mask)  # fully masked rows: zeros
-        out = torch.einsum("bhts,bhsd->bthd", weights, v).reshape(B, T, D)  # (B, T, D)
-        return out @ w["self_attn.out_proj.weight"].T + w["self_attn.out_proj.bias"]
+        names = ("q_proj", "k_proj", "v_proj", "out_proj")
+        layers = tuple(self._layer(f"self_attn.{n}") for n in names)
+        return multi_head64(h, h, h, layers, self.n_heads, mask)
 
     def scores(self, h: Tensor) -> Tensor:
         """Raw scores ``(B, H, T, S)`` of ``h``, before masking and softmax."""
@@ -394,15 +373,11 @@ class _Oracle:
         return torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D // H)
 
     def feed_forward(self, h: Tensor, hidden_mask: Tensor | None = None) -> Tensor:
-        w = self.w
-        hidden = torch.clamp(h @ w["ff.linear1.weight"].T + w["ff.linear1.bias"], min=0.0)
-        if hidden_mask is not None:
-            hidden = hidden * hidden_mask
-        return hidden @ w["ff.linear2.weight"].T + w["ff.linear2.bias"]
+        first, second = self._layer("ff.linear1"), self._layer("ff.linear2")
+        return feed_forward64(h, first, second, hidden_mask)
 
     def norm(self, index: int, h: Tensor) -> Tensor:
-        gain, shift = self.w[f"norm{index}.weight"], self.w[f"norm{index}.bias"]
-        return oracle_layer_norm(h, gain, shift, self.eps[index - 1])
+        return oracle_layer_norm(h, *self._layer(f"norm{index}"), self.eps[index - 1])
 
 
 def _eps(block: nn.Module) -> tuple[float, float]:
@@ -930,18 +905,17 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
         module = build_module(
             cls, model, lr=0.003, weight_decay=0.01, warmup_steps=2, total_steps=10
         )
-        result, calls = run_training_step(module, batch)
         with torch.no_grad():
             logits, unmasked = model(tokens, keep), model(tokens)
         mistakes = tagging_loss_mistakes(logits, unmasked, targets, tokens)
-        call = "training_step(batch, 0)"
-        returned = judge_training_loss(
-            result,
-            oracle_tagging_loss(logits, targets),
-            [(t, h) for h, t in mistakes.items()],
-            call,
+        returned = judge_training_step(
+            module,
+            batch,
+            ban=MODULE_BAN,
+            expected=oracle_tagging_loss(logits, targets),
+            mistakes=[(t, h) for h, t in mistakes.items()],
+            hint=LOSS_HINT,
         )
-        judge_logging(calls, returned, module, call)
         returned.backward()  # Lightning will: the graph must reach the model's weights
         expect_true(
             model.head.weight.grad is not None,
@@ -1014,26 +988,12 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
         lr = float(10 ** (-3 + 1.5 * torch.rand(1, generator=g)))
         weight_decay = round(float(0.01 + 0.2 * torch.rand(1, generator=g)), 3)
         warmup = randint(1, 6, g) if trial else randint(2, 6, g)
-        total = warmup + randint(3, 15, g)
+        schedule = Schedule(lr, warmup, warmup + randint(3, 15, g))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + trial)
             model = ProbeModel(randint(5, 20, g), randint(2, 8, g), randint(2, 9, g))
-        module = build_module(
-            cls, model, lr=lr, weight_decay=weight_decay, warmup_steps=warmup, total_steps=total
-        )
-        optimizer, scheduler, interval, frequency = parse_optimizers(
-            run_configure_optimizers(module)
-        )
-        judge_optimizer(optimizer, model, lr, weight_decay)
-        judge_schedule(
-            optimizer,
-            scheduler,
-            interval,
-            frequency,
-            hparams={"lr": lr, "warmup_steps": warmup, "total_steps": total},
-            expected=oracle_learning_rates(lr, warmup, total),
-            mistakes=[(t, h) for h, t in schedule_mistakes(lr, warmup, total).items()],
-        )
+        expected = oracle_learning_rates(*schedule)
+        optimizers_check(cls, model, schedule, weight_decay, expected, schedule_mistakes(*schedule))
 
 
 # --------------------------------------------------------------------------------------

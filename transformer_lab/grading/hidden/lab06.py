@@ -45,8 +45,7 @@ from transformer_lab.checks.lab06 import (
     FIT_WHAT,
     PRECISIONS,
     SPEC,
-    RandomTranslator,
-    ScriptedTranslator,
+    StandInTranslator,
     _shift_call,
     block_like_torch,
     copy_task_batches,
@@ -66,7 +65,7 @@ from transformer_lab.checks.lab06 import (
     validation_step_check,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import masked_weights
+from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
 __all__ = [
     "fixtures",
@@ -105,34 +104,21 @@ def decoder_params(layer: nn.TransformerDecoderLayer) -> dict[str, Any]:
 def _attention(
     p: dict[str, Any], prefix: str, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None
 ) -> Tensor:
-    """Multi-head attention of ``p[prefix + ...]``; masked keys get weight 0, empty rows 0."""
-    W = p[prefix + ".in_proj_weight"]
-    b = p[prefix + ".in_proj_bias"]
-    D = query.shape[-1]
-    H = p["heads"]
-    q = query @ W[:D].T + b[:D]
-    k = key @ W[D : 2 * D].T + b[D : 2 * D]
-    v = value @ W[2 * D :].T + b[2 * D :]
-    B, T, _ = q.shape
-    S = k.shape[1]
-    q = q.view(B, T, H, D // H).transpose(1, 2)  # (B, H, T, Dh)
-    k = k.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
-    v = v.view(B, S, H, D // H).transpose(1, 2)  # (B, H, S, Dh)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(D // H)  # (B, H, T, S)
-    weights = masked_weights(scores, mask)  # masked keys 0, fully masked rows 0
-    out = (weights @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-    return out @ p[prefix + ".out_proj.weight"].T + p[prefix + ".out_proj.bias"]
+    """Multi-head attention of torch's ``p[prefix + ...]`` (its packed ``in_proj``)."""
+    weights = p[prefix + ".in_proj_weight"].chunk(3)  # 3 x (D, D)
+    biases = p[prefix + ".in_proj_bias"].chunk(3)  # 3 x (D,)
+    out = (p[prefix + ".out_proj.weight"], p[prefix + ".out_proj.bias"])
+    layers = (*zip(weights, biases, strict=True), out)
+    return multi_head64(query, key, value, layers, p["heads"], mask)
 
 
 def _norm(p: dict[str, Any], name: str, x: Tensor) -> Tensor:
-    centre = x.mean(-1, keepdim=True)
-    var = ((x - centre) ** 2).mean(-1, keepdim=True)
-    return (x - centre) / torch.sqrt(var + 1e-5) * p[name + ".weight"] + p[name + ".bias"]
+    return layer_norm64(x, p[name + ".weight"], p[name + ".bias"])
 
 
 def _feed_forward(p: dict[str, Any], x: Tensor) -> Tensor:
-    h = torch.relu(x @ p["linear1.weight"].T + p["linear1.bias"])
-    return h @ p["linear2.weight"].T + p["linear2.bias"]
+    layers = [(p[f"linear{i}.weight"], p[f"linear{i}.bias"]) for i in (1, 2)]
+    return feed_forward64(x, *layers)
 
 
 def oracle_decoder_block(
@@ -735,28 +721,6 @@ def hidden_check_train_translator(fn: Callable[..., Any], session: Any, seed: in
         )
 
 
-@torch.no_grad()
-def _batched_greedy(
-    model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor
-) -> Tensor:
-    """Greedy decoding of a whole batch (the one-sentence oracle is slow for 200 sentences).
-
-    Finished rows are padded; stops when every row has finished or at ``max_len`` tokens.
-    """
-    pad_id = model.config.pad_id
-    memory = model.encode(src, mask)
-    rows = torch.full((src.shape[0], max_len), pad_id, dtype=torch.long, device=src.device)
-    rows[:, 0] = bos_id
-    finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-    length = 1
-    while length < max_len and not bool(finished.all()):
-        best = model.decode(rows[:, :length], memory, mask)[:, length - 1].argmax(-1)  # (B,)
-        rows[:, length] = torch.where(finished, rows[:, length], best)
-        finished |= best == eos_id
-        length += 1
-    return rows[:, :length]
-
-
 def hidden_check_translator_greedy(
     model: nn.Module, datamodule: Any, seed: int = 0, *, min_exact_match: float = 0.9
 ) -> None:
@@ -777,14 +741,9 @@ def hidden_check_translator_greedy(
     src, mask, tgt_out = (fresh[k][keep][:200] for k in ("src", "src_padding_mask", "tgt_out"))
     model.eval()
     where = next(model.parameters()).device
-    out = _batched_greedy(
-        model,
-        src.to(where),
-        datamodule.bos_id,
-        datamodule.eos_id,
-        tgt_out.shape[1] + 1,
-        mask.to(where),
-    ).cpu()
+    # Batched (the one-sentence oracle is slow for 200 sentences): the right loop's variant.
+    ids = (datamodule.bos_id, datamodule.eos_id, tgt_out.shape[1] + 1)
+    out = _greedy_variant(model, src.to(where), *ids, mask.to(where)).long().cpu()
     predicted = torch.full_like(tgt_out, datamodule.pad_id)
     width = min(out.shape[1] - 1, tgt_out.shape[1])
     predicted[:, :width] = out[:, 1 : width + 1]
@@ -844,13 +803,14 @@ def _greedy_variant(
     use_mask: bool = True,
     fill: int | None = None,
 ) -> Tensor | None:
-    """A typical wrong decoding loop (batched, like a student's)."""
+    """A decoding loop, batched like a student's: with its defaults the right one, with an
+    argument changed a typical wrong one."""
     pad_id = model.config.pad_id if fill is None else fill
     mask = mask if use_mask else None
     memory = model.encode(src, mask)
     B = src.shape[0]
-    ys = torch.full((B, 1), bos_id, dtype=torch.long)
-    done = torch.zeros(B, dtype=torch.bool)
+    ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
     limit = max_len if counts_bos else max_len + 1
     while ys.shape[1] < limit:
         if stop == "all" and bool(done.all()):
@@ -902,9 +862,9 @@ def greedy_mistakes(
 
 def _scripted_example(
     g: torch.Generator, B: int, S: int, vocab: int, specials: tuple[int, int, int]
-) -> tuple[ScriptedTranslator, Tensor, Tensor]:
+) -> tuple[StandInTranslator, Tensor, Tensor]:
     pad_id, bos_id, eos_id = specials
-    model = ScriptedTranslator(vocab, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+    model = StandInTranslator(vocab, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, scripted=True)
     symbols = torch.tensor(model.symbols)
     src = symbols[torch.randint(0, len(symbols), (B, S), generator=g)]
     lengths = torch.randint(1, S + 1, (B,), generator=g)
@@ -944,7 +904,7 @@ def hidden_check_greedy_decode(fn: Callable[..., Tensor], seed: int = 0) -> None
         B, S = randint(2, 5, g), randint(3, 6, g)
         model, src, mask = _scripted_example(g, B, S, 10, specials)
         _expect_decode(fn, model, src, mask, specials[1:], S + randint(2, 4, g))
-    model = RandomTranslator(9, seed=seed)
+    model = StandInTranslator(9, seed=seed)
     src = torch.randint(3, 9, (4, 5), generator=g)
     mask = torch.ones_like(src, dtype=torch.bool)
     mask[2, 3:] = False
@@ -962,7 +922,7 @@ def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -
     empty[1] = False  # a source with no real token: EOS at once
     _expect_decode(fn, model, src, empty, (1, 2), 7)
     _expect_decode(fn, model, src[:1], mask[:1], (1, 2), 7)
-    full = ScriptedTranslator(10, pad_id=7)
+    full = StandInTranslator(10, pad_id=7, scripted=True)
     _expect_decode(fn, full, src[:, :3], None, (1, 2), 6)
 
 
@@ -1007,7 +967,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     src = torch.tensor([[4, 5, 6, 7], [8, 3, 9, 9], [5, 5, 3, 4]])
     mask = torch.tensor([[True] * 4, [True, True, False, False], [True, True, True, False]])
     for key, max_len in (("three sentences", 10), ("short max_len", 3)):
-        scripted = ScriptedTranslator()
+        scripted = StandInTranslator(scripted=True)
         want = oracle_greedy_decode(scripted, src, 1, 2, max_len, mask)
         out[f"greedy_decode {key}: src"] = fixture_entry(src.double())
         out[f"greedy_decode {key}: mask"] = fixture_entry(mask.double())
