@@ -1053,18 +1053,16 @@ def test_oracles_agree_with_the_kit() -> None:
     )
     step_fn = lab07.RandomStepFn(7, 3, bos_id=0, eos_id=1, max_len=6)
     for width in (1, 2, 4):
-        assert hidden07.oracle_beam_search(
-            step_fn.row, 0, 1, width, 6
-        ) == kit_generation.beam_search(step_fn.row, 0, 1, width, 6)
+        want = kit_generation.beam_search(step_fn.row, 0, 1, width, 6)
+        assert hidden07.oracle_beam_search(step_fn, width) == want
 
 
 def test_worked_examples_are_the_documented_ones() -> None:
     # What the notebook tells students about its examples.
     assert hidden07.oracle_bpe_train("aaa", 3) == [("a", "a"), ("a", EOW), ("aa", "a" + EOW)]
     assert hidden07.oracle_bpe_train("ab ac", 2) == [("a", "b"), ("a", "c")]
-    spec = hidden07.LECTURE_TABLE
-    step_fn = hidden07._table(spec)
-    beams = {w: hidden07.oracle_beam_search(step_fn.row, 0, 1, w, 5) for w in (1, 2, 3)}
+    step_fn = lab07.TableStepFn.of(hidden07.LECTURE_TABLE)
+    beams = {w: hidden07.oracle_beam_search(step_fn, w) for w in (1, 2, 3)}
     assert beams == {1: [0, 2, 4, 1], 2: [0, 3, 4, 6, 1], 3: [0, 3, 4, 6, 1]}
     assert math.isclose(math.exp(step_fn.log_prob(beams[1])), 0.0525, rel_tol=1e-5)
     assert math.isclose(math.exp(step_fn.log_prob(beams[2])), 0.2601, rel_tol=1e-5)
