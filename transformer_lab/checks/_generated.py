@@ -123,8 +123,10 @@ class Ordinary:
         where a mistake does not apply). ``tell_apart``: cases run only to tell mistakes apart.
         """
 
+        if oracle is None and any(given.stored is None for given in (*cases, *tell_apart)):
+            raise ValueError("a case without stored outputs is judged against an oracle: pass it")
+
         def expected(given: Given) -> Any:
-            assert given.stored is not None or oracle is not None, "a drawn case needs an oracle"
             return self.output(given.stored[0] if given.stored else oracle(*given.args))
 
         def outputs(given: Given) -> dict[str, Any]:

@@ -65,6 +65,7 @@ __all__ = [
     "END_OF_WORD",
     "SPECIALS",
     "TEMPERATURE",
+    "TIES_DROPPED",
     "TOKENIZER_BAN",
     "TOP_K",
     "TOP_P",

@@ -706,12 +706,7 @@ def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
     variants = [
         ("You keep k + 1 tokens; keep the k largest (and any tied with the k-th).", "plus1"),
         ("You keep k - 1 tokens; keep the k largest (and any tied with the k-th).", "minus1"),
-        (
-            "You keep exactly k tokens and drop some tied with the k-th largest; keep EVERY "
-            "token whose logit equals the k-th largest (compare with the value, e.g. "
-            "logits < kth -> -inf).",
-            "exact",
-        ),
+        (lab07.TIES_DROPPED, "exact"),
         ("You keep the k SMALLEST logits; keep the k largest.", "smallest"),
         (
             "You took the k largest of the whole batch; filter each row (the last dimension) "
