@@ -38,7 +38,7 @@ from torch import Tensor
 
 from transformer_lab.checks._common import Case, generator, judge_cases, stored_data
 
-__all__ = ["Given", "Oracle", "Ordinary", "plain"]
+__all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain"]
 
 
 class Given(NamedTuple):
@@ -58,6 +58,23 @@ def plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
     return value
+
+
+def as_list(got: Any, what: str, item: type | tuple[type, ...], should: str) -> list[Any]:
+    """An answer that should be a list of ``item`` values (a tuple, or a tensor's ``tolist()``,
+    does too), as a list: what a ``call`` of an :class:`Ordinary` returns for answers such as
+    token ids or pieces. A bool is no int.
+
+    Raises:
+        AssertionError: ``"{what} returned {got}; it should return {should}."``
+    """
+    if isinstance(got, Tensor):
+        got = got.tolist()
+    if not isinstance(got, list | tuple) or not all(
+        isinstance(i, item) and not isinstance(i, bool) for i in got
+    ):
+        raise AssertionError(f"{what} returned {got!r:.120}; it should return {should}.")
+    return list(got)
 
 
 def _as_is(value: Any) -> Any:

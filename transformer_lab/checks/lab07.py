@@ -53,7 +53,7 @@ from transformer_lab.checks._common import (
     expect_true,
     stored_data,
 )
-from transformer_lab.checks._generated import Ordinary
+from transformer_lab.checks._generated import Ordinary, as_list
 
 __all__ = [
     "BEAM",
@@ -200,14 +200,7 @@ def fitted_tokenizers(cls: Callable[..., Any], texts: Iterable[str]) -> dict[str
 def encode_with(tok: Any, text: str) -> list[int]:
     """``tok.encode(text)`` under the ban, as a list of Python ints."""
     what = f"tokenizer.encode({text!r})"
-    got = _method(tok, "encode", text, what=what)
-    if isinstance(got, Tensor):
-        got = got.tolist()
-    if not isinstance(got, list | tuple) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in got
-    ):
-        raise AssertionError(f"{what} returned {got!r}; it should return a list of ints.")
-    return list(got)
+    return as_list(_method(tok, "encode", text, what=what), what, int, "a list of ints")
 
 
 def decode_with(tok: Any, ids: list[int]) -> str:
@@ -278,18 +271,9 @@ def run_bpe_train(fn: Callable[..., Any], text: str, num_merges: int) -> list[tu
         what=what,
         on_error="Stop early when no pair is left to merge (every word is one symbol).",
     )
-    if not isinstance(got, list | tuple):
-        raise AssertionError(
-            f"{what} returned {type(got).__name__}; it should return a list of (left, right) "
-            "pairs of strings."
-        )
     pairs = []
-    for item in got:
-        if (
-            not isinstance(item, list | tuple)
-            or len(item) != 2
-            or not all(isinstance(s, str) for s in item)
-        ):
+    for item in as_list(got, what, (list, tuple), "a list of (left, right) pairs of strings"):
+        if len(item) != 2 or not all(isinstance(s, str) for s in item):
             raise AssertionError(
                 f"{what} returned an item {item!r}; each merge is a pair of strings, e.g. "
                 "('l', 'o')."
@@ -344,12 +328,8 @@ def run_bpe_encode(fn: Callable[..., Any], text: str, merges: Sequence[Sequence[
     """The student's ``bpe_encode(text, merges)`` under the ban, as a list of strings."""
     what = f"bpe_encode({_short(text)}, merges)"
     got = call_forbidding(fn, (text, [tuple(m) for m in merges]), {}, ban=TOKENIZER_BAN, what=what)
-    if not isinstance(got, list | tuple) or not all(isinstance(p, str) for p in got):
-        raise AssertionError(
-            f"{what} returned {got!r:.120}; it should return the list of pieces (strings), "
-            f"e.g. ['low', 'er{END_OF_WORD}']."
-        )
-    return list(got)
+    should = f"the list of pieces (strings), e.g. ['low', 'er{END_OF_WORD}']"
+    return as_list(got, what, str, should)
 
 
 def _describe_pieces(case: Case[Any]) -> str:
@@ -752,15 +732,8 @@ def run_beam(fn: Callable[..., Any], step_fn: _StepFn, beam_width: int) -> list[
     args = (step_fn, step_fn.bos_id, step_fn.eos_id, beam_width, step_fn.max_len)
     got = call_forbidding(fn, args, {}, ban=DECODING_BAN, what=what)
     if isinstance(got, Tensor):
-        got = got.flatten().tolist()
-    if not isinstance(got, list | tuple) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in got
-    ):
-        raise AssertionError(
-            f"{what} returned {got!r:.100}; it should return the best hypothesis as a list of "
-            "token ids, BOS first."
-        )
-    return list(got)
+        got = got.flatten()
+    return as_list(got, what, int, "the best hypothesis as a list of token ids, BOS first")
 
 
 def _screen_beam(case: Case[Any]) -> None:
