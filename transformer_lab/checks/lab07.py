@@ -464,8 +464,9 @@ class _Logits:
         return got
 
     def rule(self, case: Case[Any]) -> str:
-        """What a right answer does, with what this case's argument adds (``k >= V``, ...)."""
-        return self.extra(*case.input.args) or self.base_rule
+        """What a right answer does, and what this case's argument adds (``k >= V``, ...)."""
+        extra = self.extra(*case.input.args)
+        return f"{self.base_rule} {extra}" if extra else self.base_rule
 
     def describe(self, case: Case[Any]) -> str:
         got, want = case.got, case.want
@@ -547,30 +548,22 @@ TEMPERATURE = _Logits(
     "Divide the logits by t: logits / t (t < 1 sharpens, t > 1 flattens).",
     lambda logits, t: "t = 1 changes nothing." if t == 1 else "",
 ).part()
-_TOP_K_RULE = (
-    "Keep every logit >= the k-th largest logit of its row (ties at that value are all kept); "
-    "set the others to -inf."
-)
 TOP_K = _Logits(
     "top_k_filter",
     "k",
-    _TOP_K_RULE,
+    "Keep every logit >= the k-th largest logit of its row (ties at that value are all kept); "
+    "set the others to -inf.",
     lambda logits, k: (
-        _TOP_K_RULE + " k >= the vocabulary size keeps every token."
-        if k >= logits.shape[-1]
-        else ""
+        "k >= the vocabulary size keeps every token." if k >= logits.shape[-1] else ""
     ),
 ).part()
-_TOP_P_RULE = (
-    "Sort each row by probability (highest first, ties by lower token id), keep each token "
-    "whose preceding mass is < p (so the token that crosses p is kept), set the others to -inf."
-)
 TOP_P = _Logits(
     "top_p_filter",
     "p",
-    _TOP_P_RULE,
+    "Sort each row by probability (highest first, ties by lower token id), keep each token "
+    "whose preceding mass is < p (so the token that crosses p is kept), set the others to -inf.",
     lambda logits, p: (
-        _TOP_P_RULE + " p = 1 keeps every token."
+        "p = 1 keeps every token."
         if p == 1
         else "A tiny p keeps only the most likely token of each row (it always stays)."
         if p < 1e-3
