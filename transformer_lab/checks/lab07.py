@@ -248,11 +248,11 @@ CHAR_DECODE = Ordinary(
 def check_char_tokenizer(cls: Callable[..., Any]) -> None:
     """The worked example: fit on a sentence, ``vocab_size``, ``encode`` (one unseen character)
     and ``decode`` (with special ids), against the stored expected results."""
-    encodes = CHAR_ENCODE.examples("check_char_tokenizer encode")
-    decodes = CHAR_DECODE.examples("check_char_tokenizer decode")
-    toks = fitted_tokenizers(cls, [case.args[0] for case in encodes])
-    CHAR_ENCODE.judge(toks, encodes)
-    CHAR_DECODE.judge(toks, decodes)
+    texts = CHAR_ENCODE.examples("check_char_tokenizer encode")
+    ids = CHAR_DECODE.examples("check_char_tokenizer decode")
+    toks = fitted_tokenizers(cls, [example.args[0] for example in texts])
+    CHAR_ENCODE.judge(toks, texts)
+    CHAR_DECODE.judge(toks, ids)
 
 
 # ======================================================================================
