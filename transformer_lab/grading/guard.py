@@ -106,8 +106,11 @@ def install(config: dict[str, Any]) -> None:
 
     # 1. The checks, imported now and wrapped.
     names = [f"transformer_lab.checks.lab{lab}", f"transformer_lab.grading.hidden.lab{lab}"]
-    support = ["transformer_lab.checks._common", "transformer_lab.judge.bans"]
     check_modules = [importlib.import_module(n) for n in names if importlib.util.find_spec(n)]
+    # The shared code the checks run on (``checks._common``, ``checks._generated``, the shared
+    # judges, ``hidden._attention``...): every such module the lab's checks imported, and bans.
+    shared = ("transformer_lab.checks._", "transformer_lab.grading.hidden._")
+    support = ["transformer_lab.judge.bans", *sorted(n for n in modules if n.startswith(shared))]
     support_modules = [importlib.import_module(n) for n in support]
     genuine: dict[str, Any] = {}  # "module.name" -> the genuine check function
     audit = sys.audit
