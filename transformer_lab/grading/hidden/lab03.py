@@ -50,7 +50,7 @@ from transformer_lab.checks.lab03 import (
     watch_parameters,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import mask_as_used, masked_weights
+from transformer_lab.grading.hidden._attention import distinct, mask_as_used, masked_weights
 
 __all__ = [
     "fixtures",
@@ -238,20 +238,11 @@ def blocking_mask(
 # --------------------------------------------------------------------------------------
 
 
-def _distinct(want: Tensor, pairs: Sequence[tuple[str, Tensor | None]]) -> dict[str, Tensor]:
-    """``{hint: output}`` of the mistakes that differ from ``want`` (some coincide, e.g. H = 1)."""
-    return {
-        hint: t
-        for hint, t in pairs
-        if t is not None and not (t.shape == want.shape and close(t, want, 1e-9, 1e-9))
-    }
-
-
 def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
     B, T, D = x.shape
     dh = D // n_heads
-    return _distinct(
+    return distinct(
         oracle_split_heads(x, n_heads),
         [
             (HINTS["split_no_transpose"], x.reshape(B, n_heads, T, dh)),
@@ -263,7 +254,7 @@ def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
 def merge_mistakes(x: Tensor) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
     B, H, T, Dh = x.shape
-    return _distinct(
+    return distinct(
         oracle_merge_heads(x),
         [
             (HINTS["merge_no_transpose"], x.reshape(B, T, H * Dh)),

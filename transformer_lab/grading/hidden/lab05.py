@@ -23,7 +23,6 @@ Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2; Vaswani
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,9 +44,15 @@ from transformer_lab.checks.lab05 import (
     run_attention,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import attend64, masked_weights
+from transformer_lab.grading.hidden._attention import (
+    attend64,
+    distinct,
+    lowest_allowed_score,
+)
+from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
 
 __all__ = [
+    "ATTENTION_HINTS",
     "attention_mistakes",
     "causal_mistakes",
     "combine_mistakes",
@@ -107,23 +112,12 @@ def oracle_masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tu
 # --------------------------------------------------------------------------------------
 
 
-def _distinct(want: Tensor, mistakes: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Drop the mistakes that give the right answer on this input (and repeats)."""
-    kept: dict[str, Tensor] = {}
-    for hint, wrong in mistakes.items():
-        same = [want, *kept.values()]
-        if any(w.shape == wrong.shape and torch.equal(w, wrong) for w in same):
-            continue
-        kept[hint] = wrong
-    return kept
-
-
 def causal_mistakes(T: int) -> dict[str, Tensor]:
     """Hint -> the mask a typical wrong ``causal_mask(T)`` returns."""
     t = torch.arange(T)[:, None]  # (T, 1): queries in rows
     s = torch.arange(T)[None, :]  # (1, T): keys in columns
     good = oracle_causal_mask(T)
-    return _distinct(
+    return distinct(
         good,
         {
             SPEC.mistake("causal causal_upper").hint: s >= t,
@@ -167,7 +161,7 @@ def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
             "Your mask has max(lengths) columns, not max_len: the batch is padded to max_len, "
             "so build the positions with torch.arange(max_len)."
         ] = p[:, :longest] < n
-    return _distinct(good, mistakes)
+    return distinct(good, mistakes)
 
 
 _PADDED_QUERIES = (
@@ -186,7 +180,7 @@ def combine_mistakes(padding: Tensor, causal: Tensor) -> dict[str, Tensor]:
     c = causal[None, None]  # (1, 1, T, T)
     good = oracle_combine_masks(padding, causal)
     own_causal = torch.ones(T, T, dtype=torch.bool).tril()
-    return _distinct(
+    return distinct(
         good,
         {
             "You combined the masks with | (or): a key may be attended only when BOTH masks "
@@ -242,59 +236,42 @@ _UNIFORM = (
 )
 
 
+#: What lab 05 calls each typical wrong ``masked_attention`` of the shared catalogue
+#: (:data:`~transformer_lab.grading.hidden._attention.MISTAKES`), in the order they are tried.
+ATTENTION_HINTS = {
+    "mask_after": _AFTER,
+    "fill_zero": _FILL_ZERO,
+    "fill_zero_zeroed": _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring "
+    "the rest back to a sum of one.)",
+    "fill_uniform": _UNIFORM,  # a finite fill, rows not fixed
+    "mask_inverted": _INVERTED,
+    "mask_ignored": _IGNORED,
+    "no_scale": "Your scores are not scaled: divide q @ k.transpose(-2, -1) by sqrt(d_k), "
+    "d_k = q.shape[-1].",
+    "scale_d_k": "Your scores are divided by d_k: the scale is 1/sqrt(d_k).",
+    "softmax_queries": "Your softmax runs over the queries (dim=-2): each query's weights over "
+    "the keys must sum to one, so take it over the last axis.",
+}
+
+
 def attention_mistakes(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Hint -> ``(out, weights)`` a typical wrong ``masked_attention`` returns (float64)."""
-    qd, kd, vd = q.double(), k.double(), v.double()
-    d = q.shape[-1]
-    scores = qd @ kd.transpose(-2, -1) / math.sqrt(d)  # (..., T, S)
-    allowed = torch.broadcast_to(mask.to(torch.bool), scores.shape)
+    """Hint -> ``(out, weights)`` a typical wrong ``masked_attention`` returns (float64).
 
-    def filled(fill: str | float, zeroed: bool = False) -> tuple[Tensor, Tensor]:
-        """The weights with hidden keys so filled (then zeroed, not renormalised) and output."""
-        w = masked_weights(scores, allowed, fill)
-        if zeroed:
-            w = w * allowed
-        return w @ vd, w
-
-    candidates: dict[str, tuple[Tensor, Tensor]] = {}
-    low = float(scores.masked_fill(~allowed, math.inf).min()) if bool(allowed.any()) else 0.0
-    if low < -1e4:  # first: after-the-softmax mistakes look alike here
+    Where the real scores go below -1e4, a fill of -1e4 is tried first (the mistakes after the
+    softmax look alike there)."""
+    hints = ATTENTION_HINTS
+    low = lowest_allowed_score(q, k, mask)
+    if low < -1e4:
         small = (
             f"Your fill value is not negative enough: here real scores go down to {low:.3g}, "
             "below a fill such as -1e4, so masked keys outrank them. Use the dtype's own "
             "minimum, torch.finfo(scores.dtype).min."
         )
-        candidates[small] = filled(-1e4)
-        candidates[small + " (Zeroing the masked weights afterwards cannot repair that.)"] = filled(
-            -1e4, zeroed=True
-        )
-    candidates |= {
-        _AFTER: filled("after"),
-        _FILL_ZERO: filled(0.0),
-        _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring the rest back "
-        "to a sum of one.)": filled(0.0, zeroed=True),
-        _UNIFORM: filled("uniform"),  # a finite fill, rows not fixed
-        _INVERTED: attend64(q, k, v, ~allowed),
-        _IGNORED: attend64(q, k, v, None),
-        "Your scores are not scaled: divide q @ k.transpose(-2, -1) by sqrt(d_k), "
-        "d_k = q.shape[-1].": attend64(q, k, v, allowed, scale=1.0),
-        "Your scores are divided by d_k: the scale is 1/sqrt(d_k).": attend64(
-            q, k, v, allowed, scale=1.0 / d
-        ),
-        "Your softmax runs over the queries (dim=-2): each query's weights over the keys must "
-        "sum to one, so take it over the last axis.": attend64(q, k, v, allowed, axis=-2),
-    }
-    want_out, want_w = oracle_masked_attention(q, k, v, mask)
-    kept: dict[str, tuple[Tensor, Tensor]] = {}
-    for hint, (out, w) in candidates.items():
-        if w.shape != want_w.shape or bool(torch.isnan(w).any()):
-            continue
-        if torch.allclose(w, want_w, atol=1e-6) and torch.allclose(out, want_out, atol=1e-6):
-            continue  # this mistake is harmless on this input
-        kept[hint] = (out, w)
-    return kept
+        extra = " (Zeroing the masked weights afterwards cannot repair that.)"
+        hints = {"fill_1e4": small, "fill_1e4_zeroed": small + extra, **hints}
+    return shared_mistakes(q, k, v, mask, hints)
 
 
 # --------------------------------------------------------------------------------------

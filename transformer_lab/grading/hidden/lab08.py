@@ -71,7 +71,7 @@ from transformer_lab.checks.lab08 import (
     torch_output,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import masked_weights
+from transformer_lab.grading.hidden._attention import distinct, masked_weights
 
 __all__ = [
     "attention_mistakes",
@@ -253,15 +253,14 @@ def attention_mistakes(
     want = oracle_attention(weights, x, n_heads, schedule)
     named = dict(CACHE_MISTAKES) if schedule is not None else {}
     named |= ATTENTION_MISTAKES
-    kept: dict[str, Tensor] = {}
-    for variant, hint in named.items():
-        out = oracle_attention(weights, x, n_heads, schedule, variant=variant)
-        if close(out, want, atol=1e-6, rtol=1e-6):
-            continue
-        if any(close(out, other, atol=1e-6, rtol=1e-6) for other in kept.values()):
-            continue
-        kept[hint] = out
-    return kept
+    return distinct(
+        want,
+        [
+            (hint, oracle_attention(weights, x, n_heads, schedule, variant=v))
+            for v, hint in named.items()
+        ],
+        tol=1e-6,
+    )
 
 
 # ======================================================================================
