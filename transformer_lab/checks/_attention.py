@@ -7,9 +7,10 @@ output, never NaN). Both labs used to judge it with their own code; this module 
 calling the student's function under the lab's ban (:func:`call_attention`), tracing a NaN to a
 softmax without the max subtraction (:func:`overflow_probe`) or to the fill of an empty row, and
 comparing with the expected pair while naming the first typical mistake the answer reproduces
-(:func:`judge_attention`). The expected pair and the mistakes come from the caller: stored values
-on the visible side (``fixtures/labNN.json``), the shared oracle and catalogue on the hidden side
-(:mod:`transformer_lab.grading.hidden._attention`). No oracle lives here.
+(:func:`judge_attention`), and asking for finite gradients through a row the mask empties
+(:func:`expect_finite_gradients`). The expected pair and the mistakes come from the caller:
+stored values on the visible side (``fixtures/labNN.json``), the shared oracle and catalogue on
+the hidden side (:mod:`transformer_lab.grading.hidden._attention`). No oracle lives here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     note_mistake,
+    raised_on,
     ran_on,
     softmax_overflow_probe,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "HALF_FILL",
     "call_attention",
     "dtype_name",
+    "expect_finite_gradients",
     "judge_attention",
     "overflow_probe",
     "tolerance",
@@ -379,3 +382,59 @@ def judge_attention(
         rtol=tol,
     )
     return out, w
+
+
+_BACKWARD_HINT = (
+    "An in-place operation (scores /= ..., w.div_(...), w[...] = 0) on a tensor autograd saved "
+    "for the backward pass breaks it: write it out of place (scores = scores / ...)."
+)
+
+
+def expect_finite_gradients(
+    call: Callable[[Tensor, Tensor, Tensor], tuple[Any, Any]],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    what: str,
+) -> None:
+    """Gradients through the student's attention reach ``q``, ``k`` and ``v`` and are finite,
+    also through a row the mask empties (it would poison training with NaN).
+
+    Args:
+        call: runs the student's attention on ``(q, k, v)`` (its mask bound) and returns
+            ``(out, weights)``, e.g. a :func:`call_attention`.
+        q: the queries; k, v: the keys and values (leaf tensors, copied here to require grad).
+        what: the call, for messages.
+
+    Raises:
+        AssertionError: an output that does not depend on the inputs, a backward pass that
+            raises (an in-place operation), a gradient that is missing or not finite.
+    """
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out, w = call(qg, kg, vg)
+    out = expect_shape(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
+    expect_true(
+        out.requires_grad,
+        f"the output of {what} does not depend differentiably on q, k and v: avoid .detach(), "
+        ".item() or tensors rebuilt from Python numbers inside the computation.",
+    )
+    loss = out.pow(2).sum()
+    if isinstance(w, Tensor) and w.requires_grad:
+        loss = loss + w.pow(2).sum()
+    try:
+        loss.backward()
+    except Exception as exc:  # the student's forward broke autograd
+        failure = AssertionError(
+            f"the backward pass of {what} raised {type(exc).__name__}: {exc}. {_BACKWARD_HINT}"
+        )
+        raise raised_on(failure, "a backward pass (q, k and v require grad)") from exc
+    for name, t in (("q", qg), ("k", kg), ("v", vg)):
+        expect_true(
+            t.grad is not None and bool(torch.isfinite(t.grad).all()),
+            f"the gradient of {what} with respect to {name} is "
+            f"{'missing' if t.grad is None else 'not finite (NaN or inf)'}: a row with nothing "
+            "to attend must not poison training (a row of -inf scores gives NaN in the "
+            "softmax's backward pass even when its output is replaced afterwards). Fill masked "
+            "scores with torch.finfo(scores.dtype).min (not -inf, not mask.log()) and zero the "
+            "weights of masked keys after the softmax.",
+        )

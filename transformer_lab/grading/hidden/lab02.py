@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_lab.checks._common import expect_shape, generator, raised_on, randint
+from transformer_lab.checks._attention import expect_finite_gradients
+from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks.lab02 import (
     SA_ARGS,
     SA_EXAMPLES,
@@ -41,7 +42,6 @@ from transformer_lab.checks.lab02 import (
     judge_attention,
     judge_self_attention,
     judge_softmax,
-    run,
     tolerance,
 )
 from transformer_lab.grading.hidden import fixture_entry
@@ -460,37 +460,8 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
 
     # Gradients: an empty row must not poison the gradients with NaN (it would during training).
     q, k, v = _masked_inputs((b, h), t, s, dk, dv, full, g)
-    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
     what = "scaled_dot_product_attention with an empty mask row (backward pass)"
-    out = run(fn, qg, kg, vg, full, what=what)
-    out = out[0] if isinstance(out, (tuple, list)) else out
-    out = expect_shape(out, (b, h, t, dv), f"the output of {what}")
-    if not out.requires_grad:
-        raise AssertionError(
-            f"the output of {what} does not depend differentiably on q, k, v: avoid .detach(), "
-            ".item() or building new tensors from Python numbers in the computation."
-        )
-    try:
-        out.pow(2).sum().backward()
-    except Exception as exc:  # the student's forward broke autograd (or the kernel's did)
-        failure = AssertionError(
-            f"the backward pass of {what} raised {type(exc).__name__}: {exc}. {_BACKWARD_HINT}"
-        )
-        raise raised_on(failure, "a backward pass (q, k and v require grad)") from exc
-    for name, x in (("q", qg), ("k", kg), ("v", vg)):
-        if x.grad is None or not bool(torch.isfinite(x.grad).all()):
-            raise AssertionError(
-                f"the gradient with respect to {name} of {what} contains NaN or is missing: "
-                "a row of -inf scores gives NaN in the softmax's backward pass even when you "
-                "replace its output afterwards. Fill masked scores with a large finite negative "
-                "number (torch.finfo(scores.dtype).min) and zero empty rows after the softmax."
-            )
-
-
-_BACKWARD_HINT = (
-    "An in-place operation (scores /= ..., w.div_(...), w[...] = 0) on a tensor autograd saved "
-    "for the backward pass breaks it: write it out of place (scores = scores / ...)."
-)
+    expect_finite_gradients(lambda *qkv: call_attention(fn, *qkv, full, what), q, k, v, what)
 
 
 # --------------------------------------------------------------------------------------

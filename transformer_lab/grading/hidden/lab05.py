@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_lab.checks._common import expect_shape, expect_true, generator, randint
+from transformer_lab.checks._attention import expect_finite_gradients
+from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks.lab05 import (
     SPEC,
     Probe,
@@ -440,28 +441,8 @@ def hidden_check_masked_attention_dtypes(fn: Callable[..., Any], seed: int = 0) 
             q, k, v, mask, described = _random_case(g, lead, kind, scale=0.5)
             _expect_attention(fn, q.to(dtype), k.to(dtype), v.to(dtype), mask, described, tol=tol)
     q, k, v, mask, described = _random_case(g, (2, 2), "random")
-    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
     what = f"masked_attention(q, k, v, mask) with {described} (backward pass)"
-    out, w = run_attention(fn, q, k, v, mask, what)
-    out = expect_shape(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
-    w = expect_shape(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
-    expect_true(
-        out.requires_grad and w.requires_grad,
-        f"the output of {what} does not depend differentiably on q, k and v: avoid .detach(), "
-        ".item() or tensors rebuilt from Python numbers inside the computation.",
-    )
-    r_out = torch.randn(out.shape, generator=g)
-    r_w = torch.randn(w.shape, generator=g)
-    ((out * r_out).sum() + (w * r_w).sum()).backward()
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        grad = t.grad
-        expect_true(
-            grad is not None and bool(torch.isfinite(grad).all()),
-            f"the gradient of {what} with respect to {name} is "
-            f"{'missing' if grad is None else 'not finite (NaN or inf)'}: a row with nothing to "
-            "attend must not poison training. Fill with torch.finfo(scores.dtype).min (not "
-            "-inf, not mask.log()) and zero the masked weights with masked_fill or where.",
-        )
+    expect_finite_gradients(lambda *qkv: run_attention(fn, *qkv, mask, what), q, k, v, what)
 
 
 # --------------------------------------------------------------------------------------
