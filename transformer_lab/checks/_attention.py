@@ -34,7 +34,11 @@ from transformer_lab.checks._common import (
     raised_on,
     ran_on,
     softmax_overflow_probe,
+    stored,
 )
+
+#: An attention's ``(out (..., T, d_v), weights (..., T, S))``.
+Pair = tuple[Tensor, Tensor]
 
 __all__ = [
     "HALF_FILL",
@@ -43,6 +47,7 @@ __all__ = [
     "expect_finite_gradients",
     "judge_attention",
     "overflow_probe",
+    "stored_pair",
     "tolerance",
 ]
 
@@ -438,3 +443,17 @@ def expect_finite_gradients(
             "scores with torch.finfo(scores.dtype).min (not -inf, not mask.log()) and zero the "
             "weights of masked keys after the softmax.",
         )
+
+
+def stored_pair(lab: str, key: str) -> tuple[tuple[Tensor, Tensor], dict[str, Pair]]:
+    """The stored ``(out, weights)`` of ``lab``'s worked example ``key`` and the typical
+    mistakes' pairs, in the catalogue's order (the order :func:`judge_attention` tries them).
+
+    The fixture holds ``"<key> -> output"`` and ``"<key> -> weights"`` (written by
+    :func:`~transformer_lab.grading.hidden._attention.pair_entries`), and keeps the catalogue's
+    order in a ``"NN|"`` prefix of each hint, since JSON sorts the keys.
+    """
+    out, out_mistakes = stored(lab, f"{key} -> output")
+    w, w_mistakes = stored(lab, f"{key} -> weights")
+    ranked = sorted(w_mistakes)
+    return (out, w), {h.partition("|")[2]: (out_mistakes[h], w_mistakes[h]) for h in ranked}

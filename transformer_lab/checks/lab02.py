@@ -420,13 +420,6 @@ def judge_attention(
     _attention.judge_attention(got, want, mistakes, what, q, k, v, mask, probe=probe)
 
 
-def stored_attention(key: str) -> tuple[tuple[Tensor, Tensor], dict[str, tuple[Tensor, Tensor]]]:
-    """The stored ``(out, weights)`` of an example and the mistakes' ``(out, weights)``."""
-    out, out_mistakes = stored_example(f"{key} -> output")
-    w, w_mistakes = stored_example(f"{key} -> weights")
-    return (out, w), {h: (out_mistakes[h], w_mistakes[h]) for h in w_mistakes}
-
-
 #: The visible attention examples: name -> (dtype, with a mask?).
 SDPA_EXAMPLES = {
     "scaled_dot_product_attention(q, k, v) with T=S=4, d_k=3, d_v=5": (torch.float32, False),
@@ -454,7 +447,7 @@ def _check_attention_examples(fn: Callable[..., Any], examples: Mapping[str, Any
         inputs = example(what, *names)
         q, k, v = (t.to(dtype) for t in inputs[:3])
         mask = inputs[3] if masked else None
-        want, mistakes = stored_attention(what)
+        want, mistakes = _attention.stored_pair(_LAB, what)
         got = call_attention(fn, q, k, v, mask, what)
         judge_attention(got, want, mistakes, what, q, k, v, mask, fn=fn)
 

@@ -506,11 +506,9 @@ def check_combine_masks(fn: Callable[..., Any]) -> None:
 def _check_attention(fn: Callable[..., Any], dtype: torch.dtype, tol: float) -> None:
     for name in ("causal", "padded"):
         q, k, v, mask, described = attention_example(name)
-        want_w, wrong_w = stored("lab05", f"masked_attention example {name!r}: weights")
-        want_o, wrong_o = stored("lab05", f"masked_attention example {name!r}: out")
-        mistakes = {h: (wrong_o[h], wrong_w[h]) for h in wrong_w}
+        want, mistakes = _attention.stored_pair("lab05", f"masked_attention example {name!r}")
         inputs = (q.to(dtype), k.to(dtype), v.to(dtype), mask)
-        expect_attention(fn, inputs, described, (want_o, want_w), mistakes, tol=tol)
+        expect_attention(fn, inputs, described, want, mistakes, tol=tol)
 
 
 def check_masked_attention(fn: Callable[..., Any]) -> None:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "FILLS",
@@ -33,6 +36,7 @@ __all__ = [
     "lowest_allowed_score",
     "mask_as_used",
     "masked_weights",
+    "pair_entries",
 ]
 
 #: What :func:`masked_weights` does with the keys the mask hides (besides a plain number, which
@@ -276,3 +280,17 @@ def distinct(
             continue
         kept[hint] = wrong
     return kept
+
+
+def pair_entries(
+    key: str, want: tuple[Tensor, Tensor], mistakes: Mapping[str, tuple[Tensor, Tensor]]
+) -> dict[str, dict[str, Any]]:
+    """The fixture entries of a worked example of attention, ``"<key> -> output"`` and
+    ``"<key> -> weights"``: the expected ``want = (out, weights)`` and the mistakes' pairs,
+    each hint prefixed with its rank (``"00|hint"``) so that the visible side
+    (:func:`~transformer_lab.checks._attention.stored_pair`) tries them in this order."""
+    ranked = {f"{i:02d}|{hint}": pair for i, (hint, pair) in enumerate(mistakes.items())}
+    return {
+        f"{key} -> {name}": fixture_entry(want[i], {h: pair[i] for h, pair in ranked.items()})
+        for i, name in enumerate(("output", "weights"))
+    }

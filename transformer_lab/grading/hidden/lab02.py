@@ -45,7 +45,7 @@ from transformer_lab.checks.lab02 import (
     tolerance,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import attend64, attend_as
+from transformer_lab.grading.hidden._attention import attend64, attend_as, pair_entries
 from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
 
 __all__ = [
@@ -532,8 +532,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
             out[f"{what}: {name}"] = _entry(t.double())
         q, k, v = (example[n].to(dtype) for n in ("q", "k", "v"))
         mask = example.get("mask")
-        want_out, want_w = oracle_attention(q, k, v, mask)
-        mistakes = attention_mistakes(q, k, v, mask)
-        out[f"{what} -> output"] = _entry(want_out, {h: m[0] for h, m in mistakes.items()})
-        out[f"{what} -> weights"] = _entry(want_w, {h: m[1] for h, m in mistakes.items()})
+        out |= pair_entries(
+            what, oracle_attention(q, k, v, mask), attention_mistakes(q, k, v, mask)
+        )
     return out

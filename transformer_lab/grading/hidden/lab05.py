@@ -49,6 +49,7 @@ from transformer_lab.grading.hidden._attention import (
     attend64,
     distinct,
     lowest_allowed_score,
+    pair_entries,
 )
 from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
 
@@ -623,12 +624,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
         )
     for name in ("causal", "padded"):
         q, k, v, mask, _ = attention_example(name)
-        want_out, want_w = oracle_masked_attention(q, k, v, mask)
-        mistakes = attention_mistakes(q, k, v, mask)
-        out[f"masked_attention example {name!r}: weights"] = fixture_entry(
-            want_w, {h: w for h, (_, w) in mistakes.items()}
-        )
-        out[f"masked_attention example {name!r}: out"] = fixture_entry(
-            want_out, {h: o for h, (o, _) in mistakes.items()}
-        )
+        want = oracle_masked_attention(q, k, v, mask)
+        key = f"masked_attention example {name!r}"
+        out |= pair_entries(key, want, attention_mistakes(q, k, v, mask))
     return out
