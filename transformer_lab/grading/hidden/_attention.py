@@ -28,7 +28,9 @@ from transformer_lab.grading.hidden import fixture_entry
 __all__ = [
     "FILLS",
     "MASK_USES",
+    "MERGES",
     "MISTAKES",
+    "SPLITS",
     "attend64",
     "attend_as",
     "attention_mistakes",
@@ -36,7 +38,9 @@ __all__ = [
     "lowest_allowed_score",
     "mask_as_used",
     "masked_weights",
+    "merge_heads",
     "pair_entries",
+    "split_heads",
 ]
 
 #: What :func:`masked_weights` does with the keys the mask hides (besides a plain number, which
@@ -294,3 +298,47 @@ def pair_entries(
         f"{key} -> {name}": fixture_entry(want[i], {h: pair[i] for h, pair in ranked.items()})
         for i, name in enumerate(("output", "weights"))
     }
+
+
+#: How :func:`split_heads` cuts the width into heads: ``"right"`` (head h holds the features
+#: ``h*Dh:(h+1)*Dh``), the others typical mistakes.
+SPLITS = ("right", "no_transpose", "interleaved")
+#: How :func:`merge_heads` puts them back: ``"right"`` (head 0's features first), or a mistake.
+MERGES = ("right", "no_transpose", "interleaved", "wrong_axes")
+
+
+def split_heads(x: Tensor, n_heads: int, how: str = "right") -> Tensor:
+    """``(B, T, D) -> (B, H, T, Dh)``, the heads of labs 03 and 08, cut as ``how`` says.
+
+    ``"right"`` is written with explicit slices, unlike the reshape-and-transpose a solution
+    uses; ``"no_transpose"`` is ``reshape(B, H, T, Dh)`` straight away (it cuts across
+    tokens), ``"interleaved"`` gives head h every H-th feature (``reshape(B, T, Dh, H)``).
+    """
+    B, T, D = x.shape
+    dh = D // n_heads
+    if how == "no_transpose":
+        return x.reshape(B, n_heads, T, dh)
+    if how == "interleaved":
+        return x.reshape(B, T, dh, n_heads).permute(0, 3, 1, 2)
+    if how != "right":
+        raise ValueError(f"unknown split {how!r}: expected one of {SPLITS}")
+    return torch.stack([x[:, :, h * dh : (h + 1) * dh] for h in range(n_heads)], dim=1)
+
+
+def merge_heads(x: Tensor, how: str = "right") -> Tensor:
+    """``(B, H, T, Dh) -> (B, T, H*Dh)``, the heads side by side, merged as ``how`` says.
+
+    ``"right"`` concatenates head 0's features first (explicit slices); ``"no_transpose"`` is
+    ``reshape(B, T, D)`` straight away (it mixes positions), ``"interleaved"`` orders the
+    features Dh-major, ``"wrong_axes"`` transposes the last two axes instead of 1 and 2.
+    """
+    B, H, T, dh = x.shape
+    if how == "no_transpose":
+        return x.reshape(B, T, H * dh)
+    if how == "interleaved":
+        return x.permute(0, 2, 3, 1).reshape(B, T, H * dh)
+    if how == "wrong_axes":
+        return x.transpose(2, 3).reshape(B, T, H * dh)
+    if how != "right":
+        raise ValueError(f"unknown merge {how!r}: expected one of {MERGES}")
+    return torch.cat([x[:, h] for h in range(H)], dim=-1)
