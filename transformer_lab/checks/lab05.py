@@ -63,14 +63,12 @@ __all__ = [
     "expect_attention",
     "expect_causal_mask",
     "expect_combine_masks",
+    "expect_mask",
     "expect_padding_mask",
     "judge_detector",
     "judge_mask",
     "run_attention",
-    "run_causal_mask",
-    "run_combine_masks",
     "run_detector",
-    "run_padding_mask",
     "show_lengths",
     "visible_probes",
 ]
@@ -98,33 +96,6 @@ def show_lengths(lengths: Sequence[int] | Tensor) -> str:
         dtype = "" if lengths.dtype == torch.int64 else f", dtype={lengths.dtype}"
         return f"torch.tensor({lengths.tolist()}{dtype})"
     return str(list(lengths))
-
-
-def run_causal_mask(fn: Callable[..., Any], T: int) -> Any:
-    """The student's ``causal_mask(T)`` under the masks' ban."""
-    return call_forbidding(fn, (T,), {}, ban=MASK_BAN, what=f"causal_mask({T})")
-
-
-def run_padding_mask(fn: Callable[..., Any], lengths: Sequence[int] | Tensor, max_len: int) -> Any:
-    """The student's ``padding_mask(lengths, max_len)`` under the masks' ban."""
-    what = f"padding_mask({show_lengths(lengths)}, {max_len})"
-    hint = (
-        "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either into "
-        "a tensor."
-        if not isinstance(lengths, Tensor)
-        else ""
-    )
-    return call_forbidding(fn, (lengths, max_len), {}, ban=MASK_BAN, what=what, on_error=hint)
-
-
-def run_combine_masks(fn: Callable[..., Any], padding: Tensor, causal: Tensor, what: str) -> Any:
-    """The student's ``combine_masks(padding, causal)`` under the masks' ban."""
-    hint = (
-        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
-        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
-        "broadcasts against causal[None, None]."
-    )
-    return call_forbidding(fn, (padding, causal), {}, ban=MASK_BAN, what=what, on_error=hint)
 
 
 def run_attention(
@@ -345,6 +316,20 @@ def visible_probes() -> list[Probe]:
 # --------------------------------------------------------------------------------------
 
 
+def expect_mask(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    what: str,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+    on_error: str = "",
+) -> None:
+    """The student's mask function on ``args``, under the masks' ban, must return ``want``
+    (:func:`judge_mask`); ``on_error`` is added to the message of an exception it raises."""
+    got = call_forbidding(fn, args, {}, ban=MASK_BAN, what=what, on_error=on_error)
+    judge_mask(got, want, mistakes, what)
+
+
 def expect_causal_mask(
     fn: Callable[..., Any], T: int, want: Tensor, mistakes: Mapping[str, Tensor]
 ) -> None:
@@ -353,7 +338,7 @@ def expect_causal_mask(
     ahead = torch.ones(T, T, dtype=torch.bool).tril(1)  # (T, T): key s <= query t + 1
     if not torch.equal(ahead, want.to(torch.bool)):
         mistakes = {**mistakes, ONE_STEP_AHEAD: ahead}
-    judge_mask(run_causal_mask(fn, T), want, mistakes, f"causal_mask({T})")
+    expect_mask(fn, (T,), f"causal_mask({T})", want, mistakes)
 
 
 #: The causal mask shifted by one: each query also sees the next key.
@@ -372,7 +357,13 @@ def expect_padding_mask(
 ) -> None:
     """``padding_mask(lengths, max_len)`` must equal ``want``."""
     what = f"padding_mask({show_lengths(lengths)}, {max_len})"
-    judge_mask(run_padding_mask(fn, lengths, max_len), want, mistakes, what)
+    hint = (
+        "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either into "
+        "a tensor."
+        if not isinstance(lengths, Tensor)
+        else ""
+    )
+    expect_mask(fn, (lengths, max_len), what, want, mistakes, on_error=hint)
 
 
 def expect_combine_masks(
@@ -384,7 +375,12 @@ def expect_combine_masks(
     mistakes: Mapping[str, Tensor],
 ) -> None:
     """``combine_masks(padding, causal)`` must equal ``want``."""
-    judge_mask(run_combine_masks(fn, padding, causal, what), want, mistakes, what)
+    hint = (
+        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
+        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
+        "broadcasts against causal[None, None]."
+    )
+    expect_mask(fn, (padding, causal), what, want, mistakes, on_error=hint)
 
 
 def expect_attention(
