@@ -540,6 +540,47 @@ def test_the_minus_1e9_mistake_in_float16_names_the_fill_value_when_it_gives_nan
     assert "-1e9 becomes -inf in float16" in message
 
 
+def _own_softmax_attention(fill: float, *, repair: bool = True, extra_axis: bool = False):
+    """Masked attention with a softmax of its own (lab 02 refuses torch's): ``fill`` for the
+    hidden scores, their weights zeroed afterwards when ``repair``, the mask unsqueezed once
+    more when ``extra_axis``."""
+
+    def fn(q, k, v, mask):
+        mask = mask.unsqueeze(1) if extra_axis else mask
+        s = _scores(q, k).masked_fill(~mask, fill)
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        w = e / e.sum(-1, keepdim=True)
+        w = w.masked_fill(~mask, 0.0) if repair else w
+        return w @ v, w
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    ("fn", "words"),
+    [
+        (_own_softmax_attention(-math.inf, repair=False), "NaN in the rows where the mask allows"),
+        (_own_softmax_attention(-1e9), "does not exist in float16 (its range ends at -65504)"),
+        (_own_softmax_attention(-6e4, extra_axis=True), "as it is"),
+        (
+            lambda q, k, v, mask: (q @ k.transpose(-2, -1)) @ v,
+            "should return a pair (out, weights)",
+        ),
+    ],
+)
+def test_labs_02_and_05_word_the_judges_findings_alike(fn, words) -> None:
+    """Masked attention has one judge (``checks/_attention.py``): the same wrong answer given to
+    lab 02's ``scaled_dot_product_attention`` check and to lab 05's reads the same there."""
+    from transformer_lab.checks import lab02
+
+    checks = {
+        "lab02": lab02.check_scaled_dot_product_attention_mask,
+        "lab05": lab05.check_masked_attention_half,
+    }
+    messages = run_checks(checks, fn)
+    assert all(words in m for m in messages.values()), messages
+
+
 def test_masked_keys_have_the_largest_raw_scores_in_the_worked_examples() -> None:
     for name in ("causal", "padded"):
         q, k, v, mask, _ = lab05.attention_example(name)

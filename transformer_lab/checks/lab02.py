@@ -14,11 +14,12 @@ here: the student package holds only the stored examples and the comparisons.
 The mask examples are built so that the masked keys have the **largest** raw scores (a mask that
 is ignored, or applied after the softmax, moves most of the weight), include rows where the mask
 allows no key (zero weights, never NaN), use ``T != S`` and values unlike the keys, and run in
-float16 as well (where a fill of ``-1e9`` overflows). Attention weights with NaN are traced to
-their cause by probing the student's function (:func:`_softmax_overflows`): if it also gives
-NaN on scores that are large but finite in the dtype (16 in float16), every key allowed, its
-softmax lacks the max subtraction (exp overflows, or exp(finfo.min) = 0 makes 0/0 in a row the
-mask empties) and the message says so; only otherwise is a NaN in such a row blamed on the fill.
+float16 as well (where a fill of ``-1e9`` overflows). They are judged by the attention judge
+lab 05 shares (:mod:`transformer_lab.checks._attention`), which traces weights with NaN to their
+cause by probing the student's function: if it also gives NaN on scores that are large but
+finite in the dtype (16 in float16), every key allowed, its softmax lacks the max subtraction
+(exp overflows, or exp(finfo.min) = 0 makes 0/0 in a row the mask empties) and the message
+says so; only otherwise is a NaN in such a row blamed on the fill.
 
 Tolerances follow the arithmetic of the input's dtype (:func:`tolerance`): a correct float32
 softmax written as ``exp(x - logsumexp(x))`` passes at logits of 1e4, where rounding the
@@ -39,28 +40,22 @@ You Need", NeurIPS 2017, section 3.2.1.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from transformer_lab.checks import spec
+from transformer_lab.checks import _attention, spec
+from transformer_lab.checks._attention import dtype_name, tolerance
 from transformer_lab.checks._common import (
-    EMPTY_ROW_NO_MAX,
-    NO_MAX_SUBTRACTION,
     OpLog,
     call_forbidding,
     call_student,
-    close,
     compare,
     expect_shape,
     expect_true,
     forbidden,
-    note_mistake,
-    ran_on,
-    softmax_overflow_probe,
     stored,
 )
 from transformer_lab.judge.wire import Reference
@@ -105,21 +100,6 @@ def run(
     )
 
 
-def tolerance(dtype: torch.dtype, scale: float = 0.0) -> float:
-    """How far a correct result may be from the float64 answer, for inputs of ``dtype``.
-
-    A softmax (or attention) computed in ``dtype`` rounds its largest logit, or the logsumexp
-    of a row, to the dtype's precision: an error of up to about ``eps * |logit| / 2`` in the
-    exponent, hence a relative error of that size in every weight (measured: at most
-    ``0.65 * eps * (1 + |logit|)`` for max-subtracting, logsumexp and upcasting softmaxes in
-    float32, float16 and bfloat16). ``scale`` is the size of the largest logit (or a bound on
-    the scores); the tolerance is ``3 * eps * (1 + scale)``, never less than 1e-4: 3.6e-3 for
-    float32 at logits of 1e4, 0.018 for float16 at scores of 5.
-    """
-    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
-    return max(1e-4, 3.0 * eps * (1.0 + scale))
-
-
 def stored_example(key: str) -> tuple[Tensor, dict[str, Tensor]]:
     """A stored expected value and the typical mistakes' outputs, in the catalogue's order.
 
@@ -136,10 +116,6 @@ def example(key: str, *names: str) -> tuple[Tensor, ...]:
         t, _ = stored(_LAB, f"{key}: {name}")
         out.append(t.bool() if name == "mask" else t.float())
     return tuple(out)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 # --------------------------------------------------------------------------------------
@@ -206,7 +182,7 @@ def call_softmax(fn: Callable[..., Tensor], x: Tensor, dim: int | None, what: st
     )
     expect_true(
         got.dtype == x.dtype,
-        f"{what} returned {_dtype_name(got.dtype)} for a {_dtype_name(x.dtype)} input: keep the "
+        f"{what} returned {dtype_name(got.dtype)} for a {dtype_name(x.dtype)} input: keep the "
         "input's dtype (compute with x itself, not with a new float32 tensor).",
     )
     return got
@@ -409,113 +385,13 @@ def check_self_attention_matrix_no_loops(fn: Callable[..., Tensor]) -> None:
 # batched scaled dot-product attention with a mask
 # --------------------------------------------------------------------------------------
 
-SDPA_HINT = (
-    "weights = softmax(q @ k.transpose(-2, -1) / sqrt(d_k)) over the last axis, with the scores "
-    "where mask is False set to torch.finfo(scores.dtype).min first and fully masked rows set "
-    "to 0; out = weights @ v."
-)
-_BATCH_HINT = (
-    "Leading axes are batch axes: transpose only the last two axes of k, k.transpose(-2, -1) "
-    "(k.T reverses every axis), and let matmul (@) broadcast over the rest."
-)
-_HALF_DTYPE = (
-    "In {dtype}, keep the dtype of q throughout: a mask or constant built as a new float32 "
-    "tensor (e.g. (~mask) * -1e9, torch.tensor(...)) promotes the scores to float32."
-)
-_HALF_FILL = (
-    "In float16 the most negative finite number is -65504, so a fill value such as -1e9 (or "
-    "float32's finfo.min) overflows: fill with torch.finfo(scores.dtype).min, the most negative "
-    "number of the scores' own dtype."
-)
-
-
-def _unpack(result: Any, what: str) -> tuple[Any, Any]:
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        got = type(result).__name__
-        raise AssertionError(
-            f"{what} should return a pair (out, weights), got {got}: `return out, weights`."
-        )
-    return result[0], result[1]
-
 
 def call_attention(
     fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, what: str
 ) -> tuple[Tensor, Tensor]:
-    """The student's ``scaled_dot_product_attention(q, k, v[, mask])`` under the ban."""
-    args: tuple[Any, ...] = (q, k, v) if mask is None else (q, k, v, mask)
-    try:
-        result = run(fn, *args, what=what)
-    except AssertionError as exc:
-        message = str(exc)
-        if f"{what} raised " not in message:
-            raise  # a refused call, or a message of the student's own
-        if "without overflow" in message:
-            hint = _HALF_FILL
-        elif q.dtype in (torch.float16, torch.bfloat16) and "type" in message:
-            hint = _HALF_DTYPE.format(dtype=_dtype_name(q.dtype))
-        else:
-            hint = _BATCH_HINT if q.dim() > 2 else ""
-        raise AssertionError(f"{message} {hint}".rstrip()) from None
-    return _unpack(result, what)
-
-
-def _named(
-    got: Tensor, mistakes: Mapping[str, Tensor], tol: float, fallback: str, *, nan: bool = False
-) -> str:
-    """The hint of the first mistake ``got`` reproduces (NaN where it has NaN, if ``nan``)."""
-    g = got.detach().double()
-    for hint, wrong in mistakes.items():
-        if wrong.shape != g.shape:
-            continue
-        if nan:
-            same = torch.isnan(g) == torch.isnan(wrong)
-            keep = ~torch.isnan(g)
-            if bool(same.all()) and bool(torch.allclose(g[keep], wrong[keep], atol=tol, rtol=tol)):
-                return _noted(hint)
-        elif close(g, wrong, atol=tol, rtol=tol):
-            return _noted(hint)
-    if nan:  # NaN exactly in the rows a mistake leaves without a key, that mistake elsewhere
-        for hint, wrong in mistakes.items():
-            if wrong.shape == g.shape and _empties_rows_of(g, wrong.double(), tol):
-                return f"{_noted(hint)} {_NAN_ROWS}"
-    return fallback
-
-
-def _noted(hint: str) -> str:
-    """``hint``, recorded as the mistake named (a hidden cell's message says it)."""
-    note_mistake(hint)
-    return hint
-
-
-_NAN_ROWS = (
-    "(Your NaN rows are the rows that mistake leaves without a key: a softmax of a row of -inf "
-    "is 0/0.)"
-)
-
-
-def _empties_rows_of(g: Tensor, wrong: Tensor, tol: float) -> bool:
-    """``g`` is NaN in whole rows where ``wrong`` weighs nothing, and ``wrong`` elsewhere."""
-    if g.dim() == 0 or bool(torch.isnan(wrong).any()):
-        return False
-    rows = torch.isnan(g).any(-1)  # (..., T)
-    if not bool(rows.any()) or not bool(torch.isnan(g[rows]).all()):
-        return False
-    if bool(wrong[rows].abs().amax() > tol):
-        return False
-    return bool(torch.allclose(g[~rows], wrong[~rows], atol=tol, rtol=tol))
-
-
-def _softmax_overflows(
-    fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
-) -> str | None:
-    """:func:`~transformer_lab.checks._common.softmax_overflow_probe` of the student's
-    attention (every key allowed when it takes a mask)."""
-    what = "scaled_dot_product_attention on a probe with large scores"
-
-    def weights_of(pq: Tensor, pk: Tensor, pv: Tensor, pmask: Tensor | None) -> Any:
-        return call_attention(fn, pq, pk, pv, pmask, what)[1]
-
-    return softmax_overflow_probe(weights_of, q, v, masked=mask is not None)
+    """The student's ``scaled_dot_product_attention(q, k, v[, mask])`` under the ban (the
+    shared :func:`~transformer_lab.checks._attention.call_attention`)."""
+    return _attention.call_attention(fn, q, k, v, mask, what, ban=BAN)
 
 
 def judge_attention(
@@ -530,150 +406,18 @@ def judge_attention(
     *,
     fn: Callable[..., Any] | None = None,
 ) -> None:
-    """Compare a student's ``(out, weights)`` with the expected pair; name the mistake.
-
-    In order: shapes, dtype (that of ``q``), NaN (in the rows the mask empties, or anywhere),
-    masked keys with weight, rows that do not sum to 1, then the values of the weights and of
-    the output, each time naming the typical mistake the answer reproduces.
-
-    Args:
-        got: the student's ``(out, weights)``.
-        want: the expected ``(out (..., T, d_v), weights (..., T, S))`` in float64.
-        mistakes: hint -> ``(out, weights)`` that typical mistake returns.
-        what: the call, for messages.
-        q: the queries it was called with (for the dtype and the size of the scores).
-        k: the keys.
-        v: the values.
-        mask: the mask it was called with (or None).
-        fn: the student's function; given, a NaN is traced to its cause by probing it (a
-            softmax without the max subtraction, rather than the fill of an empty row).
-    """
-    out, w = got
-    want_out, want_w = want
-    w_mistakes = {h: pair[1] for h, pair in mistakes.items()}
-    out_mistakes = {h: pair[0] for h, pair in mistakes.items()}
-    w = expect_shape(w, tuple(want_w.shape), f"the weights of {what}")
-    out = expect_shape(out, tuple(want_out.shape), f"the output of {what}")
-    dtype = q.dtype
-    for name, t in (("weights", w), ("output", out)):
-        expect_true(
-            t.dtype == dtype,
-            f"the {name} of {what} have dtype {_dtype_name(t.dtype)} for {_dtype_name(dtype)} "
-            f"inputs: keep the dtype of q. A mask or constant built as a new float32 tensor "
-            "(e.g. (~mask) * -1e9 or torch.tensor(...)) promotes the scores; use "
-            "scores.masked_fill(~mask, torch.finfo(scores.dtype).min).",
+    """The shared judge of attention (:func:`~transformer_lab.checks._attention.
+    judge_attention`) at the tolerance of the scores' size; given ``fn``, a NaN is traced to
+    its cause by probing it (a softmax without the max subtraction, rather than the fill of an
+    empty row)."""
+    probe = (
+        None
+        if fn is None
+        else _attention.overflow_probe(
+            fn, q, v, masked=mask is not None, ban=BAN, name="scaled_dot_product_attention"
         )
-    # Rounding a score q_t . k_s costs up to eps * sum_i |q_ti k_si| / sqrt(d_k): that sum sets
-    # the scale of the tolerance (it bounds |score| too).
-    qa, ka = q.detach().double().abs(), k.detach().double().abs()
-    bound = qa @ ka.transpose(-2, -1)  # (..., T, S)
-    scale = float(bound.amax()) / math.sqrt(q.shape[-1]) if bound.numel() else 0.0
-    tol = tolerance(dtype, scale)
-    v_size = max(1.0, float(v.detach().double().abs().max())) if v.numel() else 1.0
-
-    full = torch.broadcast_to(mask, want_w.shape) if mask is not None else None
-    empty = (~full).all(-1) if full is not None else torch.zeros(want_w.shape[:-1], dtype=bool)
-    wd = w.detach().double()
-    if bool(torch.isnan(wd).any()):
-        nan_rows = torch.isnan(wd).any(-1)
-        overflow = _softmax_overflows(fn, q, k, v, mask) if fn is not None else None
-        if overflow is not None:
-            where = (
-                "in the rows the mask empties "
-                if bool(empty.any()) and bool((nan_rows <= empty).all())
-                else ""
-            )
-            note_mistake(NO_MAX_SUBTRACTION)
-            raise AssertionError(
-                f"the weights of {what} contain NaN {where}{ran_on(w)}. {overflow} "
-                f"{NO_MAX_SUBTRACTION}" + (f" {EMPTY_ROW_NO_MAX}" if where else "")
-            )
-        if bool(empty.any()) and bool((nan_rows <= empty).all()):
-            half = (
-                " In float16 a fill such as -1e9 is already -inf (the largest float16 is 65504)."
-                if dtype == torch.float16
-                else ""
-            )
-            raise AssertionError(
-                f"the weights of {what} are NaN in the rows where the mask allows no key "
-                "(the softmax of a row of -inf is 0/0)." + half + " Those rows must get zero "
-                "weights and a zero output: fill masked scores with "
-                "torch.finfo(scores.dtype).min and multiply the weights by the mask after the "
-                "softmax."
-            )
-        raise AssertionError(
-            f"the weights of {what} contain NaN: "
-            + _named(
-                w,
-                w_mistakes,
-                tol,
-                "does the softmax overflow? Subtract the row maximum (your own softmax does) "
-                "before exponentiating."
-                if fn is None
-                else "your softmax handles large scores (a probe with scores that overflow "
-                "exp gave finite weights), so the NaN comes from the scores or the mask: a "
-                "-inf added to a score that is inf, 0 * inf, or a mask in another dtype.",
-                nan=True,
-            )
-        )
-    if full is not None:
-        leaked = wd.abs().masked_fill(full, 0.0)  # weights where the mask says False
-        if bool((leaked > 1e-6).any()):
-            row = tuple(int(i) for i in (leaked > 1e-6).any(-1).nonzero()[0])
-            if bool(empty[row]):
-                fallback = (
-                    "Rows where the mask allows no key must get zero weights (and a zero "
-                    "output), not equal weights 1/S: zero them after the softmax, e.g. "
-                    "weights * mask."
-                )
-            else:
-                fallback = (
-                    "A masked key (mask False) must get weight exactly 0: set its score to "
-                    "torch.finfo(scores.dtype).min before the softmax."
-                )
-            raise AssertionError(
-                f"row {row} of the weights of {what} gives weight to keys the mask forbids. "
-                + _named(w, w_mistakes, tol, fallback)
-            )
-    sums = wd.sum(-1)
-    bad = ((sums - 1).abs() > max(1e-3, 2 * tol)) & ~empty
-    if bool(bad.any()):
-        row = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(
-            f"row {row} of the weights of {what} sums to {float(sums[row]):.3g}, expected 1. "
-            + _named(
-                w,
-                w_mistakes,
-                tol,
-                "The weights of each query must sum to 1 over the keys (softmax over the last "
-                "axis).",
-            )
-        )
-    compare(
-        w,
-        want_w,
-        what=f"the weights of {what}",
-        candidates=list((m, h) for h, m in w_mistakes.items()),
-        hint=SDPA_HINT,
-        atol=tol,
-        rtol=tol,
     )
-    compare(
-        out,
-        want_out,
-        what=f"the output of {what}",
-        candidates=list((m, h) for h, m in out_mistakes.items()),
-        hint="The weights are right but the output is not: out = weights @ v.",
-        atol=tol * v_size,
-        rtol=tol,
-    )
-
-
-def stored_attention(key: str) -> tuple[tuple[Tensor, Tensor], dict[str, tuple[Tensor, Tensor]]]:
-    """The stored ``(out, weights)`` of an example and the mistakes' ``(out, weights)``."""
-    out, out_mistakes = stored_example(f"{key} -> output")
-    w, w_mistakes = stored_example(f"{key} -> weights")
-    return (out, w), {h: (out_mistakes[h], w_mistakes[h]) for h in w_mistakes}
+    _attention.judge_attention(got, want, mistakes, what, q, k, v, mask, probe=probe)
 
 
 #: The visible attention examples: name -> (dtype, with a mask?).
@@ -703,7 +447,7 @@ def _check_attention_examples(fn: Callable[..., Any], examples: Mapping[str, Any
         inputs = example(what, *names)
         q, k, v = (t.to(dtype) for t in inputs[:3])
         mask = inputs[3] if masked else None
-        want, mistakes = stored_attention(what)
+        want, mistakes = _attention.stored_pair(_LAB, what)
         got = call_attention(fn, q, k, v, mask, what)
         judge_attention(got, want, mistakes, what, q, k, v, mask, fn=fn)
 

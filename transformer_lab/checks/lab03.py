@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_lab.checks import spec
+from transformer_lab.checks._attention import HALF_FILL
 from transformer_lab.checks._common import (
     ForbiddenCallError,
     call_forbidding,
@@ -149,10 +150,6 @@ _SHAPES_HINT = (
 _MASK_CRASH_HINT = (
     "The mask broadcasts to (B, H, T, S) as it is: a (T, S) mask, a (B, 1, 1, S) key mask "
     "and a (B, H, T, S) mask need no unsqueeze, repeat or reshape."
-)
-_OVERFLOW_HINT = (
-    "A fill value such as -1e9 does not fit in float16 (its largest magnitude is 65504): fill "
-    "blocked scores with torch.finfo(scores.dtype).min, which fits every dtype."
 )
 _RULE = (
     "Check it first and raise a ValueError that names both values, e.g. "
@@ -408,7 +405,7 @@ def call_mha(
         if f"{what} raised " not in message:
             raise
         if "overflow" in message:
-            extra = _OVERFLOW_HINT
+            extra = HALF_FILL
         elif mask is not None and any(w in message for w in ("mask", "broadcast", "expand")):
             extra = f"{_MASK_CRASH_HINT} Also: {_SHAPES_HINT}"
         else:

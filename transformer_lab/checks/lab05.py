@@ -37,17 +37,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_lab.checks import spec
+from transformer_lab.checks import _attention, spec
 from transformer_lab.checks._common import (
-    EMPTY_ROW_NO_MAX,
-    NO_MAX_SUBTRACTION,
     call_forbidding,
-    close,
     expect_shape,
-    expect_true,
     generator,
     note_mistake,
-    softmax_overflow_probe,
     stored,
 )
 
@@ -68,15 +63,12 @@ __all__ = [
     "expect_attention",
     "expect_causal_mask",
     "expect_combine_masks",
+    "expect_mask",
     "expect_padding_mask",
-    "judge_attention",
     "judge_detector",
     "judge_mask",
     "run_attention",
-    "run_causal_mask",
-    "run_combine_masks",
     "run_detector",
-    "run_padding_mask",
     "show_lengths",
     "visible_probes",
 ]
@@ -106,68 +98,13 @@ def show_lengths(lengths: Sequence[int] | Tensor) -> str:
     return str(list(lengths))
 
 
-def run_causal_mask(fn: Callable[..., Any], T: int) -> Any:
-    """The student's ``causal_mask(T)`` under the masks' ban."""
-    return call_forbidding(fn, (T,), {}, ban=MASK_BAN, what=f"causal_mask({T})")
-
-
-def run_padding_mask(fn: Callable[..., Any], lengths: Sequence[int] | Tensor, max_len: int) -> Any:
-    """The student's ``padding_mask(lengths, max_len)`` under the masks' ban."""
-    what = f"padding_mask({show_lengths(lengths)}, {max_len})"
-    hint = (
-        "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either into "
-        "a tensor."
-        if not isinstance(lengths, Tensor)
-        else ""
-    )
-    return call_forbidding(fn, (lengths, max_len), {}, ban=MASK_BAN, what=what, on_error=hint)
-
-
-def run_combine_masks(fn: Callable[..., Any], padding: Tensor, causal: Tensor, what: str) -> Any:
-    """The student's ``combine_masks(padding, causal)`` under the masks' ban."""
-    hint = (
-        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
-        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
-        "broadcasts against causal[None, None]."
-    )
-    return call_forbidding(fn, (padding, causal), {}, ban=MASK_BAN, what=what, on_error=hint)
-
-
-_FP16_FILL = (
-    "A fill value such as -1e9 does not exist in float16 (its range ends at -65504), so "
-    "masked_fill refuses it and other ops turn it into -inf. Fill with the most negative "
-    "number of the scores' own dtype, torch.finfo(scores.dtype).min."
-)
-
-
 def run_attention(
     fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor, what: str
 ) -> tuple[Tensor, Tensor]:
-    """The student's ``masked_attention(q, k, v, mask)`` under the attention ban, unpacked.
-
-    An overflow error in half precision (``masked_fill(~mask, -1e9)`` on float16 scores) is
-    reported as the fill-value mistake it is.
-    """
-    batch = (
-        "Leading axes are batch (and head) axes: transpose only the last two axes of k, "
-        "k.transpose(-2, -1), and let the mask broadcast against the scores (..., T, S) as it is."
-    )
-    try:
-        result = call_forbidding(
-            fn, (q, k, v, mask), {}, ban=ATTENTION_BAN, what=what, on_error=batch
-        )
-    except AssertionError as exc:
-        text = str(exc)
-        if "overflow" in text or "cannot be converted" in text:
-            raise AssertionError(f"{text.split(' Leading axes')[0]} {_FP16_FILL}") from None
-        raise
-    if not isinstance(result, tuple | list) or len(result) != 2:
-        got = "None (did you forget to `return out, weights`?)" if result is None else result
-        raise AssertionError(
-            f"{what} should return a pair (out, weights), got {type(got).__name__}: "
-            "`return out, weights`."
-        )
-    return result[0], result[1]
+    """The student's ``masked_attention(q, k, v, mask)`` under the attention ban, unpacked (the
+    shared :func:`~transformer_lab.checks._attention.call_attention`: an overflow error in half
+    precision, ``masked_fill(~mask, -1e9)`` on float16 scores, is named as the fill mistake)."""
+    return _attention.call_attention(fn, q, k, v, mask, what, ban=ATTENTION_BAN)
 
 
 def run_detector(
@@ -270,138 +207,6 @@ def judge_mask(got: Any, want: Tensor, mistakes: Mapping[str, Tensor], what: str
             f"you have {bool(got[idx])}, expected {bool(want[idx])}." + (f" {hint}" if hint else "")
         )
     return got
-
-
-# --------------------------------------------------------------------------------------
-# Judging masked attention
-# --------------------------------------------------------------------------------------
-
-_FULL_ROW_NAN = (
-    "They are NaN in the rows where the mask allows no key: the softmax of a row of -inf is "
-    "0/0. Such rows must give zero weights and a zero output: fill masked scores with "
-    "torch.finfo(scores.dtype).min (finite in every dtype; -1e9 becomes -inf in float16), then "
-    "set the weights of masked keys to 0 after the softmax."
-)
-_UNIFORM_ROW = (
-    "A row whose mask allows no key gets uniform weights 1/S from your code (every score was "
-    "filled with the same number). Such rows must be all zeros, and so must their output: set "
-    "the weights of masked keys to 0 after the softmax, e.g. weights.masked_fill(~mask, 0)."
-)
-_ATTENTION_HINT = (
-    "weights = softmax over the keys of q @ k.transpose(-2, -1) / sqrt(d_k), with the scores of "
-    "masked keys (mask False) set to torch.finfo(scores.dtype).min BEFORE the softmax and the "
-    "rows with no allowed key set to 0; out = weights @ v."
-)
-
-
-def judge_attention(
-    result: tuple[Any, Any],
-    want_out: Tensor,
-    want_weights: Tensor,
-    mistakes: Mapping[str, tuple[Tensor, Tensor]],
-    mask: Tensor,
-    what: str,
-    *,
-    tol: float = _TOL,
-    probe: Callable[[], str | None] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Compare a student's ``(out, weights)`` with the expected pair; name the mistake.
-
-    Args:
-        result: the student's ``(out, weights)``.
-        want_out: expected output ``(..., T, Dv)`` (float64).
-        want_weights: expected weights ``(..., T, S)`` (float64).
-        mistakes: hint -> ``(out, weights)`` that typical mistake returns.
-        mask: the mask the call was given (bool, broadcasting to the weights).
-        what: the call, for messages.
-        tol: absolute and relative tolerance (looser in half precision).
-        probe: runs :func:`~transformer_lab.checks._common.softmax_overflow_probe` on the
-            student's code: a NaN is blamed on a softmax without the max subtraction when it
-            says so, on the fill of an empty row only otherwise.
-
-    Returns:
-        The student's ``(out, weights)``.
-    """
-    out, weights = result
-    if isinstance(weights, Tensor) and weights.dim() > want_weights.dim():
-        raise AssertionError(
-            f"the weights of {what} have shape {tuple(weights.shape)}, expected "
-            f"{tuple(want_weights.shape)}: the mask already broadcasts against the scores "
-            "(..., T, S) as it is given. Use it without adding axes (no unsqueeze)."
-        )
-    weights = expect_shape(weights, tuple(want_weights.shape), f"the weights of {what}")
-    out = expect_shape(out, tuple(want_out.shape), f"the output of {what}")
-    for name, t in (("weights", weights), ("output", out)):
-        expect_true(
-            t.is_floating_point(),
-            f"the {name} of {what} have dtype {t.dtype}, expected floating point.",
-        )
-    w = weights.detach().to("cpu", torch.float64)
-    o = out.detach().to("cpu", torch.float64)
-    allowed = torch.broadcast_to(mask.to("cpu", torch.bool), want_weights.shape)
-    empty = ~allowed.any(-1)  # (..., T): rows with nothing to attend
-    nan_rows = torch.isnan(w).any(-1) | torch.isnan(o).any(-1)
-    if bool(nan_rows.any()):
-        only_empty = bool(empty.any()) and bool((nan_rows <= empty).all())
-        overflow = probe() if probe is not None else None
-        if overflow is not None:
-            note_mistake(NO_MAX_SUBTRACTION)
-            where = " in the rows the mask empties" if only_empty else ""
-            raise AssertionError(
-                f"the weights or output of {what} contain NaN{where}. {overflow} "
-                f"{NO_MAX_SUBTRACTION}" + (f" {EMPTY_ROW_NO_MAX}" if only_empty else "")
-            )
-        if only_empty:
-            raise AssertionError(f"the weights or output of {what} contain NaN. {_FULL_ROW_NAN}")
-        raise AssertionError(
-            f"the weights or output of {what} contain NaN at row {_first(nan_rows)}, which has "
-            "keys it may attend: look for -inf - (-inf) or an overflow. Subtract the row maximum "
-            "before exponentiating (torch.softmax does), and fill with the dtype's minimum."
-        )
-    if not close(w, want_weights, atol=tol, rtol=tol):
-        named = next(
-            (h for h, (_, mw) in mistakes.items() if close(w, mw, atol=tol, rtol=tol)), None
-        )
-        if named is None and bool(empty.any()):
-            rows = w[empty]  # (rows, S)
-            if bool((rows - 1.0 / w.shape[-1]).abs().max() < tol):
-                named = _UNIFORM_ROW
-            elif bool(rows.abs().max() > tol):
-                named = (
-                    "A row whose mask allows no key must get zero weights, and yours does not "
-                    f"(row {_first(empty)})."
-                )
-        if named is None:
-            leaked = (w.abs() > tol) & ~allowed
-            sums = w.sum(-1)
-            off = ((sums - 1).abs() > 10 * tol) & ~empty
-            if bool(leaked.any()):
-                named = (
-                    f"Masked keys get weight (e.g. {float(w[_first(leaked)]):.3g} at index "
-                    f"{_first(leaked)}, where the mask is False): their scores must be set to "
-                    "the dtype's minimum before the softmax."
-                )
-            elif bool(off.any()):
-                row = _first(off)
-                named = (
-                    f"Row {row} of the weights sums to {float(sums[row]):.3g}, expected 1: the "
-                    "softmax must run after masking, over the keys (the last axis)."
-                )
-        raise AssertionError(
-            f"the weights of {what} are wrong: the largest difference is "
-            f"{float((w - want_weights).abs().max()):.3g}. {named or _ATTENTION_HINT}"
-        )
-    if not close(o, want_out, atol=tol, rtol=tol):
-        named = next(
-            (h for h, (mo, _) in mistakes.items() if close(o, mo, atol=tol, rtol=tol)),
-            "The weights are right but the output is not: out = weights @ v (the values, not "
-            "the keys).",
-        )
-        raise AssertionError(
-            f"the output of {what} is wrong: the largest difference is "
-            f"{float((o - want_out).abs().max()):.3g}. {named}"
-        )
-    return out, weights
 
 
 # --------------------------------------------------------------------------------------
@@ -511,6 +316,20 @@ def visible_probes() -> list[Probe]:
 # --------------------------------------------------------------------------------------
 
 
+def expect_mask(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    what: str,
+    want: Tensor,
+    mistakes: Mapping[str, Tensor],
+    on_error: str = "",
+) -> None:
+    """The student's mask function on ``args``, under the masks' ban, must return ``want``
+    (:func:`judge_mask`); ``on_error`` is added to the message of an exception it raises."""
+    got = call_forbidding(fn, args, {}, ban=MASK_BAN, what=what, on_error=on_error)
+    judge_mask(got, want, mistakes, what)
+
+
 def expect_causal_mask(
     fn: Callable[..., Any], T: int, want: Tensor, mistakes: Mapping[str, Tensor]
 ) -> None:
@@ -519,7 +338,7 @@ def expect_causal_mask(
     ahead = torch.ones(T, T, dtype=torch.bool).tril(1)  # (T, T): key s <= query t + 1
     if not torch.equal(ahead, want.to(torch.bool)):
         mistakes = {**mistakes, ONE_STEP_AHEAD: ahead}
-    judge_mask(run_causal_mask(fn, T), want, mistakes, f"causal_mask({T})")
+    expect_mask(fn, (T,), f"causal_mask({T})", want, mistakes)
 
 
 #: The causal mask shifted by one: each query also sees the next key.
@@ -538,7 +357,13 @@ def expect_padding_mask(
 ) -> None:
     """``padding_mask(lengths, max_len)`` must equal ``want``."""
     what = f"padding_mask({show_lengths(lengths)}, {max_len})"
-    judge_mask(run_padding_mask(fn, lengths, max_len), want, mistakes, what)
+    hint = (
+        "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either into "
+        "a tensor."
+        if not isinstance(lengths, Tensor)
+        else ""
+    )
+    expect_mask(fn, (lengths, max_len), what, want, mistakes, on_error=hint)
 
 
 def expect_combine_masks(
@@ -550,7 +375,12 @@ def expect_combine_masks(
     mistakes: Mapping[str, Tensor],
 ) -> None:
     """``combine_masks(padding, causal)`` must equal ``want``."""
-    judge_mask(run_combine_masks(fn, padding, causal, what), want, mistakes, what)
+    hint = (
+        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
+        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
+        "broadcasts against causal[None, None]."
+    )
+    expect_mask(fn, (padding, causal), what, want, mistakes, on_error=hint)
 
 
 def expect_attention(
@@ -566,14 +396,12 @@ def expect_attention(
     q, k, v, mask = inputs
     what = describe_attention(q, k, v, described)
     result = run_attention(fn, q, k, v, mask, what)
-
-    def probe() -> str | None:
-        def weights_of(pq: Tensor, pk: Tensor, pv: Tensor, pmask: Tensor | None) -> Any:
-            return run_attention(fn, pq, pk, pv, pmask, "masked_attention on a probe")[1]
-
-        return softmax_overflow_probe(weights_of, q, v, masked=True)
-
-    return judge_attention(result, want[0], want[1], mistakes, mask, what, tol=tol, probe=probe)
+    probe = _attention.overflow_probe(
+        fn, q, v, masked=True, ban=ATTENTION_BAN, name="masked_attention"
+    )
+    return _attention.judge_attention(
+        result, want, mistakes, what, q, k, v, mask, tol=tol, probe=probe
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -674,11 +502,9 @@ def check_combine_masks(fn: Callable[..., Any]) -> None:
 def _check_attention(fn: Callable[..., Any], dtype: torch.dtype, tol: float) -> None:
     for name in ("causal", "padded"):
         q, k, v, mask, described = attention_example(name)
-        want_w, wrong_w = stored("lab05", f"masked_attention example {name!r}: weights")
-        want_o, wrong_o = stored("lab05", f"masked_attention example {name!r}: out")
-        mistakes = {h: (wrong_o[h], wrong_w[h]) for h in wrong_w}
+        want, mistakes = _attention.stored_pair("lab05", f"masked_attention example {name!r}")
         inputs = (q.to(dtype), k.to(dtype), v.to(dtype), mask)
-        expect_attention(fn, inputs, described, (want_o, want_w), mistakes, tol=tol)
+        expect_attention(fn, inputs, described, want, mistakes, tol=tol)
 
 
 def check_masked_attention(fn: Callable[..., Any]) -> None:

@@ -51,6 +51,7 @@ from torch.overrides import TorchFunctionMode
 
 from transformer_lab.attention import KVCache
 from transformer_lab.checks import spec as lab_specs
+from transformer_lab.checks._attention import HALF_FILL
 from transformer_lab.checks._common import (
     Case,
     call_forbidding,
@@ -228,11 +229,7 @@ def run_attention(module: nn.Module, x: Tensor, what: str, kv_cache: Any = None)
     except AssertionError as exc:
         text = str(exc)
         if "overflow" in text or "cannot be converted" in text:
-            raise AssertionError(
-                f"{text.split(' forward(x')[0]} A fill value such as -1e9 does not exist in "
-                f"{x.dtype} (float16 ends at -65504): fill masked scores with "
-                "torch.finfo(scores.dtype).min."
-            ) from None
+            raise AssertionError(f"{text.split(' forward(x')[0]} {HALF_FILL}") from None
         raise
     if isinstance(out, tuple | list):
         raise AssertionError(

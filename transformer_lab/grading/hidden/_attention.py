@@ -17,12 +17,31 @@ and left out of the student package.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["FILLS", "MASK_USES", "attend64", "mask_as_used", "masked_weights"]
+from transformer_lab.grading.hidden import fixture_entry
+
+__all__ = [
+    "FILLS",
+    "MASK_USES",
+    "MERGES",
+    "MISTAKES",
+    "SPLITS",
+    "attend64",
+    "attend_as",
+    "attention_mistakes",
+    "distinct",
+    "lowest_allowed_score",
+    "mask_as_used",
+    "masked_weights",
+    "merge_heads",
+    "pair_entries",
+    "split_heads",
+]
 
 #: What :func:`masked_weights` does with the keys the mask hides (besides a plain number, which
 #: replaces their scores): ``"zero"`` the contract, the others typical mistakes.
@@ -127,3 +146,199 @@ def attend64(
     scores = q.double() @ k.double().transpose(-2, -1) * s  # (..., T, S)
     w = masked_weights(scores, allowed, fill, axis)
     return w @ v.double(), w  # (..., T, Dv), (..., T, S)
+
+
+def attend_as(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    axis: int = -1,
+    swap: bool = False,
+    reshape_k: bool = False,
+    reverse_k: bool = False,
+    transpose_weights: bool = False,
+    fill: str | float = "zero",
+    zeroed: bool = False,
+) -> tuple[Tensor, Tensor] | None:
+    """:func:`attend64` with one typical variation switched on; None where it cannot happen.
+
+    ``swap`` exchanges queries and keys; ``reshape_k`` multiplies by ``k.reshape(..., d_k, S)``
+    instead of the transpose, ``reverse_k`` by ``k.T`` (every axis reversed, batch axes
+    included); ``transpose_weights`` applies ``weights^T`` to the values; ``fill`` and ``axis``
+    are :func:`masked_weights`'; ``zeroed`` multiplies the weights by the mask afterwards (not
+    renormalised). None when the variation does not fit these shapes (a ``k.T`` that does not
+    multiply, a mask that does not broadcast).
+    """
+    q, k, v = q.double(), k.double(), v.double()
+    if swap:
+        q, k = k, q
+    if q.shape[-1] != k.shape[-1]:
+        return None
+    s = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if reverse_k:
+        kt = k.permute(*reversed(range(k.dim())))  # what k.T does: every axis reversed
+    elif reshape_k:
+        kt = k.reshape(*k.shape[:-2], k.shape[-1], k.shape[-2])  # (..., Dk, S), scrambled
+    else:
+        kt = k.transpose(-2, -1)  # (..., Dk, S)
+    try:
+        scores = q @ kt * s  # (..., T, S)
+        w = masked_weights(scores, mask, fill, axis)
+        if zeroed and mask is not None:
+            w = w * torch.broadcast_to(mask.bool(), w.shape)
+    except RuntimeError:  # shapes that do not multiply, a mask that does not broadcast
+        return None
+    if transpose_weights:
+        w = w.transpose(-2, -1)
+    if w.shape[-1] != v.shape[-2]:
+        return None
+    return w @ v, w  # (..., T, Dv), (..., T, S)
+
+
+Variant = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], "tuple[Tensor, Tensor] | None"]
+
+
+def _masked(**options: object) -> Variant:
+    """A mistake of the mask's use: :func:`attend_as` with ``options``; None without a mask."""
+    return lambda q, k, v, m: None if m is None else attend_as(q, k, v, m, **options)  # type: ignore[arg-type]
+
+
+#: The catalogue of typical wrong (masked) attentions, by id, each as a function of the inputs
+#: ``(q, k, v, mask)`` returning the ``(out, weights)`` it gives (float64), or None where the
+#: mistake cannot happen on them. The labs name them in their own words
+#: (:func:`attention_mistakes`).
+MISTAKES: dict[str, Variant] = {
+    "no_scale": lambda q, k, v, m: attend_as(q, k, v, m, scale=1.0),
+    "scale_d_k": lambda q, k, v, m: attend_as(q, k, v, m, scale=1.0 / q.shape[-1]),
+    "softmax_queries": lambda q, k, v, m: attend_as(q, k, v, m, axis=-2),
+    "qk_swapped": lambda q, k, v, m: attend_as(q, k, v, m, swap=True),
+    "k_reshaped": lambda q, k, v, m: attend_as(q, k, v, m, reshape_k=True),
+    "k_reversed": lambda q, k, v, m: attend_as(q, k, v, m, reverse_k=True) if k.dim() > 2 else None,
+    "mask_ignored": lambda q, k, v, m: None if m is None else attend_as(q, k, v, None),
+    "mask_inverted": lambda q, k, v, m: None if m is None else attend_as(q, k, v, ~m.bool()),
+    "fill_nan": _masked(fill="nan"),
+    "fill_uniform": _masked(fill="uniform"),
+    "mask_after": _masked(fill="after"),
+    "fill_zero": _masked(fill=0.0),
+    "fill_zero_zeroed": _masked(fill=0.0, zeroed=True),
+    "fill_1e4": _masked(fill=-1e4),
+    "fill_1e4_zeroed": _masked(fill=-1e4, zeroed=True),
+}
+
+
+def attention_mistakes(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, hints: Mapping[str, str]
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Hint -> ``(out, weights)`` of the typical mistakes ``hints`` names (id -> the lab's words
+    for it, in the order a judge tries them), on these inputs.
+
+    A mistake is left out where it cannot happen, where its weights do not have the right
+    shape (the judge stops at the shape first) or where it gives the right answer on these
+    inputs (to 1e-6: it would name nothing; NaN weights are never right).
+    """
+    want_out, want_w = attend64(q, k, v, mask)
+    kept: dict[str, tuple[Tensor, Tensor]] = {}
+    for key, hint in hints.items():
+        pair = MISTAKES[key](q, k, v, mask)
+        if pair is None or pair[1].shape != want_w.shape or pair[0].shape != want_out.shape:
+            continue
+        out, w = pair
+        if torch.allclose(w, want_w, atol=1e-6) and torch.allclose(out, want_out, atol=1e-6):
+            continue  # harmless on these inputs
+        kept[hint] = pair
+    return kept
+
+
+def lowest_allowed_score(q: Tensor, k: Tensor, mask: Tensor) -> float:
+    """The lowest scaled score ``q . k / sqrt(d_k)`` among the keys ``mask`` allows (0 if none):
+    below -1e4, a fill of -1e4 is no longer "very negative"."""
+    scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
+    allowed = torch.broadcast_to(mask.to(torch.bool), scores.shape)
+    return float(scores.masked_fill(~allowed, math.inf).min()) if bool(allowed.any()) else 0.0
+
+
+def _same(a: Tensor, b: Tensor, tol: float) -> bool:
+    """Equal shapes and values: exactly for bool and integer tensors, to ``tol`` for floats."""
+    if a.shape != b.shape:
+        return False
+    if a.is_floating_point() or b.is_floating_point():
+        return bool(torch.allclose(a.double(), b.double(), atol=tol, rtol=tol))
+    return bool(torch.equal(a, b))
+
+
+def distinct(
+    want: Tensor,
+    mistakes: Mapping[str, Tensor | None] | Iterable[tuple[str, Tensor | None]],
+    tol: float = 1e-9,
+) -> dict[str, Tensor]:
+    """``{hint: output}`` of the mistakes that can happen (not None) and differ from ``want``
+    and from every mistake before them (by more than ``tol``, absolute and relative): the
+    others would name nothing, or name it twice."""
+    pairs = mistakes.items() if isinstance(mistakes, Mapping) else mistakes
+    kept: dict[str, Tensor] = {}
+    for hint, wrong in pairs:
+        if wrong is None or any(_same(wrong, t, tol) for t in (want, *kept.values())):
+            continue
+        kept[hint] = wrong
+    return kept
+
+
+def pair_entries(
+    key: str, want: tuple[Tensor, Tensor], mistakes: Mapping[str, tuple[Tensor, Tensor]]
+) -> dict[str, dict[str, Any]]:
+    """The fixture entries of a worked example of attention, ``"<key> -> output"`` and
+    ``"<key> -> weights"``: the expected ``want = (out, weights)`` and the mistakes' pairs,
+    each hint prefixed with its rank (``"00|hint"``) so that the visible side
+    (:func:`~transformer_lab.checks._attention.stored_pair`) tries them in this order."""
+    ranked = {f"{i:02d}|{hint}": pair for i, (hint, pair) in enumerate(mistakes.items())}
+    return {
+        f"{key} -> {name}": fixture_entry(want[i], {h: pair[i] for h, pair in ranked.items()})
+        for i, name in enumerate(("output", "weights"))
+    }
+
+
+#: How :func:`split_heads` cuts the width into heads: ``"right"`` (head h holds the features
+#: ``h*Dh:(h+1)*Dh``), the others typical mistakes.
+SPLITS = ("right", "no_transpose", "interleaved")
+#: How :func:`merge_heads` puts them back: ``"right"`` (head 0's features first), or a mistake.
+MERGES = ("right", "no_transpose", "interleaved", "wrong_axes")
+
+
+def split_heads(x: Tensor, n_heads: int, how: str = "right") -> Tensor:
+    """``(B, T, D) -> (B, H, T, Dh)``, the heads of labs 03 and 08, cut as ``how`` says.
+
+    ``"right"`` is written with explicit slices, unlike the reshape-and-transpose a solution
+    uses; ``"no_transpose"`` is ``reshape(B, H, T, Dh)`` straight away (it cuts across
+    tokens), ``"interleaved"`` gives head h every H-th feature (``reshape(B, T, Dh, H)``).
+    """
+    B, T, D = x.shape
+    dh = D // n_heads
+    if how == "no_transpose":
+        return x.reshape(B, n_heads, T, dh)
+    if how == "interleaved":
+        return x.reshape(B, T, dh, n_heads).permute(0, 3, 1, 2)
+    if how != "right":
+        raise ValueError(f"unknown split {how!r}: expected one of {SPLITS}")
+    return torch.stack([x[:, :, h * dh : (h + 1) * dh] for h in range(n_heads)], dim=1)
+
+
+def merge_heads(x: Tensor, how: str = "right") -> Tensor:
+    """``(B, H, T, Dh) -> (B, T, H*Dh)``, the heads side by side, merged as ``how`` says.
+
+    ``"right"`` concatenates head 0's features first (explicit slices); ``"no_transpose"`` is
+    ``reshape(B, T, D)`` straight away (it mixes positions), ``"interleaved"`` orders the
+    features Dh-major, ``"wrong_axes"`` transposes the last two axes instead of 1 and 2.
+    """
+    B, H, T, dh = x.shape
+    if how == "no_transpose":
+        return x.reshape(B, T, H * dh)
+    if how == "interleaved":
+        return x.permute(0, 2, 3, 1).reshape(B, T, H * dh)
+    if how == "wrong_axes":
+        return x.transpose(2, 3).reshape(B, T, H * dh)
+    if how != "right":
+        raise ValueError(f"unknown merge {how!r}: expected one of {MERGES}")
+    return torch.cat([x[:, h] for h in range(H)], dim=-1)

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_lab.checks._common import expect_shape, generator, raised_on, randint
+from transformer_lab.checks._attention import expect_finite_gradients
+from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks.lab02 import (
     SA_ARGS,
     SA_EXAMPLES,
@@ -41,13 +42,14 @@ from transformer_lab.checks.lab02 import (
     judge_attention,
     judge_self_attention,
     judge_softmax,
-    run,
     tolerance,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import masked_weights
+from transformer_lab.grading.hidden._attention import attend64, attend_as, pair_entries
+from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
 
 __all__ = [
+    "ATTENTION_HINTS",
     "adversarial_keys",
     "attention_mistakes",
     "fixtures",
@@ -75,60 +77,9 @@ def oracle_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return torch.softmax(x.double(), dim)
 
 
-def _attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    *,
-    scale: float | None = None,
-    axis: int = -1,
-    swap: bool = False,
-    reshape_k: bool = False,
-    reverse_k: bool = False,
-    transpose_weights: bool = False,
-    fill: str = "zero",
-) -> tuple[Tensor, Tensor] | None:
-    """Attention in float64 with one typical variation switched on (None: does not apply).
-
-    ``fill`` says what a fully masked row becomes: ``"zero"`` (the contract), ``"nan"``
-    (softmax of all ``-inf``), ``"uniform"`` (a large finite fill, never zeroed) or ``"after"``
-    (the weights multiplied by the mask after the softmax, not renormalised); the weights are
-    the shared reference's (:func:`~transformer_lab.grading.hidden._attention.masked_weights`).
-    """
-    q, k, v = q.double(), k.double(), v.double()
-    if swap:
-        q, k = k, q
-    if q.shape[-1] != k.shape[-1]:
-        return None
-    s = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if reverse_k:
-        kt = k.permute(*reversed(range(k.dim())))  # what k.T does: every axis reversed
-    elif reshape_k:
-        kt = k.reshape(*k.shape[:-2], k.shape[-1], k.shape[-2])  # (..., Dk, S), scrambled
-    else:
-        kt = k.transpose(-2, -1)  # (..., Dk, S)
-    try:
-        scores = q @ kt * s  # (..., T, S)
-    except RuntimeError:
-        return None
-    try:
-        w = masked_weights(scores, mask, fill, axis)
-    except RuntimeError:  # the mask does not broadcast to these scores
-        return None
-    if transpose_weights:
-        w = w.transpose(-2, -1)
-    if w.shape[-1] != v.shape[-2]:
-        return None
-    return w @ v, w  # (..., T, Dv), (..., T, S)
-
-
 def oracle_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """Reference ``(out, weights)`` in float64; fully masked rows give zeros."""
-    ref = _attend(q, k, v, mask)
-    if ref is None:
-        raise ValueError(f"no attention of q {tuple(q.shape)} over k {tuple(k.shape)}")
-    return ref
+    return attend64(q, k, v, mask)
 
 
 def _project(args: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
@@ -209,49 +160,49 @@ def self_attention_mistakes(*args: Tensor) -> dict[str, Tensor]:
 
     candidates: list[tuple[Tensor | None, str]] = [
         (
-            out(_attend(Q, K, V, scale=1.0)),
+            out(attend_as(Q, K, V, scale=1.0)),
             "It matches attention without scaling: divide the scores by sqrt(d_k), "
             "d_k = W_q.shape[1].",
         ),
         (
-            out(_attend(Q, K, V, scale=1 / dk)),
+            out(attend_as(Q, K, V, scale=1 / dk)),
             "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
         ),
         (
-            out(_attend(Q, K, V, scale=1 / math.sqrt(d))) if d != dk else None,
+            out(attend_as(Q, K, V, scale=1 / math.sqrt(d))) if d != dk else None,
             "It matches scores divided by sqrt(D), the input width: scale by sqrt(d_k), the "
             "width of the queries and keys (W_q.shape[1]).",
         ),
         (
-            out(_attend(Q, K, V, scale=s, axis=0)),
+            out(attend_as(Q, K, V, scale=s, axis=0)),
             "It matches a softmax over the queries' axis: for each query, the weights over all "
             "keys must sum to 1 (softmax along the keys' axis, the last one of Q K^T).",
         ),
         (
-            out(_attend(Q, K, V, scale=s, swap=True)),
+            out(attend_as(Q, K, V, scale=s, swap=True)),
             "It matches scores K Q^T: queries and keys are swapped. Score[n, m] = q_n . k_m, "
             "i.e. Q @ K.T.",
         ),
         (
-            out(_attend(Q, K, V, scale=s, reshape_k=True)),
+            out(attend_as(Q, K, V, scale=s, reshape_k=True)),
             "It matches Q @ K.reshape(D_k, N): reshape does not transpose, it only reinterprets "
             "the memory. Use K.T (or K.transpose(0, 1)).",
         ),
         (
-            out(_attend(Q, K, V, scale=s, transpose_weights=True)),
+            out(attend_as(Q, K, V, scale=s, transpose_weights=True)),
             "It matches A^T V: row n of the output is sum_m a[n, m] v_m, i.e. A @ V with the "
             "weights of query n in row n of A.",
         ),
         (
-            out(_attend(Q, K, X @ W_v, scale=s)),
+            out(attend_as(Q, K, X @ W_v, scale=s)),
             "It matches attention without the value bias: V = X W_v + b_v.",
         ),
         (
-            out(_attend(X @ W_q, K, V, scale=s)),
+            out(attend_as(X @ W_q, K, V, scale=s)),
             "It matches attention without the query bias: Q = X W_q + b_q.",
         ),
         (
-            out(_attend(X @ W_q, X @ W_k, X @ W_v, scale=s)),
+            out(attend_as(X @ W_q, X @ W_k, X @ W_v, scale=s)),
             "It matches attention without the biases: Q = X W_q + b_q, and the same for K, V.",
         ),
         (
@@ -260,83 +211,49 @@ def self_attention_mistakes(*args: Tensor) -> dict[str, Tensor]:
             "over m of weight[n, m] * v_m: index the values by the key m, not by the query n.",
         ),
         (
-            out(_attend(Q, K, X, scale=s)) if X.shape[1] == W_v.shape[1] else None,
+            out(attend_as(Q, K, X, scale=s)) if X.shape[1] == W_v.shape[1] else None,
             "It matches weights applied to X: attend over the values V = X W_v + b_v.",
         ),
     ]
     return {hint: t for t, hint in candidates if t is not None}
 
 
+#: What lab 02 calls each typical wrong ``scaled_dot_product_attention`` of the shared catalogue
+#: (:data:`~transformer_lab.grading.hidden._attention.MISTAKES`), in the order they are tried.
+ATTENTION_HINTS = {
+    "no_scale": "It matches attention without scaling: divide the scores by sqrt(d_k), "
+    "d_k = q.shape[-1].",
+    "scale_d_k": "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
+    "softmax_queries": "It matches a softmax over the queries' axis (dim=-2): each query's "
+    "weights over the keys must sum to 1, so take the softmax over the last axis.",
+    "qk_swapped": "It matches scores k @ q^T: queries and keys are swapped. The scores are "
+    "q @ k.transpose(-2, -1), one row per query.",
+    "k_reshaped": "It matches q @ k.reshape(..., d_k, S): reshape does not transpose. Use "
+    "k.transpose(-2, -1) (k.T would reverse every axis, batch included).",
+    "k_reversed": "It matches q @ k.T on a batch: .T reverses every axis, the batch axes "
+    "included. Transpose only the last two: k.transpose(-2, -1).",
+    "mask_ignored": "It matches attention without the mask: the mask is ignored, so the masked "
+    "keys (which score highest here) take most of the weight. Set the scores where mask is "
+    "False to torch.finfo(scores.dtype).min before the softmax.",
+    "mask_inverted": "It matches attention with the mask inverted: True means 'may attend', so "
+    "block the positions where mask is False (scores.masked_fill(~mask, ...)).",
+    "fill_nan": "Rows where the mask allows no key give NaN (softmax of all -inf is 0/0): such "
+    "rows must get zero weights, e.g. fill with torch.finfo(scores.dtype).min and multiply the "
+    "weights by the mask after the softmax.",
+    "fill_uniform": "Rows where the mask allows no key give equal weights 1/S: such rows must "
+    "get zero weights (and a zero output). Zero them after the softmax, e.g. weights * mask.",
+    "mask_after": "It matches applying the mask after the softmax (weights * mask without "
+    "masking the scores): the masked keys, which score highest here, took most of the "
+    "softmax's weight before it was zeroed, so the remaining weights no longer sum to 1. Mask "
+    "the scores before the softmax.",
+}
+
+
 def attention_mistakes(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
 ) -> dict[str, tuple[Tensor, Tensor]]:
     """Hint -> ``(out, weights)`` of a typical wrong ``scaled_dot_product_attention``."""
-    d = q.shape[-1]
-    candidates: list[tuple[tuple[Tensor, Tensor] | None, str]] = [
-        (
-            _attend(q, k, v, mask, scale=1.0),
-            "It matches attention without scaling: divide the scores by sqrt(d_k), "
-            "d_k = q.shape[-1].",
-        ),
-        (
-            _attend(q, k, v, mask, scale=1 / d),
-            "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
-        ),
-        (
-            _attend(q, k, v, mask, axis=-2),
-            "It matches a softmax over the queries' axis (dim=-2): each query's weights over "
-            "the keys must sum to 1, so take the softmax over the last axis.",
-        ),
-        (
-            _attend(q, k, v, mask, swap=True),
-            "It matches scores k @ q^T: queries and keys are swapped. The scores are "
-            "q @ k.transpose(-2, -1), one row per query.",
-        ),
-        (
-            _attend(q, k, v, mask, reshape_k=True),
-            "It matches q @ k.reshape(..., d_k, S): reshape does not transpose. Use "
-            "k.transpose(-2, -1) (k.T would reverse every axis, batch included).",
-        ),
-        (
-            _attend(q, k, v, mask, reverse_k=True) if k.dim() > 2 else None,
-            "It matches q @ k.T on a batch: .T reverses every axis, the batch axes included. "
-            "Transpose only the last two: k.transpose(-2, -1).",
-        ),
-    ]
-    if mask is not None:
-        candidates += [
-            (
-                _attend(q, k, v, None),
-                "It matches attention without the mask: the mask is ignored, so the masked "
-                "keys (which score highest here) take most of the weight. Set the scores where "
-                "mask is False to torch.finfo(scores.dtype).min before the softmax.",
-            ),
-            (
-                _attend(q, k, v, ~mask),
-                "It matches attention with the mask inverted: True means 'may attend', so "
-                "block the positions where mask is False (scores.masked_fill(~mask, ...)).",
-            ),
-            (
-                _attend(q, k, v, mask, fill="nan"),
-                "Rows where the mask allows no key give NaN (softmax of all -inf is 0/0): "
-                "such rows must get zero weights, e.g. fill with torch.finfo(scores.dtype).min "
-                "and multiply the weights by the mask after the softmax.",
-            ),
-            (
-                _attend(q, k, v, mask, fill="uniform"),
-                "Rows where the mask allows no key give equal weights 1/S: such rows must get "
-                "zero weights (and a zero output). Zero them after the softmax, e.g. "
-                "weights * mask.",
-            ),
-            (
-                _attend(q, k, v, mask, fill="after"),
-                "It matches applying the mask after the softmax (weights * mask without masking "
-                "the scores): the masked keys, which score highest here, took most of the "
-                "softmax's weight before it was zeroed, so the remaining weights no longer sum "
-                "to 1. Mask the scores before the softmax.",
-            ),
-        ]
-    return {hint: pair for pair, hint in candidates if pair is not None}
+    return shared_mistakes(q, k, v, mask, ATTENTION_HINTS)
 
 
 # --------------------------------------------------------------------------------------
@@ -543,37 +460,8 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
 
     # Gradients: an empty row must not poison the gradients with NaN (it would during training).
     q, k, v = _masked_inputs((b, h), t, s, dk, dv, full, g)
-    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
     what = "scaled_dot_product_attention with an empty mask row (backward pass)"
-    out = run(fn, qg, kg, vg, full, what=what)
-    out = out[0] if isinstance(out, (tuple, list)) else out
-    out = expect_shape(out, (b, h, t, dv), f"the output of {what}")
-    if not out.requires_grad:
-        raise AssertionError(
-            f"the output of {what} does not depend differentiably on q, k, v: avoid .detach(), "
-            ".item() or building new tensors from Python numbers in the computation."
-        )
-    try:
-        out.pow(2).sum().backward()
-    except Exception as exc:  # the student's forward broke autograd (or the kernel's did)
-        failure = AssertionError(
-            f"the backward pass of {what} raised {type(exc).__name__}: {exc}. {_BACKWARD_HINT}"
-        )
-        raise raised_on(failure, "a backward pass (q, k and v require grad)") from exc
-    for name, x in (("q", qg), ("k", kg), ("v", vg)):
-        if x.grad is None or not bool(torch.isfinite(x.grad).all()):
-            raise AssertionError(
-                f"the gradient with respect to {name} of {what} contains NaN or is missing: "
-                "a row of -inf scores gives NaN in the softmax's backward pass even when you "
-                "replace its output afterwards. Fill masked scores with a large finite negative "
-                "number (torch.finfo(scores.dtype).min) and zero empty rows after the softmax."
-            )
-
-
-_BACKWARD_HINT = (
-    "An in-place operation (scores /= ..., w.div_(...), w[...] = 0) on a tensor autograd saved "
-    "for the backward pass breaks it: write it out of place (scores = scores / ...)."
-)
+    expect_finite_gradients(lambda *qkv: call_attention(fn, *qkv, full, what), q, k, v, what)
 
 
 # --------------------------------------------------------------------------------------
@@ -644,8 +532,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
             out[f"{what}: {name}"] = _entry(t.double())
         q, k, v = (example[n].to(dtype) for n in ("q", "k", "v"))
         mask = example.get("mask")
-        want_out, want_w = oracle_attention(q, k, v, mask)
-        mistakes = attention_mistakes(q, k, v, mask)
-        out[f"{what} -> output"] = _entry(want_out, {h: m[0] for h, m in mistakes.items()})
-        out[f"{what} -> weights"] = _entry(want_w, {h: m[1] for h, m in mistakes.items()})
+        out |= pair_entries(
+            what, oracle_attention(q, k, v, mask), attention_mistakes(q, k, v, mask)
+        )
     return out

@@ -1,7 +1,8 @@
 """Hidden checks of lab 03 (multi-head attention), their oracles and the visible checks' fixtures.
 
-The oracles are written head by head, with explicit slices and concatenations, in float64
-(:func:`oracle_split_heads`, :func:`oracle_merge_heads`, :func:`oracle_multi_head_attention`),
+The oracles cut and join the heads with explicit slices and concatenations, in float64
+(:func:`oracle_split_heads`, :func:`oracle_merge_heads`, :func:`oracle_multi_head_attention`, on
+the shared :mod:`~transformer_lab.grading.hidden._attention`),
 deliberately unlike the reshape-and-transpose a solution uses and independent of
 :mod:`transformer_lab.attention`. Every variation of the MHA oracle is a typical mistake
 (:func:`mha_mistakes`): heads cut without the transpose, merged without it, no output
@@ -50,7 +51,13 @@ from transformer_lab.checks.lab03 import (
     watch_parameters,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import mask_as_used, masked_weights
+from transformer_lab.grading.hidden._attention import (
+    attend64,
+    distinct,
+    mask_as_used,
+    merge_heads,
+    split_heads,
+)
 
 __all__ = [
     "fixtures",
@@ -77,13 +84,12 @@ Params = dict[str, Tensor | None]
 
 def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
     """``(B, T, D) -> (B, H, T, Dh)``: head ``h`` is the feature slice ``h*Dh:(h+1)*Dh``."""
-    dh = x.shape[-1] // n_heads
-    return torch.stack([x[:, :, h * dh : (h + 1) * dh] for h in range(n_heads)], dim=1)
+    return split_heads(x, n_heads)
 
 
 def oracle_merge_heads(x: Tensor) -> Tensor:
     """``(B, H, T, Dh) -> (B, T, H*Dh)``: the heads' features side by side, head 0 first."""
-    return torch.cat([x[:, h] for h in range(x.shape[1])], dim=-1)
+    return merge_heads(x)
 
 
 def params_of(module: nn.Module) -> Params:
@@ -133,7 +139,7 @@ def oracle_multi_head_attention(
     inputs: str = "right",
     mask_mode: str = "right",
 ) -> tuple[Tensor, Tensor] | None:
-    """Multi-head attention in float64, head by head; every option but the default is a mistake.
+    """Multi-head attention in float64; every option but the default is a mistake.
 
     Args:
         p: the projections (:func:`params_of`).
@@ -160,37 +166,22 @@ def oracle_multi_head_attention(
     }[inputs]
     B, T, D = query.shape
     S = key.shape[1]
-    H = n_heads
-    dh = D // H
-
-    def heads(x: Tensor) -> list[Tensor]:  # (B, N, D) -> H tensors (B, N, Dh)
-        n = x.shape[1]
-        if split == "no_transpose":
-            return list(x.reshape(B, H, n, dh).unbind(1))
-        if split == "interleaved":
-            return [x[:, :, h::H] for h in range(H)]
-        return [x[:, :, h * dh : (h + 1) * dh] for h in range(H)]
-
-    qs = heads(_linear(query, p, "q_proj"))
-    ks = heads(_linear(key, p, "k_proj"))
-    vs = heads(_linear(value, p, "v_proj"))
+    q, k, v = (
+        split_heads(_linear(x, p, name), n_heads, split)  # (B, H, N, Dh)
+        for x, name in ((query, "q_proj"), (key, "k_proj"), (value, "v_proj"))
+    )
     use, fill = _MASK_MODES[mask_mode]
-    allowed = mask_as_used(mask, (B, H, T, S), use)
+    allowed = mask_as_used(mask, (B, n_heads, T, S), use)
     if allowed is None:
         return None
+    dh = D // n_heads
     factor = {"head": 1 / math.sqrt(dh), "model": 1 / math.sqrt(D), "none": 1.0}[scale]
-    outs, weights = [], []
-    for h in range(H):
-        scores = qs[h] @ ks[h].transpose(1, 2) * factor  # (B, T, S)
-        w = masked_weights(scores, allowed[:, h], fill)
-        weights.append(w)
-        outs.append(w @ vs[h])  # (B, T, Dh)
-    if merge == "no_transpose":
-        merged = torch.stack(outs, dim=1).reshape(B, T, D)
-    else:
-        merged = torch.cat(outs, dim=-1)  # (B, T, D)
+    heads, weights = attend64(
+        q, k, v, allowed, scale=factor, fill=fill
+    )  # (B, H, T, Dh), (B, H, T, S)
+    merged = merge_heads(heads, merge)  # (B, T, D)
     out = _linear(merged, p, "out_proj") if out_proj else merged
-    return out, torch.stack(weights, dim=1)
+    return out, weights
 
 
 def scores_of(p: Params, query: Tensor, key: Tensor, n_heads: int) -> Tensor:
@@ -238,39 +229,19 @@ def blocking_mask(
 # --------------------------------------------------------------------------------------
 
 
-def _distinct(want: Tensor, pairs: Sequence[tuple[str, Tensor | None]]) -> dict[str, Tensor]:
-    """``{hint: output}`` of the mistakes that differ from ``want`` (some coincide, e.g. H = 1)."""
-    return {
-        hint: t
-        for hint, t in pairs
-        if t is not None and not (t.shape == want.shape and close(t, want, 1e-9, 1e-9))
-    }
-
-
 def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
-    B, T, D = x.shape
-    dh = D // n_heads
-    return _distinct(
+    how = ("no_transpose", "interleaved")
+    return distinct(
         oracle_split_heads(x, n_heads),
-        [
-            (HINTS["split_no_transpose"], x.reshape(B, n_heads, T, dh)),
-            (HINTS["split_interleaved"], x.reshape(B, T, dh, n_heads).permute(0, 3, 1, 2)),
-        ],
+        [(HINTS[f"split_{h}"], split_heads(x, n_heads, h)) for h in how],
     )
 
 
 def merge_mistakes(x: Tensor) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
-    B, H, T, Dh = x.shape
-    return _distinct(
-        oracle_merge_heads(x),
-        [
-            (HINTS["merge_no_transpose"], x.reshape(B, T, H * Dh)),
-            (HINTS["merge_interleaved"], x.permute(0, 2, 3, 1).reshape(B, T, H * Dh)),
-            (HINTS["merge_wrong_axes"], x.transpose(2, 3).reshape(B, T, H * Dh)),
-        ],
-    )
+    how = ("no_transpose", "interleaved", "wrong_axes")
+    return distinct(oracle_merge_heads(x), [(HINTS[f"merge_{h}"], merge_heads(x, h)) for h in how])
 
 
 _VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (

@@ -23,7 +23,6 @@ Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2; Vaswani
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_lab.checks._common import expect_shape, expect_true, generator, randint
+from transformer_lab.checks._attention import expect_finite_gradients
+from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks.lab05 import (
     SPEC,
     Probe,
@@ -45,9 +45,16 @@ from transformer_lab.checks.lab05 import (
     run_attention,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import attend64, masked_weights
+from transformer_lab.grading.hidden._attention import (
+    attend64,
+    distinct,
+    lowest_allowed_score,
+    pair_entries,
+)
+from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
 
 __all__ = [
+    "ATTENTION_HINTS",
     "attention_mistakes",
     "causal_mistakes",
     "combine_mistakes",
@@ -107,23 +114,12 @@ def oracle_masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tu
 # --------------------------------------------------------------------------------------
 
 
-def _distinct(want: Tensor, mistakes: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Drop the mistakes that give the right answer on this input (and repeats)."""
-    kept: dict[str, Tensor] = {}
-    for hint, wrong in mistakes.items():
-        same = [want, *kept.values()]
-        if any(w.shape == wrong.shape and torch.equal(w, wrong) for w in same):
-            continue
-        kept[hint] = wrong
-    return kept
-
-
 def causal_mistakes(T: int) -> dict[str, Tensor]:
     """Hint -> the mask a typical wrong ``causal_mask(T)`` returns."""
     t = torch.arange(T)[:, None]  # (T, 1): queries in rows
     s = torch.arange(T)[None, :]  # (1, T): keys in columns
     good = oracle_causal_mask(T)
-    return _distinct(
+    return distinct(
         good,
         {
             SPEC.mistake("causal causal_upper").hint: s >= t,
@@ -167,7 +163,7 @@ def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
             "Your mask has max(lengths) columns, not max_len: the batch is padded to max_len, "
             "so build the positions with torch.arange(max_len)."
         ] = p[:, :longest] < n
-    return _distinct(good, mistakes)
+    return distinct(good, mistakes)
 
 
 _PADDED_QUERIES = (
@@ -186,7 +182,7 @@ def combine_mistakes(padding: Tensor, causal: Tensor) -> dict[str, Tensor]:
     c = causal[None, None]  # (1, 1, T, T)
     good = oracle_combine_masks(padding, causal)
     own_causal = torch.ones(T, T, dtype=torch.bool).tril()
-    return _distinct(
+    return distinct(
         good,
         {
             "You combined the masks with | (or): a key may be attended only when BOTH masks "
@@ -242,59 +238,42 @@ _UNIFORM = (
 )
 
 
+#: What lab 05 calls each typical wrong ``masked_attention`` of the shared catalogue
+#: (:data:`~transformer_lab.grading.hidden._attention.MISTAKES`), in the order they are tried.
+ATTENTION_HINTS = {
+    "mask_after": _AFTER,
+    "fill_zero": _FILL_ZERO,
+    "fill_zero_zeroed": _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring "
+    "the rest back to a sum of one.)",
+    "fill_uniform": _UNIFORM,  # a finite fill, rows not fixed
+    "mask_inverted": _INVERTED,
+    "mask_ignored": _IGNORED,
+    "no_scale": "Your scores are not scaled: divide q @ k.transpose(-2, -1) by sqrt(d_k), "
+    "d_k = q.shape[-1].",
+    "scale_d_k": "Your scores are divided by d_k: the scale is 1/sqrt(d_k).",
+    "softmax_queries": "Your softmax runs over the queries (dim=-2): each query's weights over "
+    "the keys must sum to one, so take it over the last axis.",
+}
+
+
 def attention_mistakes(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Hint -> ``(out, weights)`` a typical wrong ``masked_attention`` returns (float64)."""
-    qd, kd, vd = q.double(), k.double(), v.double()
-    d = q.shape[-1]
-    scores = qd @ kd.transpose(-2, -1) / math.sqrt(d)  # (..., T, S)
-    allowed = torch.broadcast_to(mask.to(torch.bool), scores.shape)
+    """Hint -> ``(out, weights)`` a typical wrong ``masked_attention`` returns (float64).
 
-    def filled(fill: str | float, zeroed: bool = False) -> tuple[Tensor, Tensor]:
-        """The weights with hidden keys so filled (then zeroed, not renormalised) and output."""
-        w = masked_weights(scores, allowed, fill)
-        if zeroed:
-            w = w * allowed
-        return w @ vd, w
-
-    candidates: dict[str, tuple[Tensor, Tensor]] = {}
-    low = float(scores.masked_fill(~allowed, math.inf).min()) if bool(allowed.any()) else 0.0
-    if low < -1e4:  # first: after-the-softmax mistakes look alike here
+    Where the real scores go below -1e4, a fill of -1e4 is tried first (the mistakes after the
+    softmax look alike there)."""
+    hints = ATTENTION_HINTS
+    low = lowest_allowed_score(q, k, mask)
+    if low < -1e4:
         small = (
             f"Your fill value is not negative enough: here real scores go down to {low:.3g}, "
             "below a fill such as -1e4, so masked keys outrank them. Use the dtype's own "
             "minimum, torch.finfo(scores.dtype).min."
         )
-        candidates[small] = filled(-1e4)
-        candidates[small + " (Zeroing the masked weights afterwards cannot repair that.)"] = filled(
-            -1e4, zeroed=True
-        )
-    candidates |= {
-        _AFTER: filled("after"),
-        _FILL_ZERO: filled(0.0),
-        _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring the rest back "
-        "to a sum of one.)": filled(0.0, zeroed=True),
-        _UNIFORM: filled("uniform"),  # a finite fill, rows not fixed
-        _INVERTED: attend64(q, k, v, ~allowed),
-        _IGNORED: attend64(q, k, v, None),
-        "Your scores are not scaled: divide q @ k.transpose(-2, -1) by sqrt(d_k), "
-        "d_k = q.shape[-1].": attend64(q, k, v, allowed, scale=1.0),
-        "Your scores are divided by d_k: the scale is 1/sqrt(d_k).": attend64(
-            q, k, v, allowed, scale=1.0 / d
-        ),
-        "Your softmax runs over the queries (dim=-2): each query's weights over the keys must "
-        "sum to one, so take it over the last axis.": attend64(q, k, v, allowed, axis=-2),
-    }
-    want_out, want_w = oracle_masked_attention(q, k, v, mask)
-    kept: dict[str, tuple[Tensor, Tensor]] = {}
-    for hint, (out, w) in candidates.items():
-        if w.shape != want_w.shape or bool(torch.isnan(w).any()):
-            continue
-        if torch.allclose(w, want_w, atol=1e-6) and torch.allclose(out, want_out, atol=1e-6):
-            continue  # this mistake is harmless on this input
-        kept[hint] = (out, w)
-    return kept
+        extra = " (Zeroing the masked weights afterwards cannot repair that.)"
+        hints = {"fill_1e4": small, "fill_1e4_zeroed": small + extra, **hints}
+    return shared_mistakes(q, k, v, mask, hints)
 
 
 # --------------------------------------------------------------------------------------
@@ -463,28 +442,8 @@ def hidden_check_masked_attention_dtypes(fn: Callable[..., Any], seed: int = 0) 
             q, k, v, mask, described = _random_case(g, lead, kind, scale=0.5)
             _expect_attention(fn, q.to(dtype), k.to(dtype), v.to(dtype), mask, described, tol=tol)
     q, k, v, mask, described = _random_case(g, (2, 2), "random")
-    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
     what = f"masked_attention(q, k, v, mask) with {described} (backward pass)"
-    out, w = run_attention(fn, q, k, v, mask, what)
-    out = expect_shape(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
-    w = expect_shape(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
-    expect_true(
-        out.requires_grad and w.requires_grad,
-        f"the output of {what} does not depend differentiably on q, k and v: avoid .detach(), "
-        ".item() or tensors rebuilt from Python numbers inside the computation.",
-    )
-    r_out = torch.randn(out.shape, generator=g)
-    r_w = torch.randn(w.shape, generator=g)
-    ((out * r_out).sum() + (w * r_w).sum()).backward()
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        grad = t.grad
-        expect_true(
-            grad is not None and bool(torch.isfinite(grad).all()),
-            f"the gradient of {what} with respect to {name} is "
-            f"{'missing' if grad is None else 'not finite (NaN or inf)'}: a row with nothing to "
-            "attend must not poison training. Fill with torch.finfo(scores.dtype).min (not "
-            "-inf, not mask.log()) and zero the masked weights with masked_fill or where.",
-        )
+    expect_finite_gradients(lambda *qkv: run_attention(fn, *qkv, mask, what), q, k, v, what)
 
 
 # --------------------------------------------------------------------------------------
@@ -665,12 +624,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
         )
     for name in ("causal", "padded"):
         q, k, v, mask, _ = attention_example(name)
-        want_out, want_w = oracle_masked_attention(q, k, v, mask)
-        mistakes = attention_mistakes(q, k, v, mask)
-        out[f"masked_attention example {name!r}: weights"] = fixture_entry(
-            want_w, {h: w for h, (_, w) in mistakes.items()}
-        )
-        out[f"masked_attention example {name!r}: out"] = fixture_entry(
-            want_out, {h: o for h, (o, _) in mistakes.items()}
-        )
+        want = oracle_masked_attention(q, k, v, mask)
+        key = f"masked_attention example {name!r}"
+        out |= pair_entries(key, want, attention_mistakes(q, k, v, mask))
     return out

@@ -71,7 +71,12 @@ from transformer_lab.checks.lab08 import (
     torch_output,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import masked_weights
+from transformer_lab.grading.hidden._attention import (
+    attend64,
+    distinct,
+    merge_heads,
+    split_heads,
+)
 
 __all__ = [
     "attention_mistakes",
@@ -124,24 +129,21 @@ def _module_weights(module: nn.Module) -> dict[str, Tensor]:
 
 
 def oracle_projections(
-    weights: dict[str, Tensor], x: Tensor, n_heads: int, order: str = "qkv", split: str = "heads"
+    weights: dict[str, Tensor], x: Tensor, n_heads: int, order: str = "qkv", split: str = "right"
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries, keys and values ``(B, H, T, Dh)`` in float64 (``order``: which third is which)."""
+    """Queries, keys and values ``(B, H, T, Dh)`` in float64.
+
+    ``order`` says which third of ``qkv_proj``'s output is which; ``split`` how heads are cut
+    (:func:`~transformer_lab.grading.hidden._attention.split_heads`).
+    """
     w = _weights64(weights)
     x = x.detach().to("cpu", torch.float64)
-    B, T, D = x.shape
-    Dh = D // n_heads
+    D = x.shape[-1]
     thirds = {}
     for i, name in enumerate(order):
         rows = slice(i * D, (i + 1) * D)
         thirds[name] = x @ w["qkv_weight"][rows].T + w["qkv_bias"][rows]  # (B, T, D)
-
-    def heads(t: Tensor) -> Tensor:
-        if split == "no_transpose":
-            return t.reshape(B, n_heads, T, Dh)  # the mistake: rows cut across tokens
-        return t.reshape(B, T, n_heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
-
-    return heads(thirds["q"]), heads(thirds["k"]), heads(thirds["v"])
+    return tuple(split_heads(thirds[n], n_heads, split) for n in "qkv")  # type: ignore[return-value]
 
 
 def _allowed(variant: str, start: int, end: int) -> Tensor:
@@ -178,27 +180,29 @@ def oracle_attention(
     Returns:
         ``(B, T, D)`` float64.
     """
-    B, T, D = x.shape
-    Dh = D // n_heads
+    T, D = x.shape[1:]
     order = "kqv" if variant == "kqv_order" else "qkv"
-    split = "no_transpose" if variant == "no_transpose" else "heads"
-    wrong_split = "no_transpose" if variant == "split_no_transpose" else split
-    q, k, v = oracle_projections(weights, x, n_heads, order, wrong_split)
+    split = "no_transpose" if variant in ("no_transpose", "split_no_transpose") else "right"
+    merge = "no_transpose" if variant == "no_transpose" else "right"  # undoes the wrong split
+    q, k, v = oracle_projections(weights, x, n_heads, order, split)
     w = _weights64(weights)
-    scale = {"scale_D": 1 / math.sqrt(D), "no_scale": 1.0}.get(variant, 1 / math.sqrt(Dh))
+    scale = {"scale_D": 1 / math.sqrt(D), "no_scale": 1.0}.get(variant, 1 / math.sqrt(D // n_heads))
+    fill, axis = {"after_softmax": ("after", -1), "softmax_queries": ("zero", -2)}.get(
+        variant, ("zero", -1)
+    )
     outs = []
     for start, end in schedule or ((0, T),):
-        scores = q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1) * scale  # (B, H, t, end)
-        if variant == "after_softmax":
-            weights_ = masked_weights(scores, _allowed("", start, end), "after")
-        else:
-            dim = -2 if variant == "softmax_queries" else -1
-            weights_ = masked_weights(scores, _allowed(variant, start, end), "zero", dim)
-        out = weights_ @ v[:, :, :end]  # (B, H, t, Dh)
-        if split == "no_transpose":
-            out = out.reshape(B, end - start, D)  # the matching merge of the wrong split
-        else:
-            out = out.transpose(1, 2).reshape(B, end - start, D)  # (B, t, D)
+        allowed = _allowed("" if variant == "after_softmax" else variant, start, end)
+        heads, _ = attend64(
+            q[:, :, start:end],
+            k[:, :, :end],
+            v[:, :, :end],
+            allowed,
+            scale=scale,
+            fill=fill,
+            axis=axis,
+        )  # (B, H, t, Dh)
+        out = merge_heads(heads, merge)  # (B, t, D)
         if variant != "no_out_proj":
             out = out @ w["out_weight"].T + w["out_bias"]
         outs.append(out)
@@ -253,15 +257,14 @@ def attention_mistakes(
     want = oracle_attention(weights, x, n_heads, schedule)
     named = dict(CACHE_MISTAKES) if schedule is not None else {}
     named |= ATTENTION_MISTAKES
-    kept: dict[str, Tensor] = {}
-    for variant, hint in named.items():
-        out = oracle_attention(weights, x, n_heads, schedule, variant=variant)
-        if close(out, want, atol=1e-6, rtol=1e-6):
-            continue
-        if any(close(out, other, atol=1e-6, rtol=1e-6) for other in kept.values()):
-            continue
-        kept[hint] = out
-    return kept
+    return distinct(
+        want,
+        [
+            (hint, oracle_attention(weights, x, n_heads, schedule, variant=v))
+            for v, hint in named.items()
+        ],
+        tol=1e-6,
+    )
 
 
 # ======================================================================================
