@@ -10,6 +10,7 @@ still imports and says what it is when called.
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import re
 import subprocess
@@ -239,10 +240,15 @@ def test_locking_survives_a_finalizer_that_parses_python() -> None:
     """CI met ``SystemError: AST constructor recursion depth mismatch`` here: a collection
     during ``ast.parse`` ran such a finalizer. The kit parses with the collector paused."""
     source = (REPO / "transformer_lab" / "checks" / "lab03.py").read_text(encoding="utf-8")
-    for _ in range(5):
-        garbage = [_ParsesWhenCollected() for _ in range(3000)]
-        del garbage
-        lock_source(source, {"03_multi_head_attention"}, "transformer_lab.checks.lab03")
+    try:
+        for _ in range(5):
+            garbage = [_ParsesWhenCollected() for _ in range(3000)]
+            del garbage
+            lock_source(source, {"03_multi_head_attention"}, "transformer_lab.checks.lab03")
+    finally:
+        # Collect the rest now, outside any parse: left for later, it would run its finalizers
+        # inside the next test's own ast.parse (test_import_graph's) and fail it so.
+        gc.collect()
 
 
 def test_deadlines_unlock_labs() -> None:

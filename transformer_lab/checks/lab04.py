@@ -775,7 +775,7 @@ def check_training_step(cls: Callable[..., Any]) -> None:
         _stored_batch(),
         ban=MODULE_BAN,
         expected=want,
-        mistakes=[(t, h) for h, t in mistakes.items()],
+        mistakes=[(loss, hint) for hint, loss in mistakes.items()],
         hint=LOSS_HINT,
     )
 
