@@ -945,8 +945,8 @@ def _on_case(func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` applied to a case: its positional arguments, then its trailing dict's keywords."""
 
     def apply(*case: Any) -> Any:
-        args, kwargs = split_case(case)
-        return func(*args, **kwargs)
+        positional, keywords = split_case(case)
+        return func(*positional, **keywords)
 
     return apply
 
