@@ -825,13 +825,15 @@ def oracle_gpt_param_count(
 def count_mistakes(
     n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
 ) -> dict[str, int]:
-    """Hint -> the count a typical mistake gives (only those that differ, first kept)."""
+    """Hint -> the count each typical mistake gives, in the catalogue's order (the generated
+    checks keep those that differ from the right count; two of the same count are told apart
+    by a check's other cases)."""
     L, D, V = n_layers, d_model, vocab_size
     right = oracle_gpt_param_count(L, D, V, n_ctx, bias)
     b = 1 if bias else 0
     ln_bias = (2 * L + 1) * D  # the biases of every layer norm
     linear_bias = L * (3 * D + D + 4 * D + D)
-    candidates = {
+    return {
         "You count an output layer of its own (V x D): GPT-2 ties it to the token embedding "
         "(the same matrix), so it adds no parameters.": right + V * D,
         "Your position table has vocab_size rows: it has one row per position, n_ctx.": right
@@ -858,8 +860,6 @@ def count_mistakes(
         "Your QKV projection's bias has width D: qkv_proj maps D -> 3D, so its bias holds 3D "
         "numbers (with bias=True).": right - b * L * 2 * D,
     }
-    # Hints of the same count are all kept: a check tells them apart by its other calls.
-    return {hint: value for hint, value in candidates.items() if value != right}
 
 
 def oracle_training_flops(n_params: float, n_tokens: float) -> float:
@@ -895,7 +895,7 @@ def kv_mistakes(
 ) -> dict[str, int]:
     right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, batch_size, bytes_per_value)
     L, T, B, b = n_layers, n_ctx, batch_size, bytes_per_value
-    candidates = {
+    return {
         "You count the keys only: the cache holds a key AND a value per layer and position "
         "(the factor 2).": right // 2,
         "You count the queries too: only keys and values are cached (a query is used once, by "
@@ -909,8 +909,6 @@ def kv_mistakes(
         "width D.": 2 * L * T * T * B * b,
         "You assume 2 bytes per number whatever bytes_per_value says.": right // b * 2,
     }
-    # Hints of the same count are all kept: a check tells them apart by its other calls.
-    return {hint: value for hint, value in candidates.items() if value != right and value > 0}
 
 
 def oracle_gpu_days(flops: float, peak_flops: float, utilization: float) -> float:
@@ -922,7 +920,7 @@ def oracle_gpu_days(flops: float, peak_flops: float, utilization: float) -> floa
 def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> dict[str, float]:
     right = oracle_gpu_days(flops, peak_flops, utilization)
     u = utilization
-    candidates = {
+    return {
         "You ignore the utilization: at 40% of its peak a GPU needs 1/0.4 = 2.5 times longer.": (
             right * u
         ),
@@ -933,7 +931,6 @@ def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> di
         "Your answer is in minutes: a day has 1,440.": right * 1440,
         "Your answer is in years: multiply by 365.": right / 365,
     }
-    return {h: v for h, v in candidates.items() if not math.isclose(v, right, rel_tol=1e-9)}
 
 
 # ======================================================================================
