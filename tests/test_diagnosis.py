@@ -292,6 +292,29 @@ def test_a_judged_temperature_nan_is_blamed_on_the_sampling(
     assert verdict.mistake.startswith("Temperature 0 means greedy decoding")
 
 
+@pytest.mark.parametrize(
+    ("part", "fn", "words"),
+    [("training_flops", fn, words) for fn, words in t08.FLOPS_MISTAKES]
+    + [("gpu_days", fn, words) for fn, words in t08.DAYS_MISTAKES],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_a_judged_hidden_scale_cell_names_the_mistake(
+    monkeypatch: pytest.MonkeyPatch, part: str, fn: Any, words: str
+) -> None:
+    """A hidden cell's message holds fixed words only, and the mistake its check recorded: a
+    scale function's hidden check records the one it names (gpu_days once said only "a property
+    the hidden check tests does not hold")."""
+    link = InProcessKernel(monkeypatch, {part: fn})
+    source = (
+        "from transformer_lab.grading.hidden import lab08 as hidden08\n"
+        f"hidden08.hidden_check_{part}({part}, seed=8601)\n"
+    )
+    verdict = judge_cell("test_cell", source, JudgeSession(link, timeout=10, hidden=True))
+    assert not verdict.passed
+    assert verdict.message.startswith(f"A hidden check of `{part}` failed"), verdict.message
+    assert words in verdict.message, verdict.message
+
+
 # --------------------------------------------------------------------------------------
 # Issue 40: what a symptom check says where a named mistake causes the symptom
 # --------------------------------------------------------------------------------------

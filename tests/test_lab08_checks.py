@@ -740,14 +740,9 @@ DAYS_MISTAKES = [
 ]  # fmt: skip
 
 
-def days_generic(words: str) -> tuple[str, ...]:
-    """The checks whose message is generic for the gpu_days mistake that ``words`` names."""
-    return ("visible",) if "utilization" in words else ()
-
-
 @pytest.mark.parametrize(("fn", "words"), DAYS_MISTAKES)
 def test_gpu_days_mistakes_are_named(fn, words) -> None:
-    assert_fails(DAYS_CHECKS, fn, BOTH, words, generic=days_generic(words))
+    assert_fails(DAYS_CHECKS, fn, BOTH, words)
 
 
 def test_calling_the_kits_scale_functions_earns_nothing() -> None:

@@ -13,7 +13,9 @@ in two ways, and neither is an implementation of the lab:
   without the transpose, no output projection, scores divided by ``sqrt(d_model)``, keys and
   values swapped, the mask ignored, inverted or applied after the softmax, ``-inf`` fills that
   turn empty rows into NaN ...). A wrong answer is compared with those and the message names
-  the mistake it reproduces.
+  the mistake it reproduces. ``split_heads`` and ``merge_heads`` are ordinary parts: their
+  checks are generated (:mod:`transformer_lab.checks._generated`) from :data:`SPLIT` and
+  :data:`MERGE`, which say how each is called and judged.
 * **PyTorch itself**: :func:`reference_multi_head_attention` feeds the student's own
   projection weights to ``torch.nn.functional.multi_head_attention_forward``
   (``use_separate_proj_weight=True``), and ``load_torch_weights`` is judged by what
@@ -55,6 +57,7 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._attention import HALF_FILL
 from transformer_lab.checks._common import (
+    Case,
     ForbiddenCallError,
     call_forbidding,
     close,
@@ -67,9 +70,12 @@ from transformer_lab.checks._common import (
     generator,
     stored,
 )
+from transformer_lab.checks._generated import Given, Ordinary
 
 __all__ = [
     "BAN",
+    "MERGE",
+    "SPLIT",
     "check_load_torch_weights",
     "check_merge_heads",
     "check_multi_head_attention",
@@ -134,11 +140,6 @@ HINTS: dict[str, str] = {
     "axes); do not add or repeat axes.",
 }
 
-_SPLIT_HINT = "Head h of token t must hold features x[b, t, h*Dh:(h+1)*Dh]."
-_MERGE_HINT = (
-    "merge_heads must undo split_heads: features h*Dh:(h+1)*Dh of token t come from head h at "
-    "position t."
-)
 _CONTIGUOUS_HINT = (
     "After a transpose the tensor is no longer contiguous in memory, so .view cannot flatten "
     "it: use .reshape(...) (or .contiguous().view(...))."
@@ -238,19 +239,49 @@ def as_candidates(mistakes: Mapping[str, Tensor]) -> list[tuple[Tensor | None, s
 # --------------------------------------------------------------------------------------
 
 
-def judge_split(
-    got: Any, x: Tensor, n_heads: int, want: Tensor, mistakes: Mapping[str, Tensor], what: str
-) -> Tensor:
-    """Compare a student's ``split_heads(x, n_heads)`` with the expected heads.
+def _dtype(x: Tensor) -> str:
+    return "" if x.dtype == torch.float32 else f", {str(x.dtype).removeprefix('torch.')}"
 
-    Args:
-        got: what the student's function returned.
-        x: its input ``(B, T, D)``.
-        n_heads: the number of heads.
-        want: the expected ``(B, H, T, Dh)``.
-        mistakes: hint -> what that typical mistake returns.
-        what: the call, for messages.
-    """
+
+def _as_float64(value: Any) -> Tensor:
+    """An output (stored as nested lists, or the oracle's tensor) as float64, to compare."""
+    return torch.as_tensor(value, dtype=torch.float64)
+
+
+def same_entries(got: Tensor, want: Tensor) -> bool:
+    """The same shape and values (to 1e-4: heads only move entries, they never compute)."""
+    return got.shape == want.shape and close(got.double(), want, atol=1e-4, rtol=1e-4)
+
+
+def describe_entries(case: Case[Given]) -> str:
+    """A wrong rearrangement: how many entries are off, and the first one, where it sits."""
+    got, want = case.got.detach().double(), case.want
+    wrong = ~torch.isclose(got, want, atol=1e-4, rtol=1e-4)  # (same shape as want)
+    idx = tuple(int(i) for i in wrong.nonzero()[0])
+    return (
+        f"{case.what} is wrong at {int(wrong.sum())} of {want.numel()} entries: at index {idx} "
+        f"you have {float(got[idx]):g}, expected {float(want[idx]):g}."
+    )
+
+
+def _kept_dtype(got: Tensor, x: Tensor, what: str, verb: str) -> Tensor:
+    expect_true(
+        got.dtype == x.dtype,
+        f"{what} has dtype {got.dtype} for an input of dtype {x.dtype}: {verb} only "
+        "rearranges the entries, keep the input's dtype.",
+    )
+    return got
+
+
+def _split_what(x: Tensor, n_heads: int) -> str:
+    return f"split_heads(x, {n_heads}) for x of shape {tuple(x.shape)}{_dtype(x)}"
+
+
+def split_call(fn: Callable[..., Any], x: Tensor, n_heads: int) -> Tensor:
+    """The student's ``split_heads(x, n_heads)`` under the ban: heads ``(B, H, T, Dh)`` of the
+    input's dtype (the head axis left after the tokens is told apart)."""
+    what = _split_what(x, n_heads)
+    got = run(fn, x, n_heads, what=what)
     B, T, D = x.shape
     dh = D // n_heads
     shape = tuple(getattr(got, "shape", ()))
@@ -261,18 +292,35 @@ def judge_split(
             "(B, H, T, Dh), so that one batched attention handles every head."
         )
     got = expect_shape(got, (B, n_heads, T, dh), f"{what}, (B, T, D) -> (B, H, T, D/H)")
-    expect_true(
-        got.dtype == x.dtype,
-        f"{what} has dtype {got.dtype} for an input of dtype {x.dtype}: splitting only "
-        "rearranges the entries, keep the input's dtype.",
-    )
-    return compare(got, want, what=what, candidates=as_candidates(mistakes), hint=_SPLIT_HINT)
+    return _kept_dtype(got, x, what, "splitting")
 
 
-def judge_merge(
-    got: Any, x: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str
-) -> Tensor:
-    """Compare a student's ``merge_heads(x)`` with the expected ``(B, T, H*Dh)``."""
+#: ``split_heads`` of a case ``(x (B, T, D), n_heads)``.
+SPLIT = Ordinary(
+    "lab03",
+    call=split_call,
+    what=_split_what,
+    describe=describe_entries,
+    rule="Head h of token t must hold features x[b, t, h*Dh:(h+1)*Dh].",
+    same=same_entries,
+    load=lambda x, n_heads: (torch.tensor(x, dtype=torch.float32), n_heads),
+    output=_as_float64,
+)
+
+
+def _merge_what(x: Tensor, strided: bool = False) -> str:
+    layout = " (not contiguous in memory)" if strided else ""
+    return f"merge_heads(x) for x of shape {tuple(x.shape)}{_dtype(x)}{layout}"
+
+
+def merge_call(fn: Callable[..., Any], x: Tensor, strided: bool = False) -> Tensor:
+    """The student's ``merge_heads(x)`` under the ban (``strided``: the same values in another
+    memory order, what a transpose hands over), ``(B, T, H*Dh)`` of the input's dtype; a crash
+    of ``.view`` is explained."""
+    what = _merge_what(x, strided)
+    if strided:
+        x = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # (B, H, T, Dh), not contiguous
+    got = run(fn, x, what=what, on_error=_CONTIGUOUS_HINT)
     B, H, T, Dh = x.shape
     shape = tuple(getattr(got, "shape", ()))
     if shape == (B, T, H, Dh):
@@ -281,31 +329,30 @@ def judge_merge(
             "flattened. Reshape to (B, T, H * Dh)."
         )
     got = expect_shape(got, (B, T, H * Dh), f"{what}, (B, H, T, Dh) -> (B, T, H*Dh)")
-    expect_true(
-        got.dtype == x.dtype,
-        f"{what} has dtype {got.dtype} for an input of dtype {x.dtype}: merging only "
-        "rearranges the entries, keep the input's dtype.",
-    )
-    return compare(got, want, what=what, candidates=as_candidates(mistakes), hint=_MERGE_HINT)
+    return _kept_dtype(got, x, what, "merging")
 
 
-def split_call(fn: Callable[..., Any], x: Tensor, n_heads: int, what: str) -> Any:
-    """The student's ``split_heads(x, n_heads)`` under the ban."""
-    return run(fn, x, n_heads, what=what)
+#: ``merge_heads`` of a case ``(x (B, H, T, Dh)[, strided])``.
+MERGE = Ordinary(
+    "lab03",
+    call=merge_call,
+    what=_merge_what,
+    describe=describe_entries,
+    rule=(
+        "merge_heads must undo split_heads: features h*Dh:(h+1)*Dh of token t come from head h "
+        "at position t."
+    ),
+    same=same_entries,
+    load=lambda x, strided=False: (torch.tensor(x, dtype=torch.float32), strided),
+    output=_as_float64,
+)
 
 
-def merge_call(fn: Callable[..., Any], x: Tensor, what: str) -> Any:
-    """The student's ``merge_heads(x)`` under the ban (a crash of ``.view`` is explained)."""
-    return run(fn, x, what=what, on_error=_CONTIGUOUS_HINT)
-
-
-def check_split_heads(fn: Callable[..., Tensor]) -> None:
-    """Numbered features (entry ``100*b + 10*t + d``) of shape ``(2, 3, 8)`` in 2, 4 and 1 heads."""
-    x = numbered(2, 3, 8)  # (B, T, D)
-    for n_heads in (2, 4, 1):
-        what = f"split_heads(x, {n_heads}) for x of shape (2, 3, 8)"
-        want, mistakes = stored("lab03", what)
-        judge_split(split_call(fn, x, n_heads, what), x, n_heads, want, mistakes, what)
+check_split_heads = SPLIT.visible(
+    "check_split_heads",
+    """Numbered features (entry ``100*b + 10*t + d``) of shape ``(2, 3, 8)`` in 2, 4 and 1
+    heads.""",
+)
 
 
 def check_split_heads_divisible(fn: Callable[..., Tensor]) -> None:
@@ -317,21 +364,11 @@ def check_split_heads_divisible(fn: Callable[..., Tensor]) -> None:
     call_forbidding(fn, (fits, 4), {}, ban=BAN, what="split_heads(x, 4) for x of width d_model=8")
 
 
-def check_merge_heads(fn: Callable[..., Tensor]) -> None:
-    """A numbered ``(2, 2, 3, 4)`` input (contiguous and not), and a round trip."""
-    x = numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
-    what = "merge_heads(x) for x of shape (2, 2, 3, 4)"
-    want, mistakes = stored("lab03", what)
-    judge_merge(merge_call(fn, x, what), x, want, mistakes, what)
-    # The same values stored in another memory order: what a transpose hands over.
-    strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # (B, H, T, Dh), not contiguous
-    what_strided = what + " (not contiguous in memory)"
-    judge_merge(merge_call(fn, strided, what_strided), x, want, mistakes, what_strided)
-    # The round trip: the stored heads of a (2, 3, 8) input merge back into it.
-    heads, _ = stored("lab03", "split_heads(x, 2) for x of shape (2, 3, 8)")
-    heads = heads.float()
-    back = merge_call(fn, heads, "merge_heads(split_heads(x, 2))")
-    judge_merge(back, heads, numbered(2, 3, 8), {}, "merge_heads(split_heads(x, 2))")
+check_merge_heads = MERGE.visible(
+    "check_merge_heads",
+    """A numbered ``(2, 2, 3, 4)`` input (contiguous and not), and the heads of a numbered
+    ``(2, 3, 8)`` input merged back into it.""",
+)
 
 
 # --------------------------------------------------------------------------------------

@@ -20,9 +20,12 @@ The notebook's visible test cells call the ``check_*`` functions here. No oracle
   the probabilities handed to ``torch.multinomial`` (finite, non-negative) and names the
   operation and function where a NaN or inf started (``apply_temperature``, the student's
   sampling step), so that a bad temperature is not reported as a failing library call;
-* ``gpt_param_count`` is compared with the parameters of the kit's ``GPT`` counted by PyTorch
-  (``numel``), ``kv_cache_bytes`` with the memory of the kit's ``KVCache``, and the four scale
-  functions with stored worked examples and the values of their typical mistakes.
+* the four scale functions are ordinary parts (:mod:`transformer_lab.checks._generated`: one
+  :class:`~transformer_lab.checks._generated.Ordinary` each, :data:`COUNT`, :data:`FLOPS`,
+  :data:`KV`, :data:`DAYS`): stored worked examples and the values of their typical mistakes,
+  an exact int for the counts and a relative 1e-6 for the others; ``gpt_param_count`` is also
+  compared with the parameters of the kit's ``GPT`` counted by PyTorch (``numel``), and
+  ``kv_cache_bytes`` with the memory of the kit's ``KVCache``.
 
 While the student's code runs, what computes the answer is refused
 (:class:`~transformer_lab.judge.bans.Ban`): PyTorch's attention kernels and modules, the kit's
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +60,6 @@ from transformer_lab.checks._common import (
     Case,
     call_forbidding,
     close,
-    diagnose,
     expect_close,
     expect_module,
     expect_shape,
@@ -65,16 +68,18 @@ from transformer_lab.checks._common import (
     note_mistake,
     stored,
 )
+from transformer_lab.checks._generated import Given, Ordinary
 from transformer_lab.judge.wire import Reference
 
 __all__ = [
     "ATTENTION_BAN",
-    "COUNT_EXAMPLES",
+    "COUNT",
+    "DAYS",
+    "FLOPS",
     "GENERATE_BAN",
-    "KV_EXAMPLES",
+    "KV",
     "SCALE_BAN",
     "SCHEDULES",
-    "CountCall",
     "SamplingWatch",
     "ScriptedCache",
     "ScriptedLM",
@@ -91,21 +96,20 @@ __all__ = [
     "check_training_flops",
     "copy_torch_attention",
     "expect_attention",
-    "expect_count",
-    "expect_counts",
-    "expect_number",
     "generate_examples",
     "greedy_run",
     "judge_calls",
     "judge_tokens",
     "load_attention",
+    "real",
     "run_attention",
     "run_generate",
-    "run_scale",
     "show_call",
     "show_schedule",
+    "split_case",
     "torch_attention",
     "torch_output",
+    "whole",
 ]
 
 #: The lab's spec (``specs/lab08.toml``): its bans and shared tolerances.
@@ -958,15 +962,28 @@ def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
 
 
 # ======================================================================================
-# The arithmetic of scale
+# The arithmetic of scale: ordinary parts (transformer_lab.checks._generated)
 # ======================================================================================
+# A case is the call's positional arguments, then (if any) a dict of its keyword arguments:
+# ``(12, 768, 50257, 1024, {"bias": False})``. An argument left out keeps the student's
+# default, which is part of what the first worked examples check.
 
 
-def run_scale(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
-) -> Any:
-    """The student's scale function under the ban."""
-    return call_forbidding(fn, args, kwargs, ban=SCALE_BAN, what=what)
+def split_case(case: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A case's positional and keyword arguments (its trailing dict, if it has one)."""
+    if case and isinstance(case[-1], Mapping):
+        return tuple(case[:-1]), dict(case[-1])
+    return tuple(case), {}
+
+
+def show_call(name: str, case: Sequence[Any]) -> str:
+    """How messages name a call: ``gpt_param_count(12, 768, 50_257, 1_024, bias=False)``."""
+    args, kwargs = split_case(case)
+    shown = [
+        f"{a:_}" if isinstance(a, int) and not isinstance(a, bool) else f"{a:.4g}" for a in args
+    ]
+    shown += [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(shown)})"
 
 
 def _is_integer(value: Any) -> bool:
@@ -977,108 +994,90 @@ def _is_integer(value: Any) -> bool:
     return isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point()
 
 
-def _whole(got: Any, want: int, what: str) -> int:
+def _missing(got: Any) -> str:
+    return "None (did you forget to `return`?)" if got is None else type(got).__name__
+
+
+def whole(got: Any, what: str) -> int:
     """The student's count as an int; a float or another type is refused, saying why."""
-    if isinstance(got, float) and got == want:
+    if isinstance(got, float):
         raise AssertionError(
             f"{what} returned the float {got!r}: return an int (counts are whole numbers; "
             "floats lose digits past 2**53). Use integer arithmetic, or int(...)."
         )
     if not _is_integer(got):
-        shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
-        raise AssertionError(f"{what} should return an int, got {shown}.")
+        raise AssertionError(f"{what} should return an int, got {_missing(got)}.")
     return int(got)
 
 
-def _difference(value: int, want: int, d_model: int | None) -> str:
-    diff = value - want
-    if d_model and diff % d_model == 0:
-        return (
-            f" The difference, {diff:+,}, is {diff // d_model:+,} x d_model: a vector of width "
-            "d_model counted too often or too rarely (a bias, a layer norm's gain or bias, an "
-            "embedding row)."
-        )
-    return ""
-
-
-def expect_count(
-    got: Any, want: int, mistakes: Mapping[str, float], what: str, *, d_model: int | None = None
-) -> None:
-    """An exact whole number (a count of parameters or bytes); name the mistake it reproduces."""
-    value = _whole(got, want, what)
-    if value == want:
-        return
-    for hint, wrong in mistakes.items():
-        if value == wrong:
-            raise AssertionError(f"{what} returned {value:,}, expected {want:,}. {hint}")
-    raise AssertionError(
-        f"{what} returned {value:,}, expected {want:,}.{_difference(value, want, d_model)}"
-    )
-
-
-#: One call of a counting function: (the call as shown, the student's answer, the expected
-#: count, hint -> the count that mistake gives there (only those that differ), d_model or None).
-CountCall = tuple[str, Any, int, Mapping[str, float], int | None]
-
-
-def expect_counts(calls: Sequence[CountCall]) -> None:
-    """Exact counts on several calls, diagnosed together: a mistake is named only where it gives
-    the student's count on EVERY call (two mistakes that agree on one call, a QKV bias of width D
-    and a block with one layer norm at bias=True, are told apart by the others); the first
-    failing call is shown."""
-    cases = [
-        Case(d_model, what, _whole(got, want, what), want, mistakes, size=float(i))
-        for i, (what, got, want, mistakes, d_model) in enumerate(calls)
-    ]
-
-    def describe(case: Case[Any]) -> str:
-        return f"{case.what} returned {case.got:,}, expected {case.want:,}."
-
-    def rule(case: Case[Any]) -> str:
-        return _difference(case.got, case.want, case.input).strip() or "Count it step by step."
-
-    diagnose(cases, same=lambda a, b: a == b, describe=describe, rule=rule)
-
-
-def expect_number(
-    got: Any, want: float, mistakes: Mapping[str, float], what: str, *, rtol: float = 1e-6
-) -> None:
-    """A real number within ``rtol``; name the mistake it reproduces."""
+def real(got: Any, what: str) -> float:
+    """The student's answer as a float (a one-element tensor too); anything else is refused."""
     if isinstance(got, Tensor) and got.numel() == 1:
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
-        raise AssertionError(f"{what} should return a number, got {shown}.")
-    value = float(got)
-    if math.isclose(value, want, rel_tol=rtol):
-        return
-    for hint, wrong in mistakes.items():
-        if math.isclose(value, wrong, rel_tol=rtol):
-            raise AssertionError(f"{what} returned {value:.4g}, expected {want:.4g}. {hint}")
-    raise AssertionError(
-        f"{what} returned {value:.4g}, expected {want:.4g} (a factor of {value / want:.3g})."
+        raise AssertionError(f"{what} should return a number, got {_missing(got)}.")
+    return float(got)
+
+
+def _difference(case: Case[Given]) -> str:
+    """For a parameter count off by a multiple of d_model, what such a difference means."""
+    diff, d_model = case.got - case.want, case.input.args[1]
+    if diff % d_model == 0:
+        return (
+            f"The difference, {diff:+,}, is {diff // d_model:+,} x d_model: a vector of width "
+            "d_model counted too often or too rarely (a bias, a layer norm's gain or bias, an "
+            "embedding row)."
+        )
+    return "Count it step by step."
+
+
+def _factor(case: Case[Given]) -> str:
+    return f"Your answer is {case.got / case.want:.3g} times the right one."
+
+
+def _scale_part(
+    name: str,
+    kind: Callable[[Any, str], Any],
+    rule: str | Callable[[Case[Given]], str],
+) -> Ordinary:
+    """The :class:`Ordinary` of a scale function: called under :data:`SCALE_BAN`, its answer
+    made an exact int (``kind=whole``) or a float compared at a relative 1e-6 (``real``)."""
+    exact = kind is whole
+
+    def call(fn: Callable[..., Any], *case: Any) -> Any:
+        what = show_call(name, case)
+        args, kwargs = split_case(case)
+        return kind(call_forbidding(fn, args, kwargs, ban=SCALE_BAN, what=what), what)
+
+    def describe(case: Case[Given]) -> str:
+        shown = "{:,}" if exact else "{:.4g}"
+        got, want = shown.format(case.got), shown.format(case.want)
+        return f"{case.what} returned {got}, expected {want}."
+
+    return Ordinary(
+        "lab08",
+        call=call,
+        what=lambda *case: show_call(name, case),
+        describe=describe,
+        rule=rule,
+        same=operator.eq if exact else lambda a, b: math.isclose(a, b, rel_tol=1e-6),
+        output=int if exact else float,
     )
 
 
-def _scalar(key: str) -> tuple[float, dict[str, float]]:
-    want, mistakes = stored("lab08", key)
-    return float(want), {h: float(m) for h, m in mistakes.items()}
-
-
-def show_call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> str:
-    """How messages (and the stored examples) name a call: ``f(12, 768, 50_257, bias=False)``."""
-    shown = [
-        f"{a:_}" if isinstance(a, int) and not isinstance(a, bool) else f"{a:.4g}" for a in args
-    ]
-    shown += [f"{k}={v!r}" for k, v in (kwargs or {}).items()]
-    return f"{name}({', '.join(shown)})"
-
-
-#: The visible worked examples of the scale functions: (arguments, keyword arguments).
-COUNT_EXAMPLES: tuple[tuple[tuple[int, ...], dict[str, Any]], ...] = (
-    ((12, 768, 50257, 1024), {}),
-    ((12, 768, 50257, 1024), {"bias": False}),
+#: ``gpt_param_count`` of a case ``(n_layers, d_model, vocab_size, n_ctx[, {"bias": ...}])``.
+COUNT = _scale_part("gpt_param_count", whole, _difference)
+#: ``training_flops`` of a case ``(n_params, n_tokens)``.
+FLOPS = _scale_part("training_flops", real, _factor)
+#: ``kv_cache_bytes`` of a case ``(n_layers, d_model, n_ctx[, {keyword arguments}])``.
+KV = _scale_part(
+    "kv_cache_bytes",
+    whole,
+    "Count it step by step: a key and a value of width d_model per layer, position and "
+    "sequence, bytes_per_value bytes each.",
 )
+#: ``gpu_days`` of a case ``(flops, peak_flops, utilization)``.
+DAYS = _scale_part("gpu_days", real, _factor)
 
 
 def check_gpt_param_count(fn: Callable[..., Any]) -> None:
@@ -1086,58 +1085,34 @@ def check_gpt_param_count(fn: Callable[..., Any]) -> None:
     PyTorch counts on its own layers of the same shapes (no graded answer involved)."""
     from transformer_lab.models import GPTConfig
 
-    calls = []
-    for args, kwargs in COUNT_EXAMPLES:
-        what = show_call("gpt_param_count", args, kwargs)
-        want, mistakes = _scalar(what)
-        calls.append((what, run_scale(fn, args, kwargs, what), int(want), mistakes, args[1]))
-    expect_counts(calls)
-    for layers, width, vocab, n_ctx, bias in ((1, 8, 5, 4, True), (3, 12, 17, 9, False)):
+    COUNT.judge(fn, COUNT.examples("check_gpt_param_count"))
+    measured = []
+    for case in ((1, 8, 5, 4, {}), (3, 12, 17, 9, {"bias": False})):
+        layers, width, vocab, n_ctx, options = case
         config = GPTConfig(
-            vocab_size=vocab, n_ctx=n_ctx, d_model=width, n_layers=layers, n_heads=2, bias=bias
+            vocab_size=vocab, n_ctx=n_ctx, d_model=width, n_layers=layers, n_heads=2, **options
         )
-        real = config.param_count()
-        kwargs = {} if bias else {"bias": False}
-        what = show_call("gpt_param_count", (layers, width, vocab, n_ctx), kwargs)
-        got = run_scale(fn, (layers, width, vocab, n_ctx), kwargs, what)
-        expect_count(got, real, {}, f"{what} (a GPT of these sizes has {real:,})", d_model=width)
+        measured.append(Given(case, (config.param_count(), {})))
+    COUNT.judge(fn, measured)
 
 
-#: The visible worked examples of ``kv_cache_bytes``: GPT-3's full context in float16, and a
-#: float32 batch of GPT-2 small.
-KV_EXAMPLES: tuple[tuple[tuple[int, ...], dict[str, Any]], ...] = (
-    ((96, 12288, 2048), {}),
-    ((12, 768, 1024), {"batch_size": 8, "bytes_per_value": 4}),
+check_training_flops = FLOPS.visible(
+    "check_training_flops",
+    """Worked examples: GPT-3 (175e9 parameters, 300e9 tokens) and a small model.""",
 )
-
-
-def check_training_flops(fn: Callable[..., Any]) -> None:
-    """Worked examples: GPT-3 (175e9 parameters, 300e9 tokens) and a small model."""
-    for args in ((175e9, 300e9), (124_439_808, 10e9)):
-        what = show_call("training_flops", args)
-        want, mistakes = _scalar(what)
-        expect_number(run_scale(fn, args, {}, what), want, mistakes, what)
 
 
 def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
     """Worked examples (GPT-3's full context in float16; float32 and a batch), and the memory of
     the kit's own KV cache measured by PyTorch."""
-    calls = []
-    for args, kwargs in KV_EXAMPLES:
-        what = show_call("kv_cache_bytes", args, kwargs)
-        want, mistakes = _scalar(what)
-        calls.append((what, run_scale(fn, args, kwargs, what), int(want), mistakes, None))
-    expect_counts(calls)
+    KV.judge(fn, KV.examples("check_kv_cache_bytes"))
     cache = KVCache(3, 2, 4, 8, 4, dtype=torch.float32)  # L=3, B=2, H=4, n_ctx=8, Dh=4: D=16
-    real = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
-    what = "kv_cache_bytes(3, 16, 8, batch_size=2, bytes_per_value=4)"
-    got = run_scale(fn, (3, 16, 8), {"batch_size": 2, "bytes_per_value": 4}, what)
-    expect_count(got, real, {}, f"{what} (the kit's KVCache of these sizes takes {real:,} bytes)")
+    real_bytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
+    case = (3, 16, 8, {"batch_size": 2, "bytes_per_value": 4})
+    KV.judge(fn, [Given(case, (real_bytes, {}))])
 
 
-def check_gpu_days(fn: Callable[..., Any]) -> None:
-    """Worked examples: GPT-3's 3.15e23 FLOPs on an A100 (312 TFLOP/s) at 40%, and a day."""
-    for args in ((3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)):
-        what = show_call("gpu_days", args)
-        want, mistakes = _scalar(what)
-        expect_number(run_scale(fn, args, {}, what), want, mistakes, what)
+check_gpu_days = DAYS.visible(
+    "check_gpu_days",
+    """Worked examples: GPT-3's 3.15e23 FLOPs on an A100 (312 TFLOP/s) at 40%, and a day.""",
+)

@@ -10,7 +10,9 @@ projection, scores divided by ``sqrt(d_model)`` or not at all, keys and values f
 input, the mask ignored, inverted, applied after the softmax, given an extra axis, filled with
 ``-inf`` (NaN rows) or leaving empty rows uniform. The hidden checks draw seeded sizes, weights,
 inputs (keys different from values, ``T != S``) and masks built so that the blocked keys have
-the largest raw scores, in training and eval mode, in float32, float16 and bfloat16.
+the largest raw scores, in training and eval mode, in float32, float16 and bfloat16. The
+hidden checks of ``split_heads`` and ``merge_heads`` are generated (:data:`SPLIT`,
+:data:`MERGE`: :class:`~transformer_lab.checks._generated.Oracle`).
 
 :func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab03.json``).
 
@@ -27,7 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.checks import lab03
 from transformer_lab.checks._common import close, generator, randint
+from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab03 import (
     HINTS,
     PROJECTIONS,
@@ -40,14 +44,10 @@ from transformer_lab.checks.lab03 import (
     expect_train_like_eval,
     instantiate,
     judge_loaded,
-    judge_merge,
     judge_mha,
-    judge_split,
     load_call,
-    merge_call,
     numbered,
     numbered_torch_mha,
-    split_call,
     watch_parameters,
 )
 from transformer_lab.grading.hidden import fixture_entry
@@ -60,6 +60,8 @@ from transformer_lab.grading.hidden._attention import (
 )
 
 __all__ = [
+    "MERGE",
+    "SPLIT",
     "fixtures",
     "hidden_check_load_torch_weights",
     "hidden_check_merge_heads",
@@ -87,8 +89,9 @@ def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
     return split_heads(x, n_heads)
 
 
-def oracle_merge_heads(x: Tensor) -> Tensor:
-    """``(B, H, T, Dh) -> (B, T, H*Dh)``: the heads' features side by side, head 0 first."""
+def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
+    """``(B, H, T, Dh) -> (B, T, H*Dh)``: the heads' features side by side, head 0 first (the
+    same for any memory order, ``strided``)."""
     return merge_heads(x)
 
 
@@ -238,7 +241,7 @@ def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     )
 
 
-def merge_mistakes(x: Tensor) -> dict[str, Tensor]:
+def merge_mistakes(x: Tensor, strided: bool = False) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
     how = ("no_transpose", "interleaved", "wrong_axes")
     return distinct(oracle_merge_heads(x), [(HINTS[f"merge_{h}"], merge_heads(x, h)) for h in how])
@@ -356,46 +359,47 @@ def _expect_mha(
 # --------------------------------------------------------------------------------------
 
 
-def hidden_check_split_heads(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Random sizes (one head, one feature per head) and dtypes (float64, bfloat16, int64)."""
-    g = generator(seed)
-    cases = [
+SPLIT = Oracle(lab03.SPLIT, oracle_split_heads, split_mistakes)
+MERGE = Oracle(lab03.MERGE, oracle_merge_heads, merge_mistakes)
+
+
+def _split_cases(g: torch.Generator) -> list[tuple[Tensor, int]]:
+    sizes = [
         (randint(2, 6, g), randint(2, 5, g), torch.float32),
         (3, 1, torch.float32),
         (1, 5, torch.float64),
         (randint(2, 4, g), 3, torch.bfloat16),
         (2, randint(2, 4, g), torch.int64),
     ]
-    for n_heads, dh, dtype in cases:
+    cases = []
+    for n_heads, dh, dtype in sizes:
         B, T = randint(1, 3, g), randint(1, 6, g)
-        x = (torch.randn(B, T, n_heads * dh, generator=g) * 10).to(dtype)
-        what = f"split_heads(x, {n_heads}) for x of shape {(B, T, n_heads * dh)}, {dtype}"
-        got = split_call(fn, x, n_heads, what)
-        judge_split(
-            got, x, n_heads, oracle_split_heads(x, n_heads), split_mistakes(x, n_heads), what
-        )
+        cases.append(((torch.randn(B, T, n_heads * dh, generator=g) * 10).to(dtype), n_heads))
+    return cases
 
 
-def hidden_check_merge_heads(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Random sizes, inputs straight from a split (strided) and contiguous, other dtypes."""
-    g = generator(seed)
+hidden_check_split_heads = SPLIT.hidden(
+    "hidden_check_split_heads",
+    _split_cases,
+    """Random sizes (one head, one feature per head) and dtypes (float64, bfloat16, int64).""",
+)
+
+
+def _merge_cases(g: torch.Generator) -> list[tuple[Tensor, bool]]:
+    cases = []
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         B, H, T, Dh = randint(1, 3, g), randint(2, 5, g), randint(2, 6, g), randint(2, 5, g)
         y = torch.randn(B, T, H * Dh, generator=g).to(dtype)
-        for x, how in ((oracle_split_heads(y, H), "from a split"), (y.reshape(B, H, T, Dh), "")):
-            what = f"merge_heads(x) for x of shape {(B, H, T, Dh)}, {dtype}" + (
-                f" ({how})" if how else ""
-            )
-            got = merge_call(fn, x, what)
-            judge_merge(got, x, oracle_merge_heads(x), merge_mistakes(x), what)
-    x = torch.randn(2, 1, 3, 4, generator=g)
-    judge_merge(
-        merge_call(fn, x, "merge_heads(x) with one head"),
-        x,
-        oracle_merge_heads(x),
-        {},
-        "merge_heads(x) with one head",
-    )
+        cases += [(oracle_split_heads(y, H), True), (y.reshape(B, H, T, Dh), False)]
+    return [*cases, (torch.randn(2, 1, 3, 4, generator=g), False)]
+
+
+hidden_check_merge_heads = MERGE.hidden(
+    "hidden_check_merge_heads",
+    _merge_cases,
+    """Random sizes, heads as a split hands them over (not contiguous) and contiguous, other
+    dtypes, one head.""",
+)
 
 
 def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) -> None:
@@ -569,15 +573,10 @@ def _mha_entries(
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab03`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
-    x = numbered(2, 3, 8).double()
-    for n_heads in (2, 4, 1):
-        out[f"split_heads(x, {n_heads}) for x of shape (2, 3, 8)"] = fixture_entry(
-            oracle_split_heads(x, n_heads), split_mistakes(x, n_heads)
-        )
-    x = numbered(2, 2, 3, 4).double()
-    out["merge_heads(x) for x of shape (2, 2, 3, 4)"] = fixture_entry(
-        oracle_merge_heads(x), merge_mistakes(x)
-    )
+    out |= SPLIT.fixtures("check_split_heads", [(numbered(2, 3, 8), n) for n in (2, 4, 1)])
+    x = numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
+    heads = oracle_split_heads(numbered(2, 3, 8), 2)  # merged back into the numbered input
+    out |= MERGE.fixtures("check_merge_heads", [(x, False), (x, True), (heads, False)])
     # The attention example: seeds are tried in order until the key mask leaves every
     # example at least three of its six keys (it blocks every row's top key).
     seed = 3030

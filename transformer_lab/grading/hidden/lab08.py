@@ -11,7 +11,8 @@ Oracles, written independently of the kit:
 * :func:`oracle_generate`: the scripted model's greedy continuation with Python integers (the
   window of the last ``n_ctx`` tokens, read from position 0), and the wrong loops beside it;
 * :func:`oracle_gpt_param_count`: the GPT-2 layout as a list of named parameter shapes, summed;
-  the arithmetic of compute, cache memory and GPU-days, each with its typical mistakes.
+  the arithmetic of compute, cache memory and GPU-days, each with its typical mistakes; their
+  hidden checks are generated (one :class:`~transformer_lab.checks._generated.Oracle` each).
 
 The hidden checks run the student's code on seeded random sizes, against these oracles and
 against PyTorch's ``nn.MultiheadAttention``: chunk schedules with pieces longer than one token
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.checks import lab08
 from transformer_lab.checks import spec as lab_specs
 from transformer_lab.checks._common import (
     close,
@@ -44,19 +46,15 @@ from transformer_lab.checks._common import (
     generator,
     randint,
 )
+from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab08 import (
-    COUNT_EXAMPLES,
-    KV_EXAMPLES,
     SCHEDULES,
-    CountCall,
     ScriptedLM,
     attention_example,
     build_attention,
     cached_run,
     copy_torch_attention,
     expect_attention,
-    expect_counts,
-    expect_number,
     generate_examples,
     greedy_run,
     judge_calls,
@@ -64,9 +62,8 @@ from transformer_lab.checks.lab08 import (
     load_attention,
     run_attention,
     run_generate,
-    run_scale,
-    show_call,
     show_schedule,
+    split_case,
     torch_attention,
     torch_output,
 )
@@ -79,6 +76,10 @@ from transformer_lab.grading.hidden._attention import (
 )
 
 __all__ = [
+    "COUNT",
+    "DAYS",
+    "FLOPS",
+    "KV",
     "attention_mistakes",
     "count_mistakes",
     "fixtures",
@@ -824,13 +825,15 @@ def oracle_gpt_param_count(
 def count_mistakes(
     n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
 ) -> dict[str, int]:
-    """Hint -> the count a typical mistake gives (only those that differ, first kept)."""
+    """Hint -> the count each typical mistake gives, in the catalogue's order (the generated
+    checks keep those that differ from the right count; two of the same count are told apart
+    by a check's other cases)."""
     L, D, V = n_layers, d_model, vocab_size
     right = oracle_gpt_param_count(L, D, V, n_ctx, bias)
     b = 1 if bias else 0
     ln_bias = (2 * L + 1) * D  # the biases of every layer norm
     linear_bias = L * (3 * D + D + 4 * D + D)
-    candidates = {
+    return {
         "You count an output layer of its own (V x D): GPT-2 ties it to the token embedding "
         "(the same matrix), so it adds no parameters.": right + V * D,
         "Your position table has vocab_size rows: it has one row per position, n_ctx.": right
@@ -857,8 +860,6 @@ def count_mistakes(
         "Your QKV projection's bias has width D: qkv_proj maps D -> 3D, so its bias holds 3D "
         "numbers (with bias=True).": right - b * L * 2 * D,
     }
-    # Hints of the same count are all kept: a check tells them apart by its other calls.
-    return {hint: value for hint, value in candidates.items() if value != right}
 
 
 def oracle_training_flops(n_params: float, n_tokens: float) -> float:
@@ -894,7 +895,7 @@ def kv_mistakes(
 ) -> dict[str, int]:
     right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, batch_size, bytes_per_value)
     L, T, B, b = n_layers, n_ctx, batch_size, bytes_per_value
-    candidates = {
+    return {
         "You count the keys only: the cache holds a key AND a value per layer and position "
         "(the factor 2).": right // 2,
         "You count the queries too: only keys and values are cached (a query is used once, by "
@@ -908,8 +909,6 @@ def kv_mistakes(
         "width D.": 2 * L * T * T * B * b,
         "You assume 2 bytes per number whatever bytes_per_value says.": right // b * 2,
     }
-    # Hints of the same count are all kept: a check tells them apart by its other calls.
-    return {hint: value for hint, value in candidates.items() if value != right and value > 0}
 
 
 def oracle_gpu_days(flops: float, peak_flops: float, utilization: float) -> float:
@@ -921,7 +920,7 @@ def oracle_gpu_days(flops: float, peak_flops: float, utilization: float) -> floa
 def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> dict[str, float]:
     right = oracle_gpu_days(flops, peak_flops, utilization)
     u = utilization
-    candidates = {
+    return {
         "You ignore the utilization: at 40% of its peak a GPU needs 1/0.4 = 2.5 times longer.": (
             right * u
         ),
@@ -932,85 +931,89 @@ def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> di
         "Your answer is in minutes: a day has 1,440.": right * 1440,
         "Your answer is in years: multiply by 365.": right / 365,
     }
-    return {h: v for h, v in candidates.items() if not math.isclose(v, right, rel_tol=1e-9)}
 
 
 # ======================================================================================
-# Scale: hidden checks
+# Scale: hidden checks, generated (transformer_lab.checks._generated)
 # ======================================================================================
 
 
-def _count_call(fn: Callable[..., Any], args: tuple[int, ...], bias: bool) -> CountCall:
-    options = {} if bias else {"bias": False}
-    call = show_call("gpt_param_count", args, options)
-    got = run_scale(fn, args, options, call)
-    want = oracle_gpt_param_count(*args, bias=bias)
-    return (call, got, want, count_mistakes(*args, bias=bias), args[1])
+def _on_case(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` applied to a case: its positional arguments, then its trailing dict's keywords."""
+
+    def apply(*case: Any) -> Any:
+        positional, keywords = split_case(case)
+        return func(*positional, **keywords)
+
+    return apply
 
 
-def hidden_check_gpt_param_count(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random sizes with and without biases, GPT-2's four sizes and GPT-3 175B, exactly."""
+COUNT = Oracle(lab08.COUNT, _on_case(oracle_gpt_param_count), _on_case(count_mistakes))
+FLOPS = Oracle(lab08.FLOPS, oracle_training_flops, flops_mistakes)
+KV = Oracle(lab08.KV, _on_case(oracle_kv_cache_bytes), _on_case(kv_mistakes))
+DAYS = Oracle(lab08.DAYS, oracle_gpu_days, gpu_days_mistakes)
+
+
+def _count_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
     from transformer_lab.scale import GPT2_FAMILY, GPT3_FAMILY
 
-    g = generator(seed)
-    calls = []
+    cases: list[tuple[Any, ...]] = []
     for _ in range(4):
-        args = (
-            randint(1, 48, g),
-            8 * randint(1, 256, g),
-            randint(2, 60000, g),
-            randint(1, 4096, g),
-        )
-        calls.append(_count_call(fn, args, bias=bool(randint(0, 1, g))))
+        sizes = (randint(1, 48, g), 8 * randint(1, 256, g), randint(2, 60000, g))
+        sizes += (randint(1, 4096, g),)
+        cases.append((*sizes, {} if randint(0, 1, g) else {"bias": False}))
     for spec in (*GPT2_FAMILY, GPT3_FAMILY[-1]):
-        sizes = (spec.n_layers, spec.d_model, spec.vocab_size, spec.n_ctx)
-        calls.append(_count_call(fn, sizes, True))
-    calls.append(_count_call(fn, (96, 12288, 50257, 2048), bias=False))
-    expect_counts(calls)  # (the visible check's own diagnosis, over the hidden calls)
+        cases.append((spec.n_layers, spec.d_model, spec.vocab_size, spec.n_ctx, {}))
+    return [*cases, (96, 12288, 50257, 2048, {"bias": False})]
 
 
-def hidden_check_training_flops(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random sizes (ints and floats) and the GPT-3 family's 300B tokens."""
-    g = generator(seed)
+hidden_check_gpt_param_count = COUNT.hidden(
+    "hidden_check_gpt_param_count",
+    _count_cases,
+    """Random sizes with and without biases, GPT-2's four sizes and GPT-3 175B, exactly.""",
+)
+
+
+def _flops_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
     cases = [(float(randint(1, 999, g)) * 10.0 ** randint(5, 11, g), randint(10**6, 10**9, g))]
-    cases += [(randint(10**3, 10**7, g), float(randint(1, 99, g)) * 1e9), (1.3e9, 300e9)]
-    for n, d in cases:
-        what = show_call("training_flops", (n, d))
-        expect_number(
-            run_scale(fn, (n, d), {}, what),
-            oracle_training_flops(n, d),
-            flops_mistakes(n, d),
-            what,
-        )
+    return [*cases, (randint(10**3, 10**7, g), float(randint(1, 99, g)) * 1e9), (1.3e9, 300e9)]
 
 
-def hidden_check_kv_cache_bytes(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random sizes, batches and value widths (1, 2 and 4 bytes)."""
-    g = generator(seed)
-    calls: list[CountCall] = []
+hidden_check_training_flops = FLOPS.hidden(
+    "hidden_check_training_flops",
+    _flops_cases,
+    """Random sizes (ints and floats) and the GPT-3 family's 300B tokens.""",
+)
+
+
+def _kv_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    cases = []
     for width in (4, 2, 1):
-        args = (randint(2, 96, g), 64 * randint(1, 100, g), 128 * randint(1, 64, g))
-        kwargs = {"batch_size": randint(2, 64, g), "bytes_per_value": width}
-        call = show_call("kv_cache_bytes", args, kwargs)
-        got = run_scale(fn, args, kwargs, call)
-        want = oracle_kv_cache_bytes(*args, **kwargs)
-        calls.append((call, got, want, kv_mistakes(*args, **kwargs), None))
-    expect_counts(calls)  # (the visible check's own diagnosis, over the hidden calls)
+        sizes = (randint(2, 96, g), 64 * randint(1, 100, g), 128 * randint(1, 64, g))
+        cases.append((*sizes, {"batch_size": randint(2, 64, g), "bytes_per_value": width}))
+    return cases
 
 
-def hidden_check_gpu_days(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random work, peaks and utilizations."""
-    g = generator(seed)
+hidden_check_kv_cache_bytes = KV.hidden(
+    "hidden_check_kv_cache_bytes",
+    _kv_cases,
+    """Random sizes, batches and value widths (1, 2 and 4 bytes).""",
+)
+
+
+def _days_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    cases = []
     for peak in (125e12, 312e12, 989e12):
         flops = float(randint(1, 999, g)) * 10.0 ** randint(18, 24, g)
-        util = randint(20, 70, g) / 100
-        what = show_call("gpu_days", (flops, peak, util))
-        expect_number(
-            run_scale(fn, (flops, peak, util), {}, what),
-            oracle_gpu_days(flops, peak, util),
-            gpu_days_mistakes(flops, peak, util),
-            what,
-        )
+        cases.append((flops, peak, randint(20, 70, g) / 100))
+    return cases
+
+
+hidden_check_gpu_days = DAYS.hidden(
+    "hidden_check_gpu_days",
+    _days_cases,
+    """Random work, peaks and utilizations.""",
+)
 
 
 # ======================================================================================
@@ -1039,20 +1042,11 @@ def fixtures() -> dict[str, dict[str, Any]]:
             oracle_generate(spec["prompt"], spec["n_ctx"], spec["new"]),
             generate_mistakes(spec["prompt"], spec["n_ctx"], spec["new"]),
         )
-    for args, kwargs in COUNT_EXAMPLES:
-        out[show_call("gpt_param_count", args, kwargs)] = fixture_entry(
-            oracle_gpt_param_count(*args, **kwargs), count_mistakes(*args, **kwargs)
-        )
-    for n, d in ((175e9, 300e9), (124_439_808, 10e9)):
-        out[show_call("training_flops", (n, d))] = fixture_entry(
-            oracle_training_flops(n, d), flops_mistakes(n, d)
-        )
-    for args, kwargs in KV_EXAMPLES:
-        out[show_call("kv_cache_bytes", args, kwargs)] = fixture_entry(
-            oracle_kv_cache_bytes(*args, **kwargs), kv_mistakes(*args, **kwargs)
-        )
-    for args in ((3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)):
-        out[show_call("gpu_days", args)] = fixture_entry(
-            oracle_gpu_days(*args), gpu_days_mistakes(*args)
-        )
+    gpt2 = (12, 768, 50257, 1024)
+    out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False})])
+    out |= FLOPS.fixtures("check_training_flops", [(175e9, 300e9), (124_439_808, 10e9)])
+    kv = [(96, 12288, 2048), (12, 768, 1024, {"batch_size": 8, "bytes_per_value": 4})]
+    out |= KV.fixtures("check_kv_cache_bytes", kv)
+    days = [(3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)]
+    out |= DAYS.fixtures("check_gpu_days", days)
     return out
