@@ -449,8 +449,8 @@ def stored_pair(lab: str, key: str) -> tuple[tuple[Tensor, Tensor], dict[str, Pa
     """The stored ``(out, weights)`` of ``lab``'s worked example ``key`` and the typical
     mistakes' pairs, in the catalogue's order (the order :func:`judge_attention` tries them).
 
-    The fixture holds ``"<key> -> output"`` and ``"<key> -> weights"`` (written by
-    :func:`~transformer_lab.grading.hidden._attention.pair_entries`), and keeps the catalogue's
+    The fixture holds ``"<key> -> output"`` and ``"<key> -> weights"`` (written by the lab's
+    hidden module when the fixtures are built), and keeps the catalogue's
     order in a ``"NN|"`` prefix of each hint, since JSON sorts the keys.
     """
     out, out_mistakes = stored(lab, f"{key} -> output")

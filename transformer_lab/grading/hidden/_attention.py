@@ -34,13 +34,13 @@ __all__ = [
     "attend64",
     "attend_as",
     "attention_mistakes",
-    "distinct",
+    "distinct_mistakes",
+    "heads_merged_as",
+    "heads_split_as",
     "lowest_allowed_score",
     "mask_as_used",
     "masked_weights",
-    "merge_heads",
     "pair_entries",
-    "split_heads",
 ]
 
 #: What :func:`masked_weights` does with the keys the mask hides (besides a plain number, which
@@ -269,7 +269,7 @@ def _same(a: Tensor, b: Tensor, tol: float) -> bool:
     return bool(torch.equal(a, b))
 
 
-def distinct(
+def distinct_mistakes(
     want: Tensor,
     mistakes: Mapping[str, Tensor | None] | Iterable[tuple[str, Tensor | None]],
     tol: float = 1e-9,
@@ -300,14 +300,14 @@ def pair_entries(
     }
 
 
-#: How :func:`split_heads` cuts the width into heads: ``"right"`` (head h holds the features
+#: How :func:`heads_split_as` cuts the width into heads: ``"right"`` (head h holds the features
 #: ``h*Dh:(h+1)*Dh``), the others typical mistakes.
 SPLITS = ("right", "no_transpose", "interleaved")
-#: How :func:`merge_heads` puts them back: ``"right"`` (head 0's features first), or a mistake.
+#: How :func:`heads_merged_as` puts them back: ``"right"`` (head 0's features first), or a mistake.
 MERGES = ("right", "no_transpose", "interleaved", "wrong_axes")
 
 
-def split_heads(x: Tensor, n_heads: int, how: str = "right") -> Tensor:
+def heads_split_as(x: Tensor, n_heads: int, how: str = "right") -> Tensor:
     """``(B, T, D) -> (B, H, T, Dh)``, the heads of labs 03 and 08, cut as ``how`` says.
 
     ``"right"`` is written with explicit slices, unlike the reshape-and-transpose a solution
@@ -325,7 +325,7 @@ def split_heads(x: Tensor, n_heads: int, how: str = "right") -> Tensor:
     return torch.stack([x[:, :, h * dh : (h + 1) * dh] for h in range(n_heads)], dim=1)
 
 
-def merge_heads(x: Tensor, how: str = "right") -> Tensor:
+def heads_merged_as(x: Tensor, how: str = "right") -> Tensor:
     """``(B, H, T, Dh) -> (B, T, H*Dh)``, the heads side by side, merged as ``how`` says.
 
     ``"right"`` concatenates head 0's features first (explicit slices); ``"no_transpose"`` is

@@ -53,10 +53,10 @@ from transformer_lab.checks.lab03 import (
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import (
     attend64,
-    distinct,
+    distinct_mistakes,
+    heads_merged_as,
+    heads_split_as,
     mask_as_used,
-    merge_heads,
-    split_heads,
 )
 
 __all__ = [
@@ -86,13 +86,13 @@ Params = dict[str, Tensor | None]
 
 def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
     """``(B, T, D) -> (B, H, T, Dh)``: head ``h`` is the feature slice ``h*Dh:(h+1)*Dh``."""
-    return split_heads(x, n_heads)
+    return heads_split_as(x, n_heads)
 
 
 def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
     """``(B, H, T, Dh) -> (B, T, H*Dh)``: the heads' features side by side, head 0 first (the
     same for any memory order, ``strided``)."""
-    return merge_heads(x)
+    return heads_merged_as(x)
 
 
 def params_of(module: nn.Module) -> Params:
@@ -170,7 +170,7 @@ def oracle_multi_head_attention(
     B, T, D = query.shape
     S = key.shape[1]
     q, k, v = (
-        split_heads(_linear(x, p, name), n_heads, split)  # (B, H, N, Dh)
+        heads_split_as(_linear(x, p, name), n_heads, split)  # (B, H, N, Dh)
         for x, name in ((query, "q_proj"), (key, "k_proj"), (value, "v_proj"))
     )
     use, fill = _MASK_MODES[mask_mode]
@@ -182,7 +182,7 @@ def oracle_multi_head_attention(
     heads, weights = attend64(
         q, k, v, allowed, scale=factor, fill=fill
     )  # (B, H, T, Dh), (B, H, T, S)
-    merged = merge_heads(heads, merge)  # (B, T, D)
+    merged = heads_merged_as(heads, merge)  # (B, T, D)
     out = _linear(merged, p, "out_proj") if out_proj else merged
     return out, weights
 
@@ -235,16 +235,18 @@ def blocking_mask(
 def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
     how = ("no_transpose", "interleaved")
-    return distinct(
+    return distinct_mistakes(
         oracle_split_heads(x, n_heads),
-        [(HINTS[f"split_{h}"], split_heads(x, n_heads, h)) for h in how],
+        [(HINTS[f"split_{h}"], heads_split_as(x, n_heads, h)) for h in how],
     )
 
 
 def merge_mistakes(x: Tensor, strided: bool = False) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
     how = ("no_transpose", "interleaved", "wrong_axes")
-    return distinct(oracle_merge_heads(x), [(HINTS[f"merge_{h}"], merge_heads(x, h)) for h in how])
+    return distinct_mistakes(
+        oracle_merge_heads(x), [(HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
+    )
 
 
 _VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (

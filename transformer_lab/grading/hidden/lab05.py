@@ -47,7 +47,7 @@ from transformer_lab.checks.lab05 import (
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import (
     attend64,
-    distinct,
+    distinct_mistakes,
     lowest_allowed_score,
     pair_entries,
 )
@@ -119,7 +119,7 @@ def causal_mistakes(T: int) -> dict[str, Tensor]:
     t = torch.arange(T)[:, None]  # (T, 1): queries in rows
     s = torch.arange(T)[None, :]  # (1, T): keys in columns
     good = oracle_causal_mask(T)
-    return distinct(
+    return distinct_mistakes(
         good,
         {
             SPEC.mistake("causal causal_upper").hint: s >= t,
@@ -163,7 +163,7 @@ def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
             "Your mask has max(lengths) columns, not max_len: the batch is padded to max_len, "
             "so build the positions with torch.arange(max_len)."
         ] = p[:, :longest] < n
-    return distinct(good, mistakes)
+    return distinct_mistakes(good, mistakes)
 
 
 _PADDED_QUERIES = (
@@ -182,7 +182,7 @@ def combine_mistakes(padding: Tensor, causal: Tensor) -> dict[str, Tensor]:
     c = causal[None, None]  # (1, 1, T, T)
     good = oracle_combine_masks(padding, causal)
     own_causal = torch.ones(T, T, dtype=torch.bool).tril()
-    return distinct(
+    return distinct_mistakes(
         good,
         {
             "You combined the masks with | (or): a key may be attended only when BOTH masks "

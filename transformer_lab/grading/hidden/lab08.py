@@ -70,9 +70,9 @@ from transformer_lab.checks.lab08 import (
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import (
     attend64,
-    distinct,
-    merge_heads,
-    split_heads,
+    distinct_mistakes,
+    heads_merged_as,
+    heads_split_as,
 )
 
 __all__ = [
@@ -135,7 +135,7 @@ def oracle_projections(
     """Queries, keys and values ``(B, H, T, Dh)`` in float64.
 
     ``order`` says which third of ``qkv_proj``'s output is which; ``split`` how heads are cut
-    (:func:`~transformer_lab.grading.hidden._attention.split_heads`).
+    (:func:`~transformer_lab.grading.hidden._attention.heads_split_as`).
     """
     w = _weights64(weights)
     x = x.detach().to("cpu", torch.float64)
@@ -144,7 +144,7 @@ def oracle_projections(
     for i, name in enumerate(order):
         rows = slice(i * D, (i + 1) * D)
         thirds[name] = x @ w["qkv_weight"][rows].T + w["qkv_bias"][rows]  # (B, T, D)
-    return tuple(split_heads(thirds[n], n_heads, split) for n in "qkv")  # type: ignore[return-value]
+    return tuple(heads_split_as(thirds[n], n_heads, split) for n in "qkv")  # type: ignore[return-value]
 
 
 def _allowed(variant: str, start: int, end: int) -> Tensor:
@@ -203,7 +203,7 @@ def oracle_attention(
             fill=fill,
             axis=axis,
         )  # (B, H, t, Dh)
-        out = merge_heads(heads, merge)  # (B, t, D)
+        out = heads_merged_as(heads, merge)  # (B, t, D)
         if variant != "no_out_proj":
             out = out @ w["out_weight"].T + w["out_bias"]
         outs.append(out)
@@ -258,7 +258,7 @@ def attention_mistakes(
     want = oracle_attention(weights, x, n_heads, schedule)
     named = dict(CACHE_MISTAKES) if schedule is not None else {}
     named |= ATTENTION_MISTAKES
-    return distinct(
+    return distinct_mistakes(
         want,
         [
             (hint, oracle_attention(weights, x, n_heads, schedule, variant=v))
