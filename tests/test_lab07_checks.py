@@ -26,7 +26,7 @@ import torch
 
 import transformer_lab.generation as kit_generation
 import transformer_lab.tokenizers as kit_tokenizers
-from transformer_lab.checks import lab07
+from transformer_lab.checks import _generated, lab07
 from transformer_lab.grading.hidden import lab07 as hidden07
 
 EOW = "</w>"
@@ -1053,21 +1053,43 @@ def test_oracles_agree_with_the_kit() -> None:
     )
     step_fn = lab07.RandomStepFn(7, 3, bos_id=0, eos_id=1, max_len=6)
     for width in (1, 2, 4):
-        assert hidden07.oracle_beam_search(
-            step_fn.row, 0, 1, width, 6
-        ) == kit_generation.beam_search(step_fn.row, 0, 1, width, 6)
+        want = kit_generation.beam_search(step_fn.row, 0, 1, width, 6)
+        assert hidden07.oracle_beam_search(step_fn, width) == want
 
 
 def test_worked_examples_are_the_documented_ones() -> None:
     # What the notebook tells students about its examples.
     assert hidden07.oracle_bpe_train("aaa", 3) == [("a", "a"), ("a", EOW), ("aa", "a" + EOW)]
     assert hidden07.oracle_bpe_train("ab ac", 2) == [("a", "b"), ("a", "c")]
-    spec = hidden07.LECTURE_TABLE
-    step_fn = hidden07._table(spec)
-    beams = {w: hidden07.oracle_beam_search(step_fn.row, 0, 1, w, 5) for w in (1, 2, 3)}
+    step_fn = lab07.TableStepFn.of(hidden07.LECTURE_TABLE)
+    beams = {w: hidden07.oracle_beam_search(step_fn, w) for w in (1, 2, 3)}
     assert beams == {1: [0, 2, 4, 1], 2: [0, 3, 4, 6, 1], 3: [0, 3, 4, 6, 1]}
     assert math.isclose(math.exp(step_fn.log_prob(beams[1])), 0.0525, rel_tol=1e-5)
     assert math.isclose(math.exp(step_fn.log_prob(beams[2])), 0.2601, rel_tol=1e-5)
+
+
+def test_generated_checks_keep_their_names_and_read_their_cases_back() -> None:
+    # The checks generated from a part (checks/_generated.py) are called by name from the test
+    # cells and wrapped by name by the guard; their stored cases come back as the call's args.
+    for check in (lab07.check_bpe_train, lab07.check_top_p_filter, lab07.check_beam_search_eos):
+        assert check.__name__.startswith("check_") and check.__doc__
+    assert hidden07.hidden_check_bpe_train.__name__ == "hidden_check_bpe_train"
+    logits, p = lab07.TOP_P.examples("check_top_p_filter")[0].args
+    assert logits.dtype == torch.float32 and logits.shape == (4,) and p == 0.65
+    step_fn, width = lab07.BEAM.examples("check_beam_search")[1].args
+    assert isinstance(step_fn, lab07.TableStepFn) and width == 2
+
+
+def test_stored_examples_keep_only_the_mistakes_that_differ() -> None:
+    # A mistake that gives the expected output on an example is left out (it matches there).
+    stored = hidden07.BPE_TRAIN.fixtures("x", [("ab ac", 2)])
+    want = stored["x 0"]["expected"]
+    assert stored["x: cases"]["expected"] == [["ab ac", 2]] and want == [["a", "b"], ["a", "c"]]
+    assert stored["x 0"]["mistakes"] and want not in stored["x 0"]["mistakes"].values()
+    mistakes = hidden07.bpe_train_mistakes("ab ac", 2)
+    assert set(stored["x 0"]["mistakes"]) < set(mistakes)  # counting once agrees here, ...
+    with pytest.raises(ValueError, match="oracle"):
+        lab07.BPE_TRAIN.judge(student_bpe_train, [_generated.Given(("ab", 1))])
 
 
 def test_fixtures_are_up_to_date() -> None:

@@ -13,13 +13,16 @@ floats, independent of :mod:`transformer_lab.tokenizers` and :mod:`transformer_l
 Each oracle has a ``*_variant`` twin whose flags reproduce the typical mistakes (merging across
 words, ties to the wrong pair, overlapping pairs counted once, merges applied in the wrong order,
 temperature as a product, top-k keeping k + 1 or dropping ties, top-p dropping the crossing
-token or not sorting, scores not accumulated, finished hypotheses kept in the beam, ...). Each
-check runs the student's code on all its inputs and names the one mistake whose outputs match
-the student's on every input (:func:`~transformer_lab.checks._common.judge_cases`); a few fixed
-inputs (two beam-search distributions, a BPE example) are there so that no two mistakes of the
-catalogue agree on every input of their check.
+token or not sorting, scores not accumulated, finished hypotheses kept in the beam, ...). Every
+part is ordinary (:mod:`transformer_lab.checks._generated`): its oracle and mistakes make an
+:class:`~transformer_lab.checks._generated.Oracle` of the visible module's part, whose hidden
+checks run the student's code on the cases drawn here and name the one mistake whose outputs
+match the student's on every case; a few fixed inputs (two beam-search distributions, a BPE
+example) are there so that no two mistakes of the catalogue agree on every input of their
+check. What is bespoke is small: a ``ValueError`` for a bad argument, a tokenizer fitted twice.
 
-:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab07.json``).
+:func:`fixtures` stores the visible checks' worked examples (``checks/fixtures/lab07.json``):
+their cases are listed there, as data, check by check.
 
 Reference: Sennrich, Haddow and Birch, "Neural Machine Translation of Rare Words with Subword
 Units", ACL 2016; Holtzman et al., "The Curious Case of Neural Text Degeneration", ICLR 2020;
@@ -28,7 +31,6 @@ Prince, *Understanding Deep Learning*, sections 12.5 and 12.7.3.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,35 +38,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transformer_lab.checks import lab07
 from transformer_lab.checks._common import call_forbidding, expect_true, generator, randint
+from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab07 import (
     DECODING_BAN,
     END_OF_WORD,
     SPECIALS,
-    TEMPERATURE_HINT,
     TOKENIZER_BAN,
-    TOP_K_HINT,
-    TOP_P_HINT,
-    Probe,
     RandomStepFn,
     TableStepFn,
-    beam_probe,
     decode_with,
     encode_with,
     fitted_tokenizer,
-    judge_beam,
-    judge_decodes,
-    judge_encodes,
-    judge_logits,
-    judge_merges,
-    judge_pieces,
+    fitted_tokenizers,
     judge_vocab_size,
-    logits_probe,
-    run_bpe_encode,
-    run_bpe_train,
     vocab_size_of,
 )
-from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "fixtures",
@@ -99,16 +89,6 @@ RHYME = (
 )
 # Sennrich et al.'s example corpus: low x5, lower x2, newest x6, widest x3.
 WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
-
-
-def _differing(mistakes: Mapping[str, Any], want: Any, same: Callable[[Any, Any], bool]) -> dict:
-    """The mistakes whose output differs from ``want`` (what a stored example keeps: a mistake
-    left out gives the expected output there)."""
-    return {hint: out for hint, out in mistakes.items() if not same(out, want)}
-
-
-def _equal(a: Any, b: Any) -> bool:
-    return a == b
 
 
 # ======================================================================================
@@ -184,42 +164,8 @@ def char_decode_mistakes(fit_text: str, ids: Sequence[int]) -> dict[str, str]:
     return out
 
 
-def _encode_probe(tok: Any, fit_text: str, text: str, extra: str = "") -> Probe:
-    return Probe((tok, text), (fit_text, text), f"tokenizer.encode({text[:40]!r}){extra}")
-
-
-def _char_encode_expected(probe: Probe) -> list[int]:
-    return oracle_char_encode(*probe.key)
-
-
-def _char_encode_mistakes(probe: Probe) -> dict[str, list[int]]:
-    return char_encode_mistakes(*probe.key)
-
-
-def _decode_probe(tok: Any, fit_text: str, ids: list[int]) -> Probe:
-    return Probe((tok, ids), (fit_text, ids), f"tokenizer.decode({ids})")
-
-
-def _char_decode_expected(probe: Probe) -> str:
-    return oracle_char_decode(*probe.key)
-
-
-def _char_decode_mistakes(probe: Probe) -> dict[str, str]:
-    return char_decode_mistakes(*probe.key)
-
-
-def _fitted_char_tokenizer(cls: Callable[..., Any], fit_text: str) -> Any:
-    tok = fitted_tokenizer(cls, fit_text)
-    chars = sorted(set(fit_text))
-    judge_vocab_size(
-        vocab_size_of(tok),
-        len(SPECIALS) + len(chars),
-        len(chars),
-        f"CharTokenizer().fit({fit_text[:30]!r})",
-    )
-    return tok
-
-
+CHAR_ENCODE = Oracle(lab07.CHAR_ENCODE, oracle_char_encode, char_encode_mistakes)
+CHAR_DECODE = Oracle(lab07.CHAR_DECODE, oracle_char_decode, char_decode_mistakes)
 _ALPHABET = (
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'-\néèüßçñΩλ中文😀\t"
 )
@@ -232,25 +178,24 @@ def _random_text(g: torch.Generator, letters: str, length: int) -> str:
 
 def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
     """Random texts over random alphabets (accents, CJK, emoji, tabs, newlines): ``vocab_size``,
-    ``encode`` of the text and of texts with unseen characters, ``decode`` of random ids."""
+    ``encode`` of the text and of texts with unseen characters, ``decode`` of random ids, and
+    ``decode(encode(text))`` gives the text back."""
     g = generator(seed)
-    fits: list[tuple[Any, str]] = []
-    encodes: list[Probe] = []
-    decodes: list[Probe] = []
+    encodes, decodes = [], []
     for _ in range(3):
         order = torch.randperm(len(_ALPHABET), generator=g).tolist()
         letters = "".join(_ALPHABET[i] for i in order[: randint(5, 30, g)])
         fit_text = _random_text(g, letters, randint(20, 200, g))
         unseen = _random_text(g, _ALPHABET, randint(5, 40, g))
-        tok = _fitted_char_tokenizer(cls, fit_text)
-        encodes += [_encode_probe(tok, fit_text, t) for t in (fit_text, unseen)]
-        vocab = oracle_char_vocab(fit_text)
-        ids = torch.randint(0, len(vocab), (randint(3, 30, g),), generator=g).tolist()
-        decodes.append(_decode_probe(tok, fit_text, ids))
-        fits.append((tok, fit_text))
-    judge_encodes(encodes, _char_encode_expected, _char_encode_mistakes)
-    judge_decodes(decodes, _char_decode_expected, _char_decode_mistakes)
-    for tok, fit_text in fits:
+        encodes += [(fit_text, fit_text), (fit_text, unseen)]
+        size = len(oracle_char_vocab(fit_text))
+        decodes.append(
+            (fit_text, torch.randint(0, size, (randint(3, 30, g),), generator=g).tolist())
+        )
+    toks = fitted_tokenizers(cls, [fit_text for fit_text, _ in encodes])
+    CHAR_ENCODE.judge(toks, encodes)
+    CHAR_DECODE.judge(toks, decodes)
+    for fit_text, tok in toks.items():
         round_trip = decode_with(tok, encode_with(tok, fit_text))
         expect_true(
             round_trip == fit_text,
@@ -275,19 +220,10 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
             f"{want}: fit builds the vocabulary from the text it is given, replacing the old one."
         )
     judge_vocab_size(size, want, len(set(second)), f"...fit({second!r})")
-    again = f" after fitting again on {second!r}"
-    repeated = _fitted_char_tokenizer(cls, "aaaa")
-    encodes = [_encode_probe(tok, second, second + "a", again)]
-    encodes += [_encode_probe(repeated, "aaaa", t) for t in ("aaaa", "", "ab")]
-    judge_encodes(encodes, _char_encode_expected, _char_encode_mistakes)
-    tok = fitted_tokenizer(cls, "zy x")
-    expect_true(
-        encode_with(tok, "") == [],
-        "tokenizer.encode('') should be [] (an empty text has no tokens).",
-    )
-    expect_true(decode_with(tok, []) == "", "tokenizer.decode([]) should be ''.")
-    ids = [0, 1, 4, 5, 6, 7, 3, 2]
-    judge_decodes([_decode_probe(tok, "zy x", ids)], _char_decode_expected, _char_decode_mistakes)
+    toks = {second: tok, **fitted_tokenizers(cls, ["aaaa", "zy x"])}
+    encodes = [(second, second + "a"), ("aaaa", "aaaa"), ("aaaa", ""), ("aaaa", "ab")]
+    CHAR_ENCODE.judge(toks, [*encodes, ("zy x", "")])
+    CHAR_DECODE.judge(toks, [("zy x", []), ("zy x", [0, 1, 4, 5, 6, 7, 3, 2])])
 
 
 # ======================================================================================
@@ -607,30 +543,8 @@ def bpe_encode_mistakes(text: str, merges: Sequence[tuple[str, str]]) -> dict[st
     return {hint: bpe_encode_variant(text, merges, **flags) for hint, flags in variants}
 
 
-def _merges_probe(fn: Callable[..., Any], text: str, num_merges: int) -> Probe:
-    what = f"bpe_train({text[:37] + '...' if len(text) > 40 else text!r}, {num_merges})"
-    return Probe((fn, text, num_merges), (text, num_merges), what)
-
-
-def _expect_merges(probes: Sequence[Probe]) -> None:
-    judge_merges(
-        probes,
-        lambda probe: oracle_bpe_train(*probe.key),
-        lambda probe: bpe_train_mistakes(*probe.key),
-    )
-
-
-def _pieces_probe(fn: Callable[..., Any], text: str, merges: list[tuple[str, str]]) -> Probe:
-    what = f"bpe_encode({text[:37] + '...' if len(text) > 40 else text!r}, merges)"
-    return Probe((fn, text, merges), (text, merges), what)
-
-
-def _expect_pieces(probes: Sequence[Probe]) -> None:
-    judge_pieces(
-        probes,
-        lambda probe: oracle_bpe_encode(*probe.key),
-        lambda probe: bpe_encode_mistakes(*probe.key),
-    )
+BPE_TRAIN = Oracle(lab07.BPE_TRAIN, oracle_bpe_train, bpe_train_mistakes)
+BPE_ENCODE = Oracle(lab07.BPE_ENCODE, oracle_bpe_encode, bpe_encode_mistakes)
 
 
 def _random_words(g: torch.Generator, letters: str, n_words: int, longest: int = 7) -> str:
@@ -644,75 +558,69 @@ def _random_words(g: torch.Generator, letters: str, n_words: int, longest: int =
     return "".join(out)
 
 
-def hidden_check_bpe_train(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random texts (small alphabets, so many ties and repeated letters; tabs and newlines
-    between words) against the oracle, 5 to 40 merges."""
-    g = generator(seed)
-    probes = []
+def _random_texts(g: torch.Generator) -> list[tuple[str, int]]:
+    cases = []
     for letters in ("abc", "abcde", "lowerstn"):
         text = _random_words(g, letters, randint(15, 60, g))
-        probes.append(_merges_probe(fn, text, randint(5, 40, g)))
-    _expect_merges(probes)
+        cases.append((text, randint(5, 40, g)))
+    return cases
 
 
-def hidden_check_bpe_train_edges(fn: Callable[..., Any], seed: int = 0) -> None:
-    """No merges asked, an empty text, more merges than there are pairs, one-letter words,
-    word frequencies, ties between merged pieces, the lecture's rhyme at 25 merges."""
-    expect_true(run_bpe_train(fn, "low lower", 0) == [], "bpe_train(text, 0) should be [].")
-    expect_true(run_bpe_train(fn, "", 5) == [], "bpe_train('', 5) should be [] (no words).")
-    expect_true(
-        run_bpe_train(fn, "   \n ", 3) == [],
-        "bpe_train of a text of whitespace only should be [] (no words).",
-    )
-    probes = [
-        _merges_probe(fn, text, n)
-        for text, n in (
-            ("ab ab ba", 20),
-            ("a b c a", 4),
-            ("aaaa aaa aa", 6),
-            ("zy zy zy ab abc abc", 5),
-            ("abc az az abc bc", 4),
-            (RHYME, 25),
-        )
-    ]
-    g = generator(seed)
-    probes.append(_merges_probe(fn, _random_words(g, "ab", 40, longest=9), 30))
-    _expect_merges(probes)
+hidden_check_bpe_train = BPE_TRAIN.hidden(
+    "hidden_check_bpe_train",
+    _random_texts,
+    """Random texts (small alphabets, so many ties and repeated letters; tabs and newlines
+    between words) against the oracle, 5 to 40 merges.""",
+)
 
 
-def hidden_check_bpe_encode(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Merges learned (by the oracle) on random texts, applied to the texts themselves and to
-    new words of the same letters."""
-    g = generator(seed)
-    probes = []
+def _train_edges(g: torch.Generator) -> list[tuple[str, int]]:
+    fixed = [("low lower", 0), ("", 5), ("   \n ", 3), ("ab ab ba", 20), ("a b c a", 4)]
+    fixed += [("aaaa aaa aa", 6), ("zy zy zy ab abc abc", 5), ("abc az az abc bc", 4)]
+    return [*fixed, (RHYME, 25), (_random_words(g, "ab", 40, longest=9), 30)]
+
+
+hidden_check_bpe_train_edges = BPE_TRAIN.hidden(
+    "hidden_check_bpe_train_edges",
+    _train_edges,
+    """No merges asked, an empty text (or whitespace only), more merges than there are pairs,
+    one-letter words, word frequencies, ties between merged pieces, the lecture's rhyme at 25
+    merges.""",
+)
+
+
+def _learned(g: torch.Generator) -> list[tuple[str, list[tuple[str, str]]]]:
+    cases = []
     for letters in ("abc", "abcde", "lowerstn"):
         text = _random_words(g, letters, randint(20, 60, g))
         merges = oracle_bpe_train(text, randint(5, 40, g))
-        probes.append(_pieces_probe(fn, text, merges))
-        probes.append(_pieces_probe(fn, _random_words(g, letters + "xy", 12), merges))
-    _expect_pieces(probes)
+        cases += [(text, merges), (_random_words(g, letters + "xy", 12), merges)]
+    return cases
 
 
-def hidden_check_bpe_encode_edges(fn: Callable[..., Any], seed: int = 0) -> None:
-    """No merges (characters and ``</w>``), an empty text, repeated letters, characters never
-    seen in training, the rhyme's merges on new words."""
-    expect_true(
-        run_bpe_encode(fn, "", oracle_bpe_train(RHYME, 5)) == [],
-        "bpe_encode('', merges) should be [] (no words).",
-    )
+hidden_check_bpe_encode = BPE_ENCODE.hidden(
+    "hidden_check_bpe_encode",
+    _learned,
+    """Merges learned (by the oracle) on random texts, applied to the texts themselves and to
+    new words of the same letters.""",
+)
+
+
+def _encode_edges(g: torch.Generator) -> list[tuple[str, list[tuple[str, str]]]]:
     rhyme = oracle_bpe_train(RHYME, 30)
-    probes = [
-        _pieces_probe(fn, "to sea", []),
-        _pieces_probe(fn, "aaaa aaaaa a", oracle_bpe_train("aaaa aaa aa", 6)),
-        _pieces_probe(fn, "the sailors saw seven seas, what a sight!", rhyme),
-        _pieces_probe(fn, "Zoë   sees\tthe sea", rhyme),
-    ]
-    g = generator(seed)
+    cases = [("", oracle_bpe_train(RHYME, 5)), ("to sea", [])]
+    cases += [("aaaa aaaaa a", oracle_bpe_train("aaaa aaa aa", 6))]
+    cases += [("the sailors saw seven seas, what a sight!", rhyme), ("Zoë   sees\tthe sea", rhyme)]
     text = _random_words(g, "ab", 40, longest=9)
-    probes.append(
-        _pieces_probe(fn, _random_words(g, "ab", 15, longest=12), oracle_bpe_train(text, 30))
-    )
-    _expect_pieces(probes)
+    return [*cases, (_random_words(g, "ab", 15, longest=12), oracle_bpe_train(text, 30))]
+
+
+hidden_check_bpe_encode_edges = BPE_ENCODE.hidden(
+    "hidden_check_bpe_encode_edges",
+    _encode_edges,
+    """No merges (characters and ``</w>``), an empty text, repeated letters, characters never
+    seen in training, the rhyme's merges on new words.""",
+)
 
 
 # ======================================================================================
@@ -798,12 +706,7 @@ def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
     variants = [
         ("You keep k + 1 tokens; keep the k largest (and any tied with the k-th).", "plus1"),
         ("You keep k - 1 tokens; keep the k largest (and any tied with the k-th).", "minus1"),
-        (
-            "You keep exactly k tokens and drop some tied with the k-th largest; keep EVERY "
-            "token whose logit equals the k-th largest (compare with the value, e.g. "
-            "logits < kth -> -inf).",
-            "exact",
-        ),
+        (lab07.TIES_DROPPED, "exact"),
         ("You keep the k SMALLEST logits; keep the k largest.", "smallest"),
         (
             "You took the k largest of the whole batch; filter each row (the last dimension) "
@@ -892,44 +795,41 @@ def top_p_mistakes(logits: Tensor, p: float) -> dict[str, Tensor]:
     return {hint: top_p_variant(logits, p, **flags) for hint, flags in variants}
 
 
-def _same(a: Tensor, b: Tensor) -> bool:
-    if a.shape != b.shape or not torch.equal(torch.isneginf(a), torch.isneginf(b)):
-        return False
-    keep = ~torch.isneginf(b)
-    return bool(torch.allclose(a[keep].double(), b[keep].double(), atol=1e-6, rtol=1e-6))
-
-
-def _logits_probe(
-    fn: Callable[..., Any], name: str, logits: Tensor, arg: float, hint: str
-) -> Probe:
-    return logits_probe(fn, name, logits, arg, (name, logits, arg), hint)
-
-
-def _logits_oracles(name: str) -> tuple[Callable[..., Tensor], Callable[..., dict[str, Tensor]]]:
-    return {
-        "apply_temperature": (oracle_apply_temperature, temperature_mistakes),
-        "top_k_filter": (oracle_top_k_filter, top_k_mistakes),
-        "top_p_filter": (oracle_top_p_filter, top_p_mistakes),
-    }[name]
-
-
-def _expect_logits(probes: Sequence[Probe]) -> None:
-    judge_logits(
-        probes,
-        lambda probe: _logits_oracles(probe.key[0])[0](*probe.key[1:]),
-        lambda probe: _logits_oracles(probe.key[0])[1](*probe.key[1:]),
-    )
+TEMPERATURE = Oracle(lab07.TEMPERATURE, oracle_apply_temperature, temperature_mistakes)
+TOP_K = Oracle(lab07.TOP_K, oracle_top_k_filter, top_k_mistakes)
+TOP_P = Oracle(lab07.TOP_P, oracle_top_p_filter, top_p_mistakes)
 
 
 def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     return (2.0 * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
+def _expect_value_error(fn: Callable[..., Any], logits: Tensor, bad: float, name: str) -> None:
+    """``name(logits, bad)`` must raise ValueError (a bad temperature, k or p)."""
+    arg, why = {
+        "apply_temperature": ("t", "a temperature must be > 0 (for t -> 0 use greedy decoding)"),
+        "top_k_filter": ("k", "keeping no token leaves nothing to sample"),
+        "top_p_filter": ("p", "p is a probability mass in (0, 1]"),
+    }[name]
+    try:
+        result = call_forbidding(
+            fn, (logits, bad), {}, ban=DECODING_BAN, what=f"{name}(logits, {arg}={bad})"
+        )
+    except AssertionError as exc:
+        if "ValueError" in str(exc):
+            return
+        raise
+    raise AssertionError(
+        f"{name}(logits, {arg}={bad}) returned {type(result).__name__}; it should raise "
+        f"ValueError naming {arg}: {why}."
+    )
+
+
 def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> None:
     """Random batches (float32 and float64, any leading dims) at temperatures below and above 1;
     ``-inf`` entries stay ``-inf``; ``t = 1`` changes nothing; ``t <= 0`` raises ValueError."""
     g = generator(seed)
-    probes = []
+    cases = []
     for shape, dtype, t in (
         ((7,), torch.float32, 0.3),
         ((3, 11), torch.float64, 1.7),
@@ -937,29 +837,15 @@ def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> Non
     ):
         logits = _random_logits(g, shape, dtype)
         logits[..., 1] = -math.inf
-        probes.append(_logits_probe(fn, "apply_temperature", logits, t, TEMPERATURE_HINT))
+        cases.append((logits, t))
     logits = _random_logits(g, (2, 5), torch.float32)
-    probes.append(_logits_probe(fn, "apply_temperature", logits, 1.0, "t = 1 changes nothing."))
-    _expect_logits(probes)
+    TEMPERATURE.judge(fn, [*cases, (logits, 1.0)])
     for bad in (0.0, -1.0):
-        try:
-            result = call_forbidding(
-                fn, (logits, bad), {}, ban=DECODING_BAN, what=f"apply_temperature(logits, {bad})"
-            )
-        except AssertionError as exc:
-            if "ValueError" in str(exc):
-                continue
-            raise
-        raise AssertionError(
-            f"apply_temperature(logits, t={bad}) returned {type(result).__name__}: a temperature "
-            "must be > 0; raise ValueError naming t (for t -> 0 use greedy decoding, the argmax)."
-        )
+        _expect_value_error(fn, logits, bad, "apply_temperature")
 
 
-def hidden_check_top_k_filter(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random batches (float32, float64, three dims) with several ``k``; rows with ties."""
-    g = generator(seed)
-    probes = []
+def _tied_rows(g: torch.Generator) -> list[tuple[Tensor, int]]:
+    cases = []
     for shape, dtype in (
         ((9,), torch.float32),
         ((4, 13), torch.float64),
@@ -968,33 +854,25 @@ def hidden_check_top_k_filter(fn: Callable[..., Any], seed: int = 0) -> None:
         logits = _random_logits(g, shape, dtype)
         # Round half the rows to whole numbers, so that ties happen at the k-th value.
         logits[..., ::2] = logits[..., ::2].round()
-        k = randint(1, shape[-1] - 1, g)
-        probes.append(_logits_probe(fn, "top_k_filter", logits, k, TOP_K_HINT))
-    _expect_logits(probes)
+        cases.append((logits, randint(1, shape[-1] - 1, g)))
+    return cases
+
+
+hidden_check_top_k_filter = TOP_K.hidden(
+    "hidden_check_top_k_filter",
+    _tied_rows,
+    """Random batches (float32, float64, three dims) with several ``k``; rows with ties.""",
+)
 
 
 def hidden_check_top_k_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
     """``k`` equal to and larger than the vocabulary keeps everything; ``k = 1``; ``-inf``
     already present; a row of equal logits; ``k < 1`` raises ValueError."""
-    g = generator(seed)
-    logits = _random_logits(g, (3, 6), torch.float32)
+    logits = _random_logits(generator(seed), (3, 6), torch.float32)
     logits[0, 2] = -math.inf
     logits[1] = 0.5
-    probes = []
-    for k in (6, 9, 1, 3):
-        every = " k >= the vocabulary size keeps every token." if k >= logits.shape[-1] else ""
-        probes.append(_logits_probe(fn, "top_k_filter", logits, k, TOP_K_HINT + every))
-    _expect_logits(probes)
-    try:
-        call_forbidding(fn, (logits, 0), {}, ban=DECODING_BAN, what="top_k_filter(logits, 0)")
-    except AssertionError as exc:
-        if "ValueError" in str(exc):
-            return
-        raise
-    raise AssertionError(
-        "top_k_filter(logits, k=0) should raise ValueError naming k: keeping no token leaves "
-        "nothing to sample."
-    )
+    TOP_K.judge(fn, [(logits, k) for k in (6, 9, 1, 3)])
+    _expect_value_error(fn, logits, 0, "top_k_filter")
 
 
 def _safe_p(g: torch.Generator, logits: Tensor) -> float:
@@ -1014,20 +892,24 @@ def _safe_p(g: torch.Generator, logits: Tensor) -> float:
     return 0.5
 
 
-def hidden_check_top_p_filter(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random batches (float32, float64, three dims) at several ``p`` (never closer than 0.01 to
-    a running mass); unsorted rows; rows whose nucleus is one token."""
-    g = generator(seed)
-    probes = []
+def _nuclei(g: torch.Generator) -> list[tuple[Tensor, float]]:
+    cases = []
     for shape, dtype in (
         ((10,), torch.float32),
         ((4, 12), torch.float64),
         ((2, 3, 8), torch.float32),
     ):
         logits = _random_logits(g, shape, dtype)
-        p = _safe_p(g, logits)
-        probes.append(_logits_probe(fn, "top_p_filter", logits, p, TOP_P_HINT))
-    _expect_logits(probes)
+        cases.append((logits, _safe_p(g, logits)))
+    return cases
+
+
+hidden_check_top_p_filter = TOP_P.hidden(
+    "hidden_check_top_p_filter",
+    _nuclei,
+    """Random batches (float32, float64, three dims) at several ``p`` (never closer than 0.01 to
+    a running mass); unsorted rows; rows whose nucleus is one token.""",
+)
 
 
 def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -1041,38 +923,14 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
     # before the others: p = 1 must keep them all the same.
     tiny = torch.tensor([[30.0, 10.0, 9.0, 9.0, -1.0]])
     single = torch.tensor([[0.3], [-2.0]])  # one token: always kept
+    logits = _random_logits(generator(seed), (3, 7), torch.float32)
     cases = (
         (tied, 0.5), (tied, 0.75), (tied, 1.0), (inf, 1.0), (inf, 0.8), (big, 0.9),
-        (tiny, 1.0), (single, 0.5), (single, 1.0),
+        (tiny, 1.0), (single, 0.5), (single, 1.0), (logits, 1e-4),
     )  # fmt: skip
-    probes = [
-        _logits_probe(
-            fn,
-            "top_p_filter",
-            logits,
-            p,
-            TOP_P_HINT + (" p = 1 keeps every token." if p == 1.0 else ""),
-        )
-        for logits, p in cases
-    ]
-    g = generator(seed)
-    logits = _random_logits(g, (3, 7), torch.float32)
-    tiny_p = "A tiny p keeps only the most likely token of each row (it always stays)."
-    probes.append(_logits_probe(fn, "top_p_filter", logits, 1e-4, tiny_p))
-    _expect_logits(probes)
+    TOP_P.judge(fn, cases)
     for bad in (0.0, 1.5):
-        try:
-            call_forbidding(
-                fn, (logits, bad), {}, ban=DECODING_BAN, what=f"top_p_filter(logits, {bad})"
-            )
-        except AssertionError as exc:
-            if "ValueError" in str(exc):
-                continue
-            raise
-        raise AssertionError(
-            f"top_p_filter(logits, p={bad}) should raise ValueError naming p: p is a probability "
-            "mass in (0, 1]."
-        )
+        _expect_value_error(fn, logits, bad, "top_p_filter")
 
 
 # ======================================================================================
@@ -1080,15 +938,9 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
 # ======================================================================================
 
 
-StepRows = Callable[[Sequence[int]], Tensor]
-
-
 def beam_variant(
-    rows: StepRows,
-    bos_id: int,
-    eos_id: int,
+    step_fn: TableStepFn | RandomStepFn,
     beam_width: int,
-    max_len: int,
     *,
     score: str = "logp",
     propose: str = "width",
@@ -1101,7 +953,8 @@ def beam_variant(
     """Beam search with the flags of the typical mistakes (the defaults are the oracle).
 
     Args:
-        rows: ``rows(prefix) -> (V,)`` log-probabilities (no prefix checks).
+        step_fn: the stand-in distribution (its ``row``, without the prefix checks, its
+            ``bos_id``, ``eos_id`` and ``max_len``).
         score: ``"logp"`` (right: sum of log-probabilities), ``"last"`` (the last token's
             log-probability only), ``"prob"`` (sum of probabilities) or ``"mean"`` (the mean
             log-probability per generated token, at every step).
@@ -1117,7 +970,9 @@ def beam_variant(
             (later beams and higher ids first).
         final_ties: the final choice keeps the ``"first"`` best (right) or the ``"last"``.
     """
-    alive: list[tuple[list[int], float, float]] = [([bos_id], 0.0, 0.0)]  # (seq, logp, score)
+    rows, eos_id, max_len = step_fn.row, step_fn.eos_id, step_fn.max_len
+    # Hypotheses as (seq, logp, score): the score is what the variant ranks by.
+    alive: list[tuple[list[int], float, float]] = [([step_fn.bos_id], 0.0, 0.0)]
     finished: list[tuple[list[int], float, float]] = []
     while alive and len(alive[0][0]) < max_len:
         proposals = []
@@ -1167,11 +1022,9 @@ def beam_variant(
     return winners[0 if final_ties == "first" else -1][0]
 
 
-def oracle_beam_search(
-    rows: StepRows, bos_id: int, eos_id: int, beam_width: int, max_len: int
-) -> list[int]:
+def oracle_beam_search(step_fn: TableStepFn | RandomStepFn, beam_width: int) -> list[int]:
     """Reference beam search (the rules of the notebook)."""
-    return beam_variant(rows, bos_id, eos_id, beam_width, max_len)
+    return beam_variant(step_fn, beam_width)
 
 
 _BEAM_MISTAKES: list[tuple[str, dict[str, Any]]] = [
@@ -1226,53 +1079,12 @@ _BEAM_MISTAKES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def beam_mistakes(
-    rows: StepRows, bos_id: int, eos_id: int, beam_width: int, max_len: int
-) -> dict[str, list[int]]:
+def beam_mistakes(step_fn: TableStepFn | RandomStepFn, beam_width: int) -> dict[str, list[int]]:
     """Hint -> the hypothesis a typical wrong ``beam_search`` returns."""
-    args = (rows, bos_id, eos_id, beam_width, max_len)
-    return {hint: beam_variant(*args, **flags) for hint, flags in _BEAM_MISTAKES}
+    return {hint: beam_variant(step_fn, beam_width, **flags) for hint, flags in _BEAM_MISTAKES}
 
 
-def _beam_probe(fn: Callable[..., Any], step_fn: Any, beam_width: int) -> Probe:
-    probe = beam_probe(fn, step_fn, beam_width, None)
-    args = (step_fn.row, step_fn.bos_id, step_fn.eos_id, beam_width, step_fn.max_len)
-    return probe._replace(key=args)
-
-
-def _expect_beam(probes: Sequence[Probe], tell_apart: Sequence[Probe] = ()) -> None:
-    judge_beam(
-        probes,
-        lambda probe: oracle_beam_search(*probe.key),
-        lambda probe: beam_mistakes(*probe.key),
-        tell_apart,
-    )
-
-
-def _separating_probes(fn: Callable[..., Any]) -> list[Probe]:
-    """Probes on which the catalogue's mistakes return different hypotheses, ties aside."""
-    return [
-        _beam_probe(fn, RandomStepFn(6, seed, bos_id=0, eos_id=1, max_len=max_len), 3)
-        for seed, max_len in _SEPARATING_BEAM_SEEDS
-    ]
-
-
-def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random next-token distributions (5 to 8 tokens, other BOS/EOS ids) at widths 1 to 5 and
-    several ``max_len``, and two fixed ones that tell the typical mistakes apart, against the
-    oracle."""
-    g = generator(seed)
-    probes = []
-    for _ in range(5):
-        vocab = randint(5, 8, g)
-        bos, eos = (0, 1) if randint(0, 1, g) else (vocab - 1, 2)
-        step_fn = RandomStepFn(
-            vocab, randint(0, 10**6, g), bos_id=bos, eos_id=eos, max_len=randint(3, 7, g)
-        )
-        probes.append(_beam_probe(fn, step_fn, randint(1, 5, g)))
-    # Two fixed distributions on which the catalogue's mistakes return different hypotheses
-    # (random ones may let two of them agree everywhere: one diagnosis needs them apart).
-    _expect_beam([*probes, *_separating_probes(fn)])
+BEAM = Oracle(lab07.BEAM, oracle_beam_search, beam_mistakes)
 
 
 #: Seeds and max_len of :class:`RandomStepFn` (6 tokens, beam_width 3) that tell every pair of
@@ -1314,37 +1126,55 @@ _FINAL_TIE_TABLE = {
 # fmt: on
 
 
-def _table(spec: Mapping[str, Any]) -> TableStepFn:
-    rows = {tuple(json.loads(k)): v for k, v in spec["table"].items()}
-    ids = {name: spec[name] for name in ("bos_id", "eos_id", "max_len")}
-    return TableStepFn(rows, spec["default"], **ids)
+def _separating() -> list[tuple[RandomStepFn, int]]:
+    """Cases on which the catalogue's mistakes return different hypotheses, ties aside."""
+    return [
+        (RandomStepFn(6, seed, bos_id=0, eos_id=1, max_len=max_len), 3)
+        for seed, max_len in _SEPARATING_BEAM_SEEDS
+    ]
+
+
+def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
+    """Random next-token distributions (5 to 8 tokens, other BOS/EOS ids) at widths 1 to 5 and
+    several ``max_len``, and two fixed ones that tell the typical mistakes apart, against the
+    oracle."""
+    g = generator(seed)
+    cases = []
+    for _ in range(5):
+        vocab = randint(5, 8, g)
+        bos, eos = (0, 1) if randint(0, 1, g) else (vocab - 1, 2)
+        step_fn = RandomStepFn(
+            vocab, randint(0, 10**6, g), bos_id=bos, eos_id=eos, max_len=randint(3, 7, g)
+        )
+        cases.append((step_fn, randint(1, 5, g)))
+    # Fixed distributions on which the catalogue's mistakes return different hypotheses
+    # (random ones may let two of them agree everywhere: one diagnosis needs them apart).
+    BEAM.judge(fn, [*cases, *_separating()])
 
 
 def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> None:
     """The stated ties (equal scores: the better-ranked beam's extension first; the final
     choice: the hypothesis that finished first), ``max_len = 1`` and ``2``, a beam wider than
     the vocabulary, an immediate EOS, other BOS/EOS ids."""
-    probes = [
-        _beam_probe(fn, _table(spec), spec["widths"][0]) for spec in (_TIE_TABLE, _FINAL_TIE_TABLE)
-    ]
+    cases: list[tuple[Any, int]] = [(TableStepFn.of(t), 2) for t in (_TIE_TABLE, _FINAL_TIE_TABLE)]
     g = generator(seed)
     for max_len, width in ((1, 3), (2, 2), (4, 12)):
         step_fn = RandomStepFn(6, randint(0, 10**6, g), bos_id=3, eos_id=5, max_len=max_len)
-        probes.append(_beam_probe(fn, step_fn, width))
+        cases.append((step_fn, width))
     eos_first = TableStepFn(
         {(2,): [0.1, 0.1, 0.0, 0.05, 0.75]}, [0.3, 0.3, 0.0, 0.1, 0.3], bos_id=2, eos_id=4,
         max_len=6,
     )  # fmt: skip
-    probes.append(_beam_probe(fn, eos_first, 2))
-    # The rules' probes may leave two mistakes alike (adding probabilities, or normalising by
+    # The rules' cases may leave two mistakes alike (adding probabilities, or normalising by
     # length at every step, with a beam wider than the vocabulary): once one fails, the
-    # separating probes tell them apart (they score nothing here).
-    _expect_beam(probes, tell_apart=_separating_probes(fn))
+    # separating cases tell them apart (they score nothing here).
+    BEAM.judge(fn, [*cases, (eos_first, 2)], tell_apart=_separating())
 
 
 # ======================================================================================
 # The visible checks' worked examples
 # ======================================================================================
+
 
 # fmt: off
 LECTURE_TABLE = {
@@ -1404,108 +1234,53 @@ LENGTH_TABLE = {
 
 
 CHAR_TEXT = "the man ate the fish."
-CHAR_PROBES = {"probe fitted": "the fish ate.", "probe unseen": "the cat!"}
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
-    """The stored examples of :mod:`transformer_lab.checks.lab07`, keyed by what they are."""
-    out: dict[str, dict[str, Any]] = {}
-    # CharTokenizer
-    out["char text"] = fixture_entry(CHAR_TEXT)
-    out["char chars"] = fixture_entry(sorted(set(CHAR_TEXT)))
-    for key, text in CHAR_PROBES.items():
-        out[f"char {key}: text"] = fixture_entry(text)
-        want = oracle_char_encode(CHAR_TEXT, text)
-        out[f"char {key}: encode"] = fixture_entry(
-            want, _differing(char_encode_mistakes(CHAR_TEXT, text), want, _equal)
-        )
-    ids = [1, *oracle_char_encode(CHAR_TEXT, "a hat"), 3, 2]
-    out["char decode: ids"] = fixture_entry(ids)
-    decoded = oracle_char_decode(CHAR_TEXT, ids)
-    out["char decode"] = fixture_entry(
-        decoded, _differing(char_decode_mistakes(CHAR_TEXT, ids), decoded, _equal)
-    )
-    # bpe_train
-    for key, text, n in (
-        ("rhyme", RHYME, 10),
-        ("words", WORDS, 6),
-        ("overlap", "aaa", 3),
-        ("ties", "ab ac", 2),
-        ("frequency", "cd cd cd ab", 2),
-        ("stop", "ab ab", 5),
-    ):
-        out[f"bpe_train {key}: input"] = fixture_entry([text, n])
-        merges = oracle_bpe_train(text, n)
-        wrong = _differing(bpe_train_mistakes(text, n), merges, _equal)
-        out[f"bpe_train {key}"] = fixture_entry(
-            [list(m) for m in merges], {h: [list(m) for m in v] for h, v in wrong.items()}
-        )
-    # bpe_encode
-    rhyme_merges = oracle_bpe_train(RHYME, 20)
-    for key, text, merges in (
-        ("rhyme", RHYME, rhyme_merges),
-        ("unseen", "the sailors saw a blue seal", rhyme_merges),
-        ("order", "aaaa abcab bcaca", oracle_bpe_train("aba aac ab abc", 4)),
-        ("longest", "abc bcab", oracle_bpe_train("bc bc bc ab ab", 3)),
-        # The latest-learned pair first and the longest known piece cut "bbaa" differently.
-        ("ranks", "bbaa", oracle_bpe_train("baabbb baaaaa", 5)),
-    ):
-        out[f"bpe_encode {key}: input"] = fixture_entry([text, [list(m) for m in merges]])
-        pieces = oracle_bpe_encode(text, merges)
-        out[f"bpe_encode {key}"] = fixture_entry(
-            pieces, _differing(bpe_encode_mistakes(text, merges), pieces, _equal)
-        )
-    # Filters
+    """The stored worked examples of :mod:`transformer_lab.checks.lab07`, check by check."""
     row = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0])
     batch = torch.tensor([[1.0, -2.0, 0.0, 4.0], [0.3, 0.2, -0.1, 0.0]])
-    examples: dict[str, list[tuple[str, Tensor, float]]] = {
-        "apply_temperature": [
-            ("t=0.5", row, 0.5),
-            ("t=2", row, 2.0),
-            ("batch t=0.7", batch, 0.7),
-        ],
-        "top_k_filter": [
-            ("k=1", torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5, -1.0]), 1),
-            ("k=2 tie", torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5, -1.0]), 2),
-            ("k=3", torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5, -1.0]), 3),
-            ("batch k=2", batch, 2),
-            ("k=V", batch, 4),
-        ],
-        "top_p_filter": [
-            ("p=0.65", torch.log(torch.tensor([0.5, 0.1, 0.25, 0.15])) + 0.3, 0.65),
-            ("p=0.45", torch.log(torch.tensor([0.5, 0.1, 0.25, 0.15])) + 0.3, 0.45),
-            ("tie p=0.5", torch.log(torch.tensor([0.2, 0.4, 0.2, 0.2])), 0.5),
-            ("batch p=0.8", batch, 0.8),
-            ("p=1", batch, 1.0),
-        ],
+    tie = torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5, -1.0])
+    unsorted = torch.log(torch.tensor([0.5, 0.1, 0.25, 0.15])) + 0.3
+    rhyme = oracle_bpe_train(RHYME, 20)
+    decoded = [1, *oracle_char_encode(CHAR_TEXT, "a hat"), 3, 2]
+    return {
+        "beam lecture: table": {"expected": LECTURE_TABLE, "mistakes": {}},
+        **CHAR_ENCODE.fixtures(
+            "check_char_tokenizer encode", [(CHAR_TEXT, "the fish ate."), (CHAR_TEXT, "the cat!")]
+        ),
+        **CHAR_DECODE.fixtures("check_char_tokenizer decode", [(CHAR_TEXT, decoded)]),
+        **BPE_TRAIN.fixtures("check_bpe_train", [(RHYME, 10), (WORDS, 6)]),
+        **BPE_TRAIN.fixtures(
+            "check_bpe_train_rules", [("aaa", 3), ("ab ac", 2), ("cd cd cd ab", 2), ("ab ab", 5)]
+        ),
+        **BPE_ENCODE.fixtures(
+            "check_bpe_encode",
+            [
+                (RHYME, rhyme),
+                ("the sailors saw a blue seal", rhyme),
+                ("aaaa abcab bcaca", oracle_bpe_train("aba aac ab abc", 4)),
+                ("abc bcab", oracle_bpe_train("bc bc bc ab ab", 3)),
+                # The latest-learned pair first and the longest known piece cut "bbaa" apart.
+                ("bbaa", oracle_bpe_train("baabbb baaaaa", 5)),
+            ],
+        ),
+        **TEMPERATURE.fixtures("check_apply_temperature", [(row, 0.5), (row, 2.0), (batch, 0.7)]),
+        **TOP_K.fixtures(
+            "check_top_k_filter", [(tie, 1), (tie, 2), (tie, 3), (batch, 2), (batch, 4)]
+        ),
+        **TOP_P.fixtures(
+            "check_top_p_filter",
+            [
+                (unsorted, 0.65),
+                (unsorted, 0.45),
+                (torch.log(torch.tensor([0.2, 0.4, 0.2, 0.2])), 0.5),
+                (batch, 0.8),
+                (batch, 1.0),
+            ],
+        ),
+        **BEAM.fixtures("check_beam_search", [(LECTURE_TABLE, width) for width in (1, 2, 3)]),
+        **BEAM.fixtures(
+            "check_beam_search_eos", [(EOS_TABLE, 2), (MAX_LEN_TABLE, 2), (LENGTH_TABLE, 2)]
+        ),
     }
-    makers: dict[str, tuple[Callable[..., Tensor], Callable[..., dict[str, Tensor]]]] = {
-        "apply_temperature": (oracle_apply_temperature, temperature_mistakes),
-        "top_k_filter": (oracle_top_k_filter, top_k_mistakes),
-        "top_p_filter": (oracle_top_p_filter, top_p_mistakes),
-    }
-    for name, items in examples.items():
-        oracle, mistakes = makers[name]
-        keys = [f"{name} {label}" for label, _, _ in items]
-        out[f"{name}: examples"] = fixture_entry(keys)
-        for key, (_, logits, arg) in zip(keys, items, strict=True):
-            out[f"{key}: logits"] = fixture_entry(logits)
-            out[f"{key}: argument"] = fixture_entry([arg])
-            want = oracle(logits, arg)
-            out[key] = fixture_entry(want, _differing(mistakes(logits, arg), want, _same))
-    # beam_search
-    for key, spec in (
-        ("beam lecture", LECTURE_TABLE),
-        ("beam eos", EOS_TABLE),
-        ("beam max_len", MAX_LEN_TABLE),
-        ("beam length", LENGTH_TABLE),
-    ):
-        out[f"{key}: table"] = fixture_entry(dict(spec))
-        step_fn = _table(spec)
-        for width in spec["widths"]:
-            args = (step_fn.row, spec["bos_id"], spec["eos_id"], width, spec["max_len"])
-            best = oracle_beam_search(*args)
-            out[f"{key}: beam_width={width}"] = fixture_entry(
-                best, _differing(beam_mistakes(*args), best, _equal)
-            )
-    return out
