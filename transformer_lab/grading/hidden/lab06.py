@@ -24,6 +24,7 @@ Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vasw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -590,8 +591,28 @@ hidden_check_sequence_loss = LOSS.hidden(
 )
 
 
+#: What an answer right on ordinary logits but wrong on large or confident ones does.
+LOG_OF_SOFTMAX = (
+    "Adding a constant to every logit changes no probability, yet exp of large logits "
+    "overflows, and a confident softmax underflows to 0 before its log: compute "
+    "log-probabilities directly, as logits - logsumexp(logits, dim=-1) (or log_softmax), not as "
+    "the log of a softmax."
+)
+#: Logits around +-1e4, or confident (60 times larger), at the spec's ``loss`` tolerance.
+LARGE_LOGITS = Oracle(
+    dataclasses.replace(
+        lab06.LOSS,
+        same=lambda got, want: close(got, want, **SPEC.close_tol("loss")),
+        named=lambda case: LOG_OF_SOFTMAX,
+    ),
+    oracle_sequence_loss,
+    loss_mistakes,
+)
+
+
 def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Logits of size 1e4, bfloat16 logits, and gradients: none at padding, some elsewhere."""
+    """Logits around +-1e4 and 60 times larger ones, bfloat16 logits, and gradients: none at
+    padding, some elsewhere."""
     g = generator(seed)
     B, T, V, pad_id = 3, 5, 9, 2
     targets = torch.randint(0, V - 1, (B, T), generator=g)
@@ -600,32 +621,8 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
     targets[0, 3:] = pad_id
     targets[2, 1:] = pad_id
     base = 4.0 * torch.randn(B, T, V, generator=g)
-    for offset in (1e4, -1e4):
-        logits = base + offset
-        what = f"sequence_loss(logits + {offset:g}, targets, pad_id={pad_id})"
-        got = loss_call(fn, logits, targets, pad_id, what)
-        mistakes = loss_mistakes(logits, targets, pad_id)
-        compare(
-            got,
-            oracle_sequence_loss(logits, targets, pad_id),
-            what=what,
-            candidates=[(wrong, hint) for hint, wrong in mistakes.items()],
-            hint="Adding a constant to every logit changes no probability. exp of large logits "
-            "overflows (and a probability underflows to 0 before its log): compute "
-            "log-probabilities as logits - logsumexp(logits, dim=-1), or with log_softmax.",
-            **SPEC.close_tol("loss"),
-        )
-    scaled = 60.0 * base
-    what = f"sequence_loss(60 * logits, targets, pad_id={pad_id})"
-    compare(
-        loss_call(fn, scaled, targets, pad_id, what),
-        oracle_sequence_loss(scaled, targets, pad_id),
-        what=what,
-        candidates=[],
-        hint="Confident logits make some probabilities underflow to 0: take log-probabilities "
-        "directly (logits - logsumexp), not the log of a softmax.",
-        **SPEC.close_tol("loss"),
-    )
+    large = (base + 1e4, base - 1e4, 60.0 * base)
+    LARGE_LOGITS.judge(fn, [(logits, targets, pad_id) for logits in large])
     what = f"sequence_loss(bfloat16 logits, targets, pad_id={pad_id})"
     low = loss_call(fn, base.bfloat16(), targets, pad_id, what)
     expect_close(
