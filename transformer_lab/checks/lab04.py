@@ -48,10 +48,12 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
+    Case,
     call_forbidding,
     call_student,
     close,
     compare,
+    expect_close,
     expect_module,
     expect_shape,
     expect_true,
@@ -59,6 +61,7 @@ from transformer_lab.checks._common import (
     note_mistake,
     stored,
 )
+from transformer_lab.checks._generated import Ordinary
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -71,6 +74,7 @@ from transformer_lab.judge.mirror import portable
 __all__ = [
     "BLOCK_BAN",
     "FEED_FORWARD_BAN",
+    "LAYER_NORM",
     "LAYER_NORM_BAN",
     "LOSS_HINT",
     "MODULE_BAN",
@@ -99,6 +103,7 @@ __all__ = [
     "reference_feed_forward",
     "run_block",
     "run_feed_forward",
+    "values_at",
 ]
 
 IGNORE_INDEX = -100
@@ -139,55 +144,64 @@ def _seeded(seed: int | None) -> Iterator[None]:
 # --------------------------------------------------------------------------------------
 
 
+def _ln_what(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> str:
+    shown = "" if eps == 1e-5 else f", eps={eps:g}"
+    dtype = "" if x.dtype == torch.float32 else f" ({x.dtype})"
+    return f"layer_norm(x, weight, bias{shown}) on x of shape {tuple(x.shape)}{dtype}"
+
+
 def layer_norm_call(
     fn: Callable[..., Any], x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
-) -> Any:
-    """The student's ``layer_norm(x, weight, bias[, eps=...])`` under the lab's ban."""
-    kwargs = {} if eps == 1e-5 else {"eps": eps}
-    shown = "" if eps == 1e-5 else f", eps={eps:g}"
-    return call_forbidding(
+) -> Tensor:
+    """The student's ``layer_norm(x, weight, bias[, eps=...])`` under the lab's ban; a tensor of
+    ``x``'s shape."""
+    what = _ln_what(x, weight, bias, eps)
+    got = call_forbidding(
         fn,
         (x.clone(), weight.clone(), bias.clone()),
-        kwargs,
+        {} if eps == 1e-5 else {"eps": eps},
         ban=LAYER_NORM_BAN,
-        what=f"layer_norm(x, weight, bias{shown}) on x of shape {tuple(x.shape)}",
+        what=what,
         on_error="Keep the statistics' last dimension (keepdim=True) so that they broadcast "
         "against x.",
     )
+    return expect_shape(got, tuple(x.shape), what)
 
 
-def check_layer_norm(fn: Callable[..., Tensor]) -> None:
-    """Worked examples (stored), then PyTorch's ``F.layer_norm`` on a 4-D input."""
-    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 0.0, 0.0, 6.0]])
-    got = layer_norm_call(fn, x, torch.ones(4), torch.zeros(4))
-    _judge(
-        got,
-        "layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))",
-        "layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))",
-        "The row (1, 2, 3, 4) has mean 2.5 and variance 1.25 (the mean of the squared "
-        "deviations), so it becomes (x - 2.5) / sqrt(1.25 + eps).",
-    )
-    x3 = _example("layer_norm input x (2, 3, 5)").float()
-    weight = _example("layer_norm input weight (5,)").float()
-    bias = _example("layer_norm input bias (5,)").float()
-    got = layer_norm_call(fn, x3, weight, bias)
-    _judge(
-        got,
-        "layer_norm(x, weight, bias) on x of shape (2, 3, 5)",
-        "layer_norm(x, weight, bias) on x of shape (2, 3, 5)",
-        "Normalise each token over its features (the last dimension), then weight * x_hat + bias.",
-    )
-    g = generator(4)
-    x4 = torch.randn(2, 3, 4, 6, generator=g) * 3.0 + 1.0
-    w6, b6 = torch.randn(6, generator=g), torch.randn(6, generator=g)
-    got = layer_norm_call(fn, x4, w6, b6, eps=1e-3)
-    compare(
-        got,
-        F.layer_norm(x4, (6,), w6, b6, eps=1e-3),
-        what="layer_norm(x, weight, bias, eps=0.001) on x of shape (2, 3, 4, 6)",
-        hint="PyTorch's F.layer_norm gives another answer on this 4-D input: normalise over "
-        "the last dimension only, and add the eps you are given inside the square root.",
-    )
+def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
+    """``same`` and ``describe`` of an :class:`Ordinary` whose outputs are float tensors,
+    compared at ``atol`` and ``rtol``; a wrong one is described in ``expect_close``'s words (the
+    largest difference and where, NaN or inf where the expected value is finite)."""
+
+    def describe(case: Case[Any]) -> str:
+        try:
+            expect_close(case.got, case.want, case.what, atol=atol, rtol=rtol)
+        except AssertionError as exc:
+            return str(exc)
+        return f"{case.what} is within the tolerance."  # never shown: the case failed
+
+    return {"same": lambda got, want: close(got, want, atol=atol, rtol=rtol), "describe": describe}
+
+
+#: ``layer_norm(x, weight, bias, eps)``: a case is ``(x, weight, bias, eps)`` (stored: float32).
+LAYER_NORM = Ordinary(
+    _LAB,
+    call=layer_norm_call,
+    what=_ln_what,
+    rule="For each token: the mean and the biased variance over the last dimension "
+    "(keepdim=True), then weight * (x - mean) / sqrt(var + eps) + bias.",
+    load=lambda x, weight, bias, eps: (
+        *(torch.tensor(t, dtype=torch.float32) for t in (x, weight, bias)),
+        eps,
+    ),
+    output=lambda out: torch.as_tensor(out, dtype=torch.float64),
+    **values_at(SPEC.tol("float32")),
+)
+check_layer_norm = LAYER_NORM.visible(
+    "check_layer_norm",
+    """Worked examples: the rows ``[1, 2, 3, 4]`` and ``[-2, 0, 0, 6]`` with weight 1 and bias 0,
+    a 3-D input with a weight and a bias, a 4-D input with ``eps=1e-3``.""",
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -775,7 +789,7 @@ def check_training_step(cls: Callable[..., Any]) -> None:
         _stored_batch(),
         ban=MODULE_BAN,
         expected=want,
-        mistakes=[(loss, hint) for hint, loss in mistakes.items()],
+        mistakes=[(wrong, hint) for hint, wrong in mistakes.items()],
         hint=LOSS_HINT,
     )
 

@@ -11,9 +11,10 @@ No oracle lives here:
   are copied into the student's block (:func:`load_torch_decoder_layer`), and probed for the
   properties a decoder must have (later targets invisible under a causal mask, masked memory
   invisible, the output depending on the memory at all);
-* ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are run on worked examples whose
-  expected values, and the values of the typical mistakes, are stored in
-  ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs build``);
+* ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are ordinary parts (one
+  :class:`~transformer_lab.checks._generated.Ordinary` each: their checks are generated) run
+  on worked examples whose expected values, and the values of the typical mistakes, are stored
+  in ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs build``);
 * the training code and the decoding loop run on one stand-in, :class:`StandInTranslator`: a
   small encoder-decoder that half-knows a copy task (so metrics are neither 0 nor 1), with
   PyTorch's ``F.cross_entropy`` on its outputs, or, scripted, one whose next token is known in
@@ -34,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -46,10 +47,10 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
+    Case,
     call_forbidding,
     call_student,
     close,
-    compare,
     expect_close,
     expect_module,
     expect_shape,
@@ -58,8 +59,8 @@ from transformer_lab.checks._common import (
     generator,
     kernel_side,
     run_beside,
-    stored,
 )
+from transformer_lab.checks._generated import Ordinary
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -72,9 +73,12 @@ from transformer_lab.judge.mirror import portable
 
 __all__ = [
     "BLOCK_BAN",
+    "DECODE",
     "DECODE_BAN",
+    "LOSS",
     "LOSS_BAN",
     "MODULE_BAN",
+    "SHIFT",
     "SHIFT_BAN",
     "PortableTranslator",
     "StandInTranslator",
@@ -93,9 +97,9 @@ __all__ = [
     "cross_attention_maps",
     "learning_rate_curve",
     "load_torch_decoder_layer",
+    "loss_call",
     "probe_classes",
     "run_block",
-    "run_decode",
     "stand_in",
     "torch_decoder_layer",
     "torch_decoder_output",
@@ -490,20 +494,18 @@ def check_decoder_block(cls: Callable[..., nn.Module]) -> None:
 # ======================================================================================
 
 
-def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Any:
-    what = f"shift_right({targets.tolist()}, bos_id={bos_id})"
+def _shift_what(targets: Tensor, bos_id: int) -> str:
+    return f"shift_right({targets.tolist()}, bos_id={bos_id})"
+
+
+def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Tensor:
+    """``fn(targets, bos_id)`` under the ban, its input left as it was; an integer ``(B, T)``."""
+    what = _shift_what(targets, bos_id)
     in_place = (
         "changed its input `targets` in place: build a new tensor (torch.cat, or clone first); "
         "the targets are still needed as the loss's labels."
     )
-    return call_forbidding(fn, (targets, bos_id), {}, ban=SHIFT_BAN, what=what, in_place=in_place)
-
-
-def judge_shift(
-    got: Any, targets: Tensor, bos_id: int, want: Tensor, mistakes: Mapping[str, Tensor]
-) -> None:
-    """Compare a student's shifted targets with the expected ones; name the mistake."""
-    what = f"shift_right({targets.tolist()}, bos_id={bos_id})"
+    got = call_forbidding(fn, (targets, bos_id), {}, ban=SHIFT_BAN, what=what, in_place=in_place)
     B, T = targets.shape
     if tuple(getattr(got, "shape", ())) == (B, T + 1):
         raise AssertionError(
@@ -517,23 +519,35 @@ def judge_shift(
         f"{what} has dtype {got.dtype}: token ids are integers. Build the BOS column with "
         "torch.full_like(targets[:, :1], bos_id) (or dtype=targets.dtype).",
     )
-    compare(
-        got,
-        want.long(),
-        what=what,
-        candidates=[(w.long(), h) for h, w in mistakes.items()],
-        hint="Position 0 holds BOS and position t the target of position t - 1.",
-        atol=0.0,
-        rtol=0.0,
-    )
+    return got
 
 
-def check_shift_right(fn: Callable[..., Tensor]) -> None:
-    """Worked examples: ``[[5, 6, 7, 2], [8, 2, 0, 0]]`` with ``bos_id`` 1 and 4."""
-    for rows, bos_id in (([[5, 6, 7, 2], [8, 2, 0, 0]], 1), ([[9, 3, 2]], 4)):
-        targets = torch.tensor(rows)
-        want, mistakes = stored("lab06", f"shift_right({rows}, bos_id={bos_id})")
-        judge_shift(_shift_call(fn, targets, bos_id), targets, bos_id, want, mistakes)
+def _same_ids(got: Tensor, want: Tensor) -> bool:
+    return got.shape == want.shape and torch.equal(got.double(), want.double())
+
+
+def _as_float64(out: Any) -> Tensor:
+    return torch.as_tensor(out, dtype=torch.float64)
+
+
+#: ``shift_right(targets, bos_id)``: a case is ``(targets, bos_id)``.
+SHIFT = Ordinary(
+    "lab06",
+    call=_shift_call,
+    what=_shift_what,
+    describe=lambda case: (
+        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
+    ),
+    rule="Position 0 holds BOS and position t the target of position t - 1.",
+    same=_same_ids,
+    load=lambda targets, bos_id: (torch.tensor(targets), bos_id),
+    output=_as_float64,
+)
+check_shift_right = SHIFT.visible(
+    "check_shift_right",
+    """Worked examples: ``[[5, 6, 7, 2], [8, 2, 0, 0]]`` with ``bos_id`` 1, ``[[9, 3, 2]]``
+    with ``bos_id`` 4.""",
+)
 
 
 # ======================================================================================
@@ -541,10 +555,19 @@ def check_shift_right(fn: Callable[..., Tensor]) -> None:
 # ======================================================================================
 
 
+def _loss_what(logits: Tensor, targets: Tensor, pad_id: int) -> str:
+    return f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
+
+
 def loss_call(
-    fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id: int, what: str
+    fn: Callable[..., Tensor],
+    logits: Tensor,
+    targets: Tensor,
+    pad_id: int,
+    what: str | None = None,
 ) -> Tensor:
     """``fn(logits, targets, pad_id)`` under the ban; a scalar tensor."""
+    what = what or _loss_what(logits, targets, pad_id)
     got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=LOSS_BAN, what=what)
     if isinstance(got, float | int):
         raise AssertionError(
@@ -554,33 +577,34 @@ def loss_call(
     return expect_shape(got, (), what)
 
 
-def judge_loss(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> None:
-    """Compare a student's loss with the expected value; name the mistake it reproduces."""
-    compare(
-        got,
-        want,
-        what=what,
-        candidates=[(w, h) for h, w in mistakes.items()],
-        hint="The loss is -log softmax(logits)[target] at every position whose target is not "
-        "pad_id, summed and divided by the number of such positions.",
-        atol=1e-5,
-        rtol=1e-5,
-    )
+#: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``
+#: (stored: float32 logits), compared at the spec's float32 tolerance.
+LOSS = Ordinary(
+    "lab06",
+    call=loss_call,
+    what=_loss_what,
+    describe=lambda case: (
+        f"{case.what} returned {float(case.got):.6g}, expected {float(case.want):.6g}."
+    ),
+    rule="The loss is -log softmax(logits)[target] at every position whose target is not "
+    "pad_id, summed and divided by the number of such positions.",
+    same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
+    load=lambda logits, targets, pad_id: (
+        torch.tensor(logits, dtype=torch.float32),
+        torch.tensor(targets),
+        pad_id,
+    ),
+    output=_as_float64,
+)
 
 
 def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
-    """Worked examples: a padded batch with ``pad_id`` 0, then one with ``pad_id`` 5."""
-    for name in ("padded", "pad_id=5"):
-        logits, _ = stored("lab06", f"sequence_loss {name}: logits")
-        targets, _ = stored("lab06", f"sequence_loss {name}: targets")
-        pad_id = 5 if name == "pad_id=5" else 0
-        targets = targets.long()
-        what = f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id}) ({name})"
-        want, mistakes = stored("lab06", f"sequence_loss {name}")
-        got = loss_call(fn, logits.float(), targets, pad_id, what)
-        judge_loss(got, want, mistakes, what)
-    logits = logits.float().requires_grad_()
-    got = loss_call(fn, logits, targets, pad_id, "sequence_loss(logits, targets, pad_id)")
+    """Worked examples: a padded batch with ``pad_id`` 0, then one with ``pad_id`` 5; the loss
+    keeps its graph."""
+    examples = LOSS.examples("check_sequence_loss")
+    LOSS.judge(fn, examples)
+    logits, targets, pad_id = examples[-1].args
+    got = loss_call(fn, logits.clone().requires_grad_(), targets, pad_id)
     expect_true(
         got.requires_grad,
         "sequence_loss returns a tensor without a graph (no grad_fn): training calls "
@@ -1429,72 +1453,92 @@ def check_trained_translator(
 # ======================================================================================
 
 
-def run_decode(
-    fn: Callable[..., Tensor],
-    model: nn.Module,
-    src: Tensor,
-    mask: Tensor | None,
-    bos_id: int,
-    eos_id: int,
-    max_len: int,
-) -> tuple[Tensor, str]:
-    """The student's ``greedy_decode`` under the ban; its output (an integer ``(B, L)``)."""
-    what = (
+def _decode_what(
+    _model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor | None
+) -> str:
+    return (
         f"greedy_decode(model, src {tuple(src.shape)}, bos_id={bos_id}, eos_id={eos_id}, "
         f"max_len={max_len}" + (", src_padding_mask)" if mask is not None else ")")
     )
+
+
+def _decode_call(
+    fn: Callable[..., Tensor],
+    model: nn.Module,
+    src: Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len: int,
+    mask: Tensor | None,
+) -> Tensor:
+    """The student's ``greedy_decode`` under the ban: an integer ``(B, L)``, the source encoded
+    once (a stand-in counts its ``encode`` calls)."""
+    what = _decode_what(model, src, bos_id, eos_id, max_len, mask)
     kwargs = {} if mask is None else {"src_padding_mask": mask}
+    before = getattr(model, "encode_calls", 0)
     got = call_forbidding(
         fn, (model, src, bos_id, eos_id, max_len), kwargs, ban=DECODE_BAN, what=what
     )
+    calls = getattr(model, "encode_calls", 1) - before
     got = expect_shape(got, (src.shape[0], None), what)
     expect_true(
         not got.is_floating_point(),
         f"{what} has dtype {got.dtype}: return token ids (integers).",
     )
-    return got, what
+    expect_true(
+        calls <= 1,
+        f"{what} encoded the source {calls} times: encode it once, before the loop; only the "
+        "decoder runs once per new token.",
+    )
+    return got
 
 
-def judge_decode(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> None:
-    """Compare decoded ids with the expected ones; name the mistake they reproduce."""
-    if got.shape == want.shape and torch.equal(got.double(), want):
-        return
-    shown = f"{what} returned {got.tolist()}, expected {want.long().tolist()}."
-    for hint, wrong in mistakes.items():
-        if got.shape == wrong.shape and torch.equal(got.double(), wrong):
-            raise AssertionError(f"{shown} {hint}")
-    if got.shape[1] > want.shape[1]:
-        raise AssertionError(
-            f"{shown} Stop as soon as every sentence has produced EOS (or the length, BOS "
-            "included, reaches max_len)."
+def _decode_rule(case: Case[Any]) -> str:
+    """What a right loop does, said where the shown output is too long or too short."""
+    if case.got.shape[1] > case.want.shape[1]:
+        return (
+            "Stop as soon as every sentence has produced EOS (or the length, BOS included, "
+            "reaches max_len)."
         )
-    if got.shape[1] < want.shape[1]:
-        raise AssertionError(
-            f"{shown} Go on until EVERY sentence has produced EOS or the length, BOS included, "
-            "reaches max_len."
+    if case.got.shape[1] < case.want.shape[1]:
+        return (
+            "Go on until EVERY sentence has produced EOS or the length, BOS included, reaches "
+            "max_len."
         )
-    raise AssertionError(
-        f"{shown} Start from BOS, append the argmax of the LAST position's logits, and fill "
-        "sentences that have produced EOS with model.config.pad_id."
+    return (
+        "Start from BOS, append the argmax of the LAST position's logits, and fill sentences "
+        "that have produced EOS with model.config.pad_id."
     )
 
 
-def check_greedy_decode(fn: Callable[..., Tensor]) -> None:
-    """Worked examples on a scripted :class:`StandInTranslator`: three sources of different lengths
-    (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence short."""
-    for key in ("three sentences", "short max_len"):
-        src, _ = stored("lab06", f"greedy_decode {key}: src")
-        mask, _ = stored("lab06", f"greedy_decode {key}: mask")
-        want, mistakes = stored("lab06", f"greedy_decode {key}")
-        max_len = 10 if key == "three sentences" else 3
-        model = StandInTranslator(scripted=True)
-        got, what = run_decode(fn, model, src.long(), mask.bool(), 1, 2, max_len)
-        judge_decode(got, want, mistakes, what)
-        expect_true(
-            model.encode_calls == 1,
-            f"{what} encoded the source {model.encode_calls} times: encode it once, before the "
-            "loop; only the decoder runs once per new token.",
-        )
+#: ``greedy_decode(model, src, bos_id, eos_id, max_len, src_padding_mask=mask)``: a case is
+#: ``(model, src, bos_id, eos_id, max_len, mask)`` (stored: a scripted
+#: :class:`StandInTranslator`'s arguments for ``model``).
+DECODE = Ordinary(
+    "lab06",
+    call=_decode_call,
+    what=_decode_what,
+    describe=lambda case: (
+        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
+    ),
+    rule=_decode_rule,
+    same=_same_ids,
+    load=lambda model, src, bos_id, eos_id, max_len, mask: (
+        StandInTranslator(**model, scripted=True),
+        torch.tensor(src),
+        bos_id,
+        eos_id,
+        max_len,
+        None if mask is None else torch.tensor(mask),
+    ),
+    output=_as_float64,
+)
+check_greedy_decode = DECODE.visible(
+    "check_greedy_decode",
+    """Worked examples on a scripted :class:`StandInTranslator`: three sources of different
+    lengths (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence
+    short.""",
+)
 
 
 # ======================================================================================

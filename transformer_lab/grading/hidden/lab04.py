@@ -20,6 +20,7 @@ Transformer Architecture" (2020); Loshchilov & Hutter, "Decoupled Weight Decay R
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_lab.checks import lab04
 from transformer_lab.checks._common import (
     close,
     compare,
@@ -36,6 +38,7 @@ from transformer_lab.checks._common import (
     generator,
     randint,
 )
+from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks._lightning import Schedule, judge_training_step
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
@@ -47,11 +50,11 @@ from transformer_lab.checks.lab04 import (
     build_block,
     build_feed_forward,
     build_module,
-    layer_norm_call,
     load_weights,
     optimizers_check,
     run_block,
     run_feed_forward,
+    values_at,
 )
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
@@ -122,15 +125,14 @@ def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> 
             "variance, the mean of the squared deviations (divide by D; torch.var needs "
             "unbiased=False or correction=0)."
         ] = (x - mean) / torch.sqrt(unbiased + eps) * weight + bias
-    for dim in range(x.dim() - 1):
-        if x.shape[dim] > 1:
-            m = x.mean(dim, keepdim=True)
-            v = x.var(dim, unbiased=False, keepdim=True)
-            out[
-                f"It matches normalising over dim={dim} of the input: layer norm takes the mean "
-                "and variance of each token over its features, the last dimension (dim=-1, "
-                "keepdim=True)."
-            ] = (x - m) / torch.sqrt(v + eps) * weight + bias
+    for dim in range(x.dim() - 1):  # a dim of size 1 gives the bias, as the mistake does
+        m = x.mean(dim, keepdim=True)
+        v = x.var(dim, unbiased=False, keepdim=True)
+        out[
+            f"It matches normalising over dim={dim} of the input: layer norm takes the mean "
+            "and variance of each token over its features, the last dimension (dim=-1, "
+            "keepdim=True)."
+        ] = (x - m) / torch.sqrt(v + eps) * weight + bias
     if x.dim() > 1:
         out[
             "It matches one mean and one variance for the whole tensor: take them per token, "
@@ -139,78 +141,62 @@ def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> 
     return out
 
 
-_LN_HINT = (
-    "For each token: the mean and the biased variance over the last dimension (keepdim=True), "
-    "then weight * (x - mean) / sqrt(var + eps) + bias."
+LAYER_NORM = Oracle(lab04.LAYER_NORM, oracle_layer_norm, layer_norm_mistakes)
+RAW_MOMENTS = (
+    "Compute the variance from the centred values, ((x - mean) ** 2).mean(-1): "
+    "mean(x ** 2) - mean(x) ** 2 cancels catastrophically in float32 when the mean is large."
+)
+#: Features around 1e4 with a spread of 1: float32 keeps three digits of the spread (so the
+#: tolerance is 1e-2), E[x^2] - E[x]^2 keeps none. Judged after the ordinary cases, so that an
+#: answer wrong here alone is named as the cancellation.
+LARGE_MEAN = Oracle(
+    dataclasses.replace(
+        lab04.LAYER_NORM, named=lambda case: RAW_MOMENTS, **values_at(SPEC.tol("large_mean"))
+    ),
+    oracle_layer_norm,
+    layer_norm_mistakes,
 )
 
 
-def _expect_layer_norm(
-    fn: Callable[..., Tensor],
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    eps: float = 1e-5,
-    *,
-    atol: float = SPEC.tol("float32"),
-    hint: str = _LN_HINT,
-) -> None:
-    got = layer_norm_call(fn, x, weight, bias, eps)
-    mistakes = layer_norm_mistakes(x, weight, bias, eps)
-    eps_text = "" if eps == 1e-5 else f", eps={eps:g}"
-    compare(
-        got,
-        oracle_layer_norm(x, weight, bias, eps),
-        what=f"layer_norm(x, weight, bias{eps_text}) on x of shape {tuple(x.shape)} ({x.dtype})",
-        candidates=[(t, h) for h, t in mistakes.items()],
-        hint=hint,
-        atol=atol,
-    )
-
-
-def hidden_check_layer_norm(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Random shapes (1-D to 4-D), weights and biases, float32 and float64."""
-    g = generator(seed)
+def _ln_cases(g: torch.Generator) -> list[tuple[Tensor, Tensor, Tensor, float]]:
+    cases = []
     for lead in ((), (randint(1, 5, g),), (2, randint(2, 6, g)), (2, 2, 3)):
         d = randint(2, 16, g)
         scale = float(torch.rand(1, generator=g)) * 4 + 0.5
         x = torch.randn(*lead, d, generator=g) * scale + 2.0
-        _expect_layer_norm(fn, x, torch.randn(d, generator=g), torch.randn(d, generator=g))
+        cases.append((x, torch.randn(d, generator=g), torch.randn(d, generator=g), 1e-5))
     d = randint(3, 9, g)
-    x = torch.randn(4, d, generator=g, dtype=torch.float64) * 2.0
-    weight = torch.randn(d, generator=g, dtype=torch.float64)
-    _expect_layer_norm(fn, x, weight, torch.randn(d, generator=g, dtype=torch.float64))
+    x, weight, bias = (
+        torch.randn(*n, generator=g, dtype=torch.float64) for n in ((4, d), (d,), (d,))
+    )
+    return [*cases, (x * 2.0, weight, bias, 1e-5)]
+
+
+hidden_check_layer_norm = LAYER_NORM.hidden(
+    "hidden_check_layer_norm",
+    _ln_cases,
+    """Random shapes (1-D to 4-D), weights and biases, float32 and float64.""",
+)
 
 
 def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """eps inside the root, the biased variance, constant tokens, tiny spreads, large offsets."""
     g = generator(seed)
-    # A large eps and a small spread tell eps inside the square root from eps outside it.
-    x = torch.randn(3, 6, generator=g) * 0.3
-    weight, bias = torch.randn(6, generator=g), torch.randn(6, generator=g)
-    _expect_layer_norm(fn, x, weight, bias, 0.5)
-    # Tokens whose spread (1e-3) is below sqrt(eps): eps matters even at its default.
-    x = torch.randn(3, 8, generator=g) * 1e-3
-    _expect_layer_norm(fn, x, torch.ones(8), torch.zeros(8))
-    # Two features: the biased and the unbiased variance differ by a factor of two.
-    x = torch.randn(4, 2, generator=g) * 2.0
-    _expect_layer_norm(fn, x, torch.ones(2), torch.zeros(2))
-    # A constant token has variance 0: the output is the bias, never NaN.
-    _expect_layer_norm(
-        fn, torch.full((2, 5), 3.0), torch.randn(5, generator=g), torch.randn(5, generator=g)
-    )
-    # Features around 1e4 with a spread of 1: float32 keeps three digits of the spread (so the
-    # tolerance is 1e-2), E[x^2] - E[x]^2 keeps none.
-    x = torch.randn(3, 16, generator=g) + 1e4
-    _expect_layer_norm(
+    LAYER_NORM.judge(
         fn,
-        x,
-        torch.ones(16),
-        torch.zeros(16),
-        atol=SPEC.tol("large_mean"),
-        hint="Compute the variance from the centred values, ((x - mean) ** 2).mean(-1): "
-        "mean(x ** 2) - mean(x) ** 2 cancels catastrophically in float32 when the mean is large.",
+        [
+            # A large eps and a small spread tell eps inside the square root from outside it.
+            (torch.randn(3, 6, generator=g) * 0.3, *torch.randn(2, 6, generator=g), 0.5),
+            # Tokens whose spread (1e-3) is below sqrt(eps): eps matters even at its default.
+            (torch.randn(3, 8, generator=g) * 1e-3, torch.ones(8), torch.zeros(8), 1e-5),
+            # Two features: the biased and the unbiased variance differ by a factor of two.
+            (torch.randn(4, 2, generator=g) * 2.0, torch.ones(2), torch.zeros(2), 1e-5),
+            # A constant token has variance 0: the output is the bias, never NaN.
+            (torch.full((2, 5), 3.0), *torch.randn(2, 5, generator=g), 1e-5),
+        ],
     )
+    x = torch.randn(3, 16, generator=g) + 1e4
+    LARGE_MEAN.judge(fn, [(x, torch.ones(16), torch.zeros(16), 1e-5)])
 
 
 # --------------------------------------------------------------------------------------
@@ -1019,24 +1005,18 @@ def _block_example_weights(g: torch.Generator, d: int, d_ff: int) -> dict[str, T
 
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab04`, keyed by what they show."""
-    out: dict[str, dict[str, Any]] = {}
     g = generator(404)
 
     # layer_norm
-    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 0.0, 0.0, 6.0]], dtype=torch.float32)
-    ones, zeros = torch.ones(4), torch.zeros(4)
-    out["layer_norm([[1, 2, 3, 4], [-2, 0, 0, 6]], ones(4), zeros(4))"] = fixture_entry(
-        oracle_layer_norm(x, ones, zeros), layer_norm_mistakes(x, ones, zeros, 1e-5)
-    )
+    rows = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 0.0, 0.0, 6.0]])
     x = torch.randn(2, 3, 5, generator=g) * 3.0 + 1.0
     weight = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
     bias = torch.tensor([0.5, 0.0, -1.0, 2.0, 0.1])
-    out["layer_norm input x (2, 3, 5)"] = fixture_entry(x)
-    out["layer_norm input weight (5,)"] = fixture_entry(weight)
-    out["layer_norm input bias (5,)"] = fixture_entry(bias)
-    out["layer_norm(x, weight, bias) on x of shape (2, 3, 5)"] = fixture_entry(
-        oracle_layer_norm(x, weight, bias), layer_norm_mistakes(x, weight, bias, 1e-5)
-    )
+    g4 = generator(4)
+    x4 = torch.randn(2, 3, 4, 6, generator=g4) * 3.0 + 1.0
+    w6, b6 = torch.randn(6, generator=g4), torch.randn(6, generator=g4)
+    norms = [(rows, torch.ones(4), torch.zeros(4), 1e-5), (x, weight, bias, 1e-5)]
+    out = LAYER_NORM.fixtures("check_layer_norm", [*norms, (x4, w6, b6, 1e-3)])
 
     # FeedForward(4, 6)
     ff = {

@@ -24,6 +24,7 @@ Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vasw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from transformer_lab.checks import lab06
 from transformer_lab.checks._common import (
     call_student,
     close,
@@ -41,22 +43,18 @@ from transformer_lab.checks._common import (
     randint,
     run_beside,
 )
+from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab06 import (
     FIT_WHAT,
     PRECISIONS,
     SPEC,
     StandInTranslator,
-    _shift_call,
     block_like_torch,
     copy_task_batches,
     fit_facts,
-    judge_decode,
-    judge_loss,
-    judge_shift,
     loss_call,
     optimizers_check,
     run_block,
-    run_decode,
     stand_in,
     torch_decoder_output,
     train_translator_check,
@@ -64,7 +62,6 @@ from transformer_lab.checks.lab06 import (
     trusted_data,
     validation_step_check,
 )
-from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
 __all__ = [
@@ -458,7 +455,7 @@ def shift_mistakes(targets: Tensor, bos_id: int) -> dict[str, Tensor]:
     t = targets.double()
     bos = torch.full_like(t[:, :1], float(bos_id))
     zero = torch.zeros_like(t[:, :1])
-    out = {
+    return {
         "You shifted LEFT: position t holds the target of position t + 1. The decoder input is "
         "shifted RIGHT: BOS first, then the targets without their last token.": torch.cat(
             [t[:, 1:], zero], 1
@@ -476,35 +473,30 @@ def shift_mistakes(targets: Tensor, bos_id: int) -> dict[str, Tensor]:
             torch.roll(t, 1, dims=1)
         ),
         "You returned the targets unchanged: shift them right by one and put BOS first.": t,
-    }
-    if t.shape[0] > 1:
-        out["You shifted along the batch axis (dim 0); shift along time (dim 1)."] = torch.cat(
+        "You shifted along the batch axis (dim 0); shift along time (dim 1).": torch.cat(
             [torch.full_like(t[:1], float(bos_id)), t[:-1]], 0
-        )
-    if bos_id != 1:
-        out["Use the bos_id argument, not a fixed 1."] = torch.cat(
-            [torch.ones_like(t[:, :1]), t[:, :-1]], 1
-        )
-    return out
+        ),
+        "Use the bos_id argument, not a fixed 1.": torch.cat([torch.ones_like(zero), t[:, :-1]], 1),
+    }
 
 
-def hidden_check_shift_right(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Random sizes and BOS ids, one-step targets, and the input left unchanged."""
-    g = generator(seed)
-    for B, T in (
-        (randint(2, 5, g), randint(3, 9, g)),
-        (randint(1, 3, g), 1),
-        (1, randint(2, 6, g)),
-    ):
+SHIFT = Oracle(lab06.SHIFT, oracle_shift_right, shift_mistakes)
+
+
+def _shift_cases(g: torch.Generator) -> list[tuple[Tensor, int]]:
+    sizes = ((randint(2, 5, g), randint(3, 9, g)), (randint(1, 3, g), 1), (1, randint(2, 6, g)))
+    cases = []
+    for B, T in sizes:
         bos_id = randint(1, 9, g)
-        targets = torch.randint(0, 20, (B, T), generator=g)
-        judge_shift(
-            _shift_call(fn, targets, bos_id),
-            targets,
-            bos_id,
-            oracle_shift_right(targets, bos_id),
-            shift_mistakes(targets, bos_id),
-        )
+        cases.append((torch.randint(0, 20, (B, T), generator=g), bos_id))
+    return cases
+
+
+hidden_check_shift_right = SHIFT.hidden(
+    "hidden_check_shift_right",
+    _shift_cases,
+    """Random sizes and BOS ids, one-step targets, and the input left unchanged.""",
+)
 
 
 # ======================================================================================
@@ -575,9 +567,11 @@ def loss_mistakes(logits: Tensor, targets: Tensor, pad_id: int) -> dict[str, Ten
     return out
 
 
-def hidden_check_sequence_loss(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Random sizes, lengths and padding ids against the loop oracle."""
-    g = generator(seed)
+LOSS = Oracle(lab06.LOSS, oracle_sequence_loss, loss_mistakes)
+
+
+def _loss_cases(g: torch.Generator) -> list[tuple[Tensor, Tensor, int]]:
+    cases = []
     for _ in range(3):
         B, T, V = randint(2, 5, g), randint(2, 7, g), randint(4, 12, g)
         pad_id = randint(0, V - 1, g)
@@ -586,18 +580,39 @@ def hidden_check_sequence_loss(fn: Callable[..., Tensor], seed: int = 0) -> None
         targets = torch.where(targets == pad_id, (targets + 1) % V, targets)
         lengths = torch.randint(1, T + 1, (B,), generator=g)
         targets[torch.arange(T)[None] >= lengths[:, None]] = pad_id
-        what = f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
-        got = loss_call(fn, logits, targets, pad_id, what)
-        judge_loss(
-            got,
-            oracle_sequence_loss(logits, targets, pad_id),
-            loss_mistakes(logits, targets, pad_id),
-            what,
-        )
+        cases.append((logits, targets, pad_id))
+    return cases
+
+
+hidden_check_sequence_loss = LOSS.hidden(
+    "hidden_check_sequence_loss",
+    _loss_cases,
+    """Random sizes, lengths and padding ids against the loop oracle.""",
+)
+
+
+#: What an answer right on ordinary logits but wrong on large or confident ones does.
+LOG_OF_SOFTMAX = (
+    "Adding a constant to every logit changes no probability, yet exp of large logits "
+    "overflows, and a confident softmax underflows to 0 before its log: compute "
+    "log-probabilities directly, as logits - logsumexp(logits, dim=-1) (or log_softmax), not as "
+    "the log of a softmax."
+)
+#: Logits around +-1e4, or confident (60 times larger), at the spec's ``loss`` tolerance.
+LARGE_LOGITS = Oracle(
+    dataclasses.replace(
+        lab06.LOSS,
+        same=lambda got, want: close(got, want, **SPEC.close_tol("loss")),
+        named=lambda case: LOG_OF_SOFTMAX,
+    ),
+    oracle_sequence_loss,
+    loss_mistakes,
+)
 
 
 def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Logits of size 1e4, bfloat16 logits, and gradients: none at padding, some elsewhere."""
+    """Logits around +-1e4 and 60 times larger ones, bfloat16 logits, and gradients: none at
+    padding, some elsewhere."""
     g = generator(seed)
     B, T, V, pad_id = 3, 5, 9, 2
     targets = torch.randint(0, V - 1, (B, T), generator=g)
@@ -606,32 +621,8 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
     targets[0, 3:] = pad_id
     targets[2, 1:] = pad_id
     base = 4.0 * torch.randn(B, T, V, generator=g)
-    for offset in (1e4, -1e4):
-        logits = base + offset
-        what = f"sequence_loss(logits + {offset:g}, targets, pad_id={pad_id})"
-        got = loss_call(fn, logits, targets, pad_id, what)
-        mistakes = loss_mistakes(logits, targets, pad_id)
-        compare(
-            got,
-            oracle_sequence_loss(logits, targets, pad_id),
-            what=what,
-            candidates=[(wrong, hint) for hint, wrong in mistakes.items()],
-            hint="Adding a constant to every logit changes no probability. exp of large logits "
-            "overflows (and a probability underflows to 0 before its log): compute "
-            "log-probabilities as logits - logsumexp(logits, dim=-1), or with log_softmax.",
-            **SPEC.close_tol("loss"),
-        )
-    scaled = 60.0 * base
-    what = f"sequence_loss(60 * logits, targets, pad_id={pad_id})"
-    compare(
-        loss_call(fn, scaled, targets, pad_id, what),
-        oracle_sequence_loss(scaled, targets, pad_id),
-        what=what,
-        candidates=[],
-        hint="Confident logits make some probabilities underflow to 0: take log-probabilities "
-        "directly (logits - logsumexp), not the log of a softmax.",
-        **SPEC.close_tol("loss"),
-    )
+    large = (base + 1e4, base - 1e4, 60.0 * base)
+    LARGE_LOGITS.judge(fn, [(logits, targets, pad_id) for logits in large])
     what = f"sequence_loss(bfloat16 logits, targets, pad_id={pad_id})"
     low = loss_call(fn, base.bfloat16(), targets, pad_id, what)
     expect_close(
@@ -872,58 +863,37 @@ def _scripted_example(
     return model, src, mask
 
 
-def _expect_decode(
-    fn: Callable[..., Tensor],
-    model: nn.Module,
-    src: Tensor,
-    mask: Tensor | None,
-    ids: tuple[int, int],
-    max_len: int,
-) -> None:
-    bos_id, eos_id = ids
-    before = getattr(model, "encode_calls", 0)
-    got, what = run_decode(fn, model, src, mask, bos_id, eos_id, max_len)
-    calls = getattr(model, "encode_calls", 1) - before
-    judge_decode(
-        got,
-        oracle_greedy_decode(model, src, bos_id, eos_id, max_len, mask),
-        greedy_mistakes(model, src, bos_id, eos_id, max_len, mask),
-        what,
-    )
-    expect_true(
-        calls <= 1,
-        f"{what} encoded the source {calls} times: encode it once, before the loop; only the "
-        "decoder runs once per new token.",
-    )
+DECODE = Oracle(lab06.DECODE, oracle_greedy_decode, greedy_mistakes)
 
 
 def hidden_check_greedy_decode(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """Scripted translators with other special ids and a random neural stand-in, vs the oracle."""
     g = generator(seed)
+    cases = []
     for specials in ((0, 1, 2), (5, 3, 8)):
         B, S = randint(2, 5, g), randint(3, 6, g)
         model, src, mask = _scripted_example(g, B, S, 10, specials)
-        _expect_decode(fn, model, src, mask, specials[1:], S + randint(2, 4, g))
-    model = StandInTranslator(9, seed=seed)
+        cases.append((model, src, *specials[1:], S + randint(2, 4, g), mask))
     src = torch.randint(3, 9, (4, 5), generator=g)
     mask = torch.ones_like(src, dtype=torch.bool)
     mask[2, 3:] = False
-    _expect_decode(fn, model, src, mask, (1, 2), 8)
+    DECODE.judge(fn, [*cases, (StandInTranslator(9, seed=seed), src, 1, 2, 8, mask)])
 
 
 def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """``max_len`` of 1 and 2, an immediate EOS, one sentence, no mask, padding id 7."""
-    g = generator(seed)
-    specials = (7, 1, 2)
-    model, src, mask = _scripted_example(g, 3, 4, 10, specials)
-    for max_len in (1, 2):
-        _expect_decode(fn, model, src, mask, (1, 2), max_len)
+    model, src, mask = _scripted_example(generator(seed), 3, 4, 10, (7, 1, 2))
     empty = mask.clone()
     empty[1] = False  # a source with no real token: EOS at once
-    _expect_decode(fn, model, src, empty, (1, 2), 7)
-    _expect_decode(fn, model, src[:1], mask[:1], (1, 2), 7)
     full = StandInTranslator(10, pad_id=7, scripted=True)
-    _expect_decode(fn, full, src[:, :3], None, (1, 2), 6)
+    cases = [
+        (model, src, 1, 2, 1, mask),
+        (model, src, 1, 2, 2, mask),
+        (model, src, 1, 2, 7, empty),
+        (model, src[:1], 1, 2, 7, mask[:1]),
+        (full, src[:, :3], 1, 2, 6, None),
+    ]
+    DECODE.judge(fn, cases)
 
 
 # ======================================================================================
@@ -931,47 +901,21 @@ def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -
 # ======================================================================================
 
 
-def _distinct(want: Tensor, mistakes: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The mistakes whose output differs from the right answer (else they name nothing)."""
-    return {
-        h: w
-        for h, w in mistakes.items()
-        if not (w.shape == want.shape and close(w, want, atol=1e-9, rtol=0.0))
-    }
-
-
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab06`, keyed by the call."""
-    out: dict[str, dict[str, Any]] = {}
-    for rows, bos_id in (([[5, 6, 7, 2], [8, 2, 0, 0]], 1), ([[9, 3, 2]], 4)):
-        t = torch.tensor(rows)
-        want = oracle_shift_right(t, bos_id)
-        out[f"shift_right({rows}, bos_id={bos_id})"] = fixture_entry(
-            want, _distinct(want, shift_mistakes(t, bos_id))
-        )
+    shifts = [(torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]]), 1), (torch.tensor([[9, 3, 2]]), 4)]
+    out = SHIFT.fixtures("check_shift_right", shifts)
     g = generator(6006)
-    examples = {
-        "padded": (0, [[3, 4, 5, 2, 0], [6, 2, 0, 0, 0], [3, 3, 4, 6, 2]]),
-        "pad_id=5": (5, [[0, 4, 1, 2, 5], [6, 2, 5, 5, 5]]),
-    }
-    for name, (pad_id, rows) in examples.items():
-        example = torch.tensor(rows)
-        logits = (2.0 * torch.randn(*example.shape, 7, generator=g)).float().double()
-        logits = torch.round(logits * 1e4) / 1e4  # stored exactly in the JSON
-        want = oracle_sequence_loss(logits, example, pad_id)
-        out[f"sequence_loss {name}: logits"] = fixture_entry(logits)
-        out[f"sequence_loss {name}: targets"] = fixture_entry(example.double())
-        out[f"sequence_loss {name}"] = fixture_entry(
-            want, _distinct(want, loss_mistakes(logits, example, pad_id))
-        )
+    losses = []
+    for pad_id, rows in (
+        (0, [[3, 4, 5, 2, 0], [6, 2, 0, 0, 0], [3, 3, 4, 6, 2]]),
+        (5, [[0, 4, 1, 2, 5], [6, 2, 5, 5, 5]]),
+    ):
+        logits = 2.0 * torch.randn(len(rows), len(rows[0]), 7, generator=g)
+        losses.append((torch.round(logits * 1e4) / 1e4, torch.tensor(rows), pad_id))
+    out |= LOSS.fixtures("check_sequence_loss", losses)  # logits stored to 4 decimals
     src = torch.tensor([[4, 5, 6, 7], [8, 3, 9, 9], [5, 5, 3, 4]])
     mask = torch.tensor([[True] * 4, [True, True, False, False], [True, True, True, False]])
-    for key, max_len in (("three sentences", 10), ("short max_len", 3)):
-        scripted = StandInTranslator(scripted=True)
-        want = oracle_greedy_decode(scripted, src, 1, 2, max_len, mask)
-        out[f"greedy_decode {key}: src"] = fixture_entry(src.double())
-        out[f"greedy_decode {key}: mask"] = fixture_entry(mask.double())
-        out[f"greedy_decode {key}"] = fixture_entry(
-            want, _distinct(want, greedy_mistakes(scripted, src, 1, 2, max_len, mask))
-        )
+    decodes = [({}, src, 1, 2, max_len, mask) for max_len in (10, 3)]  # a scripted stand-in
+    out |= DECODE.fixtures("check_greedy_decode", decodes)
     return out
