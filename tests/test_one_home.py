@@ -268,9 +268,9 @@ def _upper_disagreements(record: Any) -> list[str]:
 
     wrong = record.wrong_answer()
     problems = []
-    for T in (1, 4, 7):  # the stored examples' sizes (T = 1: the mistake gives the answer)
+    for i, T in enumerate((4, 1, 7)):  # the stored examples (T = 1: the mistake is right)
         mistakes = hidden05.causal_mistakes(T)
-        _, stored = stored_data("lab05", f"causal_mask({T})")
+        _, stored = stored_data("lab05", f"check_causal_mask {i}")
         if T > 1 and not torch.equal(mistakes.get(record.hint, torch.empty(0)), wrong(T)):
             problems.append(f"the hidden check's causal_mistakes({T}) has no {record.hint!r}")
         if T > 1 and stored.get(record.hint) != wrong(T).tolist():

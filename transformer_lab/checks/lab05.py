@@ -8,7 +8,10 @@ instructor builds the labs), together with what the typical mistakes return on t
 instead of a lower triangle, the diagonal left out, True and False swapped, padding that hides
 queries instead of keys, ``|`` instead of ``&``, the mask applied after the softmax, masked
 scores set to 0, fully masked rows that come out NaN or uniform... A wrong answer is compared
-with those and the message names the mistake it reproduces. The attention examples are built so
+with those and the message names the mistake it reproduces. The three masks are ordinary
+parts (:mod:`transformer_lab.checks._generated`: one
+:class:`~transformer_lab.checks._generated.Ordinary` each, :data:`CAUSAL`, :data:`PADDING`,
+:data:`COMBINE`): their checks are generated. The attention examples are built so
 that the masked keys have the LARGEST raw scores (a mask applied late, or not at all, cannot
 hide), have a key that differs from the value and as many queries as keys differing, include a
 row with nothing to attend, and run again in float16, where ``-1e9`` does not exist.
@@ -38,18 +41,16 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks import _attention, spec
-from transformer_lab.checks._common import (
-    call_forbidding,
-    expect_shape,
-    generator,
-    note_mistake,
-    stored,
-)
+from transformer_lab.checks._common import Case, call_forbidding, generator
+from transformer_lab.checks._generated import Given, Ordinary
 
 __all__ = [
     "ATTENTION_BAN",
+    "CAUSAL",
+    "COMBINE",
     "DETECTOR_BAN",
     "MASK_BAN",
+    "PADDING",
     "Probe",
     "attention_example",
     "check_causal_mask",
@@ -58,15 +59,9 @@ __all__ = [
     "check_masked_attention",
     "check_masked_attention_half",
     "check_padding_mask",
-    "combine_key",
     "describe_attention",
     "expect_attention",
-    "expect_causal_mask",
-    "expect_combine_masks",
-    "expect_mask",
-    "expect_padding_mask",
     "judge_detector",
-    "judge_mask",
     "run_attention",
     "run_detector",
     "show_lengths",
@@ -132,81 +127,127 @@ def run_detector(
 
 
 # --------------------------------------------------------------------------------------
-# Judging a mask
+# The masks: ordinary parts (transformer_lab.checks._generated)
 # --------------------------------------------------------------------------------------
 
 
-def _first(index: Tensor) -> tuple[int, ...]:
-    return tuple(int(i) for i in index.nonzero()[0])
+def _screen_mask(case: Case[Given]) -> None:
+    """A wrong mask that is no tensor of booleans fails at once, in words of its own: an
+    additive float mask (PyTorch's other convention), or 0/1 values of another dtype."""
+    got = case.got
+    if got.dtype == torch.bool:
+        return
+    if got.is_floating_point() and bool(torch.isinf(got).any()):
+        raise AssertionError(
+            f"{case.what} is an additive float mask (0 where allowed, -inf where blocked), the "
+            "convention of nn.Transformer.generate_square_subsequent_mask. This course's masks "
+            "are boolean with True = may attend (as in F.scaled_dot_product_attention): "
+            "return a torch.bool tensor."
+        )
+    right = got.shape == case.want.shape and bool(torch.equal(got != 0, case.want))
+    raise AssertionError(
+        f"{case.what} has dtype {got.dtype}, expected torch.bool (True = may attend)"
+        + (
+            ": your values are right. Comparisons such as `<` or `<=` already give booleans; "
+            "`.bool()` converts the rest."
+            if right
+            else "."
+        )
+    )
 
 
-def _same_values(got: Tensor, wrong: Tensor) -> bool:
-    if tuple(got.shape) != tuple(wrong.shape):
-        return False
-    values = got.detach().to("cpu")
-    if values.dtype != torch.bool:
-        if not bool(((values == 0) | (values == 1)).all()):
-            return False
-        values = values != 0
-    return bool(torch.equal(values, wrong.to(torch.bool)))
+def _describe_mask(case: Case[Given]) -> str:
+    """Where a wrong mask differs: its shape, or how many entries and the first of them."""
+    got, want = case.got, case.want
+    if got.shape != want.shape:
+        return f"{case.what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}."
+    wrong_at = got != want
+    idx = tuple(int(i) for i in wrong_at.nonzero()[0])
+    return (
+        f"{case.what} is wrong at {int(wrong_at.sum())} of {want.numel()} entries; at index "
+        f"{idx} you have {bool(got[idx])}, expected {bool(want[idx])}."
+    )
 
 
-def judge_mask(got: Any, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> Tensor:
-    """Compare a student's boolean mask with the expected one; name the mistake it reproduces.
+def _same_mask(got: Tensor, want: Tensor) -> bool:
+    return got.dtype == want.dtype and got.shape == want.shape and bool(torch.equal(got, want))
 
-    Args:
-        got: what the student's function returned.
-        want: the expected mask (bool, or 0/1 floats as stored).
-        mistakes: hint -> the mask that typical mistake returns (any shape).
-        what: the call, for messages.
 
-    Returns:
-        The student's mask.
+def _mask_part(
+    call: Callable[..., Any], what: Callable[..., str], rule: str, **kwargs: Any
+) -> Ordinary:
+    """The :class:`Ordinary` of a mask function: ``call(*args)`` -> ``(what to pass, on_error)``;
+    the answer runs under :data:`MASK_BAN` and must return a tensor (compared as a mask)."""
 
-    Raises:
-        AssertionError: a wrong type, shape, dtype or value, with the matching hint.
-    """
-    want = want.to(torch.bool)
-    if not isinstance(got, Tensor):
-        expect_shape(got, tuple(want.shape), what)  # words the type error
-    assert isinstance(got, Tensor)
-    if tuple(got.shape) != tuple(want.shape):
-        for hint, wrong in mistakes.items():
-            if _same_values(got, wrong):
-                raise AssertionError(
-                    f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}. {hint}"
-                )
-        expect_shape(got, tuple(want.shape), what)
-    if got.dtype != torch.bool:
-        values = got.detach().to("cpu")
-        if values.is_floating_point() and bool(torch.isinf(values).any()):
+    def run(fn: Callable[..., Any], *args: Any) -> Tensor:
+        passed, on_error = call(*args)
+        shown = what(*args)
+        got = call_forbidding(fn, passed, {}, ban=MASK_BAN, what=shown, on_error=on_error)
+        if not isinstance(got, Tensor):
+            missing = " (did you forget to `return`?)" if got is None else ""
             raise AssertionError(
-                f"{what} is an additive float mask (0 where allowed, -inf where blocked), the "
-                "convention of nn.Transformer.generate_square_subsequent_mask. This course's masks "
-                "are boolean with True = may attend (as in F.scaled_dot_product_attention): "
-                "return a torch.bool tensor."
+                f"{shown} returned {got!r:.80}{missing}; return a torch.bool tensor."
             )
-        right = _same_values(got, want)
-        raise AssertionError(
-            f"{what} has dtype {got.dtype}, expected torch.bool (True = may attend)"
-            + (
-                ": your values are right. Comparisons such as `<` or `<=` already give booleans; "
-                "`.bool()` converts the rest."
-                if right
-                else "."
-            )
-        )
-    wrong_at = got.detach().to("cpu") != want
-    if bool(wrong_at.any()):
-        idx = _first(wrong_at)
-        hint = next((h for h, m in mistakes.items() if _same_values(got, m)), "")
-        if hint:
-            note_mistake(hint)  # a hidden cell's message says it (the judge's own words)
-        raise AssertionError(
-            f"{what} is wrong at {int(wrong_at.sum())} of {want.numel()} entries; at index {idx} "
-            f"you have {bool(got[idx])}, expected {bool(want[idx])}." + (f" {hint}" if hint else "")
-        )
-    return got
+        return got.detach().to("cpu")
+
+    return Ordinary(
+        "lab05",
+        call=run,
+        what=what,
+        describe=_describe_mask,
+        rule=rule,
+        same=_same_mask,
+        screen=_screen_mask,
+        output=lambda mask: torch.as_tensor(mask, dtype=torch.bool),
+        **kwargs,
+    )
+
+
+#: ``causal_mask(T)``: a case is ``(T,)``.
+CAUSAL = _mask_part(
+    lambda T: ((T,), ""),
+    lambda T: f"causal_mask({T})",
+    "Query t (row) may attend key s (column) when s <= t: a (T, T) lower triangle.",
+)
+
+#: ``padding_mask(lengths, max_len)``: a case is ``(lengths, max_len)``, lengths a list or a
+#: tensor (stored with a flag saying which).
+PADDING = _mask_part(
+    lambda lengths, max_len: (
+        (lengths, max_len),
+        ""
+        if isinstance(lengths, Tensor)
+        else "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either "
+        "into a tensor.",
+    ),
+    lambda lengths, max_len: f"padding_mask({show_lengths(lengths)}, {max_len})",
+    "Entry (b, p) of the (B, max_len) mask is True when position p < lengths[b].",
+    load=lambda lengths, max_len, tensor: (torch.tensor(lengths) if tensor else lengths, max_len),
+)
+
+
+def _combine_what(padding: Tensor, causal: Tensor) -> str:
+    T = causal.shape[0]
+    lengths = [int(n) for n in padding.sum(1)]
+    lower = torch.equal(causal, torch.ones(T, T, dtype=torch.bool).tril())
+    return (
+        f"combine_masks(padding, causal) with padding = padding_mask({lengths}, {T}) and causal = "
+        + (f"causal_mask({T})" if lower else f"the ({T}, {T}) mask {causal.int().tolist()}")
+    )
+
+
+#: ``combine_masks(padding, causal)``: a case is ``(padding, causal)``, boolean tensors.
+COMBINE = _mask_part(
+    lambda padding, causal: (
+        (padding, causal),
+        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
+        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
+        "broadcasts against causal[None, None].",
+    ),
+    _combine_what,
+    "The (B, 1, T, T) result is True at (b, 0, t, s) when padding[b, s] and causal[t, s] are.",
+    load=lambda padding, causal: (torch.tensor(padding), torch.tensor(causal)),
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -312,75 +353,8 @@ def visible_probes() -> list[Probe]:
 
 
 # --------------------------------------------------------------------------------------
-# Run and judge in one call (the visible checks with stored values, the hidden with oracles)
+# Masked attention: run and judge in one call (stored values, or the hidden oracles)
 # --------------------------------------------------------------------------------------
-
-
-def expect_mask(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    what: str,
-    want: Tensor,
-    mistakes: Mapping[str, Tensor],
-    on_error: str = "",
-) -> None:
-    """The student's mask function on ``args``, under the masks' ban, must return ``want``
-    (:func:`judge_mask`); ``on_error`` is added to the message of an exception it raises."""
-    got = call_forbidding(fn, args, {}, ban=MASK_BAN, what=what, on_error=on_error)
-    judge_mask(got, want, mistakes, what)
-
-
-def expect_causal_mask(
-    fn: Callable[..., Any], T: int, want: Tensor, mistakes: Mapping[str, Tensor]
-) -> None:
-    """``causal_mask(T)`` must equal ``want``; ``mistakes`` name a wrong answer (and the mask
-    one step ahead, named here for every ``T`` where it differs)."""
-    ahead = torch.ones(T, T, dtype=torch.bool).tril(1)  # (T, T): key s <= query t + 1
-    if not torch.equal(ahead, want.to(torch.bool)):
-        mistakes = {**mistakes, ONE_STEP_AHEAD: ahead}
-    expect_mask(fn, (T,), f"causal_mask({T})", want, mistakes)
-
-
-#: The causal mask shifted by one: each query also sees the next key.
-ONE_STEP_AHEAD = (
-    "Your mask is one step ahead: query t may also attend key t+1, the next token (s <= t + 1, "
-    "torch.tril(..., diagonal=1)). Allow key s <= query t only (diagonal=0)."
-)
-
-
-def expect_padding_mask(
-    fn: Callable[..., Any],
-    lengths: Sequence[int] | Tensor,
-    max_len: int,
-    want: Tensor,
-    mistakes: Mapping[str, Tensor],
-) -> None:
-    """``padding_mask(lengths, max_len)`` must equal ``want``."""
-    what = f"padding_mask({show_lengths(lengths)}, {max_len})"
-    hint = (
-        "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either into "
-        "a tensor."
-        if not isinstance(lengths, Tensor)
-        else ""
-    )
-    expect_mask(fn, (lengths, max_len), what, want, mistakes, on_error=hint)
-
-
-def expect_combine_masks(
-    fn: Callable[..., Any],
-    padding: Tensor,
-    causal: Tensor,
-    what: str,
-    want: Tensor,
-    mistakes: Mapping[str, Tensor],
-) -> None:
-    """``combine_masks(padding, causal)`` must equal ``want``."""
-    hint = (
-        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
-        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
-        "broadcasts against causal[None, None]."
-    )
-    expect_mask(fn, (padding, causal), what, want, mistakes, on_error=hint)
 
 
 def expect_attention(
@@ -463,40 +437,19 @@ def describe_attention(q: Tensor, k: Tensor, v: Tensor, described: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def check_causal_mask(fn: Callable[..., Any]) -> None:
-    """Worked examples ``causal_mask(4)``, ``causal_mask(1)``, ``causal_mask(7)``."""
-    for T in (4, 1, 7):
-        expect_causal_mask(fn, T, *stored("lab05", f"causal_mask({T})"))
-
-
-def check_padding_mask(fn: Callable[..., Any]) -> None:
-    """Worked example with lengths ``[3, 1, 5, 0]`` and ``max_len=6``, as a list and a tensor."""
-    want, mistakes = stored("lab05", "padding_mask([3, 1, 5, 0], 6)")
-    for lengths in (torch.tensor([3, 1, 5, 0]), [3, 1, 5, 0]):
-        expect_padding_mask(fn, lengths, 6, want, mistakes)
-    # A second batch, so that a mask that ignores its arguments does not pass.
-    other = torch.tensor([[True, True, False], [False, False, False]])  # lengths [2, 0], T=3
-    expect_padding_mask(fn, torch.tensor([2, 0]), 3, other, {})
-
-
-_COMBINE_EXAMPLES = (((4, 2), 4), ((5, 3, 1), 5))
-
-
-def combine_key(lengths: tuple[int, ...], T: int) -> str:
-    """The stored example's name (how messages show the call)."""
-    return (
-        f"combine_masks(padding, causal) with padding = padding_mask({list(lengths)}, {T}) "
-        f"and causal = causal_mask({T})"
-    )
-
-
-def check_combine_masks(fn: Callable[..., Any]) -> None:
-    """Worked examples: two batches of sequences of unequal length, with the causal mask."""
-    for lengths, T in _COMBINE_EXAMPLES:
-        padding = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
-        causal = torch.tensor([[j <= i for j in range(T)] for i in range(T)])  # (T, T)
-        what = combine_key(lengths, T)
-        expect_combine_masks(fn, padding, causal, what, *stored("lab05", what))
+check_causal_mask = CAUSAL.visible(
+    "check_causal_mask",
+    """Worked examples ``causal_mask(4)``, ``causal_mask(1)``, ``causal_mask(7)``.""",
+)
+check_padding_mask = PADDING.visible(
+    "check_padding_mask",
+    """Worked examples: lengths ``[3, 1, 5, 0]`` and ``max_len=6``, as a tensor and a list, and
+    lengths ``[2, 0]`` with ``max_len=3`` (a mask that ignores its arguments does not pass).""",
+)
+check_combine_masks = COMBINE.visible(
+    "check_combine_masks",
+    """Worked examples: two batches of sequences of unequal length, with the causal mask.""",
+)
 
 
 def _check_attention(fn: Callable[..., Any], dtype: torch.dtype, tol: float) -> None:

@@ -30,21 +30,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_lab.checks import lab05
 from transformer_lab.checks._attention import expect_finite_gradients
 from transformer_lab.checks._common import generator, randint
+from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab05 import (
     SPEC,
     Probe,
     attention_example,
-    combine_key,
     expect_attention,
-    expect_causal_mask,
-    expect_combine_masks,
-    expect_padding_mask,
     judge_detector,
     run_attention,
 )
-from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import (
     attend64,
     distinct_mistakes,
@@ -55,6 +52,9 @@ from transformer_lab.grading.hidden._attention import attention_mistakes as shar
 
 __all__ = [
     "ATTENTION_HINTS",
+    "CAUSAL",
+    "COMBINE",
+    "PADDING",
     "attention_mistakes",
     "causal_mistakes",
     "combine_mistakes",
@@ -115,27 +115,28 @@ def oracle_masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tu
 
 
 def causal_mistakes(T: int) -> dict[str, Tensor]:
-    """Hint -> the mask a typical wrong ``causal_mask(T)`` returns."""
+    """Hint -> the mask a typical wrong ``causal_mask(T)`` returns (at ``T = 2`` the mask one
+    step ahead is all True, as 'nothing hidden': the other sizes tell them apart)."""
     t = torch.arange(T)[:, None]  # (T, 1): queries in rows
     s = torch.arange(T)[None, :]  # (1, T): keys in columns
     good = oracle_causal_mask(T)
-    return distinct_mistakes(
-        good,
-        {
-            SPEC.mistake("causal causal_upper").hint: s >= t,
-            "Your mask leaves out the diagonal: a token may attend to itself. Allow key "
-            "s <= query t, not s < t (torch.tril with the default diagonal=0).": s < t,
-            "Your mask is inverted: True must mean *may attend* (as in "
-            "F.scaled_dot_product_attention), so the diagonal and the past are True and the "
-            "future False.": s > t,
-            "Every entry of your mask is True: nothing is hidden. Query t may attend keys "
-            "0..t only.": torch.ones(T, T, dtype=torch.bool),
-            "Every entry of your mask is False: query t may attend keys 0..t, its own "
-            "position included.": torch.zeros(T, T, dtype=torch.bool),
-            "Your mask has an extra leading axis: return (T, T); batch and head axes come "
-            "later, from broadcasting.": good[None],
-        },
-    )
+    return {
+        SPEC.mistake("causal causal_upper").hint: s >= t,
+        "Your mask is one step ahead: query t may also attend key t+1, the next token "
+        "(s <= t + 1, torch.tril(..., diagonal=1)). Allow key s <= query t only "
+        "(diagonal=0).": s <= t + 1,
+        "Your mask leaves out the diagonal: a token may attend to itself. Allow key "
+        "s <= query t, not s < t (torch.tril with the default diagonal=0).": s < t,
+        "Your mask is inverted: True must mean *may attend* (as in "
+        "F.scaled_dot_product_attention), so the diagonal and the past are True and the "
+        "future False.": s > t,
+        "Every entry of your mask is True: nothing is hidden. Query t may attend keys "
+        "0..t only.": torch.ones(T, T, dtype=torch.bool),
+        "Every entry of your mask is False: query t may attend keys 0..t, its own "
+        "position included.": torch.zeros(T, T, dtype=torch.bool),
+        "Your mask has an extra leading axis: return (T, T); batch and head axes come "
+        "later, from broadcasting.": good[None],
+    }
 
 
 def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
@@ -163,7 +164,7 @@ def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
             "Your mask has max(lengths) columns, not max_len: the batch is padded to max_len, "
             "so build the positions with torch.arange(max_len)."
         ] = p[:, :longest] < n
-    return distinct_mistakes(good, mistakes)
+    return mistakes
 
 
 _PADDED_QUERIES = (
@@ -180,8 +181,9 @@ def combine_mistakes(padding: Tensor, causal: Tensor) -> dict[str, Tensor]:
     keys = padding[:, None, None, :]  # (B, 1, 1, T): padding over keys
     queries = padding[:, None, :, None]  # (B, 1, T, 1): padding over queries
     c = causal[None, None]  # (1, 1, T, T)
-    good = oracle_combine_masks(padding, causal)
     own_causal = torch.ones(T, T, dtype=torch.bool).tril()
+    good = oracle_combine_masks(padding, causal)
+    # Padding over queries hides the padded keys too under any mask with s <= t: one hint.
     return distinct_mistakes(
         good,
         {
@@ -281,64 +283,57 @@ def attention_mistakes(
 # --------------------------------------------------------------------------------------
 
 
-def _expect_causal(fn: Callable[..., Any], T: int) -> None:
-    expect_causal_mask(fn, T, oracle_causal_mask(T), causal_mistakes(T))
+CAUSAL = Oracle(lab05.CAUSAL, oracle_causal_mask, causal_mistakes)
+PADDING = Oracle(lab05.PADDING, oracle_padding_mask, padding_mistakes)
+COMBINE = Oracle(lab05.COMBINE, oracle_combine_masks, combine_mistakes)
 
 
-def hidden_check_causal_mask(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random sizes (seeded), a two-token and a long sequence, against the loop oracle. A size
-    of 3 or more comes first: at T = 2 the mask one step ahead is all True, the same mask as
-    'nothing hidden', and the first failing size is the one whose hint is read."""
-    g = generator(seed)
-    first = randint(3, 12, g)
-    for T in (first, 2, randint(13, 40, g), 64):
-        _expect_causal(fn, T)
+def _causal_sizes(g: torch.Generator) -> list[tuple[int]]:
+    return [(randint(3, 12, g),), (2,), (randint(13, 40, g),), (64,)]
 
 
-def _expect_padding(fn: Callable[..., Any], lengths: Sequence[int] | Tensor, max_len: int) -> None:
-    plain = [int(n) for n in lengths]
-    expect_padding_mask(
-        fn, lengths, max_len, oracle_padding_mask(plain, max_len), padding_mistakes(plain, max_len)
-    )
+hidden_check_causal_mask = CAUSAL.hidden(
+    "hidden_check_causal_mask",
+    _causal_sizes,
+    """Random sizes (seeded), a two-token and a long sequence, against the loop oracle.""",
+)
 
 
-def hidden_check_padding_mask(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random batches: empty and full sequences, int64 and int32 tensors, Python lists."""
-    g = generator(seed)
+def _padding_batches(g: torch.Generator) -> list[tuple[Sequence[int] | Tensor, int]]:
+    cases: list[tuple[Sequence[int] | Tensor, int]] = []
     for kind in ("int64", "int32", "list"):
         B, max_len = randint(2, 6, g), randint(3, 12, g)
         lengths = [randint(0, max_len, g) for _ in range(B)]
         lengths[0], lengths[-1] = max_len, 0
-        if kind == "list":
-            _expect_padding(fn, lengths, max_len)
-        else:
-            _expect_padding(fn, torch.tensor(lengths, dtype=getattr(torch, kind)), max_len)
-    _expect_padding(fn, torch.tensor([2]), 7)  # one sequence, max(lengths) < max_len
+        as_given = lengths if kind == "list" else torch.tensor(lengths, dtype=getattr(torch, kind))
+        cases.append((as_given, max_len))
+    return [*cases, (torch.tensor([2]), 7)]  # one sequence, max(lengths) < max_len
 
 
-def _expect_combine(fn: Callable[..., Any], padding: Tensor, causal: Tensor, what: str) -> None:
-    want = oracle_combine_masks(padding, causal)
-    expect_combine_masks(fn, padding, causal, what, want, combine_mistakes(padding, causal))
+hidden_check_padding_mask = PADDING.hidden(
+    "hidden_check_padding_mask",
+    _padding_batches,
+    """Random batches: empty and full sequences, int64 and int32 tensors, Python lists.""",
+)
 
 
-def hidden_check_combine_masks(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random batches with the causal mask, and a local-window mask the function must use."""
-    g = generator(seed)
+def _combine_batches(g: torch.Generator) -> list[tuple[Tensor, Tensor]]:
+    cases = []
     for _ in range(2):
         B, T = randint(2, 5, g), randint(3, 9, g)
         lengths = [randint(1, T, g) for _ in range(B)]
         lengths[0] = T
-        padding = oracle_padding_mask(lengths, T)
-        _expect_combine(fn, padding, oracle_causal_mask(T), combine_key(tuple(lengths), T))
-    T = 6
-    lengths = [6, 4, 0]
-    padding = oracle_padding_mask(lengths, T)
-    window = torch.tensor([[t - 2 <= s <= t for s in range(T)] for t in range(T)])  # (T, T)
-    what = (
-        f"combine_masks(padding, causal) with padding = padding_mask({lengths}, {T}) and "
-        "causal = a local window (each query sees itself and the 2 keys before it)"
-    )
-    _expect_combine(fn, padding, window, what)
+        cases.append((oracle_padding_mask(lengths, T), oracle_causal_mask(T)))
+    window = torch.tensor([[t - 2 <= s <= t for s in range(6)] for t in range(6)])  # (T, T)
+    return [*cases, (oracle_padding_mask([6, 4, 0], 6), window)]
+
+
+hidden_check_combine_masks = COMBINE.hidden(
+    "hidden_check_combine_masks",
+    _combine_batches,
+    """Random batches with the causal mask, and a local-window mask the function must use
+    (each query sees itself and the 2 keys before it).""",
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -609,19 +604,15 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
 
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab05`, keyed by the call."""
-    out: dict[str, dict[str, Any]] = {}
-    for T in (4, 1, 7):
-        out[f"causal_mask({T})"] = fixture_entry(oracle_causal_mask(T), causal_mistakes(T))
-    lengths, max_len = [3, 1, 5, 0], 6
-    out[f"padding_mask({lengths}, {max_len})"] = fixture_entry(
-        oracle_padding_mask(lengths, max_len), padding_mistakes(lengths, max_len)
+    out = CAUSAL.fixtures("check_causal_mask", [(4,), (1,), (7,)])
+    lengths = [3, 1, 5, 0]  # as a tensor, then as a list (the stored flag)
+    out |= PADDING.fixtures(
+        "check_padding_mask", [(lengths, 6, True), (lengths, 6, False), ([2, 0], 3, True)]
     )
-    for lengths_t, T in (((4, 2), 4), ((5, 3, 1), 5)):
-        padding = oracle_padding_mask(lengths_t, T)
-        causal = oracle_causal_mask(T)
-        out[combine_key(lengths_t, T)] = fixture_entry(
-            oracle_combine_masks(padding, causal), combine_mistakes(padding, causal)
-        )
+    combine = [
+        (oracle_padding_mask(n, T), oracle_causal_mask(T)) for n, T in (([4, 2], 4), ([5, 3, 1], 5))
+    ]
+    out |= COMBINE.fixtures("check_combine_masks", combine)
     for name in ("causal", "padded"):
         q, k, v, mask, _ = attention_example(name)
         want = oracle_masked_attention(q, k, v, mask)
