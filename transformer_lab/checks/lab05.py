@@ -49,8 +49,11 @@ __all__ = [
     "CAUSAL",
     "COMBINE",
     "DETECTOR_BAN",
+    "LOOKS_BACK",
     "MASK_BAN",
     "PADDING",
+    "READS_AHEAD",
+    "TIME_AXIS",
     "Probe",
     "attention_example",
     "check_causal_mask",
@@ -302,52 +305,49 @@ def _first_reads_second(x: Tensor) -> Tensor:
     return torch.cat([first, x[:, 1:]], dim=1)
 
 
-_WHOLE_OUTPUT = (
-    "Each output of this map depends only on its own position (or the ones before it), so the "
-    "outputs at positions <= t cannot change when only inputs after t change. Compare only "
-    "out[:, :t+1]: the outputs after t may change, that is allowed. And change only the "
-    "positions after t, never t itself."
+#: What a detector that misjudges a probe is told, by kind of probe (the hidden checks' too).
+LOOKS_BACK = (
+    "This map looks only at the past, so out[:, :t+1] cannot change when only x[:, t+1:] "
+    "changes. Compare only out[:, :t+1] (the outputs after t may change, that is allowed), "
+    "change only the positions after t (never t itself), and perturb the future while watching "
+    "the past, not the other way round."
 )
-_BACKWARDS = (
-    "x.cumsum(dim=1) only looks back (output t sums inputs 0..t). Perturb the future "
-    "(x[:, t+1:]) and watch the past (out[:, :t+1]), not the other way round."
+READS_AHEAD = (
+    "Only some outputs near the start read ahead here. Try every cut t = 0 .. T-2 and change "
+    "all the future positions x[:, t+1:] each time: changing only the last position, or one "
+    "cut, misses leaks that reach only a little way ahead."
 )
-_ONE_CUT = (
-    "Here only output 0 reads input 1 (out[:, 0] = x[:, 0] + x[:, 1]). Try every cut "
-    "t = 0 .. T-2 and change all the future positions x[:, t+1:] each time: changing only the "
-    "last position, or trying a single cut, misses leaks that reach only a little way ahead."
-)
-_TIME_AXIS = (
-    "Time is dim 1 of x (B, T, D): change x[:, t+1:], and compare out[:, :t+1] with a tight "
-    "tolerance (torch.equal, or torch.allclose's defaults)."
+TIME_AXIS = (
+    "Time is dim 1 of x (B, T, ...): change x[:, t+1:] for every cut t, and compare "
+    "out[:, :t+1] with a tight tolerance (torch.equal, or torch.allclose's defaults)."
 )
 
 
 def visible_probes() -> list[Probe]:
     """The maps the visible check tries the detector on (causal ones first)."""
     return [
-        Probe("(lambda x: 2 * x)", lambda x: 2.0 * x, False, _WHOLE_OUTPUT),
-        Probe("(lambda x: x.cumsum(dim=1))", lambda x: x.cumsum(dim=1), False, _BACKWARDS),
+        Probe("(lambda x: 2 * x)", lambda x: 2.0 * x, False, LOOKS_BACK),
+        Probe("(lambda x: x.cumsum(dim=1))", lambda x: x.cumsum(dim=1), False, LOOKS_BACK),
         Probe(
             "causal self-attention",
             lambda x: _causal_softmax_attention(x, causal=True),
             False,
-            _WHOLE_OUTPUT,
+            LOOKS_BACK,
         ),
-        Probe("(lambda x: x.flip(1))", lambda x: x.flip(1), True, _TIME_AXIS),
+        Probe("(lambda x: x.flip(1))", lambda x: x.flip(1), True, TIME_AXIS),
         Probe(
             "self-attention without a mask",
             lambda x: _causal_softmax_attention(x, causal=False),
             True,
-            _TIME_AXIS,
+            TIME_AXIS,
         ),
-        Probe("a map where output 0 also reads input 1", _first_reads_second, True, _ONE_CUT),
+        Probe("a map where output 0 also reads input 1", _first_reads_second, True, READS_AHEAD),
         Probe(
             "(lambda x: x - x.mean(dim=1, keepdim=True))",
             lambda x: x - x.mean(dim=1, keepdim=True),
             True,
             "Normalising over the time axis mixes every position into every output: a leak. "
-            + _TIME_AXIS,
+            + TIME_AXIS,
         ),
     ]
 

@@ -35,7 +35,10 @@ from transformer_lab.checks._attention import expect_finite_gradients
 from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab05 import (
+    LOOKS_BACK,
+    READS_AHEAD,
     SPEC,
+    TIME_AXIS,
     Probe,
     attention_example,
     expect_attention,
@@ -445,24 +448,10 @@ def hidden_check_masked_attention_dtypes(fn: Callable[..., Any], seed: int = 0) 
 # Hidden checks: the leak detector
 # --------------------------------------------------------------------------------------
 
-_ONE_CUT = (
-    "Only some outputs near the start read ahead here. Try every cut t = 0 .. T-2 and change "
-    "all the future positions x[:, t+1:] each time: changing only the last position, or one "
-    "cut, misses leaks that reach only a little way ahead."
-)
 _SMALL = (
     "The leak here is small (1e-3 of the input), but a leak of any size lets training cheat. "
     "Compare exactly (torch.equal) or with a tolerance far below it (torch.allclose's "
     "defaults), not atol=1e-2, and make the change to the future inputs of order 1."
-)
-_CAUSAL_HINT = (
-    "This map looks only at the past, so out[:, :t+1] cannot change when only x[:, t+1:] "
-    "changes. Compare only out[:, :t+1] (the outputs after t may change, that is allowed), "
-    "change only the positions after t (never t itself), and perturb the future while watching "
-    "the past, not the other way round."
-)
-_TIME_AXIS = (
-    "Time is dim 1 of x (B, T, ...): change x[:, t+1:] for every cut t and compare out[:, :t+1]."
 )
 
 
@@ -476,20 +465,20 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
         centred = nn.Conv1d(D, 4, kernel_size=3, padding=1)
         head = nn.Linear(D, 7)
     return [
-        Probe("a GRU", lambda x: gru(x)[0], False, _CAUSAL_HINT),
+        Probe("a GRU", lambda x: gru(x)[0], False, LOOKS_BACK),
         Probe(
             "a causal convolution (padded on the left)",
             lambda x: conv(F.pad(x.transpose(1, 2), (2, 0))).transpose(1, 2),
             False,
-            _CAUSAL_HINT,
+            LOOKS_BACK,
         ),
         Probe(
             "F.scaled_dot_product_attention(x, x, x, is_causal=True)",
             lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True),
             False,
-            _CAUSAL_HINT,
+            LOOKS_BACK,
         ),
-        Probe("a linear layer to 7 outputs per position", head, False, _CAUSAL_HINT),
+        Probe("a linear layer to 7 outputs per position", head, False, LOOKS_BACK),
         Probe(
             "an exponential moving average over time",
             lambda x: torch.stack(
@@ -497,26 +486,26 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
                 dim=1,
             ),
             False,
-            _CAUSAL_HINT,
+            LOOKS_BACK,
         ),
-        Probe("a two-way GRU", lambda x: bigru(x)[0], True, _TIME_AXIS),
+        Probe("a two-way GRU", lambda x: bigru(x)[0], True, TIME_AXIS),
         Probe(
             "a centred convolution (kernel 3, padding 1)",
             lambda x: centred(x.transpose(1, 2)).transpose(1, 2),
             True,
-            _ONE_CUT,
+            READS_AHEAD,
         ),
         Probe(
             "F.scaled_dot_product_attention(x, x, x) without a mask",
             lambda x: F.scaled_dot_product_attention(x, x, x),
             True,
-            _TIME_AXIS,
+            TIME_AXIS,
         ),
         Probe(
             "a map where output t also reads input t+2",
             lambda x: x + F.pad(x[:, 2:], (0, 0, 0, 2)),
             True,
-            _ONE_CUT,
+            READS_AHEAD,
         ),
     ]
 
@@ -543,7 +532,7 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
     judge_detector(
         fn,
         [
-            Probe("(lambda x: x.flip(1))", lambda z: z.flip(1), True, _TIME_AXIS),
+            Probe("(lambda x: x.flip(1))", lambda z: z.flip(1), True, TIME_AXIS),
             Probe(
                 "a map with a 1e-3 leak (x + 1e-3 * x.flip(1))",
                 lambda z: z + 1e-3 * z.flip(1),
@@ -554,18 +543,18 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
                 "(lambda x: 1000 * x.cumsum(dim=1))",
                 lambda z: 1000.0 * z.cumsum(dim=1),
                 False,
-                _CAUSAL_HINT,
+                LOOKS_BACK,
             ),
-            Probe(f"a map where output 0 also reads input {lookahead}", early_leak, True, _ONE_CUT),
+            Probe(
+                f"a map where output 0 also reads input {lookahead}", early_leak, True, READS_AHEAD
+            ),
         ],
         x,
     )
     judge_detector(
         fn,
         [
-            Probe(
-                "x.cumsum(dim=1) on one sequence", lambda z: z.cumsum(dim=1), False, _CAUSAL_HINT
-            ),
+            Probe("x.cumsum(dim=1) on one sequence", lambda z: z.cumsum(dim=1), False, LOOKS_BACK),
             Probe(
                 "a map where the second-to-last output reads the last input",
                 lambda z: torch.cat([z[:, :-2], z[:, -2:-1] + z[:, -1:], z[:, -1:]], dim=1),
@@ -584,7 +573,7 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
                 "(lambda x: x.cumsum(dim=1)) on (B, T) inputs",
                 lambda z: z.cumsum(dim=1),
                 False,
-                _CAUSAL_HINT,
+                LOOKS_BACK,
             ),
             Probe(
                 "(lambda x: x.flip(1)) on (B, T) inputs",
