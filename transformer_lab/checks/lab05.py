@@ -33,11 +33,11 @@ broadcasting to ``(B, H, T, S)``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_lab.checks import _attention, spec
@@ -290,16 +290,6 @@ def judge_detector(fn: Callable[..., Any], probes: Sequence[Probe], x: Tensor) -
             )
 
 
-def _causal_softmax_attention(x: Tensor, causal: bool) -> Tensor:
-    """Self-attention with queries = keys = x and values 2x; causal or not (a probe)."""
-    T = x.shape[1]
-    scores = x @ x.transpose(-2, -1) / math.sqrt(x.shape[-1])  # (B, T, T)
-    if causal:
-        future = torch.arange(T)[None, :] > torch.arange(T)[:, None]  # (T, T)
-        scores = scores.masked_fill(future, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ (2.0 * x)
-
-
 def _first_reads_second(x: Tensor) -> Tensor:
     first = x[:, :1] + x[:, 1:2]  # (B, 1, ...): output 0 also reads input 1
     return torch.cat([first, x[:, 1:]], dim=1)
@@ -330,14 +320,14 @@ def visible_probes() -> list[Probe]:
         Probe("(lambda x: x.cumsum(dim=1))", lambda x: x.cumsum(dim=1), False, LOOKS_BACK),
         Probe(
             "causal self-attention",
-            lambda x: _causal_softmax_attention(x, causal=True),
+            lambda x: F.scaled_dot_product_attention(x, x, 2.0 * x, is_causal=True),
             False,
             LOOKS_BACK,
         ),
         Probe("(lambda x: x.flip(1))", lambda x: x.flip(1), True, TIME_AXIS),
         Probe(
             "self-attention without a mask",
-            lambda x: _causal_softmax_attention(x, causal=False),
+            lambda x: F.scaled_dot_product_attention(x, x, 2.0 * x),
             True,
             TIME_AXIS,
         ),

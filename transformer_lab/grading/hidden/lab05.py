@@ -148,7 +148,7 @@ def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
     p = torch.arange(max_len)[None, :]  # (1, T)
     good = oracle_padding_mask(lengths, max_len)
     longest = int(n.max()) if n.numel() else 0
-    mistakes = {
+    return {
         "Your mask is True at the padding: True marks the real tokens (the keys attention may "
         "use), False the padding.": p >= n,
         "Your mask has one real token too many: a sequence of length L has real tokens at "
@@ -161,13 +161,9 @@ def padding_mistakes(lengths: Sequence[int], max_len: int) -> dict[str, Tensor]:
             len(lengths), max_len, dtype=torch.bool
         ),
         "Your mask is transposed: return (B, max_len), one row per sequence.": good.T,
+        "Your mask has max(lengths) columns, not max_len: the batch is padded to max_len, so "
+        "build the positions with torch.arange(max_len).": p[:, :longest] < n,
     }
-    if longest != max_len:
-        mistakes[
-            "Your mask has max(lengths) columns, not max_len: the batch is padded to max_len, "
-            "so build the positions with torch.arange(max_len)."
-        ] = p[:, :longest] < n
-    return mistakes
 
 
 _PADDED_QUERIES = (
@@ -291,13 +287,9 @@ PADDING = Oracle(lab05.PADDING, oracle_padding_mask, padding_mistakes)
 COMBINE = Oracle(lab05.COMBINE, oracle_combine_masks, combine_mistakes)
 
 
-def _causal_sizes(g: torch.Generator) -> list[tuple[int]]:
-    return [(randint(3, 12, g),), (2,), (randint(13, 40, g),), (64,)]
-
-
 hidden_check_causal_mask = CAUSAL.hidden(
     "hidden_check_causal_mask",
-    _causal_sizes,
+    lambda g: [(randint(3, 12, g),), (2,), (randint(13, 40, g),), (64,)],
     """Random sizes (seeded), a two-token and a long sequence, against the loop oracle.""",
 )
 
