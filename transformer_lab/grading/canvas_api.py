@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformer_lab.grading.course import GradingError
+from transformer_lab.grading.course import GradingError, write_json
 from transformer_lab.grading.export import ExportReport, _points, grade_value
 from transformer_lab.grading.lms import LMS_DIR, Roster, course_roster, lms_record
 from transformer_lab.grading.results import GRADED, Outcome, course_outcomes
@@ -475,13 +475,6 @@ def _read_journal(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
 def push_feedback(
     course: Path,
     out: Path,
@@ -551,7 +544,7 @@ def push_feedback(
     first = [{"method": "GET", "url": api}]  # once per run, and each lab's assignment once:
     first += [{"method": "GET", "url": f"{api}/assignments/{target.assignments[lab]}"}
               for lab in chosen]  # fmt: skip
-    _write_json(out / PLAN, {"canvas": target.root, "course_id": target.course_id,
+    write_json(out / PLAN, {"canvas": target.root, "course_id": target.course_id,
                              "dry_run": dry_run, "first": first, "comments": plan})  # fmt: skip
     report.written.append(out / PLAN)
     stopped = ""
@@ -566,7 +559,7 @@ def push_feedback(
         else:
             canvas.who = label
             try:
-                done = _send(canvas, item, journal, lambda: _write_json(journal_path, everything))
+                done = _send(canvas, item, journal, lambda: write_json(journal_path, everything))
             except CanvasError as exc:
                 lines.append(f"FAILED        {exc}")
                 if exc.fatal:

@@ -14,9 +14,11 @@ Reference: nbgrader 0.9 (https://nbgrader.readthedocs.io), ``nbgrader/converters
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -223,3 +225,21 @@ def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = nbformat.writes(nb)
     path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` to ``path`` as indented JSON (a trailing newline), atomically: into a new
+    file beside it, flushed to disk, then renamed over it. A killed run or a full disk leaves
+    the old record whole (the gradebook's report, a collect record, a journal of what was sent),
+    never half of a new one; two runs never write the same temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

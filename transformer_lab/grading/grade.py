@@ -88,6 +88,7 @@ from transformer_lab.grading.course import (
     read_notebook,
     run_converter,
     select_labs,
+    write_json,
     write_notebook,
 )
 from transformer_lab.grading.isolate import Bounds, describe, run_bounded
@@ -1028,9 +1029,7 @@ def _append_report(path: Path, run: dict[str, Any]) -> dict[str, dict[str, Any]]
     for one in runs:
         for item in one.get("results", []):
             latest[f"{item.get('student')}/{item.get('lab')}"] = item
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"runs": runs, "latest": latest}, indent=2) + "\n")
-    tmp.replace(path)
+    write_json(path, {"runs": runs, "latest": latest})
     return latest
 
 

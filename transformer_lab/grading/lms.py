@@ -81,7 +81,7 @@ from zoneinfo import ZoneInfo
 from nbgrader.plugins import ExtractorPlugin, FileNameCollectorPlugin
 from nbgrader.utils import unzip
 
-from transformer_lab.grading.course import GradingError, read_notebook, select_labs
+from transformer_lab.grading.course import GradingError, read_notebook, select_labs, write_json
 
 __all__ = [
     "FORMATS",
@@ -1051,14 +1051,7 @@ def _write_record(course: Path, report: CollectReport) -> Path:
             "files": [asdict(f) for f in report.files],
         }
     )
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(
-            {"lms": report.lms, "lab": report.lab, "students": students, "runs": runs}, indent=2
-        )
-        + "\n"
-    )
-    tmp.replace(path)
+    write_json(path, {"lms": report.lms, "lab": report.lab, "students": students, "runs": runs})
     return path
 
 
