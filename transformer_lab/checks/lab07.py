@@ -2,37 +2,20 @@
 
 The student writes a character tokenizer (``CharTokenizer``), byte-pair encoding (``bpe_train``,
 ``bpe_encode``) and the decoding pieces of a language model: ``apply_temperature``,
-``top_k_filter``, ``top_p_filter`` and ``beam_search``.
-
-Every part is ordinary (:mod:`transformer_lab.checks._generated`): this module declares how each
-answer is called, how its calls read in a message, how a wrong output is described and the rule
-a right one follows (one :class:`~transformer_lab.checks._generated.Ordinary` per part); the
-checks are generated from those. No oracle lives here: the worked examples' expected results,
-and the results of the typical mistakes on them, are stored in ``fixtures/lab07.json`` (written
-from the hidden checks' oracles by ``labs build``). A wrong answer is told the one stored mistake
-it reproduces on EVERY example of the check, or that it is none of them, with the smallest
-example it gets wrong. Messages show values in the shape the student passed. Bespoke code is
-left where a part needs it: the tokenizer is fitted (and its ``vocab_size`` judged) before its
-methods are; beam search is given a stand-in next-token distribution, :class:`TableStepFn` (a
-hand-built table of prefixes) or :class:`RandomStepFn` (seeded, for every prefix), which refuse
-what a correct search never asks: a prefix that does not start with BOS, that already ended with
-EOS, or that already holds ``max_len`` tokens. They live here because the hidden module's
-functions are refused inside a ban.
-
-The rules the checks hold the student to are stated in the notebook and in the docstrings of the
-``check_*`` functions: the tokenizer's specials ``<pad>, <bos>, <eos>, <unk>`` = ids 0-3 and the
-characters after them in sorted order; BPE's words split on whitespace and ended with ``</w>``,
-overlapping pairs counted, ties to the smallest pair, merges applied earliest-learned first; the
-filters' removed entries at ``-inf``, ties at the top-k boundary kept, the token that crosses
-``p`` kept (probability ties ranked by token id, lowest first); beam search's scores summed
-log-probabilities, EOS hypotheses set aside, ties to the better-ranked beam.
-
-While the student's code runs, the kit's own answers are refused (``Ban``):
-``transformer_lab.tokenizers`` for the tokenizers, ``transformer_lab.generation`` for decoding.
+``top_k_filter``, ``top_p_filter`` and ``beam_search``. Every part is ordinary
+(:mod:`transformer_lab.checks._generated`): this module declares how each answer is called and
+judged (one :class:`~transformer_lab.checks._generated.Ordinary` per part) and the checks are
+generated from those, on worked examples stored in ``fixtures/lab07.json`` (no oracle lives
+here). Bespoke code is left where a part needs it: the tokenizer is fitted (and its
+``vocab_size`` judged) before its methods are; beam search is given a stand-in next-token
+distribution (:class:`TableStepFn`, :class:`RandomStepFn`) that refuses what a correct search
+never asks: a prefix without BOS, one that already ended with EOS or holds ``max_len`` tokens.
+The rules the checks hold the student to are stated in the notebook and in the docstrings of
+the parts. While the student's code runs, the kit's ``transformer_lab.tokenizers`` and
+``transformer_lab.generation`` are refused (``Ban``).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.5 and 12.7.3; Sennrich, Haddow and
-Birch, "Neural Machine Translation of Rare Words with Subword Units", ACL 2016; Holtzman et al.,
-"The Curious Case of Neural Text Degeneration", ICLR 2020.
+Birch, ACL 2016; Holtzman et al., ICLR 2020.
 """
 
 from __future__ import annotations
@@ -56,19 +39,6 @@ from transformer_lab.checks._common import (
 from transformer_lab.checks._generated import Ordinary, as_list
 
 __all__ = [
-    "BEAM",
-    "BPE_ENCODE",
-    "BPE_TRAIN",
-    "CHAR_DECODE",
-    "CHAR_ENCODE",
-    "DECODING_BAN",
-    "END_OF_WORD",
-    "SPECIALS",
-    "TEMPERATURE",
-    "TIES_DROPPED",
-    "TOKENIZER_BAN",
-    "TOP_K",
-    "TOP_P",
     "RandomStepFn",
     "TableStepFn",
     "check_apply_temperature",
@@ -80,9 +50,7 @@ __all__ = [
     "check_char_tokenizer",
     "check_top_k_filter",
     "check_top_p_filter",
-    "fitted_tokenizers",
     "kept_ids",
-    "same_logits",
     "sequence_score",
     "table_step_fn",
 ]

@@ -1,32 +1,18 @@
 """Hidden checks of lab 07 (the NLP pipeline and decoding), their oracles and the fixtures.
 
-The oracles are written from the rules the notebook states, as plain Python over lists and
-floats, independent of :mod:`transformer_lab.tokenizers` and :mod:`transformer_lab.generation`:
-
-* the character vocabulary (specials, then ``sorted(set(text))``), its encoding and decoding;
-* BPE training that recounts every pair from scratch at every step, and encoding that merges
-  the earliest-learned pair present until none is left;
-* temperature, top-k and top-p one row at a time in float64;
-* beam search with explicit ranks (total log-probability, then the rank of the beam extended,
-  then the token's rank within its beam).
-
-Each oracle has a ``*_variant`` twin whose flags reproduce the typical mistakes (merging across
-words, ties to the wrong pair, overlapping pairs counted once, merges applied in the wrong order,
-temperature as a product, top-k keeping k + 1 or dropping ties, top-p dropping the crossing
-token or not sorting, scores not accumulated, finished hypotheses kept in the beam, ...). Every
+The oracles are written from the rules the notebook states, independent of
+:mod:`transformer_lab.tokenizers` and :mod:`transformer_lab.generation`: the character vocabulary
+(specials, then ``sorted(set(text))``), BPE training that recounts every pair at every step and
+encoding that merges the earliest-learned pair present, the filters in float64, beam search with
+explicit ranks. Each has a ``*_variant`` twin whose flags reproduce the typical mistakes. Every
 part is ordinary (:mod:`transformer_lab.checks._generated`): its oracle and mistakes make an
 :class:`~transformer_lab.checks._generated.Oracle` of the visible module's part, whose hidden
-checks run the student's code on the cases drawn here and name the one mistake whose outputs
-match the student's on every case; a few fixed inputs (two beam-search distributions, a BPE
-example) are there so that no two mistakes of the catalogue agree on every input of their
-check. What is bespoke is small: a ``ValueError`` for a bad argument, a tokenizer fitted twice.
-
-:func:`fixtures` stores the visible checks' worked examples (``checks/fixtures/lab07.json``):
-their cases are listed there, as data, check by check.
+checks run the student's code on the cases drawn here; a few fixed inputs are there so that no
+two mistakes of the catalogue agree on every input of their check. :func:`fixtures` stores the
+visible checks' worked examples (``checks/fixtures/lab07.json``).
 
 Reference: Sennrich, Haddow and Birch, "Neural Machine Translation of Rare Words with Subword
-Units", ACL 2016; Holtzman et al., "The Curious Case of Neural Text Degeneration", ICLR 2020;
-Prince, *Understanding Deep Learning*, sections 12.5 and 12.7.3.
+Units", ACL 2016; Holtzman et al., "The Curious Case of Neural Text Degeneration", ICLR 2020.
 """
 
 from __future__ import annotations
@@ -71,15 +57,6 @@ __all__ = [
     "hidden_check_top_k_filter_edges",
     "hidden_check_top_p_filter",
     "hidden_check_top_p_filter_edges",
-    "oracle_apply_temperature",
-    "oracle_beam_search",
-    "oracle_bpe_encode",
-    "oracle_bpe_train",
-    "oracle_char_decode",
-    "oracle_char_encode",
-    "oracle_char_vocab",
-    "oracle_top_k_filter",
-    "oracle_top_p_filter",
 ]
 
 UNK = SPECIALS.index("<unk>")
@@ -89,6 +66,18 @@ RHYME = (
 )
 # Sennrich et al.'s example corpus: low x5, lower x2, newest x6, widest x3.
 WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
+
+
+def _catalogue(
+    variant: Callable[..., Any], entries: Sequence[tuple[str, Mapping[str, Any]]]
+) -> Callable[..., dict[str, Any]]:
+    """The mistakes of an :class:`Oracle`: ``mistakes(*args)`` -> {hint: ``variant(*args,
+    **flags)``} for each catalogue entry ``(hint, flags)``, in the catalogue's order."""
+
+    def mistakes(*args: Any) -> dict[str, Any]:
+        return {hint: variant(*args, **flags) for hint, flags in entries}
+
+    return mistakes
 
 
 # ======================================================================================
@@ -240,32 +229,30 @@ def _word_symbols(text: str, *, eow: bool = True) -> dict[tuple[str, ...], int]:
     return corpus
 
 
+#: The hints of the merging mistakes that BPE training and encoding share.
+FIRST_ONLY = (
+    "You merge only the first occurrence of the pair in each word; merge every occurrence, left "
+    "to right."
+)
+RIGHT_TO_LEFT = (
+    "You merge from the right; merge left to right: 'aaa' with (a, a) gives ['aa', 'a']."
+)
+
+
 def _fuse(symbols: Sequence[str], pair: tuple[str, str], *, how: str = "all") -> tuple[str, ...]:
     """``symbols`` with ``pair`` merged: every occurrence left to right (``"all"``), only the
     first (``"first"``), or every occurrence right to left (``"rtl"``)."""
-    left, right = pair
     seq = list(symbols)
-    if how == "rtl":
-        i = len(seq) - 2
-        while i >= 0:
-            if seq[i] == left and seq[i + 1] == right:
-                seq[i : i + 2] = [left + right]
-                i -= 2
-            else:
-                i -= 1
-        return tuple(seq)
-    out: list[str] = []
-    i = 0
-    done = False
-    while i < len(seq):
-        if not done and i + 1 < len(seq) and seq[i] == left and seq[i + 1] == right:
-            out.append(left + right)
-            i += 2
-            done = how == "first"
-        else:
-            out.append(seq[i])
-            i += 1
-    return tuple(out)
+    scan = range(len(seq) - 2, -1, -1) if how == "rtl" else range(len(seq) - 1)
+    taken: list[int] = []  # where the pair is merged: no two occurrences overlap
+    for i in scan:
+        if tuple(seq[i : i + 2]) == tuple(pair) and not (taken and abs(i - taken[-1]) < 2):
+            taken.append(i)
+            if how == "first":
+                break
+    for i in sorted(taken, reverse=True):
+        seq[i : i + 2] = [pair[0] + pair[1]]
+    return tuple(seq)
 
 
 def _pair_counts(
@@ -335,71 +322,54 @@ def bpe_train_variant(
     return merges
 
 
-def oracle_bpe_train(text: str, num_merges: int) -> list[tuple[str, str]]:
-    """Reference BPE training (pairs recounted from scratch at every step)."""
-    return bpe_train_variant(text, num_merges)
-
-
-def bpe_train_mistakes(text: str, num_merges: int) -> dict[str, list[tuple[str, str]]]:
-    """Hint -> the merges a typical wrong ``bpe_train`` returns."""
-    variants: list[tuple[str, dict[str, Any]]] = [
-        (
-            "Your merges cross word boundaries: split the text into words on whitespace "
-            f"(text.split()) and count pairs inside each word only (each word ends with "
-            f"{END_OF_WORD}).",
-            {"boundary": "chain"},
-        ),
-        (
-            "Your merges cross word boundaries (spaces are symbols of one long sequence): "
-            f"split the text into words and end each word with {END_OF_WORD}.",
-            {"boundary": "text"},
-        ),
-        (
-            "Your ties go to the pair counted first; when several pairs are equally frequent, "
-            "merge the SMALLEST pair in Python's order (min of the (left, right) tuples).",
-            {"tie": "first"},
-        ),
-        (
-            "Your ties go to the largest pair; when several pairs are equally frequent, merge "
-            "the SMALLEST pair in Python's order (min of the (left, right) tuples).",
-            {"tie": "max"},
-        ),
-        (
-            "Your ties compare the merged strings; compare the (left, right) tuples instead: "
-            "('a', 'z') < ('ab', 'c') because 'a' < 'ab'.",
-            {"tie": "concat"},
-        ),
-        (
-            "You count overlapping pairs once: 'aaa' holds the pair (a, a) TWICE (positions "
-            "0-1 and 1-2); count every adjacent pair.",
-            {"overlap": False},
-        ),
-        (
-            f"Your words do not end with {END_OF_WORD}: add it to every word before counting, "
-            "so that a piece at the end of a word differs from the same letters inside one.",
-            {"eow": False},
-        ),
-        (
-            "You count each distinct word once; weight its pairs by how often the word occurs "
-            "in the text.",
-            {"weighted": False},
-        ),
-        (
-            "You merge only the first occurrence of the pair in each word; merge every "
-            "occurrence, left to right.",
-            {"merge": "first"},
-        ),
-        (
-            "You merge from the right; merge left to right: in 'aaa' the pair (a, a) becomes "
-            "['aa', 'a'].",
-            {"merge": "rtl"},
-        ),
-    ]
-    return {hint: bpe_train_variant(text, num_merges, **flags) for hint, flags in variants}
-
-
-def _word_to_symbols(word: str, *, eow: bool = True) -> list[str]:
-    return list(word) + ([END_OF_WORD] if eow else [])
+oracle_bpe_train = bpe_train_variant
+#: Hint -> the flags of :func:`bpe_train_variant` that reproduce a typical wrong ``bpe_train``.
+_BPE_TRAIN_MISTAKES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "Your merges cross word boundaries: split the text into words on whitespace "
+        f"(text.split()) and count pairs inside each word only (each word ends with "
+        f"{END_OF_WORD}).",
+        {"boundary": "chain"},
+    ),
+    (
+        "Your merges cross word boundaries (spaces are symbols of one long sequence): "
+        f"split the text into words and end each word with {END_OF_WORD}.",
+        {"boundary": "text"},
+    ),
+    (
+        "Your ties go to the pair counted first; when several pairs are equally frequent, "
+        "merge the SMALLEST pair in Python's order (min of the (left, right) tuples).",
+        {"tie": "first"},
+    ),
+    (
+        "Your ties go to the largest pair; when several pairs are equally frequent, merge "
+        "the SMALLEST pair in Python's order (min of the (left, right) tuples).",
+        {"tie": "max"},
+    ),
+    (
+        "Your ties compare the merged strings; compare the (left, right) tuples instead: "
+        "('a', 'z') < ('ab', 'c') because 'a' < 'ab'.",
+        {"tie": "concat"},
+    ),
+    (
+        "You count overlapping pairs once: 'aaa' holds the pair (a, a) TWICE (positions "
+        "0-1 and 1-2); count every adjacent pair.",
+        {"overlap": False},
+    ),
+    (
+        f"Your words do not end with {END_OF_WORD}: add it to every word before counting, "
+        "so that a piece at the end of a word differs from the same letters inside one.",
+        {"eow": False},
+    ),
+    (
+        "You count each distinct word once; weight its pairs by how often the word occurs "
+        "in the text.",
+        {"weighted": False},
+    ),
+    (FIRST_ONLY, {"merge": "first"}),
+    (RIGHT_TO_LEFT, {"merge": "rtl"}),
+]
+bpe_train_mistakes = _catalogue(bpe_train_variant, _BPE_TRAIN_MISTAKES)
 
 
 def bpe_encode_variant(
@@ -431,10 +401,8 @@ def bpe_encode_variant(
         rank.setdefault(tuple(pair), r)
     if order == "reverse":
         rank = {pair: -r for pair, r in rank.items()}
-    if whole_text:
-        units = [list(text) + ([END_OF_WORD] if eow else [])]
-    else:
-        units = [_word_to_symbols(w, eow=eow) for w in text.split()]
+    end = [END_OF_WORD] if eow else []
+    units = [[*text, *end]] if whole_text else [[*word, *end] for word in text.split()]
     pieces: list[str] = []
     for symbols in units:
         if order == "longest":
@@ -482,65 +450,53 @@ def _longest_match(symbols: list[str], merges: Sequence[tuple[str, str]]) -> lis
     return out
 
 
-def oracle_bpe_encode(text: str, merges: Sequence[tuple[str, str]]) -> list[str]:
-    """Reference BPE encoding: in each word, merge the earliest-learned pair present, repeat."""
-    return bpe_encode_variant(text, merges)
-
-
-def bpe_encode_mistakes(text: str, merges: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
-    """Hint -> the pieces a typical wrong ``bpe_encode`` returns."""
-    variants: list[tuple[str, dict[str, Any]]] = [
-        (
-            "You merged the latest-learned pairs first; BPE repeatedly merges the pair whose "
-            "merge came EARLIEST in the list, among the pairs present.",
-            {"order": "reverse"},
-        ),
-        (
-            "You applied the merges in reverse order; BPE repeatedly merges the pair whose "
-            "merge came EARLIEST in the list, among the pairs present.",
-            {"order": "backwards"},
-        ),
-        (
-            "You cut each word into the longest known pieces; BPE replays the merges in the "
-            "order learned instead (earliest-learned pair present first), which can cut "
-            "differently.",
-            {"order": "longest"},
-        ),
-        (
-            "You merge only the first occurrence of each pair in a word; merge every "
-            "occurrence, left to right.",
-            {"order": "once"},
-        ),
-        (
-            "You merge from the right; merge left to right ('aaa' with (a, a) gives ['aa', 'a']).",
-            {"how": "rtl"},
-        ),
-        (
-            "You stop after one merge per word; keep merging until no learned pair is left.",
-            {"until_done": False},
-        ),
-        (
-            f"Your words do not end with {END_OF_WORD}: the merges were learned on words "
-            f"ending with it, so add it before merging (and keep it in the pieces).",
-            {"eow": False},
-        ),
-        (
-            "You encode the whole text as one sequence; split it into words on whitespace "
-            "and encode each word on its own.",
-            {"whole_text": True, "eow": False},
-        ),
-        (
-            "You encode the whole text as one sequence (spaces included); split it into words "
-            "on whitespace and encode each word on its own, ending it with </w>.",
-            {"whole_text": True},
-        ),
-        (
-            f"You dropped the {END_OF_WORD} markers; keep them in the pieces: they say where "
-            "each word ends.",
-            {"keep_eow": False},
-        ),
-    ]
-    return {hint: bpe_encode_variant(text, merges, **flags) for hint, flags in variants}
+oracle_bpe_encode = bpe_encode_variant
+#: Hint -> the flags of :func:`bpe_encode_variant` that reproduce a typical wrong ``bpe_encode``.
+_BPE_ENCODE_MISTAKES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "You merged the latest-learned pairs first; BPE repeatedly merges the pair whose "
+        "merge came EARLIEST in the list, among the pairs present.",
+        {"order": "reverse"},
+    ),
+    (
+        "You applied the merges in reverse order; BPE repeatedly merges the pair whose "
+        "merge came EARLIEST in the list, among the pairs present.",
+        {"order": "backwards"},
+    ),
+    (
+        "You cut each word into the longest known pieces; BPE replays the merges in the "
+        "order learned instead (earliest-learned pair present first), which can cut "
+        "differently.",
+        {"order": "longest"},
+    ),
+    (FIRST_ONLY, {"order": "once"}),
+    (RIGHT_TO_LEFT, {"how": "rtl"}),
+    (
+        "You stop after one merge per word; keep merging until no learned pair is left.",
+        {"until_done": False},
+    ),
+    (
+        f"Your words do not end with {END_OF_WORD}: the merges were learned on words "
+        f"ending with it, so add it before merging (and keep it in the pieces).",
+        {"eow": False},
+    ),
+    (
+        "You encode the whole text as one sequence; split it into words on whitespace "
+        "and encode each word on its own.",
+        {"whole_text": True, "eow": False},
+    ),
+    (
+        "You encode the whole text as one sequence (spaces included); split it into words "
+        "on whitespace and encode each word on its own, ending it with </w>.",
+        {"whole_text": True},
+    ),
+    (
+        f"You dropped the {END_OF_WORD} markers; keep them in the pieces: they say where "
+        "each word ends.",
+        {"keep_eow": False},
+    ),
+]
+bpe_encode_mistakes = _catalogue(bpe_encode_variant, _BPE_ENCODE_MISTAKES)
 
 
 BPE_TRAIN = Oracle(lab07.BPE_TRAIN, oracle_bpe_train, bpe_train_mistakes)
@@ -628,23 +584,19 @@ hidden_check_bpe_encode_edges = BPE_ENCODE.hidden(
 # ======================================================================================
 
 
-def _rows(logits: Tensor) -> list[list[float]]:
-    return logits.detach().to("cpu", torch.float64).reshape(-1, logits.shape[-1]).tolist()
-
-
-def _from_rows(rows: list[list[float]], like: Tensor) -> Tensor:
-    return torch.tensor(rows, dtype=torch.float64).reshape(like.shape)
+def _float64(logits: Tensor) -> Tensor:
+    return logits.detach().to("cpu", torch.float64)
 
 
 def oracle_apply_temperature(logits: Tensor, t: float) -> Tensor:
-    """``logits / t`` in float64, one value at a time."""
-    return _from_rows([[x / t for x in row] for row in _rows(logits)], logits)
+    """``logits / t`` in float64."""
+    return _float64(logits) / t
 
 
 def temperature_mistakes(logits: Tensor, t: float) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``apply_temperature`` returns."""
-    x = logits.detach().double()
-    out = {
+    x = _float64(logits)
+    return {
         "You multiplied by t; DIVIDE the logits by t (t < 1 sharpens the distribution, "
         "t > 1 flattens it).": x * t,
         "You returned probabilities; return the scaled LOGITS, logits / t (the softmax comes "
@@ -657,70 +609,51 @@ def temperature_mistakes(logits: Tensor, t: float) -> dict[str, Tensor]:
         ),
         "You subtracted t; divide the logits by t.": x - t,
     }
-    return out
 
 
-def _kth_largest(row: list[float], k: int) -> float:
-    return sorted(row, reverse=True)[min(k, len(row)) - 1]
-
-
-def top_k_variant(logits: Tensor, k: int, *, how: str = "ties", fill: float = -math.inf) -> Tensor:
-    """Top-k with the flags of the typical mistakes (the defaults are the oracle).
+def top_k_variant(logits: Tensor, k: int, *, how: str = "ties") -> Tensor:
+    """Top-k in float64 with the flag of the typical mistakes (the default is the oracle).
 
     Args:
-        how: ``"ties"`` (right: keep every logit >= the k-th largest), ``"plus1"`` (k + 1
-            kept), ``"minus1"``, ``"exact"`` (exactly k, lower ids first among ties),
+        how: ``"ties"`` (right: keep every logit >= the k-th largest of its row), ``"plus1"``
+            (k + 1 kept), ``"minus1"``, ``"exact"`` (exactly k, lower ids first among ties),
             ``"smallest"`` (the k smallest), ``"global"`` (the k largest of the whole batch).
-        fill: the value of removed entries.
     """
-    rows = _rows(logits)
-    out = []
-    flat = sorted((x for row in rows for x in row), reverse=True)
-    for row in rows:
-        if how == "ties":
-            kth = _kth_largest(row, k)
-            keep = [x >= kth for x in row]
-        elif how in ("plus1", "minus1"):
-            kth = _kth_largest(row, max(1, k + (1 if how == "plus1" else -1)))
-            keep = [x >= kth for x in row]
-        elif how == "exact":
-            ranked = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
-            keep = [i in ranked for i in range(len(row))]
-        elif how == "smallest":
-            kth = sorted(row)[min(k, len(row)) - 1]
-            keep = [x <= kth for x in row]
-        else:
-            kth = flat[min(k, len(flat)) - 1]
-            keep = [x >= kth for x in row]
-        out.append([x if kept else fill for x, kept in zip(row, keep, strict=True)])
-    return _from_rows(out, logits)
+    x = _float64(logits)
+    if how == "exact":  # the first k of a stable sort: lower ids first among ties
+        rank = x.sort(dim=-1, descending=True, stable=True).indices.argsort(dim=-1)
+        return x.masked_fill(rank >= k, -math.inf)
+    sign = -1.0 if how == "smallest" else 1.0
+    pool = sign * (x.flatten() if how == "global" else x)
+    j = min(max(1, k + {"plus1": 1, "minus1": -1}.get(how, 0)), pool.shape[-1])
+    kth = pool.sort(dim=-1, descending=True).values[..., j - 1 : j]  # (..., 1)
+    return x.masked_fill(sign * x < kth, -math.inf)
 
 
-def oracle_top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """Reference top-k: every logit >= the k-th largest of its row is kept, others -inf."""
-    return top_k_variant(logits, k)
+oracle_top_k_filter = top_k_variant
 
 
-def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``top_k_filter`` returns."""
-    variants = [
-        ("You keep k + 1 tokens; keep the k largest (and any tied with the k-th).", "plus1"),
-        ("You keep k - 1 tokens; keep the k largest (and any tied with the k-th).", "minus1"),
-        (lab07.TIES_DROPPED, "exact"),
-        ("You keep the k SMALLEST logits; keep the k largest.", "smallest"),
-        (
-            "You took the k largest of the whole batch; filter each row (the last dimension) "
-            "on its own.",
-            "global",
-        ),
-    ]
-    return {hint: top_k_variant(logits, k, how=how) for hint, how in variants}
+top_k_mistakes = _catalogue(
+    top_k_variant,
+    [
+        (hint, {"how": how})
+        for hint, how in (
+            ("You keep k + 1 tokens; keep the k largest (and any tied with the k-th).", "plus1"),
+            ("You keep k - 1 tokens; keep the k largest (and any tied with the k-th).", "minus1"),
+            (lab07.TIES_DROPPED, "exact"),
+            ("You keep the k SMALLEST logits; keep the k largest.", "smallest"),
+            (
+                "You took the k largest of the whole batch; filter each row (the last "
+                "dimension) on its own.",
+                "global",
+            ),
+        )
+    ],
+)
 
 
-def top_p_variant(
-    logits: Tensor, p: float, *, how: str = "crossing", ties: str = "low", fill: float = -math.inf
-) -> Tensor:
-    """Top-p with the flags of the typical mistakes (the defaults are the oracle).
+def top_p_variant(logits: Tensor, p: float, *, how: str = "crossing", ties: str = "low") -> Tensor:
+    """Top-p in float64 with the flags of the typical mistakes (the defaults are the oracle).
 
     Args:
         how: ``"crossing"`` (right: keep while the mass before is < p), ``"drop"`` (keep only
@@ -729,43 +662,35 @@ def top_p_variant(
             probabilities), ``"at_least"`` (keep tokens whose own probability is >= p).
         ties: ``"low"`` (right: equal probabilities ranked by lower id first) or ``"high"``.
     """
-    out = []
+    x = _float64(logits)
     if p >= 1.0 and how == "crossing":  # p = 1 keeps every token, whatever the sums round to
-        return logits.detach().to(torch.float64).clone()
-    for row in _rows(logits):
-        top = max(row)
-        weights = [math.exp(x - top) if x != -math.inf else 0.0 for x in row]
-        total = sum(weights)
-        probs = [w / total for w in weights]
-        ids = list(range(len(row)))
-        if how != "unsorted":
-            sign = 1 if ties == "low" else -1
-            ids.sort(key=lambda i: (-probs[i], sign * i))
-        values = row if how == "logits" else probs
-        keep = [False] * len(row)
-        mass = 0.0
-        for rank, i in enumerate(ids):
-            if how == "at_least":
-                keep[i] = probs[i] >= p or rank == 0
-                continue
-            if how == "drop":
-                keep[i] = rank == 0 or mass + values[i] <= p
-            else:
-                keep[i] = rank == 0 or mass < p
-            mass += values[i]
-        out.append([x if kept else fill for x, kept in zip(row, keep, strict=True)])
-    return _from_rows(out, logits)
+        return x.clone()
+    probs = torch.softmax(x, dim=-1)
+    n = x.shape[-1]
+    order = torch.arange(n).expand(x.shape)  # token ids in the order they are cumulated
+    if how != "unsorted" and ties == "low":
+        order = probs.sort(dim=-1, descending=True, stable=True).indices
+    elif how != "unsorted":  # higher ids first among ties: sort the flipped row
+        order = n - 1 - probs.flip(-1).sort(dim=-1, descending=True, stable=True).indices
+    values = (x if how == "logits" else probs).gather(-1, order)
+    before = values.cumsum(dim=-1).roll(1, dims=-1)  # the mass before each token ...
+    before[..., 0] = 0.0  # ... none before the first
+    if how == "drop":
+        keep = before + values <= p
+    elif how == "at_least":
+        keep = probs.gather(-1, order) >= p
+    else:
+        keep = before < p
+    keep[..., 0] = True  # the most likely token always stays
+    return x.masked_fill(~keep.scatter(-1, order, keep), -math.inf)
 
 
-def oracle_top_p_filter(logits: Tensor, p: float) -> Tensor:
-    """Reference top-p (float64): keep each token whose preceding mass is < p, in order of
-    probability (ties: lower id first); the most likely token always."""
-    return top_p_variant(logits, p)
+oracle_top_p_filter = top_p_variant
 
 
-def top_p_mistakes(logits: Tensor, p: float) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``top_p_filter`` returns."""
-    variants = [
+top_p_mistakes = _catalogue(
+    top_p_variant,
+    [
         (
             "You drop the token that crosses p; keep it: a token stays when the mass BEFORE "
             "it is < p, so the kept tokens reach at least p (use cumsum - probs, or shift the "
@@ -791,8 +716,8 @@ def top_p_mistakes(logits: Tensor, p: float) -> dict[str, Tensor]:
             "first (a stable sort: torch.sort(..., descending=True, stable=True)).",
             {"ties": "high"},
         ),
-    ]
-    return {hint: top_p_variant(logits, p, **flags) for hint, flags in variants}
+    ],
+)
 
 
 TEMPERATURE = Oracle(lab07.TEMPERATURE, oracle_apply_temperature, temperature_mistakes)
@@ -877,17 +802,11 @@ def hidden_check_top_k_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
 
 def _safe_p(g: torch.Generator, logits: Tensor) -> float:
     """A ``p`` at least 0.01 away from every running mass of every row, sorted or not."""
-    masses = []
-    for row in _rows(logits):
-        weights = [math.exp(x) for x in row]
-        for order in (sorted(weights, reverse=True), weights):
-            running = 0.0
-            for q in order:
-                running += q / sum(weights)
-                masses.append(running)
+    probs = torch.softmax(_float64(logits), dim=-1)
+    masses = torch.cat([probs.sort(dim=-1, descending=True).values.cumsum(-1), probs.cumsum(-1)])
     for _ in range(100):
         p = 0.15 + 0.8 * float(torch.rand((), generator=g))
-        if all(abs(p - m) > 0.01 for m in masses):
+        if bool(((masses - p).abs() > 0.01).all()):
             return round(p, 3)
     return 0.5
 
@@ -943,8 +862,7 @@ def beam_variant(
     beam_width: int,
     *,
     score: str = "logp",
-    propose: str = "width",
-    slots: bool = False,
+    one: bool = False,
     stop_first: bool = False,
     final: str = "sum",
     ties: str = "beam",
@@ -958,11 +876,7 @@ def beam_variant(
         score: ``"logp"`` (right: sum of log-probabilities), ``"last"`` (the last token's
             log-probability only), ``"prob"`` (sum of probabilities) or ``"mean"`` (the mean
             log-probability per generated token, at every step).
-        propose: each live hypothesis proposes its ``"width"`` best tokens (right), ``"all"``
-            tokens, or ``"one"`` (its best).
-        slots: finished hypotheses keep their place in the beam (it shrinks). ``slots`` and
-            ``propose="all"`` return the same hypothesis as the rule (what they add or drop
-            scores below a finished hypothesis): correct variants, not mistakes.
+        one: each live hypothesis proposes only its best token (not its ``beam_width`` best).
         stop_first: return as soon as a hypothesis finishes.
         final: the final choice by ``"sum"`` (right), ``"mean"`` (per generated token) or
             ``"finished"`` (finished hypotheses only, when there are any).
@@ -978,11 +892,7 @@ def beam_variant(
         proposals = []
         for beam_rank, (seq, logp, value) in enumerate(alive):
             row = [float(x) for x in rows(seq).tolist()]
-            order = sorted(range(len(row)), key=lambda i: (-row[i], i))
-            if propose == "width":
-                order = order[:beam_width]
-            elif propose == "one":
-                order = order[:1]
+            order = sorted(range(len(row)), key=lambda i: (-row[i], i))[: 1 if one else beam_width]
             for token_rank, token in enumerate(order):
                 new_logp = logp + row[token]
                 if score == "logp":
@@ -997,13 +907,8 @@ def beam_variant(
                 proposals.append((-new_value, key, [*seq, token], new_logp, new_value))
         proposals.sort(key=lambda c: (c[0], c[1]))
         ranked = [(seq, logp, value) for _, _, seq, logp, value in proposals]
-        top = ranked[:beam_width]
-        if slots:
-            finished += [c for c in top if c[0][-1] == eos_id]
-            alive = [c for c in top if c[0][-1] != eos_id]
-        else:
-            finished += [c for c in top if c[0][-1] == eos_id]
-            alive = [c for c in ranked if c[0][-1] != eos_id][:beam_width]
+        finished += [c for c in ranked[:beam_width] if c[0][-1] == eos_id]
+        alive = [c for c in ranked if c[0][-1] != eos_id][:beam_width]
         if stop_first and finished:
             return finished[0][0]
         # The kit's early stop: no live hypothesis can beat the best finished one any more, by
@@ -1022,11 +927,8 @@ def beam_variant(
     return winners[0 if final_ties == "first" else -1][0]
 
 
-def oracle_beam_search(step_fn: TableStepFn | RandomStepFn, beam_width: int) -> list[int]:
-    """Reference beam search (the rules of the notebook)."""
-    return beam_variant(step_fn, beam_width)
-
-
+oracle_beam_search = beam_variant
+#: Hint -> the flags of :func:`beam_variant` that reproduce a typical wrong ``beam_search``.
 _BEAM_MISTAKES: list[tuple[str, dict[str, Any]]] = [
     (
         "Your scores are not accumulated: rank a hypothesis by the SUM of the log-probabilities "
@@ -1041,7 +943,7 @@ _BEAM_MISTAKES: list[tuple[str, dict[str, Any]]] = [
     (
         "Each live hypothesis proposes its beam_width most likely next tokens, not only its "
         "best one.",
-        {"propose": "one"},
+        {"one": True},
     ),
     (
         "You stopped at the first hypothesis that produced EOS; a live one may still score "
@@ -1079,12 +981,7 @@ _BEAM_MISTAKES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def beam_mistakes(step_fn: TableStepFn | RandomStepFn, beam_width: int) -> dict[str, list[int]]:
-    """Hint -> the hypothesis a typical wrong ``beam_search`` returns."""
-    return {hint: beam_variant(step_fn, beam_width, **flags) for hint, flags in _BEAM_MISTAKES}
-
-
-BEAM = Oracle(lab07.BEAM, oracle_beam_search, beam_mistakes)
+BEAM = Oracle(lab07.BEAM, oracle_beam_search, _catalogue(beam_variant, _BEAM_MISTAKES))
 
 
 #: Seeds and max_len of :class:`RandomStepFn` (6 tokens, beam_width 3) that tell every pair of
