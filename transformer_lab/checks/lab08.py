@@ -743,90 +743,70 @@ def judge_calls(
             serial, length = cache_id, fed
 
 
-def judge_tokens(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> None:
-    """Compare generated ids with the expected ones; name the mistake they reproduce."""
-    g = got.detach().cpu().long()
-    w = want.long()
-    if torch.equal(g, w):
-        return
-    shown = f"{what} returned {g.tolist()}, expected {w.tolist()}."
-    for hint, wrong in mistakes.items():
-        if wrong.shape == g.shape and torch.equal(g, wrong.long()):
-            raise AssertionError(f"{shown} {hint}")
-    first = int((g != w).any(0).nonzero()[0])
-    raise AssertionError(
-        f"{shown} The first wrong token is at position {first}. Each step takes the logits of "
-        "the LAST position, logits[:, -1], samples the next token from them (temperature 0: "
-        "the argmax) and appends it."
-    )
-
-
-def greedy_run(
-    fn: Callable[..., Tensor],
-    prompt: Tensor,
-    n_ctx: int,
-    max_new_tokens: int,
-    use_cache: bool,
-    what: str,
-    want: Tensor,
-    mistakes: Mapping[str, Tensor],
-) -> None:
-    """Greedy generation on a fresh :class:`ScriptedLM`: the calls, then the tokens."""
-    model = ScriptedLM(n_ctx=n_ctx)
-    got = run_generate(
-        fn, model, prompt, max_new_tokens, what, temperature=0.0, use_cache=use_cache
-    )
-    judge_calls(model.calls, prompt.shape[1], n_ctx, max_new_tokens, use_cache, what)
-    if not torch.equal(got.cpu().long(), want.long()):
-        again = run_generate(
-            fn,
-            ScriptedLM(n_ctx=n_ctx),
-            prompt,
-            max_new_tokens,
-            what,
-            temperature=0.0,
-            use_cache=use_cache,
-        )
-        expect_true(
-            torch.equal(got.cpu(), again.cpu()),
-            f"{what} gave other tokens when run again: temperature=0 means greedy decoding, "
-            "the argmax of the logits at every step (sample_next(logits, temperature=0) does "
-            "it): pass the temperature on.",
-        )
-    judge_tokens(got, want, mistakes, what)
-
-
-def generate_examples() -> dict[str, dict[str, Any]]:
-    """The visible worked examples of ``generate`` on :class:`ScriptedLM` (greedy).
-
-    ``"fits"``: two prompts of 3 tokens, context 12, 6 new tokens (the cache never fills);
-    ``"fills"``: a prompt of 4, context 6, 7 new tokens (the cache fills, then the window
-    slides); ``"long prompt"``: a prompt of 8 tokens, longer than the context of 6.
-    """
-    return {
-        "fits": {"prompt": [[1, 4, 2], [5, 0, 3]], "n_ctx": 12, "new": 6},
-        "fills": {"prompt": [[2, 7, 1, 8]], "n_ctx": 6, "new": 7},
-        "long prompt": {"prompt": [[3, 1, 4, 1, 5, 9, 2, 6]], "n_ctx": 6, "new": 3},
-    }
-
-
-def _generate_what(name: str, spec: Mapping[str, Any], use_cache: bool, extra: str = "") -> str:
-    B, T = len(spec["prompt"]), len(spec["prompt"][0])
+def show_greedy(prompt: Sequence[Sequence[int]], n_ctx: int, new: int, use_cache: bool) -> str:
+    """How messages name a greedy run of ``generate`` on a :class:`ScriptedLM`."""
+    shape = (len(prompt), len(prompt[0]))
     return (
-        f"generate(model, idx ({B}, {T}), {spec['new']}, temperature=0, use_cache={use_cache}"
-        f"{extra}) on a scripted model with n_ctx={spec['n_ctx']} (example {name!r})"
+        f"generate(model, idx {shape}, {new}, temperature=0, use_cache={use_cache}) on a "
+        f"scripted model with n_ctx={n_ctx}"
     )
 
 
-def check_generate(fn: Callable[..., Tensor]) -> None:
-    """Greedy generation (temperature 0) on the scripted model, with the cache and without:
-    the expected tokens, the prompt fed once, then one token per step."""
-    for name, spec in generate_examples().items():
-        want, mistakes = stored("lab08", f"generate example {name!r}")
-        for use_cache in (False, True):
-            prompt = torch.tensor(spec["prompt"])
-            what = _generate_what(name, spec, use_cache)
-            greedy_run(fn, prompt, spec["n_ctx"], spec["new"], use_cache, what, want, mistakes)
+def greedy(
+    fn: Callable[..., Tensor],
+    prompt: Sequence[Sequence[int]],
+    n_ctx: int,
+    new: int,
+    use_cache: bool,
+) -> list[list[int]]:
+    """The student's greedy tokens on a fresh :class:`ScriptedLM` (run twice: greedy decoding
+    gives the same tokens every time), after :func:`judge_calls` has judged how it was fed."""
+    what = show_greedy(prompt, n_ctx, new, use_cache)
+    runs = []
+    for _ in range(2):
+        model = ScriptedLM(n_ctx=n_ctx)
+        got = run_generate(
+            fn, model, torch.tensor(prompt), new, what, temperature=0.0, use_cache=use_cache
+        )
+        judge_calls(model.calls, len(prompt[0]), n_ctx, new, use_cache, what)
+        runs.append(got.cpu().long().tolist())
+    expect_true(
+        runs[0] == runs[1],
+        f"{what} gave other tokens when run again: temperature=0 means greedy decoding, the "
+        "argmax of the logits at every step (sample_next(logits, temperature=0) does it): pass "
+        "the temperature on.",
+    )
+    return runs[0]
+
+
+def _first_wrong(case: Case[Given]) -> str:
+    """Where a greedy run first goes wrong, and the rule of a generation step."""
+    first = next(
+        j
+        for j in range(len(case.want[0]))
+        if any(g[j] != w[j] for g, w in zip(case.got, case.want, strict=True))
+    )
+    return (
+        f"The first wrong token is at position {first}. Each step takes the logits of the LAST "
+        "position, logits[:, -1], samples the next token from them (temperature 0: the argmax) "
+        "and appends it."
+    )
+
+
+#: Greedy generation on the scripted model; a case ``(prompt, n_ctx, max_new_tokens, use_cache)``.
+GREEDY = Ordinary(
+    "lab08",
+    call=greedy,
+    what=show_greedy,
+    describe=lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
+    rule=_first_wrong,
+)
+
+check_generate = GREEDY.visible(
+    "check_generate",
+    """Greedy generation (temperature 0) on the scripted model, with the cache and without: the
+    expected tokens, the prompt fed once, then one token per step.""",
+)
 
 
 def check_generate_sampling(fn: Callable[..., Tensor]) -> None:

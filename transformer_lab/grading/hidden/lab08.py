@@ -36,11 +36,8 @@ from transformer_lab.checks.lab08 import (
     build_attention,
     cached_run,
     expect_attention,
-    generate_examples,
-    greedy_run,
     judge_cache_contents,
     judge_calls,
-    judge_tokens,
     load_attention,
     rising_keys,
     run_attention,
@@ -460,8 +457,9 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
 # ======================================================================================
 
 
-def _scripted_next(window: Sequence[int], vocab_size: int, variant: str = "") -> int:
-    if variant == "first_position":
+def _scripted_next(window: Sequence[int], vocab_size: int, first: bool = False) -> int:
+    """The scripted model's next token after ``window`` (or, ``first``, after its first token)."""
+    if first:
         return (7 * window[0] + 1) % vocab_size
     p = len(window) - 1
     return (7 * sum(window) + 3 * p + 1) % vocab_size
@@ -471,31 +469,29 @@ def oracle_generate(
     prompt: Sequence[Sequence[int]],
     n_ctx: int,
     max_new_tokens: int,
-    vocab_size: int = 11,
+    use_cache: bool = False,
     *,
     variant: str = "",
-) -> Tensor:
+    vocab_size: int = 11,
+) -> list[list[int]]:
     """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation, in Python ints.
 
     Each step reads the window of the last ``n_ctx`` tokens from position 0 (the cached path
     gives the same windows until the cache is full, and falls back to them after). Variants:
-    ``first_position`` (the logits of position 0 used), ``short_window`` (windows one token
-    short), ``one_call`` (the model run once, its first token repeated).
+    ``first_position`` (the logits of position 0 used: through the cache, a one-token step's
+    only position is right), ``one_call`` (the model run once, its first token repeated).
     """
     rows = []
     for row in prompt:
         seq = [int(t) for t in row]
-        first = None
-        for _ in range(max_new_tokens):
-            width = n_ctx - 1 if variant == "short_window" else n_ctx
-            window = seq[-width:]
-            nxt = _scripted_next(window, vocab_size, variant)
-            if variant == "one_call":
-                first = nxt if first is None else first
-                nxt = first
-            seq.append(nxt)
+        held = min(len(seq), n_ctx)  # the cache's positions after the prompt
+        for step in range(max_new_tokens):
+            cached_step = use_cache and step > 0 and held + step <= n_ctx
+            first = variant == "first_position" and not cached_step
+            nxt = _scripted_next(seq[-n_ctx:], vocab_size, first)
+            seq.append(seq[len(row)] if variant == "one_call" and step else nxt)
         rows.append(seq)
-    return torch.tensor(rows, dtype=torch.long)
+    return rows
 
 
 GENERATE_MISTAKES = {
@@ -505,21 +501,20 @@ GENERATE_MISTAKES = {
     "one_call": "Your loop runs the model once and appends the same token every step: after "
     "each new token, run the model again (with the cache: on that token alone) for the next "
     "logits.",
-    "short_window": "Your windows hold n_ctx - 1 tokens: crop to the last n_ctx, idx[:, -n_ctx:].",
 }
 
 
 def generate_mistakes(
-    prompt: Sequence[Sequence[int]], n_ctx: int, max_new_tokens: int, vocab_size: int = 11
-) -> dict[str, Tensor]:
+    prompt: Sequence[Sequence[int]], n_ctx: int, max_new_tokens: int, use_cache: bool = False
+) -> dict[str, list[list[int]]]:
     """Hint -> the tokens a typical wrong greedy loop returns on the scripted model."""
-    want = oracle_generate(prompt, n_ctx, max_new_tokens, vocab_size)
-    kept: dict[str, Tensor] = {}
-    for variant, hint in GENERATE_MISTAKES.items():
-        wrong = oracle_generate(prompt, n_ctx, max_new_tokens, vocab_size, variant=variant)
-        if not torch.equal(wrong, want) and not any(torch.equal(wrong, k) for k in kept.values()):
-            kept[hint] = wrong
-    return kept
+    return {
+        hint: oracle_generate(prompt, n_ctx, max_new_tokens, use_cache, variant=variant)
+        for variant, hint in GENERATE_MISTAKES.items()
+    }
+
+
+GREEDY = Oracle(lab08.GREEDY, oracle_generate, generate_mistakes)
 
 
 # ======================================================================================
@@ -568,6 +563,16 @@ def _greedy_reference(model: nn.Module, prompt: Tensor, max_new_tokens: int) -> 
     return seq
 
 
+def _expect_tokens(got: Tensor, want: Tensor, what: str) -> None:
+    """Generated ids equal to the reference's greedy ones."""
+    expect_true(
+        torch.equal(got.cpu().long(), want.long()),
+        f"{what} returned {got.tolist()}, expected {want.tolist()}. Each step takes the logits "
+        "of the LAST position, logits[:, -1], samples the next token from them (temperature 0: "
+        "the argmax) and appends it.",
+    )
+
+
 def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """The kit's GPT (random weights): greedy tokens with and without the cache equal the
     reference, past the context too; seeded sampling gives the same tokens both ways."""
@@ -586,7 +591,7 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
         )
         got = run_generate(fn, model, prompt, new, what, temperature=0.0, use_cache=use_cache)
         judge_calls(calls, T, 10, new, use_cache, what)
-        judge_tokens(got, want, {}, what)
+        _expect_tokens(got, want, what)
     for top_k, top_p in ((None, None), (5, None), (None, 0.9)):
         outs = []
         draws = {flag: torch.Generator().manual_seed(seed) for flag in (True, False)}
@@ -619,13 +624,12 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
     other = torch.randint(0, 13, (1, 3), generator=g)
     what = f"generate(gpt, idx {tuple(other.shape)}, 2, temperature=0) with a GPT of n_ctx=10"
     got = run_generate(fn, model, other, 2, what, temperature=0.0, use_cache=False)
-    judge_tokens(got, _greedy_reference(model, other, 2), {}, what)
+    _expect_tokens(got, _greedy_reference(model, other, 2), what)
 
 
-def hidden_check_generate_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Scripted model: a prompt exactly n_ctx long, longer prompts, one token, none, a long
-    run of three contexts, one sequence; the calls and the tokens."""
-    g = generator(seed)
+def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    """A prompt exactly n_ctx long, longer prompts, one token, a long run of three contexts,
+    none; each with the cache and without."""
     cases = [
         ([[randint(0, 10, g) for _ in range(6)]], 6, 4),  # prompt fills the context
         ([[randint(0, 10, g) for _ in range(9)] for _ in range(2)], 5, 6),  # longer prompt
@@ -633,16 +637,15 @@ def hidden_check_generate_edges(fn: Callable[..., Tensor], seed: int = 0) -> Non
         ([[randint(0, 10, g)]], 5, 15),  # a single-token prompt, three contexts
         ([[randint(0, 10, g) for _ in range(4)] for _ in range(3)], 9, 0),  # nothing to do
     ]
-    for prompt, n_ctx, new in cases:
-        want = oracle_generate(prompt, n_ctx, new)
-        mistakes = generate_mistakes(prompt, n_ctx, new)
-        for use_cache in (False, True):
-            idx = torch.tensor(prompt)
-            what = (
-                f"generate(model, idx {tuple(idx.shape)}, {new}, temperature=0, "
-                f"use_cache={use_cache}) on a scripted model with n_ctx={n_ctx}"
-            )
-            greedy_run(fn, idx, n_ctx, new, use_cache, what, want, mistakes)
+    return [(*case, use_cache) for case in cases for use_cache in (False, True)]
+
+
+hidden_check_generate_edges = GREEDY.hidden(
+    "hidden_check_generate_edges",
+    _edge_cases,
+    """Scripted model: a prompt exactly n_ctx long, longer prompts, one token, none, a long run
+    of three contexts, one sequence; the calls and the tokens.""",
+)
 
 
 def _filtered_probs(table: Tensor, t: float, top_k: int | None, top_p: float | None) -> Tensor:
@@ -942,11 +945,13 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out["CausalSelfAttention example: queries"] = fixture_entry(q)
     out["CausalSelfAttention example: keys"] = fixture_entry(k)
     out["CausalSelfAttention example: values"] = fixture_entry(v)
-    for name, spec in generate_examples().items():
-        out[f"generate example {name!r}"] = fixture_entry(
-            oracle_generate(spec["prompt"], spec["n_ctx"], spec["new"]),
-            generate_mistakes(spec["prompt"], spec["n_ctx"], spec["new"]),
-        )
+    examples = [
+        ([[1, 4, 2], [5, 0, 3]], 12, 6),  # the cache never fills
+        ([[2, 7, 1, 8]], 6, 7),  # the cache fills, then the window slides
+        ([[3, 1, 4, 1, 5, 9, 2, 6]], 6, 3),  # a prompt longer than the context
+    ]
+    cases = [(*case, use_cache) for case in examples for use_cache in (False, True)]
+    out |= GREEDY.fixtures("check_generate", cases)
     gpt2 = (12, 768, 50257, 1024)
     out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False})])
     out |= FLOPS.fixtures("check_training_flops", [(175e9, 300e9), (124_439_808, 10e9)])
