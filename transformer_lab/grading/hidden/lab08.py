@@ -953,9 +953,11 @@ def fixtures() -> dict[str, dict[str, Any]]:
     cases = [(*case, use_cache) for case in examples for use_cache in (False, True)]
     out |= GREEDY.fixtures("check_generate", cases)
     gpt2 = (12, 768, 50257, 1024)
-    out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False})])
+    small = [(1, 8, 5, 4), (3, 12, 17, 9, {"bias": False})]
+    out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False}), *small])
     out |= FLOPS.fixtures("check_training_flops", [(175e9, 300e9), (124_439_808, 10e9)])
     kv = [(96, 12288, 2048), (12, 768, 1024, {"batch_size": 8, "bytes_per_value": 4})]
+    kv.append((3, 16, 8, {"batch_size": 2, "bytes_per_value": 4}))
     out |= KV.fixtures("check_kv_cache_bytes", kv)
     days = [(3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)]
     out |= DAYS.fixtures("check_gpu_days", days)
