@@ -3,35 +3,16 @@ with and without the cache, and the arithmetic of scale.
 
 The notebook's visible test cells call the ``check_*`` functions here. No oracle lives here:
 
-* the student's ``CausalSelfAttention`` is compared with PyTorch's own
-  ``nn.MultiheadAttention`` (its ``in_proj_weight`` has the layout of the fused ``qkv_proj``)
-  with the weights copied in and a causal ``attn_mask``, and run on a worked example whose
-  weights and inputs are made by formula (:func:`attention_example`), with the expected output
-  and what the typical mistakes return stored in ``fixtures/lab08.json`` (the mask after the
-  softmax, no mask, query/key/value in the wrong order, the scale of the whole width, heads
-  split without the transpose, a cache whose mask forgets the offset, a cache that is never
-  read...). The example's later keys score highest, so a mask that acts late cannot hide;
-* ``generate`` runs on :class:`ScriptedLM`, a fake causal language model whose next token is
-  a known function of everything it has read, with a cache that records how it is fed (the
-  prompt once, then one token per step) and refuses positions past its context, as the kit's
-  GPT does; the expected tokens are stored, and sampling is checked by its properties (the
-  same seed gives the same tokens, with the cache and without). While it runs (in the
-  notebook; under the grader's judge only the error comes back) :class:`SamplingWatch` checks
-  the probabilities handed to ``torch.multinomial`` (finite, non-negative) and names the
-  operation and function where a NaN or inf started (``apply_temperature``, the student's
-  sampling step), so that a bad temperature is not reported as a failing library call;
-* the four scale functions are ordinary parts (:mod:`transformer_lab.checks._generated`: one
-  :class:`~transformer_lab.checks._generated.Ordinary` each, :data:`COUNT`, :data:`FLOPS`,
-  :data:`KV`, :data:`DAYS`): stored worked examples and the values of their typical mistakes,
-  an exact int for the counts and a relative 1e-6 for the others; ``gpt_param_count`` is also
-  compared with the parameters of the kit's ``GPT`` counted by PyTorch (``numel``), and
-  ``kv_cache_bytes`` with the memory of the kit's ``KVCache``.
+* ``CausalSelfAttention`` runs on a worked example whose weights and inputs are made by formula
+  (:func:`attention_example`: the later keys score highest, so a mask that acts late cannot
+  hide), in one pass and through a KV cache; the expected outputs, keys and values, and what the
+  typical mistakes return, are stored in ``fixtures/lab08.json``;
+* ``generate`` runs on :class:`ScriptedLM`, a fake language model whose next token is a known
+  function of what it has read and whose cache records how it is fed; while it runs,
+  :class:`SamplingWatch` names where a NaN or inf started before ``torch.multinomial``;
+* the four scale functions are ordinary parts (:mod:`transformer_lab.checks._generated`).
 
-While the student's code runs, what computes the answer is refused
-(:class:`~transformer_lab.judge.bans.Ban`): PyTorch's attention kernels and modules, the kit's
-multi-head attention, ``attend`` and GPT (for the attention; lab 05's ``masked_attention`` is
-allowed), the kit's ``generate`` and decode step (for generation; lab 07's ``sample_next`` is
-allowed), ``transformer_lab.scale`` and the kit's GPT (for the arithmetic).
+While the student's code runs, what computes the answer is refused (the spec's bans).
 
 Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. (GPT-2), 2019;
 Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope et al.,
@@ -72,20 +53,7 @@ from transformer_lab.checks._generated import Given, Ordinary
 from transformer_lab.judge.wire import Reference
 
 __all__ = [
-    "ATTENTION_BAN",
-    "COUNT",
-    "DAYS",
-    "FLOPS",
-    "GENERATE_BAN",
-    "KV",
-    "SCALE_BAN",
-    "SCHEDULES",
-    "SamplingWatch",
-    "ScriptedCache",
     "ScriptedLM",
-    "attention_example",
-    "build_attention",
-    "cached_run",
     "check_causal_self_attention",
     "check_causal_self_attention_cache",
     "check_generate",
@@ -94,22 +62,7 @@ __all__ = [
     "check_gpu_days",
     "check_kv_cache_bytes",
     "check_training_flops",
-    "copy_torch_attention",
-    "expect_attention",
-    "generate_examples",
-    "greedy_run",
-    "judge_calls",
-    "judge_tokens",
-    "load_attention",
-    "real",
-    "run_attention",
     "run_generate",
-    "show_call",
-    "show_schedule",
-    "split_case",
-    "torch_attention",
-    "torch_output",
-    "whole",
 ]
 
 #: The lab's spec (``specs/lab08.toml``): its bans and shared tolerances.
@@ -179,43 +132,6 @@ def load_attention(module: nn.Module, weights: Mapping[str, Tensor]) -> nn.Modul
         module.out_proj.weight.copy_(weights["out_weight"])
         module.out_proj.bias.copy_(weights["out_bias"])
     return module
-
-
-def torch_attention(
-    d_model: int, n_heads: int, *, seed: int, dropout: float = 0.0
-) -> nn.MultiheadAttention:
-    """PyTorch's multi-head attention (batch first) with random biases, seeded, in eval mode.
-
-    The notebook's global random generator is left as it was.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        mha = nn.MultiheadAttention(d_model, n_heads, dropout=dropout, batch_first=True)
-        with torch.no_grad():
-            mha.in_proj_bias.copy_(0.3 * torch.randn(3 * d_model))
-            mha.out_proj.bias.copy_(0.3 * torch.randn(d_model))
-    return mha.eval()
-
-
-def copy_torch_attention(module: nn.Module, mha: nn.MultiheadAttention) -> nn.Module:
-    """Copy torch's weights into the student's module: ``in_proj`` rows are q, k, v too."""
-    return load_attention(
-        module,
-        {
-            "qkv_weight": mha.in_proj_weight.detach(),
-            "qkv_bias": mha.in_proj_bias.detach(),
-            "out_weight": mha.out_proj.weight.detach(),
-            "out_bias": mha.out_proj.bias.detach(),
-        },
-    )
-
-
-def torch_output(mha: nn.MultiheadAttention, x: Tensor) -> Tensor:
-    """``mha(x, x, x)`` under the causal mask (torch's boolean masks: True = may NOT attend)."""
-    T = x.shape[1]
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T): True above the diagonal
-    with torch.no_grad():
-        return mha(x, x, x, attn_mask=future, need_weights=False)[0]
 
 
 _ERROR_HINT = (
@@ -333,32 +249,41 @@ def _example_tensor(shape: Sequence[int], a: int, b: int, c: int, scale: float) 
     return values.reshape(*shape).float()
 
 
+def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float) -> Tensor:
+    """Make the later keys score highest (in place on ``weights``; ``x`` is copied).
+
+    Input channel 0 becomes the position; the key projection copies it into the first feature
+    of each head, and every query holds ``lift`` there, so the scores grow by ``lift`` per key:
+    the keys a causal mask hides (the future) are those with the largest raw scores.
+    """
+    D = x.shape[-1]
+    Dh = D // n_heads
+    x = x.clone()
+    x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)  # the position ramp
+    w, b = weights["qkv_weight"], weights["qkv_bias"]
+    for head in range(n_heads):
+        q_row, k_row = head * Dh, D + head * Dh
+        w[q_row] = 0.0
+        b[q_row] = lift  # every query: a large constant in the head's first feature
+        w[k_row] = 0.0
+        w[k_row, 0] = 1.0  # every key: its position in the head's first feature
+    return x
+
+
 def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
     """The worked example of ``CausalSelfAttention(8, 2)``: ``(x (2, 5, 8), weights, heads)``.
 
-    Every number is a multiple of 1/8 made by formula. Input channel 0 is the position (0..4),
-    the key projection copies it into the first feature of each head and every query has a
-    large constant there, so the scores grow by 0.75 per key: the keys a causal mask hides
-    (the future) are those with the largest raw scores.
+    Every number is a multiple of 1/8 made by formula, with the later keys scoring highest
+    (:func:`rising_keys`, by 1.5 per key).
     """
     B, T, D, H = 2, 5, 8, 2
-    Dh = D // H
-    x = _example_tensor((B, T, D), 3, 5, 5, 0.25)
-    x[..., 0] = torch.arange(T, dtype=torch.float32)  # the position ramp
-    qkv_weight = _example_tensor((3 * D, D), 3, 5, 7, 0.125)
-    qkv_bias = _example_tensor((3 * D,), 1, 2, 5, 0.125)
-    for head in range(H):
-        q_row, k_row = head * Dh, D + head * Dh
-        qkv_weight[q_row] = 0.0
-        qkv_bias[q_row] = 1.5  # every query: a large constant in the head's first feature
-        qkv_weight[k_row] = 0.0
-        qkv_weight[k_row, 0] = 1.0  # every key: its position in the head's first feature
     weights = {
-        "qkv_weight": qkv_weight,
-        "qkv_bias": qkv_bias,
+        "qkv_weight": _example_tensor((3 * D, D), 3, 5, 7, 0.125),
+        "qkv_bias": _example_tensor((3 * D,), 1, 2, 5, 0.125),
         "out_weight": _example_tensor((D, D), 1, 2, 5, 0.125),
         "out_bias": _example_tensor((D,), 1, 1, 3, 0.125),
     }
+    x = rising_keys(weights, _example_tensor((B, T, D), 3, 5, 5, 0.25), H, 1.5)
     return x, weights, H
 
 
@@ -368,7 +293,7 @@ def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
 
 
 def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
-    """The worked example (later keys score highest), then random weights against torch."""
+    """The worked example (the later keys score highest) in one pass, in eval mode."""
     module, what = build_attention(cls, 8, 2)
     x, weights, _ = attention_example()
     load_attention(module, weights).eval()
@@ -382,23 +307,6 @@ def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
         _future_probe(module, x, what) or _GENERIC,
         _TOL,
     )
-
-    module, what = build_attention(cls, 16, 4)
-    mha = torch_attention(16, 4, seed=8)
-    copy_torch_attention(module, mha).eval()
-    x = torch.randn(2, 6, 16, generator=generator(801))
-    got = run_attention(module, x, what)
-    want = torch_output(mha, x)
-    if not close(got, want, atol=_TOL, rtol=_TOL):
-        hint = _future_probe(module, x, what) or _GENERIC
-        expect_close(
-            got,
-            want,
-            f"{what} against torch's nn.MultiheadAttention (same weights, causal mask)",
-            hint=hint,
-            atol=_TOL,
-            rtol=_TOL,
-        )
 
 
 def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
@@ -416,11 +324,15 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
         _GENERIC,
         _TOL,
     )
+    projections = [
+        stored("lab08", f"CausalSelfAttention example: {name}")[0]
+        for name in ("queries", "keys", "values")
+    ]
     for name in ("chunks", "tokens"):
         schedule = SCHEDULES[name]
         _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
         got, cache = cached_run(module, x, schedule, H, what)
-        judge_cache_contents(cache, x.shape[1], f"{what} fed {show_schedule(schedule)}")
+        judge_cache_contents(cache, f"{what} fed {show_schedule(schedule)}", *projections)
         expect_attention(
             got,
             want,
@@ -433,11 +345,12 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
         )
 
 
-def judge_cache_contents(cache: KVCache, T: int, what: str, *, tol: float = _TOL) -> None:
-    """The cache of the worked example must hold its keys and values (stored in the fixtures)."""
-    keys, _ = stored("lab08", "CausalSelfAttention example: keys")
-    values, _ = stored("lab08", "CausalSelfAttention example: values")
-    queries, _ = stored("lab08", "CausalSelfAttention example: queries")
+def judge_cache_contents(
+    cache: KVCache, what: str, queries: Tensor, keys: Tensor, values: Tensor, tol: float = _TOL
+) -> None:
+    """The cache filled by ``what`` must hold the sequence's keys and values ``(B, H, T, Dh)``;
+    a cache holding the values or the queries in their place is named."""
+    T = keys.shape[2]
     k = cache.k[0, :, :, :T].detach().to("cpu", torch.float64)  # (B, H, T, Dh)
     v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
     if close(k, keys, atol=tol, rtol=tol) and close(v, values, atol=tol, rtol=tol):
@@ -830,90 +743,70 @@ def judge_calls(
             serial, length = cache_id, fed
 
 
-def judge_tokens(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str) -> None:
-    """Compare generated ids with the expected ones; name the mistake they reproduce."""
-    g = got.detach().cpu().long()
-    w = want.long()
-    if torch.equal(g, w):
-        return
-    shown = f"{what} returned {g.tolist()}, expected {w.tolist()}."
-    for hint, wrong in mistakes.items():
-        if wrong.shape == g.shape and torch.equal(g, wrong.long()):
-            raise AssertionError(f"{shown} {hint}")
-    first = int((g != w).any(0).nonzero()[0])
-    raise AssertionError(
-        f"{shown} The first wrong token is at position {first}. Each step takes the logits of "
-        "the LAST position, logits[:, -1], samples the next token from them (temperature 0: "
-        "the argmax) and appends it."
-    )
-
-
-def greedy_run(
-    fn: Callable[..., Tensor],
-    prompt: Tensor,
-    n_ctx: int,
-    max_new_tokens: int,
-    use_cache: bool,
-    what: str,
-    want: Tensor,
-    mistakes: Mapping[str, Tensor],
-) -> None:
-    """Greedy generation on a fresh :class:`ScriptedLM`: the calls, then the tokens."""
-    model = ScriptedLM(n_ctx=n_ctx)
-    got = run_generate(
-        fn, model, prompt, max_new_tokens, what, temperature=0.0, use_cache=use_cache
-    )
-    judge_calls(model.calls, prompt.shape[1], n_ctx, max_new_tokens, use_cache, what)
-    if not torch.equal(got.cpu().long(), want.long()):
-        again = run_generate(
-            fn,
-            ScriptedLM(n_ctx=n_ctx),
-            prompt,
-            max_new_tokens,
-            what,
-            temperature=0.0,
-            use_cache=use_cache,
-        )
-        expect_true(
-            torch.equal(got.cpu(), again.cpu()),
-            f"{what} gave other tokens when run again: temperature=0 means greedy decoding, "
-            "the argmax of the logits at every step (sample_next(logits, temperature=0) does "
-            "it): pass the temperature on.",
-        )
-    judge_tokens(got, want, mistakes, what)
-
-
-def generate_examples() -> dict[str, dict[str, Any]]:
-    """The visible worked examples of ``generate`` on :class:`ScriptedLM` (greedy).
-
-    ``"fits"``: two prompts of 3 tokens, context 12, 6 new tokens (the cache never fills);
-    ``"fills"``: a prompt of 4, context 6, 7 new tokens (the cache fills, then the window
-    slides); ``"long prompt"``: a prompt of 8 tokens, longer than the context of 6.
-    """
-    return {
-        "fits": {"prompt": [[1, 4, 2], [5, 0, 3]], "n_ctx": 12, "new": 6},
-        "fills": {"prompt": [[2, 7, 1, 8]], "n_ctx": 6, "new": 7},
-        "long prompt": {"prompt": [[3, 1, 4, 1, 5, 9, 2, 6]], "n_ctx": 6, "new": 3},
-    }
-
-
-def _generate_what(name: str, spec: Mapping[str, Any], use_cache: bool, extra: str = "") -> str:
-    B, T = len(spec["prompt"]), len(spec["prompt"][0])
+def show_greedy(prompt: Sequence[Sequence[int]], n_ctx: int, new: int, use_cache: bool) -> str:
+    """How messages name a greedy run of ``generate`` on a :class:`ScriptedLM`."""
+    shape = (len(prompt), len(prompt[0]))
     return (
-        f"generate(model, idx ({B}, {T}), {spec['new']}, temperature=0, use_cache={use_cache}"
-        f"{extra}) on a scripted model with n_ctx={spec['n_ctx']} (example {name!r})"
+        f"generate(model, idx {shape}, {new}, temperature=0, use_cache={use_cache}) on a "
+        f"scripted model with n_ctx={n_ctx}"
     )
 
 
-def check_generate(fn: Callable[..., Tensor]) -> None:
-    """Greedy generation (temperature 0) on the scripted model, with the cache and without:
-    the expected tokens, the prompt fed once, then one token per step."""
-    for name, spec in generate_examples().items():
-        want, mistakes = stored("lab08", f"generate example {name!r}")
-        for use_cache in (False, True):
-            prompt = torch.tensor(spec["prompt"])
-            what = _generate_what(name, spec, use_cache)
-            greedy_run(fn, prompt, spec["n_ctx"], spec["new"], use_cache, what, want, mistakes)
+def greedy(
+    fn: Callable[..., Tensor],
+    prompt: Sequence[Sequence[int]],
+    n_ctx: int,
+    new: int,
+    use_cache: bool,
+) -> list[list[int]]:
+    """The student's greedy tokens on a fresh :class:`ScriptedLM` (run twice: greedy decoding
+    gives the same tokens every time), after :func:`judge_calls` has judged how it was fed."""
+    what = show_greedy(prompt, n_ctx, new, use_cache)
+    runs = []
+    for _ in range(2):
+        model = ScriptedLM(n_ctx=n_ctx)
+        got = run_generate(
+            fn, model, torch.tensor(prompt), new, what, temperature=0.0, use_cache=use_cache
+        )
+        judge_calls(model.calls, len(prompt[0]), n_ctx, new, use_cache, what)
+        runs.append(got.cpu().long().tolist())
+    expect_true(
+        runs[0] == runs[1],
+        f"{what} gave other tokens when run again: temperature=0 means greedy decoding, the "
+        "argmax of the logits at every step (sample_next(logits, temperature=0) does it): pass "
+        "the temperature on.",
+    )
+    return runs[0]
+
+
+def _first_wrong(case: Case[Given]) -> str:
+    """Where a greedy run first goes wrong, and the rule of a generation step."""
+    first = next(
+        j
+        for j in range(len(case.want[0]))
+        if any(g[j] != w[j] for g, w in zip(case.got, case.want, strict=True))
+    )
+    return (
+        f"The first wrong token is at position {first}. Each step takes the logits of the LAST "
+        "position, logits[:, -1], samples the next token from them (temperature 0: the argmax) "
+        "and appends it."
+    )
+
+
+#: Greedy generation on the scripted model; a case ``(prompt, n_ctx, max_new_tokens, use_cache)``.
+GREEDY = Ordinary(
+    "lab08",
+    call=greedy,
+    what=show_greedy,
+    describe=lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
+    rule=_first_wrong,
+)
+
+check_generate = GREEDY.visible(
+    "check_generate",
+    """Greedy generation (temperature 0) on the scripted model, with the cache and without: the
+    expected tokens, the prompt fed once, then one token per step.""",
+)
 
 
 def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
@@ -1080,20 +973,11 @@ KV = _scale_part(
 DAYS = _scale_part("gpu_days", real, _factor)
 
 
-def check_gpt_param_count(fn: Callable[..., Any]) -> None:
-    """GPT-2 small (124,439,808; 124,337,664 without biases) and small GPTs, whose parameters
-    PyTorch counts on its own layers of the same shapes (no graded answer involved)."""
-    from transformer_lab.models import GPTConfig
-
-    COUNT.judge(fn, COUNT.examples("check_gpt_param_count"))
-    measured = []
-    for case in ((1, 8, 5, 4, {}), (3, 12, 17, 9, {"bias": False})):
-        layers, width, vocab, n_ctx, options = case
-        config = GPTConfig(
-            vocab_size=vocab, n_ctx=n_ctx, d_model=width, n_layers=layers, n_heads=2, **options
-        )
-        measured.append(Given(case, (config.param_count(), {})))
-    COUNT.judge(fn, measured)
+check_gpt_param_count = COUNT.visible(
+    "check_gpt_param_count",
+    """Worked examples: GPT-2 small (124,439,808; 124,337,664 without biases) and two small
+    GPTs, one without biases.""",
+)
 
 
 check_training_flops = FLOPS.visible(
@@ -1102,14 +986,11 @@ check_training_flops = FLOPS.visible(
 )
 
 
-def check_kv_cache_bytes(fn: Callable[..., Any]) -> None:
-    """Worked examples (GPT-3's full context in float16; float32 and a batch), and the memory of
-    the kit's own KV cache measured by PyTorch."""
-    KV.judge(fn, KV.examples("check_kv_cache_bytes"))
-    cache = KVCache(3, 2, 4, 8, 4, dtype=torch.float32)  # L=3, B=2, H=4, n_ctx=8, Dh=4: D=16
-    real_bytes = sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
-    case = (3, 16, 8, {"batch_size": 2, "bytes_per_value": 4})
-    KV.judge(fn, [Given(case, (real_bytes, {}))])
+check_kv_cache_bytes = KV.visible(
+    "check_kv_cache_bytes",
+    """Worked examples: GPT-3's full context in float16, GPT-2 small's in float32 with a batch,
+    and a small cache (3 layers, width 16, 8 positions, a batch of 2, float32).""",
+)
 
 
 check_gpu_days = DAYS.visible(

@@ -1,31 +1,19 @@
 """Hidden checks of lab 08 (language models), their oracles and the visible checks' fixtures.
 
-Oracles, written independently of the kit:
+Oracles, written independently of the kit, each with its typical mistakes as variants:
 
 * :func:`oracle_attention`: causal multi-head self-attention in float64 from the fused weights,
-  fed in chunks as through a KV cache (query ``P + i`` of a chunk starting at ``P`` attends the
-  stored keys ``0 .. P + i``), with the typical wrong attentions as variants of it: no mask, the
-  mask after the softmax, query/key/value in the wrong order, the scale of the whole width or
-  none, heads split without the transpose, the softmax over the queries, no output projection;
-  and, through a cache, a mask that forgets the offset, a cache never read, no mask for chunks;
-* :func:`oracle_generate`: the scripted model's greedy continuation with Python integers (the
-  window of the last ``n_ctx`` tokens, read from position 0), and the wrong loops beside it;
-* :func:`oracle_gpt_param_count`: the GPT-2 layout as a list of named parameter shapes, summed;
-  the arithmetic of compute, cache memory and GPU-days, each with its typical mistakes; their
-  hidden checks are generated (one :class:`~transformer_lab.checks._generated.Oracle` each).
+  fed in chunks as through a KV cache; differentiable, so it also gives the gradients the
+  training check compares with;
+* :func:`oracle_generate`: the scripted model's greedy continuation with Python integers;
+* the arithmetic of scale (parameters, compute, cache memory, GPU-days); their hidden checks
+  are generated (one :class:`~transformer_lab.checks._generated.Oracle` each).
 
-The hidden checks run the student's code on seeded random sizes, against these oracles and
-against PyTorch's ``nn.MultiheadAttention``: chunk schedules with pieces longer than one token
-after a prefix, float16 and bfloat16, training mode (dropout on the attention weights, found by
-its structure: with one key per query, a head's whole output is kept or dropped together) and
-gradients; generation with the kit's GPT (greedy and seeded sampling, with and without the
-cache, past the context), prompts longer than the context, and the sampling strategies measured
-by their frequencies; and the scale of GPT-2 and GPT-3.
-
+The hidden checks run the student's code on seeded random sizes: chunk schedules through a
+KV cache, float16 and bfloat16, training mode (dropout on the attention weights, found by its
+structure) and gradients; generation with the kit's GPT, past the context, and the sampling
+strategies measured by their frequencies; the scale of GPT-2 and GPT-3.
 :func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab08.json``).
-
-Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. 2019; Brown et al.
-2020 (table 2.1); Kaplan et al. 2020; Pope et al. 2022.
 """
 
 from __future__ import annotations
@@ -39,13 +27,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab08
 from transformer_lab.checks import spec as lab_specs
-from transformer_lab.checks._common import (
-    close,
-    expect_close,
-    expect_true,
-    generator,
-    randint,
-)
+from transformer_lab.checks._common import close, expect_close, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab08 import (
     SCHEDULES,
@@ -53,19 +35,15 @@ from transformer_lab.checks.lab08 import (
     attention_example,
     build_attention,
     cached_run,
-    copy_torch_attention,
     expect_attention,
-    generate_examples,
-    greedy_run,
+    judge_cache_contents,
     judge_calls,
-    judge_tokens,
     load_attention,
+    rising_keys,
     run_attention,
     run_generate,
     show_schedule,
     split_case,
-    torch_attention,
-    torch_output,
 )
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import (
@@ -76,16 +54,7 @@ from transformer_lab.grading.hidden._attention import (
 )
 
 __all__ = [
-    "COUNT",
-    "DAYS",
-    "FLOPS",
-    "KV",
-    "attention_mistakes",
-    "count_mistakes",
     "fixtures",
-    "flops_mistakes",
-    "generate_mistakes",
-    "gpu_days_mistakes",
     "hidden_check_causal_self_attention",
     "hidden_check_causal_self_attention_cache",
     "hidden_check_causal_self_attention_training",
@@ -96,14 +65,6 @@ __all__ = [
     "hidden_check_gpu_days",
     "hidden_check_kv_cache_bytes",
     "hidden_check_training_flops",
-    "kv_mistakes",
-    "oracle_attention",
-    "oracle_generate",
-    "oracle_gpt_param_count",
-    "oracle_gpu_days",
-    "oracle_kv_cache_bytes",
-    "oracle_projections",
-    "oracle_training_flops",
 ]
 
 _TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the visible checks
@@ -114,19 +75,7 @@ _TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the vi
 
 
 def _weights64(weights: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v.detach().to("cpu", torch.float64) for k, v in weights.items()}
-
-
-def _module_weights(module: nn.Module) -> dict[str, Tensor]:
-    """The fused weights of a student's module, as :func:`oracle_attention` takes them."""
-    return _weights64(
-        {
-            "qkv_weight": module.qkv_proj.weight,
-            "qkv_bias": module.qkv_proj.bias,
-            "out_weight": module.out_proj.weight,
-            "out_bias": module.out_proj.bias,
-        }
-    )
+    return {k: v.to("cpu", torch.float64) for k, v in weights.items()}  # keeps autograd's graph
 
 
 def oracle_projections(
@@ -138,7 +87,7 @@ def oracle_projections(
     (:func:`~transformer_lab.grading.hidden._attention.heads_split_as`).
     """
     w = _weights64(weights)
-    x = x.detach().to("cpu", torch.float64)
+    x = x.to("cpu", torch.float64)
     D = x.shape[-1]
     thirds = {}
     for i, name in enumerate(order):
@@ -280,50 +229,44 @@ def _sizes(g: torch.Generator) -> tuple[int, int, int, int]:
     return d_model, heads, randint(1, 3, g), randint(3, 7, g)
 
 
-def _with_rising_keys(mha: nn.MultiheadAttention, x: Tensor, lift: float = 2.0) -> Tensor:
-    """Make later keys score highest: input channel 0 becomes the position, copied into the
-    first key feature of every head, whose queries get a large constant there."""
-    D = mha.embed_dim
-    Dh = D // mha.num_heads
-    x = x.clone()
-    x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)
-    with torch.no_grad():
-        for head in range(mha.num_heads):
-            mha.in_proj_weight[head * Dh] = 0.0
-            mha.in_proj_bias[head * Dh] = lift
-            mha.in_proj_weight[D + head * Dh] = 0.0
-            mha.in_proj_weight[D + head * Dh, 0] = 1.0
-    return x
-
-
 def _attention_case(
-    cls: Callable[..., nn.Module], g: torch.Generator, seed: int, dropout: float = 0.0
-) -> tuple[nn.Module, nn.MultiheadAttention, Tensor, str, int]:
-    d_model, heads, B, T = _sizes(g)
-    module, what = build_attention(cls, d_model, heads, dropout)
-    mha = torch_attention(d_model, heads, seed=seed, dropout=dropout)
-    x = _with_rising_keys(mha, torch.randn(B, T, d_model, generator=g))
-    copy_torch_attention(module, mha)
-    return module, mha, x, what, heads
+    cls: Callable[..., nn.Module], g: torch.Generator, dropout: float = 0.0
+) -> tuple[nn.Module, dict[str, Tensor], Tensor, str, int]:
+    """The student's module at random sizes with random weights (the later keys scoring
+    highest, :func:`~transformer_lab.checks.lab08.rising_keys`) and an input for it.
+
+    Returns:
+        ``(module, its weights, x (B, T, D), how messages name it, n_heads)``.
+    """
+    D, heads, B, T = _sizes(g)
+    module, what = build_attention(cls, D, heads, dropout)
+    weights = {
+        "qkv_weight": torch.randn(3 * D, D, generator=g) / math.sqrt(D),
+        "qkv_bias": 0.3 * torch.randn(3 * D, generator=g),
+        "out_weight": torch.randn(D, D, generator=g) / math.sqrt(D),
+        "out_bias": 0.3 * torch.randn(D, generator=g),
+    }
+    x = rising_keys(weights, torch.randn(B, T, D, generator=g), heads, 2.0)
+    load_attention(module, weights)
+    return module, weights, x, what, heads
+
+
+_RULE = "out = out_proj(merge(softmax(q k^T / sqrt(Dh) under the causal mask) v))."
 
 
 def hidden_check_causal_self_attention(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Random sizes (later keys scoring highest) against the oracle and torch, in eval mode."""
+    """Random sizes (later keys scoring highest) against the oracle, in eval mode."""
     g = generator(seed)
-    for trial in range(3):
-        module, mha, x, what, heads = _attention_case(cls, g, seed + trial)
-        module.eval()
-        weights = _module_weights(module)
-        answer = run_attention(module, x, what)
+    for _ in range(3):
+        module, weights, x, what, heads = _attention_case(cls, g)
         expect_attention(
-            answer,
+            run_attention(module.eval(), x, what),
             oracle_attention(weights, x, heads),
             attention_mistakes(weights, x, heads),
             f"{what} on x {tuple(x.shape)} (the later keys score highest)",
-            "out = out_proj(merge(softmax(q k^T / sqrt(Dh) under the causal mask) v)).",
+            _RULE,
             _TOL,
         )
-        expect_close(answer, torch_output(mha, x), f"{what} against torch", atol=_TOL, rtol=_TOL)
 
 
 def _random_schedule(T: int, g: torch.Generator) -> list[tuple[int, int]]:
@@ -340,10 +283,9 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
     """Random sizes fed through a KV cache in random pieces: the one-pass output, the cache's
     contents, a cache larger than the sequence, and float16 and bfloat16."""
     g = generator(seed)
-    for trial in range(2):
-        module, _, x, what, heads = _attention_case(cls, g, seed + trial)
+    for _ in range(2):
+        module, weights, x, what, heads = _attention_case(cls, g)
         module.eval()
-        weights = _module_weights(module)
         T = x.shape[1]
         want = oracle_attention(weights, x, heads)
         expect_attention(
@@ -351,32 +293,25 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
             want,
             attention_mistakes(weights, x, heads),
             f"{what} on x {tuple(x.shape)} in one pass, without a cache (before the cache's turn)",
-            "out = out_proj(merge(softmax(q k^T / sqrt(Dh) under the causal mask) v)).",
+            _RULE,
             _TOL,
         )
         for schedule in (_random_schedule(T, g), [(p, p + 1) for p in range(T)]):
             got, cache = cached_run(module, x, schedule, heads, what, capacity=T + 3)
-            _, k, v = oracle_projections(weights, x, heads)
-            stored_k = cache.k[0, :, :, :T].detach().double()
-            stored_v = cache.v[0, :, :, :T].detach().double()
-            expect_true(
-                close(stored_k, k, atol=_TOL, rtol=_TOL) and close(stored_v, v, atol=_TOL),
-                f"after {what} was fed {show_schedule(schedule)}, the KV cache does not hold the "
-                "keys and values of the positions: kv_cache.store(k, v) with the keys and "
-                "values split into heads (B, H, T, Dh).",
-            )
+            fed = f"{what} fed {show_schedule(schedule)}"
+            judge_cache_contents(cache, fed, *oracle_projections(weights, x, heads))
             expect_attention(
                 got,
                 want,
                 attention_mistakes(weights, x, heads, schedule),
-                f"{what} fed {show_schedule(schedule)} through a KV cache of capacity {T + 3}",
+                f"{fed} through a KV cache of capacity {T + 3}",
                 "Through a cache, query P+i of a piece that starts at P attends every stored "
                 "key s <= P+i: the outputs are those of one pass.",
                 _TOL,
             )
-    module, _, x, what, heads = _attention_case(cls, g, seed + 7)
+    module, weights, x, what, heads = _attention_case(cls, g)
     module.eval()
-    full = oracle_attention(_module_weights(module), x, heads)
+    full = oracle_attention(weights, x, heads)
     schedule = _random_schedule(x.shape[1], g)
     for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 8e-2)):
         low = module.to(dtype)
@@ -395,30 +330,27 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
         )
 
 
-def _near_one() -> float:
-    return 1.0 - 1e-7
-
-
 def hidden_check_causal_self_attention_training(
     cls: Callable[..., nn.Module], seed: int = 0
 ) -> None:
-    """Training mode: without dropout as torch (gradients too); dropout off in eval; dropout
-    on the attention weights, found by its structure, and scaled by 1/(1-p)."""
+    """Training mode: without dropout as the oracle (gradients too, by autograd through the
+    float64 oracle); dropout off in eval; dropout on the attention weights, found by its
+    structure, and scaled by 1/(1-p)."""
     g = generator(seed)
-    module, mha, x, what, _ = _attention_case(cls, g, seed)
+    module, weights, x, what, heads = _attention_case(cls, g)
     module.train()
-    mha.train()
     expect_close(
         run_attention(module, x, f"{what} in training mode"),
-        torch_output(mha, x),
-        f"{what} in training mode (dropout 0) against torch",
+        oracle_attention(weights, x, heads),
+        f"{what} in training mode (dropout 0)",
         hint="With dropout 0, training mode computes what eval mode does.",
         atol=_TOL,
         rtol=_TOL,
     )
-    # Gradients: the same as torch's with respect to the input and the fused projection.
+    # Gradients with respect to the input and the fused projection, against the oracle's.
     xs = x.clone().requires_grad_(True)
-    xt = x.clone().requires_grad_(True)
+    x64 = x.double().requires_grad_(True)
+    w64 = {k: v.double().requires_grad_(True) for k, v in weights.items()}
     r = torch.randn(x.shape, generator=g)
     out = run_attention(module, xs, f"{what} (backward pass)")
     expect_true(
@@ -428,32 +360,29 @@ def hidden_check_causal_self_attention_training(
     )
     module.zero_grad()
     (out * r).sum().backward()
-    T = x.shape[1]
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)
-    (mha(xt, xt, xt, attn_mask=future, need_weights=False)[0] * r).sum().backward()
+    (oracle_attention(w64, x64, heads) * r).sum().backward()
     expect_close(
         xs.grad,
-        xt.grad,
+        x64.grad,
         f"the gradient of {what} with respect to x",
-        hint="The forward pass matches torch but the gradient does not: avoid in-place "
+        hint="The forward pass matches the oracle but the gradient does not: avoid in-place "
         "changes of tensors autograd needs, and keep every step differentiable.",
         atol=_TOL,
         rtol=_TOL,
     )
     expect_close(
         module.qkv_proj.weight.grad,
-        mha.in_proj_weight.grad,
+        w64["qkv_weight"].grad,
         f"the gradient of {what} with respect to qkv_proj.weight",
         atol=_TOL,
         rtol=_TOL,
     )
 
-    module, mha, x, what, _ = _attention_case(cls, g, seed + 1, dropout=0.3)
-    module.eval()
+    module, weights, x, what, heads = _attention_case(cls, g, dropout=0.3)
     expect_close(
-        run_attention(module, x, f"{what} in eval mode"),
-        torch_output(mha.eval(), x),
-        f"{what} in eval mode against torch",
+        run_attention(module.eval(), x, f"{what} in eval mode"),
+        oracle_attention(weights, x, heads),
+        f"{what} in eval mode",
         hint="Dropout must be off in eval mode: use an nn.Dropout module (or F.dropout(..., "
         "training=self.training)).",
         atol=_TOL,
@@ -528,8 +457,9 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
 # ======================================================================================
 
 
-def _scripted_next(window: Sequence[int], vocab_size: int, variant: str = "") -> int:
-    if variant == "first_position":
+def _scripted_next(window: Sequence[int], vocab_size: int, first: bool = False) -> int:
+    """The scripted model's next token after ``window`` (or, ``first``, after its first token)."""
+    if first:
         return (7 * window[0] + 1) % vocab_size
     p = len(window) - 1
     return (7 * sum(window) + 3 * p + 1) % vocab_size
@@ -539,31 +469,29 @@ def oracle_generate(
     prompt: Sequence[Sequence[int]],
     n_ctx: int,
     max_new_tokens: int,
-    vocab_size: int = 11,
+    use_cache: bool = False,
     *,
     variant: str = "",
-) -> Tensor:
+    vocab_size: int = 11,
+) -> list[list[int]]:
     """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation, in Python ints.
 
     Each step reads the window of the last ``n_ctx`` tokens from position 0 (the cached path
     gives the same windows until the cache is full, and falls back to them after). Variants:
-    ``first_position`` (the logits of position 0 used), ``short_window`` (windows one token
-    short), ``one_call`` (the model run once, its first token repeated).
+    ``first_position`` (the logits of position 0 used: through the cache, a one-token step's
+    only position is right), ``one_call`` (the model run once, its first token repeated).
     """
     rows = []
     for row in prompt:
         seq = [int(t) for t in row]
-        first = None
-        for _ in range(max_new_tokens):
-            width = n_ctx - 1 if variant == "short_window" else n_ctx
-            window = seq[-width:]
-            nxt = _scripted_next(window, vocab_size, variant)
-            if variant == "one_call":
-                first = nxt if first is None else first
-                nxt = first
-            seq.append(nxt)
+        held = min(len(seq), n_ctx)  # the cache's positions after the prompt
+        for step in range(max_new_tokens):
+            cached_step = use_cache and step > 0 and held + step <= n_ctx
+            first = variant == "first_position" and not cached_step
+            nxt = _scripted_next(seq[-n_ctx:], vocab_size, first)
+            seq.append(seq[len(row)] if variant == "one_call" and step else nxt)
         rows.append(seq)
-    return torch.tensor(rows, dtype=torch.long)
+    return rows
 
 
 GENERATE_MISTAKES = {
@@ -573,21 +501,20 @@ GENERATE_MISTAKES = {
     "one_call": "Your loop runs the model once and appends the same token every step: after "
     "each new token, run the model again (with the cache: on that token alone) for the next "
     "logits.",
-    "short_window": "Your windows hold n_ctx - 1 tokens: crop to the last n_ctx, idx[:, -n_ctx:].",
 }
 
 
 def generate_mistakes(
-    prompt: Sequence[Sequence[int]], n_ctx: int, max_new_tokens: int, vocab_size: int = 11
-) -> dict[str, Tensor]:
+    prompt: Sequence[Sequence[int]], n_ctx: int, max_new_tokens: int, use_cache: bool = False
+) -> dict[str, list[list[int]]]:
     """Hint -> the tokens a typical wrong greedy loop returns on the scripted model."""
-    want = oracle_generate(prompt, n_ctx, max_new_tokens, vocab_size)
-    kept: dict[str, Tensor] = {}
-    for variant, hint in GENERATE_MISTAKES.items():
-        wrong = oracle_generate(prompt, n_ctx, max_new_tokens, vocab_size, variant=variant)
-        if not torch.equal(wrong, want) and not any(torch.equal(wrong, k) for k in kept.values()):
-            kept[hint] = wrong
-    return kept
+    return {
+        hint: oracle_generate(prompt, n_ctx, max_new_tokens, use_cache, variant=variant)
+        for variant, hint in GENERATE_MISTAKES.items()
+    }
+
+
+GREEDY = Oracle(lab08.GREEDY, oracle_generate, generate_mistakes)
 
 
 # ======================================================================================
@@ -636,6 +563,16 @@ def _greedy_reference(model: nn.Module, prompt: Tensor, max_new_tokens: int) -> 
     return seq
 
 
+def _expect_tokens(got: Tensor, want: Tensor, what: str) -> None:
+    """Generated ids equal to the reference's greedy ones."""
+    expect_true(
+        torch.equal(got.cpu().long(), want.long()),
+        f"{what} returned {got.tolist()}, expected {want.tolist()}. Each step takes the logits "
+        "of the LAST position, logits[:, -1], samples the next token from them (temperature 0: "
+        "the argmax) and appends it.",
+    )
+
+
 def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """The kit's GPT (random weights): greedy tokens with and without the cache equal the
     reference, past the context too; seeded sampling gives the same tokens both ways."""
@@ -654,7 +591,7 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
         )
         got = run_generate(fn, model, prompt, new, what, temperature=0.0, use_cache=use_cache)
         judge_calls(calls, T, 10, new, use_cache, what)
-        judge_tokens(got, want, {}, what)
+        _expect_tokens(got, want, what)
     for top_k, top_p in ((None, None), (5, None), (None, 0.9)):
         outs = []
         draws = {flag: torch.Generator().manual_seed(seed) for flag in (True, False)}
@@ -687,13 +624,12 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
     other = torch.randint(0, 13, (1, 3), generator=g)
     what = f"generate(gpt, idx {tuple(other.shape)}, 2, temperature=0) with a GPT of n_ctx=10"
     got = run_generate(fn, model, other, 2, what, temperature=0.0, use_cache=False)
-    judge_tokens(got, _greedy_reference(model, other, 2), {}, what)
+    _expect_tokens(got, _greedy_reference(model, other, 2), what)
 
 
-def hidden_check_generate_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Scripted model: a prompt exactly n_ctx long, longer prompts, one token, none, a long
-    run of three contexts, one sequence; the calls and the tokens."""
-    g = generator(seed)
+def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    """A prompt exactly n_ctx long, longer prompts, one token, a long run of three contexts,
+    none; each with the cache and without."""
     cases = [
         ([[randint(0, 10, g) for _ in range(6)]], 6, 4),  # prompt fills the context
         ([[randint(0, 10, g) for _ in range(9)] for _ in range(2)], 5, 6),  # longer prompt
@@ -701,16 +637,15 @@ def hidden_check_generate_edges(fn: Callable[..., Tensor], seed: int = 0) -> Non
         ([[randint(0, 10, g)]], 5, 15),  # a single-token prompt, three contexts
         ([[randint(0, 10, g) for _ in range(4)] for _ in range(3)], 9, 0),  # nothing to do
     ]
-    for prompt, n_ctx, new in cases:
-        want = oracle_generate(prompt, n_ctx, new)
-        mistakes = generate_mistakes(prompt, n_ctx, new)
-        for use_cache in (False, True):
-            idx = torch.tensor(prompt)
-            what = (
-                f"generate(model, idx {tuple(idx.shape)}, {new}, temperature=0, "
-                f"use_cache={use_cache}) on a scripted model with n_ctx={n_ctx}"
-            )
-            greedy_run(fn, idx, n_ctx, new, use_cache, what, want, mistakes)
+    return [(*case, use_cache) for case in cases for use_cache in (False, True)]
+
+
+hidden_check_generate_edges = GREEDY.hidden(
+    "hidden_check_generate_edges",
+    _edge_cases,
+    """Scripted model: a prompt exactly n_ctx long, longer prompts, one token, none, a long run
+    of three contexts, one sequence; the calls and the tokens.""",
+)
 
 
 def _filtered_probs(table: Tensor, t: float, top_k: int | None, top_p: float | None) -> Tensor:
@@ -782,44 +717,17 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
 # ======================================================================================
 
 
-def _gpt_shapes(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
-) -> list[tuple[str, tuple[int, ...]]]:
-    """Every parameter of a GPT-2-style model with a tied output layer, by name and shape."""
-    D = d_model
-    shapes: list[tuple[str, tuple[int, ...]]] = [("wte", (vocab_size, D)), ("wpe", (n_ctx, D))]
-    for i in range(n_layers):
-        layer = [
-            ("ln_1.weight", (D,)),
-            ("attn.c_attn.weight", (D, 3 * D)),
-            ("attn.c_proj.weight", (D, D)),
-            ("ln_2.weight", (D,)),
-            ("mlp.c_fc.weight", (D, 4 * D)),
-            ("mlp.c_proj.weight", (4 * D, D)),
-        ]
-        if bias:
-            layer += [
-                ("ln_1.bias", (D,)),
-                ("attn.c_attn.bias", (3 * D,)),
-                ("attn.c_proj.bias", (D,)),
-                ("ln_2.bias", (D,)),
-                ("mlp.c_fc.bias", (4 * D,)),
-                ("mlp.c_proj.bias", (D,)),
-            ]
-        shapes += [(f"h.{i}.{name}", shape) for name, shape in layer]
-    shapes.append(("ln_f.weight", (D,)))
-    if bias:
-        shapes.append(("ln_f.bias", (D,)))
-    return shapes  # lm_head is wte (tied): no parameters of its own
-
-
 def oracle_gpt_param_count(
     n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
 ) -> int:
-    """The sum of the sizes of :func:`_gpt_shapes` (GPT-2's own parameter names)."""
-    return sum(
-        math.prod(shape) for _, shape in _gpt_shapes(n_layers, d_model, vocab_size, n_ctx, bias)
-    )
+    """GPT-2's parameters, layer by layer: token and position embeddings (the output layer is
+    tied to the token embedding), per block two layer norms, the QKV projection (D -> 3D), the
+    output projection (D -> D) and the MLP (D -> 4D -> D), and the final layer norm."""
+    D, b = d_model, 1 if bias else 0
+    norm = (1 + b) * D  # gain (and bias)
+    attention = D * 3 * D + b * 3 * D + D * D + b * D
+    mlp = D * 4 * D + b * 4 * D + 4 * D * D + b * D
+    return vocab_size * D + n_ctx * D + n_layers * (2 * norm + attention + mlp) + norm
 
 
 def count_mistakes(
@@ -1037,15 +945,19 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out["CausalSelfAttention example: queries"] = fixture_entry(q)
     out["CausalSelfAttention example: keys"] = fixture_entry(k)
     out["CausalSelfAttention example: values"] = fixture_entry(v)
-    for name, spec in generate_examples().items():
-        out[f"generate example {name!r}"] = fixture_entry(
-            oracle_generate(spec["prompt"], spec["n_ctx"], spec["new"]),
-            generate_mistakes(spec["prompt"], spec["n_ctx"], spec["new"]),
-        )
+    examples = [
+        ([[1, 4, 2], [5, 0, 3]], 12, 6),  # the cache never fills
+        ([[2, 7, 1, 8]], 6, 7),  # the cache fills, then the window slides
+        ([[3, 1, 4, 1, 5, 9, 2, 6]], 6, 3),  # a prompt longer than the context
+    ]
+    cases = [(*case, use_cache) for case in examples for use_cache in (False, True)]
+    out |= GREEDY.fixtures("check_generate", cases)
     gpt2 = (12, 768, 50257, 1024)
-    out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False})])
+    small = [(1, 8, 5, 4), (3, 12, 17, 9, {"bias": False})]
+    out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False}), *small])
     out |= FLOPS.fixtures("check_training_flops", [(175e9, 300e9), (124_439_808, 10e9)])
     kv = [(96, 12288, 2048), (12, 768, 1024, {"batch_size": 8, "bytes_per_value": 4})]
+    kv.append((3, 16, 8, {"batch_size": 2, "bytes_per_value": 4}))
     out |= KV.fixtures("check_kv_cache_bytes", kv)
     days = [(3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)]
     out |= DAYS.fixtures("check_gpu_days", days)
