@@ -121,7 +121,68 @@ def test_the_spec_lint_finds_drift() -> None:
         assert changed != text, what
         assert spec.lint_spec(spec.parse(changed), nb, lab), what
     with pytest.raises(spec.SpecError, match="unknown keys"):
-        spec.parse(text.replace("[parts.split_heads]", "[parts.split_heads]\npoints = 3"))
+        spec.parse(text.replace("[parts.split_heads]", "[parts.split_heads]\npoint = 3"))
+
+
+def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with() -> None:
+    """A part's points and signature are declared once, in the spec: the notebook's heading and
+    solution cell are held to them, and the first disagreement is named."""
+    lab = "08_language_models"
+    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    text = (REPO / "transformer_lab" / "checks" / "specs" / "lab08.toml").read_text()
+    kv = "kv_cache_bytes(n_layers, d_model, n_ctx, batch_size=1, bytes_per_value=2)"
+    assert f'signature = "{kv}"' in text
+    drifted = {
+        "points": (
+            text.replace(
+                "[parts.kv_cache_bytes]\npoints = 2", "[parts.kv_cache_bytes]\npoints = 3"
+            ),
+            "kv_cache_bytes is worth 3 points; the notebook's heading gives 2",
+        ),
+        "an argument": (
+            text.replace(kv, kv.replace("batch_size=1", "batch=1")),
+            f"kv_cache_bytes's signature {kv.replace('batch_size=1', 'batch=1')} is not the "
+            f"solution's {kv}",
+        ),
+        "a default": (
+            text.replace(kv, kv.replace("=2)", "=4)")),
+            "bytes_per_value=4) is not the solution's",
+        ),
+        "a method": (
+            text.replace('"forward(x, kv_cache=None)"', '"forward(x, cache=None)"'),
+            "CausalSelfAttention's signature forward(x, cache=None) is not the solution's "
+            "forward(x, kv_cache=None)",
+        ),
+        "no points": (
+            text.replace("[parts.gpu_days]\npoints = 2\n", "[parts.gpu_days]\n"),
+            "gpu_days declares no points (its heading gives 2)",
+        ),
+    }
+    for what, (changed, says) in drifted.items():
+        assert changed != text, what
+        problems = "\n".join(spec.lint_spec(spec.parse(changed), nb, lab))
+        assert says in problems, (what, problems)
+    assert spec.lint_spec(spec.parse(text), nb, lab) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('signature = "kv_cache_bytes(n_layers,"', r"parts\.kv\.signature = .* is not a signature"),
+        (
+            'signature = "kv_bytes(n_layers)"',
+            r"parts\.kv\.signature = .* calls 'kv_bytes', not 'kv'",
+        ),
+        ("points = 0", r"parts\.kv\.points must be a positive integer, not 0"),
+        ('points = "2"', r"parts\.kv\.points must be a positive integer"),
+        ('methods = ["forward(x"]', r"parts\.kv\.methods = 'forward\(x' is not a signature"),
+        ('check = "kv"', r"parts\.kv\.check must name a check_"),
+    ],
+)
+def test_a_bad_part_key_is_a_spec_error_naming_the_file_and_the_part(line: str, says: str) -> None:
+    with pytest.raises(spec.SpecError, match=says) as raised:
+        spec.parse(f'lab = "09_x"\n[parts.kv]\n{line}\n', "specs/lab09.toml")
+    assert str(raised.value).startswith("specs/lab09.toml: parts.kv.")
 
 
 def test_the_curriculum_shows_the_specs_table_of_graded_parts() -> None:
