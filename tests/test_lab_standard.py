@@ -195,6 +195,18 @@ def test_the_curriculum_shows_the_specs_table_of_graded_parts() -> None:
     assert table in curriculum, "docs/curriculum.md: paste the table printed by\n" + table
 
 
+def test_the_curriculum_writes_every_signature_as_the_spec_declares_it() -> None:
+    curriculum = (REPO / "docs" / "curriculum.md").read_text()
+    assert spec.lint_curriculum(list(spec.all_specs()), curriculum) == []
+    kv = "kv_cache_bytes(n_layers, d_model, n_ctx, batch_size=1, bytes_per_value=2)"
+    drifted = curriculum.replace(kv, kv.replace("=2)", "=4)"))
+    assert drifted != curriculum
+    assert spec.lint_curriculum(list(spec.all_specs()), drifted) == [
+        f"the curriculum's row of 08_language_models writes {kv.replace('=2)', '=4)')}; its "
+        f"spec: {kv}"
+    ]
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_the_labs_bans_refuse_every_kit_answer_its_spec_names(lab: str) -> None:
     """A check's ban must refuse the kit's own answer of each part: calling it is no answer."""

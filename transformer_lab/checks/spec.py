@@ -65,6 +65,7 @@ __all__ = [
     "SpecError",
     "all_specs",
     "costs_table",
+    "lint_curriculum",
     "lint_spec",
     "load",
     "parse",
@@ -652,3 +653,50 @@ def costs_table(specs: list[LabSpec], notebooks: dict[str, Any]) -> str:
                 f"| {len(part.mistakes)} | {spent} |"
             )
     return "\n".join(rows)
+
+
+def _written_calls(text: str) -> dict[str, set[str]]:
+    """``name -> {"name(args)", ...}`` of every call written in backticks in ``text``
+    (`` `class Name(a, b=1) -> ...` ``: what follows the closing parenthesis is left out)."""
+    out: dict[str, set[str]] = {}
+    for span in re.findall(r"`([^`]+)`", text):
+        span = span.removeprefix("class ").strip()
+        head = re.match(r"[A-Za-z_]\w*\(", span)
+        depth, end = 0, None
+        for i, char in enumerate(span if head else ""):
+            depth += (char == "(") - (char == ")")
+            if char == ")" and depth == 0:
+                end = i + 1
+                break
+        if end is None:
+            continue
+        try:
+            name, args = signature_arguments(span[:end], "a call")
+        except SpecError:  # `self_attention_matrix(...)`: no signature
+            continue
+        out.setdefault(name, set()).add(f"{name}({arguments_text(args)})")
+    return out
+
+
+def lint_curriculum(specs: list[LabSpec], markdown: str) -> list[str]:
+    """Every part whose signature (or a class's method) the curriculum's row of its lab
+    (``| NN_name | ... |``) does not write as the spec declares it."""
+    problems = []
+    for lab_spec in specs:
+        row = next(
+            (line for line in markdown.splitlines() if line.startswith(f"| {lab_spec.lab} |")), ""
+        )
+        if not row:
+            problems.append(f"the curriculum has no row for {lab_spec.lab}")
+            continue
+        written = _written_calls(row)
+        for part in lab_spec.parts.values():
+            for signature in filter(None, (part.signature, *part.methods)):
+                name, args = signature_arguments(signature, f"{lab_spec.lab}: {part.name}")
+                wanted = f"{name}({arguments_text(args)})"
+                if wanted not in written.get(name, set()):
+                    found = " or ".join(sorted(written.get(name, set()))) or f"no {name}(...)"
+                    problems.append(
+                        f"the curriculum's row of {lab_spec.lab} writes {found}; its spec: {wanted}"
+                    )
+    return problems
