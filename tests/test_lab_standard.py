@@ -8,6 +8,7 @@ fails here with the cell and what to change.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -124,38 +125,46 @@ def test_the_spec_lint_finds_drift() -> None:
         spec.parse(text.replace("[parts.split_heads]", "[parts.split_heads]\npoint = 3"))
 
 
+def _drifting_parts(lab_spec: spec.LabSpec) -> tuple[spec.Part, spec.Part]:
+    """A function part whose signature has a default, and a class part with methods (chosen
+    from the spec, so that no test here names a part: renaming one touches no test)."""
+    parts = list(lab_spec.parts.values())
+    function = next(p for p in reversed(parts) if not p.methods and "=" in p.signature)
+    return function, next(p for p in parts if p.methods)
+
+
 def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with() -> None:
     """A part's points and signature are declared once, in the spec: the notebook's heading and
     solution cell are held to them, and the first disagreement is named."""
     lab = "08_language_models"
     nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     text = (REPO / "transformer_lab" / "checks" / "specs" / "lab08.toml").read_text()
-    kv = "kv_cache_bytes(n_layers, d_model, n_ctx, batch_size=1, bytes_per_value=2)"
-    assert f'signature = "{kv}"' in text
+    part, cls = _drifting_parts(spec.load(lab))
+    sig, points, method = part.signature, part.points or 0, cls.methods[0]
+    head = f"[parts.{part.name}]\npoints = {points}\n"
+    renamed = sig.replace("(", "(renamed_", 1)
+    fewer = re.sub(r", [^,()]+\)$", ")", sig)  # its last argument left out
+    more = method.replace("(", "(renamed_", 1)
     drifted = {
         "points": (
-            text.replace(
-                "[parts.kv_cache_bytes]\npoints = 2", "[parts.kv_cache_bytes]\npoints = 3"
-            ),
-            "kv_cache_bytes is worth 3 points; the notebook's heading gives 2",
+            text.replace(head, f"[parts.{part.name}]\npoints = {points + 1}\n"),
+            f"{part.name} is worth {points + 1} points; the notebook's heading gives {points}",
         ),
         "an argument": (
-            text.replace(kv, kv.replace("batch_size=1", "batch=1")),
-            f"kv_cache_bytes's signature {kv.replace('batch_size=1', 'batch=1')} is not the "
-            f"solution's {kv}",
+            text.replace(f'"{sig}"', f'"{renamed}"'),
+            f"{part.name}'s signature {renamed} is not the solution's {sig}",
         ),
-        "a default": (
-            text.replace(kv, kv.replace("=2)", "=4)")),
-            "bytes_per_value=4) is not the solution's",
+        "an argument too few": (
+            text.replace(f'"{sig}"', f'"{fewer}"'),
+            f"{part.name}'s signature {fewer} is not the solution's {sig}",
         ),
         "a method": (
-            text.replace('"forward(x, kv_cache=None)"', '"forward(x, cache=None)"'),
-            "CausalSelfAttention's signature forward(x, cache=None) is not the solution's "
-            "forward(x, kv_cache=None)",
+            text.replace(f'"{method}"', f'"{more}"'),
+            f"{cls.name}'s signature {more} is not the solution's {method}",
         ),
         "no points": (
-            text.replace("[parts.gpu_days]\npoints = 2\n", "[parts.gpu_days]\n"),
-            "gpu_days declares no points (its heading gives 2)",
+            text.replace(head, f"[parts.{part.name}]\n"),
+            f"{part.name} declares no points (its heading gives {points})",
         ),
     }
     for what, (changed, says) in drifted.items():
@@ -168,7 +177,7 @@ def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with()
 @pytest.mark.parametrize(
     ("line", "says"),
     [
-        ('signature = "kv_cache_bytes(n_layers,"', r"parts\.kv\.signature = .* is not a signature"),
+        ('signature = "kv(n_layers,"', r"parts\.kv\.signature = .* is not a signature"),
         (
             'signature = "kv_bytes(n_layers)"',
             r"parts\.kv\.signature = .* calls 'kv_bytes', not 'kv'",
@@ -177,6 +186,7 @@ def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with()
         ('points = "2"', r"parts\.kv\.points must be a positive integer"),
         ('methods = ["forward(x"]', r"parts\.kv\.methods = 'forward\(x' is not a signature"),
         ('check = "kv"', r"parts\.kv\.check must name a check_"),
+        ('replaces = "x.kv"', r"parts\.kv\.replaces must be one of its kit answers"),
     ],
 )
 def test_a_bad_part_key_is_a_spec_error_naming_the_file_and_the_part(line: str, says: str) -> None:
@@ -197,13 +207,14 @@ def test_the_curriculum_shows_the_specs_table_of_graded_parts() -> None:
 
 def test_the_curriculum_writes_every_signature_as_the_spec_declares_it() -> None:
     curriculum = (REPO / "docs" / "curriculum.md").read_text()
-    assert spec.lint_curriculum(list(spec.all_specs()), curriculum) == []
-    kv = "kv_cache_bytes(n_layers, d_model, n_ctx, batch_size=1, bytes_per_value=2)"
-    drifted = curriculum.replace(kv, kv.replace("=2)", "=4)"))
-    assert drifted != curriculum
-    assert spec.lint_curriculum(list(spec.all_specs()), drifted) == [
-        f"the curriculum's row of 08_language_models writes {kv.replace('=2)', '=4)')}; its "
-        f"spec: {kv}"
+    specs = list(spec.all_specs())
+    assert spec.lint_curriculum(specs, curriculum) == []
+    sig = _drifting_parts(spec.load("08_language_models"))[0].signature
+    respaced = curriculum.replace(sig, sig.replace(", ", " ,  "))  # the same call
+    assert respaced != curriculum and spec.lint_curriculum(specs, respaced) == []
+    renamed = sig.replace("(", "(renamed_", 1)
+    assert spec.lint_curriculum(specs, curriculum.replace(sig, renamed)) == [
+        f"the curriculum's row of 08_language_models writes {renamed}; its spec: {sig}"
     ]
 
 

@@ -15,15 +15,16 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
   ``tests/test_mistake_costs.py`` holds through the judge;
 * ``bans``: the names of the lab's ``[bans.<name>]`` tables that hold while a check runs it;
 * ``points``: what the exercise is worth (its heading's points, the sum of its test cells');
-* ``signature``: the call as the curriculum writes it (``"kv_cache_bytes(n_layers, d_model,
-  n_ctx, batch_size=1, bytes_per_value=2)"``; a class: its constructor's), and ``methods``,
+* ``signature``: the call as the curriculum writes it (``"name(a, b, c=1, *, d=None)"``; a
+  class: its constructor's), and ``methods``,
   a class's methods the same way (``["forward(x, kv_cache=None)"]``); the lint holds the
   solution cell's ``def``/``class`` to them;
 * ``check``: the visible check a passing answer is saved on (:data:`transformer_lab.answers.ANSWERS`
   derives its table from these keys), ``check_<snake_case name>`` unless given; ``saved =
   false`` for a part later labs never use (nothing saved); ``pieces``: the kit's answers the lab
   grades through this part only (``{"transformer_lab.training.modules.log_metrics" =
-  "check_training_step"}``: no notebook defines them, a stand-in fills them).
+  "check_training_step"}``: no notebook defines them, a stand-in fills them); ``replaces``:
+  the kit answer a saved answer replaces, where the kit names it otherwise than the part.
 
 A lab's ``[bans.<name>]`` tables say what its graded code may not call (torch operation
 families ``ops``, dotted ``functions``, the ``reason`` the refusal gives); the checks build their
@@ -103,6 +104,7 @@ class Part:
         check: the visible check a passing answer is saved on (``check_...``).
         saved: whether a passing answer is saved for later labs.
         pieces: kit answer (dotted) -> the visible check that grades it through this part.
+        replaces: the kit answer a saved answer replaces, where its name is not the part's.
     """
 
     name: str
@@ -117,12 +119,15 @@ class Part:
     check: str = ""
     saved: bool = True
     pieces: dict[str, str] = field(default_factory=dict)
+    replaces: str = ""
 
     @property
     def kit_answer(self) -> str | None:
         """The kit's object with the part's own name and interface (None where there is none:
-        a class the student writes from scratch, or one the kit answers method by method)."""
-        return next((k for k in self.kit if k.rpartition(".")[2] == self.name), None)
+        a class the student writes from scratch, or one the kit answers method by method):
+        ``replaces``, else the kit answer named like the part."""
+        named = (k for k in self.kit if k.rpartition(".")[2] == self.name)
+        return self.replaces or next(named, None)
 
 
 @dataclass(frozen=True)
@@ -285,7 +290,7 @@ def _signatures(name: str, body: dict[str, Any], where: str) -> tuple[str, tuple
 
 
 def _carried(name: str, body: dict[str, Any], where: str) -> dict[str, Any]:
-    """``points``, ``check``, ``saved`` and ``pieces`` of a part, validated."""
+    """``points``, ``check``, ``saved``, ``pieces`` and ``replaces`` of a part, validated."""
     points = body.get("points")
     if points is not None and (isinstance(points, bool) or not isinstance(points, int)
                                or points <= 0):  # fmt: skip
@@ -302,12 +307,17 @@ def _carried(name: str, body: dict[str, Any], where: str) -> dict[str, Any]:
     ):
         raise SpecError(f"{where}: parts.{name}.pieces maps a kit answer to a check_..., not "
                         f"{pieces!r}")  # fmt: skip
-    return {"points": points, "check": check, "saved": saved, "pieces": dict(pieces)}
+    replaces = body.get("replaces", "")
+    if not isinstance(replaces, str) or (replaces and replaces not in body.get("kit", [])):
+        raise SpecError(f"{where}: parts.{name}.replaces must be one of its kit answers, not "
+                        f"{replaces!r}")  # fmt: skip
+    return {"points": points, "check": check, "saved": saved, "pieces": dict(pieces),
+            "replaces": replaces}  # fmt: skip
 
 
 PART_KEYS = frozenset(
     {"kit", "builds_on", "mistakes", "bans", "points", "signature", "methods", "check", "saved",
-     "pieces"}
+     "pieces", "replaces"}
 )  # fmt: skip
 
 
