@@ -141,13 +141,13 @@ def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with()
     text = (REPO / "transformer_lab" / "checks" / "specs" / "lab08.toml").read_text()
     part, cls = _drifting_parts(spec.load(lab))
     sig, points, method = part.signature, part.points or 0, cls.methods[0]
-    head = f"[parts.{part.name}]\npoints = {points}\n"
+    head = f'points = {points}\nsignature = "{sig}"\n'  # the part's own points
     renamed = sig.replace("(", "(renamed_", 1)
     fewer = re.sub(r", [^,()]+\)$", ")", sig)  # its last argument left out
     more = method.replace("(", "(renamed_", 1)
     drifted = {
         "points": (
-            text.replace(head, f"[parts.{part.name}]\npoints = {points + 1}\n"),
+            text.replace(head, head.replace(f"= {points}", f"= {points + 1}", 1)),
             f"{part.name} is worth {points + 1} points; the notebook's heading gives {points}",
         ),
         "an argument": (
@@ -163,7 +163,7 @@ def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with()
             f"{cls.name}'s signature {more} is not the solution's {method}",
         ),
         "no points": (
-            text.replace(head, f"[parts.{part.name}]\n"),
+            text.replace(head, head.partition("\n")[2]),
             f"{part.name} declares no points (its heading gives {points})",
         ),
     }
