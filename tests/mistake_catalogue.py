@@ -25,48 +25,28 @@ import test_lab07_checks as t07
 import test_lab08_checks as t08
 import torch
 
-from transformer_lab.checks.spec import all_specs
+from transformer_lab.checks.spec import all_specs, load
 from transformer_lab.lab import Session
 
-#: ``"labNN kind"`` of an entry's id -> the notebook name its wrong answer stands for.
-FUNCTION_OF = {
-    "lab01 encoding": "sinusoidal_encoding",
-    "lab01 shift": "relative_shift_matrix",
-    "lab03 split_heads": "split_heads",
-    "lab03 merge_heads": "merge_heads",
-    "lab03 attention": "MultiHeadAttention",
-    "lab03 load": "load_torch_weights",
-    "lab04 layer_norm": "layer_norm",
-    "lab04 feed_forward": "FeedForward",
-    "lab04 block": "EncoderBlock",
-    "lab04 training_step": "TaggingModule",
-    "lab05 causal": "causal_mask",
-    "lab05 padding": "padding_mask",
-    "lab05 combine": "combine_masks",
-    "lab05 attention": "masked_attention",
-    "lab05 detector": "depends_on_future",
-    "lab06 decoder_block": "DecoderBlock",
-    "lab06 shift_right": "shift_right",
-    "lab06 sequence_loss": "sequence_loss",
-    "lab06 translation_module": "TranslationModule",
-    "lab06 train_translator": "train_translator",
-    "lab06 greedy_decode": "greedy_decode",
-    "lab07 char": "CharTokenizer",
-    "lab07 bpe_train": "bpe_train",
-    "lab07 bpe_encode": "bpe_encode",
-    "lab07 temperature": "apply_temperature",
-    "lab07 top_k": "top_k_filter",
-    "lab07 top_p": "top_p_filter",
-    "lab07 beam": "beam_search",
-    "lab08 attention": "CausalSelfAttention",
-    "lab08 generate": "generate",
-    "lab08 count": "gpt_param_count",
-    "lab08 flops": "training_flops",
-    "lab08 kv": "kv_cache_bytes",
-    "lab08 days": "gpu_days",
-}
-LAB02_FUNCTIONS = ("softmax", "self_attention_loop", "self_attention_matrix",
-                   "scaled_dot_product_attention")  # fmt: skip
+
+def _function_of() -> dict[str, str]:
+    """``"labNN kind"`` of an entry's id -> the part its wrong answer stands for, read from the
+    specs: each part's mistake ids (``[parts.X.mistakes]``) start with the kind its entries
+    share (lab 02's do not: its entries are told apart by the checks they fail)."""
+    out: dict[str, str] = {}
+    for spec in all_specs():
+        if spec.lab.startswith("02"):
+            continue
+        for part in spec.parts.values():
+            for mistake in part.mistakes:
+                key = f"lab{spec.lab[:2]} {mistake.split()[0]}"
+                assert out.setdefault(key, part.name) == part.name, f"{key}: two parts"
+    return out
+
+
+FUNCTION_OF = _function_of()
+#: Lab 02's parts, in the order of ``test_lab02_checks.ALL_CHECKS`` (the notebook's).
+LAB02_FUNCTIONS = tuple(load("02_self_attention").parts)
 
 
 class Entry(NamedTuple):
@@ -252,54 +232,25 @@ ENTRIES = _unique([_entry(row) for row in _rows()])
 
 # ---------------------------------------------------------------- correct variants
 
-#: ``test_correct_*`` of ``tests/test_labNN_checks.py`` -> the part its answers stand for.
+#: ``test_correct_*`` of ``tests/test_labNN_checks.py`` -> the kind of the catalogue's entries
+#: (the first word of the part's mistake ids in its spec): :data:`FUNCTION_OF` names the part.
 CORRECT_TESTS = {
-    1: {"encodings": "sinusoidal_encoding", "shift_matrices": "relative_shift_matrix"},
-    3: {
-        "attention_modules": "MultiHeadAttention",
-        "loaders": "load_torch_weights",
-        "merges": "merge_heads",
-        "splits": "split_heads",
-    },
-    4: {
-        "blocks": "EncoderBlock",
-        "feed_forwards": "FeedForward",
-        "layer_norms": "layer_norm",
-        "modules": "TaggingModule",
-    },
-    5: {
-        "causal_masks": "causal_mask",
-        "combinations": "combine_masks",
-        "detectors": "depends_on_future",
-        "masked_attention": "masked_attention",
-        "padding_masks": "padding_mask",
-    },
-    6: {
-        "decoder_blocks": "DecoderBlock",
-        "decoders": "greedy_decode",
-        "losses": "sequence_loss",
-        "modules": "TranslationModule",
-        "shifts": "shift_right",
-        "train_translators": "train_translator",
-    },
-    7: {
-        "beam_searches": "beam_search",
-        "bpe_encode": "bpe_encode",
-        "bpe_train": "bpe_train",
-        "char_tokenizers": "CharTokenizer",
-        "temperatures": "apply_temperature",
-        "top_k": "top_k_filter",
-        "top_p": "top_p_filter",
-    },
-    8: {
-        "attentions": "CausalSelfAttention",
-        "cache_sizes": "kv_cache_bytes",
-        "counts": "gpt_param_count",
-        "flops": "training_flops",
-        "generation_loops": "generate",
-        "gpu_days": "gpu_days",
-    },
-}
+    1: {"encodings": "encoding", "shift_matrices": "shift"},
+    3: {"attention_modules": "attention", "loaders": "load", "merges": "merge_heads",
+        "splits": "split_heads"},
+    4: {"blocks": "block", "feed_forwards": "feed_forward", "layer_norms": "layer_norm",
+        "modules": "training_step"},
+    5: {"causal_masks": "causal", "combinations": "combine", "detectors": "detector",
+        "masked_attention": "attention", "padding_masks": "padding"},
+    6: {"decoder_blocks": "decoder_block", "decoders": "greedy_decode", "losses": "sequence_loss",
+        "modules": "translation_module", "shifts": "shift_right",
+        "train_translators": "train_translator"},
+    7: {"beam_searches": "beam", "bpe_encode": "bpe_encode", "bpe_train": "bpe_train",
+        "char_tokenizers": "char", "temperatures": "temperature", "top_k": "top_k",
+        "top_p": "top_p"},
+    8: {"attentions": "attention", "cache_sizes": "kv", "counts": "count", "flops": "flops",
+        "generation_loops": "generate", "gpu_days": "days"},
+}  # fmt: skip
 
 
 class Correct(NamedTuple):
@@ -330,7 +281,8 @@ def _correct() -> list[Correct]:
                         group = t02.ALL_CHECKS.index(checks)
                         function = LAB02_FUNCTIONS[group]
                     else:
-                        function = CORRECT_TESTS[number][found.group(1)]
+                        kind = CORRECT_TESTS[number][found.group(1)]
+                        function = FUNCTION_OF[f"lab{number:02d} {kind}"]
                     label = getattr(answer, "__name__", type(answer).__name__)
                     out.append(
                         Correct(f"lab{number:02d} {function} {label}", lab, function, answer)

@@ -1,10 +1,13 @@
 """Structure checks every lab's notebook test shares (``tests/test_labNN_notebook.py``).
 
 Each lab's test file subclasses :class:`LabNotebookTests` and names what is particular to it
-(the checks module, the points per graded function, the intro's points table, which cells hold
-the answers, how many test cells there are, a line of its model answer); the inherited
-tests, built from the helpers below, check the rest: nbgrader metadata (unique grade ids,
-points, locked tests, solution and hidden-test markers, no outputs), the locked setup cell,
+(the checks module, how many test cells there are, a line of its model answer); what a lab's
+spec (``transformer_lab/checks/specs/labNN.toml``) declares is read from there, never restated:
+its parts in order, each part's points (held to the headings, the test cells and the intro's
+table by :func:`~transformer_lab.checks.spec.lint_spec` and the lab standard) and signature
+(held to the solution cells), and so which cells define the answers. The inherited tests, built
+from the helpers below, check the rest: nbgrader metadata (unique grade ids, locked tests,
+solution and hidden-test markers, no outputs), the lab's spec and standard, the locked setup cell,
 the checks the test cells call, running the solution through its own test cells without
 nbgrader, and a release that leaks no solution. The slow end-to-end round trip (solution =
 full marks, untouched release = zero) goes through the pipeline's
@@ -16,17 +19,21 @@ Reference: nbgrader's cell metadata (``grade_id``, ``grade``, ``solution``, ``lo
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
 
 import nbformat
 import pytest
+
+from transformer_lab.checks.spec import LabSpec, lint_spec, load, solution_definitions
+from transformer_lab.pysource import parse_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,31 +61,18 @@ def meta(cell: Any) -> dict[str, Any]:
     return cell.metadata.get("nbgrader", {})
 
 
-def _group(grade_id: str, groups: Iterable[str]) -> str:
-    for key in groups:
-        if key in grade_id:
-            return key
-    raise AssertionError(f"grade id {grade_id} belongs to no graded function")
-
-
-def assert_metadata(notebook: Any, points: Mapping[str, int]) -> None:
-    """Unique grade ids, no outputs, locked tests, markers in place, ``points`` per group.
-
-    Args:
-        notebook: the source notebook.
-        points: points per graded function, keyed by a substring of its cells' grade ids
-            (e.g. ``{"softmax": 3, ..., "written": 5}``), as the introduction announces them.
-    """
+def assert_metadata(notebook: Any) -> None:
+    """Unique grade ids, no outputs, locked tests, solution and hidden-test markers in place
+    (the points are the spec's: :func:`~transformer_lab.checks.spec.lint_spec`)."""
     ids = [meta(c)["grade_id"] for c in notebook.cells if meta(c)]
     assert ids, "the notebook has no nbgrader cells"
     assert len(ids) == len(set(ids)), "grade ids must be unique"
-    got = dict.fromkeys(points, 0)
     for cell in notebook.cells:
         cell_meta = meta(cell)
         assert cell.get("outputs", []) == [] and cell.get("execution_count") is None
         if cell_meta.get("grade"):
             assert cell_meta.get("locked") or cell.cell_type == "markdown", cell_meta["grade_id"]
-            got[_group(cell_meta["grade_id"], points)] += cell_meta["points"]
+            assert cell_meta.get("points", 0) > 0, cell_meta["grade_id"]
         if cell.cell_type == "code" and cell_meta.get("solution"):
             assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source
         if "hidden_check" in cell.source:
@@ -87,14 +81,21 @@ def assert_metadata(notebook: Any, points: Mapping[str, int]) -> None:
             hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
             assert "hidden_check" in hidden
             assert "hidden_check" not in cell.source.replace(hidden, "")
-    assert got == dict(points)
 
 
-def assert_points_table(notebook: Any, rows: Iterable[tuple[str, int]]) -> None:
-    """The first cell's table gives ``points`` to each row that starts with `` `name``."""
-    table = "\n".join(c.source for c in notebook.cells[:1])
-    for name, pts in rows:
-        assert re.search(rf"`{name}[^|]*\|\s*{pts}\s*\|", table), name
+def answer_cells(notebook: Any, lab_spec: LabSpec) -> tuple[str, ...]:
+    """Grade ids of the solution cells that define the spec's parts, in the notebook's order."""
+    ids = []
+    for cell in notebook.cells:
+        if cell.cell_type != "code" or not meta(cell).get("solution"):
+            continue
+        tree = parse_python(cell.source)
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        if defined & set(lab_spec.parts):
+            ids.append(meta(cell)["grade_id"])
+    missing = set(lab_spec.parts) - set(solution_definitions(notebook))
+    assert not missing, f"no solution cell defines {sorted(missing)}"
+    return tuple(ids)
 
 
 def assert_locked_setup_first(notebook: Any) -> Any:
@@ -223,9 +224,7 @@ class LabNotebookTests:
     LAB: ClassVar[str]  # folder and notebook name, e.g. "02_self_attention"
     CHECKS: ClassVar[ModuleType]  # transformer_lab.checks.labNN
     HIDDEN: ClassVar[ModuleType | None] = None  # transformer_lab.grading.hidden.labNN
-    POINTS: ClassVar[dict[str, int]]  # grade-id substring -> points, as the intro states them
-    TABLE: ClassVar[tuple[tuple[str, int], ...]]  # rows of the intro's points table
-    ANSWERS: ClassVar[tuple[str, ...]]  # grade ids of the cells that define the answers
+    SETUP: ClassVar[tuple[str, ...]] = ("setup",)  # cells run before the answer cells
     TEST_CELLS: ClassVar[int]  # how many test cells run against the answers
     SKIP: ClassVar[str | None] = None  # test cells left out of that run (e.g. training)
     LEAK: ClassVar[str]  # a line of the model answer the release must not hold
@@ -235,9 +234,21 @@ class LabNotebookTests:
     def notebook(self) -> Any:
         return read_source(self.LAB)
 
-    def test_metadata_ids_points_and_markers(self, notebook: Any) -> None:
-        assert_metadata(notebook, self.POINTS)
-        assert_points_table(notebook, self.TABLE)
+    @property
+    def spec(self) -> LabSpec:
+        """The lab's spec: its parts, their points and signatures."""
+        return load(self.LAB)
+
+    def answers(self, notebook: Any) -> tuple[str, ...]:
+        """Grade ids of the cells that define the answers (the setup cells first)."""
+        return (*self.SETUP, *answer_cells(notebook, self.spec))
+
+    def test_metadata_ids_and_markers(self, notebook: Any) -> None:
+        assert_metadata(notebook)
+
+    def test_agrees_with_its_spec(self, notebook: Any) -> None:
+        """Parts in order, points, signatures, costs, bans: as the spec declares them."""
+        assert lint_spec(self.spec, notebook, self.LAB) == []
 
     def test_first_code_cell_is_the_locked_setup(self, notebook: Any) -> None:
         assert_locked_setup_first(notebook)
@@ -252,7 +263,8 @@ class LabNotebookTests:
         assert lint_lab(notebook, self.LAB) == []
 
     def test_solution_passes_its_own_test_cells(self, notebook: Any) -> None:
-        assert run_test_cells(notebook, self.ANSWERS, skip=self.SKIP) == self.TEST_CELLS
+        ran = run_test_cells(notebook, self.answers(notebook), skip=self.SKIP)
+        assert ran == self.TEST_CELLS
 
     def test_release_is_generated_and_holds_no_solution(self) -> None:
         assert_release_clean(self.LAB, self.LEAK)

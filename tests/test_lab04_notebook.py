@@ -9,63 +9,25 @@ it).
 
 from __future__ import annotations
 
-import ast
-from typing import Any, ClassVar
+from typing import Any
 
 from notebook_support import LabNotebookTests, meta
 
 from transformer_lab.checks import lab04
 from transformer_lab.grading.hidden import lab04 as hidden04
-from transformer_lab.pysource import parse_python
 
 
 class TestLab04(LabNotebookTests):
     LAB = "04_transformer_block"
     CHECKS = lab04
     HIDDEN = hidden04
-    POINTS: ClassVar[dict[str, int]] = {
-        "layer_norm": 6,
-        "feed_forward": 4,
-        "encoder_block": 10,
-        "tagging_module": 8,
-        "trained_encoder": 2,
-        "written": 10,
-    }
-    TABLE = (
-        ("layer_norm", 6),
-        ("FeedForward", 4),
-        ("EncoderBlock", 10),
-        ("TaggingModule", 8),
-    )
-    ANSWERS = ("setup", "layer_norm", "feed_forward", "encoder_block", "tagging_module")
     TEST_CELLS = 15  # every test cell but the trained encoder's
     SKIP = "trained_encoder"
     LEAK = "var = (centred**2).mean(dim=-1, keepdim=True)  # (..., 1), the biased variance"
 
-    def test_graded_names_and_signatures_follow_the_curriculum(self, notebook: Any) -> None:
+    def test_the_lightning_exercise_gives_init_and_forward(self, notebook: Any) -> None:
+        # names, signatures and points: the spec's (test_agrees_with_its_spec)
         answers = {meta(c)["grade_id"]: c.source for c in notebook.cells if meta(c).get("solution")}
-        tree = parse_python(answers["layer_norm"])
-        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
-        assert fn.name == "layer_norm"
-        assert [a.arg for a in fn.args.args] == ["x", "weight", "bias", "eps"]
-        for grade_id, name, args in (
-            ("feed_forward", "FeedForward", ["self", "d_model", "d_ff", "dropout"]),
-            (
-                "encoder_block",
-                "EncoderBlock",
-                ["self", "d_model", "n_heads", "d_ff", "dropout", "norm_first"],
-            ),
-            (
-                "tagging_module",
-                "TaggingModule",
-                ["self", "model", "lr", "weight_decay", "warmup_steps", "total_steps"],
-            ),
-        ):
-            cls = next(
-                n for n in parse_python(answers[grade_id]).body if isinstance(n, ast.ClassDef)
-            )
-            init = next(n for n in cls.body if getattr(n, "name", "") == "__init__")
-            assert cls.name == name and [a.arg for a in init.args.args] == args
         # The Lightning exercise leaves __init__ and forward to the student as given code.
         module = answers["tagging_module"]
         assert module.count("### BEGIN SOLUTION") == 2

@@ -8,6 +8,7 @@ fails here with the cell and what to change.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -121,7 +122,77 @@ def test_the_spec_lint_finds_drift() -> None:
         assert changed != text, what
         assert spec.lint_spec(spec.parse(changed), nb, lab), what
     with pytest.raises(spec.SpecError, match="unknown keys"):
-        spec.parse(text.replace("[parts.split_heads]", "[parts.split_heads]\npoints = 3"))
+        spec.parse(text.replace("[parts.split_heads]", "[parts.split_heads]\npoint = 3"))
+
+
+def _drifting_parts(lab_spec: spec.LabSpec) -> tuple[spec.Part, spec.Part]:
+    """A function part whose signature has a default, and a class part with methods (chosen
+    from the spec, so that no test here names a part: renaming one touches no test)."""
+    parts = list(lab_spec.parts.values())
+    function = next(p for p in reversed(parts) if not p.methods and "=" in p.signature)
+    return function, next(p for p in parts if p.methods)
+
+
+def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with() -> None:
+    """A part's points and signature are declared once, in the spec: the notebook's heading and
+    solution cell are held to them, and the first disagreement is named."""
+    lab = "08_language_models"
+    nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
+    text = (REPO / "transformer_lab" / "checks" / "specs" / "lab08.toml").read_text()
+    part, cls = _drifting_parts(spec.load(lab))
+    sig, points, method = part.signature, part.points or 0, cls.methods[0]
+    head = f'points = {points}\nsignature = "{sig}"\n'  # the part's own points
+    renamed = sig.replace("(", "(renamed_", 1)
+    fewer = re.sub(r", [^,()]+\)$", ")", sig)  # its last argument left out
+    more = method.replace("(", "(renamed_", 1)
+    drifted = {
+        "points": (
+            text.replace(head, head.replace(f"= {points}", f"= {points + 1}", 1)),
+            f"{part.name} is worth {points + 1} points; the notebook's heading gives {points}",
+        ),
+        "an argument": (
+            text.replace(f'"{sig}"', f'"{renamed}"'),
+            f"{part.name}'s signature {renamed} is not the solution's {sig}",
+        ),
+        "an argument too few": (
+            text.replace(f'"{sig}"', f'"{fewer}"'),
+            f"{part.name}'s signature {fewer} is not the solution's {sig}",
+        ),
+        "a method": (
+            text.replace(f'"{method}"', f'"{more}"'),
+            f"{cls.name}'s signature {more} is not the solution's {method}",
+        ),
+        "no points": (
+            text.replace(head, head.partition("\n")[2]),
+            f"{part.name} declares no points (its heading gives {points})",
+        ),
+    }
+    for what, (changed, says) in drifted.items():
+        assert changed != text, what
+        problems = "\n".join(spec.lint_spec(spec.parse(changed), nb, lab))
+        assert says in problems, (what, problems)
+    assert spec.lint_spec(spec.parse(text), nb, lab) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('signature = "kv(n_layers,"', r"parts\.kv\.signature = .* is not a signature"),
+        (
+            'signature = "kv_bytes(n_layers)"',
+            r"parts\.kv\.signature = .* calls 'kv_bytes', not 'kv'",
+        ),
+        ("points = 0", r"parts\.kv\.points must be a positive integer, not 0"),
+        ('points = "2"', r"parts\.kv\.points must be a positive integer"),
+        ('methods = ["forward(x"]', r"parts\.kv\.methods = 'forward\(x' is not a signature"),
+        ('check = "kv"', r"parts\.kv\.check must name a check_"),
+        ('replaces = "x.kv"', r"parts\.kv\.replaces must be one of its kit answers"),
+    ],
+)
+def test_a_bad_part_key_is_a_spec_error_naming_the_file_and_the_part(line: str, says: str) -> None:
+    with pytest.raises(spec.SpecError, match=says) as raised:
+        spec.parse(f'lab = "09_x"\n[parts.kv]\n{line}\n', "specs/lab09.toml")
+    assert str(raised.value).startswith("specs/lab09.toml: parts.kv.")
 
 
 def test_the_curriculum_shows_the_specs_table_of_graded_parts() -> None:
@@ -132,6 +203,19 @@ def test_the_curriculum_shows_the_specs_table_of_graded_parts() -> None:
     table = spec.costs_table(list(spec.all_specs()), notebooks)
     curriculum = (REPO / "docs" / "curriculum.md").read_text()
     assert table in curriculum, "docs/curriculum.md: paste the table printed by\n" + table
+
+
+def test_the_curriculum_writes_every_signature_as_the_spec_declares_it() -> None:
+    curriculum = (REPO / "docs" / "curriculum.md").read_text()
+    specs = list(spec.all_specs())
+    assert spec.lint_curriculum(specs, curriculum) == []
+    sig = _drifting_parts(spec.load("08_language_models"))[0].signature
+    respaced = curriculum.replace(sig, sig.replace(", ", " ,  "))  # the same call
+    assert respaced != curriculum and spec.lint_curriculum(specs, respaced) == []
+    renamed = sig.replace("(", "(renamed_", 1)
+    assert spec.lint_curriculum(specs, curriculum.replace(sig, renamed)) == [
+        f"the curriculum's row of 08_language_models writes {renamed}; its spec: {sig}"
+    ]
 
 
 @pytest.mark.parametrize("lab", LABS)

@@ -171,8 +171,7 @@ def _lab_09(root: Path) -> Path:
         'reason = "lab 09', 'functions = ["transformer_lab.example"]\nreason = "lab 09'
     )
     text = text.replace(
-        '[parts.example]\nbans = ["own"]',
-        '[parts.example]\nbans = ["own"]\nkit = ["transformer_lab.example.example"]',
+        '\nbans = ["own"]\n', '\nbans = ["own"]\nkit = ["transformer_lab.example.example"]\n'
     )
     spec.write_text(text)
     return root

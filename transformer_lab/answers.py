@@ -24,10 +24,11 @@ figure can be traced to it. Grading never sees any of this: the grader's kernel 
 answer (``TRANSFORMER_LAB_GRADING`` is set there) and the graded lab's own checks compute with
 their own references.
 
-:data:`ANSWERS` is the one table: which name each lab asks for, which kit object it replaces,
-and which visible check judges it; and the kit pieces a lab grades only through another answer
-(lab 04's loss, logging and optimizer, which every kit LightningModule calls: lab 08 trains
-one), which no notebook defines, so that only a stand-in fills them (``asked=False``).
+:data:`ANSWERS` is the one table, derived from the labs' specs: which name each lab asks for,
+which kit object it replaces, and which visible check judges it; and the kit pieces a lab grades
+only through another answer (lab 04's loss, logging and optimizer, which every kit
+LightningModule calls: lab 08 trains one), which no notebook defines, so that only a stand-in
+fills them (``asked=False``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_lab import answer_source, graded
+from transformer_lab.checks.spec import LabSpec, all_specs
 from transformer_lab.pysource import parse_python
 
 __all__ = [
@@ -98,108 +100,24 @@ class Answer:
         return getattr(importlib.import_module(f"transformer_lab.checks.{module}"), name)
 
 
-def _answers(lab: str, module: str, *rows: tuple[str, str] | tuple[str, str, None]) -> list[Answer]:
-    number = lab[:2]
+def _answers_of(lab_spec: LabSpec) -> list[Answer]:
+    """The answers one lab's spec declares: each part saved on its visible check (``check``,
+    unless ``saved = false``) standing for its kit answer of the same name, then the kit pieces
+    the lab grades through it (``pieces``), which no notebook defines."""
+    prefix = f"lab{lab_spec.lab[:2]}."
     out = []
-    for row in rows:
-        name, check = row[0], row[1]
-        kit = None if len(row) > 2 else f"transformer_lab.{module}.{name}"
-        out.append(Answer(name, lab, f"lab{number}.{check}", kit))
+    for part in lab_spec.parts.values():
+        if part.saved:
+            out.append(Answer(part.name, lab_spec.lab, prefix + part.check, part.kit_answer))
+        out += [
+            Answer(dotted.rpartition(".")[2], lab_spec.lab, prefix + check, dotted, asked=False)
+            for dotted, check in part.pieces.items()
+        ]
     return out
 
 
-def _kit_pieces(lab: str, *rows: tuple[str, str]) -> list[Answer]:
-    """Kit pieces ``lab`` grades through another answer: ``(module.name, check)`` rows."""
-    return [
-        Answer(dotted.rpartition(".")[2], lab, f"lab{lab[:2]}.{check}", f"transformer_lab.{dotted}",
-               asked=False)
-        for dotted, check in rows
-    ]  # fmt: skip
-
-
-ANSWERS: tuple[Answer, ...] = (
-    *_answers(
-        "01_positional_encoding",
-        "positional",
-        ("sinusoidal_encoding", "check_sinusoidal_encoding"),
-        ("relative_shift_matrix", "check_relative_shift_matrix"),
-    ),
-    *_answers(
-        "02_self_attention",
-        "attention",
-        ("softmax", "check_softmax"),
-        ("self_attention_matrix", "check_self_attention_matrix"),
-        ("scaled_dot_product_attention", "check_scaled_dot_product_attention_mask"),
-    ),
-    *_answers(
-        "03_multi_head_attention",
-        "attention",
-        ("split_heads", "check_split_heads"),
-        ("merge_heads", "check_merge_heads"),
-        ("MultiHeadAttention", "check_multi_head_attention"),
-        ("load_torch_weights", "check_load_torch_weights"),
-    ),
-    *_answers(
-        "04_transformer_block",
-        "blocks",
-        ("layer_norm", "check_layer_norm"),
-        ("FeedForward", "check_feed_forward"),
-        ("EncoderBlock", "check_encoder_block"),
-    ),
-    *_answers("04_transformer_block", "", ("TaggingModule", "check_configure_optimizers", None)),
-    # What the kit's LightningModules call of lab 04's answer (lab 08 trains one of them).
-    *_kit_pieces(
-        "04_transformer_block",
-        ("training.modules.token_cross_entropy", "check_training_step"),
-        ("training.modules.log_metrics", "check_training_step"),
-        ("training.schedule.build_optimizer", "check_configure_optimizers"),
-    ),
-    *_answers(
-        "05_masking",
-        "masks",
-        ("causal_mask", "check_causal_mask"),
-        ("padding_mask", "check_padding_mask"),
-        ("combine_masks", "check_combine_masks"),
-        ("depends_on_future", "check_depends_on_future"),
-    ),
-    *_answers("05_masking", "attention", ("masked_attention", "check_masked_attention")),
-    *_answers("06_decoder_training", "blocks", ("DecoderBlock", "check_decoder_block")),
-    *_answers(
-        "06_decoder_training",
-        "seq2seq",
-        ("shift_right", "check_shift_right"),
-        ("sequence_loss", "check_sequence_loss"),
-    ),
-    *_answers("06_decoder_training", "generation", ("greedy_decode", "check_greedy_decode")),
-    *_answers("06_decoder_training", "", ("TranslationModule", "check_configure_optimizers", None)),
-    *_answers(
-        "07_nlp_pipeline",
-        "tokenizers",
-        ("bpe_train", "check_bpe_train"),
-        ("bpe_encode", "check_bpe_encode"),
-    ),
-    *_answers("07_nlp_pipeline", "", ("CharTokenizer", "check_char_tokenizer", None)),
-    *_answers(
-        "07_nlp_pipeline",
-        "generation",
-        ("apply_temperature", "check_apply_temperature"),
-        ("top_k_filter", "check_top_k_filter"),
-        ("top_p_filter", "check_top_p_filter"),
-        ("beam_search", "check_beam_search"),
-    ),
-    *_answers("08_language_models", "generation", ("generate", "check_generate")),
-    *_answers(
-        "08_language_models",
-        "scale",
-        ("gpt_param_count", "check_gpt_param_count"),
-        ("training_flops", "check_training_flops"),
-        ("kv_cache_bytes", "check_kv_cache_bytes"),
-        ("gpu_days", "check_gpu_days"),
-    ),
-    *_answers(
-        "08_language_models", "", ("CausalSelfAttention", "check_causal_self_attention", None)
-    ),
-)
+#: Every lab's answers, derived from the specs (:mod:`transformer_lab.checks.spec`).
+ANSWERS: tuple[Answer, ...] = tuple(a for s in all_specs() for a in _answers_of(s))
 
 
 def _by_name(lab: str | None = None) -> dict[str, Answer]:

@@ -13,7 +13,18 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
   hint the checks give and the wrong code the tests run, so that they read it from here. A
   mistake may cost only cells of its own part: that is the rule the spec states and
   ``tests/test_mistake_costs.py`` holds through the judge;
-* ``bans``: the names of the lab's ``[bans.<name>]`` tables that hold while a check runs it.
+* ``bans``: the names of the lab's ``[bans.<name>]`` tables that hold while a check runs it;
+* ``points``: what the exercise is worth (its heading's points, the sum of its test cells');
+* ``signature``: the call as the curriculum writes it (``"name(a, b, c=1, *, d=None)"``; a
+  class: its constructor's), and ``methods``,
+  a class's methods the same way (``["forward(x, kv_cache=None)"]``); the lint holds the
+  solution cell's ``def``/``class`` to them;
+* ``check``: the visible check a passing answer is saved on (:data:`transformer_lab.answers.ANSWERS`
+  derives its table from these keys), ``check_<snake_case name>`` unless given; ``saved =
+  false`` for a part later labs never use (nothing saved); ``pieces``: the kit's answers the lab
+  grades through this part only (``{"transformer_lab.training.modules.log_metrics" =
+  "check_training_step"}``: no notebook defines them, a stand-in fills them); ``replaces``:
+  the kit answer a saved answer replaces, where the kit names it otherwise than the part.
 
 A lab's ``[bans.<name>]`` tables say what its graded code may not call (torch operation
 families ``ops``, dotted ``functions``, the ``reason`` the refusal gives); the checks build their
@@ -22,8 +33,9 @@ that every part's kit answer is refused by its own bans. Its ``[tolerance]`` tab
 tolerances that its visible and hidden checks use (``float32 = 1e-4``, or an ``atol``/``rtol``
 pair ``long_angles = {atol = 2e-4, rtol = 1e-3}``).
 
-The notebook stays the home of cells and points (nbgrader reads them there); the spec names
-cells, and :func:`parts_of` reads the notebook to tell which cells belong to which part.
+The notebook stays the home of cells and each cell's points (nbgrader reads them there); the
+spec names cells and each part's total, and :func:`parts_of` reads the notebook to tell which
+cells belong to which part; :func:`lint_spec` names every disagreement.
 The judge (:func:`~transformer_lab.grading.judge.stand_ins_for`), the visible and hidden checks
 (bans, tolerances), the lab standard's test, ``labs check``, the catalogue's tests and the
 curriculum's table of graded parts (:func:`costs_table`) read it.
@@ -31,11 +43,14 @@ curriculum's table of graded parts (:func:`costs_table`) read it.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
+
+from transformer_lab.pysource import parse_python
 
 try:
     import tomllib
@@ -51,6 +66,7 @@ __all__ = [
     "SpecError",
     "all_specs",
     "costs_table",
+    "lint_curriculum",
     "lint_spec",
     "load",
     "parse",
@@ -82,6 +98,13 @@ class Part:
             :class:`Mistake`, whose hint the checks give and whose wrong code the tests run.
         bans: the lab's bans (names of its ``[bans.<name>]`` tables) that hold while a check
             runs this part.
+        points: what the exercise is worth (None: not declared, which the lint names).
+        signature: the call as the curriculum writes it (a class: its constructor's).
+        methods: a class's methods' signatures (``"forward(x, kv_cache=None)"``).
+        check: the visible check a passing answer is saved on (``check_...``).
+        saved: whether a passing answer is saved for later labs.
+        pieces: kit answer (dotted) -> the visible check that grades it through this part.
+        replaces: the kit answer a saved answer replaces, where its name is not the part's.
     """
 
     name: str
@@ -90,6 +113,21 @@ class Part:
     mistakes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bans: tuple[str, ...] = ()
     records: dict[str, Mistake] = field(default_factory=dict)
+    points: int | None = None
+    signature: str = ""
+    methods: tuple[str, ...] = ()
+    check: str = ""
+    saved: bool = True
+    pieces: dict[str, str] = field(default_factory=dict)
+    replaces: str = ""
+
+    @property
+    def kit_answer(self) -> str | None:
+        """The kit's object with the part's own name and interface (None where there is none:
+        a class the student writes from scratch, or one the kit answers method by method):
+        ``replaces``, else the kit answer named like the part."""
+        named = (k for k in self.kit if k.rpartition(".")[2] == self.name)
+        return self.replaces or next(named, None)
 
 
 @dataclass(frozen=True)
@@ -202,12 +240,94 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def snake_case(name: str) -> str:
+    """``CausalSelfAttention`` -> ``causal_self_attention`` (a function's name is kept)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def signature_arguments(signature: str, where: str) -> tuple[str, ast.arguments]:
+    """The name and arguments of a signature ``"name(a, b=1, *, c=None)"``; :class:`SpecError`
+    naming ``where`` for text that is no such call."""
+    try:
+        tree = ast.parse(f"def {signature.strip()}:\n    pass\n")
+    except SyntaxError:
+        tree = None
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        raise SpecError(f"{where} = {signature!r} is not a signature like 'name(a, b=1)'")
+    node = tree.body[0]
+    return node.name, node.args
+
+
+def arguments_text(args: ast.arguments) -> str:
+    """Arguments as written without annotations (``"x, dim=-1"``), to compare two signatures."""
+    bare = ast.arguments(
+        posonlyargs=[ast.arg(a.arg) for a in args.posonlyargs],
+        args=[ast.arg(a.arg) for a in args.args],
+        vararg=ast.arg(args.vararg.arg) if args.vararg else None,
+        kwonlyargs=[ast.arg(a.arg) for a in args.kwonlyargs],
+        kw_defaults=args.kw_defaults,
+        kwarg=ast.arg(args.kwarg.arg) if args.kwarg else None,
+        defaults=args.defaults,
+    )
+    return ast.unparse(bare)
+
+
+def _signatures(name: str, body: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
+    """The part's ``signature`` (named after the part) and ``methods``, validated."""
+    signature = body.get("signature", "")
+    if not isinstance(signature, str):
+        raise SpecError(f"{where}: parts.{name}.signature must be a string, not {signature!r}")
+    if signature:
+        called, _ = signature_arguments(signature, f"{where}: parts.{name}.signature")
+        if called != name:
+            raise SpecError(
+                f"{where}: parts.{name}.signature = {signature!r} calls {called!r}, not {name!r}"
+            )
+    methods = _strings(body.get("methods", []), f"{where}: parts.{name}.methods")
+    for method in methods:
+        signature_arguments(method, f"{where}: parts.{name}.methods")
+    return signature, methods
+
+
+def _carried(name: str, body: dict[str, Any], where: str) -> dict[str, Any]:
+    """``points``, ``check``, ``saved``, ``pieces`` and ``replaces`` of a part, validated."""
+    points = body.get("points")
+    if points is not None and (isinstance(points, bool) or not isinstance(points, int)
+                               or points <= 0):  # fmt: skip
+        raise SpecError(f"{where}: parts.{name}.points must be a positive integer, not {points!r}")
+    check = body.get("check", f"check_{snake_case(name)}")
+    if not isinstance(check, str) or not re.fullmatch(r"check_\w+", check):
+        raise SpecError(f"{where}: parts.{name}.check must name a check_... , not {check!r}")
+    saved = body.get("saved", True)
+    if not isinstance(saved, bool):
+        raise SpecError(f"{where}: parts.{name}.saved must be true or false, not {saved!r}")
+    pieces = body.get("pieces", {})
+    if not isinstance(pieces, dict) or not all(
+        isinstance(v, str) and v.startswith("check_") for v in pieces.values()
+    ):
+        raise SpecError(f"{where}: parts.{name}.pieces maps a kit answer to a check_..., not "
+                        f"{pieces!r}")  # fmt: skip
+    replaces = body.get("replaces", "")
+    if not isinstance(replaces, str) or (replaces and replaces not in body.get("kit", [])):
+        raise SpecError(f"{where}: parts.{name}.replaces must be one of its kit answers, not "
+                        f"{replaces!r}")  # fmt: skip
+    return {"points": points, "check": check, "saved": saved, "pieces": dict(pieces),
+            "replaces": replaces}  # fmt: skip
+
+
+PART_KEYS = frozenset(
+    {"kit", "builds_on", "mistakes", "bans", "points", "signature", "methods", "check", "saved",
+     "pieces", "replaces"}
+)  # fmt: skip
+
+
 def _part(name: str, body: Any, where: str) -> Part:
     if not isinstance(body, dict):
         raise SpecError(f"{where}: [parts.{name}] must be a table")
-    unknown = set(body) - {"kit", "builds_on", "mistakes", "bans"}
+    unknown = set(body) - PART_KEYS
     if unknown:
         raise SpecError(f"{where}: [parts.{name}] has unknown keys {sorted(unknown)}")
+    signature, methods = _signatures(name, body, where)
     builds_on = body.get("builds_on", {})
     if not isinstance(builds_on, dict) or not all(isinstance(v, str) for v in builds_on.values()):
         raise SpecError(f"{where}: parts.{name}.builds_on maps a part to a stand-in's name")
@@ -231,6 +351,9 @@ def _part(name: str, body: Any, where: str) -> Part:
         },
         bans=_strings(body.get("bans", []), f"{where}: parts.{name}.bans"),
         records=records,
+        signature=signature,
+        methods=methods,
+        **_carried(name, body, where),
     )
 
 
@@ -393,8 +516,87 @@ def lint_spec(lab_spec: LabSpec, nb: Any, lab: str) -> list[str]:
                     f"only, and some: {foreign or 'none given'}"
                 )
         problems += _lint_part_bans(lab_spec, part, where)
+        problems += _lint_part_notebook(part, nb, where)
         earlier.append(part.name)
     return problems + _lint_bans(lab_spec, where)
+
+
+def _headings(nb: Any) -> dict[str, int]:
+    """Part name -> the points its ``### Exercise k (P points): `name``` heading gives."""
+    return {
+        found.group(3): int(found.group(2))
+        for cell in nb.cells
+        if cell.cell_type == "markdown"
+        for found in EXERCISE_HEADING.finditer(cell.source)
+    }
+
+
+def solution_definitions(nb: Any) -> dict[str, ast.FunctionDef | ast.ClassDef]:
+    """Name -> the first top-level ``def`` or ``class`` of that name in a solution cell."""
+    found: dict[str, ast.FunctionDef | ast.ClassDef] = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or not meta.get("solution"):
+            continue
+        try:
+            tree = parse_python(cell.source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                found.setdefault(node.name, node)
+    return found
+
+
+def _without_self(args: ast.arguments) -> ast.arguments:
+    """A method's arguments without its first (``self``)."""
+    head = "posonlyargs" if args.posonlyargs else "args"
+    rest = getattr(args, head)[1:]
+    return ast.arguments(**{**{f: getattr(args, f) for f in args._fields}, head: rest})
+
+
+def _defined_signatures(node: ast.FunctionDef | ast.ClassDef) -> dict[str, str]:
+    """``name -> "name(args)"`` of a solution's function, or of a class's constructor (under
+    the class's name) and methods."""
+    if isinstance(node, ast.FunctionDef):
+        return {node.name: f"{node.name}({arguments_text(node.args)})"}
+    out = {node.name: f"{node.name}()"}
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef):
+            name = node.name if item.name == "__init__" else item.name
+            out[name] = f"{name}({arguments_text(_without_self(item.args))})"
+    return out
+
+
+def _lint_part_notebook(part: Part, nb: Any, where: str) -> list[str]:
+    """The part's points agree with its exercise heading (and so, by the lab standard,
+    :func:`~transformer_lab.grading.standard.lint_lab`, with the nbgrader points of its test
+    cells and the intro's table), its signature and methods with the solution cell's ``def``
+    or ``class``."""
+    problems = []
+    heading = _headings(nb).get(part.name)
+    if part.points is None:
+        problems.append(f"{where}: {part.name} declares no points (its heading gives {heading})")
+    elif heading != part.points:  # the lab standard holds the heading to its test cells
+        problems.append(
+            f"{where}: {part.name} is worth {part.points} points; the notebook's heading gives "
+            f"{heading}"
+        )
+    node = solution_definitions(nb).get(part.name)
+    if not part.signature:
+        return [*problems, f"{where}: {part.name} declares no signature"]
+    if node is None:
+        return [*problems, f"{where}: no solution cell defines {part.name}"]
+    defined = _defined_signatures(node)
+    for signature in (part.signature, *part.methods):
+        name, args = signature_arguments(signature, f"{where}: {part.name}")
+        wanted = f"{name}({arguments_text(args)})"
+        if defined.get(name) != wanted:
+            problems.append(
+                f"{where}: {part.name}'s signature {wanted} is not the solution's "
+                f"{defined.get(name, 'none')}"
+            )
+    return problems
 
 
 def _lint_part_bans(lab_spec: LabSpec, part: Part, where: str) -> list[str]:
@@ -461,3 +663,50 @@ def costs_table(specs: list[LabSpec], notebooks: dict[str, Any]) -> str:
                 f"| {len(part.mistakes)} | {spent} |"
             )
     return "\n".join(rows)
+
+
+def _written_calls(text: str) -> dict[str, set[str]]:
+    """``name -> {"name(args)", ...}`` of every call written in backticks in ``text``
+    (`` `class Name(a, b=1) -> ...` ``: what follows the closing parenthesis is left out)."""
+    out: dict[str, set[str]] = {}
+    for span in re.findall(r"`([^`]+)`", text):
+        span = span.removeprefix("class ").strip()
+        head = re.match(r"[A-Za-z_]\w*\(", span)
+        depth, end = 0, None
+        for i, char in enumerate(span if head else ""):
+            depth += (char == "(") - (char == ")")
+            if char == ")" and depth == 0:
+                end = i + 1
+                break
+        if end is None:
+            continue
+        try:
+            name, args = signature_arguments(span[:end], "a call")
+        except SpecError:  # `self_attention_matrix(...)`: no signature
+            continue
+        out.setdefault(name, set()).add(f"{name}({arguments_text(args)})")
+    return out
+
+
+def lint_curriculum(specs: list[LabSpec], markdown: str) -> list[str]:
+    """Every part whose signature (or a class's method) the curriculum's row of its lab
+    (``| NN_name | ... |``) does not write as the spec declares it."""
+    problems = []
+    for lab_spec in specs:
+        row = next(
+            (line for line in markdown.splitlines() if line.startswith(f"| {lab_spec.lab} |")), ""
+        )
+        if not row:
+            problems.append(f"the curriculum has no row for {lab_spec.lab}")
+            continue
+        written = _written_calls(row)
+        for part in lab_spec.parts.values():
+            for signature in filter(None, (part.signature, *part.methods)):
+                name, args = signature_arguments(signature, f"{lab_spec.lab}: {part.name}")
+                wanted = f"{name}({arguments_text(args)})"
+                if wanted not in written.get(name, set()):
+                    found = " or ".join(sorted(written.get(name, set()))) or f"no {name}(...)"
+                    problems.append(
+                        f"the curriculum's row of {lab_spec.lab} writes {found}; its spec: {wanted}"
+                    )
+    return problems

@@ -606,6 +606,8 @@ reason = "lab {number} asks you to write it yourself"
 float32 = 1e-4
 
 [parts.example]
+points = 2                                     # the exercise heading's points
+signature = "example(x)"                       # the call, as the curriculum writes it
 bans = ["own"]
 # kit = ["transformer_lab.<module>.example"]   # the @graded("{lab}") implementation
 # builds_on = {{ earlier_part = "_its_stand_in" }}
