@@ -25,8 +25,9 @@ Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vasw
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -56,7 +57,6 @@ from transformer_lab.checks.lab06 import (
     optimizers_check,
     run_block,
     stand_in,
-    torch_decoder_output,
     train_translator_check,
     training_step_check,
     trusted_data,
@@ -204,50 +204,47 @@ BLOCK_MISTAKES = {
 }
 
 
-def _block_candidates(
-    p: dict[str, Any],
+def oracle_block(
+    config: Sequence[int],
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None = None,
+    memory_mask: Tensor | None = None,
+    *,
+    variant: str = "",
+) -> Tensor:
+    """One case of :data:`~transformer_lab.checks.lab06.BLOCK`: :func:`oracle_decoder_block` with
+    the weights of the seeded torch layer that ``config`` (sizes and seed) names."""
+    *sizes, seed = config
+    p = decoder_params(lab06.torch_decoder_layer(*sizes, seed=seed))
+    return oracle_decoder_block(p, x, memory, self_mask, memory_mask, variant=variant)
+
+
+def block_mistakes(
+    config: Sequence[int],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
-) -> list[tuple[Tensor | None, str]]:
-    named: list[tuple[Tensor | None, str]] = []
-    for variant, hint in BLOCK_MISTAKES.items():
-        if variant == "masks_swapped" and x.shape[1] != memory.shape[1]:
-            continue
-        if (
-            variant.endswith("mask_ignored")
-            and (self_mask if "self" in variant else memory_mask) is None
-        ):
-            continue
-        named.append(
-            (oracle_decoder_block(p, x, memory, self_mask, memory_mask, variant=variant), hint)
-        )
-    return named
+) -> dict[str, Tensor | None]:
+    """Hint -> what a typical wrong block returns (swapped masks only where ``T == S``)."""
+    args = (config, x, memory, self_mask, memory_mask)
+    swappable = x.shape[1] == memory.shape[1]
+    return {
+        hint: oracle_block(*args, variant=variant)
+        if swappable or variant != "masks_swapped"
+        else None
+        for variant, hint in BLOCK_MISTAKES.items()
+    }
 
 
-def _expect_block(
-    block: nn.Module,
-    layer: nn.TransformerDecoderLayer,
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-    what: str,
-) -> None:
-    student = run_block(block, x, memory, self_mask, memory_mask, what)
-    p = decoder_params(layer)
-    want = oracle_decoder_block(p, x, memory, self_mask, memory_mask)
-    compare(
-        student,
-        want,
-        what=what,
-        candidates=_block_candidates(p, x, memory, self_mask, memory_mask),
-        hint="x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + cross_attn(x, memory, "
-        "memory, memory_mask)); x = norm3(x + ff(x)).",
-        atol=_ATOL,
-        rtol=_ATOL,
-    )
+BLOCK = Oracle(lab06.BLOCK, oracle_block, block_mistakes)
+#: The same cases with the block in training mode (dropout 0: what eval mode computes).
+TRAINING = Oracle(
+    dataclasses.replace(lab06.BLOCK, call=functools.partial(lab06.block_call, training=True)),
+    oracle_block,
+    block_mistakes,
+)
 
 
 def _sizes(g: torch.Generator) -> tuple[int, int, int, int, int, int]:
@@ -272,41 +269,31 @@ def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
     return self_mask, memory_mask
 
 
-def hidden_check_decoder_block(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Two blocks of random sizes (``T != S``) in eval mode, with and without masks, vs torch."""
-    g = generator(seed)
-    for trial in range(2):
+def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    """Two blocks of random sizes (``T != S``) in eval mode, without masks and with causal &
+    target padding and source padding masks."""
+    cases: list[tuple[Any, ...]] = []
+    for _ in range(2):
         d_model, heads, d_ff, B, T, S = _sizes(g)
-        block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed + trial)
-        block.eval()
+        config = (d_model, heads, d_ff, randint(0, 999, g))
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
-        _expect_block(block, layer, x, memory, None, None, f"{what}(x, memory)")
-        self_mask, memory_mask = _masks(B, T, S, g)
-        _expect_block(
-            block,
-            layer,
-            x,
-            memory,
-            self_mask,
-            memory_mask,
-            f"{what}(x, memory, self_mask=causal & target padding, memory_mask=source padding)",
-        )
-        expect_close(
-            run_block(block, x, memory, self_mask, memory_mask, what),
-            torch_decoder_output(layer, x, memory, self_mask, memory_mask),
-            f"{what} against torch's nn.TransformerDecoderLayer",
-            atol=_ATOL,
-            rtol=_ATOL,
-        )
+        cases += [(config, x, memory, None, None), (config, x, memory, *_masks(B, T, S, g))]
+    return cases
+
+
+hidden_check_decoder_block = BLOCK.hidden(
+    "hidden_check_decoder_block",
+    _block_cases,
+    """Two blocks of random sizes (``T != S``) in eval mode, with and without masks.""",
+)
 
 
 def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Hidden memory with the largest values, a fully masked memory row, and bfloat16."""
     g = generator(seed)
     d_model, heads, d_ff, B, T, S = 16, 2, 32, 3, 4, 6
-    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
-    block.eval()
+    config = (d_model, heads, d_ff, seed)
     x = torch.randn(B, T, d_model, generator=g)
     memory = torch.randn(B, S, d_model, generator=g)
     self_mask, _ = _masks(B, T, S, g)
@@ -315,25 +302,18 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     # The hidden memory positions carry values a thousand times larger: their raw scores are the
     # largest (or most negative) of their rows; only masking before the softmax hides them.
     memory[:, S - 2 :] *= 1000.0
-    _expect_block(
-        block,
-        layer,
-        x,
-        memory,
-        self_mask,
-        memory_mask,
-        f"{what} with memory_mask hiding the two last (huge) memory positions",
-    )
-    memory_mask[1] = False  # the second sentence has no real source token at all
-    answer = run_block(block, x, memory, self_mask, memory_mask, what)
+    BLOCK.judge(cls, [(config, x, memory, self_mask, memory_mask)])
+    empty = memory_mask.clone()
+    empty[1] = False  # the second sentence has no real source token at all
     expect_true(
-        bool(torch.isfinite(answer).all()),
-        f"{what} with a fully masked memory row returns NaN or inf: a query with no key to attend "
-        "gets zero weights (the kit's MultiHeadAttention does this), never NaN.",
+        bool(torch.isfinite(lab06.block_call(cls, config, x, memory, self_mask, empty)).all()),
+        f"DecoderBlock{config[:3]} with a fully masked memory row returns NaN or inf: a query "
+        "with no key to attend gets zero weights (the kit's MultiHeadAttention does this), never "
+        "NaN.",
     )
-    _expect_block(
-        block, layer, x, memory, self_mask, memory_mask, f"{what} with a fully masked memory row"
-    )
+    BLOCK.judge(cls, [(config, x, memory, self_mask, empty)])
+    block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
+    block.eval()
     full = run_block(block, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2], what)
     for dtype in (torch.bfloat16,):
         low = block.to(dtype)
@@ -368,32 +348,24 @@ def _near_one() -> float:
 
 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Training mode: without dropout as torch; dropout acts in training only, on each sub-layer's
-    output before the residual sum (dropout near 1 leaves ``norm3(norm2(norm1(x)))``)."""
+    """Training mode: without dropout as eval mode; dropout acts in training only, on each
+    sub-layer's output before the residual sum (dropout near 1 leaves
+    ``norm3(norm2(norm1(x)))``)."""
     g = generator(seed)
     d_model, heads, d_ff, B, T, S = 16, 4, 32, 2, 5, 7
     x = torch.randn(B, T, d_model, generator=g)
     memory = torch.randn(B, S, d_model, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
 
-    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
-    block.train()
-    _expect_block(block, layer, x, memory, causal, None, f"{what} in training mode (dropout 0)")
-    expect_close(
-        run_block(block, x, memory, causal, None, f"{what} in training mode"),
-        torch_decoder_output(layer.train(), x, memory, causal, None),
-        f"{what} in training mode (dropout 0) against torch",
-        hint="With dropout 0, training and eval mode compute the same thing.",
-        atol=_ATOL,
-        rtol=_ATOL,
-    )
+    config = (d_model, heads, d_ff, seed)
+    TRAINING.judge(cls, [(config, x, memory, causal, None)])
 
     block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=0.3)
     block.eval()
     expect_close(
         run_block(block, x, memory, causal, None, f"{what} in eval mode"),
-        torch_decoder_output(layer.eval(), x, memory, causal, None),
-        f"{what} in eval mode against torch",
+        oracle_block(config, x, memory, causal),
+        f"{what} in eval mode",
         hint="Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
         "training=self.training)).",
         atol=_ATOL,
@@ -905,6 +877,15 @@ def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab06`, keyed by the call."""
     shifts = [(torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]]), 1), (torch.tensor([[9, 3, 2]]), 4)]
     out = SHIFT.fixtures("check_shift_right", shifts)
+    g = generator(606)
+    x, memory = torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g)
+    memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    memory_mask[1, ..., 4:] = False  # the second source has 4 real tokens
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]  # (1, 1, T, T)
+    blocks = [
+        ((16, 4, 32, 6), x, memory, *masks) for masks in ((None, None), (causal, memory_mask))
+    ]
+    out |= BLOCK.fixtures("check_decoder_block", blocks)
     g = generator(6006)
     losses = []
     for pad_id, rows in (
