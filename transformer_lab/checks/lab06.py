@@ -7,24 +7,19 @@ the three training methods of a small ``LightningModule`` (``TranslationModule``
 
 No oracle lives here:
 
-* the decoder block is compared with PyTorch's own ``nn.TransformerDecoderLayer`` whose weights
-  are copied into the student's block (:func:`load_torch_decoder_layer`), and probed for the
-  properties a decoder must have (later targets invisible under a causal mask, masked memory
-  invisible, the output depending on the memory at all);
-* ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are ordinary parts (one
-  :class:`~transformer_lab.checks._generated.Ordinary` each: their checks are generated) run
-  on worked examples whose expected values, and the values of the typical mistakes, are stored
-  in ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs build``);
+* ``DecoderBlock``, ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are ordinary parts
+  (one :class:`~transformer_lab.checks._generated.Ordinary` each: their checks are generated),
+  run on worked examples whose expected values, and the values of the typical mistakes, are
+  stored in ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs
+  build``); the block gets the weights of a seeded ``nn.TransformerDecoderLayer``
+  (:func:`load_torch_decoder_layer`);
 * the training code and the decoding loop run on one stand-in, :class:`StandInTranslator`: a
   small encoder-decoder that half-knows a copy task (so metrics are neither 0 nor 1), with
   PyTorch's ``F.cross_entropy`` on its outputs, or, scripted, one whose next token is known in
-  advance (for checking a decoding loop); :class:`ProbeModule` and :class:`ProbeData` (a
-  one-parameter LightningModule that learns nothing) check a ``Trainer`` call.
+  advance (for checking a decoding loop); :func:`probe_classes` (a one-parameter
+  LightningModule that learns nothing) check a ``Trainer`` call.
 
-While the student's code runs, the kit's own answers are refused (``Ban``): torch's and the
-kit's decoder layers, ``transformer_lab.seq2seq``, the cross-entropy family in
-``sequence_loss``, the kit's LightningModules and learning-rate schedule in the module's
-methods, and ``transformer_lab.generation`` in ``greedy_decode``.
+While the student's code runs, the kit's own answers are refused (``Ban``, from the spec).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -72,19 +67,12 @@ from transformer_lab.judge.mirror import portable
 
 __all__ = [
     "BLOCK",
-    "BLOCK_BAN",
     "DECODE",
-    "DECODE_BAN",
     "LOSS",
-    "LOSS_BAN",
-    "MODULE_BAN",
     "SHIFT",
-    "SHIFT_BAN",
-    "PortableTranslator",
     "StandInTranslator",
     "block_call",
     "block_like_torch",
-    "block_under_test",
     "check_configure_optimizers",
     "check_decoder_block",
     "check_greedy_decode",
@@ -99,7 +87,6 @@ __all__ = [
     "learning_rate_curve",
     "load_torch_decoder_layer",
     "loss_call",
-    "probe_classes",
     "run_block",
     "stand_in",
     "torch_decoder_layer",
@@ -278,18 +265,6 @@ def load_torch_decoder_layer(block: nn.Module, layer: nn.TransformerDecoderLayer
     return block
 
 
-def block_under_test(
-    cls: Callable[..., nn.Module], d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0
-) -> tuple[nn.Module, str]:
-    """Build the student's block (under the ban) and name it for messages."""
-    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
-        f", dropout={dropout:g})" if dropout else ")"
-    )
-    args: tuple[Any, ...] = (d_model, n_heads, d_ff) + ((dropout,) if dropout else ())
-    block = call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what)
-    return expect_module(block, what), what
-
-
 def block_like_torch(
     cls: Callable[..., nn.Module],
     d_model: int,
@@ -299,12 +274,17 @@ def block_like_torch(
     seed: int,
     dropout: float = 0.0,
 ) -> tuple[nn.Module, nn.TransformerDecoderLayer, str]:
-    """The student's block with the weights of a seeded torch decoder layer of the same sizes.
+    """The student's block (built under the ban) with the weights of a seeded torch decoder
+    layer of the same sizes.
 
     Returns:
         ``(block, torch layer, name of the block for messages)``.
     """
-    block, what = block_under_test(cls, d_model, n_heads, d_ff, dropout)
+    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
+        f", dropout={dropout:g})" if dropout else ")"
+    )
+    args: tuple[Any, ...] = (d_model, n_heads, d_ff) + ((dropout,) if dropout else ())
+    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what), what)
     layer = torch_decoder_layer(d_model, n_heads, d_ff, seed=seed, dropout=min(dropout, 0.5))
     load_torch_decoder_layer(block, layer)
     return block, layer, what

@@ -10,8 +10,9 @@ Oracles, written independently of the kit:
 * :func:`oracle_shift_right`, :func:`oracle_sequence_loss` and :func:`oracle_greedy_decode`:
   loops over Python numbers, one sentence at a time, with the typical mistakes beside them.
 
-The hidden checks compare the student's code with torch (decoder block) or these oracles on
-seeded random inputs: other sizes, ``T != S``, masks whose hidden memory positions carry the
+The hidden checks compare the student's code with these oracles (the decoder block's and the
+generated parts' cases through :class:`~transformer_lab.checks._generated.Oracle`) on seeded
+random inputs: other sizes, ``T != S``, masks whose hidden memory positions carry the
 largest values, fully masked memory rows, bfloat16, training mode with dropout, a padding id
 other than 0, special ids other than 1 and 2, a neural stand-in for greedy decoding. The
 trained translator is decoded greedily on new held-out sentences.
@@ -343,10 +344,6 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
         )
 
 
-def _near_one() -> float:
-    return 1.0 - 1e-7
-
-
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Training mode: without dropout as eval mode; dropout acts in training only, on each
     sub-layer's output before the residual sum (dropout near 1 leaves
@@ -392,7 +389,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
         "the norm.",
     )
 
-    p = _near_one()
+    p = 1.0 - 1e-7  # dropout ~1: every sub-layer output dropped
     block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=p)
     block.train()
     got = run_block(block, x, memory, causal, None, f"{what} in training mode")
