@@ -1286,15 +1286,16 @@ def test_trained_translator_checks_accept_a_trained_kit_model_and_refuse_an_untr
     hidden06.hidden_check_translator_greedy(model, dm, seed=642)
 
 
-def test_cross_attention_maps_are_one_per_decoder_block() -> None:
+def test_the_demos_attention_maps_end_with_the_last_blocks_cross_attention() -> None:
     from transformer_lab.models import Seq2SeqConfig, Seq2SeqTransformer
+    from transformer_lab.plots import collect_attention
 
     config = Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=9, d_model=16, n_decoder_layers=2)
     model = Seq2SeqTransformer(config, decoder_blocks=[Block(16, 4, 32), BlockFused(16, 4, 32)])
     src, tgt = torch.randint(3, 9, (2, 6)), torch.randint(3, 9, (2, 4))
-    maps = lab06.cross_attention_maps(model.eval(), src, tgt)
-    assert [tuple(m.shape) for m in maps] == [(2, 4, 4, 6), (2, 4, 4, 6)]
-    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 4))
+    maps = collect_attention(model.eval(), src, tgt)
+    assert tuple(maps[-1].shape) == (2, 4, 4, 6)
+    torch.testing.assert_close(maps[-1].sum(-1), torch.ones(2, 4, 4))
 
 
 def test_stand_in_models_record_and_refuse_what_they_should() -> None:

@@ -83,7 +83,6 @@ __all__ = [
     "check_training_step",
     "check_validation_step",
     "copy_task_batches",
-    "cross_attention_maps",
     "learning_rate_curve",
     "load_torch_decoder_layer",
     "loss_call",
@@ -1440,40 +1439,3 @@ check_greedy_decode = DECODE.visible(
     lengths (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence
     short.""",
 )
-
-
-# ======================================================================================
-# For the demos: cross-attention of a trained model
-# ======================================================================================
-
-
-@torch.no_grad()
-def cross_attention_maps(
-    model: nn.Module, src: Tensor, tgt_in: Tensor, src_padding_mask: Tensor | None = None
-) -> list[Tensor]:
-    """The cross-attention weights ``(B, H, T, S)`` of every decoder block of ``model``.
-
-    Runs ``model(src, tgt_in, src_padding_mask=...)`` with hooks on each block's ``cross_attn``
-    that ask it for its weights (``need_weights=True``) and keep them, as
-    :func:`transformer_lab.plots.collect_attention` does for every attention layer.
-    """
-    maps: list[Tensor] = []
-
-    def ask_for_weights(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        return args, {**kwargs, "need_weights": True}
-
-    def keep(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        maps.append(output[1].detach())
-
-    handles = []
-    for block in model.decoder_blocks:
-        handles.append(
-            block.cross_attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True)
-        )
-        handles.append(block.cross_attn.register_forward_hook(keep, with_kwargs=True))
-    try:
-        model(src, tgt_in, src_padding_mask=src_padding_mask)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return maps
