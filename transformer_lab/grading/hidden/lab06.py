@@ -315,33 +315,23 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     BLOCK.judge(cls, [(config, x, memory, self_mask, empty)])
     block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
     block.eval()
-    full = run_block(block, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2], what)
-    for dtype in (torch.bfloat16,):
-        low = block.to(dtype)
-        try:
-            out = run_block(
-                low,
-                x.to(dtype),
-                memory[:, : S - 2].to(dtype),
-                self_mask,
-                memory_mask[..., : S - 2],
-                f"{what} in {dtype}",
-            )
-        finally:
-            block.to(torch.float32)
-        expect_true(
-            out.dtype == dtype,
-            f"{what} turned {dtype} inputs into {out.dtype}: build any tensor inside forward "
-            "with the input's dtype and device.",
-        )
-        expect_close(
-            out.float(),
-            full,
-            f"{what} in {dtype} against float32",
-            hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
-            "fixed -1e9, and nothing may be computed in another precision.",
-            **SPEC.close_tol("half_block"),
-        )
+    memory, memory_mask = memory[:, : S - 2], memory_mask[..., : S - 2]  # no hidden positions
+    full = run_block(block, x, memory, self_mask, memory_mask, what)
+    what = f"{what} in torch.bfloat16"
+    low = run_block(block.bfloat16(), x.bfloat16(), memory.bfloat16(), self_mask, memory_mask, what)
+    expect_true(
+        low.dtype == torch.bfloat16,
+        f"{what} turned torch.bfloat16 inputs into {low.dtype}: build any tensor inside forward "
+        "with the input's dtype and device.",
+    )
+    expect_close(
+        low.float(),
+        full,
+        f"{what} against float32",
+        hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
+        "fixed -1e9, and nothing may be computed in another precision.",
+        **SPEC.close_tol("half_block"),
+    )
 
 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
