@@ -752,7 +752,7 @@ def _greedy_variant(
     counts_bos: bool = True,
     use_mask: bool = True,
     fill: int | None = None,
-) -> Tensor | None:
+) -> Tensor:
     """A decoding loop, batched like a student's: with its defaults the right one, with an
     argument changed a typical wrong one."""
     pad_id = model.config.pad_id if fill is None else fill
@@ -802,12 +802,7 @@ def greedy_mistakes(
     }
     if model.config.pad_id != 0:
         variants["Fill finished sentences with model.config.pad_id, not with 0."] = {"fill": 0}
-    out = {}
-    for hint, kw in variants.items():
-        value = _greedy_variant(*args, **kw)
-        if value is not None:
-            out[hint] = value
-    return out
+    return {hint: _greedy_variant(*args, **kw) for hint, kw in variants.items()}
 
 
 def _scripted_example(
