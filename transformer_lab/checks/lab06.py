@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -270,11 +270,12 @@ def block_like_torch(
     n_heads: int,
     d_ff: int,
     *,
-    seed: int,
+    seed: int = 0,
     dropout: float = 0.0,
+    weights: Mapping[str, Tensor] | None = None,
 ) -> tuple[nn.Module, nn.TransformerDecoderLayer, str]:
     """The student's block (built under the ban) with the weights of a seeded torch decoder
-    layer of the same sizes.
+    layer of the same sizes, or ``weights`` (the state dict of one: a stored case's).
 
     Returns:
         ``(block, torch layer, name of the block for messages)``.
@@ -285,6 +286,8 @@ def block_like_torch(
     args: tuple[Any, ...] = (d_model, n_heads, d_ff) + ((dropout,) if dropout else ())
     block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what), what)
     layer = torch_decoder_layer(d_model, n_heads, d_ff, seed=seed, dropout=min(dropout, 0.5))
+    if weights is not None:
+        layer.load_state_dict(weights)
     load_torch_decoder_layer(block, layer)
     return block, layer, what
 
@@ -327,13 +330,14 @@ def run_block(
 
 
 def _block_what(
-    config: Sequence[int],
+    sizes: Sequence[int],
+    _weights: Mapping[str, Tensor],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
 ) -> str:
-    d_model, n_heads, d_ff, _ = config
+    d_model, n_heads, d_ff = sizes
     masks = "" if self_mask is None else ", self_mask=causal"
     masks += "" if memory_mask is None else ", memory_mask=source padding"
     return (
@@ -344,7 +348,8 @@ def _block_what(
 
 def block_call(
     cls: Callable[..., nn.Module],
-    config: Sequence[int],
+    sizes: Sequence[int],
+    weights: Mapping[str, Tensor],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None,
@@ -352,13 +357,12 @@ def block_call(
     *,
     training: bool = False,
 ) -> Tensor:
-    """The student's block ``cls(d_model, n_heads, d_ff)`` (``config`` is those and a seed) with
-    the weights of the seeded torch decoder layer (:func:`torch_decoder_layer`), in eval mode
-    (or ``training``), on one case: its output ``(B, T, D)``."""
-    *sizes, seed = config
-    block, _, _ = block_like_torch(cls, *sizes, seed=seed)
+    """The student's block ``cls(d_model, n_heads, d_ff)`` (``sizes``) with ``weights``, the
+    state dict of a torch decoder layer of those sizes (:func:`load_torch_decoder_layer`), in
+    eval mode (or ``training``), on one case: its output ``(B, T, D)``."""
+    block, _, _ = block_like_torch(cls, *sizes, weights=weights)
     block.train(training)
-    what = _block_what(config, x, memory, self_mask, memory_mask)
+    what = _block_what(sizes, weights, x, memory, self_mask, memory_mask)
     return run_block(block, x, memory, self_mask, memory_mask, what).detach()
 
 
@@ -367,8 +371,9 @@ def _optional_mask(mask: Any) -> Tensor | None:
 
 
 #: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
-#: is ``(config, x, memory, self_mask, memory_mask)``, ``config`` the sizes and the seed of the
-#: torch layer whose weights the block gets (:func:`block_call`).
+#: is ``(sizes, weights, x, memory, self_mask, memory_mask)``, ``weights`` the state dict of the
+#: torch layer whose weights the block gets (:func:`block_call`): stored with the case, so that
+#: a worked example does not depend on how a torch version initialises a layer.
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
@@ -379,8 +384,9 @@ BLOCK = Ordinary(
     ),
     rule=_POST_NORM + " Check which norm follows which sub-layer.",
     same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
-    load=lambda config, x, memory, self_mask, memory_mask: (
-        tuple(config),
+    load=lambda sizes, weights, x, memory, self_mask, memory_mask: (
+        tuple(sizes),
+        {name: torch.tensor(value) for name, value in weights.items()},
         torch.tensor(x),
         torch.tensor(memory),
         _optional_mask(self_mask),
@@ -390,7 +396,7 @@ BLOCK = Ordinary(
 )
 check_decoder_block = BLOCK.visible(
     "check_decoder_block",
-    """Worked examples: ``DecoderBlock(16, 4, 32)`` with the weights of a seeded
+    """Worked examples: ``DecoderBlock(16, 4, 32)`` with the stored weights of an
     ``nn.TransformerDecoderLayer`` (:func:`load_torch_decoder_layer`), in eval mode, on ``x (2,
     5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and a memory
     padding mask.""",

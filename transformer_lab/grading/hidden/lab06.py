@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -206,7 +206,8 @@ BLOCK_MISTAKES = {
 
 
 def oracle_block(
-    config: Sequence[int],
+    sizes: Sequence[int],
+    weights: Mapping[str, Tensor],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None = None,
@@ -215,21 +216,21 @@ def oracle_block(
     variant: str = "",
 ) -> Tensor:
     """One case of :data:`~transformer_lab.checks.lab06.BLOCK`: :func:`oracle_decoder_block` with
-    the weights of the seeded torch layer that ``config`` (sizes and seed) names."""
-    *sizes, seed = config
-    p = decoder_params(lab06.torch_decoder_layer(*sizes, seed=seed))
+    ``weights``, a torch decoder layer's state dict, in float64."""
+    p = {name: value.double() for name, value in weights.items()} | {"heads": sizes[1]}
     return oracle_decoder_block(p, x, memory, self_mask, memory_mask, variant=variant)
 
 
 def block_mistakes(
-    config: Sequence[int],
+    sizes: Sequence[int],
+    weights: Mapping[str, Tensor],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
 ) -> dict[str, Tensor | None]:
     """Hint -> what a typical wrong block returns (swapped masks only where ``T == S``)."""
-    args = (config, x, memory, self_mask, memory_mask)
+    args = (sizes, weights, x, memory, self_mask, memory_mask)
     swappable = x.shape[1] == memory.shape[1]
     return {
         hint: oracle_block(*args, variant=variant)
@@ -240,6 +241,13 @@ def block_mistakes(
 
 
 BLOCK = Oracle(lab06.BLOCK, oracle_block, block_mistakes)
+
+
+def _weights(d_model: int, heads: int, d_ff: int, seed: int) -> dict[str, Tensor]:
+    """The state dict of :func:`~transformer_lab.checks.lab06.torch_decoder_layer` (a case's)."""
+    return lab06.torch_decoder_layer(d_model, heads, d_ff, seed=seed).state_dict()
+
+
 #: The same cases with the block in training mode (dropout 0: what eval mode computes).
 TRAINING = Oracle(
     dataclasses.replace(lab06.BLOCK, call=functools.partial(lab06.block_call, training=True)),
@@ -276,10 +284,10 @@ def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
     cases: list[tuple[Any, ...]] = []
     for _ in range(2):
         d_model, heads, d_ff, B, T, S = _sizes(g)
-        config = (d_model, heads, d_ff, randint(0, 999, g))
+        given = (d_model, heads, d_ff), _weights(d_model, heads, d_ff, randint(0, 999, g))
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
-        cases += [(config, x, memory, None, None), (config, x, memory, *_masks(B, T, S, g))]
+        cases += [(*given, x, memory, None, None), (*given, x, memory, *_masks(B, T, S, g))]
     return cases
 
 
@@ -294,7 +302,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     """Hidden memory with the largest values, a fully masked memory row, and bfloat16."""
     g = generator(seed)
     d_model, heads, d_ff, B, T, S = 16, 2, 32, 3, 4, 6
-    config = (d_model, heads, d_ff, seed)
+    given = (d_model, heads, d_ff), _weights(d_model, heads, d_ff, seed)
     x = torch.randn(B, T, d_model, generator=g)
     memory = torch.randn(B, S, d_model, generator=g)
     self_mask, _ = _masks(B, T, S, g)
@@ -303,16 +311,16 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     # The hidden memory positions carry values a thousand times larger: their raw scores are the
     # largest (or most negative) of their rows; only masking before the softmax hides them.
     memory[:, S - 2 :] *= 1000.0
-    BLOCK.judge(cls, [(config, x, memory, self_mask, memory_mask)])
+    BLOCK.judge(cls, [(*given, x, memory, self_mask, memory_mask)])
     empty = memory_mask.clone()
     empty[1] = False  # the second sentence has no real source token at all
     expect_true(
-        bool(torch.isfinite(lab06.block_call(cls, config, x, memory, self_mask, empty)).all()),
-        f"DecoderBlock{config[:3]} with a fully masked memory row returns NaN or inf: a query "
+        bool(torch.isfinite(lab06.block_call(cls, *given, x, memory, self_mask, empty)).all()),
+        f"DecoderBlock{given[0]} with a fully masked memory row returns NaN or inf: a query "
         "with no key to attend gets zero weights (the kit's MultiHeadAttention does this), never "
         "NaN.",
     )
-    BLOCK.judge(cls, [(config, x, memory, self_mask, empty)])
+    BLOCK.judge(cls, [(*given, x, memory, self_mask, empty)])
     block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
     block.eval()
     memory, memory_mask = memory[:, : S - 2], memory_mask[..., : S - 2]  # no hidden positions
@@ -344,14 +352,14 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     memory = torch.randn(B, S, d_model, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
 
-    config = (d_model, heads, d_ff, seed)
-    TRAINING.judge(cls, [(config, x, memory, causal, None)])
+    given = (d_model, heads, d_ff), _weights(d_model, heads, d_ff, seed)
+    TRAINING.judge(cls, [(*given, x, memory, causal, None)])
 
     block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=0.3)
     block.eval()
     expect_close(
         run_block(block, x, memory, causal, None, f"{what} in eval mode"),
-        oracle_block(config, x, memory, causal),
+        oracle_block(*given, x, memory, causal),
         f"{what} in eval mode",
         hint="Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
         "training=self.training)).",
@@ -864,9 +872,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
     memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     memory_mask[1, ..., 4:] = False  # the second source has 4 real tokens
     causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]  # (1, 1, T, T)
-    blocks = [
-        ((16, 4, 32, 6), x, memory, *masks) for masks in ((None, None), (causal, memory_mask))
-    ]
+    layer = (16, 4, 32), _weights(16, 4, 32, 6)
+    blocks = [(*layer, x, memory, *masks) for masks in ((None, None), (causal, memory_mask))]
     out |= BLOCK.fixtures("check_decoder_block", blocks)
     g = generator(6006)
     losses = []
