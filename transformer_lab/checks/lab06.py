@@ -7,24 +7,19 @@ the three training methods of a small ``LightningModule`` (``TranslationModule``
 
 No oracle lives here:
 
-* the decoder block is compared with PyTorch's own ``nn.TransformerDecoderLayer`` whose weights
-  are copied into the student's block (:func:`load_torch_decoder_layer`), and probed for the
-  properties a decoder must have (later targets invisible under a causal mask, masked memory
-  invisible, the output depending on the memory at all);
-* ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are ordinary parts (one
-  :class:`~transformer_lab.checks._generated.Ordinary` each: their checks are generated) run
-  on worked examples whose expected values, and the values of the typical mistakes, are stored
-  in ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs build``);
+* ``DecoderBlock``, ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are ordinary parts
+  (one :class:`~transformer_lab.checks._generated.Ordinary` each: their checks are generated),
+  run on worked examples whose expected values, and the values of the typical mistakes, are
+  stored in ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs
+  build``); the block gets the weights of a seeded ``nn.TransformerDecoderLayer``
+  (:func:`load_torch_decoder_layer`);
 * the training code and the decoding loop run on one stand-in, :class:`StandInTranslator`: a
   small encoder-decoder that half-knows a copy task (so metrics are neither 0 nor 1), with
   PyTorch's ``F.cross_entropy`` on its outputs, or, scripted, one whose next token is known in
-  advance (for checking a decoding loop); :class:`ProbeModule` and :class:`ProbeData` (a
-  one-parameter LightningModule that learns nothing) check a ``Trainer`` call.
+  advance (for checking a decoding loop); :func:`probe_classes` (a one-parameter
+  LightningModule that learns nothing) check a ``Trainer`` call.
 
-While the student's code runs, the kit's own answers are refused (``Ban``): torch's and the
-kit's decoder layers, ``transformer_lab.seq2seq``, the cross-entropy family in
-``sequence_loss``, the kit's LightningModules and learning-rate schedule in the module's
-methods, and ``transformer_lab.generation`` in ``greedy_decode``.
+While the student's code runs, the kit's own answers are refused (``Ban``, from the spec).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -35,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -51,7 +46,6 @@ from transformer_lab.checks._common import (
     call_forbidding,
     call_student,
     close,
-    expect_close,
     expect_module,
     expect_shape,
     expect_true,
@@ -72,18 +66,13 @@ from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge.mirror import portable
 
 __all__ = [
-    "BLOCK_BAN",
+    "BLOCK",
     "DECODE",
-    "DECODE_BAN",
     "LOSS",
-    "LOSS_BAN",
-    "MODULE_BAN",
     "SHIFT",
-    "SHIFT_BAN",
-    "PortableTranslator",
     "StandInTranslator",
+    "block_call",
     "block_like_torch",
-    "block_under_test",
     "check_configure_optimizers",
     "check_decoder_block",
     "check_greedy_decode",
@@ -94,15 +83,12 @@ __all__ = [
     "check_training_step",
     "check_validation_step",
     "copy_task_batches",
-    "cross_attention_maps",
     "learning_rate_curve",
     "load_torch_decoder_layer",
     "loss_call",
-    "probe_classes",
     "run_block",
     "stand_in",
     "torch_decoder_layer",
-    "torch_decoder_output",
 ]
 
 #: The lab's spec (``specs/lab06.toml``): its bans and shared tolerances.
@@ -139,6 +125,14 @@ def _quiet_lightning() -> Iterator[None]:
             lg.setLevel(level)
 
 
+def _same_ids(got: Tensor, want: Tensor) -> bool:
+    return got.shape == want.shape and torch.equal(got.double(), want.double())
+
+
+def _as_float64(out: Any) -> Tensor:
+    return torch.as_tensor(out, dtype=torch.float64)
+
+
 # ======================================================================================
 # DecoderBlock
 # ======================================================================================
@@ -170,34 +164,6 @@ def torch_decoder_layer(
             attn.in_proj_bias.copy_(0.2 * torch.randn(3 * d_model))
             attn.out_proj.bias.copy_(0.2 * torch.randn(d_model))
     return layer.eval()
-
-
-def _torch_mask(mask: Tensor | None, batch: int, heads: int, rows: int, cols: int) -> Tensor | None:
-    """Our mask (True = may attend, broadcasting to (B, H, T, S)) as torch's (B*H, T, S)."""
-    if mask is None:
-        return None
-    full = torch.broadcast_to(mask, (batch, heads, rows, cols))  # (B, H, T, S)
-    return ~full.reshape(batch * heads, rows, cols)  # torch: True = may NOT attend
-
-
-def torch_decoder_output(
-    layer: nn.TransformerDecoderLayer,
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None = None,
-    memory_mask: Tensor | None = None,
-) -> Tensor:
-    """``layer(x, memory)`` under our boolean masks (True = may attend), without gradients."""
-    B, T, _ = x.shape
-    S = memory.shape[1]
-    H = layer.self_attn.num_heads
-    with torch.no_grad():
-        return layer(
-            x,
-            memory,
-            tgt_mask=_torch_mask(self_mask, B, H, T, T),
-            memory_mask=_torch_mask(memory_mask, B, H, T, S),
-        )
 
 
 def _copy(dst: Any, src: Tensor, name: str) -> None:
@@ -298,34 +264,30 @@ def load_torch_decoder_layer(block: nn.Module, layer: nn.TransformerDecoderLayer
     return block
 
 
-def block_under_test(
-    cls: Callable[..., nn.Module], d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0
-) -> tuple[nn.Module, str]:
-    """Build the student's block (under the ban) and name it for messages."""
-    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
-        f", dropout={dropout:g})" if dropout else ")"
-    )
-    args: tuple[Any, ...] = (d_model, n_heads, d_ff) + ((dropout,) if dropout else ())
-    block = call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what)
-    return expect_module(block, what), what
-
-
 def block_like_torch(
     cls: Callable[..., nn.Module],
     d_model: int,
     n_heads: int,
     d_ff: int,
     *,
-    seed: int,
+    seed: int = 0,
     dropout: float = 0.0,
+    weights: Mapping[str, Tensor] | None = None,
 ) -> tuple[nn.Module, nn.TransformerDecoderLayer, str]:
-    """The student's block with the weights of a seeded torch decoder layer of the same sizes.
+    """The student's block (built under the ban) with the weights of a seeded torch decoder
+    layer of the same sizes, or ``weights`` (the state dict of one: a stored case's).
 
     Returns:
         ``(block, torch layer, name of the block for messages)``.
     """
-    block, what = block_under_test(cls, d_model, n_heads, d_ff, dropout)
+    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
+        f", dropout={dropout:g})" if dropout else ")"
+    )
+    args: tuple[Any, ...] = (d_model, n_heads, d_ff) + ((dropout,) if dropout else ())
+    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what), what)
     layer = torch_decoder_layer(d_model, n_heads, d_ff, seed=seed, dropout=min(dropout, 0.5))
+    if weights is not None:
+        layer.load_state_dict(weights)
     load_torch_decoder_layer(block, layer)
     return block, layer, what
 
@@ -367,126 +329,78 @@ def run_block(
     return expect_shape(out, (B, T, D), what)
 
 
-def _causal(T: int) -> Tensor:
-    return torch.ones(T, T, dtype=torch.bool).tril()[None, None]  # (1, 1, T, T)
-
-
-def _probe_hint(
-    block: nn.Module, x: Tensor, memory: Tensor, what: str, *, tol: float = _ATOL
-) -> str | None:
-    """Name a missing property: causality under self_mask, masked memory, use of memory."""
-    B, T, _ = x.shape
-    S = memory.shape[1]
-    g = generator(1234)
-    cut = T // 2
-    causal = _causal(T)
-    base = run_block(block, x, memory, causal, None, what)
-    later = x.clone()
-    later[:, cut + 1 :] += 1.0 + torch.randn(later[:, cut + 1 :].shape, generator=g)
-    moved = run_block(block, later, memory, causal, None, what)
-    if not close(moved[:, : cut + 1], base[:, : cut + 1], atol=tol, rtol=tol):
-        return (
-            "With a causal self_mask, changing the decoder input at later positions changed your "
-            "outputs at earlier positions: position t may not see the targets after t. Pass "
-            "self_mask to the self-attention: self_attn(x, x, x, mask=self_mask)."
-        )
-    visible = torch.ones(B, 1, 1, S, dtype=torch.bool)
-    visible[..., -2:] = False
-    base = run_block(block, x, memory, None, visible, what)
-    hidden_changed = memory.clone()
-    hidden_changed[:, -2:] = 30.0 * torch.randn(hidden_changed[:, -2:].shape, generator=g)
-    moved = run_block(block, x, hidden_changed, None, visible, what)
-    if not close(moved, base, atol=tol, rtol=tol):
-        return (
-            "Changing memory positions that memory_mask hides changed your output: pass "
-            "memory_mask to the cross-attention: cross_attn(x, memory, memory, mask=memory_mask)."
-        )
-    other = memory + 1.0 + torch.randn(memory.shape, generator=g)
-    if close(
-        run_block(block, x, other, None, None, what), run_block(block, x, memory, None, None, what)
-    ):
-        return (
-            "Your output does not depend on memory at all: the block needs the cross-attention "
-            "sub-layer, x = norm2(x + cross_attn(x, memory, memory, mask=memory_mask)), between "
-            "the self-attention and the feed-forward network."
-        )
-    return None
-
-
-def _pre_norm_output(
-    layer: nn.TransformerDecoderLayer,
+def _block_what(
+    sizes: Sequence[int],
+    _weights: Mapping[str, Tensor],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
+) -> str:
+    d_model, n_heads, d_ff = sizes
+    masks = "" if self_mask is None else ", self_mask=causal"
+    masks += "" if memory_mask is None else ", memory_mask=source padding"
+    return (
+        f"DecoderBlock({d_model}, {n_heads}, {d_ff})(x {tuple(x.shape)}, "
+        f"memory {tuple(memory.shape)}{masks})"
+    )
+
+
+def block_call(
+    cls: Callable[..., nn.Module],
+    sizes: Sequence[int],
+    weights: Mapping[str, Tensor],
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None,
+    memory_mask: Tensor | None,
+    *,
+    training: bool = False,
 ) -> Tensor:
-    d_model = layer.linear1.in_features
-    pre = nn.TransformerDecoderLayer(
-        d_model,
-        layer.self_attn.num_heads,
-        layer.linear1.out_features,
-        dropout=0.0,
-        batch_first=True,
-        norm_first=True,
-    )
-    pre.load_state_dict(layer.state_dict())
-    return torch_decoder_output(pre.eval(), x, memory, self_mask, memory_mask)
+    """The student's block ``cls(d_model, n_heads, d_ff)`` (``sizes``) with ``weights``, the
+    state dict of a torch decoder layer of those sizes (:func:`load_torch_decoder_layer`), in
+    eval mode (or ``training``), on one case: its output ``(B, T, D)``."""
+    block, _, _ = block_like_torch(cls, *sizes, weights=weights)
+    block.train(training)
+    what = _block_what(sizes, weights, x, memory, self_mask, memory_mask)
+    return run_block(block, x, memory, self_mask, memory_mask, what).detach()
 
 
-def _expect_like_torch(
-    block: nn.Module,
-    layer: nn.TransformerDecoderLayer,
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-    what: str,
-) -> None:
-    got = run_block(block, x, memory, self_mask, memory_mask, what)
-    want = torch_decoder_output(layer, x, memory, self_mask, memory_mask)
-    if close(got, want, atol=_ATOL, rtol=_ATOL):
-        return
-    hint = None
-    if close(got, _pre_norm_output(layer, x, memory, self_mask, memory_mask), atol=_ATOL):
-        hint = (
-            "Your block normalises the input of each sub-layer (pre-norm, x + f(norm(x))); this "
-            "lab's block is post-norm ('Add & Norm'): norm(x + f(x)) after each sub-layer."
-        )
-    hint = hint or _probe_hint(block, x, memory, what)
-    expect_close(
-        got,
-        want,
-        f"{what} compared with torch's nn.TransformerDecoderLayer (same weights)",
-        hint=hint or _POST_NORM + " Check which norm follows which sub-layer.",
-        atol=_ATOL,
-        rtol=_ATOL,
-    )
+def _optional_mask(mask: Any) -> Tensor | None:
+    return None if mask is None else torch.tensor(mask)
 
 
-def check_decoder_block(cls: Callable[..., nn.Module]) -> None:
-    """Sub-layer names, output shape, and outputs equal to torch's decoder layer (eval mode).
-
-    ``DecoderBlock(16, 4, 32)`` gets the weights of an ``nn.TransformerDecoderLayer``; on
-    ``x (2, 5, 16)`` and ``memory (2, 7, 16)``, without masks, then with a causal self-mask and a
-    memory padding mask, it must return what torch returns.
-    """
-    block, layer, what = block_like_torch(cls, 16, 4, 32, seed=6)
-    block.eval()
-    g = generator(606)
-    x = torch.randn(2, 5, 16, generator=g)
-    memory = torch.randn(2, 7, 16, generator=g)
-    _expect_like_torch(block, layer, x, memory, None, None, f"{what}(x, memory)")
-    memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
-    memory_mask[1, ..., 4:] = False  # the second source has 4 real tokens
-    _expect_like_torch(
-        block,
-        layer,
-        x,
-        memory,
-        _causal(5),
-        memory_mask,
-        f"{what}(x, memory, self_mask=causal, memory_mask=source padding)",
-    )
+#: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
+#: is ``(sizes, weights, x, memory, self_mask, memory_mask)``, ``weights`` the state dict of the
+#: torch layer whose weights the block gets (:func:`block_call`): stored with the case, so that
+#: a worked example does not depend on how a torch version initialises a layer.
+BLOCK = Ordinary(
+    "lab06",
+    call=block_call,
+    what=_block_what,
+    describe=lambda case: (
+        f"{case.what} differs from the expected output by up to "
+        f"{float((case.got.double() - case.want).abs().max()):.3g}."
+    ),
+    rule=_POST_NORM + " Check which norm follows which sub-layer.",
+    same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
+    load=lambda sizes, weights, x, memory, self_mask, memory_mask: (
+        tuple(sizes),
+        {name: torch.tensor(value) for name, value in weights.items()},
+        torch.tensor(x),
+        torch.tensor(memory),
+        _optional_mask(self_mask),
+        _optional_mask(memory_mask),
+    ),
+    output=_as_float64,
+)
+check_decoder_block = BLOCK.visible(
+    "check_decoder_block",
+    """Worked examples: ``DecoderBlock(16, 4, 32)`` with the stored weights of an
+    ``nn.TransformerDecoderLayer`` (:func:`load_torch_decoder_layer`), in eval mode, on ``x (2,
+    5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and a memory
+    padding mask.""",
+)
 
 
 # ======================================================================================
@@ -520,14 +434,6 @@ def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Tens
         "torch.full_like(targets[:, :1], bos_id) (or dtype=targets.dtype).",
     )
     return got
-
-
-def _same_ids(got: Tensor, want: Tensor) -> bool:
-    return got.shape == want.shape and torch.equal(got.double(), want.double())
-
-
-def _as_float64(out: Any) -> Tensor:
-    return torch.as_tensor(out, dtype=torch.float64)
 
 
 #: ``shift_right(targets, bos_id)``: a case is ``(targets, bos_id)``.
@@ -1539,40 +1445,3 @@ check_greedy_decode = DECODE.visible(
     lengths (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence
     short.""",
 )
-
-
-# ======================================================================================
-# For the demos: cross-attention of a trained model
-# ======================================================================================
-
-
-@torch.no_grad()
-def cross_attention_maps(
-    model: nn.Module, src: Tensor, tgt_in: Tensor, src_padding_mask: Tensor | None = None
-) -> list[Tensor]:
-    """The cross-attention weights ``(B, H, T, S)`` of every decoder block of ``model``.
-
-    Runs ``model(src, tgt_in, src_padding_mask=...)`` with hooks on each block's ``cross_attn``
-    that ask it for its weights (``need_weights=True``) and keep them, as
-    :func:`transformer_lab.plots.collect_attention` does for every attention layer.
-    """
-    maps: list[Tensor] = []
-
-    def ask_for_weights(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        return args, {**kwargs, "need_weights": True}
-
-    def keep(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        maps.append(output[1].detach())
-
-    handles = []
-    for block in model.decoder_blocks:
-        handles.append(
-            block.cross_attn.register_forward_pre_hook(ask_for_weights, with_kwargs=True)
-        )
-        handles.append(block.cross_attn.register_forward_hook(keep, with_kwargs=True))
-    try:
-        model(src, tgt_in, src_padding_mask=src_padding_mask)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return maps

@@ -10,8 +10,9 @@ Oracles, written independently of the kit:
 * :func:`oracle_shift_right`, :func:`oracle_sequence_loss` and :func:`oracle_greedy_decode`:
   loops over Python numbers, one sentence at a time, with the typical mistakes beside them.
 
-The hidden checks compare the student's code with torch (decoder block) or these oracles on
-seeded random inputs: other sizes, ``T != S``, masks whose hidden memory positions carry the
+The hidden checks compare the student's code with these oracles (the decoder block's and the
+generated parts' cases through :class:`~transformer_lab.checks._generated.Oracle`) on seeded
+random inputs: other sizes, ``T != S``, masks whose hidden memory positions carry the
 largest values, fully masked memory rows, bfloat16, training mode with dropout, a padding id
 other than 0, special ids other than 1 and 2, a neural stand-in for greedy decoding. The
 trained translator is decoded greedily on new held-out sentences.
@@ -25,8 +26,9 @@ Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vasw
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,7 +58,6 @@ from transformer_lab.checks.lab06 import (
     optimizers_check,
     run_block,
     stand_in,
-    torch_decoder_output,
     train_translator_check,
     training_step_check,
     trusted_data,
@@ -204,50 +205,55 @@ BLOCK_MISTAKES = {
 }
 
 
-def _block_candidates(
-    p: dict[str, Any],
+def oracle_block(
+    sizes: Sequence[int],
+    weights: Mapping[str, Tensor],
+    x: Tensor,
+    memory: Tensor,
+    self_mask: Tensor | None = None,
+    memory_mask: Tensor | None = None,
+    *,
+    variant: str = "",
+) -> Tensor:
+    """One case of :data:`~transformer_lab.checks.lab06.BLOCK`: :func:`oracle_decoder_block` with
+    ``weights``, a torch decoder layer's state dict, in float64."""
+    p = {name: value.double() for name, value in weights.items()} | {"heads": sizes[1]}
+    return oracle_decoder_block(p, x, memory, self_mask, memory_mask, variant=variant)
+
+
+def block_mistakes(
+    sizes: Sequence[int],
+    weights: Mapping[str, Tensor],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
-) -> list[tuple[Tensor | None, str]]:
-    named: list[tuple[Tensor | None, str]] = []
-    for variant, hint in BLOCK_MISTAKES.items():
-        if variant == "masks_swapped" and x.shape[1] != memory.shape[1]:
-            continue
-        if (
-            variant.endswith("mask_ignored")
-            and (self_mask if "self" in variant else memory_mask) is None
-        ):
-            continue
-        named.append(
-            (oracle_decoder_block(p, x, memory, self_mask, memory_mask, variant=variant), hint)
-        )
-    return named
+) -> dict[str, Tensor | None]:
+    """Hint -> what a typical wrong block returns (swapped masks only where ``T == S``)."""
+    args = (sizes, weights, x, memory, self_mask, memory_mask)
+    swappable = x.shape[1] == memory.shape[1]
+    return {
+        hint: oracle_block(*args, variant=variant)
+        if swappable or variant != "masks_swapped"
+        else None
+        for variant, hint in BLOCK_MISTAKES.items()
+    }
 
 
-def _expect_block(
-    block: nn.Module,
-    layer: nn.TransformerDecoderLayer,
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-    what: str,
-) -> None:
-    student = run_block(block, x, memory, self_mask, memory_mask, what)
-    p = decoder_params(layer)
-    want = oracle_decoder_block(p, x, memory, self_mask, memory_mask)
-    compare(
-        student,
-        want,
-        what=what,
-        candidates=_block_candidates(p, x, memory, self_mask, memory_mask),
-        hint="x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + cross_attn(x, memory, "
-        "memory, memory_mask)); x = norm3(x + ff(x)).",
-        atol=_ATOL,
-        rtol=_ATOL,
-    )
+BLOCK = Oracle(lab06.BLOCK, oracle_block, block_mistakes)
+
+
+def _weights(d_model: int, heads: int, d_ff: int, seed: int) -> dict[str, Tensor]:
+    """The state dict of :func:`~transformer_lab.checks.lab06.torch_decoder_layer` (a case's)."""
+    return lab06.torch_decoder_layer(d_model, heads, d_ff, seed=seed).state_dict()
+
+
+#: The same cases with the block in training mode (dropout 0: what eval mode computes).
+TRAINING = Oracle(
+    dataclasses.replace(lab06.BLOCK, call=functools.partial(lab06.block_call, training=True)),
+    oracle_block,
+    block_mistakes,
+)
 
 
 def _sizes(g: torch.Generator) -> tuple[int, int, int, int, int, int]:
@@ -272,41 +278,31 @@ def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
     return self_mask, memory_mask
 
 
-def hidden_check_decoder_block(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Two blocks of random sizes (``T != S``) in eval mode, with and without masks, vs torch."""
-    g = generator(seed)
-    for trial in range(2):
+def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    """Two blocks of random sizes (``T != S``) in eval mode, without masks and with causal &
+    target padding and source padding masks."""
+    cases: list[tuple[Any, ...]] = []
+    for _ in range(2):
         d_model, heads, d_ff, B, T, S = _sizes(g)
-        block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed + trial)
-        block.eval()
+        given = (d_model, heads, d_ff), _weights(d_model, heads, d_ff, randint(0, 999, g))
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
-        _expect_block(block, layer, x, memory, None, None, f"{what}(x, memory)")
-        self_mask, memory_mask = _masks(B, T, S, g)
-        _expect_block(
-            block,
-            layer,
-            x,
-            memory,
-            self_mask,
-            memory_mask,
-            f"{what}(x, memory, self_mask=causal & target padding, memory_mask=source padding)",
-        )
-        expect_close(
-            run_block(block, x, memory, self_mask, memory_mask, what),
-            torch_decoder_output(layer, x, memory, self_mask, memory_mask),
-            f"{what} against torch's nn.TransformerDecoderLayer",
-            atol=_ATOL,
-            rtol=_ATOL,
-        )
+        cases += [(*given, x, memory, None, None), (*given, x, memory, *_masks(B, T, S, g))]
+    return cases
+
+
+hidden_check_decoder_block = BLOCK.hidden(
+    "hidden_check_decoder_block",
+    _block_cases,
+    """Two blocks of random sizes (``T != S``) in eval mode, with and without masks.""",
+)
 
 
 def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Hidden memory with the largest values, a fully masked memory row, and bfloat16."""
     g = generator(seed)
     d_model, heads, d_ff, B, T, S = 16, 2, 32, 3, 4, 6
-    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
-    block.eval()
+    given = (d_model, heads, d_ff), _weights(d_model, heads, d_ff, seed)
     x = torch.randn(B, T, d_model, generator=g)
     memory = torch.randn(B, S, d_model, generator=g)
     self_mask, _ = _masks(B, T, S, g)
@@ -315,85 +311,56 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     # The hidden memory positions carry values a thousand times larger: their raw scores are the
     # largest (or most negative) of their rows; only masking before the softmax hides them.
     memory[:, S - 2 :] *= 1000.0
-    _expect_block(
-        block,
-        layer,
-        x,
-        memory,
-        self_mask,
-        memory_mask,
-        f"{what} with memory_mask hiding the two last (huge) memory positions",
-    )
-    memory_mask[1] = False  # the second sentence has no real source token at all
-    answer = run_block(block, x, memory, self_mask, memory_mask, what)
+    BLOCK.judge(cls, [(*given, x, memory, self_mask, memory_mask)])
+    empty = memory_mask.clone()
+    empty[1] = False  # the second sentence has no real source token at all
     expect_true(
-        bool(torch.isfinite(answer).all()),
-        f"{what} with a fully masked memory row returns NaN or inf: a query with no key to attend "
-        "gets zero weights (the kit's MultiHeadAttention does this), never NaN.",
+        bool(torch.isfinite(lab06.block_call(cls, *given, x, memory, self_mask, empty)).all()),
+        f"DecoderBlock{given[0]} with a fully masked memory row returns NaN or inf: a query "
+        "with no key to attend gets zero weights (the kit's MultiHeadAttention does this), never "
+        "NaN.",
     )
-    _expect_block(
-        block, layer, x, memory, self_mask, memory_mask, f"{what} with a fully masked memory row"
+    BLOCK.judge(cls, [(*given, x, memory, self_mask, empty)])
+    block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
+    block.eval()
+    memory, memory_mask = memory[:, : S - 2], memory_mask[..., : S - 2]  # no hidden positions
+    full = run_block(block, x, memory, self_mask, memory_mask, what)
+    what = f"{what} in torch.bfloat16"
+    low = run_block(block.bfloat16(), x.bfloat16(), memory.bfloat16(), self_mask, memory_mask, what)
+    expect_true(
+        low.dtype == torch.bfloat16,
+        f"{what} turned torch.bfloat16 inputs into {low.dtype}: build any tensor inside forward "
+        "with the input's dtype and device.",
     )
-    full = run_block(block, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2], what)
-    for dtype in (torch.bfloat16,):
-        low = block.to(dtype)
-        try:
-            out = run_block(
-                low,
-                x.to(dtype),
-                memory[:, : S - 2].to(dtype),
-                self_mask,
-                memory_mask[..., : S - 2],
-                f"{what} in {dtype}",
-            )
-        finally:
-            block.to(torch.float32)
-        expect_true(
-            out.dtype == dtype,
-            f"{what} turned {dtype} inputs into {out.dtype}: build any tensor inside forward "
-            "with the input's dtype and device.",
-        )
-        expect_close(
-            out.float(),
-            full,
-            f"{what} in {dtype} against float32",
-            hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
-            "fixed -1e9, and nothing may be computed in another precision.",
-            **SPEC.close_tol("half_block"),
-        )
-
-
-def _near_one() -> float:
-    return 1.0 - 1e-7
+    expect_close(
+        low.float(),
+        full,
+        f"{what} against float32",
+        hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
+        "fixed -1e9, and nothing may be computed in another precision.",
+        **SPEC.close_tol("half_block"),
+    )
 
 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Training mode: without dropout as torch; dropout acts in training only, on each sub-layer's
-    output before the residual sum (dropout near 1 leaves ``norm3(norm2(norm1(x)))``)."""
+    """Training mode: without dropout as eval mode; dropout acts in training only, on each
+    sub-layer's output before the residual sum (dropout near 1 leaves
+    ``norm3(norm2(norm1(x)))``)."""
     g = generator(seed)
     d_model, heads, d_ff, B, T, S = 16, 4, 32, 2, 5, 7
     x = torch.randn(B, T, d_model, generator=g)
     memory = torch.randn(B, S, d_model, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
 
-    block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed)
-    block.train()
-    _expect_block(block, layer, x, memory, causal, None, f"{what} in training mode (dropout 0)")
-    expect_close(
-        run_block(block, x, memory, causal, None, f"{what} in training mode"),
-        torch_decoder_output(layer.train(), x, memory, causal, None),
-        f"{what} in training mode (dropout 0) against torch",
-        hint="With dropout 0, training and eval mode compute the same thing.",
-        atol=_ATOL,
-        rtol=_ATOL,
-    )
+    given = (d_model, heads, d_ff), _weights(d_model, heads, d_ff, seed)
+    TRAINING.judge(cls, [(*given, x, memory, causal, None)])
 
     block, layer, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=0.3)
     block.eval()
     expect_close(
         run_block(block, x, memory, causal, None, f"{what} in eval mode"),
-        torch_decoder_output(layer.eval(), x, memory, causal, None),
-        f"{what} in eval mode against torch",
+        oracle_block(*given, x, memory, causal),
+        f"{what} in eval mode",
         hint="Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
         "training=self.training)).",
         atol=_ATOL,
@@ -420,7 +387,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
         "the norm.",
     )
 
-    p = _near_one()
+    p = 1.0 - 1e-7  # dropout ~1: every sub-layer output dropped
     block, _, what = block_like_torch(cls, d_model, heads, d_ff, seed=seed, dropout=p)
     block.train()
     got = run_block(block, x, memory, causal, None, f"{what} in training mode")
@@ -793,7 +760,7 @@ def _greedy_variant(
     counts_bos: bool = True,
     use_mask: bool = True,
     fill: int | None = None,
-) -> Tensor | None:
+) -> Tensor:
     """A decoding loop, batched like a student's: with its defaults the right one, with an
     argument changed a typical wrong one."""
     pad_id = model.config.pad_id if fill is None else fill
@@ -843,12 +810,7 @@ def greedy_mistakes(
     }
     if model.config.pad_id != 0:
         variants["Fill finished sentences with model.config.pad_id, not with 0."] = {"fill": 0}
-    out = {}
-    for hint, kw in variants.items():
-        value = _greedy_variant(*args, **kw)
-        if value is not None:
-            out[hint] = value
-    return out
+    return {hint: _greedy_variant(*args, **kw) for hint, kw in variants.items()}
 
 
 def _scripted_example(
@@ -905,6 +867,14 @@ def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab06`, keyed by the call."""
     shifts = [(torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]]), 1), (torch.tensor([[9, 3, 2]]), 4)]
     out = SHIFT.fixtures("check_shift_right", shifts)
+    g = generator(606)
+    x, memory = torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g)
+    memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    memory_mask[1, ..., 4:] = False  # the second source has 4 real tokens
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]  # (1, 1, T, T)
+    layer = (16, 4, 32), _weights(16, 4, 32, 6)
+    blocks = [(*layer, x, memory, *masks) for masks in ((None, None), (causal, memory_mask))]
+    out |= BLOCK.fixtures("check_decoder_block", blocks)
     g = generator(6006)
     losses = []
     for pad_id, rows in (
