@@ -654,25 +654,21 @@ class Projections(nn.Module):
                 p.fill_(float("nan"))
 
 
-#: ``out_proj`` entries of :func:`numbered_torch_mha` start at this value.
-OUT_BASE = 500.0
-
-
 @torch.no_grad()
 def numbered_torch_mha(d_model: int, n_heads: int, bias: bool) -> nn.MultiheadAttention:
     """A ``torch.nn.MultiheadAttention`` whose entries say where they sit.
 
     ``in_proj_weight[r, c] = (r + 1) + (c + 1) / 1000``, ``in_proj_bias[r] = -(r + 1)``;
-    ``out_proj`` the same plus :data:`OUT_BASE`. A copied entry names its source row and column.
+    ``out_proj`` the same plus 500. A copied entry names its source row and column.
     """
     theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
     rows = torch.arange(3 * d_model, dtype=torch.float32)[:, None] + 1
     cols = torch.arange(d_model, dtype=torch.float32)[None, :] + 1
     theirs.in_proj_weight.copy_(rows + cols / 1000)
-    theirs.out_proj.weight.copy_(OUT_BASE + rows[:d_model] + cols / 1000)
+    theirs.out_proj.weight.copy_(500 + rows[:d_model] + cols / 1000)
     if bias:
         theirs.in_proj_bias.copy_(-rows[:, 0])
-        theirs.out_proj.bias.copy_(-(OUT_BASE + rows[:d_model, 0]))
+        theirs.out_proj.bias.copy_(-(500 + rows[:d_model, 0]))
     return theirs.eval()
 
 
