@@ -100,22 +100,6 @@ def _linear(x: Tensor, p: Params, name: str) -> Tensor:
     return x @ w.T if b is None else x @ w.T + b
 
 
-#: How each ``mask_mode`` of :func:`oracle_multi_head_attention` misuses the mask: the mask as
-#: applied (:func:`~transformer_lab.grading.hidden._attention.mask_as_used`) and the softmax's
-#: fill (:func:`~transformer_lab.grading.hidden._attention.masked_weights`).
-_MASK_MODES: dict[str, tuple[str, str]] = {
-    "right": ("right", "zero"),
-    "ignored": ("ignored", "zero"),
-    "inverted": ("inverted", "zero"),
-    "unsqueezed": ("unsqueezed", "zero"),
-    "after_softmax": ("right", "after"),
-    "neg_inf": ("right", "nan"),
-    "uniform": ("right", "uniform"),
-    "first_head": ("first_head", "zero"),
-    "repeated": ("repeated", "zero"),
-}
-
-
 def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | None:
     """:func:`~transformer_lab.grading.hidden._attention.mask_as_used`, and two misuses of the
     head axis: a 4-axis mask cut to its first head (``"first_head"``), or one mask per example
@@ -144,7 +128,8 @@ def oracle_multi_head_attention(
     split: str = "right",
     merge: str = "right",
     inputs: str = "right",
-    mask_mode: str = "right",
+    use: str = "right",
+    fill: str = "zero",
 ) -> tuple[Tensor, Tensor] | None:
     """Multi-head attention in float64; every option but the default is a mistake.
 
@@ -158,7 +143,11 @@ def oracle_multi_head_attention(
         split: ``"right"``, ``"no_transpose"`` (``reshape(B, H, T, Dh)``) or ``"interleaved"``.
         merge: ``"right"`` or ``"no_transpose"`` (``reshape(B, T, D)``).
         inputs: ``"right"``, ``"kv_swapped"``, ``"values_from_key"``, ``"keys_from_value"``.
-        mask_mode: ``"right"`` or a key of :data:`_MASK_MODES`.
+        use: how the mask is applied: ``"right"``, one of
+            :data:`~transformer_lab.grading.hidden._attention.MASK_USES`, ``"first_head"``
+            or ``"repeated"`` (:func:`_mask_as`).
+        fill: the softmax's fill of blocked keys (``"zero"``, or a mistake of
+            :func:`~transformer_lab.grading.hidden._attention.masked_weights`).
 
     Returns:
         ``(out (B, T, D), weights (B, H, T, S))``, or None when the variant cannot run here.
@@ -176,7 +165,6 @@ def oracle_multi_head_attention(
         heads_split_as(_linear(x, p, name), n_heads, split)  # (B, H, N, Dh)
         for x, name in ((query, "q_proj"), (key, "k_proj"), (value, "v_proj"))
     )
-    use, fill = _MASK_MODES[mask_mode]
     allowed = _mask_as(mask, (B, n_heads, T, S), use)
     if allowed is None:
         return None
@@ -256,14 +244,14 @@ _VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("keys_from_value", {"inputs": "keys_from_value"}),
 )
 _MASK_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("mask_ignored", {"mask_mode": "ignored"}),
-    ("mask_inverted", {"mask_mode": "inverted"}),
-    ("mask_after_softmax", {"mask_mode": "after_softmax"}),
-    ("mask_neg_inf", {"mask_mode": "neg_inf"}),
-    ("mask_uniform", {"mask_mode": "uniform"}),
-    ("mask_unsqueezed", {"mask_mode": "unsqueezed"}),
-    ("mask_first_head", {"mask_mode": "first_head"}),
-    ("mask_repeated", {"mask_mode": "repeated"}),
+    ("mask_ignored", {"use": "ignored"}),
+    ("mask_inverted", {"use": "inverted"}),
+    ("mask_after_softmax", {"fill": "after"}),
+    ("mask_neg_inf", {"fill": "nan"}),
+    ("mask_uniform", {"fill": "uniform"}),
+    ("mask_unsqueezed", {"use": "unsqueezed"}),
+    ("mask_first_head", {"use": "first_head"}),
+    ("mask_repeated", {"use": "repeated"}),
 )
 
 
@@ -275,16 +263,13 @@ def mha_mistakes(
     n_heads: int,
     mask: Tensor | None = None,
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Hint -> ``(out, weights)`` of every typical mistake that differs from the right answer."""
+    """Hint -> ``(out, weights)`` of every typical mistake that differs from the right answer
+    (in self-attention, keys and values from the wrong input do not)."""
     want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
     assert want is not None
     variants = _VARIANTS + (_MASK_VARIANTS if mask is not None else ())
     out: dict[str, tuple[Tensor, Tensor]] = {}
     for name, options in variants:
-        if name in ("kv_swapped", "values_from_key", "keys_from_value") and (
-            key.shape != value.shape or torch.equal(key, value)
-        ):
-            continue
         got = oracle_multi_head_attention(p, query, key, value, n_heads, mask, **options)
         if got is None:
             continue
