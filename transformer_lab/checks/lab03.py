@@ -613,7 +613,7 @@ def check_multi_head_attention(cls: Callable[..., Any]) -> None:
     module, args = judge_example(cls, 8, 2)
     expect_train_like_eval(module, args, 2, "MultiHeadAttention(8, 2)")
     module, (query, key, value, _) = judge_example(cls, 12, 4, bias=False)
-    expect_gradients(module.train(), query, key, value, 4, "MultiHeadAttention(12, 4)")
+    expect_gradients(module.train(), query, key, value, 4, "MultiHeadAttention(12, 4, bias=False)")
 
 
 def check_multi_head_attention_divisible(cls: Callable[..., Any]) -> None:
