@@ -1,20 +1,14 @@
 """Hidden checks of lab 03 (multi-head attention), their oracles and the visible checks' fixtures.
 
-The oracles cut and join the heads with explicit slices and concatenations, in float64
-(:func:`oracle_split_heads`, :func:`oracle_merge_heads`, :func:`oracle_multi_head_attention`, on
-the shared :mod:`~transformer_lab.grading.hidden._attention`),
-deliberately unlike the reshape-and-transpose a solution uses and independent of
-:mod:`transformer_lab.attention`. Every variation of the MHA oracle is a typical mistake
-(:func:`mha_mistakes`): heads cut without the transpose, merged without it, no output
-projection, scores divided by ``sqrt(d_model)`` or not at all, keys and values from the wrong
-input, the mask ignored, inverted, applied after the softmax, given an extra axis, filled with
-``-inf`` (NaN rows) or leaving empty rows uniform. The hidden checks draw seeded sizes, weights,
-inputs (keys different from values, ``T != S``) and masks built so that the blocked keys have
-the largest raw scores, in training and eval mode, in float32, float16 and bfloat16. The
-hidden checks of ``split_heads`` and ``merge_heads`` are generated (:data:`SPLIT`,
-:data:`MERGE`: :class:`~transformer_lab.checks._generated.Oracle`).
-
-:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab03.json``).
+The oracles cut and join the heads with explicit slices, in float64, on the shared
+:mod:`~transformer_lab.grading.hidden._attention`: unlike the reshape-and-transpose a solution
+uses, and independent of :mod:`transformer_lab.attention`. Every option of
+:func:`oracle_multi_head_attention` but the default is a typical mistake (:func:`mha_mistakes`).
+The hidden checks draw seeded sizes, weights, inputs (keys different from values, ``T != S``)
+and masks that block the keys with the largest raw scores, in training and eval mode, in
+float32, float16 and bfloat16; those of ``split_heads`` and ``merge_heads`` are generated
+(:data:`SPLIT`, :data:`MERGE`). :func:`fixtures` computes the visible checks' worked examples
+(``checks/fixtures/lab03.json``).
 
 Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2; Prince,
 *Understanding Deep Learning*, section 12.3.3.
@@ -23,7 +17,7 @@ Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -60,8 +54,6 @@ from transformer_lab.grading.hidden._attention import (
 )
 
 __all__ = [
-    "MERGE",
-    "SPLIT",
     "fixtures",
     "hidden_check_load_torch_weights",
     "hidden_check_merge_heads",
@@ -69,11 +61,6 @@ __all__ = [
     "hidden_check_multi_head_attention_dtypes",
     "hidden_check_multi_head_attention_mask",
     "hidden_check_split_heads",
-    "mha_mistakes",
-    "oracle_loaded",
-    "oracle_merge_heads",
-    "oracle_multi_head_attention",
-    "oracle_split_heads",
 ]
 
 Params = dict[str, Tensor | None]
@@ -113,18 +100,19 @@ def _linear(x: Tensor, p: Params, name: str) -> Tensor:
     return x @ w.T if b is None else x @ w.T + b
 
 
-#: How each ``mask_mode`` of :func:`oracle_multi_head_attention` misuses the mask: the mask as
-#: applied (:func:`~transformer_lab.grading.hidden._attention.mask_as_used`) and the softmax's
-#: fill (:func:`~transformer_lab.grading.hidden._attention.masked_weights`).
-_MASK_MODES: dict[str, tuple[str, str]] = {
-    "right": ("right", "zero"),
-    "ignored": ("ignored", "zero"),
-    "inverted": ("inverted", "zero"),
-    "unsqueezed": ("unsqueezed", "zero"),
-    "after_softmax": ("right", "after"),
-    "neg_inf": ("right", "nan"),
-    "uniform": ("right", "uniform"),
-}
+def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | None:
+    """:func:`~transformer_lab.grading.hidden._attention.mask_as_used`, and two misuses of the
+    head axis: a 4-axis mask cut to its first head (``"first_head"``), or one mask per example
+    repeated head-major (``h*B + b``) for heads flattened batch-major (``b*H + h``,
+    ``"repeated"``)."""
+    if use not in ("first_head", "repeated"):
+        return mask_as_used(mask, shape, use)
+    assert mask is not None
+    if use == "first_head":
+        return mask_as_used(mask[:, :1] if mask.dim() == 4 else mask, shape)
+    B, H = shape[:2]
+    example = (torch.arange(B)[:, None] * H + torch.arange(H)) % B  # (B, H): whose mask
+    return mask_as_used(mask, shape)[example, 0]  # (B, H, T, S)
 
 
 def oracle_multi_head_attention(
@@ -140,7 +128,8 @@ def oracle_multi_head_attention(
     split: str = "right",
     merge: str = "right",
     inputs: str = "right",
-    mask_mode: str = "right",
+    use: str = "right",
+    fill: str = "zero",
 ) -> tuple[Tensor, Tensor] | None:
     """Multi-head attention in float64; every option but the default is a mistake.
 
@@ -154,8 +143,11 @@ def oracle_multi_head_attention(
         split: ``"right"``, ``"no_transpose"`` (``reshape(B, H, T, Dh)``) or ``"interleaved"``.
         merge: ``"right"`` or ``"no_transpose"`` (``reshape(B, T, D)``).
         inputs: ``"right"``, ``"kv_swapped"``, ``"values_from_key"``, ``"keys_from_value"``.
-        mask_mode: ``"right"``, ``"ignored"``, ``"inverted"``, ``"after_softmax"``,
-            ``"neg_inf"``, ``"uniform"``, ``"unsqueezed"``.
+        use: how the mask is applied: ``"right"``, one of
+            :data:`~transformer_lab.grading.hidden._attention.MASK_USES`, ``"first_head"``
+            or ``"repeated"`` (:func:`_mask_as`).
+        fill: the softmax's fill of blocked keys (``"zero"``, or a mistake of
+            :func:`~transformer_lab.grading.hidden._attention.masked_weights`).
 
     Returns:
         ``(out (B, T, D), weights (B, H, T, S))``, or None when the variant cannot run here.
@@ -173,8 +165,7 @@ def oracle_multi_head_attention(
         heads_split_as(_linear(x, p, name), n_heads, split)  # (B, H, N, Dh)
         for x, name in ((query, "q_proj"), (key, "k_proj"), (value, "v_proj"))
     )
-    use, fill = _MASK_MODES[mask_mode]
-    allowed = mask_as_used(mask, (B, n_heads, T, S), use)
+    allowed = _mask_as(mask, (B, n_heads, T, S), use)
     if allowed is None:
         return None
     dh = D // n_heads
@@ -188,17 +179,9 @@ def oracle_multi_head_attention(
 
 
 def scores_of(p: Params, query: Tensor, key: Tensor, n_heads: int) -> Tensor:
-    """Raw scaled scores ``(B, H, T, S)`` of the oracle (to build masks that block the top key)."""
-    q = _linear(query.detach().double().cpu(), p, "q_proj")
-    k = _linear(key.detach().double().cpu(), p, "k_proj")
-    dh = q.shape[-1] // n_heads
-    return torch.stack(
-        [
-            q[..., h * dh : (h + 1) * dh] @ k[..., h * dh : (h + 1) * dh].transpose(1, 2)
-            for h in range(n_heads)
-        ],
-        dim=1,
-    ) / math.sqrt(dh)
+    """The oracle's weights ``(B, H, T, S)`` without a mask: they rank each row's keys as the
+    raw scores do (to build masks that block the top key)."""
+    return oracle_multi_head_attention(p, query, key, key, n_heads)[1]
 
 
 def blocking_mask(
@@ -261,12 +244,14 @@ _VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("keys_from_value", {"inputs": "keys_from_value"}),
 )
 _MASK_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("mask_ignored", {"mask_mode": "ignored"}),
-    ("mask_inverted", {"mask_mode": "inverted"}),
-    ("mask_after_softmax", {"mask_mode": "after_softmax"}),
-    ("mask_neg_inf", {"mask_mode": "neg_inf"}),
-    ("mask_uniform", {"mask_mode": "uniform"}),
-    ("mask_unsqueezed", {"mask_mode": "unsqueezed"}),
+    ("mask_ignored", {"use": "ignored"}),
+    ("mask_inverted", {"use": "inverted"}),
+    ("mask_after_softmax", {"fill": "after"}),
+    ("mask_neg_inf", {"fill": "nan"}),
+    ("mask_uniform", {"fill": "uniform"}),
+    ("mask_unsqueezed", {"use": "unsqueezed"}),
+    ("mask_first_head", {"use": "first_head"}),
+    ("mask_repeated", {"use": "repeated"}),
 )
 
 
@@ -278,16 +263,13 @@ def mha_mistakes(
     n_heads: int,
     mask: Tensor | None = None,
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Hint -> ``(out, weights)`` of every typical mistake that differs from the right answer."""
+    """Hint -> ``(out, weights)`` of every typical mistake that differs from the right answer
+    (in self-attention, keys and values from the wrong input do not)."""
     want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
     assert want is not None
     variants = _VARIANTS + (_MASK_VARIANTS if mask is not None else ())
     out: dict[str, tuple[Tensor, Tensor]] = {}
     for name, options in variants:
-        if name in ("kv_swapped", "values_from_key", "keys_from_value") and (
-            key.shape != value.shape or torch.equal(key, value)
-        ):
-            continue
         got = oracle_multi_head_attention(p, query, key, value, n_heads, mask, **options)
         if got is None:
             continue
@@ -299,24 +281,30 @@ def mha_mistakes(
 
 
 def oracle_loaded(theirs: nn.MultiheadAttention) -> dict[str, Tensor]:
-    """What ``ours``' projections hold after loading ``theirs`` (float64), row block by block."""
-    D = theirs.embed_dim
-    w = theirs.in_proj_weight.detach().double()
-    out = {
-        "q_proj.weight": w[0:D],
-        "k_proj.weight": w[D : 2 * D],
-        "v_proj.weight": w[2 * D : 3 * D],
-        "out_proj.weight": theirs.out_proj.weight.detach().double(),
-    }
-    if theirs.in_proj_bias is not None:
-        b = theirs.in_proj_bias.detach().double()
-        out |= {
-            "q_proj.bias": b[0:D],
-            "k_proj.bias": b[D : 2 * D],
-            "v_proj.bias": b[2 * D : 3 * D],
-            "out_proj.bias": theirs.out_proj.bias.detach().double(),
-        }
+    """What ``ours``' projections hold after loading ``theirs`` (float64), weights first: the
+    query, key and value row blocks of ``in_proj_weight`` (``in_proj_bias``), then
+    ``out_proj``'s."""
+    out: dict[str, Tensor] = {}
+    for a in ("weight", "bias"):
+        stacked = getattr(theirs, f"in_proj_{a}")
+        if stacked is None:
+            break
+        blocks = (*stacked.chunk(3), getattr(theirs.out_proj, a))
+        out |= {f"{n}.{a}": t.detach().double() for n, t in zip(PROJECTIONS, blocks, strict=True)}
     return out
+
+
+def loaded_mistakes(theirs: nn.MultiheadAttention) -> dict[str, dict[str, Tensor]]:
+    """Hint -> what a typical wrong loader leaves in each projection (:func:`oracle_loaded`'s
+    names): the query and key blocks swapped, the weights transposed."""
+    want = oracle_loaded(theirs)
+    pairs = (("q_proj", "k_proj"), ("k_proj", "q_proj"))
+    swapped = {k.replace(a, b): want[k] for a, b in pairs for k in want if k.startswith(a)}
+    transposed = {f"{name}.weight": want[f"{name}.weight"].T for name in PROJECTIONS}
+    return {
+        HINTS["load_wrong_order"]: want | swapped,
+        HINTS["load_transposed"]: want | transposed,
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -350,10 +338,9 @@ def _expect_mha(
     tolerance = TOLERANCE[query.dtype]
     module.eval()
     got = call_mha(module, query, key, value, mask, n_heads, what)
-    judge_mha(got, want, mistakes, what, mask, tolerance)
+    judge_mha(got, want, mistakes, what, tolerance)
     if train_too:
-        got = expect_train_like_eval(module, (query, key, value, mask), n_heads, what)
-        judge_mha(got, want, mistakes, f"{what} in training mode", mask, tolerance)
+        expect_train_like_eval(module, (query, key, value, mask), n_heads, what)
 
 
 # --------------------------------------------------------------------------------------
@@ -504,11 +491,10 @@ def hidden_check_load_torch_weights(
         numbered = numbered_torch_mha(D, H, bias)
         holder = Projections(D, H, bias=bias)
         originals = watch_parameters(holder)
-        optimizer = torch.optim.Adam(holder.parameters(), lr=0.1)
         what = f"load_torch_weights(ours, theirs) with d_model={D}, n_heads={H}, bias={bias}"
         load_call(fn, holder, numbered, what)
-        judge_loaded(holder, numbered, oracle_loaded(numbered), what)
-        expect_copied_in_place(holder, numbered, originals, optimizer, what)
+        judge_loaded(holder, oracle_loaded(numbered), loaded_mistakes(numbered), what)
+        expect_copied_in_place(holder, numbered, originals, what)
     # End to end: the student's module, loaded, computes what torch's module computes.
     D, H = 12, 3
     theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
@@ -516,7 +502,6 @@ def hidden_check_load_torch_weights(
     what = f"load_torch_weights(MultiHeadAttention({D}, {H}), theirs)"
     module = instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
     before = watch_parameters(module)
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     load_call(fn, module, theirs, what)
     query = torch.randn(2, 4, D, generator=g)
     key, value = torch.randn(2, 6, D, generator=g), torch.randn(2, 6, D, generator=g)
@@ -528,8 +513,8 @@ def hidden_check_load_torch_weights(
     got = call_mha(module.eval(), query, key, value, mask, H, call)
     p = params_of(module)
     want = (ref_out.double(), ref_w.double())
-    judge_mha(got, want, mha_mistakes(p, query, key, value, H, mask), call, mask)
-    expect_copied_in_place(module, theirs, before, optimizer, what)
+    judge_mha(got, want, mha_mistakes(p, query, key, value, H, mask), call)
+    expect_copied_in_place(module, theirs, before, what)
 
 
 # --------------------------------------------------------------------------------------
@@ -542,34 +527,42 @@ def _grid(shape: Sequence[int], g: torch.Generator, steps: int) -> Tensor:
     return torch.randint(-steps, steps + 1, tuple(shape), generator=g).double() / steps
 
 
-def _example(seed: int) -> tuple[Params, Tensor, Tensor, Tensor]:
-    """The stored example's projections ``(8, 8)`` and inputs: 2 examples, 3 queries, 6 keys."""
+def _example(
+    seed: int, d_model: int = 8, sizes: Sequence[int] = (2, 3, 6), bias: bool = True
+) -> tuple[Params, Tensor, Tensor, Tensor]:
+    """A stored example's projections ``(D, D)`` (biases when ``bias``) and inputs: ``sizes``
+    is (examples, queries, keys)."""
     g = generator(seed)
-    D = 8
     p: Params = {}
     for name in PROJECTIONS:
-        p[f"{name}.weight"] = _grid((D, D), g, 32)
-        p[f"{name}.bias"] = _grid((D,), g, 32)
-    query, key, value = (_grid((2, n, D), g, 16) for n in (3, 6, 6))
+        p[f"{name}.weight"] = _grid((d_model, d_model), g, 32)
+        p[f"{name}.bias"] = _grid((d_model,), g, 32) if bias else None
+    B, T, S = sizes
+    query, key, value = (_grid((B, n, d_model), g, 16) for n in (T, S, S))
     return p, query, key, value
 
 
 def _mha_entries(
-    out: dict[str, dict[str, Any]],
     key: str,
-    p: Params,
-    query: Tensor,
-    keys: Tensor,
-    value: Tensor,
-    mask: Tensor | None,
-) -> None:
-    want = oracle_multi_head_attention(p, query, keys, value, 2, mask)
-    assert want is not None
-    mistakes = mha_mistakes(p, query, keys, value, 2, mask)
-    out[f"{key}: out"] = fixture_entry(want[0], {h: m[0] for h, m in mistakes.items()})
-    out[f"{key}: weights"] = fixture_entry(want[1], {h: m[1] for h, m in mistakes.items()})
-    if mask is not None:
-        out[f"{key}: mask"] = fixture_entry(mask.double())
+    example: tuple[Params, Tensor, Tensor, Tensor],
+    n_heads: int,
+    masks: Mapping[str, Tensor | None],
+) -> dict[str, dict[str, Any]]:
+    """The entries of the stored example ``"<key>"``: its inputs and projections, and for each
+    mask (``""``: none; else ``" with <label>"``) the expected pair and the mistakes' pairs."""
+    p, query, keys, value = example
+    tensors = {"query": query, "key": keys, "value": value, **p}
+    out = {f"{key}: {name}": fixture_entry(t) for name, t in tensors.items() if t is not None}
+    for label, mask in masks.items():
+        want = oracle_multi_head_attention(p, query, keys, value, n_heads, mask)
+        assert want is not None
+        mistakes = mha_mistakes(p, query, keys, value, n_heads, mask)
+        name = f"{key}{label}"
+        out[f"{name}: out"] = fixture_entry(want[0], {h: m[0] for h, m in mistakes.items()})
+        out[f"{name}: weights"] = fixture_entry(want[1], {h: m[1] for h, m in mistakes.items()})
+        if mask is not None:
+            out[f"{name}: mask"] = fixture_entry(mask.double())
+    return out
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
@@ -579,28 +572,33 @@ def fixtures() -> dict[str, dict[str, Any]]:
     x = numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
     heads = oracle_split_heads(numbered(2, 3, 8), 2)  # merged back into the numbered input
     out |= MERGE.fixtures("check_merge_heads", [(x, False), (x, True), (heads, False)])
-    # The attention example: seeds are tried in order until the key mask leaves every
-    # example at least three of its six keys (it blocks every row's top key).
-    seed = 3030
-    while True:
-        p, query, keys, value = _example(seed)
-        scores = scores_of(p, query, keys, 2)
-        g = generator(seed)
-        key_mask = blocking_mask(scores, (2, 1, 1, 6), g, extra=0.0)
-        if int(key_mask.sum(-1).min()) >= 3:
-            break
-        seed += 1
+    # The attention example: its key mask (it blocks every row's top key) leaves every example
+    # at least three of its six keys.
+    p, query, keys, value = _example(3030)
+    scores = scores_of(p, query, keys, 2)
+    g = generator(3030)
+    key_mask = blocking_mask(scores, (2, 1, 1, 6), g, extra=0.0)
+    assert int(key_mask.sum(-1).min()) >= 3
     head_mask = blocking_mask(scores, (2, 2, 3, 6), g, extra=0.25)
     head_mask[1, 0, 1] = False  # one query of one head may attend to nothing
-    name = "MultiHeadAttention(8, 2) example"
-    for tensor_name, t in (("query", query), ("key", keys), ("value", value), *p.items()):
-        assert t is not None
-        out[f"{name}: {tensor_name}"] = fixture_entry(t)
-    _mha_entries(out, name, p, query, keys, value, None)
-    _mha_entries(out, f"{name} with a (B, 1, 1, S) key mask", p, query, keys, value, key_mask)
-    _mha_entries(
-        out, f"{name} with a (B, H, T, S) mask with an empty row", p, query, keys, value, head_mask
+    masks = {
+        "": None,
+        " with a (B, 1, 1, S) key mask": key_mask,
+        " with a (B, H, T, S) mask with an empty row": head_mask,
+    }
+    out |= _mha_entries("MultiHeadAttention(8, 2) example", (p, query, keys, value), 2, masks)
+    # No bias, 4 heads; and a (T, S) mask with as many queries as heads (T == H == 4).
+    example = _example(303, 12, (2, 4, 6), bias=False)
+    out |= _mha_entries("MultiHeadAttention(12, 4, bias=False) example", example, 4, {"": None})
+    mask = torch.tensor(
+        [[1, 0, 1, 1, 0], [0, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 1, 0]], dtype=torch.bool
     )
-    for param, t in oracle_loaded(numbered_torch_mha(6, 2, True)).items():
-        out[f"load_torch_weights(d_model=6): {param}"] = fixture_entry(t)
+    example = _example(304, 8, (3, 4, 5))
+    masks = {" with a (T, S) mask": mask}
+    out |= _mha_entries("MultiHeadAttention(8, 4) example", example, 4, masks)
+    torch_mha = numbered_torch_mha(6, 2, True)
+    mistakes = loaded_mistakes(torch_mha)
+    for param, t in oracle_loaded(torch_mha).items():
+        wrong = {hint: m[param] for hint, m in mistakes.items()}
+        out[f"load_torch_weights(d_model=6): {param}"] = fixture_entry(t, wrong)
     return out
