@@ -29,6 +29,7 @@ al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._attention import HALF_FILL, dtype_name
 from transformer_lab.checks._common import (
+    STUDENT_CALL_EVENT,
     Case,
     ForbiddenCallError,
     call_forbidding,
@@ -167,8 +169,11 @@ def expect_value_error(
 ) -> None:
     """``fn(*args)`` must raise ``ValueError`` whose message contains every string in ``names``."""
     try:
-        with forbidden(BAN):
-            result = fn(*args)
+        try:
+            with forbidden(BAN):
+                result = fn(*args)
+        finally:
+            sys.audit(STUDENT_CALL_EVENT)  # the guard checks here, as after call_student
     except ValueError as exc:
         missing = [n for n in names if n not in str(exc)]
         if missing:
