@@ -65,6 +65,7 @@ from transformer_lab.judge.mirror import portable
 
 __all__ = [
     "ProbeModel",
+    "accuracy_on_fresh_data",
     "check_configure_optimizers",
     "check_encoder_block",
     "check_encoder_block_dropout",
@@ -72,6 +73,7 @@ __all__ = [
     "check_layer_norm",
     "check_trained_encoder",
     "check_training_step",
+    "held_out_batches",
     "learning_rates",
     "parse_optimizers",
 ]
@@ -375,13 +377,6 @@ ON_OUTPUT = (
 )
 
 
-def _eval_output(
-    reference: Callable[..., Tensor],
-) -> Callable[..., dict[str, Tensor]]:
-    """Mistakes of a case in training mode: the output of eval mode (``reference``, no seed)."""
-    return lambda *case: {EVAL_IN_TRAINING: reference(*case[:-1], None)}
-
-
 def _ff_dropout_mistakes(
     d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: int
 ) -> dict[str, Tensor]:
@@ -405,43 +400,6 @@ def check_feed_forward(cls: Callable[..., nn.Module]) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _norm_parts(norm: Any, name: str, d_model: int, what: str) -> None:
-    for attr in ("weight", "bias"):
-        value = getattr(norm, attr, None)
-        if not isinstance(value, Tensor):
-            raise AssertionError(
-                f"{what}.{name} has no `{attr}` tensor: use nn.LayerNorm(d_model) (it learns a "
-                "weight and a bias), or a module of yours that holds both and calls layer_norm."
-            )
-        if tuple(value.shape) != (d_model,):
-            raise AssertionError(
-                f"{what}.{name}.{attr} has shape {tuple(value.shape)}, expected ({d_model},): "
-                "the norm works over the d_model features of each token."
-            )
-
-
-def _attention_parts(attn: Any, d_model: int, what: str) -> None:
-    if isinstance(attn, nn.MultiheadAttention):
-        expect_true(
-            attn.batch_first,
-            f"{what}.self_attn is nn.MultiheadAttention without batch_first=True: the block's "
-            "input is (B, T, D).",
-        )
-        return
-    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        layer = getattr(attn, name, None)
-        if not isinstance(layer, nn.Linear) or layer.bias is None:
-            raise AssertionError(
-                f"{what}.self_attn has no nn.Linear `{name}` with a bias: build it as "
-                "MultiHeadAttention(d_model, n_heads) (the kit's, from lab 03)."
-            )
-        if (layer.in_features, layer.out_features) != (d_model, d_model):
-            raise AssertionError(
-                f"{what}.self_attn.{name} maps {layer.in_features} -> {layer.out_features} "
-                f"features, expected {d_model} -> {d_model}: MultiHeadAttention(d_model, n_heads)."
-            )
-
-
 #: norm1 and norm2 one module (``self.norm2 = self.norm1``), which the judge mirrors as such.
 SHARED_NORM = (
     "one and the same LayerNorm (an alias, as self.norm2 = self.norm1 makes): each sub-layer "
@@ -459,7 +417,8 @@ def build_block(
     dropout: float = 0.0,
 ) -> tuple[nn.Module, str]:
     """``cls(d_model, n_heads, d_ff, dropout=..., norm_first=...)`` (from a fixed seed), its
-    sub-layers checked against the attribute names of the notebook."""
+    sub-layers checked against the attribute names of the notebook (:func:`load_weights`
+    checks the rest: each weight's name and shape)."""
     what = f"EncoderBlock({d_model}, {n_heads}, {d_ff}" + (
         f", dropout={dropout:g}" if dropout else ""
     )
@@ -479,10 +438,12 @@ def build_block(
     if block.norm1 is block.norm2:
         note_mistake(SHARED_NORM)
         raise AssertionError(f"{what}.norm1 and {what}.norm2 are {SHARED_NORM}")
-    _attention_parts(block.self_attn, d_model, what)
+    expect_true(
+        getattr(block.self_attn, "batch_first", True),
+        f"{what}.self_attn is nn.MultiheadAttention without batch_first=True: the block's "
+        "input is (B, T, D).",
+    )
     ff_parts(block.ff, d_model, d_ff, f"{what}.ff")
-    _norm_parts(block.norm1, "norm1", d_model, what)
-    _norm_parts(block.norm2, "norm2", d_model, what)
     return block, what
 
 
@@ -689,7 +650,12 @@ def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
     BLOCK.judge(cls, [Given((*case, None)) for case in cases], torch_encoder_block)
     train = (11, sequence_first(cls))
     trained = [Given((*case, train)) for case in cases]
-    BLOCK.judge(cls, trained, torch_encoder_block, _eval_output(torch_encoder_block))
+    BLOCK.judge(
+        cls,
+        trained,
+        torch_encoder_block,
+        lambda *case: {EVAL_IN_TRAINING: torch_encoder_block(*case[:-1], None)},
+    )
 
 
 # --------------------------------------------------------------------------------------
