@@ -642,11 +642,8 @@ def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
     g = generator(5)
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
     mask = keep[:, None, None, :]  # (B, 1, 1, T)
-    cases = [
-        (2, 32, norm_first, 0.5, random_weights(8, 32, g, block=True, norms=False), x, mask)
-        for norm_first in (False, True)
-        for x in [torch.randn(2, 6, 8, generator=g)]
-    ]
+    w, x = random_weights(8, 32, g, block=True, norms=False), torch.randn(2, 6, 8, generator=g)
+    cases = [(2, 32, norm_first, 0.5, w, x, mask) for norm_first in (False, True)]
     BLOCK.judge(cls, [Given((*case, None)) for case in cases], torch_encoder_block)
     train = (11, sequence_first(cls))
     trained = [Given((*case, train)) for case in cases]
