@@ -148,6 +148,29 @@ def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
     return {"same": lambda got, want: close(got, want, atol=atol, rtol=rtol), "describe": describe}
 
 
+def _from_json(*case: Any) -> tuple[Any, ...]:
+    """A case stored as JSON data, back: nested lists as float32 tensors (or bool ones: masks),
+    a dict of them as weights, anything else as it is."""
+
+    def back(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: back(item) for name, item in value.items()}
+        if not isinstance(value, list):
+            return value
+        t = torch.tensor(value)
+        return t if t.dtype == torch.bool else t.float()
+
+    return tuple(back(value) for value in case)
+
+
+#: What every part here compares: float tensors (float64 when stored), at the spec's tolerance.
+_FLOATS: dict[str, Any] = {
+    "load": _from_json,
+    "output": lambda out: torch.as_tensor(out, dtype=torch.float64),
+    **values_at(SPEC.tol("float32")),
+}
+
+
 #: ``layer_norm(x, weight, bias, eps)``: a case is ``(x, weight, bias, eps)`` (stored: float32).
 LAYER_NORM = Ordinary(
     _LAB,
@@ -155,12 +178,7 @@ LAYER_NORM = Ordinary(
     what=_ln_what,
     rule="For each token: the mean and the biased variance over the last dimension "
     "(keepdim=True), then weight * (x - mean) / sqrt(var + eps) + bias.",
-    load=lambda x, weight, bias, eps: (
-        *(torch.tensor(t, dtype=torch.float32) for t in (x, weight, bias)),
-        eps,
-    ),
-    output=lambda out: torch.as_tensor(out, dtype=torch.float64),
-    **values_at(SPEC.tol("float32")),
+    **_FLOATS,
 )
 check_layer_norm = LAYER_NORM.visible(
     "check_layer_norm",
@@ -298,12 +316,6 @@ def random_weights(
     return w
 
 
-def _tensor(value: Any) -> Tensor:
-    """A stored tensor (JSON data) back: float32, or bool for a mask."""
-    t = torch.tensor(value)
-    return t if t.dtype == torch.bool else t.float()
-
-
 def _mode(train: Any) -> str:
     seed = train[0] if isinstance(train, tuple | list) else train
     return "" if train is None else f" in training mode (dropout masks drawn from seed {seed})"
@@ -340,15 +352,7 @@ FEED_FORWARD = Ordinary(
     rule="Expected linear2(relu(linear1(x))), every token on its own; in training mode one "
     "nn.Dropout on the hidden units (d_ff wide, after the ReLU, before linear2), none in eval "
     "mode.",
-    load=lambda d_ff, p, w, x, seed: (
-        d_ff,
-        p,
-        {k: _tensor(v) for k, v in w.items()},
-        _tensor(x),
-        seed,
-    ),
-    output=lambda out: torch.as_tensor(out, dtype=torch.float64),
-    **values_at(SPEC.tol("float32")),
+    **_FLOATS,
 )
 
 
@@ -564,18 +568,7 @@ BLOCK = Ordinary(
     call=_block_call,
     what=_block_what,
     rule=_form,
-    load=lambda h, d_ff, nf, p, w, x, mask, train: (
-        h,
-        d_ff,
-        nf,
-        p,
-        {k: _tensor(v) for k, v in w.items()},
-        _tensor(x),
-        None if mask is None else _tensor(mask),
-        train,
-    ),
-    output=lambda out: torch.as_tensor(out, dtype=torch.float64),
-    **values_at(SPEC.tol("float32")),
+    **_FLOATS,
 )
 
 
