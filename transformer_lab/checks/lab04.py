@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -506,51 +506,46 @@ def run_block(
     return once(seed) if training else _same_each_call(once, what)
 
 
-def _block_what(
-    n_heads: int,
-    d_ff: int,
-    norm_first: bool,
-    p: float,
-    weights: Any,
-    x: Tensor,
-    mask: Tensor | None,
-    train: tuple[int, bool] | None,
-) -> str:
-    shown = (f", dropout={p:g}" if p else "") + (", norm_first=True" if norm_first else "")
-    dtype = "" if x.dtype == torch.float32 else f" ({x.dtype})"
-    call = f"x{'' if mask is None else ', mask'}"
+class BlockCase(NamedTuple):
+    """One case of the block's checks: the arguments the student's class is judged on."""
+
+    n_heads: int
+    d_ff: int
+    norm_first: bool
+    p: float  # the block's dropout
+    w: Mapping[str, Tensor]  # weights in the kit's layout (see random_weights)
+    x: Tensor  # (B, T, D)
+    mask: Tensor | None  # (B, 1, 1, T) or (B, 1, T, T), True where a key may be attended to
+    train: tuple[int, bool] | None  # None in eval mode, else (seed, sequence_first(cls))
+
+
+def _block_what(*case: Any) -> str:
+    c = BlockCase(*case)
+    shown = (f", dropout={c.p:g}" if c.p else "") + (", norm_first=True" if c.norm_first else "")
+    dtype = "" if c.x.dtype == torch.float32 else f" ({c.x.dtype})"
+    call = f"x{'' if c.mask is None else ', mask'}"
     return (
-        f"EncoderBlock({x.shape[-1]}, {n_heads}, {d_ff}{shown})({call}) on x of shape "
-        f"{tuple(x.shape)}{dtype}{_mode(train)}"
+        f"EncoderBlock({c.x.shape[-1]}, {c.n_heads}, {c.d_ff}{shown})({call}) on x of shape "
+        f"{tuple(c.x.shape)}{dtype}{_mode(c.train)}"
     )
 
 
-def _block_call(
-    cls: Callable[..., Any],
-    n_heads: int,
-    d_ff: int,
-    norm_first: bool,
-    p: float,
-    weights: Any,
-    x: Tensor,
-    mask: Tensor | None,
-    train: tuple[int, bool] | None,
-) -> Tensor:
+def _block_call(cls: Callable[..., Any], *case: Any) -> Tensor:
     """The student's block built for the case, the case's weights loaded, run on ``x`` (in
     training mode with dropout drawn from ``train[0]``, or in eval mode)."""
-    block, what = build_block(cls, x.shape[-1], n_heads, d_ff, norm_first=norm_first, dropout=p)
-    load_weights(block, weights, what)
-    if x.dtype == torch.float64:
+    c = BlockCase(*case)
+    d = c.x.shape[-1]
+    block, what = build_block(cls, d, c.n_heads, c.d_ff, norm_first=c.norm_first, dropout=c.p)
+    load_weights(block, c.w, what)
+    if c.x.dtype == torch.float64:
         block.double()
-    seed = None if train is None else train[0]
-    got = run_block(block, x, mask, what, training=train is not None, seed=seed)
-    return expect_shape(
-        got, tuple(x.shape), _block_what(n_heads, d_ff, norm_first, p, weights, x, mask, train)
-    )
+    seed = None if c.train is None else c.train[0]
+    got = run_block(block, c.x, c.mask, what, training=c.train is not None, seed=seed)
+    return expect_shape(got, tuple(c.x.shape), _block_what(*case))
 
 
 def _form(case: Case[Given]) -> str:
-    if case.input.args[2]:  # norm_first
+    if BlockCase(*case.input.args).norm_first:
         return (
             "Expected pre-norm: x = x + self_attn(norm1(x)), then x = x + ff(norm2(x)) (each "
             "sub-layer reads a normalised copy; the residual path itself is never normalised)."
@@ -560,9 +555,7 @@ def _form(case: Case[Given]) -> str:
     )
 
 
-#: ``EncoderBlock``: a case is ``(n_heads, d_ff, norm_first, dropout, weights, x, mask, train)``,
-#: ``mask`` ``(B, 1, 1, T)`` or ``(B, 1, T, T)`` (True at allowed keys) or ``None``, ``train``
-#: ``None`` in eval mode or ``(seed, sequence_first)`` (see :func:`sequence_first`).
+#: ``EncoderBlock``: a case is a :class:`BlockCase`.
 BLOCK = Ordinary(
     _LAB,
     call=_block_call,
@@ -577,19 +570,10 @@ def check_encoder_block(cls: Callable[..., nn.Module]) -> None:
     without a padding mask), then pre-norm, each form diagnosed on its own."""
     examples = BLOCK.examples("check_encoder_block")
     for norm_first in (False, True):
-        BLOCK.judge(cls, [given for given in examples if given.args[2] == norm_first])
+        BLOCK.judge(cls, [e for e in examples if BlockCase(*e.args).norm_first == norm_first])
 
 
-def torch_encoder_block(
-    n_heads: int,
-    d_ff: int,
-    norm_first: bool,
-    p: float,
-    w: Mapping[str, Tensor],
-    x: Tensor,
-    mask: Tensor | None,
-    train: tuple[int, bool] | None,
-) -> Tensor:
+def torch_encoder_block(*case: Any) -> Tensor:
     """``nn.TransformerEncoderLayer``'s computation on a case, in PyTorch's ops.
 
     Post-norm: ``x = norm1(x + dropout(attn(x))); x = norm2(x + dropout(ff(x)))``; pre-norm:
@@ -597,6 +581,7 @@ def torch_encoder_block(
     units too. In training mode the three masks are drawn from ``train[0]`` in the order torch's
     layer draws them (attention output, hidden units, output).
     """
+    n_heads, _, norm_first, p, w, x, mask, train = BlockCase(*case)
     seed, seq_first = (None, False) if train is None else train
     B, T, D = x.shape
 

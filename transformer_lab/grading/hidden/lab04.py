@@ -330,18 +330,10 @@ class _Pieces:
         return self.norm(2, x + d2 * self.feed_forward(x, hidden))
 
 
-def oracle_encoder_block(
-    n_heads: int,
-    d_ff: int,
-    norm_first: bool,
-    p: float,
-    w: Mapping[str, Tensor],
-    x: Tensor,
-    mask: Tensor | None,
-    train: tuple[int, bool] | None,
-) -> Tensor:
+def oracle_encoder_block(*case: Any) -> Tensor:
     """The block in float64; in training mode the three dropout masks (attention output,
     hidden units, feed-forward output) are drawn from ``train[0]`` in torch's layer's order."""
+    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
     drops: Any = (1.0, None, 1.0)
     if train is not None:
         B, T, D = x.shape
@@ -387,18 +379,10 @@ def _dropout_mistakes(
     }
 
 
-def encoder_block_mistakes(
-    n_heads: int,
-    d_ff: int,
-    norm_first: bool,
-    p: float,
-    w: Mapping[str, Tensor],
-    x: Tensor,
-    mask: Tensor | None,
-    train: tuple[int, bool] | None,
-) -> dict[str, Tensor]:
+def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong block returns (float64): in eval mode a wrong block, in
     training mode a misplaced dropout."""
+    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
     o = _Pieces(w, n_heads)
     if train is not None:
         return _dropout_mistakes(o, d_ff, norm_first, p, x, mask, train)
@@ -601,7 +585,7 @@ def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0
     tokens' outputs stay), a general mask of shape ``(B, 1, T, T)``; post-norm, then pre-norm."""
     cases = _mask_cases(generator(seed))
     for norm_first in (False, True):
-        BLOCK.judge(cls, [case for case in cases if case[2] == norm_first])
+        BLOCK.judge(cls, [c for c in cases if lab04.BlockCase(*c).norm_first == norm_first])
 
 
 # --------------------------------------------------------------------------------------
