@@ -205,22 +205,20 @@ def _ff64(w: Mapping[str, Tensor], x: Tensor, hidden: Tensor | None = None) -> T
     return feed_forward64(x, first, second, hidden)
 
 
-def oracle_feed_forward(
-    d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: int | None
-) -> Tensor:
-    """``relu(x W1^T + b1) W2^T + b2`` in float64; in training mode the hidden units are
-    dropped with the mask drawn from ``seed``."""
+def oracle_feed_forward(*case: Any) -> Tensor:
+    """``relu(x W1^T + b1) W2^T + b2`` in float64 on a case ``(d_ff, dropout, weights, x,
+    seed)``; in training mode the hidden units are dropped with the mask drawn from ``seed``."""
+    d_ff, p, w, x, seed = case
     if seed is None:
         return _ff64(w, x)
     (hidden,) = _dropout_masks(seed, [(*x.shape[:-1], d_ff)], p, x.dtype)
     return _ff64(w, x, hidden)
 
 
-def feed_forward_mistakes(
-    d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: int | None
-) -> dict[str, Tensor]:
+def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``FeedForward`` returns (float64): in eval mode a wrong
     network, in training mode a misplaced dropout (masks drawn from ``seed``)."""
+    d_ff, p, w, x, seed = case
     x = x.double()
     w2, b2 = w["linear2.weight"].double(), w["linear2.bias"].double()
     pre = x @ w["linear1.weight"].double().T + w["linear1.bias"].double()  # (..., F)
