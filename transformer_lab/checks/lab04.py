@@ -96,7 +96,7 @@ def _example(key: str) -> Tensor:
 
 
 @contextlib.contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
+def seeded(seed: int | None) -> Iterator[None]:
     """Run with the global CPU generator at ``seed`` (when given), then restore its state."""
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
@@ -221,7 +221,7 @@ def build_feed_forward(
 ) -> tuple[nn.Module, str]:
     """``cls(d_model, d_ff, dropout=dropout)`` (from a fixed seed), its layers checked."""
     what = f"FeedForward({d_model}, {d_ff}" + (f", dropout={dropout:g})" if dropout else ")")
-    with _seeded(0):
+    with seeded(0):
         ff = expect_module(call_student(cls, d_model, d_ff, dropout=dropout, what=what), what)
     ff_parts(ff, d_model, d_ff, what)
     return ff, what
@@ -256,7 +256,7 @@ def run_feed_forward(
     call = f"{what}(x){' in training mode' if training else ''}"
 
     def once(s: int | None) -> Any:
-        with _seeded(s), torch.no_grad():
+        with seeded(s), torch.no_grad():
             return call_forbidding(ff, (x.clone(),), {}, ban=FEED_FORWARD_BAN, what=call)
 
     return once(seed) if training else _same_each_call(once, what)
@@ -361,7 +361,7 @@ def torch_feed_forward(
 ) -> Tensor:
     """PyTorch's computation on a case: ``linear2(dropout(relu(linear1(x))))``, the mask drawn
     from ``seed`` in training mode, as ``nn.TransformerEncoderLayer`` draws it."""
-    with _seeded(seed), torch.no_grad():
+    with seeded(seed), torch.no_grad():
         hidden = F.relu(F.linear(x, w["linear1.weight"], w["linear1.bias"]))  # (..., F)
         hidden = F.dropout(hidden, p, training=seed is not None)
         return F.linear(hidden, w["linear2.weight"], w["linear2.bias"])  # (..., D)
@@ -386,7 +386,7 @@ def _ff_dropout_mistakes(
 ) -> dict[str, Tensor]:
     """What a FeedForward without dropout, or with dropout on its output, gives in training."""
     good = torch_feed_forward(d_ff, p, w, x, None)
-    with _seeded(seed):
+    with seeded(seed):
         return {EVAL_IN_TRAINING: good, ON_OUTPUT: F.dropout(good, p)}
 
 
@@ -427,7 +427,7 @@ def build_block(
         f", dropout={dropout:g}" if dropout else ""
     )
     what += ", norm_first=True)" if norm_first else ")"
-    with _seeded(0):
+    with seeded(0):
         block = call_student(
             cls, d_model, n_heads, d_ff, dropout=dropout, norm_first=norm_first, what=what
         )
@@ -500,7 +500,7 @@ def run_block(
     call = f"{what}(x{'' if mask is None else ', mask'}){' in training mode' if training else ''}"
 
     def once(s: int | None) -> Any:
-        with _no_attention_dropout(block.self_attn), _seeded(s), torch.no_grad():
+        with _no_attention_dropout(block.self_attn), seeded(s), torch.no_grad():
             return call_forbidding(block, (x.clone(),), {"mask": mask}, ban=BLOCK_BAN, what=call)
 
     return once(seed) if training else _same_each_call(once, what)
@@ -606,7 +606,7 @@ def torch_encoder_block(*case: Any) -> Tensor:
     def norm(i: int, h: Tensor) -> Tensor:
         return F.layer_norm(h, (D,), w[f"norm{i}.weight"], w[f"norm{i}.bias"])
 
-    with _seeded(seed), torch.no_grad():
+    with seeded(seed), torch.no_grad():
         if norm_first:
             x = x + attention(norm(1, x))
             return x + feed_forward(norm(2, x))
@@ -686,22 +686,34 @@ def _stored_batch() -> dict[str, Tensor]:
     }
 
 
+def training_step_check(
+    cls: Callable[..., Any],
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    expected: Tensor,
+    mistakes: Mapping[str, Tensor],
+) -> Tensor:
+    """``training_step`` of ``cls(model, ...)`` on ``batch``: the loss (``expected``, a
+    catalogued wrong loss named), its graph, what is logged (:func:`judge_training_step`,
+    shared with lab 06); returns the loss it returned."""
+    module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
+    return judge_training_step(
+        module,
+        batch,
+        ban=MODULE_BAN,
+        expected=expected,
+        mistakes=[(wrong, hint) for hint, wrong in mistakes.items()],
+        hint=LOSS_HINT,
+    )
+
+
 def check_training_step(cls: Callable[..., Any]) -> None:
     """``training_step`` on a stored batch with padding: the loss, its graph, what is logged."""
     model = _StoredTagger(
         _example("training_step logits (3, 5, 6)"),
         _example("training_step logits without padding_mask (3, 5, 6)"),
     )
-    module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
-    want, mistakes = stored(_LAB, "training_step loss")
-    judge_training_step(
-        module,
-        _stored_batch(),
-        ban=MODULE_BAN,
-        expected=want,
-        mistakes=[(wrong, hint) for hint, wrong in mistakes.items()],
-        hint=LOSS_HINT,
-    )
+    training_step_check(cls, model, _stored_batch(), *stored(_LAB, "training_step loss"))
 
 
 # --------------------------------------------------------------------------------------
@@ -763,7 +775,7 @@ def optimizers_check(
 
 def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     """AdamW with two parameter groups and the warm-up + cosine schedule, stepped per step."""
-    with _seeded(0):
+    with seeded(0):
         model = ProbeModel()
     schedule = Schedule(lr=0.01, warmup_steps=4, total_steps=12)
     want, mistakes = stored(_LAB, f"learning rates {schedule}")

@@ -29,16 +29,15 @@ from torch import Tensor, nn
 from transformer_lab.checks import lab04
 from transformer_lab.checks._common import expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
-from transformer_lab.checks._lightning import Schedule, judge_training_step
+from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
-    LOSS_HINT,
-    MODULE_BAN,
     SPEC,
     ProbeModel,
-    build_module,
     optimizers_check,
     random_weights,
+    seeded,
+    training_step_check,
     values_at,
 )
 from transformer_lab.grading.hidden import fixture_entry
@@ -640,8 +639,7 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
     for trial in range(2):
         vocab = classes = randint(5, 12, g)  # tagging tasks predict token ids
         batch_size, seq = randint(3, 6, g), randint(4, 9, g)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + trial)
+        with seeded(seed + trial):
             model = ProbeModel(vocab, randint(3, 8, g), classes)
         lengths = torch.randint(1, seq + 1, (batch_size,), generator=g)
         lengths[0] = seq
@@ -650,20 +648,11 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
         targets = torch.randint(0, classes, (batch_size, seq), generator=g)
         targets = targets.masked_fill(~keep, IGNORE_INDEX)
         batch = {"tokens": tokens, "padding_mask": keep, "targets": targets}
-        module = build_module(
-            cls, model, lr=0.003, weight_decay=0.01, warmup_steps=2, total_steps=10
-        )
         with torch.no_grad():
             logits, unmasked = model(tokens, keep), model(tokens)
+        expected = oracle_tagging_loss(logits, targets)
         mistakes = tagging_loss_mistakes(logits, unmasked, targets, tokens)
-        returned = judge_training_step(
-            module,
-            batch,
-            ban=MODULE_BAN,
-            expected=oracle_tagging_loss(logits, targets),
-            mistakes=[(t, h) for h, t in mistakes.items()],
-            hint=LOSS_HINT,
-        )
+        returned = training_step_check(cls, model, batch, expected, mistakes)
         returned.backward()  # Lightning will: the graph must reach the model's weights
         expect_true(
             model.head.weight.grad is not None,
@@ -737,8 +726,7 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
         weight_decay = round(float(0.01 + 0.2 * torch.rand(1, generator=g)), 3)
         warmup = randint(1, 6, g) if trial else randint(2, 6, g)
         schedule = Schedule(lr, warmup, warmup + randint(3, 15, g))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + trial)
+        with seeded(seed + trial):
             model = ProbeModel(randint(5, 20, g), randint(2, 8, g), randint(2, 9, g))
         expected = oracle_learning_rates(*schedule)
         optimizers_check(cls, model, schedule, weight_decay, expected, schedule_mistakes(*schedule))
