@@ -761,7 +761,10 @@ def test_reference_and_oracle_are_torchs_encoder_layer(norm_first: bool, attenti
     else:  # the student's block as the checks run it (the attention's own dropout off)
         block = Block(12, 3, 20, 0.4, norm_first, attention=attention)
         lab04.load_weights(block, w, "the block")
-        theirs = lab04.run_block(block, x, case[-1], "the block", training=True, seed=9)
+        kwargs = {"mask": case[-1]}
+        theirs = lab04.run_module(
+            block, x, kwargs, "the block", ban=lab04.BLOCK_BAN, training=True, seed=9
+        )
     train = (9, attention == "torch")
     ours = lab04.torch_encoder_block(*case, train)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

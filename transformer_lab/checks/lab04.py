@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
+    Ban,
     Case,
     call_forbidding,
     call_student,
@@ -244,20 +245,29 @@ def _same_each_call(run: Callable[[int], Any], what: str) -> Any:
     return first
 
 
-def run_feed_forward(
-    ff: nn.Module, x: Tensor, what: str, *, training: bool = False, seed: int | None = None
+def run_module(
+    module: nn.Module,
+    x: Tensor,
+    kwargs: dict[str, Any],
+    what: str,
+    *,
+    ban: Ban,
+    training: bool = False,
+    seed: int | None = None,
 ) -> Any:
-    """The student's ``ff(x)`` under the ban.
+    """The student's ``module(x, **kwargs)`` under ``ban`` (a block's attention runs without
+    its own dropout: :func:`_no_attention_dropout`).
 
     In training mode dropout draws its masks from ``seed``; in eval mode the call is made twice
     (from two seeds) and must give one output.
     """
-    ff.train(training)
-    call = f"{what}(x){' in training mode' if training else ''}"
+    module.train(training)
+    shown = "".join(f", {name}" for name, value in kwargs.items() if value is not None)
+    call = f"{what}(x{shown}){' in training mode' if training else ''}"
 
     def once(s: int | None) -> Any:
-        with seeded(s), torch.no_grad():
-            return call_forbidding(ff, (x.clone(),), {}, ban=FEED_FORWARD_BAN, what=call)
+        with _no_attention_dropout(module), seeded(s), torch.no_grad():
+            return call_forbidding(module, (x.clone(),), kwargs, ban=ban, what=call)
 
     return once(seed) if training else _same_each_call(once, what)
 
@@ -339,7 +349,8 @@ def _ff_call(
     load_weights(ff, weights, what)
     if x.dtype == torch.float64:
         ff.double()
-    got = run_feed_forward(ff, x, what, training=seed is not None, seed=seed)
+    training = seed is not None
+    got = run_module(ff, x, {}, what, ban=FEED_FORWARD_BAN, training=training, seed=seed)
     return expect_shape(got, tuple(x.shape), _ff_what(d_ff, p, weights, x, seed))
 
 
@@ -460,17 +471,21 @@ def sequence_first(cls: Callable[..., Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _no_attention_dropout(attn: nn.Module) -> Iterator[None]:
-    """Switch off dropout inside the attention module (on its weights) while a check runs.
+def _no_attention_dropout(module: nn.Module) -> Iterator[None]:
+    """Switch off dropout inside a block's attention module (on its weights) while it runs.
 
     Dropout on the attention weights is the attention module's business (lab 03); these checks
     test the block's own dropout, on each sub-layer's output and in the feed-forward network.
     """
     saved: list[tuple[Any, str, float]] = []
-    for module in attn.modules():
-        if isinstance(module, nn.Dropout):
-            saved.append((module, "p", module.p))
-            module.p = 0.0
+    attn = getattr(module, "self_attn", None)
+    if attn is None:  # a feed-forward network
+        yield
+        return
+    for sub in attn.modules():
+        if isinstance(sub, nn.Dropout):
+            saved.append((sub, "p", sub.p))
+            sub.p = 0.0
     value = getattr(attn, "dropout", None)
     if isinstance(value, float) and value != 0.0:  # (a judged module's write is a request)
         saved.append((attn, "dropout", value))
@@ -480,30 +495,6 @@ def _no_attention_dropout(attn: nn.Module) -> Iterator[None]:
     finally:
         for owner, name, old in saved:
             setattr(owner, name, old)
-
-
-def run_block(
-    block: nn.Module,
-    x: Tensor,
-    mask: Tensor | None,
-    what: str,
-    *,
-    training: bool = False,
-    seed: int | None = None,
-) -> Any:
-    """The student's ``block(x, mask=mask)`` under the ban.
-
-    In training mode dropout draws its masks from ``seed``; in eval mode the call is made twice
-    (from two seeds) and must give one output.
-    """
-    block.train(training)
-    call = f"{what}(x{'' if mask is None else ', mask'}){' in training mode' if training else ''}"
-
-    def once(s: int | None) -> Any:
-        with _no_attention_dropout(block.self_attn), seeded(s), torch.no_grad():
-            return call_forbidding(block, (x.clone(),), {"mask": mask}, ban=BLOCK_BAN, what=call)
-
-    return once(seed) if training else _same_each_call(once, what)
 
 
 class BlockCase(NamedTuple):
@@ -540,7 +531,9 @@ def _block_call(cls: Callable[..., Any], *case: Any) -> Tensor:
     if c.x.dtype == torch.float64:
         block.double()
     seed = None if c.train is None else c.train[0]
-    got = run_block(block, c.x, c.mask, what, training=c.train is not None, seed=seed)
+    training = c.train is not None
+    kwargs = {"mask": c.mask}
+    got = run_module(block, c.x, kwargs, what, ban=BLOCK_BAN, training=training, seed=seed)
     return expect_shape(got, tuple(c.x.shape), _block_what(*case))
 
 
