@@ -369,12 +369,11 @@ def test_reference_feed_forward_is_torchs_layer_in_training_mode() -> None:
     """Same seed, same dropout mask: the visible reference is nn.TransformerEncoderLayer's FF."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(8, 2, 24, dropout=0.5, batch_first=True).train()
-    ff = FeedForward(8, 24, 0.5)
-    ff.load_state_dict({k: v for k, v in layer.state_dict().items() if k.startswith("linear")})
+    w = {k: v for k, v in layer.state_dict().items() if k.startswith("linear")}
     x = torch.randn(2, 5, 8)
     torch.manual_seed(3)
     theirs = layer.linear2(layer.dropout(layer.activation(layer.linear1(x))))
-    torch.testing.assert_close(lab04.reference_feed_forward(ff, x, p=0.5, seed=3), theirs)
+    torch.testing.assert_close(lab04.torch_feed_forward(24, 0.5, w, x, 3), theirs)
 
 
 # ---------------------------------------------------------------- EncoderBlock
@@ -714,55 +713,40 @@ def test_block_hidden_checks_pass_for_every_seed(seed: int) -> None:
     hidden04.hidden_check_encoder_block_mask(Block, seed=seed)
 
 
-def _torch_layer_like(block: nn.Module, norm_first: bool, dropout: float) -> nn.Module:
-    """torch's encoder layer holding ``block``'s weights, attention dropout off."""
-    d = block.norm1.weight.shape[0]
+def _torch_layer_like(w: dict[str, Tensor], n_heads: int, norm_first: bool, p: float) -> nn.Module:
+    """torch's encoder layer holding the weights ``w`` (kit layout), attention dropout off."""
+    d, d_ff = w["norm1.weight"].shape[0], w["ff.linear1.weight"].shape[0]
     layer = nn.TransformerEncoderLayer(
-        d, block.n_heads, block.ff.linear1.out_features, dropout, batch_first=True,
-        norm_first=norm_first,
+        d, n_heads, d_ff, p, batch_first=True, norm_first=norm_first
     )  # fmt: skip
     layer.self_attn.dropout = 0.0
-    w = lab04.block_weights(block)
-    with torch.no_grad():
-        layer.self_attn.in_proj_weight.copy_(
-            torch.cat([w[f"self_attn.{n}_proj.weight"] for n in "qkv"])
-        )
-        layer.self_attn.in_proj_bias.copy_(
-            torch.cat([w[f"self_attn.{n}_proj.bias"] for n in "qkv"])
-        )
-        layer.self_attn.out_proj.weight.copy_(w["self_attn.out_proj.weight"])
-        layer.self_attn.out_proj.bias.copy_(w["self_attn.out_proj.bias"])
-        for name in ("linear1", "linear2"):
-            getattr(layer, name).weight.copy_(w[f"ff.{name}.weight"])
-            getattr(layer, name).bias.copy_(w[f"ff.{name}.bias"])
-        for name in ("norm1", "norm2"):
-            getattr(layer, name).weight.copy_(w[f"{name}.weight"])
-            getattr(layer, name).bias.copy_(w[f"{name}.bias"])
+    qkv = {
+        f"self_attn.in_proj_{kind}": torch.cat([w[f"self_attn.{n}_proj.{kind}"] for n in "qkv"])
+        for kind in ("weight", "bias")
+    }
+    layer.load_state_dict(
+        qkv
+        | {k.removeprefix("ff."): v for k, v in w.items() if "_proj." not in k or "out_proj" in k}
+    )
     return layer
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("attention", ["kit", "torch"])
 def test_reference_and_oracle_are_torchs_encoder_layer(norm_first: bool, attention: str) -> None:
-    """The visible reference (torch's functional ops) and the hidden oracle (float64, written
-    out) both reproduce nn.TransformerEncoderLayer, in eval mode and, with one seed, in
-    training mode: the dropout masks fall where torch's layer puts them."""
-    torch.manual_seed(0)
-    block = Block(12, 3, 20, 0.4, norm_first, attention=attention)
-    with torch.no_grad():
-        for norm in (block.norm1, block.norm2):
-            norm.weight.normal_(1.0, 0.5)
-            norm.bias.normal_(0.0, 0.5)
-    layer = _torch_layer_like(block, norm_first, 0.4)
+    """The visible reference (torch's ops) and the hidden oracle (float64, written out) both
+    reproduce nn.TransformerEncoderLayer, in eval mode and, with one seed, in training mode:
+    the dropout masks fall where torch's layer puts them."""
+    w = lab04.random_weights(12, 20, torch.Generator().manual_seed(0), block=True)
+    layer = _torch_layer_like(w, 3, norm_first, 0.4)
     x = torch.randn(3, 6, 12)
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]
-    mask = keep[:, None, None, :]
-    w = lab04.block_weights(block)
+    case = (3, 20, norm_first, 0.4, w, x, keep[:, None, None, :])
     with torch.no_grad():
         layer.eval()
         theirs = layer(x, src_key_padding_mask=~keep)
-    ours = lab04.reference_encoder_block(block, x, mask, n_heads=3, norm_first=norm_first)
-    oracle = hidden04.oracle_encoder_block(w, x, mask, n_heads=3, norm_first=norm_first)
+    ours = lab04.torch_encoder_block(*case, None)
+    oracle = hidden04.oracle_encoder_block(*case, None)
     real = keep  # torch's eval fast path leaves padded positions undefined (zero)
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(oracle[real], theirs[real].double(), atol=1e-5, rtol=1e-5)
@@ -775,22 +759,16 @@ def test_reference_and_oracle_are_torchs_encoder_layer(norm_first: bool, attenti
             torch.manual_seed(9)
             theirs = layer(x, src_key_padding_mask=~keep)
     else:  # the student's block as the checks run it (the attention's own dropout off)
-        theirs = lab04.run_block(block, x, mask, "the block", training=True, seed=9)
-    ours = lab04.reference_encoder_block(
-        block, x, mask, n_heads=3, norm_first=norm_first, p=0.4, seed=9
-    )
+        block = Block(12, 3, 20, 0.4, norm_first, attention=attention)
+        lab04.load_weights(block, w, "the block")
+        kwargs = {"mask": case[-1]}
+        theirs = lab04.run_module(
+            block, x, kwargs, "the block", ban=lab04.BLOCK_BAN, training=True, seed=9
+        )
+    train = (9, attention == "torch")
+    ours = lab04.torch_encoder_block(*case, train)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-    expected, _ = hidden04.encoder_block_dropout_cases(
-        w,
-        x,
-        mask,
-        n_heads=3,
-        norm_first=norm_first,
-        eps=(1e-5, 1e-5),
-        p=0.4,
-        seed=9,
-        sequence_first_attention=attention == "torch",
-    )
+    expected = hidden04.oracle_encoder_block(*case, train)
     torch.testing.assert_close(expected, theirs.double(), atol=1e-5, rtol=1e-5)
 
 
@@ -801,13 +779,13 @@ def test_oracles_agree_with_the_kit() -> None:
         hidden04.oracle_layer_norm(x, w, b), blocks.layer_norm(x.double(), w.double(), b.double())
     )
     kit = blocks.EncoderBlock(8, 2, 16, norm_first=True).eval()
+    weights = lab04.random_weights(8, 16, torch.Generator().manual_seed(1), block=True)
+    lab04.load_weights(kit, weights, "the kit's block")
     mask = (torch.arange(5)[None, :] < torch.tensor([5, 2])[:, None])[:, None, None, :]
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
         torch.testing.assert_close(
-            hidden04.oracle_encoder_block(
-                lab04.block_weights(kit), x, mask, n_heads=2, norm_first=True
-            ),
+            hidden04.oracle_encoder_block(2, 16, True, 0.0, weights, x, mask, None),
             kit(x, mask).double(),
             atol=1e-5,
             rtol=1e-5,
@@ -819,9 +797,10 @@ def test_masked_keys_out_score_the_real_ones_in_the_mask_check() -> None:
     ignored, inverted or applied after the softmax changes the output completely."""
     g = torch.Generator().manual_seed(0)
     for norm_first in (False, True):
-        block = Block(8, 2, 16, norm_first=norm_first)
         keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 1])[:, None]
-        x = hidden04._outscoring_case(block, g, keep, n_heads=2, norm_first=norm_first)
+        w, x = hidden04.outscoring_case(g, 2, 16, keep, norm_first=norm_first)
+        block = Block(x.shape[-1], 2, 16, norm_first=norm_first)
+        lab04.load_weights(block, w, "the block")
         with torch.no_grad():
             h = block.norm1(x) if norm_first else x
             _, weights = block.self_attn(h, h, h)  # no mask: the padded keys take the weight

@@ -2,27 +2,20 @@
 student's LightningModule, TaggingModule (its ``training_step`` and ``configure_optimizers``).
 
 The notebook's visible test cells call the ``check_*`` functions here. No oracle lives in this
-module. A check knows what to expect in one of two ways:
-
-* **stored worked examples** (``fixtures/lab04.json``, written by ``labs build`` from the hidden
-  checks): fixed inputs and weights, the expected output and what each typical mistake returns
-  (a variance divided by ``D - 1``, ``eps`` outside the square root, a block without residuals or
-  with its norms swapped, a loss averaged over padding, a schedule without warm-up...), so a
-  wrong answer is named;
-* **PyTorch's own functions applied to the student's own weights** (the ``reference_*``
-  helpers): ``F.layer_norm``; ``F.linear`` and ``F.relu`` for the feed-forward network; and for
-  the block ``F.multi_head_attention_forward(..., use_separate_proj_weight=True)`` on the
-  student's projections, ``F.layer_norm`` on its norms, in the layout and order of
-  ``nn.TransformerEncoderLayer``. In training mode they draw their dropout masks with
-  ``F.dropout`` from the same seed, in the order ``nn.TransformerEncoderLayer`` applies them
-  (attention output, feed-forward hidden layer, feed-forward output), so a dropout in another
-  place gives another output.
+module. Each part is declared once (an :class:`~transformer_lab.checks._generated.Ordinary`):
+its visible check runs the student's answer on stored worked examples (``fixtures/lab04.json``,
+written by ``labs build`` from the hidden oracles: each case's inputs and weights, the expected
+output and what each typical mistake returns), and the hidden checks run it on drawn cases. A
+module part is built from the case's sizes, given the case's weights and run, in eval mode or in
+training mode with dropout drawn from the case's seed. Training mode is judged against PyTorch's
+own ops on the same weights (``torch_feed_forward``, ``torch_encoder_block``), whose dropout masks
+are drawn from the same seed in the order ``nn.TransformerEncoderLayer`` draws them (attention
+output, feed-forward hidden units, feed-forward output), so a dropout in another place gives
+another output.
 
 While the student's code runs, what would compute the answer is refused
-(:class:`~transformer_lab.judge.bans.Ban`): every normalisation op for ``layer_norm``
-(``F.layer_norm``, ``F.group_norm(x.reshape(-1, D), 1)``...), PyTorch's and the kit's encoder
-layers for the block, and the kit's training modules (``ClassifierModule``, its schedule) for
-``TaggingModule``.
+(:class:`~transformer_lab.judge.bans.Ban`): every normalisation op for ``layer_norm``, PyTorch's
+and the kit's encoder layers for the block, and the kit's training modules for ``TaggingModule``.
 
 Attribute names the checks rely on (stated in the notebook): ``FeedForward.linear1``/``linear2``;
 ``EncoderBlock.self_attn`` (the kit's ``MultiHeadAttention`` with ``q_proj``, ``k_proj``,
@@ -38,9 +31,9 @@ Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (2019); Lightning's
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -48,11 +41,11 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
+    Ban,
     Case,
     call_forbidding,
     call_student,
     close,
-    compare,
     expect_close,
     expect_module,
     expect_shape,
@@ -61,7 +54,7 @@ from transformer_lab.checks._common import (
     note_mistake,
     stored,
 )
-from transformer_lab.checks._generated import Ordinary
+from transformer_lab.checks._generated import Given, Ordinary
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -72,19 +65,8 @@ from transformer_lab.checks._lightning import (
 from transformer_lab.judge.mirror import portable
 
 __all__ = [
-    "BLOCK_BAN",
-    "FEED_FORWARD_BAN",
-    "LAYER_NORM",
-    "LAYER_NORM_BAN",
-    "LOSS_HINT",
-    "MODULE_BAN",
     "ProbeModel",
     "accuracy_on_fresh_data",
-    "block_parts",
-    "block_weights",
-    "build_block",
-    "build_feed_forward",
-    "build_module",
     "check_configure_optimizers",
     "check_encoder_block",
     "check_encoder_block_dropout",
@@ -92,18 +74,9 @@ __all__ = [
     "check_layer_norm",
     "check_trained_encoder",
     "check_training_step",
-    "ff_parts",
     "held_out_batches",
-    "layer_norm_call",
     "learning_rates",
-    "load_weights",
-    "optimizers_check",
     "parse_optimizers",
-    "reference_encoder_block",
-    "reference_feed_forward",
-    "run_block",
-    "run_feed_forward",
-    "values_at",
 ]
 
 IGNORE_INDEX = -100
@@ -123,15 +96,8 @@ def _example(key: str) -> Tensor:
     return stored(_LAB, key)[0]
 
 
-def _judge(got: Any, key: str, what: str, hint: str, **tolerances: float) -> Tensor:
-    """Compare with a stored worked example; name the stored mistake the answer reproduces."""
-    want, mistakes = stored(_LAB, key)
-    candidates = [(wrong, advice) for advice, wrong in mistakes.items()]
-    return compare(got, want, what=what, candidates=candidates, hint=hint, **tolerances)
-
-
 @contextlib.contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
+def seeded(seed: int | None) -> Iterator[None]:
     """Run with the global CPU generator at ``seed`` (when given), then restore its state."""
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
@@ -183,6 +149,29 @@ def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
     return {"same": lambda got, want: close(got, want, atol=atol, rtol=rtol), "describe": describe}
 
 
+def _from_json(*case: Any) -> tuple[Any, ...]:
+    """A case stored as JSON data, back: nested lists as float32 tensors (or bool ones: masks),
+    a dict of them as weights, anything else as it is."""
+
+    def back(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: back(item) for name, item in value.items()}
+        if not isinstance(value, list):
+            return value
+        t = torch.tensor(value)
+        return t if t.dtype == torch.bool else t.float()
+
+    return tuple(back(value) for value in case)
+
+
+#: What every part here compares: float tensors (float64 when stored), at the spec's tolerance.
+_FLOATS: dict[str, Any] = {
+    "load": _from_json,
+    "output": lambda out: torch.as_tensor(out, dtype=torch.float64),
+    **values_at(SPEC.tol("float32")),
+}
+
+
 #: ``layer_norm(x, weight, bias, eps)``: a case is ``(x, weight, bias, eps)`` (stored: float32).
 LAYER_NORM = Ordinary(
     _LAB,
@@ -190,12 +179,7 @@ LAYER_NORM = Ordinary(
     what=_ln_what,
     rule="For each token: the mean and the biased variance over the last dimension "
     "(keepdim=True), then weight * (x - mean) / sqrt(var + eps) + bias.",
-    load=lambda x, weight, bias, eps: (
-        *(torch.tensor(t, dtype=torch.float32) for t in (x, weight, bias)),
-        eps,
-    ),
-    output=lambda out: torch.as_tensor(out, dtype=torch.float64),
-    **values_at(SPEC.tol("float32")),
+    **_FLOATS,
 )
 check_layer_norm = LAYER_NORM.visible(
     "check_layer_norm",
@@ -234,11 +218,11 @@ def ff_parts(ff: nn.Module, d_model: int, d_ff: int, what: str) -> tuple[nn.Line
 
 
 def build_feed_forward(
-    cls: Callable[..., Any], d_model: int, d_ff: int, dropout: float = 0.0, *, seed: int = 0
+    cls: Callable[..., Any], d_model: int, d_ff: int, dropout: float = 0.0
 ) -> tuple[nn.Module, str]:
-    """``cls(d_model, d_ff, dropout=dropout)`` built from ``seed``, its layers checked."""
+    """``cls(d_model, d_ff, dropout=dropout)`` (from a fixed seed), its layers checked."""
     what = f"FeedForward({d_model}, {d_ff}" + (f", dropout={dropout:g})" if dropout else ")")
-    with _seeded(seed):
+    with seeded(0):
         ff = expect_module(call_student(cls, d_model, d_ff, dropout=dropout, what=what), what)
     ff_parts(ff, d_model, d_ff, what)
     return ff, what
@@ -261,37 +245,31 @@ def _same_each_call(run: Callable[[int], Any], what: str) -> Any:
     return first
 
 
-def run_feed_forward(
-    ff: nn.Module, x: Tensor, what: str, *, training: bool = False, seed: int | None = None
+def run_module(
+    module: nn.Module,
+    x: Tensor,
+    kwargs: dict[str, Any],
+    what: str,
+    *,
+    ban: Ban,
+    training: bool = False,
+    seed: int | None = None,
 ) -> Any:
-    """The student's ``ff(x)`` under the ban.
+    """The student's ``module(x, **kwargs)`` under ``ban`` (a block's attention runs without
+    its own dropout: :func:`_no_attention_dropout`).
 
     In training mode dropout draws its masks from ``seed``; in eval mode the call is made twice
     (from two seeds) and must give one output.
     """
-    ff.train(training)
-    call = f"{what}(x){' in training mode' if training else ''}"
+    module.train(training)
+    shown = "".join(f", {name}" for name, value in kwargs.items() if value is not None)
+    call = f"{what}(x{shown}){' in training mode' if training else ''}"
 
     def once(s: int | None) -> Any:
-        with _seeded(s), torch.no_grad():
-            return call_forbidding(ff, (x.clone(),), {}, ban=FEED_FORWARD_BAN, what=call)
+        with _no_attention_dropout(module), seeded(s), torch.no_grad():
+            return call_forbidding(module, (x.clone(),), kwargs, ban=ban, what=call)
 
     return once(seed) if training else _same_each_call(once, what)
-
-
-def reference_feed_forward(
-    ff: nn.Module, x: Tensor, *, p: float = 0.0, seed: int | None = None
-) -> Tensor:
-    """PyTorch's computation with the student's weights: ``linear2(dropout(relu(linear1(x))))``.
-
-    With a ``seed`` it runs in training mode and draws its dropout mask (on the ``d_ff`` hidden
-    units) from that seed, as ``nn.TransformerEncoderLayer`` does.
-    """
-    first, second = ff.linear1, ff.linear2
-    with _seeded(seed), torch.no_grad():
-        hidden = F.relu(F.linear(x, first.weight, first.bias))  # (..., F)
-        hidden = F.dropout(hidden, p, training=seed is not None)
-        return F.linear(hidden, second.weight, second.bias)  # (..., D)
 
 
 def load_weights(module: nn.Module, weights: Mapping[str, Tensor], what: str) -> None:
@@ -322,97 +300,119 @@ def load_weights(module: nn.Module, weights: Mapping[str, Tensor], what: str) ->
             target[rows].copy_(value)
 
 
-def check_feed_forward(cls: Callable[..., nn.Module]) -> None:
-    """Layer names and sizes, a stored worked example, then PyTorch in eval and training mode."""
-    ff, what = build_feed_forward(cls, 4, 6)
-    weights = {
-        name: _example(f"FeedForward(4, 6) {name}")
-        for name in ("linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias")
-    }
+def _layer(w: dict[str, Tensor], name: str, n_in: int, n_out: int, g: torch.Generator) -> None:
+    w[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / math.sqrt(n_in)
+    w[f"{name}.bias"] = 0.2 * torch.randn(n_out, generator=g)
+
+
+def random_weights(
+    d_model: int, d_ff: int, g: torch.Generator, *, block: bool = False, norms: bool = True
+) -> dict[str, Tensor]:
+    """Random float32 weights of a ``FeedForward(d_model, d_ff)`` (``linear1.weight``...) or,
+    with ``block``, of an ``EncoderBlock(d_model, ., d_ff)`` in the kit's layout
+    (``self_attn.q_proj.weight``, ``ff.linear1.weight``, ``norm1.weight``...); the norms' gains
+    and shifts are far from 1 and 0 (a swapped or unused norm shows), or with ``norms=False``
+    they are 1 and 0, as ``nn.LayerNorm`` starts."""
+    w: dict[str, Tensor] = {}
+    prefix = "ff." if block else ""
+    if block:
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            _layer(w, f"self_attn.{name}", d_model, d_model, g)
+    _layer(w, f"{prefix}linear1", d_model, d_ff, g)
+    _layer(w, f"{prefix}linear2", d_ff, d_model, g)
+    for name in ("norm1", "norm2") if block else ():
+        w[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g) * norms
+        w[f"{name}.bias"] = 0.5 * torch.randn(d_model, generator=g) * norms
+    return w
+
+
+def _mode(train: Any) -> str:
+    seed = train[0] if isinstance(train, tuple | list) else train
+    return "" if train is None else f" in training mode (dropout masks drawn from seed {seed})"
+
+
+def _ff_what(d_ff: int, p: float, weights: Any, x: Tensor, seed: int | None) -> str:
+    shown = f", dropout={p:g}" if p else ""
+    dtype = "" if x.dtype == torch.float32 else f" ({x.dtype})"
+    return (
+        f"FeedForward({x.shape[-1]}, {d_ff}{shown})(x) on x of shape {tuple(x.shape)}{dtype}"
+        f"{_mode(seed)}"
+    )
+
+
+def _ff_call(
+    cls: Callable[..., Any], d_ff: int, p: float, weights: Any, x: Tensor, seed: int | None
+) -> Tensor:
+    """The student's FeedForward built for the case, the case's weights loaded, run on ``x``
+    (in training mode with dropout drawn from ``seed``, or in eval mode)."""
+    ff, what = build_feed_forward(cls, x.shape[-1], d_ff, p)
     load_weights(ff, weights, what)
-    x = _example("FeedForward(4, 6) input x (2, 3, 4)").float()
-    got = run_feed_forward(ff, x, what)
-    expect_shape(got, (2, 3, 4), f"{what}(x) for x of shape (2, 3, 4)")
-    _judge(
-        got,
-        "FeedForward(4, 6)(x)",
-        f"{what}(x) with the stored weights",
-        "Expected linear2(relu(linear1(x))), every token on its own.",
-    )
-    # Your own initialisation, other sizes, eval then training mode.
-    ff, what = build_feed_forward(cls, 8, 32, dropout=0.5, seed=1)
-    x = torch.randn(2, 5, 8, generator=generator(2))
-    evaluated = run_feed_forward(ff, x, what)
-    compare(
-        evaluated,
-        reference_feed_forward(ff, x),
-        what=f"{what}(x) in eval mode",
-        hint="In eval mode dropout does nothing: the output must be linear2(relu(linear1(x))).",
-    )
-    trained = run_feed_forward(ff, x, what, training=True, seed=7)
-    expect_true(
-        not close(trained, evaluated),
-        f"{what} in training mode gives the output of eval mode: apply self.dropout (an "
-        "nn.Dropout(dropout)) to the hidden activations in forward.",
-    )
-    compare(
-        trained,
-        reference_feed_forward(ff, x, p=0.5, seed=7),
-        what=f"{what}(x) in training mode (dropout masks drawn from one seed)",
-        hint="With the same random seed, PyTorch's feed-forward layer drops hidden units "
-        "(d_ff wide, after the ReLU, before linear2) once: put your one nn.Dropout there.",
-    )
+    if x.dtype == torch.float64:
+        ff.double()
+    training = seed is not None
+    got = run_module(ff, x, {}, what, ban=FEED_FORWARD_BAN, training=training, seed=seed)
+    return expect_shape(got, tuple(x.shape), _ff_what(d_ff, p, weights, x, seed))
+
+
+#: ``FeedForward``: a case is ``(d_ff, dropout, weights, x, seed)``, ``seed`` ``None`` in eval
+#: mode; the student's module is built, given the case's weights and run.
+FEED_FORWARD = Ordinary(
+    _LAB,
+    call=_ff_call,
+    what=_ff_what,
+    rule="Expected linear2(relu(linear1(x))), every token on its own; in training mode one "
+    "nn.Dropout on the hidden units (d_ff wide, after the ReLU, before linear2), none in eval "
+    "mode.",
+    **_FLOATS,
+)
+
+
+def torch_feed_forward(
+    d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: int | None
+) -> Tensor:
+    """PyTorch's computation on a case: ``linear2(dropout(relu(linear1(x))))``, the mask drawn
+    from ``seed`` in training mode, as ``nn.TransformerEncoderLayer`` draws it."""
+    with seeded(seed), torch.no_grad():
+        hidden = F.relu(F.linear(x, w["linear1.weight"], w["linear1.bias"]))  # (..., F)
+        hidden = F.dropout(hidden, p, training=seed is not None)
+        return F.linear(hidden, w["linear2.weight"], w["linear2.bias"])  # (..., D)
+
+
+#: A module whose dropout never acts (no dropout, or none in training mode).
+EVAL_IN_TRAINING = (
+    "It gives the output of eval mode in training mode: dropout never acts. Apply nn.Dropout "
+    "modules in forward (they act in training mode only)."
+)
+
+
+#: A feed-forward network that drops its output instead of its hidden units.
+ON_OUTPUT = (
+    "It matches dropout on the output of linear2: FeedForward drops hidden units (d_ff wide, "
+    "after the ReLU, before linear2); the block drops the output."
+)
+
+
+def _ff_dropout_mistakes(
+    d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: int
+) -> dict[str, Tensor]:
+    """What a FeedForward without dropout, or with dropout on its output, gives in training."""
+    good = torch_feed_forward(d_ff, p, w, x, None)
+    with seeded(seed):
+        return {EVAL_IN_TRAINING: good, ON_OUTPUT: F.dropout(good, p)}
+
+
+def check_feed_forward(cls: Callable[..., nn.Module]) -> None:
+    """Layer names and sizes, stored worked examples in eval mode, then training mode against
+    PyTorch's computation on the same weights (dropout drawn from one seed)."""
+    FEED_FORWARD.judge(cls, FEED_FORWARD.examples("check_feed_forward"))
+    g = generator(2)
+    case = (32, 0.5, random_weights(8, 32, g), torch.randn(2, 5, 8, generator=g), 7)
+    FEED_FORWARD.judge(cls, [Given(case)], torch_feed_forward, _ff_dropout_mistakes)
 
 
 # --------------------------------------------------------------------------------------
 # EncoderBlock
 # --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Parts:
-    attn: nn.Module
-    ff: nn.Module
-    norm1: nn.Module
-    norm2: nn.Module
-    n_heads: int
-
-
-def _norm_parts(norm: Any, name: str, d_model: int, what: str) -> None:
-    for attr in ("weight", "bias"):
-        value = getattr(norm, attr, None)
-        if not isinstance(value, Tensor):
-            raise AssertionError(
-                f"{what}.{name} has no `{attr}` tensor: use nn.LayerNorm(d_model) (it learns a "
-                "weight and a bias), or a module of yours that holds both and calls layer_norm."
-            )
-        if tuple(value.shape) != (d_model,):
-            raise AssertionError(
-                f"{what}.{name}.{attr} has shape {tuple(value.shape)}, expected ({d_model},): "
-                "the norm works over the d_model features of each token."
-            )
-
-
-def _attention_parts(attn: Any, d_model: int, what: str) -> None:
-    if isinstance(attn, nn.MultiheadAttention):
-        expect_true(
-            attn.batch_first,
-            f"{what}.self_attn is nn.MultiheadAttention without batch_first=True: the block's "
-            "input is (B, T, D).",
-        )
-        return
-    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        layer = getattr(attn, name, None)
-        if not isinstance(layer, nn.Linear) or layer.bias is None:
-            raise AssertionError(
-                f"{what}.self_attn has no nn.Linear `{name}` with a bias: build it as "
-                "MultiHeadAttention(d_model, n_heads) (the kit's, from lab 03)."
-            )
-        if (layer.in_features, layer.out_features) != (d_model, d_model):
-            raise AssertionError(
-                f"{what}.self_attn.{name} maps {layer.in_features} -> {layer.out_features} "
-                f"features, expected {d_model} -> {d_model}: MultiHeadAttention(d_model, n_heads)."
-            )
 
 
 #: norm1 and norm2 one module (``self.norm2 = self.norm1``), which the judge mirrors as such.
@@ -422,8 +422,26 @@ SHARED_NORM = (
 )
 
 
-def block_parts(block: nn.Module, d_model: int, n_heads: int, d_ff: int, what: str) -> _Parts:
-    """The block's sub-layers, checked against the attribute names of the notebook."""
+def build_block(
+    cls: Callable[..., Any],
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    *,
+    norm_first: bool,
+    dropout: float = 0.0,
+) -> tuple[nn.Module, str]:
+    """``cls(d_model, n_heads, d_ff, dropout=..., norm_first=...)`` (from a fixed seed), its
+    sub-layers checked against the attribute names of the notebook (:func:`load_weights`
+    checks the rest: each weight's name and shape)."""
+    what = f"EncoderBlock({d_model}, {n_heads}, {d_ff}" + (
+        f", dropout={dropout:g}" if dropout else ""
+    )
+    what += ", norm_first=True)" if norm_first else ")"
+    with seeded(0):
+        block = call_student(
+            cls, d_model, n_heads, d_ff, dropout=dropout, norm_first=norm_first, what=what
+        )
     expect_module(block, what)
     missing = [n for n in ("self_attn", "ff", "norm1", "norm2") if not hasattr(block, n)]
     if missing:
@@ -435,73 +453,39 @@ def block_parts(block: nn.Module, d_model: int, n_heads: int, d_ff: int, what: s
     if block.norm1 is block.norm2:
         note_mistake(SHARED_NORM)
         raise AssertionError(f"{what}.norm1 and {what}.norm2 are {SHARED_NORM}")
-    _attention_parts(block.self_attn, d_model, what)
-    ff_parts(block.ff, d_model, d_ff, f"{what}.ff")
-    _norm_parts(block.norm1, "norm1", d_model, what)
-    _norm_parts(block.norm2, "norm2", d_model, what)
-    return _Parts(block.self_attn, block.ff, block.norm1, block.norm2, n_heads)
-
-
-def block_weights(block: nn.Module) -> dict[str, Tensor]:
-    """The block's weights in the kit's layout (``self_attn.q_proj.weight``...), detached copies."""
-    attn = block.self_attn
-    out: dict[str, Tensor] = {}
-    if isinstance(attn, nn.MultiheadAttention):
-        w_q, w_k, w_v = attn.in_proj_weight.chunk(3, dim=0)  # 3 x (D, D)
-        b_q, b_k, b_v = attn.in_proj_bias.chunk(3, dim=0)  # 3 x (D,)
-        projections = {"q_proj": (w_q, b_q), "k_proj": (w_k, b_k), "v_proj": (w_v, b_v)}
-    else:
-        projections = {
-            n: (getattr(attn, n).weight, getattr(attn, n).bias)
-            for n in ("q_proj", "k_proj", "v_proj")
-        }
-    projections["out_proj"] = (attn.out_proj.weight, attn.out_proj.bias)
-    for name, (weight, bias) in projections.items():
-        out[f"self_attn.{name}.weight"], out[f"self_attn.{name}.bias"] = weight, bias
-    for name in ("linear1", "linear2"):
-        layer = getattr(block.ff, name)
-        out[f"ff.{name}.weight"], out[f"ff.{name}.bias"] = layer.weight, layer.bias
-    for name in ("norm1", "norm2"):
-        norm = getattr(block, name)
-        out[f"{name}.weight"], out[f"{name}.bias"] = norm.weight, norm.bias
-    return {k: v.detach().clone() for k, v in out.items()}
-
-
-def build_block(
-    cls: Callable[..., Any],
-    d_model: int,
-    n_heads: int,
-    d_ff: int,
-    *,
-    norm_first: bool,
-    dropout: float = 0.0,
-    seed: int = 0,
-) -> tuple[nn.Module, str]:
-    """``cls(d_model, n_heads, d_ff, dropout=..., norm_first=...)`` from ``seed``, parts checked."""
-    what = f"EncoderBlock({d_model}, {n_heads}, {d_ff}" + (
-        f", dropout={dropout:g}" if dropout else ""
+    expect_true(
+        getattr(block.self_attn, "batch_first", True),
+        f"{what}.self_attn is nn.MultiheadAttention without batch_first=True: the block's "
+        "input is (B, T, D).",
     )
-    what += ", norm_first=True)" if norm_first else ")"
-    with _seeded(seed):
-        block = call_student(
-            cls, d_model, n_heads, d_ff, dropout=dropout, norm_first=norm_first, what=what
-        )
-    block_parts(block, d_model, n_heads, d_ff, what)
+    ff_parts(block.ff, d_model, d_ff, f"{what}.ff")
     return block, what
 
 
+def sequence_first(cls: Callable[..., Any]) -> bool:
+    """Whether the student's block attends with ``nn.MultiheadAttention(batch_first=True)``,
+    whose output is a ``(T, B, D)`` tensor seen as ``(B, T, D)``: dropout draws its mask in
+    memory order, so the attention output's dropout mask is drawn in that order."""
+    block, _ = build_block(cls, 4, 1, 4, norm_first=False)
+    return isinstance(block.self_attn, nn.MultiheadAttention)
+
+
 @contextlib.contextmanager
-def _no_attention_dropout(attn: nn.Module) -> Iterator[None]:
-    """Switch off dropout inside the attention module (on its weights) while a check runs.
+def _no_attention_dropout(module: nn.Module) -> Iterator[None]:
+    """Switch off dropout inside a block's attention module (on its weights) while it runs.
 
     Dropout on the attention weights is the attention module's business (lab 03); these checks
     test the block's own dropout, on each sub-layer's output and in the feed-forward network.
     """
     saved: list[tuple[Any, str, float]] = []
-    for module in attn.modules():
-        if isinstance(module, nn.Dropout):
-            saved.append((module, "p", module.p))
-            module.p = 0.0
+    attn = getattr(module, "self_attn", None)
+    if attn is None:  # a feed-forward network
+        yield
+        return
+    for sub in attn.modules():
+        if isinstance(sub, nn.Dropout):
+            saved.append((sub, "p", sub.p))
+            sub.p = 0.0
     value = getattr(attn, "dropout", None)
     if isinstance(value, float) and value != 0.0:  # (a judged module's write is a request)
         saved.append((attn, "dropout", value))
@@ -513,136 +497,48 @@ def _no_attention_dropout(attn: nn.Module) -> Iterator[None]:
             setattr(owner, name, old)
 
 
-def run_block(
-    block: nn.Module,
-    x: Tensor,
-    mask: Tensor | None,
-    what: str,
-    *,
-    training: bool = False,
-    seed: int | None = None,
-) -> Any:
-    """The student's ``block(x, mask=mask)`` under the ban.
+class BlockCase(NamedTuple):
+    """One case of the block's checks: the arguments the student's class is judged on."""
 
-    In training mode dropout draws its masks from ``seed``; in eval mode the call is made twice
-    (from two seeds) and must give one output.
-    """
-    block.train(training)
-    call = f"{what}(x{'' if mask is None else ', mask'}){' in training mode' if training else ''}"
-
-    def once(s: int | None) -> Any:
-        with _no_attention_dropout(block.self_attn), _seeded(s), torch.no_grad():
-            return call_forbidding(block, (x.clone(),), {"mask": mask}, ban=BLOCK_BAN, what=call)
-
-    return once(seed) if training else _same_each_call(once, what)
+    n_heads: int
+    d_ff: int
+    norm_first: bool
+    p: float  # the block's dropout
+    w: Mapping[str, Tensor]  # weights in the kit's layout (see random_weights)
+    x: Tensor  # (B, T, D)
+    mask: Tensor | None  # (B, 1, 1, T) or (B, 1, T, T), True where a key may be attended to
+    train: tuple[int, bool] | None  # None in eval mode, else (seed, sequence_first(cls))
 
 
-def _torch_attention(attn: nn.Module, h: Tensor, mask: Tensor | None, n_heads: int) -> Tensor:
-    """PyTorch's multi-head self-attention on ``h (B, T, D)`` with the student's weights."""
-    B, T, D = h.shape
-    attn_mask = None
-    if mask is not None:
-        allowed = mask.to(torch.bool).expand(B, n_heads, T, T).reshape(B * n_heads, T, T)
-        attn_mask = ~allowed  # PyTorch: True = may NOT attend
-    if isinstance(attn, nn.MultiheadAttention):
-        w_q, w_k, w_v = attn.in_proj_weight.chunk(3, dim=0)  # 3 x (D, D)
-        in_bias = attn.in_proj_bias
-    else:
-        w_q, w_k, w_v = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
-        in_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])  # (3D,)
-    seq = h.transpose(0, 1)  # (T, B, D): the functional form is sequence first
-    out, _ = F.multi_head_attention_forward(
-        seq,
-        seq,
-        seq,
-        D,
-        n_heads,
-        None,
-        in_bias,
-        None,
-        None,
-        False,
-        0.0,
-        attn.out_proj.weight,
-        attn.out_proj.bias,
-        training=False,
-        need_weights=False,
-        attn_mask=attn_mask,
-        use_separate_proj_weight=True,
-        q_proj_weight=w_q,
-        k_proj_weight=w_k,
-        v_proj_weight=w_v,
+def _block_what(*case: Any) -> str:
+    c = BlockCase(*case)
+    shown = (f", dropout={c.p:g}" if c.p else "") + (", norm_first=True" if c.norm_first else "")
+    dtype = "" if c.x.dtype == torch.float32 else f" ({c.x.dtype})"
+    call = f"x{'' if c.mask is None else ', mask'}"
+    return (
+        f"EncoderBlock({c.x.shape[-1]}, {c.n_heads}, {c.d_ff}{shown})({call}) on x of shape "
+        f"{tuple(c.x.shape)}{dtype}{_mode(c.train)}"
     )
-    out = out.transpose(0, 1)  # (B, T, D)
-    # Dropout draws its mask in memory order: return the layout the student's module returns
-    # (nn.MultiheadAttention(batch_first=True) a transposed view, a q/k/v/out module a
-    # contiguous tensor), so that one seed gives both the same mask.
-    return out if isinstance(attn, nn.MultiheadAttention) else out.contiguous()
 
 
-def _torch_norm(norm: nn.Module, h: Tensor) -> Tensor:
-    eps = getattr(norm, "eps", 1e-5)
-    return F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, eps)
+def _block_call(cls: Callable[..., Any], *case: Any) -> Tensor:
+    """The student's block built for the case, the case's weights loaded, run on ``x`` (in
+    training mode with dropout drawn from ``train[0]``, or in eval mode)."""
+    c = BlockCase(*case)
+    d = c.x.shape[-1]
+    block, what = build_block(cls, d, c.n_heads, c.d_ff, norm_first=c.norm_first, dropout=c.p)
+    load_weights(block, c.w, what)
+    if c.x.dtype == torch.float64:
+        block.double()
+    seed = None if c.train is None else c.train[0]
+    training = c.train is not None
+    kwargs = {"mask": c.mask}
+    got = run_module(block, c.x, kwargs, what, ban=BLOCK_BAN, training=training, seed=seed)
+    return expect_shape(got, tuple(c.x.shape), _block_what(*case))
 
 
-def reference_encoder_block(
-    block: nn.Module,
-    x: Tensor,
-    mask: Tensor | None,
-    *,
-    n_heads: int,
-    norm_first: bool,
-    p: float = 0.0,
-    seed: int | None = None,
-) -> Tensor:
-    """``nn.TransformerEncoderLayer``'s computation with the student's weights, in torch's ops.
-
-    Post-norm: ``x = norm1(x + dropout(attn(x))); x = norm2(x + dropout(ff(x)))``; pre-norm:
-    ``x = x + dropout(attn(norm1(x))); x = x + dropout(ff(norm2(x)))``; ``ff`` drops its hidden
-    units too. With a ``seed`` it runs in training mode: the three dropout masks are drawn from
-    that seed in the order torch's layer draws them (attention output, hidden units, output).
-    """
-    parts = block_parts(block, x.shape[-1], n_heads, block.ff.linear1.out_features, "the block")
-    training = seed is not None
-
-    def attention(h: Tensor) -> Tensor:
-        return F.dropout(_torch_attention(parts.attn, h, mask, n_heads), p, training=training)
-
-    def feed_forward(h: Tensor) -> Tensor:
-        first, second = parts.ff.linear1, parts.ff.linear2
-        hidden = F.dropout(F.relu(F.linear(h, first.weight, first.bias)), p, training=training)
-        return F.dropout(F.linear(hidden, second.weight, second.bias), p, training=training)
-
-    with _seeded(seed), torch.no_grad():
-        if norm_first:
-            x = x + attention(_torch_norm(parts.norm1, x))
-            return x + feed_forward(_torch_norm(parts.norm2, x))
-        x = _torch_norm(parts.norm1, x + attention(x))
-        return _torch_norm(parts.norm2, x + feed_forward(x))
-
-
-_BLOCK_NAMES = (
-    "self_attn.q_proj.weight",
-    "self_attn.q_proj.bias",
-    "self_attn.k_proj.weight",
-    "self_attn.k_proj.bias",
-    "self_attn.v_proj.weight",
-    "self_attn.v_proj.bias",
-    "self_attn.out_proj.weight",
-    "self_attn.out_proj.bias",
-    "ff.linear1.weight",
-    "ff.linear1.bias",
-    "ff.linear2.weight",
-    "ff.linear2.bias",
-    "norm1.weight",
-    "norm1.bias",
-    "norm2.weight",
-    "norm2.bias",
-)
-
-
-def _form(norm_first: bool) -> str:
-    if norm_first:
+def _form(case: Case[Given]) -> str:
+    if BlockCase(*case.input.args).norm_first:
         return (
             "Expected pre-norm: x = x + self_attn(norm1(x)), then x = x + ff(norm2(x)) (each "
             "sub-layer reads a normalised copy; the residual path itself is never normalised)."
@@ -652,75 +548,82 @@ def _form(norm_first: bool) -> str:
     )
 
 
-def check_encoder_block(cls: Callable[..., nn.Module]) -> None:
-    """Attribute names; stored worked examples (post- and pre-norm, with and without a padding
-    mask); then the student's own weights against PyTorch's functional ops, in eval mode."""
-    weights = {name: _example(f"EncoderBlock(8, 2, 16) {name}") for name in _BLOCK_NAMES}
-    x = _example("EncoderBlock(8, 2, 16) input x (2, 5, 8)").float()
-    keep = _example("EncoderBlock(8, 2, 16) input keep (2, 5)").bool()  # True at real tokens
-    for norm_first in (False, True):
-        block, what = build_block(cls, 8, 2, 16, norm_first=norm_first)
-        load_weights(block, weights, what)
-        for mask in (None, keep[:, None, None, :]):  # (B, 1, 1, T)
-            got = run_block(block, x, mask, what)
-            call = f"{what}(x{'' if mask is None else ', mask'})"
-            expect_shape(got, (2, 5, 8), f"{call} for x of shape (2, 5, 8)")
-            _judge(got, call, f"{call} with the stored weights", _form(norm_first))
-    # Your own initialisation, other sizes and a padding mask, against PyTorch.
-    g = generator(3)
-    block, what = build_block(cls, 12, 3, 20, norm_first=False, seed=3)
-    x = torch.randn(3, 6, 12, generator=g)
-    keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]  # (B, T)
-    mask = keep[:, None, None, :]
-    got = run_block(block, x, mask, what)
-    compare(
-        got,
-        reference_encoder_block(block, x, mask, n_heads=3, norm_first=False),
-        what=f"{what}(x, mask) with your own weights",
-        hint="PyTorch's functional ops (F.multi_head_attention_forward, F.layer_norm, F.linear) "
-        "on your block's own weights give another answer: does forward use exactly "
-        "self.self_attn, self.ff, self.norm1 and self.norm2, and pass mask to self_attn?",
-    )
-
-
-_DROPOUT_HINT = (
-    "With the same random seed, PyTorch's nn.TransformerEncoderLayer drops units in this order: "
-    "the attention sub-layer's output (dropout1, before it is added to x), the feed-forward "
-    "network's hidden units (inside your FeedForward, built with the block's dropout) and the "
-    "feed-forward's output (dropout2, before it is added to x); nothing else."
+#: ``EncoderBlock``: a case is a :class:`BlockCase`.
+BLOCK = Ordinary(
+    _LAB,
+    call=_block_call,
+    what=_block_what,
+    rule=_form,
+    **_FLOATS,
 )
 
 
+def check_encoder_block(cls: Callable[..., nn.Module]) -> None:
+    """Attribute names; stored worked examples in eval mode, post-norm (two sizes, with and
+    without a padding mask), then pre-norm, each form diagnosed on its own."""
+    examples = BLOCK.examples("check_encoder_block")
+    for norm_first in (False, True):
+        BLOCK.judge(cls, [e for e in examples if BlockCase(*e.args).norm_first == norm_first])
+
+
+def torch_encoder_block(*case: Any) -> Tensor:
+    """``nn.TransformerEncoderLayer``'s computation on a case, in PyTorch's ops.
+
+    Post-norm: ``x = norm1(x + dropout(attn(x))); x = norm2(x + dropout(ff(x)))``; pre-norm:
+    ``x = x + dropout(attn(norm1(x))); x = x + dropout(ff(norm2(x)))``; ``ff`` drops its hidden
+    units too. In training mode the three masks are drawn from ``train[0]`` in the order torch's
+    layer draws them (attention output, hidden units, output).
+    """
+    n_heads, _, norm_first, p, w, x, mask, train = BlockCase(*case)
+    seed, seq_first = (None, False) if train is None else train
+    B, T, D = x.shape
+
+    def linear(name: str, h: Tensor) -> Tensor:
+        return F.linear(h, w[f"{name}.weight"], w[f"{name}.bias"])
+
+    def attention(h: Tensor) -> Tensor:
+        q, k, v = (
+            linear(f"self_attn.{n}_proj", h).reshape(B, T, n_heads, -1).transpose(1, 2)
+            for n in "qkv"
+        )  # (B, H, T, Dh)
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, Dh)
+        out = linear("self_attn.out_proj", heads.transpose(1, 2).reshape(B, T, D))
+        if seq_first:  # drawn on the (T, B, D) layout nn.MultiheadAttention returns
+            out = out.transpose(0, 1).contiguous().transpose(0, 1)
+        return F.dropout(out, p, training=seed is not None)
+
+    def feed_forward(h: Tensor) -> Tensor:
+        hidden = F.dropout(F.relu(linear("ff.linear1", h)), p, training=seed is not None)
+        return F.dropout(linear("ff.linear2", hidden), p, training=seed is not None)
+
+    def norm(i: int, h: Tensor) -> Tensor:
+        return F.layer_norm(h, (D,), w[f"norm{i}.weight"], w[f"norm{i}.bias"])
+
+    with seeded(seed), torch.no_grad():
+        if norm_first:
+            x = x + attention(norm(1, x))
+            return x + feed_forward(norm(2, x))
+        x = norm(1, x + attention(x))
+        return norm(2, x + feed_forward(x))
+
+
 def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
-    """Training mode: dropout where ``nn.TransformerEncoderLayer`` puts it (one shared seed)."""
+    """Training mode (post- and pre-norm): dropout where ``nn.TransformerEncoderLayer`` puts it,
+    masks drawn from one seed, against PyTorch's computation on the same weights."""
     g = generator(5)
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
-    mask = keep[:, None, None, :]
-    for norm_first in (False, True):
-        block, what = build_block(cls, 8, 2, 32, norm_first=norm_first, dropout=0.5, seed=5)
-        x = torch.randn(2, 6, 8, generator=g)
-        evaluated = run_block(block, x, mask, what)
-        compare(
-            evaluated,
-            reference_encoder_block(block, x, mask, n_heads=2, norm_first=norm_first),
-            what=f"{what}(x, mask) in eval mode",
-            hint="In eval mode (no dropout) your block already differs from PyTorch's "
-            "computation with its weights: pass the visible check above first.",
-        )
-        trained = run_block(block, x, mask, what, training=True, seed=11)
-        expect_true(
-            not close(trained, evaluated),
-            f"{what} in training mode gives the output of eval mode: dropout never acts. "
-            + _DROPOUT_HINT,
-        )
-        compare(
-            trained,
-            reference_encoder_block(
-                block, x, mask, n_heads=2, norm_first=norm_first, p=0.5, seed=11
-            ),
-            what=f"{what}(x, mask) in training mode (dropout masks drawn from one seed)",
-            hint=_DROPOUT_HINT,
-        )
+    mask = keep[:, None, None, :]  # (B, 1, 1, T)
+    w, x = random_weights(8, 32, g, block=True, norms=False), torch.randn(2, 6, 8, generator=g)
+    cases = [(2, 32, norm_first, 0.5, w, x, mask) for norm_first in (False, True)]
+    BLOCK.judge(cls, [Given((*case, None)) for case in cases], torch_encoder_block)
+    train = (11, sequence_first(cls))
+    trained = [Given((*case, train)) for case in cases]
+    BLOCK.judge(
+        cls,
+        trained,
+        torch_encoder_block,
+        lambda *case: {EVAL_IN_TRAINING: torch_encoder_block(*case[:-1], None)},
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -776,22 +679,34 @@ def _stored_batch() -> dict[str, Tensor]:
     }
 
 
+def training_step_check(
+    cls: Callable[..., Any],
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    expected: Tensor,
+    mistakes: Mapping[str, Tensor],
+) -> Tensor:
+    """``training_step`` of ``cls(model, ...)`` on ``batch``: the loss (``expected``, a
+    catalogued wrong loss named), its graph, what is logged (:func:`judge_training_step`,
+    shared with lab 06); returns the loss it returned."""
+    module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
+    return judge_training_step(
+        module,
+        batch,
+        ban=MODULE_BAN,
+        expected=expected,
+        mistakes=[(wrong, hint) for hint, wrong in mistakes.items()],
+        hint=LOSS_HINT,
+    )
+
+
 def check_training_step(cls: Callable[..., Any]) -> None:
     """``training_step`` on a stored batch with padding: the loss, its graph, what is logged."""
     model = _StoredTagger(
         _example("training_step logits (3, 5, 6)"),
         _example("training_step logits without padding_mask (3, 5, 6)"),
     )
-    module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
-    want, mistakes = stored(_LAB, "training_step loss")
-    judge_training_step(
-        module,
-        _stored_batch(),
-        ban=MODULE_BAN,
-        expected=want,
-        mistakes=[(wrong, hint) for hint, wrong in mistakes.items()],
-        hint=LOSS_HINT,
-    )
+    training_step_check(cls, model, _stored_batch(), *stored(_LAB, "training_step loss"))
 
 
 # --------------------------------------------------------------------------------------
@@ -853,7 +768,7 @@ def optimizers_check(
 
 def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     """AdamW with two parameter groups and the warm-up + cosine schedule, stepped per step."""
-    with _seeded(0):
+    with seeded(0):
         model = ProbeModel()
     schedule = Schedule(lr=0.01, warmup_steps=4, total_steps=12)
     want, mistakes = stored(_LAB, f"learning rates {schedule}")

@@ -1,16 +1,13 @@
-"""Hidden checks of lab 04 (the transformer block), their oracles, the mistake catalogues and the
-visible checks' stored examples.
+"""Hidden checks of lab 04 (the transformer block): the oracles, the catalogues of typical
+mistakes, the drawn cases, and the visible checks' stored examples (:func:`fixtures`, written to
+``checks/fixtures/lab04.json`` by ``labs build``).
 
-The oracles compute in float64 from the student's own weights, written out (means and variances,
-per-head score matrices, a softmax over the keys), independently of the visible checks' PyTorch
-references and of the kit's blocks. Dropout in training mode is reproduced by drawing the masks
-with ``F.dropout`` from the seed the student's block runs under, in the order each placement
-(correct or mistaken) would draw them, so a dropout in the wrong place is named. The mistake
-catalogues give what each typical wrong answer returns: a layer norm over the wrong axis or with
-``eps`` outside the root, a block without residuals or with its norms swapped, a mask ignored or
-inverted, a loss averaged over padding, a schedule without warm-up or stepped per epoch...
-
-:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab04.json``).
+Each part's :class:`~transformer_lab.checks._generated.Oracle` pairs the visible module's
+declaration with a float64 oracle written out from the case's weights (means and variances,
+per-head scores, a softmax over the keys: :mod:`._blocks`, shared with lab 06), independent of
+the visible checks' PyTorch references and of the kit's blocks. Dropout in training mode is
+reproduced by drawing the masks with ``F.dropout`` from the case's seed, in the order each
+placement (correct or mistaken) would draw them, so a dropout in the wrong place is named.
 
 Reference: Prince, *Understanding Deep Learning*, section 12.4; Vaswani et al., "Attention Is
 All You Need" (2017), sections 3.1, 5.3, 5.4; Xiong et al., "On Layer Normalization in the
@@ -30,38 +27,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab04
-from transformer_lab.checks._common import (
-    close,
-    compare,
-    expect_shape,
-    expect_true,
-    generator,
-    randint,
-)
+from transformer_lab.checks._common import expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
-from transformer_lab.checks._lightning import Schedule, judge_training_step
+from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
-    LOSS_HINT,
-    MODULE_BAN,
     SPEC,
     ProbeModel,
-    block_weights,
-    build_block,
-    build_feed_forward,
-    build_module,
-    load_weights,
     optimizers_check,
-    run_block,
-    run_feed_forward,
+    random_weights,
+    seeded,
+    training_step_check,
     values_at,
 )
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
 __all__ = [
-    "encoder_block_mistakes",
-    "feed_forward_mistakes",
     "fixtures",
     "hidden_check_configure_optimizers",
     "hidden_check_encoder_block_mask",
@@ -72,14 +54,6 @@ __all__ = [
     "hidden_check_layer_norm",
     "hidden_check_layer_norm_numerics",
     "hidden_check_training_step",
-    "layer_norm_mistakes",
-    "oracle_encoder_block",
-    "oracle_feed_forward",
-    "oracle_layer_norm",
-    "oracle_learning_rates",
-    "oracle_tagging_loss",
-    "schedule_mistakes",
-    "tagging_loss_mistakes",
 ]
 
 
@@ -204,128 +178,107 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
 # --------------------------------------------------------------------------------------
 
 
-def _ff64(module: nn.Module) -> dict[str, Tensor]:
-    first, second = module.linear1, module.linear2
-    return {
-        "w1": first.weight.detach().double(),
-        "b1": first.bias.detach().double(),
-        "w2": second.weight.detach().double(),
-        "b2": second.bias.detach().double(),
-    }
+def _dropout_masks(
+    seed: int, shapes: list[tuple[int, ...]], p: float, dtype: torch.dtype, seq_first: bool = False
+) -> list[Tensor]:
+    """The scaled dropout masks ``F.dropout`` draws, in this order, from ``seed``.
+
+    Dropout fills its mask in memory order: with ``seq_first`` the first mask is drawn on a
+    ``(T, B, ...)`` tensor seen as ``(B, T, ...)``, the layout of
+    ``nn.MultiheadAttention(batch_first=True)``'s output.
+    """
+    masks = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # as the student's module ran
+        for i, (b, t, *rest) in enumerate(shapes):
+            if seq_first and i == 0:
+                ones = torch.ones(t, b, *rest, dtype=dtype).transpose(0, 1)
+            else:
+                ones = torch.ones(b, t, *rest, dtype=dtype)
+            masks.append(F.dropout(ones, p, training=True).double())
+    return masks
 
 
-def oracle_feed_forward(
-    w: Mapping[str, Tensor], x: Tensor, hidden_mask: Tensor | None = None
-) -> Tensor:
-    """``relu(x W1^T + b1) W2^T + b2`` in float64; ``hidden_mask`` scales the hidden units."""
-    return feed_forward64(x, (w["w1"], w["b1"]), (w["w2"], w["b2"]), hidden_mask)
+def _ff64(w: Mapping[str, Tensor], x: Tensor, hidden: Tensor | None = None) -> Tensor:
+    first, second = ((w[f"{n}.weight"], w[f"{n}.bias"]) for n in ("linear1", "linear2"))
+    return feed_forward64(x, first, second, hidden)
 
 
-def feed_forward_mistakes(w: Mapping[str, Tensor], x: Tensor) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``FeedForward`` returns in eval mode (float64)."""
+def oracle_feed_forward(*case: Any) -> Tensor:
+    """``relu(x W1^T + b1) W2^T + b2`` in float64 on a case ``(d_ff, dropout, weights, x,
+    seed)``; in training mode the hidden units are dropped with the mask drawn from ``seed``."""
+    d_ff, p, w, x, seed = case
+    if seed is None:
+        return _ff64(w, x)
+    (hidden,) = _dropout_masks(seed, [(*x.shape[:-1], d_ff)], p, x.dtype)
+    return _ff64(w, x, hidden)
+
+
+def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``FeedForward`` returns (float64): in eval mode a wrong
+    network, in training mode a misplaced dropout (masks drawn from ``seed``)."""
+    d_ff, p, w, x, seed = case
     x = x.double()
-    pre = x @ w["w1"].T + w["b1"]  # (..., F)
-    good = oracle_feed_forward(w, x)
+    w2, b2 = w["linear2.weight"].double(), w["linear2.bias"].double()
+    pre = x @ w["linear1.weight"].double().T + w["linear1.bias"].double()  # (..., F)
+    good = _ff64(w, x)
+    if seed is None:
+        return {
+            "It matches linear2(linear1(x)) with no nonlinearity: two linear layers in a row are "
+            "one linear map. Apply ReLU between them.": pre @ w2.T + b2,
+            "It matches relu(linear2(linear1(x))): the ReLU goes between the layers, on the "
+            "hidden units, not on the output.": torch.clamp(pre @ w2.T + b2, min=0.0),
+            "It matches GELU between the layers: this lab follows the paper and "
+            "nn.TransformerEncoderLayer's default, ReLU.": F.gelu(pre) @ w2.T + b2,
+            "It adds the input x: the residual belongs to the block (EncoderBlock); FeedForward "
+            "returns linear2(relu(linear1(x))) only.": x + good,
+        }
+    d_model, lead = x.shape[-1], tuple(x.shape[:-1])
+    (on_out,) = _dropout_masks(seed, [(*lead, d_model)], p, x.dtype)
+    twice_hidden, twice_out = _dropout_masks(seed, [(*lead, d_ff), (*lead, d_model)], p, x.dtype)
     return {
-        "It matches linear2(linear1(x)) with no nonlinearity: two linear layers in a row are one "
-        "linear map. Apply ReLU between them.": pre @ w["w2"].T + w["b2"],
-        "It matches relu(linear2(linear1(x))): the ReLU goes between the layers, on the hidden "
-        "units, not on the output.": torch.clamp(pre @ w["w2"].T + w["b2"], min=0.0),
-        "It matches GELU between the layers: this lab follows the paper and "
-        "nn.TransformerEncoderLayer's default, ReLU.": F.gelu(pre) @ w["w2"].T + w["b2"],
-        "It adds the input x: the residual belongs to the block (EncoderBlock); FeedForward "
-        "returns linear2(relu(linear1(x))) only.": x + good,
-    }
-
-
-def feed_forward_dropout_cases(
-    w: Mapping[str, Tensor], x: Tensor, p: float, seed: int
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Training mode: the expected output and the mistaken placements, masks from ``seed``."""
-    d_model, d_ff = w["w1"].shape[1], w["w1"].shape[0]
-    lead = tuple(x.shape[:-1])
-
-    def draws(*widths: int) -> list[Tensor]:  # from the seed the student's call ran under
-        return _dropout_masks(seed, [(*lead, n) for n in widths], p, x.dtype, set())
-
-    (hidden,) = draws(d_ff)
-    (on_out,) = draws(d_model)
-    (on_in,) = draws(d_model)
-    twice_hidden, twice_out = draws(d_ff, d_model)
-    expected = oracle_feed_forward(w, x, hidden)
-    named = {
-        "It matches dropout on the output of linear2: FeedForward drops hidden units (d_ff "
-        "wide, after the ReLU, before linear2); the block drops the output.": (
-            oracle_feed_forward(w, x) * on_out
-        ),
+        lab04.EVAL_IN_TRAINING: good,
+        lab04.ON_OUTPUT: good * on_out,
         "It matches dropout on the input x: drop the hidden units (after the ReLU, before "
-        "linear2) instead.": oracle_feed_forward(w, x.double() * on_in),
+        "linear2) instead.": _ff64(w, x * on_out),
         "It matches dropout on the hidden units and again on the output: FeedForward drops the "
         "hidden units only; the block's dropout2 handles its output.": (
-            oracle_feed_forward(w, x, twice_hidden) * twice_out
+            _ff64(w, x, twice_hidden) * twice_out
         ),
     }
-    return expected, named
 
 
-def _expect_feed_forward(ff: nn.Module, x: Tensor, what: str) -> None:
-    w = _ff64(ff)
-    answer = run_feed_forward(ff, x, what)
-    compare(
-        answer,
-        oracle_feed_forward(w, x),
-        what=f"{what}(x) on x of shape {tuple(x.shape)} ({x.dtype})",
-        candidates=[(t, h) for h, t in feed_forward_mistakes(w, x).items()],
-        hint="Expected linear2(relu(linear1(x))), every token on its own.",
-    )
+FEED_FORWARD = Oracle(lab04.FEED_FORWARD, oracle_feed_forward, feed_forward_mistakes)
 
 
-def hidden_check_feed_forward(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Random sizes; 2-D, 3-D and 4-D inputs; a float64 module; eval mode."""
-    g = generator(seed)
-    for trial in range(2):
+def _ff_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    cases: list[tuple[Any, ...]] = []
+    for _ in range(2):
         d_model, d_ff = randint(3, 12, g), randint(5, 40, g)
-        ff, what = build_feed_forward(cls, d_model, d_ff, seed=seed + trial)
-        _expect_feed_forward(ff, torch.randn(3, 4, d_model, generator=g) * 2.0, what)
-        _expect_feed_forward(ff, torch.randn(6, d_model, generator=g) * 2.0, what)
-        _expect_feed_forward(ff, torch.randn(2, 2, 3, d_model, generator=g), what)
-    ff, what = build_feed_forward(cls, 5, 7, seed=seed)
-    ff.double()
-    _expect_feed_forward(ff, torch.randn(2, 3, 5, generator=g, dtype=torch.float64), what)
+        w = random_weights(d_model, d_ff, g)
+        for lead, scale in (((3, 4), 2.0), ((6,), 2.0), ((2, 2, 3), 1.0)):
+            cases.append((d_ff, 0.0, w, torch.randn(*lead, d_model, generator=g) * scale, None))
+    x = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    return [*cases, (7, 0.0, random_weights(5, 7, g), x, None)]
+
+
+hidden_check_feed_forward = FEED_FORWARD.hidden(
+    "hidden_check_feed_forward",
+    _ff_cases,
+    """Random sizes and weights; 2-D, 3-D and 4-D inputs; a float64 module; eval mode.""",
+)
 
 
 def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Training mode: dropout on the hidden units only (shared seed); eval mode: none."""
+    """Eval mode: no dropout; training mode: dropout on the hidden units only (one seed)."""
     g = generator(seed)
+    cases = []
     for p in (0.5, 0.2):
         d_model, d_ff = randint(4, 10, g), randint(12, 30, g)
-        ff, what = build_feed_forward(cls, d_model, d_ff, dropout=p, seed=seed)
         x = torch.randn(3, 5, d_model, generator=g)
-        w = _ff64(ff)
-        in_eval = run_feed_forward(ff, x, what)
-        compare(
-            in_eval,
-            oracle_feed_forward(w, x),
-            what=f"{what}(x) in eval mode (dropout off)",
-            candidates=[(t, h) for h, t in feed_forward_mistakes(w, x).items()],
-            hint="In eval mode dropout does nothing: use nn.Dropout, or F.dropout(..., "
-            "training=self.training).",
-        )
-        trained = run_feed_forward(ff, x, what, training=True, seed=seed + 17)
-        expect_true(
-            not close(trained, in_eval),
-            f"{what} in training mode gives the output of eval mode: apply nn.Dropout(dropout) "
-            "to the hidden units in forward.",
-        )
-        expected, mistakes = feed_forward_dropout_cases(w, x, p, seed + 17)
-        compare(
-            trained,
-            expected,
-            what=f"{what}(x) in training mode (masks from one seed)",
-            candidates=[(t, h) for h, t in mistakes.items()],
-            hint="Drop the hidden units once, with nn.Dropout(dropout) between the ReLU and "
-            "linear2.",
-        )
+        cases.append((d_ff, p, random_weights(d_model, d_ff, g), x, seed + 17))
+    FEED_FORWARD.judge(cls, [(*case[:-1], None) for case in cases])
+    FEED_FORWARD.judge(cls, cases)
 
 
 # --------------------------------------------------------------------------------------
@@ -333,13 +286,14 @@ def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int =
 # --------------------------------------------------------------------------------------
 
 
-class _Oracle:
-    """The pieces of an encoder block in float64, from the student's weights."""
+class _Pieces:
+    """The sub-layers of an encoder block in float64, from a case's weights; ``bessel``: its
+    norms divide by ``D - 1`` (``x.var()``'s default), a typical mistake."""
 
-    def __init__(self, w: Mapping[str, Tensor], n_heads: int, eps: tuple[float, float]) -> None:
+    def __init__(self, w: Mapping[str, Tensor], n_heads: int, bessel: bool = False) -> None:
         self.w = {k: v.detach().double() for k, v in w.items()}
         self.n_heads = n_heads
-        self.eps = eps
+        self.bessel = bessel
 
     def _layer(self, name: str) -> tuple[Tensor, Tensor]:
         return self.w[f"{name}.weight"], self.w[f"{name}.bias"]
@@ -350,84 +304,87 @@ class _Oracle:
         layers = tuple(self._layer(f"self_attn.{n}") for n in names)
         return multi_head64(h, h, h, layers, self.n_heads, mask)
 
-    def scores(self, h: Tensor) -> Tensor:
-        """Raw scores ``(B, H, T, S)`` of ``h``, before masking and softmax."""
-        w, H = self.w, self.n_heads
-        B, T, D = h.shape
-        q = (h @ w["self_attn.q_proj.weight"].T + w["self_attn.q_proj.bias"]).reshape(B, T, H, -1)
-        k = (h @ w["self_attn.k_proj.weight"].T + w["self_attn.k_proj.bias"]).reshape(B, T, H, -1)
-        return torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D // H)
-
     def feed_forward(self, h: Tensor, hidden_mask: Tensor | None = None) -> Tensor:
-        first, second = self._layer("ff.linear1"), self._layer("ff.linear2")
-        return feed_forward64(h, first, second, hidden_mask)
+        return feed_forward64(h, self._layer("ff.linear1"), self._layer("ff.linear2"), hidden_mask)
 
     def norm(self, index: int, h: Tensor) -> Tensor:
-        return oracle_layer_norm(h, *self._layer(f"norm{index}"), self.eps[index - 1])
-
-
-def _eps(block: nn.Module) -> tuple[float, float]:
-    return (getattr(block.norm1, "eps", 1e-5), getattr(block.norm2, "eps", 1e-5))
-
-
-def oracle_encoder_block(
-    w: Mapping[str, Tensor],
-    x: Tensor,
-    mask: Tensor | None,
-    *,
-    n_heads: int,
-    norm_first: bool,
-    eps: tuple[float, float] = (1e-5, 1e-5),
-    drops: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> Tensor:
-    """The block in float64; ``drops`` are the three scaled dropout masks in training mode."""
-    o = _Oracle(w, n_heads, eps)
-    d1, hidden, d2 = drops if drops is not None else (1.0, None, 1.0)
-    x = x.double()
-    if norm_first:
-        x = x + d1 * o.attention(o.norm(1, x), mask)
-        return x + d2 * o.feed_forward(o.norm(2, x), hidden)
-    x = o.norm(1, x + d1 * o.attention(x, mask))
-    return o.norm(2, x + d2 * o.feed_forward(x, hidden))
-
-
-_BESSEL_BLOCK = (
-    "It matches the block whose layer norms divide by D - 1 (Bessel's correction: x.var() is "
-    "unbiased by default): layer norm uses the biased variance, mean((x - mean)**2) "
-    "(x.var(unbiased=False) or correction=0)."
-)
-
-
-def _bessel_block(o: _Oracle, x: Tensor, mask: Tensor | None, norm_first: bool) -> Tensor:
-    """The block whose norms divide by D - 1 (``x.var()``'s default), in float64."""
-
-    def norm(index: int, h: Tensor) -> Tensor:
-        gain, shift = o.w[f"norm{index}.weight"], o.w[f"norm{index}.bias"]
+        gain, shift = self._layer(f"norm{index}")
+        if not self.bessel:
+            return layer_norm64(h, gain, shift)
         var = h.var(-1, unbiased=True, keepdim=True)
-        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(var + o.eps[index - 1]) * gain + shift
+        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(var + 1e-5) * gain + shift
 
-    if norm_first:
-        h = x + o.attention(norm(1, x), mask)
-        return h + o.feed_forward(norm(2, h))
-    h = norm(1, x + o.attention(x, mask))
-    return norm(2, h + o.feed_forward(h))
+    def block(
+        self, x: Tensor, mask: Tensor | None, norm_first: bool, drops: Any = (1.0, None, 1.0)
+    ) -> Tensor:
+        """Post- or pre-norm; ``drops``: the three scaled dropout masks in training mode."""
+        d1, hidden, d2 = drops
+        x = x.double()
+        if norm_first:
+            x = x + d1 * self.attention(self.norm(1, x), mask)
+            return x + d2 * self.feed_forward(self.norm(2, x), hidden)
+        x = self.norm(1, x + d1 * self.attention(x, mask))
+        return self.norm(2, x + d2 * self.feed_forward(x, hidden))
 
 
-def encoder_block_mistakes(
-    w: Mapping[str, Tensor],
-    x: Tensor,
-    mask: Tensor | None,
-    *,
-    n_heads: int,
-    norm_first: bool,
-    eps: tuple[float, float] = (1e-5, 1e-5),
+def oracle_encoder_block(*case: Any) -> Tensor:
+    """The block in float64; in training mode the three dropout masks (attention output,
+    hidden units, feed-forward output) are drawn from ``train[0]`` in torch's layer's order."""
+    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
+    drops: Any = (1.0, None, 1.0)
+    if train is not None:
+        B, T, D = x.shape
+        drops = _dropout_masks(train[0], [(B, T, D), (B, T, d_ff), (B, T, D)], p, x.dtype, train[1])
+    return _Pieces(w, n_heads).block(x, mask, norm_first, drops)
+
+
+def _dropout_mistakes(
+    o: _Pieces, d_ff: int, norm_first: bool, p: float, x: Tensor, mask: Tensor | None, train: Any
 ) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong block returns in eval mode (float64)."""
-    o = _Oracle(w, n_heads, eps)
-    x = x.double()
+    """Hint -> what a block with misplaced dropout returns in training mode (float64)."""
+    B, T, D = x.shape
+    wide, narrow = (B, T, d_ff), (B, T, D)
 
-    def sa(h: Tensor, m: Tensor | None = mask) -> Tensor:
-        return o.attention(h, m)
+    def masks(*shapes: tuple[int, ...], from_attention: bool = True) -> list[Tensor]:
+        return _dropout_masks(train[0], list(shapes), p, x.dtype, train[1] and from_attention)
+
+    # Dropout on the residual sum draws its first mask on that (contiguous) sum.
+    first, hidden, second = masks(narrow, wide, narrow, from_attention=False)
+    x64 = x.double()
+    if norm_first:
+        h = first * (x64 + o.attention(o.norm(1, x64), mask))
+        after_sum = second * (h + o.feed_forward(o.norm(2, h), hidden))
+    else:
+        h = o.norm(1, first * (x64 + o.attention(x64, mask)))
+        after_sum = o.norm(2, second * (h + o.feed_forward(h, hidden)))
+    no_ff = masks(narrow, narrow)
+    no_first = masks(wide, narrow, from_attention=False)
+    no_second = masks(narrow, wide)
+    return {
+        lab04.EVAL_IN_TRAINING: o.block(x, mask, norm_first),
+        "It matches a block whose FeedForward has no dropout: build it with the block's "
+        "dropout, FeedForward(d_model, d_ff, dropout).": o.block(
+            x, mask, norm_first, (no_ff[0], None, no_ff[1])
+        ),
+        "It matches a block without dropout on the attention output: x + dropout1(self_attn(...)) "
+        "before the residual sum.": o.block(x, mask, norm_first, (1.0, *no_first)),
+        "It matches a block without dropout on the feed-forward output: x + dropout2(ff(...)) "
+        "before the residual sum.": o.block(x, mask, norm_first, (*no_second, 1.0)),
+        "It matches dropout applied to the residual sum, dropout(x + sublayer): drop only the "
+        "sub-layer's output, x + dropout(sublayer(...)), so that the residual path stays "
+        "intact.": after_sum,
+    }
+
+
+def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong block returns (float64): in eval mode a wrong block, in
+    training mode a misplaced dropout."""
+    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
+    o = _Pieces(w, n_heads)
+    if train is not None:
+        return _dropout_mistakes(o, d_ff, norm_first, p, x, mask, train)
+    x = x.double()
+    sa, ff = o.attention, o.feed_forward
 
     def n1(h: Tensor) -> Tensor:
         return o.norm(1, h)
@@ -435,22 +392,12 @@ def encoder_block_mistakes(
     def n2(h: Tensor) -> Tensor:
         return o.norm(2, h)
 
-    ff = o.feed_forward
+    def run(h: Tensor, m: Tensor | None) -> Tensor:
+        return o.block(h, m, norm_first)
 
-    def post(h: Tensor, m: Tensor | None = mask) -> Tensor:
-        h = n1(h + sa(h, m))
-        return n2(h + ff(h))
-
-    def pre(h: Tensor, m: Tensor | None = mask) -> Tensor:
-        h = h + sa(n1(h), m)
-        return h + ff(n2(h))
-
-    run = pre if norm_first else post
     named: dict[str, Tensor] = {}
-
     if mask is not None:
-        B, T = x.shape[:2]
-        keep = mask.bool().expand(B, 1, T, T)[:, 0].diagonal(dim1=1, dim2=2)  # (B, T)
+        keep = mask.bool()[:, 0, 0, :]  # (B, T): the first query row, as the mistake reads it
         named["It matches the block without the mask: pass mask on to self_attn."] = run(x, None)
         named[
             "It matches the inverted mask: in this kit True means 'may attend' (a real token). "
@@ -459,36 +406,40 @@ def encoder_block_mistakes(
         named[
             "It zeroes the outputs at padded positions: leave them; the mask only hides padded "
             "keys, and the loss ignores those positions."
-        ] = run(x) * keep[..., None]
+        ] = run(x, mask) * keep[..., None]
         if mask.shape[-2] > 1:
             named[
                 "It uses only the first query row of the mask (mask[:, 0, 0, :]): pass the "
                 "whole mask on to self_attn; it broadcasts to (B, H, T, T)."
             ] = run(x, mask.bool()[:, :, :1, :])
     if norm_first:
-        h = x + sa(n1(x))
+        h = x + sa(n1(x), mask)
         named.update(
             {
                 "With norm_first=True your block computes post-norm, norm(x + sublayer(x)): "
-                "pre-norm normalises the sub-layer's input, x + sublayer(norm(x)).": post(x),
+                "pre-norm normalises the sub-layer's input, x + sublayer(norm(x)).": o.block(
+                    x, mask, False
+                ),
                 "It matches pre-norm without residuals: add the input back, "
-                "x = x + sublayer(norm(x)).": ff(n2(sa(n1(x)))),
+                "x = x + sublayer(norm(x)).": ff(n2(sa(n1(x), mask))),
                 "The residual adds the normalised input: pre-norm keeps the residual path "
                 "un-normalised, x + sublayer(norm(x)), not norm(x) + sublayer(norm(x)).": (
                     lambda a: n2(a) + ff(n2(a))
-                )(n1(x) + sa(n1(x))),
+                )(n1(x) + sa(n1(x), mask)),
                 "The attention residual adds the normalised input: keep the residual path "
                 "un-normalised, x + self_attn(norm1(x)).": (lambda a: a + ff(n2(a)))(
-                    n1(x) + sa(n1(x))
+                    n1(x) + sa(n1(x), mask)
                 ),
                 "The feed-forward residual adds the normalised input: keep the residual path "
                 "un-normalised, x + ff(norm2(x)).": n2(h) + ff(n2(h)),
                 "The attention sub-layer has no residual: x = x + self_attn(norm1(x)).": (
                     lambda a: a + ff(n2(a))
-                )(sa(n1(x))),
+                )(sa(n1(x), mask)),
                 "The feed-forward sub-layer has no residual: x = x + ff(norm2(x)).": ff(n2(h)),
                 "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer, "
-                "norm2 to the feed-forward sub-layer.": (lambda a: a + ff(n1(a)))(x + sa(n2(x))),
+                "norm2 to the feed-forward sub-layer.": (lambda a: a + ff(n1(a)))(
+                    x + sa(n2(x), mask)
+                ),
                 "It normalises the block's output as well: pre-norm is x + sublayer(norm(x)) "
                 "and nothing more (the stack's final norm comes after the last block).": n2(
                     h + ff(n2(h))
@@ -496,332 +447,142 @@ def encoder_block_mistakes(
             }
         )
     else:
-        a = n1(x + sa(x))
+        a = n1(x + sa(x, mask))
         named.update(
             {
                 "With norm_first=False your block computes pre-norm, x + sublayer(norm(x)): the "
-                "default is post-norm ('Add & Norm'), norm(x + sublayer(x)).": pre(x),
+                "default is post-norm ('Add & Norm'), norm(x + sublayer(x)).": o.block(
+                    x, mask, True
+                ),
                 "It matches post-norm without residuals, norm(sublayer(x)): add the input "
-                "before normalising, norm(x + sublayer(x)).": n2(ff(n1(sa(x)))),
+                "before normalising, norm(x + sublayer(x)).": n2(ff(n1(sa(x, mask)))),
                 "The attention sub-layer has no residual: x = norm1(x + self_attn(x)).": (
                     lambda b: n2(b + ff(b))
-                )(n1(sa(x))),
+                )(n1(sa(x, mask))),
                 "The feed-forward sub-layer has no residual: x = norm2(x + ff(x)).": n2(ff(a)),
                 "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer, "
-                "norm2 to the feed-forward sub-layer.": (lambda b: n1(b + ff(b)))(n2(x + sa(x))),
+                "norm2 to the feed-forward sub-layer.": (lambda b: n1(b + ff(b)))(
+                    n2(x + sa(x, mask))
+                ),
                 "It has no layer norm at all: post-norm applies norm1 after the attention "
                 "residual and norm2 after the feed-forward residual.": (lambda b: b + ff(b))(
-                    x + sa(x)
+                    x + sa(x, mask)
                 ),
                 "The feed-forward residual is not normalised: x = norm2(x + ff(x)).": a + ff(a),
                 "It normalises the sub-layer's output and then adds x, x + norm(sublayer(x)): "
                 "Add & Norm adds first, norm(x + sublayer(x)).": (lambda b: b + n2(ff(b)))(
-                    x + n1(sa(x))
+                    x + n1(sa(x, mask))
                 ),
             }
         )
-    named[_BESSEL_BLOCK] = _bessel_block(o, x, mask, norm_first)
+    named[
+        "It matches the block whose layer norms divide by D - 1 (Bessel's correction: x.var() "
+        "is unbiased by default): layer norm uses the biased variance, mean((x - mean)**2) "
+        "(x.var(unbiased=False) or correction=0)."
+    ] = _Pieces(w, n_heads, bessel=True).block(x, mask, norm_first)
     return named
 
 
-def _dropout_masks(
-    seed: int, shapes: list[tuple[int, ...]], p: float, dtype: torch.dtype, transposed: set[int]
-) -> list[Tensor]:
-    """The scaled dropout masks ``F.dropout`` draws, in this order, from ``seed``.
-
-    Dropout fills its mask in memory order: the masks whose index is in ``transposed`` are drawn
-    on a ``(T, B, ...)`` tensor seen as ``(B, T, ...)``, the layout of
-    ``nn.MultiheadAttention(batch_first=True)``'s output.
-    """
-    masks = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # as the student's block ran
-        for i, (b, t, *rest) in enumerate(shapes):
-            ones = torch.ones(t, b, *rest, dtype=dtype).transpose(0, 1) if i in transposed else None
-            ones = torch.ones(b, t, *rest, dtype=dtype) if ones is None else ones
-            masks.append(F.dropout(ones, p, training=True).double())
-    return masks
-
-
-def encoder_block_dropout_cases(
-    w: Mapping[str, Tensor],
-    x: Tensor,
-    mask: Tensor | None,
-    *,
-    n_heads: int,
-    norm_first: bool,
-    eps: tuple[float, float],
-    p: float,
-    seed: int,
-    sequence_first_attention: bool = False,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Training mode: the expected output and what misplaced dropouts give, masks from ``seed``.
-
-    ``sequence_first_attention``: the attention module returns a transposed view (as
-    ``nn.MultiheadAttention(batch_first=True)`` does), so dropout1's mask is drawn in that order.
-    """
-    B, T, D = x.shape
-    d_ff = w["ff.linear1.weight"].shape[0]
-    wide, narrow = (B, T, d_ff), (B, T, D)
-    o = _Oracle(w, n_heads, eps)
-    x64 = x.double()
-
-    def block(drops: tuple[Any, Any, Any]) -> Tensor:
-        return oracle_encoder_block(
-            w, x, mask, n_heads=n_heads, norm_first=norm_first, eps=eps, drops=drops
-        )
-
-    def masks(*shapes: tuple[int, ...], first_from_attention: bool = True) -> list[Tensor]:
-        late = {0} if sequence_first_attention and first_from_attention else set()
-        return _dropout_masks(seed, list(shapes), p, x.dtype, late)
-
-    expected = block(tuple(masks(narrow, wide, narrow)))
-    # Dropout on the residual sum draws its first mask on that (contiguous) sum.
-    first, hidden, second = masks(narrow, wide, narrow, first_from_attention=False)
-    if norm_first:
-        h = first * (x64 + o.attention(o.norm(1, x64), mask))
-        after_sum = second * (h + o.feed_forward(o.norm(2, h), hidden))
-    else:
-        h = o.norm(1, first * (x64 + o.attention(x64, mask)))
-        after_sum = o.norm(2, second * (h + o.feed_forward(h, hidden)))
-    no_ff = masks(narrow, narrow)
-    no_first = masks(wide, narrow, first_from_attention=False)
-    no_second = masks(narrow, wide)
-    named = {
-        "It matches a block whose FeedForward has no dropout: build it with the block's "
-        "dropout, FeedForward(d_model, d_ff, dropout).": block((no_ff[0], None, no_ff[1])),
-        "It matches a block without dropout on the attention output: x + dropout1(self_attn(...)) "
-        "before the residual sum.": block((1.0, no_first[0], no_first[1])),
-        "It matches a block without dropout on the feed-forward output: x + dropout2(ff(...)) "
-        "before the residual sum.": block((no_second[0], no_second[1], 1.0)),
-        "It matches dropout applied to the residual sum, dropout(x + sublayer): drop only the "
-        "sub-layer's output, x + dropout(sublayer(...)), so that the residual path stays "
-        "intact.": after_sum,
-    }
-    return expected, named
-
-
-def _expect_block(
-    block: nn.Module,
-    x: Tensor,
-    mask: Tensor | None,
-    *,
-    what: str,
-    n_heads: int,
-    norm_first: bool,
-) -> Tensor:
-    w = block_weights(block)
-    eps = _eps(block)
-    answer = run_block(block, x, mask, what)
-    form = "x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))"
-    mistakes = encoder_block_mistakes(w, x, mask, n_heads=n_heads, norm_first=norm_first, eps=eps)
-    return compare(
-        answer,
-        oracle_encoder_block(w, x, mask, n_heads=n_heads, norm_first=norm_first, eps=eps),
-        what=f"{what}(x{'' if mask is None else ', mask'}) on x of shape {tuple(x.shape)} "
-        f"({x.dtype})",
-        candidates=[(t, h) for h, t in mistakes.items()],
-        hint=f"Expected {form} for the attention sub-layer (norm1), then for the feed-forward "
-        "sub-layer (norm2).",
-    )
-
-
-def _expect_block_training(
-    block: nn.Module,
-    x: Tensor,
-    mask: Tensor | None,
-    *,
-    what: str,
-    n_heads: int,
-    norm_first: bool,
-    p: float,
-    seed: int,
-) -> None:
-    in_eval = _expect_block(block, x, mask, what=what, n_heads=n_heads, norm_first=norm_first)
-    trained = run_block(block, x, mask, what, training=True, seed=seed)
-    expect_true(
-        not close(trained, in_eval),
-        f"{what} in training mode gives the output of eval mode: dropout never acts. Drop the "
-        "attention output (dropout1) and the feed-forward output (dropout2) before each "
-        "residual sum, and build FeedForward with the block's dropout.",
-    )
-    expected, mistakes = encoder_block_dropout_cases(
-        block_weights(block),
-        x,
-        mask,
-        n_heads=n_heads,
-        norm_first=norm_first,
-        eps=_eps(block),
-        p=p,
-        seed=seed,
-        sequence_first_attention=isinstance(block.self_attn, nn.MultiheadAttention),
-    )
-    compare(
-        trained,
-        expected,
-        what=f"{what}(x, mask) in training mode (masks from one seed)",
-        candidates=[(t, h) for h, t in mistakes.items()],
-        hint="Dropout goes where nn.TransformerEncoderLayer puts it, drawn in this order: the "
-        "attention output (dropout1), the feed-forward's hidden units (inside FeedForward), "
-        "the feed-forward output (dropout2).",
-    )
-
-
-def _random_block(
-    cls: Callable[..., nn.Module],
-    g: torch.Generator,
-    *,
-    norm_first: bool,
-    dropout: float,
-    seed: int,
-) -> tuple[nn.Module, str, int]:
-    n_heads = randint(1, 3, g)
-    # With dropout, at least 4 features: a post-norm block of width 2 normalises each token to
-    # +-1 whatever was dropped, so training mode could not be told from eval mode.
-    d_model = n_heads * max(randint(2, 5, g), -(-4 // n_heads) if dropout else 2)
-    d_ff = randint(8, 32, g)
-    block, what = build_block(
-        cls, d_model, n_heads, d_ff, norm_first=norm_first, dropout=dropout, seed=seed
-    )
-    return block, what, n_heads
-
-
-def _scramble_norms(block: nn.Module, g: torch.Generator) -> None:
-    """Give the norms gains and shifts far from 1 and 0 (a swapped or unused norm then shows)."""
-    d = block.norm1.weight.shape[0]
-    load_weights(
-        block,
-        {
-            "norm1.weight": 1.0 + 0.5 * torch.randn(d, generator=g),
-            "norm1.bias": 0.5 * torch.randn(d, generator=g),
-            "norm2.weight": 1.0 + 0.5 * torch.randn(d, generator=g),
-            "norm2.bias": 0.5 * torch.randn(d, generator=g),
-        },
-        "your block",
-    )
+BLOCK = Oracle(lab04.BLOCK, oracle_encoder_block, encoder_block_mistakes)
 
 
 def _random_blocks(cls: Callable[..., nn.Module], seed: int, *, norm_first: bool) -> None:
+    """Blocks of random sizes and weights: eval mode, float64, then training mode (dropout)."""
     g = generator(seed)
-    for trial, dropout in enumerate((0.0, 0.3)):
-        block, what, n_heads = _random_block(
-            cls, g, norm_first=norm_first, dropout=dropout, seed=seed + trial
-        )
-        _scramble_norms(block, g)
-        d_model = block.norm1.weight.shape[0]
+    evaluated, trained = [], []
+    for dropout in (0.0, 0.3, 0.0):
+        n_heads = randint(1, 3, g)
+        # With dropout, at least 4 features: a post-norm block of width 2 normalises each token
+        # to +-1 whatever was dropped, so training mode could not be told from eval mode.
+        d_model = n_heads * max(randint(2, 5, g), -(-4 // n_heads) if dropout else 2)
+        d_ff = randint(8, 32, g)
+        w = random_weights(d_model, d_ff, g, block=True)
+        dtype = torch.float64 if len(evaluated) == 2 else torch.float32
         batch, seq = randint(2, 3, g), randint(2, 7, g)
-        x = torch.randn(batch, seq, d_model, generator=g)
-        _expect_block(block, x, None, what=what, n_heads=n_heads, norm_first=norm_first)
+        x = torch.randn(batch, seq, d_model, generator=g, dtype=dtype)
+        evaluated.append((n_heads, d_ff, norm_first, dropout, w, x, None, None))
         if dropout:
             keep = torch.ones(batch, seq, dtype=torch.bool)
             keep[-1, max(1, seq - 2) :] = False  # (B, T): the last sequence is padded
-            _expect_block_training(
-                block,
-                x,
-                keep[:, None, None, :],
-                what=what,
-                n_heads=n_heads,
-                norm_first=norm_first,
-                p=dropout,
-                seed=seed + 5,
-            )
-    # The same computation in float64.
-    block, what, n_heads = _random_block(cls, g, norm_first=norm_first, dropout=0.0, seed=seed)
-    block.double()
-    x = torch.randn(2, 4, block.norm1.weight.shape[0], generator=g, dtype=torch.float64)
-    _expect_block(block, x, None, what=what, n_heads=n_heads, norm_first=norm_first)
+            trained.append((n_heads, d_ff, norm_first, dropout, w, x, keep[:, None, None, :]))
+            evaluated.append((*trained[-1], None))
+    BLOCK.judge(cls, evaluated)
+    train = (seed + 5, lab04.sequence_first(cls))
+    BLOCK.judge(cls, [(*case, train) for case in trained])
 
 
 def hidden_check_encoder_block_post_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Post-norm blocks of random sizes: eval mode, training mode (dropout), float64."""
+    """Post-norm blocks of random sizes: eval mode, float64, training mode (dropout)."""
     _random_blocks(cls, seed, norm_first=False)
 
 
 def hidden_check_encoder_block_pre_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Pre-norm blocks (``norm_first=True``) of random sizes: eval, training mode, float64."""
+    """Pre-norm blocks (``norm_first=True``) of random sizes: eval, float64, training mode."""
     _random_blocks(cls, seed, norm_first=True)
 
 
-def _outscoring_case(
-    block: nn.Module,
-    g: torch.Generator,
-    keep: Tensor,
-    *,
-    n_heads: int,
-    norm_first: bool,
-) -> Tensor:
-    """Weights and inputs where every padded key out-scores every real key, for every query.
+def outscoring_case(
+    g: torch.Generator, n_heads: int, d_ff: int, keep: Tensor, *, norm_first: bool
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Weights and an input where every padded key out-scores every real key, for every query.
 
-    The query and key projections become identities, the query bias is ``6 e`` (``e``
+    The query and key projections are identities, the query bias is ``6 e`` (``e``
     alternating +-1, orthogonal in each head to the real tokens) and padded tokens are ``3 e``:
     a mask ignored, inverted or applied after the softmax then changes the output completely.
-    Returns the input ``x (B, T, D)``; the weights are loaded into ``block``.
+    Returns the weights and the input ``x (B, T, D)``.
     """
     B, T = keep.shape
-    d = block.norm1.weight.shape[0]
+    d = 2 * n_heads * randint(1, 3, g)  # even head widths
     head = d // n_heads
     e = torch.ones(d)
-    e[1::2] = -1.0  # (D,), sums to 0 over each head (head widths are even)
-    eye = torch.eye(d)
-    weights = {
-        "self_attn.q_proj.weight": eye,
-        "self_attn.q_proj.bias": 6.0 * e,
-        "self_attn.k_proj.weight": eye,
-        "self_attn.k_proj.bias": torch.zeros(d),
-    }
+    e[1::2] = -1.0  # (D,), sums to 0 over each head
+    w = random_weights(d, d_ff, g, block=True)
+    w |= {"self_attn.q_proj.weight": torch.eye(d), "self_attn.q_proj.bias": 6.0 * e}
+    w |= {"self_attn.k_proj.weight": torch.eye(d), "self_attn.k_proj.bias": torch.zeros(d)}
     if norm_first:
-        weights |= {"norm1.weight": torch.ones(d), "norm1.bias": torch.zeros(d)}
-    load_weights(block, weights, "your block")
-    o = _Oracle(block_weights(block), n_heads, _eps(block))
+        w |= {"norm1.weight": torch.ones(d), "norm1.bias": torch.zeros(d)}
     e_heads = e.reshape(n_heads, head)  # (H, Dh)
     for _ in range(20):
         z = torch.randn(B, T, n_heads, head, generator=g)  # (B, T, H, Dh)
         z = z - (z * e_heads).sum(-1, keepdim=True) / head * e_heads  # orthogonal to e per head
         x = torch.where(keep[..., None], z.reshape(B, T, d), 3.0 * e)  # (B, T, D)
-        scores = o.scores(o.norm(1, x.double()) if norm_first else x.double())  # (B, H, T, S)
+        h = layer_norm64(x, torch.ones(d), torch.zeros(d)) if norm_first else x.double()
+        q, k = (h + 6.0 * e).reshape(B, T, n_heads, head), h.reshape(B, T, n_heads, head)
+        scores = torch.einsum("bthd,bshd->bhts", q, k)  # (B, H, T, S)
         masked = ~keep[:, None, None, :].expand_as(scores)
         lowest = scores.masked_fill(~masked, float("inf")).amin(-1)  # (B, H, T)
         highest = scores.masked_fill(masked, float("-inf")).amax(-1)  # (B, H, T)
         if bool((lowest > highest + 1.0).all()):
-            return x
+            return w, x
     raise RuntimeError("no input found whose padded keys out-score the real ones")  # a bug
 
 
-def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Padding masks whose masked keys out-score the rest (post- and pre-norm), padding has no
-    say in real tokens' outputs, and a general mask of shape ``(B, 1, T, T)``."""
-    g = generator(seed)
+def _mask_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
+    cases: list[tuple[Any, ...]] = []
     for norm_first in (False, True):
-        n_heads = randint(1, 2, g)
-        d_model = n_heads * 2 * randint(1, 3, g)  # even head widths
-        d_ff = randint(8, 24, g)
-        seq = randint(5, 8, g)
-        lengths = torch.tensor([seq, seq - 2, 1])
-        keep = torch.arange(seq)[None, :] < lengths[:, None]  # (B, T) True at real tokens
-        mask = keep[:, None, None, :]  # (B, 1, 1, T)
-        block, what = build_block(cls, d_model, n_heads, d_ff, norm_first=norm_first, seed=seed)
-        x = _outscoring_case(block, g, keep, n_heads=n_heads, norm_first=norm_first)
-        out = _expect_block(block, x, mask, what=what, n_heads=n_heads, norm_first=norm_first)
+        n_heads, d_ff, seq = randint(1, 2, g), randint(8, 24, g), randint(5, 8, g)
+        keep = torch.arange(seq)[None, :] < torch.tensor([seq, seq - 2, 1])[:, None]  # (B, T)
+        w, x = outscoring_case(g, n_heads, d_ff, keep, norm_first=norm_first)
+        # The padded tokens moved: the real tokens' outputs must not change.
         moved = torch.where(keep[..., None], x, 5.0 * torch.randn(x.shape, generator=g))
-        again = expect_shape(run_block(block, moved, mask, what), tuple(x.shape), what)
-        err = float((out[keep].double() - again[keep].double()).abs().max())
-        expect_true(
-            err <= 1e-4,
-            f"{what}: changing the padded tokens changed the outputs at real tokens by up to "
-            f"{err:.3g}: padded keys must get zero attention weight (mask is True at real "
-            "tokens, shape (B, 1, 1, T)); pass it on to self_attn.",
-        )
+        for x_in in (x, moved):
+            cases.append((n_heads, d_ff, norm_first, 0.0, w, x_in, keep[:, None, None, :], None))
     # A general mask (B, 1, T, T): padding and a band around the diagonal; key 0 always allowed.
-    block, what = build_block(cls, 8, 2, 16, norm_first=False, seed=seed + 1)
-    _scramble_norms(block, g)
-    seq = 6
-    keep = torch.arange(seq)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
-    pos = torch.arange(seq)
+    keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
+    pos = torch.arange(6)
     band = (pos[:, None] - pos[None, :]).abs() <= 1  # (T, T)
     mask = keep[:, None, None, :] & band[None, None]  # (B, 1, T, T)
     mask[..., 0] = True
-    x = torch.randn(2, seq, 8, generator=g)
-    _expect_block(block, x, mask, what=what, n_heads=2, norm_first=False)
+    w, x = random_weights(8, 16, g, block=True), torch.randn(2, 6, 8, generator=g)
+    return [*cases, (2, 16, False, 0.0, w, x, mask, None)]
+
+
+def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0) -> None:
+    """Padding masks whose masked keys out-score the rest, the padded tokens moved (the real
+    tokens' outputs stay), a general mask of shape ``(B, 1, T, T)``; post-norm, then pre-norm."""
+    cases = _mask_cases(generator(seed))
+    for norm_first in (False, True):
+        BLOCK.judge(cls, [c for c in cases if lab04.BlockCase(*c).norm_first == norm_first])
 
 
 # --------------------------------------------------------------------------------------
@@ -878,8 +639,7 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
     for trial in range(2):
         vocab = classes = randint(5, 12, g)  # tagging tasks predict token ids
         batch_size, seq = randint(3, 6, g), randint(4, 9, g)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + trial)
+        with seeded(seed + trial):
             model = ProbeModel(vocab, randint(3, 8, g), classes)
         lengths = torch.randint(1, seq + 1, (batch_size,), generator=g)
         lengths[0] = seq
@@ -888,20 +648,11 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
         targets = torch.randint(0, classes, (batch_size, seq), generator=g)
         targets = targets.masked_fill(~keep, IGNORE_INDEX)
         batch = {"tokens": tokens, "padding_mask": keep, "targets": targets}
-        module = build_module(
-            cls, model, lr=0.003, weight_decay=0.01, warmup_steps=2, total_steps=10
-        )
         with torch.no_grad():
             logits, unmasked = model(tokens, keep), model(tokens)
+        expected = oracle_tagging_loss(logits, targets)
         mistakes = tagging_loss_mistakes(logits, unmasked, targets, tokens)
-        returned = judge_training_step(
-            module,
-            batch,
-            ban=MODULE_BAN,
-            expected=oracle_tagging_loss(logits, targets),
-            mistakes=[(t, h) for h, t in mistakes.items()],
-            hint=LOSS_HINT,
-        )
+        returned = training_step_check(cls, model, batch, expected, mistakes)
         returned.backward()  # Lightning will: the graph must reach the model's weights
         expect_true(
             model.head.weight.grad is not None,
@@ -975,8 +726,7 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
         weight_decay = round(float(0.01 + 0.2 * torch.rand(1, generator=g)), 3)
         warmup = randint(1, 6, g) if trial else randint(2, 6, g)
         schedule = Schedule(lr, warmup, warmup + randint(3, 15, g))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + trial)
+        with seeded(seed + trial):
             model = ProbeModel(randint(5, 20, g), randint(2, 8, g), randint(2, 9, g))
         expected = oracle_learning_rates(*schedule)
         optimizers_check(cls, model, schedule, weight_decay, expected, schedule_mistakes(*schedule))
@@ -985,22 +735,6 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
 # --------------------------------------------------------------------------------------
 # The visible checks' worked examples
 # --------------------------------------------------------------------------------------
-
-
-def _block_example_weights(g: torch.Generator, d: int, d_ff: int) -> dict[str, Tensor]:
-    """Random weights of an ``EncoderBlock(d, ., d_ff)`` in the kit's layout (float32)."""
-    w: dict[str, Tensor] = {}
-    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        w[f"self_attn.{name}.weight"] = torch.randn(d, d, generator=g) / math.sqrt(d)
-        w[f"self_attn.{name}.bias"] = 0.2 * torch.randn(d, generator=g)
-    w["ff.linear1.weight"] = torch.randn(d_ff, d, generator=g) / math.sqrt(d)
-    w["ff.linear1.bias"] = 0.2 * torch.randn(d_ff, generator=g)
-    w["ff.linear2.weight"] = torch.randn(d, d_ff, generator=g) / math.sqrt(d_ff)
-    w["ff.linear2.bias"] = 0.2 * torch.randn(d, generator=g)
-    for name in ("norm1", "norm2"):
-        w[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(d, generator=g)
-        w[f"{name}.bias"] = 0.5 * torch.randn(d, generator=g)
-    return w
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
@@ -1018,40 +752,24 @@ def fixtures() -> dict[str, dict[str, Any]]:
     norms = [(rows, torch.ones(4), torch.zeros(4), 1e-5), (x, weight, bias, 1e-5)]
     out = LAYER_NORM.fixtures("check_layer_norm", [*norms, (x4, w6, b6, 1e-3)])
 
-    # FeedForward(4, 6)
-    ff = {
-        "linear1.weight": torch.randn(6, 4, generator=g) / 2.0,
-        "linear1.bias": 0.3 * torch.randn(6, generator=g),
-        "linear2.weight": torch.randn(4, 6, generator=g) / math.sqrt(6),
-        "linear2.bias": 0.3 * torch.randn(4, generator=g),
-    }
-    for name, value in ff.items():
-        out[f"FeedForward(4, 6) {name}"] = fixture_entry(value)
-    x = torch.randn(2, 3, 4, generator=g) * 1.5
-    out["FeedForward(4, 6) input x (2, 3, 4)"] = fixture_entry(x)
-    w = {"w1": ff["linear1.weight"], "b1": ff["linear1.bias"]}
-    w |= {"w2": ff["linear2.weight"], "b2": ff["linear2.bias"]}
-    w = {k: v.double() for k, v in w.items()}
-    out["FeedForward(4, 6)(x)"] = fixture_entry(
-        oracle_feed_forward(w, x), feed_forward_mistakes(w, x)
-    )
+    # FeedForward(4, 6) on a 3-D input, FeedForward(8, 16, dropout=0.5) on a 2-D one, eval mode
+    ff = [(6, 0.0, random_weights(4, 6, g), torch.randn(2, 3, 4, generator=g) * 1.5, None)]
+    ff.append((16, 0.5, random_weights(8, 16, g), torch.randn(5, 8, generator=g), None))
+    out |= FEED_FORWARD.fixtures("check_feed_forward", ff)
 
-    # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask
-    weights = _block_example_weights(g, 8, 16)
-    for name, value in weights.items():
-        out[f"EncoderBlock(8, 2, 16) {name}"] = fixture_entry(value)
-    x = torch.randn(2, 5, 8, generator=g)
+    # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask; then
+    # EncoderBlock(12, 3, 20) with a padding mask
+    w, x = random_weights(8, 16, g, block=True), torch.randn(2, 5, 8, generator=g)
     keep = torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None]  # (B, T)
-    out["EncoderBlock(8, 2, 16) input x (2, 5, 8)"] = fixture_entry(x)
-    out["EncoderBlock(8, 2, 16) input keep (2, 5)"] = fixture_entry(keep.double())
-    for norm_first in (False, True):
-        name = "EncoderBlock(8, 2, 16" + (", norm_first=True)" if norm_first else ")")
-        for mask in (None, keep[:, None, None, :]):
-            call = f"{name}(x{'' if mask is None else ', mask'})"
-            out[call] = fixture_entry(
-                oracle_encoder_block(weights, x, mask, n_heads=2, norm_first=norm_first),
-                encoder_block_mistakes(weights, x, mask, n_heads=2, norm_first=norm_first),
-            )
+    blocks = [
+        (2, 16, norm_first, 0.0, w, x, mask, None)
+        for norm_first in (False, True)
+        for mask in (None, keep[:, None, None, :])
+    ]
+    w, x = random_weights(12, 20, g, block=True), torch.randn(3, 6, 12, generator=g)
+    keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]  # (B, T)
+    blocks.append((3, 20, False, 0.0, w, x, keep[:, None, None, :], None))
+    out |= BLOCK.fixtures("check_encoder_block", blocks)
 
     # training_step on a padded batch, with stored logits
     keep = torch.arange(5)[None, :] < torch.tensor([5, 3, 2])[:, None]  # (B, T)
