@@ -45,30 +45,12 @@ from transformer_lab.checks._common import Case, call_forbidding, generator
 from transformer_lab.checks._generated import Given, Ordinary
 
 __all__ = [
-    "ATTENTION_BAN",
-    "CAUSAL",
-    "COMBINE",
-    "DETECTOR_BAN",
-    "LOOKS_BACK",
-    "MASK_BAN",
-    "PADDING",
-    "READS_AHEAD",
-    "TIME_AXIS",
-    "Probe",
-    "attention_example",
     "check_causal_mask",
     "check_combine_masks",
     "check_depends_on_future",
     "check_masked_attention",
     "check_masked_attention_half",
     "check_padding_mask",
-    "describe_attention",
-    "expect_attention",
-    "judge_detector",
-    "run_attention",
-    "run_detector",
-    "show_lengths",
-    "visible_probes",
 ]
 
 #: The lab's spec (``specs/lab05.toml``): its bans and shared tolerances.

@@ -54,13 +54,6 @@ from transformer_lab.grading.hidden._attention import (
 from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
 
 __all__ = [
-    "ATTENTION_HINTS",
-    "CAUSAL",
-    "COMBINE",
-    "PADDING",
-    "attention_mistakes",
-    "causal_mistakes",
-    "combine_mistakes",
     "fixtures",
     "hidden_check_causal_mask",
     "hidden_check_combine_masks",
@@ -69,11 +62,6 @@ __all__ = [
     "hidden_check_masked_attention",
     "hidden_check_masked_attention_dtypes",
     "hidden_check_padding_mask",
-    "oracle_causal_mask",
-    "oracle_combine_masks",
-    "oracle_masked_attention",
-    "oracle_padding_mask",
-    "padding_mistakes",
 ]
 
 
