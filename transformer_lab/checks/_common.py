@@ -30,7 +30,8 @@ The helpers here keep those messages uniform across labs:
   student's attention on scores that are large but finite in the dtype, which a softmax
   without the max subtraction turns into NaN (labs 02 and 05).
 * :func:`generator`, :func:`randint` and :func:`expect_module` are the small pieces the
-  hidden checks share (seeded inputs that leave the notebook's RNG alone, built modules).
+  hidden checks share (seeded inputs that leave the notebook's RNG alone, built modules);
+  :func:`load_weights` copies a case's named weights into a student's module (labs 04, 08).
 
 Reference: nbgrader's autograding model (a test cell scores when it runs without raising),
 https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assignments.html
@@ -77,6 +78,7 @@ __all__ = [
     "forbidden",
     "generator",
     "judge_cases",
+    "load_weights",
     "matching_mistakes",
     "named_mistakes",
     "note_mistake",
@@ -728,6 +730,42 @@ def expect_module(obj: Any, what: str) -> nn.Module:
             "not an nn.Module",
         )
     return obj
+
+
+def load_weights(
+    module: nn.Module,
+    weights: Mapping[str, Tensor],
+    what: str,
+    layout: str = "the attribute names of the notebook",
+) -> None:
+    """Copy ``weights`` (named as in the kit's layout) into the module's existing Parameters,
+    so that a check runs the student's module on a case's stored or drawn weights.
+
+    ``self_attn.q_proj/k_proj/v_proj`` go to the rows of ``in_proj_weight``/``in_proj_bias``
+    where ``self_attn`` is an ``nn.MultiheadAttention``.
+
+    Raises:
+        AssertionError: a parameter is missing (the message says to use ``layout``) or has
+            the wrong shape.
+    """
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            target, rows = params.get(name), slice(None)
+            if target is None and any(f".{p}." in name for p in ("q_proj", "k_proj", "v_proj")):
+                prefix, proj, kind = name.rsplit(".", 2)
+                target = params.get(f"{prefix}.in_proj_{kind}")
+                d = value.shape[0]
+                start = {"q_proj": 0, "k_proj": d, "v_proj": 2 * d}[proj]
+                rows = slice(start, start + d)
+            if target is None:
+                raise AssertionError(f"{what} has no parameter `{name}`: use {layout}.")
+            if tuple(target[rows].shape) != tuple(value.shape):
+                raise AssertionError(
+                    f"`{name}` of {what} has shape {tuple(target[rows].shape)}, expected "
+                    f"{tuple(value.shape)}: use {layout}."
+                )
+            target[rows].copy_(value)
 
 
 # --------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     forbidden,
+    load_weights,
     stored,
 )
 from transformer_lab.checks._generated import Given, Ordinary
@@ -398,15 +399,6 @@ def expect_layout(module: nn.Module, d_model: int, bias: bool, what: str) -> Non
         )
 
 
-@torch.no_grad()
-def set_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> None:
-    """Copy ``{"q_proj.weight": ..., "q_proj.bias": ...}`` into the student's projections."""
-    for name, value in weights.items():
-        layer, attr = name.split(".")
-        param = getattr(getattr(module, layer), attr)
-        param.copy_(value.to(param.dtype))
-
-
 def call_mha(
     module: nn.Module,
     query: Tensor,
@@ -598,7 +590,7 @@ def judge_example(
     module = instantiate(cls, d_model, n_heads, what=what, **({} if bias else {"bias": False}))
     expect_layout(module, d_model, bias, what)
     tensors = stored_mha(f"{what} example", bias)
-    set_weights(module, {k: v for k, v in tensors.items() if "." in k})
+    load_weights(module, {k: v for k, v in tensors.items() if "." in k}, what)
     module.to(dtype).eval()
     key = f"{what} example" + (f" with {label}" if label else "")
     mask = stored("lab03", f"{key}: mask")[0].bool() if label else None

@@ -51,6 +51,7 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     generator,
+    load_weights,
     note_mistake,
     stored,
 )
@@ -270,34 +271,6 @@ def run_module(
             return call_forbidding(module, (x.clone(),), kwargs, ban=ban, what=call)
 
     return once(seed) if training else _same_each_call(once, what)
-
-
-def load_weights(module: nn.Module, weights: Mapping[str, Tensor], what: str) -> None:
-    """Copy ``weights`` (named as in the kit's layout) into the module's existing Parameters.
-
-    ``self_attn.q_proj/k_proj/v_proj`` go to the rows of ``in_proj_weight``/``in_proj_bias``
-    where ``self_attn`` is an ``nn.MultiheadAttention``.
-    """
-    params = dict(module.named_parameters())
-    with torch.no_grad():
-        for name, value in weights.items():
-            target, rows = params.get(name), slice(None)
-            if target is None and any(f".{p}." in name for p in ("q_proj", "k_proj", "v_proj")):
-                prefix, proj, kind = name.rsplit(".", 2)
-                target = params.get(f"{prefix}.in_proj_{kind}")
-                d = value.shape[0]
-                start = {"q_proj": 0, "k_proj": d, "v_proj": 2 * d}[proj]
-                rows = slice(start, start + d)
-            if target is None:
-                raise AssertionError(
-                    f"{what} has no parameter `{name}`: use the attribute names of the notebook."
-                )
-            if tuple(target[rows].shape) != tuple(value.shape):
-                raise AssertionError(
-                    f"`{name}` of {what} has shape {tuple(target[rows].shape)}, expected "
-                    f"{tuple(value.shape)}."
-                )
-            target[rows].copy_(value)
 
 
 def _layer(w: dict[str, Tensor], name: str, n_in: int, n_out: int, g: torch.Generator) -> None:

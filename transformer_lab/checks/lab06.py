@@ -52,6 +52,7 @@ from transformer_lab.checks._common import (
     forbidden,
     generator,
     kernel_side,
+    load_weights,
     run_beside,
 )
 from transformer_lab.checks._generated import Ordinary
@@ -166,20 +167,6 @@ def torch_decoder_layer(
     return layer.eval()
 
 
-def _copy(dst: Any, src: Tensor, name: str) -> None:
-    if not isinstance(dst, Tensor):
-        raise AssertionError(
-            f"your block's {name} is missing (got {type(dst).__name__}): the checks copy "
-            f"torch's weights into it. Your block needs {_SUBLAYERS}."
-        )
-    if dst.shape != src.shape:
-        raise AssertionError(
-            f"your block's {name} has shape {tuple(dst.shape)}, torch's {tuple(src.shape)}: "
-            "check the sizes you build it with."
-        )
-    dst.copy_(src)
-
-
 class _TorchAttention(nn.Module):
     """torch's ``nn.MultiheadAttention`` behind the kit's interface (``mask`` True = attend)."""
 
@@ -253,14 +240,9 @@ def load_torch_decoder_layer(block: nn.Module, layer: nn.TransformerDecoderLayer
             replacement = _load_attention(getattr(block, name), theirs, name)
             if replacement is not None:
                 setattr(block, name, replacement)
-        for ours, theirs in (("linear1", layer.linear1), ("linear2", layer.linear2)):
-            lin = getattr(block.ff, ours, None)
-            _copy(getattr(lin, "weight", None), theirs.weight, f"ff.{ours}.weight")
-            _copy(getattr(lin, "bias", None), theirs.bias, f"ff.{ours}.bias")
-        for name in ("norm1", "norm2", "norm3"):
-            ours_norm, theirs_norm = getattr(block, name), getattr(layer, name)
-            _copy(getattr(ours_norm, "weight", None), theirs_norm.weight, f"{name}.weight")
-            _copy(getattr(ours_norm, "bias", None), theirs_norm.bias, f"{name}.bias")
+    rest = {k: v for k, v in layer.state_dict().items() if k.startswith(("linear", "norm"))}
+    ours = {("ff." if k.startswith("linear") else "") + k: v for k, v in rest.items()}
+    load_weights(block, ours, "your DecoderBlock", _SUBLAYERS)
     return block
 
 

@@ -46,6 +46,7 @@ from transformer_lab.checks._common import (
     expect_shape,
     expect_true,
     generator,
+    load_weights,
     note_mistake,
     stored,
 )
@@ -80,58 +81,35 @@ _TOL = SPEC.tol("float32")
 
 _ATTRIBUTES = (
     "qkv_proj = nn.Linear(d_model, 3 * d_model) (output columns: queries, keys, values) and "
-    "out_proj = nn.Linear(d_model, d_model)"
+    "out_proj = nn.Linear(d_model, d_model), with their biases (nn.Linear's default)"
 )
 
 
 def build_attention(
-    cls: Callable[..., nn.Module], d_model: int, n_heads: int, dropout: float = 0.0
+    cls: Callable[..., nn.Module],
+    d_model: int,
+    n_heads: int,
+    weights: Mapping[str, Tensor],
+    dropout: float = 0.0,
 ) -> tuple[nn.Module, str]:
-    """The student's ``CausalSelfAttention(d_model, n_heads[, dropout])`` under the ban.
+    """The student's ``CausalSelfAttention(d_model, n_heads[, dropout])`` built under the ban,
+    with ``weights`` loaded (``qkv_proj.weight (3D, D)``, ``qkv_proj.bias``,
+    ``out_proj.weight``, ``out_proj.bias``).
 
     Returns:
         ``(module, how messages name it)``.
 
     Raises:
         AssertionError: the class fails, builds no module, or lacks ``qkv_proj``/``out_proj``
-            of the right shapes.
+            (with biases) of the right shapes.
     """
     what = f"CausalSelfAttention({d_model}, {n_heads}" + (
         f", dropout={dropout:g})" if dropout else ")"
     )
     args: tuple[Any, ...] = (d_model, n_heads) + ((dropout,) if dropout else ())
     module = expect_module(call_forbidding(cls, args, {}, ban=ATTENTION_BAN, what=what), what)
-    D = d_model
-    for name, shape in (("qkv_proj", (3 * D, D)), ("out_proj", (D, D))):
-        layer = getattr(module, name, None)
-        weight = getattr(layer, "weight", None)
-        bias = getattr(layer, "bias", None)
-        if not isinstance(weight, Tensor):
-            raise AssertionError(
-                f"{what} has no {name} layer with a weight: the checks copy weights into "
-                f"{_ATTRIBUTES}."
-            )
-        if tuple(weight.shape) != shape:
-            raise AssertionError(
-                f"{what}.{name}.weight has shape {tuple(weight.shape)}, expected {shape}: "
-                f"{_ATTRIBUTES}."
-            )
-        if not isinstance(bias, Tensor) or tuple(bias.shape) != (shape[0],):
-            raise AssertionError(
-                f"{what}.{name} has no bias of shape ({shape[0]},): GPT's projections have "
-                "biases (nn.Linear's default bias=True)."
-            )
+    load_weights(module, weights, what, _ATTRIBUTES)
     return module, what
-
-
-def load_attention(module: nn.Module, weights: Mapping[str, Tensor]) -> nn.Module:
-    """Copy ``qkv_weight (3D, D)``, ``qkv_bias``, ``out_weight``, ``out_bias`` into the module."""
-    with torch.no_grad():
-        module.qkv_proj.weight.copy_(weights["qkv_weight"])
-        module.qkv_proj.bias.copy_(weights["qkv_bias"])
-        module.out_proj.weight.copy_(weights["out_weight"])
-        module.out_proj.bias.copy_(weights["out_bias"])
-    return module
 
 
 _ERROR_HINT = (
@@ -260,7 +238,7 @@ def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float
     Dh = D // n_heads
     x = x.clone()
     x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)  # the position ramp
-    w, b = weights["qkv_weight"], weights["qkv_bias"]
+    w, b = weights["qkv_proj.weight"], weights["qkv_proj.bias"]
     for head in range(n_heads):
         q_row, k_row = head * Dh, D + head * Dh
         w[q_row] = 0.0
@@ -278,10 +256,10 @@ def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
     """
     B, T, D, H = 2, 5, 8, 2
     weights = {
-        "qkv_weight": _example_tensor((3 * D, D), 3, 5, 7, 0.125),
-        "qkv_bias": _example_tensor((3 * D,), 1, 2, 5, 0.125),
-        "out_weight": _example_tensor((D, D), 1, 2, 5, 0.125),
-        "out_bias": _example_tensor((D,), 1, 1, 3, 0.125),
+        "qkv_proj.weight": _example_tensor((3 * D, D), 3, 5, 7, 0.125),
+        "qkv_proj.bias": _example_tensor((3 * D,), 1, 2, 5, 0.125),
+        "out_proj.weight": _example_tensor((D, D), 1, 2, 5, 0.125),
+        "out_proj.bias": _example_tensor((D,), 1, 1, 3, 0.125),
     }
     x = rising_keys(weights, _example_tensor((B, T, D), 3, 5, 5, 0.25), H, 1.5)
     return x, weights, H
@@ -294,9 +272,9 @@ def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
 
 def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
     """The worked example (the later keys score highest) in one pass, in eval mode."""
-    module, what = build_attention(cls, 8, 2)
     x, weights, _ = attention_example()
-    load_attention(module, weights).eval()
+    module, what = build_attention(cls, 8, 2, weights)
+    module.eval()
     want, mistakes = stored("lab08", "CausalSelfAttention example: out")
     got = run_attention(module, x, f"{what} on the worked example")
     expect_attention(
@@ -312,9 +290,9 @@ def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
 def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
     """The worked example fed in chunks and token by token through a KV cache: the same output
     as in one pass, and the cache holds the keys and values."""
-    module, what = build_attention(cls, 8, 2)
     x, weights, H = attention_example()
-    load_attention(module, weights).eval()
+    module, what = build_attention(cls, 8, 2, weights)
+    module.eval()
     want, one_pass = stored("lab08", "CausalSelfAttention example: out")
     expect_attention(
         run_attention(module, x, f"{what} on the worked example"),

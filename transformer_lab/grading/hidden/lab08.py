@@ -38,7 +38,6 @@ from transformer_lab.checks.lab08 import (
     expect_attention,
     judge_cache_contents,
     judge_calls,
-    load_attention,
     rising_keys,
     run_attention,
     run_generate,
@@ -46,6 +45,7 @@ from transformer_lab.checks.lab08 import (
     split_case,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden import lab07 as hidden07
 from transformer_lab.grading.hidden._attention import (
     attend64,
     distinct_mistakes,
@@ -92,7 +92,7 @@ def oracle_projections(
     thirds = {}
     for i, name in enumerate(order):
         rows = slice(i * D, (i + 1) * D)
-        thirds[name] = x @ w["qkv_weight"][rows].T + w["qkv_bias"][rows]  # (B, T, D)
+        thirds[name] = x @ w["qkv_proj.weight"][rows].T + w["qkv_proj.bias"][rows]  # (B, T, D)
     return tuple(heads_split_as(thirds[n], n_heads, split) for n in "qkv")  # type: ignore[return-value]
 
 
@@ -120,8 +120,8 @@ def oracle_attention(
     """Causal self-attention of ``x (B, T, D)`` in float64, fed chunk by chunk.
 
     Args:
-        weights: ``qkv_weight (3D, D)`` (rows: queries, keys, values), ``qkv_bias (3D)``,
-            ``out_weight (D, D)``, ``out_bias (D)``.
+        weights: ``qkv_proj.weight (3D, D)`` (rows: queries, keys, values), ``qkv_proj.bias (3D)``,
+            ``out_proj.weight (D, D)``, ``out_proj.bias (D)``.
         x: the whole sequence.
         n_heads: ``H``.
         schedule: ``(start, end)`` chunks; default one pass.
@@ -154,7 +154,7 @@ def oracle_attention(
         )  # (B, H, t, Dh)
         out = heads_merged_as(heads, merge)  # (B, t, D)
         if variant != "no_out_proj":
-            out = out @ w["out_weight"].T + w["out_bias"]
+            out = out @ w["out_proj.weight"].T + w["out_proj.bias"]
         outs.append(out)
     return torch.cat(outs, dim=1)
 
@@ -239,15 +239,14 @@ def _attention_case(
         ``(module, its weights, x (B, T, D), how messages name it, n_heads)``.
     """
     D, heads, B, T = _sizes(g)
-    module, what = build_attention(cls, D, heads, dropout)
     weights = {
-        "qkv_weight": torch.randn(3 * D, D, generator=g) / math.sqrt(D),
-        "qkv_bias": 0.3 * torch.randn(3 * D, generator=g),
-        "out_weight": torch.randn(D, D, generator=g) / math.sqrt(D),
-        "out_bias": 0.3 * torch.randn(D, generator=g),
+        "qkv_proj.weight": torch.randn(3 * D, D, generator=g) / math.sqrt(D),
+        "qkv_proj.bias": 0.3 * torch.randn(3 * D, generator=g),
+        "out_proj.weight": torch.randn(D, D, generator=g) / math.sqrt(D),
+        "out_proj.bias": 0.3 * torch.randn(D, generator=g),
     }
     x = rising_keys(weights, torch.randn(B, T, D, generator=g), heads, 2.0)
-    load_attention(module, weights)
+    module, what = build_attention(cls, D, heads, weights, dropout)
     return module, weights, x, what, heads
 
 
@@ -372,7 +371,7 @@ def hidden_check_causal_self_attention_training(
     )
     expect_close(
         module.qkv_proj.weight.grad,
-        w64["qkv_weight"].grad,
+        w64["qkv_proj.weight"].grad,
         f"the gradient of {what} with respect to qkv_proj.weight",
         atol=_TOL,
         rtol=_TOL,
@@ -404,17 +403,14 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
     at position 0 is either all zeros or the whole value scaled by 1/(1-p)."""
     D, H, p = 16, 4, 0.5
     Dh = D // H
-    module, what = build_attention(cls, D, H, p)
     eye = torch.eye(D)
-    load_attention(
-        module,
-        {
-            "qkv_weight": torch.cat([torch.randn(2 * D, D, generator=g), eye]),  # values = x
-            "qkv_bias": torch.zeros(3 * D),
-            "out_weight": eye,
-            "out_bias": torch.zeros(D),
-        },
-    )
+    weights = {
+        "qkv_proj.weight": torch.cat([torch.randn(2 * D, D, generator=g), eye]),  # values = x
+        "qkv_proj.bias": torch.zeros(3 * D),
+        "out_proj.weight": eye,
+        "out_proj.bias": torch.zeros(D),
+    }
+    module, what = build_attention(cls, D, H, weights, p)
     module.train()
     x = 1.0 + torch.rand(8, 3, D, generator=g)  # positive: a kept head never looks dropped
     head_x = x[:, 0].reshape(8, H, Dh)  # (B, H, Dh): the value of query 0's only key
@@ -649,22 +645,14 @@ hidden_check_generate_edges = GREEDY.hidden(
 
 
 def _filtered_probs(table: Tensor, t: float, top_k: int | None, top_p: float | None) -> Tensor:
-    """The distribution lab 07's strategies sample from: temperature, then top-k, then top-p."""
-    logits = table.double() / t
+    """The distribution lab 07's strategies sample from: temperature, then top-k, then top-p
+    (lab 07's oracles), then the softmax."""
+    logits = hidden07.oracle_apply_temperature(table, t)
     if top_k is not None:
-        kth = torch.sort(logits, descending=True).values[top_k - 1]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    dist = torch.softmax(logits, dim=-1)
+        logits = hidden07.oracle_top_k_filter(logits, top_k)
     if top_p is not None:
-        order = torch.sort(dist, descending=True, stable=True).indices
-        before = 0.0
-        keep = torch.zeros_like(dist, dtype=torch.bool)
-        for i in order.tolist():
-            keep[i] = before < top_p or not bool(keep.any())
-            before += float(dist[i])
-        dist = torch.where(keep, dist, torch.zeros_like(dist))
-        dist = dist / dist.sum()
-    return dist
+        logits = hidden07.oracle_top_p_filter(logits, top_p)
+    return torch.softmax(logits, dim=-1)
 
 
 def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -> None:
