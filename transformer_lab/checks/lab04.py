@@ -755,26 +755,21 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
 
 @torch.no_grad()
 def accuracy_on_fresh_data(model: nn.Module, batches: Sequence[dict[str, Tensor]]) -> float:
-    """Token accuracy of a tagging model on ``batches`` of tokens, padding_mask and targets.
-
-    Positions whose target is ``-100`` do not count.
-    """
+    """Token accuracy of a tagging model on ``batches`` of tokens, padding_mask and targets
+    of one length (:func:`held_out_batches`); positions whose target is ``-100`` do not count."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    correct = total = 0
-    for batch in batches:
-        tokens = batch["tokens"].to(device)
-        mask = batch.get("padding_mask")
-        logits = model(tokens, None if mask is None else mask.to(device))  # (B, T, C)
-        targets = batch["targets"].to(device)
-        scored = targets != IGNORE_INDEX
-        correct += int((logits.argmax(-1)[scored] == targets[scored]).sum())
-        total += int(scored.sum())
+    predicted = [
+        model(b["tokens"].to(device), b["padding_mask"].to(device)).argmax(-1).cpu()  # (b, T)
+        for b in batches
+    ]
     model.train(was_training)
-    if total == 0:
+    targets = torch.cat([b["targets"] for b in batches])  # (N, T)
+    scored = targets != IGNORE_INDEX
+    if not bool(scored.any()):
         raise ValueError("accuracy_on_fresh_data got batches without any scored target")
-    return correct / total
+    return float((torch.cat(predicted)[scored] == targets[scored]).double().mean())
 
 
 def held_out_batches(
@@ -827,16 +822,16 @@ def check_trained_encoder(
     Returns:
         The measured token accuracy.
     """
-    if not isinstance(model, nn.Module):
-        raise AssertionError(
-            f"`model` should be your trained EncoderClassifier, got {type(model).__name__}: did "
-            "the training cell run?"
-        )
-    if not any(isinstance(m, block_cls) for m in model.modules()):
-        raise AssertionError(
-            "your model contains none of your EncoderBlocks: build it with "
-            "EncoderClassifier(config, blocks=[EncoderBlock(...) for _ in range(n_layers)])."
-        )
+    expect_true(
+        isinstance(model, nn.Module),
+        f"`model` should be your trained EncoderClassifier, got {type(model).__name__}: did the "
+        "training cell run?",
+    )
+    expect_true(
+        any(isinstance(m, block_cls) for m in model.modules()),
+        "your model contains none of your EncoderBlocks: build it with "
+        "EncoderClassifier(config, blocks=[EncoderBlock(...) for _ in range(n_layers)]).",
+    )
     batches = held_out_batches(task, seq_len=seq_len, min_len=min_len, num_symbols=num_symbols)
     try:
         acc = accuracy_on_fresh_data(model, batches)
@@ -844,10 +839,10 @@ def check_trained_encoder(
         raise AssertionError(
             f"running your model on new {task} sequences raised {type(exc).__name__}: {exc}"
         ) from exc
-    if acc < min_accuracy:
-        raise AssertionError(
-            f"your encoder reaches {acc:.1%} token accuracy on new {task} sequences, expected at "
-            f"least {min_accuracy:.0%}: check that the training cell ran to the end, that your "
-            "blocks and TaggingModule pass their checks, and that the mask reaches self_attn."
-        )
+    expect_true(
+        acc >= min_accuracy,
+        f"your encoder reaches {acc:.1%} token accuracy on new {task} sequences, expected at least "
+        f"{min_accuracy:.0%}: check that the training cell ran to the end, that your blocks and "
+        "TaggingModule pass their checks, and that the mask reaches self_attn.",
+    )
     return acc

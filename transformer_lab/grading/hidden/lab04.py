@@ -604,8 +604,8 @@ def tagging_loss_mistakes(
     """Hint -> the loss a typical wrong ``training_step`` computes (float64 scalars)."""
     logp = torch.log_softmax(logits.detach().double(), dim=-1)  # (B, T, C)
     real = targets != IGNORE_INDEX
-    per_token = -logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
-    per_token = torch.where(real, per_token, torch.zeros_like(per_token))
+    as_class_0 = -logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
+    per_token = torch.where(real, as_class_0, torch.zeros_like(as_class_0))
     per_sequence = per_token.sum(1) / real.sum(1).clamp(min=1)  # (B,)
     from_tokens = -logp.gather(-1, tokens.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
     return {
@@ -625,9 +625,7 @@ def tagging_loss_mistakes(
             per_sequence.mean()
         ),
         "It matches a loss that counts the padded positions as class 0: keep the targets -100, "
-        "which F.cross_entropy ignores (do not clamp or replace them).": -logp.gather(
-            -1, targets.clamp(min=0)[..., None]
-        ).mean(),
+        "which F.cross_entropy ignores (do not clamp or replace them).": as_class_0.mean(),
         "It matches the loss against batch['tokens']: the labels are batch['targets'] (the "
         "sorted sequence).": (from_tokens * real).sum() / real.sum(),
     }
