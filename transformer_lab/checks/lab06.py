@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -67,13 +68,6 @@ from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge.mirror import portable
 
 __all__ = [
-    "BLOCK",
-    "DECODE",
-    "LOSS",
-    "SHIFT",
-    "StandInTranslator",
-    "block_call",
-    "block_like_torch",
     "check_configure_optimizers",
     "check_decoder_block",
     "check_greedy_decode",
@@ -83,13 +77,6 @@ __all__ = [
     "check_trained_translator",
     "check_training_step",
     "check_validation_step",
-    "copy_task_batches",
-    "learning_rate_curve",
-    "load_torch_decoder_layer",
-    "loss_call",
-    "run_block",
-    "stand_in",
-    "torch_decoder_layer",
 ]
 
 #: The lab's spec (``specs/lab06.toml``): its bans and shared tolerances.
@@ -105,10 +92,6 @@ _SUBLAYERS = (
     "self_attn (MultiHeadAttention), cross_attn (MultiHeadAttention), ff (FeedForward with "
     "linear1 and linear2), norm1 (after self-attention), norm2 (after cross-attention) and "
     "norm3 (after the feed-forward network)"
-)
-_POST_NORM = (
-    "The block is x = norm1(x + self_attn(x, x, x, self_mask)); "
-    "x = norm2(x + cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x))."
 )
 
 
@@ -364,7 +347,9 @@ BLOCK = Ordinary(
         f"{case.what} differs from the expected output by up to "
         f"{float((case.got.double() - case.want).abs().max()):.3g}."
     ),
-    rule=_POST_NORM + " Check which norm follows which sub-layer.",
+    rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
+    "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
+    "follows which sub-layer.",
     same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     load=lambda sizes, weights, x, memory, self_mask, memory_mask: (
         tuple(sizes),
@@ -1094,9 +1079,7 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
 # ======================================================================================
 
 
-_PROBES: list[type] = []
-
-
+@functools.cache
 def probe_classes() -> tuple[type, type]:
     """``(ProbeModule, ProbeData)``: a LightningModule and DataModule for checking a Trainer call.
 
@@ -1105,8 +1088,6 @@ def probe_classes() -> tuple[type, type]:
     training batches per epoch and 2 validation batches of random numbers. Built on first use
     (Lightning imports slowly).
     """
-    if _PROBES:
-        return _PROBES[0], _PROBES[1]
     import lightning as L
 
     class ProbeModule(L.LightningModule):
@@ -1142,7 +1123,6 @@ def probe_classes() -> tuple[type, type]:
         def val_dataloader(self) -> Any:
             return torch.utils.data.DataLoader(self.val, batch_size=None)
 
-    _PROBES[:] = [ProbeModule, ProbeData]
     return ProbeModule, ProbeData
 
 

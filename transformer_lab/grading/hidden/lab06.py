@@ -78,10 +78,6 @@ __all__ = [
     "hidden_check_train_translator",
     "hidden_check_translation_module",
     "hidden_check_translator_greedy",
-    "oracle_decoder_block",
-    "oracle_greedy_decode",
-    "oracle_sequence_loss",
-    "oracle_shift_right",
 ]
 
 _ATOL = SPEC.tol("float32")  # shared with the visible checks
