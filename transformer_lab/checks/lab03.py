@@ -790,3 +790,20 @@ def check_load_torch_weights(fn: Callable[..., Any]) -> None:
     mistakes = {hint: {n: e[1][hint] for n, e in entries.items()} for hint in entries[names[0]][1]}
     judge_loaded(ours, want, mistakes, what)
     expect_copied_in_place(ours, theirs, before, what)
+    # A second module, of width 8: an answer that ignores its arguments leaves this one NaN.
+    theirs, ours = numbered_torch_mha(8, 2, True), Projections(8, 2)
+    what = "load_torch_weights(ours, theirs) with d_model=8, n_heads=2"
+    load_call(fn, ours, theirs, what)
+    weight, bias = theirs.in_proj_weight.detach().double(), theirs.in_proj_bias.detach().double()
+    want = {}
+    for i, name in enumerate(PROJECTIONS[:3]):  # row blocks q, k, v of in_proj: D rows each
+        want |= {
+            f"{name}.weight": weight[8 * i : 8 * (i + 1)],
+            f"{name}.bias": bias[8 * i : 8 * (i + 1)],
+        }
+    out = theirs.out_proj
+    want |= {
+        "out_proj.weight": out.weight.detach().double(),
+        "out_proj.bias": out.bias.detach().double(),
+    }
+    judge_loaded(ours, want, {}, what)
