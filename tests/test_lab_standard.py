@@ -218,6 +218,26 @@ def test_the_curriculum_writes_every_signature_as_the_spec_declares_it() -> None
     ]
 
 
+def test_the_readme_lists_every_labs_parts_as_its_spec_does() -> None:
+    readme = (REPO / "README.md").read_text()
+    specs = list(spec.all_specs())
+    assert spec.lint_readme(specs, readme) == []
+    lab_spec = spec.load("07_nlp_pipeline")
+    first, second = list(lab_spec.parts)[:2]
+    swapped = readme.replace(f"`{first}`, `{second}`", f"`{second}`, `{first}`")
+    parts = ", ".join(lab_spec.parts)
+    assert swapped != readme
+    assert spec.lint_readme(specs, swapped) == [
+        f"README's row of 07_nlp_pipeline lists {second}, {first}, "
+        f"{parts.removeprefix(f'{first}, {second}, ')}; its spec: {parts}"
+    ]
+    stray = readme.replace(f"`{first}`, `{second}`", f"`{first}`, `{first}_v2`, `{second}`")
+    assert spec.lint_readme(specs, stray) == [
+        f"README's row of 07_nlp_pipeline lists {parts.replace(first, f'{first}, {first}_v2', 1)}"
+        f"; its spec: {parts}"
+    ]
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_the_labs_bans_refuse_every_kit_answer_its_spec_names(lab: str) -> None:
     """A check's ban must refuse the kit's own answer of each part: calling it is no answer."""

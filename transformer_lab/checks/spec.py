@@ -67,6 +67,7 @@ __all__ = [
     "all_specs",
     "costs_table",
     "lint_curriculum",
+    "lint_readme",
     "lint_spec",
     "load",
     "parse",
@@ -709,4 +710,26 @@ def lint_curriculum(specs: list[LabSpec], markdown: str) -> list[str]:
                     problems.append(
                         f"the curriculum's row of {lab_spec.lab} writes {found}; its spec: {wanted}"
                     )
+    return problems
+
+
+def lint_readme(specs: list[LabSpec], markdown: str) -> list[str]:
+    """Where README's lab table (``| NN_name | topic | students write |``) does not list the
+    lab's graded parts as its spec does: every part, in the spec's order, each name in
+    backticks; a class part may be followed by its methods (`` `TaggingModule` (`training_step`,
+    `configure_optimizers`) ``), and nothing else in backticks."""
+    problems = []
+    for lab_spec in specs:
+        row = next((ln for ln in markdown.splitlines() if ln.startswith(f"| {lab_spec.lab} |")), "")
+        if not row:
+            problems.append(f"README's lab table has no row for {lab_spec.lab}")
+            continue
+        written = re.findall(r"`([A-Za-z_]\w*)`", row.rstrip(" |").rpartition("|")[2])
+        methods = {m.partition("(")[0] for part in lab_spec.parts.values() for m in part.methods}
+        listed = [name for name in written if name not in methods or name in lab_spec.parts]
+        if listed != list(lab_spec.parts):
+            problems.append(
+                f"README's row of {lab_spec.lab} lists {', '.join(listed) or 'no part'}; "
+                f"its spec: {', '.join(lab_spec.parts)}"
+            )
     return problems

@@ -653,6 +653,11 @@ _COURSE_CODE = {
     "hidden checks": "transformer_lab/grading/hidden/lab{n}.py",
     "spec": "transformer_lab/checks/specs/lab{n}.toml",
 }
+#: The check modules two or more labs share (counted beside the labs, not in one).
+_SHARED = {
+    "visible checks": "transformer_lab/checks/_[!_]*.py",
+    "hidden checks": "transformer_lab/grading/hidden/_[!_]*.py",
+}
 _BESIDES = {"figures": "transformer_lab/figures/lab{n}.py", "tests": "tests/test_lab{n}_*.py"}
 
 
@@ -663,16 +668,26 @@ def _lines(repo: Path, pattern: str) -> int:
 def course_code_table(repo: Path, labs: Iterable[str]) -> str:
     """``docs/labs.md``'s markdown table of what each lab costs in lines, read from the tree:
     its course code (visible checks, hidden checks, spec; figures excluded) and, beside it, its
-    figures and its tests (``tests/test_labNN_*.py``), with a row of totals."""
+    figures and its tests (``tests/test_labNN_*.py``). Then the labs' totals (what the budget
+    counts), the shared check modules (``checks/_*.py``, ``grading/hidden/_*.py``: judges that
+    two or more labs use) and the totals with them, so that moving code out of a lab shows."""
     columns = [*_COURSE_CODE, "course code", *_BESIDES]
     rows = [f"| lab | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
     totals = dict.fromkeys(columns, 0)
+
+    def row(name: str, counts: dict[str, int]) -> str:
+        return f"| {name} | " + " | ".join(str(counts[c]) for c in columns) + " |"
+
     for lab in labs:
         n = lab[:2]
         counts = {name: _lines(repo, p.format(n=n)) for name, p in _COURSE_CODE.items()}
         counts["course code"] = sum(counts.values())
         counts |= {name: _lines(repo, p.format(n=n)) for name, p in _BESIDES.items()}
-        rows.append(f"| {lab} | " + " | ".join(str(counts[c]) for c in columns) + " |")
+        rows.append(row(lab, counts))
         totals = {c: totals[c] + counts[c] for c in columns}
-    rows.append("| all | " + " | ".join(str(totals[c]) for c in columns) + " |")
+    rows.append(row("labs", totals))
+    shared = dict.fromkeys(columns, 0) | {name: _lines(repo, p) for name, p in _SHARED.items()}
+    shared["course code"] = sum(shared[name] for name in _SHARED)
+    rows.append(row("shared", shared))
+    rows.append(row("all", {c: totals[c] + shared[c] for c in columns}))
     return "\n".join(rows)
