@@ -327,3 +327,34 @@ def test_docs_labs_shows_the_course_code_table_of_the_tree() -> None:
     assert table.splitlines()[-1].startswith("| all | ")
     docs = (REPO / "docs" / "labs.md").read_text()
     assert table in docs, "docs/labs.md: paste the table printed by\n" + table
+
+
+def test_every_stored_example_belongs_to_a_part_of_its_labs_spec(tmp_path: Path) -> None:
+    from transformer_lab.grading.fixtures import check_fixtures, unowned_keys
+
+    for lab_spec in all_specs():
+        stored = REPO / "transformer_lab" / "checks" / "fixtures" / f"lab{lab_spec.lab[:2]}.json"
+        assert unowned_keys(lab_spec.lab, list(json.loads(stored.read_text()))) == []
+    # a key left behind by a renamed part is named, with the file and the spec
+    assert unowned_keys("07_nlp_pipeline", ["beam lecture: table", "check_beam_search_eos 0"]) == []
+    assert unowned_keys("07_nlp_pipeline", ["beam_serch 0", "check_beams 1"]) == [
+        "beam_serch 0",
+        "check_beams 1",
+    ]
+    hidden = importlib.import_module("transformer_lab.grading.hidden.lab07")
+    made = hidden.fixtures()
+    renamed = {key.replace("check_top_k_filter", "check_top_k"): v for key, v in made.items()}
+    fake = tmp_path / "transformer_lab" / "checks" / "fixtures"
+    fake.mkdir(parents=True)
+    (fake / "lab07.json").write_text(json.dumps(renamed))
+    original = hidden.fixtures
+    try:
+        hidden.fixtures = lambda: renamed
+        problems = check_fixtures(tmp_path, ["07_nlp_pipeline"])
+    finally:
+        hidden.fixtures = original
+    n = sum("check_top_k " in key or "check_top_k:" in key for key in renamed)
+    assert problems == [
+        f"lab07.json: {n} stored key(s) belong to no part of specs/lab07.toml, e.g. "
+        "'check_top_k: cases': begin each with its part's name"
+    ]

@@ -437,7 +437,7 @@ SDPA_MASK_EXAMPLES = {
         torch.float32,
         True,
     ),
-    "the same (2, 3, 5) mask in float16": (torch.float16, True),
+    "scaled_dot_product_attention with the same (2, 3, 5) mask in float16": (torch.float16, True),
 }
 
 

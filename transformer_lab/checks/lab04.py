@@ -744,7 +744,7 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     with seeded(0):
         model = ProbeModel()
     schedule = Schedule(lr=0.01, warmup_steps=4, total_steps=12)
-    want, mistakes = stored(_LAB, f"learning rates {schedule}")
+    want, mistakes = stored(_LAB, f"configure_optimizers learning rates {schedule}")
     optimizers_check(cls, model, schedule, 0.1, want, mistakes)
 
 

@@ -17,6 +17,11 @@ AMD EPYC), which says nothing about the examples. So
   :data:`RTOL`/:data:`ATOL` differ from what the oracles compute now.
 
 A rebuild on any machine therefore leaves the committed files byte-identical.
+
+Every stored key belongs to a graded part of the lab's spec (:func:`unowned_keys`): it begins
+with the part's name, its visible check's name, a method of a class part, or the stem that
+several parts share (``self_attention`` of ``self_attention_loop`` and ``self_attention_matrix``),
+so that renaming or removing a part leaves no example behind unnoticed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,7 @@ __all__ = [
     "check_fixtures",
     "first_difference",
     "fixture_text",
+    "unowned_keys",
     "write_fixtures",
 ]
 
@@ -145,8 +152,30 @@ def write_fixtures(repo: Path, labs: list[str]) -> list[str]:
     return written
 
 
+def unowned_keys(lab: str, keys: list[str]) -> list[str]:
+    """The stored keys of ``lab`` (``NN_name``) that belong to no graded part of its spec: a
+    key's first word (up to a space, ``(`` or ``:``) must be a part's name, its visible check or
+    one of its further checks (``check_bpe_train_rules`` of ``check_bpe_train``), a method of a
+    class part, or the stem before ``_`` of part names (``beam`` of ``beam_search``)."""
+    from transformer_lab.checks import spec
+
+    owners: set[str] = set()
+    checks = []
+    for part in spec.load(lab).parts.values():
+        owners |= {part.name, part.check, *(m.partition("(")[0] for m in part.methods)}
+        stem = part.name.split("_")
+        owners |= {"_".join(stem[:i]) for i in range(1, len(stem))}
+        checks.append(part.check + "_")
+
+    def owned(word: str) -> bool:
+        return word in owners or any(word.startswith(check) for check in checks)
+
+    return [key for key in keys if not owned(re.split(r"[ (:]", key, maxsplit=1)[0])]
+
+
 def check_fixtures(repo: Path, labs: list[str]) -> list[str]:
-    """Problems: stored examples that differ by value from what the hidden checks compute."""
+    """Problems: stored examples that differ by value from what the hidden checks compute, and
+    keys that belong to no part of the lab's spec."""
     problems = []
     if not (repo / "transformer_lab").is_dir():
         return problems
@@ -158,5 +187,11 @@ def check_fixtures(repo: Path, labs: list[str]) -> list[str]:
             problems.append(
                 f"{path.name} is out of date with the hidden checks of {lab} ({why}): run "
                 "`transformer-lab labs build`"
+            )
+        stray = unowned_keys(lab, list(json.loads(text))) if text is not None else []
+        if stray:
+            problems.append(
+                f"{path.name}: {len(stray)} stored key(s) belong to no part of "
+                f"specs/lab{lab[:2]}.toml, e.g. {stray[0]!r}: begin each with its part's name"
             )
     return problems

@@ -786,7 +786,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     )
 
     # configure_optimizers' schedule
-    out["learning rates (lr=0.01, warmup_steps=4, total_steps=12)"] = fixture_entry(
-        oracle_learning_rates(0.01, 4, 12), schedule_mistakes(0.01, 4, 12)
+    out["configure_optimizers learning rates (lr=0.01, warmup_steps=4, total_steps=12)"] = (
+        fixture_entry(oracle_learning_rates(0.01, 4, 12), schedule_mistakes(0.01, 4, 12))
     )
     return out
