@@ -289,15 +289,9 @@ def _loss_what(logits: Tensor, targets: Tensor, pad_id: int) -> str:
     return f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
 
 
-def loss_call(
-    fn: Callable[..., Tensor],
-    logits: Tensor,
-    targets: Tensor,
-    pad_id: int,
-    what: str | None = None,
-) -> Tensor:
+def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
     """``fn(logits, targets, pad_id)`` under the ban; a scalar tensor."""
-    what = what or _loss_what(logits, targets, pad_id)
+    what = _loss_what(logits, targets, pad_id)
     got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=SPEC.ban("loss"), what=what)
     if isinstance(got, float | int):
         raise AssertionError(
@@ -384,27 +378,18 @@ def copy_task_batches(
 class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
-    ``encode(src, src_padding_mask)`` returns the source ids, its mask and its embeddings as a
-    ``(B, S, 2 + D)`` "memory" and counts its calls (``encode_calls``);
-    ``decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)`` returns ``(B, T, V)`` logits;
-    ``forward(src, tgt_in, src_padding_mask, tgt_padding_mask)`` is both. The logits are a base
-    plus a bump on the token of an answer known in advance:
+    ``encode`` returns the source ids, their mask and embeddings as a ``(B, S, 2 + D)`` "memory"
+    (counting its calls, ``encode_calls``), ``decode`` the ``(B, T, V)`` logits, ``forward``
+    both. The logits are a base plus a bump on the token of an answer known in advance:
 
-    * by default (a model that half-knows a copy task, for training code and a neural decoding
-      case) the base is a small network, the mean of the real source embeddings added to each
-      target embedding through ``tanh`` and a linear layer, and the answer, ``nudge`` above it,
-      is the source's symbols then EOS: some predictions are right and some wrong, so metrics
-      are neither 0 nor 1;
-    * ``scripted=True`` (for decoding loops) the base is a fixed ramp and the answer, 4 above
-      the rest, a script: for real source symbols ``x_0 .. x_{n-1}``, ``y_t = symbol((x_t +
-      y_{t-1}) mod K)`` (``K`` symbols; ``y_{-1}`` counts as 0), then EOS, then ordinary symbols,
-      so a loop that feeds back the wrong token, reads the wrong position or does not stop shows
-      it. A source position counts as padding only if BOTH the mask given to ``encode`` and the
-      one given to ``decode`` say so (a loop that forgets either decodes the padding's junk);
-      ``decode`` refuses float tokens and inputs that do not start with BOS.
-
-    ``config`` has the fields a translation module and a decoding loop read (``tgt_vocab_size``,
-    ``pad_id``, ``bos_id``, ``eos_id``, ``max_len``).
+    * by default, a small network (the mean real source embedding added to each target
+      embedding, ``tanh``, a linear layer) and, ``nudge`` above it, the copy task's answer:
+      some predictions right and some wrong, so that metrics are neither 0 nor 1;
+    * ``scripted=True``, a fixed ramp and, 4 above it, the script ``y_t = symbol((x_t +
+      y_{t-1}) mod K)`` over the real source symbols, then EOS, then ordinary symbols: a loop
+      that feeds back the wrong token, reads the wrong position or does not stop shows it. A
+      source position is padding only if the masks given to ``encode`` and ``decode`` both say
+      so; ``decode`` refuses float tokens and inputs that do not start with BOS.
     """
 
     def __init__(

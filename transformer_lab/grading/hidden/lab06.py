@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab06
 from transformer_lab.checks._common import (
-    call_student,
     close,
     compare,
     expect_close,
@@ -38,7 +37,6 @@ from transformer_lab.checks.lab06 import (
     SPEC,
     StandInTranslator,
     build_block,
-    loss_call,
     optimizers_check,
     run_block,
     train_translator_check,
@@ -226,7 +224,7 @@ hidden_check_decoder_block = BLOCK.hidden(
 
 
 def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Hidden memory with the largest values, a fully masked memory row, and bfloat16."""
+    """Hidden memory with the largest values, and a fully masked memory row."""
     g = generator(seed)
     sizes, B, T, S = (16, 2, 32), 3, 4, 6
     weights = _weights(16, 32, g)
@@ -242,25 +240,6 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     empty[1] = False  # the second sentence has no real source token at all (zero weights)
     BLOCK.judge(
         cls, [(sizes, weights, x, memory, self_mask, mask) for mask in (memory_mask, empty)]
-    )
-    block, what = build_block(cls, sizes, weights)
-    block.eval()
-    memory, memory_mask = memory[:, : S - 2], memory_mask[..., : S - 2]  # no hidden positions
-    full = run_block(block, x, memory, self_mask, memory_mask, what)
-    what = f"{what} in torch.bfloat16"
-    low = run_block(block.bfloat16(), x.bfloat16(), memory.bfloat16(), self_mask, memory_mask, what)
-    expect_true(
-        low.dtype == torch.bfloat16,
-        f"{what} turned torch.bfloat16 inputs into {low.dtype}: build any tensor inside forward "
-        "with the input's dtype and device.",
-    )
-    expect_close(
-        low.float(),
-        full,
-        f"{what} against float32",
-        hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
-        "fixed -1e9, and nothing may be computed in another precision.",
-        **SPEC.close_tol("half_block"),
     )
 
 
@@ -478,8 +457,8 @@ LARGE_LOGITS = Oracle(
 
 
 def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Logits around +-1e4 and 60 times larger ones, bfloat16 logits, and gradients: none at
-    padding, some elsewhere."""
+    """Logits around +-1e4 and 60 times larger ones: a loss taken as the log of a softmax
+    overflows or underflows there."""
     g = generator(seed)
     B, T, V, pad_id = 3, 5, 9, 2
     targets = torch.randint(0, V - 1, (B, T), generator=g)
@@ -490,32 +469,6 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
     base = 4.0 * torch.randn(B, T, V, generator=g)
     large = (base + 1e4, base - 1e4, 60.0 * base)
     LARGE_LOGITS.judge(fn, [(logits, targets, pad_id) for logits in large])
-    what = f"sequence_loss(bfloat16 logits, targets, pad_id={pad_id})"
-    low = loss_call(fn, base.bfloat16(), targets, pad_id, what)
-    expect_close(
-        low.float(),
-        oracle_sequence_loss(base.bfloat16().float(), targets, pad_id),
-        what,
-        hint="Half-precision logits must still give a finite loss close to the float32 one.",
-        **SPEC.close_tol("bfloat16_loss"),
-    )
-    logits = base.clone().requires_grad_()
-    what = f"sequence_loss(logits, targets, pad_id={pad_id})"
-    loss = loss_call(fn, logits, targets, pad_id, what)
-    call_student(loss.backward, what=f"{what}.backward()")
-    grad = logits.grad
-    expect_true(grad is not None, f"{what}.backward() gave the logits no gradient.")
-    pad = targets == pad_id
-    expect_true(
-        bool((grad[pad] == 0).all()),
-        f"after {what}.backward(), padding positions have non-zero gradients: padding must "
-        "contribute nothing to the loss (mask or select the real positions before summing).",
-    )
-    expect_true(
-        bool((grad[~pad].abs().sum(-1) > 0).all()),
-        f"after {what}.backward(), some real positions get no gradient: every real target "
-        "contributes to the loss.",
-    )
 
 
 # ======================================================================================
