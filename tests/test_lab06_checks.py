@@ -27,6 +27,7 @@ import transformer_lab.seq2seq as kit_seq2seq
 from transformer_lab.attention import MultiHeadAttention
 from transformer_lab.blocks import FeedForward, LayerNorm
 from transformer_lab.checks import lab06
+from transformer_lab.checks._common import load_weights
 from transformer_lab.grading.hidden import lab06 as hidden06
 from transformer_lab.lab import Session
 
@@ -245,29 +246,15 @@ def test_decoder_block_not_implemented_says_so() -> None:
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 
-def test_the_loader_copies_into_the_blocks_own_parameters() -> None:
-    block = Block(8, 2, 16)
-    before = {n: p for n, p in block.named_parameters()}
-    layer = lab06.torch_decoder_layer(8, 2, 16, seed=3)
-    lab06.load_torch_decoder_layer(block, layer)
-    after = dict(block.named_parameters())
-    assert all(after[n] is p for n, p in before.items())
-    torch.testing.assert_close(block.norm3.bias, layer.norm3.bias)
-
-
-def test_the_oracle_agrees_with_torch_and_the_kit() -> None:
-    layer = lab06.torch_decoder_layer(12, 3, 24, seed=5)
+def test_the_oracle_agrees_with_the_kit() -> None:
     g = torch.Generator().manual_seed(0)
+    weights = hidden06._weights(12, 24, g)
     x, memory = torch.randn(2, 4, 12, generator=g), torch.randn(2, 6, 12, generator=g)
-    self_mask, memory_mask = hidden06._masks(2, 4, 6, g)
-    params = hidden06.decoder_params(layer)
-    got = hidden06.oracle_decoder_block(params, x, memory).float()
-    with torch.no_grad():
-        torch.testing.assert_close(got, layer(x, memory), atol=1e-5, rtol=1e-5)
-    got = hidden06.oracle_decoder_block(params, x, memory, self_mask, memory_mask).float()
     kit = kit_blocks.DecoderBlock(12, 3, 24).eval()
-    kit_blocks.load_torch_decoder_layer(kit, layer)
-    torch.testing.assert_close(kit(x, memory, self_mask, memory_mask), got, atol=1e-5, rtol=1e-5)
+    load_weights(kit, weights, "the kit's DecoderBlock")
+    for masks in ((None, None), hidden06._masks(2, 4, 6, g)):
+        got = hidden06.oracle_block((12, 3, 24), weights, x, memory, *masks).float()
+        torch.testing.assert_close(kit(x, memory, *masks), got, atol=1e-5, rtol=1e-5)
 
 
 # ======================================================================================

@@ -1,25 +1,15 @@
 """Visible checks of lab 06 (training an encoder-decoder), called by the visible test cells.
 
-The student writes a post-norm ``DecoderBlock`` (masked self-attention, cross-attention to the
-encoder's output, feed-forward), ``shift_right`` and ``sequence_loss`` (teacher forcing),
-the three training methods of a small ``LightningModule`` (``TranslationModule``), the
+The student writes a post-norm ``DecoderBlock``, ``shift_right`` and ``sequence_loss`` (teacher
+forcing), the training methods of a ``LightningModule`` (``TranslationModule``), the
 ``lightning.Trainer`` call that trains it (``train_translator``) and ``greedy_decode``.
 
-No oracle lives here:
-
-* ``DecoderBlock``, ``shift_right``, ``sequence_loss`` and ``greedy_decode`` are ordinary parts
-  (one :class:`~transformer_lab.checks._generated.Ordinary` each: their checks are generated),
-  run on worked examples whose expected values, and the values of the typical mistakes, are
-  stored in ``fixtures/lab06.json`` (written from the hidden checks' oracles by ``labs
-  build``); the block gets the weights of a seeded ``nn.TransformerDecoderLayer``
-  (:func:`load_torch_decoder_layer`);
-* the training code and the decoding loop run on one stand-in, :class:`StandInTranslator`: a
-  small encoder-decoder that half-knows a copy task (so metrics are neither 0 nor 1), with
-  PyTorch's ``F.cross_entropy`` on its outputs, or, scripted, one whose next token is known in
-  advance (for checking a decoding loop); :func:`probe_classes` (a one-parameter
-  LightningModule that learns nothing) check a ``Trainer`` call.
-
-While the student's code runs, the kit's own answers are refused (``Ban``, from the spec).
+No oracle lives here. The block, the shift, the loss and the decoding loop are ordinary parts
+(:class:`~transformer_lab.checks._generated.Ordinary`), run on worked examples whose expected
+values, and the typical mistakes' values, ``labs build`` stores in ``fixtures/lab06.json`` from
+the hidden oracles. The training code and the decoding loops run on :class:`StandInTranslator`,
+the ``Trainer`` call on a probe module that learns nothing (:func:`probe_classes`). While the
+student's code runs, the kit's own answers are refused (``Ban``, from the spec).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -43,7 +33,6 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
-    Case,
     call_forbidding,
     call_student,
     close,
@@ -64,7 +53,6 @@ from transformer_lab.checks._lightning import (
     learning_rates,
     parse_optimizers,
 )
-from transformer_lab.graded import LockedAnswerError
 from transformer_lab.judge.mirror import portable
 
 __all__ = [
@@ -82,10 +70,7 @@ __all__ = [
 #: The lab's spec (``specs/lab06.toml``): its bans and shared tolerances.
 SPEC = spec.load("06_decoder_training")
 BLOCK_BAN = SPEC.ban("block")
-SHIFT_BAN = SPEC.ban("shift")
-LOSS_BAN = SPEC.ban("loss")
 MODULE_BAN = SPEC.ban("module")
-DECODE_BAN = SPEC.ban("decode")
 # A correct float32 decoder block differs from torch's by ~1e-6.
 _ATOL = SPEC.tol("float32")
 _SUBLAYERS = (
@@ -121,148 +106,35 @@ def _as_float64(out: Any) -> Tensor:
 # DecoderBlock
 # ======================================================================================
 
-
-def torch_decoder_layer(
-    d_model: int,
-    n_heads: int,
-    d_ff: int,
-    *,
-    seed: int = 0,
-    norm_first: bool = False,
-    dropout: float = 0.0,
-) -> nn.TransformerDecoderLayer:
-    """PyTorch's decoder layer (ReLU, batch first) with random norms and biases, in eval mode.
-
-    The layer norms get random weights and biases (torch starts them at ones and zeros, which
-    would hide a swapped or unused norm), and the projections non-zero biases.
-    """
-    torch.manual_seed(seed)
-    layer = nn.TransformerDecoderLayer(
-        d_model, n_heads, d_ff, dropout=dropout, batch_first=True, norm_first=norm_first
-    )
-    with torch.no_grad():
-        for norm in (layer.norm1, layer.norm2, layer.norm3):
-            norm.weight.copy_(1.0 + 0.5 * torch.randn(d_model))
-            norm.bias.copy_(0.5 * torch.randn(d_model))
-        for attn in (layer.self_attn, layer.multihead_attn):
-            attn.in_proj_bias.copy_(0.2 * torch.randn(3 * d_model))
-            attn.out_proj.bias.copy_(0.2 * torch.randn(d_model))
-    return layer.eval()
-
-
-class _TorchAttention(nn.Module):
-    """torch's ``nn.MultiheadAttention`` behind the kit's interface (``mask`` True = attend)."""
-
-    def __init__(self, theirs: nn.MultiheadAttention) -> None:
-        super().__init__()
-        self.theirs = theirs
-
-    def forward(self, query, key, value, mask=None, need_weights=True, **_):
-        from transformer_lab.standins import torch_attention
-
-        t = self.theirs
-        return torch_attention(
-            query, key, value, mask, n_heads=t.num_heads, out_proj=t.out_proj,
-            need_weights=need_weights, in_proj_weight=t.in_proj_weight,
-            in_proj_bias=t.in_proj_bias,
-        )  # fmt: skip
-
-
-def _load_attention(ours: Any, theirs: nn.MultiheadAttention, name: str) -> nn.Module | None:
-    """Copy ``theirs`` into ``ours``; where the kit's copy (lab 03) is locked, return torch's
-    attention wrapped to replace ``ours``."""
-    if isinstance(ours, nn.MultiheadAttention):
-        if not ours.batch_first:
-            raise AssertionError(
-                f"your {name} is nn.MultiheadAttention without batch_first=True: the block's "
-                "inputs are (B, T, D). Better, use the kit's MultiHeadAttention(d_model, n_heads)."
-            )
-        ours.load_state_dict(theirs.state_dict())
-        return
-    from transformer_lab.attention import load_torch_weights
-
-    try:
-        load_torch_weights(ours, theirs)
-    except LockedAnswerError:
-        # Lab 03 is open and its answer not saved: the block runs on torch's own attention.
-        return _TorchAttention(theirs)
-    except (AttributeError, ValueError, TypeError) as exc:
-        raise AssertionError(
-            f"the check cannot copy torch's attention weights into your {name} ({exc}): build "
-            "it as MultiHeadAttention(d_model, n_heads) from transformer_lab.attention (with "
-            "q_proj, k_proj, v_proj, out_proj)."
-        ) from None
-
-
-def load_torch_decoder_layer(block: nn.Module, layer: nn.TransformerDecoderLayer) -> nn.Module:
-    """Copy the weights of ``nn.TransformerDecoderLayer`` into a student's ``DecoderBlock``.
-
-    torch's ``self_attn`` goes to ``self_attn``, its ``multihead_attn`` (the cross-attention) to
-    ``cross_attn``, ``linear1``/``linear2`` to ``ff.linear1``/``ff.linear2`` and
-    ``norm1``/``norm2``/``norm3`` to the norms of the same names. The weights are copied into the
-    block's existing parameters.
-
-    Returns:
-        ``block``.
-
-    Raises:
-        AssertionError: naming what is missing or has the wrong shape.
-    """
-    missing = [
-        n
-        for n in ("self_attn", "cross_attn", "ff", "norm1", "norm2", "norm3")
-        if not hasattr(block, n)
-    ]
-    if missing:
-        raise AssertionError(
-            f"your DecoderBlock has no attribute(s) {', '.join(missing)}: the checks copy "
-            f"torch's weights into {_SUBLAYERS}."
-        )
-    with torch.no_grad():
-        for name, theirs in (("self_attn", layer.self_attn), ("cross_attn", layer.multihead_attn)):
-            replacement = _load_attention(getattr(block, name), theirs, name)
-            if replacement is not None:
-                setattr(block, name, replacement)
-    rest = {k: v for k, v in layer.state_dict().items() if k.startswith(("linear", "norm"))}
-    ours = {("ff." if k.startswith("linear") else "") + k: v for k, v in rest.items()}
-    load_weights(block, ours, "your DecoderBlock", _SUBLAYERS)
-    return block
-
-
-def block_like_torch(
-    cls: Callable[..., nn.Module],
-    d_model: int,
-    n_heads: int,
-    d_ff: int,
-    *,
-    seed: int = 0,
-    dropout: float = 0.0,
-    weights: Mapping[str, Tensor] | None = None,
-) -> tuple[nn.Module, nn.TransformerDecoderLayer, str]:
-    """The student's block (built under the ban) with the weights of a seeded torch decoder
-    layer of the same sizes, or ``weights`` (the state dict of one: a stored case's).
-
-    Returns:
-        ``(block, torch layer, name of the block for messages)``.
-    """
-    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
-        f", dropout={dropout:g})" if dropout else ")"
-    )
-    args: tuple[Any, ...] = (d_model, n_heads, d_ff) + ((dropout,) if dropout else ())
-    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what), what)
-    layer = torch_decoder_layer(d_model, n_heads, d_ff, seed=seed, dropout=min(dropout, 0.5))
-    if weights is not None:
-        layer.load_state_dict(weights)
-    load_torch_decoder_layer(block, layer)
-    return block, layer, what
-
-
 _CROSS_HINT = (
     "In the cross-attention the queries come from the decoder states x, the keys and values from "
     "memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
     "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
     "cross-attention."
 )
+
+
+def build_block(
+    cls: Callable[..., nn.Module],
+    sizes: Sequence[int],
+    weights: Mapping[str, Tensor],
+    dropout: float = 0.0,
+) -> tuple[nn.Module, str]:
+    """The student's ``cls(d_model, n_heads, d_ff[, dropout])``, built under the ban, with
+    ``weights`` (named as the kit's block) copied into its parameters
+    (:func:`~transformer_lab.checks._common.load_weights`).
+
+    Returns:
+        ``(block, the block's name for messages)``.
+    """
+    d_model, n_heads, d_ff = sizes
+    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
+        f", dropout={dropout:g})" if dropout else ")"
+    )
+    args = (*sizes, dropout) if dropout else tuple(sizes)
+    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what), what)
+    load_weights(block, weights, f"your {what}", _SUBLAYERS)
+    return block, what
 
 
 def run_block(
@@ -273,25 +145,12 @@ def run_block(
     memory_mask: Tensor | None,
     what: str,
 ) -> Tensor:
-    """``block(x, memory, self_mask=..., memory_mask=...)`` under the ban; shape checked."""
+    """``block(x, memory, self_mask=..., memory_mask=...)`` under the ban: ``(B, T, D)``."""
     kwargs = {"self_mask": self_mask, "memory_mask": memory_mask}
     out = call_forbidding(
         block, (x, memory), kwargs, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT
     )
-    B, T, D = x.shape
-    S = memory.shape[1]
-    if isinstance(out, tuple):
-        raise AssertionError(
-            f"{what} returned a tuple; return only the new decoder states (B, T, D) (the "
-            "attention modules return (output, weights): keep [0])."
-        )
-    if tuple(getattr(out, "shape", ())) == (B, S, D) and S != T:
-        raise AssertionError(
-            f"{what} returned shape ({B}, {S}, {D}), the memory's length S={S} instead of the "
-            f"decoder's T={T}: the decoder states must be the queries of the cross-attention. "
-            + _CROSS_HINT
-        )
-    return expect_shape(out, (B, T, D), what)
+    return expect_shape(out, tuple(x.shape), what)
 
 
 def _block_what(
@@ -322,10 +181,9 @@ def block_call(
     *,
     training: bool = False,
 ) -> Tensor:
-    """The student's block ``cls(d_model, n_heads, d_ff)`` (``sizes``) with ``weights``, the
-    state dict of a torch decoder layer of those sizes (:func:`load_torch_decoder_layer`), in
-    eval mode (or ``training``), on one case: its output ``(B, T, D)``."""
-    block, _, _ = block_like_torch(cls, *sizes, weights=weights)
+    """One case: the student's block with ``weights``, in eval mode (or ``training``), its
+    output ``(B, T, D)``."""
+    block, _ = build_block(cls, sizes, weights)
     block.train(training)
     what = _block_what(sizes, weights, x, memory, self_mask, memory_mask)
     return run_block(block, x, memory, self_mask, memory_mask, what).detach()
@@ -336,9 +194,8 @@ def _optional_mask(mask: Any) -> Tensor | None:
 
 
 #: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
-#: is ``(sizes, weights, x, memory, self_mask, memory_mask)``, ``weights`` the state dict of the
-#: torch layer whose weights the block gets (:func:`block_call`): stored with the case, so that
-#: a worked example does not depend on how a torch version initialises a layer.
+#: is ``(sizes, weights, x, memory, self_mask, memory_mask)``, ``weights`` the block's
+#: parameters, named as the kit's (stored with the case).
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
@@ -363,12 +220,10 @@ BLOCK = Ordinary(
 )
 check_decoder_block = BLOCK.visible(
     "check_decoder_block",
-    """Worked examples: ``DecoderBlock(16, 4, 32)`` with the stored weights of an
-    ``nn.TransformerDecoderLayer`` (:func:`load_torch_decoder_layer`), in eval mode, on ``x (2,
-    5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and a memory
-    padding mask.""",
+    """Worked examples: ``DecoderBlock(16, 4, 32)`` with stored weights, in eval mode, on ``x
+    (2, 5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and a
+    memory padding mask.""",
 )
-
 
 # ======================================================================================
 # shift_right
@@ -386,7 +241,9 @@ def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Tens
         "changed its input `targets` in place: build a new tensor (torch.cat, or clone first); "
         "the targets are still needed as the loss's labels."
     )
-    got = call_forbidding(fn, (targets, bos_id), {}, ban=SHIFT_BAN, what=what, in_place=in_place)
+    got = call_forbidding(
+        fn, (targets, bos_id), {}, ban=SPEC.ban("shift"), what=what, in_place=in_place
+    )
     B, T = targets.shape
     if tuple(getattr(got, "shape", ())) == (B, T + 1):
         raise AssertionError(
@@ -432,16 +289,10 @@ def _loss_what(logits: Tensor, targets: Tensor, pad_id: int) -> str:
     return f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
 
 
-def loss_call(
-    fn: Callable[..., Tensor],
-    logits: Tensor,
-    targets: Tensor,
-    pad_id: int,
-    what: str | None = None,
-) -> Tensor:
+def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
     """``fn(logits, targets, pad_id)`` under the ban; a scalar tensor."""
-    what = what or _loss_what(logits, targets, pad_id)
-    got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=LOSS_BAN, what=what)
+    what = _loss_what(logits, targets, pad_id)
+    got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=SPEC.ban("loss"), what=what)
     if isinstance(got, float | int):
         raise AssertionError(
             f"{what} returned a Python number ({got!r}); return the tensor (no .item()): "
@@ -501,63 +352,44 @@ def copy_task_batches(
     max_src: int = 6,
     seed: int = 0,
 ) -> list[dict[str, Tensor]]:
-    """Seq2seq batches (``docs/contracts.md``) of a copy task: the target is the source.
+    """Seq2seq batches (``docs/contracts.md``) of the kit's copy task, whose sources have
+    2..``max_src`` symbols (:func:`~transformer_lab.data.synthetic.make_sequence_task`), with
+    the special ids moved to ``pad_id``, ``bos_id`` and ``eos_id``."""
+    from transformer_lab.data.synthetic import make_sequence_task
 
-    Sources have 2..``max_src`` symbols (ids other than pad, bos and eos); ``tgt_in`` is BOS and
-    the symbols, ``tgt_out`` the symbols and EOS, both padded with ``pad_id``.
-    """
+    specials = [pad_id, bos_id, eos_id]
+    ours = torch.tensor(specials + [i for i in range(vocab_size) if i not in specials])
     g = generator(seed)
-    symbols = torch.tensor([i for i in range(vocab_size) if i not in (pad_id, bos_id, eos_id)])
     batches = []
     for _ in range(n_batches):
-        lengths = torch.randint(2, max_src + 1, (batch_size,), generator=g)
-        src = torch.full((batch_size, max_src), pad_id)
-        tgt_in = torch.full((batch_size, max_src + 1), pad_id)
-        tgt_out = torch.full((batch_size, max_src + 1), pad_id)
-        for b, n in enumerate(lengths.tolist()):
-            row = symbols[torch.randint(0, len(symbols), (n,), generator=g)]
-            src[b, :n] = row
-            tgt_in[b, 0] = bos_id
-            tgt_in[b, 1 : n + 1] = row
-            tgt_out[b, :n] = row
-            tgt_out[b, n] = eos_id
-        positions = torch.arange(max_src + 1)[None]
-        batches.append(
-            {
-                "src": src,
-                "src_padding_mask": torch.arange(max_src)[None] < lengths[:, None],
-                "tgt_in": tgt_in,
-                "tgt_out": tgt_out,
-                "tgt_padding_mask": positions <= lengths[:, None],
-            }
+        batch = make_sequence_task(
+            "copy",
+            batch_size,
+            seq_len=max_src,
+            num_symbols=vocab_size - 3,
+            min_len=min(2, max_src),
+            format="seq2seq",
+            generator=g,
         )
+        batches.append({k: v if v.dtype == torch.bool else ours[v] for k, v in batch.items()})
     return batches
 
 
 class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
-    ``encode(src, src_padding_mask)`` returns the source ids, its mask and its embeddings as a
-    ``(B, S, 2 + D)`` "memory" and counts its calls (``encode_calls``);
-    ``decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)`` returns ``(B, T, V)`` logits;
-    ``forward(src, tgt_in, src_padding_mask, tgt_padding_mask)`` is both. The logits are a base
-    plus a bump on the token of an answer known in advance:
+    ``encode`` returns the source ids, their mask and embeddings as a ``(B, S, 2 + D)`` "memory"
+    (counting its calls, ``encode_calls``), ``decode`` the ``(B, T, V)`` logits, ``forward``
+    both. The logits are a base plus a bump on the token of an answer known in advance:
 
-    * by default (a model that half-knows a copy task, for training code and a neural decoding
-      case) the base is a small network, the mean of the real source embeddings added to each
-      target embedding through ``tanh`` and a linear layer, and the answer, ``nudge`` above it,
-      is the source's symbols then EOS: some predictions are right and some wrong, so metrics
-      are neither 0 nor 1;
-    * ``scripted=True`` (for decoding loops) the base is a fixed ramp and the answer, 4 above
-      the rest, a script: for real source symbols ``x_0 .. x_{n-1}``, ``y_t = symbol((x_t +
-      y_{t-1}) mod K)`` (``K`` symbols; ``y_{-1}`` counts as 0), then EOS, then ordinary symbols,
-      so a loop that feeds back the wrong token, reads the wrong position or does not stop shows
-      it. A source position counts as padding only if BOTH the mask given to ``encode`` and the
-      one given to ``decode`` say so (a loop that forgets either decodes the padding's junk);
-      ``decode`` refuses float tokens and inputs that do not start with BOS.
-
-    ``config`` has the fields a translation module and a decoding loop read (``tgt_vocab_size``,
-    ``pad_id``, ``bos_id``, ``eos_id``, ``max_len``).
+    * by default, a small network (the mean real source embedding added to each target
+      embedding, ``tanh``, a linear layer) and, ``nudge`` above it, the copy task's answer:
+      some predictions right and some wrong, so that metrics are neither 0 nor 1;
+    * ``scripted=True``, a fixed ramp and, 4 above it, the script ``y_t = symbol((x_t +
+      y_{t-1}) mod K)`` over the real source symbols, then EOS, then ordinary symbols: a loop
+      that feeds back the wrong token, reads the wrong position or does not stop shows it. A
+      source position is padding only if the masks given to ``encode`` and ``decode`` both say
+      so; ``decode`` refuses float tokens and inputs that do not start with BOS.
     """
 
     def __init__(
@@ -657,11 +489,6 @@ class StandInTranslator(nn.Module):
                 "your loop fed the decoder float values: feed token ids, the argmax of the "
                 "logits (logits[:, -1].argmax(dim=-1)), not the logits or probabilities."
             )
-        if tgt_in.ndim != 2 or tgt_in.shape[0] != src.shape[0]:
-            raise AssertionError(
-                f"your loop fed the decoder a tensor of shape {tuple(tgt_in.shape)}; it takes "
-                f"the tokens so far, (B, L) with B={src.shape[0]}."
-            )
         if bool((tgt_in[:, 0] != c.bos_id).any()):
             raise AssertionError(
                 f"your loop fed the decoder {tgt_in[:, 0].tolist()} at position 0: every "
@@ -730,43 +557,38 @@ def _module_under_test(
     return expect_module(module, what)
 
 
+def _ce(logits: Tensor, targets: Tensor, ignore: int = -100) -> Tensor:
+    """PyTorch's cross-entropy of ``(B, T, V)`` logits against ``(B, T)`` targets, the
+    ``ignore`` id left out: how the checks know a right (or a typical wrong) loss."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
+
+
 def _training_step_candidates(
     model: StandInTranslator, batch: dict[str, Tensor], pad_id: int
 ) -> tuple[Tensor, list[tuple[Tensor, str]]]:
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
-    masks = {
-        "src_padding_mask": batch["src_padding_mask"],
-        "tgt_padding_mask": batch["tgt_padding_mask"],
-    }
-
-    def ce(logits: Tensor, targets: Tensor, ignore: int | None = pad_id) -> Tensor:
-        flat = logits.reshape(-1, logits.shape[-1])
-        if ignore is None:
-            return F.cross_entropy(flat, targets.reshape(-1))
-        return F.cross_entropy(flat, targets.reshape(-1), ignore_index=ignore)
-
+    masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
     with torch.no_grad():
         logits = model(src, tgt_in, **masks)
-        want = ce(logits, tgt_out)
         candidates = [
             (
-                ce(model(src, tgt_out, **masks), tgt_out),
+                _ce(model(src, tgt_out, **masks), tgt_out, pad_id),
                 "It matches the decoder reading batch['tgt_out']: the decoder input is "
                 "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
                 "it must predict.",
             ),
             (
-                ce(logits, tgt_in),
+                _ce(logits, tgt_in, pad_id),
                 "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
                 "token that follows each decoder input.",
             ),
             (
-                ce(logits, tgt_out, ignore=None),
+                _ce(logits, tgt_out),
                 "It matches a loss that counts the padding positions: ignore targets equal to "
                 "self.pad_id.",
             ),
             (
-                ce(model(src, tgt_in), tgt_out),
+                _ce(model(src, tgt_in), tgt_out, pad_id),
                 "It matches a model called without the padding masks: pass "
                 "src_padding_mask=batch['src_padding_mask'] and "
                 "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).",
@@ -775,11 +597,11 @@ def _training_step_candidates(
         if pad_id != 0:
             candidates.append(
                 (
-                    ce(logits, tgt_out, ignore=0),
+                    _ce(logits, tgt_out, 0),
                     "It matches a loss that ignores id 0 instead of self.pad_id.",
                 )
             )
-    return want, candidates
+    return _ce(logits, tgt_out, pad_id), candidates
 
 
 def training_step_check(
@@ -816,19 +638,16 @@ def _validation_expected(
     metric object is computed over the whole epoch.
     """
     sizes, losses, losses_with_pad, losses_unmasked, batch_accuracies = [], [], [], [], []
-    right = real = exact = exact_with_pad = right_with_pad = positions = 0
+    right = real = exact = exact_with_pad = 0
     with torch.no_grad():
         for batch in batches:
             masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
             logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
             targets = batch["tgt_out"]
-            flat = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
-            losses.append(float(F.cross_entropy(flat, targets.reshape(-1), ignore_index=pad_id)))
-            losses_with_pad.append(float(F.cross_entropy(flat, targets.reshape(-1))))
-            unmasked = model(batch["src"], batch["tgt_in"]).reshape(-1, logits.shape[-1])
-            losses_unmasked.append(
-                float(F.cross_entropy(unmasked, targets.reshape(-1), ignore_index=pad_id))
-            )
+            losses.append(float(_ce(logits, targets, pad_id)))
+            losses_with_pad.append(float(_ce(logits, targets)))
+            unmasked = model(batch["src"], batch["tgt_in"])  # no padding masks
+            losses_unmasked.append(float(_ce(unmasked, targets, pad_id)))
             sizes.append(targets.shape[0])
             ok = logits.argmax(-1) == targets  # (B, T)
             keep = targets != pad_id
@@ -837,8 +656,6 @@ def _validation_expected(
             batch_accuracies.append(float(ok[keep].float().mean()))
             exact += int((ok | ~keep).all(-1).sum())
             exact_with_pad += int(ok.all(-1).sum())
-            right_with_pad += int(ok.sum())
-            positions += ok.numel()
     w = torch.tensor(sizes, dtype=torch.float64)
 
     def weighted(values: list[float]) -> float:
@@ -856,7 +673,6 @@ def _validation_expected(
             ),
         ],
         "val_acc": [
-            (right_with_pad / positions, "it counts the padding positions (ignore self.pad_id)"),
             (
                 weighted(batch_accuracies),
                 "it averages the accuracies of the batches: log the metric object itself, "
@@ -929,58 +745,6 @@ def validation_runs(
     return logged
 
 
-FIT_WHAT = "TranslationModule trained by Trainer.fit for 12 steps (stand-in model)"
-
-
-@kernel_side
-def fit_facts(
-    cls: type,
-    model: nn.Module,
-    pad_id: int,
-    batches: list[dict[str, Tensor]],
-    *,
-    steps: int,
-    warmup: int,
-) -> dict[str, Any]:
-    """``Trainer.fit`` of ``cls(model, pad_id, lr=2e-2, ...)`` for ``steps`` steps; what the
-    hidden check judges, as data: each step's learning rate, the parameters that never
-    changed, the names logged (the harness the judge runs in the kernel)."""
-    import warnings
-
-    import lightning as L
-    from torch.utils.data import DataLoader
-
-    fitted = _module_under_test(
-        _checked_class(cls, MODULE_BAN),
-        model,
-        pad_id,
-        lr=2e-2,
-        warmup_steps=warmup,
-        total_steps=steps,
-    )
-    before = {n: p.detach().clone() for n, p in fitted.named_parameters()}
-    rates: list[float] = []
-
-    class Rates(L.Callback):
-        def on_train_batch_start(
-            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
-        ) -> None:
-            rates.append(float(trainer.optimizers[0].param_groups[0]["lr"]))
-
-    with _quiet_lightning(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "a validation_step but no val_dataloader"
-        trainer = _trainer(max_steps=steps, callbacks=[Rates()], limit_val_batches=0)
-        call_student(
-            trainer.fit,
-            fitted,
-            train_dataloaders=DataLoader(batches, batch_size=None),
-            what=FIT_WHAT,
-        )
-    frozen = [n for n, p in fitted.named_parameters() if torch.equal(p.detach(), before[n])]
-    logged = sorted(set(trainer.logged_metrics) | set(trainer.callback_metrics))
-    return {"rates": rates, "frozen": frozen, "logged": logged}
-
-
 def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
     """``validation_step`` through ``Trainer.validate``: the epoch metrics, in two runs.
 
@@ -1018,15 +782,11 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
                     "across runs. Log the metric object (self.log(name, self.val_acc)), and "
                     "Lightning resets it after each epoch"
                 )
-            hint = (
-                f": {named}."
-                if named
-                else (
-                    ": predictions are logits.argmax(dim=-1), compared with batch['tgt_out'], "
-                    "padding ignored."
-                )
+            named = named or (
+                "predictions are logits.argmax(dim=-1), compared with batch['tgt_out'], padding "
+                "ignored"
             )
-            raise AssertionError(f"{what}{run}: {name} is {g:.4f}, expected {value:.4f}" + hint)
+            raise AssertionError(f"{what}{run}: {name} is {g:.4f}, expected {value:.4f}: {named}.")
 
 
 def check_validation_step(cls: type) -> None:
@@ -1132,8 +892,6 @@ def train_translator_facts(
 ) -> dict[str, Any]:
     """Run ``fn`` on :class:`ProbeModule` and :class:`ProbeData` with a session of ``precision``;
     what the check judges, as data (the harness the judge runs in the kernel)."""
-    import lightning as L
-
     module_cls, data_cls = probe_classes()
     runs = Path(session.runs) / "checks"
     fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
@@ -1151,8 +909,7 @@ def train_translator_facts(
     log_dir = getattr(logger, "log_dir", None) if logger is not None else None
     return {
         "what": what,
-        "returned": None if trainer is None else type(trainer).__name__,
-        "is_trainer": isinstance(trainer, L.Trainer),
+        "returned": trainer is not None,
         "steps": int(module.steps),
         "global_step": int(getattr(trainer, "global_step", -1) or 0),
         "precision": str(getattr(trainer, "precision", None)),
@@ -1179,13 +936,9 @@ def train_translator_check(
         name=name,
     )
     what, log_dir, runs = facts["what"], facts["log_dir"], facts["runs"]
-    if facts["returned"] is None:
-        raise AssertionError(
-            f"{what} returned None: return the Trainer (the notebook reads its logs)."
-        )
     expect_true(
-        facts["is_trainer"],
-        f"{what} returned {facts['returned']}, not a lightning.Trainer: return the Trainer.",
+        facts["returned"],
+        f"{what} returned None: return the Trainer (the notebook reads its logs).",
     )
     steps = facts["steps"]
     expect_true(
@@ -1203,11 +956,11 @@ def train_translator_check(
         f"{what} trained in precision {facts['precision']!r}, but session.precision is "
         f"{precision!r}: pass precision=session.precision (bf16 on recent GPUs, 32 on CPUs).",
     )
-    if log_dir is None:
-        raise AssertionError(
-            f"{what} trains without a logger: pass logger=CSVLogger(session.runs, name=name) so "
-            "that the loss curves are written under session.runs."
-        )
+    expect_true(
+        log_dir is not None,
+        f"{what} trains without a logger: pass logger=CSVLogger(session.runs, name=name) so "
+        "that the loss curves are written under session.runs.",
+    )
     expect_true(
         facts["inside"],
         f"{what} writes its logs to {log_dir}, not under session.runs ({runs}): use "
@@ -1281,8 +1034,6 @@ def check_trained_translator(
     Returns:
         The exact-match accuracy.
     """
-    from torchmetrics.functional.classification import multiclass_exact_match
-
     datamodule = trusted_data(datamodule)  # the grader's own, when judged
     blocks = list(getattr(model, "decoder_blocks", []))
     expect_true(
@@ -1299,14 +1050,8 @@ def check_trained_translator(
             src_padding_mask=data["src_padding_mask"].to(device),
             tgt_padding_mask=data["tgt_padding_mask"].to(device),
         )
-    score = float(
-        multiclass_exact_match(
-            logits.argmax(-1).cpu(),
-            data["tgt_out"],
-            num_classes=logits.shape[-1],
-            ignore_index=datamodule.pad_id,
-        )
-    )
+    right = (logits.argmax(-1).cpu() == data["tgt_out"]) | (data["tgt_out"] == datamodule.pad_id)
+    score = float(right.all(dim=-1).float().mean())  # every real target token right
     expect_true(
         score >= min_exact_match,
         f"your translator gets {score:.1%} of {len(data['src'])} held-out sentences exactly right "
@@ -1345,7 +1090,7 @@ def _decode_call(
     kwargs = {} if mask is None else {"src_padding_mask": mask}
     before = getattr(model, "encode_calls", 0)
     got = call_forbidding(
-        fn, (model, src, bos_id, eos_id, max_len), kwargs, ban=DECODE_BAN, what=what
+        fn, (model, src, bos_id, eos_id, max_len), kwargs, ban=SPEC.ban("decode"), what=what
     )
     calls = getattr(model, "encode_calls", 1) - before
     got = expect_shape(got, (src.shape[0], None), what)
@@ -1361,24 +1106,6 @@ def _decode_call(
     return got
 
 
-def _decode_rule(case: Case[Any]) -> str:
-    """What a right loop does, said where the shown output is too long or too short."""
-    if case.got.shape[1] > case.want.shape[1]:
-        return (
-            "Stop as soon as every sentence has produced EOS (or the length, BOS included, "
-            "reaches max_len)."
-        )
-    if case.got.shape[1] < case.want.shape[1]:
-        return (
-            "Go on until EVERY sentence has produced EOS or the length, BOS included, reaches "
-            "max_len."
-        )
-    return (
-        "Start from BOS, append the argmax of the LAST position's logits, and fill sentences "
-        "that have produced EOS with model.config.pad_id."
-    )
-
-
 #: ``greedy_decode(model, src, bos_id, eos_id, max_len, src_padding_mask=mask)``: a case is
 #: ``(model, src, bos_id, eos_id, max_len, mask)`` (stored: a scripted
 #: :class:`StandInTranslator`'s arguments for ``model``).
@@ -1389,7 +1116,9 @@ DECODE = Ordinary(
     describe=lambda case: (
         f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
     ),
-    rule=_decode_rule,
+    rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
+    "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
+    "EOS or the length, BOS included, reaches max_len.",
     same=_same_ids,
     load=lambda model, src, bos_id, eos_id, max_len, mask: (
         StandInTranslator(**model, scripted=True),
@@ -1397,7 +1126,7 @@ DECODE = Ordinary(
         bos_id,
         eos_id,
         max_len,
-        None if mask is None else torch.tensor(mask),
+        _optional_mask(mask),
     ),
     output=_as_float64,
 )
