@@ -12,6 +12,7 @@ checkpoint a test makes belongs under its ``tmp_path``.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import http.server
 import os
@@ -19,6 +20,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -76,15 +78,61 @@ GRADING_SANDBOX = "required" if HAVE_BWRAP else "off"
 needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason=NEEDS["bubblewrap"])
 
 
+#: Modules that grade their submissions in one shared class (``judge_support.hand_in``): one
+#: xdist worker runs them all (:func:`pytest_xdist_make_scheduler`), so it is graded once.
+SHARED_CLASS_MODULES = frozenset(
+    {"test_judge.py", "test_judge_hidden_leaks.py", "test_judge_unscanned.py"}
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with a slow test first, each module's tests kept together and in order.
+    """Modules with a slow test first, then the others, most tests first; each module's tests
+    kept together and in order.
 
     ``--dist loadscope`` hands each worker whole modules in collection order, so the longest
-    work (sandboxed gradings, trainings, fresh venvs) starts first and two workers finish
-    together instead of one running a long module alone at the end.
+    work (sandboxed gradings, trainings, fresh venvs; then the modules of hundreds of quick
+    tests, such as the mistake catalogue's) starts first and two workers finish together
+    instead of one running a long module alone at the end.
     """
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+    module = {item: item.nodeid.split("::")[0] for item in items}
+    slow = {module[item] for item in items if item.get_closest_marker("slow")}
+    size = collections.Counter(module.values())
+    # (A slow module's time is its slow tests', whatever their number: those keep their order.)
+    items.sort(
+        key=lambda item: (
+            module[item] not in slow,
+            0 if module[item] in slow else -size[module[item]],
+        )
+    )
+    from judge_support import HANDED_IN_BY
+
+    for lab, modules in HANDED_IN_BY.items():
+        if not modules <= SHARED_CLASS_MODULES:
+            raise pytest.UsageError(
+                f"{sorted(modules - SHARED_CLASS_MODULES)} hand in to {lab}'s shared class but "
+                "are not in tests/conftest.py's SHARED_CLASS_MODULES: xdist would grade it twice"
+            )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` with the modules of :data:`SHARED_CLASS_MODULES` as one scope.
+
+    A shared class is graded once per worker process; run on two workers, its modules would
+    grade it twice. (pytest-xdist's own ``xdist_group`` marks are ignored under pytest 9.)
+    """
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedClassScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            if Path(module).name in SHARED_CLASS_MODULES:
+                return "the modules of SHARED_CLASS_MODULES"
+            return super()._split_scope(nodeid)
+
+    return SharedClassScopes(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

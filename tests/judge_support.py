@@ -150,3 +150,42 @@ def grade_class(
     main(["--repo", str(REPO), *grade, "--timeout", "60", "--budget", str(budget)])
     report = json.loads((course / "grading_report.json").read_text())
     return {r["student"]: r for r in report["runs"][-1]["results"]}
+
+
+#: The replay modules' shared classes: lab -> student -> notebook, handed in at import.
+_HANDED_IN: dict[str, dict[str, nbformat.NotebookNode]] = {}
+#: lab -> the modules (file names) that handed in to its shared class.
+HANDED_IN_BY: dict[str, set[str]] = {}
+_GRADED: dict[str, tuple[Path, dict[str, dict[str, Any]]]] = {}
+
+
+def hand_in(module: str, lab: str, notebooks: dict[str, nbformat.NotebookNode]) -> None:
+    """Add ``notebooks`` (student -> notebook) of test module ``module`` (its ``__file__``) to
+    ``lab``'s shared class, graded by :func:`shared_class`.
+
+    Each ``labs grade`` run pays a fixed cost (nbgrader's assignment, the lab's gradebooks, the
+    student-package view) and the replay modules all need an honest and an untouched control:
+    one run for all of them pays both once. A student handed in twice must be the same notebook
+    (the controls); modules hand in when imported, before any test runs.
+    """
+    if lab in _GRADED:
+        raise RuntimeError(f"{Path(module).name} hands in to {lab}'s class after it was graded")
+    handed = _HANDED_IN.setdefault(lab, {})
+    for student, nb in notebooks.items():
+        if student in handed and handed[student] != nb:
+            raise ValueError(f"{Path(module).name} hands in another notebook as {student!r}")
+        handed[student] = nb
+    HANDED_IN_BY.setdefault(lab, set()).add(Path(module).name)
+
+
+def shared_class(
+    lab: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """``lab``'s shared class (everything :func:`hand_in` received), graded once per process by
+    :func:`grade_class` (sandboxed, two jobs, 60 s cells, 200 s a submission): its course
+    folder and each student's result. ``tests/conftest.py`` runs the modules that hand in on
+    one xdist worker, so the class is graded once per test run."""
+    if lab not in _GRADED:
+        course = tmp_path_factory.mktemp(f"shared_{lab[:2]}") / "course"
+        _GRADED[lab] = course, grade_class(course, lab, _HANDED_IN[lab], budget=200)
+    return _GRADED[lab]

@@ -1,13 +1,14 @@
-"""Tests of the grading side's shared file helpers (transformer_lab.grading.course)."""
+"""Tests of the grading side's shared helpers (transformer_lab.grading.course)."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from transformer_lab.grading.course import write_json
+from transformer_lab.grading.course import grading_env, write_json
 
 
 def test_write_json_replaces_the_record_and_keeps_non_ascii_names(tmp_path: Path) -> None:
@@ -28,3 +29,23 @@ def test_a_write_that_fails_leaves_the_old_record_whole_and_no_temporary_file(
         write_json(path, {"runs": [object()]})
     assert json.loads(path.read_text()) == {"runs": [1]}
     assert [p.name for p in tmp_path.iterdir()] == ["grading_report.json"]
+
+
+def test_new_gradebooks_record_nbgraders_schema_revision_asked_of_alembic_once(
+    tmp_path: Path,
+) -> None:
+    """Inside ``grading_env`` nbgrader's ``alembic heads`` runs once per process (the first new
+    gradebook), and every new gradebook still records the revision the command gives."""
+    import nbgrader.api
+    from nbgrader.api import Gradebook
+
+    with grading_env():
+        for name in ("first", "second", "third"):
+            with Gradebook(f"sqlite:///{tmp_path / name}.db"):
+                pass
+        asked = nbgrader.api.get_alembic_version
+        assert asked.cache_info().misses == 1, asked.cache_info()
+        revision = asked.__wrapped__()  # nbgrader's own call, run again
+    for name in ("first", "second", "third"):
+        with sqlite3.connect(tmp_path / f"{name}.db") as db:
+            assert db.execute("select version_num from alembic_version").fetchall() == [(revision,)]

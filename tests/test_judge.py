@@ -2,7 +2,8 @@
 
 Unit tests drive :func:`judge_cell` through an in-process stand-in for the kernel (the real
 kernel-side server, :mod:`transformer_lab.judge.kernel`, on a dict namespace); the last test
-sends hostile submissions through the real ``labs grade`` in the sandbox.
+sends hostile submissions through the real ``labs grade`` in the sandbox (in lab 01's shared
+class, ``judge_support.shared_class``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ import nbformat
 import pytest
 import torch
 from conftest import needs_bwrap
-from judge_support import TRAINED_MODEL, InProcessKernel, answers_namespace, zeroing_attention
+from judge_support import (
+    TRAINED_MODEL,
+    InProcessKernel,
+    answers_namespace,
+    hand_in,
+    shared_class,
+    zeroing_attention,
+)
 
-from transformer_lab.grading.cli import main
 from transformer_lab.grading.grade import judge_plan
 from transformer_lab.grading.judge import (
     HIDDEN_ERROR_TEXT,
@@ -516,7 +523,7 @@ ATTACKS = {
         "k.serve = serve"
     ),
     # Comparisons dispatched to the student's object.
-    "agreeable_tensor": (
+    "agreeable_subclass": (
         "class T(torch.Tensor):\n"
         "    @classmethod\n"
         "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
@@ -549,21 +556,25 @@ def _submission(code: str, where: int) -> nbformat.NotebookNode:
     return nb
 
 
+# Graded in lab 01's shared class (with the replays of test_judge_unscanned and
+# test_judge_hidden_leaks: one sandboxed run, two jobs, 60 s cells), beside the honest solution.
+hand_in(
+    __file__,
+    LAB,
+    {
+        student: _submission(code, -1 if student == "read_hidden" else 3)
+        for student, code in ATTACKS.items()
+    }
+    | {"honest": nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)},
+)
+
+
 @pytest.mark.slow
 @needs_bwrap
-def test_hostile_submissions_earn_nothing_and_see_nothing(tmp_path: Path) -> None:
-    course = tmp_path / "course"
-    for student, code in ATTACKS.items():
-        where = -1 if student == "read_hidden" else 3
-        folder = course / "submitted" / student / LAB
-        folder.mkdir(parents=True)
-        nbformat.write(_submission(code, where), str(folder / f"{LAB}.ipynb"))
-    folder = course / "submitted" / "honest" / LAB
-    folder.mkdir(parents=True)
-    solution = nbformat.read(str(REPO / "solutions" / LAB / f"{LAB}.ipynb"), as_version=4)
-    nbformat.write(solution, str(folder / f"{LAB}.ipynb"))
-    args = ["--repo", str(REPO), "grade", "--course", str(course), "--jobs", "2"]
-    main([*args, "--timeout", "40", "--budget", "150", "--sandbox", "required"])
+def test_hostile_submissions_earn_nothing_and_see_nothing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    course, _ = shared_class(LAB, tmp_path_factory)
     with open(course / "grades.csv", newline="") as handle:
         rows = {row["student_id"]: row for row in csv.DictReader(handle)}
     assert float(rows["honest"]["score"]) == 12.0

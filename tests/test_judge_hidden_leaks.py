@@ -1,7 +1,8 @@
 """Hidden cases stay hidden, and visible points need an answer (issue 41, classes 2 and 3).
 
 Graded through the real ``labs grade`` in the bubblewrap sandbox, in one run of lab 01 beside
-an honest student (12 / 12) and an untouched release (0):
+an honest student (12 / 12) and an untouched release (0) (lab 01's shared class, with
+``test_judge_unscanned``'s and ``test_judge``'s hostile submissions):
 
 * answers that encode a hidden case's inputs into what they return (a tensor's shape, a value,
   the name of a class): a hidden cell's message is fixed words ("wrong shape", "wrong values",
@@ -19,7 +20,7 @@ from typing import Any
 import nbformat
 import pytest
 from conftest import needs_bwrap
-from judge_support import grade_class
+from judge_support import hand_in, shared_class
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
@@ -87,16 +88,22 @@ def _answered(**answers: str) -> nbformat.NotebookNode:
     return nb
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
-    course = tmp_path_factory.mktemp("leaks") / "course"
-    notebooks = {name: _answered(sinusoidal_encoding=code) for name, code in ENCODINGS.items()}
-    notebooks |= {
+hand_in(
+    __file__,
+    LAB,
+    {name: _answered(sinusoidal_encoding=code) for name, code in ENCODINGS.items()}
+    | {
         "eye": _answered(relative_shift_matrix=EYE),
         "honest": _notebook("solutions"),
         "untouched": _notebook("labs"),
-    }
-    return course, grade_class(course, LAB, notebooks, budget=200)
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """Lab 01's shared class (``judge_support.shared_class``): these students among others."""
+    return shared_class(LAB, tmp_path_factory)
 
 
 def _hidden(verdicts: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Every payload here is hidden as ``exec(bytes.fromhex(...).decode())``, as issue 
 hid theirs, so the static scan sees nothing but the ``exec`` (itself a flag for review since
 issue 41) and the score before that flag is the judge's verdicts alone. One class of attack
 per submission of lab 01, graded in one run of ``labs grade`` in the bubblewrap sandbox beside
-an honest submission and an untouched release:
+an honest submission and an untouched release (lab 01's shared class, ``judge_support.hand_in``):
 
 * the kernel's side of the judge rewritten (``serve``, the serving loop): on a *correct*
   submission, so any trust in what the kernel says about itself would show as points;
@@ -15,7 +15,8 @@ an honest submission and an untouched release:
 * leaks into feedback: an answer that raises with its callers' frame locals, raw HTML output.
 
 Each must earn 0 before any flag (``raw_auto_score``), and nothing of the hidden checks may
-reach the kernel or the feedback. Marked slow: one grading run of eight submissions (~1 min).
+reach the kernel or the feedback. Marked slow: one grading run (~1-2 min), shared with
+``test_judge_hidden_leaks`` and ``test_judge``'s hostile submissions.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import nbformat
 import pytest
 from conftest import needs_bwrap
-from judge_support import grade_class
+from judge_support import hand_in, shared_class
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
@@ -178,13 +179,19 @@ def _attacked(folder: str, inserts: list[tuple[str, str]]) -> nbformat.NotebookN
     return nb
 
 
+hand_in(
+    __file__,
+    LAB,
+    {name: _attacked(base, inserts) for name, (base, inserts) in ATTACKS.items()}
+    | {"honest": _notebook("solutions"), "untouched": _notebook("labs")},
+)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
-    """One sandboxed ``labs grade`` run: every attack, an honest student, an untouched one."""
-    course = tmp_path_factory.mktemp("unscanned") / "course"
-    notebooks = {name: _attacked(base, inserts) for name, (base, inserts) in ATTACKS.items()}
-    notebooks |= {"honest": _notebook("solutions"), "untouched": _notebook("labs")}
-    return course, grade_class(course, LAB, notebooks, budget=200)
+    """One sandboxed ``labs grade`` run: every attack, an honest student, an untouched one
+    (lab 01's shared class: other replay modules' students are graded in the same run)."""
+    return shared_class(LAB, tmp_path_factory)
 
 
 def test_the_honest_and_the_untouched_keep_their_scores(graded: Any) -> None:

@@ -6,7 +6,8 @@ Everything here wraps nbgrader's own classes (``CourseDirectory``, the converter
 
 nbgrader's gradebook shells out to ``alembic`` (and executes notebooks in a kernel that
 inherits this process's environment), so :func:`grading_env` puts the running interpreter's
-``bin`` directory first on ``PATH`` and selects the ``grading`` profile while it runs.
+``bin`` directory first on ``PATH`` and selects the ``grading`` profile while it runs; the
+``alembic`` command's answer is asked once per process (:func:`ask_alembic_once`).
 
 Reference: nbgrader 0.9 (https://nbgrader.readthedocs.io), ``nbgrader/converters/*.py``.
 """
@@ -14,6 +15,7 @@ Reference: nbgrader 0.9 (https://nbgrader.readthedocs.io), ``nbgrader/converters
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -148,6 +150,21 @@ def make_coursedir(config: Config, root: Path, **settings: str) -> CourseDirecto
     return coursedir
 
 
+def ask_alembic_once() -> None:
+    """Make nbgrader ask the ``alembic`` command for its gradebook schema's revision once in
+    this process, not once per gradebook it creates.
+
+    nbgrader's ``Gradebook`` runs ``alembic heads`` (a new Python process importing alembic:
+    about 3 s of CPU) each time it creates a gradebook: twice per ``labs grade`` run of a lab
+    (the course's and the lab's template). The answer is fixed by the installed nbgrader, so
+    the first one is kept (nbgrader's own function, cached).
+    """
+    import nbgrader.api
+
+    if not hasattr(nbgrader.api.get_alembic_version, "cache_info"):
+        nbgrader.api.get_alembic_version = functools.cache(nbgrader.api.get_alembic_version)
+
+
 @contextlib.contextmanager
 def grading_env(profile: str = "grading") -> Iterator[None]:
     """Environment for nbgrader runs: venv ``bin`` on ``PATH``, the given profile, Agg backend.
@@ -158,6 +175,7 @@ def grading_env(profile: str = "grading") -> Iterator[None]:
     interpreter that has the kit, not with another ``python3`` kernel of the user.
     The previous values are restored afterwards.
     """
+    ask_alembic_once()
     bin_dir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     new = {
@@ -203,6 +221,7 @@ def run_converter(
     Returns:
         nbgrader's ``capture_log`` dict: ``success`` (bool), ``log`` and, on failure, ``error``.
     """
+    ask_alembic_once()
     converter = converter_cls(coursedir=coursedir, config=config)
     for key, value in attrs.items():
         setattr(converter, key, value)
