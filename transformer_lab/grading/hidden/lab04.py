@@ -3,11 +3,10 @@ mistakes, the drawn cases, and the visible checks' stored examples (:func:`fixtu
 ``checks/fixtures/lab04.json`` by ``labs build``).
 
 Each part's :class:`~transformer_lab.checks._generated.Oracle` pairs the visible module's
-declaration with a float64 oracle written out from the case's weights (means and variances,
-per-head scores, a softmax over the keys: :mod:`._blocks`, shared with lab 06), independent of
-the visible checks' PyTorch references and of the kit's blocks. Dropout in training mode is
-reproduced by drawing the masks with ``F.dropout`` from the case's seed, in the order each
-placement (correct or mistaken) would draw them, so a dropout in the wrong place is named.
+declaration with a float64 oracle written out from the case's weights (:mod:`._blocks`, shared
+with lab 06), independent of the kit's blocks. In training mode the oracle draws dropout's masks
+with ``F.dropout`` from the case's seed, in the order each placement (correct or mistaken) draws
+them, so a dropout in the wrong place is named.
 
 Reference: Prince, *Understanding Deep Learning*, section 12.4; Vaswani et al., "Attention Is
 All You Need" (2017), sections 3.1, 5.3, 5.4; Xiong et al., "On Layer Normalization in the
@@ -33,9 +32,9 @@ from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
     SPEC,
+    BlockCase,
     ProbeModel,
     optimizers_check,
-    random_weights,
     seeded,
     training_step_check,
     values_at,
@@ -57,11 +56,6 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------
-# layer_norm
-# --------------------------------------------------------------------------------------
-
-
 #: Layer norm over the last dimension in float64 (centred values, biased variance), shared with
 #: lab 06's decoder-block oracle.
 oracle_layer_norm = layer_norm64
@@ -77,20 +71,11 @@ def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> 
         "It matches the normalised x without the learned scale and shift: multiply by weight "
         "and add bias at the end (weight * x_hat + bias).": x_hat,
         "It matches weight * x_hat without the bias: add bias at the end.": x_hat * weight,
-        "It matches x_hat + bias without the weight: multiply by weight, then add bias.": (
-            x_hat + bias
-        ),
         "It matches (x_hat + bias) * weight: scale first, then shift (weight * x_hat + bias).": (
             (x_hat + bias) * weight
         ),
         "It matches (x - mean) / (sqrt(var) + eps): eps belongs inside the square root, "
         "(x - mean) / sqrt(var + eps).": (x - mean) / (torch.sqrt(var) + eps) * weight + bias,
-        "It matches dividing by the variance: divide by the standard deviation sqrt(var + eps).": (
-            (x - mean) / (var + eps) * weight + bias
-        ),
-        "It matches x / sqrt(var + eps): subtract the mean before dividing.": (
-            x / torch.sqrt(var + eps) * weight + bias
-        ),
     }
     if x.shape[-1] > 1:
         unbiased = x.var(-1, unbiased=True, keepdim=True)
@@ -99,15 +84,12 @@ def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> 
             "variance, the mean of the squared deviations (divide by D; torch.var needs "
             "unbiased=False or correction=0)."
         ] = (x - mean) / torch.sqrt(unbiased + eps) * weight + bias
-    for dim in range(x.dim() - 1):  # a dim of size 1 gives the bias, as the mistake does
-        m = x.mean(dim, keepdim=True)
-        v = x.var(dim, unbiased=False, keepdim=True)
+    if x.dim() > 1:  # a first dim of size 1 gives the bias, as the mistake does
+        m, v = x.mean(0, keepdim=True), x.var(0, unbiased=False, keepdim=True)
         out[
-            f"It matches normalising over dim={dim} of the input: layer norm takes the mean "
-            "and variance of each token over its features, the last dimension (dim=-1, "
-            "keepdim=True)."
+            "It matches normalising over dim=0 of the input: layer norm takes the mean and "
+            "variance of each token over its features, the last dimension (dim=-1, keepdim=True)."
         ] = (x - m) / torch.sqrt(v + eps) * weight + bias
-    if x.dim() > 1:
         out[
             "It matches one mean and one variance for the whole tensor: take them per token, "
             "over the last dimension only (dim=-1, keepdim=True)."
@@ -173,9 +155,37 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
     LARGE_MEAN.judge(fn, [(x, torch.ones(16), torch.zeros(16), 1e-5)])
 
 
-# --------------------------------------------------------------------------------------
-# FeedForward
-# --------------------------------------------------------------------------------------
+def _layer(w: dict[str, Tensor], name: str, n_in: int, n_out: int, g: torch.Generator) -> None:
+    w[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / math.sqrt(n_in)
+    w[f"{name}.bias"] = 0.2 * torch.randn(n_out, generator=g)
+
+
+def random_weights(
+    d_model: int, d_ff: int, g: torch.Generator, *, block: bool = False, norms: bool = True
+) -> dict[str, Tensor]:
+    """Random float32 weights of a ``FeedForward(d_model, d_ff)`` (``linear1.weight``...) or,
+    with ``block``, of an ``EncoderBlock(d_model, ., d_ff)`` in the kit's layout
+    (``self_attn.q_proj.weight``, ``ff.linear1.weight``, ``norm1.weight``...); the norms' gains
+    and shifts are far from 1 and 0 (a swapped or unused norm shows), or with ``norms=False``
+    they are 1 and 0, as ``nn.LayerNorm`` starts."""
+    w: dict[str, Tensor] = {}
+    prefix = "ff." if block else ""
+    if block:
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            _layer(w, f"self_attn.{name}", d_model, d_model, g)
+    _layer(w, f"{prefix}linear1", d_model, d_ff, g)
+    _layer(w, f"{prefix}linear2", d_ff, d_model, g)
+    for name in ("norm1", "norm2") if block else ():
+        w[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g) * norms
+        w[f"{name}.bias"] = 0.5 * torch.randn(d_model, generator=g) * norms
+    return w
+
+
+#: A module whose dropout never acts (no dropout, or none in training mode).
+EVAL_IN_TRAINING = (
+    "It gives the output of eval mode in training mode: dropout never acts. Apply nn.Dropout "
+    "modules in forward (they act in training mode only)."
+)
 
 
 def _dropout_masks(
@@ -217,7 +227,7 @@ def oracle_feed_forward(*case: Any) -> Tensor:
 def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``FeedForward`` returns (float64): in eval mode a wrong
     network, in training mode a misplaced dropout (masks drawn from ``seed``)."""
-    d_ff, p, w, x, seed = case
+    _, p, w, x, seed = case
     x = x.double()
     w2, b2 = w["linear2.weight"].double(), w["linear2.bias"].double()
     pre = x @ w["linear1.weight"].double().T + w["linear1.bias"].double()  # (..., F)
@@ -233,18 +243,13 @@ def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
             "It adds the input x: the residual belongs to the block (EncoderBlock); FeedForward "
             "returns linear2(relu(linear1(x))) only.": x + good,
         }
-    d_model, lead = x.shape[-1], tuple(x.shape[:-1])
-    (on_out,) = _dropout_masks(seed, [(*lead, d_model)], p, x.dtype)
-    twice_hidden, twice_out = _dropout_masks(seed, [(*lead, d_ff), (*lead, d_model)], p, x.dtype)
+    (on_out,) = _dropout_masks(seed, [tuple(x.shape)], p, x.dtype)
     return {
-        lab04.EVAL_IN_TRAINING: good,
-        lab04.ON_OUTPUT: good * on_out,
+        EVAL_IN_TRAINING: good,
+        "It matches dropout on the output of linear2: FeedForward drops hidden units (d_ff wide, "
+        "after the ReLU, before linear2); the block drops the output.": good * on_out,
         "It matches dropout on the input x: drop the hidden units (after the ReLU, before "
         "linear2) instead.": _ff64(w, x * on_out),
-        "It matches dropout on the hidden units and again on the output: FeedForward drops the "
-        "hidden units only; the block's dropout2 handles its output.": (
-            _ff64(w, x, twice_hidden) * twice_out
-        ),
     }
 
 
@@ -279,11 +284,6 @@ def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int =
         cases.append((d_ff, p, random_weights(d_model, d_ff, g), x, seed + 17))
     FEED_FORWARD.judge(cls, [(*case[:-1], None) for case in cases])
     FEED_FORWARD.judge(cls, cases)
-
-
-# --------------------------------------------------------------------------------------
-# EncoderBlock
-# --------------------------------------------------------------------------------------
 
 
 class _Pieces:
@@ -330,23 +330,24 @@ class _Pieces:
 def oracle_encoder_block(*case: Any) -> Tensor:
     """The block in float64; in training mode the three dropout masks (attention output,
     hidden units, feed-forward output) are drawn from ``train[0]`` in torch's layer's order."""
-    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
+    c = BlockCase(*case)
     drops: Any = (1.0, None, 1.0)
-    if train is not None:
-        B, T, D = x.shape
-        drops = _dropout_masks(train[0], [(B, T, D), (B, T, d_ff), (B, T, D)], p, x.dtype, train[1])
-    return _Pieces(w, n_heads).block(x, mask, norm_first, drops)
+    if c.seed is not None:
+        B, T, D = c.x.shape
+        shapes = [(B, T, D), (B, T, c.d_ff), (B, T, D)]
+        drops = _dropout_masks(c.seed, shapes, c.p, c.x.dtype, c.seq_first)
+    return _Pieces(c.w, c.n_heads).block(c.x, c.mask, c.norm_first, drops)
 
 
-def _dropout_mistakes(
-    o: _Pieces, d_ff: int, norm_first: bool, p: float, x: Tensor, mask: Tensor | None, train: Any
-) -> dict[str, Tensor]:
+def _dropout_mistakes(o: _Pieces, c: BlockCase) -> dict[str, Tensor]:
     """Hint -> what a block with misplaced dropout returns in training mode (float64)."""
+    norm_first, x, mask = c.norm_first, c.x, c.mask
     B, T, D = x.shape
-    wide, narrow = (B, T, d_ff), (B, T, D)
+    wide, narrow = (B, T, c.d_ff), (B, T, D)
 
     def masks(*shapes: tuple[int, ...], from_attention: bool = True) -> list[Tensor]:
-        return _dropout_masks(train[0], list(shapes), p, x.dtype, train[1] and from_attention)
+        assert c.seed is not None
+        return _dropout_masks(c.seed, list(shapes), c.p, x.dtype, c.seq_first and from_attention)
 
     # Dropout on the residual sum draws its first mask on that (contiguous) sum.
     first, hidden, second = masks(narrow, wide, narrow, from_attention=False)
@@ -361,7 +362,7 @@ def _dropout_mistakes(
     no_first = masks(wide, narrow, from_attention=False)
     no_second = masks(narrow, wide)
     return {
-        lab04.EVAL_IN_TRAINING: o.block(x, mask, norm_first),
+        EVAL_IN_TRAINING: o.block(x, mask, norm_first),
         "It matches a block whose FeedForward has no dropout: build it with the block's "
         "dropout, FeedForward(d_model, d_ff, dropout).": o.block(
             x, mask, norm_first, (no_ff[0], None, no_ff[1])
@@ -379,11 +380,12 @@ def _dropout_mistakes(
 def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong block returns (float64): in eval mode a wrong block, in
     training mode a misplaced dropout."""
-    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
+    c = BlockCase(*case)
+    n_heads, norm_first, w, mask = c.n_heads, c.norm_first, c.w, c.mask
     o = _Pieces(w, n_heads)
-    if train is not None:
-        return _dropout_mistakes(o, d_ff, norm_first, p, x, mask, train)
-    x = x.double()
+    if c.seed is not None:
+        return _dropout_mistakes(o, c)
+    x = c.x.double()
     sa, ff = o.attention, o.feed_forward
 
     def n1(h: Tensor) -> Tensor:
@@ -426,16 +428,6 @@ def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
                 "un-normalised, x + sublayer(norm(x)), not norm(x) + sublayer(norm(x)).": (
                     lambda a: n2(a) + ff(n2(a))
                 )(n1(x) + sa(n1(x), mask)),
-                "The attention residual adds the normalised input: keep the residual path "
-                "un-normalised, x + self_attn(norm1(x)).": (lambda a: a + ff(n2(a)))(
-                    n1(x) + sa(n1(x), mask)
-                ),
-                "The feed-forward residual adds the normalised input: keep the residual path "
-                "un-normalised, x + ff(norm2(x)).": n2(h) + ff(n2(h)),
-                "The attention sub-layer has no residual: x = x + self_attn(norm1(x)).": (
-                    lambda a: a + ff(n2(a))
-                )(sa(n1(x), mask)),
-                "The feed-forward sub-layer has no residual: x = x + ff(norm2(x)).": ff(n2(h)),
                 "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer, "
                 "norm2 to the feed-forward sub-layer.": (lambda a: a + ff(n1(a)))(
                     x + sa(n2(x), mask)
@@ -468,7 +460,6 @@ def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
                 "residual and norm2 after the feed-forward residual.": (lambda b: b + ff(b))(
                     x + sa(x, mask)
                 ),
-                "The feed-forward residual is not normalised: x = norm2(x + ff(x)).": a + ff(a),
                 "It normalises the sub-layer's output and then adds x, x + norm(sublayer(x)): "
                 "Add & Norm adds first, norm(x + sublayer(x)).": (lambda b: b + n2(ff(b)))(
                     x + n1(sa(x, mask))
@@ -508,7 +499,7 @@ def _random_blocks(cls: Callable[..., nn.Module], seed: int, *, norm_first: bool
             evaluated.append((*trained[-1], None))
     BLOCK.judge(cls, evaluated)
     train = (seed + 5, lab04.sequence_first(cls))
-    BLOCK.judge(cls, [(*case, train) for case in trained])
+    BLOCK.judge(cls, [(*case, *train) for case in trained])
 
 
 def hidden_check_encoder_block_post_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
@@ -582,12 +573,7 @@ def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0
     tokens' outputs stay), a general mask of shape ``(B, 1, T, T)``; post-norm, then pre-norm."""
     cases = _mask_cases(generator(seed))
     for norm_first in (False, True):
-        BLOCK.judge(cls, [c for c in cases if lab04.BlockCase(*c).norm_first == norm_first])
-
-
-# --------------------------------------------------------------------------------------
-# TaggingModule: training_step
-# --------------------------------------------------------------------------------------
+        BLOCK.judge(cls, [c for c in cases if BlockCase(*c).norm_first == norm_first])
 
 
 def oracle_tagging_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -659,11 +645,6 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
         )
 
 
-# --------------------------------------------------------------------------------------
-# TaggingModule: configure_optimizers
-# --------------------------------------------------------------------------------------
-
-
 def oracle_learning_rates(lr: float, warmup_steps: int, total_steps: int) -> Tensor:
     """Learning rate of steps ``0 .. total_steps - 1``: linear warm-up, then a cosine to 0."""
     rates = []
@@ -730,11 +711,6 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
         optimizers_check(cls, model, schedule, weight_decay, expected, schedule_mistakes(*schedule))
 
 
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
-
-
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab04`, keyed by what they show."""
     g = generator(404)
@@ -753,6 +729,9 @@ def fixtures() -> dict[str, dict[str, Any]]:
     # FeedForward(4, 6) on a 3-D input, FeedForward(8, 16, dropout=0.5) on a 2-D one, eval mode
     ff = [(6, 0.0, random_weights(4, 6, g), torch.randn(2, 3, 4, generator=g) * 1.5, None)]
     ff.append((16, 0.5, random_weights(8, 16, g), torch.randn(5, 8, generator=g), None))
+    # FeedForward(8, 32, dropout=0.5) in training mode, its mask drawn from seed 7
+    g2 = generator(2)
+    ff.append((32, 0.5, random_weights(8, 32, g2), torch.randn(2, 5, 8, generator=g2), 7))
     out |= FEED_FORWARD.fixtures("check_feed_forward", ff)
 
     # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask; then
@@ -768,6 +747,17 @@ def fixtures() -> dict[str, dict[str, Any]]:
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]  # (B, T)
     blocks.append((3, 20, False, 0.0, w, x, keep[:, None, None, :], None))
     out |= BLOCK.fixtures("check_encoder_block", blocks)
+
+    # EncoderBlock(8, 2, 32, dropout=0.5) with a padding mask, post- and pre-norm, in eval mode
+    # and in training mode (seed 11) for either memory order of the attention's output
+    g5 = generator(5)
+    keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
+    w = random_weights(8, 32, g5, block=True, norms=False)
+    x = torch.randn(2, 6, 8, generator=g5)
+    dropped = [(2, 32, nf, 0.5, w, x, keep[:, None, None, :]) for nf in (False, True)]
+    trained = [(*case, 11, seq_first) for seq_first in (False, True) for case in dropped]
+    evaluated = [(*case, None) for case in dropped]
+    out |= BLOCK.fixtures("check_encoder_block_dropout", [*evaluated, *trained])
 
     # training_step on a padded batch, with stored logits
     keep = torch.arange(5)[None, :] < torch.tensor([5, 3, 2])[:, None]  # (B, T)
