@@ -1,22 +1,17 @@
-"""Visible checks of lab 04 (the transformer block): layer_norm, FeedForward, EncoderBlock, the
-student's LightningModule TaggingModule (``training_step``, ``configure_optimizers``) and the
-trained encoder.
+"""Visible checks of lab 04 (the transformer block): layer_norm, FeedForward, EncoderBlock,
+TaggingModule (``training_step``, ``configure_optimizers``) and the trained encoder.
 
-Each part is declared once (an :class:`~transformer_lab.checks._generated.Ordinary`): its
-visible check runs the student's answer on worked examples that ``labs build`` stores from the
-hidden oracles (``fixtures/lab04.json``: each case's inputs and weights, the expected output and
-what each typical mistake returns). A module part is built from the case's sizes, given the
-case's weights and run, in eval mode or in training mode with dropout drawn from the case's
-seed. While the student's code runs, what would compute the answer is refused (the spec's bans).
-
-Attribute names the checks rely on (stated in the notebook): ``FeedForward.linear1``/``linear2``;
-``EncoderBlock.self_attn`` (the kit's ``MultiHeadAttention``, or an
-``nn.MultiheadAttention(batch_first=True)``), ``.ff``, ``.norm1`` (attention sub-layer),
-``.norm2`` (feed-forward sub-layer).
+Each part is declared once (an :class:`~transformer_lab.checks._generated.Ordinary`); its
+visible check runs the student's answer, under the spec's bans, on worked examples stored from
+the hidden oracles (``fixtures/lab04.json``: inputs and weights, the expected output, what each
+typical mistake returns). A module is built from the case's sizes, given the case's weights and
+run in eval mode, or in training mode with dropout drawn from the case's seed. The checks read
+the attributes the notebook names: ``FeedForward.linear1``/``linear2``; ``EncoderBlock.self_attn``
+(the kit's ``MultiHeadAttention`` or ``nn.MultiheadAttention(batch_first=True)``), ``.ff``,
+``.norm1`` (attention sub-layer), ``.norm2`` (feed-forward sub-layer).
 
 Reference: Prince, *Understanding Deep Learning*, section 12.4; Vaswani et al., "Attention Is
-All You Need" (2017), sections 3.1, 5.3 and 5.4; Ba et al., "Layer Normalization" (2016);
-Lightning's ``LightningModule`` documentation.
+All You Need" (2017), sections 3.1, 5.3 and 5.4; Lightning's ``LightningModule`` documentation.
 """
 
 from __future__ import annotations
@@ -61,7 +56,7 @@ __all__ = [
     "check_layer_norm",
     "check_trained_encoder",
     "check_training_step",
-    "learning_rates",
+    "learning_rates",  # the notebook plots the schedule with these two
     "parse_optimizers",
 ]
 
@@ -88,8 +83,7 @@ def seeded(seed: int | None) -> Iterator[None]:
 
 def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
     """``same`` and ``describe`` of an :class:`Ordinary` whose outputs are float tensors,
-    compared at ``atol`` and ``rtol``; a wrong one is described in ``expect_close``'s words (the
-    largest difference and where, NaN or inf where the expected value is finite)."""
+    compared at ``atol`` and ``rtol``, a wrong one described in ``expect_close``'s words."""
 
     def describe(case: Case[Any]) -> str:
         try:
@@ -164,30 +158,11 @@ check_layer_norm = LAYER_NORM.visible(
 )
 
 
-def _same_each_call(run: Callable[[int], Any], what: str) -> Any:
-    """``run(seed)`` for two seeds in eval mode: dropout must be off, so both give one output."""
-    first, second = run(1), run(2)
-    if (
-        isinstance(first, Tensor)
-        and isinstance(second, Tensor)
-        and first.shape == second.shape
-        and not close(first, second)
-    ):
-        raise AssertionError(
-            f"{what} in eval mode gives another output at each call: dropout must switch off in "
-            "eval mode. Use nn.Dropout modules (model.eval() switches them off), or "
-            "F.dropout(..., training=self.training)."
-        )
-    return first
-
-
 def run_module(
     module: nn.Module, x: Tensor, kwargs: dict[str, Any], what: str, *, ban: Ban, seed: int | None
 ) -> Any:
-    """The student's ``module(x, **kwargs)`` under ``ban`` (a block's attention runs without
-    its own dropout: :func:`_no_attention_dropout`): in training mode with dropout's masks drawn
-    from ``seed``, or (``seed`` ``None``) twice in eval mode, from two seeds, giving one output.
-    """
+    """The student's ``module(x, **kwargs)`` under ``ban``, without its attention's own dropout:
+    in training mode with dropout drawn from ``seed``, or (``None``) twice in eval mode."""
     module.train(seed is not None)
     shown = "".join(f", {name}" for name, value in kwargs.items() if value is not None)
     call = f"{what}(x{shown}){'' if seed is None else ' in training mode'}"
@@ -196,13 +171,24 @@ def run_module(
         with _no_attention_dropout(module), seeded(s), torch.no_grad():
             return call_forbidding(module, (x.clone(),), kwargs, ban=ban, what=call)
 
-    return _same_each_call(once, what) if seed is None else once(seed)
+    if seed is not None:
+        return once(seed)
+    first, second = once(1), once(2)  # dropout off: one output whatever the seed
+    if isinstance(first, Tensor) and isinstance(second, Tensor) and first.shape == second.shape:
+        expect_true(
+            close(first, second),
+            f"{what} in eval mode gives another output at each call: dropout must switch off in "
+            "eval mode. Use nn.Dropout modules (model.eval() switches them off), or "
+            "F.dropout(..., training=self.training).",
+        )
+    return first
 
 
 def _built(
     module: nn.Module, weights: Mapping[str, Tensor], x: Tensor, what: str, **layout: str
 ) -> None:
-    """``module`` given ``weights`` (:func:`load_weights`), in float64 for a float64 ``x``."""
+    """``module`` given ``weights`` (:func:`~transformer_lab.checks._common.load_weights`:
+    each weight's name and shape checked), in float64 for a float64 ``x``."""
     load_weights(module, weights, what, **layout)
     if x.dtype == torch.float64:
         module.double()
@@ -277,8 +263,7 @@ def build_block(
     dropout: float = 0.0,
 ) -> tuple[nn.Module, str]:
     """``cls(d_model, n_heads, d_ff, dropout=..., norm_first=...)`` (from a fixed seed), its
-    sub-layers checked against the attribute names of the notebook (:func:`load_weights`
-    checks the rest: each weight's name and shape)."""
+    sub-layers' names checked (:func:`_built` checks each weight's name and shape)."""
     what = f"EncoderBlock({d_model}, {n_heads}, {d_ff}" + (
         f", dropout={dropout:g}" if dropout else ""
     )
@@ -311,11 +296,8 @@ def sequence_first(cls: Callable[..., Any]) -> bool:
 
 @contextlib.contextmanager
 def _no_attention_dropout(module: nn.Module) -> Iterator[None]:
-    """Switch off dropout inside a block's attention module (on its weights) while it runs.
-
-    Dropout on the attention weights is the attention module's business (lab 03); these checks
-    test the block's own dropout, on each sub-layer's output and in the feed-forward network.
-    """
+    """Switch off dropout inside a block's attention module (on its weights, lab 03's business)
+    while it runs: these checks test the block's own dropout."""
     saved: list[tuple[Any, str, float]] = []
     attn = getattr(module, "self_attn", None)
     for sub in attn.modules() if attn is not None else ():
@@ -413,14 +395,7 @@ def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> A
     """``cls(model, **hparams)``: the student's LightningModule around a given model."""
     shown = ", ".join(f"{k}={v!r}" for k, v in hparams.items())
     what = f"TaggingModule(model, {shown})"
-    module = expect_module(call_student(cls, model, what=what, **hparams), what)
-    for method in ("training_step", "configure_optimizers", "log"):
-        expect_true(
-            callable(getattr(module, method, None)),
-            f"{what} has no method {method}: TaggingModule is a LightningModule (class "
-            "TaggingModule(L.LightningModule)).",
-        )
-    return module
+    return expect_module(call_student(cls, model, what=what, **hparams), what)
 
 
 #: What a wrong loss is told: lab 04's loss, the cross-entropy of the real tokens.
@@ -433,11 +408,8 @@ LOSS_HINT = (
 
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
 class _StoredTagger(nn.Module):
-    """A stand-in model whose logits are stored, so that the expected loss is a stored number.
-
-    It returns ``logits`` when called with a padding mask, and ``unmasked`` when called without
-    (what the model computes when padding is not hidden from attention).
-    """
+    """A stand-in model whose logits are stored (so the expected loss is a stored number):
+    ``logits`` with a padding mask, ``unmasked`` without."""
 
     def __init__(self, logits: Tensor, unmasked: Tensor) -> None:
         super().__init__()
@@ -471,15 +443,10 @@ def training_step_check(
 
 def check_training_step(cls: Callable[..., Any]) -> None:
     """``training_step`` on a stored batch with padding: the loss, its graph, what is logged."""
-    key = "training_step batch"
-    batch = {name: stored(_LAB, f"{key} {name}")[0].long() for name in ("tokens", "targets")}
-    batch["padding_mask"] = stored(_LAB, f"{key} padding_mask")[0].bool()
-    logits, unmasked = (
-        stored(_LAB, f"training_step logits{k} (3, 5, 6)")[0] for k in ("", " without padding_mask")
-    )
-    training_step_check(
-        cls, _StoredTagger(logits, unmasked), batch, *stored(_LAB, "training_step loss")
-    )
+    got = {k: stored(_LAB, f"training_step {k}")[0] for k in ("tokens", "padding_mask", "targets")}
+    batch = {k: v.bool() if k == "padding_mask" else v.long() for k, v in got.items()}
+    model = _StoredTagger(*(stored(_LAB, f"training_step {k}")[0] for k in ("logits", "unmasked")))
+    training_step_check(cls, model, batch, *stored(_LAB, "training_step loss"))
 
 
 @portable
@@ -511,21 +478,17 @@ def optimizers_check(
     expected: Tensor,
     mistakes: Mapping[str, Tensor],
 ) -> None:
-    """``configure_optimizers`` of ``cls(model, lr=..., weight_decay=..., warmup_steps=...,
-    total_steps=...)``: AdamW's two groups and the exact rates (``expected``, a catalogued wrong
-    schedule named), stepped per step (:func:`judge_configure_optimizers`, shared with lab 06)."""
-    lr, warmup_steps, total_steps = schedule
-    hparams = {"lr": lr, "weight_decay": weight_decay, "warmup_steps": warmup_steps}
-    module = build_module(cls, model, **hparams, total_steps=total_steps)
-    wrong = [(rates, hint) for hint, rates in mistakes.items()]
+    """``configure_optimizers`` of ``cls(model, ...)``: AdamW's two groups and the exact rates
+    (``expected``, a catalogued wrong schedule named), stepped per step (shared with lab 06)."""
+    hparams = {"lr": schedule.lr, "weight_decay": weight_decay, **schedule._asdict()}
     judge_configure_optimizers(
-        module,
+        build_module(cls, model, **hparams),
         model,
         schedule,
         ban=MODULE_BAN,
         weight_decay=weight_decay,
         expected=expected,
-        mistakes=wrong,
+        mistakes=[(rates, hint) for hint, rates in mistakes.items()],
     )
 
 
@@ -560,42 +523,28 @@ def accuracy_on_fresh_data(model: nn.Module, batches: Sequence[dict[str, Tensor]
 def held_out_batches(
     task: str = "sort",
     *,
-    seq_len: int = 8,
-    min_len: int | None = 4,
-    num_symbols: int = 10,
     n: int = 512,
     batch_size: int = 128,
     seed: int = 2024,
+    **options: Any,
 ) -> list[dict[str, Tensor]]:
-    """``ceil(n / batch_size)`` fresh tagging batches of a synthetic task (dicts of
-    ``tokens``, ``padding_mask``, ``targets`` ``(b, T)``), from a seed no training split uses."""
+    """``ceil(n / batch_size)`` fresh tagging batches (``tokens``, ``padding_mask``, ``targets``
+    ``(b, T)``) of a synthetic task, from a seed no training split uses; ``options`` go to
+    ``make_task`` (``seq_len=8``, ``min_len=4``, ``num_symbols=10`` unless given)."""
     from transformer_lab.data.synthetic import make_task
 
-    data = make_task(
-        task,
-        n,
-        format="tagging",
-        generator=torch.Generator().manual_seed(seed),
-        seq_len=seq_len,
-        num_symbols=num_symbols,
-        min_len=min_len,
-    )
+    options = {"seq_len": 8, "min_len": 4, "num_symbols": 10, **options}
+    g = torch.Generator().manual_seed(seed)
+    data = make_task(task, n, format="tagging", generator=g, **options)
     return [{k: v[i : i + batch_size] for k, v in data.items()} for i in range(0, n, batch_size)]
 
 
 def check_trained_encoder(
-    model: nn.Module,
-    block_cls: type,
-    *,
-    min_accuracy: float,
-    task: str = "sort",
-    seq_len: int = 8,
-    min_len: int | None = 4,
-    num_symbols: int = 10,
+    model: nn.Module, block_cls: type, *, min_accuracy: float, task: str = "sort", **options: Any
 ) -> float:
     """The trained ``EncoderClassifier`` is built from the student's blocks (``block_cls``) and
-    reaches ``min_accuracy`` token accuracy on new sequences of the notebook's task; returns
-    the accuracy it measured."""
+    reaches ``min_accuracy`` token accuracy on new sequences of the notebook's task (``options``:
+    its ``seq_len``, ``min_len``, ``num_symbols``); returns the accuracy it measured."""
     expect_true(
         isinstance(model, nn.Module),
         f"`model` should be your trained EncoderClassifier, got {type(model).__name__}: did the "
@@ -606,13 +555,7 @@ def check_trained_encoder(
         "your model contains none of your EncoderBlocks: build it with "
         "EncoderClassifier(config, blocks=[EncoderBlock(...) for _ in range(n_layers)]).",
     )
-    batches = held_out_batches(task, seq_len=seq_len, min_len=min_len, num_symbols=num_symbols)
-    try:
-        acc = accuracy_on_fresh_data(model, batches)
-    except Exception as exc:
-        raise AssertionError(
-            f"running your model on new {task} sequences raised {type(exc).__name__}: {exc}"
-        ) from exc
+    acc = accuracy_on_fresh_data(model, held_out_batches(task, **options))
     expect_true(
         acc >= min_accuracy,
         f"your encoder reaches {acc:.1%} token accuracy on new {task} sequences, expected at least "
