@@ -398,28 +398,6 @@ def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> A
     return expect_module(call_student(cls, model, what=what, **hparams), what)
 
 
-#: What a wrong loss is told: lab 04's loss, the cross-entropy of the real tokens.
-LOSS_HINT = (
-    "Expected the cross-entropy averaged over the real tokens only: model(tokens, "
-    "padding_mask) gives logits (B, T, C); flatten them to (B*T, C) and the targets to "
-    "(B*T,), and let F.cross_entropy ignore the targets -100."
-)
-
-
-@portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
-class _StoredTagger(nn.Module):
-    """A stand-in model whose logits are stored (so the expected loss is a stored number):
-    ``logits`` with a padding mask, ``unmasked`` without."""
-
-    def __init__(self, logits: Tensor, unmasked: Tensor) -> None:
-        super().__init__()
-        self.logits = nn.Parameter(logits.float())
-        self.unmasked = nn.Parameter(unmasked.float())
-
-    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        return (self.logits if padding_mask is not None else self.unmasked) * 1.0  # (B, T, C)
-
-
 def training_step_check(
     cls: Callable[..., Any],
     model: nn.Module,
@@ -437,15 +415,20 @@ def training_step_check(
         ban=MODULE_BAN,
         expected=expected,
         mistakes=[(wrong, hint) for hint, wrong in mistakes.items()],
-        hint=LOSS_HINT,
+        hint="Expected F.cross_entropy of model(tokens, padding_mask)'s logits flattened to (B*T, "
+        "C) and the targets to (B*T,), averaged over the real tokens (it ignores the -100s).",
     )
 
 
 def check_training_step(cls: Callable[..., Any]) -> None:
-    """``training_step`` on a stored batch with padding: the loss, its graph, what is logged."""
+    """``training_step`` of a module around a :class:`ProbeModel` with stored weights, on a
+    stored batch with padding: the loss, its graph, what is logged."""
+    with seeded(0):
+        model = ProbeModel(6, 4, 6)
+    weights = {k: stored(_LAB, f"training_step {k}")[0] for k in model.state_dict()}
+    load_weights(model, weights, "ProbeModel(6, 4, 6)")
     got = {k: stored(_LAB, f"training_step {k}")[0] for k in ("tokens", "padding_mask", "targets")}
     batch = {k: v.bool() if k == "padding_mask" else v.long() for k, v in got.items()}
-    model = _StoredTagger(*(stored(_LAB, f"training_step {k}")[0] for k in ("logits", "unmasked")))
     training_step_check(cls, model, batch, *stored(_LAB, "training_step loss"))
 
 

@@ -283,10 +283,8 @@ class _Pieces:
 
     def norm(self, index: int, h: Tensor) -> Tensor:
         gain, shift = _linear(self.w, f"norm{index}")
-        if not self.bessel:
-            return layer_norm64(h, gain, shift)
-        var = h.var(-1, unbiased=True, keepdim=True)
-        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(var + 1e-5) * gain + shift
+        k = (h.shape[-1] - 1) / h.shape[-1] if self.bessel else 1.0  # var(D - 1) = var(D) / k
+        return layer_norm64(h, gain * math.sqrt(k), shift, 1e-5 * k)
 
     def block(
         self, x: Tensor, mask: Tensor | None, norm_first: bool, drops: Any = (1.0, None, 1.0)
@@ -301,10 +299,10 @@ class _Pieces:
         return self.norm(2, x + d2 * self.feed_forward(x, hidden))
 
 
-def oracle_encoder_block(*case: Any) -> Tensor:
+def oracle_encoder_block(*args: Any) -> Tensor:
     """The block in float64; in training mode the three dropout masks (attention output,
     hidden units, feed-forward output) are drawn from ``seed`` in torch's layer's order."""
-    c = BlockCase(*case)
+    c = BlockCase(*args)
     drops: Any = (1.0, None, 1.0)
     if c.seed is not None:
         B, T, D = c.x.shape
@@ -350,10 +348,10 @@ def _dropout_mistakes(o: _Pieces, c: BlockCase, seed: int) -> dict[str, Tensor]:
     }
 
 
-def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
+def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong block returns (float64): in eval mode a wrong block, in
     training mode a misplaced dropout."""
-    c = BlockCase(*case)
+    c = BlockCase(*args)
     o, mask, norm_first = _Pieces(c.w, c.n_heads), c.mask, c.norm_first
     if c.seed is not None:
         return _dropout_mistakes(o, c, c.seed)
@@ -531,17 +529,19 @@ def oracle_tagging_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return -picked.sum() / real.sum()
 
 
-def tagging_loss_mistakes(
-    logits: Tensor, unmasked: Tensor, targets: Tensor, tokens: Tensor
-) -> dict[str, Tensor]:
-    """Hint -> the loss a typical wrong ``training_step`` computes (float64 scalars)."""
-    logp = torch.log_softmax(logits.detach().double(), dim=-1)  # (B, T, C)
+def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of ``model`` on ``batch`` (:func:`oracle_tagging_loss`) and hint -> the loss a
+    typical wrong ``training_step`` computes (float64 scalars)."""
+    tokens, targets = batch["tokens"], batch["targets"]
+    with torch.no_grad():
+        logits, unmasked = model(tokens, batch["padding_mask"]), model(tokens)  # (B, T, C)
+    logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
     real = targets != IGNORE_INDEX
     as_class_0 = -logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
     per_token = torch.where(real, as_class_0, torch.zeros_like(as_class_0))
     per_sequence = per_token.sum(1) / real.sum(1).clamp(min=1)  # (B,)
     from_tokens = -logp.gather(-1, tokens.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
-    return {
+    return oracle_tagging_loss(logits, targets), {
         "It matches the mean over every position, padding included: average over the real "
         "tokens only (F.cross_entropy ignores the targets -100).": per_token.mean(),
         "It matches the sum over the real tokens: take their mean.": per_token.sum(),
@@ -560,26 +560,27 @@ def tagging_loss_mistakes(
     }
 
 
+def _tagging_batch(g: torch.Generator, vocab: int, lengths: Tensor) -> dict[str, Tensor]:
+    """Tokens in ``[1, vocab)`` and targets in ``[0, vocab)`` of sequences of these lengths,
+    padded (token 0, target -100) to the longest."""
+    keep = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (B, T)
+    tokens = torch.randint(1, vocab, keep.shape, generator=g).masked_fill(~keep, 0)
+    targets = torch.randint(0, vocab, keep.shape, generator=g).masked_fill(~keep, IGNORE_INDEX)
+    return {"tokens": tokens, "padding_mask": keep, "targets": targets}
+
+
 def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
     """``training_step`` on random padded batches: loss over real tokens, logging, no kept graph."""
     g = generator(seed)
     for trial in range(2):
-        vocab = classes = randint(5, 12, g)  # tagging tasks predict token ids
+        vocab = randint(5, 12, g)  # tagging tasks predict token ids
         batch_size, seq = randint(3, 6, g), randint(4, 9, g)
         with seeded(seed + trial):
-            model = ProbeModel(vocab, randint(3, 8, g), classes)
+            model = ProbeModel(vocab, randint(3, 8, g), vocab)
         lengths = torch.randint(1, seq + 1, (batch_size,), generator=g)
         lengths[0] = seq
-        keep = torch.arange(seq)[None, :] < lengths[:, None]  # (B, T)
-        tokens = torch.randint(1, vocab, (batch_size, seq), generator=g).masked_fill(~keep, 0)
-        targets = torch.randint(0, classes, (batch_size, seq), generator=g)
-        targets = targets.masked_fill(~keep, IGNORE_INDEX)
-        batch = {"tokens": tokens, "padding_mask": keep, "targets": targets}
-        with torch.no_grad():
-            logits, unmasked = model(tokens, keep), model(tokens)
-        expected = oracle_tagging_loss(logits, targets)
-        mistakes = tagging_loss_mistakes(logits, unmasked, targets, tokens)
-        returned = training_step_check(cls, model, batch, expected, mistakes)
+        batch = _tagging_batch(g, vocab, lengths)
+        returned = training_step_check(cls, model, batch, *tagging_losses(model, batch))
         returned.backward()  # Lightning will: the graph must reach the model's weights
         expect_true(
             model.head.weight.grad is not None,
@@ -696,19 +697,13 @@ def fixtures() -> dict[str, dict[str, Any]]:
     evaluated = [(*case, None) for case in dropped]
     out |= BLOCK.fixtures("check_encoder_block_dropout", [*evaluated, *trained])
 
-    # training_step on a padded batch, with stored logits
-    keep = torch.arange(5)[None, :] < torch.tensor([5, 3, 2])[:, None]  # (B, T)
-    tokens = torch.randint(1, 6, (3, 5), generator=g).masked_fill(~keep, 0)
-    targets = torch.randint(0, 6, (3, 5), generator=g).masked_fill(~keep, IGNORE_INDEX)
-    logits = 2.0 * torch.randn(3, 5, 6, generator=g)
-    unmasked = logits + torch.randn(3, 5, 6, generator=g)
-    batch = {"tokens": tokens, "padding_mask": keep, "targets": targets, "logits": logits}
-    batch["unmasked"] = unmasked  # the logits the model gives without the padding mask
-    out |= {f"training_step {k}": fixture_entry(v.double()) for k, v in batch.items()}
-    out["training_step loss"] = fixture_entry(
-        oracle_tagging_loss(logits, targets),
-        tagging_loss_mistakes(logits, unmasked, targets, tokens),
-    )
+    # training_step: a ProbeModel's weights and a padded batch
+    with seeded(44):
+        probe = ProbeModel(6, 4, 6)
+    batch = _tagging_batch(g, 6, torch.tensor([5, 3, 2]))
+    stored = {**batch, **probe.state_dict()}
+    out |= {f"training_step {k}": fixture_entry(v.double()) for k, v in stored.items()}
+    out["training_step loss"] = fixture_entry(*tagging_losses(probe, batch))
 
     # configure_optimizers' schedule
     out["learning rates (lr=0.01, warmup_steps=4, total_steps=12)"] = fixture_entry(
