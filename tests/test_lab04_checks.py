@@ -649,7 +649,7 @@ def test_block_mistakes_fail_with_a_message_naming_them(
     outcomes = run_checks(BLOCK_CHECKS, block_with(mistake=mistake))
     assert sorted(n for n, msg in outcomes.items() if msg) == sorted(failing), outcomes
     for name in failing:
-        if name != "dropout":  # compares with PyTorch on the student's own weights: no catalogue
+        if name != "dropout":  # both forms in one diagnosis: a mistake of each may go unnamed
             assert words in outcomes[name], (name, outcomes[name])
 
 
