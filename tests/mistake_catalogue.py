@@ -111,7 +111,7 @@ def _rows() -> list[Row]:
     ):
         for fn, failing, words in table:
             out.append((f"lab04 {kind} {_name(fn)}", checks, fn, failing, words, ()))
-    for mistake, failing, words in t04.BLOCK_MISTAKES:  # "dropout" compares with PyTorch only
+    for mistake, failing, words in t04.BLOCK_MISTAKES:  # "dropout": both forms in one diagnosis
         block = t04.block_with(mistake=mistake)
         out.append(
             (f"lab04 block {mistake}", t04.BLOCK_CHECKS, block, failing, words, ("dropout",))

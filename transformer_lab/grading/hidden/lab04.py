@@ -1,18 +1,13 @@
-"""Hidden checks of lab 04 (the transformer block): the oracles, the catalogues of typical
-mistakes, the drawn cases, and the visible checks' stored examples (:func:`fixtures`, written to
-``checks/fixtures/lab04.json`` by ``labs build``).
+"""Hidden checks of lab 04 (the transformer block): float64 oracles written out from each case's
+weights (:mod:`._blocks`, shared with lab 06, independent of the kit's blocks), the outputs of the
+typical mistakes, the drawn cases, and the visible checks' worked examples (:func:`fixtures`,
+stored in ``checks/fixtures/lab04.json`` by ``labs build``). In training mode the oracle draws
+dropout's masks with ``F.dropout`` from the case's seed, in the order each placement (right or
+wrong) draws them, so that a misplaced dropout is named.
 
-Each part's :class:`~transformer_lab.checks._generated.Oracle` pairs the visible module's
-declaration with a float64 oracle written out from the case's weights (means and variances,
-per-head scores, a softmax over the keys: :mod:`._blocks`, shared with lab 06), independent of
-the visible checks' PyTorch references and of the kit's blocks. Dropout in training mode is
-reproduced by drawing the masks with ``F.dropout`` from the case's seed, in the order each
-placement (correct or mistaken) would draw them, so a dropout in the wrong place is named.
-
-Reference: Prince, *Understanding Deep Learning*, section 12.4; Vaswani et al., "Attention Is
-All You Need" (2017), sections 3.1, 5.3, 5.4; Xiong et al., "On Layer Normalization in the
-Transformer Architecture" (2020); Loshchilov & Hutter, "Decoupled Weight Decay Regularization"
-(2019).
+Reference: Vaswani et al., "Attention Is All You Need" (2017), sections 3.1, 5.3, 5.4; Xiong et
+al., "On Layer Normalization in the Transformer Architecture" (2020); Loshchilov & Hutter,
+"Decoupled Weight Decay Regularization" (2019).
 """
 
 from __future__ import annotations
@@ -33,9 +28,9 @@ from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import (
     IGNORE_INDEX,
     SPEC,
+    BlockCase,
     ProbeModel,
     optimizers_check,
-    random_weights,
     seeded,
     training_step_check,
     values_at,
@@ -56,62 +51,40 @@ __all__ = [
     "hidden_check_training_step",
 ]
 
-
-# --------------------------------------------------------------------------------------
-# layer_norm
-# --------------------------------------------------------------------------------------
-
-
-#: Layer norm over the last dimension in float64 (centred values, biased variance), shared with
-#: lab 06's decoder-block oracle.
 oracle_layer_norm = layer_norm64
+
+#: Where layer norm takes its statistics (said by the mistakes that take them elsewhere).
+PER_TOKEN = "per token, over the last dimension only (dim=-1, keepdim=True)"
 
 
 def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``layer_norm`` returns (float64)."""
     x, weight, bias = x.double(), weight.double(), bias.double()
-    mean = x.mean(-1, keepdim=True)
-    var = x.var(-1, unbiased=False, keepdim=True)
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
     x_hat = (x - mean) / torch.sqrt(var + eps)
-    out: dict[str, Tensor] = {
-        "It matches the normalised x without the learned scale and shift: multiply by weight "
-        "and add bias at the end (weight * x_hat + bias).": x_hat,
+
+    def normed(mean: Tensor, var: Tensor) -> Tensor:
+        return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+    out = {
+        "It matches x_hat alone: multiply by weight and add bias at the end.": x_hat,
         "It matches weight * x_hat without the bias: add bias at the end.": x_hat * weight,
-        "It matches x_hat + bias without the weight: multiply by weight, then add bias.": (
-            x_hat + bias
-        ),
-        "It matches (x_hat + bias) * weight: scale first, then shift (weight * x_hat + bias).": (
-            (x_hat + bias) * weight
-        ),
-        "It matches (x - mean) / (sqrt(var) + eps): eps belongs inside the square root, "
-        "(x - mean) / sqrt(var + eps).": (x - mean) / (torch.sqrt(var) + eps) * weight + bias,
-        "It matches dividing by the variance: divide by the standard deviation sqrt(var + eps).": (
-            (x - mean) / (var + eps) * weight + bias
-        ),
-        "It matches x / sqrt(var + eps): subtract the mean before dividing.": (
-            x / torch.sqrt(var + eps) * weight + bias
+        "It matches (x_hat + bias) * weight: scale first, then shift.": (x_hat + bias) * weight,
+        "It matches (x - mean) / (sqrt(var) + eps): eps belongs inside the square root.": (
+            (x - mean) / (torch.sqrt(var) + eps) * weight + bias
         ),
     }
     if x.shape[-1] > 1:
-        unbiased = x.var(-1, unbiased=True, keepdim=True)
         out[
             "It matches the unbiased variance (dividing by D - 1): layer norm uses the biased "
-            "variance, the mean of the squared deviations (divide by D; torch.var needs "
-            "unbiased=False or correction=0)."
-        ] = (x - mean) / torch.sqrt(unbiased + eps) * weight + bias
-    for dim in range(x.dim() - 1):  # a dim of size 1 gives the bias, as the mistake does
-        m = x.mean(dim, keepdim=True)
-        v = x.var(dim, unbiased=False, keepdim=True)
-        out[
-            f"It matches normalising over dim={dim} of the input: layer norm takes the mean "
-            "and variance of each token over its features, the last dimension (dim=-1, "
-            "keepdim=True)."
-        ] = (x - m) / torch.sqrt(v + eps) * weight + bias
-    if x.dim() > 1:
-        out[
-            "It matches one mean and one variance for the whole tensor: take them per token, "
-            "over the last dimension only (dim=-1, keepdim=True)."
-        ] = (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + eps) * weight + bias
+            "variance (torch.var needs correction=0)."
+        ] = normed(mean, x.var(-1, keepdim=True))
+    out[f"It matches the statistics over dim=0: take them {PER_TOKEN}."] = normed(
+        x.mean(0, keepdim=True), x.var(0, unbiased=False, keepdim=True)
+    )
+    out[f"It matches one mean and variance for the whole tensor: take them {PER_TOKEN}."] = normed(
+        x.mean(), x.var(unbiased=False)
+    )
     return out
 
 
@@ -173,77 +146,88 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
     LARGE_MEAN.judge(fn, [(x, torch.ones(16), torch.zeros(16), 1e-5)])
 
 
-# --------------------------------------------------------------------------------------
-# FeedForward
-# --------------------------------------------------------------------------------------
+def random_weights(
+    d_model: int, d_ff: int, g: torch.Generator, *, block: bool = False, norms: bool = True
+) -> dict[str, Tensor]:
+    """Random float32 weights of a ``FeedForward(d_model, d_ff)`` or, with ``block``, of an
+    ``EncoderBlock(d_model, ., d_ff)``, named as in the kit; the norms' gains and shifts are far
+    from 1 and 0 (a swapped or unused norm shows), or 1 and 0 with ``norms=False``."""
+    w: dict[str, Tensor] = {}
+    prefix = "ff." if block else ""
+    layers = {f"self_attn.{n}_proj": (d_model, d_model) for n in ("q", "k", "v", "out") if block}
+    layers |= {f"{prefix}linear1": (d_model, d_ff), f"{prefix}linear2": (d_ff, d_model)}
+    for name, (n_in, n_out) in layers.items():
+        w[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / math.sqrt(n_in)
+        w[f"{name}.bias"] = 0.2 * torch.randn(n_out, generator=g)
+    for name in ("norm1", "norm2") if block else ():
+        w[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g) * norms
+        w[f"{name}.bias"] = 0.5 * torch.randn(d_model, generator=g) * norms
+    return w
+
+
+def _linear(w: Mapping[str, Tensor], name: str) -> tuple[Tensor, Tensor]:
+    return w[f"{name}.weight"].double(), w[f"{name}.bias"].double()
+
+
+#: A module whose dropout never acts (no dropout, or none in training mode).
+EVAL_IN_TRAINING = (
+    "It gives the output of eval mode in training mode: dropout never acts. Apply nn.Dropout "
+    "modules in forward (they act in training mode only)."
+)
 
 
 def _dropout_masks(
     seed: int, shapes: list[tuple[int, ...]], p: float, dtype: torch.dtype, seq_first: bool = False
 ) -> list[Tensor]:
-    """The scaled dropout masks ``F.dropout`` draws, in this order, from ``seed``.
-
-    Dropout fills its mask in memory order: with ``seq_first`` the first mask is drawn on a
-    ``(T, B, ...)`` tensor seen as ``(B, T, ...)``, the layout of
-    ``nn.MultiheadAttention(batch_first=True)``'s output.
-    """
+    """The scaled masks ``F.dropout`` draws from ``seed`` for tensors of these shapes, in order;
+    with ``seq_first`` the first is drawn in the memory order of ``nn.MultiheadAttention(
+    batch_first=True)``'s output, a ``(T, B, ...)`` tensor seen as ``(B, T, ...)``."""
     masks = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # as the student's module ran
+    with seeded(seed):  # as the student's module ran
         for i, (b, t, *rest) in enumerate(shapes):
+            ones = torch.ones(b, t, *rest, dtype=dtype)
             if seq_first and i == 0:
                 ones = torch.ones(t, b, *rest, dtype=dtype).transpose(0, 1)
-            else:
-                ones = torch.ones(b, t, *rest, dtype=dtype)
             masks.append(F.dropout(ones, p, training=True).double())
     return masks
 
 
-def _ff64(w: Mapping[str, Tensor], x: Tensor, hidden: Tensor | None = None) -> Tensor:
-    first, second = ((w[f"{n}.weight"], w[f"{n}.bias"]) for n in ("linear1", "linear2"))
-    return feed_forward64(x, first, second, hidden)
-
-
-def oracle_feed_forward(*case: Any) -> Tensor:
-    """``relu(x W1^T + b1) W2^T + b2`` in float64 on a case ``(d_ff, dropout, weights, x,
-    seed)``; in training mode the hidden units are dropped with the mask drawn from ``seed``."""
-    d_ff, p, w, x, seed = case
-    if seed is None:
-        return _ff64(w, x)
-    (hidden,) = _dropout_masks(seed, [(*x.shape[:-1], d_ff)], p, x.dtype)
-    return _ff64(w, x, hidden)
+def oracle_feed_forward(
+    d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: Any
+) -> Tensor:
+    """``relu(x W1^T + b1) W2^T + b2`` in float64; in training mode (``seed`` given) the hidden
+    units are dropped with the mask drawn from ``seed``."""
+    hidden = None
+    if seed is not None:
+        (hidden,) = _dropout_masks(seed, [(*x.shape[:-1], d_ff)], p, x.dtype)
+    return feed_forward64(x, _linear(w, "linear1"), _linear(w, "linear2"), hidden)
 
 
 def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``FeedForward`` returns (float64): in eval mode a wrong
     network, in training mode a misplaced dropout (masks drawn from ``seed``)."""
-    d_ff, p, w, x, seed = case
-    x = x.double()
-    w2, b2 = w["linear2.weight"].double(), w["linear2.bias"].double()
-    pre = x @ w["linear1.weight"].double().T + w["linear1.bias"].double()  # (..., F)
-    good = _ff64(w, x)
+    _, p, w, x, seed = case
+    first, (w2, b2) = _linear(w, "linear1"), _linear(w, "linear2")
+    pre = x.double() @ first[0].T + first[1]  # (..., F)
+    good = feed_forward64(x, first, (w2, b2))
     if seed is None:
         return {
-            "It matches linear2(linear1(x)) with no nonlinearity: two linear layers in a row are "
-            "one linear map. Apply ReLU between them.": pre @ w2.T + b2,
-            "It matches relu(linear2(linear1(x))): the ReLU goes between the layers, on the "
-            "hidden units, not on the output.": torch.clamp(pre @ w2.T + b2, min=0.0),
-            "It matches GELU between the layers: this lab follows the paper and "
-            "nn.TransformerEncoderLayer's default, ReLU.": F.gelu(pre) @ w2.T + b2,
-            "It adds the input x: the residual belongs to the block (EncoderBlock); FeedForward "
-            "returns linear2(relu(linear1(x))) only.": x + good,
+            "It matches linear2(linear1(x)) with no nonlinearity: apply ReLU between them.": (
+                pre @ w2.T + b2
+            ),
+            "It matches relu(linear2(linear1(x))): the ReLU goes between the layers.": (
+                torch.clamp(pre @ w2.T + b2, min=0.0)
+            ),
+            "It matches GELU between the layers: this lab uses ReLU.": F.gelu(pre) @ w2.T + b2,
+            "It adds the input x: the residual belongs to the block.": x.double() + good,
         }
-    d_model, lead = x.shape[-1], tuple(x.shape[:-1])
-    (on_out,) = _dropout_masks(seed, [(*lead, d_model)], p, x.dtype)
-    twice_hidden, twice_out = _dropout_masks(seed, [(*lead, d_ff), (*lead, d_model)], p, x.dtype)
+    (on_x,) = _dropout_masks(seed, [tuple(x.shape)], p, x.dtype)
     return {
-        lab04.EVAL_IN_TRAINING: good,
-        lab04.ON_OUTPUT: good * on_out,
-        "It matches dropout on the input x: drop the hidden units (after the ReLU, before "
-        "linear2) instead.": _ff64(w, x * on_out),
-        "It matches dropout on the hidden units and again on the output: FeedForward drops the "
-        "hidden units only; the block's dropout2 handles its output.": (
-            _ff64(w, x, twice_hidden) * twice_out
+        EVAL_IN_TRAINING: good,
+        "It matches dropout on the output of linear2: FeedForward drops its hidden units (d_ff "
+        "wide, after the ReLU).": good * on_x,
+        "It matches dropout on the input x: drop the hidden units (after the ReLU).": (
+            feed_forward64(x * on_x, first, (w2, b2))
         ),
     }
 
@@ -281,38 +265,26 @@ def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int =
     FEED_FORWARD.judge(cls, cases)
 
 
-# --------------------------------------------------------------------------------------
-# EncoderBlock
-# --------------------------------------------------------------------------------------
-
-
 class _Pieces:
     """The sub-layers of an encoder block in float64, from a case's weights; ``bessel``: its
     norms divide by ``D - 1`` (``x.var()``'s default), a typical mistake."""
 
     def __init__(self, w: Mapping[str, Tensor], n_heads: int, bessel: bool = False) -> None:
-        self.w = {k: v.detach().double() for k, v in w.items()}
-        self.n_heads = n_heads
-        self.bessel = bessel
-
-    def _layer(self, name: str) -> tuple[Tensor, Tensor]:
-        return self.w[f"{name}.weight"], self.w[f"{name}.bias"]
+        self.w, self.n_heads, self.bessel = w, n_heads, bessel
 
     def attention(self, h: Tensor, mask: Tensor | None) -> Tensor:
         """Multi-head self-attention of ``h (B, T, D)``; fully masked rows give zeros."""
-        names = ("q_proj", "k_proj", "v_proj", "out_proj")
-        layers = tuple(self._layer(f"self_attn.{n}") for n in names)
+        layers = tuple(_linear(self.w, f"self_attn.{n}_proj") for n in ("q", "k", "v", "out"))
         return multi_head64(h, h, h, layers, self.n_heads, mask)
 
     def feed_forward(self, h: Tensor, hidden_mask: Tensor | None = None) -> Tensor:
-        return feed_forward64(h, self._layer("ff.linear1"), self._layer("ff.linear2"), hidden_mask)
+        first, second = _linear(self.w, "ff.linear1"), _linear(self.w, "ff.linear2")
+        return feed_forward64(h, first, second, hidden_mask)
 
     def norm(self, index: int, h: Tensor) -> Tensor:
-        gain, shift = self._layer(f"norm{index}")
-        if not self.bessel:
-            return layer_norm64(h, gain, shift)
-        var = h.var(-1, unbiased=True, keepdim=True)
-        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(var + 1e-5) * gain + shift
+        gain, shift = _linear(self.w, f"norm{index}")
+        k = (h.shape[-1] - 1) / h.shape[-1] if self.bessel else 1.0  # var(D - 1) = var(D) / k
+        return layer_norm64(h, gain * math.sqrt(k), shift, 1e-5 * k)
 
     def block(
         self, x: Tensor, mask: Tensor | None, norm_first: bool, drops: Any = (1.0, None, 1.0)
@@ -327,64 +299,66 @@ class _Pieces:
         return self.norm(2, x + d2 * self.feed_forward(x, hidden))
 
 
-def oracle_encoder_block(*case: Any) -> Tensor:
+def oracle_encoder_block(*args: Any) -> Tensor:
     """The block in float64; in training mode the three dropout masks (attention output,
-    hidden units, feed-forward output) are drawn from ``train[0]`` in torch's layer's order."""
-    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
+    hidden units, feed-forward output) are drawn from ``seed`` in torch's layer's order."""
+    c = BlockCase(*args)
     drops: Any = (1.0, None, 1.0)
-    if train is not None:
-        B, T, D = x.shape
-        drops = _dropout_masks(train[0], [(B, T, D), (B, T, d_ff), (B, T, D)], p, x.dtype, train[1])
-    return _Pieces(w, n_heads).block(x, mask, norm_first, drops)
+    if c.seed is not None:
+        B, T, D = c.x.shape
+        shapes = [(B, T, D), (B, T, c.d_ff), (B, T, D)]
+        drops = _dropout_masks(c.seed, shapes, c.p, c.x.dtype, c.seq_first)
+    return _Pieces(c.w, c.n_heads).block(c.x, c.mask, c.norm_first, drops)
 
 
-def _dropout_mistakes(
-    o: _Pieces, d_ff: int, norm_first: bool, p: float, x: Tensor, mask: Tensor | None, train: Any
-) -> dict[str, Tensor]:
+def _dropout_mistakes(o: _Pieces, c: BlockCase, seed: int) -> dict[str, Tensor]:
     """Hint -> what a block with misplaced dropout returns in training mode (float64)."""
-    B, T, D = x.shape
-    wide, narrow = (B, T, d_ff), (B, T, D)
+    norm_first, x, mask = c.norm_first, c.x.double(), c.mask
+    wide, narrow = (*x.shape[:2], c.d_ff), tuple(x.shape)
 
     def masks(*shapes: tuple[int, ...], from_attention: bool = True) -> list[Tensor]:
-        return _dropout_masks(train[0], list(shapes), p, x.dtype, train[1] and from_attention)
+        return _dropout_masks(seed, list(shapes), c.p, c.x.dtype, c.seq_first and from_attention)
 
     # Dropout on the residual sum draws its first mask on that (contiguous) sum.
     first, hidden, second = masks(narrow, wide, narrow, from_attention=False)
-    x64 = x.double()
     if norm_first:
-        h = first * (x64 + o.attention(o.norm(1, x64), mask))
+        h = first * (x + o.attention(o.norm(1, x), mask))
         after_sum = second * (h + o.feed_forward(o.norm(2, h), hidden))
     else:
-        h = o.norm(1, first * (x64 + o.attention(x64, mask)))
+        h = o.norm(1, first * (x + o.attention(x, mask)))
         after_sum = o.norm(2, second * (h + o.feed_forward(h, hidden)))
-    no_ff = masks(narrow, narrow)
-    no_first = masks(wide, narrow, from_attention=False)
-    no_second = masks(narrow, wide)
+    no_ff, no_first, no_second = (
+        masks(narrow, narrow),
+        masks(wide, narrow, from_attention=False),
+        masks(narrow, wide),
+    )
     return {
-        lab04.EVAL_IN_TRAINING: o.block(x, mask, norm_first),
-        "It matches a block whose FeedForward has no dropout: build it with the block's "
-        "dropout, FeedForward(d_model, d_ff, dropout).": o.block(
-            x, mask, norm_first, (no_ff[0], None, no_ff[1])
+        EVAL_IN_TRAINING: o.block(x, mask, norm_first),
+        "It matches a block whose FeedForward has no dropout: give it the block's dropout.": (
+            o.block(x, mask, norm_first, (no_ff[0], None, no_ff[1]))
         ),
-        "It matches a block without dropout on the attention output: x + dropout1(self_attn(...)) "
-        "before the residual sum.": o.block(x, mask, norm_first, (1.0, *no_first)),
-        "It matches a block without dropout on the feed-forward output: x + dropout2(ff(...)) "
-        "before the residual sum.": o.block(x, mask, norm_first, (*no_second, 1.0)),
-        "It matches dropout applied to the residual sum, dropout(x + sublayer): drop only the "
-        "sub-layer's output, x + dropout(sublayer(...)), so that the residual path stays "
-        "intact.": after_sum,
+        "It matches a block without dropout on the attention output (dropout1).": o.block(
+            x, mask, norm_first, (1.0, *no_first)
+        ),
+        "It matches a block without dropout on the feed-forward output (dropout2).": o.block(
+            x, mask, norm_first, (*no_second, 1.0)
+        ),
+        "It matches dropout applied to the residual sum: drop the sub-layer's output only, x + "
+        "dropout(sublayer(...)).": after_sum,
     }
 
 
-def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
+def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong block returns (float64): in eval mode a wrong block, in
     training mode a misplaced dropout."""
-    n_heads, d_ff, norm_first, p, w, x, mask, train = lab04.BlockCase(*case)
-    o = _Pieces(w, n_heads)
-    if train is not None:
-        return _dropout_mistakes(o, d_ff, norm_first, p, x, mask, train)
-    x = x.double()
-    sa, ff = o.attention, o.feed_forward
+    c = BlockCase(*args)
+    o, mask, norm_first = _Pieces(c.w, c.n_heads), c.mask, c.norm_first
+    if c.seed is not None:
+        return _dropout_mistakes(o, c, c.seed)
+    x = c.x.double()
+
+    def sa(h: Tensor) -> Tensor:
+        return o.attention(h, mask)
 
     def n1(h: Tensor) -> Tensor:
         return o.norm(1, h)
@@ -392,94 +366,59 @@ def encoder_block_mistakes(*case: Any) -> dict[str, Tensor]:
     def n2(h: Tensor) -> Tensor:
         return o.norm(2, h)
 
-    def run(h: Tensor, m: Tensor | None) -> Tensor:
-        return o.block(h, m, norm_first)
-
+    ff = o.feed_forward
     named: dict[str, Tensor] = {}
     if mask is not None:
         keep = mask.bool()[:, 0, 0, :]  # (B, T): the first query row, as the mistake reads it
-        named["It matches the block without the mask: pass mask on to self_attn."] = run(x, None)
+        named["It matches the block without the mask: pass mask on to self_attn."] = o.block(
+            x, None, norm_first
+        )
         named[
-            "It matches the inverted mask: in this kit True means 'may attend' (a real token). "
-            "If your self_attn is nn.MultiheadAttention, its masks want the opposite (~mask)."
-        ] = run(x, ~mask.bool())
-        named[
-            "It zeroes the outputs at padded positions: leave them; the mask only hides padded "
-            "keys, and the loss ignores those positions."
-        ] = run(x, mask) * keep[..., None]
+            "It matches the inverted mask: in this kit True means 'may attend' (a real token); "
+            "nn.MultiheadAttention's masks want the opposite (~mask)."
+        ] = o.block(x, ~mask.bool(), norm_first)
+        named["It zeroes the outputs at padded positions: the mask only hides padded keys."] = (
+            o.block(x, mask, norm_first) * keep[..., None]
+        )
         if mask.shape[-2] > 1:
-            named[
-                "It uses only the first query row of the mask (mask[:, 0, 0, :]): pass the "
-                "whole mask on to self_attn; it broadcasts to (B, H, T, T)."
-            ] = run(x, mask.bool()[:, :, :1, :])
+            named["It uses only the first query row of the mask: pass on the whole mask."] = (
+                o.block(x, mask.bool()[:, :, :1, :], norm_first)
+            )
+    swapped = "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer."
     if norm_first:
-        h = x + sa(n1(x), mask)
-        named.update(
-            {
-                "With norm_first=True your block computes post-norm, norm(x + sublayer(x)): "
-                "pre-norm normalises the sub-layer's input, x + sublayer(norm(x)).": o.block(
-                    x, mask, False
-                ),
-                "It matches pre-norm without residuals: add the input back, "
-                "x = x + sublayer(norm(x)).": ff(n2(sa(n1(x), mask))),
-                "The residual adds the normalised input: pre-norm keeps the residual path "
-                "un-normalised, x + sublayer(norm(x)), not norm(x) + sublayer(norm(x)).": (
-                    lambda a: n2(a) + ff(n2(a))
-                )(n1(x) + sa(n1(x), mask)),
-                "The attention residual adds the normalised input: keep the residual path "
-                "un-normalised, x + self_attn(norm1(x)).": (lambda a: a + ff(n2(a)))(
-                    n1(x) + sa(n1(x), mask)
-                ),
-                "The feed-forward residual adds the normalised input: keep the residual path "
-                "un-normalised, x + ff(norm2(x)).": n2(h) + ff(n2(h)),
-                "The attention sub-layer has no residual: x = x + self_attn(norm1(x)).": (
-                    lambda a: a + ff(n2(a))
-                )(sa(n1(x), mask)),
-                "The feed-forward sub-layer has no residual: x = x + ff(norm2(x)).": ff(n2(h)),
-                "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer, "
-                "norm2 to the feed-forward sub-layer.": (lambda a: a + ff(n1(a)))(
-                    x + sa(n2(x), mask)
-                ),
-                "It normalises the block's output as well: pre-norm is x + sublayer(norm(x)) "
-                "and nothing more (the stack's final norm comes after the last block).": n2(
-                    h + ff(n2(h))
-                ),
-            }
-        )
+        h = x + sa(n1(x))
+        a = n1(x) + sa(n1(x))
+        named |= {
+            "With norm_first=True your block computes post-norm: pre-norm is x + "
+            "sublayer(norm(x)).": o.block(x, mask, False),
+            "It matches pre-norm without residuals: x = x + sublayer(norm(x)).": ff(n2(sa(n1(x)))),
+            "The residual adds the normalised input: pre-norm keeps the residual path "
+            "un-normalised, x + sublayer(norm(x)).": n2(a) + ff(n2(a)),
+            swapped: (lambda b: b + ff(n1(b)))(x + sa(n2(x))),
+            "It normalises the block's output as well: pre-norm is x + sublayer(norm(x)) only "
+            "(the stack's final norm comes after the last block).": n2(h + ff(n2(h))),
+        }
     else:
-        a = n1(x + sa(x, mask))
-        named.update(
-            {
-                "With norm_first=False your block computes pre-norm, x + sublayer(norm(x)): the "
-                "default is post-norm ('Add & Norm'), norm(x + sublayer(x)).": o.block(
-                    x, mask, True
-                ),
-                "It matches post-norm without residuals, norm(sublayer(x)): add the input "
-                "before normalising, norm(x + sublayer(x)).": n2(ff(n1(sa(x, mask)))),
-                "The attention sub-layer has no residual: x = norm1(x + self_attn(x)).": (
-                    lambda b: n2(b + ff(b))
-                )(n1(sa(x, mask))),
-                "The feed-forward sub-layer has no residual: x = norm2(x + ff(x)).": n2(ff(a)),
-                "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer, "
-                "norm2 to the feed-forward sub-layer.": (lambda b: n1(b + ff(b)))(
-                    n2(x + sa(x, mask))
-                ),
-                "It has no layer norm at all: post-norm applies norm1 after the attention "
-                "residual and norm2 after the feed-forward residual.": (lambda b: b + ff(b))(
-                    x + sa(x, mask)
-                ),
-                "The feed-forward residual is not normalised: x = norm2(x + ff(x)).": a + ff(a),
-                "It normalises the sub-layer's output and then adds x, x + norm(sublayer(x)): "
-                "Add & Norm adds first, norm(x + sublayer(x)).": (lambda b: b + n2(ff(b)))(
-                    x + n1(sa(x, mask))
-                ),
-            }
-        )
+        a = n1(x + sa(x))
+        named |= {
+            "With norm_first=False your block computes pre-norm: the default is post-norm, "
+            "norm(x + sublayer(x)).": o.block(x, mask, True),
+            "It matches post-norm without residuals: norm(x + sublayer(x)).": n2(ff(n1(sa(x)))),
+            "The attention sub-layer has no residual: x = norm1(x + self_attn(x)).": (
+                lambda b: n2(b + ff(b))
+            )(n1(sa(x))),
+            "The feed-forward sub-layer has no residual: x = norm2(x + ff(x)).": n2(ff(a)),
+            swapped: (lambda b: n1(b + ff(b)))(n2(x + sa(x))),
+            "It has no layer norm at all: post-norm applies norm1 and norm2 after the residuals.": (
+                lambda b: b + ff(b)
+            )(x + sa(x)),
+            "It normalises the sub-layer's output, then adds x: Add & Norm adds first, "
+            "norm(x + sublayer(x)).": (lambda b: b + n2(ff(b)))(x + n1(sa(x))),
+        }
     named[
-        "It matches the block whose layer norms divide by D - 1 (Bessel's correction: x.var() "
-        "is unbiased by default): layer norm uses the biased variance, mean((x - mean)**2) "
-        "(x.var(unbiased=False) or correction=0)."
-    ] = _Pieces(w, n_heads, bessel=True).block(x, mask, norm_first)
+        "It matches layer norms that divide by D - 1 (Bessel's correction: x.var() is unbiased "
+        "by default): use the biased variance (correction=0)."
+    ] = _Pieces(c.w, c.n_heads, bessel=True).block(x, mask, norm_first)
     return named
 
 
@@ -508,7 +447,7 @@ def _random_blocks(cls: Callable[..., nn.Module], seed: int, *, norm_first: bool
             evaluated.append((*trained[-1], None))
     BLOCK.judge(cls, evaluated)
     train = (seed + 5, lab04.sequence_first(cls))
-    BLOCK.judge(cls, [(*case, train) for case in trained])
+    BLOCK.judge(cls, [(*case, *train) for case in trained])
 
 
 def hidden_check_encoder_block_post_norm(cls: Callable[..., nn.Module], seed: int = 0) -> None:
@@ -524,13 +463,10 @@ def hidden_check_encoder_block_pre_norm(cls: Callable[..., nn.Module], seed: int
 def outscoring_case(
     g: torch.Generator, n_heads: int, d_ff: int, keep: Tensor, *, norm_first: bool
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """Weights and an input where every padded key out-scores every real key, for every query.
-
-    The query and key projections are identities, the query bias is ``6 e`` (``e``
-    alternating +-1, orthogonal in each head to the real tokens) and padded tokens are ``3 e``:
-    a mask ignored, inverted or applied after the softmax then changes the output completely.
-    Returns the weights and the input ``x (B, T, D)``.
-    """
+    """Weights and an input ``x (B, T, D)`` where every padded key out-scores every real key,
+    for every query (identity query and key projections, query bias ``6 e``, padded tokens
+    ``3 e``, ``e`` alternating +-1 and orthogonal in each head to the real tokens): a mask
+    ignored, inverted or applied after the softmax changes the output completely."""
     B, T = keep.shape
     d = 2 * n_heads * randint(1, 3, g)  # even head widths
     head = d // n_heads
@@ -582,12 +518,7 @@ def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0
     tokens' outputs stay), a general mask of shape ``(B, 1, T, T)``; post-norm, then pre-norm."""
     cases = _mask_cases(generator(seed))
     for norm_first in (False, True):
-        BLOCK.judge(cls, [c for c in cases if lab04.BlockCase(*c).norm_first == norm_first])
-
-
-# --------------------------------------------------------------------------------------
-# TaggingModule: training_step
-# --------------------------------------------------------------------------------------
+        BLOCK.judge(cls, [c for c in cases if BlockCase(*c).norm_first == norm_first])
 
 
 def oracle_tagging_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -598,59 +529,58 @@ def oracle_tagging_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return -picked.sum() / real.sum()
 
 
-def tagging_loss_mistakes(
-    logits: Tensor, unmasked: Tensor, targets: Tensor, tokens: Tensor
-) -> dict[str, Tensor]:
-    """Hint -> the loss a typical wrong ``training_step`` computes (float64 scalars)."""
-    logp = torch.log_softmax(logits.detach().double(), dim=-1)  # (B, T, C)
+def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of ``model`` on ``batch`` (:func:`oracle_tagging_loss`) and hint -> the loss a
+    typical wrong ``training_step`` computes (float64 scalars)."""
+    tokens, targets = batch["tokens"], batch["targets"]
+    with torch.no_grad():
+        logits, unmasked = model(tokens, batch["padding_mask"]), model(tokens)  # (B, T, C)
+    logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
     real = targets != IGNORE_INDEX
     as_class_0 = -logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
     per_token = torch.where(real, as_class_0, torch.zeros_like(as_class_0))
     per_sequence = per_token.sum(1) / real.sum(1).clamp(min=1)  # (B,)
     from_tokens = -logp.gather(-1, tokens.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
-    return {
-        "It matches the mean over every position, padding included (reduction='none' then "
-        ".mean() counts each padded position as a zero loss): average over the real tokens "
-        "only; F.cross_entropy does that with its default ignore_index=-100.": (
-            per_token.sum() / per_token.numel()
+    return oracle_tagging_loss(logits, targets), {
+        "It matches the mean over every position, padding included: average over the real "
+        "tokens only (F.cross_entropy ignores the targets -100).": per_token.mean(),
+        "It matches the sum over the real tokens: take their mean.": per_token.sum(),
+        "It matches logits computed without the padding mask: pass batch['padding_mask'].": (
+            oracle_tagging_loss(unmasked, targets)
         ),
-        "It matches the sum over the real tokens: take the mean (F.cross_entropy's default "
-        "reduction), so that the loss does not grow with the batch.": per_token.sum(),
-        "It matches logits computed without the padding mask: call the model with "
-        "batch['padding_mask'] so that no token attends to padding.": oracle_tagging_loss(
-            unmasked, targets
-        ),
-        "It matches the mean of each sequence's mean loss: average over all real tokens of "
-        "the batch at once (a short sequence's tokens would otherwise weigh more).": (
+        "It matches the mean of each sequence's mean loss: average over all real tokens.": (
             per_sequence.mean()
         ),
-        "It matches a loss that counts the padded positions as class 0: keep the targets -100, "
-        "which F.cross_entropy ignores (do not clamp or replace them).": as_class_0.mean(),
-        "It matches the loss against batch['tokens']: the labels are batch['targets'] (the "
-        "sorted sequence).": (from_tokens * real).sum() / real.sum(),
+        "It matches a loss that counts the padded positions as class 0: keep the targets -100.": (
+            as_class_0.mean()
+        ),
+        "It matches the loss against batch['tokens']: the labels are batch['targets'].": (
+            (from_tokens * real).sum() / real.sum()
+        ),
     }
+
+
+def _tagging_batch(g: torch.Generator, vocab: int, lengths: Tensor) -> dict[str, Tensor]:
+    """Tokens in ``[1, vocab)`` and targets in ``[0, vocab)`` of sequences of these lengths,
+    padded (token 0, target -100) to the longest."""
+    keep = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (B, T)
+    tokens = torch.randint(1, vocab, keep.shape, generator=g).masked_fill(~keep, 0)
+    targets = torch.randint(0, vocab, keep.shape, generator=g).masked_fill(~keep, IGNORE_INDEX)
+    return {"tokens": tokens, "padding_mask": keep, "targets": targets}
 
 
 def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
     """``training_step`` on random padded batches: loss over real tokens, logging, no kept graph."""
     g = generator(seed)
     for trial in range(2):
-        vocab = classes = randint(5, 12, g)  # tagging tasks predict token ids
+        vocab = randint(5, 12, g)  # tagging tasks predict token ids
         batch_size, seq = randint(3, 6, g), randint(4, 9, g)
         with seeded(seed + trial):
-            model = ProbeModel(vocab, randint(3, 8, g), classes)
+            model = ProbeModel(vocab, randint(3, 8, g), vocab)
         lengths = torch.randint(1, seq + 1, (batch_size,), generator=g)
         lengths[0] = seq
-        keep = torch.arange(seq)[None, :] < lengths[:, None]  # (B, T)
-        tokens = torch.randint(1, vocab, (batch_size, seq), generator=g).masked_fill(~keep, 0)
-        targets = torch.randint(0, classes, (batch_size, seq), generator=g)
-        targets = targets.masked_fill(~keep, IGNORE_INDEX)
-        batch = {"tokens": tokens, "padding_mask": keep, "targets": targets}
-        with torch.no_grad():
-            logits, unmasked = model(tokens, keep), model(tokens)
-        expected = oracle_tagging_loss(logits, targets)
-        mistakes = tagging_loss_mistakes(logits, unmasked, targets, tokens)
-        returned = training_step_check(cls, model, batch, expected, mistakes)
+        batch = _tagging_batch(g, vocab, lengths)
+        returned = training_step_check(cls, model, batch, *tagging_losses(model, batch))
         returned.backward()  # Lightning will: the graph must reach the model's weights
         expect_true(
             model.head.weight.grad is not None,
@@ -659,60 +589,49 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
         )
 
 
-# --------------------------------------------------------------------------------------
-# TaggingModule: configure_optimizers
-# --------------------------------------------------------------------------------------
+def _cosine(lr: float, step: int, start: int, length: int) -> float:
+    return lr * 0.5 * (1.0 + math.cos(math.pi * (step - start) / length))
 
 
 def oracle_learning_rates(lr: float, warmup_steps: int, total_steps: int) -> Tensor:
     """Learning rate of steps ``0 .. total_steps - 1``: linear warm-up, then a cosine to 0."""
-    rates = []
-    for step in range(total_steps):
-        if step < warmup_steps:
-            rates.append(lr * (step + 1) / warmup_steps)
-        else:
-            progress = (step - warmup_steps) / (total_steps - warmup_steps)
-            rates.append(lr * 0.5 * (1.0 + math.cos(math.pi * progress)))
+    w, n = warmup_steps, total_steps
+    rates = [lr * (s + 1) / w if s < w else _cosine(lr, s, w, n - w) for s in range(n)]
     return torch.tensor(rates, dtype=torch.float64)
 
 
 def schedule_mistakes(lr: float, warmup_steps: int, total_steps: int) -> dict[str, Tensor]:
     """Hint -> the learning rates a typical wrong schedule gives (float64)."""
     w, n = warmup_steps, total_steps
-    good = oracle_learning_rates(lr, w, n)
+    good = oracle_learning_rates(lr, w, n).tolist()
 
-    def rates(rule: Callable[[int], float]) -> Tensor:
-        return torch.tensor([rule(s) for s in range(n)], dtype=torch.float64)
-
-    def cosine(s: int, start: int, length: int) -> float:
-        return lr * 0.5 * (1.0 + math.cos(math.pi * (s - start) / length))
+    def rates(warmup: Callable[[int], float], after: Callable[[int], float]) -> Tensor:
+        return torch.tensor(
+            [warmup(s) if s < w else after(s) for s in range(n)], dtype=torch.float64
+        )
 
     out = {
-        "It has no warm-up: the first steps must climb linearly, lr * (step + 1) / "
-        "warmup_steps, before the cosine.": rates(lambda s: cosine(s, 0, n)),
-        "It stays at lr after the warm-up: decay it with a cosine to 0 at total_steps "
-        "(CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)).": rates(
-            lambda s: good[s].item() if s < w else lr
+        "It has no warm-up: the first steps climb linearly, lr * (step + 1) / warmup_steps.": (
+            torch.tensor([_cosine(lr, s, 0, n) for s in range(n)], dtype=torch.float64)
         ),
-        "It decays linearly after the warm-up: use a cosine, "
-        "lr * (1 + cos(pi * (step - warmup_steps) / (total_steps - warmup_steps))) / 2.": rates(
-            lambda s: good[s].item() if s < w else lr * (n - s) / (n - w)
+        "It stays at lr after the warm-up: decay it with a cosine to 0 at total_steps.": rates(
+            good.__getitem__, lambda s: lr
         ),
-        "Its cosine is too long: it should reach 0 at total_steps, so its length is "
-        "total_steps - warmup_steps (T_max), not total_steps.": rates(
-            lambda s: good[s].item() if s < w else cosine(s, w, n)
+        "It decays linearly after the warm-up: use a cosine.": rates(
+            good.__getitem__, lambda s: lr * (n - s) / (n - w)
+        ),
+        "Its cosine is too long: its length is total_steps - warmup_steps (T_max).": rates(
+            good.__getitem__, lambda s: _cosine(lr, s, w, n)
         ),
     }
     if w > 1:
+        out["Its warm-up starts at 0: step s uses lr * (s + 1) / warmup_steps."] = rates(
+            lambda s: lr * s / w, good.__getitem__
+        )
         out[
-            "Its warm-up starts at 0 (a wasted first step): the first step uses "
-            "lr / warmup_steps, the step warmup_steps - 1 the full lr, i.e. lr * (step + 1) / "
-            "warmup_steps (LinearLR(start_factor=1 / warmup_steps, total_iters=warmup_steps - 1))."
-        ] = rates(lambda s: lr * s / w if s < w else good[s].item())
-        out[
-            "Its warm-up is one step too long: LinearLR reaches its end after total_iters "
-            "steps, so total_iters=warmup_steps - 1 makes step warmup_steps - 1 use the full lr."
-        ] = rates(lambda s: lr * (1 / w + (1 - 1 / w) * min(s, w) / w) if s < w else good[s].item())
+            "Its warm-up is one step too long: LinearLR(start_factor=1 / warmup_steps, "
+            "total_iters=warmup_steps - 1) makes step warmup_steps - 1 use the full lr."
+        ] = rates(lambda s: lr * (1 / w + (1 - 1 / w) * s / w), good.__getitem__)
     return out
 
 
@@ -728,11 +647,6 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
             model = ProbeModel(randint(5, 20, g), randint(2, 8, g), randint(2, 9, g))
         expected = oracle_learning_rates(*schedule)
         optimizers_check(cls, model, schedule, weight_decay, expected, schedule_mistakes(*schedule))
-
-
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
@@ -753,6 +667,9 @@ def fixtures() -> dict[str, dict[str, Any]]:
     # FeedForward(4, 6) on a 3-D input, FeedForward(8, 16, dropout=0.5) on a 2-D one, eval mode
     ff = [(6, 0.0, random_weights(4, 6, g), torch.randn(2, 3, 4, generator=g) * 1.5, None)]
     ff.append((16, 0.5, random_weights(8, 16, g), torch.randn(5, 8, generator=g), None))
+    # FeedForward(8, 32, dropout=0.5) in training mode, its mask drawn from seed 7
+    g2 = generator(2)
+    ff.append((32, 0.5, random_weights(8, 32, g2), torch.randn(2, 5, 8, generator=g2), 7))
     out |= FEED_FORWARD.fixtures("check_feed_forward", ff)
 
     # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask; then
@@ -769,21 +686,24 @@ def fixtures() -> dict[str, dict[str, Any]]:
     blocks.append((3, 20, False, 0.0, w, x, keep[:, None, None, :], None))
     out |= BLOCK.fixtures("check_encoder_block", blocks)
 
-    # training_step on a padded batch, with stored logits
-    keep = torch.arange(5)[None, :] < torch.tensor([5, 3, 2])[:, None]  # (B, T)
-    tokens = torch.randint(1, 6, (3, 5), generator=g).masked_fill(~keep, 0)
-    targets = torch.randint(0, 6, (3, 5), generator=g).masked_fill(~keep, IGNORE_INDEX)
-    logits = 2.0 * torch.randn(3, 5, 6, generator=g)
-    unmasked = logits + torch.randn(3, 5, 6, generator=g)
-    out["training_step batch tokens"] = fixture_entry(tokens.double())
-    out["training_step batch padding_mask"] = fixture_entry(keep.double())
-    out["training_step batch targets"] = fixture_entry(targets.double())
-    out["training_step logits (3, 5, 6)"] = fixture_entry(logits)
-    out["training_step logits without padding_mask (3, 5, 6)"] = fixture_entry(unmasked)
-    out["training_step loss"] = fixture_entry(
-        oracle_tagging_loss(logits, targets),
-        tagging_loss_mistakes(logits, unmasked, targets, tokens),
-    )
+    # EncoderBlock(8, 2, 32, dropout=0.5) with a padding mask, post- and pre-norm, in eval mode
+    # and in training mode (seed 11) for either memory order of the attention's output
+    g5 = generator(5)
+    keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
+    w = random_weights(8, 32, g5, block=True, norms=False)
+    x = torch.randn(2, 6, 8, generator=g5)
+    dropped = [(2, 32, nf, 0.5, w, x, keep[:, None, None, :]) for nf in (False, True)]
+    trained = [(*case, 11, seq_first) for seq_first in (False, True) for case in dropped]
+    evaluated = [(*case, None) for case in dropped]
+    out |= BLOCK.fixtures("check_encoder_block_dropout", [*evaluated, *trained])
+
+    # training_step: a ProbeModel's weights and a padded batch
+    with seeded(44):
+        probe = ProbeModel(6, 4, 6)
+    batch = _tagging_batch(g, 6, torch.tensor([5, 3, 2]))
+    stored = {**batch, **probe.state_dict()}
+    out |= {f"training_step {k}": fixture_entry(v.double()) for k, v in stored.items()}
+    out["training_step loss"] = fixture_entry(*tagging_losses(probe, batch))
 
     # configure_optimizers' schedule
     out["configure_optimizers learning rates (lr=0.01, warmup_steps=4, total_steps=12)"] = (
