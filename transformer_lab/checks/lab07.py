@@ -1,18 +1,12 @@
 """Visible checks of lab 07 (the NLP pipeline and decoding), called by the visible test cells.
 
-The student writes a character tokenizer (``CharTokenizer``), byte-pair encoding (``bpe_train``,
-``bpe_encode``) and the decoding pieces of a language model: ``apply_temperature``,
-``top_k_filter``, ``top_p_filter`` and ``beam_search``. Every part is ordinary
-(:mod:`transformer_lab.checks._generated`): this module declares how each answer is called and
-judged (one :class:`~transformer_lab.checks._generated.Ordinary` per part) and the checks are
-generated from those, on worked examples stored in ``fixtures/lab07.json`` (no oracle lives
-here). Bespoke code is left where a part needs it: the tokenizer is fitted (and its
-``vocab_size`` judged) before its methods are; beam search is given a stand-in next-token
-distribution (:class:`TableStepFn`, :class:`RandomStepFn`) that refuses what a correct search
-never asks: a prefix without BOS, one that already ended with EOS or holds ``max_len`` tokens.
-The rules the checks hold the student to are stated in the notebook and in the docstrings of
-the parts. While the student's code runs, the kit's ``transformer_lab.tokenizers`` and
-``transformer_lab.generation`` are refused (``Ban``).
+Every part (``CharTokenizer``, ``bpe_train``, ``bpe_encode``, ``apply_temperature``,
+``top_k_filter``, ``top_p_filter``, ``beam_search``) is ordinary: one
+:class:`~transformer_lab.checks._generated.Ordinary` per part says how the answer is called
+(under the spec's ban on the kit's ``tokenizers`` and ``generation``) and judged, and its checks
+run on worked examples stored in ``fixtures/lab07.json`` (no oracle lives here). Bespoke: the
+tokenizer is fitted (its ``vocab_size`` checked) before its methods are called; beam search gets
+a stand-in ``step_fn`` that refuses what a correct search never asks.
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.5 and 12.7.3; Sennrich, Haddow and
 Birch, ACL 2016; Holtzman et al., ICLR 2020.
@@ -39,8 +33,6 @@ from transformer_lab.checks._common import (
 from transformer_lab.checks._generated import Ordinary, as_list
 
 __all__ = [
-    "RandomStepFn",
-    "TableStepFn",
     "check_apply_temperature",
     "check_beam_search",
     "check_beam_search_eos",
@@ -50,7 +42,6 @@ __all__ = [
     "check_char_tokenizer",
     "check_top_k_filter",
     "check_top_p_filter",
-    "kept_ids",
     "sequence_score",
     "table_step_fn",
 ]
@@ -274,31 +265,26 @@ def same_logits(got: Tensor, want: Tensor) -> bool:
     return bool(torch.allclose(g[keep], w[keep], atol=tol, rtol=tol))
 
 
-def _rows_of(t: Tensor) -> list[list[float]]:
-    return t.detach().to("cpu", torch.float64).reshape(-1, t.shape[-1]).tolist()
-
-
-def _kept(t: Tensor) -> list[list[int]]:
-    return [[i for i, v in enumerate(row) if v != -math.inf] for row in _rows_of(t)]
-
-
-def _shaped(rows: list[Any], lead: Sequence[int]) -> Any:
-    """Per-row values nested as the leading dimensions ``lead`` (one row: the row itself)."""
-    if not lead:
-        return rows[0]
-    step = len(rows) // lead[0] if lead[0] else 0
-    return [_shaped(rows[i * step : (i + 1) * step], lead[1:]) for i in range(lead[0])]
+def _by_row(t: Tensor, row: Callable[[list[float]], Any]) -> Any:
+    """``row`` of each row of ``t`` (its last dimension), nested as its leading dimensions."""
+    if t.dim() == 1:
+        return row(t.detach().to("cpu", torch.float64).tolist())
+    return [_by_row(sub, row) for sub in t]
 
 
 def kept_ids(t: Tensor) -> Any:
     """The ids each row keeps (not ``-inf``), nested in the shape of ``t`` without its last
     dimension: ``[0, 2]`` for a 1-D input, ``[[0, 2], [1]]`` for two rows."""
-    return _shaped(_kept(t), tuple(t.shape[:-1]))
+    return _by_row(t, lambda row: [i for i, v in enumerate(row) if v != -math.inf])
 
 
-def show_values(t: Tensor, digits: int = 3) -> Any:
-    """``t`` as nested lists of rounded numbers, in its own shape (``-inf`` as ``-inf``)."""
-    return _shaped([[round(x, digits) for x in row] for row in _rows_of(t)], tuple(t.shape[:-1]))
+def show_values(t: Tensor) -> Any:
+    """``t`` as nested lists of numbers rounded to 3 digits (``-inf`` as ``-inf``)."""
+    return _by_row(t, lambda row: [round(v, 3) for v in row])
+
+
+def _kept(t: Tensor) -> list[list[int]]:
+    return [kept_ids(row) for row in t.reshape(-1, t.shape[-1])]
 
 
 #: What top-k says when exactly k tokens are kept where ties at the k-th value keep more.
