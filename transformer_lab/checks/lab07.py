@@ -32,20 +32,6 @@ from transformer_lab.checks._common import (
 )
 from transformer_lab.checks._generated import Ordinary, as_list
 
-__all__ = [
-    "check_apply_temperature",
-    "check_beam_search",
-    "check_beam_search_eos",
-    "check_bpe_encode",
-    "check_bpe_train",
-    "check_bpe_train_rules",
-    "check_char_tokenizer",
-    "check_top_k_filter",
-    "check_top_p_filter",
-    "sequence_score",
-    "table_step_fn",
-]
-
 #: The special tokens of the lab's ``CharTokenizer``, ids 0, 1, 2, 3.
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>")
 #: The end-of-word symbol of BPE.
@@ -330,19 +316,16 @@ def _logits_part(name: str, arg_name: str, rule: str) -> Ordinary:
         return f"{name}(logits {tuple(logits.shape)}, {arg_name}={arg})"
 
     def call(fn: Callable[..., Any], logits: Tensor, arg: float) -> Tensor:
+        shown = what(logits, arg)
         in_place = (
             "changed the logits it was given (in place): return a new tensor, e.g. "
-            "`logits.masked_fill(remove, float('-inf'))` or `logits / t`, and leave the input "
-            "as it was: the caller may still need it."
+            "`logits.masked_fill(remove, float('-inf'))` or `logits / t`."
         )
         got = call_forbidding(
-            fn, (logits, arg), {}, ban=DECODING_BAN, what=what(logits, arg), in_place=in_place
+            fn, (logits, arg), {}, ban=DECODING_BAN, what=shown, in_place=in_place
         )
-        got = expect_shape(got, tuple(logits.shape), what(logits, arg))
-        expect_true(
-            got.is_floating_point(),
-            f"{what(logits, arg)} has dtype {got.dtype}; return float logits (removed at -inf).",
-        )
+        got = expect_shape(got, tuple(logits.shape), shown)
+        expect_true(got.is_floating_point(), f"{shown} has dtype {got.dtype}; return float logits.")
         return got
 
     def input_kind(logits: Tensor, arg: float) -> str:
@@ -552,3 +535,7 @@ check_beam_search_eos = BEAM.visible(
     a best hypothesis still live at ``max_len``, and a short hypothesis that wins by total
     log-probability (not per token).""",
 )
+
+
+#: The visible checks and the two helpers the notebook calls, by name.
+__all__ = [*sorted(n for n in dir() if n.startswith("check_")), "sequence_score", "table_step_fn"]

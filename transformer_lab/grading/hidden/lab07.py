@@ -23,37 +23,7 @@ from torch import Tensor
 from transformer_lab.checks import lab07
 from transformer_lab.checks._common import call_forbidding, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
-from transformer_lab.checks.lab07 import (
-    DECODING_BAN,
-    END_OF_WORD,
-    SPECIALS,
-    TOKENIZER_BAN,
-    RandomStepFn,
-    TableStepFn,
-    decode_with,
-    encode_with,
-    expect_vocab_size,
-    fitted_tokenizer,
-    fitted_tokenizers,
-    vocab_size_of,
-)
-
-__all__ = [
-    "fixtures",
-    "hidden_check_apply_temperature",
-    "hidden_check_beam_search",
-    "hidden_check_beam_search_rules",
-    "hidden_check_bpe_encode",
-    "hidden_check_bpe_encode_edges",
-    "hidden_check_bpe_train",
-    "hidden_check_bpe_train_edges",
-    "hidden_check_char_tokenizer",
-    "hidden_check_char_tokenizer_edges",
-    "hidden_check_top_k_filter",
-    "hidden_check_top_k_filter_edges",
-    "hidden_check_top_p_filter",
-    "hidden_check_top_p_filter_edges",
-]
+from transformer_lab.checks.lab07 import END_OF_WORD, SPECIALS, RandomStepFn, TableStepFn
 
 UNK = SPECIALS.index("<unk>")
 RHYME = (
@@ -154,11 +124,11 @@ def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
         decodes.append(
             (fit_text, torch.randint(0, size, (randint(3, 30, g),), generator=g).tolist())
         )
-    toks = fitted_tokenizers(cls, [fit_text for fit_text, _ in encodes])
+    toks = lab07.fitted_tokenizers(cls, [fit_text for fit_text, _ in encodes])
     CHAR_ENCODE.judge(toks, encodes)
     CHAR_DECODE.judge(toks, decodes)
     for fit_text, tok in toks.items():
-        round_trip = decode_with(tok, encode_with(tok, fit_text))
+        round_trip = lab07.decode_with(tok, lab07.encode_with(tok, fit_text))
         expect_true(
             round_trip == fit_text,
             f"decode(encode(text)) returned {round_trip[:60]!r}, not the text fitted "
@@ -172,16 +142,18 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     g = generator(seed)
     first = _random_text(g, "abcdefgh", 30)
     second = _random_text(g, "xyz ", 12)
-    tok = fitted_tokenizer(cls, first)
-    call_forbidding(tok.fit, (second,), {}, ban=TOKENIZER_BAN, what=f"tokenizer.fit({second!r})")
-    size = vocab_size_of(tok)
+    tok = lab07.fitted_tokenizer(cls, first)
+    call_forbidding(
+        tok.fit, (second,), {}, ban=lab07.TOKENIZER_BAN, what=f"tokenizer.fit({second!r})"
+    )
+    size = lab07.vocab_size_of(tok)
     expect_true(
         size != len(SPECIALS) + len(set(first) | set(second)),
         f"after fit({first!r}) then fit({second!r}) your vocab_size is {size}: fit builds the "
         "vocabulary from the text it is given, replacing the old one.",
     )
-    expect_vocab_size(tok, second, f"...fit({second!r})")
-    toks = {second: tok, **fitted_tokenizers(cls, ["aaaa", "zy x"])}
+    lab07.expect_vocab_size(tok, second, f"...fit({second!r})")
+    toks = {second: tok, **lab07.fitted_tokenizers(cls, ["aaaa", "zy x"])}
     encodes = [(second, second + "a"), ("aaaa", "aaaa"), ("aaaa", ""), ("aaaa", "ab")]
     CHAR_ENCODE.judge(toks, [*encodes, ("zy x", "")])
     CHAR_DECODE.judge(toks, [("zy x", []), ("zy x", [0, 1, 4, 5, 6, 7, 3, 2])])
@@ -596,7 +568,7 @@ def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: 
     """``fn(logits, bad)`` must raise ValueError: ``bad`` is a temperature <= 0, a k < 1 or a
     p outside (0, 1] (``name`` the call, e.g. ``"top_k_filter(logits, k=0)"``)."""
     try:
-        call_forbidding(fn, (logits, bad), {}, ban=DECODING_BAN, what=name)
+        call_forbidding(fn, (logits, bad), {}, ban=lab07.DECODING_BAN, what=name)
     except AssertionError as exc:
         if "ValueError" in str(exc):
             return
@@ -1002,3 +974,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
             "check_beam_search_eos", [(EOS_TABLE, 2), (MAX_LEN_TABLE, 2), (LENGTH_TABLE, 2)]
         ),
     }
+
+
+#: The hidden checks and :func:`fixtures`, by name.
+__all__ = ["fixtures", *sorted(name for name in dir() if name.startswith("hidden_check_"))]
