@@ -92,25 +92,21 @@ def expect_vocab_size(tok: Any, text: str, what: str) -> None:
         )
 
 
-def fitted_tokenizer(cls: Callable[..., Any], text: str) -> Any:
-    """``cls()`` then ``.fit(text)``, under the ban; checks that ``fit`` returns the tokenizer."""
-    tok = call_forbidding(cls, (), {}, ban=TOKENIZER_BAN, what="CharTokenizer()")
-    returned = _method(tok, "fit", text, f"CharTokenizer().fit({text!r})")
-    expect_true(
-        returned is tok,
-        f"CharTokenizer().fit({text!r}) returned {type(returned).__name__}, not the tokenizer: "
-        "end fit with `return self`, so that `tok = CharTokenizer().fit(text)` works.",
-    )
-    return tok
-
-
 def fitted_tokenizers(cls: Callable[..., Any], texts: Iterable[str]) -> dict[str, Any]:
-    """``{text: CharTokenizer().fit(text)}`` for each distinct text, its ``vocab_size`` checked:
-    what :data:`CHAR_ENCODE` and :data:`CHAR_DECODE` call (a case names its text fitted)."""
+    """``{text: CharTokenizer().fit(text)}`` for each distinct text, under the ban: ``fit`` must
+    return the tokenizer, and its ``vocab_size`` is checked. What :data:`CHAR_ENCODE` and
+    :data:`CHAR_DECODE` call (a case names its text fitted)."""
     toks = {}
     for text in dict.fromkeys(texts):
-        toks[text] = fitted_tokenizer(cls, text)
-        expect_vocab_size(toks[text], text, f"CharTokenizer().fit({text!r})")
+        what = f"CharTokenizer().fit({text!r})"
+        toks[text] = call_forbidding(cls, (), {}, ban=TOKENIZER_BAN, what="CharTokenizer()")
+        returned = _method(toks[text], "fit", text, what)
+        expect_true(
+            returned is toks[text],
+            f"{what} returned {type(returned).__name__}, not the tokenizer: end fit with "
+            "`return self`, so that `tok = CharTokenizer().fit(text)` works.",
+        )
+        expect_vocab_size(toks[text], text, what)
     return toks
 
 

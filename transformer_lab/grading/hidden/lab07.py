@@ -142,7 +142,7 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     g = generator(seed)
     first = _random_text(g, "abcdefgh", 30)
     second = _random_text(g, "xyz ", 12)
-    tok = lab07.fitted_tokenizer(cls, first)
+    tok = lab07.fitted_tokenizers(cls, [first])[first]
     call_forbidding(
         tok.fit, (second,), {}, ban=lab07.TOKENIZER_BAN, what=f"tokenizer.fit({second!r})"
     )
@@ -777,11 +777,6 @@ beam_mistakes = _catalogue(
 BEAM = Oracle(lab07.BEAM, oracle_beam_search, beam_mistakes)
 
 
-#: Seeds and max_len of :class:`RandomStepFn` (6 tokens, beam_width 3) that tell every pair of
-#: the catalogue's mistakes apart, ties aside (the tables below hold those); the third tells a
-#: length normalisation at every step from one in the final choice only.
-_SEPARATING_BEAM_SEEDS = ((90, 6), (75, 6), (135, 8))
-
 # Hand-built tables for the stated rules: {prefix: probabilities}, "default" for the others.
 # Tokens: 0 BOS, 1 EOS, then words 2, 3, 4. No two tokens of a row tie where a beam is cut.
 # fmt: off
@@ -817,11 +812,11 @@ _FINAL_TIE_TABLE = {
 
 
 def _separating() -> list[tuple[RandomStepFn, int]]:
-    """Cases on which the catalogue's mistakes return different hypotheses, ties aside."""
-    return [
-        (RandomStepFn(6, seed, bos_id=0, eos_id=1, max_len=max_len), 3)
-        for seed, max_len in _SEPARATING_BEAM_SEEDS
-    ]
+    """Distributions (6 tokens, beam_width 3) on which every two of the catalogue's mistakes
+    return different hypotheses, ties aside (the tables hold those); the third tells a length
+    normalisation at every step from one in the final choice only."""
+    seeds = ((90, 6), (75, 6), (135, 8))
+    return [(RandomStepFn(6, s, bos_id=0, eos_id=1, max_len=n), 3) for s, n in seeds]
 
 
 def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
