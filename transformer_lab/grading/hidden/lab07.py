@@ -497,14 +497,13 @@ def oracle_top_k_filter(logits: Tensor, k: int) -> Tensor:
 
 
 def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``top_k_filter`` returns."""
+    """Hint -> what a typical wrong ``top_k_filter`` returns (ties dropped at the k-th value are
+    named by the visible part, :data:`~transformer_lab.checks.lab07.TIES_DROPPED`)."""
     x = _float64(logits)
-    rank = x.sort(dim=-1, descending=True, stable=True).indices.argsort(dim=-1)
     return {
         "You keep k + 1 tokens; keep the k largest (and any tied with the k-th).": (
             x.masked_fill(_removed(x, k + 1), -math.inf)
         ),
-        lab07.TIES_DROPPED: x.masked_fill(rank >= k, -math.inf),
         "You keep the k SMALLEST logits; keep the k largest.": x.masked_fill(
             _removed(-x, k), -math.inf
         ),
