@@ -1061,11 +1061,11 @@ def test_worked_examples_are_the_documented_ones() -> None:
     # What the notebook tells students about its examples.
     assert hidden07.oracle_bpe_train("aaa", 3) == [("a", "a"), ("a", EOW), ("aa", "a" + EOW)]
     assert hidden07.oracle_bpe_train("ab ac", 2) == [("a", "b"), ("a", "c")]
-    step_fn = lab07.TableStepFn.of(hidden07.LECTURE_TABLE)
+    step_fn = lab07.TableStepFn(hidden07.LECTURE_TABLE)
     beams = {w: hidden07.oracle_beam_search(step_fn, w) for w in (1, 2, 3)}
     assert beams == {1: [0, 2, 4, 1], 2: [0, 3, 4, 6, 1], 3: [0, 3, 4, 6, 1]}
-    assert math.isclose(math.exp(step_fn.log_prob(beams[1])), 0.0525, rel_tol=1e-5)
-    assert math.isclose(math.exp(step_fn.log_prob(beams[2])), 0.2601, rel_tol=1e-5)
+    assert math.isclose(math.exp(lab07.sequence_score(step_fn, beams[1])), 0.0525, rel_tol=1e-5)
+    assert math.isclose(math.exp(lab07.sequence_score(step_fn, beams[2])), 0.2601, rel_tol=1e-5)
 
 
 def test_generated_checks_keep_their_names_and_read_their_cases_back() -> None:

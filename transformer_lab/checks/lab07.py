@@ -1,18 +1,12 @@
 """Visible checks of lab 07 (the NLP pipeline and decoding), called by the visible test cells.
 
-The student writes a character tokenizer (``CharTokenizer``), byte-pair encoding (``bpe_train``,
-``bpe_encode``) and the decoding pieces of a language model: ``apply_temperature``,
-``top_k_filter``, ``top_p_filter`` and ``beam_search``. Every part is ordinary
-(:mod:`transformer_lab.checks._generated`): this module declares how each answer is called and
-judged (one :class:`~transformer_lab.checks._generated.Ordinary` per part) and the checks are
-generated from those, on worked examples stored in ``fixtures/lab07.json`` (no oracle lives
-here). Bespoke code is left where a part needs it: the tokenizer is fitted (and its
-``vocab_size`` judged) before its methods are; beam search is given a stand-in next-token
-distribution (:class:`TableStepFn`, :class:`RandomStepFn`) that refuses what a correct search
-never asks: a prefix without BOS, one that already ended with EOS or holds ``max_len`` tokens.
-The rules the checks hold the student to are stated in the notebook and in the docstrings of
-the parts. While the student's code runs, the kit's ``transformer_lab.tokenizers`` and
-``transformer_lab.generation`` are refused (``Ban``).
+Every part (``CharTokenizer``, ``bpe_train``, ``bpe_encode``, ``apply_temperature``,
+``top_k_filter``, ``top_p_filter``, ``beam_search``) is ordinary: one
+:class:`~transformer_lab.checks._generated.Ordinary` per part says how the answer is called
+(under the spec's ban on the kit's ``tokenizers`` and ``generation``) and judged, and its checks
+run on worked examples stored in ``fixtures/lab07.json`` (no oracle lives here). Bespoke: the
+tokenizer is fitted (its ``vocab_size`` checked) before its methods are called; beam search gets
+a stand-in ``step_fn`` that refuses what a correct search never asks.
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.5 and 12.7.3; Sennrich, Haddow and
 Birch, ACL 2016; Holtzman et al., ICLR 2020.
@@ -38,23 +32,6 @@ from transformer_lab.checks._common import (
 )
 from transformer_lab.checks._generated import Ordinary, as_list
 
-__all__ = [
-    "RandomStepFn",
-    "TableStepFn",
-    "check_apply_temperature",
-    "check_beam_search",
-    "check_beam_search_eos",
-    "check_bpe_encode",
-    "check_bpe_train",
-    "check_bpe_train_rules",
-    "check_char_tokenizer",
-    "check_top_k_filter",
-    "check_top_p_filter",
-    "kept_ids",
-    "sequence_score",
-    "table_step_fn",
-]
-
 #: The special tokens of the lab's ``CharTokenizer``, ids 0, 1, 2, 3.
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>")
 #: The end-of-word symbol of BPE.
@@ -70,11 +47,10 @@ def _short(text: str, limit: int = 40) -> str:
     return repr(text) if len(text) <= limit else repr(text[: limit - 3] + "...")
 
 
-def _first_difference(got: Sequence[Any], want: Sequence[Any]) -> int:
-    for i, (a, b) in enumerate(zip(got, want, strict=False)):
-        if a != b:
-            return i
-    return min(len(got), len(want))
+def _describe(case: Case[Any]) -> str:
+    """A wrong list of ids, pieces or merges (or text): the call, what it returned, what was
+    expected (each cut at 300 characters)."""
+    return f"{case.what} returned {case.got!r:.300}, expected {case.want!r:.300}."
 
 
 # ======================================================================================
@@ -82,114 +58,70 @@ def _first_difference(got: Sequence[Any], want: Sequence[Any]) -> int:
 # ======================================================================================
 
 
-_ON_ERROR = {
-    "encode": "A character that fit never saw becomes <unk> (id 3): look it up with a default, "
-    "e.g. self.stoi.get(ch, 3).",
-    "decode": "Every id from 0 to vocab_size - 1 has a token: the specials by name, then the "
-    "characters.",
-}
-
-
-def _method(tok: Any, name: str, *args: Any, what: str) -> Any:
-    """Call ``tok.<name>(*args)`` under the tokenizer ban."""
+def _method(tok: Any, name: str, arg: Any, what: str, on_error: str = "") -> Any:
+    """Call ``tok.<name>(arg)`` under the tokenizer ban."""
     method = getattr(tok, name, None)
     if method is None:
         raise AssertionError(f"your CharTokenizer has no method `{name}`: the lab asks for it.")
-    return call_forbidding(
-        method, args, {}, ban=TOKENIZER_BAN, what=what, on_error=_ON_ERROR.get(name, "")
-    )
+    return call_forbidding(method, (arg,), {}, ban=TOKENIZER_BAN, what=what, on_error=on_error)
 
 
 def vocab_size_of(tok: Any) -> int:
-    """``tok.vocab_size`` (a property or an attribute), read under the ban."""
-    try:  # read, not looked up on the type: the grader's judge sees the tokenizer from outside
-        size = call_forbidding(
-            lambda: tok.vocab_size, (), {}, ban=TOKENIZER_BAN, what="tokenizer.vocab_size"
-        )
-    except AssertionError as exc:
-        if "raised AttributeError" in str(exc):
-            raise AssertionError(
-                "your CharTokenizer has no `vocab_size`: the lab asks for it."
-            ) from None
-        raise
+    """``tok.vocab_size`` (a property or an attribute), read under the ban; it must be an int."""
+    what = "tokenizer.vocab_size"
+    size = call_forbidding(lambda: tok.vocab_size, (), {}, ban=TOKENIZER_BAN, what=what)
     if callable(size):
         raise AssertionError(
-            "tokenizer.vocab_size is a method; make it a property (put @property above "
+            f"{what} is a method; make it a property (put @property above "
             "`def vocab_size(self)`) or an attribute, so that `tok.vocab_size` is a number."
         )
-    if isinstance(size, Tensor) and size.numel() == 1:
-        size = size.item()
     if isinstance(size, bool) or not isinstance(size, int):
-        raise AssertionError(
-            f"tokenizer.vocab_size is {size!r} ({type(size).__name__}); it should be an int."
-        )
+        raise AssertionError(f"{what} is {size!r} ({type(size).__name__}); it should be an int.")
     return size
 
 
-def fitted_tokenizer(cls: Callable[..., Any], text: str) -> Any:
-    """``cls()`` then ``.fit(text)``, under the ban; checks that ``fit`` returns the tokenizer."""
-    tok = call_forbidding(cls, (), {}, ban=TOKENIZER_BAN, what="CharTokenizer()")
-    returned = _method(tok, "fit", text, what=f"CharTokenizer().fit({text!r})")
-    expect_true(
-        returned is tok,
-        f"CharTokenizer().fit({text!r}) returned {type(returned).__name__}, not the tokenizer: "
-        "end fit with `return self`, so that `tok = CharTokenizer().fit(text)` works.",
-    )
-    return tok
-
-
-def judge_vocab_size(got: int, want: int, n_chars: int, what: str) -> None:
-    """``vocab_size`` against the expected count, naming the usual slip."""
-    if got == want:
-        return
-    shown = f"{what}.vocab_size is {got}, expected {want}"
-    if got == n_chars:
+def expect_vocab_size(tok: Any, text: str, what: str) -> None:
+    """``tok.vocab_size`` after fitting ``text``: the 4 specials and one id per distinct
+    character of ``text``."""
+    got, n_chars = vocab_size_of(tok), len(set(text))
+    if got != len(SPECIALS) + n_chars:
+        specials = f"count the 4 special tokens {', '.join(SPECIALS)} too" if got == n_chars else ""
         raise AssertionError(
-            f"{shown}: count the {len(SPECIALS)} special tokens {', '.join(SPECIALS)} too "
-            f"(ids 0-{len(SPECIALS) - 1}), then one id per distinct character."
+            f"{what}.vocab_size is {got}, expected {len(SPECIALS) + n_chars}: "
+            f"{specials or 'the 4 special tokens'} plus one id per DISTINCT character fitted."
         )
-    raise AssertionError(
-        f"{shown}: the 4 special tokens plus one id per DISTINCT character of the text fitted."
-    )
 
 
 def fitted_tokenizers(cls: Callable[..., Any], texts: Iterable[str]) -> dict[str, Any]:
-    """``{text: CharTokenizer().fit(text)}`` for each distinct text, its ``vocab_size`` judged:
-    what :data:`CHAR_ENCODE` and :data:`CHAR_DECODE` call (a case names its text fitted)."""
+    """``{text: CharTokenizer().fit(text)}`` for each distinct text, under the ban: ``fit`` must
+    return the tokenizer, and its ``vocab_size`` is checked. What :data:`CHAR_ENCODE` and
+    :data:`CHAR_DECODE` call (a case names its text fitted)."""
     toks = {}
     for text in dict.fromkeys(texts):
-        toks[text] = fitted_tokenizer(cls, text)
-        n_chars = len(set(text))
-        size = vocab_size_of(toks[text])
-        judge_vocab_size(size, len(SPECIALS) + n_chars, n_chars, f"CharTokenizer().fit({text!r})")
+        what = f"CharTokenizer().fit({text!r})"
+        toks[text] = call_forbidding(cls, (), {}, ban=TOKENIZER_BAN, what="CharTokenizer()")
+        returned = _method(toks[text], "fit", text, what)
+        expect_true(
+            returned is toks[text],
+            f"{what} returned {type(returned).__name__}, not the tokenizer: end fit with "
+            "`return self`, so that `tok = CharTokenizer().fit(text)` works.",
+        )
+        expect_vocab_size(toks[text], text, what)
     return toks
 
 
 def encode_with(tok: Any, text: str) -> list[int]:
     """``tok.encode(text)`` under the ban, as a list of Python ints."""
     what = f"tokenizer.encode({text!r})"
-    return as_list(_method(tok, "encode", text, what=what), what, int, "a list of ints")
+    unknown = "A character that fit never saw becomes <unk> (id 3): self.stoi.get(ch, 3)."
+    return as_list(_method(tok, "encode", text, what, unknown), what, int, "a list of ints")
 
 
 def decode_with(tok: Any, ids: list[int]) -> str:
     """``tok.decode(ids)`` under the ban; it must be a string."""
-    what = f"tokenizer.decode({ids})"
-    got = _method(tok, "decode", list(ids), what=what)
-    if not isinstance(got, str):
-        raise AssertionError(f"{what} returned {type(got).__name__}; it should return a str.")
+    got = _method(tok, "decode", list(ids), f"tokenizer.decode({ids})")
+    expect_true(isinstance(got, str), f"tokenizer.decode({ids}) returned {got!r:.60}, not a str.")
     return got
-
-
-def _ids_rule(case: Case[Any]) -> str:
-    if len(case.got) != len(case.want):
-        return (
-            "encode gives exactly one id per character, unknown characters included (they "
-            f"become <unk>, id {SPECIALS.index('<unk>')})."
-        )
-    return (
-        f"Ids 0-3 are the specials {', '.join(SPECIALS)}; the characters fitted follow in sorted "
-        "order (sorted(set(text))), from id 4."
-    )
 
 
 #: ``encode`` of a case ``(text fitted, text)``; the answer: the tokenizers by text fitted.
@@ -197,8 +129,10 @@ CHAR_ENCODE = Ordinary(
     "lab07",
     call=lambda toks, fit_text, text: encode_with(toks[fit_text], text),
     what=lambda fit_text, text: f"tokenizer.encode({_short(text)})",
-    describe=lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
-    rule=_ids_rule,
+    describe=_describe,
+    rule=f"Ids 0-3 are the specials {', '.join(SPECIALS)}; the characters fitted follow in "
+    "sorted order (sorted(set(text))), from id 4; encode gives one id per character, an "
+    "unknown one <unk> (id 3).",
     size=lambda fit_text, text: len(text),
 )
 #: ``decode`` of a case ``(text fitted, ids)``; the answer: the tokenizers by text fitted.
@@ -206,7 +140,7 @@ CHAR_DECODE = Ordinary(
     "lab07",
     call=lambda toks, fit_text, ids: decode_with(toks[fit_text], ids),
     what=lambda fit_text, ids: f"tokenizer.decode({ids})",
-    describe=lambda case: f"{case.what} returned {case.got!r}, expected {case.want!r}.",
+    describe=_describe,
     rule="decode writes each character id as its character, with nothing between them, and "
     "each special id as its name (for example '<unk>').",
     size=lambda fit_text, ids: len(ids),
@@ -231,42 +165,15 @@ def check_char_tokenizer(cls: Callable[..., Any]) -> None:
 def run_bpe_train(fn: Callable[..., Any], text: str, num_merges: int) -> list[tuple[str, str]]:
     """The student's ``bpe_train(text, num_merges)`` under the ban, as a list of pairs."""
     what = f"bpe_train({_short(text)}, {num_merges})"
-    got = call_forbidding(
-        fn,
-        (text, num_merges),
-        {},
-        ban=TOKENIZER_BAN,
-        what=what,
-        on_error="Stop early when no pair is left to merge (every word is one symbol).",
-    )
-    pairs = []
-    for item in as_list(got, what, (list, tuple), "a list of (left, right) pairs of strings"):
-        if len(item) != 2 or not all(isinstance(s, str) for s in item):
-            raise AssertionError(
-                f"{what} returned an item {item!r}; each merge is a pair of strings, e.g. "
-                "('l', 'o')."
-            )
-        pairs.append((item[0], item[1]))
-    return pairs
-
-
-def _describe_merges(case: Case[Any]) -> str:
-    got, want = case.got, case.want
-    i = _first_difference(got, want)
-    if i < len(got) and i < len(want):
-        return f"{case.what}: merge {i} (counting from 0) is {got[i]}, expected {want[i]}."
-    return f"{case.what} returned {len(got)} merges, expected {len(want)}."
-
-
-def _merges_rule(case: Case[Any]) -> str:
-    got, want = case.got, case.want
-    if len(got) != len(want) and got[: len(want)] == want[: len(got)]:
-        return "Learn exactly num_merges merges; stop earlier only when no pair is left."
-    return (
-        "Each step counts every adjacent pair of symbols inside the words (word frequency "
-        "included), merges the most frequent pair (ties: the smallest pair) in every word, and "
-        "records it."
-    )
+    stop = "Stop early when no pair is left to merge (every word is one symbol)."
+    got = call_forbidding(fn, (text, num_merges), {}, ban=TOKENIZER_BAN, what=what, on_error=stop)
+    pairs = as_list(got, what, (list, tuple), "a list of (left, right) pairs of strings")
+    for item in pairs:
+        expect_true(
+            len(item) == 2 and all(isinstance(s, str) for s in item),
+            f"{what} returned an item {item!r}; each merge is a pair of strings, e.g. ('l', 'o').",
+        )
+    return [(a, b) for a, b in pairs]
 
 
 #: ``bpe_train`` of a case ``(text, num_merges)``.
@@ -274,8 +181,10 @@ BPE_TRAIN = Ordinary(
     "lab07",
     call=run_bpe_train,
     what=lambda text, num_merges: f"bpe_train({_short(text)}, {num_merges})",
-    describe=_describe_merges,
-    rule=_merges_rule,
+    describe=_describe,
+    rule="Each step counts every adjacent pair of symbols inside the words (word frequency "
+    "included), merges the most frequent pair (ties: the smallest pair) in every word, and "
+    "records it; stop after num_merges merges, or earlier when no pair is left.",
     size=lambda text, num_merges: len(text) + num_merges,
     output=lambda merges: [(a, b) for a, b in merges],
 )
@@ -296,32 +205,7 @@ def run_bpe_encode(fn: Callable[..., Any], text: str, merges: Sequence[Sequence[
     """The student's ``bpe_encode(text, merges)`` under the ban, as a list of strings."""
     what = f"bpe_encode({_short(text)}, merges)"
     got = call_forbidding(fn, (text, [tuple(m) for m in merges]), {}, ban=TOKENIZER_BAN, what=what)
-    should = f"the list of pieces (strings), e.g. ['low', 'er{END_OF_WORD}']"
-    return as_list(got, what, str, should)
-
-
-def _describe_pieces(case: Case[Any]) -> str:
-    got, want = case.got, case.want
-    shown = f"{case.what} returned {got}, expected {want}."
-    if len(shown) > 600:
-        i = _first_difference(got, want)
-        shown = (
-            f"{case.what} differs from the expected pieces at piece {i}: you returned "
-            f"{got[max(0, i - 2) : i + 3]}, expected {want[max(0, i - 2) : i + 3]}."
-        )
-    return shown
-
-
-def _pieces_rule(case: Case[Any]) -> str:
-    def words(pieces: Sequence[str]) -> list[str]:
-        return "".join(pieces).replace(END_OF_WORD, " ").split()
-
-    if words(case.got) != words(case.want):
-        return f"The pieces must spell the text: each word's characters followed by {END_OF_WORD}."
-    return (
-        "In each word, repeatedly merge the adjacent pair that was learned EARLIEST (all its "
-        "occurrences, left to right) until no learned pair is left."
-    )
+    return as_list(got, what, str, f"the list of pieces, e.g. ['low', 'er{END_OF_WORD}']")
 
 
 #: ``bpe_encode`` of a case ``(text, merges)``.
@@ -329,8 +213,10 @@ BPE_ENCODE = Ordinary(
     "lab07",
     call=run_bpe_encode,
     what=lambda text, merges: f"bpe_encode({_short(text)}, merges)",
-    describe=_describe_pieces,
-    rule=_pieces_rule,
+    describe=_describe,
+    rule=f"Split the text into words, each its characters and {END_OF_WORD}; in each word, "
+    "repeatedly merge the adjacent pair that was learned EARLIEST (all its occurrences, left to "
+    "right) until no learned pair is left.",
     size=lambda text, merges: len(text) + len(merges),
 )
 
@@ -361,31 +247,26 @@ def same_logits(got: Tensor, want: Tensor) -> bool:
     return bool(torch.allclose(g[keep], w[keep], atol=tol, rtol=tol))
 
 
-def _rows_of(t: Tensor) -> list[list[float]]:
-    return t.detach().to("cpu", torch.float64).reshape(-1, t.shape[-1]).tolist()
-
-
-def _kept(t: Tensor) -> list[list[int]]:
-    return [[i for i, v in enumerate(row) if v != -math.inf] for row in _rows_of(t)]
-
-
-def _shaped(rows: list[Any], lead: Sequence[int]) -> Any:
-    """Per-row values nested as the leading dimensions ``lead`` (one row: the row itself)."""
-    if not lead:
-        return rows[0]
-    step = len(rows) // lead[0] if lead[0] else 0
-    return [_shaped(rows[i * step : (i + 1) * step], lead[1:]) for i in range(lead[0])]
+def _by_row(t: Tensor, row: Callable[[list[float]], Any]) -> Any:
+    """``row`` of each row of ``t`` (its last dimension), nested as its leading dimensions."""
+    if t.dim() == 1:
+        return row(t.detach().to("cpu", torch.float64).tolist())
+    return [_by_row(sub, row) for sub in t]
 
 
 def kept_ids(t: Tensor) -> Any:
     """The ids each row keeps (not ``-inf``), nested in the shape of ``t`` without its last
     dimension: ``[0, 2]`` for a 1-D input, ``[[0, 2], [1]]`` for two rows."""
-    return _shaped(_kept(t), tuple(t.shape[:-1]))
+    return _by_row(t, lambda row: [i for i, v in enumerate(row) if v != -math.inf])
 
 
-def show_values(t: Tensor, digits: int = 3) -> Any:
-    """``t`` as nested lists of rounded numbers, in its own shape (``-inf`` as ``-inf``)."""
-    return _shaped([[round(x, digits) for x in row] for row in _rows_of(t)], tuple(t.shape[:-1]))
+def show_values(t: Tensor) -> Any:
+    """``t`` as nested lists of numbers rounded to 3 digits (``-inf`` as ``-inf``)."""
+    return _by_row(t, lambda row: [round(v, 3) for v in row])
+
+
+def _kept(t: Tensor) -> list[list[int]]:
+    return [kept_ids(row) for row in t.reshape(-1, t.shape[-1])]
 
 
 #: What top-k says when exactly k tokens are kept where ties at the k-th value keep more.
@@ -395,149 +276,90 @@ TIES_DROPPED = (
 )
 
 
-def _drops_ties(got: Tensor, want: Tensor, k: int) -> bool:
-    """Each row keeps exactly ``min(k, V)`` of the tokens the rule keeps, fewer than it."""
-    got_rows, want_rows = _kept(got), _kept(want)
-    width = min(k, got.shape[-1])
-    return any(len(w) > width for w in want_rows) and all(
+def _drops_ties(case: Case[Any]) -> str | None:
+    """:data:`TIES_DROPPED` when each row keeps exactly ``min(k, V)`` of the tokens the rule
+    keeps, fewer than it (whichever of the tied tokens ``torch.topk`` picked)."""
+    got_rows, want_rows = _kept(case.got), _kept(case.want)
+    width = min(int(case.input.args[1]), case.got.shape[-1])
+    dropped = any(len(w) > width for w in want_rows) and all(
         set(g) <= set(w) and len(g) == min(width, len(w))
         for g, w in zip(got_rows, want_rows, strict=True)
     )
+    return TIES_DROPPED if dropped else None
 
 
-class _Logits:
-    """The bespoke pieces of a filter (or the temperature) ``name(logits, arg)``: its call,
-    messages and rule, shared by :data:`TEMPERATURE`, :data:`TOP_K` and :data:`TOP_P`."""
+def _describe_logits(case: Case[Any]) -> str:
+    """The call (with its logits when they are few), and the tokens kept or the values."""
+    got, want = case.got, case.want
+    small = case.input.args[0].numel() <= 16
+    shown = case.what + (f" with logits = {show_values(case.input.args[0])}" if small else "")
+    if _kept(got) != _kept(want):
+        return (
+            f"{shown} keeps the tokens {kept_ids(got)} (the others at -inf), expected "
+            f"{kept_ids(want)}."
+        )
+    if small:
+        return f"{shown} returned {show_values(got)}, expected {show_values(want)}."
+    diff = (got.detach().double() - want).nan_to_num(0.0, 0.0, 0.0).abs()
+    return f"{shown} keeps the right tokens with other values (up to {float(diff.max()):.3g} off)."
 
-    def __init__(self, name: str, arg_name: str, rule: str, extra: Callable[..., str]) -> None:
-        self.name, self.arg_name, self.base_rule, self.extra = name, arg_name, rule, extra
 
-    def what(self, logits: Tensor, arg: float) -> str:
-        return f"{self.name}(logits {tuple(logits.shape)}, {self.arg_name}={arg})"
+def _logits_part(name: str, arg_name: str, rule: str) -> Ordinary:
+    """The :class:`Ordinary` of ``name(logits, arg)`` (the temperature or a filter), a case
+    ``(logits, arg)`` (stored: float32 logits); the answer must leave ``logits`` untouched."""
 
-    def call(self, fn: Callable[..., Any], logits: Tensor, arg: float) -> Tensor:
-        """The student's ``name(logits, arg)`` under the ban; ``logits`` must stay untouched."""
-        what = self.what(logits, arg)
+    def what(logits: Tensor, arg: float) -> str:
+        return f"{name}(logits {tuple(logits.shape)}, {arg_name}={arg})"
+
+    def call(fn: Callable[..., Any], logits: Tensor, arg: float) -> Tensor:
+        shown = what(logits, arg)
         in_place = (
             "changed the logits it was given (in place): return a new tensor, e.g. "
-            "`logits.masked_fill(remove, float('-inf'))` or `logits / t`, and leave the input "
-            "as it was: the caller may still need it."
+            "`logits.masked_fill(remove, float('-inf'))` or `logits / t`."
         )
-        got = call_forbidding(fn, (logits, arg), {}, ban=DECODING_BAN, what=what, in_place=in_place)
-        got = expect_shape(got, tuple(logits.shape), what)
-        expect_true(
-            got.is_floating_point(),
-            f"{what} has dtype {got.dtype}; return float logits (removed entries at -inf).",
+        got = call_forbidding(
+            fn, (logits, arg), {}, ban=DECODING_BAN, what=shown, in_place=in_place
         )
+        got = expect_shape(got, tuple(logits.shape), shown)
+        expect_true(got.is_floating_point(), f"{shown} has dtype {got.dtype}; return float logits.")
         return got
 
-    def rule(self, case: Case[Any]) -> str:
-        """What a right answer does, and what this case's argument adds (``k >= V``, ...)."""
-        extra = self.extra(*case.input.args)
-        return f"{self.base_rule} {extra}" if extra else self.base_rule
+    def input_kind(logits: Tensor, arg: float) -> str:
+        if name == "top_k_filter" and arg > logits.shape[-1]:
+            return f"k above the vocabulary size (k={arg:g}, {logits.shape[-1]} tokens)"
+        return f"logits of shape {tuple(logits.shape)}"
 
-    def describe(self, case: Case[Any]) -> str:
-        got, want = case.got, case.want
-        logits = case.input.args[0]
-        shown = case.what
-        if logits.numel() <= 16:
-            shown += f" with logits = {show_values(logits)}"
-        if bool(torch.isnan(got.detach()).any()):
-            return f"{shown} contains NaN."
-        if _kept(got) != _kept(want):
-            return (
-                f"{shown} keeps the tokens {kept_ids(got)} (the others at -inf), expected "
-                f"{kept_ids(want)}."
-            )
-        diff = (got.detach().double() - want).nan_to_num(0.0, 0.0, 0.0).abs()
-        values = (
-            f" (you returned {show_values(got)}, expected {show_values(want)})"
-            if logits.numel() <= 16
-            else ""
-        )
-        keep = "" if self.name == "apply_temperature" else " Kept entries keep their logits."
-        return (
-            f"{shown} keeps the right tokens but with other values{values}; the largest "
-            f"difference is {float(diff.max()):.3g}.{keep}"
-        )
-
-    def named(self, case: Case[Any]) -> str | None:
-        """A mistake recognised by its shape: ties dropped at the k-th value, 0 for -inf."""
-        got, want = case.got, case.want
-        if bool(torch.isnan(got.detach()).any()):
-            return None
-        if self.name == "top_k_filter" and _drops_ties(got, want, int(case.input.args[1])):
-            return TIES_DROPPED
-        zeros = want.clone()
-        zeros[torch.isneginf(zeros)] = 0.0
-        if same_logits(got, zeros) and not same_logits(want, zeros):
-            return (
-                "Removed entries must be -inf (float('-inf')), not 0: a logit of 0 still has "
-                "probability exp(0) / Z after the softmax."
-            )
-        return None
-
-    def input_kind(self, logits: Tensor, arg: float) -> str:
-        """What sets a case apart, in the check's words (for a call that raised on it)."""
-        n_tokens = logits.shape[-1]
-        kinds = []
-        if self.name == "top_k_filter" and arg > n_tokens:
-            kinds.append(f"k above the vocabulary size (k={arg:g}, {n_tokens} tokens)")
-        elif self.name == "top_k_filter" and arg == n_tokens:
-            kinds.append(f"k equal to the vocabulary size ({n_tokens})")
-        if bool(torch.isneginf(logits).any()):
-            kinds.append("logits that already hold -inf")
-        if logits.dim() != 2:
-            kinds.append(f"logits with {logits.dim()} dimensions {tuple(logits.shape)}")
-        if logits.dtype != torch.float32:
-            kinds.append(f"{str(logits.dtype).removeprefix('torch.')} logits")
-        return ", ".join(kinds) or f"logits of shape {tuple(logits.shape)}"
-
-    def part(self) -> Ordinary:
-        """The :class:`Ordinary` of a case ``(logits, arg)`` (stored: float32 logits)."""
-        return Ordinary(
-            "lab07",
-            call=self.call,
-            what=self.what,
-            describe=self.describe,
-            rule=self.rule,
-            same=same_logits,
-            size=lambda logits, arg: logits.numel(),
-            named=self.named,
-            input_kind=self.input_kind,
-            load=lambda logits, arg: (torch.tensor(logits, dtype=torch.float32), arg),
-            output=lambda out: torch.as_tensor(out, dtype=torch.float64),
-        )
+    return Ordinary(
+        "lab07",
+        call=call,
+        what=what,
+        describe=_describe_logits,
+        rule=rule,
+        same=same_logits,
+        size=lambda logits, arg: logits.numel(),
+        named=_drops_ties if name == "top_k_filter" else None,
+        input_kind=input_kind,
+        load=lambda logits, arg: (torch.tensor(logits, dtype=torch.float32), arg),
+        output=lambda out: torch.as_tensor(out, dtype=torch.float64),
+    )
 
 
-TEMPERATURE = _Logits(
-    "apply_temperature",
-    "t",
-    "Divide the logits by t: logits / t (t < 1 sharpens, t > 1 flattens).",
-    lambda logits, t: "t = 1 changes nothing." if t == 1 else "",
-).part()
-TOP_K = _Logits(
+TEMPERATURE = _logits_part(
+    "apply_temperature", "t", "Divide the logits by t: logits / t (t < 1 sharpens, t > 1 flattens)."
+)
+TOP_K = _logits_part(
     "top_k_filter",
     "k",
-    "Keep every logit >= the k-th largest logit of its row (ties at that value are all kept); "
-    "set the others to -inf.",
-    lambda logits, k: (
-        "k >= the vocabulary size keeps every token." if k >= logits.shape[-1] else ""
-    ),
-).part()
-TOP_P = _Logits(
+    "Keep every logit >= the k-th largest logit of its row (ties at that value are all kept; "
+    "k >= the vocabulary size keeps every token); set the others to -inf.",
+)
+TOP_P = _logits_part(
     "top_p_filter",
     "p",
     "Sort each row by probability (highest first, ties by lower token id), keep each token "
-    "whose preceding mass is < p (so the token that crosses p is kept), set the others to -inf.",
-    lambda logits, p: (
-        "p = 1 keeps every token."
-        if p == 1
-        else "A tiny p keeps only the most likely token of each row (it always stays)."
-        if p < 1e-3
-        else ""
-    ),
-).part()
+    "whose preceding mass is < p (so the token that crosses p is kept; p = 1 keeps every "
+    "token), set the others to -inf.",
+)
 
 
 check_apply_temperature = TEMPERATURE.visible(
@@ -567,23 +389,13 @@ class _StepFn:
 
     def __init__(self, bos_id: int, eos_id: int, max_len: int) -> None:
         self.bos_id, self.eos_id, self.max_len = bos_id, eos_id, max_len
-        self.calls = 0
 
     def row(self, seq: Sequence[int]) -> Tensor:
         """The log-probabilities ``(V,)`` after ``seq`` (float32), without the prefix checks."""
         raise NotImplementedError
 
     def __call__(self, prefix: Any) -> Tensor:
-        if isinstance(prefix, Tensor):
-            prefix = prefix.flatten().tolist()
-        try:
-            seq = tuple(int(i) for i in prefix)
-        except (TypeError, ValueError):
-            raise AssertionError(
-                f"your search called step_fn with {prefix!r}; it takes the prefix as a list of "
-                "token ids, BOS first."
-            ) from None
-        self.calls += 1
+        seq = tuple(int(i) for i in (prefix.flatten() if isinstance(prefix, Tensor) else prefix))
         if not seq or seq[0] != self.bos_id:
             raise AssertionError(
                 f"your search called step_fn with the prefix {list(seq)}: every hypothesis "
@@ -602,43 +414,19 @@ class _StepFn:
             )
         return self.row(seq)
 
-    def log_prob(self, seq: Sequence[int]) -> float:
-        """Total log-probability of ``seq`` (BOS first)."""
-        return sum(float(self.row(seq[:t])[seq[t]]) for t in range(1, len(seq)))
-
 
 class TableStepFn(_StepFn):
-    """``step_fn(prefix) -> (V,)`` log-probabilities read from a hand-built table.
+    """``step_fn(prefix) -> (V,)`` log-probabilities read from a hand-built table, given as it
+    is stored: ``{"table": {"[0, 2]": probabilities (V,)}, "default": the probabilities after
+    every other prefix, "bos_id", "eos_id", "max_len"}`` (prefixes written as JSON lists)."""
 
-    Args:
-        table: ``{prefix (tuple of ids): probabilities (V,)}``; a prefix not in the table gets
-            ``default``.
-        default: the distribution of every other prefix.
-        bos_id, eos_id, max_len: what a correct search never violates (see the module).
-    """
-
-    def __init__(
-        self,
-        table: Mapping[tuple[int, ...], Sequence[float]],
-        default: Sequence[float],
-        *,
-        bos_id: int,
-        eos_id: int,
-        max_len: int,
-    ) -> None:
-        super().__init__(bos_id, eos_id, max_len)
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        super().__init__(spec["bos_id"], spec["eos_id"], spec["max_len"])
         self.table = {
-            tuple(k): torch.tensor(v, dtype=torch.float64).log() for k, v in table.items()
+            tuple(json.loads(prefix)): torch.tensor(probs, dtype=torch.float64).log()
+            for prefix, probs in spec["table"].items()
         }
-        self.default = torch.tensor(default, dtype=torch.float64).log()
-
-    @classmethod
-    def of(cls, spec: Mapping[str, Any]) -> TableStepFn:
-        """The table of a stored spec: ``{"table": {"[0, 2]": probabilities}, "default": ...,
-        "bos_id", "eos_id", "max_len"}`` (prefixes written as JSON lists)."""
-        table = {tuple(json.loads(prefix)): probs for prefix, probs in spec["table"].items()}
-        ids = {name: spec[name] for name in ("bos_id", "eos_id", "max_len")}
-        return cls(table, spec["default"], **ids)
+        self.default = torch.tensor(spec["default"], dtype=torch.float64).log()
 
     def row(self, seq: Sequence[int]) -> Tensor:
         return self.table.get(tuple(seq), self.default).float()
@@ -667,15 +455,15 @@ class RandomStepFn(_StepFn):
 
 
 def sequence_score(step_fn: _StepFn, seq: Sequence[int]) -> float:
-    """The total log-probability (the beam score) of ``seq`` under ``step_fn``."""
-    return step_fn.log_prob(seq)
+    """The total log-probability (the beam score) of ``seq`` (BOS first) under ``step_fn``."""
+    return sum(float(step_fn.row(seq[:t])[seq[t]]) for t in range(1, len(seq)))
 
 
 def table_step_fn(key: str) -> tuple[TableStepFn, dict[str, Any]]:
     """The stored hand-built table ``key`` (``"beam lecture"``) as a :class:`TableStepFn`, and
     its spec (``"table"``, ``"max_len"``, ``"words"``, ...)."""
     spec, _ = stored_data("lab07", f"{key}: table")
-    return TableStepFn.of(spec), spec
+    return TableStepFn(spec), spec
 
 
 def _beam_what(step_fn: _StepFn, beam_width: int) -> str:
@@ -689,7 +477,6 @@ def run_beam(fn: Callable[..., Any], step_fn: _StepFn, beam_width: int) -> list[
     """The student's ``beam_search`` under the ban (at ``step_fn``'s ``max_len``), as a list
     of ints."""
     what = _beam_what(step_fn, beam_width)
-    step_fn.calls = 0
     args = (step_fn, step_fn.bos_id, step_fn.eos_id, beam_width, step_fn.max_len)
     got = call_forbidding(fn, args, {}, ban=DECODING_BAN, what=what)
     if isinstance(got, Tensor):
@@ -698,24 +485,13 @@ def run_beam(fn: Callable[..., Any], step_fn: _StepFn, beam_width: int) -> list[
 
 
 def _screen_beam(case: Case[Any]) -> None:
-    """What no typical mistake of the search explains: a hypothesis of the wrong form."""
-    got, want = case.got, case.want
-    step_fn = case.input.args[0]
-    bos, eos, max_len = step_fn.bos_id, step_fn.eos_id, step_fn.max_len
-    if not got or got[0] != bos:
-        raise AssertionError(
-            f"{case.what} returned {got}, expected {want}: return the whole hypothesis, "
-            f"starting with BOS (bos_id={bos})."
-        )
-    if eos in got[:-1]:
-        raise AssertionError(
-            f"{case.what} returned {got}, expected {want}: a hypothesis ends at its first EOS."
-        )
-    if len(got) > max_len:
-        raise AssertionError(
-            f"{case.what} returned {got} ({len(got)} tokens), expected {want}: "
-            f"max_len={max_len} counts every token, BOS and EOS included."
-        )
+    """What no typical mistake of the search explains: a hypothesis without BOS."""
+    bos = case.input.args[0].bos_id
+    expect_true(
+        bool(case.got) and case.got[0] == bos,
+        f"{case.what} returned {case.got}, expected {case.want}: return the whole hypothesis, "
+        f"starting with BOS (bos_id={bos}).",
+    )
 
 
 def _describe_beam(case: Case[Any]) -> str:
@@ -739,7 +515,7 @@ BEAM = Ordinary(
     "hypothesis.",
     size=lambda step_fn, beam_width: step_fn.max_len * beam_width,
     screen=_screen_beam,
-    load=lambda table, beam_width: (TableStepFn.of(table), beam_width),
+    load=lambda table, beam_width: (TableStepFn(table), beam_width),
     output=list,
 )
 
@@ -755,3 +531,7 @@ check_beam_search_eos = BEAM.visible(
     a best hypothesis still live at ``max_len``, and a short hypothesis that wins by total
     log-probability (not per token).""",
 )
+
+
+#: The visible checks and the two helpers the notebook calls, by name.
+__all__ = [*sorted(n for n in dir() if n.startswith("check_")), "sequence_score", "table_step_fn"]

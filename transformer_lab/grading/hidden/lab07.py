@@ -1,18 +1,14 @@
 """Hidden checks of lab 07 (the NLP pipeline and decoding), their oracles and the fixtures.
 
-The oracles are written from the rules the notebook states, independent of
-:mod:`transformer_lab.tokenizers` and :mod:`transformer_lab.generation`: the character vocabulary
-(specials, then ``sorted(set(text))``), BPE training that recounts every pair at every step and
-encoding that merges the earliest-learned pair present, the filters in float64, beam search with
-explicit ranks. Each has a ``*_variant`` twin whose flags reproduce the typical mistakes. Every
-part is ordinary (:mod:`transformer_lab.checks._generated`): its oracle and mistakes make an
-:class:`~transformer_lab.checks._generated.Oracle` of the visible module's part, whose hidden
-checks run the student's code on the cases drawn here; a few fixed inputs are there so that no
-two mistakes of the catalogue agree on every input of their check. :func:`fixtures` stores the
-visible checks' worked examples (``checks/fixtures/lab07.json``).
+The oracles follow the rules the notebook states, independent of the kit's
+:mod:`transformer_lab.tokenizers` and :mod:`transformer_lab.generation`. Each part is ordinary
+(:mod:`transformer_lab.checks._generated`): an :class:`~transformer_lab.checks._generated.Oracle`
+holds its oracle and its catalogue of typical mistakes, hint -> output (most computed by a
+``*_variant`` of the oracle with the mistake's flags); a few fixed inputs make every two
+mistakes of a catalogue disagree somewhere. :func:`fixtures` stores the visible checks' worked
+examples (``checks/fixtures/lab07.json``).
 
-Reference: Sennrich, Haddow and Birch, "Neural Machine Translation of Rare Words with Subword
-Units", ACL 2016; Holtzman et al., "The Curious Case of Neural Text Degeneration", ICLR 2020.
+Reference: Sennrich, Haddow and Birch, ACL 2016; Holtzman et al., ICLR 2020.
 """
 
 from __future__ import annotations
@@ -27,37 +23,7 @@ from torch import Tensor
 from transformer_lab.checks import lab07
 from transformer_lab.checks._common import call_forbidding, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
-from transformer_lab.checks.lab07 import (
-    DECODING_BAN,
-    END_OF_WORD,
-    SPECIALS,
-    TOKENIZER_BAN,
-    RandomStepFn,
-    TableStepFn,
-    decode_with,
-    encode_with,
-    fitted_tokenizer,
-    fitted_tokenizers,
-    judge_vocab_size,
-    vocab_size_of,
-)
-
-__all__ = [
-    "fixtures",
-    "hidden_check_apply_temperature",
-    "hidden_check_beam_search",
-    "hidden_check_beam_search_rules",
-    "hidden_check_bpe_encode",
-    "hidden_check_bpe_encode_edges",
-    "hidden_check_bpe_train",
-    "hidden_check_bpe_train_edges",
-    "hidden_check_char_tokenizer",
-    "hidden_check_char_tokenizer_edges",
-    "hidden_check_top_k_filter",
-    "hidden_check_top_k_filter_edges",
-    "hidden_check_top_p_filter",
-    "hidden_check_top_p_filter_edges",
-]
+from transformer_lab.checks.lab07 import END_OF_WORD, SPECIALS, RandomStepFn, TableStepFn
 
 UNK = SPECIALS.index("<unk>")
 RHYME = (
@@ -68,16 +34,10 @@ RHYME = (
 WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
 
 
-def _catalogue(
-    variant: Callable[..., Any], entries: Sequence[tuple[str, Mapping[str, Any]]]
-) -> Callable[..., dict[str, Any]]:
+def _catalogue(variant: Callable[..., Any], flags: Mapping[str, Mapping[str, Any]]) -> Any:
     """The mistakes of an :class:`Oracle`: ``mistakes(*args)`` -> {hint: ``variant(*args,
-    **flags)``} for each catalogue entry ``(hint, flags)``, in the catalogue's order."""
-
-    def mistakes(*args: Any) -> dict[str, Any]:
-        return {hint: variant(*args, **flags) for hint, flags in entries}
-
-    return mistakes
+    **flags[hint])``}, in the catalogue's order."""
+    return lambda *args: {hint: variant(*args, **kw) for hint, kw in flags.items()}
 
 
 # ======================================================================================
@@ -105,52 +65,35 @@ def oracle_char_decode(fit_text: str, ids: Sequence[int]) -> str:
 
 def char_encode_mistakes(fit_text: str, text: str) -> dict[str, list[int]]:
     """Hint -> the ids a typical wrong ``encode`` returns."""
-    n = len(SPECIALS)
-    first_seen = list(dict.fromkeys(fit_text))
-    by_code = sorted(set(fit_text))
-    out: dict[str, list[int]] = {}
-    out[
+    seen, chars = list(dict.fromkeys(fit_text)), sorted(set(fit_text))
+    return {
         "Your characters are numbered in the order they first appear; sort them "
-        "(sorted(set(text))) so that ids do not depend on where a character first occurs."
-    ] = [first_seen.index(c) + n if c in first_seen else UNK for c in text]
-    out[
-        f"Your characters start at id 0; ids 0-{n - 1} belong to the special tokens "
-        f"{', '.join(SPECIALS)}, so the characters start at {n}."
-    ] = [by_code.index(c) if c in by_code else UNK for c in text]
-    out[
-        "Your special tokens come after the characters; they come first: ids 0-3 are "
-        f"{', '.join(SPECIALS)}, the characters follow from id 4."
-    ] = [by_code.index(c) if c in by_code else len(by_code) + UNK for c in text]
-    out[
-        "Your encode drops characters it has not seen; map each of them to <unk> (id 3), so "
-        "that encode gives one id per character."
-    ] = [by_code.index(c) + n for c in text if c in by_code]
-    out["An unseen character becomes <unk> (id 3), not <pad> (id 0)."] = [
-        by_code.index(c) + n if c in by_code else 0 for c in text
-    ]
-    return out
+        "(sorted(set(text))) so that ids do not depend on where a character first occurs.": [
+            seen.index(c) + 4 if c in seen else UNK for c in text
+        ],
+        "Your characters start at id 0; ids 0-3 belong to the special tokens <pad>, <bos>, "
+        "<eos>, <unk>, so the characters start at 4.": [
+            chars.index(c) if c in chars else UNK for c in text
+        ],
+        "Your special tokens come after the characters; they come first: ids 0-3 are <pad>, "
+        "<bos>, <eos>, <unk>, the characters follow from id 4.": [
+            chars.index(c) if c in chars else len(chars) + UNK for c in text
+        ],
+        "Your encode drops characters it has not seen; map each of them to <unk> (id 3), so that "
+        "encode gives one id per character.": [chars.index(c) + 4 for c in text if c in chars],
+    }
 
 
 def char_decode_mistakes(fit_text: str, ids: Sequence[int]) -> dict[str, str]:
     """Hint -> the text a typical wrong ``decode`` returns."""
     vocab = oracle_char_vocab(fit_text)
-    n = len(SPECIALS)
-    out: dict[str, str] = {}
-    out[
-        "Your decode loses the special ids (<unk> included): write each special id as its "
-        "name, e.g. '<unk>', so that no id is lost."
-    ] = "".join(vocab[i] for i in ids if i >= n)
-    out[
-        "Your decode loses the unknown characters: write the id of <unk> as '<unk>', so that "
-        "the text shows where something was not known."
-    ] = "".join(vocab[i] for i in ids if i != UNK)
-    out["Join the characters with nothing between them, not with spaces."] = " ".join(
-        vocab[i] for i in ids
-    )
-    out["Your decode is off by the 4 special tokens: id i is the token vocab[i]."] = "".join(
-        vocab[i + n] if i + n < len(vocab) else "?" for i in ids
-    )
-    return out
+    return {
+        "Your decode loses the special ids (<unk> included): write each special id as its name, "
+        "e.g. '<unk>', so that no id is lost.": "".join(vocab[i] for i in ids if i >= 4),
+        "Join the characters with nothing between them, not with spaces.": " ".join(
+            vocab[i] for i in ids
+        ),
+    }
 
 
 CHAR_ENCODE = Oracle(lab07.CHAR_ENCODE, oracle_char_encode, char_encode_mistakes)
@@ -181,11 +124,11 @@ def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
         decodes.append(
             (fit_text, torch.randint(0, size, (randint(3, 30, g),), generator=g).tolist())
         )
-    toks = fitted_tokenizers(cls, [fit_text for fit_text, _ in encodes])
+    toks = lab07.fitted_tokenizers(cls, [fit_text for fit_text, _ in encodes])
     CHAR_ENCODE.judge(toks, encodes)
     CHAR_DECODE.judge(toks, decodes)
     for fit_text, tok in toks.items():
-        round_trip = decode_with(tok, encode_with(tok, fit_text))
+        round_trip = lab07.decode_with(tok, lab07.encode_with(tok, fit_text))
         expect_true(
             round_trip == fit_text,
             f"decode(encode(text)) returned {round_trip[:60]!r}, not the text fitted "
@@ -199,17 +142,18 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     g = generator(seed)
     first = _random_text(g, "abcdefgh", 30)
     second = _random_text(g, "xyz ", 12)
-    tok = fitted_tokenizer(cls, first)
-    call_forbidding(tok.fit, (second,), {}, ban=TOKENIZER_BAN, what=f"tokenizer.fit({second!r})")
-    size = vocab_size_of(tok)
-    want = len(SPECIALS) + len(set(second))
-    if size == len(SPECIALS) + len(set(first) | set(second)):
-        raise AssertionError(
-            f"after fit({first!r}) then fit({second!r}) your vocab_size is {size}, expected "
-            f"{want}: fit builds the vocabulary from the text it is given, replacing the old one."
-        )
-    judge_vocab_size(size, want, len(set(second)), f"...fit({second!r})")
-    toks = {second: tok, **fitted_tokenizers(cls, ["aaaa", "zy x"])}
+    tok = lab07.fitted_tokenizers(cls, [first])[first]
+    call_forbidding(
+        tok.fit, (second,), {}, ban=lab07.TOKENIZER_BAN, what=f"tokenizer.fit({second!r})"
+    )
+    size = lab07.vocab_size_of(tok)
+    expect_true(
+        size != len(SPECIALS) + len(set(first) | set(second)),
+        f"after fit({first!r}) then fit({second!r}) your vocab_size is {size}: fit builds the "
+        "vocabulary from the text it is given, replacing the old one.",
+    )
+    lab07.expect_vocab_size(tok, second, f"...fit({second!r})")
+    toks = {second: tok, **lab07.fitted_tokenizers(cls, ["aaaa", "zy x"])}
     encodes = [(second, second + "a"), ("aaaa", "aaaa"), ("aaaa", ""), ("aaaa", "ab")]
     CHAR_ENCODE.judge(toks, [*encodes, ("zy x", "")])
     CHAR_DECODE.judge(toks, [("zy x", []), ("zy x", [0, 1, 4, 5, 6, 7, 3, 2])])
@@ -270,6 +214,15 @@ def _pair_counts(
     return counts
 
 
+#: How a tie between equally frequent pairs is broken: the smallest pair (right), or wrongly.
+_TIE_BREAKS: dict[str, Callable[[list[tuple[str, str]]], tuple[str, str]]] = {
+    "min": min,
+    "first": lambda tied: tied[0],
+    "max": max,
+    "concat": lambda tied: min(tied, key=lambda p: (p[0] + p[1], p)),
+}
+
+
 def bpe_train_variant(
     text: str,
     num_merges: int,
@@ -281,26 +234,17 @@ def bpe_train_variant(
     weighted: bool = True,
     merge: str = "all",
 ) -> list[tuple[str, str]]:
-    """BPE training with the flags of the typical mistakes (the defaults are the oracle).
-
-    Args:
-        boundary: ``"word"`` (right), ``"text"`` (the whole text one sequence, spaces as
-            symbols) or ``"chain"`` (the words with ``</w>`` run together).
-        tie: ``"min"`` (right: the smallest pair), ``"first"`` (counted first), ``"max"``, or
-            ``"concat"`` (the smallest merged string).
-        overlap: count overlapping pairs ("aaa" has (a, a) twice).
-        eow: end every word with ``</w>``.
-        weighted: weight pairs by the word's frequency.
-        merge: ``"all"`` (right), ``"first"`` occurrence only, or ``"rtl"`` (right to left).
-    """
+    """BPE training with the flags of the typical mistakes (the defaults are the oracle):
+    ``boundary`` ``"word"``, ``"text"`` (spaces as symbols) or ``"chain"`` (the words run
+    together), ``tie`` (:data:`_TIE_BREAKS`), ``merge`` (:func:`_fuse`'s ``how``)."""
     if boundary == "word":
         corpus = _word_symbols(text, eow=eow)
-    elif boundary == "text":
-        corpus = {tuple(text.strip()): 1} if text.strip() else {}
-    else:
-        chain: list[str] = []
-        for word in text.split():
-            chain += [*word, END_OF_WORD]
+    else:  # one sequence: the text with its spaces, or the words (and </w>) run together
+        chain = (
+            list(text.strip())
+            if boundary == "text"
+            else [s for word in text.split() for s in (*word, END_OF_WORD)]
+        )
         corpus = {tuple(chain): 1} if chain else {}
     merges: list[tuple[str, str]] = []
     while len(merges) < num_merges:
@@ -308,68 +252,38 @@ def bpe_train_variant(
         if not counts:
             break
         top = max(counts.values())
-        tied = [pair for pair, c in counts.items() if c == top]
-        if tie == "min":
-            best = min(tied)
-        elif tie == "first":
-            best = tied[0]
-        elif tie == "max":
-            best = max(tied)
-        else:
-            best = min(tied, key=lambda p: (p[0] + p[1], p))
-        merges.append(best)
-        corpus = {_fuse(s, best, how=merge): c for s, c in corpus.items()}
+        merges.append(_TIE_BREAKS[tie]([pair for pair, c in counts.items() if c == top]))
+        corpus = {_fuse(s, merges[-1], how=merge): c for s, c in corpus.items()}
     return merges
 
 
 oracle_bpe_train = bpe_train_variant
-#: Hint -> the flags of :func:`bpe_train_variant` that reproduce a typical wrong ``bpe_train``.
-_BPE_TRAIN_MISTAKES: list[tuple[str, dict[str, Any]]] = [
-    (
+bpe_train_mistakes = _catalogue(
+    bpe_train_variant,
+    {
         "Your merges cross word boundaries: split the text into words on whitespace "
-        f"(text.split()) and count pairs inside each word only (each word ends with "
-        f"{END_OF_WORD}).",
-        {"boundary": "chain"},
-    ),
-    (
-        "Your merges cross word boundaries (spaces are symbols of one long sequence): "
-        f"split the text into words and end each word with {END_OF_WORD}.",
-        {"boundary": "text"},
-    ),
-    (
-        "Your ties go to the pair counted first; when several pairs are equally frequent, "
-        "merge the SMALLEST pair in Python's order (min of the (left, right) tuples).",
-        {"tie": "first"},
-    ),
-    (
-        "Your ties go to the largest pair; when several pairs are equally frequent, merge "
-        "the SMALLEST pair in Python's order (min of the (left, right) tuples).",
-        {"tie": "max"},
-    ),
-    (
+        "(text.split()) and count pairs inside each word only (each word ends with "
+        f"{END_OF_WORD}).": {"boundary": "chain"},
+        "Your merges cross word boundaries (spaces are symbols of one long sequence): split the "
+        f"text into words and end each word with {END_OF_WORD}.": {"boundary": "text"},
+        "Your ties go to the pair counted first; when several pairs are equally frequent, merge "
+        "the SMALLEST pair in Python's order (min of the (left, right) tuples).": {"tie": "first"},
+        "Your ties go to the largest pair; when several pairs are equally frequent, merge the "
+        "SMALLEST pair in Python's order (min of the (left, right) tuples).": {"tie": "max"},
         "Your ties compare the merged strings; compare the (left, right) tuples instead: "
-        "('a', 'z') < ('ab', 'c') because 'a' < 'ab'.",
-        {"tie": "concat"},
-    ),
-    (
-        "You count overlapping pairs once: 'aaa' holds the pair (a, a) TWICE (positions "
-        "0-1 and 1-2); count every adjacent pair.",
-        {"overlap": False},
-    ),
-    (
-        f"Your words do not end with {END_OF_WORD}: add it to every word before counting, "
-        "so that a piece at the end of a word differs from the same letters inside one.",
-        {"eow": False},
-    ),
-    (
-        "You count each distinct word once; weight its pairs by how often the word occurs "
-        "in the text.",
-        {"weighted": False},
-    ),
-    (FIRST_ONLY, {"merge": "first"}),
-    (RIGHT_TO_LEFT, {"merge": "rtl"}),
-]
-bpe_train_mistakes = _catalogue(bpe_train_variant, _BPE_TRAIN_MISTAKES)
+        "('a', 'z') < ('ab', 'c') because 'a' < 'ab'.": {"tie": "concat"},
+        "You count overlapping pairs once: 'aaa' holds the pair (a, a) TWICE (positions 0-1 and "
+        "1-2); count every adjacent pair.": {"overlap": False},
+        f"Your words do not end with {END_OF_WORD}: add it to every word before counting, so "
+        "that a piece at the end of a word differs from the same letters inside one.": {
+            "eow": False
+        },
+        "You count each distinct word once; weight its pairs by how often the word occurs in "
+        "the text.": {"weighted": False},
+        FIRST_ONLY: {"merge": "first"},
+        RIGHT_TO_LEFT: {"merge": "rtl"},
+    },
+)
 
 
 def bpe_encode_variant(
@@ -383,26 +297,17 @@ def bpe_encode_variant(
     whole_text: bool = False,
     keep_eow: bool = True,
 ) -> list[str]:
-    """BPE encoding with the flags of the typical mistakes (the defaults are the oracle).
-
-    Args:
-        order: ``"rank"`` (right: earliest-learned pair present first), ``"reverse"`` (latest
-            first), ``"longest"`` (greedy longest known piece, as WordPiece does) or
-            ``"once"`` (one pass through the merges in order, each merging its first
-            occurrence only).
-        how: merge every occurrence (``"all"``), the ``"first"`` only, or right to left.
-        until_done: repeat until no learned pair is left (else one merge per word).
-        eow: end every word with ``</w>``.
-        whole_text: encode the text as one sequence (spaces as symbols).
-        keep_eow: keep the ``</w>`` markers in the output.
-    """
+    """BPE encoding with the flags of the typical mistakes (the defaults are the oracle):
+    ``order`` ``"rank"`` (the earliest-learned pair present first, until none is left, or after
+    one merge without ``until_done``), ``"backwards"`` (the merges replayed latest first),
+    ``"longest"`` (the longest known piece first) or ``"once"`` (one pass through the merges,
+    each merging its first occurrence); ``whole_text``: the text as one sequence of characters,
+    spaces included, without ``</w>``."""
     rank: dict[tuple[str, str], int] = {}
     for r, pair in enumerate(merges):
         rank.setdefault(tuple(pair), r)
-    if order == "reverse":
-        rank = {pair: -r for pair, r in rank.items()}
     end = [END_OF_WORD] if eow else []
-    units = [[*text, *end]] if whole_text else [[*word, *end] for word in text.split()]
+    units = [[*text]] if whole_text else [[*word, *end] for word in text.split()]
     pieces: list[str] = []
     for symbols in units:
         if order == "longest":
@@ -431,72 +336,44 @@ def bpe_encode_variant(
 def _longest_match(symbols: list[str], merges: Sequence[tuple[str, str]]) -> list[str]:
     """Greedy longest match against the merged pieces (each a tuple of base symbols)."""
     spelled: dict[str, tuple[str, ...]] = {}
-
-    def parts(piece: str) -> tuple[str, ...]:
-        return spelled.get(piece, (piece,))
-
     known: set[tuple[str, ...]] = set()
     for a, b in merges:
-        spelled[a + b] = parts(a) + parts(b)
+        spelled[a + b] = spelled.get(a, (a,)) + spelled.get(b, (b,))
         known.add(spelled[a + b])
     out: list[str] = []
     i = 0
     while i < len(symbols):
-        for j in range(len(symbols), i, -1):
-            if tuple(symbols[i:j]) in known or j == i + 1:
-                out.append("".join(symbols[i:j]))
-                i = j
-                break
+        j = next(
+            j for j in range(len(symbols), i, -1) if tuple(symbols[i:j]) in known or j == i + 1
+        )
+        out.append("".join(symbols[i:j]))
+        i = j
     return out
 
 
 oracle_bpe_encode = bpe_encode_variant
-#: Hint -> the flags of :func:`bpe_encode_variant` that reproduce a typical wrong ``bpe_encode``.
-_BPE_ENCODE_MISTAKES: list[tuple[str, dict[str, Any]]] = [
-    (
-        "You merged the latest-learned pairs first; BPE repeatedly merges the pair whose "
-        "merge came EARLIEST in the list, among the pairs present.",
-        {"order": "reverse"},
-    ),
-    (
-        "You applied the merges in reverse order; BPE repeatedly merges the pair whose "
-        "merge came EARLIEST in the list, among the pairs present.",
-        {"order": "backwards"},
-    ),
-    (
-        "You cut each word into the longest known pieces; BPE replays the merges in the "
-        "order learned instead (earliest-learned pair present first), which can cut "
-        "differently.",
-        {"order": "longest"},
-    ),
-    (FIRST_ONLY, {"order": "once"}),
-    (RIGHT_TO_LEFT, {"how": "rtl"}),
-    (
-        "You stop after one merge per word; keep merging until no learned pair is left.",
-        {"until_done": False},
-    ),
-    (
-        f"Your words do not end with {END_OF_WORD}: the merges were learned on words "
-        f"ending with it, so add it before merging (and keep it in the pieces).",
-        {"eow": False},
-    ),
-    (
-        "You encode the whole text as one sequence; split it into words on whitespace "
-        "and encode each word on its own.",
-        {"whole_text": True, "eow": False},
-    ),
-    (
-        "You encode the whole text as one sequence (spaces included); split it into words "
-        "on whitespace and encode each word on its own, ending it with </w>.",
-        {"whole_text": True},
-    ),
-    (
-        f"You dropped the {END_OF_WORD} markers; keep them in the pieces: they say where "
-        "each word ends.",
-        {"keep_eow": False},
-    ),
-]
-bpe_encode_mistakes = _catalogue(bpe_encode_variant, _BPE_ENCODE_MISTAKES)
+bpe_encode_mistakes = _catalogue(
+    bpe_encode_variant,
+    {
+        "You applied the merges in reverse order; BPE repeatedly merges the pair whose merge "
+        "came EARLIEST in the list, among the pairs present.": {"order": "backwards"},
+        "You cut each word into the longest known pieces; BPE replays the merges in the order "
+        "learned instead (earliest-learned pair present first), which can cut differently.": {
+            "order": "longest"
+        },
+        FIRST_ONLY: {"order": "once"},
+        RIGHT_TO_LEFT: {"how": "rtl"},
+        "You stop after one merge per word; keep merging until no learned pair is left.": {
+            "until_done": False
+        },
+        f"Your words do not end with {END_OF_WORD}: the merges were learned on words ending "
+        "with it, so add it before merging (and keep it in the pieces).": {"eow": False},
+        "You encode the whole text as one sequence; split it into words on whitespace and "
+        "encode each word on its own.": {"whole_text": True},
+        f"You dropped the {END_OF_WORD} markers; keep them in the pieces: they say where each "
+        "word ends.": {"keep_eow": False},
+    },
+)
 
 
 BPE_TRAIN = Oracle(lab07.BPE_TRAIN, oracle_bpe_train, bpe_train_mistakes)
@@ -604,52 +481,35 @@ def temperature_mistakes(logits: Tensor, t: float) -> dict[str, Tensor]:
         "You returned log-probabilities; return logits / t, without normalising.": (
             torch.log_softmax(x / t, dim=-1)
         ),
-        "You scaled the probabilities; the temperature divides the LOGITS: logits / t.": (
-            torch.softmax(x, dim=-1) / t
-        ),
-        "You subtracted t; divide the logits by t.": x - t,
     }
 
 
-def top_k_variant(logits: Tensor, k: int, *, how: str = "ties") -> Tensor:
-    """Top-k in float64 with the flag of the typical mistakes (the default is the oracle).
+def _removed(x: Tensor, k: int) -> Tensor:
+    """Where ``x`` is below the ``k``-th largest value of its row (``k`` capped at the row)."""
+    kth = x.sort(dim=-1, descending=True).values[..., min(k, x.shape[-1]) - 1, None]  # (..., 1)
+    return x < kth
 
-    Args:
-        how: ``"ties"`` (right: keep every logit >= the k-th largest of its row), ``"plus1"``
-            (k + 1 kept), ``"minus1"``, ``"exact"`` (exactly k, lower ids first among ties),
-            ``"smallest"`` (the k smallest), ``"global"`` (the k largest of the whole batch).
-    """
+
+def oracle_top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Every logit >= the k-th largest of its row kept (ties too), the others ``-inf``."""
     x = _float64(logits)
-    if how == "exact":  # the first k of a stable sort: lower ids first among ties
-        rank = x.sort(dim=-1, descending=True, stable=True).indices.argsort(dim=-1)
-        return x.masked_fill(rank >= k, -math.inf)
-    sign = -1.0 if how == "smallest" else 1.0
-    pool = sign * (x.flatten() if how == "global" else x)
-    j = min(max(1, k + {"plus1": 1, "minus1": -1}.get(how, 0)), pool.shape[-1])
-    kth = pool.sort(dim=-1, descending=True).values[..., j - 1 : j]  # (..., 1)
-    return x.masked_fill(sign * x < kth, -math.inf)
+    return x.masked_fill(_removed(x, k), -math.inf)
 
 
-oracle_top_k_filter = top_k_variant
-
-
-top_k_mistakes = _catalogue(
-    top_k_variant,
-    [
-        (hint, {"how": how})
-        for hint, how in (
-            ("You keep k + 1 tokens; keep the k largest (and any tied with the k-th).", "plus1"),
-            ("You keep k - 1 tokens; keep the k largest (and any tied with the k-th).", "minus1"),
-            (lab07.TIES_DROPPED, "exact"),
-            ("You keep the k SMALLEST logits; keep the k largest.", "smallest"),
-            (
-                "You took the k largest of the whole batch; filter each row (the last "
-                "dimension) on its own.",
-                "global",
-            ),
-        )
-    ],
-)
+def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``top_k_filter`` returns (ties dropped at the k-th value are
+    named by the visible part, :data:`~transformer_lab.checks.lab07.TIES_DROPPED`)."""
+    x = _float64(logits)
+    return {
+        "You keep k + 1 tokens; keep the k largest (and any tied with the k-th).": (
+            x.masked_fill(_removed(x, k + 1), -math.inf)
+        ),
+        "You keep the k SMALLEST logits; keep the k largest.": x.masked_fill(
+            _removed(-x, k), -math.inf
+        ),
+        "Removed entries must be -inf (float('-inf')), not 0: a logit of 0 still has "
+        "probability exp(0) / Z after the softmax.": x.masked_fill(_removed(x, k), 0.0),
+    }
 
 
 def top_p_variant(logits: Tensor, p: float, *, how: str = "crossing", ties: str = "low") -> Tensor:
@@ -657,9 +517,8 @@ def top_p_variant(logits: Tensor, p: float, *, how: str = "crossing", ties: str 
 
     Args:
         how: ``"crossing"`` (right: keep while the mass before is < p), ``"drop"`` (keep only
-            while the running mass including the token is <= p, plus the first), ``"unsorted"``
-            (cumulate in token-id order), ``"logits"`` (cumulate the logits, not
-            probabilities), ``"at_least"`` (keep tokens whose own probability is >= p).
+            while the running mass including the token is <= p, plus the first) or
+            ``"unsorted"`` (cumulate in token-id order).
         ties: ``"low"`` (right: equal probabilities ranked by lower id first) or ``"high"``.
     """
     x = _float64(logits)
@@ -672,51 +531,26 @@ def top_p_variant(logits: Tensor, p: float, *, how: str = "crossing", ties: str 
         order = probs.sort(dim=-1, descending=True, stable=True).indices
     elif how != "unsorted":  # higher ids first among ties: sort the flipped row
         order = n - 1 - probs.flip(-1).sort(dim=-1, descending=True, stable=True).indices
-    values = (x if how == "logits" else probs).gather(-1, order)
+    values = probs.gather(-1, order)
     before = values.cumsum(dim=-1).roll(1, dims=-1)  # the mass before each token ...
     before[..., 0] = 0.0  # ... none before the first
-    if how == "drop":
-        keep = before + values <= p
-    elif how == "at_least":
-        keep = probs.gather(-1, order) >= p
-    else:
-        keep = before < p
+    keep = before + values <= p if how == "drop" else before < p
     keep[..., 0] = True  # the most likely token always stays
     return x.masked_fill(~keep.scatter(-1, order, keep), -math.inf)
 
 
 oracle_top_p_filter = top_p_variant
-
-
 top_p_mistakes = _catalogue(
     top_p_variant,
-    [
-        (
-            "You drop the token that crosses p; keep it: a token stays when the mass BEFORE "
-            "it is < p, so the kept tokens reach at least p (use cumsum - probs, or shift the "
-            "mask right by one).",
-            {"how": "drop"},
-        ),
-        (
-            "You cumulate the probabilities in token-id order; sort each row by probability "
-            "first (highest first), then cumulate.",
-            {"how": "unsorted"},
-        ),
-        (
-            "You cumulate the logits; cumulate the PROBABILITIES (softmax of the row), sorted.",
-            {"how": "logits"},
-        ),
-        (
-            "You keep the tokens whose own probability is >= p; top-p keeps the most likely "
-            "tokens until their TOTAL probability reaches p.",
-            {"how": "at_least"},
-        ),
-        (
-            "Your ties go to the higher token id; rank equal probabilities by token id, LOWEST "
-            "first (a stable sort: torch.sort(..., descending=True, stable=True)).",
-            {"ties": "high"},
-        ),
-    ],
+    {
+        "You drop the token that crosses p; keep it: a token stays when the mass BEFORE it is "
+        "< p, so the kept tokens reach at least p (use cumsum - probs, or shift the mask right "
+        "by one).": {"how": "drop"},
+        "You cumulate the probabilities in token-id order; sort each row by probability first "
+        "(highest first), then cumulate.": {"how": "unsorted"},
+        "Your ties go to the higher token id; rank equal probabilities by token id, LOWEST first "
+        "(a stable sort: torch.sort(..., descending=True, stable=True)).": {"ties": "high"},
+    },
 )
 
 
@@ -729,24 +563,18 @@ def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtyp
     return (2.0 * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
-def _expect_value_error(fn: Callable[..., Any], logits: Tensor, bad: float, name: str) -> None:
-    """``name(logits, bad)`` must raise ValueError (a bad temperature, k or p)."""
-    arg, why = {
-        "apply_temperature": ("t", "a temperature must be > 0 (for t -> 0 use greedy decoding)"),
-        "top_k_filter": ("k", "keeping no token leaves nothing to sample"),
-        "top_p_filter": ("p", "p is a probability mass in (0, 1]"),
-    }[name]
+def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: float) -> None:
+    """``fn(logits, bad)`` must raise ValueError: ``bad`` is a temperature <= 0, a k < 1 or a
+    p outside (0, 1] (``name`` the call, e.g. ``"top_k_filter(logits, k=0)"``)."""
     try:
-        result = call_forbidding(
-            fn, (logits, bad), {}, ban=DECODING_BAN, what=f"{name}(logits, {arg}={bad})"
-        )
+        call_forbidding(fn, (logits, bad), {}, ban=lab07.DECODING_BAN, what=name)
     except AssertionError as exc:
         if "ValueError" in str(exc):
             return
         raise
     raise AssertionError(
-        f"{name}(logits, {arg}={bad}) returned {type(result).__name__}; it should raise "
-        f"ValueError naming {arg}: {why}."
+        f"{name} returned; it should raise ValueError: a temperature must be > 0 (t -> 0 is "
+        "greedy), k >= 1 (keeping no token leaves nothing to sample), p in (0, 1]."
     )
 
 
@@ -766,7 +594,7 @@ def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> Non
     logits = _random_logits(g, (2, 5), torch.float32)
     TEMPERATURE.judge(fn, [*cases, (logits, 1.0)])
     for bad in (0.0, -1.0):
-        _expect_value_error(fn, logits, bad, "apply_temperature")
+        _expect_value_error(fn, f"apply_temperature(logits, t={bad})", logits, bad)
 
 
 def _tied_rows(g: torch.Generator) -> list[tuple[Tensor, int]]:
@@ -797,7 +625,7 @@ def hidden_check_top_k_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
     logits[0, 2] = -math.inf
     logits[1] = 0.5
     TOP_K.judge(fn, [(logits, k) for k in (6, 9, 1, 3)])
-    _expect_value_error(fn, logits, 0, "top_k_filter")
+    _expect_value_error(fn, "top_k_filter(logits, k=0)", logits, 0)
 
 
 def _safe_p(g: torch.Generator, logits: Tensor) -> float:
@@ -849,7 +677,7 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
     )  # fmt: skip
     TOP_P.judge(fn, cases)
     for bad in (0.0, 1.5):
-        _expect_value_error(fn, logits, bad, "top_p_filter")
+        _expect_value_error(fn, f"top_p_filter(logits, p={bad})", logits, bad)
 
 
 # ======================================================================================
@@ -868,22 +696,12 @@ def beam_variant(
     ties: str = "beam",
     final_ties: str = "first",
 ) -> list[int]:
-    """Beam search with the flags of the typical mistakes (the defaults are the oracle).
-
-    Args:
-        step_fn: the stand-in distribution (its ``row``, without the prefix checks, its
-            ``bos_id``, ``eos_id`` and ``max_len``).
-        score: ``"logp"`` (right: sum of log-probabilities), ``"last"`` (the last token's
-            log-probability only), ``"prob"`` (sum of probabilities) or ``"mean"`` (the mean
-            log-probability per generated token, at every step).
-        one: each live hypothesis proposes only its best token (not its ``beam_width`` best).
-        stop_first: return as soon as a hypothesis finishes.
-        final: the final choice by ``"sum"`` (right), ``"mean"`` (per generated token) or
-            ``"finished"`` (finished hypotheses only, when there are any).
-        ties: equal scores ranked by the better beam (``"beam"``, right) or ``"reverse"``
-            (later beams and higher ids first).
-        final_ties: the final choice keeps the ``"first"`` best (right) or the ``"last"``.
-    """
+    """Beam search on ``step_fn.row`` with the flags of the typical mistakes (the defaults are
+    the oracle): the ``score`` ranked (``"logp"``: the total log-probability; ``"last"``,
+    ``"prob"``, ``"mean"``: per generated token, at every step), ``one`` token proposed per
+    hypothesis, ``stop_first`` at the first EOS, the ``final`` choice (``"sum"``, ``"mean"``,
+    ``"finished"`` only), equal scores by the better beam (``ties="beam"``) or not, the
+    ``"first"`` of equally good final hypotheses or the ``"last"``."""
     rows, eos_id, max_len = step_fn.row, step_fn.eos_id, step_fn.max_len
     # Hypotheses as (seq, logp, score): the score is what the variant ranks by.
     alive: list[tuple[list[int], float, float]] = [([step_fn.bos_id], 0.0, 0.0)]
@@ -895,14 +713,12 @@ def beam_variant(
             order = sorted(range(len(row)), key=lambda i: (-row[i], i))[: 1 if one else beam_width]
             for token_rank, token in enumerate(order):
                 new_logp = logp + row[token]
-                if score == "logp":
-                    new_value = new_logp
-                elif score == "mean":  # normalised by length at every step
-                    new_value = new_logp / len(seq)  # len(seq) generated tokens after this one
-                elif score == "last":
-                    new_value = row[token]
-                else:
-                    new_value = value + math.exp(row[token])
+                new_value = {
+                    "logp": new_logp,
+                    "mean": new_logp / len(seq),  # len(seq) generated tokens after this one
+                    "last": row[token],
+                    "prob": value + math.exp(row[token]),
+                }[score]
                 key = (beam_rank, token_rank) if ties == "beam" else (-beam_rank, -token)
                 proposals.append((-new_value, key, [*seq, token], new_logp, new_value))
         proposals.sort(key=lambda c: (c[0], c[1]))
@@ -928,66 +744,37 @@ def beam_variant(
 
 
 oracle_beam_search = beam_variant
-#: Hint -> the flags of :func:`beam_variant` that reproduce a typical wrong ``beam_search``.
-_BEAM_MISTAKES: list[tuple[str, dict[str, Any]]] = [
-    (
+beam_mistakes = _catalogue(
+    beam_variant,
+    {
         "Your scores are not accumulated: rank a hypothesis by the SUM of the log-probabilities "
-        "of all its tokens (score + logp[token]), not by its last token's.",
-        {"score": "last"},
-    ),
-    (
+        "of all its tokens (score + logp[token]), not by its last token's.": {"score": "last"},
         "You add probabilities; add LOG-probabilities (step_fn returns them): the probability "
-        "of a sequence is the product of its tokens', and its log the sum.",
-        {"score": "prob"},
-    ),
-    (
+        "of a sequence is the product of its tokens', and its log the sum.": {"score": "prob"},
         "Each live hypothesis proposes its beam_width most likely next tokens, not only its "
-        "best one.",
-        {"one": True},
-    ),
-    (
+        "best one.": {"one": True},
         "You stopped at the first hypothesis that produced EOS; a live one may still score "
-        "better. Stop when no live hypothesis can beat the best finished one (or at max_len).",
-        {"stop_first": True},
-    ),
-    (
+        "better. Stop when no live hypothesis can beat the best finished one (or at max_len).": {
+            "stop_first": True
+        },
         "You chose by the mean log-probability per token; this lab's beam search returns the "
-        "hypothesis with the highest TOTAL log-probability (no length normalisation).",
-        {"final": "mean"},
-    ),
-    (
+        "hypothesis with the highest TOTAL log-probability (no length normalisation).": {
+            "final": "mean"
+        },
         "You normalise by length at every step: your hypotheses are ranked by their mean "
-        "log-probability per token while the search runs. This lab's beam search ranks them "
-        "by the TOTAL log-probability throughout (no length normalisation, in the steps or at "
-        "the end).",
-        {"score": "mean"},
-    ),
-    (
+        "log-probability per token while the search runs; rank them by the TOTAL "
+        "log-probability throughout (no length normalisation).": {"score": "mean"},
         "You only returned a finished hypothesis; a hypothesis still live at max_len competes "
-        "too, with its total log-probability.",
-        {"final": "finished"},
-    ),
-    (
+        "too, with its total log-probability.": {"final": "finished"},
         "Your ties go the wrong way: among equal scores, the extension of the better-ranked "
-        "hypothesis comes first, then the lower token id (sort with a stable sort on the "
-        "score alone; torch.topk does not promise an order among equal values).",
-        {"ties": "reverse"},
-    ),
-    (
+        "hypothesis comes first, then the lower token id (a stable sort on the score alone; "
+        "torch.topk does not promise an order among equal values).": {"ties": "reverse"},
         "Your final choice takes the last of several equally good hypotheses; take the first: "
-        "finished before live, earlier finished before later.",
-        {"final_ties": "last"},
-    ),
-]
+        "finished before live, earlier finished before later.": {"final_ties": "last"},
+    },
+)
+BEAM = Oracle(lab07.BEAM, oracle_beam_search, beam_mistakes)
 
-
-BEAM = Oracle(lab07.BEAM, oracle_beam_search, _catalogue(beam_variant, _BEAM_MISTAKES))
-
-
-#: Seeds and max_len of :class:`RandomStepFn` (6 tokens, beam_width 3) that tell every pair of
-#: the catalogue's mistakes apart, ties aside (the tables below hold those); the third tells a
-#: length normalisation at every step from one in the final choice only.
-_SEPARATING_BEAM_SEEDS = ((90, 6), (75, 6), (135, 8))
 
 # Hand-built tables for the stated rules: {prefix: probabilities}, "default" for the others.
 # Tokens: 0 BOS, 1 EOS, then words 2, 3, 4. No two tokens of a row tie where a beam is cut.
@@ -1024,11 +811,11 @@ _FINAL_TIE_TABLE = {
 
 
 def _separating() -> list[tuple[RandomStepFn, int]]:
-    """Cases on which the catalogue's mistakes return different hypotheses, ties aside."""
-    return [
-        (RandomStepFn(6, seed, bos_id=0, eos_id=1, max_len=max_len), 3)
-        for seed, max_len in _SEPARATING_BEAM_SEEDS
-    ]
+    """Distributions (6 tokens, beam_width 3) on which every two of the catalogue's mistakes
+    return different hypotheses, ties aside (the tables hold those); the third tells a length
+    normalisation at every step from one in the final choice only."""
+    seeds = ((90, 6), (75, 6), (135, 8))
+    return [(RandomStepFn(6, s, bos_id=0, eos_id=1, max_len=n), 3) for s, n in seeds]
 
 
 def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -1053,14 +840,14 @@ def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> Non
     """The stated ties (equal scores: the better-ranked beam's extension first; the final
     choice: the hypothesis that finished first), ``max_len = 1`` and ``2``, a beam wider than
     the vocabulary, an immediate EOS, other BOS/EOS ids."""
-    cases: list[tuple[Any, int]] = [(TableStepFn.of(t), 2) for t in (_TIE_TABLE, _FINAL_TIE_TABLE)]
+    cases: list[tuple[Any, int]] = [(TableStepFn(t), 2) for t in (_TIE_TABLE, _FINAL_TIE_TABLE)]
     g = generator(seed)
     for max_len, width in ((1, 3), (2, 2), (4, 12)):
         step_fn = RandomStepFn(6, randint(0, 10**6, g), bos_id=3, eos_id=5, max_len=max_len)
         cases.append((step_fn, width))
     eos_first = TableStepFn(
-        {(2,): [0.1, 0.1, 0.0, 0.05, 0.75]}, [0.3, 0.3, 0.0, 0.1, 0.3], bos_id=2, eos_id=4,
-        max_len=6,
+        {"table": {"[2]": [0.1, 0.1, 0.0, 0.05, 0.75]}, "default": [0.3, 0.3, 0.0, 0.1, 0.3],
+         "bos_id": 2, "eos_id": 4, "max_len": 6}
     )  # fmt: skip
     # The rules' cases may leave two mistakes alike (adding probabilities, or normalising by
     # length at every step, with a beam wider than the vocabulary): once one fails, the
@@ -1181,3 +968,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
             "check_beam_search_eos", [(EOS_TABLE, 2), (MAX_LEN_TABLE, 2), (LENGTH_TABLE, 2)]
         ),
     }
+
+
+#: The hidden checks and :func:`fixtures`, by name.
+__all__ = ["fixtures", *sorted(name for name in dir() if name.startswith("hidden_check_"))]
