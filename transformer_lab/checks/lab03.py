@@ -669,31 +669,33 @@ def numbered_torch_mha(d_model: int, n_heads: int, bias: bool) -> nn.MultiheadAt
     return theirs.eval()
 
 
-def judge_loaded(
-    ours: nn.Module,
-    want: Mapping[str, Tensor],
-    mistakes: Mapping[str, Mapping[str, Tensor]],
-    what: str,
-) -> None:
-    """Compare the projections of ``ours`` after loading a numbered torch module with ``want``.
+def loaded_as(theirs: nn.MultiheadAttention, how: str = "right") -> dict[str, Tensor]:
+    """What each projection of ``ours`` holds after loading ``theirs`` (float64), weights first:
+    the query, key and value row blocks of ``in_proj_weight`` (``in_proj_bias``), then
+    ``out_proj``'s. ``how``: ``"load_wrong_order"`` (query and key blocks swapped) and
+    ``"load_transposed"`` (every weight transposed) give what a typical wrong loader leaves."""
+    out: dict[str, Tensor] = {}
+    for attr in ("weight", "bias"):
+        stacked = getattr(theirs, f"in_proj_{attr}")
+        if stacked is None:
+            break
+        blocks = [*stacked.detach().double().chunk(3), getattr(theirs.out_proj, attr).double()]
+        if how == "load_wrong_order":
+            blocks[:2] = blocks[1::-1]
+        if how == "load_transposed" and attr == "weight":
+            blocks = [block.T for block in blocks]
+        out |= {f"{n}.{attr}": t.detach() for n, t in zip(PROJECTIONS, blocks, strict=True)}
+    return out
 
-    Args:
-        ours: the module the student's ``load_torch_weights`` filled.
-        want: ``"q_proj.weight"`` ... -> the expected values (float64), weights first; biases
-            only with bias.
-        mistakes: hint -> what a typical wrong loader leaves in each projection, by the same
-            names (the catalogue's order).
-        what: the call, for messages.
-    """
-    for key, expected in want.items():
+
+def judge_loaded(ours: nn.Module, theirs: nn.MultiheadAttention, what: str) -> None:
+    """Compare the projections of ``ours`` after loading ``theirs`` with :func:`loaded_as`,
+    naming the typical wrong loader they match (a NaN left in place: a projection not filled)."""
+    mistakes = {HINTS[h]: loaded_as(theirs, h) for h in ("load_wrong_order", "load_transposed")}
+    for key, expected in loaded_as(theirs).items():
         name, attr = key.split(".")
         param = getattr(getattr(ours, name), attr)
-        expect_true(
-            param is not None,
-            f"after {what}, {name} has no bias but torch's module has one: build it with "
-            "bias=True.",
-        )
-        if bool(torch.isnan(param).any()):
+        if param is None or bool(torch.isnan(param).any()):
             raise AssertionError(
                 f"after {what}, {key} was not filled (it still holds the NaNs it started with): "
                 + (
@@ -764,8 +766,12 @@ def expect_copied_in_place(
             )
 
 
-def load_call(fn: Callable[..., Any], ours: nn.Module, theirs: nn.Module, what: str) -> None:
-    """The student's ``load_torch_weights(ours, theirs)`` under the ban."""
+def judge_load(
+    fn: Callable[..., Any], ours: nn.Module, theirs: nn.MultiheadAttention, what: str
+) -> None:
+    """The student's ``load_torch_weights(ours, theirs)`` under the ban: ``ours`` holds torch's
+    values (:func:`judge_loaded`), copied into the Parameters it had."""
+    before = watch_parameters(ours)
     run(
         fn,
         ours,
@@ -775,35 +781,13 @@ def load_call(fn: Callable[..., Any], ours: nn.Module, theirs: nn.Module, what: 
         "autograd records), and remember that in_proj_bias and out_proj.bias are None when "
         "torch's module was built with bias=False.",
     )
+    judge_loaded(ours, theirs, what)
+    expect_copied_in_place(ours, theirs, before, what)
 
 
 def check_load_torch_weights(fn: Callable[..., Any]) -> None:
-    """Numbered torch weights land in the right projections, copied into the same Parameters."""
-    theirs = numbered_torch_mha(6, 2, True)
-    ours = Projections(6, 2)
-    before = watch_parameters(ours)
-    what = "load_torch_weights(ours, theirs) with d_model=6, n_heads=2"
-    load_call(fn, ours, theirs, what)
-    names = [f"{name}.{attr}" for attr in ("weight", "bias") for name in PROJECTIONS]
-    entries = {name: stored("lab03", f"load_torch_weights(d_model=6): {name}") for name in names}
-    want = {name: entry[0] for name, entry in entries.items()}
-    mistakes = {hint: {n: e[1][hint] for n, e in entries.items()} for hint in entries[names[0]][1]}
-    judge_loaded(ours, want, mistakes, what)
-    expect_copied_in_place(ours, theirs, before, what)
-    # A second module, of width 8: an answer that ignores its arguments leaves this one NaN.
-    theirs, ours = numbered_torch_mha(8, 2, True), Projections(8, 2)
-    what = "load_torch_weights(ours, theirs) with d_model=8, n_heads=2"
-    load_call(fn, ours, theirs, what)
-    weight, bias = theirs.in_proj_weight.detach().double(), theirs.in_proj_bias.detach().double()
-    want = {}
-    for i, name in enumerate(PROJECTIONS[:3]):  # row blocks q, k, v of in_proj: D rows each
-        want |= {
-            f"{name}.weight": weight[8 * i : 8 * (i + 1)],
-            f"{name}.bias": bias[8 * i : 8 * (i + 1)],
-        }
-    out = theirs.out_proj
-    want |= {
-        "out_proj.weight": out.weight.detach().double(),
-        "out_proj.bias": out.bias.detach().double(),
-    }
-    judge_loaded(ours, want, {}, what)
+    """Numbered torch weights (of widths 6 and 8: an answer that ignores its arguments leaves
+    the second module NaN) land in the right projections, copied into the same Parameters."""
+    for d_model in (6, 8):
+        what = f"load_torch_weights(ours, theirs) with d_model={d_model}, n_heads=2"
+        judge_load(fn, Projections(d_model, 2), numbered_torch_mha(d_model, 2, True), what)
