@@ -22,6 +22,7 @@ from torch import nn
 
 from transformer_lab import attention as kit
 from transformer_lab.checks import lab03
+from transformer_lab.checks._attention import stored_pair
 from transformer_lab.checks._common import stored
 from transformer_lab.grading.hidden import lab03 as hidden03
 
@@ -884,7 +885,7 @@ def test_stored_masks_block_the_top_key_of_every_row_and_mistakes_stand_out() ->
         top = scores.argmax(-1, keepdim=True)
         assert not mask.gather(-1, top).any()
         assert (~mask).all(-1).any() == (label.endswith("empty row"))
-        (want_out, want_w), mistakes = lab03.stored_result(key)
+        (want_out, want_w), mistakes = stored_pair("lab03", key)
         assert len(mistakes) >= 8
         for out, w in mistakes.values():
             gap = max(

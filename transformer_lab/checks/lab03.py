@@ -1,30 +1,14 @@
 """Visible checks of lab 03 (multi-head attention): split_heads, merge_heads, MultiHeadAttention,
 load_torch_weights.
 
-The notebook's visible test cells call the ``check_*`` functions here. What they expect is
-stored (``fixtures/lab03.json``, written from the hidden checks' oracle when the instructor
-builds the labs), together with what the typical mistakes return on the same inputs, so that a
-wrong answer is told which mistake it reproduces (:data:`HINTS`): numbered inputs for
-``split_heads`` and ``merge_heads`` (ordinary parts, generated from :data:`SPLIT` and
-:data:`MERGE`), projection weights and inputs for ``MultiHeadAttention`` (the student's module
-is loaded with them; keys differ from values, masks block the keys with the largest scores, a
-query row may have nothing allowed), numbered torch weights for ``load_torch_weights``.
+What they expect is stored (``fixtures/lab03.json``, from the hidden checks' oracle), with what
+the typical mistakes (:data:`HINTS`) return on the same inputs: numbered inputs for the heads
+(generated parts, :data:`SPLIT` and :data:`MERGE`), weights and inputs for
+``MultiHeadAttention`` (keys differ from values; masks block the keys with the largest
+scores). ``load_torch_weights`` fills modules from numbered torch modules. While a student's
+code runs (:data:`BAN`), PyTorch's attention and the kit's answers of this lab are refused.
 
-Beyond values, the checks look at what makes a module usable: exactly the four projections,
-the same result in training and in eval mode, gradients reaching every projection, the input's
-dtype kept (float16 too, where a fill of ``-1e9`` overflows), and for ``load_torch_weights``
-that the values are COPIED into the very Parameter objects the module had (an optimizer built
-before loading must still train them). While a student's code runs (:data:`BAN`), PyTorch's
-attention, ``torch.nn.MultiheadAttention`` and the kit's answers of this lab are refused; lab
-02's ``scaled_dot_product_attention`` and ``softmax`` may be reused.
-
-Torch's layout, which ``load_torch_weights`` reads: ``in_proj_weight`` is ``(3D, D)``, the
-query, key and value projections stacked in that order in ``nn.Linear``'s ``(out, in)``
-layout; ``in_proj_bias`` is ``(3D,)`` (None without bias); ``out_proj`` is an
-``nn.Linear(D, D)``.
-
-Reference: Prince, *Understanding Deep Learning*, section 12.3.3 (multiple heads); Vaswani et
-al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2.
+Reference: Prince, *Understanding Deep Learning*, section 12.3.3 (multiple heads).
 """
 
 from __future__ import annotations
@@ -37,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import spec
-from transformer_lab.checks._attention import HALF_FILL, dtype_name
+from transformer_lab.checks._attention import HALF_FILL, dtype_name, stored_pair
 from transformer_lab.checks._common import (
     STUDENT_CALL_EVENT,
     Case,
@@ -433,12 +417,6 @@ def call_mha(
     out, w = result
     B, T, D = query.shape
     S = key.shape[1]
-    if tuple(getattr(w, "shape", ())) == (B, T, S):
-        raise AssertionError(
-            f"the weights of {what} have shape (B, T_q, T_k) = {(B, T, S)}, expected "
-            f"(B, H, T_q, T_k) = {(B, n_heads, T, S)}: return every head's weights, not their "
-            "average (torch averages them unless average_attn_weights=False)."
-        )
     if tuple(getattr(w, "shape", ())) == (B, n_heads, T, T) and T != S:
         raise AssertionError(
             f"the weights of {what} have {T} columns, one per query, instead of {S}, one per "
@@ -463,40 +441,30 @@ def judge_mha(
     what: str,
     tolerance: float = 1e-4,
 ) -> None:
-    """Compare ``(out, weights)`` with the expected pair; name the mistake they reproduce.
-
-    Args:
-        got: the student's ``(out, weights)``.
-        want: the expected ``(out (B, T, D), weights (B, H, T, S))`` (float64).
-        mistakes: hint -> ``(out, weights)`` of that typical mistake.
-        what: the call, for messages.
-        tolerance: absolute and relative tolerance.
-    """
-    out, w = got
-    want_out, want_w = want
-    # A mistake that reproduces both the weights and the output is named first (several share
-    # the weights: keys from `value` with values from `value` or from `key`).
-    both = [
-        hint
-        for hint, (m_out, m_w) in mistakes.items()
-        if close(out, m_out, tolerance, tolerance) and close(w, m_w, tolerance, tolerance)
-    ]
-    order = both + [hint for hint in mistakes if hint not in both]
+    """Compare the student's ``(out, weights)`` with ``want``; name the mistake they reproduce
+    (``mistakes``: hint -> its ``(out, weights)``), trying first those that reproduce both
+    (several share the weights: keys from `value` with values from `value` or from `key`)."""
+    both = {
+        hint: pair
+        for hint, pair in mistakes.items()
+        if all(close(g, m, tolerance, tolerance) for g, m in zip(got, pair, strict=True))
+    }
+    ordered = both | mistakes
     compare(
-        w,
-        want_w,
+        got[1],
+        want[1],
         what=f"the weights of {what}",
-        candidates=[(mistakes[hint][1], hint) for hint in order],
+        candidates=[(pair[1], hint) for hint, pair in ordered.items()],
         hint="Per head: softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the "
         "mask is False.",
         atol=tolerance,
         rtol=tolerance,
     )
     compare(
-        out,
-        want_out,
+        got[0],
+        want[0],
         what=f"the output of {what}",
-        candidates=[(mistakes[hint][0], hint) for hint in order],
+        candidates=[(pair[0], hint) for hint, pair in ordered.items()],
         hint="The weights are right but the output is not: weights @ v per head (v from "
         "v_proj(value)), merge the heads, then out_proj.",
         atol=tolerance,
@@ -563,14 +531,6 @@ def stored_mha(key: str, bias: bool = True) -> dict[str, Tensor]:
     return {name: stored("lab03", f"{key}: {name}")[0] for name in names}
 
 
-def stored_result(key: str) -> tuple[tuple[Tensor, Tensor], dict[str, tuple[Tensor, Tensor]]]:
-    """Expected ``(out, weights)`` of a stored example and its mistakes' ``(out, weights)``."""
-    want_out, out_mistakes = stored("lab03", f"{key}: out")
-    want_w, w_mistakes = stored("lab03", f"{key}: weights")
-    mistakes = {hint: (out_mistakes[hint], w_mistakes[hint]) for hint in out_mistakes}
-    return (want_out, want_w), mistakes
-
-
 def judge_example(
     cls: Callable[..., Any],
     d_model: int,
@@ -600,7 +560,7 @@ def judge_example(
     call += f" (key != value){f', {label}' * bool(label)}"
     call += "" if dtype == torch.float32 else f", in {dtype_name(dtype)}"
     got = call_mha(module, *args, n_heads, call)
-    judge_mha(got, *stored_result(key), call, TOLERANCE[dtype])
+    judge_mha(got, *stored_pair("lab03", key), call, TOLERANCE[dtype])
     return module, args
 
 

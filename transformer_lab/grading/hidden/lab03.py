@@ -1,17 +1,12 @@
 """Hidden checks of lab 03 (multi-head attention), their oracles and the visible checks' fixtures.
 
 The oracles cut and join the heads with explicit slices, in float64, on the shared
-:mod:`~transformer_lab.grading.hidden._attention`: unlike the reshape-and-transpose a solution
-uses, and independent of :mod:`transformer_lab.attention`. Every option of
-:func:`oracle_multi_head_attention` but the default is a typical mistake (:func:`mha_mistakes`).
-The hidden checks draw seeded sizes, weights, inputs (keys different from values, ``T != S``)
-and masks that block the keys with the largest raw scores, in training and eval mode, in
-float32, float16 and bfloat16; those of ``split_heads`` and ``merge_heads`` are generated
-(:data:`SPLIT`, :data:`MERGE`). :func:`fixtures` computes the visible checks' worked examples
-(``checks/fixtures/lab03.json``).
+:mod:`~transformer_lab.grading.hidden._attention`; every option of
+:func:`oracle_multi_head_attention` but the default is a typical mistake. The hidden checks draw
+seeded sizes, weights, inputs (keys different from values) and masks that block the keys with
+the largest raw scores, in training and eval mode and in low precision.
 
-Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2; Prince,
-*Understanding Deep Learning*, section 12.3.3.
+Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2.
 """
 
 from __future__ import annotations
@@ -48,6 +43,7 @@ from transformer_lab.grading.hidden._attention import (
     heads_merged_as,
     heads_split_as,
     mask_as_used,
+    pair_entries,
 )
 
 __all__ = [
@@ -137,7 +133,7 @@ def oracle_multi_head_attention(
         mask: bool, True = may attend, broadcasting to ``(B, H, T, S)``; None: no mask.
         scale: ``"head"`` (``1/sqrt(Dh)``), ``"model"`` (``1/sqrt(D)``) or ``"none"``.
         out_proj: apply the output projection.
-        split: ``"right"``, ``"no_transpose"`` (``reshape(B, H, T, Dh)``) or ``"interleaved"``.
+        split: ``"right"`` or ``"no_transpose"`` (``reshape(B, H, T, Dh)``).
         merge: ``"right"`` or ``"no_transpose"`` (``reshape(B, T, D)``).
         inputs: ``"right"``, ``"kv_swapped"``, ``"values_from_key"``, ``"keys_from_value"``.
         use: how the mask is applied: ``"right"``, one of
@@ -234,7 +230,6 @@ _VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("scale_d_model", {"scale": "model"}),
     ("no_scale", {"scale": "none"}),
     ("split_no_transpose", {"split": "no_transpose"}),
-    ("split_interleaved", {"split": "interleaved"}),
     ("merge_no_transpose", {"merge": "no_transpose"}),
     ("kv_swapped", {"inputs": "kv_swapped"}),
     ("values_from_key", {"inputs": "values_from_key"}),
@@ -519,12 +514,9 @@ def _mha_entries(
     for label, mask in masks.items():
         want = oracle_multi_head_attention(p, query, keys, value, n_heads, mask)
         assert want is not None
-        mistakes = mha_mistakes(p, query, keys, value, n_heads, mask)
-        name = f"{key}{label}"
-        out[f"{name}: out"] = fixture_entry(want[0], {h: m[0] for h, m in mistakes.items()})
-        out[f"{name}: weights"] = fixture_entry(want[1], {h: m[1] for h, m in mistakes.items()})
+        out |= pair_entries(key + label, want, mha_mistakes(p, query, keys, value, n_heads, mask))
         if mask is not None:
-            out[f"{name}: mask"] = fixture_entry(mask.double())
+            out[f"{key}{label}: mask"] = fixture_entry(mask.double())
     return out
 
 
