@@ -876,7 +876,8 @@ def test_the_oracle_agrees_with_torch_and_the_kit() -> None:
 
 def test_stored_masks_block_the_top_key_of_every_row_and_mistakes_stand_out() -> None:
     """The blocked keys out-score the allowed ones, and each stored mistake is far off."""
-    example = lab03.stored_mha("MultiHeadAttention(8, 2) example")
+    names = ["query", "key", *(f"{p}.{a}" for p in lab03.PROJECTIONS for a in lab03.ATTRS)]
+    example = {n: stored("lab03", f"MultiHeadAttention(8, 2) example: {n}")[0] for n in names}
     p = {k: v for k, v in example.items() if "." in k}
     scores = hidden03.scores_of(p, example["query"], example["key"], 2)  # (B, H, T, S)
     for label in ("a (B, 1, 1, S) key mask", "a (B, H, T, S) mask with an empty row"):

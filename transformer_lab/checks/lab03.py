@@ -13,6 +13,7 @@ Reference: Prince, *Understanding Deep Learning*, section 12.3.3 (multiple heads
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -53,22 +54,19 @@ SPEC = spec.load("03_multi_head_attention")
 BAN = SPEC.ban("heads")
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+ATTRS = ("weight", "bias")
 
 #: What each typical mistake gets told. The hidden checks' mistake catalogue uses the same
 #: words (``grading/hidden/lab03.py``), and so do the stored examples.
 HINTS: dict[str, str] = {
-    "split_no_transpose": "It matches heads made with reshape(B, H, T, Dh) straight away: that "
-    "cuts the memory in the wrong order and mixes tokens between heads. Reshape to "
-    "(B, T, H, Dh) first, then transpose(1, 2).",
-    "split_interleaved": "It matches heads that take every H-th feature (interleaved): head h "
-    "must hold the contiguous slice of features h*Dh ... (h+1)*Dh - 1. Reshape to "
-    "(B, T, H, Dh), not (B, T, Dh, H).",
-    "merge_no_transpose": "It matches heads merged with reshape(B, T, D) and no transpose: "
-    "that mixes positions. Bring the heads next to the features first: transpose(1, 2) gives "
-    "(B, T, H, Dh), then reshape to (B, T, H * Dh).",
-    "merge_interleaved": "It matches interleaved heads (features ordered Dh-major): the "
-    "features of head 0 come first, then head 1, ...: transpose(1, 2) to (B, T, H, Dh), then "
-    "reshape.",
+    "split_no_transpose": "It matches heads made with reshape(B, H, T, Dh) straight away, which "
+    "mixes tokens between heads: reshape to (B, T, H, Dh) first, then transpose(1, 2).",
+    "split_interleaved": "It matches interleaved heads (head h takes every H-th feature): head h "
+    "holds the features h*Dh:(h+1)*Dh. Reshape to (B, T, H, Dh), not (B, T, Dh, H).",
+    "merge_no_transpose": "It matches heads merged with reshape(B, T, D) and no transpose, which "
+    "mixes positions: transpose(1, 2) to (B, T, H, Dh) first, then reshape to (B, T, H * Dh).",
+    "merge_interleaved": "It matches interleaved heads (features ordered Dh-major): head 0's "
+    "features come first, then head 1's: transpose(1, 2) to (B, T, H, Dh), then reshape.",
     "merge_wrong_axes": "It matches a transpose of the last two axes: the head axis (1) must "
     "move next to the feature axis, transpose(1, 2), not transpose(2, 3).",
     "no_out_proj": "It matches the concatenated heads without the output projection: apply "
@@ -76,38 +74,31 @@ HINTS: dict[str, str] = {
     "scale_d_model": "It matches scores divided by sqrt(d_model): each head works in its own "
     "subspace of width Dh = d_model / n_heads, so divide by sqrt(Dh).",
     "no_scale": "It matches attention without scaling: divide each head's scores by sqrt(Dh).",
-    "kv_swapped": "It matches keys and values swapped: the scores compare queries with "
-    "k_proj(key) and the weights average v_proj(value); in cross-attention key and value are "
-    "different tensors.",
+    "kv_swapped": "It matches keys and values swapped: keys come from k_proj(key) and values "
+    "from v_proj(value); in cross-attention key and value are different tensors.",
     "values_from_key": "It matches values computed from `key`: the weights average "
     "v_proj(value); in cross-attention key and value are different tensors.",
     "keys_from_value": "It matches keys computed from `value`: the scores compare queries with "
     "k_proj(key); in cross-attention key and value are different tensors.",
     "mask_ignored": "It matches attention without the mask: pass the mask on to the attention "
-    "of every head (it broadcasts to (B, H, T, S)). The keys it blocks here have the largest "
-    "scores, so ignoring it changes everything.",
+    "of every head (it broadcasts to (B, H, T, S)); here it blocks the top-scoring keys.",
     "mask_inverted": "It matches the mask inverted: in this course True means 'may attend' "
     "(torch.nn.MultiheadAttention's attn_mask uses the opposite).",
-    "mask_after_softmax": "It matches a mask applied after the softmax: zeroing the weights of "
-    "blocked keys leaves rows that no longer sum to 1. Fill the blocked scores before the "
-    "softmax.",
-    "mask_neg_inf": "It has NaN exactly where a query may attend to nothing: a fill of -inf "
-    "makes such a row exp(-inf)/0. Fill with torch.finfo(scores.dtype).min and zero the "
-    "weights of blocked keys after the softmax (lab 02's rule).",
+    "mask_after_softmax": "It matches a mask applied after the softmax, which leaves rows that "
+    "no longer sum to 1: fill the blocked scores before the softmax.",
+    "mask_neg_inf": "It has NaN exactly where a query may attend to nothing (a fill of -inf "
+    "gives exp(-inf)/0): fill with torch.finfo(scores.dtype).min and zero the weights of "
+    "blocked keys after the softmax (lab 02's rule).",
     "mask_uniform": "A query that may attend to nothing gets uniform weights over the blocked "
-    "keys: its weights must all be 0 (and its head's output 0). Zero the weights of blocked "
-    "keys after the softmax (lab 02's rule).",
+    "keys: zero the weights of blocked keys after the softmax (lab 02's rule).",
     "mask_unsqueezed": "It matches a mask given an extra axis (mask.unsqueeze(1)): the mask "
-    "already broadcasts to (B, H, T, S) as it is (a (T, S) mask lines up with the last two "
-    "axes); do not add or repeat axes.",
+    "already broadcasts to (B, H, T, S) as it is; do not add or repeat axes.",
     "mask_first_head": "It matches every head that follows the mask of head 0 (mask[:, :1]): "
     "a (B, H, T, S) mask gives every head its own mask; keep the head axis in place.",
     "mask_repeated": "It matches masks that do not line up with the batch axis (heads "
-    "flattened as b*H + h, the mask repeated as h*B + b): keep the batch axis first and let "
-    "the mask broadcast to (B, H, T, S); do not repeat or flatten it in another order.",
+    "flattened as b*H + h, the mask repeated as h*B + b): let the mask broadcast as it is.",
     "load_wrong_order": "It matches the query and key projections swapped: torch stacks them "
-    "in the order query, key, value, so q_proj takes rows 0..D-1 of in_proj_weight, k_proj "
-    "D..2D-1 and v_proj 2D..3D-1.",
+    "in the order query, key, value (q_proj takes rows 0..D-1 of in_proj_weight).",
     "load_transposed": "It matches torch's weights transposed: they are already in nn.Linear's "
     "(out, in) layout, copy them without .T.",
 }
@@ -117,12 +108,16 @@ _CONTIGUOUS_HINT = (
     "it: use .reshape(...) (or .contiguous().view(...))."
 )
 _SHAPES_HINT = (
-    "query is (B, T_q, D) and key, value are (B, T_k, D) with T_q != T_k here: queries come "
+    "The mask broadcasts to (B, H, T, S) as it is (no unsqueeze, repeat or reshape), and "
+    "query is (B, T_q, D) while key, value are (B, T_k, D) with T_q != T_k here: queries come "
     "from q_proj(query), keys from k_proj(key), values from v_proj(value)."
 )
-_MASK_CRASH_HINT = (
-    "The mask broadcasts to (B, H, T, S) as it is: a (T, S) mask, a (B, 1, 1, S) key mask "
-    "and a (B, H, T, S) mask need no unsqueeze, repeat or reshape."
+_WEIGHTS_HINT = (
+    "Per head: softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the mask is False."
+)
+_OUTPUT_HINT = (
+    "The weights are right but the output is not: weights @ v per head (v from v_proj(value)), "
+    "merge the heads, then out_proj."
 )
 _RULE = (
     "Check it first and raise a ValueError that names both values, e.g. "
@@ -133,7 +128,6 @@ _RULE = (
 # every catalogued mistake is far beyond it (checked by tests/test_lab03_checks.py).
 TOLERANCE: dict[torch.dtype, float] = {
     torch.float32: 1e-4,
-    torch.float64: 1e-4,
     torch.float16: 2e-2,
     torch.bfloat16: 6e-2,
 }
@@ -195,13 +189,8 @@ def numbered(*shape: int) -> Tensor:
     With every size at most 10, ``numbered(2, 3, 8)[b, t, d] == 100*b + 10*t + d``: a
     misplaced entry says where it came from.
     """
-    out = torch.zeros(shape)
-    for axis, size in enumerate(shape):
-        place = 10 ** (len(shape) - 1 - axis)
-        view = [1] * len(shape)
-        view[axis] = size
-        out = out + place * torch.arange(size, dtype=torch.float32).reshape(view)
-    return out
+    axes = torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij")  # each (*shape)
+    return sum(10 ** (len(shape) - 1 - i) * a for i, a in enumerate(axes)).float()
 
 
 # --------------------------------------------------------------------------------------
@@ -211,11 +200,6 @@ def numbered(*shape: int) -> Tensor:
 
 def _dtype(x: Tensor) -> str:
     return "" if x.dtype == torch.float32 else f", {str(x.dtype).removeprefix('torch.')}"
-
-
-def _as_float64(value: Any) -> Tensor:
-    """An output (stored as nested lists, or the oracle's tensor) as float64, to compare."""
-    return torch.as_tensor(value, dtype=torch.float64)
 
 
 def same_entries(got: Tensor, want: Tensor) -> bool:
@@ -234,79 +218,75 @@ def describe_entries(case: Case[Given]) -> str:
     )
 
 
-def _kept_dtype(got: Tensor, x: Tensor, what: str, verb: str) -> Tensor:
+def heads_call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    what: str,
+    want: tuple[int, ...],
+    unmoved: tuple[int, ...] | None,
+    says: str,
+    on_error: str = "",
+) -> Tensor:
+    """The student's ``fn(*args)`` under the ban: a tensor of shape ``want`` and of the input's
+    dtype; the shape ``unmoved``, (B, T, H, Dh), is told apart with ``says``."""
+    got = run(fn, *args, what=what, on_error=on_error)
+    shape = tuple(getattr(got, "shape", ()))
+    if shape == unmoved:
+        raise AssertionError(f"{what} has shape {shape}, i.e. (B, T, H, Dh): {says}")
+    got = expect_shape(got, want, what)
     expect_true(
-        got.dtype == x.dtype,
-        f"{what} has dtype {got.dtype} for an input of dtype {x.dtype}: {verb} only "
-        "rearranges the entries, keep the input's dtype.",
+        got.dtype == args[0].dtype,
+        f"{what} has dtype {got.dtype} for an input of dtype {args[0].dtype}: heads only "
+        "rearrange the entries, keep the input's dtype.",
     )
     return got
 
 
-def _split_what(x: Tensor, n_heads: int) -> str:
-    return f"split_heads(x, {n_heads}) for x of shape {tuple(x.shape)}{_dtype(x)}"
-
-
 def split_call(fn: Callable[..., Any], x: Tensor, n_heads: int) -> Tensor:
-    """The student's ``split_heads(x, n_heads)`` under the ban: heads ``(B, H, T, Dh)`` of the
-    input's dtype (the head axis left after the tokens is told apart)."""
-    what = _split_what(x, n_heads)
-    got = run(fn, x, n_heads, what=what)
+    """The student's ``split_heads(x, n_heads)``: heads ``(B, H, T, Dh)``."""
     B, T, D = x.shape
-    dh = D // n_heads
-    shape = tuple(getattr(got, "shape", ()))
-    if shape == (B, T, n_heads, dh) and (T, n_heads) != (n_heads, T):
-        raise AssertionError(
-            f"{what} has shape {shape}, i.e. (B, T, H, Dh): you cut the features into heads but "
-            "left the head axis after the tokens. transpose(1, 2) moves it next to the batch, "
-            "(B, H, T, Dh), so that one batched attention handles every head."
-        )
-    got = expect_shape(got, (B, n_heads, T, dh), f"{what}, (B, T, D) -> (B, H, T, D/H)")
-    return _kept_dtype(got, x, what, "splitting")
+    unmoved = (B, T, n_heads, D // n_heads) if n_heads != T else None
+    says = (
+        "you cut the features into heads but left the head axis after the tokens. "
+        "transpose(1, 2) moves it next to the batch, (B, H, T, Dh), so that one batched "
+        "attention handles every head."
+    )
+    want = (B, n_heads, T, D // n_heads)
+    return heads_call(fn, (x, n_heads), SPLIT.what(x, n_heads), want, unmoved, says)
 
 
 #: ``split_heads`` of a case ``(x (B, T, D), n_heads)``.
 SPLIT = Ordinary(
     "lab03",
     call=split_call,
-    what=_split_what,
+    what=lambda x, n: f"split_heads(x, {n}) for x of shape {tuple(x.shape)}{_dtype(x)}",
     describe=describe_entries,
     rule="Head h of token t must hold features x[b, t, h*Dh:(h+1)*Dh].",
     same=same_entries,
     load=lambda x, n_heads: (torch.tensor(x, dtype=torch.float32), n_heads),
-    output=_as_float64,
+    output=functools.partial(torch.as_tensor, dtype=torch.float64),
 )
 
 
-def _merge_what(x: Tensor, strided: bool = False) -> str:
-    layout = " (not contiguous in memory)" if strided else ""
-    return f"merge_heads(x) for x of shape {tuple(x.shape)}{_dtype(x)}{layout}"
-
-
 def merge_call(fn: Callable[..., Any], x: Tensor, strided: bool = False) -> Tensor:
-    """The student's ``merge_heads(x)`` under the ban (``strided``: the same values in another
-    memory order, what a transpose hands over), ``(B, T, H*Dh)`` of the input's dtype; a crash
-    of ``.view`` is explained."""
-    what = _merge_what(x, strided)
+    """The student's ``merge_heads(x)``: ``(B, T, H*Dh)`` (``strided``: the same values in
+    another memory order, what a transpose hands over; a crash of ``.view`` is explained)."""
+    what = MERGE.what(x, strided)
     if strided:
         x = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # (B, H, T, Dh), not contiguous
-    got = run(fn, x, what=what, on_error=_CONTIGUOUS_HINT)
     B, H, T, Dh = x.shape
-    shape = tuple(getattr(got, "shape", ()))
-    if shape == (B, T, H, Dh):
-        raise AssertionError(
-            f"{what} has shape {shape}, i.e. (B, T, H, Dh): the heads are in place but not "
-            "flattened. Reshape to (B, T, H * Dh)."
-        )
-    got = expect_shape(got, (B, T, H * Dh), f"{what}, (B, H, T, Dh) -> (B, T, H*Dh)")
-    return _kept_dtype(got, x, what, "merging")
+    says = "the heads are in place but not flattened. Reshape to (B, T, H * Dh)."
+    return heads_call(fn, (x,), what, (B, T, H * Dh), (B, T, H, Dh), says, _CONTIGUOUS_HINT)
 
 
 #: ``merge_heads`` of a case ``(x (B, H, T, Dh)[, strided])``.
 MERGE = Ordinary(
     "lab03",
     call=merge_call,
-    what=_merge_what,
+    what=lambda x, strided=False: (
+        f"merge_heads(x) for x of shape {tuple(x.shape)}{_dtype(x)}"
+        + " (not contiguous in memory)" * strided
+    ),
     describe=describe_entries,
     rule=(
         "merge_heads must undo split_heads: features h*Dh:(h+1)*Dh of token t come from head h "
@@ -314,7 +294,7 @@ MERGE = Ordinary(
     ),
     same=same_entries,
     load=lambda x, strided=False: (torch.tensor(x, dtype=torch.float32), strided),
-    output=_as_float64,
+    output=SPLIT.output,
 )
 
 
@@ -356,22 +336,16 @@ def instantiate(cls: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -
 
 def expect_layout(module: nn.Module, d_model: int, bias: bool, what: str) -> None:
     """Exactly four ``nn.Linear(d_model, d_model, bias=bias)`` projections, nothing else."""
+    want = f"nn.Linear({d_model}, {d_model}, bias={bias})"
     for name in PROJECTIONS:
         lin = getattr(module, name, None)
-        if not isinstance(lin, nn.Linear):
-            got = "nothing" if lin is None else type(lin).__name__
+        got = type(lin).__name__
+        if isinstance(lin, nn.Linear):
+            got = f"nn.Linear({lin.in_features}, {lin.out_features}, bias={lin.bias is not None})"
+        if got != want:
             raise AssertionError(
-                f"{what} should have an attribute `{name}` that is an nn.Linear(d_model, "
-                f"d_model), found {got}: create it in __init__ as self.{name} = nn.Linear(...)."
-            )
-        if (lin.in_features, lin.out_features) != (d_model, d_model) or (
-            lin.bias is not None
-        ) != bias:
-            raise AssertionError(
-                f"{what}.{name} is nn.Linear({lin.in_features}, {lin.out_features}, "
-                f"bias={lin.bias is not None}); expected nn.Linear({d_model}, {d_model}, "
-                f"bias={bias}): every projection maps the full width d_model to d_model (the "
-                "heads share it), and bias=bias goes to every projection."
+                f"{what}.{name} is {got}; expected {want}: every projection maps the full width "
+                "d_model to d_model (the heads share it), and bias=bias goes to every projection."
             )
     n = sum(p.numel() for p in module.parameters())
     want = 4 * d_model * (d_model + int(bias))
@@ -402,12 +376,7 @@ def call_mha(
         message = str(exc)
         if f"{what} raised " not in message:
             raise
-        if "overflow" in message:
-            extra = HALF_FILL
-        elif mask is not None and any(w in message for w in ("mask", "broadcast", "expand")):
-            extra = f"{_MASK_CRASH_HINT} Also: {_SHAPES_HINT}"
-        else:
-            extra = _SHAPES_HINT
+        extra = HALF_FILL if "overflow" in message else _SHAPES_HINT
         raise AssertionError(f"{message} {extra}") from None
     if not isinstance(result, tuple | list) or len(result) != 2:
         raise AssertionError(
@@ -450,26 +419,16 @@ def judge_mha(
         if all(close(g, m, tolerance, tolerance) for g, m in zip(got, pair, strict=True))
     }
     ordered = both | mistakes
-    compare(
-        got[1],
-        want[1],
-        what=f"the weights of {what}",
-        candidates=[(pair[1], hint) for hint, pair in ordered.items()],
-        hint="Per head: softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the "
-        "mask is False.",
-        atol=tolerance,
-        rtol=tolerance,
-    )
-    compare(
-        got[0],
-        want[0],
-        what=f"the output of {what}",
-        candidates=[(pair[0], hint) for hint, pair in ordered.items()],
-        hint="The weights are right but the output is not: weights @ v per head (v from "
-        "v_proj(value)), merge the heads, then out_proj.",
-        atol=tolerance,
-        rtol=tolerance,
-    )
+    for i, part, hint in ((1, "weights", _WEIGHTS_HINT), (0, "output", _OUTPUT_HINT)):
+        compare(
+            got[i],
+            want[i],
+            what=f"the {part} of {what}",
+            candidates=[(pair[i], h) for h, pair in ordered.items()],
+            hint=hint,
+            atol=tolerance,
+            rtol=tolerance,
+        )
 
 
 def expect_train_like_eval(
@@ -489,15 +448,12 @@ def expect_train_like_eval(
             f"{what} switched the module to eval mode: forward must not change module.training "
             "(the training loop sets it).",
         )
-        for part, g, w in zip(("output", "weights"), got, want, strict=True):
-            if not close(g, w, 1e-6, 1e-6):
-                gap = float((g.detach().double() - w.detach().double()).abs().max())
-                raise AssertionError(
-                    f"the {part} of {what} {when} differ from eval mode (largest difference "
-                    f"{gap:.3g}): MultiHeadAttention(d_model, n_heads, bias) has no dropout, so "
-                    "train() and eval() must compute the same thing. Remove the dropout (or give "
-                    "it p=0 by default)."
-                )
+        if not all(close(g, w, 1e-6, 1e-6) for g, w in zip(got, want, strict=True)):
+            raise AssertionError(
+                f"{what} {when} differs from eval mode: MultiHeadAttention(d_model, n_heads, "
+                "bias) has no dropout, so train() and eval() must compute the same thing. "
+                "Remove the dropout (or give it p=0 by default)."
+            )
 
 
 def expect_gradients(
@@ -523,14 +479,6 @@ def expect_gradients(
     module.zero_grad(set_to_none=True)
 
 
-def stored_mha(key: str, bias: bool = True) -> dict[str, Tensor]:
-    """The tensors of a stored example (``"<key>: <name>"`` entries of ``fixtures/lab03.json``):
-    its inputs and its projections (without biases when ``bias`` is False)."""
-    params = (f"{p}.{a}" for p in PROJECTIONS for a in ("weight", "bias") if bias or a != "bias")
-    names = ("query", "key", "value", *params)
-    return {name: stored("lab03", f"{key}: {name}")[0] for name in names}
-
-
 def judge_example(
     cls: Callable[..., Any],
     d_model: int,
@@ -549,7 +497,9 @@ def judge_example(
     what = f"MultiHeadAttention({d_model}, {n_heads}{'' if bias else ', bias=False'})"
     module = instantiate(cls, d_model, n_heads, what=what, **({} if bias else {"bias": False}))
     expect_layout(module, d_model, bias, what)
-    tensors = stored_mha(f"{what} example", bias)
+    params = (f"{p}.{a}" for p in PROJECTIONS for a in ATTRS[: 1 + bias])
+    names = ("query", "key", "value", *params)  # the example's inputs and projections
+    tensors = {n: stored("lab03", f"{what} example: {n}")[0] for n in names}
     load_weights(module, {k: v for k, v in tensors.items() if "." in k}, what)
     module.to(dtype).eval()
     key = f"{what} example" + (f" with {label}" if label else "")
@@ -648,90 +598,21 @@ def loaded_as(theirs: nn.MultiheadAttention, how: str = "right") -> dict[str, Te
     return out
 
 
-def judge_loaded(ours: nn.Module, theirs: nn.MultiheadAttention, what: str) -> None:
-    """Compare the projections of ``ours`` after loading ``theirs`` with :func:`loaded_as`,
-    naming the typical wrong loader they match (a NaN left in place: a projection not filled)."""
-    mistakes = {HINTS[h]: loaded_as(theirs, h) for h in ("load_wrong_order", "load_transposed")}
-    for key, expected in loaded_as(theirs).items():
-        name, attr = key.split(".")
-        param = getattr(getattr(ours, name), attr)
-        if param is None or bool(torch.isnan(param).any()):
-            raise AssertionError(
-                f"after {what}, {key} was not filled (it still holds the NaNs it started with): "
-                + (
-                    "copy the biases too, in_proj_bias in the same q, k, v order as the "
-                    "weights, and out_proj.bias."
-                    if attr == "bias"
-                    else "copy torch's values into it, with .copy_(...) under torch.no_grad()."
-                )
-            )
-        compare(
-            param.detach(),
-            expected,
-            what=f"{key} after {what}",
-            candidates=[(wrong[key], hint) for hint, wrong in mistakes.items()],
-            hint="q_proj, k_proj and v_proj take the row blocks 0..D-1, D..2D-1 and 2D..3D-1 "
-            "of in_proj_weight (and in_proj_bias); out_proj is copied from theirs.out_proj.",
-            atol=1e-6,
-            rtol=0,
-        )
-
-
-def watch_parameters(ours: nn.Module) -> dict[str, Tensor]:
-    """``"q_proj.weight" -> Parameter`` of ``ours``, to compare after loading."""
+def _held(ours: nn.Module) -> dict[str, Any]:
+    """``"q_proj.weight" -> what ours holds there`` (a Parameter, a plain tensor, None)."""
     return {
-        f"{name}.{attr}": getattr(getattr(ours, name), attr)
-        for name in PROJECTIONS
-        for attr in ("weight", "bias")
-        if getattr(getattr(ours, name), attr) is not None
+        f"{n}.{a}": getattr(getattr(ours, n), a) for n in PROJECTIONS for a in ("weight", "bias")
     }
-
-
-def expect_copied_in_place(
-    ours: nn.Module, theirs: nn.MultiheadAttention, before: Mapping[str, Tensor], what: str
-) -> None:
-    """The same Parameter objects (an optimizer built before loading still trains them),
-    trainable, not sharing memory with torch's.
-
-    Args:
-        ours: the module after loading.
-        theirs: the torch module it was loaded from.
-        before: :func:`watch_parameters` of ``ours`` before loading.
-        what: the call, for messages.
-    """
-    now = watch_parameters(ours)
-    for name, param in before.items():
-        current = now.get(name)
-        if current is not param:
-            kind = type(current).__name__ if current is not None else "nothing"
-            raise AssertionError(
-                f"after {what}, ours.{name} is a new object ({kind}) instead of the Parameter "
-                "the module had: load_torch_weights must COPY the values into the existing "
-                "parameters (ours.q_proj.weight.copy_(...) under torch.no_grad()). Replacing "
-                "them breaks everything that already holds the old ones: an optimizer built "
-                "before loading would go on updating tensors the module no longer uses."
-            )
-        expect_true(
-            isinstance(param, nn.Parameter) and param.requires_grad,
-            f"after {what}, ours.{name} no longer requires grad, so it would not be trained: "
-            "copy the values without changing the parameter's requires_grad.",
-        )
-    theirs_storage = {p.untyped_storage().data_ptr() for p in theirs.parameters() if p.numel()}
-    for name, param in now.items():
-        if param.untyped_storage().data_ptr() in theirs_storage:
-            raise AssertionError(
-                f"after {what}, ours.{name} shares its memory with a parameter of torch's "
-                "module: training one would silently change the other. Copy the values "
-                "(.copy_(...)) instead of pointing .data at torch's tensor."
-            )
 
 
 def judge_load(
     fn: Callable[..., Any], ours: nn.Module, theirs: nn.MultiheadAttention, what: str
 ) -> None:
-    """The student's ``load_torch_weights(ours, theirs)`` under the ban: ``ours`` holds torch's
-    values (:func:`judge_loaded`), copied into the Parameters it had."""
-    before = watch_parameters(ours)
+    """The student's ``load_torch_weights(ours, theirs)`` under the ban: each projection of
+    ``ours`` holds :func:`loaded_as` (named after the typical wrong loader it matches; a NaN
+    left in place: not filled), COPIED into the trainable Parameters ``ours`` had (an optimizer
+    built before loading still trains them), not sharing memory with torch's."""
+    before = _held(ours)
     run(
         fn,
         ours,
@@ -741,8 +622,51 @@ def judge_load(
         "autograd records), and remember that in_proj_bias and out_proj.bias are None when "
         "torch's module was built with bias=False.",
     )
-    judge_loaded(ours, theirs, what)
-    expect_copied_in_place(ours, theirs, before, what)
+    now = _held(ours)
+    mistakes = {HINTS[h]: loaded_as(theirs, h) for h in ("load_wrong_order", "load_transposed")}
+    for key, expected in loaded_as(theirs).items():
+        if now[key] is None or bool(torch.isnan(now[key]).any()):
+            raise AssertionError(
+                f"after {what}, {key} was not filled (it still holds the NaNs it started with): "
+                + (
+                    "copy the biases too, in_proj_bias in the same q, k, v order as the "
+                    "weights, and out_proj.bias."
+                    if key.endswith("bias")
+                    else "copy torch's values into it, with .copy_(...) under torch.no_grad()."
+                )
+            )
+        compare(
+            now[key].detach(),
+            expected,
+            what=f"{key} after {what}",
+            candidates=[(wrong[key], hint) for hint, wrong in mistakes.items()],
+            hint="q_proj, k_proj and v_proj take the row blocks 0..D-1, D..2D-1 and 2D..3D-1 "
+            "of in_proj_weight (and in_proj_bias); out_proj is copied from theirs.out_proj.",
+            atol=1e-6,
+            rtol=0,
+        )
+    theirs_memory = {p.untyped_storage().data_ptr() for p in theirs.parameters() if p.numel()}
+    for key, param in before.items():
+        if param is not None and now[key] is not param:
+            raise AssertionError(
+                f"after {what}, ours.{key} is a new object ({type(now[key]).__name__}) instead "
+                "of the Parameter the module had: load_torch_weights must COPY the values into "
+                "the existing parameters (ours.q_proj.weight.copy_(...) under torch.no_grad()). "
+                "Replacing them breaks everything that already holds the old ones: an optimizer "
+                "built before loading would go on updating tensors the module no longer uses."
+            )
+        expect_true(
+            param is None or param.requires_grad,
+            f"after {what}, ours.{key} no longer requires grad, so it would not be trained: "
+            "copy the values without changing the parameter's requires_grad.",
+        )
+    for key, param in now.items():
+        if param is not None and param.untyped_storage().data_ptr() in theirs_memory:
+            raise AssertionError(
+                f"after {what}, ours.{key} shares its memory with a parameter of torch's "
+                "module: training one would silently change the other. Copy the values "
+                "(.copy_(...)) instead of pointing .data at torch's tensor."
+            )
 
 
 def check_load_torch_weights(fn: Callable[..., Any]) -> None:

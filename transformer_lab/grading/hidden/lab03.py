@@ -21,21 +21,6 @@ from torch import Tensor, nn
 from transformer_lab.checks import lab03
 from transformer_lab.checks._common import close, generator, randint
 from transformer_lab.checks._generated import Oracle
-from transformer_lab.checks.lab03 import (
-    HINTS,
-    PROJECTIONS,
-    TOLERANCE,
-    Projections,
-    call_mha,
-    expect_gradients,
-    expect_layout,
-    expect_train_like_eval,
-    instantiate,
-    judge_load,
-    judge_mha,
-    numbered,
-    numbered_torch_mha,
-)
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import (
     attend64,
@@ -78,7 +63,7 @@ def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
 def params_of(module: nn.Module) -> Params:
     """The projections of a module as float64 (``None`` for a missing bias)."""
     out: Params = {}
-    for name in PROJECTIONS:
+    for name in lab03.PROJECTIONS:
         lin = getattr(module, name)
         out[f"{name}.weight"] = lin.weight.detach().to("cpu", torch.float64)
         out[f"{name}.bias"] = (
@@ -213,7 +198,7 @@ def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     how = ("no_transpose", "interleaved")
     return distinct_mistakes(
         oracle_split_heads(x, n_heads),
-        [(HINTS[f"split_{h}"], heads_split_as(x, n_heads, h)) for h in how],
+        [(lab03.HINTS[f"split_{h}"], heads_split_as(x, n_heads, h)) for h in how],
     )
 
 
@@ -221,7 +206,7 @@ def merge_mistakes(x: Tensor, strided: bool = False) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
     how = ("no_transpose", "interleaved", "wrong_axes")
     return distinct_mistakes(
-        oracle_merge_heads(x), [(HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
+        oracle_merge_heads(x), [(lab03.HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
     )
 
 
@@ -268,7 +253,7 @@ def mha_mistakes(
         same_out = close(got[0], want[0], 1e-9, 1e-9)
         same_w = got[1].shape == want[1].shape and close(got[1], want[1], 1e-9, 1e-9)
         if not (same_out and same_w):
-            out[HINTS[name]] = got
+            out[lab03.HINTS[name]] = got
     return out
 
 
@@ -282,6 +267,28 @@ def _randomise(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> Non
     """Random projections (biases too: torch starts them at zero, which hides a missing one)."""
     for p in module.parameters():
         p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(max(p.shape[-1], 1)))
+
+
+def _drawn(
+    cls: Callable[..., Any],
+    g: torch.Generator,
+    D: int,
+    H: int,
+    sizes: tuple[int, int, int],
+    what: str,
+    *,
+    scale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    **kwargs: Any,
+) -> tuple[nn.Module, Tensor, Tensor, Tensor]:
+    """The student's ``MultiHeadAttention(D, H, **kwargs)`` with random projections, in
+    ``dtype``, and random ``query (B, T, D)``, ``key`` and ``value (B, S, D)`` (``sizes`` is
+    ``(B, T, S)``; key and value are different tensors)."""
+    module = lab03.instantiate(cls, D, H, what=what, **kwargs)
+    _randomise(module, g, scale)
+    B, T, S = sizes
+    query, key, value = (torch.randn(B, n, D, generator=g).to(dtype) for n in (T, S, S))
+    return module.to(dtype), query, key, value
 
 
 def _expect_mha(
@@ -300,12 +307,12 @@ def _expect_mha(
     want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
     assert want is not None
     mistakes = mha_mistakes(p, query, key, value, n_heads, mask)
-    tolerance = TOLERANCE[query.dtype]
+    tolerance = lab03.TOLERANCE[query.dtype]
     module.eval()
-    got = call_mha(module, query, key, value, mask, n_heads, what)
-    judge_mha(got, want, mistakes, what, tolerance)
+    got = lab03.call_mha(module, query, key, value, mask, n_heads, what)
+    lab03.judge_mha(got, want, mistakes, what, tolerance)
     if train_too:
-        expect_train_like_eval(module, (query, key, value, mask), n_heads, what)
+        lab03.expect_train_like_eval(module, (query, key, value, mask), n_heads, what)
 
 
 # --------------------------------------------------------------------------------------
@@ -363,34 +370,25 @@ def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) ->
         H, dh = randint(1, 4, g), randint(1, 5, g)
         if trial == 0:
             H, dh = max(H, 2), max(dh, 2)
-        D = H * dh
+        D, bias = H * dh, trial != 1
         B, T = randint(1, 3, g), randint(2, 5, g)
         S = T + randint(1, 3, g)
-        bias = trial != 1
         what = f"MultiHeadAttention({D}, {H}, bias={bias})"
-        module = instantiate(cls, D, H, bias=bias, what=what)
-        expect_layout(module, D, bias, what)
-        _randomise(module, g)
-        query = torch.randn(B, T, D, generator=g)
-        key, value = torch.randn(B, S, D, generator=g), torch.randn(B, S, D, generator=g)
+        module, *inputs = _drawn(cls, g, D, H, (B, T, S), what, bias=bias)
+        lab03.expect_layout(module, D, bias, what)
         call = f"{what} on query {(B, T, D)}, key and value {(B, S, D)} (different tensors)"
-        _expect_mha(module, query, key, value, H, None, call, train_too=trial == 0)
+        _expect_mha(module, *inputs, H, None, call, train_too=trial == 0)
     # Self-attention, and scores large enough that the scale matters.
-    module = instantiate(cls, 16, 4, what="MultiHeadAttention(16, 4)")
-    _randomise(module, g, scale=3.0)
-    x = torch.randn(2, 5, 16, generator=g)
+    module, x, _, _ = _drawn(cls, g, 16, 4, (2, 5, 5), "MultiHeadAttention(16, 4)", scale=3.0)
     _expect_mha(module, x, x, x, 4, None, "MultiHeadAttention(16, 4)(x, x, x) with large scores")
-    expect_gradients(module.train(), x, x, x, 4, "MultiHeadAttention(16, 4)(x, x, x)")
+    lab03.expect_gradients(module.train(), x, x, x, 4, "MultiHeadAttention(16, 4)(x, x, x)")
 
 
 def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 0) -> None:
     """Masks of every broadcast shape that block each row's top key; empty rows; per head."""
     g = generator(seed)
     B, H, T, S, D = 3, 2, 3, 7, 6
-    module = instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
-    _randomise(module, g)
-    query = torch.randn(B, T, D, generator=g)
-    key, value = torch.randn(B, S, D, generator=g), torch.randn(B, S, D, generator=g)
+    module, query, key, value = _drawn(cls, g, D, H, (B, T, S), f"MultiHeadAttention({D}, {H})")
     scores = scores_of(params_of(module), query, key, H)
     shapes = {
         "a (S,) key mask": (S,),
@@ -411,13 +409,9 @@ def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 
     what = f"MultiHeadAttention({D}, {H}) with queries that may attend to nothing"
     _expect_mha(module, query, key, value, H, mask, what)
     # T == H: a (T, S) mask given an extra axis broadcasts silently, one query row per head.
-    Hs = 3
-    module = instantiate(cls, 9, Hs, what="MultiHeadAttention(9, 3)")
-    _randomise(module, g)
-    query = torch.randn(2, Hs, 9, generator=g)
-    key, value = torch.randn(2, 5, 9, generator=g), torch.randn(2, 5, 9, generator=g)
-    mask = blocking_mask(scores_of(params_of(module), query, key, Hs), (Hs, 5), g)
-    _expect_mha(module, query, key, value, Hs, mask, "MultiHeadAttention(9, 3) with a (T, S) mask")
+    module, query, key, value = _drawn(cls, g, 9, 3, (2, 3, 5), "MultiHeadAttention(9, 3)")
+    mask = blocking_mask(scores_of(params_of(module), query, key, 3), (3, 5), g)
+    _expect_mha(module, query, key, value, 3, mask, "MultiHeadAttention(9, 3) with a (T, S) mask")
 
 
 def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int = 0) -> None:
@@ -426,12 +420,7 @@ def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int 
     B, H, T, S, D = 2, 2, 3, 6, 8
     for dtype in (torch.float16, torch.bfloat16):
         what = f"MultiHeadAttention({D}, {H}) in {str(dtype).replace('torch.', '')}"
-        module = instantiate(cls, D, H, what=what)
-        _randomise(module, g)
-        module.to(dtype)
-        query = torch.randn(B, T, D, generator=g).to(dtype)
-        key = torch.randn(B, S, D, generator=g).to(dtype)
-        value = torch.randn(B, S, D, generator=g).to(dtype)
+        module, query, key, value = _drawn(cls, g, D, H, (B, T, S), what, dtype=dtype)
         scores = scores_of(params_of(module), query, key, H)
         _expect_mha(module, query, key, value, H, None, what)
         mask = blocking_mask(scores, (B, 1, T, S), g)
@@ -454,14 +443,15 @@ def hidden_check_load_torch_weights(
         H, dh = randint(1, 4, g), randint(2, 4, g)
         D = H * dh
         what = f"load_torch_weights(ours, theirs) with d_model={D}, n_heads={H}, bias={bias}"
-        judge_load(fn, Projections(D, H, bias=bias), numbered_torch_mha(D, H, bias), what)
+        ours, theirs = lab03.Projections(D, H, bias=bias), lab03.numbered_torch_mha(D, H, bias)
+        lab03.judge_load(fn, ours, theirs, what)
     # End to end: the student's module, loaded, computes what torch's module computes.
     D, H = 12, 3
     theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
     _randomise(theirs, g)
     what = f"load_torch_weights(MultiHeadAttention({D}, {H}), theirs)"
-    module = instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
-    judge_load(fn, module, theirs, what)
+    module = lab03.instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
+    lab03.judge_load(fn, module, theirs, what)
     query = torch.randn(2, 4, D, generator=g)
     key, value = torch.randn(2, 6, D, generator=g), torch.randn(2, 6, D, generator=g)
     mask = torch.rand(4, 6, generator=g) < 0.7
@@ -469,10 +459,10 @@ def hidden_check_load_torch_weights(
     with torch.no_grad():
         ref_out, ref_w = theirs(query, key, value, attn_mask=~mask, average_attn_weights=False)
     call = f"your MultiHeadAttention({D}, {H}) loaded from torch's, with a (T, S) mask"
-    got = call_mha(module.eval(), query, key, value, mask, H, call)
+    got = lab03.call_mha(module.eval(), query, key, value, mask, H, call)
     p = params_of(module)
     want = (ref_out.double(), ref_w.double())
-    judge_mha(got, want, mha_mistakes(p, query, key, value, H, mask), call)
+    lab03.judge_mha(got, want, mha_mistakes(p, query, key, value, H, mask), call)
 
 
 # --------------------------------------------------------------------------------------
@@ -492,7 +482,7 @@ def _example(
     is (examples, queries, keys)."""
     g = generator(seed)
     p: Params = {}
-    for name in PROJECTIONS:
+    for name in lab03.PROJECTIONS:
         p[f"{name}.weight"] = _grid((d_model, d_model), g, 32)
         p[f"{name}.bias"] = _grid((d_model,), g, 32) if bias else None
     B, T, S = sizes
@@ -523,9 +513,9 @@ def _mha_entries(
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab03`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
-    out |= SPLIT.fixtures("check_split_heads", [(numbered(2, 3, 8), n) for n in (2, 4, 1)])
-    x = numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
-    heads = oracle_split_heads(numbered(2, 3, 8), 2)  # merged back into the numbered input
+    out |= SPLIT.fixtures("check_split_heads", [(lab03.numbered(2, 3, 8), n) for n in (2, 4, 1)])
+    x = lab03.numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
+    heads = oracle_split_heads(lab03.numbered(2, 3, 8), 2)  # merged back into the numbered input
     out |= MERGE.fixtures("check_merge_heads", [(x, False), (x, True), (heads, False)])
     # The attention example: its key mask (it blocks every row's top key) leaves every example
     # at least three of its six keys.
