@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 Params = dict[str, Tensor | None]
+#: ``(query, key, value, mask)``: what a MultiHeadAttention is called with.
+Args = tuple[Tensor, Tensor, Tensor, Tensor | None]
 
 
 # --------------------------------------------------------------------------------------
@@ -62,14 +64,8 @@ def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
 
 def params_of(module: nn.Module) -> Params:
     """The projections of a module as float64 (``None`` for a missing bias)."""
-    out: Params = {}
-    for name in lab03.PROJECTIONS:
-        lin = getattr(module, name)
-        out[f"{name}.weight"] = lin.weight.detach().to("cpu", torch.float64)
-        out[f"{name}.bias"] = (
-            None if lin.bias is None else lin.bias.detach().to("cpu", torch.float64)
-        )
-    return out
+    held = lab03.projection_tensors(module).items()
+    return {k: None if t is None else t.detach().to("cpu", torch.float64) for k, t in held}
 
 
 def _linear(x: Tensor, p: Params, name: str) -> Tensor:
@@ -105,38 +101,19 @@ def oracle_multi_head_attention(
     out_proj: bool = True,
     split: str = "right",
     merge: str = "right",
-    inputs: str = "right",
     use: str = "right",
     fill: str = "zero",
 ) -> tuple[Tensor, Tensor] | None:
-    """Multi-head attention in float64; every option but the default is a mistake.
+    """Multi-head attention in float64 of the projections ``p`` (:func:`params_of`):
+    ``(out (B, T, D), weights (B, H, T, S))`` for ``query (B, T, D)``, ``key``, ``value``
+    ``(B, S, D)`` and a bool ``mask`` (True = may attend) broadcasting to ``(B, H, T, S)``.
 
-    Args:
-        p: the projections (:func:`params_of`).
-        query: the queries, ``(B, T, D)``; key, value: ``(B, S, D)``.
-        n_heads: the number H of heads.
-        mask: bool, True = may attend, broadcasting to ``(B, H, T, S)``; None: no mask.
-        scale: ``"head"`` (``1/sqrt(Dh)``), ``"model"`` (``1/sqrt(D)``) or ``"none"``.
-        out_proj: apply the output projection.
-        split: ``"right"`` or ``"no_transpose"`` (``reshape(B, H, T, Dh)``).
-        merge: ``"right"`` or ``"no_transpose"`` (``reshape(B, T, D)``).
-        inputs: ``"right"``, ``"kv_swapped"``, ``"values_from_key"``, ``"keys_from_value"``.
-        use: how the mask is applied: ``"right"``, one of
-            :data:`~transformer_lab.grading.hidden._attention.MASK_USES`, ``"first_head"``
-            or ``"repeated"`` (:func:`_mask_as`).
-        fill: the softmax's fill of blocked keys (``"zero"``, or a mistake of
-            :func:`~transformer_lab.grading.hidden._attention.masked_weights`).
-
-    Returns:
-        ``(out (B, T, D), weights (B, H, T, S))``, or None when the variant cannot run here.
+    Every option but the default is a mistake (None where it cannot run here): ``scale``
+    ``"model"`` (``1/sqrt(D)``) or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d
+    ``"no_transpose"``; the mask ``use``d as :func:`_mask_as` says; the ``fill`` of
+    :func:`~transformer_lab.grading.hidden._attention.masked_weights`.
     """
     query, key, value = (t.detach().to("cpu", torch.float64) for t in (query, key, value))
-    key, value = {
-        "right": (key, value),
-        "kv_swapped": (value, key),
-        "values_from_key": (key, key),
-        "keys_from_value": (value, value),
-    }[inputs]
     B, T, D = query.shape
     S = key.shape[1]
     q, k, v = (
@@ -210,26 +187,26 @@ def merge_mistakes(x: Tensor, strided: bool = False) -> dict[str, Tensor]:
     )
 
 
-_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("no_out_proj", {"out_proj": False}),
-    ("scale_d_model", {"scale": "model"}),
-    ("no_scale", {"scale": "none"}),
-    ("split_no_transpose", {"split": "no_transpose"}),
-    ("merge_no_transpose", {"merge": "no_transpose"}),
-    ("kv_swapped", {"inputs": "kv_swapped"}),
-    ("values_from_key", {"inputs": "values_from_key"}),
-    ("keys_from_value", {"inputs": "keys_from_value"}),
-)
-_MASK_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("mask_ignored", {"use": "ignored"}),
-    ("mask_inverted", {"use": "inverted"}),
-    ("mask_after_softmax", {"fill": "after"}),
-    ("mask_neg_inf", {"fill": "nan"}),
-    ("mask_uniform", {"fill": "uniform"}),
-    ("mask_unsqueezed", {"use": "unsqueezed"}),
-    ("mask_first_head", {"use": "first_head"}),
-    ("mask_repeated", {"use": "repeated"}),
-)
+#: The typical mistakes of ``MultiHeadAttention``: their hints' ids -> the oracle's options
+#: (``kv``: where key and value come from among query, key, value; ``mask_*``: with a mask).
+_VARIANTS: dict[str, dict[str, Any]] = {
+    "no_out_proj": {"out_proj": False},
+    "scale_d_model": {"scale": "model"},
+    "no_scale": {"scale": "none"},
+    "split_no_transpose": {"split": "no_transpose"},
+    "merge_no_transpose": {"merge": "no_transpose"},
+    "kv_swapped": {"kv": (2, 1)},
+    "values_from_key": {"kv": (1, 1)},
+    "keys_from_value": {"kv": (2, 2)},
+    "mask_ignored": {"use": "ignored"},
+    "mask_inverted": {"use": "inverted"},
+    "mask_after_softmax": {"fill": "after"},
+    "mask_neg_inf": {"fill": "nan"},
+    "mask_uniform": {"fill": "uniform"},
+    "mask_unsqueezed": {"use": "unsqueezed"},
+    "mask_first_head": {"use": "first_head"},
+    "mask_repeated": {"use": "repeated"},
+}
 
 
 def mha_mistakes(
@@ -244,15 +221,16 @@ def mha_mistakes(
     (in self-attention, keys and values from the wrong input do not)."""
     want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
     assert want is not None
-    variants = _VARIANTS + (_MASK_VARIANTS if mask is not None else ())
     out: dict[str, tuple[Tensor, Tensor]] = {}
-    for name, options in variants:
-        got = oracle_multi_head_attention(p, query, key, value, n_heads, mask, **options)
-        if got is None:
+    for name, options in _VARIANTS.items():
+        if mask is None and name.startswith("mask_"):
             continue
-        same_out = close(got[0], want[0], 1e-9, 1e-9)
-        same_w = got[1].shape == want[1].shape and close(got[1], want[1], 1e-9, 1e-9)
-        if not (same_out and same_w):
+        kv = [(query, key, value)[i] for i in options.get("kv", (1, 2))]
+        rest = {k: v for k, v in options.items() if k != "kv"}
+        got = oracle_multi_head_attention(p, query, *kv, n_heads, mask, **rest)
+        if got is not None and not all(
+            close(g, w, 1e-9, 1e-9) for g, w in zip(got, want, strict=True)
+        ):
             out[lab03.HINTS[name]] = got
     return out
 
@@ -292,17 +270,11 @@ def _drawn(
 
 
 def _expect_mha(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    n_heads: int,
-    mask: Tensor | None,
-    what: str,
-    *,
-    train_too: bool = False,
+    module: nn.Module, args: Args, n_heads: int, what: str, train_too: bool = False
 ) -> None:
-    """The student's module against the oracle (and in training mode, if asked)."""
+    """The student's module on ``args = (query, key, value, mask)`` against the oracle (and in
+    training mode, if asked)."""
+    query, key, value, mask = args
     p = params_of(module)
     want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
     assert want is not None
@@ -312,7 +284,7 @@ def _expect_mha(
     got = lab03.call_mha(module, query, key, value, mask, n_heads, what)
     lab03.judge_mha(got, want, mistakes, what, tolerance)
     if train_too:
-        lab03.expect_train_like_eval(module, (query, key, value, mask), n_heads, what)
+        lab03.expect_train_like_eval(module, args, n_heads, what)
 
 
 # --------------------------------------------------------------------------------------
@@ -377,10 +349,10 @@ def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) ->
         module, *inputs = _drawn(cls, g, D, H, (B, T, S), what, bias=bias)
         lab03.expect_layout(module, D, bias, what)
         call = f"{what} on query {(B, T, D)}, key and value {(B, S, D)} (different tensors)"
-        _expect_mha(module, *inputs, H, None, call, train_too=trial == 0)
+        _expect_mha(module, (*inputs, None), H, call, train_too=trial == 0)
     # Self-attention, and scores large enough that the scale matters.
     module, x, _, _ = _drawn(cls, g, 16, 4, (2, 5, 5), "MultiHeadAttention(16, 4)", scale=3.0)
-    _expect_mha(module, x, x, x, 4, None, "MultiHeadAttention(16, 4)(x, x, x) with large scores")
+    _expect_mha(module, (x, x, x, None), 4, "MultiHeadAttention(16, 4)(x, x, x) with large scores")
     lab03.expect_gradients(module.train(), x, x, x, 4, "MultiHeadAttention(16, 4)(x, x, x)")
 
 
@@ -401,17 +373,17 @@ def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 
     for label, shape in shapes.items():
         mask = blocking_mask(scores, shape, g)
         what = f"MultiHeadAttention({D}, {H})(query, key, value, mask) with {label}"
-        _expect_mha(module, query, key, value, H, mask, what, train_too=len(shape) == 4)
+        _expect_mha(module, (query, key, value, mask), H, what, train_too=len(shape) == 4)
     # Empty rows: in every head of one query, and in one head only.
     mask = blocking_mask(scores, (B, H, T, S), g)
     mask[1, :, 2] = False
     mask[2, 0, 0] = False
     what = f"MultiHeadAttention({D}, {H}) with queries that may attend to nothing"
-    _expect_mha(module, query, key, value, H, mask, what)
+    _expect_mha(module, (query, key, value, mask), H, what)
     # T == H: a (T, S) mask given an extra axis broadcasts silently, one query row per head.
     module, query, key, value = _drawn(cls, g, 9, 3, (2, 3, 5), "MultiHeadAttention(9, 3)")
     mask = blocking_mask(scores_of(params_of(module), query, key, 3), (3, 5), g)
-    _expect_mha(module, query, key, value, 3, mask, "MultiHeadAttention(9, 3) with a (T, S) mask")
+    _expect_mha(module, (query, key, value, mask), 3, "MultiHeadAttention(9, 3) with a (T, S) mask")
 
 
 def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int = 0) -> None:
@@ -422,16 +394,16 @@ def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int 
         what = f"MultiHeadAttention({D}, {H}) in {str(dtype).replace('torch.', '')}"
         module, query, key, value = _drawn(cls, g, D, H, (B, T, S), what, dtype=dtype)
         scores = scores_of(params_of(module), query, key, H)
-        _expect_mha(module, query, key, value, H, None, what)
+        _expect_mha(module, (query, key, value, None), H, what)
         mask = blocking_mask(scores, (B, 1, T, S), g)
         mask[0, 0, 1] = False  # a query with nothing to attend to
-        _expect_mha(module, query, key, value, H, mask, f"{what} with a (B, 1, T, S) mask")
+        _expect_mha(module, (query, key, value, mask), H, f"{what} with a (B, 1, T, S) mask")
 
 
 def hidden_check_load_torch_weights(
     fn: Callable[..., Any], cls: Callable[..., Any], seed: int = 0
 ) -> None:
-    """Random sizes, no bias, and the student's own module, loaded, against torch's output.
+    """Random sizes, no bias, and the student's own module loaded from torch's, then run.
 
     Args:
         fn: the student's ``load_torch_weights``.
@@ -455,14 +427,8 @@ def hidden_check_load_torch_weights(
     query = torch.randn(2, 4, D, generator=g)
     key, value = torch.randn(2, 6, D, generator=g), torch.randn(2, 6, D, generator=g)
     mask = torch.rand(4, 6, generator=g) < 0.7
-    mask[:, 0] = True  # no empty rows: torch's module serves as the reference
-    with torch.no_grad():
-        ref_out, ref_w = theirs(query, key, value, attn_mask=~mask, average_attn_weights=False)
     call = f"your MultiHeadAttention({D}, {H}) loaded from torch's, with a (T, S) mask"
-    got = lab03.call_mha(module.eval(), query, key, value, mask, H, call)
-    p = params_of(module)
-    want = (ref_out.double(), ref_w.double())
-    lab03.judge_mha(got, want, mha_mistakes(p, query, key, value, H, mask), call)
+    _expect_mha(module, (query, key, value, mask), H, call)
 
 
 # --------------------------------------------------------------------------------------
@@ -482,9 +448,9 @@ def _example(
     is (examples, queries, keys)."""
     g = generator(seed)
     p: Params = {}
-    for name in lab03.PROJECTIONS:
-        p[f"{name}.weight"] = _grid((d_model, d_model), g, 32)
-        p[f"{name}.bias"] = _grid((d_model,), g, 32) if bias else None
+    for name in lab03.PROJECTIONS:  # weights (D, D) and biases (D,)
+        for attr, shape in (("weight", (d_model, d_model)), ("bias", (d_model,))):
+            p[f"{name}.{attr}"] = _grid(shape, g, 32) if bias or attr == "weight" else None
     B, T, S = sizes
     query, key, value = (_grid((B, n, d_model), g, 16) for n in (T, S, S))
     return p, query, key, value
