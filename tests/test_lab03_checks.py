@@ -866,7 +866,7 @@ def test_the_oracle_agrees_with_torch_and_the_kit() -> None:
             q, k, v, attn_mask=~mask.expand(2, 3, 4, 6).reshape(6, 4, 6), average_attn_weights=False
         )
         kit_out, kit_w = ours(q, k, v, mask)
-    out, w = hidden03.oracle_multi_head_attention(hidden03.params_of(ours), q, k, v, 3, mask)
+    out, w = hidden03.oracle_multi_head_attention(hidden03.params_of(ours), (q, k, v, mask), 3)
     for got, want in ((out, ref_out), (w, ref_w), (out, kit_out), (w, kit_w)):
         torch.testing.assert_close(got, want.double(), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(
@@ -911,7 +911,9 @@ def test_the_oracle_is_refused_inside_a_check() -> None:
     class CallsTheOracle(Reference):
         def forward(self, query, key, value, mask=None):
             p = hidden03.params_of(self)
-            out, w = hidden03.oracle_multi_head_attention(p, query, key, value, self.n_heads, mask)
+            out, w = hidden03.oracle_multi_head_attention(
+                p, (query, key, value, mask), self.n_heads
+            )
             return out.float(), w.float()
 
     with pytest.raises(AssertionError, match="which this exercise does not allow"):

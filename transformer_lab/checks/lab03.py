@@ -14,7 +14,6 @@ Reference: Prince, *Understanding Deep Learning*, section 12.3.3 (multiple heads
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +23,6 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._attention import HALF_FILL, dtype_name, stored_pair
 from transformer_lab.checks._common import (
-    STUDENT_CALL_EVENT,
     Case,
     ForbiddenCallError,
     call_forbidding,
@@ -33,7 +31,6 @@ from transformer_lab.checks._common import (
     expect_module,
     expect_shape,
     expect_true,
-    forbidden,
     load_weights,
     stored,
 )
@@ -49,12 +46,15 @@ __all__ = [
     "check_split_heads_divisible",
 ]
 
-#: The lab's spec (``specs/lab03.toml``): its bans and shared tolerances.
-SPEC = spec.load("03_multi_head_attention")
-BAN = SPEC.ban("heads")
+#: What graded code may not call (``specs/lab03.toml``).
+BAN = spec.load("03_multi_head_attention").ban("heads")
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 ATTRS = ("weight", "bias")
+#: ``(query, key, value, mask)``: what a ``MultiHeadAttention`` is called with.
+Args = tuple[Tensor, Tensor, Tensor, Tensor | None]
+#: What it returns, ``(out (B, T, D), weights (B, H, T, S))``.
+Pair = tuple[Tensor, Tensor]
 
 #: What each typical mistake gets told. The hidden checks' mistake catalogue uses the same
 #: words (``grading/hidden/lab03.py``), and so do the stored examples.
@@ -148,37 +148,32 @@ def expect_value_error(
 ) -> None:
     """``fn(*args)`` must raise ``ValueError`` whose message contains every string in ``names``."""
     try:
-        try:
-            with forbidden(BAN):
-                fn(*args)
-        finally:
-            sys.audit(STUDENT_CALL_EVENT)  # the guard checks here, as after call_student
-    except ValueError as exc:
-        missing = [n for n in names if n not in str(exc)]
+        run(fn, *args, what=what)
+    except ForbiddenCallError:
+        raise
+    except AssertionError as exc:
+        cause = exc.__cause__  # what the student's code raised (None: an assert of its own)
+        if isinstance(cause, NotImplementedError):
+            raise
+        if cause is None:
+            raise AssertionError(
+                f"{what} failed an assert ({exc or 'no message'}) instead of raising ValueError: "
+                "asserts vanish under python -O and their message is an AssertionError, not the "
+                "error a caller expects. " + _RULE
+            ) from None
+        if not isinstance(cause, ValueError):
+            raise AssertionError(
+                f"{exc}. That message is torch's, about shapes, not about the real problem (the "
+                "width does not split evenly into heads). " + _RULE
+            ) from None
+        missing = [n for n in names if n not in str(cause)]
         if missing:
             raise AssertionError(
-                f"{what} raised ValueError({str(exc)!r}), which does not name the offending "
+                f"{what} raised ValueError({str(cause)!r}), which does not name the offending "
                 f"values {', '.join(missing)}: a student reading it cannot tell what to change. "
                 + _RULE
             ) from None
         return
-    except NotImplementedError:
-        raise AssertionError(
-            f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code."
-        ) from None
-    except ForbiddenCallError:
-        raise
-    except AssertionError as exc:
-        raise AssertionError(
-            f"{what} failed an assert ({exc or 'no message'}) instead of raising ValueError: "
-            "asserts vanish under python -O and their message is an AssertionError, not the "
-            "error a caller expects. " + _RULE
-        ) from None
-    except Exception as exc:
-        raise AssertionError(
-            f"{what} raised {type(exc).__name__}: {exc}. That message is torch's, about shapes, "
-            "not about the real problem (the width does not split evenly into heads). " + _RULE
-        ) from None
     raise AssertionError(f"{what} returned normally instead of raising ValueError. " + _RULE)
 
 
@@ -356,16 +351,9 @@ def expect_layout(module: nn.Module, d_model: int, bias: bool, what: str) -> Non
         )
 
 
-def call_mha(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    mask: Tensor | None,
-    n_heads: int,
-    what: str,
-) -> tuple[Tensor, Tensor]:
+def call_mha(module: nn.Module, args: Args, n_heads: int, what: str) -> Pair:
     """Run the student's module; check it returns ``(out (B, T, D), weights (B, H, T, S))``."""
+    query, key, value, mask = args
     kwargs = {} if mask is None else {"mask": mask}
     try:
         result = run(module, query, key, value, what=what, **kwargs)
@@ -399,11 +387,7 @@ def call_mha(
 
 
 def judge_mha(
-    got: tuple[Tensor, Tensor],
-    want: tuple[Tensor, Tensor],
-    mistakes: Mapping[str, tuple[Tensor, Tensor]],
-    what: str,
-    tolerance: float = 1e-4,
+    got: Pair, want: Pair, mistakes: Mapping[str, Pair], what: str, tolerance: float = 1e-4
 ) -> None:
     """Compare the student's ``(out, weights)`` with ``want``; name the mistake they reproduce
     (``mistakes``: hint -> its ``(out, weights)``), trying first those that reproduce both
@@ -426,18 +410,13 @@ def judge_mha(
         )
 
 
-def expect_train_like_eval(
-    module: nn.Module,
-    args: tuple[Tensor, Tensor, Tensor, Tensor | None],
-    n_heads: int,
-    what: str,
-) -> None:
+def expect_train_like_eval(module: nn.Module, args: Args, n_heads: int, what: str) -> None:
     """Training mode computes what eval mode computes, call after call (this class has no
     dropout), and forward leaves ``module.training`` as the caller set it."""
-    want = call_mha(module.eval(), *args, n_heads, f"{what} in eval mode")
+    want = call_mha(module.eval(), args, n_heads, f"{what} in eval mode")
     module.train()
     for when in ("in training mode", "called again in training mode"):
-        got = call_mha(module, *args, n_heads, f"{what} {when}")
+        got = call_mha(module, args, n_heads, f"{what} {when}")
         expect_true(
             module.training,
             f"{what} switched the module to eval mode: forward must not change module.training "
@@ -456,12 +435,12 @@ def expect_gradients(
 ) -> None:
     """A loss on the output sends a gradient to every projection's weight."""
     module.zero_grad(set_to_none=True)
-    out, _ = call_mha(module, query, key, value, None, n_heads, what)
-    if not out.requires_grad:
-        raise AssertionError(
-            f"the output of {what} does not require grad: nothing could be trained. Did forward "
-            "run under torch.no_grad(), or detach a tensor?"
-        )
+    out, _ = call_mha(module, (query, key, value, None), n_heads, what)
+    expect_true(
+        out.requires_grad,
+        f"the output of {what} does not require grad: nothing could be trained. Did forward run "
+        "under torch.no_grad(), or detach a tensor?",
+    )
     (out.double() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
     for name in PROJECTIONS:
         grad = getattr(module, name).weight.grad
@@ -481,14 +460,10 @@ def judge_example(
     bias: bool = True,
     label: str = "",
     dtype: torch.dtype = torch.float32,
-) -> tuple[nn.Module, tuple[Tensor, Tensor, Tensor, Tensor | None]]:
+) -> tuple[nn.Module, Args]:
     """The student's ``MultiHeadAttention(d_model, n_heads, bias)`` holding the weights of its
     stored example, in ``dtype`` and eval mode, judged on that example's inputs (with the
-    stored mask of ``label``, if given).
-
-    Returns:
-        The module and the ``(query, key, value, mask)`` it was called with.
-    """
+    stored mask of ``label``, if given); returns the module and the inputs it was called with."""
     what = f"MultiHeadAttention({d_model}, {n_heads}{'' if bias else ', bias=False'})"
     module = instantiate(cls, d_model, n_heads, what=what, **({} if bias else {"bias": False}))
     expect_layout(module, d_model, bias, what)
@@ -504,7 +479,7 @@ def judge_example(
     call = f"{what}(query, key, value{', mask' * bool(label)}) with {T} queries and {S} keys"
     call += f" (key != value){f', {label}' * bool(label)}"
     call += "" if dtype == torch.float32 else f", in {dtype_name(dtype)}"
-    got = call_mha(module, *args, n_heads, call)
+    got = call_mha(module, args, n_heads, call)
     judge_mha(got, *stored_pair("lab03", key), call, TOLERANCE[dtype])
     return module, args
 
@@ -547,10 +522,8 @@ class Projections(nn.Module):
         super().__init__()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.num_heads = n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        for name in PROJECTIONS:  # q_proj, k_proj, v_proj, out_proj, as the notebook names them
+            setattr(self, name, nn.Linear(d_model, d_model, bias=bias))
         with torch.no_grad():
             for p in self.parameters():
                 p.fill_(float("nan"))
@@ -595,9 +568,7 @@ def loaded_as(theirs: nn.MultiheadAttention, how: str = "right") -> dict[str, Te
 
 def projection_tensors(ours: nn.Module) -> dict[str, Any]:
     """``"q_proj.weight" -> what ours holds there`` (a Parameter, a plain tensor, None)."""
-    return {
-        f"{n}.{a}": getattr(getattr(ours, n), a) for n in PROJECTIONS for a in ("weight", "bias")
-    }
+    return {f"{n}.{a}": getattr(getattr(ours, n), a) for n in PROJECTIONS for a in ATTRS}
 
 
 def judge_load(
@@ -621,15 +592,10 @@ def judge_load(
     mistakes = {HINTS[h]: loaded_as(theirs, h) for h in ("load_wrong_order", "load_transposed")}
     for key, expected in loaded_as(theirs).items():
         if now[key] is None or bool(torch.isnan(now[key]).any()):
-            raise AssertionError(
-                f"after {what}, {key} was not filled (it still holds the NaNs it started with): "
-                + (
-                    "copy the biases too, in_proj_bias in the same q, k, v order as the "
-                    "weights, and out_proj.bias."
-                    if key.endswith("bias")
-                    else "copy torch's values into it, with .copy_(...) under torch.no_grad()."
-                )
-            )
+            advice = "copy the biases too (in_proj_bias in q, k, v order, and out_proj.bias)"
+            if key.endswith("weight"):
+                advice = "copy torch's values into it, with .copy_(...) under torch.no_grad()"
+            raise AssertionError(f"after {what}, {key} was not filled (still NaN): {advice}.")
         compare(
             now[key].detach(),
             expected,
@@ -641,27 +607,24 @@ def judge_load(
             rtol=0,
         )
     theirs_memory = {p.untyped_storage().data_ptr() for p in theirs.parameters() if p.numel()}
-    for key, param in before.items():
-        if param is not None and now[key] is not param:
-            raise AssertionError(
-                f"after {what}, ours.{key} is a new object ({type(now[key]).__name__}) instead "
-                "of the Parameter the module had: load_torch_weights must COPY the values into "
-                "the existing parameters (ours.q_proj.weight.copy_(...) under torch.no_grad()). "
-                "Replacing them breaks everything that already holds the old ones: an optimizer "
-                "built before loading would go on updating tensors the module no longer uses."
-            )
+    for key, param in ((k, p) for k, p in before.items() if p is not None):
         expect_true(
-            param is None or param.requires_grad,
+            now[key] is param,
+            f"after {what}, ours.{key} is a new object ({type(now[key]).__name__}) instead of "
+            "the Parameter the module had: COPY the values into it (.copy_(...) under "
+            "torch.no_grad()); an optimizer built before loading would update the old one.",
+        )
+        expect_true(
+            param.requires_grad,
             f"after {what}, ours.{key} no longer requires grad, so it would not be trained: "
             "copy the values without changing the parameter's requires_grad.",
         )
-    for key, param in now.items():
-        if param is not None and param.untyped_storage().data_ptr() in theirs_memory:
-            raise AssertionError(
-                f"after {what}, ours.{key} shares its memory with a parameter of torch's "
-                "module: training one would silently change the other. Copy the values "
-                "(.copy_(...)) instead of pointing .data at torch's tensor."
-            )
+        expect_true(
+            param.untyped_storage().data_ptr() not in theirs_memory,
+            f"after {what}, ours.{key} shares its memory with a parameter of torch's module: "
+            "training one would silently change the other. Copy the values (.copy_(...)) "
+            "instead of pointing .data at torch's tensor.",
+        )
 
 
 def check_load_torch_weights(fn: Callable[..., Any]) -> None:

@@ -42,8 +42,7 @@ __all__ = [
 ]
 
 Params = dict[str, Tensor | None]
-#: ``(query, key, value, mask)``: what a MultiHeadAttention is called with.
-Args = tuple[Tensor, Tensor, Tensor, Tensor | None]
+Args, Pair = lab03.Args, lab03.Pair
 
 
 # --------------------------------------------------------------------------------------
@@ -91,11 +90,8 @@ def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | No
 
 def oracle_multi_head_attention(
     p: Params,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
+    args: Args,
     n_heads: int,
-    mask: Tensor | None = None,
     *,
     scale: str = "head",
     out_proj: bool = True,
@@ -103,17 +99,18 @@ def oracle_multi_head_attention(
     merge: str = "right",
     use: str = "right",
     fill: str = "zero",
-) -> tuple[Tensor, Tensor] | None:
+) -> Pair | None:
     """Multi-head attention in float64 of the projections ``p`` (:func:`params_of`):
-    ``(out (B, T, D), weights (B, H, T, S))`` for ``query (B, T, D)``, ``key``, ``value``
-    ``(B, S, D)`` and a bool ``mask`` (True = may attend) broadcasting to ``(B, H, T, S)``.
+    ``(out (B, T, D), weights (B, H, T, S))`` for ``args = (query (B, T, D), key, value
+    (B, S, D), mask)``, a bool mask (True = may attend) broadcasting to ``(B, H, T, S)``.
 
     Every option but the default is a mistake (None where it cannot run here): ``scale``
     ``"model"`` (``1/sqrt(D)``) or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d
     ``"no_transpose"``; the mask ``use``d as :func:`_mask_as` says; the ``fill`` of
     :func:`~transformer_lab.grading.hidden._attention.masked_weights`.
     """
-    query, key, value = (t.detach().to("cpu", torch.float64) for t in (query, key, value))
+    mask = args[3]
+    query, key, value = (t.detach().to("cpu", torch.float64) for t in args[:3])
     B, T, D = query.shape
     S = key.shape[1]
     q, k, v = (
@@ -123,11 +120,9 @@ def oracle_multi_head_attention(
     allowed = _mask_as(mask, (B, n_heads, T, S), use)
     if allowed is None:
         return None
-    dh = D // n_heads
-    factor = {"head": 1 / math.sqrt(dh), "model": 1 / math.sqrt(D), "none": 1.0}[scale]
-    heads, weights = attend64(
-        q, k, v, allowed, scale=factor, fill=fill
-    )  # (B, H, T, Dh), (B, H, T, S)
+    factor = {"head": 1 / math.sqrt(D // n_heads), "model": 1 / math.sqrt(D), "none": 1.0}[scale]
+    # (B, H, T, Dh), (B, H, T, S)
+    heads, weights = attend64(q, k, v, allowed, scale=factor, fill=fill)
     merged = heads_merged_as(heads, merge)  # (B, T, D)
     out = _linear(merged, p, "out_proj") if out_proj else merged
     return out, weights
@@ -136,20 +131,15 @@ def oracle_multi_head_attention(
 def scores_of(p: Params, query: Tensor, key: Tensor, n_heads: int) -> Tensor:
     """The oracle's weights ``(B, H, T, S)`` without a mask: they rank each row's keys as the
     raw scores do (to build masks that block the top key)."""
-    return oracle_multi_head_attention(p, query, key, key, n_heads)[1]
+    return oracle_multi_head_attention(p, (query, key, key, None), n_heads)[1]
 
 
 def blocking_mask(
     scores: Tensor, shape: Sequence[int], g: torch.Generator, extra: float = 0.2
 ) -> Tensor:
-    """A bool mask of ``shape`` (broadcasting to the scores) that blocks the rows' top keys.
-
-    A mask with its own value for every row blocks each row's top-scoring key, then a few more
-    at random (probability ``extra``). A mask shared along some axes blocks the keys that are
-    on top in most of the rows it covers, at most half of them, and nothing at random. Wherever
-    a row's top key is blocked, the blocked keys out-score the allowed ones: a mask applied
-    late, or not at all, shows.
-    """
+    """A bool mask of ``shape`` (broadcasting to the scores) that blocks each row's top key
+    (and at random, probability ``extra``, more); one shared along some axes blocks the keys on
+    top in most rows it covers, at most half of them. A mask applied late or not at all shows."""
     full = tuple(scores.shape)
     top = torch.zeros(full)
     top.scatter_(-1, scores.argmax(-1, keepdim=True), 1.0)
@@ -209,35 +199,23 @@ _VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def mha_mistakes(
-    p: Params,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    n_heads: int,
-    mask: Tensor | None = None,
-) -> dict[str, tuple[Tensor, Tensor]]:
+def mha_mistakes(p: Params, args: Args, n_heads: int) -> dict[str, Pair]:
     """Hint -> ``(out, weights)`` of every typical mistake that differs from the right answer
     (in self-attention, keys and values from the wrong input do not)."""
-    want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
+    want = oracle_multi_head_attention(p, args, n_heads)
     assert want is not None
-    out: dict[str, tuple[Tensor, Tensor]] = {}
+    out: dict[str, Pair] = {}
     for name, options in _VARIANTS.items():
-        if mask is None and name.startswith("mask_"):
+        if args[3] is None and name.startswith("mask_"):
             continue
-        kv = [(query, key, value)[i] for i in options.get("kv", (1, 2))]
+        kv = [args[i] for i in options.get("kv", (1, 2))]  # key and value, from these inputs
         rest = {k: v for k, v in options.items() if k != "kv"}
-        got = oracle_multi_head_attention(p, query, *kv, n_heads, mask, **rest)
+        got = oracle_multi_head_attention(p, (args[0], *kv, args[3]), n_heads, **rest)
         if got is not None and not all(
             close(g, w, 1e-9, 1e-9) for g, w in zip(got, want, strict=True)
         ):
             out[lab03.HINTS[name]] = got
     return out
-
-
-# --------------------------------------------------------------------------------------
-# Shared pieces of the hidden checks
-# --------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -274,15 +252,11 @@ def _expect_mha(
 ) -> None:
     """The student's module on ``args = (query, key, value, mask)`` against the oracle (and in
     training mode, if asked)."""
-    query, key, value, mask = args
     p = params_of(module)
-    want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
+    want = oracle_multi_head_attention(p, args, n_heads)
     assert want is not None
-    mistakes = mha_mistakes(p, query, key, value, n_heads, mask)
-    tolerance = lab03.TOLERANCE[query.dtype]
-    module.eval()
-    got = lab03.call_mha(module, query, key, value, mask, n_heads, what)
-    lab03.judge_mha(got, want, mistakes, what, tolerance)
+    got = lab03.call_mha(module.eval(), args, n_heads, what)
+    lab03.judge_mha(got, want, mha_mistakes(p, args, n_heads), what, lab03.TOLERANCE[args[0].dtype])
     if train_too:
         lab03.expect_train_like_eval(module, args, n_heads, what)
 
@@ -403,13 +377,8 @@ def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int 
 def hidden_check_load_torch_weights(
     fn: Callable[..., Any], cls: Callable[..., Any], seed: int = 0
 ) -> None:
-    """Random sizes, no bias, and the student's own module loaded from torch's, then run.
-
-    Args:
-        fn: the student's ``load_torch_weights``.
-        cls: the student's ``MultiHeadAttention``.
-        seed: seed of the random sizes and weights.
-    """
+    """Random sizes, no bias, and the student's own module (``cls``) loaded from torch's,
+    then run."""
     g = generator(seed)
     for bias in (True, False):
         H, dh = randint(1, 4, g), randint(2, 4, g)
@@ -418,17 +387,13 @@ def hidden_check_load_torch_weights(
         ours, theirs = lab03.Projections(D, H, bias=bias), lab03.numbered_torch_mha(D, H, bias)
         lab03.judge_load(fn, ours, theirs, what)
     # End to end: the student's module, loaded, computes what torch's module computes.
-    D, H = 12, 3
-    theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    theirs = nn.MultiheadAttention(12, 3, batch_first=True).eval()
     _randomise(theirs, g)
-    what = f"load_torch_weights(MultiHeadAttention({D}, {H}), theirs)"
-    module = lab03.instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
-    lab03.judge_load(fn, module, theirs, what)
-    query = torch.randn(2, 4, D, generator=g)
-    key, value = torch.randn(2, 6, D, generator=g), torch.randn(2, 6, D, generator=g)
+    module, *inputs = _drawn(cls, g, 12, 3, (2, 4, 6), "MultiHeadAttention(12, 3)")
+    lab03.judge_load(fn, module, theirs, "load_torch_weights(MultiHeadAttention(12, 3), theirs)")
     mask = torch.rand(4, 6, generator=g) < 0.7
-    call = f"your MultiHeadAttention({D}, {H}) loaded from torch's, with a (T, S) mask"
-    _expect_mha(module, (query, key, value, mask), H, call)
+    call = "your MultiHeadAttention(12, 3) loaded from torch's, with a (T, S) mask"
+    _expect_mha(module, (*inputs, mask), 3, call)
 
 
 # --------------------------------------------------------------------------------------
@@ -468,9 +433,9 @@ def _mha_entries(
     tensors = {"query": query, "key": keys, "value": value, **p}
     out = {f"{key}: {name}": fixture_entry(t) for name, t in tensors.items() if t is not None}
     for label, mask in masks.items():
-        want = oracle_multi_head_attention(p, query, keys, value, n_heads, mask)
+        want = oracle_multi_head_attention(p, (query, keys, value, mask), n_heads)
         assert want is not None
-        out |= pair_entries(key + label, want, mha_mistakes(p, query, keys, value, n_heads, mask))
+        out |= pair_entries(key + label, want, mha_mistakes(p, (query, keys, value, mask), n_heads))
         if mask is not None:
             out[f"{key}{label}: mask"] = fixture_entry(mask.double())
     return out
