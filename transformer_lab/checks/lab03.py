@@ -56,8 +56,7 @@ Args = tuple[Tensor, Tensor, Tensor, Tensor | None]
 #: What it returns, ``(out (B, T, D), weights (B, H, T, S))``.
 Pair = tuple[Tensor, Tensor]
 
-#: What each typical mistake gets told. The hidden checks' mistake catalogue uses the same
-#: words (``grading/hidden/lab03.py``), and so do the stored examples.
+#: What each typical mistake gets told (the hidden checks' catalogue and the stored examples).
 HINTS: dict[str, str] = {
     "split_no_transpose": "It matches heads made with reshape(B, H, T, Dh) straight away, which "
     "mixes tokens between heads: reshape to (B, T, H, Dh) first, then transpose(1, 2).",
@@ -240,11 +239,7 @@ def split_call(fn: Callable[..., Any], x: Tensor, n_heads: int) -> Tensor:
     """The student's ``split_heads(x, n_heads)``: heads ``(B, H, T, Dh)``."""
     B, T, D = x.shape
     unmoved = (B, T, n_heads, D // n_heads) if n_heads != T else None
-    says = (
-        "you cut the features into heads but left the head axis after the tokens. "
-        "transpose(1, 2) moves it next to the batch, (B, H, T, Dh), so that one batched "
-        "attention handles every head."
-    )
+    says = "you left the head axis after the tokens: transpose(1, 2) moves it next to the batch."
     want = (B, n_heads, T, D // n_heads)
     return heads_call(fn, (x, n_heads), SPLIT.what(x, n_heads), want, unmoved, says)
 
@@ -304,8 +299,7 @@ def check_split_heads_divisible(fn: Callable[..., Tensor]) -> None:
     does not (so an answer that always raises does not pass)."""
     x = torch.zeros(2, 3, 10)
     expect_value_error(fn, (x, 4), ("10", "4"), "split_heads(x, 4) for x of width d_model=10")
-    fits = torch.zeros(2, 3, 8)  # (B, T, D): 8 = 4 heads of width 2
-    call_forbidding(fn, (fits, 4), {}, ban=BAN, what="split_heads(x, 4) for x of width d_model=8")
+    run(fn, torch.zeros(2, 3, 8), 4, what="split_heads(x, 4) for x of width d_model=8")
 
 
 check_merge_heads = MERGE.visible(
@@ -336,19 +330,19 @@ def expect_layout(module: nn.Module, d_model: int, bias: bool, what: str) -> Non
         got = type(lin).__name__
         if isinstance(lin, nn.Linear):
             got = f"nn.Linear({lin.in_features}, {lin.out_features}, bias={lin.bias is not None})"
-        if got != want:
-            raise AssertionError(
-                f"{what}.{name} is {got}; expected {want}: every projection maps the full width "
-                "d_model to d_model (the heads share it), and bias=bias goes to every projection."
-            )
+        expect_true(
+            got == want,
+            f"{what}.{name} is {got}; expected {want}: every projection maps the full width "
+            "d_model to d_model (the heads share it), and bias=bias goes to every projection.",
+        )
     n = sum(p.numel() for p in module.parameters())
     want = 4 * d_model * (d_model + int(bias))
-    if n != want:
-        raise AssertionError(
-            f"{what} has {n} parameters, expected 4 * d_model * (d_model{' + 1' * bias}) = "
-            f"{want}: just the four projections. Heads are slices of the projected vectors; "
-            "they have no parameters of their own."
-        )
+    expect_true(
+        n == want,
+        f"{what} has {n} parameters, expected 4 * d_model * (d_model{' + 1' * bias}) = {want}: "
+        "just the four projections. Heads are slices of the projected vectors; they have no "
+        "parameters of their own.",
+    )
 
 
 def call_mha(module: nn.Module, args: Args, n_heads: int, what: str) -> Pair:
@@ -370,12 +364,11 @@ def call_mha(module: nn.Module, args: Args, n_heads: int, what: str) -> Pair:
     out, w = result
     B, T, D = query.shape
     S = key.shape[1]
-    if tuple(getattr(w, "shape", ())) == (B, n_heads, T, T) and T != S:
-        raise AssertionError(
-            f"the weights of {what} have {T} columns, one per query, instead of {S}, one per "
-            "key: the keys come from `key` (k_proj(key)) and the values from `value`, not from "
-            "`query`."
-        )
+    expect_true(
+        T == S or tuple(getattr(w, "shape", ())) != (B, n_heads, T, T),
+        f"the weights of {what} have {T} columns, one per query, instead of {S}, one per key: "
+        "the keys come from `key` (k_proj(key)) and the values from `value`, not from `query`.",
+    )
     w = expect_shape(w, (B, n_heads, T, S), f"the weights of {what}, (B, H, T_q, T_k)")
     out = expect_shape(out, (B, T, D), f"the output of {what}")
     expect_true(
@@ -430,12 +423,10 @@ def expect_train_like_eval(module: nn.Module, args: Args, n_heads: int, what: st
             )
 
 
-def expect_gradients(
-    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, n_heads: int, what: str
-) -> None:
+def expect_gradients(module: nn.Module, args: Args, n_heads: int, what: str) -> None:
     """A loss on the output sends a gradient to every projection's weight."""
     module.zero_grad(set_to_none=True)
-    out, _ = call_mha(module, (query, key, value, None), n_heads, what)
+    out, _ = call_mha(module, args, n_heads, what)
     expect_true(
         out.requires_grad,
         f"the output of {what} does not require grad: nothing could be trained. Did forward run "
@@ -444,12 +435,12 @@ def expect_gradients(
     (out.double() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
     for name in PROJECTIONS:
         grad = getattr(module, name).weight.grad
-        if grad is None or not bool(grad.abs().sum() > 0):
-            raise AssertionError(
-                f"no gradient reaches {name}.weight after a loss on the output of {what}: "
-                "training would never change it. Use the projection's output in the "
-                "computation (no .detach(), .data or torch.no_grad() inside forward)."
-            )
+        expect_true(
+            grad is not None and bool(grad.abs().sum() > 0),
+            f"no gradient reaches {name}.weight after a loss on the output of {what}: training "
+            "would never change it. Use the projection's output in the computation (no "
+            ".detach(), .data or torch.no_grad() inside forward).",
+        )
     module.zero_grad(set_to_none=True)
 
 
@@ -489,8 +480,8 @@ def check_multi_head_attention(cls: Callable[..., Any]) -> None:
     gradients."""
     module, args = judge_example(cls, 8, 2)
     expect_train_like_eval(module, args, 2, "MultiHeadAttention(8, 2)")
-    module, (query, key, value, _) = judge_example(cls, 12, 4, bias=False)
-    expect_gradients(module.train(), query, key, value, 4, "MultiHeadAttention(12, 4, bias=False)")
+    module, args = judge_example(cls, 12, 4, bias=False)
+    expect_gradients(module.train(), args, 4, "MultiHeadAttention(12, 4, bias=False)")
 
 
 def check_multi_head_attention_divisible(cls: Callable[..., Any]) -> None:
@@ -514,9 +505,7 @@ def check_multi_head_attention_mask(cls: Callable[..., Any]) -> None:
 
 class Projections(nn.Module):
     """Just the four projections of a multi-head attention: what ``load_torch_weights`` fills.
-
-    Every parameter starts as NaN, so anything not copied shows up.
-    """
+    Every parameter starts as NaN, so anything not copied shows up."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
         super().__init__()
@@ -531,11 +520,9 @@ class Projections(nn.Module):
 
 @torch.no_grad()
 def numbered_torch_mha(d_model: int, n_heads: int, bias: bool) -> nn.MultiheadAttention:
-    """A ``torch.nn.MultiheadAttention`` whose entries say where they sit.
-
-    ``in_proj_weight[r, c] = (r + 1) + (c + 1) / 1000``, ``in_proj_bias[r] = -(r + 1)``;
-    ``out_proj`` the same plus 500. A copied entry names its source row and column.
-    """
+    """A ``torch.nn.MultiheadAttention`` whose entries say where they sit (a copied entry names
+    its source): ``in_proj_weight[r, c] = (r + 1) + (c + 1) / 1000``, ``in_proj_bias[r] =
+    -(r + 1)``; ``out_proj`` the same plus 500."""
     theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
     rows = torch.arange(3 * d_model, dtype=torch.float32)[:, None] + 1
     cols = torch.arange(d_model, dtype=torch.float32)[None, :] + 1

@@ -46,7 +46,7 @@ Args, Pair = lab03.Args, lab03.Pair
 
 
 # --------------------------------------------------------------------------------------
-# Oracles
+# Oracles, and the typical mistakes as their variants
 # --------------------------------------------------------------------------------------
 
 
@@ -56,8 +56,7 @@ def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
 
 
 def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
-    """``(B, H, T, Dh) -> (B, T, H*Dh)``: the heads' features side by side, head 0 first (the
-    same for any memory order, ``strided``)."""
+    """``(B, H, T, Dh) -> (B, T, H*Dh)``, head 0's features first (in any memory order)."""
     return heads_merged_as(x)
 
 
@@ -76,8 +75,7 @@ def _linear(x: Tensor, p: Params, name: str) -> Tensor:
 def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | None:
     """:func:`~transformer_lab.grading.hidden._attention.mask_as_used`, and two misuses of the
     head axis: a 4-axis mask cut to its first head (``"first_head"``), or one mask per example
-    repeated head-major (``h*B + b``) for heads flattened batch-major (``b*H + h``,
-    ``"repeated"``)."""
+    repeated as ``h*B + b`` for heads flattened as ``b*H + h`` (``"repeated"``)."""
     if use not in ("first_head", "repeated"):
         return mask_as_used(mask, shape, use)
     assert mask is not None
@@ -155,11 +153,6 @@ def blocking_mask(
     return (~blocked).reshape(tuple(shape))
 
 
-# --------------------------------------------------------------------------------------
-# The typical mistakes
-# --------------------------------------------------------------------------------------
-
-
 def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
     how = ("no_transpose", "interleaved")
@@ -232,7 +225,6 @@ def _drawn(
     H: int,
     sizes: tuple[int, int, int],
     what: str,
-    *,
     scale: float = 1.0,
     dtype: torch.dtype = torch.float32,
     **kwargs: Any,
@@ -304,8 +296,7 @@ def _merge_cases(g: torch.Generator) -> list[tuple[Tensor, bool]]:
 hidden_check_merge_heads = MERGE.hidden(
     "hidden_check_merge_heads",
     _merge_cases,
-    """Random sizes, heads as a split hands them over (not contiguous) and contiguous, other
-    dtypes, one head.""",
+    """Random sizes and dtypes, heads as a split hands them over (not contiguous), one head.""",
 )
 
 
@@ -327,7 +318,7 @@ def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) ->
     # Self-attention, and scores large enough that the scale matters.
     module, x, _, _ = _drawn(cls, g, 16, 4, (2, 5, 5), "MultiHeadAttention(16, 4)", scale=3.0)
     _expect_mha(module, (x, x, x, None), 4, "MultiHeadAttention(16, 4)(x, x, x) with large scores")
-    lab03.expect_gradients(module.train(), x, x, x, 4, "MultiHeadAttention(16, 4)(x, x, x)")
+    lab03.expect_gradients(module.train(), (x, x, x, None), 4, "MultiHeadAttention(16, 4)(x, x, x)")
 
 
 def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 0) -> None:
@@ -429,13 +420,14 @@ def _mha_entries(
 ) -> dict[str, dict[str, Any]]:
     """The entries of the stored example ``"<key>"``: its inputs and projections, and for each
     mask (``""``: none; else ``" with <label>"``) the expected pair and the mistakes' pairs."""
-    p, query, keys, value = example
-    tensors = {"query": query, "key": keys, "value": value, **p}
+    p, *inputs = example
+    tensors = {**dict(zip(("query", "key", "value"), inputs, strict=True)), **p}
     out = {f"{key}: {name}": fixture_entry(t) for name, t in tensors.items() if t is not None}
     for label, mask in masks.items():
-        want = oracle_multi_head_attention(p, (query, keys, value, mask), n_heads)
+        args = (*inputs, mask)
+        want = oracle_multi_head_attention(p, args, n_heads)
         assert want is not None
-        out |= pair_entries(key + label, want, mha_mistakes(p, (query, keys, value, mask), n_heads))
+        out |= pair_entries(key + label, want, mha_mistakes(p, args, n_heads))
         if mask is not None:
             out[f"{key}{label}: mask"] = fixture_entry(mask.double())
     return out
