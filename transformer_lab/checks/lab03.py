@@ -123,8 +123,7 @@ _RULE = (
     'raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}").'
 )
 
-# A correct float32 answer is ~1e-6 from the float64 values; low precision needs more room, and
-# every catalogued mistake is far beyond it (checked by tests/test_lab03_checks.py).
+# Room for rounding (a correct float32 answer is ~1e-6 off); every catalogued mistake is far off.
 TOLERANCE: dict[torch.dtype, float] = {
     torch.float32: 1e-4,
     torch.float16: 2e-2,
@@ -154,17 +153,16 @@ def expect_value_error(
         cause = exc.__cause__  # what the student's code raised (None: an assert of its own)
         if isinstance(cause, NotImplementedError):
             raise
-        if cause is None:
-            raise AssertionError(
+        if not isinstance(cause, ValueError):
+            said = (
                 f"{what} failed an assert ({exc or 'no message'}) instead of raising ValueError: "
                 "asserts vanish under python -O and their message is an AssertionError, not the "
-                "error a caller expects. " + _RULE
-            ) from None
-        if not isinstance(cause, ValueError):
-            raise AssertionError(
-                f"{exc}. That message is torch's, about shapes, not about the real problem (the "
-                "width does not split evenly into heads). " + _RULE
-            ) from None
+                "error a caller expects."
+                if cause is None
+                else f"{exc}. That message is torch's, about shapes, not about the real problem "
+                "(the width does not split evenly into heads)."
+            )
+            raise AssertionError(f"{said} {_RULE}") from None
         missing = [n for n in names if n not in str(cause)]
         if missing:
             raise AssertionError(
@@ -177,11 +175,8 @@ def expect_value_error(
 
 
 def numbered(*shape: int) -> Tensor:
-    """A float tensor whose entry at index ``(i, j, k, ...)`` reads ``...ijk`` in decimal.
-
-    With every size at most 10, ``numbered(2, 3, 8)[b, t, d] == 100*b + 10*t + d``: a
-    misplaced entry says where it came from.
-    """
+    """A float tensor whose entry at ``(i, j, k, ...)`` reads ``...ijk`` in decimal (sizes up to
+    10: ``numbered(2, 3, 8)[b, t, d] == 100*b + 10*t + d``): a misplaced entry says whence."""
     axes = torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij")  # each (*shape)
     return sum(10 ** (len(shape) - 1 - i) * a for i, a in enumerate(axes)).float()
 
@@ -277,10 +272,7 @@ MERGE = Ordinary(
         + " (not contiguous in memory)" * strided
     ),
     describe=describe_entries,
-    rule=(
-        "merge_heads must undo split_heads: features h*Dh:(h+1)*Dh of token t come from head h "
-        "at position t."
-    ),
+    rule="merge_heads undoes split_heads: features h*Dh:(h+1)*Dh of token t come from head h.",
     same=same_entries,
     load=lambda x, strided=False: (torch.tensor(x, dtype=torch.float32), strided),
     output=SPLIT.output,
