@@ -22,6 +22,7 @@ from torch import nn
 
 from transformer_lab import attention as kit
 from transformer_lab.checks import lab03
+from transformer_lab.checks._attention import stored_pair
 from transformer_lab.checks._common import stored
 from transformer_lab.grading.hidden import lab03 as hidden03
 
@@ -865,7 +866,7 @@ def test_the_oracle_agrees_with_torch_and_the_kit() -> None:
             q, k, v, attn_mask=~mask.expand(2, 3, 4, 6).reshape(6, 4, 6), average_attn_weights=False
         )
         kit_out, kit_w = ours(q, k, v, mask)
-    out, w = hidden03.oracle_multi_head_attention(hidden03.params_of(ours), q, k, v, 3, mask)
+    out, w = hidden03.oracle_multi_head_attention(hidden03.params_of(ours), (q, k, v, mask), 3)
     for got, want in ((out, ref_out), (w, ref_w), (out, kit_out), (w, kit_w)):
         torch.testing.assert_close(got, want.double(), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(
@@ -875,7 +876,8 @@ def test_the_oracle_agrees_with_torch_and_the_kit() -> None:
 
 def test_stored_masks_block_the_top_key_of_every_row_and_mistakes_stand_out() -> None:
     """The blocked keys out-score the allowed ones, and each stored mistake is far off."""
-    example = lab03.stored_mha("MultiHeadAttention(8, 2) example")
+    names = ["query", "key", *(f"{p}.{a}" for p in lab03.PROJECTIONS for a in lab03.ATTRS)]
+    example = {n: stored("lab03", f"MultiHeadAttention(8, 2) example: {n}")[0] for n in names}
     p = {k: v for k, v in example.items() if "." in k}
     scores = hidden03.scores_of(p, example["query"], example["key"], 2)  # (B, H, T, S)
     for label in ("a (B, 1, 1, S) key mask", "a (B, H, T, S) mask with an empty row"):
@@ -884,7 +886,7 @@ def test_stored_masks_block_the_top_key_of_every_row_and_mistakes_stand_out() ->
         top = scores.argmax(-1, keepdim=True)
         assert not mask.gather(-1, top).any()
         assert (~mask).all(-1).any() == (label.endswith("empty row"))
-        (want_out, want_w), mistakes = lab03.stored_result(key)
+        (want_out, want_w), mistakes = stored_pair("lab03", key)
         assert len(mistakes) >= 8
         for out, w in mistakes.values():
             gap = max(
@@ -909,7 +911,9 @@ def test_the_oracle_is_refused_inside_a_check() -> None:
     class CallsTheOracle(Reference):
         def forward(self, query, key, value, mask=None):
             p = hidden03.params_of(self)
-            out, w = hidden03.oracle_multi_head_attention(p, query, key, value, self.n_heads, mask)
+            out, w = hidden03.oracle_multi_head_attention(
+                p, (query, key, value, mask), self.n_heads
+            )
             return out.float(), w.float()
 
     with pytest.raises(AssertionError, match="which this exercise does not allow"):

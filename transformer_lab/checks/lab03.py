@@ -1,35 +1,19 @@
 """Visible checks of lab 03 (multi-head attention): split_heads, merge_heads, MultiHeadAttention,
 load_torch_weights.
 
-The notebook's visible test cells call the ``check_*`` functions here. What they expect is
-stored (``fixtures/lab03.json``, written from the hidden checks' oracle when the instructor
-builds the labs), together with what the typical mistakes return on the same inputs, so that a
-wrong answer is told which mistake it reproduces (:data:`HINTS`): numbered inputs for
-``split_heads`` and ``merge_heads`` (ordinary parts, generated from :data:`SPLIT` and
-:data:`MERGE`), projection weights and inputs for ``MultiHeadAttention`` (the student's module
-is loaded with them; keys differ from values, masks block the keys with the largest scores, a
-query row may have nothing allowed), numbered torch weights for ``load_torch_weights``.
+What they expect is stored (``fixtures/lab03.json``, from the hidden checks' oracle), with what
+the typical mistakes (:data:`HINTS`) return on the same inputs: numbered inputs for the heads
+(generated parts, :data:`SPLIT` and :data:`MERGE`), weights and inputs for
+``MultiHeadAttention`` (keys differ from values; masks block the keys with the largest
+scores). ``load_torch_weights`` fills modules from numbered torch modules. While a student's
+code runs (:data:`BAN`), PyTorch's attention and the kit's answers of this lab are refused.
 
-Beyond values, the checks look at what makes a module usable: exactly the four projections,
-the same result in training and in eval mode, gradients reaching every projection, the input's
-dtype kept (float16 too, where a fill of ``-1e9`` overflows), and for ``load_torch_weights``
-that the values are COPIED into the very Parameter objects the module had (an optimizer built
-before loading must still train them). While a student's code runs (:data:`BAN`), PyTorch's
-attention, ``torch.nn.MultiheadAttention`` and the kit's answers of this lab are refused; lab
-02's ``scaled_dot_product_attention`` and ``softmax`` may be reused.
-
-Torch's layout, which ``load_torch_weights`` reads: ``in_proj_weight`` is ``(3D, D)``, the
-query, key and value projections stacked in that order in ``nn.Linear``'s ``(out, in)``
-layout; ``in_proj_bias`` is ``(3D,)`` (None without bias); ``out_proj`` is an
-``nn.Linear(D, D)``.
-
-Reference: Prince, *Understanding Deep Learning*, section 12.3.3 (multiple heads); Vaswani et
-al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2.
+Reference: Prince, *Understanding Deep Learning*, section 12.3.3 (multiple heads).
 """
 
 from __future__ import annotations
 
-import sys
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,9 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import spec
-from transformer_lab.checks._attention import HALF_FILL, dtype_name
+from transformer_lab.checks._attention import HALF_FILL, dtype_name, stored_pair
 from transformer_lab.checks._common import (
-    STUDENT_CALL_EVENT,
     Case,
     ForbiddenCallError,
     call_forbidding,
@@ -48,7 +31,6 @@ from transformer_lab.checks._common import (
     expect_module,
     expect_shape,
     expect_true,
-    forbidden,
     load_weights,
     stored,
 )
@@ -64,27 +46,26 @@ __all__ = [
     "check_split_heads_divisible",
 ]
 
-#: The lab's spec (``specs/lab03.toml``): its bans and shared tolerances.
-SPEC = spec.load("03_multi_head_attention")
-BAN = SPEC.ban("heads")
+#: What graded code may not call (``specs/lab03.toml``).
+BAN = spec.load("03_multi_head_attention").ban("heads")
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+ATTRS = ("weight", "bias")
+#: ``(query, key, value, mask)``: what a ``MultiHeadAttention`` is called with.
+Args = tuple[Tensor, Tensor, Tensor, Tensor | None]
+#: What it returns, ``(out (B, T, D), weights (B, H, T, S))``.
+Pair = tuple[Tensor, Tensor]
 
-#: What each typical mistake gets told. The hidden checks' mistake catalogue uses the same
-#: words (``grading/hidden/lab03.py``), and so do the stored examples.
+#: What each typical mistake gets told (the hidden checks' catalogue and the stored examples).
 HINTS: dict[str, str] = {
-    "split_no_transpose": "It matches heads made with reshape(B, H, T, Dh) straight away: that "
-    "cuts the memory in the wrong order and mixes tokens between heads. Reshape to "
-    "(B, T, H, Dh) first, then transpose(1, 2).",
-    "split_interleaved": "It matches heads that take every H-th feature (interleaved): head h "
-    "must hold the contiguous slice of features h*Dh ... (h+1)*Dh - 1. Reshape to "
-    "(B, T, H, Dh), not (B, T, Dh, H).",
-    "merge_no_transpose": "It matches heads merged with reshape(B, T, D) and no transpose: "
-    "that mixes positions. Bring the heads next to the features first: transpose(1, 2) gives "
-    "(B, T, H, Dh), then reshape to (B, T, H * Dh).",
-    "merge_interleaved": "It matches interleaved heads (features ordered Dh-major): the "
-    "features of head 0 come first, then head 1, ...: transpose(1, 2) to (B, T, H, Dh), then "
-    "reshape.",
+    "split_no_transpose": "It matches heads made with reshape(B, H, T, Dh) straight away, which "
+    "mixes tokens between heads: reshape to (B, T, H, Dh) first, then transpose(1, 2).",
+    "split_interleaved": "It matches interleaved heads (head h takes every H-th feature): head h "
+    "holds the features h*Dh:(h+1)*Dh. Reshape to (B, T, H, Dh), not (B, T, Dh, H).",
+    "merge_no_transpose": "It matches heads merged with reshape(B, T, D) and no transpose, which "
+    "mixes positions: transpose(1, 2) to (B, T, H, Dh) first, then reshape to (B, T, H * Dh).",
+    "merge_interleaved": "It matches interleaved heads (features ordered Dh-major): head 0's "
+    "features come first, then head 1's: transpose(1, 2) to (B, T, H, Dh), then reshape.",
     "merge_wrong_axes": "It matches a transpose of the last two axes: the head axis (1) must "
     "move next to the feature axis, transpose(1, 2), not transpose(2, 3).",
     "no_out_proj": "It matches the concatenated heads without the output projection: apply "
@@ -92,38 +73,31 @@ HINTS: dict[str, str] = {
     "scale_d_model": "It matches scores divided by sqrt(d_model): each head works in its own "
     "subspace of width Dh = d_model / n_heads, so divide by sqrt(Dh).",
     "no_scale": "It matches attention without scaling: divide each head's scores by sqrt(Dh).",
-    "kv_swapped": "It matches keys and values swapped: the scores compare queries with "
-    "k_proj(key) and the weights average v_proj(value); in cross-attention key and value are "
-    "different tensors.",
+    "kv_swapped": "It matches keys and values swapped: keys come from k_proj(key) and values "
+    "from v_proj(value); in cross-attention key and value are different tensors.",
     "values_from_key": "It matches values computed from `key`: the weights average "
     "v_proj(value); in cross-attention key and value are different tensors.",
     "keys_from_value": "It matches keys computed from `value`: the scores compare queries with "
     "k_proj(key); in cross-attention key and value are different tensors.",
     "mask_ignored": "It matches attention without the mask: pass the mask on to the attention "
-    "of every head (it broadcasts to (B, H, T, S)). The keys it blocks here have the largest "
-    "scores, so ignoring it changes everything.",
+    "of every head (it broadcasts to (B, H, T, S)); here it blocks the top-scoring keys.",
     "mask_inverted": "It matches the mask inverted: in this course True means 'may attend' "
     "(torch.nn.MultiheadAttention's attn_mask uses the opposite).",
-    "mask_after_softmax": "It matches a mask applied after the softmax: zeroing the weights of "
-    "blocked keys leaves rows that no longer sum to 1. Fill the blocked scores before the "
-    "softmax.",
-    "mask_neg_inf": "It has NaN exactly where a query may attend to nothing: a fill of -inf "
-    "makes such a row exp(-inf)/0. Fill with torch.finfo(scores.dtype).min and zero the "
-    "weights of blocked keys after the softmax (lab 02's rule).",
+    "mask_after_softmax": "It matches a mask applied after the softmax, which leaves rows that "
+    "no longer sum to 1: fill the blocked scores before the softmax.",
+    "mask_neg_inf": "It has NaN exactly where a query may attend to nothing (a fill of -inf "
+    "gives exp(-inf)/0): fill with torch.finfo(scores.dtype).min and zero the weights of "
+    "blocked keys after the softmax (lab 02's rule).",
     "mask_uniform": "A query that may attend to nothing gets uniform weights over the blocked "
-    "keys: its weights must all be 0 (and its head's output 0). Zero the weights of blocked "
-    "keys after the softmax (lab 02's rule).",
+    "keys: zero the weights of blocked keys after the softmax (lab 02's rule).",
     "mask_unsqueezed": "It matches a mask given an extra axis (mask.unsqueeze(1)): the mask "
-    "already broadcasts to (B, H, T, S) as it is (a (T, S) mask lines up with the last two "
-    "axes); do not add or repeat axes.",
+    "already broadcasts to (B, H, T, S) as it is; do not add or repeat axes.",
     "mask_first_head": "It matches every head that follows the mask of head 0 (mask[:, :1]): "
     "a (B, H, T, S) mask gives every head its own mask; keep the head axis in place.",
     "mask_repeated": "It matches masks that do not line up with the batch axis (heads "
-    "flattened as b*H + h, the mask repeated as h*B + b): keep the batch axis first and let "
-    "the mask broadcast to (B, H, T, S); do not repeat or flatten it in another order.",
+    "flattened as b*H + h, the mask repeated as h*B + b): let the mask broadcast as it is.",
     "load_wrong_order": "It matches the query and key projections swapped: torch stacks them "
-    "in the order query, key, value, so q_proj takes rows 0..D-1 of in_proj_weight, k_proj "
-    "D..2D-1 and v_proj 2D..3D-1.",
+    "in the order query, key, value (q_proj takes rows 0..D-1 of in_proj_weight).",
     "load_transposed": "It matches torch's weights transposed: they are already in nn.Linear's "
     "(out, in) layout, copy them without .T.",
 }
@@ -133,23 +107,25 @@ _CONTIGUOUS_HINT = (
     "it: use .reshape(...) (or .contiguous().view(...))."
 )
 _SHAPES_HINT = (
-    "query is (B, T_q, D) and key, value are (B, T_k, D) with T_q != T_k here: queries come "
+    "The mask broadcasts to (B, H, T, S) as it is (no unsqueeze, repeat or reshape), and "
+    "query is (B, T_q, D) while key, value are (B, T_k, D) with T_q != T_k here: queries come "
     "from q_proj(query), keys from k_proj(key), values from v_proj(value)."
 )
-_MASK_CRASH_HINT = (
-    "The mask broadcasts to (B, H, T, S) as it is: a (T, S) mask, a (B, 1, 1, S) key mask "
-    "and a (B, H, T, S) mask need no unsqueeze, repeat or reshape."
+_WEIGHTS_HINT = (
+    "Per head: softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the mask is False."
+)
+_OUTPUT_HINT = (
+    "The weights are right but the output is not: weights @ v per head (v from v_proj(value)), "
+    "merge the heads, then out_proj."
 )
 _RULE = (
     "Check it first and raise a ValueError that names both values, e.g. "
     'raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}").'
 )
 
-# A correct float32 answer is ~1e-6 from the float64 values; low precision needs more room, and
-# every catalogued mistake is far beyond it (checked by tests/test_lab03_checks.py).
+# Room for rounding (a correct float32 answer is ~1e-6 off); every catalogued mistake is far off.
 TOLERANCE: dict[torch.dtype, float] = {
     torch.float32: 1e-4,
-    torch.float64: 1e-4,
     torch.float16: 2e-2,
     torch.bfloat16: 6e-2,
 }
@@ -170,54 +146,39 @@ def expect_value_error(
 ) -> None:
     """``fn(*args)`` must raise ``ValueError`` whose message contains every string in ``names``."""
     try:
-        try:
-            with forbidden(BAN):
-                result = fn(*args)
-        finally:
-            sys.audit(STUDENT_CALL_EVENT)  # the guard checks here, as after call_student
-    except ValueError as exc:
-        missing = [n for n in names if n not in str(exc)]
+        run(fn, *args, what=what)
+    except ForbiddenCallError:
+        raise
+    except AssertionError as exc:
+        cause = exc.__cause__  # what the student's code raised (None: an assert of its own)
+        if isinstance(cause, NotImplementedError):
+            raise
+        if not isinstance(cause, ValueError):
+            said = (
+                f"{what} failed an assert ({exc or 'no message'}) instead of raising ValueError: "
+                "asserts vanish under python -O and their message is an AssertionError, not the "
+                "error a caller expects."
+                if cause is None
+                else f"{exc}. That message is torch's, about shapes, not about the real problem "
+                "(the width does not split evenly into heads)."
+            )
+            raise AssertionError(f"{said} {_RULE}") from None
+        missing = [n for n in names if n not in str(cause)]
         if missing:
             raise AssertionError(
-                f"{what} raised ValueError({str(exc)!r}), which does not name the offending "
+                f"{what} raised ValueError({str(cause)!r}), which does not name the offending "
                 f"values {', '.join(missing)}: a student reading it cannot tell what to change. "
                 + _RULE
             ) from None
         return
-    except NotImplementedError:
-        raise AssertionError(
-            f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code."
-        ) from None
-    except ForbiddenCallError:
-        raise
-    except AssertionError as exc:
-        raise AssertionError(
-            f"{what} failed an assert ({exc or 'no message'}) instead of raising ValueError: "
-            "asserts vanish under python -O and their message is an AssertionError, not the "
-            "error a caller expects. " + _RULE
-        ) from None
-    except Exception as exc:
-        raise AssertionError(
-            f"{what} raised {type(exc).__name__}: {exc}. That message is torch's, about shapes, "
-            "not about the real problem (the width does not split evenly into heads). " + _RULE
-        ) from None
-    got = f"a tensor of shape {tuple(result.shape)}" if isinstance(result, Tensor) else "a result"
-    raise AssertionError(f"{what} returned {got} instead of raising ValueError. " + _RULE)
+    raise AssertionError(f"{what} returned normally instead of raising ValueError. " + _RULE)
 
 
 def numbered(*shape: int) -> Tensor:
-    """A float tensor whose entry at index ``(i, j, k, ...)`` reads ``...ijk`` in decimal.
-
-    With every size at most 10, ``numbered(2, 3, 8)[b, t, d] == 100*b + 10*t + d``: a
-    misplaced entry says where it came from.
-    """
-    out = torch.zeros(shape)
-    for axis, size in enumerate(shape):
-        place = 10 ** (len(shape) - 1 - axis)
-        view = [1] * len(shape)
-        view[axis] = size
-        out = out + place * torch.arange(size, dtype=torch.float32).reshape(view)
-    return out
+    """A float tensor whose entry at ``(i, j, k, ...)`` reads ``...ijk`` in decimal (sizes up to
+    10: ``numbered(2, 3, 8)[b, t, d] == 100*b + 10*t + d``): a misplaced entry says whence."""
+    axes = torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij")  # each (*shape)
+    return sum(10 ** (len(shape) - 1 - i) * a for i, a in enumerate(axes)).float()
 
 
 # --------------------------------------------------------------------------------------
@@ -227,11 +188,6 @@ def numbered(*shape: int) -> Tensor:
 
 def _dtype(x: Tensor) -> str:
     return "" if x.dtype == torch.float32 else f", {str(x.dtype).removeprefix('torch.')}"
-
-
-def _as_float64(value: Any) -> Tensor:
-    """An output (stored as nested lists, or the oracle's tensor) as float64, to compare."""
-    return torch.as_tensor(value, dtype=torch.float64)
 
 
 def same_entries(got: Tensor, want: Tensor) -> bool:
@@ -250,87 +206,76 @@ def describe_entries(case: Case[Given]) -> str:
     )
 
 
-def _kept_dtype(got: Tensor, x: Tensor, what: str, verb: str) -> Tensor:
+def heads_call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    what: str,
+    want: tuple[int, ...],
+    unmoved: tuple[int, ...] | None,
+    says: str,
+    on_error: str = "",
+) -> Tensor:
+    """The student's ``fn(*args)`` under the ban: a tensor of shape ``want`` and of the input's
+    dtype; the shape ``unmoved``, (B, T, H, Dh), is told apart with ``says``."""
+    got = run(fn, *args, what=what, on_error=on_error)
+    shape = tuple(getattr(got, "shape", ()))
+    if shape == unmoved:
+        raise AssertionError(f"{what} has shape {shape}, i.e. (B, T, H, Dh): {says}")
+    got = expect_shape(got, want, what)
     expect_true(
-        got.dtype == x.dtype,
-        f"{what} has dtype {got.dtype} for an input of dtype {x.dtype}: {verb} only "
-        "rearranges the entries, keep the input's dtype.",
+        got.dtype == args[0].dtype,
+        f"{what} has dtype {got.dtype} for an input of dtype {args[0].dtype}: heads only "
+        "rearrange the entries, keep the input's dtype.",
     )
     return got
 
 
-def _split_what(x: Tensor, n_heads: int) -> str:
-    return f"split_heads(x, {n_heads}) for x of shape {tuple(x.shape)}{_dtype(x)}"
-
-
 def split_call(fn: Callable[..., Any], x: Tensor, n_heads: int) -> Tensor:
-    """The student's ``split_heads(x, n_heads)`` under the ban: heads ``(B, H, T, Dh)`` of the
-    input's dtype (the head axis left after the tokens is told apart)."""
-    what = _split_what(x, n_heads)
-    got = run(fn, x, n_heads, what=what)
+    """The student's ``split_heads(x, n_heads)``: heads ``(B, H, T, Dh)``."""
     B, T, D = x.shape
-    dh = D // n_heads
-    shape = tuple(getattr(got, "shape", ()))
-    if shape == (B, T, n_heads, dh) and (T, n_heads) != (n_heads, T):
-        raise AssertionError(
-            f"{what} has shape {shape}, i.e. (B, T, H, Dh): you cut the features into heads but "
-            "left the head axis after the tokens. transpose(1, 2) moves it next to the batch, "
-            "(B, H, T, Dh), so that one batched attention handles every head."
-        )
-    got = expect_shape(got, (B, n_heads, T, dh), f"{what}, (B, T, D) -> (B, H, T, D/H)")
-    return _kept_dtype(got, x, what, "splitting")
+    unmoved = (B, T, n_heads, D // n_heads) if n_heads != T else None
+    says = "you left the head axis after the tokens: transpose(1, 2) moves it next to the batch."
+    want = (B, n_heads, T, D // n_heads)
+    return heads_call(fn, (x, n_heads), SPLIT.what(x, n_heads), want, unmoved, says)
 
 
 #: ``split_heads`` of a case ``(x (B, T, D), n_heads)``.
 SPLIT = Ordinary(
     "lab03",
     call=split_call,
-    what=_split_what,
+    what=lambda x, n: f"split_heads(x, {n}) for x of shape {tuple(x.shape)}{_dtype(x)}",
     describe=describe_entries,
     rule="Head h of token t must hold features x[b, t, h*Dh:(h+1)*Dh].",
     same=same_entries,
     load=lambda x, n_heads: (torch.tensor(x, dtype=torch.float32), n_heads),
-    output=_as_float64,
+    output=functools.partial(torch.as_tensor, dtype=torch.float64),
 )
 
 
-def _merge_what(x: Tensor, strided: bool = False) -> str:
-    layout = " (not contiguous in memory)" if strided else ""
-    return f"merge_heads(x) for x of shape {tuple(x.shape)}{_dtype(x)}{layout}"
-
-
 def merge_call(fn: Callable[..., Any], x: Tensor, strided: bool = False) -> Tensor:
-    """The student's ``merge_heads(x)`` under the ban (``strided``: the same values in another
-    memory order, what a transpose hands over), ``(B, T, H*Dh)`` of the input's dtype; a crash
-    of ``.view`` is explained."""
-    what = _merge_what(x, strided)
+    """The student's ``merge_heads(x)``: ``(B, T, H*Dh)`` (``strided``: the same values in
+    another memory order, what a transpose hands over; a crash of ``.view`` is explained)."""
+    what = MERGE.what(x, strided)
     if strided:
         x = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # (B, H, T, Dh), not contiguous
-    got = run(fn, x, what=what, on_error=_CONTIGUOUS_HINT)
     B, H, T, Dh = x.shape
-    shape = tuple(getattr(got, "shape", ()))
-    if shape == (B, T, H, Dh):
-        raise AssertionError(
-            f"{what} has shape {shape}, i.e. (B, T, H, Dh): the heads are in place but not "
-            "flattened. Reshape to (B, T, H * Dh)."
-        )
-    got = expect_shape(got, (B, T, H * Dh), f"{what}, (B, H, T, Dh) -> (B, T, H*Dh)")
-    return _kept_dtype(got, x, what, "merging")
+    says = "the heads are in place but not flattened. Reshape to (B, T, H * Dh)."
+    return heads_call(fn, (x,), what, (B, T, H * Dh), (B, T, H, Dh), says, _CONTIGUOUS_HINT)
 
 
 #: ``merge_heads`` of a case ``(x (B, H, T, Dh)[, strided])``.
 MERGE = Ordinary(
     "lab03",
     call=merge_call,
-    what=_merge_what,
-    describe=describe_entries,
-    rule=(
-        "merge_heads must undo split_heads: features h*Dh:(h+1)*Dh of token t come from head h "
-        "at position t."
+    what=lambda x, strided=False: (
+        f"merge_heads(x) for x of shape {tuple(x.shape)}{_dtype(x)}"
+        + " (not contiguous in memory)" * strided
     ),
+    describe=describe_entries,
+    rule="merge_heads undoes split_heads: features h*Dh:(h+1)*Dh of token t come from head h.",
     same=same_entries,
     load=lambda x, strided=False: (torch.tensor(x, dtype=torch.float32), strided),
-    output=_as_float64,
+    output=SPLIT.output,
 )
 
 
@@ -346,8 +291,7 @@ def check_split_heads_divisible(fn: Callable[..., Tensor]) -> None:
     does not (so an answer that always raises does not pass)."""
     x = torch.zeros(2, 3, 10)
     expect_value_error(fn, (x, 4), ("10", "4"), "split_heads(x, 4) for x of width d_model=10")
-    fits = torch.zeros(2, 3, 8)  # (B, T, D): 8 = 4 heads of width 2
-    call_forbidding(fn, (fits, 4), {}, ban=BAN, what="split_heads(x, 4) for x of width d_model=8")
+    run(fn, torch.zeros(2, 3, 8), 4, what="split_heads(x, 4) for x of width d_model=8")
 
 
 check_merge_heads = MERGE.visible(
@@ -372,79 +316,51 @@ def instantiate(cls: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -
 
 def expect_layout(module: nn.Module, d_model: int, bias: bool, what: str) -> None:
     """Exactly four ``nn.Linear(d_model, d_model, bias=bias)`` projections, nothing else."""
+    want = f"nn.Linear({d_model}, {d_model}, bias={bias})"
     for name in PROJECTIONS:
         lin = getattr(module, name, None)
-        if not isinstance(lin, nn.Linear):
-            got = "nothing" if lin is None else type(lin).__name__
-            raise AssertionError(
-                f"{what} should have an attribute `{name}` that is an nn.Linear(d_model, "
-                f"d_model), found {got}: create it in __init__ as self.{name} = nn.Linear(...)."
-            )
-        if (lin.in_features, lin.out_features) != (d_model, d_model) or (
-            lin.bias is not None
-        ) != bias:
-            raise AssertionError(
-                f"{what}.{name} is nn.Linear({lin.in_features}, {lin.out_features}, "
-                f"bias={lin.bias is not None}); expected nn.Linear({d_model}, {d_model}, "
-                f"bias={bias}): every projection maps the full width d_model to d_model (the "
-                "heads share it), and bias=bias goes to every projection."
-            )
+        got = type(lin).__name__
+        if isinstance(lin, nn.Linear):
+            got = f"nn.Linear({lin.in_features}, {lin.out_features}, bias={lin.bias is not None})"
+        expect_true(
+            got == want,
+            f"{what}.{name} is {got}; expected {want}: every projection maps the full width "
+            "d_model to d_model (the heads share it), and bias=bias goes to every projection.",
+        )
     n = sum(p.numel() for p in module.parameters())
     want = 4 * d_model * (d_model + int(bias))
-    if n != want:
-        raise AssertionError(
-            f"{what} has {n} parameters, expected 4 * d_model * (d_model{' + 1' * bias}) = "
-            f"{want}: just the four projections. Heads are slices of the projected vectors; "
-            "they have no parameters of their own."
-        )
+    expect_true(
+        n == want,
+        f"{what} has {n} parameters, expected 4 * d_model * (d_model{' + 1' * bias}) = {want}: "
+        "just the four projections. Heads are slices of the projected vectors; they have no "
+        "parameters of their own.",
+    )
 
 
-def call_mha(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    mask: Tensor | None,
-    n_heads: int,
-    what: str,
-) -> tuple[Tensor, Tensor]:
+def call_mha(module: nn.Module, args: Args, n_heads: int, what: str) -> Pair:
     """Run the student's module; check it returns ``(out (B, T, D), weights (B, H, T, S))``."""
+    query, key, value, mask = args
     kwargs = {} if mask is None else {"mask": mask}
     try:
         result = run(module, query, key, value, what=what, **kwargs)
-    except ForbiddenCallError:
-        raise
     except AssertionError as exc:
-        message = str(exc)
-        if f"{what} raised " not in message:
-            raise
-        if "overflow" in message:
-            extra = HALF_FILL
-        elif mask is not None and any(w in message for w in ("mask", "broadcast", "expand")):
-            extra = f"{_MASK_CRASH_HINT} Also: {_SHAPES_HINT}"
-        else:
-            extra = _SHAPES_HINT
-        raise AssertionError(f"{message} {extra}") from None
-    if not isinstance(result, tuple | list) or len(result) != 2:
+        if f"{what} raised " not in str(exc):
+            raise  # a refused call, or not implemented yet
         raise AssertionError(
-            f"{what} should return a pair (out, weights), got {type(result).__name__}: "
-            "`return self.out_proj(...), weights`."
-        )
+            f"{exc} {HALF_FILL if 'overflow' in str(exc) else _SHAPES_HINT}"
+        ) from None
+    expect_true(
+        isinstance(result, tuple | list) and len(result) == 2,
+        f"{what} should return a pair (out, weights): `return self.out_proj(...), weights`.",
+    )
     out, w = result
     B, T, D = query.shape
     S = key.shape[1]
-    if tuple(getattr(w, "shape", ())) == (B, T, S):
-        raise AssertionError(
-            f"the weights of {what} have shape (B, T_q, T_k) = {(B, T, S)}, expected "
-            f"(B, H, T_q, T_k) = {(B, n_heads, T, S)}: return every head's weights, not their "
-            "average (torch averages them unless average_attn_weights=False)."
-        )
-    if tuple(getattr(w, "shape", ())) == (B, n_heads, T, T) and T != S:
-        raise AssertionError(
-            f"the weights of {what} have {T} columns, one per query, instead of {S}, one per "
-            "key: the keys come from `key` (k_proj(key)) and the values from `value`, not from "
-            "`query`."
-        )
+    expect_true(
+        T == S or tuple(getattr(w, "shape", ())) != (B, n_heads, T, T),
+        f"the weights of {what} have {T} columns, one per query, instead of {S}, one per key: "
+        "the keys come from `key` (k_proj(key)) and the values from `value`, not from `query`.",
+    )
     w = expect_shape(w, (B, n_heads, T, S), f"the weights of {what}, (B, H, T_q, T_k)")
     out = expect_shape(out, (B, T, D), f"the output of {what}")
     expect_true(
@@ -452,123 +368,72 @@ def call_mha(
         f"the output of {what} has dtype {out.dtype} for inputs of dtype {query.dtype}: keep "
         "the input's dtype (a float16 module returns float16).",
     )
-    expect_true(w.is_floating_point(), f"the weights of {what} have dtype {w.dtype}, not float.")
     return out, w
 
 
 def judge_mha(
-    got: tuple[Tensor, Tensor],
-    want: tuple[Tensor, Tensor],
-    mistakes: Mapping[str, tuple[Tensor, Tensor]],
-    what: str,
-    tolerance: float = 1e-4,
+    got: Pair, want: Pair, mistakes: Mapping[str, Pair], what: str, tolerance: float = 1e-4
 ) -> None:
-    """Compare ``(out, weights)`` with the expected pair; name the mistake they reproduce.
-
-    Args:
-        got: the student's ``(out, weights)``.
-        want: the expected ``(out (B, T, D), weights (B, H, T, S))`` (float64).
-        mistakes: hint -> ``(out, weights)`` of that typical mistake.
-        what: the call, for messages.
-        tolerance: absolute and relative tolerance.
-    """
-    out, w = got
-    want_out, want_w = want
-    # A mistake that reproduces both the weights and the output is named first (several share
-    # the weights: keys from `value` with values from `value` or from `key`).
-    both = [
-        hint
-        for hint, (m_out, m_w) in mistakes.items()
-        if close(out, m_out, tolerance, tolerance) and close(w, m_w, tolerance, tolerance)
-    ]
-    order = both + [hint for hint in mistakes if hint not in both]
-    compare(
-        w,
-        want_w,
-        what=f"the weights of {what}",
-        candidates=[(mistakes[hint][1], hint) for hint in order],
-        hint="Per head: softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the "
-        "mask is False.",
-        atol=tolerance,
-        rtol=tolerance,
-    )
-    compare(
-        out,
-        want_out,
-        what=f"the output of {what}",
-        candidates=[(mistakes[hint][0], hint) for hint in order],
-        hint="The weights are right but the output is not: weights @ v per head (v from "
-        "v_proj(value)), merge the heads, then out_proj.",
-        atol=tolerance,
-        rtol=tolerance,
-    )
+    """Compare the student's ``(out, weights)`` with ``want``; name the mistake they reproduce
+    (``mistakes``: hint -> its ``(out, weights)``), trying first those that reproduce both
+    (several share the weights: keys from `value` with values from `value` or from `key`)."""
+    both = {
+        hint: pair
+        for hint, pair in mistakes.items()
+        if all(close(g, m, tolerance, tolerance) for g, m in zip(got, pair, strict=True))
+    }
+    ordered = both | mistakes
+    for i, part, hint in ((1, "weights", _WEIGHTS_HINT), (0, "output", _OUTPUT_HINT)):
+        compare(
+            got[i],
+            want[i],
+            what=f"the {part} of {what}",
+            candidates=[(pair[i], h) for h, pair in ordered.items()],
+            hint=hint,
+            atol=tolerance,
+            rtol=tolerance,
+        )
 
 
-def expect_train_like_eval(
-    module: nn.Module,
-    args: tuple[Tensor, Tensor, Tensor, Tensor | None],
-    n_heads: int,
-    what: str,
-) -> None:
+def expect_train_like_eval(module: nn.Module, args: Args, n_heads: int, what: str) -> None:
     """Training mode computes what eval mode computes, call after call (this class has no
     dropout), and forward leaves ``module.training`` as the caller set it."""
-    want = call_mha(module.eval(), *args, n_heads, f"{what} in eval mode")
+    want = call_mha(module.eval(), args, n_heads, f"{what} in eval mode")
     module.train()
     for when in ("in training mode", "called again in training mode"):
-        got = call_mha(module, *args, n_heads, f"{what} {when}")
+        got = call_mha(module, args, n_heads, f"{what} {when}")
         expect_true(
             module.training,
             f"{what} switched the module to eval mode: forward must not change module.training "
             "(the training loop sets it).",
         )
-        for part, g, w in zip(("output", "weights"), got, want, strict=True):
-            if not close(g, w, 1e-6, 1e-6):
-                gap = float((g.detach().double() - w.detach().double()).abs().max())
-                raise AssertionError(
-                    f"the {part} of {what} {when} differ from eval mode (largest difference "
-                    f"{gap:.3g}): MultiHeadAttention(d_model, n_heads, bias) has no dropout, so "
-                    "train() and eval() must compute the same thing. Remove the dropout (or give "
-                    "it p=0 by default)."
-                )
+        if not all(close(g, w, 1e-6, 1e-6) for g, w in zip(got, want, strict=True)):
+            raise AssertionError(
+                f"{what} {when} differs from eval mode: MultiHeadAttention(d_model, n_heads, "
+                "bias) has no dropout, so train() and eval() must compute the same thing. "
+                "Remove the dropout (or give it p=0 by default)."
+            )
 
 
-def expect_gradients(
-    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, n_heads: int, what: str
-) -> None:
+def expect_gradients(module: nn.Module, args: Args, n_heads: int, what: str) -> None:
     """A loss on the output sends a gradient to every projection's weight."""
     module.zero_grad(set_to_none=True)
-    out, _ = call_mha(module, query, key, value, None, n_heads, what)
-    if not out.requires_grad:
-        raise AssertionError(
-            f"the output of {what} does not require grad: nothing could be trained. Did forward "
-            "run under torch.no_grad(), or detach a tensor?"
-        )
+    out, _ = call_mha(module, args, n_heads, what)
+    expect_true(
+        out.requires_grad,
+        f"the output of {what} does not require grad: nothing could be trained. Did forward run "
+        "under torch.no_grad(), or detach a tensor?",
+    )
     (out.double() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
     for name in PROJECTIONS:
         grad = getattr(module, name).weight.grad
-        if grad is None or not bool(grad.abs().sum() > 0):
-            raise AssertionError(
-                f"no gradient reaches {name}.weight after a loss on the output of {what}: "
-                "training would never change it. Use the projection's output in the "
-                "computation (no .detach(), .data or torch.no_grad() inside forward)."
-            )
+        expect_true(
+            grad is not None and bool(grad.abs().sum() > 0),
+            f"no gradient reaches {name}.weight after a loss on the output of {what}: training "
+            "would never change it. Use the projection's output in the computation (no "
+            ".detach(), .data or torch.no_grad() inside forward).",
+        )
     module.zero_grad(set_to_none=True)
-
-
-def stored_mha(key: str, bias: bool = True) -> dict[str, Tensor]:
-    """The tensors of a stored example (``"<key>: <name>"`` entries of ``fixtures/lab03.json``):
-    its inputs and its projections (without biases when ``bias`` is False)."""
-    params = (f"{p}.{a}" for p in PROJECTIONS for a in ("weight", "bias") if bias or a != "bias")
-    names = ("query", "key", "value", *params)
-    return {name: stored("lab03", f"{key}: {name}")[0] for name in names}
-
-
-def stored_result(key: str) -> tuple[tuple[Tensor, Tensor], dict[str, tuple[Tensor, Tensor]]]:
-    """Expected ``(out, weights)`` of a stored example and its mistakes' ``(out, weights)``."""
-    want_out, out_mistakes = stored("lab03", f"{key}: out")
-    want_w, w_mistakes = stored("lab03", f"{key}: weights")
-    mistakes = {hint: (out_mistakes[hint], w_mistakes[hint]) for hint in out_mistakes}
-    return (want_out, want_w), mistakes
 
 
 def judge_example(
@@ -578,18 +443,16 @@ def judge_example(
     bias: bool = True,
     label: str = "",
     dtype: torch.dtype = torch.float32,
-) -> tuple[nn.Module, tuple[Tensor, Tensor, Tensor, Tensor | None]]:
+) -> tuple[nn.Module, Args]:
     """The student's ``MultiHeadAttention(d_model, n_heads, bias)`` holding the weights of its
     stored example, in ``dtype`` and eval mode, judged on that example's inputs (with the
-    stored mask of ``label``, if given).
-
-    Returns:
-        The module and the ``(query, key, value, mask)`` it was called with.
-    """
+    stored mask of ``label``, if given); returns the module and the inputs it was called with."""
     what = f"MultiHeadAttention({d_model}, {n_heads}{'' if bias else ', bias=False'})"
     module = instantiate(cls, d_model, n_heads, what=what, **({} if bias else {"bias": False}))
     expect_layout(module, d_model, bias, what)
-    tensors = stored_mha(f"{what} example", bias)
+    params = (f"{p}.{a}" for p in PROJECTIONS for a in ATTRS[: 1 + bias])
+    names = ("query", "key", "value", *params)  # the example's inputs and projections
+    tensors = {n: stored("lab03", f"{what} example: {n}")[0] for n in names}
     load_weights(module, {k: v for k, v in tensors.items() if "." in k}, what)
     module.to(dtype).eval()
     key = f"{what} example" + (f" with {label}" if label else "")
@@ -599,8 +462,8 @@ def judge_example(
     call = f"{what}(query, key, value{', mask' * bool(label)}) with {T} queries and {S} keys"
     call += f" (key != value){f', {label}' * bool(label)}"
     call += "" if dtype == torch.float32 else f", in {dtype_name(dtype)}"
-    got = call_mha(module, *args, n_heads, call)
-    judge_mha(got, *stored_result(key), call, TOLERANCE[dtype])
+    got = call_mha(module, args, n_heads, call)
+    judge_mha(got, *stored_pair("lab03", key), call, TOLERANCE[dtype])
     return module, args
 
 
@@ -609,8 +472,8 @@ def check_multi_head_attention(cls: Callable[..., Any]) -> None:
     gradients."""
     module, args = judge_example(cls, 8, 2)
     expect_train_like_eval(module, args, 2, "MultiHeadAttention(8, 2)")
-    module, (query, key, value, _) = judge_example(cls, 12, 4, bias=False)
-    expect_gradients(module.train(), query, key, value, 4, "MultiHeadAttention(12, 4, bias=False)")
+    module, args = judge_example(cls, 12, 4, bias=False)
+    expect_gradients(module.train(), args, 4, "MultiHeadAttention(12, 4, bias=False)")
 
 
 def check_multi_head_attention_divisible(cls: Callable[..., Any]) -> None:
@@ -634,18 +497,14 @@ def check_multi_head_attention_mask(cls: Callable[..., Any]) -> None:
 
 class Projections(nn.Module):
     """Just the four projections of a multi-head attention: what ``load_torch_weights`` fills.
-
-    Every parameter starts as NaN, so anything not copied shows up.
-    """
+    Every parameter starts as NaN, so anything not copied shows up."""
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
         super().__init__()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.num_heads = n_heads
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        for name in PROJECTIONS:  # q_proj, k_proj, v_proj, out_proj, as the notebook names them
+            setattr(self, name, nn.Linear(d_model, d_model, bias=bias))
         with torch.no_grad():
             for p in self.parameters():
                 p.fill_(float("nan"))
@@ -653,11 +512,9 @@ class Projections(nn.Module):
 
 @torch.no_grad()
 def numbered_torch_mha(d_model: int, n_heads: int, bias: bool) -> nn.MultiheadAttention:
-    """A ``torch.nn.MultiheadAttention`` whose entries say where they sit.
-
-    ``in_proj_weight[r, c] = (r + 1) + (c + 1) / 1000``, ``in_proj_bias[r] = -(r + 1)``;
-    ``out_proj`` the same plus 500. A copied entry names its source row and column.
-    """
+    """A ``torch.nn.MultiheadAttention`` whose entries say where they sit (a copied entry names
+    its source): ``in_proj_weight[r, c] = (r + 1) + (c + 1) / 1000``, ``in_proj_bias[r] =
+    -(r + 1)``; ``out_proj`` the same plus 500."""
     theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
     rows = torch.arange(3 * d_model, dtype=torch.float32)[:, None] + 1
     cols = torch.arange(d_model, dtype=torch.float32)[None, :] + 1
@@ -669,103 +526,38 @@ def numbered_torch_mha(d_model: int, n_heads: int, bias: bool) -> nn.MultiheadAt
     return theirs.eval()
 
 
-def judge_loaded(
-    ours: nn.Module,
-    want: Mapping[str, Tensor],
-    mistakes: Mapping[str, Mapping[str, Tensor]],
-    what: str,
+def loaded_as(theirs: nn.MultiheadAttention, how: str = "right") -> dict[str, Tensor]:
+    """What each projection of ``ours`` holds after loading ``theirs`` (float64), weights first:
+    the query, key and value row blocks of ``in_proj_weight`` (``in_proj_bias``), then
+    ``out_proj``'s. ``how``: ``"load_wrong_order"`` (query and key blocks swapped) and
+    ``"load_transposed"`` (every weight transposed) give what a typical wrong loader leaves."""
+    out: dict[str, Tensor] = {}
+    for attr in ("weight", "bias"):
+        stacked = getattr(theirs, f"in_proj_{attr}")
+        if stacked is None:
+            break
+        blocks = [*stacked.detach().double().chunk(3), getattr(theirs.out_proj, attr).double()]
+        if how == "load_wrong_order":
+            blocks[:2] = blocks[1::-1]
+        if how == "load_transposed" and attr == "weight":
+            blocks = [block.T for block in blocks]
+        out |= {f"{n}.{attr}": t.detach() for n, t in zip(PROJECTIONS, blocks, strict=True)}
+    return out
+
+
+def projection_tensors(ours: nn.Module) -> dict[str, Any]:
+    """``"q_proj.weight" -> what ours holds there`` (a Parameter, a plain tensor, None)."""
+    return {f"{n}.{a}": getattr(getattr(ours, n), a) for n in PROJECTIONS for a in ATTRS}
+
+
+def judge_load(
+    fn: Callable[..., Any], ours: nn.Module, theirs: nn.MultiheadAttention, what: str
 ) -> None:
-    """Compare the projections of ``ours`` after loading a numbered torch module with ``want``.
-
-    Args:
-        ours: the module the student's ``load_torch_weights`` filled.
-        want: ``"q_proj.weight"`` ... -> the expected values (float64), weights first; biases
-            only with bias.
-        mistakes: hint -> what a typical wrong loader leaves in each projection, by the same
-            names (the catalogue's order).
-        what: the call, for messages.
-    """
-    for key, expected in want.items():
-        name, attr = key.split(".")
-        param = getattr(getattr(ours, name), attr)
-        expect_true(
-            param is not None,
-            f"after {what}, {name} has no bias but torch's module has one: build it with "
-            "bias=True.",
-        )
-        if bool(torch.isnan(param).any()):
-            raise AssertionError(
-                f"after {what}, {key} was not filled (it still holds the NaNs it started with): "
-                + (
-                    "copy the biases too, in_proj_bias in the same q, k, v order as the "
-                    "weights, and out_proj.bias."
-                    if attr == "bias"
-                    else "copy torch's values into it, with .copy_(...) under torch.no_grad()."
-                )
-            )
-        compare(
-            param.detach(),
-            expected,
-            what=f"{key} after {what}",
-            candidates=[(wrong[key], hint) for hint, wrong in mistakes.items()],
-            hint="q_proj, k_proj and v_proj take the row blocks 0..D-1, D..2D-1 and 2D..3D-1 "
-            "of in_proj_weight (and in_proj_bias); out_proj is copied from theirs.out_proj.",
-            atol=1e-6,
-            rtol=0,
-        )
-
-
-def watch_parameters(ours: nn.Module) -> dict[str, Tensor]:
-    """``"q_proj.weight" -> Parameter`` of ``ours``, to compare after loading."""
-    return {
-        f"{name}.{attr}": getattr(getattr(ours, name), attr)
-        for name in PROJECTIONS
-        for attr in ("weight", "bias")
-        if getattr(getattr(ours, name), attr) is not None
-    }
-
-
-def expect_copied_in_place(
-    ours: nn.Module, theirs: nn.MultiheadAttention, before: Mapping[str, Tensor], what: str
-) -> None:
-    """The same Parameter objects (an optimizer built before loading still trains them),
-    trainable, not sharing memory with torch's.
-
-    Args:
-        ours: the module after loading.
-        theirs: the torch module it was loaded from.
-        before: :func:`watch_parameters` of ``ours`` before loading.
-        what: the call, for messages.
-    """
-    now = watch_parameters(ours)
-    for name, param in before.items():
-        current = now.get(name)
-        if current is not param:
-            kind = type(current).__name__ if current is not None else "nothing"
-            raise AssertionError(
-                f"after {what}, ours.{name} is a new object ({kind}) instead of the Parameter "
-                "the module had: load_torch_weights must COPY the values into the existing "
-                "parameters (ours.q_proj.weight.copy_(...) under torch.no_grad()). Replacing "
-                "them breaks everything that already holds the old ones: an optimizer built "
-                "before loading would go on updating tensors the module no longer uses."
-            )
-        expect_true(
-            isinstance(param, nn.Parameter) and param.requires_grad,
-            f"after {what}, ours.{name} no longer requires grad, so it would not be trained: "
-            "copy the values without changing the parameter's requires_grad.",
-        )
-    theirs_storage = {p.untyped_storage().data_ptr() for p in theirs.parameters() if p.numel()}
-    for name, param in now.items():
-        if param.untyped_storage().data_ptr() in theirs_storage:
-            raise AssertionError(
-                f"after {what}, ours.{name} shares its memory with a parameter of torch's "
-                "module: training one would silently change the other. Copy the values "
-                "(.copy_(...)) instead of pointing .data at torch's tensor."
-            )
-
-
-def load_call(fn: Callable[..., Any], ours: nn.Module, theirs: nn.Module, what: str) -> None:
-    """The student's ``load_torch_weights(ours, theirs)`` under the ban."""
+    """The student's ``load_torch_weights(ours, theirs)`` under the ban: each projection of
+    ``ours`` holds :func:`loaded_as` (named after the typical wrong loader it matches; a NaN
+    left in place: not filled), COPIED into the trainable Parameters ``ours`` had (an optimizer
+    built before loading still trains them), not sharing memory with torch's."""
+    before = projection_tensors(ours)
     run(
         fn,
         ours,
@@ -775,35 +567,48 @@ def load_call(fn: Callable[..., Any], ours: nn.Module, theirs: nn.Module, what: 
         "autograd records), and remember that in_proj_bias and out_proj.bias are None when "
         "torch's module was built with bias=False.",
     )
+    now = projection_tensors(ours)
+    mistakes = {HINTS[h]: loaded_as(theirs, h) for h in ("load_wrong_order", "load_transposed")}
+    for key, expected in loaded_as(theirs).items():
+        if now[key] is None or bool(torch.isnan(now[key]).any()):
+            advice = "copy the biases too (in_proj_bias in q, k, v order, and out_proj.bias)"
+            if key.endswith("weight"):
+                advice = "copy torch's values into it, with .copy_(...) under torch.no_grad()"
+            raise AssertionError(f"after {what}, {key} was not filled (still NaN): {advice}.")
+        compare(
+            now[key].detach(),
+            expected,
+            what=f"{key} after {what}",
+            candidates=[(wrong[key], hint) for hint, wrong in mistakes.items()],
+            hint="q_proj, k_proj and v_proj take the row blocks 0..D-1, D..2D-1 and 2D..3D-1 "
+            "of in_proj_weight (and in_proj_bias); out_proj is copied from theirs.out_proj.",
+            atol=1e-6,
+            rtol=0,
+        )
+    theirs_memory = {p.untyped_storage().data_ptr() for p in theirs.parameters() if p.numel()}
+    for key, param in ((k, p) for k, p in before.items() if p is not None):
+        expect_true(
+            now[key] is param,
+            f"after {what}, ours.{key} is a new object ({type(now[key]).__name__}) instead of "
+            "the Parameter the module had: COPY the values into it (.copy_(...) under "
+            "torch.no_grad()); an optimizer built before loading would update the old one.",
+        )
+        expect_true(
+            param.requires_grad,
+            f"after {what}, ours.{key} no longer requires grad, so it would not be trained: "
+            "copy the values without changing the parameter's requires_grad.",
+        )
+        expect_true(
+            param.untyped_storage().data_ptr() not in theirs_memory,
+            f"after {what}, ours.{key} shares its memory with a parameter of torch's module: "
+            "training one would silently change the other. Copy the values (.copy_(...)) "
+            "instead of pointing .data at torch's tensor.",
+        )
 
 
 def check_load_torch_weights(fn: Callable[..., Any]) -> None:
-    """Numbered torch weights land in the right projections, copied into the same Parameters."""
-    theirs = numbered_torch_mha(6, 2, True)
-    ours = Projections(6, 2)
-    before = watch_parameters(ours)
-    what = "load_torch_weights(ours, theirs) with d_model=6, n_heads=2"
-    load_call(fn, ours, theirs, what)
-    names = [f"{name}.{attr}" for attr in ("weight", "bias") for name in PROJECTIONS]
-    entries = {name: stored("lab03", f"load_torch_weights(d_model=6): {name}") for name in names}
-    want = {name: entry[0] for name, entry in entries.items()}
-    mistakes = {hint: {n: e[1][hint] for n, e in entries.items()} for hint in entries[names[0]][1]}
-    judge_loaded(ours, want, mistakes, what)
-    expect_copied_in_place(ours, theirs, before, what)
-    # A second module, of width 8: an answer that ignores its arguments leaves this one NaN.
-    theirs, ours = numbered_torch_mha(8, 2, True), Projections(8, 2)
-    what = "load_torch_weights(ours, theirs) with d_model=8, n_heads=2"
-    load_call(fn, ours, theirs, what)
-    weight, bias = theirs.in_proj_weight.detach().double(), theirs.in_proj_bias.detach().double()
-    want = {}
-    for i, name in enumerate(PROJECTIONS[:3]):  # row blocks q, k, v of in_proj: D rows each
-        want |= {
-            f"{name}.weight": weight[8 * i : 8 * (i + 1)],
-            f"{name}.bias": bias[8 * i : 8 * (i + 1)],
-        }
-    out = theirs.out_proj
-    want |= {
-        "out_proj.weight": out.weight.detach().double(),
-        "out_proj.bias": out.bias.detach().double(),
-    }
-    judge_loaded(ours, want, {}, what)
+    """Numbered torch weights (of widths 6 and 8: an answer that ignores its arguments leaves
+    the second module NaN) land in the right projections, copied into the same Parameters."""
+    for d_model in (6, 8):
+        what = f"load_torch_weights(ours, theirs) with d_model={d_model}, n_heads=2"
+        judge_load(fn, Projections(d_model, 2), numbered_torch_mha(d_model, 2, True), what)

@@ -1,17 +1,12 @@
 """Hidden checks of lab 03 (multi-head attention), their oracles and the visible checks' fixtures.
 
 The oracles cut and join the heads with explicit slices, in float64, on the shared
-:mod:`~transformer_lab.grading.hidden._attention`: unlike the reshape-and-transpose a solution
-uses, and independent of :mod:`transformer_lab.attention`. Every option of
-:func:`oracle_multi_head_attention` but the default is a typical mistake (:func:`mha_mistakes`).
-The hidden checks draw seeded sizes, weights, inputs (keys different from values, ``T != S``)
-and masks that block the keys with the largest raw scores, in training and eval mode, in
-float32, float16 and bfloat16; those of ``split_heads`` and ``merge_heads`` are generated
-(:data:`SPLIT`, :data:`MERGE`). :func:`fixtures` computes the visible checks' worked examples
-(``checks/fixtures/lab03.json``).
+:mod:`~transformer_lab.grading.hidden._attention`; every option of
+:func:`oracle_multi_head_attention` but the default is a typical mistake. The hidden checks draw
+seeded sizes, weights, inputs (keys different from values) and masks that block the keys with
+the largest raw scores, in training and eval mode and in low precision.
 
-Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2; Prince,
-*Understanding Deep Learning*, section 12.3.3.
+Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2.
 """
 
 from __future__ import annotations
@@ -26,24 +21,6 @@ from torch import Tensor, nn
 from transformer_lab.checks import lab03
 from transformer_lab.checks._common import close, generator, randint
 from transformer_lab.checks._generated import Oracle
-from transformer_lab.checks.lab03 import (
-    HINTS,
-    PROJECTIONS,
-    TOLERANCE,
-    Projections,
-    call_mha,
-    expect_copied_in_place,
-    expect_gradients,
-    expect_layout,
-    expect_train_like_eval,
-    instantiate,
-    judge_loaded,
-    judge_mha,
-    load_call,
-    numbered,
-    numbered_torch_mha,
-    watch_parameters,
-)
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._attention import (
     attend64,
@@ -51,6 +28,7 @@ from transformer_lab.grading.hidden._attention import (
     heads_merged_as,
     heads_split_as,
     mask_as_used,
+    pair_entries,
 )
 
 __all__ = [
@@ -64,10 +42,11 @@ __all__ = [
 ]
 
 Params = dict[str, Tensor | None]
+Args, Pair = lab03.Args, lab03.Pair
 
 
 # --------------------------------------------------------------------------------------
-# Oracles
+# Oracles, and the typical mistakes as their variants
 # --------------------------------------------------------------------------------------
 
 
@@ -77,21 +56,14 @@ def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
 
 
 def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
-    """``(B, H, T, Dh) -> (B, T, H*Dh)``: the heads' features side by side, head 0 first (the
-    same for any memory order, ``strided``)."""
+    """``(B, H, T, Dh) -> (B, T, H*Dh)``, head 0's features first (in any memory order)."""
     return heads_merged_as(x)
 
 
 def params_of(module: nn.Module) -> Params:
     """The projections of a module as float64 (``None`` for a missing bias)."""
-    out: Params = {}
-    for name in PROJECTIONS:
-        lin = getattr(module, name)
-        out[f"{name}.weight"] = lin.weight.detach().to("cpu", torch.float64)
-        out[f"{name}.bias"] = (
-            None if lin.bias is None else lin.bias.detach().to("cpu", torch.float64)
-        )
-    return out
+    held = lab03.projection_tensors(module).items()
+    return {k: None if t is None else t.detach().to("cpu", torch.float64) for k, t in held}
 
 
 def _linear(x: Tensor, p: Params, name: str) -> Tensor:
@@ -103,8 +75,7 @@ def _linear(x: Tensor, p: Params, name: str) -> Tensor:
 def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | None:
     """:func:`~transformer_lab.grading.hidden._attention.mask_as_used`, and two misuses of the
     head axis: a 4-axis mask cut to its first head (``"first_head"``), or one mask per example
-    repeated head-major (``h*B + b``) for heads flattened batch-major (``b*H + h``,
-    ``"repeated"``)."""
+    repeated as ``h*B + b`` for heads flattened as ``b*H + h`` (``"repeated"``)."""
     if use not in ("first_head", "repeated"):
         return mask_as_used(mask, shape, use)
     assert mask is not None
@@ -117,48 +88,27 @@ def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | No
 
 def oracle_multi_head_attention(
     p: Params,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
+    args: Args,
     n_heads: int,
-    mask: Tensor | None = None,
     *,
     scale: str = "head",
     out_proj: bool = True,
     split: str = "right",
     merge: str = "right",
-    inputs: str = "right",
     use: str = "right",
     fill: str = "zero",
-) -> tuple[Tensor, Tensor] | None:
-    """Multi-head attention in float64; every option but the default is a mistake.
+) -> Pair | None:
+    """Multi-head attention in float64 of the projections ``p`` (:func:`params_of`):
+    ``(out (B, T, D), weights (B, H, T, S))`` for ``args = (query (B, T, D), key, value
+    (B, S, D), mask)``, a bool mask (True = may attend) broadcasting to ``(B, H, T, S)``.
 
-    Args:
-        p: the projections (:func:`params_of`).
-        query: the queries, ``(B, T, D)``; key, value: ``(B, S, D)``.
-        n_heads: the number H of heads.
-        mask: bool, True = may attend, broadcasting to ``(B, H, T, S)``; None: no mask.
-        scale: ``"head"`` (``1/sqrt(Dh)``), ``"model"`` (``1/sqrt(D)``) or ``"none"``.
-        out_proj: apply the output projection.
-        split: ``"right"``, ``"no_transpose"`` (``reshape(B, H, T, Dh)``) or ``"interleaved"``.
-        merge: ``"right"`` or ``"no_transpose"`` (``reshape(B, T, D)``).
-        inputs: ``"right"``, ``"kv_swapped"``, ``"values_from_key"``, ``"keys_from_value"``.
-        use: how the mask is applied: ``"right"``, one of
-            :data:`~transformer_lab.grading.hidden._attention.MASK_USES`, ``"first_head"``
-            or ``"repeated"`` (:func:`_mask_as`).
-        fill: the softmax's fill of blocked keys (``"zero"``, or a mistake of
-            :func:`~transformer_lab.grading.hidden._attention.masked_weights`).
-
-    Returns:
-        ``(out (B, T, D), weights (B, H, T, S))``, or None when the variant cannot run here.
+    Every option but the default is a mistake (None where it cannot run here): ``scale``
+    ``"model"`` (``1/sqrt(D)``) or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d
+    ``"no_transpose"``; the mask ``use``d as :func:`_mask_as` says; the ``fill`` of
+    :func:`~transformer_lab.grading.hidden._attention.masked_weights`.
     """
-    query, key, value = (t.detach().to("cpu", torch.float64) for t in (query, key, value))
-    key, value = {
-        "right": (key, value),
-        "kv_swapped": (value, key),
-        "values_from_key": (key, key),
-        "keys_from_value": (value, value),
-    }[inputs]
+    mask = args[3]
+    query, key, value = (t.detach().to("cpu", torch.float64) for t in args[:3])
     B, T, D = query.shape
     S = key.shape[1]
     q, k, v = (
@@ -168,11 +118,9 @@ def oracle_multi_head_attention(
     allowed = _mask_as(mask, (B, n_heads, T, S), use)
     if allowed is None:
         return None
-    dh = D // n_heads
-    factor = {"head": 1 / math.sqrt(dh), "model": 1 / math.sqrt(D), "none": 1.0}[scale]
-    heads, weights = attend64(
-        q, k, v, allowed, scale=factor, fill=fill
-    )  # (B, H, T, Dh), (B, H, T, S)
+    factor = {"head": 1 / math.sqrt(D // n_heads), "model": 1 / math.sqrt(D), "none": 1.0}[scale]
+    # (B, H, T, Dh), (B, H, T, S)
+    heads, weights = attend64(q, k, v, allowed, scale=factor, fill=fill)
     merged = heads_merged_as(heads, merge)  # (B, T, D)
     out = _linear(merged, p, "out_proj") if out_proj else merged
     return out, weights
@@ -181,20 +129,15 @@ def oracle_multi_head_attention(
 def scores_of(p: Params, query: Tensor, key: Tensor, n_heads: int) -> Tensor:
     """The oracle's weights ``(B, H, T, S)`` without a mask: they rank each row's keys as the
     raw scores do (to build masks that block the top key)."""
-    return oracle_multi_head_attention(p, query, key, key, n_heads)[1]
+    return oracle_multi_head_attention(p, (query, key, key, None), n_heads)[1]
 
 
 def blocking_mask(
     scores: Tensor, shape: Sequence[int], g: torch.Generator, extra: float = 0.2
 ) -> Tensor:
-    """A bool mask of ``shape`` (broadcasting to the scores) that blocks the rows' top keys.
-
-    A mask with its own value for every row blocks each row's top-scoring key, then a few more
-    at random (probability ``extra``). A mask shared along some axes blocks the keys that are
-    on top in most of the rows it covers, at most half of them, and nothing at random. Wherever
-    a row's top key is blocked, the blocked keys out-score the allowed ones: a mask applied
-    late, or not at all, shows.
-    """
+    """A bool mask of ``shape`` (broadcasting to the scores) that blocks each row's top key
+    (and at random, probability ``extra``, more); one shared along some axes blocks the keys on
+    top in most rows it covers, at most half of them. A mask applied late or not at all shows."""
     full = tuple(scores.shape)
     top = torch.zeros(full)
     top.scatter_(-1, scores.argmax(-1, keepdim=True), 1.0)
@@ -210,17 +153,12 @@ def blocking_mask(
     return (~blocked).reshape(tuple(shape))
 
 
-# --------------------------------------------------------------------------------------
-# The typical mistakes
-# --------------------------------------------------------------------------------------
-
-
 def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
     how = ("no_transpose", "interleaved")
     return distinct_mistakes(
         oracle_split_heads(x, n_heads),
-        [(HINTS[f"split_{h}"], heads_split_as(x, n_heads, h)) for h in how],
+        [(lab03.HINTS[f"split_{h}"], heads_split_as(x, n_heads, h)) for h in how],
     )
 
 
@@ -228,88 +166,49 @@ def merge_mistakes(x: Tensor, strided: bool = False) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
     how = ("no_transpose", "interleaved", "wrong_axes")
     return distinct_mistakes(
-        oracle_merge_heads(x), [(HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
+        oracle_merge_heads(x), [(lab03.HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
     )
 
 
-_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("no_out_proj", {"out_proj": False}),
-    ("scale_d_model", {"scale": "model"}),
-    ("no_scale", {"scale": "none"}),
-    ("split_no_transpose", {"split": "no_transpose"}),
-    ("split_interleaved", {"split": "interleaved"}),
-    ("merge_no_transpose", {"merge": "no_transpose"}),
-    ("kv_swapped", {"inputs": "kv_swapped"}),
-    ("values_from_key", {"inputs": "values_from_key"}),
-    ("keys_from_value", {"inputs": "keys_from_value"}),
-)
-_MASK_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("mask_ignored", {"use": "ignored"}),
-    ("mask_inverted", {"use": "inverted"}),
-    ("mask_after_softmax", {"fill": "after"}),
-    ("mask_neg_inf", {"fill": "nan"}),
-    ("mask_uniform", {"fill": "uniform"}),
-    ("mask_unsqueezed", {"use": "unsqueezed"}),
-    ("mask_first_head", {"use": "first_head"}),
-    ("mask_repeated", {"use": "repeated"}),
-)
+#: The typical mistakes of ``MultiHeadAttention``: their hints' ids -> the oracle's options
+#: (``kv``: where key and value come from among query, key, value; ``mask_*``: with a mask).
+_VARIANTS: dict[str, dict[str, Any]] = {
+    "no_out_proj": {"out_proj": False},
+    "scale_d_model": {"scale": "model"},
+    "no_scale": {"scale": "none"},
+    "split_no_transpose": {"split": "no_transpose"},
+    "merge_no_transpose": {"merge": "no_transpose"},
+    "kv_swapped": {"kv": (2, 1)},
+    "values_from_key": {"kv": (1, 1)},
+    "keys_from_value": {"kv": (2, 2)},
+    "mask_ignored": {"use": "ignored"},
+    "mask_inverted": {"use": "inverted"},
+    "mask_after_softmax": {"fill": "after"},
+    "mask_neg_inf": {"fill": "nan"},
+    "mask_uniform": {"fill": "uniform"},
+    "mask_unsqueezed": {"use": "unsqueezed"},
+    "mask_first_head": {"use": "first_head"},
+    "mask_repeated": {"use": "repeated"},
+}
 
 
-def mha_mistakes(
-    p: Params,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    n_heads: int,
-    mask: Tensor | None = None,
-) -> dict[str, tuple[Tensor, Tensor]]:
+def mha_mistakes(p: Params, args: Args, n_heads: int) -> dict[str, Pair]:
     """Hint -> ``(out, weights)`` of every typical mistake that differs from the right answer
     (in self-attention, keys and values from the wrong input do not)."""
-    want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
+    want = oracle_multi_head_attention(p, args, n_heads)
     assert want is not None
-    variants = _VARIANTS + (_MASK_VARIANTS if mask is not None else ())
-    out: dict[str, tuple[Tensor, Tensor]] = {}
-    for name, options in variants:
-        got = oracle_multi_head_attention(p, query, key, value, n_heads, mask, **options)
-        if got is None:
+    out: dict[str, Pair] = {}
+    for name, options in _VARIANTS.items():
+        if args[3] is None and name.startswith("mask_"):
             continue
-        same_out = close(got[0], want[0], 1e-9, 1e-9)
-        same_w = got[1].shape == want[1].shape and close(got[1], want[1], 1e-9, 1e-9)
-        if not (same_out and same_w):
-            out[HINTS[name]] = got
+        kv = [args[i] for i in options.get("kv", (1, 2))]  # key and value, from these inputs
+        rest = {k: v for k, v in options.items() if k != "kv"}
+        got = oracle_multi_head_attention(p, (args[0], *kv, args[3]), n_heads, **rest)
+        if got is not None and not all(
+            close(g, w, 1e-9, 1e-9) for g, w in zip(got, want, strict=True)
+        ):
+            out[lab03.HINTS[name]] = got
     return out
-
-
-def oracle_loaded(theirs: nn.MultiheadAttention) -> dict[str, Tensor]:
-    """What ``ours``' projections hold after loading ``theirs`` (float64), weights first: the
-    query, key and value row blocks of ``in_proj_weight`` (``in_proj_bias``), then
-    ``out_proj``'s."""
-    out: dict[str, Tensor] = {}
-    for a in ("weight", "bias"):
-        stacked = getattr(theirs, f"in_proj_{a}")
-        if stacked is None:
-            break
-        blocks = (*stacked.chunk(3), getattr(theirs.out_proj, a))
-        out |= {f"{n}.{a}": t.detach().double() for n, t in zip(PROJECTIONS, blocks, strict=True)}
-    return out
-
-
-def loaded_mistakes(theirs: nn.MultiheadAttention) -> dict[str, dict[str, Tensor]]:
-    """Hint -> what a typical wrong loader leaves in each projection (:func:`oracle_loaded`'s
-    names): the query and key blocks swapped, the weights transposed."""
-    want = oracle_loaded(theirs)
-    pairs = (("q_proj", "k_proj"), ("k_proj", "q_proj"))
-    swapped = {k.replace(a, b): want[k] for a, b in pairs for k in want if k.startswith(a)}
-    transposed = {f"{name}.weight": want[f"{name}.weight"].T for name in PROJECTIONS}
-    return {
-        HINTS["load_wrong_order"]: want | swapped,
-        HINTS["load_transposed"]: want | transposed,
-    }
-
-
-# --------------------------------------------------------------------------------------
-# Shared pieces of the hidden checks
-# --------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -319,28 +218,39 @@ def _randomise(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> Non
         p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(max(p.shape[-1], 1)))
 
 
-def _expect_mha(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    n_heads: int,
-    mask: Tensor | None,
+def _drawn(
+    cls: Callable[..., Any],
+    g: torch.Generator,
+    D: int,
+    H: int,
+    sizes: tuple[int, int, int],
     what: str,
-    *,
-    train_too: bool = False,
+    scale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    **kwargs: Any,
+) -> tuple[nn.Module, Tensor, Tensor, Tensor]:
+    """The student's ``MultiHeadAttention(D, H, **kwargs)`` with random projections, in
+    ``dtype``, and random ``query (B, T, D)``, ``key`` and ``value (B, S, D)`` (``sizes`` is
+    ``(B, T, S)``; key and value are different tensors)."""
+    module = lab03.instantiate(cls, D, H, what=what, **kwargs)
+    _randomise(module, g, scale)
+    B, T, S = sizes
+    query, key, value = (torch.randn(B, n, D, generator=g).to(dtype) for n in (T, S, S))
+    return module.to(dtype), query, key, value
+
+
+def _expect_mha(
+    module: nn.Module, args: Args, n_heads: int, what: str, train_too: bool = False
 ) -> None:
-    """The student's module against the oracle (and in training mode, if asked)."""
+    """The student's module on ``args = (query, key, value, mask)`` against the oracle (and in
+    training mode, if asked)."""
     p = params_of(module)
-    want = oracle_multi_head_attention(p, query, key, value, n_heads, mask)
+    want = oracle_multi_head_attention(p, args, n_heads)
     assert want is not None
-    mistakes = mha_mistakes(p, query, key, value, n_heads, mask)
-    tolerance = TOLERANCE[query.dtype]
-    module.eval()
-    got = call_mha(module, query, key, value, mask, n_heads, what)
-    judge_mha(got, want, mistakes, what, tolerance)
+    got = lab03.call_mha(module.eval(), args, n_heads, what)
+    lab03.judge_mha(got, want, mha_mistakes(p, args, n_heads), what, lab03.TOLERANCE[args[0].dtype])
     if train_too:
-        expect_train_like_eval(module, (query, key, value, mask), n_heads, what)
+        lab03.expect_train_like_eval(module, args, n_heads, what)
 
 
 # --------------------------------------------------------------------------------------
@@ -386,8 +296,7 @@ def _merge_cases(g: torch.Generator) -> list[tuple[Tensor, bool]]:
 hidden_check_merge_heads = MERGE.hidden(
     "hidden_check_merge_heads",
     _merge_cases,
-    """Random sizes, heads as a split hands them over (not contiguous) and contiguous, other
-    dtypes, one head.""",
+    """Random sizes and dtypes, heads as a split hands them over (not contiguous), one head.""",
 )
 
 
@@ -398,34 +307,25 @@ def hidden_check_multi_head_attention(cls: Callable[..., Any], seed: int = 0) ->
         H, dh = randint(1, 4, g), randint(1, 5, g)
         if trial == 0:
             H, dh = max(H, 2), max(dh, 2)
-        D = H * dh
+        D, bias = H * dh, trial != 1
         B, T = randint(1, 3, g), randint(2, 5, g)
         S = T + randint(1, 3, g)
-        bias = trial != 1
         what = f"MultiHeadAttention({D}, {H}, bias={bias})"
-        module = instantiate(cls, D, H, bias=bias, what=what)
-        expect_layout(module, D, bias, what)
-        _randomise(module, g)
-        query = torch.randn(B, T, D, generator=g)
-        key, value = torch.randn(B, S, D, generator=g), torch.randn(B, S, D, generator=g)
+        module, *inputs = _drawn(cls, g, D, H, (B, T, S), what, bias=bias)
+        lab03.expect_layout(module, D, bias, what)
         call = f"{what} on query {(B, T, D)}, key and value {(B, S, D)} (different tensors)"
-        _expect_mha(module, query, key, value, H, None, call, train_too=trial == 0)
+        _expect_mha(module, (*inputs, None), H, call, train_too=trial == 0)
     # Self-attention, and scores large enough that the scale matters.
-    module = instantiate(cls, 16, 4, what="MultiHeadAttention(16, 4)")
-    _randomise(module, g, scale=3.0)
-    x = torch.randn(2, 5, 16, generator=g)
-    _expect_mha(module, x, x, x, 4, None, "MultiHeadAttention(16, 4)(x, x, x) with large scores")
-    expect_gradients(module.train(), x, x, x, 4, "MultiHeadAttention(16, 4)(x, x, x)")
+    module, x, _, _ = _drawn(cls, g, 16, 4, (2, 5, 5), "MultiHeadAttention(16, 4)", scale=3.0)
+    _expect_mha(module, (x, x, x, None), 4, "MultiHeadAttention(16, 4)(x, x, x) with large scores")
+    lab03.expect_gradients(module.train(), (x, x, x, None), 4, "MultiHeadAttention(16, 4)(x, x, x)")
 
 
 def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 0) -> None:
     """Masks of every broadcast shape that block each row's top key; empty rows; per head."""
     g = generator(seed)
     B, H, T, S, D = 3, 2, 3, 7, 6
-    module = instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
-    _randomise(module, g)
-    query = torch.randn(B, T, D, generator=g)
-    key, value = torch.randn(B, S, D, generator=g), torch.randn(B, S, D, generator=g)
+    module, query, key, value = _drawn(cls, g, D, H, (B, T, S), f"MultiHeadAttention({D}, {H})")
     scores = scores_of(params_of(module), query, key, H)
     shapes = {
         "a (S,) key mask": (S,),
@@ -438,21 +338,17 @@ def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 
     for label, shape in shapes.items():
         mask = blocking_mask(scores, shape, g)
         what = f"MultiHeadAttention({D}, {H})(query, key, value, mask) with {label}"
-        _expect_mha(module, query, key, value, H, mask, what, train_too=len(shape) == 4)
+        _expect_mha(module, (query, key, value, mask), H, what, train_too=len(shape) == 4)
     # Empty rows: in every head of one query, and in one head only.
     mask = blocking_mask(scores, (B, H, T, S), g)
     mask[1, :, 2] = False
     mask[2, 0, 0] = False
     what = f"MultiHeadAttention({D}, {H}) with queries that may attend to nothing"
-    _expect_mha(module, query, key, value, H, mask, what)
+    _expect_mha(module, (query, key, value, mask), H, what)
     # T == H: a (T, S) mask given an extra axis broadcasts silently, one query row per head.
-    Hs = 3
-    module = instantiate(cls, 9, Hs, what="MultiHeadAttention(9, 3)")
-    _randomise(module, g)
-    query = torch.randn(2, Hs, 9, generator=g)
-    key, value = torch.randn(2, 5, 9, generator=g), torch.randn(2, 5, 9, generator=g)
-    mask = blocking_mask(scores_of(params_of(module), query, key, Hs), (Hs, 5), g)
-    _expect_mha(module, query, key, value, Hs, mask, "MultiHeadAttention(9, 3) with a (T, S) mask")
+    module, query, key, value = _drawn(cls, g, 9, 3, (2, 3, 5), "MultiHeadAttention(9, 3)")
+    mask = blocking_mask(scores_of(params_of(module), query, key, 3), (3, 5), g)
+    _expect_mha(module, (query, key, value, mask), 3, "MultiHeadAttention(9, 3) with a (T, S) mask")
 
 
 def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int = 0) -> None:
@@ -461,60 +357,34 @@ def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int 
     B, H, T, S, D = 2, 2, 3, 6, 8
     for dtype in (torch.float16, torch.bfloat16):
         what = f"MultiHeadAttention({D}, {H}) in {str(dtype).replace('torch.', '')}"
-        module = instantiate(cls, D, H, what=what)
-        _randomise(module, g)
-        module.to(dtype)
-        query = torch.randn(B, T, D, generator=g).to(dtype)
-        key = torch.randn(B, S, D, generator=g).to(dtype)
-        value = torch.randn(B, S, D, generator=g).to(dtype)
+        module, query, key, value = _drawn(cls, g, D, H, (B, T, S), what, dtype=dtype)
         scores = scores_of(params_of(module), query, key, H)
-        _expect_mha(module, query, key, value, H, None, what)
+        _expect_mha(module, (query, key, value, None), H, what)
         mask = blocking_mask(scores, (B, 1, T, S), g)
         mask[0, 0, 1] = False  # a query with nothing to attend to
-        _expect_mha(module, query, key, value, H, mask, f"{what} with a (B, 1, T, S) mask")
+        _expect_mha(module, (query, key, value, mask), H, f"{what} with a (B, 1, T, S) mask")
 
 
 def hidden_check_load_torch_weights(
     fn: Callable[..., Any], cls: Callable[..., Any], seed: int = 0
 ) -> None:
-    """Random sizes, no bias, and the student's own module, loaded, against torch's output.
-
-    Args:
-        fn: the student's ``load_torch_weights``.
-        cls: the student's ``MultiHeadAttention``.
-        seed: seed of the random sizes and weights.
-    """
+    """Random sizes, no bias, and the student's own module (``cls``) loaded from torch's,
+    then run."""
     g = generator(seed)
     for bias in (True, False):
         H, dh = randint(1, 4, g), randint(2, 4, g)
         D = H * dh
-        numbered = numbered_torch_mha(D, H, bias)
-        holder = Projections(D, H, bias=bias)
-        originals = watch_parameters(holder)
         what = f"load_torch_weights(ours, theirs) with d_model={D}, n_heads={H}, bias={bias}"
-        load_call(fn, holder, numbered, what)
-        judge_loaded(holder, oracle_loaded(numbered), loaded_mistakes(numbered), what)
-        expect_copied_in_place(holder, numbered, originals, what)
+        ours, theirs = lab03.Projections(D, H, bias=bias), lab03.numbered_torch_mha(D, H, bias)
+        lab03.judge_load(fn, ours, theirs, what)
     # End to end: the student's module, loaded, computes what torch's module computes.
-    D, H = 12, 3
-    theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    theirs = nn.MultiheadAttention(12, 3, batch_first=True).eval()
     _randomise(theirs, g)
-    what = f"load_torch_weights(MultiHeadAttention({D}, {H}), theirs)"
-    module = instantiate(cls, D, H, what=f"MultiHeadAttention({D}, {H})")
-    before = watch_parameters(module)
-    load_call(fn, module, theirs, what)
-    query = torch.randn(2, 4, D, generator=g)
-    key, value = torch.randn(2, 6, D, generator=g), torch.randn(2, 6, D, generator=g)
+    module, *inputs = _drawn(cls, g, 12, 3, (2, 4, 6), "MultiHeadAttention(12, 3)")
+    lab03.judge_load(fn, module, theirs, "load_torch_weights(MultiHeadAttention(12, 3), theirs)")
     mask = torch.rand(4, 6, generator=g) < 0.7
-    mask[:, 0] = True  # no empty rows: torch's module serves as the reference
-    with torch.no_grad():
-        ref_out, ref_w = theirs(query, key, value, attn_mask=~mask, average_attn_weights=False)
-    call = f"your MultiHeadAttention({D}, {H}) loaded from torch's, with a (T, S) mask"
-    got = call_mha(module.eval(), query, key, value, mask, H, call)
-    p = params_of(module)
-    want = (ref_out.double(), ref_w.double())
-    judge_mha(got, want, mha_mistakes(p, query, key, value, H, mask), call)
-    expect_copied_in_place(module, theirs, before, what)
+    call = "your MultiHeadAttention(12, 3) loaded from torch's, with a (T, S) mask"
+    _expect_mha(module, (*inputs, mask), 3, call)
 
 
 # --------------------------------------------------------------------------------------
@@ -534,9 +404,9 @@ def _example(
     is (examples, queries, keys)."""
     g = generator(seed)
     p: Params = {}
-    for name in PROJECTIONS:
-        p[f"{name}.weight"] = _grid((d_model, d_model), g, 32)
-        p[f"{name}.bias"] = _grid((d_model,), g, 32) if bias else None
+    for name in lab03.PROJECTIONS:  # weights (D, D) and biases (D,)
+        for attr, shape in (("weight", (d_model, d_model)), ("bias", (d_model,))):
+            p[f"{name}.{attr}"] = _grid(shape, g, 32) if bias or attr == "weight" else None
     B, T, S = sizes
     query, key, value = (_grid((B, n, d_model), g, 16) for n in (T, S, S))
     return p, query, key, value
@@ -550,27 +420,25 @@ def _mha_entries(
 ) -> dict[str, dict[str, Any]]:
     """The entries of the stored example ``"<key>"``: its inputs and projections, and for each
     mask (``""``: none; else ``" with <label>"``) the expected pair and the mistakes' pairs."""
-    p, query, keys, value = example
-    tensors = {"query": query, "key": keys, "value": value, **p}
+    p, *inputs = example
+    tensors = {**dict(zip(("query", "key", "value"), inputs, strict=True)), **p}
     out = {f"{key}: {name}": fixture_entry(t) for name, t in tensors.items() if t is not None}
     for label, mask in masks.items():
-        want = oracle_multi_head_attention(p, query, keys, value, n_heads, mask)
+        args = (*inputs, mask)
+        want = oracle_multi_head_attention(p, args, n_heads)
         assert want is not None
-        mistakes = mha_mistakes(p, query, keys, value, n_heads, mask)
-        name = f"{key}{label}"
-        out[f"{name}: out"] = fixture_entry(want[0], {h: m[0] for h, m in mistakes.items()})
-        out[f"{name}: weights"] = fixture_entry(want[1], {h: m[1] for h, m in mistakes.items()})
+        out |= pair_entries(key + label, want, mha_mistakes(p, args, n_heads))
         if mask is not None:
-            out[f"{name}: mask"] = fixture_entry(mask.double())
+            out[f"{key}{label}: mask"] = fixture_entry(mask.double())
     return out
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab03`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
-    out |= SPLIT.fixtures("check_split_heads", [(numbered(2, 3, 8), n) for n in (2, 4, 1)])
-    x = numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
-    heads = oracle_split_heads(numbered(2, 3, 8), 2)  # merged back into the numbered input
+    out |= SPLIT.fixtures("check_split_heads", [(lab03.numbered(2, 3, 8), n) for n in (2, 4, 1)])
+    x = lab03.numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
+    heads = oracle_split_heads(lab03.numbered(2, 3, 8), 2)  # merged back into the numbered input
     out |= MERGE.fixtures("check_merge_heads", [(x, False), (x, True), (heads, False)])
     # The attention example: its key mask (it blocks every row's top key) leaves every example
     # at least three of its six keys.
@@ -596,9 +464,4 @@ def fixtures() -> dict[str, dict[str, Any]]:
     example = _example(304, 8, (3, 4, 5))
     masks = {" with a (T, S) mask": mask}
     out |= _mha_entries("MultiHeadAttention(8, 4) example", example, 4, masks)
-    torch_mha = numbered_torch_mha(6, 2, True)
-    mistakes = loaded_mistakes(torch_mha)
-    for param, t in oracle_loaded(torch_mha).items():
-        wrong = {hint: m[param] for hint, m in mistakes.items()}
-        out[f"load_torch_weights(d_model=6): {param}"] = fixture_entry(t, wrong)
     return out
