@@ -27,10 +27,13 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab08
 from transformer_lab.checks import spec as lab_specs
-from transformer_lab.checks._common import close, expect_close, expect_true, generator, randint
+from transformer_lab.checks._common import expect_close, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab08 import (
+    ATTENTION_RULE,
+    CACHE_RULE,
     SCHEDULES,
+    STEP_RULE,
     ScriptedLM,
     attention_example,
     build_attention,
@@ -136,10 +139,8 @@ def oracle_attention(
     merge = "no_transpose" if variant == "no_transpose" else "right"  # undoes the wrong split
     q, k, v = oracle_projections(weights, x, n_heads, order, split)
     w = _weights64(weights)
-    scale = {"scale_D": 1 / math.sqrt(D), "no_scale": 1.0}.get(variant, 1 / math.sqrt(D // n_heads))
-    fill, axis = {"after_softmax": ("after", -1), "softmax_queries": ("zero", -2)}.get(
-        variant, ("zero", -1)
-    )
+    scale = 1 / math.sqrt(D if variant == "scale_D" else D // n_heads)
+    fill = "after" if variant == "after_softmax" else "zero"
     outs = []
     for start, end in schedule or ((0, T),):
         allowed = _allowed("" if variant == "after_softmax" else variant, start, end)
@@ -150,7 +151,6 @@ def oracle_attention(
             allowed,
             scale=scale,
             fill=fill,
-            axis=axis,
         )  # (B, H, t, Dh)
         out = heads_merged_as(heads, merge)  # (B, t, D)
         if variant != "no_out_proj":
@@ -171,15 +171,12 @@ ATTENTION_MISTAKES: dict[str, str] = {
     "first d_model columns, then the keys, then the values (the rows of torch's in_proj_weight).",
     "scale_D": "Your scores are divided by sqrt(d_model); each head's scores are divided by "
     "sqrt(Dh), the width of one head, Dh = d_model / n_heads.",
-    "no_scale": "Your scores are not scaled: divide q @ k^T by sqrt(Dh), the head width.",
     "no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which "
     "cuts across tokens: view as (B, T, H, Dh) and then transpose(1, 2).",
     "split_no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, "
     "D), which cuts across tokens (merging back with a transpose does not undo it): view as "
     "(B, T, H, Dh) and then transpose(1, 2), as in lab 03. Later tokens then leak into earlier "
     "outputs through the heads, not through the mask.",
-    "softmax_queries": "Your softmax runs over the queries (dim=-2): each query's weights over "
-    "the keys sum to one, so take it over the last axis.",
     "no_out_proj": "Your output skips out_proj: after merging the heads back to (B, T, D), "
     "apply self.out_proj.",
 }
@@ -250,9 +247,6 @@ def _attention_case(
     return module, weights, x, what, heads
 
 
-_RULE = "out = out_proj(merge(softmax(q k^T / sqrt(Dh) under the causal mask) v))."
-
-
 def hidden_check_causal_self_attention(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Random sizes (later keys scoring highest) against the oracle, in eval mode."""
     g = generator(seed)
@@ -263,7 +257,7 @@ def hidden_check_causal_self_attention(cls: Callable[..., nn.Module], seed: int 
             oracle_attention(weights, x, heads),
             attention_mistakes(weights, x, heads),
             f"{what} on x {tuple(x.shape)} (the later keys score highest)",
-            _RULE,
+            ATTENTION_RULE,
             _TOL,
         )
 
@@ -292,7 +286,7 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
             want,
             attention_mistakes(weights, x, heads),
             f"{what} on x {tuple(x.shape)} in one pass, without a cache (before the cache's turn)",
-            _RULE,
+            ATTENTION_RULE,
             _TOL,
         )
         for schedule in (_random_schedule(T, g), [(p, p + 1) for p in range(T)]):
@@ -304,8 +298,7 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
                 want,
                 attention_mistakes(weights, x, heads, schedule),
                 f"{fed} through a KV cache of capacity {T + 3}",
-                "Through a cache, query P+i of a piece that starts at P attends every stored "
-                "key s <= P+i: the outputs are those of one pass.",
+                CACHE_RULE,
                 _TOL,
             )
     module, weights, x, what, heads = _attention_case(cls, g)
@@ -386,14 +379,6 @@ def hidden_check_causal_self_attention_training(
         "training=self.training)).",
         atol=_TOL,
         rtol=_TOL,
-    )
-    module.train()
-    first = run_attention(module, x, f"{what} in training mode")
-    second = run_attention(module, x, f"{what} in training mode")
-    expect_true(
-        not close(first, second),
-        f"{what} gives the same output twice in training mode: dropout does nothing. Apply "
-        "nn.Dropout(dropout) to the attention weights.",
     )
     _dropout_structure(cls, g)
 
@@ -563,9 +548,7 @@ def _expect_tokens(got: Tensor, want: Tensor, what: str) -> None:
     """Generated ids equal to the reference's greedy ones."""
     expect_true(
         torch.equal(got.cpu().long(), want.long()),
-        f"{what} returned {got.tolist()}, expected {want.tolist()}. Each step takes the logits "
-        "of the LAST position, logits[:, -1], samples the next token from them (temperature 0: "
-        "the argmax) and appends it.",
+        f"{what} returned {got.tolist()}, expected {want.tolist()}. {STEP_RULE}",
     )
 
 
@@ -749,8 +732,6 @@ def count_mistakes(
         "layer norms.": V * D + n_ctx * D + 12 * L * D * D,
         "Your MLP has width D: GPT-2's hidden layer is 4 D wide (D -> 4D -> D).": right
         - L * (6 * D * D + b * 3 * D),
-        "Your attention has no biases (with bias=True, qkv_proj has 3D and out_proj D).": right
-        - b * L * 4 * D,
         "Your blocks have one layer norm: GPT-2's blocks have two (before the attention and "
         "before the MLP).": right - L * (1 + b) * D,
         "Your QKV projection's bias has width D: qkv_proj maps D -> 3D, so its bias holds 3D "
