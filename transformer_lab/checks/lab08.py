@@ -1,18 +1,12 @@
 """Visible checks of lab 08 (language models): causal self-attention with a KV cache, generation
-with and without the cache, and the arithmetic of scale.
+with and without the cache, and the arithmetic of scale. No oracle lives here:
 
-The notebook's visible test cells call the ``check_*`` functions here. No oracle lives here:
-
-* ``CausalSelfAttention`` runs on a worked example whose weights and inputs are made by formula
-  (:func:`attention_example`: the later keys score highest, so a mask that acts late cannot
-  hide), in one pass and through a KV cache; the expected outputs, keys and values, and what the
-  typical mistakes return, are stored in ``fixtures/lab08.json``;
+* ``CausalSelfAttention`` runs on a worked example made by formula (:func:`attention_example`),
+  in one pass and through a KV cache, against ``fixtures/lab08.json``;
 * ``generate`` runs on :class:`ScriptedLM`, a fake language model whose next token is a known
-  function of what it has read and whose cache records how it is fed; while it runs,
-  :class:`SamplingWatch` names where a NaN or inf started before ``torch.multinomial``;
+  function of what it has read and which records how it is fed (:class:`SamplingWatch` names
+  where a NaN started before ``torch.multinomial``);
 * the four scale functions are ordinary parts (:mod:`transformer_lab.checks._generated`).
-
-While the student's code runs, what computes the answer is refused (the spec's bans).
 
 Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. (GPT-2), 2019;
 Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope et al.,
@@ -111,22 +105,14 @@ def build_attention(
     return module, what
 
 
-_ERROR_HINT = (
-    "forward(x, kv_cache=None) takes x (B, T, D): project with qkv_proj, split q, k and v into "
-    "heads (B, H, T, Dh), with a cache call k, v = kv_cache.store(k, v), attend under the "
-    "causal mask, merge the heads and apply out_proj."
-)
-
-
 def run_attention(module: nn.Module, x: Tensor, what: str, kv_cache: Any = None) -> Tensor:
     """``module(x)`` or ``module(x, kv_cache)`` under the ban; an output ``(B, T, D)``."""
     args = (x,) if kv_cache is None else (x, kv_cache)
     try:
-        out = call_forbidding(module, args, {}, ban=ATTENTION_BAN, what=what, on_error=_ERROR_HINT)
+        out = call_forbidding(module, args, {}, ban=ATTENTION_BAN, what=what)
     except AssertionError as exc:
-        text = str(exc)
-        if "overflow" in text or "cannot be converted" in text:
-            raise AssertionError(f"{text.split(' forward(x')[0]} {HALF_FILL}") from None
+        if "overflow" in str(exc) or "cannot be converted" in str(exc):
+            raise AssertionError(f"{exc} {HALF_FILL}") from None
         raise
     if isinstance(out, tuple | list):
         raise AssertionError(
@@ -255,38 +241,35 @@ def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
 # ======================================================================================
 
 
-def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
-    """The worked example (the later keys score highest) in one pass, in eval mode."""
-    x, weights, _ = attention_example()
+def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, int, Tensor]:
+    """The worked example in one pass, in eval mode, judged (its mistakes named).
+
+    Returns:
+        ``(module, how messages name it, x, heads, the expected output)``.
+    """
+    x, weights, heads = attention_example()
     module, what = build_attention(cls, 8, 2, weights)
-    module.eval()
     want, mistakes = stored("lab08", "CausalSelfAttention example: out")
-    got = run_attention(module, x, f"{what} on the worked example")
     expect_attention(
-        got,
+        run_attention(module.eval(), x, f"{what} on the worked example"),
         want,
         mistakes,
-        f"{what} on the worked example (the later keys score highest)",
+        f"{what} on the worked example in one pass (the later keys score highest)",
         ATTENTION_RULE,
         _TOL,
     )
+    return module, what, x, heads, want
+
+
+def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
+    """The worked example (the later keys score highest) in one pass, in eval mode."""
+    _one_pass(cls)
 
 
 def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
-    """The worked example fed in chunks and token by token through a KV cache: the same output
-    as in one pass, and the cache holds the keys and values."""
-    x, weights, H = attention_example()
-    module, what = build_attention(cls, 8, 2, weights)
-    module.eval()
-    want, one_pass = stored("lab08", "CausalSelfAttention example: out")
-    expect_attention(
-        run_attention(module, x, f"{what} on the worked example"),
-        want,
-        one_pass,
-        f"{what} on the worked example in one pass, without a cache (before the cache's turn)",
-        ATTENTION_RULE,
-        _TOL,
-    )
+    """The worked example in one pass first, then fed in chunks and token by token through a
+    KV cache: the same output as in one pass, and the cache holds the keys and values."""
+    module, what, x, H, want = _one_pass(cls)
     projections = [
         stored("lab08", f"CausalSelfAttention example: {name}")[0]
         for name in ("queries", "keys", "values")
@@ -755,10 +738,9 @@ check_generate = GREEDY.visible(
 def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
     """Sampling with a seeded generator: the same tokens with the cache and without, and again
     with the same seed; different ones with another seed."""
-    spec = {"prompt": [[1, 2], [3, 4], [5, 6]], "n_ctx": 8, "new": 12}
-    runs = {}
-    for use_cache, seed in ((True, 0), (False, 0), (True, 0), (True, 1)):
-        model = ScriptedLM(n_ctx=spec["n_ctx"], sharpness=1.0)
+
+    def sample(use_cache: bool, seed: int) -> tuple[Tensor, str]:
+        model = ScriptedLM(n_ctx=8, sharpness=1.0)
         what = (
             f"generate(model, idx (3, 2), 12, temperature=1.0, use_cache={use_cache}, "
             f"generator=torch.Generator().manual_seed({seed})) on a scripted model with n_ctx=8"
@@ -766,17 +748,18 @@ def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
         got = run_generate(
             fn,
             model,
-            torch.tensor(spec["prompt"]),
-            spec["new"],
+            torch.tensor([[1, 2], [3, 4], [5, 6]]),
+            12,
             what,
             temperature=1.0,
             use_cache=use_cache,
             generator=torch.Generator().manual_seed(seed),
         )
-        judge_calls(model.calls, 2, spec["n_ctx"], spec["new"], use_cache, what)
-        runs.setdefault((use_cache, seed), []).append((got.cpu(), what))
-    with_cache, what = runs[(True, 0)][0]
-    again = runs[(True, 0)][1][0]
+        judge_calls(model.calls, 2, 8, 12, use_cache, what)
+        return got.cpu(), what
+
+    (with_cache, what), (without, _) = sample(True, 0), sample(False, 0)
+    (again, _), (other_seed, _) = sample(True, 0), sample(True, 1)
     expect_true(
         torch.equal(with_cache, again),
         f"{what} gave other tokens when run again with a fresh generator of the same seed: pass "
@@ -784,14 +767,14 @@ def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
         "the draws come from it and not from the global random state.",
     )
     expect_true(
-        torch.equal(with_cache, runs[(False, 0)][0][0]),
+        torch.equal(with_cache, without),
         f"{what} and the same call with use_cache=False gave different tokens "
-        f"({with_cache.tolist()} and {runs[(False, 0)][0][0].tolist()}): the cache must change "
+        f"({with_cache.tolist()} and {without.tolist()}): the cache must change "
         "how fast tokens come, never which. Both paths must sample from the same logits in the "
         "same order, one draw per step.",
     )
     expect_true(
-        not torch.equal(with_cache, runs[(True, 1)][0][0]),
+        not torch.equal(with_cache, other_seed),
         f"{what} gave the same tokens with seeds 0 and 1: at temperature 1 the tokens are "
         "drawn from the softmax of the logits (sample_next), not taken by argmax.",
     )

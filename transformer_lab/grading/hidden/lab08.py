@@ -1,19 +1,11 @@
 """Hidden checks of lab 08 (language models), their oracles and the visible checks' fixtures.
 
-Oracles, written independently of the kit, each with its typical mistakes as variants:
-
-* :func:`oracle_attention`: causal multi-head self-attention in float64 from the fused weights,
-  fed in chunks as through a KV cache; differentiable, so it also gives the gradients the
-  training check compares with;
-* :func:`oracle_generate`: the scripted model's greedy continuation with Python integers;
-* the arithmetic of scale (parameters, compute, cache memory, GPU-days); their hidden checks
-  are generated (one :class:`~transformer_lab.checks._generated.Oracle` each).
-
-The hidden checks run the student's code on seeded random sizes: chunk schedules through a
-KV cache, float16 and bfloat16, training mode (dropout on the attention weights, found by its
-structure) and gradients; generation with the kit's GPT, past the context, and the sampling
-strategies measured by their frequencies; the scale of GPT-2 and GPT-3.
-:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab08.json``).
+Oracles, written independently of the kit, each with its typical mistakes as variants: causal
+self-attention in float64 fed in chunks as through a KV cache (:func:`oracle_attention`,
+differentiable for the gradients), the scripted model's greedy continuation
+(:func:`oracle_generate`) and the arithmetic of scale. The hidden checks run the student's code
+on seeded random sizes: cache schedules, half precision, training mode and dropout, generation
+with the kit's GPT past its context, the sampling strategies' frequencies, GPT-2 and GPT-3.
 """
 
 from __future__ import annotations
@@ -247,19 +239,28 @@ def _attention_case(
     return module, weights, x, what, heads
 
 
+def _one_pass(
+    module: nn.Module, weights: dict[str, Tensor], x: Tensor, what: str, heads: int
+) -> Tensor:
+    """The module's output in one pass, in eval mode, against the oracle's (its mistakes
+    named); returns the oracle's."""
+    want = oracle_attention(weights, x, heads)
+    expect_attention(
+        run_attention(module.eval(), x, what),
+        want,
+        attention_mistakes(weights, x, heads),
+        f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)",
+        ATTENTION_RULE,
+        _TOL,
+    )
+    return want
+
+
 def hidden_check_causal_self_attention(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Random sizes (later keys scoring highest) against the oracle, in eval mode."""
     g = generator(seed)
     for _ in range(3):
-        module, weights, x, what, heads = _attention_case(cls, g)
-        expect_attention(
-            run_attention(module.eval(), x, what),
-            oracle_attention(weights, x, heads),
-            attention_mistakes(weights, x, heads),
-            f"{what} on x {tuple(x.shape)} (the later keys score highest)",
-            ATTENTION_RULE,
-            _TOL,
-        )
+        _one_pass(*_attention_case(cls, g))
 
 
 def _random_schedule(T: int, g: torch.Generator) -> list[tuple[int, int]]:
@@ -278,17 +279,8 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
     g = generator(seed)
     for _ in range(2):
         module, weights, x, what, heads = _attention_case(cls, g)
-        module.eval()
+        want = _one_pass(module, weights, x, what, heads)
         T = x.shape[1]
-        want = oracle_attention(weights, x, heads)
-        expect_attention(
-            run_attention(module, x, what),
-            want,
-            attention_mistakes(weights, x, heads),
-            f"{what} on x {tuple(x.shape)} in one pass, without a cache (before the cache's turn)",
-            ATTENTION_RULE,
-            _TOL,
-        )
         for schedule in (_random_schedule(T, g), [(p, p + 1) for p in range(T)]):
             got, cache = cached_run(module, x, schedule, heads, what, capacity=T + 3)
             fed = f"{what} fed {show_schedule(schedule)}"
