@@ -247,7 +247,7 @@ def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, in
     Returns:
         ``(module, how messages name it, x, heads, the expected output)``.
     """
-    x, weights, heads = attention_example()
+    x, weights, H = attention_example()
     module, what = build_attention(cls, 8, 2, weights)
     want, mistakes = stored("lab08", "CausalSelfAttention example: out")
     expect_attention(
@@ -258,7 +258,7 @@ def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, in
         ATTENTION_RULE,
         _TOL,
     )
-    return module, what, x, heads, want
+    return module, what, x, H, want
 
 
 def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
@@ -805,14 +805,6 @@ def show_call(name: str, case: Sequence[Any]) -> str:
     return f"{name}({', '.join(shown)})"
 
 
-def _is_integer(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, numbers.Integral):
-        return True
-    return isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point()
-
-
 def whole(got: Any, what: str) -> int:
     """The student's count as an int; a float or another type is refused, saying why."""
     if isinstance(got, float):
@@ -820,7 +812,8 @@ def whole(got: Any, what: str) -> int:
             f"{what} returned the float {got!r}: return an int (counts are whole numbers; "
             "floats lose digits past 2**53). Use integer arithmetic, or int(...)."
         )
-    if not _is_integer(got):
+    one_int = isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point()
+    if isinstance(got, bool) or not (isinstance(got, numbers.Integral) or one_int):
         raise AssertionError(f"{what} should return an int, got {type(got).__name__}.")
     return int(got)
 
@@ -834,11 +827,7 @@ def real(got: Any, what: str) -> float:
     return float(got)
 
 
-def _scale_part(
-    name: str,
-    kind: Callable[[Any, str], Any],
-    rule: str,
-) -> Ordinary:
+def _scale_part(name: str, kind: Callable[[Any, str], Any], rule: str) -> Ordinary:
     """The :class:`Ordinary` of a scale function: called under :data:`SCALE_BAN`, its answer
     made an exact int (``kind=whole``) or a float compared at a relative 1e-6 (``real``)."""
     exact = kind is whole

@@ -137,12 +137,7 @@ def oracle_attention(
     for start, end in schedule or ((0, T),):
         allowed = _allowed("" if variant == "after_softmax" else variant, start, end)
         heads, _ = attend64(
-            q[:, :, start:end],
-            k[:, :, :end],
-            v[:, :, :end],
-            allowed,
-            scale=scale,
-            fill=fill,
+            q[:, :, start:end], k[:, :, :end], v[:, :, :end], allowed, scale=scale, fill=fill
         )  # (B, H, t, Dh)
         out = heads_merged_as(heads, merge)  # (B, t, D)
         if variant != "no_out_proj":
@@ -211,13 +206,6 @@ def attention_mistakes(
 # ======================================================================================
 
 
-def _sizes(g: torch.Generator) -> tuple[int, int, int, int]:
-    """``(d_model, n_heads, B, T)`` at random."""
-    heads = randint(1, 4, g)
-    d_model = heads * randint(2, 5, g)
-    return d_model, heads, randint(1, 3, g), randint(3, 7, g)
-
-
 def _attention_case(
     cls: Callable[..., nn.Module], g: torch.Generator, dropout: float = 0.0
 ) -> tuple[nn.Module, dict[str, Tensor], Tensor, str, int]:
@@ -227,7 +215,8 @@ def _attention_case(
     Returns:
         ``(module, its weights, x (B, T, D), how messages name it, n_heads)``.
     """
-    D, heads, B, T = _sizes(g)
+    heads = randint(1, 4, g)
+    D, B, T = heads * randint(2, 5, g), randint(1, 3, g), randint(3, 7, g)
     weights = {
         "qkv_proj.weight": torch.randn(3 * D, D, generator=g) / math.sqrt(D),
         "qkv_proj.bias": 0.3 * torch.randn(3 * D, generator=g),
@@ -430,14 +419,6 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
 # ======================================================================================
 
 
-def _scripted_next(window: Sequence[int], vocab_size: int, first: bool = False) -> int:
-    """The scripted model's next token after ``window`` (or, ``first``, after its first token)."""
-    if first:
-        return (7 * window[0] + 1) % vocab_size
-    p = len(window) - 1
-    return (7 * sum(window) + 3 * p + 1) % vocab_size
-
-
 def oracle_generate(
     prompt: Sequence[Sequence[int]],
     n_ctx: int,
@@ -460,8 +441,11 @@ def oracle_generate(
         held = min(len(seq), n_ctx)  # the cache's positions after the prompt
         for step in range(max_new_tokens):
             cached_step = use_cache and step > 0 and held + step <= n_ctx
-            first = variant == "first_position" and not cached_step
-            nxt = _scripted_next(seq[-n_ctx:], vocab_size, first)
+            window = seq[-n_ctx:]
+            if variant == "first_position" and not cached_step:  # after the window's first token
+                nxt = (7 * window[0] + 1) % vocab_size
+            else:  # after its last token, at position len(window) - 1
+                nxt = (7 * sum(window) + 3 * (len(window) - 1) + 1) % vocab_size
             seq.append(seq[len(row)] if variant == "one_call" and step else nxt)
         rows.append(seq)
     return rows
@@ -619,17 +603,6 @@ hidden_check_generate_edges = GREEDY.hidden(
 )
 
 
-def _filtered_probs(table: Tensor, t: float, top_k: int | None, top_p: float | None) -> Tensor:
-    """The distribution lab 07's strategies sample from: temperature, then top-k, then top-p
-    (lab 07's oracles), then the softmax."""
-    logits = hidden07.oracle_apply_temperature(table, t)
-    if top_k is not None:
-        logits = hidden07.oracle_top_k_filter(logits, top_k)
-    if top_p is not None:
-        logits = hidden07.oracle_top_p_filter(logits, top_p)
-    return torch.softmax(logits, dim=-1)
-
-
 def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """Temperature, top-k and top-p reach the sampling: the frequencies of 3000 draws."""
     table = torch.tensor([2.0, 1.4, 1.0, 0.6, 0.1, -0.4, -1.0, -1.6])
@@ -656,9 +629,12 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
             **options,
         )
         drawn = torch.bincount(got[:, 1].cpu().long(), minlength=8)[:8].double() / N
-        want = _filtered_probs(
-            table, options["temperature"], options.get("top_k"), options.get("top_p")
-        )
+        logits = hidden07.oracle_apply_temperature(table, options["temperature"])  # lab 07's
+        if "top_k" in options:
+            logits = hidden07.oracle_top_k_filter(logits, options["top_k"])
+        if "top_p" in options:
+            logits = hidden07.oracle_top_p_filter(logits, options["top_p"])
+        want = torch.softmax(logits, dim=-1)  # the distribution the strategies sample from
         outside = (drawn > 0) & (want == 0)
         if bool(outside.any()):
             raise AssertionError(
