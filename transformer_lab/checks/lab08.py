@@ -15,6 +15,7 @@ Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import operator
@@ -47,7 +48,6 @@ from transformer_lab.checks._generated import Given, Ordinary
 from transformer_lab.judge.wire import Reference
 
 __all__ = [
-    "ScriptedLM",
     "check_causal_self_attention",
     "check_causal_self_attention_cache",
     "check_generate",
@@ -56,7 +56,6 @@ __all__ = [
     "check_gpu_days",
     "check_kv_cache_bytes",
     "check_training_flops",
-    "run_generate",
 ]
 
 #: The lab's spec (``specs/lab08.toml``): its bans and shared tolerances.
@@ -549,14 +548,10 @@ def run_generate(
     temperature = options.get("temperature")
     args = (model, prompt, max_new_tokens)
     in_place = "changed the prompt in place: build the output with torch.cat."
+    judged = isinstance(fn, Reference)  # the student's operations run in the judge's kernel
     try:
-        if isinstance(fn, Reference):  # judged: the student's operations run in the kernel
+        with contextlib.nullcontext() if judged else SamplingWatch(what, temperature):
             got = call_forbidding(fn, args, options, ban=GENERATE_BAN, what=what, in_place=in_place)
-        else:
-            with SamplingWatch(what, temperature):
-                got = call_forbidding(
-                    fn, args, options, ban=GENERATE_BAN, what=what, in_place=in_place
-                )
     except AssertionError as exc:
         message = str(exc)
         if _MULTINOMIAL_FAILED in message:  # seen only from the outside (the judge's kernel)
