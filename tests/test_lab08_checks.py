@@ -274,6 +274,7 @@ ATTENTION_MISTAKES = [
     ({"dropout": "output"}, ["training"], "drops single features"),
     ({"dropout": "always"}, ["training"], "Dropout must be off in eval mode"),
     ({"dropout": "scores"}, ["training"], "not on the scores"),
+    ({"dropout": "none"}, ["training"], "without it, or on the scores"),
     ({"dropout": "unscaled"}, ["training"], "without scaling"),
     ({"fill": -1e9}, ["hidden_cache"], "finfo"),
     ({"detach": True}, ["training"], "the gradient does not"),

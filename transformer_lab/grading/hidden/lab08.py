@@ -396,8 +396,9 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
             if bool(((heads - head_x).abs().amax(-1) < 1e-4).all()):
                 raise AssertionError(
                     f"{what} in training mode never drops the weight of a query that attends "
-                    "one key: dropout acts on the attention weights AFTER the softmax "
-                    "(weights = dropout(softmax(scores))), not on the scores."
+                    "one key: apply nn.Dropout(dropout) to the attention weights AFTER the "
+                    "softmax (weights = dropout(softmax(scores))), not on the scores; without "
+                    "it, or on the scores, such a weight is never dropped."
                 )
             raise AssertionError(
                 f"{what} in training mode drops single features of a head's output: dropout "
