@@ -738,7 +738,7 @@ def test_the_oracle_is_torchs_encoder_layer(norm_first: bool, attention: str) ->
     """The hidden oracle (float64, written out) reproduces nn.TransformerEncoderLayer, in eval
     mode and, with one seed, in training mode: the dropout masks fall where torch's layer puts
     them."""
-    w = hidden04.random_weights(12, 20, torch.Generator().manual_seed(0), block=True)
+    w = hidden04.random_weights(12, 20, torch.Generator().manual_seed(0), "self_attn")
     layer = _torch_layer_like(w, 3, norm_first, 0.4)
     x = torch.randn(3, 6, 12)
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]
@@ -773,7 +773,7 @@ def test_oracles_agree_with_the_kit() -> None:
         hidden04.oracle_layer_norm(x, w, b), blocks.layer_norm(x.double(), w.double(), b.double())
     )
     kit = blocks.EncoderBlock(8, 2, 16, norm_first=True).eval()
-    weights = hidden04.random_weights(8, 16, torch.Generator().manual_seed(1), block=True)
+    weights = hidden04.random_weights(8, 16, torch.Generator().manual_seed(1), "self_attn")
     lab04.load_weights(kit, weights, "the kit's block")
     mask = (torch.arange(5)[None, :] < torch.tensor([5, 2])[:, None])[:, None, None, :]
     x = torch.randn(2, 5, 8)

@@ -248,7 +248,7 @@ def test_decoder_block_not_implemented_says_so() -> None:
 
 def test_the_oracle_agrees_with_the_kit() -> None:
     g = torch.Generator().manual_seed(0)
-    weights = hidden06._weights(12, 24, g)
+    weights = hidden06.random_weights(12, 24, g, "self_attn", "cross_attn")
     x, memory = torch.randn(2, 4, 12, generator=g), torch.randn(2, 6, 12, generator=g)
     kit = kit_blocks.DecoderBlock(12, 3, 24).eval()
     load_weights(kit, weights, "the kit's DecoderBlock")

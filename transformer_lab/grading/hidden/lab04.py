@@ -147,25 +147,29 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
 
 
 def random_weights(
-    d_model: int, d_ff: int, g: torch.Generator, *, block: bool = False, norms: bool = True
+    d_model: int, d_ff: int, g: torch.Generator, *attentions: str, norms: bool = True
 ) -> dict[str, Tensor]:
-    """Random float32 weights of a ``FeedForward(d_model, d_ff)`` or, with ``block``, of an
-    ``EncoderBlock(d_model, ., d_ff)``, named as in the kit; the norms' gains and shifts are far
-    from 1 and 0 (a swapped or unused norm shows), or 1 and 0 with ``norms=False``."""
+    """Random float32 weights named as the kit's: of a ``FeedForward(d_model, d_ff)``, or of a
+    block with these ``attentions`` (lab 06's decoder too), ``ff`` and a norm after each sub-layer
+    whose gains and shifts are far from 1 and 0 (a swapped or unused norm shows; 1 and 0 with
+    ``norms=False``)."""
     w: dict[str, Tensor] = {}
-    prefix = "ff." if block else ""
-    layers = {f"self_attn.{n}_proj": (d_model, d_model) for n in ("q", "k", "v", "out") if block}
+    prefix = "ff." if attentions else ""
+    layers = {
+        f"{a}.{n}_proj": (d_model, d_model) for a in attentions for n in ("q", "k", "v", "out")
+    }
     layers |= {f"{prefix}linear1": (d_model, d_ff), f"{prefix}linear2": (d_ff, d_model)}
     for name, (n_in, n_out) in layers.items():
         w[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / math.sqrt(n_in)
         w[f"{name}.bias"] = 0.2 * torch.randn(n_out, generator=g)
-    for name in ("norm1", "norm2") if block else ():
-        w[f"{name}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g) * norms
-        w[f"{name}.bias"] = 0.5 * torch.randn(d_model, generator=g) * norms
+    for i in range(1, len(attentions) + 2) if attentions else ():
+        w[f"norm{i}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g) * norms
+        w[f"norm{i}.bias"] = 0.5 * torch.randn(d_model, generator=g) * norms
     return w
 
 
-def _linear(w: Mapping[str, Tensor], name: str) -> tuple[Tensor, Tensor]:
+def linear64(w: Mapping[str, Tensor], name: str) -> tuple[Tensor, Tensor]:
+    """The layer ``name``'s ``(weight, bias)`` in a block's weights ``w``, in float64."""
     return w[f"{name}.weight"].double(), w[f"{name}.bias"].double()
 
 
@@ -200,14 +204,14 @@ def oracle_feed_forward(
     hidden = None
     if seed is not None:
         (hidden,) = _dropout_masks(seed, [(*x.shape[:-1], d_ff)], p, x.dtype)
-    return feed_forward64(x, _linear(w, "linear1"), _linear(w, "linear2"), hidden)
+    return feed_forward64(x, linear64(w, "linear1"), linear64(w, "linear2"), hidden)
 
 
 def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``FeedForward`` returns (float64): in eval mode a wrong
     network, in training mode a misplaced dropout (masks drawn from ``seed``)."""
     _, p, w, x, seed = case
-    first, (w2, b2) = _linear(w, "linear1"), _linear(w, "linear2")
+    first, (w2, b2) = linear64(w, "linear1"), linear64(w, "linear2")
     pre = x.double() @ first[0].T + first[1]  # (..., F)
     good = feed_forward64(x, first, (w2, b2))
     if seed is None:
@@ -274,15 +278,15 @@ class _Pieces:
 
     def attention(self, h: Tensor, mask: Tensor | None) -> Tensor:
         """Multi-head self-attention of ``h (B, T, D)``; fully masked rows give zeros."""
-        layers = tuple(_linear(self.w, f"self_attn.{n}_proj") for n in ("q", "k", "v", "out"))
+        layers = tuple(linear64(self.w, f"self_attn.{n}_proj") for n in ("q", "k", "v", "out"))
         return multi_head64(h, h, h, layers, self.n_heads, mask)
 
     def feed_forward(self, h: Tensor, hidden_mask: Tensor | None = None) -> Tensor:
-        first, second = _linear(self.w, "ff.linear1"), _linear(self.w, "ff.linear2")
+        first, second = linear64(self.w, "ff.linear1"), linear64(self.w, "ff.linear2")
         return feed_forward64(h, first, second, hidden_mask)
 
     def norm(self, index: int, h: Tensor) -> Tensor:
-        gain, shift = _linear(self.w, f"norm{index}")
+        gain, shift = linear64(self.w, f"norm{index}")
         k = (h.shape[-1] - 1) / h.shape[-1] if self.bessel else 1.0  # var(D - 1) = var(D) / k
         return layer_norm64(h, gain * math.sqrt(k), shift, 1e-5 * k)
 
@@ -435,7 +439,7 @@ def _random_blocks(cls: Callable[..., nn.Module], seed: int, *, norm_first: bool
         # to +-1 whatever was dropped, so training mode could not be told from eval mode.
         d_model = n_heads * max(randint(2, 5, g), -(-4 // n_heads) if dropout else 2)
         d_ff = randint(8, 32, g)
-        w = random_weights(d_model, d_ff, g, block=True)
+        w = random_weights(d_model, d_ff, g, "self_attn")
         dtype = torch.float64 if len(evaluated) == 2 else torch.float32
         batch, seq = randint(2, 3, g), randint(2, 7, g)
         x = torch.randn(batch, seq, d_model, generator=g, dtype=dtype)
@@ -472,7 +476,7 @@ def outscoring_case(
     head = d // n_heads
     e = torch.ones(d)
     e[1::2] = -1.0  # (D,), sums to 0 over each head
-    w = random_weights(d, d_ff, g, block=True)
+    w = random_weights(d, d_ff, g, "self_attn")
     w |= {"self_attn.q_proj.weight": torch.eye(d), "self_attn.q_proj.bias": 6.0 * e}
     w |= {"self_attn.k_proj.weight": torch.eye(d), "self_attn.k_proj.bias": torch.zeros(d)}
     if norm_first:
@@ -509,7 +513,7 @@ def _mask_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
     band = (pos[:, None] - pos[None, :]).abs() <= 1  # (T, T)
     mask = keep[:, None, None, :] & band[None, None]  # (B, 1, T, T)
     mask[..., 0] = True
-    w, x = random_weights(8, 16, g, block=True), torch.randn(2, 6, 8, generator=g)
+    w, x = random_weights(8, 16, g, "self_attn"), torch.randn(2, 6, 8, generator=g)
     return [*cases, (2, 16, False, 0.0, w, x, mask, None)]
 
 
@@ -674,14 +678,14 @@ def fixtures() -> dict[str, dict[str, Any]]:
 
     # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask; then
     # EncoderBlock(12, 3, 20) with a padding mask
-    w, x = random_weights(8, 16, g, block=True), torch.randn(2, 5, 8, generator=g)
+    w, x = random_weights(8, 16, g, "self_attn"), torch.randn(2, 5, 8, generator=g)
     keep = torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None]  # (B, T)
     blocks = [
         (2, 16, norm_first, 0.0, w, x, mask, None)
         for norm_first in (False, True)
         for mask in (None, keep[:, None, None, :])
     ]
-    w, x = random_weights(12, 20, g, block=True), torch.randn(3, 6, 12, generator=g)
+    w, x = random_weights(12, 20, g, "self_attn"), torch.randn(3, 6, 12, generator=g)
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4, 2])[:, None]  # (B, T)
     blocks.append((3, 20, False, 0.0, w, x, keep[:, None, None, :], None))
     out |= BLOCK.fixtures("check_encoder_block", blocks)
@@ -690,7 +694,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     # and in training mode (seed 11) for either memory order of the attention's output
     g5 = generator(5)
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
-    w = random_weights(8, 32, g5, block=True, norms=False)
+    w = random_weights(8, 32, g5, "self_attn", norms=False)
     x = torch.randn(2, 6, 8, generator=g5)
     dropped = [(2, 32, nf, 0.5, w, x, keep[:, None, None, :]) for nf in (False, True)]
     trained = [(*case, 11, seq_first) for seq_first in (False, True) for case in dropped]

@@ -45,6 +45,7 @@ from transformer_lab.checks.lab06 import (
     validation_step_check,
 )
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
+from transformer_lab.grading.hidden.lab04 import linear64, random_weights
 
 __all__ = [
     "fixtures",
@@ -69,10 +70,6 @@ _ATOL = SPEC.tol("float32")  # shared with the visible checks
 # ======================================================================================
 
 
-def _linear(w: Mapping[str, Tensor], name: str) -> tuple[Tensor, Tensor]:
-    return w[f"{name}.weight"].double(), w[f"{name}.bias"].double()
-
-
 def oracle_block(
     sizes: Sequence[int],
     weights: Mapping[str, Tensor],
@@ -93,19 +90,19 @@ def oracle_block(
     heads = sizes[1]
 
     def attention(name: str, h: Tensor, source: Tensor, mask: Tensor | None) -> Tensor:
-        projections = tuple(_linear(weights, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
+        projections = tuple(linear64(weights, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
         return multi_head64(h, source, source, projections, heads, mask)
 
     sublayer = {
         "sa": lambda h: attention("self_attn", h, h, self_mask),
         "ca": lambda h: attention("cross_attn", h, memory.double(), memory_mask),
         "ff": lambda h: feed_forward64(
-            h, _linear(weights, "ff.linear1"), _linear(weights, "ff.linear2")
+            h, linear64(weights, "ff.linear1"), linear64(weights, "ff.linear2")
         ),
     }
     h = x.double()
     for kind, n in zip(order, norms, strict=True):
-        norm = _linear(weights, f"norm{n}")
+        norm = linear64(weights, f"norm{n}")
         if pre_norm:
             h = h + sublayer[kind](layer_norm64(h, *norm))
         else:
@@ -163,24 +160,6 @@ TRAINING = Oracle(
 )
 
 
-def _weights(d_model: int, d_ff: int, g: torch.Generator) -> dict[str, Tensor]:
-    """Random weights of a decoder block, named as the kit's; the norms far from ones and zeros
-    (which would hide a swapped or unused norm), the biases non-zero."""
-    shapes = {
-        f"{a}.{p}_proj": (d_model, d_model) for a in ("self_attn", "cross_attn") for p in "qkv"
-    }
-    shapes |= {"self_attn.out_proj": (d_model, d_model), "cross_attn.out_proj": (d_model, d_model)}
-    shapes |= {"ff.linear1": (d_ff, d_model), "ff.linear2": (d_model, d_ff)}
-    w = {}
-    for name, (n_out, n_in) in shapes.items():
-        w[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) * n_in**-0.5
-        w[f"{name}.bias"] = torch.randn(n_out, generator=g) / 5
-    for i in (1, 2, 3):
-        w[f"norm{i}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g)
-        w[f"norm{i}.bias"] = 0.5 * torch.randn(d_model, generator=g)
-    return w
-
-
 def _sizes(g: torch.Generator) -> tuple[int, int, int, int, int, int]:
     heads = randint(1, 4, g)
     d_model = heads * 2 * randint(2, 4, g)
@@ -209,7 +188,7 @@ def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
     cases: list[tuple[Any, ...]] = []
     for _ in range(2):
         d_model, heads, d_ff, B, T, S = _sizes(g)
-        given = (d_model, heads, d_ff), _weights(d_model, d_ff, g)
+        given = (d_model, heads, d_ff), random_weights(d_model, d_ff, g, "self_attn", "cross_attn")
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
         cases += [(*given, x, memory, None, None), (*given, x, memory, *_masks(B, T, S, g))]
@@ -227,7 +206,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     """Hidden memory with the largest values, and a fully masked memory row."""
     g = generator(seed)
     sizes, B, T, S = (16, 2, 32), 3, 4, 6
-    weights = _weights(16, 32, g)
+    weights = random_weights(16, 32, g, "self_attn", "cross_attn")
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     self_mask, _ = _masks(B, T, S, g)
@@ -249,7 +228,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     ``norm3(norm2(norm1(x)))``)."""
     g = generator(seed)
     sizes, B, T, S = (16, 4, 32), 2, 5, 7
-    weights = _weights(16, 32, g)
+    weights = random_weights(16, 32, g, "self_attn", "cross_attn")
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
@@ -290,7 +269,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     block.train()
     want = x.double()
     for i in (1, 2, 3):
-        want = layer_norm64(want, *_linear(weights, f"norm{i}"))
+        want = layer_norm64(want, *linear64(weights, f"norm{i}"))
     compare(
         run_block(block, x, memory, causal, None, f"{what} in training mode"),
         want,
@@ -668,7 +647,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     memory_mask[1, ..., 4:] = False  # the second source has 4 real tokens
     causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]  # (1, 1, T, T)
-    layer = (16, 4, 32), _weights(16, 32, generator(6))
+    layer = (16, 4, 32), random_weights(16, 32, generator(6), "self_attn", "cross_attn")
     blocks = [(*layer, x, memory, *masks) for masks in ((None, None), (causal, memory_mask))]
     out |= BLOCK.fixtures("check_decoder_block", blocks)
     g = generator(6006)
