@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab08
 from transformer_lab.checks import spec as lab_specs
-from transformer_lab.checks._common import expect_close, expect_true, generator, randint
+from transformer_lab.checks._common import compare, expect_close, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab08 import (
     ATTENTION_RULE,
@@ -30,7 +30,6 @@ from transformer_lab.checks.lab08 import (
     attention_example,
     build_attention,
     cached_run,
-    expect_attention,
     judge_cache_contents,
     judge_calls,
     rising_keys,
@@ -230,13 +229,14 @@ def _one_pass(
     """The module's output in one pass, in eval mode, against the oracle's (its mistakes
     named); returns the oracle's."""
     want = oracle_attention(weights, x, heads)
-    expect_attention(
+    compare(
         run_attention(module.eval(), x, what),
         want,
-        attention_mistakes(weights, x, heads),
-        f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)",
-        ATTENTION_RULE,
-        _TOL,
+        what=f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)",
+        candidates=[(w, h) for h, w in attention_mistakes(weights, x, heads).items()],
+        hint=ATTENTION_RULE,
+        atol=_TOL,
+        rtol=_TOL,
     )
     return want
 
@@ -270,13 +270,16 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
             got, cache = cached_run(module, x, schedule, heads, what, capacity=T + 3)
             fed = f"{what} fed {show_schedule(schedule)}"
             judge_cache_contents(cache, fed, *oracle_projections(weights, x, heads))
-            expect_attention(
+            compare(
                 got,
                 want,
-                attention_mistakes(weights, x, heads, schedule),
-                f"{fed} through a KV cache of capacity {T + 3}",
-                CACHE_RULE,
-                _TOL,
+                what=f"{fed} through a KV cache of capacity {T + 3}",
+                candidates=[
+                    (w, h) for h, w in attention_mistakes(weights, x, heads, schedule).items()
+                ],
+                hint=CACHE_RULE,
+                atol=_TOL,
+                rtol=_TOL,
             )
     module, weights, x, what, heads = _attention_case(cls, g)
     module.eval()
@@ -288,14 +291,14 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
             got, _ = cached_run(low, x.to(dtype), schedule, heads, f"{what} in {dtype}")
         finally:
             module.to(torch.float32)
-        expect_attention(
+        compare(
             got.float(),
             full,
-            {},
-            f"{what} in {dtype} fed {show_schedule(schedule)} through a KV cache",
-            "In half precision the output must stay close to float32's: fill masked scores "
+            what=f"{what} in {dtype} fed {show_schedule(schedule)} through a KV cache",
+            hint="In half precision the output must stay close to float32's: fill masked scores "
             "with torch.finfo(scores.dtype).min and compute in the input's dtype.",
-            tol,
+            atol=tol,
+            rtol=tol,
         )
 
 
