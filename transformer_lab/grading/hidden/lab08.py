@@ -81,7 +81,9 @@ def oracle_projections(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Queries, keys and values ``(B, H, T, Dh)`` in float64."""
     p, x64 = _params(weights), x.to("cpu", torch.float64)
-    return tuple(heads_split_as(hidden03.linear(x64, p, f"{n}_proj"), n_heads) for n in "qkv")  # type: ignore[return-value]
+    return tuple(  # type: ignore[return-value]
+        heads_split_as(hidden03.oracle_linear(x64, p, f"{n}_proj"), n_heads) for n in "qkv"
+    )
 
 
 def _allowed(variant: str, start: int, end: int) -> Tensor:
