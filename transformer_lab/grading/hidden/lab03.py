@@ -101,8 +101,7 @@ def oracle_multi_head_attention(
 ) -> Pair | None:
     """Multi-head attention in float64 of the projections ``p`` (:func:`params_of`):
     ``(out (B, T, D), weights (B, H, T, S))`` for ``args = (query (B, T, D), key, value
-    (B, S, D), mask)``, a bool mask (True = may attend) broadcasting to ``(B, H, T, S)``;
-    differentiable in ``p`` and the inputs (lab 08's gradients).
+    (B, S, D), mask)``, a bool mask (True = may attend) broadcasting to ``(B, H, T, S)``.
 
     Every option but the default is a mistake (None where it cannot run here): ``scale``
     ``"model"`` (``1/sqrt(D)``) or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d

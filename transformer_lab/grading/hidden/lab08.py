@@ -65,8 +65,7 @@ _TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the vi
 
 
 def _params(weights: dict[str, Tensor], order: str = "qkv") -> hidden03.Params:
-    """The fused ``qkv_proj`` cut into lab 03's ``q_proj``, ``k_proj`` and ``v_proj``, float64
-    (autograd's graph kept); ``order`` says which third of its output is which."""
+    """The fused ``qkv_proj`` cut into lab 03's ``q/k/v_proj`` in ``order``, float64, graph kept."""
     w = {k: v.to("cpu", torch.float64) for k, v in weights.items()}
     D = w["out_proj.weight"].shape[0]
     p: hidden03.Params = {n: w[n] for n in ("out_proj.weight", "out_proj.bias")}
@@ -117,9 +116,7 @@ def oracle_attention(
     *,
     variant: str = "",
 ) -> Tensor:
-    """Causal self-attention of ``x (B, T, D)`` in float64, fed chunk by chunk: each chunk's
-    queries attend the keys so far, by lab 03's multi-head oracle
-    (:func:`~transformer_lab.grading.hidden.lab03.oracle_multi_head_attention`).
+    """Causal self-attention of ``x (B, T, D)`` in float64, lab 03's oracle chunk by chunk.
 
     Args:
         weights: ``qkv_proj.weight (3D, D)`` (rows: queries, keys, values), ``qkv_proj.bias (3D)``,
