@@ -36,7 +36,7 @@ from transformer_lab.checks._common import (
     Case,
     call_forbidding,
     close,
-    expect_close,
+    compare,
     expect_module,
     expect_shape,
     expect_true,
@@ -162,19 +162,6 @@ def cached_run(
     return torch.cat(outs, dim=1), cache
 
 
-def expect_attention(
-    got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], what: str, hint: str, tol: float
-) -> None:
-    """Compare an output with the expected one; name the first mistake it reproduces."""
-    g = got.detach().to("cpu", torch.float64)
-    if close(g, want, atol=tol, rtol=tol):
-        return
-    named = next((h for h, w in mistakes.items() if close(g, w, atol=tol, rtol=tol)), None)
-    if named:
-        note_mistake(named)  # a hidden cell's message says it (the judge's own words)
-    expect_close(g, want, what, hint=named or hint, atol=tol, rtol=tol)
-
-
 #: What a right attention computes (the rule a wrong output is shown with).
 ATTENTION_RULE = (
     "out = out_proj(merge(softmax(q k^T / sqrt(Dh), causal) v)), with q, k, v the three "
@@ -249,13 +236,14 @@ def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, in
     x, weights, H = attention_example()
     module, what = build_attention(cls, 8, 2, weights)
     want, mistakes = stored("lab08", "CausalSelfAttention example: out")
-    expect_attention(
+    compare(
         run_attention(module.eval(), x, f"{what} on the worked example"),
         want,
-        mistakes,
-        f"{what} on the worked example in one pass (the later keys score highest)",
-        ATTENTION_RULE,
-        _TOL,
+        what=f"{what} on the worked example in one pass (the later keys score highest)",
+        candidates=[(w, h) for h, w in mistakes.items()],
+        hint=ATTENTION_RULE,
+        atol=_TOL,
+        rtol=_TOL,
     )
     return module, what, x, H, want
 
@@ -278,13 +266,14 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
         _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
         got, cache = cached_run(module, x, schedule, H, what)
         judge_cache_contents(cache, f"{what} fed {show_schedule(schedule)}", *projections)
-        expect_attention(
+        compare(
             got,
             want,
-            mistakes,
-            f"{what} fed {show_schedule(schedule)} through a KV cache (joined outputs)",
-            CACHE_RULE,
-            _TOL,
+            what=f"{what} fed {show_schedule(schedule)} through a KV cache (joined outputs)",
+            candidates=[(w, h) for h, w in mistakes.items()],
+            hint=CACHE_RULE,
+            atol=_TOL,
+            rtol=_TOL,
         )
 
 

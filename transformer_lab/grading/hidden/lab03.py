@@ -66,7 +66,8 @@ def params_of(module: nn.Module) -> Params:
     return {k: None if t is None else t.detach().to("cpu", torch.float64) for k, t in held}
 
 
-def _linear(x: Tensor, p: Params, name: str) -> Tensor:
+def oracle_linear(x: Tensor, p: Params, name: str) -> Tensor:
+    """``x @ weight.T + bias`` of the projection ``name`` of ``p`` (lab 08 projects with it too)."""
     w, b = p[f"{name}.weight"], p[f"{name}.bias"]
     assert w is not None
     return x @ w.T if b is None else x @ w.T + b
@@ -108,11 +109,11 @@ def oracle_multi_head_attention(
     :func:`~transformer_lab.grading.hidden._attention.masked_weights`.
     """
     mask = args[3]
-    query, key, value = (t.detach().to("cpu", torch.float64) for t in args[:3])
+    query, key, value = (t.to("cpu", torch.float64) for t in args[:3])  # autograd's graph kept
     B, T, D = query.shape
     S = key.shape[1]
     q, k, v = (
-        heads_split_as(_linear(x, p, name), n_heads, split)  # (B, H, N, Dh)
+        heads_split_as(oracle_linear(x, p, name), n_heads, split)  # (B, H, N, Dh)
         for x, name in ((query, "q_proj"), (key, "k_proj"), (value, "v_proj"))
     )
     allowed = _mask_as(mask, (B, n_heads, T, S), use)
@@ -122,7 +123,7 @@ def oracle_multi_head_attention(
     # (B, H, T, Dh), (B, H, T, S)
     heads, weights = attend64(q, k, v, allowed, scale=factor, fill=fill)
     merged = heads_merged_as(heads, merge)  # (B, T, D)
-    out = _linear(merged, p, "out_proj") if out_proj else merged
+    out = oracle_linear(merged, p, "out_proj") if out_proj else merged
     return out, weights
 
 

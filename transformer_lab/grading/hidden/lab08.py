@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab08
 from transformer_lab.checks import spec as lab_specs
-from transformer_lab.checks._common import expect_close, expect_true, generator, randint
+from transformer_lab.checks._common import compare, expect_close, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab08 import (
     ATTENTION_RULE,
@@ -30,7 +30,6 @@ from transformer_lab.checks.lab08 import (
     attention_example,
     build_attention,
     cached_run,
-    expect_attention,
     judge_cache_contents,
     judge_calls,
     rising_keys,
@@ -40,13 +39,9 @@ from transformer_lab.checks.lab08 import (
     split_case,
 )
 from transformer_lab.grading.hidden import fixture_entry
+from transformer_lab.grading.hidden import lab03 as hidden03
 from transformer_lab.grading.hidden import lab07 as hidden07
-from transformer_lab.grading.hidden._attention import (
-    attend64,
-    distinct_mistakes,
-    heads_merged_as,
-    heads_split_as,
-)
+from transformer_lab.grading.hidden._attention import distinct_mistakes, heads_split_as
 
 __all__ = [
     "fixtures",
@@ -69,39 +64,48 @@ _TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the vi
 # ======================================================================================
 
 
-def _weights64(weights: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v.to("cpu", torch.float64) for k, v in weights.items()}  # keeps autograd's graph
+def _params(weights: dict[str, Tensor], order: str = "qkv") -> hidden03.Params:
+    """The fused ``qkv_proj`` cut into lab 03's ``q/k/v_proj`` in ``order``, float64, graph kept."""
+    w = {k: v.to("cpu", torch.float64) for k, v in weights.items()}
+    D = w["out_proj.weight"].shape[0]
+    p: hidden03.Params = {n: w[n] for n in ("out_proj.weight", "out_proj.bias")}
+    for i, name in enumerate(order):
+        for part in ("weight", "bias"):
+            p[f"{name}_proj.{part}"] = w[f"qkv_proj.{part}"][i * D : (i + 1) * D]
+    return p
 
 
 def oracle_projections(
-    weights: dict[str, Tensor], x: Tensor, n_heads: int, order: str = "qkv", split: str = "right"
+    weights: dict[str, Tensor], x: Tensor, n_heads: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries, keys and values ``(B, H, T, Dh)`` in float64.
-
-    ``order`` says which third of ``qkv_proj``'s output is which; ``split`` how heads are cut
-    (:func:`~transformer_lab.grading.hidden._attention.heads_split_as`).
-    """
-    w = _weights64(weights)
-    x = x.to("cpu", torch.float64)
-    D = x.shape[-1]
-    thirds = {}
-    for i, name in enumerate(order):
-        rows = slice(i * D, (i + 1) * D)
-        thirds[name] = x @ w["qkv_proj.weight"][rows].T + w["qkv_proj.bias"][rows]  # (B, T, D)
-    return tuple(heads_split_as(thirds[n], n_heads, split) for n in "qkv")  # type: ignore[return-value]
+    """Queries, keys and values ``(B, H, T, Dh)`` in float64."""
+    p, x64 = _params(weights), x.to("cpu", torch.float64)
+    return tuple(  # type: ignore[return-value]
+        heads_split_as(hidden03.oracle_linear(x64, p, f"{n}_proj"), n_heads) for n in "qkv"
+    )
 
 
 def _allowed(variant: str, start: int, end: int) -> Tensor:
     """Which stored keys ``0 .. end-1`` the queries ``start .. end-1`` may see, ``(T, end)``."""
     rows = torch.arange(start, end)[:, None]  # absolute positions of the queries
     cols = torch.arange(end)[None, :]
-    if variant in ("no_mask", "after_softmax", "no_mask_cached"):
+    if variant in ("no_mask", "no_mask_cached"):
         return torch.ones(end - start, end, dtype=torch.bool)
     if variant == "offset_ignored":
         return cols <= rows - start  # row i sees keys 0..i: the offset P forgotten
     if variant == "only_new":
         return (cols >= start) & (cols <= rows)  # the stored past never read
     return cols <= rows
+
+
+#: The variants of :func:`oracle_attention` that are options of lab 03's oracle.
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "after_softmax": {"fill": "after"},
+    "scale_D": {"scale": "model"},
+    "no_transpose": {"split": "no_transpose", "merge": "no_transpose"},
+    "split_no_transpose": {"split": "no_transpose"},
+    "no_out_proj": {"out_proj": False},
+}
 
 
 def oracle_attention(
@@ -112,7 +116,7 @@ def oracle_attention(
     *,
     variant: str = "",
 ) -> Tensor:
-    """Causal self-attention of ``x (B, T, D)`` in float64, fed chunk by chunk.
+    """Causal self-attention of ``x (B, T, D)`` in float64, lab 03's oracle chunk by chunk.
 
     Args:
         weights: ``qkv_proj.weight (3D, D)`` (rows: queries, keys, values), ``qkv_proj.bias (3D)``,
@@ -125,24 +129,14 @@ def oracle_attention(
     Returns:
         ``(B, T, D)`` float64.
     """
-    T, D = x.shape[1:]
-    order = "kqv" if variant == "kqv_order" else "qkv"
-    split = "no_transpose" if variant in ("no_transpose", "split_no_transpose") else "right"
-    merge = "no_transpose" if variant == "no_transpose" else "right"  # undoes the wrong split
-    q, k, v = oracle_projections(weights, x, n_heads, order, split)
-    w = _weights64(weights)
-    scale = 1 / math.sqrt(D if variant == "scale_D" else D // n_heads)
-    fill = "after" if variant == "after_softmax" else "zero"
+    p = _params(weights, "kqv" if variant == "kqv_order" else "qkv")
     outs = []
-    for start, end in schedule or ((0, T),):
-        allowed = _allowed("" if variant == "after_softmax" else variant, start, end)
-        heads, _ = attend64(
-            q[:, :, start:end], k[:, :, :end], v[:, :, :end], allowed, scale=scale, fill=fill
-        )  # (B, H, t, Dh)
-        out = heads_merged_as(heads, merge)  # (B, t, D)
-        if variant != "no_out_proj":
-            out = out @ w["out_proj.weight"].T + w["out_proj.bias"]
-        outs.append(out)
+    for start, end in schedule or ((0, x.shape[1]),):
+        seen = x[:, :end]  # (B, end, D): the keys and values so far
+        args = (seen[:, start:], seen, seen, _allowed(variant, start, end))
+        pair = hidden03.oracle_multi_head_attention(p, args, n_heads, **_OPTIONS.get(variant, {}))
+        assert pair is not None  # a (T, S) mask always broadcasts
+        outs.append(pair[0])
     return torch.cat(outs, dim=1)
 
 
@@ -234,13 +228,14 @@ def _one_pass(
     """The module's output in one pass, in eval mode, against the oracle's (its mistakes
     named); returns the oracle's."""
     want = oracle_attention(weights, x, heads)
-    expect_attention(
+    compare(
         run_attention(module.eval(), x, what),
         want,
-        attention_mistakes(weights, x, heads),
-        f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)",
-        ATTENTION_RULE,
-        _TOL,
+        what=f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)",
+        candidates=[(w, h) for h, w in attention_mistakes(weights, x, heads).items()],
+        hint=ATTENTION_RULE,
+        atol=_TOL,
+        rtol=_TOL,
     )
     return want
 
@@ -274,13 +269,16 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
             got, cache = cached_run(module, x, schedule, heads, what, capacity=T + 3)
             fed = f"{what} fed {show_schedule(schedule)}"
             judge_cache_contents(cache, fed, *oracle_projections(weights, x, heads))
-            expect_attention(
+            compare(
                 got,
                 want,
-                attention_mistakes(weights, x, heads, schedule),
-                f"{fed} through a KV cache of capacity {T + 3}",
-                CACHE_RULE,
-                _TOL,
+                what=f"{fed} through a KV cache of capacity {T + 3}",
+                candidates=[
+                    (w, h) for h, w in attention_mistakes(weights, x, heads, schedule).items()
+                ],
+                hint=CACHE_RULE,
+                atol=_TOL,
+                rtol=_TOL,
             )
     module, weights, x, what, heads = _attention_case(cls, g)
     module.eval()
@@ -292,14 +290,14 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
             got, _ = cached_run(low, x.to(dtype), schedule, heads, f"{what} in {dtype}")
         finally:
             module.to(torch.float32)
-        expect_attention(
+        compare(
             got.float(),
             full,
-            {},
-            f"{what} in {dtype} fed {show_schedule(schedule)} through a KV cache",
-            "In half precision the output must stay close to float32's: fill masked scores "
+            what=f"{what} in {dtype} fed {show_schedule(schedule)} through a KV cache",
+            hint="In half precision the output must stay close to float32's: fill masked scores "
             "with torch.finfo(scores.dtype).min and compute in the input's dtype.",
-            tol,
+            atol=tol,
+            rtol=tol,
         )
 
 
