@@ -246,6 +246,20 @@ def test_decoder_block_not_implemented_says_so() -> None:
     assert all("not implemented yet" in msg for msg in outcomes.values()), outcomes
 
 
+class BlockReturnsFloat32(Block):
+    def forward(self, x, memory, self_mask=None, memory_mask=None):
+        return super().forward(x, memory, self_mask, memory_mask).float()
+
+
+def test_a_block_that_leaves_bfloat16_loses_only_the_masks_check() -> None:
+    """Under precision="bf16-true" a block keeps its inputs' dtype (float32 inputs pass)."""
+    for check in ("visible", "hidden", "training"):
+        BLOCK_CHECKS[check](BlockReturnsFloat32)
+    with pytest.raises(AssertionError) as raised:
+        BLOCK_CHECKS["masks"](BlockReturnsFloat32)
+    assert "in torch.bfloat16 turned torch.bfloat16 inputs into torch.float32" in str(raised.value)
+
+
 def test_the_oracle_agrees_with_the_kit() -> None:
     g = torch.Generator().manual_seed(0)
     weights = hidden06.random_weights(12, 24, g, "self_attn", "cross_attn")

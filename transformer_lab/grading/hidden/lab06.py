@@ -203,7 +203,7 @@ hidden_check_decoder_block = BLOCK.hidden(
 
 
 def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 0) -> None:
-    """Hidden memory with the largest values, and a fully masked memory row."""
+    """Hidden memory with the largest values, a fully masked memory row, and bfloat16."""
     g = generator(seed)
     sizes, B, T, S = (16, 2, 32), 3, 4, 6
     weights = random_weights(16, 32, g, "self_attn", "cross_attn")
@@ -219,6 +219,27 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     empty[1] = False  # the second sentence has no real source token at all (zero weights)
     BLOCK.judge(
         cls, [(sizes, weights, x, memory, self_mask, mask) for mask in (memory_mask, empty)]
+    )
+    # bfloat16 (precision="bf16-true"), without the hidden positions: the dtype kept, the
+    # values close to float64's, the masks filled within bfloat16's range.
+    block, what = build_block(cls, sizes, weights)
+    memory, memory_mask = memory[:, : S - 2], memory_mask[..., : S - 2]
+    what = f"{what} in torch.bfloat16"
+    low = run_block(
+        block.eval().bfloat16(), x.bfloat16(), memory.bfloat16(), self_mask, memory_mask, what
+    )
+    expect_true(
+        low.dtype == torch.bfloat16,
+        f"{what} turned torch.bfloat16 inputs into {low.dtype}: build any tensor inside forward "
+        "with the input's dtype and device.",
+    )
+    expect_close(
+        low.double(),
+        oracle_block(sizes, weights, x, memory, self_mask, memory_mask),
+        what,
+        hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
+        "fixed -1e9, and nothing may be computed in another precision.",
+        **SPEC.close_tol("half_block"),
     )
 
 
