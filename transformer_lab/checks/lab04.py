@@ -1,14 +1,7 @@
-"""Visible checks of lab 04 (the transformer block): layer_norm, FeedForward, EncoderBlock,
-TaggingModule (``training_step``, ``configure_optimizers``) and the trained encoder.
-
-Each part is declared once (an :class:`~transformer_lab.checks._generated.Ordinary`); its
-visible check runs the student's answer, under the spec's bans, on worked examples stored from
-the hidden oracles (``fixtures/lab04.json``: inputs and weights, the expected output, what each
-typical mistake returns). A module is built from the case's sizes, given the case's weights and
-run in eval mode, or in training mode with dropout drawn from the case's seed. The checks read
-the attributes the notebook names: ``FeedForward.linear1``/``linear2``; ``EncoderBlock.self_attn``
-(the kit's ``MultiHeadAttention`` or ``nn.MultiheadAttention(batch_first=True)``), ``.ff``,
-``.norm1`` (attention sub-layer), ``.norm2`` (feed-forward sub-layer).
+"""Visible checks of lab 04 (the transformer block): each part runs the student's answer, under
+the spec's bans, on worked examples stored from the hidden oracles (``fixtures/lab04.json``).
+A module is built from the case's sizes, given the case's weights and run in eval mode, or in
+training mode with dropout drawn from the case's seed.
 
 Reference: Prince, *Understanding Deep Learning*, section 12.4; Vaswani et al., "Attention Is
 All You Need" (2017), sections 3.1, 5.3 and 5.4; Lightning's ``LightningModule`` documentation.
@@ -48,18 +41,6 @@ from transformer_lab.checks._lightning import (
 )
 from transformer_lab.judge.mirror import portable
 
-__all__ = [
-    "check_configure_optimizers",
-    "check_encoder_block",
-    "check_encoder_block_dropout",
-    "check_feed_forward",
-    "check_layer_norm",
-    "check_trained_encoder",
-    "check_training_step",
-    "learning_rates",  # the notebook plots the schedule with these two
-    "parse_optimizers",
-]
-
 IGNORE_INDEX = -100
 
 #: The lab's spec (``specs/lab04.toml``): its bans and shared tolerances.
@@ -82,8 +63,7 @@ def seeded(seed: int | None) -> Iterator[None]:
 
 
 def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
-    """``same`` and ``describe`` of an :class:`Ordinary` whose outputs are float tensors,
-    compared at ``atol`` and ``rtol``, a wrong one described in ``expect_close``'s words."""
+    """An :class:`Ordinary`'s ``same`` and ``describe`` for float tensors (``expect_close``)."""
 
     def describe(case: Case[Any]) -> str:
         try:
@@ -95,40 +75,47 @@ def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
     return {"same": lambda got, want: close(got, want, atol=atol, rtol=rtol), "describe": describe}
 
 
-def _from_json(*case: Any) -> tuple[Any, ...]:
-    """A case stored as JSON data, back: nested lists as float32 tensors (or bool ones: masks),
-    a dict of them as weights, anything else as it is."""
-
-    def back(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {name: back(item) for name, item in value.items()}
-        if not isinstance(value, list):
-            return value
-        t = torch.tensor(value)
-        return t if t.dtype == torch.bool else t.float()
-
-    return tuple(back(value) for value in case)
+def _from_json(value: Any) -> Any:
+    """A case's value stored as JSON, back: lists as float32 (or bool) tensors, dicts of them."""
+    if isinstance(value, dict):
+        return {name: _from_json(item) for name, item in value.items()}
+    if not isinstance(value, list):
+        return value
+    t = torch.tensor(value)
+    return t if t.dtype == torch.bool else t.float()
 
 
 #: What every part here compares: float tensors (float64 when stored), at the spec's tolerance.
 _FLOATS: dict[str, Any] = {
-    "load": _from_json,
+    "load": lambda *case: tuple(map(_from_json, case)),
     "output": lambda out: torch.as_tensor(out, dtype=torch.float64),
     **values_at(SPEC.tol("float32")),
 }
 
 
-def _ln_what(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> str:
-    shown = "" if eps == 1e-5 else f", eps={eps:g}"
+def _on(call: str, x: Tensor, mode: str = "") -> str:
+    """A call on a case as a message shows it: ``x``'s shape, its dtype unless float32."""
     dtype = "" if x.dtype == torch.float32 else f" ({x.dtype})"
-    return f"layer_norm(x, weight, bias{shown}) on x of shape {tuple(x.shape)}{dtype}"
+    return f"{call} on x of shape {tuple(x.shape)}{dtype}{mode}"
+
+
+def _mode(seed: int | None) -> str:
+    return " in eval mode" if seed is None else f" in training mode (dropout from seed {seed})"
+
+
+def _ctor(name: str, *sizes: int, dropout: float = 0.0, norm_first: bool = False) -> str:
+    shown = (f", dropout={dropout:g}" if dropout else "") + (", norm_first=True" * norm_first)
+    return f"{name}({', '.join(map(str, sizes))}{shown})"
+
+
+def _ln_what(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> str:
+    return _on(f"layer_norm(x, weight, bias{'' if eps == 1e-5 else f', eps={eps:g}'})", x)
 
 
 def layer_norm_call(
     fn: Callable[..., Any], x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
 ) -> Tensor:
-    """The student's ``layer_norm(x, weight, bias[, eps=...])`` under the lab's ban; a tensor of
-    ``x``'s shape."""
+    """The student's ``layer_norm`` under the lab's ban: a tensor of ``x``'s shape."""
     what = _ln_what(x, weight, bias, eps)
     got = call_forbidding(
         fn,
@@ -159,66 +146,37 @@ check_layer_norm = LAYER_NORM.visible(
 
 
 def run_module(
-    module: nn.Module, x: Tensor, kwargs: dict[str, Any], what: str, *, ban: Ban, seed: int | None
-) -> Any:
-    """The student's ``module(x, **kwargs)`` under ``ban``, without its attention's own dropout:
-    in training mode with dropout drawn from ``seed``, or (``None``) twice in eval mode."""
-    module.train(seed is not None)
-    shown = "".join(f", {name}" for name, value in kwargs.items() if value is not None)
-    call = f"{what}(x{shown}){'' if seed is None else ' in training mode'}"
-
-    def once(s: int | None) -> Any:
-        with _no_attention_dropout(module), seeded(s), torch.no_grad():
-            return call_forbidding(module, (x.clone(),), kwargs, ban=ban, what=call)
-
-    if seed is not None:
-        return once(seed)
-    first, second = once(1), once(2)  # dropout off: one output whatever the seed
-    if isinstance(first, Tensor) and isinstance(second, Tensor) and first.shape == second.shape:
-        expect_true(
-            close(first, second),
-            f"{what} in eval mode gives another output at each call: dropout must switch off in "
-            "eval mode. Use nn.Dropout modules (model.eval() switches them off), or "
-            "F.dropout(..., training=self.training).",
-        )
-    return first
-
-
-def _built(
-    module: nn.Module, weights: Mapping[str, Tensor], x: Tensor, what: str, **layout: str
-) -> None:
-    """``module`` given ``weights`` (:func:`~transformer_lab.checks._common.load_weights`:
-    each weight's name and shape checked), in float64 for a float64 ``x``."""
-    load_weights(module, weights, what, **layout)
+    module: nn.Module, what: str, x: Tensor, kwargs: dict[str, Any], *, ban: Ban, seed: int | None
+) -> Tensor:
+    """``module(x, **kwargs)`` under ``ban``, in float64 for a float64 ``x``, in training mode
+    with dropout drawn from ``seed`` (else in eval mode), its attention's own dropout off: a
+    tensor of ``x``'s shape."""
     if x.dtype == torch.float64:
         module.double()
-
-
-def _mode(seed: int | None) -> str:
-    return "" if seed is None else f" in training mode (dropout masks drawn from seed {seed})"
-
-
-def _ff_what(d_ff: int, p: float, weights: Any, x: Tensor, seed: int | None) -> str:
-    shown = f", dropout={p:g}" if p else ""
-    dtype = "" if x.dtype == torch.float32 else f" ({x.dtype})"
-    return (
-        f"FeedForward({x.shape[-1]}, {d_ff}{shown})(x) on x of shape {tuple(x.shape)}{dtype}"
-        f"{_mode(seed)}"
-    )
+    module.train(seed is not None)
+    attn = getattr(module, "self_attn", None)  # its dropout acts on weights: lab 03's business
+    for sub in attn.modules() if attn is not None else ():
+        if isinstance(sub, nn.Dropout):
+            sub.p = 0.0
+    if isinstance(getattr(attn, "dropout", None), float) and attn.dropout:  # nn.MultiheadAttention
+        attn.dropout = 0.0
+    shown = "".join(f", {name}" for name, value in kwargs.items() if value is not None)
+    call = _on(f"{what}(x{shown})", x, _mode(seed))
+    with seeded(0 if seed is None else seed), torch.no_grad():  # eval: a dropout left on, named
+        got = call_forbidding(module, (x.clone(),), kwargs, ban=ban, what=call)
+    return expect_shape(got, tuple(x.shape), call)
 
 
 def _ff_call(
     cls: Callable[..., Any], d_ff: int, p: float, weights: Any, x: Tensor, seed: int | None
 ) -> Tensor:
-    """The student's FeedForward built for the case (from a fixed seed), the case's weights
-    loaded (their names and shapes are the layer check), run on ``x``."""
-    what = f"FeedForward({x.shape[-1]}, {d_ff}" + (f", dropout={p:g})" if p else ")")
+    """The student's FeedForward built for the case, given its weights, run on ``x``."""
+    what = _ctor("FeedForward", x.shape[-1], d_ff, dropout=p)
     with seeded(0):
         ff = expect_module(call_student(cls, x.shape[-1], d_ff, dropout=p, what=what), what)
     layout = "self.linear1 = nn.Linear(d_model, d_ff), self.linear2 = nn.Linear(d_ff, d_model)"
-    _built(ff, weights, x, what, layout=layout)
-    got = run_module(ff, x, {}, what, ban=FEED_FORWARD_BAN, seed=seed)
-    return expect_shape(got, tuple(x.shape), _ff_what(d_ff, p, weights, x, seed))
+    load_weights(ff, weights, what, layout)  # the layers' names and sizes
+    return run_module(ff, what, x, {}, ban=FEED_FORWARD_BAN, seed=seed)
 
 
 #: ``FeedForward``: a case is ``(d_ff, dropout, weights, x, seed)``, ``seed`` ``None`` in eval
@@ -226,7 +184,9 @@ def _ff_call(
 FEED_FORWARD = Ordinary(
     _LAB,
     call=_ff_call,
-    what=_ff_what,
+    what=lambda d_ff, p, w, x, seed: _on(
+        f"{_ctor('FeedForward', x.shape[-1], d_ff, dropout=p)}(x)", x, _mode(seed)
+    ),
     rule="Expected linear2(relu(linear1(x))), every token on its own; in training mode one "
     "nn.Dropout on the hidden units (d_ff wide, after the ReLU, before linear2), none in eval "
     "mode.",
@@ -234,16 +194,17 @@ FEED_FORWARD = Ordinary(
 )
 
 
-def _by_mode(examples: list[Given], seed_at: int) -> list[list[Given]]:
-    """Worked examples in eval mode, then those in training mode (``args[seed_at]`` set)."""
-    return [[e for e in examples if (e.args[seed_at] is not None) == t] for t in (False, True)]
+def _judge_by(part: Ordinary, cls: Any, examples: list[Given], key: Callable[..., Any]) -> None:
+    """``part`` judges ``cls`` on the examples of each value of ``key(*args)`` on their own."""
+    for value in dict.fromkeys(key(*e.args) for e in examples):
+        part.judge(cls, [e for e in examples if key(*e.args) == value])
 
 
 def check_feed_forward(cls: Callable[..., nn.Module]) -> None:
     """Layer names and sizes; stored worked examples in eval mode, then in training mode
     (dropout's masks drawn from one seed, as ``nn.TransformerEncoderLayer`` draws them)."""
-    for examples in _by_mode(FEED_FORWARD.examples("check_feed_forward"), -1):
-        FEED_FORWARD.judge(cls, examples)
+    examples = FEED_FORWARD.examples("check_feed_forward")
+    _judge_by(FEED_FORWARD, cls, examples, lambda *case: case[-1] is not None)
 
 
 #: norm1 and norm2 one module (``self.norm2 = self.norm1``), which the judge mirrors as such.
@@ -254,25 +215,12 @@ SHARED_NORM = (
 
 
 def build_block(
-    cls: Callable[..., Any],
-    d_model: int,
-    n_heads: int,
-    d_ff: int,
-    *,
-    norm_first: bool,
-    dropout: float = 0.0,
+    cls: Callable[..., Any], d_model: int, n_heads: int, d_ff: int, **options: Any
 ) -> tuple[nn.Module, str]:
-    """``cls(d_model, n_heads, d_ff, dropout=..., norm_first=...)`` (from a fixed seed), its
-    sub-layers' names checked (:func:`_built` checks each weight's name and shape)."""
-    what = f"EncoderBlock({d_model}, {n_heads}, {d_ff}" + (
-        f", dropout={dropout:g}" if dropout else ""
-    )
-    what += ", norm_first=True)" if norm_first else ")"
+    """The student's block (from a fixed seed), its sub-layers' names checked."""
+    what = _ctor("EncoderBlock", d_model, n_heads, d_ff, **options)
     with seeded(0):
-        block = call_student(
-            cls, d_model, n_heads, d_ff, dropout=dropout, norm_first=norm_first, what=what
-        )
-    expect_module(block, what)
+        block = expect_module(call_student(cls, d_model, n_heads, d_ff, what=what, **options), what)
     missing = [n for n in ("self_attn", "ff", "norm1", "norm2") if not hasattr(block, n)]
     if missing:
         raise AssertionError(
@@ -287,32 +235,9 @@ def build_block(
 
 
 def sequence_first(cls: Callable[..., Any]) -> bool:
-    """Whether the student's block attends with ``nn.MultiheadAttention(batch_first=True)``,
-    whose output is a ``(T, B, D)`` tensor seen as ``(B, T, D)``: dropout draws its mask in
-    memory order, so the attention output's dropout mask is drawn in that order."""
-    block, _ = build_block(cls, 4, 1, 4, norm_first=False)
-    return isinstance(block.self_attn, nn.MultiheadAttention)
-
-
-@contextlib.contextmanager
-def _no_attention_dropout(module: nn.Module) -> Iterator[None]:
-    """Switch off dropout inside a block's attention module (on its weights, lab 03's business)
-    while it runs: these checks test the block's own dropout."""
-    saved: list[tuple[Any, str, float]] = []
-    attn = getattr(module, "self_attn", None)
-    for sub in attn.modules() if attn is not None else ():
-        if isinstance(sub, nn.Dropout):
-            saved.append((sub, "p", sub.p))
-            sub.p = 0.0
-    value = getattr(attn, "dropout", None)
-    if isinstance(value, float) and value != 0.0:  # (a judged module's write is a request)
-        saved.append((attn, "dropout", value))
-        attn.dropout = 0.0
-    try:
-        yield
-    finally:
-        for owner, name, old in saved:
-            setattr(owner, name, old)
+    """Whether the block attends with ``nn.MultiheadAttention``, whose output is a ``(T, B, D)``
+    tensor seen as ``(B, T, D)`` (dropout draws its mask in that memory order)."""
+    return isinstance(build_block(cls, 4, 1, 4)[0].self_attn, nn.MultiheadAttention)
 
 
 class BlockCase(NamedTuple):
@@ -331,24 +256,20 @@ class BlockCase(NamedTuple):
 
 def _block_what(*case: Any) -> str:
     c = BlockCase(*case)
-    shown = (f", dropout={c.p:g}" if c.p else "") + (", norm_first=True" if c.norm_first else "")
-    dtype = "" if c.x.dtype == torch.float32 else f" ({c.x.dtype})"
-    call = f"x{'' if c.mask is None else ', mask'}"
-    return (
-        f"EncoderBlock({c.x.shape[-1]}, {c.n_heads}, {c.d_ff}{shown})({call}) on x of shape "
-        f"{tuple(c.x.shape)}{dtype}{_mode(c.seed)}"
+    block = _ctor(
+        "EncoderBlock", c.x.shape[-1], c.n_heads, c.d_ff, dropout=c.p, norm_first=c.norm_first
     )
+    return _on(f"{block}(x{'' if c.mask is None else ', mask'})", c.x, _mode(c.seed))
 
 
 def _block_call(cls: Callable[..., Any], *case: Any) -> Tensor:
-    """The student's block built for the case, the case's weights loaded, run on ``x`` (in
-    training mode with dropout drawn from ``seed``, or in eval mode)."""
+    """The student's block built for the case, given its weights, run on ``x``."""
     c = BlockCase(*case)
-    d = c.x.shape[-1]
-    block, what = build_block(cls, d, c.n_heads, c.d_ff, norm_first=c.norm_first, dropout=c.p)
-    _built(block, c.w, c.x, what)
-    got = run_module(block, c.x, {"mask": c.mask}, what, ban=BLOCK_BAN, seed=c.seed)
-    return expect_shape(got, tuple(c.x.shape), _block_what(*case))
+    block, what = build_block(
+        cls, c.x.shape[-1], c.n_heads, c.d_ff, dropout=c.p, norm_first=c.norm_first
+    )
+    load_weights(block, c.w, what)
+    return run_module(block, what, c.x, {"mask": c.mask}, ban=BLOCK_BAN, seed=c.seed)
 
 
 def _form(case: Case[Given]) -> str:
@@ -363,21 +284,14 @@ def _form(case: Case[Given]) -> str:
 
 
 #: ``EncoderBlock``: a case is a :class:`BlockCase`.
-BLOCK = Ordinary(
-    _LAB,
-    call=_block_call,
-    what=_block_what,
-    rule=_form,
-    **_FLOATS,
-)
+BLOCK = Ordinary(_LAB, call=_block_call, what=_block_what, rule=_form, **_FLOATS)
 
 
 def check_encoder_block(cls: Callable[..., nn.Module]) -> None:
     """Attribute names; stored worked examples in eval mode, post-norm (two sizes, with and
     without a padding mask), then pre-norm, each form diagnosed on its own."""
     examples = BLOCK.examples("check_encoder_block")
-    for norm_first in (False, True):
-        BLOCK.judge(cls, [e for e in examples if BlockCase(*e.args).norm_first == norm_first])
+    _judge_by(BLOCK, cls, examples, lambda *case: BlockCase(*case).norm_first)
 
 
 def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
@@ -387,8 +301,7 @@ def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
     seq_first = sequence_first(cls)
     cases = [(e, BlockCase(*e.args)) for e in BLOCK.examples("check_encoder_block_dropout")]
     ours = [e for e, c in cases if c.seq_first == (seq_first and c.seed is not None)]
-    for mode in _by_mode(ours, BlockCase._fields.index("seed")):
-        BLOCK.judge(cls, mode)
+    _judge_by(BLOCK, cls, ours, lambda *case: BlockCase(*case).seed is not None)
 
 
 def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> Any:
@@ -399,37 +312,31 @@ def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> A
 
 
 def training_step_check(
-    cls: Callable[..., Any],
-    model: nn.Module,
-    batch: dict[str, Tensor],
-    expected: Tensor,
-    mistakes: Mapping[str, Tensor],
+    cls: Any, model: nn.Module, batch: dict[str, Tensor], loss: tuple[Tensor, Mapping[str, Any]]
 ) -> Tensor:
-    """``training_step`` of ``cls(model, ...)`` on ``batch``: the loss (``expected``, a
-    catalogued wrong loss named), its graph, what is logged (:func:`judge_training_step`,
-    shared with lab 06); returns the loss it returned."""
+    """``training_step`` of ``cls(model, ...)`` on ``batch``: the loss (``(expected, {hint:
+    wrong loss})``), its graph, what is logged (:func:`judge_training_step`); returns the loss."""
     module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
     return judge_training_step(
         module,
         batch,
         ban=MODULE_BAN,
-        expected=expected,
-        mistakes=[(wrong, hint) for hint, wrong in mistakes.items()],
+        expected=loss[0],
+        mistakes=[(wrong, hint) for hint, wrong in loss[1].items()],
         hint="Expected F.cross_entropy of model(tokens, padding_mask)'s logits flattened to (B*T, "
         "C) and the targets to (B*T,), averaged over the real tokens (it ignores the -100s).",
     )
 
 
 def check_training_step(cls: Callable[..., Any]) -> None:
-    """``training_step`` of a module around a :class:`ProbeModel` with stored weights, on a
-    stored batch with padding: the loss, its graph, what is logged."""
+    """``training_step`` on a stored padded batch: the loss, its graph, what is logged."""
     with seeded(0):
         model = ProbeModel(6, 4, 6)
     weights = {k: stored(_LAB, f"training_step {k}")[0] for k in model.state_dict()}
     load_weights(model, weights, "ProbeModel(6, 4, 6)")
     got = {k: stored(_LAB, f"training_step {k}")[0] for k in ("tokens", "padding_mask", "targets")}
     batch = {k: v.bool() if k == "padding_mask" else v.long() for k, v in got.items()}
-    training_step_check(cls, model, batch, *stored(_LAB, "training_step loss"))
+    training_step_check(cls, model, batch, stored(_LAB, "training_step loss"))
 
 
 @portable
@@ -454,15 +361,10 @@ class ProbeModel(nn.Module):
 
 
 def optimizers_check(
-    cls: Callable[..., Any],
-    model: nn.Module,
-    schedule: Schedule,
-    weight_decay: float,
-    expected: Tensor,
-    mistakes: Mapping[str, Tensor],
+    cls: Any, model: nn.Module, schedule: Schedule, weight_decay: float, rates: tuple[Tensor, Any]
 ) -> None:
-    """``configure_optimizers`` of ``cls(model, ...)``: AdamW's two groups and the exact rates
-    (``expected``, a catalogued wrong schedule named), stepped per step (shared with lab 06)."""
+    """``configure_optimizers``: AdamW's two groups, the ``rates`` (``(expected, {hint: wrong
+    rates})``) stepped per step."""
     hparams = {"lr": schedule.lr, "weight_decay": weight_decay, **schedule._asdict()}
     judge_configure_optimizers(
         build_module(cls, model, **hparams),
@@ -470,8 +372,8 @@ def optimizers_check(
         schedule,
         ban=MODULE_BAN,
         weight_decay=weight_decay,
-        expected=expected,
-        mistakes=[(rates, hint) for hint, rates in mistakes.items()],
+        expected=rates[0],
+        mistakes=[(wrong, hint) for hint, wrong in rates[1].items()],
     )
 
 
@@ -480,8 +382,8 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     with seeded(0):
         model = ProbeModel()
     schedule = Schedule(lr=0.01, warmup_steps=4, total_steps=12)
-    want, mistakes = stored(_LAB, f"configure_optimizers learning rates {schedule}")
-    optimizers_check(cls, model, schedule, 0.1, want, mistakes)
+    rates = stored(_LAB, f"configure_optimizers learning rates {schedule}")
+    optimizers_check(cls, model, schedule, 0.1, rates)
 
 
 @torch.no_grad()
@@ -498,20 +400,13 @@ def accuracy_on_fresh_data(model: nn.Module, batches: Sequence[dict[str, Tensor]
     model.train(was_training)
     targets = torch.cat([b["targets"] for b in batches])  # (N, T)
     scored = targets != IGNORE_INDEX
-    if not bool(scored.any()):
-        raise ValueError("accuracy_on_fresh_data got batches without any scored target")
     return float((torch.cat(predicted)[scored] == targets[scored]).double().mean())
 
 
 def held_out_batches(
-    task: str = "sort",
-    *,
-    n: int = 512,
-    batch_size: int = 128,
-    seed: int = 2024,
-    **options: Any,
+    task: str = "sort", *, n: int = 512, seed: int = 2024, **options: Any
 ) -> list[dict[str, Tensor]]:
-    """``ceil(n / batch_size)`` fresh tagging batches (``tokens``, ``padding_mask``, ``targets``
+    """``ceil(n / 128)`` fresh tagging batches (``tokens``, ``padding_mask``, ``targets``
     ``(b, T)``) of a synthetic task, from a seed no training split uses; ``options`` go to
     ``make_task`` (``seq_len=8``, ``min_len=4``, ``num_symbols=10`` unless given)."""
     from transformer_lab.data.synthetic import make_task
@@ -519,7 +414,7 @@ def held_out_batches(
     options = {"seq_len": 8, "min_len": 4, "num_symbols": 10, **options}
     g = torch.Generator().manual_seed(seed)
     data = make_task(task, n, format="tagging", generator=g, **options)
-    return [{k: v[i : i + batch_size] for k, v in data.items()} for i in range(0, n, batch_size)]
+    return [{k: v[i : i + 128] for k, v in data.items()} for i in range(0, n, 128)]
 
 
 def check_trained_encoder(
@@ -529,14 +424,10 @@ def check_trained_encoder(
     reaches ``min_accuracy`` token accuracy on new sequences of the notebook's task (``options``:
     its ``seq_len``, ``min_len``, ``num_symbols``); returns the accuracy it measured."""
     expect_true(
-        isinstance(model, nn.Module),
-        f"`model` should be your trained EncoderClassifier, got {type(model).__name__}: did the "
-        "training cell run?",
-    )
-    expect_true(
-        any(isinstance(m, block_cls) for m in model.modules()),
-        "your model contains none of your EncoderBlocks: build it with "
-        "EncoderClassifier(config, blocks=[EncoderBlock(...) for _ in range(n_layers)]).",
+        isinstance(model, nn.Module) and any(isinstance(m, block_cls) for m in model.modules()),
+        f"`model` ({type(model).__name__}) should be your trained EncoderClassifier made of your "
+        "EncoderBlocks, EncoderClassifier(config, blocks=[EncoderBlock(...) for _ in "
+        "range(n_layers)]): did the training cell run?",
     )
     acc = accuracy_on_fresh_data(model, held_out_batches(task, **options))
     expect_true(
@@ -546,3 +437,6 @@ def check_trained_encoder(
         "TaggingModule pass their checks, and that the mask reaches self_attn.",
     )
     return acc
+
+
+__all__ = [*(n for n in dir() if n.startswith("check_")), "learning_rates", "parse_optimizers"]

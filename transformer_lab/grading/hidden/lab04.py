@@ -1,9 +1,7 @@
 """Hidden checks of lab 04 (the transformer block): float64 oracles written out from each case's
-weights (:mod:`._blocks`, shared with lab 06, independent of the kit's blocks), the outputs of the
-typical mistakes, the drawn cases, and the visible checks' worked examples (:func:`fixtures`,
-stored in ``checks/fixtures/lab04.json`` by ``labs build``). In training mode the oracle draws
-dropout's masks with ``F.dropout`` from the case's seed, in the order each placement (right or
-wrong) draws them, so that a misplaced dropout is named.
+weights (:mod:`._blocks`, shared with lab 06), the outputs of the typical mistakes (in training
+mode dropout's masks drawn from the case's seed in the order each placement draws them), the
+drawn cases, and the visible checks' worked examples (:func:`fixtures`).
 
 Reference: Vaswani et al., "Attention Is All You Need" (2017), sections 3.1, 5.3, 5.4; Xiong et
 al., "On Layer Normalization in the Transformer Architecture" (2020); Loshchilov & Hutter,
@@ -15,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,33 +24,9 @@ from transformer_lab.checks import lab04
 from transformer_lab.checks._common import expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks._lightning import Schedule
-from transformer_lab.checks.lab04 import (
-    IGNORE_INDEX,
-    SPEC,
-    BlockCase,
-    ProbeModel,
-    optimizers_check,
-    seeded,
-    training_step_check,
-    values_at,
-)
+from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel, values_at
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
-
-__all__ = [
-    "fixtures",
-    "hidden_check_configure_optimizers",
-    "hidden_check_encoder_block_mask",
-    "hidden_check_encoder_block_post_norm",
-    "hidden_check_encoder_block_pre_norm",
-    "hidden_check_feed_forward",
-    "hidden_check_feed_forward_dropout",
-    "hidden_check_layer_norm",
-    "hidden_check_layer_norm_numerics",
-    "hidden_check_training_step",
-]
-
-oracle_layer_norm = layer_norm64
 
 #: Where layer norm takes its statistics (said by the mistakes that take them elsewhere).
 PER_TOKEN = "per token, over the last dimension only (dim=-1, keepdim=True)"
@@ -88,7 +63,7 @@ def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> 
     return out
 
 
-LAYER_NORM = Oracle(lab04.LAYER_NORM, oracle_layer_norm, layer_norm_mistakes)
+LAYER_NORM = Oracle(lab04.LAYER_NORM, layer_norm64, layer_norm_mistakes)
 RAW_MOMENTS = (
     "Compute the variance from the centred values, ((x - mean) ** 2).mean(-1): "
     "mean(x ** 2) - mean(x) ** 2 cancels catastrophically in float32 when the mean is large."
@@ -100,7 +75,7 @@ LARGE_MEAN = Oracle(
     dataclasses.replace(
         lab04.LAYER_NORM, named=lambda case: RAW_MOMENTS, **values_at(SPEC.tol("large_mean"))
     ),
-    oracle_layer_norm,
+    layer_norm64,
     layer_norm_mistakes,
 )
 
@@ -113,10 +88,8 @@ def _ln_cases(g: torch.Generator) -> list[tuple[Tensor, Tensor, Tensor, float]]:
         x = torch.randn(*lead, d, generator=g) * scale + 2.0
         cases.append((x, torch.randn(d, generator=g), torch.randn(d, generator=g), 1e-5))
     d = randint(3, 9, g)
-    x, weight, bias = (
-        torch.randn(*n, generator=g, dtype=torch.float64) for n in ((4, d), (d,), (d,))
-    )
-    return [*cases, (x * 2.0, weight, bias, 1e-5)]
+    x = torch.randn(4, d, generator=g, dtype=torch.float64) * 2.0
+    return [*cases, (x, *torch.randn(2, d, generator=g, dtype=torch.float64), 1e-5)]
 
 
 hidden_check_layer_norm = LAYER_NORM.hidden(
@@ -183,11 +156,10 @@ EVAL_IN_TRAINING = (
 def _dropout_masks(
     seed: int, shapes: list[tuple[int, ...]], p: float, dtype: torch.dtype, seq_first: bool = False
 ) -> list[Tensor]:
-    """The scaled masks ``F.dropout`` draws from ``seed`` for tensors of these shapes, in order;
-    with ``seq_first`` the first is drawn in the memory order of ``nn.MultiheadAttention(
-    batch_first=True)``'s output, a ``(T, B, ...)`` tensor seen as ``(B, T, ...)``."""
+    """The scaled masks ``F.dropout`` draws from ``seed`` for these shapes, in order; with
+    ``seq_first`` the first in the memory order of a ``(T, B, ...)`` tensor seen transposed."""
     masks = []
-    with seeded(seed):  # as the student's module ran
+    with lab04.seeded(seed):  # as the student's module ran
         for i, (b, t, *rest) in enumerate(shapes):
             ones = torch.ones(b, t, *rest, dtype=dtype)
             if seq_first and i == 0:
@@ -199,8 +171,7 @@ def _dropout_masks(
 def oracle_feed_forward(
     d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: Any
 ) -> Tensor:
-    """``relu(x W1^T + b1) W2^T + b2`` in float64; in training mode (``seed`` given) the hidden
-    units are dropped with the mask drawn from ``seed``."""
+    """``relu(x W1^T + b1) W2^T + b2`` in float64, the hidden units dropped from ``seed``."""
     hidden = None
     if seed is not None:
         (hidden,) = _dropout_masks(seed, [(*x.shape[:-1], d_ff)], p, x.dtype)
@@ -208,22 +179,21 @@ def oracle_feed_forward(
 
 
 def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``FeedForward`` returns (float64): in eval mode a wrong
-    network, in training mode a misplaced dropout (masks drawn from ``seed``)."""
-    _, p, w, x, seed = case
+    """Hint -> what a typical wrong ``FeedForward`` returns (float64)."""
+    d_ff, p, w, x, seed = case
     first, (w2, b2) = linear64(w, "linear1"), linear64(w, "linear2")
     pre = x.double() @ first[0].T + first[1]  # (..., F)
-    good = feed_forward64(x, first, (w2, b2))
+    good, lin = feed_forward64(x, first, (w2, b2)), pre @ w2.T + b2  # lin: no nonlinearity
     if seed is None:
         return {
-            "It matches linear2(linear1(x)) with no nonlinearity: apply ReLU between them.": (
-                pre @ w2.T + b2
-            ),
-            "It matches relu(linear2(linear1(x))): the ReLU goes between the layers.": (
-                torch.clamp(pre @ w2.T + b2, min=0.0)
-            ),
+            "It matches linear2(linear1(x)) with no nonlinearity: apply ReLU between them.": lin,
+            "It matches relu(linear2(linear1(x))): the ReLU goes between the layers.": lin.relu(),
             "It matches GELU between the layers: this lab uses ReLU.": F.gelu(pre) @ w2.T + b2,
             "It adds the input x: the residual belongs to the block.": x.double() + good,
+            "It drops units in eval mode too: dropout must switch off in eval mode. Use nn.Dropout "
+            "modules (model.eval() switches them off) or F.dropout(..., training=self.training).": (
+                oracle_feed_forward(d_ff, p, w, x, 0)  # as the check runs eval mode: from seed 0
+            ),
         }
     (on_x,) = _dropout_masks(seed, [tuple(x.shape)], p, x.dtype)
     return {
@@ -290,103 +260,72 @@ class _Pieces:
         k = (h.shape[-1] - 1) / h.shape[-1] if self.bessel else 1.0  # var(D - 1) = var(D) / k
         return layer_norm64(h, gain * math.sqrt(k), shift, 1e-5 * k)
 
-    def block(
-        self, x: Tensor, mask: Tensor | None, norm_first: bool, drops: Any = (1.0, None, 1.0)
-    ) -> Tensor:
-        """Post- or pre-norm; ``drops``: the three scaled dropout masks in training mode."""
-        d1, hidden, d2 = drops
-        x = x.double()
-        if norm_first:
-            x = x + d1 * self.attention(self.norm(1, x), mask)
-            return x + d2 * self.feed_forward(self.norm(2, x), hidden)
-        x = self.norm(1, x + d1 * self.attention(x, mask))
-        return self.norm(2, x + d2 * self.feed_forward(x, hidden))
 
-
-def oracle_encoder_block(*args: Any) -> Tensor:
-    """The block in float64; in training mode the three dropout masks (attention output,
-    hidden units, feed-forward output) are drawn from ``seed`` in torch's layer's order."""
+def oracle_encoder_block(
+    *args: Any, at: str | None = None, on_sum: bool = False, bessel: bool = False
+) -> Tensor:
+    """The block in float64, post- or pre-norm; in training mode dropout at ``at`` (default:
+    torch's layer's "ahf": "a" the attention output, "h" the hidden units, "f" the feed-forward
+    output), its masks drawn from ``seed`` in that order. Typical mistakes: ``on_sum``, dropout
+    on the residual sum; ``bessel``, see :class:`_Pieces`."""
     c = BlockCase(*args)
-    drops: Any = (1.0, None, 1.0)
-    if c.seed is not None:
-        B, T, D = c.x.shape
-        shapes = [(B, T, D), (B, T, c.d_ff), (B, T, D)]
-        drops = _dropout_masks(c.seed, shapes, c.p, c.x.dtype, c.seq_first)
-    return _Pieces(c.w, c.n_heads).block(c.x, c.mask, c.norm_first, drops)
+    at = ("" if c.seed is None else "ahf") if at is None else at
+    B, T, D = c.x.shape
+    size = {"a": (B, T, D), "h": (B, T, c.d_ff), "f": (B, T, D)}
+    seq_first = c.seq_first and at[:1] == "a" and not on_sum  # else drawn on a contiguous tensor
+    masks = iter(_dropout_masks(c.seed or 0, [size[k] for k in at], c.p, c.x.dtype, seq_first))
+    d1, hidden, d2 = (next(masks) if k in at else (None if k == "h" else 1.0) for k in "ahf")
+    o, x = _Pieces(c.w, c.n_heads, bessel), c.x.double()
 
+    def add(h: Tensor, sub: Tensor, drop: Any) -> Tensor:
+        return drop * (h + sub) if on_sum else h + drop * sub
 
-def _dropout_mistakes(o: _Pieces, c: BlockCase, seed: int) -> dict[str, Tensor]:
-    """Hint -> what a block with misplaced dropout returns in training mode (float64)."""
-    norm_first, x, mask = c.norm_first, c.x.double(), c.mask
-    wide, narrow = (*x.shape[:2], c.d_ff), tuple(x.shape)
-
-    def masks(*shapes: tuple[int, ...], from_attention: bool = True) -> list[Tensor]:
-        return _dropout_masks(seed, list(shapes), c.p, c.x.dtype, c.seq_first and from_attention)
-
-    # Dropout on the residual sum draws its first mask on that (contiguous) sum.
-    first, hidden, second = masks(narrow, wide, narrow, from_attention=False)
-    if norm_first:
-        h = first * (x + o.attention(o.norm(1, x), mask))
-        after_sum = second * (h + o.feed_forward(o.norm(2, h), hidden))
-    else:
-        h = o.norm(1, first * (x + o.attention(x, mask)))
-        after_sum = o.norm(2, second * (h + o.feed_forward(h, hidden)))
-    no_ff, no_first, no_second = (
-        masks(narrow, narrow),
-        masks(wide, narrow, from_attention=False),
-        masks(narrow, wide),
-    )
-    return {
-        EVAL_IN_TRAINING: o.block(x, mask, norm_first),
-        "It matches a block whose FeedForward has no dropout: give it the block's dropout.": (
-            o.block(x, mask, norm_first, (no_ff[0], None, no_ff[1]))
-        ),
-        "It matches a block without dropout on the attention output (dropout1).": o.block(
-            x, mask, norm_first, (1.0, *no_first)
-        ),
-        "It matches a block without dropout on the feed-forward output (dropout2).": o.block(
-            x, mask, norm_first, (*no_second, 1.0)
-        ),
-        "It matches dropout applied to the residual sum: drop the sub-layer's output only, x + "
-        "dropout(sublayer(...)).": after_sum,
-    }
+    if c.norm_first:
+        x = add(x, o.attention(o.norm(1, x), c.mask), d1)
+        return add(x, o.feed_forward(o.norm(2, x), hidden), d2)
+    x = o.norm(1, add(x, o.attention(x, c.mask), d1))
+    return o.norm(2, add(x, o.feed_forward(x, hidden), d2))
 
 
 def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong block returns (float64): in eval mode a wrong block, in
-    training mode a misplaced dropout."""
+    """Hint -> what a typical wrong block returns (float64)."""
     c = BlockCase(*args)
-    o, mask, norm_first = _Pieces(c.w, c.n_heads), c.mask, c.norm_first
     if c.seed is not None:
-        return _dropout_mistakes(o, c, c.seed)
-    x = c.x.double()
-
-    def sa(h: Tensor) -> Tensor:
-        return o.attention(h, mask)
-
-    def n1(h: Tensor) -> Tensor:
-        return o.norm(1, h)
-
-    def n2(h: Tensor) -> Tensor:
-        return o.norm(2, h)
-
-    ff = o.feed_forward
+        return {
+            EVAL_IN_TRAINING: oracle_encoder_block(*c, at=""),
+            "It matches a block whose FeedForward has no dropout: give it the block's dropout.": (
+                oracle_encoder_block(*c, at="af")
+            ),
+            "It matches a block without dropout on the attention output (dropout1).": (
+                oracle_encoder_block(*c, at="hf")
+            ),
+            "It matches a block without dropout on the feed-forward output (dropout2).": (
+                oracle_encoder_block(*c, at="ah")
+            ),
+            "It matches dropout applied to the residual sum: drop the sub-layer's output only, x "
+            "+ dropout(sublayer(...)).": oracle_encoder_block(*c, on_sum=True),
+        }
+    o, mask, norm_first = _Pieces(c.w, c.n_heads), c.mask, c.norm_first
+    x, ff = c.x.double(), o.feed_forward
+    sa, n1, n2 = partial(o.attention, mask=mask), partial(o.norm, 1), partial(o.norm, 2)
     named: dict[str, Tensor] = {}
     if mask is not None:
         keep = mask.bool()[:, 0, 0, :]  # (B, T): the first query row, as the mistake reads it
-        named["It matches the block without the mask: pass mask on to self_attn."] = o.block(
-            x, None, norm_first
-        )
-        named[
+        named |= {
+            "It matches the block without the mask: pass mask on to self_attn.": (
+                oracle_encoder_block(*c._replace(mask=None))
+            ),
             "It matches the inverted mask: in this kit True means 'may attend' (a real token); "
-            "nn.MultiheadAttention's masks want the opposite (~mask)."
-        ] = o.block(x, ~mask.bool(), norm_first)
-        named["It zeroes the outputs at padded positions: the mask only hides padded keys."] = (
-            o.block(x, mask, norm_first) * keep[..., None]
-        )
+            "nn.MultiheadAttention's masks want the opposite (~mask).": oracle_encoder_block(
+                *c._replace(mask=~mask.bool())
+            ),
+            "It zeroes the outputs at padded positions: the mask only hides padded keys.": (
+                oracle_encoder_block(*c) * keep[..., None]
+            ),
+        }
         if mask.shape[-2] > 1:
             named["It uses only the first query row of the mask: pass on the whole mask."] = (
-                o.block(x, mask.bool()[:, :, :1, :], norm_first)
+                oracle_encoder_block(*c._replace(mask=mask.bool()[:, :, :1, :]))
             )
     swapped = "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer."
     if norm_first:
@@ -394,7 +333,7 @@ def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
         a = n1(x) + sa(n1(x))
         named |= {
             "With norm_first=True your block computes post-norm: pre-norm is x + "
-            "sublayer(norm(x)).": o.block(x, mask, False),
+            "sublayer(norm(x)).": oracle_encoder_block(*c._replace(norm_first=False)),
             "It matches pre-norm without residuals: x = x + sublayer(norm(x)).": ff(n2(sa(n1(x)))),
             "The residual adds the normalised input: pre-norm keeps the residual path "
             "un-normalised, x + sublayer(norm(x)).": n2(a) + ff(n2(a)),
@@ -406,7 +345,7 @@ def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
         a = n1(x + sa(x))
         named |= {
             "With norm_first=False your block computes pre-norm: the default is post-norm, "
-            "norm(x + sublayer(x)).": o.block(x, mask, True),
+            "norm(x + sublayer(x)).": oracle_encoder_block(*c._replace(norm_first=True)),
             "It matches post-norm without residuals: norm(x + sublayer(x)).": n2(ff(n1(sa(x)))),
             "The attention sub-layer has no residual: x = norm1(x + self_attn(x)).": (
                 lambda b: n2(b + ff(b))
@@ -422,7 +361,7 @@ def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
     named[
         "It matches layer norms that divide by D - 1 (Bessel's correction: x.var() is unbiased "
         "by default): use the biased variance (correction=0)."
-    ] = _Pieces(c.w, c.n_heads, bessel=True).block(x, mask, norm_first)
+    ] = oracle_encoder_block(*c, bessel=True)
     return named
 
 
@@ -467,34 +406,19 @@ def hidden_check_encoder_block_pre_norm(cls: Callable[..., nn.Module], seed: int
 def outscoring_case(
     g: torch.Generator, n_heads: int, d_ff: int, keep: Tensor, *, norm_first: bool
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """Weights and an input ``x (B, T, D)`` where every padded key out-scores every real key,
-    for every query (identity query and key projections, query bias ``6 e``, padded tokens
-    ``3 e``, ``e`` alternating +-1 and orthogonal in each head to the real tokens): a mask
-    ignored, inverted or applied after the softmax changes the output completely."""
+    """Weights and ``x (B, T, D)`` where every padded key out-scores every real key, for every
+    query (``6 e``; ``e`` alternates +-1): real tokens score 0, padded ones (``3 e``) at least
+    ``6 sqrt(2)``. A mask ignored, inverted or applied after the softmax changes everything."""
     B, T = keep.shape
     d = 2 * n_heads * randint(1, 3, g)  # even head widths
-    head = d // n_heads
-    e = torch.ones(d)
-    e[1::2] = -1.0  # (D,), sums to 0 over each head
+    e = torch.tensor([1.0, -1.0]).repeat(d // 2)  # (D,)
     w = random_weights(d, d_ff, g, "self_attn")
-    w |= {"self_attn.q_proj.weight": torch.eye(d), "self_attn.q_proj.bias": 6.0 * e}
+    w |= {"self_attn.q_proj.weight": torch.zeros(d, d), "self_attn.q_proj.bias": 6.0 * e}
     w |= {"self_attn.k_proj.weight": torch.eye(d), "self_attn.k_proj.bias": torch.zeros(d)}
     if norm_first:
         w |= {"norm1.weight": torch.ones(d), "norm1.bias": torch.zeros(d)}
-    e_heads = e.reshape(n_heads, head)  # (H, Dh)
-    for _ in range(20):
-        z = torch.randn(B, T, n_heads, head, generator=g)  # (B, T, H, Dh)
-        z = z - (z * e_heads).sum(-1, keepdim=True) / head * e_heads  # orthogonal to e per head
-        x = torch.where(keep[..., None], z.reshape(B, T, d), 3.0 * e)  # (B, T, D)
-        h = layer_norm64(x, torch.ones(d), torch.zeros(d)) if norm_first else x.double()
-        q, k = (h + 6.0 * e).reshape(B, T, n_heads, head), h.reshape(B, T, n_heads, head)
-        scores = torch.einsum("bthd,bshd->bhts", q, k)  # (B, H, T, S)
-        masked = ~keep[:, None, None, :].expand_as(scores)
-        lowest = scores.masked_fill(~masked, float("inf")).amin(-1)  # (B, H, T)
-        highest = scores.masked_fill(masked, float("-inf")).amax(-1)  # (B, H, T)
-        if bool((lowest > highest + 1.0).all()):
-            return w, x
-    raise RuntimeError("no input found whose padded keys out-score the real ones")  # a bug
+    z = torch.randn(B, T, d // 2, generator=g).repeat_interleave(2, -1)  # (B, T, D), pairs equal
+    return w, torch.where(keep[..., None], z, 3.0 * e)
 
 
 def _mask_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
@@ -509,8 +433,7 @@ def _mask_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
             cases.append((n_heads, d_ff, norm_first, 0.0, w, x_in, keep[:, None, None, :], None))
     # A general mask (B, 1, T, T): padding and a band around the diagonal; key 0 always allowed.
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
-    pos = torch.arange(6)
-    band = (pos[:, None] - pos[None, :]).abs() <= 1  # (T, T)
+    band = (torch.arange(6)[:, None] - torch.arange(6)).abs() <= 1  # (T, T)
     mask = keep[:, None, None, :] & band[None, None]  # (B, 1, T, T)
     mask[..., 0] = True
     w, x = random_weights(8, 16, g, "self_attn"), torch.randn(2, 6, 8, generator=g)
@@ -534,8 +457,7 @@ def oracle_tagging_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of ``model`` on ``batch`` (:func:`oracle_tagging_loss`) and hint -> the loss a
-    typical wrong ``training_step`` computes (float64 scalars)."""
+    """The loss of ``model`` on ``batch`` and hint -> a typical wrong one (float64 scalars)."""
     tokens, targets = batch["tokens"], batch["targets"]
     with torch.no_grad():
         logits, unmasked = model(tokens, batch["padding_mask"]), model(tokens)  # (B, T, C)
@@ -565,8 +487,7 @@ def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, 
 
 
 def _tagging_batch(g: torch.Generator, vocab: int, lengths: Tensor) -> dict[str, Tensor]:
-    """Tokens in ``[1, vocab)`` and targets in ``[0, vocab)`` of sequences of these lengths,
-    padded (token 0, target -100) to the longest."""
+    """Tokens and targets of sequences of these lengths, padded (token 0, target -100)."""
     keep = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]  # (B, T)
     tokens = torch.randint(1, vocab, keep.shape, generator=g).masked_fill(~keep, 0)
     targets = torch.randint(0, vocab, keep.shape, generator=g).masked_fill(~keep, IGNORE_INDEX)
@@ -579,12 +500,12 @@ def hidden_check_training_step(cls: Callable[..., Any], seed: int = 0) -> None:
     for trial in range(2):
         vocab = randint(5, 12, g)  # tagging tasks predict token ids
         batch_size, seq = randint(3, 6, g), randint(4, 9, g)
-        with seeded(seed + trial):
+        with lab04.seeded(seed + trial):
             model = ProbeModel(vocab, randint(3, 8, g), vocab)
         lengths = torch.randint(1, seq + 1, (batch_size,), generator=g)
         lengths[0] = seq
         batch = _tagging_batch(g, vocab, lengths)
-        returned = training_step_check(cls, model, batch, *tagging_losses(model, batch))
+        returned = lab04.training_step_check(cls, model, batch, tagging_losses(model, batch))
         returned.backward()  # Lightning will: the graph must reach the model's weights
         expect_true(
             model.head.weight.grad is not None,
@@ -609,33 +530,32 @@ def schedule_mistakes(lr: float, warmup_steps: int, total_steps: int) -> dict[st
     w, n = warmup_steps, total_steps
     good = oracle_learning_rates(lr, w, n).tolist()
 
-    def rates(warmup: Callable[[int], float], after: Callable[[int], float]) -> Tensor:
-        return torch.tensor(
-            [warmup(s) if s < w else after(s) for s in range(n)], dtype=torch.float64
-        )
+    def rates(after: Callable[[int], float], warmup: Callable[[int], float] = good.__getitem__):
+        values = [warmup(s) if s < w else after(s) for s in range(n)]
+        return torch.tensor(values, dtype=torch.float64)
 
     out = {
         "It has no warm-up: the first steps climb linearly, lr * (step + 1) / warmup_steps.": (
-            torch.tensor([_cosine(lr, s, 0, n) for s in range(n)], dtype=torch.float64)
+            rates(lambda s: _cosine(lr, s, 0, n), lambda s: _cosine(lr, s, 0, n))
         ),
         "It stays at lr after the warm-up: decay it with a cosine to 0 at total_steps.": rates(
-            good.__getitem__, lambda s: lr
+            lambda s: lr
         ),
         "It decays linearly after the warm-up: use a cosine.": rates(
-            good.__getitem__, lambda s: lr * (n - s) / (n - w)
+            lambda s: lr * (n - s) / (n - w)
         ),
         "Its cosine is too long: its length is total_steps - warmup_steps (T_max).": rates(
-            good.__getitem__, lambda s: _cosine(lr, s, w, n)
+            lambda s: _cosine(lr, s, w, n)
         ),
     }
     if w > 1:
         out["Its warm-up starts at 0: step s uses lr * (s + 1) / warmup_steps."] = rates(
-            lambda s: lr * s / w, good.__getitem__
+            good.__getitem__, lambda s: lr * s / w
         )
         out[
             "Its warm-up is one step too long: LinearLR(start_factor=1 / warmup_steps, "
             "total_iters=warmup_steps - 1) makes step warmup_steps - 1 use the full lr."
-        ] = rates(lambda s: lr * (1 / w + (1 - 1 / w) * s / w), good.__getitem__)
+        ] = rates(good.__getitem__, lambda s: lr * (1 / w + (1 - 1 / w) * s / w))
     return out
 
 
@@ -647,33 +567,29 @@ def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) ->
         weight_decay = round(float(0.01 + 0.2 * torch.rand(1, generator=g)), 3)
         warmup = randint(1, 6, g) if trial else randint(2, 6, g)
         schedule = Schedule(lr, warmup, warmup + randint(3, 15, g))
-        with seeded(seed + trial):
+        with lab04.seeded(seed + trial):
             model = ProbeModel(randint(5, 20, g), randint(2, 8, g), randint(2, 9, g))
-        expected = oracle_learning_rates(*schedule)
-        optimizers_check(cls, model, schedule, weight_decay, expected, schedule_mistakes(*schedule))
+        rates = oracle_learning_rates(*schedule), schedule_mistakes(*schedule)
+        lab04.optimizers_check(cls, model, schedule, weight_decay, rates)
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab04`, keyed by what they show."""
     g = generator(404)
 
-    # layer_norm
+    # layer_norm: two rows with weight 1 and bias 0, a 3-D input, a 4-D one with eps=1e-3
     rows = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-2.0, 0.0, 0.0, 6.0]])
-    x = torch.randn(2, 3, 5, generator=g) * 3.0 + 1.0
-    weight = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
-    bias = torch.tensor([0.5, 0.0, -1.0, 2.0, 0.1])
-    g4 = generator(4)
-    x4 = torch.randn(2, 3, 4, 6, generator=g4) * 3.0 + 1.0
-    w6, b6 = torch.randn(6, generator=g4), torch.randn(6, generator=g4)
-    norms = [(rows, torch.ones(4), torch.zeros(4), 1e-5), (x, weight, bias, 1e-5)]
-    out = LAYER_NORM.fixtures("check_layer_norm", [*norms, (x4, w6, b6, 1e-3)])
+    norms = [(rows, torch.ones(4), torch.zeros(4), 1e-5)]
+    for shape, eps in (((2, 3, 5), 1e-5), ((2, 3, 4, 6), 1e-3)):
+        x = torch.randn(*shape, generator=g) * 3.0 + 1.0
+        norms.append((x, *torch.randn(2, shape[-1], generator=g), eps))
+    out = LAYER_NORM.fixtures("check_layer_norm", norms)
 
-    # FeedForward(4, 6) on a 3-D input, FeedForward(8, 16, dropout=0.5) on a 2-D one, eval mode
+    # FeedForward(4, 6) on a 3-D input, FeedForward(8, 16, dropout=0.5) on a 2-D one, eval mode;
+    # FeedForward(8, 32, dropout=0.5) in training mode, its mask drawn from seed 7
     ff = [(6, 0.0, random_weights(4, 6, g), torch.randn(2, 3, 4, generator=g) * 1.5, None)]
     ff.append((16, 0.5, random_weights(8, 16, g), torch.randn(5, 8, generator=g), None))
-    # FeedForward(8, 32, dropout=0.5) in training mode, its mask drawn from seed 7
-    g2 = generator(2)
-    ff.append((32, 0.5, random_weights(8, 32, g2), torch.randn(2, 5, 8, generator=g2), 7))
+    ff.append((32, 0.5, random_weights(8, 32, g), torch.randn(2, 5, 8, generator=g), 7))
     out |= FEED_FORWARD.fixtures("check_feed_forward", ff)
 
     # EncoderBlock(8, 2, 16), post- and pre-norm, without and with a padding mask; then
@@ -692,17 +608,15 @@ def fixtures() -> dict[str, dict[str, Any]]:
 
     # EncoderBlock(8, 2, 32, dropout=0.5) with a padding mask, post- and pre-norm, in eval mode
     # and in training mode (seed 11) for either memory order of the attention's output
-    g5 = generator(5)
     keep = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (B, T)
-    w = random_weights(8, 32, g5, "self_attn", norms=False)
-    x = torch.randn(2, 6, 8, generator=g5)
+    w, x = random_weights(8, 32, g, "self_attn", norms=False), torch.randn(2, 6, 8, generator=g)
     dropped = [(2, 32, nf, 0.5, w, x, keep[:, None, None, :]) for nf in (False, True)]
     trained = [(*case, 11, seq_first) for seq_first in (False, True) for case in dropped]
     evaluated = [(*case, None) for case in dropped]
     out |= BLOCK.fixtures("check_encoder_block_dropout", [*evaluated, *trained])
 
     # training_step: a ProbeModel's weights and a padded batch
-    with seeded(44):
+    with lab04.seeded(44):
         probe = ProbeModel(6, 4, 6)
     batch = _tagging_batch(g, 6, torch.tensor([5, 3, 2]))
     stored = {**batch, **probe.state_dict()}
@@ -714,3 +628,6 @@ def fixtures() -> dict[str, dict[str, Any]]:
         fixture_entry(oracle_learning_rates(0.01, 4, 12), schedule_mistakes(0.01, 4, 12))
     )
     return out
+
+
+__all__ = ["fixtures", *(n for n in dir() if n.startswith("hidden_check_"))]  # dir(): sorted
