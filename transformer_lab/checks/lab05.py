@@ -1,40 +1,22 @@
 """Visible checks of lab 05 (masked attention): the masks, masked attention and a leak detector.
 
-The notebook's visible test cells call the ``check_*`` functions here on the student's
-``causal_mask``, ``padding_mask``, ``combine_masks``, ``masked_attention`` and
-``depends_on_future``. The masks and attention are run on worked examples whose expected values
-are stored in ``fixtures/lab05.json`` (written from the hidden checks' oracles when the
-instructor builds the labs), together with what the typical mistakes return on them: an upper
-instead of a lower triangle, the diagonal left out, True and False swapped, padding that hides
-queries instead of keys, ``|`` instead of ``&``, the mask applied after the softmax, masked
-scores set to 0, fully masked rows that come out NaN or uniform... A wrong answer is compared
-with those and the message names the mistake it reproduces. The three masks are ordinary
-parts (:mod:`transformer_lab.checks._generated`: one
-:class:`~transformer_lab.checks._generated.Ordinary` each, :data:`CAUSAL`, :data:`PADDING`,
-:data:`COMBINE`): their checks are generated. The attention examples are built so
-that the masked keys have the LARGEST raw scores (a mask applied late, or not at all, cannot
-hide), have a key that differs from the value and as many queries as keys differing, include a
-row with nothing to attend, and run again in float16, where ``-1e9`` does not exist.
+The three masks are ordinary parts (:mod:`transformer_lab.checks._generated`: :data:`CAUSAL`,
+:data:`PADDING`, :data:`COMBINE`); masked attention is judged by the shared attention judge
+(:mod:`transformer_lab.checks._attention`) on worked examples whose masked keys have the
+LARGEST raw scores, with a row that sees nothing, in float32 and float16. Expected values and
+the typical mistakes' outputs are stored in ``fixtures/lab05.json``: no oracle lives here. The
+leak detector is tried on maps whose causality is known by construction. The kit's masks,
+PyTorch's mask builder and every attention kernel are refused while the student's code runs.
 
-The leak detector is tried on small sequence maps whose causality is known by construction
-(``2 * x`` and ``x.cumsum(1)`` look only back; ``x.flip(1)``, attention without a mask and
-"output 0 also reads input 1" do not). No oracle lives here.
-
-While the student's function runs, the kit's own masks module, PyTorch's
-``generate_square_subsequent_mask`` and, for attention, every attention kernel (the ``attention``
-op family, lab 02's ``scaled_dot_product_attention``, the multi-head modules) are refused
-(:class:`~transformer_lab.judge.bans.Ban`), so an answer that calls them earns nothing.
-
-Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2 (masked self-attention);
-Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.3; the course's conventions
-in ``docs/curriculum.md`` and ``docs/contracts.md`` (boolean masks, True = may attend,
-broadcasting to ``(B, H, T, S)``).
+Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2; Vaswani et al.,
+"Attention Is All You Need", NeurIPS 2017, section 3.2.3; ``docs/contracts.md`` (boolean masks,
+True = may attend, broadcasting to ``(B, H, T, S)``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -129,15 +111,8 @@ def _screen_mask(case: Case[Given]) -> None:
             "are boolean with True = may attend (as in F.scaled_dot_product_attention): "
             "return a torch.bool tensor."
         )
-    right = got.shape == case.want.shape and bool(torch.equal(got != 0, case.want))
     raise AssertionError(
-        f"{case.what} has dtype {got.dtype}, expected torch.bool (True = may attend)"
-        + (
-            ": your values are right. Comparisons such as `<` or `<=` already give booleans; "
-            "`.bool()` converts the rest."
-            if right
-            else "."
-        )
+        f"{case.what} has dtype {got.dtype}, expected torch.bool (True = may attend)."
     )
 
 
@@ -240,20 +215,16 @@ COMBINE = _mask_part(
 # --------------------------------------------------------------------------------------
 
 
-class Probe:
-    """A sequence map with known causality, to try a leak detector on.
+class Probe(NamedTuple):
+    """A sequence map with known causality, to try a leak detector on: how messages show it,
+    the map (``(B, T, ...)`` to ``(B, T, ...)``, differentiably), whether some output at a
+    position ``<= t`` depends on an input after ``t``, and what a detector that answers wrongly
+    on it most likely does."""
 
-    Attributes:
-        name: how messages show it (``"x.flip(1)"``).
-        fn: maps ``x`` ``(B, T, ...)`` to ``(B, T, ...)``, differentiably.
-        leaks: whether some output at a position ``<= t`` depends on an input after ``t``.
-        hint: what a detector that answers wrongly on it most likely does.
-    """
-
-    def __init__(
-        self, name: str, fn: Callable[[Tensor], Tensor], leaks: bool, hint: str = ""
-    ) -> None:
-        self.name, self.fn, self.leaks, self.hint = name, fn, leaks, hint
+    name: str
+    fn: Callable[[Tensor], Tensor]
+    leaks: bool
+    hint: str
 
 
 def judge_detector(fn: Callable[..., Any], probes: Sequence[Probe], x: Tensor) -> None:
@@ -263,13 +234,7 @@ def judge_detector(fn: Callable[..., Any], probes: Sequence[Probe], x: Tensor) -
         got = run_detector(fn, probe.fn, x, what)
         if got != probe.leaks:
             verdict = "depends on the future" if probe.leaks else "looks only at the past"
-            default = (
-                "Change only inputs at positions > t (for every cut t = 0 .. T-2) and compare "
-                "only the outputs at positions <= t."
-            )
-            raise AssertionError(
-                f"{what} returned {got}, but {probe.name} {verdict}. {probe.hint or default}"
-            )
+            raise AssertionError(f"{what} returned {got}, but {probe.name} {verdict}. {probe.hint}")
 
 
 def _first_reads_second(x: Tensor) -> Tensor:
@@ -340,7 +305,11 @@ def expect_attention(
 ) -> tuple[Tensor, Tensor]:
     """``masked_attention(q, k, v, mask)`` must return ``want = (out, weights)``."""
     q, k, v, mask = inputs
-    what = describe_attention(q, k, v, described)
+    kind = "" if q.dtype == torch.float32 else f" in {str(q.dtype).replace('torch.', '')}"
+    what = (
+        f"masked_attention(q, k, v, mask){kind} with q {tuple(q.shape)}, k {tuple(k.shape)}, "
+        f"v {tuple(v.shape)} and {described}"
+    )
     result = run_attention(fn, q, k, v, mask, what)
     probe = _attention.overflow_probe(
         fn, q, v, masked=True, ban=ATTENTION_BAN, name="masked_attention"
@@ -356,17 +325,9 @@ def expect_attention(
 
 
 def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
-    """``(q, k, v, mask, description)`` of a worked example of ``masked_attention`` (float32).
-
-    Every entry is a multiple of 1/8 below 4 in magnitude, so the example is exact in float16.
-    The keys' scores grow with the key's position, so the keys a mask hides (the future, the
-    padding at the end) are those with the LARGEST raw scores.
-
-    * ``"causal"``: ``q, k (2, 5, 4)``, ``v (2, 5, 3)``, the causal ``(5, 5)`` mask.
-    * ``"padded"``: ``q (2, 2, 3, 2)``, ``k (2, 2, 5, 2)``, ``v (2, 2, 5, 4)`` (batch, heads, T=3
-      queries, S=5 keys) and a ``(2, 1, 3, 5)`` mask: two padded keys in the first sequence, and
-      in the second a query that may attend nothing.
-    """
+    """``(q, k, v, mask, description)`` of the worked example ``"causal"`` or ``"padded"``
+    (float32): multiples of 1/8 below 4 (exact in float16), the keys' scores growing with their
+    position, so that the keys a mask hides (the future, the padding) score highest."""
     if name == "causal":
         b, t, d = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(4), indexing="ij")
         q = 0.5 + 0.25 * ((t + 2 * d + b) % 3)
@@ -393,15 +354,6 @@ def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
         )[:, None]  # (B, 1, T, S)
         return q.float(), k.float(), v.float(), mask, "a (2, 1, 3, 5) mask with an empty row"
     raise KeyError(name)
-
-
-def describe_attention(q: Tensor, k: Tensor, v: Tensor, described: str) -> str:
-    """How messages name a call of ``masked_attention`` (shapes, dtype and the mask)."""
-    kind = "" if q.dtype == torch.float32 else f" in {str(q.dtype).replace('torch.', '')}"
-    return (
-        f"masked_attention(q, k, v, mask){kind} with q {tuple(q.shape)}, k {tuple(k.shape)}, "
-        f"v {tuple(v.shape)} and {described}"
-    )
 
 
 # --------------------------------------------------------------------------------------
