@@ -58,10 +58,8 @@ _LAB = "lab02"
 
 
 def stored_example(key: str) -> tuple[Tensor, dict[str, Tensor]]:
-    """A stored expected value and the typical mistakes' outputs, in the catalogue's order.
-
-    The fixture keeps that order in a ``"NN|"`` prefix of each hint (JSON sorts the keys).
-    """
+    """A stored expected value and the typical mistakes' outputs, in the order of their
+    ``"NN|"`` prefix (JSON sorts the keys)."""
     want, mistakes = stored(_LAB, key)
     return want, {hint.partition("|")[2]: t for hint, t in sorted(mistakes.items())}
 
@@ -121,11 +119,8 @@ _SOFTMAX_IN_PLACE = (
 
 
 def call_softmax(fn: Callable[..., Tensor], x: Tensor, dim: int | None, what: str) -> Tensor:
-    """The student's ``softmax(x[, dim=dim])`` under the ban: a float tensor of ``x``'s shape.
-
-    Raises:
-        AssertionError: ``x`` changed in place, a wrong shape or dtype, or an exception.
-    """
+    """The student's ``softmax(x[, dim=dim])`` under the ban: a tensor of ``x``'s shape and
+    dtype (else an AssertionError, as for an exception or ``x`` changed in place)."""
     kwargs = {} if dim is None else {"dim": dim}
     got = call_forbidding(
         fn, (x,), kwargs, ban=BAN, what=what, on_error=_KEEPDIM, in_place=_SOFTMAX_IN_PLACE

@@ -164,12 +164,9 @@ def self_attention_mistakes(*args: Tensor) -> dict[str, Tensor]:
 def adversarial_keys(
     q: Tensor, mask: Tensor, s: int, g: torch.Generator, margin: float = 2.0
 ) -> Tensor:
-    """Keys ``(..., S, d_k)`` whose scores with ``q`` are largest where ``mask`` is False.
-
-    The allowed scores ``q_t . k_s / sqrt(d_k)`` are standard normal; every forbidden one is
-    at least ``margin`` above the largest allowed score of its row. Solved exactly with the
-    pseudo-inverse of ``q`` (needs ``T <= d_k``).
-    """
+    """Keys ``(..., S, d_k)`` whose scaled scores with ``q`` are standard normal where ``mask``
+    allows them and at least ``margin`` above their row's largest allowed score where it does
+    not (solved with the pseudo-inverse of ``q``: needs ``T <= d_k``)."""
     *lead, t, dk = q.shape
     if t > dk:
         raise ValueError(f"adversarial keys need T <= d_k, got T={t}, d_k={dk}")
@@ -184,10 +181,7 @@ def adversarial_keys(
 
 
 def _self_attention_inputs(n: int, d: int, dk: int, dv: int, g: torch.Generator) -> tuple:
-    """Random ``X (N, D)``, ``W_q, W_k (D, d_k)``, ``b_q, b_k (d_k,)``, ``W_v (D, d_v)``, ``b_v``.
-
-    Drawn in that order from ``g``.
-    """
+    """Random ``X (N, D)``, ``W_q, b_q, W_k, b_k`` (width ``d_k``), ``W_v, b_v`` (``d_v``)."""
     shapes = [(n, d), (d, dk), (dk,), (d, dk), (dk,), (d, dv), (dv,)]
     return tuple(torch.randn(*shape, generator=g) for shape in shapes)
 
@@ -362,8 +356,7 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
 
 
 def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    """A stored example whose hints carry their rank (``"00|hint"``): the checks of lab 02
-    report the first matching mistake in that order."""
+    """A stored example whose hints carry their rank (``"00|hint"``), the order they are tried."""
     ranked = {f"{i:02d}|{hint}": t for i, (hint, t) in enumerate((mistakes or {}).items())}
     return fixture_entry(expected, ranked)
 
