@@ -128,7 +128,7 @@ CAUSAL_MISTAKES = [
     (causal_no_diagonal, "leaves out the diagonal"),
     (causal_inverted, "inverted"),
     (causal_float, "dtype torch.float32, expected torch.bool"),
-    (causal_additive, "additive float mask"),
+    (causal_additive, "dtype torch.float32, expected torch.bool"),
     (causal_nothing_hidden, "nothing is hidden"),
     (causal_extra_axis, "extra leading axis"),
 ]

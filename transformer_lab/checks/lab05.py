@@ -60,57 +60,16 @@ def show_lengths(lengths: Sequence[int] | Tensor) -> str:
     return str(list(lengths))
 
 
-def run_attention(
-    fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor, what: str
-) -> tuple[Tensor, Tensor]:
-    """The student's ``masked_attention(q, k, v, mask)`` under the attention ban, unpacked (the
-    shared :func:`~transformer_lab.checks._attention.call_attention`: an overflow error in half
-    precision, ``masked_fill(~mask, -1e9)`` on float16 scores, is named as the fill mistake)."""
-    return _attention.call_attention(fn, q, k, v, mask, what, ban=ATTENTION_BAN)
-
-
-def run_detector(
-    fn: Callable[..., Any], probe: Callable[[Tensor], Tensor], x: Tensor, what: str
-) -> bool:
-    """The student's ``depends_on_future(probe, x)`` under the detector's ban, as a bool.
-
-    Raises:
-        AssertionError: the detector failed, returned something that is not a truth value, or
-            changed ``x`` in place.
-    """
-    in_place = (
-        "changed x in place: the caller's input must be left as it was. Perturb a copy "
-        "(x.clone()) of the input."
-    )
-    got = call_forbidding(fn, (probe, x), {}, ban=DETECTOR_BAN, what=what, in_place=in_place)
-    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
-        return bool(got)
-    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
-        return bool(got)  # numpy's bool, e.g. from (a != b).any() on arrays
-    if not isinstance(got, bool):
-        shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
-        raise AssertionError(f"{what} should return True or False, got {shown}.")
-    return got
-
-
 # --------------------------------------------------------------------------------------
 # The masks: ordinary parts (transformer_lab.checks._generated)
 # --------------------------------------------------------------------------------------
 
 
 def _screen_mask(case: Case[Given]) -> None:
-    """A wrong mask that is no tensor of booleans fails at once, in words of its own: an
-    additive float mask (PyTorch's other convention), or 0/1 values of another dtype."""
+    """A mask that is no tensor of booleans fails at once, naming its dtype."""
     got = case.got
     if got.dtype == torch.bool:
         return
-    if got.is_floating_point() and bool(torch.isinf(got).any()):
-        raise AssertionError(
-            f"{case.what} is an additive float mask (0 where allowed, -inf where blocked), the "
-            "convention of nn.Transformer.generate_square_subsequent_mask. This course's masks "
-            "are boolean with True = may attend (as in F.scaled_dot_product_attention): "
-            "return a torch.bool tensor."
-        )
     raise AssertionError(
         f"{case.what} has dtype {got.dtype}, expected torch.bool (True = may attend)."
     )
@@ -219,27 +178,35 @@ class Probe(NamedTuple):
     """A sequence map with known causality, to try a leak detector on: how messages show it,
     the map (``(B, T, ...)`` to ``(B, T, ...)``, differentiably), whether some output at a
     position ``<= t`` depends on an input after ``t``, and what a detector that answers wrongly
-    on it most likely does."""
+    on it most likely does (by default :data:`TIME_AXIS` for a leak, else :data:`LOOKS_BACK`)."""
 
     name: str
     fn: Callable[[Tensor], Tensor]
     leaks: bool
-    hint: str
+    hint: str = ""
 
 
 def judge_detector(fn: Callable[..., Any], probes: Sequence[Probe], x: Tensor) -> None:
-    """Run the student's detector on every probe; the first wrong verdict fails with its hint."""
+    """Run the student's detector on every probe (under its ban; ``x`` must stay unchanged and
+    the answer be a truth value); the first wrong verdict fails with the probe's hint."""
+    in_place = (
+        "changed x in place: the caller's input must be left as it was. Perturb a copy "
+        "(x.clone()) of the input."
+    )
     for probe in probes:
         what = f"depends_on_future({probe.name}, x) with x of shape {tuple(x.shape)}"
-        got = run_detector(fn, probe.fn, x, what)
+        got = call_forbidding(fn, (probe.fn, x), {}, ban=DETECTOR_BAN, what=what, in_place=in_place)
+        if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
+            got = bool(got)
+        elif type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
+            got = bool(got)  # numpy's bool, e.g. from (a != b).any() on arrays
+        elif not isinstance(got, bool):
+            shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
+            raise AssertionError(f"{what} should return True or False, got {shown}.")
         if got != probe.leaks:
             verdict = "depends on the future" if probe.leaks else "looks only at the past"
-            raise AssertionError(f"{what} returned {got}, but {probe.name} {verdict}. {probe.hint}")
-
-
-def _first_reads_second(x: Tensor) -> Tensor:
-    first = x[:, :1] + x[:, 1:2]  # (B, 1, ...): output 0 also reads input 1
-    return torch.cat([first, x[:, 1:]], dim=1)
+            hint = probe.hint or (TIME_AXIS if probe.leaks else LOOKS_BACK)
+            raise AssertionError(f"{what} returned {got}, but {probe.name} {verdict}. {hint}")
 
 
 #: What a detector that misjudges a probe is told, by kind of probe (the hidden checks' too).
@@ -263,28 +230,29 @@ TIME_AXIS = (
 def visible_probes() -> list[Probe]:
     """The maps the visible check tries the detector on (causal ones first)."""
     return [
-        Probe("(lambda x: 2 * x)", lambda x: 2.0 * x, False, LOOKS_BACK),
-        Probe("(lambda x: x.cumsum(dim=1))", lambda x: x.cumsum(dim=1), False, LOOKS_BACK),
+        Probe("(lambda x: 2 * x)", lambda x: 2.0 * x, False),
+        Probe("(lambda x: x.cumsum(dim=1))", lambda x: x.cumsum(dim=1), False),
         Probe(
             "causal self-attention",
             lambda x: F.scaled_dot_product_attention(x, x, 2.0 * x, is_causal=True),
             False,
-            LOOKS_BACK,
         ),
-        Probe("(lambda x: x.flip(1))", lambda x: x.flip(1), True, TIME_AXIS),
+        Probe("(lambda x: x.flip(1))", lambda x: x.flip(1), True),
         Probe(
             "self-attention without a mask",
             lambda x: F.scaled_dot_product_attention(x, x, 2.0 * x),
             True,
-            TIME_AXIS,
         ),
-        Probe("a map where output 0 also reads input 1", _first_reads_second, True, READS_AHEAD),
+        Probe(
+            "a map where output 0 also reads input 1",
+            lambda x: torch.cat([x[:, :1] + x[:, 1:2], x[:, 1:]], dim=1),
+            True,
+            READS_AHEAD,
+        ),
         Probe(
             "(lambda x: x - x.mean(dim=1, keepdim=True))",
             lambda x: x - x.mean(dim=1, keepdim=True),
             True,
-            "Normalising over the time axis mixes every position into every output: a leak. "
-            + TIME_AXIS,
         ),
     ]
 
@@ -310,7 +278,7 @@ def expect_attention(
         f"masked_attention(q, k, v, mask){kind} with q {tuple(q.shape)}, k {tuple(k.shape)}, "
         f"v {tuple(v.shape)} and {described}"
     )
-    result = run_attention(fn, q, k, v, mask, what)
+    result = _attention.call_attention(fn, q, k, v, mask, what, ban=ATTENTION_BAN)
     probe = _attention.overflow_probe(
         fn, q, v, masked=True, ban=ATTENTION_BAN, name="masked_attention"
     )

@@ -21,19 +21,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab05
-from transformer_lab.checks._attention import expect_finite_gradients
+from transformer_lab.checks._attention import call_attention, expect_finite_gradients
 from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab05 import (
-    LOOKS_BACK,
     READS_AHEAD,
     SPEC,
-    TIME_AXIS,
     Probe,
     attention_example,
     expect_attention,
     judge_detector,
-    run_attention,
 )
 from transformer_lab.grading.hidden._attention import (
     attend64,
@@ -241,19 +238,11 @@ hidden_check_combine_masks = COMBINE.hidden(
 # --------------------------------------------------------------------------------------
 
 
-def _expect_attention(
-    fn: Callable[..., Any],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor,
-    described: str,
-    *,
-    tol: float = 1e-4,
-) -> tuple[Tensor, Tensor]:
-    want = attend64(q, k, v, mask)
-    wrong = attention_mistakes(q, k, v, mask)
-    return expect_attention(fn, (q, k, v, mask), described, want, wrong, tol=tol)
+def _expect_attention(fn: Callable[..., Any], *inputs: Any, tol: float = 1e-4) -> None:
+    """``inputs``: ``q, k, v, mask, described`` against the oracle and the shared catalogue."""
+    *qkv_mask, described = inputs
+    wanted = attend64(*qkv_mask), attention_mistakes(*qkv_mask)
+    expect_attention(fn, tuple(qkv_mask), described, *wanted, tol=tol)
 
 
 def _random_case(
@@ -332,7 +321,9 @@ def hidden_check_masked_attention_dtypes(fn: Callable[..., Any], seed: int = 0) 
             _expect_attention(fn, q.to(dtype), k.to(dtype), v.to(dtype), mask, described, tol=tol)
     q, k, v, mask, described = _random_case(g, (2, 2), "random")
     what = f"masked_attention(q, k, v, mask) with {described} (backward pass)"
-    expect_finite_gradients(lambda *qkv: run_attention(fn, *qkv, mask, what), q, k, v, what)
+    expect_finite_gradients(
+        lambda *qkv: call_attention(fn, *qkv, mask, what, ban=lab05.ATTENTION_BAN), q, k, v, what
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -356,20 +347,18 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
         centred = nn.Conv1d(D, 4, kernel_size=3, padding=1)
         head = nn.Linear(D, 7)
     return [
-        Probe("a GRU", lambda x: gru(x)[0], False, LOOKS_BACK),
+        Probe("a GRU", lambda x: gru(x)[0], False),
         Probe(
             "a causal convolution (padded on the left)",
             lambda x: conv(F.pad(x.transpose(1, 2), (2, 0))).transpose(1, 2),
             False,
-            LOOKS_BACK,
         ),
         Probe(
             "F.scaled_dot_product_attention(x, x, x, is_causal=True)",
             lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True),
             False,
-            LOOKS_BACK,
         ),
-        Probe("a linear layer to 7 outputs per position", head, False, LOOKS_BACK),
+        Probe("a linear layer to 7 outputs per position", head, False),
         Probe(
             "an exponential moving average over time",
             lambda x: torch.stack(
@@ -377,9 +366,8 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
                 dim=1,
             ),
             False,
-            LOOKS_BACK,
         ),
-        Probe("a two-way GRU", lambda x: bigru(x)[0], True, TIME_AXIS),
+        Probe("a two-way GRU", lambda x: bigru(x)[0], True),
         Probe(
             "a centred convolution (kernel 3, padding 1)",
             lambda x: centred(x.transpose(1, 2)).transpose(1, 2),
@@ -390,7 +378,6 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
             "F.scaled_dot_product_attention(x, x, x) without a mask",
             lambda x: F.scaled_dot_product_attention(x, x, x),
             True,
-            TIME_AXIS,
         ),
         Probe(
             "a map where output t also reads input t+2",
@@ -423,7 +410,7 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
     judge_detector(
         fn,
         [
-            Probe("(lambda x: x.flip(1))", lambda z: z.flip(1), True, TIME_AXIS),
+            Probe("(lambda x: x.flip(1))", lambda z: z.flip(1), True),
             Probe(
                 "a map with a 1e-3 leak (x + 1e-3 * x.flip(1))",
                 lambda z: z + 1e-3 * z.flip(1),
@@ -434,7 +421,6 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
                 "(lambda x: 1000 * x.cumsum(dim=1))",
                 lambda z: 1000.0 * z.cumsum(dim=1),
                 False,
-                LOOKS_BACK,
             ),
             Probe(
                 f"a map where output 0 also reads input {lookahead}", early_leak, True, READS_AHEAD
@@ -445,7 +431,7 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
     judge_detector(
         fn,
         [
-            Probe("x.cumsum(dim=1) on one sequence", lambda z: z.cumsum(dim=1), False, LOOKS_BACK),
+            Probe("x.cumsum(dim=1) on one sequence", lambda z: z.cumsum(dim=1), False),
             Probe(
                 "a map where the second-to-last output reads the last input",
                 lambda z: torch.cat([z[:, :-2], z[:, -2:-1] + z[:, -1:], z[:, -1:]], dim=1),
@@ -464,13 +450,11 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
                 "(lambda x: x.cumsum(dim=1)) on (B, T) inputs",
                 lambda z: z.cumsum(dim=1),
                 False,
-                LOOKS_BACK,
             ),
             Probe(
                 "(lambda x: x.flip(1)) on (B, T) inputs",
                 lambda z: z.flip(1),
                 True,
-                "x may have any number of dims after (B, T): index time as x[:, t+1:].",
             ),
         ],
         tokens,
