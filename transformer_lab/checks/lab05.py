@@ -41,11 +41,6 @@ MASK_BAN = SPEC.ban("masks")
 ATTENTION_BAN = SPEC.ban("attention")
 DETECTOR_BAN = SPEC.ban("detector")
 
-#: float32 answers agree with the float64 oracle to ~1e-6; every catalogued mistake differs by
-#: far more. Half-precision answers carry rounding errors of ~1e-3.
-_TOL = SPEC.tol("float32")
-_HALF_TOL = SPEC.tol("half")
-
 
 # --------------------------------------------------------------------------------------
 # Calling the student's functions
@@ -53,11 +48,8 @@ _HALF_TOL = SPEC.tol("half")
 
 
 def show_lengths(lengths: Sequence[int] | Tensor) -> str:
-    """How a ``lengths`` argument appears in messages: ``[3, 1]`` or ``torch.tensor([3, 1])``."""
-    if isinstance(lengths, Tensor):
-        dtype = "" if lengths.dtype == torch.int64 else f", dtype={lengths.dtype}"
-        return f"torch.tensor({lengths.tolist()}{dtype})"
-    return str(list(lengths))
+    """How ``lengths`` appears in messages: ``[3, 1]`` or ``torch.tensor([3, 1])``."""
+    return f"torch.tensor({lengths.tolist()})" if isinstance(lengths, Tensor) else str(lengths)
 
 
 # --------------------------------------------------------------------------------------
@@ -67,12 +59,8 @@ def show_lengths(lengths: Sequence[int] | Tensor) -> str:
 
 def _screen_mask(case: Case[Given]) -> None:
     """A mask that is no tensor of booleans fails at once, naming its dtype."""
-    got = case.got
-    if got.dtype == torch.bool:
-        return
-    raise AssertionError(
-        f"{case.what} has dtype {got.dtype}, expected torch.bool (True = may attend)."
-    )
+    if case.got.dtype != torch.bool:
+        raise AssertionError(f"{case.what} has dtype {case.got.dtype}, expected torch.bool.")
 
 
 def _describe_mask(case: Case[Given]) -> str:
@@ -93,15 +81,16 @@ def _same_mask(got: Tensor, want: Tensor) -> bool:
 
 
 def _mask_part(
-    call: Callable[..., Any], what: Callable[..., str], rule: str, **kwargs: Any
+    what: Callable[..., str], rule: str, on_error: Callable[..., str] | None = None, **kwargs: Any
 ) -> Ordinary:
-    """The :class:`Ordinary` of a mask function: ``call(*args)`` -> ``(what to pass, on_error)``;
-    the answer runs under :data:`MASK_BAN` and must return a tensor (compared as a mask)."""
+    """The :class:`Ordinary` of a mask function: the answer runs under :data:`MASK_BAN` (an
+    exception's message ends with ``on_error(*args)``) and must return a tensor (a mask)."""
 
     def run(fn: Callable[..., Any], *args: Any) -> Tensor:
-        passed, on_error = call(*args)
         shown = what(*args)
-        got = call_forbidding(fn, passed, {}, ban=MASK_BAN, what=shown, on_error=on_error)
+        got = call_forbidding(
+            fn, args, {}, ban=MASK_BAN, what=shown, on_error=on_error(*args) if on_error else ""
+        )
         if not isinstance(got, Tensor):
             missing = " (did you forget to `return`?)" if got is None else ""
             raise AssertionError(
@@ -124,7 +113,6 @@ def _mask_part(
 
 #: ``causal_mask(T)``: a case is ``(T,)``.
 CAUSAL = _mask_part(
-    lambda T: ((T,), ""),
     lambda T: f"causal_mask({T})",
     "Query t (row) may attend key s (column) when s <= t: a (T, T) lower triangle.",
 )
@@ -132,15 +120,14 @@ CAUSAL = _mask_part(
 #: ``padding_mask(lengths, max_len)``: a case is ``(lengths, max_len)``, lengths a list or a
 #: tensor (stored with a flag saying which).
 PADDING = _mask_part(
+    lambda lengths, max_len: f"padding_mask({show_lengths(lengths)}, {max_len})",
+    "Entry (b, p) of the (B, max_len) mask is True when position p < lengths[b].",
     lambda lengths, max_len: (
-        (lengths, max_len),
         ""
         if isinstance(lengths, Tensor)
         else "lengths may be a Python list or a tensor: torch.as_tensor(lengths) turns either "
-        "into a tensor.",
+        "into a tensor."
     ),
-    lambda lengths, max_len: f"padding_mask({show_lengths(lengths)}, {max_len})",
-    "Entry (b, p) of the (B, max_len) mask is True when position p < lengths[b].",
     load=lambda lengths, max_len, tensor: (torch.tensor(lengths) if tensor else lengths, max_len),
 )
 
@@ -157,12 +144,6 @@ def _combine_what(padding: Tensor, causal: Tensor) -> str:
 
 #: ``combine_masks(padding, causal)``: a case is ``(padding, causal)``, boolean tensors.
 COMBINE = _mask_part(
-    lambda padding, causal: (
-        (padding, causal),
-        f"padding is (B, T) = {tuple(padding.shape)} and causal (T, T) = {tuple(causal.shape)}: "
-        "give padding a head axis and a query axis, padding[:, None, None, :], so that it "
-        "broadcasts against causal[None, None].",
-    ),
     _combine_what,
     "The (B, 1, T, T) result is True at (b, 0, t, s) when padding[b, s] and causal[t, s] are.",
     load=lambda padding, causal: (torch.tensor(padding), torch.tensor(causal)),
@@ -175,10 +156,8 @@ COMBINE = _mask_part(
 
 
 class Probe(NamedTuple):
-    """A sequence map with known causality, to try a leak detector on: how messages show it,
-    the map (``(B, T, ...)`` to ``(B, T, ...)``, differentiably), whether some output at a
-    position ``<= t`` depends on an input after ``t``, and what a detector that answers wrongly
-    on it most likely does (by default :data:`TIME_AXIS` for a leak, else :data:`LOOKS_BACK`)."""
+    """A differentiable map ``(B, T, ...) -> (B, T, ...)`` with known causality (``leaks``: an
+    output at ``<= t`` reads an input after ``t``), and what a detector wrong on it is told."""
 
     name: str
     fn: Callable[[Tensor], Tensor]
@@ -196,10 +175,9 @@ def judge_detector(fn: Callable[..., Any], probes: Sequence[Probe], x: Tensor) -
     for probe in probes:
         what = f"depends_on_future({probe.name}, x) with x of shape {tuple(x.shape)}"
         got = call_forbidding(fn, (probe.fn, x), {}, ban=DETECTOR_BAN, what=what, in_place=in_place)
-        if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
-            got = bool(got)
-        elif type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
-            got = bool(got)  # numpy's bool, e.g. from (a != b).any() on arrays
+        numpy_bool = type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_")
+        if numpy_bool or (isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool):
+            got = bool(got)  # a one-element bool tensor, or numpy's bool from (a != b).any()
         elif not isinstance(got, bool):
             shown = "None (did you forget to `return`?)" if got is None else type(got).__name__
             raise AssertionError(f"{what} should return True or False, got {shown}.")
@@ -269,8 +247,8 @@ def expect_attention(
     want: tuple[Tensor, Tensor],
     mistakes: Mapping[str, tuple[Tensor, Tensor]],
     *,
-    tol: float = _TOL,
-) -> tuple[Tensor, Tensor]:
+    tol: float,
+) -> None:
     """``masked_attention(q, k, v, mask)`` must return ``want = (out, weights)``."""
     q, k, v, mask = inputs
     kind = "" if q.dtype == torch.float32 else f" in {str(q.dtype).replace('torch.', '')}"
@@ -282,9 +260,7 @@ def expect_attention(
     probe = _attention.overflow_probe(
         fn, q, v, masked=True, ban=ATTENTION_BAN, name="masked_attention"
     )
-    return _attention.judge_attention(
-        result, want, mistakes, what, q, k, v, mask, tol=tol, probe=probe
-    )
+    _attention.judge_attention(result, want, mistakes, what, q, k, v, mask, tol=tol, probe=probe)
 
 
 # --------------------------------------------------------------------------------------
@@ -302,9 +278,7 @@ def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
         k = 0.5 * (t - 2) + 0.125 * ((t + d + 2 * b) % 3 - 1)
         b, s, e = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(3), indexing="ij")
         v = 0.5 * ((3 * s + e + b) % 5 - 2)
-        mask = torch.tensor(
-            [[j <= i for j in range(5)] for i in range(5)], dtype=torch.bool
-        )  # (T, S)
+        mask = torch.ones(5, 5, dtype=torch.bool).tril()  # (T, S)
         return q.float(), k.float(), v.float(), mask, "the causal (5, 5) mask"
     if name == "padded":
         b, h, t, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 3, 2)), indexing="ij")
@@ -344,7 +318,8 @@ check_combine_masks = COMBINE.visible(
 )
 
 
-def _check_attention(fn: Callable[..., Any], dtype: torch.dtype, tol: float) -> None:
+def _check_attention(fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    tol = SPEC.tol("float32" if dtype == torch.float32 else "half")  # the spec's tolerances
     for name in ("causal", "padded"):
         q, k, v, mask, described = attention_example(name)
         want, mistakes = _attention.stored_pair("lab05", f"masked_attention example {name!r}")
@@ -354,12 +329,12 @@ def _check_attention(fn: Callable[..., Any], dtype: torch.dtype, tol: float) -> 
 
 def check_masked_attention(fn: Callable[..., Any]) -> None:
     """Worked examples in float32: a causal mask, and padding with a row that sees nothing."""
-    _check_attention(fn, torch.float32, _TOL)
+    _check_attention(fn, torch.float32)
 
 
 def check_masked_attention_half(fn: Callable[..., Any]) -> None:
     """The same worked examples in float16: no overflow, no NaN, the same weights."""
-    _check_attention(fn, torch.float16, _HALF_TOL)
+    _check_attention(fn, torch.float16)
 
 
 def check_depends_on_future(fn: Callable[..., Any]) -> None:
