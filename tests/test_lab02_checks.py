@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from judge_support import zeroing_attention
 
 from transformer_lab.checks import lab02
+from transformer_lab.checks._common import OpLog
 from transformer_lab.grading.hidden import lab02 as hidden02
 
 # --------------------------------------------------------------------------------------------------
@@ -587,7 +588,7 @@ MISTAKES = [
     (sdpa_in_place_divide, [A_HID_MASK], "It raised on a backward pass"),
     (_variant_sdpa(mask_mode="ignore"), [A_MASK, A_HID_MASK], "mask is ignored"),
     (_variant_sdpa(mask_mode="nan"), [A_MASK, A_HID_MASK], "NaN"),
-    (_variant_sdpa(mask_mode="uniform"), [A_MASK, A_HID_MASK], "equal weights 1/S"),
+    (_variant_sdpa(mask_mode="uniform"), [A_MASK, A_HID_MASK], "uniform weights 1/S"),
     (_variant_sdpa(mask_mode="after"), [A_MASK, A_HID_MASK], "mask after the softmax"),
     (_variant_sdpa(mask_mode="fill_1e9"), [A_MASK, A_HID_MASK], "-1e9"),
     (_variant_sdpa(mask_mode="where_1e9"), [A_MASK, A_HID_MASK], "float16"),
@@ -690,11 +691,12 @@ def test_mask_mistakes_keep_the_unmasked_points() -> None:
         hidden02.hidden_check_scaled_dot_product_attention(fn, seed=2401)
 
 
-def test_count_operations_sees_loops() -> None:
+def test_the_operation_log_sees_loops() -> None:
     X = torch.randn(6, 4)
     W = torch.randn(4, 3)
-    ops = lab02.count_operations(lambda x: [x[i] @ W for i in range(x.shape[0])], X)
-    assert sum(name == "matmul" for name, _ in ops) == 6
+    with OpLog() as log:
+        [X[i] @ W for i in range(X.shape[0])]
+    assert sum(name == "matmul" for name, _ in log.ops) == 6
 
 
 def test_forbidden_is_lifted_after_a_check() -> None:

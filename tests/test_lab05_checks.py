@@ -128,7 +128,7 @@ CAUSAL_MISTAKES = [
     (causal_no_diagonal, "leaves out the diagonal"),
     (causal_inverted, "inverted"),
     (causal_float, "dtype torch.float32, expected torch.bool"),
-    (causal_additive, "additive float mask"),
+    (causal_additive, "dtype torch.float32, expected torch.bool"),
     (causal_nothing_hidden, "nothing is hidden"),
     (causal_extra_axis, "extra leading axis"),
 ]
@@ -507,9 +507,9 @@ ATTENTION_MISTAKES = [
     (attention_minus_inf, ALL, "softmax of a row of -inf is 0/0"),
     (attention_softmax_no_max, ["hidden"], "Your softmax overflows"),
     (attention_min_fill_unrepaired, ALL, "uniform weights 1/S"),
-    (attention_inverted, ALL, "wrong way round"),
-    (attention_ignores_mask, ALL, "ignore the mask"),
-    (attention_unscaled, ALL, "not scaled"),
+    (attention_inverted, ALL, "mask inverted"),
+    (attention_ignores_mask, ALL, "mask is ignored"),
+    (attention_unscaled, ALL, "without scaling"),
     (attention_minus_1e4, ["hidden"], "not negative enough"),
     (
         attention_after_renormalised,
@@ -829,7 +829,7 @@ def test_oracles_agree_with_the_package() -> None:
     )
     for name in ("causal", "padded"):
         q, k, v, mask, _ = lab05.attention_example(name)
-        want_out, want_w = hidden05.oracle_masked_attention(q, k, v, mask)
+        want_out, want_w = hidden05.attend64(q, k, v, mask)
         out, w = attention.masked_attention(q.double(), k.double(), v.double(), mask)
         torch.testing.assert_close(w, want_w)
         torch.testing.assert_close(out, want_out)

@@ -1,41 +1,17 @@
 """Visible checks of lab 02 (self-attention): softmax, the loop and matrix forms, batched attention.
 
-The notebook's visible test cells call the ``check_*`` functions here on the student's
-``softmax``, ``self_attention_loop``, ``self_attention_matrix`` and
-``scaled_dot_product_attention``. They run worked examples whose expected results are stored in
-``fixtures/lab02.json`` (written from the hidden checks' oracle when the instructor builds the
-labs), together with what the typical mistakes return on the same inputs: the softmax over the
-wrong axis or without subtracting the maximum, no ``keepdim``, scores not scaled or scaled by
-``d_k``, queries and keys swapped, a reshaped instead of transposed key matrix, a mask ignored,
-inverted or applied after the softmax, fully masked rows that come out NaN or uniform... A wrong
-answer is compared with those and the message names the mistake it reproduces. No oracle lives
-here: the student package holds only the stored examples and the comparisons.
+The ``check_*`` functions run the student's functions on worked examples whose expected results
+and typical mistakes' outputs are stored in ``fixtures/lab02.json`` (written from the hidden
+checks' oracles): a wrong answer is compared with those and the message names the mistake it
+reproduces. The masked examples give the masked keys the largest raw scores, include rows the
+mask empties and run in float16 too; the shared attention judge
+(:mod:`transformer_lab.checks._attention`) judges them. Tolerances follow the input's dtype
+(:func:`tolerance`). The loop form must do work per token without building the ``N x N`` score
+table at once; the matrix form must run the same operations whatever ``N`` is. Torch's softmax
+and attention and the kit's own are refused while the student's code runs (:data:`BAN`).
 
-The mask examples are built so that the masked keys have the **largest** raw scores (a mask that
-is ignored, or applied after the softmax, moves most of the weight), include rows where the mask
-allows no key (zero weights, never NaN), use ``T != S`` and values unlike the keys, and run in
-float16 as well (where a fill of ``-1e9`` overflows). They are judged by the attention judge
-lab 05 shares (:mod:`transformer_lab.checks._attention`), which traces weights with NaN to their
-cause by probing the student's function: if it also gives NaN on scores that are large but
-finite in the dtype (16 in float16), every key allowed, its softmax lacks the max subtraction
-(exp overflows, or exp(finfo.min) = 0 makes 0/0 in a row the mask empties) and the message
-says so; only otherwise is a NaN in such a row blamed on the fill.
-
-Tolerances follow the arithmetic of the input's dtype (:func:`tolerance`): a correct float32
-softmax written as ``exp(x - logsumexp(x))`` passes at logits of 1e4, where rounding the
-logsumexp alone moves the result by about 5e-4.
-
-The structural checks of the loop and matrix forms (:func:`count_operations`) record every torch
-operation the student's function runs: ``self_attention_loop`` must do work per token and never
-build the ``N x N`` score table in one operation; ``self_attention_matrix`` must run the same
-operations whatever ``N`` is.
-
-While the student's function runs, torch's softmax and attention families, ``nn.MultiheadAttention``
-and the kit's own attention functions are refused (:class:`~transformer_lab.judge.bans.Ban`).
-
-Reference: Prince, *Understanding Deep Learning*, sections 12.2 (dot-product self-attention,
-12.2.4 matrix form) and 12.3.2 (scaled dot-product attention); Vaswani et al., "Attention Is All
-You Need", NeurIPS 2017, section 3.2.1.
+Reference: Prince, *Understanding Deep Learning*, sections 12.2 and 12.3.2; Vaswani et al.,
+"Attention Is All You Need", NeurIPS 2017, section 3.2.1.
 """
 
 from __future__ import annotations
@@ -70,7 +46,6 @@ __all__ = [
     "check_self_attention_matrix",
     "check_self_attention_matrix_no_loops",
     "check_softmax",
-    "count_operations",
     "example",
     "tolerance",
 ]
@@ -82,29 +57,9 @@ BAN = SPEC.ban("attention")
 _LAB = "lab02"
 
 
-def run(
-    fn: Callable[..., Any],
-    *args: Any,
-    what: str,
-    on_error: str = "",
-    in_place: str | None = None,
-    **kwargs: Any,
-) -> Any:
-    """Call the student's ``fn(*args, **kwargs)`` under the lab's ban.
-
-    ``on_error`` is appended to the message when the student's code raises an exception;
-    ``in_place``, if given, is the message of a write into an argument tensor.
-    """
-    return call_forbidding(
-        fn, args, kwargs, ban=BAN, what=what, on_error=on_error, in_place=in_place
-    )
-
-
 def stored_example(key: str) -> tuple[Tensor, dict[str, Tensor]]:
-    """A stored expected value and the typical mistakes' outputs, in the catalogue's order.
-
-    The fixture keeps that order in a ``"NN|"`` prefix of each hint (JSON sorts the keys).
-    """
+    """A stored expected value and the typical mistakes' outputs, in the order of their
+    ``"NN|"`` prefix (JSON sorts the keys)."""
     want, mistakes = stored(_LAB, key)
     return want, {hint.partition("|")[2]: t for hint, t in sorted(mistakes.items())}
 
@@ -164,13 +119,12 @@ _SOFTMAX_IN_PLACE = (
 
 
 def call_softmax(fn: Callable[..., Tensor], x: Tensor, dim: int | None, what: str) -> Tensor:
-    """The student's ``softmax(x[, dim=dim])`` under the ban: a float tensor of ``x``'s shape.
-
-    Raises:
-        AssertionError: ``x`` changed in place, a wrong shape or dtype, or an exception.
-    """
+    """The student's ``softmax(x[, dim=dim])`` under the ban: a tensor of ``x``'s shape and
+    dtype (else an AssertionError, as for an exception or ``x`` changed in place)."""
     kwargs = {} if dim is None else {"dim": dim}
-    got = run(fn, x, what=what, on_error=_KEEPDIM, in_place=_SOFTMAX_IN_PLACE, **kwargs)
+    got = call_forbidding(
+        fn, (x,), kwargs, ban=BAN, what=what, on_error=_KEEPDIM, in_place=_SOFTMAX_IN_PLACE
+    )
     if tuple(getattr(got, "shape", ())) != tuple(x.shape) and isinstance(got, Tensor):
         raise AssertionError(
             f"{what} has shape {tuple(got.shape)}, expected {tuple(x.shape)} (the shape of x). "
@@ -232,9 +186,8 @@ SA_EXAMPLES = {
 
 def call_self_attention(fn: Callable[..., Tensor], args: tuple[Tensor, ...], what: str) -> Tensor:
     """The student's self-attention on ``args`` under the ban; inputs must stay unchanged."""
-    return run(
-        fn, *args, what=what, in_place="changed one of its inputs in place: work on new tensors."
-    )
+    in_place = "changed one of its inputs in place: work on new tensors."
+    return call_forbidding(fn, args, {}, ban=BAN, what=what, in_place=in_place)
 
 
 def judge_self_attention(
@@ -252,19 +205,12 @@ def judge_self_attention(
             f"{what} has shape ({d_v}, {n}), expected ({n}, {d_v}): one row per token. Did you "
             "compute in the book's column convention and forget to transpose back?"
         )
-    got = expect_shape(got, (n, d_v), what)
-    hint = SA_HINT
-    if n == 1:
-        hint = (
-            "With one token its weight on itself is 1, so the output is its value "
-            "v = x W_v + b_v. Check the value projection and its bias."
-        )
     return compare(
         got,
         want,
         what=what,
         candidates=list((w, h) for h, w in mistakes.items()),
-        hint=hint,
+        hint=SA_HINT,
         atol=tol,
         rtol=tol,
     )
@@ -303,22 +249,6 @@ _STRUCTURAL = frozenset(
         "zero_", "__get__", "size", "dim", "float", "double", "type", "cpu", "requires_grad_",
     }
 )  # fmt: skip
-
-
-def count_operations(fn: Callable[..., Any], *args: Any) -> list[tuple[str, list[tuple[int, ...]]]]:
-    """Run ``fn(*args)`` and list the torch operations it performed.
-
-    Args:
-        fn: any function of tensors.
-        *args: its arguments.
-
-    Returns:
-        One ``(operation name, output shapes)`` pair per torch operation, in call order.
-    """
-    log = OpLog()
-    with log:
-        fn(*args)
-    return log.ops
 
 
 def _student_ops(
@@ -386,70 +316,48 @@ def check_self_attention_matrix_no_loops(fn: Callable[..., Tensor]) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def call_attention(
-    fn: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, what: str
-) -> tuple[Tensor, Tensor]:
-    """The student's ``scaled_dot_product_attention(q, k, v[, mask])`` under the ban (the
-    shared :func:`~transformer_lab.checks._attention.call_attention`)."""
-    return _attention.call_attention(fn, q, k, v, mask, what, ban=BAN)
-
-
-def judge_attention(
-    got: tuple[Tensor, Tensor],
-    want: tuple[Tensor, Tensor],
-    mistakes: Mapping[str, tuple[Tensor, Tensor]],
-    what: str,
+def expect_attention(
+    fn: Callable[..., Any],
     q: Tensor,
     k: Tensor,
     v: Tensor,
     mask: Tensor | None,
-    *,
-    fn: Callable[..., Any] | None = None,
+    what: str,
+    want: tuple[Tensor, Tensor],
+    mistakes: Mapping[str, tuple[Tensor, Tensor]],
 ) -> None:
-    """The shared judge of attention (:func:`~transformer_lab.checks._attention.
-    judge_attention`) at the tolerance of the scores' size; given ``fn``, a NaN is traced to
-    its cause by probing it (a softmax without the max subtraction, rather than the fill of an
-    empty row)."""
-    probe = (
-        None
-        if fn is None
-        else _attention.overflow_probe(
-            fn, q, v, masked=mask is not None, ban=BAN, name="scaled_dot_product_attention"
-        )
+    """The student's ``scaled_dot_product_attention(q, k, v[, mask])`` must return ``want``:
+    the shared call and judge (:mod:`transformer_lab.checks._attention`), a NaN traced to its
+    cause by probing ``fn``."""
+    got = _attention.call_attention(fn, q, k, v, mask, what, ban=BAN)
+    probe = _attention.overflow_probe(
+        fn, q, v, masked=mask is not None, ban=BAN, name="scaled_dot_product_attention"
     )
     _attention.judge_attention(got, want, mistakes, what, q, k, v, mask, probe=probe)
 
 
-#: The visible attention examples: name -> (dtype, with a mask?).
-SDPA_EXAMPLES = {
-    "scaled_dot_product_attention(q, k, v) with T=S=4, d_k=3, d_v=5": (torch.float32, False),
-    "scaled_dot_product_attention on q (2, 3, 2, 4), k (2, 3, 5, 4), v (2, 3, 5, 6)": (
-        torch.float32,
-        False,
-    ),
-}
-SDPA_MASK_EXAMPLES = {
-    "scaled_dot_product_attention with a causal (4, 4) mask whose future keys score highest": (
-        torch.float32,
-        True,
-    ),
-    "scaled_dot_product_attention with a (2, 3, 5) mask (T=3, S=5) with rows that allow no key": (
-        torch.float32,
-        True,
-    ),
-    "scaled_dot_product_attention with the same (2, 3, 5) mask in float16": (torch.float16, True),
-}
+#: The visible attention examples (a float16 one says so; a masked one has a mask).
+SDPA_EXAMPLES = (
+    "scaled_dot_product_attention(q, k, v) with T=S=4, d_k=3, d_v=5",
+    "scaled_dot_product_attention on q (2, 3, 2, 4), k (2, 3, 5, 4), v (2, 3, 5, 6)",
+)
+SDPA_MASK_EXAMPLES = (
+    "scaled_dot_product_attention with a causal (4, 4) mask whose future keys score highest",
+    "scaled_dot_product_attention with a (2, 3, 5) mask (T=3, S=5) with rows that allow no key",
+    "scaled_dot_product_attention with the same (2, 3, 5) mask in float16",
+)
 
 
-def _check_attention_examples(fn: Callable[..., Any], examples: Mapping[str, Any]) -> None:
-    for what, (dtype, masked) in examples.items():
-        names = ("q", "k", "v", "mask") if masked else ("q", "k", "v")
-        inputs = example(what, *names)
-        q, k, v = (t.to(dtype) for t in inputs[:3])
-        mask = inputs[3] if masked else None
-        want, mistakes = _attention.stored_pair(_LAB, what)
-        got = call_attention(fn, q, k, v, mask, what)
-        judge_attention(got, want, mistakes, what, q, k, v, mask, fn=fn)
+def _check_attention_examples(fn: Callable[..., Any], examples: tuple[str, ...]) -> None:
+    for what in examples:
+        q, k, v = (t.to(example_dtype(what)) for t in example(what, "q", "k", "v"))
+        mask = example(what, "mask")[0] if "mask" in what else None
+        expect_attention(fn, q, k, v, mask, what, *_attention.stored_pair(_LAB, what))
+
+
+def example_dtype(what: str) -> torch.dtype:
+    """The dtype an attention example runs in."""
+    return torch.float16 if "float16" in what else torch.float32
 
 
 def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:

@@ -27,6 +27,7 @@ from transformer_lab.grading.hidden import fixture_entry
 
 __all__ = [
     "FILLS",
+    "HINTS",
     "MASK_USES",
     "MERGES",
     "MISTAKES",
@@ -206,34 +207,87 @@ def _masked(**options: object) -> Variant:
     return lambda q, k, v, m: None if m is None else attend_as(q, k, v, m, **options)  # type: ignore[arg-type]
 
 
+def _low_fill(zeroed: bool) -> Variant:
+    """A fill of -1e4, tried only where some allowed score is lower still (elsewhere it looks
+    like the mistakes that leave an empty row uniform)."""
+
+    def variant(q: Tensor, k: Tensor, v: Tensor, m: Tensor | None) -> Any:
+        if m is None or lowest_allowed_score(q, k, m) >= -1e4:
+            return None
+        return attend_as(q, k, v, m, fill=-1e4, zeroed=zeroed)
+
+    return variant
+
+
 #: The catalogue of typical wrong (masked) attentions, by id, each as a function of the inputs
 #: ``(q, k, v, mask)`` returning the ``(out, weights)`` it gives (float64), or None where the
-#: mistake cannot happen on them. The labs name them in their own words
-#: (:func:`attention_mistakes`).
+#: mistake cannot happen on them.
 MISTAKES: dict[str, Variant] = {
+    "fill_1e4": _low_fill(zeroed=False),
+    "fill_1e4_zeroed": _low_fill(zeroed=True),
+    "mask_after": _masked(fill="after"),
+    "fill_zero": _masked(fill=0.0),
+    "fill_zero_zeroed": _masked(fill=0.0, zeroed=True),
+    "fill_uniform": _masked(fill="uniform"),
+    "mask_inverted": lambda q, k, v, m: None if m is None else attend_as(q, k, v, ~m.bool()),
+    "mask_ignored": lambda q, k, v, m: None if m is None else attend_as(q, k, v, None),
     "no_scale": lambda q, k, v, m: attend_as(q, k, v, m, scale=1.0),
     "scale_d_k": lambda q, k, v, m: attend_as(q, k, v, m, scale=1.0 / q.shape[-1]),
     "softmax_queries": lambda q, k, v, m: attend_as(q, k, v, m, axis=-2),
     "qk_swapped": lambda q, k, v, m: attend_as(q, k, v, m, swap=True),
     "k_reshaped": lambda q, k, v, m: attend_as(q, k, v, m, reshape_k=True),
     "k_reversed": lambda q, k, v, m: attend_as(q, k, v, m, reverse_k=True) if k.dim() > 2 else None,
-    "mask_ignored": lambda q, k, v, m: None if m is None else attend_as(q, k, v, None),
-    "mask_inverted": lambda q, k, v, m: None if m is None else attend_as(q, k, v, ~m.bool()),
-    "fill_nan": _masked(fill="nan"),
-    "fill_uniform": _masked(fill="uniform"),
-    "mask_after": _masked(fill="after"),
-    "fill_zero": _masked(fill=0.0),
-    "fill_zero_zeroed": _masked(fill=0.0, zeroed=True),
-    "fill_1e4": _masked(fill=-1e4),
-    "fill_1e4_zeroed": _masked(fill=-1e4, zeroed=True),
+}
+
+_LOW_FILL = (
+    "Your fill value is not negative enough: real scores here go below -1e4, so the masked "
+    "keys outrank them. Use the dtype's own minimum, torch.finfo(scores.dtype).min."
+)
+_FILL_ZERO = (
+    "Your masked scores are set to 0 instead of a very negative number: exp(0) is not small, "
+    "so masked keys still get weight. Fill with torch.finfo(scores.dtype).min."
+)
+
+#: What each mistake of :data:`MISTAKES` is called (labs 02 and 05), in the order the judge
+#: tries them.
+HINTS = {
+    "fill_1e4": _LOW_FILL,
+    "fill_1e4_zeroed": _LOW_FILL + " (Zeroing the masked weights afterwards cannot repair that.)",
+    "mask_after": "It matches applying the mask after the softmax (weights * mask): the masked "
+    "keys, which score highest here, took most of the weight before it was zeroed, so the rows "
+    "no longer sum to one. Dividing by the row sums again is no cure: where the masked keys "
+    "score far higher, the other exponentials underflow and the row becomes 0/0. Mask the "
+    "scores before the softmax.",
+    "fill_zero": _FILL_ZERO,
+    "fill_zero_zeroed": _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring "
+    "the rest back to a sum of one.)",
+    "fill_uniform": "Rows where the mask allows no key get uniform weights 1/S (every score was "
+    "filled with the same number): such rows must get zero weights and a zero output. Zero "
+    "the weights of masked keys after the softmax, e.g. weights.masked_fill(~mask, 0).",
+    "mask_inverted": "It matches attention with the mask inverted: True means *may attend*, so "
+    "hide the keys where the mask is False: scores.masked_fill(~mask, ...).",
+    "mask_ignored": "It matches attention without the mask: the mask is ignored, so the masked "
+    "keys (which score highest here) take most of the weight. Set the scores where mask is "
+    "False to torch.finfo(scores.dtype).min before the softmax.",
+    "no_scale": "It matches attention without scaling: divide the scores q @ k^T by "
+    "sqrt(d_k), d_k = q.shape[-1].",
+    "scale_d_k": "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
+    "softmax_queries": "It matches a softmax over the queries' axis (dim=-2): each query's "
+    "weights over the keys must sum to 1, so take the softmax over the last axis.",
+    "qk_swapped": "It matches scores k @ q^T: queries and keys are swapped. The scores are "
+    "q @ k.transpose(-2, -1), one row per query.",
+    "k_reshaped": "It matches q @ k.reshape(..., d_k, S): reshape does not transpose, it only "
+    "reinterprets the memory. Use k.transpose(-2, -1).",
+    "k_reversed": "It matches q @ k.T on a batch: .T reverses every axis, the batch axes "
+    "included. Transpose only the last two: k.transpose(-2, -1).",
 }
 
 
 def attention_mistakes(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, hints: Mapping[str, str]
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, hints: Mapping[str, str] = HINTS
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Hint -> ``(out, weights)`` of the typical mistakes ``hints`` names (id -> the lab's words
-    for it, in the order a judge tries them), on these inputs.
+    """Hint -> ``(out, weights)`` of the typical mistakes ``hints`` names (id -> its words, in
+    the order a judge tries them), on these inputs.
 
     A mistake is left out where it cannot happen, where its weights do not have the right
     shape (the judge stops at the shape first) or where it gives the right answer on these

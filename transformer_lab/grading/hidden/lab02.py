@@ -1,19 +1,10 @@
 """Hidden checks of lab 02 (self-attention), their oracles and the visible checks' fixtures.
 
-The oracles compute in float64 with PyTorch's own ``torch.softmax`` (independent of
-:mod:`transformer_lab.attention`). The mistake catalogues give what each typical wrong answer
-returns on the same inputs (softmax over the wrong axis, without the maximum subtracted or
-without ``keepdim``; attention without scaling or scaled by ``d_k`` or ``sqrt(D)``, queries and
-keys swapped, ``reshape`` for a transpose, ``A^T V``, biases left out; masks ignored, inverted,
-applied after the softmax, fully masked rows NaN or uniform), so a wrong answer is named.
-
-The masked examples are adversarial: :func:`adversarial_keys` solves for keys whose raw scores
-are largest exactly where the mask forbids them, so that a mask ignored or applied after the
-softmax moves most of the weight. They include rows that allow no key, ``T != S``, values unlike
-the keys, float64, float16 and bfloat16, and a backward pass through an empty row.
-
-:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab02.json``),
-inputs included.
+The oracles compute in float64 with PyTorch's own ``torch.softmax``; the typical mistakes'
+outputs (:func:`softmax_mistakes`, :func:`self_attention_mistakes`, the shared catalogue of
+:mod:`~transformer_lab.grading.hidden._attention`) name a wrong answer. The masked examples are
+adversarial (:func:`adversarial_keys`: the masked keys score highest) and include empty rows,
+``T != S``, float16 and bfloat16 and a backward pass through an empty row.
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.2 and 12.3.2; Vaswani et al.,
 "Attention Is All You Need", NeurIPS 2017, section 3.2.1.
@@ -28,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_lab.checks._attention import expect_finite_gradients
+from transformer_lab.checks import lab02
+from transformer_lab.checks._attention import call_attention, expect_finite_gradients
 from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks.lab02 import (
     SA_ARGS,
@@ -36,22 +28,23 @@ from transformer_lab.checks.lab02 import (
     SDPA_EXAMPLES,
     SDPA_MASK_EXAMPLES,
     SOFTMAX_EXAMPLES,
-    call_attention,
     call_self_attention,
     call_softmax,
-    judge_attention,
+    example_dtype,
+    expect_attention,
     judge_self_attention,
     judge_softmax,
     tolerance,
 )
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._attention import attend64, attend_as, pair_entries
-from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
+from transformer_lab.grading.hidden._attention import (
+    attend64,
+    attend_as,
+    attention_mistakes,
+    pair_entries,
+)
 
 __all__ = [
-    "ATTENTION_HINTS",
-    "adversarial_keys",
-    "attention_mistakes",
     "fixtures",
     "hidden_check_scaled_dot_product_attention",
     "hidden_check_scaled_dot_product_attention_mask",
@@ -59,13 +52,7 @@ __all__ = [
     "hidden_check_self_attention_matrix",
     "hidden_check_softmax",
     "hidden_check_softmax_stability",
-    "oracle_attention",
-    "oracle_self_attention",
-    "oracle_softmax",
-    "self_attention_mistakes",
-    "softmax_mistakes",
 ]
-
 
 # --------------------------------------------------------------------------------------
 # Oracles
@@ -77,11 +64,6 @@ def oracle_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return torch.softmax(x.double(), dim)
 
 
-def oracle_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Reference ``(out, weights)`` in float64; fully masked rows give zeros."""
-    return attend64(q, k, v, mask)
-
-
 def _project(args: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
     X, W_q, b_q, W_k, b_k, W_v, b_v = (t.double() for t in args)
     return X @ W_q + b_q, X @ W_k + b_k, X @ W_v + b_v
@@ -90,7 +72,7 @@ def _project(args: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
 def oracle_self_attention(*args: Tensor) -> Tensor:
     """Reference single-sequence self-attention ``(N, d_v)`` in float64."""
     Q, K, V = _project(args)
-    return oracle_attention(Q, K, V, None)[0]
+    return attend64(Q, K, V, None)[0]
 
 
 # --------------------------------------------------------------------------------------
@@ -149,111 +131,29 @@ def softmax_mistakes(x: Tensor, dim: int) -> dict[str, Tensor]:
 
 
 def self_attention_mistakes(*args: Tensor) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong single-sequence self-attention returns (float64)."""
-    X, W_q, b_q, W_k, b_k, W_v, b_v = (t.double() for t in args)
-    Q, K, V = X @ W_q + b_q, X @ W_k + b_k, X @ W_v + b_v
-    dk, d = W_q.shape[1], X.shape[1]
-    s = 1 / math.sqrt(dk)
-
-    def out(result: tuple[Tensor, Tensor] | None) -> Tensor | None:
-        return None if result is None else result[0]
-
-    candidates: list[tuple[Tensor | None, str]] = [
-        (
-            out(attend_as(Q, K, V, scale=1.0)),
-            "It matches attention without scaling: divide the scores by sqrt(d_k), "
-            "d_k = W_q.shape[1].",
+    """Hint -> what a typical wrong single-sequence self-attention returns (float64): the
+    shared catalogue's mistakes on ``Q, K, V``, then those of the projections."""
+    X, W_q, _, W_k, _, W_v, _ = (t.double() for t in args)
+    Q, K, V = _project(args)
+    d = X.shape[1]
+    extra = {
+        "It matches scores divided by sqrt(D), the input width: scale by sqrt(d_k), the "
+        "width of the queries and keys (W_q.shape[1]).": attend_as(Q, K, V, scale=d**-0.5)
+        if d != W_q.shape[1]
+        else None,
+        "It matches A^T V: row n of the output is sum_m a[n, m] v_m, i.e. A @ V with the "
+        "weights of query n in row n of A.": attend_as(Q, K, V, transpose_weights=True),
+        "It matches attention without the value bias: V = X W_v + b_v.": attend_as(Q, K, X @ W_v),
+        "It matches attention without the biases: Q = X W_q + b_q, and the same for K, V.": (
+            attend_as(X @ W_q, X @ W_k, X @ W_v)
         ),
-        (
-            out(attend_as(Q, K, V, scale=1 / dk)),
-            "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
-        ),
-        (
-            out(attend_as(Q, K, V, scale=1 / math.sqrt(d))) if d != dk else None,
-            "It matches scores divided by sqrt(D), the input width: scale by sqrt(d_k), the "
-            "width of the queries and keys (W_q.shape[1]).",
-        ),
-        (
-            out(attend_as(Q, K, V, scale=s, axis=0)),
-            "It matches a softmax over the queries' axis: for each query, the weights over all "
-            "keys must sum to 1 (softmax along the keys' axis, the last one of Q K^T).",
-        ),
-        (
-            out(attend_as(Q, K, V, scale=s, swap=True)),
-            "It matches scores K Q^T: queries and keys are swapped. Score[n, m] = q_n . k_m, "
-            "i.e. Q @ K.T.",
-        ),
-        (
-            out(attend_as(Q, K, V, scale=s, reshape_k=True)),
-            "It matches Q @ K.reshape(D_k, N): reshape does not transpose, it only reinterprets "
-            "the memory. Use K.T (or K.transpose(0, 1)).",
-        ),
-        (
-            out(attend_as(Q, K, V, scale=s, transpose_weights=True)),
-            "It matches A^T V: row n of the output is sum_m a[n, m] v_m, i.e. A @ V with the "
-            "weights of query n in row n of A.",
-        ),
-        (
-            out(attend_as(Q, K, X @ W_v, scale=s)),
-            "It matches attention without the value bias: V = X W_v + b_v.",
-        ),
-        (
-            out(attend_as(X @ W_q, K, V, scale=s)),
-            "It matches attention without the query bias: Q = X W_q + b_q.",
-        ),
-        (
-            out(attend_as(X @ W_q, X @ W_k, X @ W_v, scale=s)),
-            "It matches attention without the biases: Q = X W_q + b_q, and the same for K, V.",
-        ),
-        (
-            V if X.shape[0] > 1 else None,
-            "It matches V itself: each output row is its own value vector. Row n is the sum "
-            "over m of weight[n, m] * v_m: index the values by the key m, not by the query n.",
-        ),
-        (
-            out(attend_as(Q, K, X, scale=s)) if X.shape[1] == W_v.shape[1] else None,
-            "It matches weights applied to X: attend over the values V = X W_v + b_v.",
-        ),
-    ]
-    return {hint: t for t, hint in candidates if t is not None}
-
-
-#: What lab 02 calls each typical wrong ``scaled_dot_product_attention`` of the shared catalogue
-#: (:data:`~transformer_lab.grading.hidden._attention.MISTAKES`), in the order they are tried.
-ATTENTION_HINTS = {
-    "no_scale": "It matches attention without scaling: divide the scores by sqrt(d_k), "
-    "d_k = q.shape[-1].",
-    "scale_d_k": "It matches scores divided by d_k: the scale is 1/sqrt(d_k), the square root.",
-    "softmax_queries": "It matches a softmax over the queries' axis (dim=-2): each query's "
-    "weights over the keys must sum to 1, so take the softmax over the last axis.",
-    "qk_swapped": "It matches scores k @ q^T: queries and keys are swapped. The scores are "
-    "q @ k.transpose(-2, -1), one row per query.",
-    "k_reshaped": "It matches q @ k.reshape(..., d_k, S): reshape does not transpose. Use "
-    "k.transpose(-2, -1) (k.T would reverse every axis, batch included).",
-    "k_reversed": "It matches q @ k.T on a batch: .T reverses every axis, the batch axes "
-    "included. Transpose only the last two: k.transpose(-2, -1).",
-    "mask_ignored": "It matches attention without the mask: the mask is ignored, so the masked "
-    "keys (which score highest here) take most of the weight. Set the scores where mask is "
-    "False to torch.finfo(scores.dtype).min before the softmax.",
-    "mask_inverted": "It matches attention with the mask inverted: True means 'may attend', so "
-    "block the positions where mask is False (scores.masked_fill(~mask, ...)).",
-    "fill_nan": "Rows where the mask allows no key give NaN (softmax of all -inf is 0/0): such "
-    "rows must get zero weights, e.g. fill with torch.finfo(scores.dtype).min and multiply the "
-    "weights by the mask after the softmax.",
-    "fill_uniform": "Rows where the mask allows no key give equal weights 1/S: such rows must "
-    "get zero weights (and a zero output). Zero them after the softmax, e.g. weights * mask.",
-    "mask_after": "It matches applying the mask after the softmax (weights * mask without "
-    "masking the scores): the masked keys, which score highest here, took most of the "
-    "softmax's weight before it was zeroed, so the remaining weights no longer sum to 1. Mask "
-    "the scores before the softmax.",
-}
-
-
-def attention_mistakes(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
-) -> dict[str, tuple[Tensor, Tensor]]:
-    """Hint -> ``(out, weights)`` of a typical wrong ``scaled_dot_product_attention``."""
-    return shared_mistakes(q, k, v, mask, ATTENTION_HINTS)
+        "It matches V itself: each output row is its own value vector. Row n is the sum over "
+        "m of weight[n, m] * v_m: index the values by the key m, not by the query n.": (V, V)
+        if X.shape[0] > 1
+        else None,
+    }
+    shared = attention_mistakes(Q, K, V, None) | extra
+    return {hint: pair[0] for hint, pair in shared.items() if pair is not None}
 
 
 # --------------------------------------------------------------------------------------
@@ -264,12 +164,9 @@ def attention_mistakes(
 def adversarial_keys(
     q: Tensor, mask: Tensor, s: int, g: torch.Generator, margin: float = 2.0
 ) -> Tensor:
-    """Keys ``(..., S, d_k)`` whose scores with ``q`` are largest where ``mask`` is False.
-
-    The allowed scores ``q_t . k_s / sqrt(d_k)`` are standard normal; every forbidden one is
-    at least ``margin`` above the largest allowed score of its row. Solved exactly with the
-    pseudo-inverse of ``q`` (needs ``T <= d_k``).
-    """
+    """Keys ``(..., S, d_k)`` whose scaled scores with ``q`` are standard normal where ``mask``
+    allows them and at least ``margin`` above their row's largest allowed score where it does
+    not (solved with the pseudo-inverse of ``q``: needs ``T <= d_k``)."""
     *lead, t, dk = q.shape
     if t > dk:
         raise ValueError(f"adversarial keys need T <= d_k, got T={t}, d_k={dk}")
@@ -284,10 +181,7 @@ def adversarial_keys(
 
 
 def _self_attention_inputs(n: int, d: int, dk: int, dv: int, g: torch.Generator) -> tuple:
-    """Random ``X (N, D)``, ``W_q, W_k (D, d_k)``, ``b_q, b_k (d_k,)``, ``W_v (D, d_v)``, ``b_v``.
-
-    Drawn in that order from ``g``.
-    """
+    """Random ``X (N, D)``, ``W_q, b_q, W_k, b_k`` (width ``d_k``), ``W_v, b_v`` (``d_v``)."""
     shapes = [(n, d), (d, dk), (dk,), (d, dk), (dk,), (d, dv), (dv,)]
     return tuple(torch.randn(*shape, generator=g) for shape in shapes)
 
@@ -378,18 +272,8 @@ def hidden_check_self_attention_matrix(fn: Callable[..., Tensor], seed: int = 0)
 
 
 def _expect_attention(fn: Callable[..., Any], *qkv_mask: Any, what: str) -> None:
-    q, k, v, mask = qkv_mask
-    judge_attention(
-        call_attention(fn, q, k, v, mask, what),
-        oracle_attention(q, k, v, mask),
-        attention_mistakes(q, k, v, mask),
-        what,
-        q,
-        k,
-        v,
-        mask,
-        fn=fn,
-    )
+    want, mistakes = attend64(*qkv_mask), attention_mistakes(*qkv_mask)
+    expect_attention(fn, *qkv_mask, what, want, mistakes)
 
 
 def hidden_check_scaled_dot_product_attention(fn: Callable[..., Any], seed: int = 0) -> None:
@@ -461,7 +345,9 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
     # Gradients: an empty row must not poison the gradients with NaN (it would during training).
     q, k, v = _masked_inputs((b, h), t, s, dk, dv, full, g)
     what = "scaled_dot_product_attention with an empty mask row (backward pass)"
-    expect_finite_gradients(lambda *qkv: call_attention(fn, *qkv, full, what), q, k, v, what)
+    expect_finite_gradients(
+        lambda *qkv: call_attention(fn, *qkv, full, what, ban=lab02.BAN), q, k, v, what
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -470,8 +356,7 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
 
 
 def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    """A stored example whose hints carry their rank (``"00|hint"``): the checks of lab 02
-    report the first matching mistake in that order."""
+    """A stored example whose hints carry their rank (``"00|hint"``), the order they are tried."""
     ranked = {f"{i:02d}|{hint}": t for i, (hint, t) in enumerate((mistakes or {}).items())}
     return fixture_entry(expected, ranked)
 
@@ -521,18 +406,11 @@ def fixtures() -> dict[str, dict[str, Any]]:
         )
 
     g = generator(3)
-    inputs: dict[str, dict[str, Tensor]] = {}
-    for what, (dtype, _) in {**SDPA_EXAMPLES, **SDPA_MASK_EXAMPLES}.items():
-        if what.startswith("the same"):  # the float16 copy of the example before it
-            inputs[what] = inputs[list(inputs)[-1]]
-        else:
-            inputs[what] = _attention_example(what, g)
-        example = inputs[what]
+    for what in (*SDPA_EXAMPLES, *SDPA_MASK_EXAMPLES):
+        example = _attention_example(what, g)
         for name, t in example.items():
             out[f"{what}: {name}"] = _entry(t.double())
-        q, k, v = (example[n].to(dtype) for n in ("q", "k", "v"))
+        q, k, v = (example[n].to(example_dtype(what)) for n in ("q", "k", "v"))
         mask = example.get("mask")
-        out |= pair_entries(
-            what, oracle_attention(q, k, v, mask), attention_mistakes(q, k, v, mask)
-        )
+        out |= pair_entries(what, attend64(q, k, v, mask), attention_mistakes(q, k, v, mask))
     return out

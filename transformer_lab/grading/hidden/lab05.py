@@ -1,21 +1,11 @@
 """Hidden checks of lab 05 (masked attention), their oracles and the visible checks' fixtures.
 
-The oracles are written with Python loops over positions (the masks) and a float64 softmax over
-explicitly allowed keys (attention), independent of :mod:`transformer_lab.masks` and
-:mod:`transformer_lab.attention`. The mistake catalogues give what each typical wrong answer
-returns (upper instead of lower triangle, diagonal excluded, True and False swapped, padding
-inverted or off by one, ``|`` instead of ``&``, padding over queries, no head axis, the mask
-after the softmax, masked scores set to 0, a fill value that is not negative enough, fully
-masked rows that stay uniform...), so a wrong answer is named.
-
-The leak detector is tried on sequence maps built inside the checks (GRUs one- and two-way,
-causal and centred convolutions, attention with and without a mask, leaks one, two or three
-positions ahead, leaks of size 1e-3, normalisation over time...), on float inputs of several
-shapes: a correct detector that perturbs the future or one that follows gradients passes them
-all. They are closures made inside the checks, so the refusal of this module's functions inside
-a ban (:mod:`transformer_lab.judge.bans`) does not reach them.
-
-:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab05.json``).
+The oracles are written with Python loops over positions (the masks) and the shared float64
+reference of masked attention (:mod:`~transformer_lab.grading.hidden._attention`, whose
+catalogue names the attention mistakes); the masks' typical mistakes are listed here. The leak
+detector is tried on sequence maps with known causality (GRUs, convolutions, attention, small
+and early leaks), closures made inside the checks so that the ban on this module (refused
+inside a ban, :mod:`transformer_lab.judge.bans`) does not reach them.
 
 Reference: Prince, *Understanding Deep Learning* (2023), section 12.7.2; Vaswani et al.,
 "Attention Is All You Need", NeurIPS 2017, section 3.2.3.
@@ -31,27 +21,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab05
-from transformer_lab.checks._attention import expect_finite_gradients
+from transformer_lab.checks._attention import call_attention, expect_finite_gradients
 from transformer_lab.checks._common import generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab05 import (
-    LOOKS_BACK,
     READS_AHEAD,
     SPEC,
-    TIME_AXIS,
     Probe,
     attention_example,
     expect_attention,
     judge_detector,
-    run_attention,
 )
 from transformer_lab.grading.hidden._attention import (
     attend64,
+    attention_mistakes,
     distinct_mistakes,
-    lowest_allowed_score,
     pair_entries,
 )
-from transformer_lab.grading.hidden._attention import attention_mistakes as shared_mistakes
 
 __all__ = [
     "fixtures",
@@ -92,12 +78,6 @@ def oracle_combine_masks(padding: Tensor, causal: Tensor) -> Tensor:
             for s in range(T):
                 out[b, 0, t, s] = bool(padding[b, s]) and bool(causal[t, s])
     return out
-
-
-def oracle_masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Reference ``(out, weights)`` in float64: softmax over the keys the mask allows, rows
-    with none zero (the shared reference, :mod:`transformer_lab.grading.hidden._attention`)."""
-    return attend64(q, k, v, mask)
 
 
 # --------------------------------------------------------------------------------------
@@ -199,72 +179,6 @@ def combine_mistakes(padding: Tensor, causal: Tensor) -> dict[str, Tensor]:
     )
 
 
-_AFTER = (
-    "Your weights are softmax(scores) multiplied by the mask afterwards: the share the softmax "
-    "gave the masked keys is thrown away, so the rows no longer sum to one (and the output "
-    "shrinks). Dividing by the row sums again is no cure: where the masked keys score far "
-    "higher, the other exponentials underflow to 0 and the row becomes 0/0. Mask the scores "
-    "BEFORE the softmax."
-)
-_FILL_ZERO = (
-    "Your masked scores are set to 0 instead of a very negative number: exp(0) is not small, "
-    "so masked keys still get weight, the more so where the real scores are negative. Fill "
-    "with torch.finfo(scores.dtype).min."
-)
-_INVERTED = (
-    "Your mask works the wrong way round: True means *may attend* (as in "
-    "F.scaled_dot_product_attention), so hide the keys where the mask is False: "
-    "scores.masked_fill(~mask, ...)."
-)
-_IGNORED = (
-    "Your weights ignore the mask: every key gets weight. Set the scores where the mask is "
-    "False to torch.finfo(scores.dtype).min before the softmax."
-)
-_UNIFORM = (
-    "A row whose mask allows no key gets uniform weights 1/S from your code (every score was "
-    "filled with the same number). Such rows must be all zeros, and so must their output: set "
-    "the weights of masked keys to 0 after the softmax, e.g. weights.masked_fill(~mask, 0)."
-)
-
-
-#: What lab 05 calls each typical wrong ``masked_attention`` of the shared catalogue
-#: (:data:`~transformer_lab.grading.hidden._attention.MISTAKES`), in the order they are tried.
-ATTENTION_HINTS = {
-    "mask_after": _AFTER,
-    "fill_zero": _FILL_ZERO,
-    "fill_zero_zeroed": _FILL_ZERO + " (Zeroing the masked weights afterwards does not bring "
-    "the rest back to a sum of one.)",
-    "fill_uniform": _UNIFORM,  # a finite fill, rows not fixed
-    "mask_inverted": _INVERTED,
-    "mask_ignored": _IGNORED,
-    "no_scale": "Your scores are not scaled: divide q @ k.transpose(-2, -1) by sqrt(d_k), "
-    "d_k = q.shape[-1].",
-    "scale_d_k": "Your scores are divided by d_k: the scale is 1/sqrt(d_k).",
-    "softmax_queries": "Your softmax runs over the queries (dim=-2): each query's weights over "
-    "the keys must sum to one, so take it over the last axis.",
-}
-
-
-def attention_mistakes(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor
-) -> dict[str, tuple[Tensor, Tensor]]:
-    """Hint -> ``(out, weights)`` a typical wrong ``masked_attention`` returns (float64).
-
-    Where the real scores go below -1e4, a fill of -1e4 is tried first (the mistakes after the
-    softmax look alike there)."""
-    hints = ATTENTION_HINTS
-    low = lowest_allowed_score(q, k, mask)
-    if low < -1e4:
-        small = (
-            f"Your fill value is not negative enough: here real scores go down to {low:.3g}, "
-            "below a fill such as -1e4, so masked keys outrank them. Use the dtype's own "
-            "minimum, torch.finfo(scores.dtype).min."
-        )
-        extra = " (Zeroing the masked weights afterwards cannot repair that.)"
-        hints = {"fill_1e4": small, "fill_1e4_zeroed": small + extra, **hints}
-    return shared_mistakes(q, k, v, mask, hints)
-
-
 # --------------------------------------------------------------------------------------
 # Hidden checks: the masks
 # --------------------------------------------------------------------------------------
@@ -324,19 +238,11 @@ hidden_check_combine_masks = COMBINE.hidden(
 # --------------------------------------------------------------------------------------
 
 
-def _expect_attention(
-    fn: Callable[..., Any],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor,
-    described: str,
-    *,
-    tol: float = 1e-4,
-) -> tuple[Tensor, Tensor]:
-    want = oracle_masked_attention(q, k, v, mask)
-    wrong = attention_mistakes(q, k, v, mask)
-    return expect_attention(fn, (q, k, v, mask), described, want, wrong, tol=tol)
+def _expect_attention(fn: Callable[..., Any], *inputs: Any, tol: float = 1e-4) -> None:
+    """``inputs``: ``q, k, v, mask, described`` against the oracle and the shared catalogue."""
+    *qkv_mask, described = inputs
+    wanted = attend64(*qkv_mask), attention_mistakes(*qkv_mask)
+    expect_attention(fn, tuple(qkv_mask), described, *wanted, tol=tol)
 
 
 def _random_case(
@@ -347,16 +253,10 @@ def _random_case(
     scale: float = 1.0,
     push: tuple[float, float] = (0.0, 3.0),
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
-    """Inputs with a mask of ``kind`` where the masked keys have the largest raw scores.
-
-    ``kind`` is ``"causal"`` (a ``(T, T)`` mask), ``"padding"`` (a key padding mask
-    ``(B, 1, S)`` or ``(B, 1, 1, S)``; needs a batch axis) or ``"random"`` (a mask of the
-    scores' full shape with an empty row). An extra feature gives every query a large positive
-    component and every key one of ``scale * push[0]`` where the mask allows it and
-    ``scale * push[1]`` where it hides it (under a causal mask, ``push[1]`` times the key's
-    position): by default the hidden keys score highest, so a mask applied after the softmax,
-    or not at all, cannot hide. Queries and keys differ in number except under a causal mask.
-    """
+    """Inputs with a ``"causal"`` ``(T, T)``, ``"padding"`` (``(B, 1[, 1], S)``) or ``"random"``
+    mask (the scores' shape, an empty row). An extra feature adds ``scale * push[0]`` to the
+    scores of allowed keys and ``scale * push[1]`` to hidden ones (times the position under a
+    causal mask): by default the hidden keys score highest. ``T != S`` except when causal."""
     T, S, dk, dv = randint(2, 6, g), randint(3, 8, g), randint(2, 6, g), randint(2, 5, g)
     if kind == "causal":
         S = T
@@ -397,11 +297,9 @@ def hidden_check_masked_attention(fn: Callable[..., Any], seed: int = 0) -> None
         ((2, 3), "random"),
         ((4,), "random"),
     ):
-        q, k, v, mask, described = _random_case(g, lead, kind)
-        _expect_attention(fn, q, k, v, mask, described)
+        _expect_attention(fn, *_random_case(g, lead, kind))
     q, k, v, mask, described = _random_case(g, (2, 2), "padding")
     _expect_attention(fn, q.double(), k.double(), v.double(), mask, described)
-    # Scores in the tens of thousands: a fill of -1e4 is no longer "very negative".
     # Padded keys scoring some 100 above the real ones: exp of the real scores underflows.
     q, k, v, mask, described = _random_case(g, (2, 2), "padding", push=(0.0, 150.0))
     _expect_attention(fn, q, k, v, mask, described + ", the padding scoring ~100 higher")
@@ -421,7 +319,9 @@ def hidden_check_masked_attention_dtypes(fn: Callable[..., Any], seed: int = 0) 
             _expect_attention(fn, q.to(dtype), k.to(dtype), v.to(dtype), mask, described, tol=tol)
     q, k, v, mask, described = _random_case(g, (2, 2), "random")
     what = f"masked_attention(q, k, v, mask) with {described} (backward pass)"
-    expect_finite_gradients(lambda *qkv: run_attention(fn, *qkv, mask, what), q, k, v, what)
+    expect_finite_gradients(
+        lambda *qkv: call_attention(fn, *qkv, mask, what, ban=lab05.ATTENTION_BAN), q, k, v, what
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -445,20 +345,18 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
         centred = nn.Conv1d(D, 4, kernel_size=3, padding=1)
         head = nn.Linear(D, 7)
     return [
-        Probe("a GRU", lambda x: gru(x)[0], False, LOOKS_BACK),
+        Probe("a GRU", lambda x: gru(x)[0], False),
         Probe(
             "a causal convolution (padded on the left)",
             lambda x: conv(F.pad(x.transpose(1, 2), (2, 0))).transpose(1, 2),
             False,
-            LOOKS_BACK,
         ),
         Probe(
             "F.scaled_dot_product_attention(x, x, x, is_causal=True)",
             lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True),
             False,
-            LOOKS_BACK,
         ),
-        Probe("a linear layer to 7 outputs per position", head, False, LOOKS_BACK),
+        Probe("a linear layer to 7 outputs per position", head, False),
         Probe(
             "an exponential moving average over time",
             lambda x: torch.stack(
@@ -466,9 +364,8 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
                 dim=1,
             ),
             False,
-            LOOKS_BACK,
         ),
-        Probe("a two-way GRU", lambda x: bigru(x)[0], True, TIME_AXIS),
+        Probe("a two-way GRU", lambda x: bigru(x)[0], True),
         Probe(
             "a centred convolution (kernel 3, padding 1)",
             lambda x: centred(x.transpose(1, 2)).transpose(1, 2),
@@ -479,7 +376,6 @@ def _probes(g: torch.Generator, D: int) -> list[Probe]:
             "F.scaled_dot_product_attention(x, x, x) without a mask",
             lambda x: F.scaled_dot_product_attention(x, x, x),
             True,
-            TIME_AXIS,
         ),
         Probe(
             "a map where output t also reads input t+2",
@@ -505,28 +401,22 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
     x = torch.randn(B, T, D, generator=g)
     lookahead = randint(2, 3, g)
 
-    def early_leak(z: Tensor) -> Tensor:
-        first = z[:, :1] + z[:, lookahead : lookahead + 1]  # output 0 reads input `lookahead`
-        return torch.cat([first, z[:, 1:]], dim=1)
-
     judge_detector(
         fn,
         [
-            Probe("(lambda x: x.flip(1))", lambda z: z.flip(1), True, TIME_AXIS),
+            Probe("(lambda x: x.flip(1))", lambda z: z.flip(1), True),
             Probe(
                 "a map with a 1e-3 leak (x + 1e-3 * x.flip(1))",
                 lambda z: z + 1e-3 * z.flip(1),
                 True,
                 _SMALL,
             ),
+            Probe("(lambda x: 1000 * x.cumsum(dim=1))", lambda z: 1000.0 * z.cumsum(dim=1), False),
             Probe(
-                "(lambda x: 1000 * x.cumsum(dim=1))",
-                lambda z: 1000.0 * z.cumsum(dim=1),
-                False,
-                LOOKS_BACK,
-            ),
-            Probe(
-                f"a map where output 0 also reads input {lookahead}", early_leak, True, READS_AHEAD
+                f"a map where output 0 also reads input {lookahead}",
+                lambda z: torch.cat([z[:, :1] + z[:, lookahead : lookahead + 1], z[:, 1:]], dim=1),
+                True,
+                READS_AHEAD,
             ),
         ],
         x,
@@ -534,7 +424,7 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
     judge_detector(
         fn,
         [
-            Probe("x.cumsum(dim=1) on one sequence", lambda z: z.cumsum(dim=1), False, LOOKS_BACK),
+            Probe("x.cumsum(dim=1) on one sequence", lambda z: z.cumsum(dim=1), False),
             Probe(
                 "a map where the second-to-last output reads the last input",
                 lambda z: torch.cat([z[:, :-2], z[:, -2:-1] + z[:, -1:], z[:, -1:]], dim=1),
@@ -549,18 +439,8 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
     judge_detector(
         fn,
         [
-            Probe(
-                "(lambda x: x.cumsum(dim=1)) on (B, T) inputs",
-                lambda z: z.cumsum(dim=1),
-                False,
-                LOOKS_BACK,
-            ),
-            Probe(
-                "(lambda x: x.flip(1)) on (B, T) inputs",
-                lambda z: z.flip(1),
-                True,
-                "x may have any number of dims after (B, T): index time as x[:, t+1:].",
-            ),
+            Probe("(lambda x: x.cumsum(dim=1)) on (B, T) inputs", lambda z: z.cumsum(dim=1), False),
+            Probe("(lambda x: x.flip(1)) on (B, T) inputs", lambda z: z.flip(1), True),
         ],
         tokens,
     )
@@ -584,7 +464,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out |= COMBINE.fixtures("check_combine_masks", combine)
     for name in ("causal", "padded"):
         q, k, v, mask, _ = attention_example(name)
-        want = oracle_masked_attention(q, k, v, mask)
+        want = attend64(q, k, v, mask)
         key = f"masked_attention example {name!r}"
         out |= pair_entries(key, want, attention_mistakes(q, k, v, mask))
     return out
