@@ -194,12 +194,16 @@ TRAIN, VALIDATION, OPTIM = (["training_step", "hidden"], ["validation_step", "hi
 @pytest.mark.parametrize(
     ("cls", "failing", "words"),
     [
-        ("ModuleCountsPadding", [*TRAIN, "validation_step"], "counts the padding"),
+        (
+            "ModuleCountsPadding",
+            [*TRAIN, "validation_step"],
+            {**dict.fromkeys(TRAIN, "counts the padding"), "validation_step": "val_loss is"},
+        ),
         ("ModuleReturnsDetached", TRAIN, "without its autograd graph"),
         ("ModuleNoLog", TRAIN, "logged nothing"),
         ("ModuleKeepsGraph", TRAIN, "self.losses[0] holds a tensor with its autograd"),
-        ("ModuleBatchAccuracy", VALIDATION, "averages the accuracies of the batches"),
-        ("ModuleNeverReset", VALIDATION, "keeps counting across runs"),
+        ("ModuleBatchAccuracy", VALIDATION, "val_acc is"),
+        ("ModuleNeverReset", VALIDATION, "(second run, other sentences)"),
         ("ModuleNoExactMatch", VALIDATION, "not 'val_exact_match'"),
         ("ModuleHardCodedLr", OPTIM, "expected self.lr"),
         ("ModuleSubset", OPTIM, "leaves out"),
