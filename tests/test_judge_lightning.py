@@ -222,9 +222,9 @@ def test_each_translation_module_mistake_fails_through_the_judge_with_its_messag
     [
         ("train", [], ""),
         ("train_fixed_precision", ["visible", "hidden"], "precision=session.precision"),
-        ("train_default_logger", ["visible", "hidden"], "not under session.runs"),
-        ("train_without_validation", ["visible", "hidden"], "never validated"),
-        ("train_new_module", ["visible", "hidden"], "never trained the module it was given"),
+        ("train_default_logger", ["visible", "hidden"], "logs in"),
+        ("train_without_validation", ["visible", "hidden"], "validated during the run False"),
+        ("train_new_module", ["visible", "hidden"], "training steps of the module given 0"),
     ],
 )
 def test_train_translator_through_the_judge(

@@ -1025,15 +1025,15 @@ def test_correct_train_translators_pass(session, fn) -> None:
 
 #: (a wrong train_translator, the checks that must fail, words their messages must hold)
 TRAIN_MISTAKES = [
-    (train_epochs, ["visible", "hidden"], "max_steps=max_steps"),
-    (train_fixed_precision, ["visible", "hidden"], "precision=session.precision"),
-    (train_fixed_bf16, ["visible", "hidden"], "precision=session.precision"),
-    (train_default_logger, ["visible", "hidden"], "not under session.runs"),
-    (train_no_logger, ["visible", "hidden"], "without a logger"),
-    (train_unnamed, ["visible", "hidden"], "run's name"),
-    (train_without_validation, ["visible", "hidden"], "never validated"),
-    (train_returns_nothing, ["visible", "hidden"], "returned None"),
-    (train_new_module, ["visible", "hidden"], "never trained the module it was given"),
+    (train_epochs, ["visible", "hidden"], "training steps of the module given 40"),
+    (train_fixed_precision, ["visible", "hidden"], "precision '32-true', expected 'bf16-mixed'"),
+    (train_fixed_bf16, ["visible", "hidden"], "precision 'bf16-mixed', expected '32-true'"),
+    (train_default_logger, ["visible", "hidden"], "logs in"),
+    (train_no_logger, ["visible", "hidden"], "logs in None"),
+    (train_unnamed, ["visible", "hidden"], "lightning_logs'"),
+    (train_without_validation, ["visible", "hidden"], "validated during the run False"),
+    (train_returns_nothing, ["visible", "hidden"], "returned 'NoneType'"),
+    (train_new_module, ["visible", "hidden"], "training steps of the module given 0"),
 ]
 
 
