@@ -223,7 +223,7 @@ BLOCK_MISTAKES = [
     (BlockCrossFirst, ALL, "before the self-attention", ()),
     (BlockNormsSwapped, ALL, "norm2 and norm3 are swapped", ()),
     (BlockNoCross, ALL, "cross-attention", ()),
-    (BlockDropoutAfterNorm, ["training"], "BEFORE the residual sum", ()),
+    (BlockDropoutAfterNorm, ["training"], "not after the norm", ()),
     (BlockNoResidualDropout, ["training"], "before it is added back", ()),
     (BlockDropoutInEval, ["training"], "off in eval mode", ()),
     (BlockDropoutIgnored, ["training"], "dropout does nothing", ()),

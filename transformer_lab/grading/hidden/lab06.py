@@ -274,17 +274,6 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
         f"{what} gives the same output twice in training mode: dropout does nothing. Pass "
         "dropout on (nn.Dropout(dropout) on each sub-layer's output, and to the attentions).",
     )
-    z = (first.detach() - weights["norm3.bias"]) / weights["norm3.weight"]  # mean 0, var 1
-    normalised = bool(
-        torch.allclose(z.mean(-1), torch.zeros(B, T), atol=1e-3)
-        and torch.allclose(z.var(-1, unbiased=False), torch.ones(B, T), atol=1e-2)
-    )
-    expect_true(
-        normalised,
-        f"{what} in training mode returns tokens that norm3 did not produce: dropout belongs on "
-        "each sub-layer's output BEFORE the residual sum, norm3(x + dropout(ff(x))), never after "
-        "the norm.",
-    )
 
     block, what = build_block(cls, sizes, weights, dropout=1.0 - 1e-7)  # every output dropped
     block.train()
