@@ -34,12 +34,10 @@ from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
     call_forbidding,
-    call_student,
     close,
     expect_module,
     expect_shape,
     expect_true,
-    forbidden,
     generator,
     kernel_side,
     load_weights,
@@ -639,38 +637,6 @@ def _validation_expected(
     }
 
 
-def _checked_class(cls: type, ban: Ban) -> type:
-    """A subclass whose graded methods run under ``ban`` (and nothing else does)."""
-
-    def wrap(name: str) -> Callable[..., Any]:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with forbidden(ban):
-                return getattr(super(checked, self), name)(*args, **kwargs)
-
-        method.__name__ = name
-        return method
-
-    names = ("training_step", "validation_step", "configure_optimizers")
-    checked = type(cls.__name__, (cls,), {n: wrap(n) for n in names})
-    return checked
-
-
-def _trainer(**kwargs: Any) -> Any:
-    import lightning as L
-
-    options = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    options.update(kwargs)
-    return L.Trainer(**options)
-
-
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
 _VALIDATION_RULE = (
     "val_loss is the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
@@ -686,15 +652,28 @@ def validation_runs(
 ) -> list[dict[str, float]]:
     """``Trainer.validate`` of one ``cls(model, pad_id)`` on each run's batches; the epoch
     values each run logged, as numbers (the harness the judge runs in the kernel)."""
+    import lightning as L
     from torch.utils.data import DataLoader
 
-    module = _module_under_test(_checked_class(cls, MODULE_BAN), model, pad_id)
+    module = _module_under_test(cls, model, pad_id)
     logged = []
     for batches in runs:
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         loader = DataLoader(batches, batch_size=None)
         with _quiet_lightning():
-            results = call_student(
-                _trainer().validate, module, dataloaders=loader, verbose=False, what=_VALIDATE_WHAT
+            results = call_forbidding(
+                trainer.validate,
+                (module,),
+                {"dataloaders": loader, "verbose": False},
+                ban=MODULE_BAN,
+                what=_VALIDATE_WHAT,
             )
         logged.append({str(k): float(v) for k, v in dict(results[0]).items()} if results else {})
     return logged
