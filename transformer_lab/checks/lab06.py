@@ -327,55 +327,36 @@ def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
 # ======================================================================================
 
 
-def copy_task_batches(
-    n_batches: int,
-    batch_size: int,
-    *,
-    vocab_size: int = 10,
-    pad_id: int = 0,
-    bos_id: int = 1,
-    eos_id: int = 2,
-    max_src: int = 6,
-    seed: int = 0,
-) -> list[dict[str, Tensor]]:
-    """Seq2seq batches (``docs/contracts.md``) of the kit's copy task, whose sources have
-    2..``max_src`` symbols (:func:`~transformer_lab.data.synthetic.make_sequence_task`), with
-    the special ids moved to ``pad_id``, ``bos_id`` and ``eos_id``."""
+def copy_task_batch(
+    batch_size: int, ids: Mapping[str, int], *, max_src: int = 6, seed: int = 0
+) -> dict[str, Tensor]:
+    """A seq2seq batch (``docs/contracts.md``) of the kit's copy task, whose sources have
+    2..``max_src`` symbols, with the special ids moved to ``ids`` (:func:`stand_in`'s)."""
     from transformer_lab.data.synthetic import make_sequence_task
 
-    specials = [pad_id, bos_id, eos_id]
+    specials = [ids["pad_id"], ids["bos_id"], ids["eos_id"]]
+    vocab_size = ids["vocab_size"]
     ours = torch.tensor(specials + [i for i in range(vocab_size) if i not in specials])
-    g = generator(seed)
-    batches = []
-    for _ in range(n_batches):
-        batch = make_sequence_task(
-            "copy",
-            batch_size,
-            seq_len=max_src,
-            num_symbols=vocab_size - 3,
-            min_len=min(2, max_src),
-            format="seq2seq",
-            generator=g,
-        )
-        batches.append({k: v if v.dtype == torch.bool else ours[v] for k, v in batch.items()})
-    return batches
+    batch = make_sequence_task(
+        "copy",
+        batch_size,
+        seq_len=max_src,
+        num_symbols=vocab_size - 3,
+        min_len=min(2, max_src),
+        format="seq2seq",
+        generator=generator(seed),
+    )
+    return {k: v if v.dtype == torch.bool else ours[v] for k, v in batch.items()}
 
 
 class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
-    ``encode`` returns the source ids, their mask and embeddings as a ``(B, S, 2 + D)`` "memory"
-    (counting its calls, ``encode_calls``), ``decode`` the ``(B, T, V)`` logits, ``forward``
-    both. The logits are a base plus a bump on the token of an answer known in advance:
-
-    * by default, a small network (the mean real source embedding added to each target
-      embedding, ``tanh``, a linear layer) and, ``nudge`` above it, the copy task's answer:
-      some predictions right and some wrong, so that metrics are neither 0 nor 1;
-    * ``scripted=True``, a fixed ramp and, 4 above it, the script ``y_t = symbol((x_t +
-      y_{t-1}) mod K)`` over the real source symbols, then EOS, then ordinary symbols: a loop
-      that feeds back the wrong token, reads the wrong position or does not stop shows it. A
-      source position is padding only if the masks given to ``encode`` and ``decode`` both say
-      so.
+    ``encode`` returns the source ids, their mask and embeddings as the "memory" (counting its
+    calls); ``decode`` logits that bump an answer known in advance: by default the copy task's,
+    3 above a small network (metrics neither 0 nor 1); ``scripted=True``, ``y_t = symbol((x_t +
+    y_{t-1}) mod K)`` over the real source symbols (padding only where both masks say so), then
+    EOS, 4 above a fixed ramp (a loop that feeds back the wrong token or stops wrongly shows).
     """
 
     def __init__(
@@ -385,8 +366,6 @@ class StandInTranslator(nn.Module):
         pad_id: int = 0,
         bos_id: int = 1,
         eos_id: int = 2,
-        d_model: int = 8,
-        nudge: float = 3.0,
         seed: int = 0,
         scripted: bool = False,
     ) -> None:
@@ -399,22 +378,22 @@ class StandInTranslator(nn.Module):
             eos_id=eos_id,
             max_len=64,
         )
-        g = generator(seed)
+        g, d_model = generator(seed), 8
         self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.out = nn.Linear(d_model, vocab_size)
         with torch.no_grad():
             self.out.weight.copy_(0.6 * torch.randn(vocab_size, d_model, generator=g))
             self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
-        self.portable_restore({"config": vars(self.config), "nudge": nudge, "scripted": scripted})
+        self.portable_restore({"config": vars(self.config), "scripted": scripted})
 
     def portable_state(self) -> dict[str, Any]:
         """What the kernel's copy needs besides the parameters (see ``judge.mirror.portable``)."""
-        return {"config": dict(vars(self.config)), "nudge": self.nudge, "scripted": self.scripted}
+        return {"config": dict(vars(self.config)), "scripted": self.scripted}
 
     def portable_restore(self, state: dict[str, Any]) -> None:
         self.config = SimpleNamespace(**state["config"])
-        self.nudge, self.scripted = float(state["nudge"]), bool(state["scripted"])
+        self.scripted = bool(state["scripted"])
         c = self.config
         self.symbols = [
             i for i in range(c.tgt_vocab_size) if i not in (c.pad_id, c.bos_id, c.eos_id)
@@ -443,7 +422,7 @@ class StandInTranslator(nn.Module):
         mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
         logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
         nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
-        return logits + self.nudge * nudge.to(logits.dtype)
+        return logits + 3.0 * nudge.to(logits.dtype)
 
     def forward(
         self,
@@ -591,7 +570,7 @@ def training_step_check(
     (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
     model, ids = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
-    batch = copy_task_batches(1, 6, seed=seed, **ids)[0]
+    batch = copy_task_batch(6, ids, seed=seed)
     want, candidates = _training_step_candidates(model, batch, pad_id)
     judge_training_step(
         module,
@@ -692,7 +671,7 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
         # Batches of different sizes and sentence lengths, so that per-batch averages differ
         # from the epoch's values.
         runs[run] = [
-            copy_task_batches(1, size, max_src=longest, seed=first + k, **ids)[0]
+            copy_task_batch(size, ids, max_src=longest, seed=first + k)
             for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
         ]
     # Lightning's loop runs where the student's class lives (the kernel, when judged).
