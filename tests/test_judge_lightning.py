@@ -205,7 +205,7 @@ TRAIN, VALIDATION, OPTIM = (["training_step", "hidden"], ["validation_step", "hi
         ("ModuleBatchAccuracy", VALIDATION, "val_acc is"),
         ("ModuleNeverReset", VALIDATION, "(second run, other sentences)"),
         ("ModuleNoExactMatch", VALIDATION, "not 'val_exact_match'"),
-        ("ModuleHardCodedLr", OPTIM, "expected self.lr"),
+        ("ModuleHardCodedLr", OPTIM, "peaks at 0.001 at step 0"),
         ("ModuleSubset", OPTIM, "leaves out"),
         ("ModulePerEpoch", OPTIM, "once per EPOCH"),
     ],
