@@ -4,12 +4,9 @@ The student writes a post-norm ``DecoderBlock``, ``shift_right`` and ``sequence_
 forcing), the training methods of a ``LightningModule`` (``TranslationModule``), the
 ``lightning.Trainer`` call that trains it (``train_translator``) and ``greedy_decode``.
 
-No oracle lives here. The block, the shift, the loss and the decoding loop are ordinary parts
-(:class:`~transformer_lab.checks._generated.Ordinary`), run on worked examples whose expected
-values, and the typical mistakes' values, ``labs build`` stores in ``fixtures/lab06.json`` from
-the hidden oracles. The training code and the decoding loops run on :class:`StandInTranslator`,
-the ``Trainer`` call on a probe module that learns nothing (:func:`probe_classes`). While the
-student's code runs, the kit's own answers are refused (``Ban``, from the spec).
+No oracle lives here: the block, the shift, the loss and the decoding loop are ordinary parts
+(:class:`~transformer_lab.checks._generated.Ordinary`) on stored worked examples; the training
+code runs on :class:`StandInTranslator`, the ``Trainer`` call on a probe (:func:`probe_classes`).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -529,38 +526,24 @@ def _training_step_candidates(
     masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
     with torch.no_grad():
         logits = model(src, tgt_in, **masks)
-        candidates = [
-            (
-                _ce(model(src, tgt_out, **masks), tgt_out, pad_id),
-                "It matches the decoder reading batch['tgt_out']: the decoder input is "
-                "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
-                "it must predict.",
+        mistakes = {
+            "It matches the decoder reading batch['tgt_out']: the decoder input is "
+            "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
+            "it must predict.": _ce(model(src, tgt_out, **masks), tgt_out, pad_id),
+            "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
+            "token that follows each decoder input.": _ce(logits, tgt_in, pad_id),
+            "It matches a loss that counts the padding positions: ignore targets equal to "
+            "self.pad_id.": _ce(logits, tgt_out),
+            "It matches a model called without the padding masks: pass "
+            "src_padding_mask=batch['src_padding_mask'] and "
+            "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).": _ce(
+                model(src, tgt_in), tgt_out, pad_id
             ),
-            (
-                _ce(logits, tgt_in, pad_id),
-                "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
-                "token that follows each decoder input.",
-            ),
-            (
-                _ce(logits, tgt_out),
-                "It matches a loss that counts the padding positions: ignore targets equal to "
-                "self.pad_id.",
-            ),
-            (
-                _ce(model(src, tgt_in), tgt_out, pad_id),
-                "It matches a model called without the padding masks: pass "
-                "src_padding_mask=batch['src_padding_mask'] and "
-                "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).",
-            ),
-        ]
+        }
         if pad_id != 0:
-            candidates.append(
-                (
-                    _ce(logits, tgt_out, 0),
-                    "It matches a loss that ignores id 0 instead of self.pad_id.",
-                )
-            )
-    return _ce(logits, tgt_out, pad_id), candidates
+            hint = "It matches a loss that ignores id 0 instead of self.pad_id."
+            mistakes[hint] = _ce(logits, tgt_out, 0)
+    return _ce(logits, tgt_out, pad_id), [(loss, hint) for hint, loss in mistakes.items()]
 
 
 def training_step_check(

@@ -1,12 +1,9 @@
 """Hidden checks of lab 06 (training an encoder-decoder), their oracles and the visible fixtures.
 
-The oracles are written independently of the kit, in float64 or over Python lists:
-:func:`oracle_block` and :func:`oracle_greedy_decode` (whose keywords make the typical wrong
-answers), :func:`oracle_shift_right` and :func:`oracle_sequence_loss` (with their typical
-mistakes beside them). The hidden checks run the student's code on seeded random
-inputs (other sizes, ``T != S``, hidden memory with the largest values, bfloat16, dropout, other
-padding and special ids, a neural stand-in for decoding); :func:`fixtures` computes the visible
-checks' worked examples (``checks/fixtures/lab06.json``).
+The oracles are written independently of the kit, in float64 or over Python lists, their
+keywords (or the ``*_mistakes`` beside them) making the typical wrong answers; the hidden checks
+run the student's code on seeded random inputs; :func:`fixtures` computes the visible checks'
+worked examples (``checks/fixtures/lab06.json``).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, section 3.
