@@ -6,7 +6,7 @@ forcing), the training methods of a ``LightningModule`` (``TranslationModule``),
 
 No oracle lives here: the block, the shift, the loss and the decoding loop are ordinary parts
 (:class:`~transformer_lab.checks._generated.Ordinary`) on stored worked examples; the training
-code runs on :class:`StandInTranslator`, the ``Trainer`` call on a probe (:func:`probe_classes`).
+code runs on :class:`StandInTranslator`, the ``Trainer`` call on a probe (:func:`probe_module`).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -725,14 +725,10 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
 
 
 @functools.cache
-def probe_classes() -> tuple[type, type]:
-    """``(ProbeModule, ProbeData)``: a LightningModule and DataModule for checking a Trainer call.
-
-    ``ProbeModule`` has one parameter and learns nothing useful; it counts its training steps
-    and validation passes and logs ``train_loss`` and ``val_exact_match``. ``ProbeData`` has 40
-    training batches per epoch and 2 validation batches of random numbers. Built on first use
-    (Lightning imports slowly).
-    """
+def probe_module() -> type:
+    """A LightningModule for checking a Trainer call: one parameter, learning nothing useful,
+    counting its training steps and validation passes. Built on first use (Lightning imports
+    slowly)."""
     import lightning as L
 
     class ProbeModule(L.LightningModule):
@@ -742,33 +738,20 @@ def probe_classes() -> tuple[type, type]:
             self.steps = 0
             self.validations = 0
 
-        def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
             self.steps += 1
-            loss = ((self.w - batch["x"].mean()) ** 2).sum()
+            loss = ((self.w - batch[0].mean()) ** 2).sum()
             self.log("train_loss", loss)
             return loss
 
-        def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
             self.validations += 1
             self.log("val_exact_match", torch.tensor(0.5))
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    class ProbeData(L.LightningDataModule):
-        def __init__(self) -> None:
-            super().__init__()
-            g = generator(7)
-            self.train = [{"x": torch.randn(4, generator=g)} for _ in range(40)]
-            self.val = [{"x": torch.randn(4, generator=g)} for _ in range(2)]
-
-        def train_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(self.train, batch_size=None)
-
-        def val_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(self.val, batch_size=None)
-
-    return ProbeModule, ProbeData
+    return ProbeModule
 
 
 _TRAIN_RULE = (
@@ -782,12 +765,19 @@ _TRAIN_RULE = (
 def train_translator_facts(
     fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
 ) -> dict[str, Any]:
-    """Run ``fn`` on a probe module and data (:func:`probe_classes`) with a session of
+    """Run ``fn`` on a probe module and data (:func:`probe_module`) with a session of
     ``precision``; what the check judges, as data (the harness the judge runs in the kernel)."""
-    module_cls, data_cls = probe_classes()
+    import lightning as L
+    from torch.utils.data import TensorDataset
+
     runs = Path(session.runs) / "checks"
     fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
-    module, data = module_cls(), data_cls()
+    g = generator(7)
+    module = probe_module()()
+    data = L.LightningDataModule.from_datasets(
+        train_dataset=TensorDataset(torch.randn(40, 4, generator=g)),  # 40 steps an epoch
+        val_dataset=TensorDataset(torch.randn(2, 4, generator=g)),
+    )
     what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
     with _quiet_lightning():
         trainer = call_forbidding(
