@@ -4,12 +4,9 @@ The student writes a post-norm ``DecoderBlock``, ``shift_right`` and ``sequence_
 forcing), the training methods of a ``LightningModule`` (``TranslationModule``), the
 ``lightning.Trainer`` call that trains it (``train_translator``) and ``greedy_decode``.
 
-No oracle lives here. The block, the shift, the loss and the decoding loop are ordinary parts
-(:class:`~transformer_lab.checks._generated.Ordinary`), run on worked examples whose expected
-values, and the typical mistakes' values, ``labs build`` stores in ``fixtures/lab06.json`` from
-the hidden oracles. The training code and the decoding loops run on :class:`StandInTranslator`,
-the ``Trainer`` call on a probe module that learns nothing (:func:`probe_classes`). While the
-student's code runs, the kit's own answers are refused (``Ban``, from the spec).
+No oracle lives here: the block, the shift, the loss and the decoding loop are ordinary parts
+(:class:`~transformer_lab.checks._generated.Ordinary`) on stored worked examples; the training
+code runs on :class:`StandInTranslator`, the ``Trainer`` call on a probe (:func:`probe_module`).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -34,12 +31,10 @@ from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
     call_forbidding,
-    call_student,
     close,
     expect_module,
     expect_shape,
     expect_true,
-    forbidden,
     generator,
     kernel_side,
     load_weights,
@@ -244,14 +239,7 @@ def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Tens
     got = call_forbidding(
         fn, (targets, bos_id), {}, ban=SPEC.ban("shift"), what=what, in_place=in_place
     )
-    B, T = targets.shape
-    if tuple(getattr(got, "shape", ())) == (B, T + 1):
-        raise AssertionError(
-            f"{what} has shape ({B}, {T + 1}), expected ({B}, {T}): the decoder input has as "
-            "many positions as the targets. Put BOS first and drop the LAST target (it is never "
-            "fed to the decoder: nothing is predicted after it)."
-        )
-    got = expect_shape(got, (B, T), what)
+    got = expect_shape(got, tuple(targets.shape), what)
     expect_true(
         not got.is_floating_point(),
         f"{what} has dtype {got.dtype}: token ids are integers. Build the BOS column with "
@@ -293,11 +281,6 @@ def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id
     """``fn(logits, targets, pad_id)`` under the ban; a scalar tensor."""
     what = _loss_what(logits, targets, pad_id)
     got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=SPEC.ban("loss"), what=what)
-    if isinstance(got, float | int):
-        raise AssertionError(
-            f"{what} returned a Python number ({got!r}); return the tensor (no .item()): "
-            "training needs its graph for backward()."
-        )
     return expect_shape(got, (), what)
 
 
@@ -341,55 +324,36 @@ def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
 # ======================================================================================
 
 
-def copy_task_batches(
-    n_batches: int,
-    batch_size: int,
-    *,
-    vocab_size: int = 10,
-    pad_id: int = 0,
-    bos_id: int = 1,
-    eos_id: int = 2,
-    max_src: int = 6,
-    seed: int = 0,
-) -> list[dict[str, Tensor]]:
-    """Seq2seq batches (``docs/contracts.md``) of the kit's copy task, whose sources have
-    2..``max_src`` symbols (:func:`~transformer_lab.data.synthetic.make_sequence_task`), with
-    the special ids moved to ``pad_id``, ``bos_id`` and ``eos_id``."""
+def copy_task_batch(
+    batch_size: int, ids: Mapping[str, int], *, max_src: int = 6, seed: int = 0
+) -> dict[str, Tensor]:
+    """A seq2seq batch (``docs/contracts.md``) of the kit's copy task, whose sources have
+    2..``max_src`` symbols, with the special ids moved to ``ids`` (:func:`stand_in`'s)."""
     from transformer_lab.data.synthetic import make_sequence_task
 
-    specials = [pad_id, bos_id, eos_id]
+    specials = [ids["pad_id"], ids["bos_id"], ids["eos_id"]]
+    vocab_size = ids["vocab_size"]
     ours = torch.tensor(specials + [i for i in range(vocab_size) if i not in specials])
-    g = generator(seed)
-    batches = []
-    for _ in range(n_batches):
-        batch = make_sequence_task(
-            "copy",
-            batch_size,
-            seq_len=max_src,
-            num_symbols=vocab_size - 3,
-            min_len=min(2, max_src),
-            format="seq2seq",
-            generator=g,
-        )
-        batches.append({k: v if v.dtype == torch.bool else ours[v] for k, v in batch.items()})
-    return batches
+    batch = make_sequence_task(
+        "copy",
+        batch_size,
+        seq_len=max_src,
+        num_symbols=vocab_size - 3,
+        min_len=min(2, max_src),
+        format="seq2seq",
+        generator=generator(seed),
+    )
+    return {k: v if v.dtype == torch.bool else ours[v] for k, v in batch.items()}
 
 
 class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
-    ``encode`` returns the source ids, their mask and embeddings as a ``(B, S, 2 + D)`` "memory"
-    (counting its calls, ``encode_calls``), ``decode`` the ``(B, T, V)`` logits, ``forward``
-    both. The logits are a base plus a bump on the token of an answer known in advance:
-
-    * by default, a small network (the mean real source embedding added to each target
-      embedding, ``tanh``, a linear layer) and, ``nudge`` above it, the copy task's answer:
-      some predictions right and some wrong, so that metrics are neither 0 nor 1;
-    * ``scripted=True``, a fixed ramp and, 4 above it, the script ``y_t = symbol((x_t +
-      y_{t-1}) mod K)`` over the real source symbols, then EOS, then ordinary symbols: a loop
-      that feeds back the wrong token, reads the wrong position or does not stop shows it. A
-      source position is padding only if the masks given to ``encode`` and ``decode`` both say
-      so; ``decode`` refuses float tokens and inputs that do not start with BOS.
+    ``encode`` returns the source ids, their mask and embeddings as the "memory" (counting its
+    calls); ``decode`` logits that bump an answer known in advance: by default the copy task's,
+    3 above a small network (metrics neither 0 nor 1); ``scripted=True``, ``y_t = symbol((x_t +
+    y_{t-1}) mod K)`` over the real source symbols (padding only where both masks say so), then
+    EOS, 4 above a fixed ramp (a loop that feeds back the wrong token or stops wrongly shows).
     """
 
     def __init__(
@@ -399,8 +363,6 @@ class StandInTranslator(nn.Module):
         pad_id: int = 0,
         bos_id: int = 1,
         eos_id: int = 2,
-        d_model: int = 8,
-        nudge: float = 3.0,
         seed: int = 0,
         scripted: bool = False,
     ) -> None:
@@ -413,22 +375,22 @@ class StandInTranslator(nn.Module):
             eos_id=eos_id,
             max_len=64,
         )
-        g = generator(seed)
+        g, d_model = generator(seed), 8
         self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.out = nn.Linear(d_model, vocab_size)
         with torch.no_grad():
             self.out.weight.copy_(0.6 * torch.randn(vocab_size, d_model, generator=g))
             self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
-        self.portable_restore({"config": vars(self.config), "nudge": nudge, "scripted": scripted})
+        self.portable_restore({"config": vars(self.config), "scripted": scripted})
 
     def portable_state(self) -> dict[str, Any]:
         """What the kernel's copy needs besides the parameters (see ``judge.mirror.portable``)."""
-        return {"config": dict(vars(self.config)), "nudge": self.nudge, "scripted": self.scripted}
+        return {"config": dict(vars(self.config)), "scripted": self.scripted}
 
     def portable_restore(self, state: dict[str, Any]) -> None:
         self.config = SimpleNamespace(**state["config"])
-        self.nudge, self.scripted = float(state["nudge"]), bool(state["scripted"])
+        self.scripted = bool(state["scripted"])
         c = self.config
         self.symbols = [
             i for i in range(c.tgt_vocab_size) if i not in (c.pad_id, c.bos_id, c.eos_id)
@@ -457,7 +419,7 @@ class StandInTranslator(nn.Module):
         mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
         logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
         nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
-        return logits + self.nudge * nudge.to(logits.dtype)
+        return logits + 3.0 * nudge.to(logits.dtype)
 
     def forward(
         self,
@@ -484,16 +446,10 @@ class StandInTranslator(nn.Module):
     ) -> Tensor:
         """The scripted logits ``(B, T, V)``: the ramp, and 4 at the script's next token."""
         c = self.config
-        if tgt_in.is_floating_point():
-            raise AssertionError(
-                "your loop fed the decoder float values: feed token ids, the argmax of the "
-                "logits (logits[:, -1].argmax(dim=-1)), not the logits or probabilities."
-            )
-        if bool((tgt_in[:, 0] != c.bos_id).any()):
-            raise AssertionError(
-                f"your loop fed the decoder {tgt_in[:, 0].tolist()} at position 0: every "
-                f"decoder input starts with BOS (bos_id={c.bos_id})."
-            )
+        expect_true(
+            not tgt_in.is_floating_point(),
+            "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
+        )
         if src_padding_mask is None:
             real = torch.ones_like(real)
         else:
@@ -570,38 +526,24 @@ def _training_step_candidates(
     masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
     with torch.no_grad():
         logits = model(src, tgt_in, **masks)
-        candidates = [
-            (
-                _ce(model(src, tgt_out, **masks), tgt_out, pad_id),
-                "It matches the decoder reading batch['tgt_out']: the decoder input is "
-                "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
-                "it must predict.",
+        mistakes = {
+            "It matches the decoder reading batch['tgt_out']: the decoder input is "
+            "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
+            "it must predict.": _ce(model(src, tgt_out, **masks), tgt_out, pad_id),
+            "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
+            "token that follows each decoder input.": _ce(logits, tgt_in, pad_id),
+            "It matches a loss that counts the padding positions: ignore targets equal to "
+            "self.pad_id.": _ce(logits, tgt_out),
+            "It matches a model called without the padding masks: pass "
+            "src_padding_mask=batch['src_padding_mask'] and "
+            "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).": _ce(
+                model(src, tgt_in), tgt_out, pad_id
             ),
-            (
-                _ce(logits, tgt_in, pad_id),
-                "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
-                "token that follows each decoder input.",
-            ),
-            (
-                _ce(logits, tgt_out),
-                "It matches a loss that counts the padding positions: ignore targets equal to "
-                "self.pad_id.",
-            ),
-            (
-                _ce(model(src, tgt_in), tgt_out, pad_id),
-                "It matches a model called without the padding masks: pass "
-                "src_padding_mask=batch['src_padding_mask'] and "
-                "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).",
-            ),
-        ]
+        }
         if pad_id != 0:
-            candidates.append(
-                (
-                    _ce(logits, tgt_out, 0),
-                    "It matches a loss that ignores id 0 instead of self.pad_id.",
-                )
-            )
-    return _ce(logits, tgt_out, pad_id), candidates
+            hint = "It matches a loss that ignores id 0 instead of self.pad_id."
+            mistakes[hint] = _ce(logits, tgt_out, 0)
+    return _ce(logits, tgt_out, pad_id), [(loss, hint) for hint, loss in mistakes.items()]
 
 
 def training_step_check(
@@ -611,7 +553,7 @@ def training_step_check(
     (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
     model, ids = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
-    batch = copy_task_batches(1, 6, seed=seed, **ids)[0]
+    batch = copy_task_batch(6, ids, seed=seed)
     want, candidates = _training_step_candidates(model, batch, pad_id)
     judge_training_step(
         module,
@@ -631,98 +573,39 @@ def check_training_step(cls: Callable[..., Any]) -> None:
 
 def _validation_expected(
     model: StandInTranslator, batches: Sequence[dict[str, Tensor]], pad_id: int
-) -> tuple[dict[str, float], dict[str, list[tuple[float, str]]]]:
-    """Epoch values of val_loss, val_acc, val_exact_match, and the typical wrong values.
-
-    Lightning averages a logged number over the epoch weighted by the batch size; a logged
-    metric object is computed over the whole epoch.
-    """
-    sizes, losses, losses_with_pad, losses_unmasked, batch_accuracies = [], [], [], [], []
-    right = real = exact = exact_with_pad = 0
+) -> dict[str, float]:
+    """Epoch values of val_loss, val_acc and val_exact_match: Lightning averages a logged
+    number over the epoch weighted by the batch size; a logged metric object is computed over
+    the whole epoch."""
+    sizes, losses = [], []
+    right = real = exact = 0
     with torch.no_grad():
         for batch in batches:
             masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
             logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
             targets = batch["tgt_out"]
-            losses.append(float(_ce(logits, targets, pad_id)))
-            losses_with_pad.append(float(_ce(logits, targets)))
-            unmasked = model(batch["src"], batch["tgt_in"])  # no padding masks
-            losses_unmasked.append(float(_ce(unmasked, targets, pad_id)))
+            losses.append(float(_ce(logits, targets, pad_id)) * targets.shape[0])
             sizes.append(targets.shape[0])
             ok = logits.argmax(-1) == targets  # (B, T)
             keep = targets != pad_id
             right += int(ok[keep].sum())
             real += int(keep.sum())
-            batch_accuracies.append(float(ok[keep].float().mean()))
             exact += int((ok | ~keep).all(-1).sum())
-            exact_with_pad += int(ok.all(-1).sum())
-    w = torch.tensor(sizes, dtype=torch.float64)
-
-    def weighted(values: list[float]) -> float:
-        return float((torch.tensor(values, dtype=torch.float64) * w).sum() / w.sum())
-
-    rows = int(w.sum())
-    want = {"val_loss": weighted(losses), "val_acc": right / real, "val_exact_match": exact / rows}
-    wrong = {
-        "val_loss": [
-            (weighted(losses_with_pad), "it counts the padding positions"),
-            (
-                weighted(losses_unmasked),
-                "it matches the model called without the padding masks: pass "
-                "src_padding_mask and tgt_padding_mask (self(batch) does)",
-            ),
-        ],
-        "val_acc": [
-            (
-                weighted(batch_accuracies),
-                "it averages the accuracies of the batches: log the metric object itself, "
-                "self.log('val_acc', self.val_acc), so that it is computed over the epoch",
-            ),
-        ],
-        "val_exact_match": [
-            (
-                exact_with_pad / rows,
-                "a sentence only counts as right if its padding positions are 'predicted' too: "
-                "ignore self.pad_id (the metric objects of __init__ do)",
-            )
-        ],
+    rows = sum(sizes)
+    return {
+        "val_loss": sum(losses) / rows,
+        "val_acc": right / real,
+        "val_exact_match": exact / rows,
     }
-    return want, wrong
-
-
-def _checked_class(cls: type, ban: Ban) -> type:
-    """A subclass whose graded methods run under ``ban`` (and nothing else does)."""
-
-    def wrap(name: str) -> Callable[..., Any]:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with forbidden(ban):
-                return getattr(super(checked, self), name)(*args, **kwargs)
-
-        method.__name__ = name
-        return method
-
-    names = ("training_step", "validation_step", "configure_optimizers")
-    checked = type(cls.__name__, (cls,), {n: wrap(n) for n in names})
-    return checked
-
-
-def _trainer(**kwargs: Any) -> Any:
-    import lightning as L
-
-    options = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    options.update(kwargs)
-    return L.Trainer(**options)
 
 
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
+_VALIDATION_RULE = (
+    "val_loss is the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
+    "val_exact_match compare logits.argmax(dim=-1) with batch['tgt_out'], padding ignored, over "
+    "the whole epoch: log the metric objects of __init__ themselves (self.log('val_acc', "
+    "self.val_acc)), and Lightning computes and resets them once per epoch."
+)
 
 
 @kernel_side
@@ -731,15 +614,28 @@ def validation_runs(
 ) -> list[dict[str, float]]:
     """``Trainer.validate`` of one ``cls(model, pad_id)`` on each run's batches; the epoch
     values each run logged, as numbers (the harness the judge runs in the kernel)."""
+    import lightning as L
     from torch.utils.data import DataLoader
 
-    module = _module_under_test(_checked_class(cls, MODULE_BAN), model, pad_id)
+    module = _module_under_test(cls, model, pad_id)
     logged = []
     for batches in runs:
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         loader = DataLoader(batches, batch_size=None)
         with _quiet_lightning():
-            results = call_student(
-                _trainer().validate, module, dataloaders=loader, verbose=False, what=_VALIDATE_WHAT
+            results = call_forbidding(
+                trainer.validate,
+                (module,),
+                {"dataloaders": loader, "verbose": False},
+                ban=MODULE_BAN,
+                what=_VALIDATE_WHAT,
             )
         logged.append({str(k): float(v) for k, v in dict(results[0]).items()} if results else {})
     return logged
@@ -758,35 +654,23 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
         # Batches of different sizes and sentence lengths, so that per-batch averages differ
         # from the epoch's values.
         runs[run] = [
-            copy_task_batches(1, size, max_src=longest, seed=first + k, **ids)[0]
+            copy_task_batch(size, ids, max_src=longest, seed=first + k)
             for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
         ]
     # Lightning's loop runs where the student's class lives (the kernel, when judged).
     results = run_beside(cls, validation_runs, cls, model, pad_id, list(runs.values()))
     for (run, batches), got in zip(runs.items(), results, strict=True):
-        want, wrong = _validation_expected(model, batches, pad_id)
-        for name, value in want.items():
-            if name not in got:
-                raise AssertionError(
-                    f"{what} logged {sorted(got) or 'nothing'}, not '{name}': log "
-                    "val_loss, val_acc and val_exact_match (the training cell and the checks read "
-                    "these names)."
-                )
-            g = float(got[name])
-            if abs(g - value) <= 1e-4 + 1e-4 * abs(value):
-                continue
-            named = next((h for v, h in wrong[name] if abs(g - v) <= 1e-4), None)
-            if named is None and run:
-                named = (
-                    "right in the first run, wrong in the second: your metric keeps counting "
-                    "across runs. Log the metric object (self.log(name, self.val_acc)), and "
-                    "Lightning resets it after each epoch"
-                )
-            named = named or (
-                "predictions are logits.argmax(dim=-1), compared with batch['tgt_out'], padding "
-                "ignored"
+        for name, value in _validation_expected(model, batches, pad_id).items():
+            expect_true(
+                name in got,
+                f"{what} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, val_acc "
+                "and val_exact_match (the training cell and the checks read these names).",
             )
-            raise AssertionError(f"{what}{run}: {name} is {g:.4f}, expected {value:.4f}: {named}.")
+            g = float(got[name])
+            expect_true(
+                abs(g - value) <= 1e-4 + 1e-4 * abs(value),
+                f"{what}{run}: {name} is {g:.4f}, expected {value:.4f}. {_VALIDATION_RULE}",
+            )
 
 
 def check_validation_step(cls: type) -> None:
@@ -840,14 +724,10 @@ def check_configure_optimizers(cls: Callable[..., Any]) -> None:
 
 
 @functools.cache
-def probe_classes() -> tuple[type, type]:
-    """``(ProbeModule, ProbeData)``: a LightningModule and DataModule for checking a Trainer call.
-
-    ``ProbeModule`` has one parameter and learns nothing useful; it counts its training steps
-    and validation passes and logs ``train_loss`` and ``val_exact_match``. ``ProbeData`` has 40
-    training batches per epoch and 2 validation batches of random numbers. Built on first use
-    (Lightning imports slowly).
-    """
+def probe_module() -> type:
+    """A LightningModule for checking a Trainer call: one parameter, learning nothing useful,
+    counting its training steps and validation passes. Built on first use (Lightning imports
+    slowly)."""
     import lightning as L
 
     class ProbeModule(L.LightningModule):
@@ -857,45 +737,46 @@ def probe_classes() -> tuple[type, type]:
             self.steps = 0
             self.validations = 0
 
-        def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
             self.steps += 1
-            loss = ((self.w - batch["x"].mean()) ** 2).sum()
+            loss = ((self.w - batch[0].mean()) ** 2).sum()
             self.log("train_loss", loss)
             return loss
 
-        def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
             self.validations += 1
             self.log("val_exact_match", torch.tensor(0.5))
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    class ProbeData(L.LightningDataModule):
-        def __init__(self) -> None:
-            super().__init__()
-            g = generator(7)
-            self.train = [{"x": torch.randn(4, generator=g)} for _ in range(40)]
-            self.val = [{"x": torch.randn(4, generator=g)} for _ in range(2)]
+    return ProbeModule
 
-        def train_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(self.train, batch_size=None)
 
-        def val_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(self.val, batch_size=None)
-
-    return ProbeModule, ProbeData
+_TRAIN_RULE = (
+    "trainer = L.Trainer(max_steps=max_steps, precision=session.precision, "
+    "logger=CSVLogger(session.runs, name=name), val_check_interval=max(1, max_steps // 4), "
+    "check_val_every_n_epoch=None); trainer.fit(module, datamodule=datamodule); return trainer."
+)
 
 
 @kernel_side
 def train_translator_facts(
     fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
 ) -> dict[str, Any]:
-    """Run ``fn`` on :class:`ProbeModule` and :class:`ProbeData` with a session of ``precision``;
-    what the check judges, as data (the harness the judge runs in the kernel)."""
-    module_cls, data_cls = probe_classes()
+    """Run ``fn`` on a probe module and data (:func:`probe_module`) with a session of
+    ``precision``; what the check judges, as data (the harness the judge runs in the kernel)."""
+    import lightning as L
+    from torch.utils.data import TensorDataset
+
     runs = Path(session.runs) / "checks"
     fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
-    module, data = module_cls(), data_cls()
+    g = generator(7)
+    module = probe_module()()
+    data = L.LightningDataModule.from_datasets(
+        train_dataset=TensorDataset(torch.randn(40, 4, generator=g)),  # 40 steps an epoch
+        val_dataset=TensorDataset(torch.randn(2, 4, generator=g)),
+    )
     what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
     with _quiet_lightning():
         trainer = call_forbidding(
@@ -905,26 +786,25 @@ def train_translator_facts(
             ban=Ban(reason="train with lightning.Trainer yourself"),
             what=what,
         )
-    logger = getattr(trainer, "logger", None)
-    log_dir = getattr(logger, "log_dir", None) if logger is not None else None
+    log_dir = getattr(getattr(trainer, "logger", None), "log_dir", None)
+    logs = None if log_dir is None else Path(log_dir).resolve().parent
+    if logs is not None and logs.is_relative_to(runs.resolve()):
+        logs = runs / logs.relative_to(runs.resolve())  # as session.runs names it
     return {
         "what": what,
-        "returned": trainer is not None,
-        "steps": int(module.steps),
-        "global_step": int(getattr(trainer, "global_step", -1) or 0),
+        "runs": str(runs / name),
+        "returned": type(trainer).__name__,
+        "training steps of the module given": int(module.steps),
         "precision": str(getattr(trainer, "precision", None)),
-        "log_dir": None if log_dir is None else str(log_dir),
-        "inside": log_dir is not None and Path(log_dir).resolve().is_relative_to(runs.resolve()),
-        "parts": [] if log_dir is None else list(Path(log_dir).parts),
-        "runs": str(runs),
-        "validations": int(module.validations),
+        "logs in": None if logs is None else str(logs),
+        "validated during the run": module.validations > 0,
     }
 
 
 def train_translator_check(
     fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
 ) -> None:
-    """``fn`` on a stand-in module (:func:`train_translator_facts`, where ``fn`` lives): the
+    """``fn`` on a probe module (:func:`train_translator_facts`, where ``fn`` lives): the
     Trainer it returns, its steps, precision, logger and validation."""
     facts = run_beside(
         fn,
@@ -935,48 +815,18 @@ def train_translator_check(
         max_steps=max_steps,
         name=name,
     )
-    what, log_dir, runs = facts["what"], facts["log_dir"], facts["runs"]
-    expect_true(
-        facts["returned"],
-        f"{what} returned None: return the Trainer (the notebook reads its logs).",
-    )
-    steps = facts["steps"]
-    expect_true(
-        steps > 0,
-        f"{what} never trained the module it was given: call trainer.fit(module, "
-        "datamodule=datamodule) on that module (not on a new one).",
-    )
-    expect_true(
-        steps == max_steps and facts["global_step"] == max_steps,
-        f"{what} took {steps} training steps, expected max_steps={max_steps}: pass "
-        "max_steps=max_steps to the Trainer (not max_epochs).",
-    )
-    expect_true(
-        facts["precision"] == precision,
-        f"{what} trained in precision {facts['precision']!r}, but session.precision is "
-        f"{precision!r}: pass precision=session.precision (bf16 on recent GPUs, 32 on CPUs).",
-    )
-    expect_true(
-        log_dir is not None,
-        f"{what} trains without a logger: pass logger=CSVLogger(session.runs, name=name) so "
-        "that the loss curves are written under session.runs.",
-    )
-    expect_true(
-        facts["inside"],
-        f"{what} writes its logs to {log_dir}, not under session.runs ({runs}): use "
-        "CSVLogger(session.runs, name=name).",
-    )
-    expect_true(
-        name in facts["parts"],
-        f"{what} logs to {log_dir}, which does not use the run's name {name!r}: "
-        "CSVLogger(session.runs, name=name).",
-    )
-    expect_true(
-        facts["validations"] > 0,
-        f"{what} never validated in {max_steps} steps: pass datamodule=datamodule to fit and "
-        "validate during the run (val_check_interval=max(1, max_steps // 4), "
-        "check_val_every_n_epoch=None).",
-    )
+    want = {
+        "returned": "Trainer",
+        "training steps of the module given": max_steps,
+        "precision": precision,
+        "logs in": facts["runs"],  # session.runs/checks/name, as the kernel names it
+        "validated during the run": True,
+    }
+    for fact, value in want.items():
+        expect_true(
+            facts[fact] == value,
+            f"{facts['what']}: {fact} {facts[fact]!r}, expected {value!r}: {_TRAIN_RULE}",
+        )
 
 
 #: The precisions every train_translator check runs in: a precision hard-coded instead of
