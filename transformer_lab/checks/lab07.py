@@ -1,15 +1,12 @@
 """Visible checks of lab 07 (the NLP pipeline and decoding), called by the visible test cells.
 
-Every part (``CharTokenizer``, ``bpe_train``, ``bpe_encode``, ``apply_temperature``,
-``top_k_filter``, ``top_p_filter``, ``beam_search``) is ordinary: one
-:class:`~transformer_lab.checks._generated.Ordinary` per part says how the answer is called
-(under the spec's ban on the kit's ``tokenizers`` and ``generation``) and judged, and its checks
-run on worked examples stored in ``fixtures/lab07.json`` (no oracle lives here). Bespoke: the
-tokenizer is fitted (its ``vocab_size`` checked) before its methods are called; beam search gets
-a stand-in ``step_fn`` that refuses what a correct search never asks.
+Every part is ordinary (:class:`~transformer_lab.checks._generated.Ordinary`): called under the
+spec's ban on the kit's ``tokenizers`` and ``generation``, judged on worked examples stored in
+``fixtures/lab07.json``. Bespoke: the tokenizer is fitted (``vocab_size`` checked) before its
+methods are called; beam search gets a ``step_fn`` that refuses what a correct search never asks.
 
-Reference: Prince, *Understanding Deep Learning*, sections 12.5 and 12.7.3; Sennrich, Haddow and
-Birch, ACL 2016; Holtzman et al., ICLR 2020.
+Reference: Prince, *Understanding Deep Learning*, 12.5 and 12.7.3; Sennrich et al., ACL 2016;
+Holtzman et al., ICLR 2020.
 """
 
 from __future__ import annotations

@@ -210,8 +210,7 @@ def bpe_train_variant(
     merge: str = "all",
 ) -> list[tuple[str, str]]:
     """BPE training with the flags of the typical mistakes (the defaults are the oracle):
-    ``boundary`` ``"word"``, ``"text"`` (spaces as symbols) or ``"chain"`` (the words run
-    together), ``tie`` (:data:`_TIE_BREAKS`), ``merge`` (:func:`_fuse`'s ``how``)."""
+    ``boundary`` ``"text"`` (spaces as symbols) or ``"chain"`` (the words run together)."""
     if boundary == "word":
         corpus = _word_symbols(text, eow=eow)
     else:  # one sequence: the text with its spaces, or the words (and </w>) run together
@@ -245,13 +244,9 @@ bpe_train_mistakes = _catalogue(
             "tie": "first"
         },
         "Your ties go to the largest pair; merge the SMALLEST (left, right) tuple.": {"tie": "max"},
-        "Your ties compare the merged strings; compare the (left, right) tuples.": {
-            "tie": "concat"
-        },
+        "Your ties compare the merged strings; compare (left, right) tuples.": {"tie": "concat"},
         "You count overlapping pairs once: 'aaa' holds the pair (a, a) TWICE.": {"overlap": False},
-        f"Your words do not end with {END_OF_WORD}: add it to every word before counting.": {
-            "eow": False
-        },
+        f"Your words do not end with {END_OF_WORD}: add it to every word.": {"eow": False},
         "You count each distinct word once; weight its pairs by how often the word occurs.": {
             "weighted": False
         },
@@ -272,12 +267,8 @@ def bpe_encode_variant(
     whole_text: bool = False,
     keep_eow: bool = True,
 ) -> list[str]:
-    """BPE encoding with the flags of the typical mistakes (the defaults are the oracle):
-    ``order`` ``"rank"`` (the earliest-learned pair present first, until none is left, or after
-    one merge without ``until_done``), ``"backwards"`` (the merges replayed latest first),
-    ``"longest"`` (the longest known piece first) or ``"once"`` (one pass through the merges,
-    each merging its first occurrence); ``whole_text``: the text as one sequence of characters,
-    spaces included, without ``</w>``."""
+    """BPE encoding with the flags of the typical mistakes (the defaults are the oracle: the
+    earliest-learned pair present first, until none is left)."""
     rank: dict[tuple[str, str], int] = {}
     for r, pair in enumerate(merges):
         rank.setdefault(tuple(pair), r)
@@ -337,13 +328,9 @@ bpe_encode_mistakes = _catalogue(
         },
         FIRST_ONLY: {"order": "once"},
         RIGHT_TO_LEFT: {"how": "rtl"},
-        "You stop after one merge per word; merge until no learned pair is left.": {
-            "until_done": False
-        },
+        "You stop after one merge per word; merge until no pair is left.": {"until_done": False},
         f"Your words do not end with {END_OF_WORD}: add it before merging.": {"eow": False},
-        "You encode the whole text as one sequence; encode each word on its own.": {
-            "whole_text": True
-        },
+        "You encode the whole text as one sequence; encode each word.": {"whole_text": True},
         f"You dropped the {END_OF_WORD} markers; keep them in the pieces.": {"keep_eow": False},
     },
 )
@@ -482,14 +469,8 @@ def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
 
 
 def top_p_variant(logits: Tensor, p: float, *, how: str = "crossing", ties: str = "low") -> Tensor:
-    """Top-p in float64 with the flags of the typical mistakes (the defaults are the oracle).
-
-    Args:
-        how: ``"crossing"`` (right: keep while the mass before is < p), ``"drop"`` (keep only
-            while the running mass including the token is <= p, plus the first) or
-            ``"unsorted"`` (cumulate in token-id order).
-        ties: ``"low"`` (right: equal probabilities ranked by lower id first) or ``"high"``.
-    """
+    """Top-p in float64 with the flags of the typical mistakes (the defaults are the oracle:
+    keep while the mass before is < p, equal probabilities by lower id first)."""
     x = _float64(logits)
     if p >= 1.0 and how == "crossing":  # p = 1 keeps every token, whatever the sums round to
         return x.clone()
@@ -533,8 +514,8 @@ def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtyp
 
 
 def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: float) -> None:
-    """``fn(logits, bad)`` must raise ValueError: ``bad`` is a temperature <= 0, a k < 1 or a
-    p outside (0, 1] (``name`` the call, e.g. ``"top_k_filter(logits, k=0)"``)."""
+    """``fn(logits, bad)`` (``name``) must raise ValueError: ``bad`` is a temperature <= 0, a
+    k < 1 or a p outside (0, 1]."""
     try:
         call_forbidding(fn, (logits, bad), {}, ban=lab07.DECODING_BAN, what=name)
     except AssertionError as exc:
@@ -542,8 +523,7 @@ def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: 
             return
         raise
     raise AssertionError(
-        f"{name} returned; it should raise ValueError: a temperature must be > 0 (t -> 0 is "
-        "greedy), k >= 1 (keeping no token leaves nothing to sample), p in (0, 1]."
+        f"{name} returned; it should raise ValueError (t > 0, k >= 1, 0 < p <= 1)."
     )
 
 
@@ -667,11 +647,7 @@ def beam_variant(
     bos: bool = True,
 ) -> list[int]:
     """Beam search on ``step_fn.row`` with the flags of the typical mistakes (the defaults are
-    the oracle): the ``score`` ranked (``"logp"``: the total log-probability; ``"last"``,
-    ``"prob"``, ``"mean"``: per generated token, at every step), ``one`` token proposed per
-    hypothesis, ``stop_first`` at the first EOS, the ``final`` choice (``"sum"``, ``"mean"``,
-    ``"finished"`` only), equal scores by the better beam (``ties="beam"``) or not, the
-    ``"first"`` of equally good final hypotheses or the ``"last"``, with ``bos`` or without."""
+    the oracle; :data:`beam_mistakes` says what each flag gets wrong)."""
     rows, eos_id, max_len = step_fn.row, step_fn.eos_id, step_fn.max_len
     # Hypotheses as (seq, logp, score): the score is what the variant ranks by.
     alive: list[tuple[list[int], float, float]] = [([step_fn.bos_id], 0.0, 0.0)]
@@ -726,15 +702,13 @@ beam_mistakes = _catalogue(
         "can beat the best finished one.": {"stop_first": True},
         "You chose by the mean log-probability per token; choose by the TOTAL (no length "
         "normalisation).": {"final": "mean"},
-        "You normalise by length at every step; rank by the TOTAL log-probability.": {
-            "score": "mean"
-        },
-        "You only returned a finished hypothesis; one still live at max_len competes too.": {
+        "You normalise by length at every step; rank by the TOTAL.": {"score": "mean"},
+        "You only returned a finished hypothesis; one live at max_len competes too.": {
             "final": "finished"
         },
         "Your ties go the wrong way: among equal scores, the better-ranked hypothesis's "
         "extension comes first, then the lower token id (a stable sort).": {"ties": "reverse"},
-        "Your final choice takes the last of several equally good hypotheses; take the first.": {
+        "Your final choice takes the last of equally good hypotheses; take the first.": {
             "final_ties": "last"
         },
         "Return the whole hypothesis, starting with BOS.": {"bos": False},
