@@ -44,7 +44,7 @@ RECORDED = {
     "lab08 generate sampling=helper": "Temperature 0 means greedy decoding",
 }
 # Entries the catalogue itself calls no typical mistake (their message says so).
-NOT_TYPICAL_ENTRIES = {"lab07 top_p top_p_sums_to_one_early"}
+NOT_TYPICAL_ENTRIES = {"lab07 top_p top_p_sums_to_one_early", "lab07 top_k top_k_exact"}
 
 
 @pytest.mark.filterwarnings("ignore:The use of `x.T`")
@@ -176,26 +176,29 @@ def test_no_typical_top_p_mistake_shows_the_smallest_failing_input_in_its_own_sh
         lab07.check_top_p_filter(top_p_drops_the_last_kept)
     message = str(info.value)
     assert NOT_TYPICAL in message
-    # The smallest failing example is the 1-D row of 4 logits at p=0.65: its values, and the
-    # kept ids as a flat list (the shape it was given), expected against got.
+    # The smallest failing example is the 1-D row of 4 logits at p=0.65: its values, and what
+    # came back against what was expected (to 3 digits, -inf where a token is removed), flat.
     assert "top_p_filter(logits (4,), p=0.65) with logits = [" in message
-    assert "keeps the tokens [0] (the others at -inf), expected [0, 2]." in message
+    assert "returned [-0.393, -inf, -inf, -inf], expected [-0.393, -inf, -1.086, -inf]." in message
     assert "[[" not in message
 
 
-def test_a_1d_top_p_mistake_prints_1d_ids() -> None:
+def test_a_1d_top_p_mistake_prints_1d_values() -> None:
     with pytest.raises(AssertionError) as info:
         lab07.check_top_p_filter(t07.top_p_drops_crossing)
     message = str(info.value)
-    assert "(4,)" in message and "keeps the tokens [0]" in message and "[[0]]" not in message
+    assert "(4,)" in message and "returned [-0.393, -inf, -inf, -inf]" in message
+    assert "[[" not in message
 
 
-def test_kept_ids_follow_the_shape_of_the_logits() -> None:
-    inf = float("-inf")
-    assert lab07.kept_ids(torch.tensor([1.0, inf, 2.0])) == [0, 2]
-    assert lab07.kept_ids(torch.tensor([[1.0, inf], [inf, 2.0]])) == [[0], [1]]
-    three = torch.tensor([[[1.0, inf]], [[inf, 0.0]]])  # (2, 1, 2)
-    assert lab07.kept_ids(three) == [[[0]], [[1]]]
+def test_the_values_shown_follow_the_shape_of_the_logits() -> None:
+    with pytest.raises(AssertionError) as info:
+        t07.TOP_P_CHECKS["edges"](t07.top_p_sums_to_one_early)
+    message = str(info.value)
+    assert (
+        "(1, 5), p=1.0) with logits = [[30.0, 10.0, 9.0, 9.0, -1.0]] returned [[30.0, -inf"
+        in message
+    )
 
 
 # --------------------------------------------------------------------------------------

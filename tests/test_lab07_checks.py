@@ -250,8 +250,8 @@ CHAR_MISTAKES = [
     (CharDecodeSpaces, ["visible", "hidden", "edges"], "nothing between them"),
     (CharSizeWithoutSpecials, ["visible", "hidden", "edges"], "count the 4 special tokens"),
     (CharFitReturnsNone, ["visible", "hidden", "edges"], "return self"),
-    (CharRefitAccumulates, ["edges"], "replacing the old one"),
-    (CharSizeMethod, ["visible", "hidden", "edges"], "make it a property"),
+    (CharRefitAccumulates, ["edges"], "one id per DISTINCT character fitted"),
+    (CharSizeMethod, ["visible", "hidden", "edges"], "it should be an int"),
 ]
 
 
@@ -730,7 +730,7 @@ def test_correct_top_k_passes_every_check(fn) -> None:
 #: (the mistake, the checks that must fail, words their messages must contain)
 TOP_K_MISTAKES = [
     (top_k_plus_one, ["visible", "hidden", "edges"], "k + 1"),
-    (top_k_exact, ["visible", "hidden", "edges"], "tied with the k-th"),
+    (top_k_exact, ["visible", "hidden", "edges"], "ties at that value are all kept"),
     (top_k_in_place, ["visible", "hidden", "edges"], "in place"),
     (top_k_zeros, ["visible", "hidden", "edges"], "not 0"),
     (top_k_smallest, ["visible", "hidden", "edges"], "SMALLEST"),
@@ -848,10 +848,10 @@ def test_correct_top_p_passes_every_check(fn) -> None:
 TOP_P_MISTAKES = [
     (top_p_drops_crossing, ["visible", "hidden", "edges"], "drop the token that crosses p"),
     (top_p_unsorted, ["visible", "hidden", "edges"], "token-id order"),
-    (top_p_high_ids_first, ["visible", "edges"], "LOWEST first"),
+    (top_p_high_ids_first, ["visible", "edges"], "LOWEST id first"),
     (top_p_in_place, ["visible", "hidden", "edges"], "in place"),
     (top_p_no_range_check, ["edges"], "raise ValueError"),
-    (top_p_sums_to_one_early, ["edges"], "expected [[0, 1, 2, 3, 4]]"),
+    (top_p_sums_to_one_early, ["edges"], "expected [[30.0, 10.0, 9.0, 9.0, -1.0]]"),
 ]
 
 
