@@ -1,10 +1,6 @@
-"""Hidden checks of lab 03 (multi-head attention), their oracles and the visible checks' fixtures.
-
-The oracles cut and join the heads with explicit slices, in float64, on the shared
-:mod:`~transformer_lab.grading.hidden._attention`; every option of
-:func:`oracle_multi_head_attention` but the default is a typical mistake. The hidden checks draw
-seeded sizes, weights, inputs (keys different from values) and masks that block the keys with
-the largest raw scores, in training and eval mode and in low precision.
+"""Hidden checks of lab 03 (multi-head attention), their float64 oracles and the visible checks'
+fixtures: seeded sizes, weights, inputs (keys different from values) and masks that block the
+keys with the largest scores, in training and eval mode and in low precision.
 
 Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2.
 """
@@ -50,16 +46,6 @@ Args, Pair = lab03.Args, lab03.Pair
 # --------------------------------------------------------------------------------------
 
 
-def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """``(B, T, D) -> (B, H, T, Dh)``: head ``h`` is the feature slice ``h*Dh:(h+1)*Dh``."""
-    return heads_split_as(x, n_heads)
-
-
-def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
-    """``(B, H, T, Dh) -> (B, T, H*Dh)``, head 0's features first (in any memory order)."""
-    return heads_merged_as(x)
-
-
 def params_of(module: nn.Module) -> Params:
     """The projections of a module as float64 (``None`` for a missing bias)."""
     held = lab03.projection_tensors(module).items()
@@ -99,14 +85,11 @@ def oracle_multi_head_attention(
     use: str = "right",
     fill: str = "zero",
 ) -> Pair | None:
-    """Multi-head attention in float64 of the projections ``p`` (:func:`params_of`):
-    ``(out (B, T, D), weights (B, H, T, S))`` for ``args = (query (B, T, D), key, value
-    (B, S, D), mask)``, a bool mask (True = may attend) broadcasting to ``(B, H, T, S)``.
-
-    Every option but the default is a mistake (None where it cannot run here): ``scale``
-    ``"model"`` (``1/sqrt(D)``) or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d
-    ``"no_transpose"``; the mask ``use``d as :func:`_mask_as` says; the ``fill`` of
-    :func:`~transformer_lab.grading.hidden._attention.masked_weights`.
+    """``(out (B, T, D), weights (B, H, T, S))`` in float64 of the projections ``p``
+    (:func:`params_of`) for ``args = (query (B, T, D), key, value (B, S, D), mask)``. Every
+    option but the default is a mistake (None where it cannot run here): ``scale`` ``"model"``
+    or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d ``"no_transpose"``; the mask
+    ``use``d as :func:`_mask_as` says; the ``fill`` of :func:`._attention.masked_weights`.
     """
     mask = args[3]
     query, key, value = (t.to("cpu", torch.float64) for t in args[:3])  # autograd's graph kept
@@ -158,7 +141,7 @@ def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
     how = ("no_transpose", "interleaved")
     return distinct_mistakes(
-        oracle_split_heads(x, n_heads),
+        heads_split_as(x, n_heads),
         [(lab03.HINTS[f"split_{h}"], heads_split_as(x, n_heads, h)) for h in how],
     )
 
@@ -167,7 +150,7 @@ def merge_mistakes(x: Tensor, strided: bool = False) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
     how = ("no_transpose", "interleaved", "wrong_axes")
     return distinct_mistakes(
-        oracle_merge_heads(x), [(lab03.HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
+        heads_merged_as(x), [(lab03.HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
     )
 
 
@@ -259,8 +242,8 @@ def _expect_mha(
 # --------------------------------------------------------------------------------------
 
 
-SPLIT = Oracle(lab03.SPLIT, oracle_split_heads, split_mistakes)
-MERGE = Oracle(lab03.MERGE, oracle_merge_heads, merge_mistakes)
+SPLIT = Oracle(lab03.SPLIT, heads_split_as, split_mistakes)
+MERGE = Oracle(lab03.MERGE, lambda x, strided=False: heads_merged_as(x), merge_mistakes)
 
 
 def _split_cases(g: torch.Generator) -> list[tuple[Tensor, int]]:
@@ -290,7 +273,7 @@ def _merge_cases(g: torch.Generator) -> list[tuple[Tensor, bool]]:
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         B, H, T, Dh = randint(1, 3, g), randint(2, 5, g), randint(2, 6, g), randint(2, 5, g)
         y = torch.randn(B, T, H * Dh, generator=g).to(dtype)
-        cases += [(oracle_split_heads(y, H), True), (y.reshape(B, H, T, Dh), False)]
+        cases += [(heads_split_as(y, H), True), (y.reshape(B, H, T, Dh), False)]
     return [*cases, (torch.randn(2, 1, 3, 4, generator=g), False)]
 
 
@@ -439,7 +422,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     out |= SPLIT.fixtures("check_split_heads", [(lab03.numbered(2, 3, 8), n) for n in (2, 4, 1)])
     x = lab03.numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
-    heads = oracle_split_heads(lab03.numbered(2, 3, 8), 2)  # merged back into the numbered input
+    heads = heads_split_as(lab03.numbered(2, 3, 8), 2)  # merged back into the numbered input
     out |= MERGE.fixtures("check_merge_heads", [(x, False), (x, True), (heads, False)])
     # The attention example: its key mask (it blocks every row's top key) leaves every example
     # at least three of its six keys.
