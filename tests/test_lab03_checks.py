@@ -136,7 +136,7 @@ def test_correct_splits_pass_every_check(fn) -> None:
 SPLIT_MISTAKES = [
     (split_no_transpose, ["visible", "hidden"], "then transpose(1, 2)"),
     (split_interleaved, ["visible", "hidden"], "interleaved"),
-    (split_head_axis_left, ["visible", "hidden"], "left the head axis after the tokens"),
+    (split_head_axis_left, ["visible", "hidden"], "the sizes are right but in the wrong order"),
     (split_no_check, ["divisible"], "raised RuntimeError"),
     (split_vague_error, ["divisible"], "raised ValueError('n_heads must divide d_model')"),
     (split_assert, ["divisible"], "raised AssertionError"),
@@ -213,9 +213,9 @@ def test_correct_merges_pass_every_check(fn) -> None:
 
 MERGE_MISTAKES = [
     (merge_no_transpose, ["visible", "hidden"], "no transpose"),
-    (merge_view, ["visible", "hidden"], "no longer contiguous"),
+    (merge_view, ["visible", "hidden"], "view size is not compatible"),
     (merge_interleaved, ["visible", "hidden"], "interleaved"),
-    (merge_not_flat, ["visible", "hidden"], "not flattened"),
+    (merge_not_flat, ["visible", "hidden"], "there is an extra dimension"),
     (merge_wrong_axes, ["visible", "hidden"], "transpose(2, 3)"),
     (merge_kit, ["visible", "hidden"], "transformer_lab.attention.merge_heads"),
     (merge_not_implemented, ["visible", "hidden"], "not implemented yet"),

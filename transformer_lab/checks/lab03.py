@@ -96,16 +96,9 @@ HINTS: dict[str, str] = {
     "(out, in) layout, copy them without .T.",
 }
 
-_CONTIGUOUS_HINT = (
-    "After a transpose the tensor is no longer contiguous in memory, so .view cannot flatten "
-    "it: use .reshape(...) (or .contiguous().view(...))."
-)
-_WEIGHTS_HINT = (
-    "Per head: softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the mask is False."
-)
-_OUTPUT_HINT = (
-    "The weights are right but the output is not: weights @ v per head (v from v_proj(value)), "
-    "merge the heads, then out_proj."
+_HINT = (
+    "Per head: weights = softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the "
+    "mask is False; out = out_proj(the heads' weights @ v_h, merged)."
 )
 _RULE = (
     "Check it first and raise a ValueError that names both values, e.g. "
@@ -183,21 +176,10 @@ def describe_entries(case: Case[Given]) -> str:
 
 
 def heads_call(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    what: str,
-    want: tuple[int, ...],
-    unmoved: tuple[int, ...] | None,
-    says: str,
-    on_error: str = "",
+    fn: Callable[..., Any], args: tuple[Any, ...], what: str, want: tuple[int, ...]
 ) -> Tensor:
-    """The student's ``fn(*args)`` under the ban: a tensor of shape ``want`` and of the input's
-    dtype; the shape ``unmoved``, (B, T, H, Dh), is told apart with ``says``."""
-    got = run(fn, *args, what=what, on_error=on_error)
-    shape = tuple(getattr(got, "shape", ()))
-    if shape == unmoved:
-        raise AssertionError(f"{what} has shape {shape}, i.e. (B, T, H, Dh): {says}")
-    got = expect_shape(got, want, what)
+    """The student's ``fn(*args)`` under the ban: a tensor of shape ``want``, the input's dtype."""
+    got = expect_shape(run(fn, *args, what=what), want, what)
     expect_true(
         got.dtype == args[0].dtype,
         f"{what} has dtype {got.dtype} for an input of dtype {args[0].dtype}: heads only "
@@ -209,10 +191,7 @@ def heads_call(
 def split_call(fn: Callable[..., Any], x: Tensor, n_heads: int) -> Tensor:
     """The student's ``split_heads(x, n_heads)``: heads ``(B, H, T, Dh)``."""
     B, T, D = x.shape
-    unmoved = (B, T, n_heads, D // n_heads) if n_heads != T else None
-    says = "you left the head axis after the tokens: transpose(1, 2) moves it next to the batch."
-    want = (B, n_heads, T, D // n_heads)
-    return heads_call(fn, (x, n_heads), SPLIT.what(x, n_heads), want, unmoved, says)
+    return heads_call(fn, (x, n_heads), SPLIT.what(x, n_heads), (B, n_heads, T, D // n_heads))
 
 
 #: ``split_heads`` of a case ``(x (B, T, D), n_heads)``.
@@ -230,13 +209,12 @@ SPLIT = Ordinary(
 
 def merge_call(fn: Callable[..., Any], x: Tensor, strided: bool = False) -> Tensor:
     """The student's ``merge_heads(x)``: ``(B, T, H*Dh)`` (``strided``: the same values in
-    another memory order, what a transpose hands over; a crash of ``.view`` is explained)."""
+    another memory order, what a transpose hands over)."""
     what = MERGE.what(x, strided)
     if strided:
         x = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # (B, H, T, Dh), not contiguous
     B, H, T, Dh = x.shape
-    says = "the heads are in place but not flattened. Reshape to (B, T, H * Dh)."
-    return heads_call(fn, (x,), what, (B, T, H * Dh), (B, T, H, Dh), says, _CONTIGUOUS_HINT)
+    return heads_call(fn, (x,), what, (B, T, H * Dh))
 
 
 #: ``merge_heads`` of a case ``(x (B, H, T, Dh)[, strided])``.
@@ -332,22 +310,16 @@ def call_mha(module: nn.Module, args: Args, n_heads: int, what: str) -> Pair:
 def judge_mha(
     got: Pair, want: Pair, mistakes: Mapping[str, Pair], what: str, tolerance: float = 1e-4
 ) -> None:
-    """Compare the student's ``(out, weights)`` with ``want``; name the mistake they reproduce
-    (``mistakes``: hint -> its ``(out, weights)``), trying first those that reproduce both
-    (several share the weights: keys from `value` with values from `value` or from `key`)."""
-    both = {
-        hint: pair
-        for hint, pair in mistakes.items()
-        if all(close(g, m, tolerance, tolerance) for g, m in zip(got, pair, strict=True))
-    }
-    ordered = both | mistakes
-    for i, part, hint in ((1, "weights", _WEIGHTS_HINT), (0, "output", _OUTPUT_HINT)):
+    """Compare the student's ``(out, weights)`` with ``want``, the output first (mistakes that
+    share their weights differ there); name the mistake they reproduce (``mistakes``: hint ->
+    its ``(out, weights)``)."""
+    for i, part in ((0, "output"), (1, "weights")):
         compare(
             got[i],
             want[i],
             what=f"the {part} of {what}",
-            candidates=[(pair[i], h) for h, pair in ordered.items()],
-            hint=hint,
+            candidates=[(pair[i], h) for h, pair in mistakes.items()],
+            hint=_HINT,
             atol=tolerance,
             rtol=tolerance,
         )
@@ -361,16 +333,12 @@ def expect_train_like_eval(module: nn.Module, args: Args, n_heads: int, what: st
     for when in ("in training mode", "called again in training mode"):
         got = call_mha(module, args, n_heads, f"{what} {when}")
         expect_true(
-            module.training,
-            f"{what} switched the module to eval mode: forward must not change module.training "
-            "(the training loop sets it).",
+            module.training
+            and all(close(g, w, 1e-6, 1e-6) for g, w in zip(got, want, strict=True)),
+            f"{what} {when} must compute what eval mode computes, and stay in training mode: "
+            "MultiHeadAttention(d_model, n_heads, bias) has no dropout (remove it, or give it p=0 "
+            "by default), and forward must not change module.training (the training loop sets it).",
         )
-        if not all(close(g, w, 1e-6, 1e-6) for g, w in zip(got, want, strict=True)):
-            raise AssertionError(
-                f"{what} {when} differs from eval mode: MultiHeadAttention(d_model, n_heads, "
-                "bias) has no dropout, so train() and eval() must compute the same thing. "
-                "Remove the dropout (or give it p=0 by default)."
-            )
 
 
 def expect_gradients(module: nn.Module, args: Args, n_heads: int, what: str) -> None:
