@@ -642,7 +642,7 @@ ATTENTION_MISTAKES = [
     (PerHeadLinears, ["visible", "mask", "hidden"], "parameters"),
     (AveragedWeights, VALUES, "(B, H, T_q, T_k)"),
     (DropoutOnWeights, ["visible", "hidden", "hidden_mask"], "no dropout"),
-    (ForwardWithoutGrad, ["visible", "hidden"], "does not require grad"),
+    (ForwardWithoutGrad, ["visible", "hidden"], "no gradient reaches q_proj.weight"),
     (DetachedQueries, ["visible", "hidden"], "no gradient reaches q_proj.weight"),
     (WrapsTorch, VALUES, "torch.nn.MultiheadAttention"),
     (TorchSDPA, VALUES, "scaled_dot_product_attention"),

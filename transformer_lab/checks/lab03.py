@@ -8,6 +8,7 @@ Reference: Prince, *Understanding Deep Learning*, section 12.3.3 (multiple heads
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from transformer_lab.checks._common import (
     expect_module,
     expect_shape,
     expect_true,
+    generator,
     load_weights,
     stored,
 )
@@ -345,12 +347,8 @@ def expect_gradients(module: nn.Module, args: Args, n_heads: int, what: str) -> 
     """A loss on the output sends a gradient to every projection's weight."""
     module.zero_grad(set_to_none=True)
     out, _ = call_mha(module, args, n_heads, what)
-    expect_true(
-        out.requires_grad,
-        f"the output of {what} does not require grad: nothing could be trained. Did forward run "
-        "under torch.no_grad(), or detach a tensor?",
-    )
-    (out.double() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+    if out.requires_grad:  # (else no gradient reaches anything)
+        (out.double() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
     for name in PROJECTIONS:
         grad = getattr(module, name).weight.grad
         expect_true(
@@ -384,10 +382,8 @@ def judge_example(
     key = f"{what} example" + (f" with {label}" if label else "")
     mask = stored("lab03", f"{key}: mask")[0].bool() if label else None
     args = (*(tensors[n].to(dtype) for n in ("query", "key", "value")), mask)
-    T, S = args[0].shape[1], args[1].shape[1]
-    call = f"{what}(query, key, value{', mask' * bool(label)}) with {T} queries and {S} keys"
-    call += f" (key != value){f', {label}' * bool(label)}"
-    call += "" if dtype == torch.float32 else f", in {dtype_name(dtype)}"
+    call = f"{what}(query, key, value{', mask' * bool(label)}) on its example (key != value)"
+    call += f"{f', {label}' * bool(label)}{f', in {dtype_name(dtype)}' * (dtype != torch.float32)}"
     got = call_mha(module, args, n_heads, call)
     judge_mha(got, *stored_pair("lab03", key), call, TOLERANCE[dtype])
     return module, args
@@ -437,19 +433,12 @@ class Projections(nn.Module):
 
 
 @torch.no_grad()
-def numbered_torch_mha(d_model: int, n_heads: int, bias: bool) -> nn.MultiheadAttention:
-    """A ``torch.nn.MultiheadAttention`` whose entries say where they sit (a copied entry names
-    its source): ``in_proj_weight[r, c] = (r + 1) + (c + 1) / 1000``, ``in_proj_bias[r] =
-    -(r + 1)``; ``out_proj`` the same plus 500."""
-    theirs = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
-    rows = torch.arange(3 * d_model, dtype=torch.float32)[:, None] + 1
-    cols = torch.arange(d_model, dtype=torch.float32)[None, :] + 1
-    theirs.in_proj_weight.copy_(rows + cols / 1000)
-    theirs.out_proj.weight.copy_(500 + rows[:d_model] + cols / 1000)
-    if bias:
-        theirs.in_proj_bias.copy_(-rows[:, 0])
-        theirs.out_proj.bias.copy_(-(500 + rows[:d_model, 0]))
-    return theirs.eval()
+def randomised(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> nn.Module:
+    """``module`` with random parameters (biases too: torch starts them at zero, which hides a
+    missing one)."""
+    for p in module.parameters():
+        p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(max(p.shape[-1], 1)))
+    return module
 
 
 def loaded_as(theirs: nn.MultiheadAttention, how: str = "right") -> dict[str, Tensor]:
@@ -480,9 +469,8 @@ def judge_load(
     fn: Callable[..., Any], ours: nn.Module, theirs: nn.MultiheadAttention, what: str
 ) -> None:
     """The student's ``load_torch_weights(ours, theirs)`` under the ban: each projection of
-    ``ours`` holds :func:`loaded_as` (named after the typical wrong loader it matches; a NaN
-    left in place: not filled), COPIED into the trainable Parameters ``ours`` had (an optimizer
-    built before loading still trains them), not sharing memory with torch's."""
+    ``ours`` holds :func:`loaded_as` (a NaN left: not filled), copied into the Parameters
+    ``ours`` had, still trainable, not sharing memory with torch's."""
     before = projection_tensors(ours)
     run(
         fn,
@@ -521,8 +509,10 @@ def judge_load(
 
 
 def check_load_torch_weights(fn: Callable[..., Any]) -> None:
-    """Numbered torch weights (of widths 6 and 8: an answer that ignores its arguments leaves
-    the second module NaN) land in the right projections, copied into the same Parameters."""
+    """Torch's weights (of widths 6 and 8: an answer that ignores its arguments leaves the
+    second module NaN) land in the right projections, copied into the same Parameters."""
+    g = generator(3030)
     for d_model in (6, 8):
         what = f"load_torch_weights(ours, theirs) with d_model={d_model}, n_heads=2"
-        judge_load(fn, Projections(d_model, 2), numbered_torch_mha(d_model, 2, True), what)
+        theirs = randomised(nn.MultiheadAttention(d_model, 2, batch_first=True).eval(), g)
+        judge_load(fn, Projections(d_model, 2), theirs, what)

@@ -195,13 +195,6 @@ def mha_mistakes(p: Params, args: Args, n_heads: int) -> dict[str, Pair]:
     return out
 
 
-@torch.no_grad()
-def _randomise(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> None:
-    """Random projections (biases too: torch starts them at zero, which hides a missing one)."""
-    for p in module.parameters():
-        p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(max(p.shape[-1], 1)))
-
-
 def _drawn(
     cls: Callable[..., Any],
     g: torch.Generator,
@@ -216,8 +209,7 @@ def _drawn(
     """The student's ``MultiHeadAttention(D, H, **kwargs)`` with random projections, in
     ``dtype``, and random ``query (B, T, D)``, ``key`` and ``value (B, S, D)`` (``sizes`` is
     ``(B, T, S)``; key and value are different tensors)."""
-    module = lab03.instantiate(cls, D, H, what=what, **kwargs)
-    _randomise(module, g, scale)
+    module = lab03.randomised(lab03.instantiate(cls, D, H, what=what, **kwargs), g, scale)
     B, T, S = sizes
     query, key, value = (torch.randn(B, n, D, generator=g).to(dtype) for n in (T, S, S))
     return module.to(dtype), query, key, value
@@ -359,11 +351,10 @@ def hidden_check_load_torch_weights(
         H, dh = randint(1, 4, g), randint(2, 4, g)
         D = H * dh
         what = f"load_torch_weights(ours, theirs) with d_model={D}, n_heads={H}, bias={bias}"
-        ours, theirs = lab03.Projections(D, H, bias=bias), lab03.numbered_torch_mha(D, H, bias)
-        lab03.judge_load(fn, ours, theirs, what)
+        theirs = nn.MultiheadAttention(D, H, bias=bias, batch_first=True).eval()
+        lab03.judge_load(fn, lab03.Projections(D, H, bias=bias), lab03.randomised(theirs, g), what)
     # End to end: the student's module, loaded, computes what torch's module computes.
-    theirs = nn.MultiheadAttention(12, 3, batch_first=True).eval()
-    _randomise(theirs, g)
+    theirs = lab03.randomised(nn.MultiheadAttention(12, 3, batch_first=True).eval(), g)
     module, *inputs = _drawn(cls, g, 12, 3, (2, 4, 6), "MultiHeadAttention(12, 3)")
     lab03.judge_load(fn, module, theirs, "load_torch_weights(MultiHeadAttention(12, 3), theirs)")
     mask = torch.rand(4, 6, generator=g) < 0.7
