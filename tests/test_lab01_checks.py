@@ -239,6 +239,7 @@ SHIFT_MISTAKES = [
         shift_sin_cos_swapped,
         ["shape", "values", "hidden", "properties"],
         {
+            "shape": "M(0) is the identity",
             "values": "cos on the diagonal",
             "hidden": "cos on the diagonal",
             "properties": "must equal",

@@ -245,12 +245,11 @@ def _split_cases(g: torch.Generator) -> list[tuple[Tensor, int]]:
         (1, 5, torch.float64),
         (randint(2, 4, g), 3, torch.bfloat16),
         (2, randint(2, 4, g), torch.int64),
+    ]  # (n_heads, Dh, dtype) of each case; then B, T drawn, then x (B, T, n_heads * Dh)
+    return [
+        ((torch.randn(randint(1, 3, g), randint(1, 6, g), h * dh, generator=g) * 10).to(t), h)
+        for h, dh, t in sizes
     ]
-    cases = []
-    for n_heads, dh, dtype in sizes:
-        B, T = randint(1, 3, g), randint(1, 6, g)
-        cases.append(((torch.randn(B, T, n_heads * dh, generator=g) * 10).to(dtype), n_heads))
-    return cases
 
 
 hidden_check_split_heads = SPLIT.hidden(
@@ -303,17 +302,9 @@ def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 
     B, H, T, S, D = 3, 2, 3, 7, 6
     module, query, key, value = _drawn(cls, g, D, H, (B, T, S), f"MultiHeadAttention({D}, {H})")
     scores = scores_of(params_of(module), query, key, H)
-    shapes = {
-        "a (S,) key mask": (S,),
-        "a (T, S) mask": (T, S),
-        "a (B, 1, 1, S) key mask": (B, 1, 1, S),
-        "a (B, 1, T, S) mask": (B, 1, T, S),
-        "a (1, H, T, S) mask, one per head": (1, H, T, S),
-        "a (B, H, T, S) mask, one per example and head": (B, H, T, S),
-    }
-    for label, shape in shapes.items():
+    for shape in ((S,), (T, S), (B, 1, 1, S), (B, 1, T, S), (1, H, T, S), (B, H, T, S)):
         mask = blocking_mask(scores, shape, g)
-        what = f"MultiHeadAttention({D}, {H})(query, key, value, mask) with {label}"
+        what = f"MultiHeadAttention({D}, {H})(query, key, value, mask) with a {shape} mask"
         _expect_mha(module, (query, key, value, mask), H, what, train_too=len(shape) == 4)
     # Empty rows: in every head of one query, and in one head only.
     mask = blocking_mask(scores, (B, H, T, S), g)
