@@ -98,14 +98,6 @@ HINTS: dict[str, str] = {
     "(out, in) layout, copy them without .T.",
 }
 
-_HINT = (
-    "Per head: weights = softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked where the "
-    "mask is False; out = out_proj(the heads' weights @ v_h, merged)."
-)
-_RULE = (
-    "Check it first and raise a ValueError that names both values, e.g. "
-    'raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}").'
-)
 
 # Room for rounding (a correct float32 answer is ~1e-6 off); every catalogued mistake is far off.
 TOLERANCE: dict[torch.dtype, float] = {
@@ -141,7 +133,8 @@ def expect_value_error(
     else:
         got = "returned normally"
     raise AssertionError(
-        f"{what} {got} instead of a ValueError naming {' and '.join(names)}. {_RULE}"
+        f"{what} {got} instead of a ValueError naming {' and '.join(names)}. Check it first: "
+        'raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}").'
     )
 
 
@@ -312,16 +305,16 @@ def call_mha(module: nn.Module, args: Args, n_heads: int, what: str) -> Pair:
 def judge_mha(
     got: Pair, want: Pair, mistakes: Mapping[str, Pair], what: str, tolerance: float = 1e-4
 ) -> None:
-    """Compare the student's ``(out, weights)`` with ``want``, the output first (mistakes that
-    share their weights differ there); name the mistake they reproduce (``mistakes``: hint ->
-    its ``(out, weights)``)."""
+    """Compare ``got`` with ``want``, the output first (mistakes that share their weights differ
+    there), naming the mistake it reproduces (``mistakes``: hint -> its ``(out, weights)``)."""
     for i, part in ((0, "output"), (1, "weights")):
         compare(
             got[i],
             want[i],
             what=f"the {part} of {what}",
             candidates=[(pair[i], h) for h, pair in mistakes.items()],
-            hint=_HINT,
+            hint="Per head: weights = softmax over the keys of (q_h @ k_h^T) / sqrt(Dh), blocked "
+            "where the mask is False; out = out_proj(the heads' weights @ v_h, merged).",
             atol=tolerance,
             rtol=tolerance,
         )
@@ -368,9 +361,8 @@ def judge_example(
     label: str = "",
     dtype: torch.dtype = torch.float32,
 ) -> tuple[nn.Module, Args]:
-    """The student's ``MultiHeadAttention(d_model, n_heads, bias)`` holding the weights of its
-    stored example, in ``dtype`` and eval mode, judged on that example's inputs (with the
-    stored mask of ``label``, if given); returns the module and the inputs it was called with."""
+    """The student's module holding the weights of a stored example, in ``dtype`` and eval mode,
+    judged on its inputs (and stored mask ``label``); returns the module and those inputs."""
     what = f"MultiHeadAttention({d_model}, {n_heads}{'' if bias else ', bias=False'})"
     module = instantiate(cls, d_model, n_heads, what=what, **({} if bias else {"bias": False}))
     expect_layout(module, d_model, bias, what)
@@ -442,10 +434,8 @@ def randomised(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> nn.
 
 
 def loaded_as(theirs: nn.MultiheadAttention, how: str = "right") -> dict[str, Tensor]:
-    """What each projection of ``ours`` holds after loading ``theirs`` (float64), weights first:
-    the query, key and value row blocks of ``in_proj_weight`` (``in_proj_bias``), then
-    ``out_proj``'s. ``how``: ``"load_wrong_order"`` (query and key blocks swapped) and
-    ``"load_transposed"`` (every weight transposed) give what a typical wrong loader leaves."""
+    """What each projection of ``ours`` holds (float64) after loading ``theirs`` right, or as
+    the typical wrong loader ``how`` does (``"load_wrong_order"``, ``"load_transposed"``)."""
     out: dict[str, Tensor] = {}
     for attr in ("weight", "bias"):
         stacked = getattr(theirs, f"in_proj_{attr}")
@@ -468,9 +458,8 @@ def projection_tensors(ours: nn.Module) -> dict[str, Any]:
 def judge_load(
     fn: Callable[..., Any], ours: nn.Module, theirs: nn.MultiheadAttention, what: str
 ) -> None:
-    """The student's ``load_torch_weights(ours, theirs)`` under the ban: each projection of
-    ``ours`` holds :func:`loaded_as` (a NaN left: not filled), copied into the Parameters
-    ``ours`` had, still trainable, not sharing memory with torch's."""
+    """``load_torch_weights(ours, theirs)`` under the ban fills every projection as
+    :func:`loaded_as`, copying into the trainable Parameters ``ours`` had."""
     before = projection_tensors(ours)
     run(
         fn,

@@ -60,9 +60,8 @@ def oracle_linear(x: Tensor, p: Params, name: str) -> Tensor:
 
 
 def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | None:
-    """:func:`~transformer_lab.grading.hidden._attention.mask_as_used`, and two misuses of the
-    head axis: a 4-axis mask cut to its first head (``"first_head"``), or one mask per example
-    repeated as ``h*B + b`` for heads flattened as ``b*H + h`` (``"repeated"``)."""
+    """:func:`._attention.mask_as_used`, and two misuses of the head axis: a mask cut to its first
+    head (``"first_head"``), one per example repeated as ``h*B + b`` (``"repeated"``)."""
     if use not in ("first_head", "repeated"):
         return mask_as_used(mask, shape, use)
     assert mask is not None
@@ -206,9 +205,8 @@ def _drawn(
     dtype: torch.dtype = torch.float32,
     **kwargs: Any,
 ) -> tuple[nn.Module, Tensor, Tensor, Tensor]:
-    """The student's ``MultiHeadAttention(D, H, **kwargs)`` with random projections, in
-    ``dtype``, and random ``query (B, T, D)``, ``key`` and ``value (B, S, D)`` (``sizes`` is
-    ``(B, T, S)``; key and value are different tensors)."""
+    """The student's ``MultiHeadAttention(D, H, **kwargs)``, random, in ``dtype``, and random
+    ``query (B, T, D)``, ``key`` and ``value (B, S, D)`` for ``sizes = (B, T, S)``."""
     module = lab03.randomised(lab03.instantiate(cls, D, H, what=what, **kwargs), g, scale)
     B, T, S = sizes
     query, key, value = (torch.randn(B, n, D, generator=g).to(dtype) for n in (T, S, S))
