@@ -136,10 +136,10 @@ def test_correct_splits_pass_every_check(fn) -> None:
 SPLIT_MISTAKES = [
     (split_no_transpose, ["visible", "hidden"], "then transpose(1, 2)"),
     (split_interleaved, ["visible", "hidden"], "interleaved"),
-    (split_head_axis_left, ["visible", "hidden"], "left the head axis after the tokens"),
-    (split_no_check, ["divisible"], "not about the real problem"),
-    (split_vague_error, ["divisible"], "does not name"),
-    (split_assert, ["divisible"], "instead of raising ValueError"),
+    (split_head_axis_left, ["visible", "hidden"], "the sizes are right but in the wrong order"),
+    (split_no_check, ["divisible"], "raised RuntimeError"),
+    (split_vague_error, ["divisible"], "raised ValueError('n_heads must divide d_model')"),
+    (split_assert, ["divisible"], "raised AssertionError"),
     (split_casts_to_float, ["hidden"], "keep the input's dtype"),
     (split_kit, ["visible", "divisible", "hidden"], "does not allow"),
     (split_not_implemented, ["visible", "divisible", "hidden"], "not implemented yet"),
@@ -213,9 +213,9 @@ def test_correct_merges_pass_every_check(fn) -> None:
 
 MERGE_MISTAKES = [
     (merge_no_transpose, ["visible", "hidden"], "no transpose"),
-    (merge_view, ["visible", "hidden"], "no longer contiguous"),
+    (merge_view, ["visible", "hidden"], "view size is not compatible"),
     (merge_interleaved, ["visible", "hidden"], "interleaved"),
-    (merge_not_flat, ["visible", "hidden"], "not flattened"),
+    (merge_not_flat, ["visible", "hidden"], "there is an extra dimension"),
     (merge_wrong_axes, ["visible", "hidden"], "transpose(2, 3)"),
     (merge_kit, ["visible", "hidden"], "transformer_lab.attention.merge_heads"),
     (merge_not_implemented, ["visible", "hidden"], "not implemented yet"),
@@ -614,6 +614,8 @@ class WrapsKit(Reference):
 VALUES = ["visible", "mask", "hidden", "hidden_mask", "dtypes"]
 MASKS = ["mask", "hidden_mask", "dtypes"]
 ALL = list(MHA)
+#: Keys from the query give scores (B, H, T, T) that a key mask does not broadcast to.
+BROADCAST = {"mask": "does not broadcast", "hidden_mask": "does not broadcast"}
 
 
 ATTENTION_MISTAKES = [
@@ -625,22 +627,22 @@ ATTENTION_MISTAKES = [
     (ValuesFromKey, VALUES, "values computed from `key`"),
     (KeysFromValue, VALUES, "keys computed from `value`"),
     (KeyValueSwapped, VALUES, "keys and values swapped"),
-    (KeysFromQuery, VALUES, "k_proj(key)"),
+    (KeysFromQuery, VALUES, dict.fromkeys(VALUES, "(B, H, T_q, T_k)") | BROADCAST),
     (MaskIgnored, MASKS, "without the mask"),
     (MaskInverted, MASKS, "mask inverted"),
     (MaskAfterSoftmax, MASKS, "after the softmax"),
     (MaskNegInf, MASKS, "-inf"),
     (MaskUniformEmptyRows, MASKS, "attend to nothing"),
     (MaskFillMinus1e9, ["mask", "dtypes"], "finfo(scores.dtype).min"),
-    (MaskUnsqueezed, MASKS, "broadcasts to (B, H, T, S)"),
+    (MaskUnsqueezed, MASKS, "does not broadcast"),
     (MaskRepeatedWrongly, MASKS, "line up with the batch axis"),
     (MaskFirstHeadOnly, ["mask", "hidden_mask"], "follows the mask of head"),
-    (AlwaysBias, ["visible", "hidden"], "bias=False"),
-    (NoDivisibilityCheck, ["divisible"], "instead of raising ValueError"),
+    (AlwaysBias, ["visible", "hidden"], "parameters, expected 4 * d_model * (d_model) ="),
+    (NoDivisibilityCheck, ["divisible"], "returned normally instead of a ValueError"),
     (PerHeadLinears, ["visible", "mask", "hidden"], "parameters"),
     (AveragedWeights, VALUES, "(B, H, T_q, T_k)"),
     (DropoutOnWeights, ["visible", "hidden", "hidden_mask"], "no dropout"),
-    (ForwardWithoutGrad, ["visible", "hidden"], "does not require grad"),
+    (ForwardWithoutGrad, ["visible", "hidden"], "no gradient reaches q_proj.weight"),
     (DetachedQueries, ["visible", "hidden"], "no gradient reaches q_proj.weight"),
     (WrapsTorch, VALUES, "torch.nn.MultiheadAttention"),
     (TorchSDPA, VALUES, "scaled_dot_product_attention"),
@@ -822,15 +824,15 @@ def test_correct_loaders_pass_every_check(fn) -> None:
 LOAD_MISTAKES = [
     (load_wrong_order, ["visible", "hidden"], "order query, key, value"),
     (load_transposed, ["visible", "hidden"], "without .T"),
-    (load_no_bias, ["visible", "hidden"], "copy the biases"),
+    (load_no_bias, ["visible", "hidden"], "q_proj.bias was not filled"),
     (load_no_out_proj, ["visible", "hidden"], "out_proj.weight was not filled"),
     (load_assumes_bias, ["hidden"], "bias=False"),
     (load_new_parameters, ["visible", "hidden"], "optimizer built before loading"),
-    (load_new_linears, ["visible", "hidden"], "instead of the Parameter"),
-    (load_plain_tensor, ["visible", "hidden"], "COPY the values"),
-    (load_shares_memory, ["visible", "hidden"], "shares its memory"),
+    (load_new_linears, ["visible", "hidden"], "must be the trainable Parameter it was"),
+    (load_plain_tensor, ["visible", "hidden"], "copy the values into it"),
+    (load_shares_memory, ["visible", "hidden"], "in memory of its own"),
     (load_without_no_grad, ["visible", "hidden"], "torch.no_grad()"),
-    (load_freezes, ["visible", "hidden"], "no longer requires grad"),
+    (load_freezes, ["visible", "hidden"], "must be the trainable Parameter"),
     (load_kit, ["visible", "hidden"], "transformer_lab.attention.load_torch_weights"),
     (load_not_implemented, ["visible", "hidden"], "not implemented yet"),
 ]
@@ -869,9 +871,7 @@ def test_the_oracle_agrees_with_torch_and_the_kit() -> None:
     out, w = hidden03.oracle_multi_head_attention(hidden03.params_of(ours), (q, k, v, mask), 3)
     for got, want in ((out, ref_out), (w, ref_w), (out, kit_out), (w, kit_w)):
         torch.testing.assert_close(got, want.double(), atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(
-        hidden03.oracle_split_heads(q, 3), kit.split_heads(q, 3), atol=0, rtol=0
-    )
+    torch.testing.assert_close(hidden03.heads_split_as(q, 3), kit.split_heads(q, 3), atol=0, rtol=0)
 
 
 def test_stored_masks_block_the_top_key_of_every_row_and_mistakes_stand_out() -> None:

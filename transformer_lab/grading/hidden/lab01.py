@@ -1,12 +1,8 @@
 """Hidden checks of lab 01 (positional encoding), their oracles and the visible checks' fixtures.
 
-The oracles are written with plain Python loops over ``math.sin``/``math.cos``, deliberately
-unlike any vectorised solution and independent of :mod:`transformer_lab.positional`. The
-mistake catalogues (sin and cos swapped, frequency exponent ``i/d``, positions from 1, the base
-ignored, halves instead of interleaved columns, the shift matrix transposed or negated, ...)
-give the table each typical mistake produces, so a wrong answer is named.
-
-:func:`fixtures` computes the visible checks' worked examples (``checks/fixtures/lab01.json``).
+The oracles are plain Python loops over ``math.sin``/``math.cos``, unlike any vectorised
+solution; the mistake catalogues give the table each typical mistake produces, so that a wrong
+answer is named.
 
 Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.5.
 """
@@ -22,11 +18,12 @@ from torch import Tensor
 
 from transformer_lab.checks._common import expect_close, expect_shape, expect_true, generator
 from transformer_lab.checks.lab01 import (
+    ENCODING_RULE,
+    SHIFT_RULE,
     SPEC,
-    diagnose,
+    call,
     encode,
-    judge_encoding,
-    judge_shift,
+    judge,
     shift,
 )
 from transformer_lab.grading.hidden import fixture_entry
@@ -200,30 +197,24 @@ def _expect_encoding(
     atol: float = SPEC.tol("float32"),
     rtol: float = SPEC.tol("float32"),
 ) -> None:
-    what = f"sinusoidal_encoding({seq_len}, {d_model}" + (
-        f", base={base:g})" if base != 10000.0 else ")"
-    )
-    judge_encoding(
+    judge(
         encode(fn, seq_len, d_model, base),
         oracle_sinusoidal_encoding(seq_len, d_model, base),
         encoding_mistakes(seq_len, d_model, base),
-        what,
+        call("sinusoidal_encoding", seq_len, d_model, base),
+        ENCODING_RULE,
         atol=atol,
         rtol=rtol,
     )
 
 
 def _expect_shift(fn: Callable[..., Tensor], offset: int, d_model: int, base: float) -> Tensor:
-    what = f"relative_shift_matrix({offset}, {d_model}" + (
-        f", base={base:g})" if base != 10000.0 else ")"
-    )
-    return judge_shift(
+    return judge(
         shift(fn, offset, d_model, base),
         oracle_relative_shift_matrix(offset, d_model, base),
         shift_mistakes(offset, d_model, base),
-        what,
-        offset,
-        oracle_sinusoidal_encoding(offset + 4, d_model, base) if 0 <= offset <= 20 else None,
+        call("relative_shift_matrix", offset, d_model, base),
+        SHIFT_RULE,
     )
 
 
@@ -288,29 +279,21 @@ def hidden_check_relative_shift_matrix_properties(fn: Callable[..., Tensor], see
         what = f"relative_shift_matrix({offset}, {d_model})"
         return expect_shape(shift(fn, offset, d_model), (d_model, d_model), what)
 
-    def named(m: Tensor, offset: int, hint: str) -> str:
-        known = diagnose(m, shift_mistakes(offset, d_model, 10000.0))
-        return f"{known} {hint}" if known else hint
-
     ma = matrix(a).detach().to("cpu", torch.float64)
     mb = matrix(b).detach().to("cpu", torch.float64)
     expect_close(
         ma @ ma.T,
         torch.eye(d_model, dtype=torch.float64),
         f"M @ M.T for M = relative_shift_matrix({a}, {d_model})",
-        hint=named(
-            ma,
-            a,
-            "Moving an encoding does not change its length, so M is a rotation (orthogonal). "
-            "Each 2x2 block needs cos on the diagonal and +/-sin off it.",
-        ),
+        hint="Moving an encoding does not change its length, so M is a rotation (orthogonal). "
+        "Each 2x2 block needs cos on the diagonal and +/-sin off it.",
         atol=SPEC.tol("float32"),
     )
     expect_close(
         ma @ mb,
         matrix(a + b),
         f"relative_shift_matrix({a}, {d_model}) @ relative_shift_matrix({b}, {d_model})",
-        hint=named(ma, a, f"Moving by {a} then by {b} positions must equal moving by {a + b}."),
+        hint=f"Moving by {a} then by {b} positions must equal moving by {a + b}.",
         atol=SPEC.tol("float32"),
     )
     _expect_shift(fn, -a, d_model, 10000.0)
@@ -331,14 +314,10 @@ def fixtures() -> dict[str, dict[str, Any]]:
         (6, 8, 10000.0),
         (3, 4, 100.0),
     ):
-        key = f"sinusoidal_encoding({seq_len}, {d_model}" + (
-            f", base={base:g})" if base != 10000.0 else ")"
-        )
-        out[key] = fixture_entry(
+        out[call("sinusoidal_encoding", seq_len, d_model, base)] = fixture_entry(
             oracle_sinusoidal_encoding(seq_len, d_model, base),
             encoding_mistakes(seq_len, d_model, base),
         )
-    out["sinusoidal_encoding(12, 6)"] = fixture_entry(oracle_sinusoidal_encoding(12, 6))
     for offset in (1, 3):
         out[f"relative_shift_matrix({offset}, 6)"] = fixture_entry(
             oracle_relative_shift_matrix(offset, 6), shift_mistakes(offset, 6, 10000.0)

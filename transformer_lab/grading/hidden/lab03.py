@@ -1,10 +1,6 @@
-"""Hidden checks of lab 03 (multi-head attention), their oracles and the visible checks' fixtures.
-
-The oracles cut and join the heads with explicit slices, in float64, on the shared
-:mod:`~transformer_lab.grading.hidden._attention`; every option of
-:func:`oracle_multi_head_attention` but the default is a typical mistake. The hidden checks draw
-seeded sizes, weights, inputs (keys different from values) and masks that block the keys with
-the largest raw scores, in training and eval mode and in low precision.
+"""Hidden checks of lab 03 (multi-head attention), their float64 oracles and the visible checks'
+fixtures: seeded sizes, weights, inputs (keys different from values) and masks that block the
+keys with the largest scores, in training and eval mode and in low precision.
 
 Reference: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 3.2.2.
 """
@@ -50,16 +46,6 @@ Args, Pair = lab03.Args, lab03.Pair
 # --------------------------------------------------------------------------------------
 
 
-def oracle_split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """``(B, T, D) -> (B, H, T, Dh)``: head ``h`` is the feature slice ``h*Dh:(h+1)*Dh``."""
-    return heads_split_as(x, n_heads)
-
-
-def oracle_merge_heads(x: Tensor, strided: bool = False) -> Tensor:
-    """``(B, H, T, Dh) -> (B, T, H*Dh)``, head 0's features first (in any memory order)."""
-    return heads_merged_as(x)
-
-
 def params_of(module: nn.Module) -> Params:
     """The projections of a module as float64 (``None`` for a missing bias)."""
     held = lab03.projection_tensors(module).items()
@@ -74,9 +60,8 @@ def oracle_linear(x: Tensor, p: Params, name: str) -> Tensor:
 
 
 def _mask_as(mask: Tensor | None, shape: Sequence[int], use: str) -> Tensor | None:
-    """:func:`~transformer_lab.grading.hidden._attention.mask_as_used`, and two misuses of the
-    head axis: a 4-axis mask cut to its first head (``"first_head"``), or one mask per example
-    repeated as ``h*B + b`` for heads flattened as ``b*H + h`` (``"repeated"``)."""
+    """:func:`._attention.mask_as_used`, and two misuses of the head axis: a mask cut to its first
+    head (``"first_head"``), one per example repeated as ``h*B + b`` (``"repeated"``)."""
     if use not in ("first_head", "repeated"):
         return mask_as_used(mask, shape, use)
     assert mask is not None
@@ -99,14 +84,11 @@ def oracle_multi_head_attention(
     use: str = "right",
     fill: str = "zero",
 ) -> Pair | None:
-    """Multi-head attention in float64 of the projections ``p`` (:func:`params_of`):
-    ``(out (B, T, D), weights (B, H, T, S))`` for ``args = (query (B, T, D), key, value
-    (B, S, D), mask)``, a bool mask (True = may attend) broadcasting to ``(B, H, T, S)``.
-
-    Every option but the default is a mistake (None where it cannot run here): ``scale``
-    ``"model"`` (``1/sqrt(D)``) or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d
-    ``"no_transpose"``; the mask ``use``d as :func:`_mask_as` says; the ``fill`` of
-    :func:`~transformer_lab.grading.hidden._attention.masked_weights`.
+    """``(out (B, T, D), weights (B, H, T, S))`` in float64 of the projections ``p``
+    (:func:`params_of`) for ``args = (query (B, T, D), key, value (B, S, D), mask)``. Every
+    option but the default is a mistake (None where it cannot run here): ``scale`` ``"model"``
+    or ``"none"``; no ``out_proj``; heads ``split`` or ``merge``d ``"no_transpose"``; the mask
+    ``use``d as :func:`_mask_as` says; the ``fill`` of :func:`._attention.masked_weights`.
     """
     mask = args[3]
     query, key, value = (t.to("cpu", torch.float64) for t in args[:3])  # autograd's graph kept
@@ -158,7 +140,7 @@ def split_mistakes(x: Tensor, n_heads: int) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``split_heads(x, n_heads)`` returns."""
     how = ("no_transpose", "interleaved")
     return distinct_mistakes(
-        oracle_split_heads(x, n_heads),
+        heads_split_as(x, n_heads),
         [(lab03.HINTS[f"split_{h}"], heads_split_as(x, n_heads, h)) for h in how],
     )
 
@@ -167,7 +149,7 @@ def merge_mistakes(x: Tensor, strided: bool = False) -> dict[str, Tensor]:
     """Hint -> what a typical wrong ``merge_heads(x)`` returns."""
     how = ("no_transpose", "interleaved", "wrong_axes")
     return distinct_mistakes(
-        oracle_merge_heads(x), [(lab03.HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
+        heads_merged_as(x), [(lab03.HINTS[f"merge_{h}"], heads_merged_as(x, h)) for h in how]
     )
 
 
@@ -212,13 +194,6 @@ def mha_mistakes(p: Params, args: Args, n_heads: int) -> dict[str, Pair]:
     return out
 
 
-@torch.no_grad()
-def _randomise(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> None:
-    """Random projections (biases too: torch starts them at zero, which hides a missing one)."""
-    for p in module.parameters():
-        p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(max(p.shape[-1], 1)))
-
-
 def _drawn(
     cls: Callable[..., Any],
     g: torch.Generator,
@@ -230,11 +205,9 @@ def _drawn(
     dtype: torch.dtype = torch.float32,
     **kwargs: Any,
 ) -> tuple[nn.Module, Tensor, Tensor, Tensor]:
-    """The student's ``MultiHeadAttention(D, H, **kwargs)`` with random projections, in
-    ``dtype``, and random ``query (B, T, D)``, ``key`` and ``value (B, S, D)`` (``sizes`` is
-    ``(B, T, S)``; key and value are different tensors)."""
-    module = lab03.instantiate(cls, D, H, what=what, **kwargs)
-    _randomise(module, g, scale)
+    """The student's ``MultiHeadAttention(D, H, **kwargs)``, random, in ``dtype``, and random
+    ``query (B, T, D)``, ``key`` and ``value (B, S, D)`` for ``sizes = (B, T, S)``."""
+    module = lab03.randomised(lab03.instantiate(cls, D, H, what=what, **kwargs), g, scale)
     B, T, S = sizes
     query, key, value = (torch.randn(B, n, D, generator=g).to(dtype) for n in (T, S, S))
     return module.to(dtype), query, key, value
@@ -259,8 +232,8 @@ def _expect_mha(
 # --------------------------------------------------------------------------------------
 
 
-SPLIT = Oracle(lab03.SPLIT, oracle_split_heads, split_mistakes)
-MERGE = Oracle(lab03.MERGE, oracle_merge_heads, merge_mistakes)
+SPLIT = Oracle(lab03.SPLIT, heads_split_as, split_mistakes)
+MERGE = Oracle(lab03.MERGE, lambda x, strided=False: heads_merged_as(x), merge_mistakes)
 
 
 def _split_cases(g: torch.Generator) -> list[tuple[Tensor, int]]:
@@ -270,12 +243,11 @@ def _split_cases(g: torch.Generator) -> list[tuple[Tensor, int]]:
         (1, 5, torch.float64),
         (randint(2, 4, g), 3, torch.bfloat16),
         (2, randint(2, 4, g), torch.int64),
+    ]  # (n_heads, Dh, dtype) of each case; then B, T drawn, then x (B, T, n_heads * Dh)
+    return [
+        ((torch.randn(randint(1, 3, g), randint(1, 6, g), h * dh, generator=g) * 10).to(t), h)
+        for h, dh, t in sizes
     ]
-    cases = []
-    for n_heads, dh, dtype in sizes:
-        B, T = randint(1, 3, g), randint(1, 6, g)
-        cases.append(((torch.randn(B, T, n_heads * dh, generator=g) * 10).to(dtype), n_heads))
-    return cases
 
 
 hidden_check_split_heads = SPLIT.hidden(
@@ -290,7 +262,7 @@ def _merge_cases(g: torch.Generator) -> list[tuple[Tensor, bool]]:
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         B, H, T, Dh = randint(1, 3, g), randint(2, 5, g), randint(2, 6, g), randint(2, 5, g)
         y = torch.randn(B, T, H * Dh, generator=g).to(dtype)
-        cases += [(oracle_split_heads(y, H), True), (y.reshape(B, H, T, Dh), False)]
+        cases += [(heads_split_as(y, H), True), (y.reshape(B, H, T, Dh), False)]
     return [*cases, (torch.randn(2, 1, 3, 4, generator=g), False)]
 
 
@@ -328,17 +300,9 @@ def hidden_check_multi_head_attention_mask(cls: Callable[..., Any], seed: int = 
     B, H, T, S, D = 3, 2, 3, 7, 6
     module, query, key, value = _drawn(cls, g, D, H, (B, T, S), f"MultiHeadAttention({D}, {H})")
     scores = scores_of(params_of(module), query, key, H)
-    shapes = {
-        "a (S,) key mask": (S,),
-        "a (T, S) mask": (T, S),
-        "a (B, 1, 1, S) key mask": (B, 1, 1, S),
-        "a (B, 1, T, S) mask": (B, 1, T, S),
-        "a (1, H, T, S) mask, one per head": (1, H, T, S),
-        "a (B, H, T, S) mask, one per example and head": (B, H, T, S),
-    }
-    for label, shape in shapes.items():
+    for shape in ((S,), (T, S), (B, 1, 1, S), (B, 1, T, S), (1, H, T, S), (B, H, T, S)):
         mask = blocking_mask(scores, shape, g)
-        what = f"MultiHeadAttention({D}, {H})(query, key, value, mask) with {label}"
+        what = f"MultiHeadAttention({D}, {H})(query, key, value, mask) with a {shape} mask"
         _expect_mha(module, (query, key, value, mask), H, what, train_too=len(shape) == 4)
     # Empty rows: in every head of one query, and in one head only.
     mask = blocking_mask(scores, (B, H, T, S), g)
@@ -376,11 +340,10 @@ def hidden_check_load_torch_weights(
         H, dh = randint(1, 4, g), randint(2, 4, g)
         D = H * dh
         what = f"load_torch_weights(ours, theirs) with d_model={D}, n_heads={H}, bias={bias}"
-        ours, theirs = lab03.Projections(D, H, bias=bias), lab03.numbered_torch_mha(D, H, bias)
-        lab03.judge_load(fn, ours, theirs, what)
+        theirs = nn.MultiheadAttention(D, H, bias=bias, batch_first=True).eval()
+        lab03.judge_load(fn, lab03.Projections(D, H, bias=bias), lab03.randomised(theirs, g), what)
     # End to end: the student's module, loaded, computes what torch's module computes.
-    theirs = nn.MultiheadAttention(12, 3, batch_first=True).eval()
-    _randomise(theirs, g)
+    theirs = lab03.randomised(nn.MultiheadAttention(12, 3, batch_first=True).eval(), g)
     module, *inputs = _drawn(cls, g, 12, 3, (2, 4, 6), "MultiHeadAttention(12, 3)")
     lab03.judge_load(fn, module, theirs, "load_torch_weights(MultiHeadAttention(12, 3), theirs)")
     mask = torch.rand(4, 6, generator=g) < 0.7
@@ -439,7 +402,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     out |= SPLIT.fixtures("check_split_heads", [(lab03.numbered(2, 3, 8), n) for n in (2, 4, 1)])
     x = lab03.numbered(2, 2, 3, 4)  # (B, H, T, Dh), entry 1000*b + 100*h + 10*t + j
-    heads = oracle_split_heads(lab03.numbered(2, 3, 8), 2)  # merged back into the numbered input
+    heads = heads_split_as(lab03.numbered(2, 3, 8), 2)  # merged back into the numbered input
     out |= MERGE.fixtures("check_merge_heads", [(x, False), (x, True), (heads, False)])
     # The attention example: its key mask (it blocks every row's top key) leaves every example
     # at least three of its six keys.
