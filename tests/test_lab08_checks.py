@@ -478,21 +478,21 @@ _ALL_BUT_STRATEGIES = ["visible", "sampling", "hidden", "edges"]
 #: (the mistake's options, the checks that must fail, words, checks whose message is generic)
 GENERATE_MISTAKES = [
     ({"feed": "whole"}, _ALL_BUT_STRATEGIES, "newest token", ()),
-    ({"cache": "each_step"}, _ALL_BUT_STRATEGIES, "new, empty cache", ()),
-    ({"cache": "never"}, _ALL_BUT_STRATEGIES, "never used a KV cache", ()),
+    ({"cache": "each_step"}, _ALL_BUT_STRATEGIES, "through a cache holding 0", ()),
+    ({"cache": "never"}, _ALL_BUT_STRATEGIES, "model call 1 read", ()),
     ({"one_call": True}, ["visible", "hidden", "edges"], "runs the model once", ("hidden",)),
     ({"position": 0}, _ALL_BUT_STRATEGIES, "FIRST position", ("sampling", "hidden")),
     ({"crop": False}, ["visible", "edges"], "Crop the prompt", ()),
     ({"fallback": False}, _ALL_BUT_STRATEGIES, "once it holds n_ctx", ()),
-    ({"only_new": True}, list(GENERATE_CHECKS), "only the", ()),
+    ({"only_new": True}, list(GENERATE_CHECKS), "has shape", ()),
     ({"generator": False}, ["sampling", "hidden"], "same seed", ("hidden",)),
     ({"greedy": True}, ["sampling", "strategies"], "seeds 0 and 1", ("strategies",)),
     ({"filters": False}, ["strategies"], "filters remove", ()),
     ({"temperature": False}, ["visible", "hidden", "edges", "strategies"], "temperature", ()),
-    ({"window": "short"}, _ALL_BUT_STRATEGIES, "n_ctx - 1", ()),
-    ({"prompt_uncached": True}, _ALL_BUT_STRATEGIES, "ran the prompt without the cache", ()),
-    ({"sampling": "divide"}, ["visible", "hidden", "edges"], "in your function `own_sample`", ()),
-    ({"sampling": "helper"}, ["visible", "hidden", "edges"], "function `apply_temperature`", ()),
+    ({"window": "short"}, _ALL_BUT_STRATEGIES, "without a cache, with", ()),
+    ({"prompt_uncached": True}, _ALL_BUT_STRATEGIES, "model call 1 read", ()),
+    ({"sampling": "divide"}, ["visible", "hidden", "edges"], "Temperature 0 means greedy", ()),
+    ({"sampling": "helper"}, ["visible", "hidden", "edges"], "Temperature 0 means greedy", ()),
     ({"sampling": "logits"}, ["sampling", "hidden", "strategies"], "takes probabilities", ()),
 ]  # fmt: skip
 

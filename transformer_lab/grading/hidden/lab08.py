@@ -494,15 +494,14 @@ def _kit_gpt(seed: int, vocab_size: int = 13, n_ctx: int = 10) -> nn.Module:
     return model.eval()
 
 
-def _recording(model: nn.Module) -> list[tuple[int, int | None, int]]:
+def _recording(model: nn.Module) -> list[tuple[int, Any, int]]:
     """Record every call of ``model`` as :attr:`ScriptedLM.calls` does (a forward pre-hook):
-    ``(T, the cache's id or None, positions it held before)``."""
-    calls: list[tuple[int, int | None, int]] = []
+    ``(T, the cache or None, positions it held before)``."""
+    calls: list[tuple[int, Any, int]] = []
 
     def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         cache = args[1] if len(args) > 1 else kwargs.get("kv_cache")
-        T = int(args[0].shape[1])
-        calls.append((T, None, 0) if cache is None else (T, id(cache), int(cache.length)))
+        calls.append((int(args[0].shape[1]), cache, 0 if cache is None else int(cache.length)))
 
     model.register_forward_pre_hook(record, with_kwargs=True)
     return calls
@@ -544,7 +543,7 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
             f"use_cache={use_cache}) with a GPT of n_ctx=10"
         )
         got = run_generate(fn, model, prompt, new, what, temperature=0.0, use_cache=use_cache)
-        judge_calls(calls, T, 10, new, use_cache, what)
+        judge_calls(calls, T, 10, use_cache, what)
         _expect_tokens(got, want, what)
     for top_k, top_p in ((None, None), (5, None), (None, 0.9)):
         outs = []
