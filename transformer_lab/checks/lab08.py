@@ -274,23 +274,16 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
 def judge_cache_contents(
     cache: KVCache, what: str, queries: Tensor, keys: Tensor, values: Tensor, tol: float = _TOL
 ) -> None:
-    """The cache filled by ``what`` must hold the sequence's keys and values ``(B, H, T, Dh)``;
-    a cache holding the values or the queries in their place is named."""
+    """The cache filled by ``what`` must hold the sequence's keys and values ``(B, H, T, Dh)``."""
     T = keys.shape[2]
     k = cache.k[0, :, :, :T].detach().to("cpu", torch.float64)  # (B, H, T, Dh)
     v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
-    if close(k, keys, atol=tol, rtol=tol) and close(v, values, atol=tol, rtol=tol):
-        return
-    if close(k, values, atol=tol, rtol=tol) and close(v, keys, atol=tol, rtol=tol):
-        hint = "Your cache holds the values where the keys belong: kv_cache.store(k, v)."
-    elif close(k, queries, atol=tol, rtol=tol):
-        hint = "Your cache holds the queries where the keys belong: kv_cache.store(k, v)."
-    else:
-        hint = (
-            "After the calls the cache must hold every position's key and value, split into "
-            "heads (B, H, T, Dh): kv_cache.store(k, v) with the new tokens' keys and values."
-        )
-    raise AssertionError(f"the KV cache filled by {what} does not hold the keys and values. {hint}")
+    expect_true(
+        close(k, keys, atol=tol, rtol=tol) and close(v, values, atol=tol, rtol=tol),
+        f"the KV cache filled by {what} does not hold the keys and values: after the calls it "
+        "must hold every position's key and value, split into heads (B, H, T, Dh): "
+        "kv_cache.store(k, v) with the new tokens' keys and values.",
+    )
 
 
 # ======================================================================================

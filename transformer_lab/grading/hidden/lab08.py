@@ -364,7 +364,7 @@ def hidden_check_causal_self_attention_training(
 
 def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> None:
     """Query 0 attends key 0 alone (weight 1): with dropout on the weights, each head's output
-    at position 0 is either all zeros or the whole value scaled by 1/(1-p)."""
+    at position 0 is either all zeros or the whole value scaled by 1/(1-p), both seen."""
     D, H, p = 16, 4, 0.5
     Dh = D // H
     eye = torch.eye(D)
@@ -378,38 +378,22 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
     module.train()
     x = 1.0 + torch.rand(8, 3, D, generator=g)  # positive: a kept head never looks dropped
     head_x = x[:, 0].reshape(8, H, Dh)  # (B, H, Dh): the value of query 0's only key
-    kept = dropped = 0
+    kept = dropped = odd = 0
     for _ in range(4):
         out = run_attention(module, x, f"{what} in training mode").detach()
         heads = out[:, 0].reshape(8, H, Dh)  # (B, H, Dh)
         zero = heads.abs().amax(-1) < 1e-6  # (B, H)
         scaled = (heads - head_x / (1 - p)).abs().amax(-1) < 1e-4
-        if not bool((zero | scaled).all()):
-            same = (heads - head_x).abs().amax(-1) < 1e-4
-            if bool((zero | same).all()) and bool(zero.any()):
-                raise AssertionError(
-                    f"{what} in training mode drops attention weights without scaling the kept "
-                    "ones by 1/(1-p): use nn.Dropout(p) (or F.dropout), which does both."
-                )
-            if bool(((heads - head_x).abs().amax(-1) < 1e-4).all()):
-                raise AssertionError(
-                    f"{what} in training mode never drops the weight of a query that attends "
-                    "one key: apply nn.Dropout(dropout) to the attention weights AFTER the "
-                    "softmax (weights = dropout(softmax(scores))), not on the scores; without "
-                    "it, or on the scores, such a weight is never dropped."
-                )
-            raise AssertionError(
-                f"{what} in training mode drops single features of a head's output: dropout "
-                "belongs on the attention weights (B, H, T, S), after the softmax and before "
-                "they average the values, not on the input, the values or the output."
-            )
         kept += int((scaled & ~zero).sum())
         dropped += int(zero.sum())
+        odd += int((~zero & ~scaled).sum())
     expect_true(
-        kept > 0 and dropped > 0,
-        f"{what} with dropout={p} kept {kept} and dropped {dropped} of the heads' weights over "
-        "four calls: about half should go each way. Pass the dropout probability to "
-        "nn.Dropout.",
+        kept > 0 and dropped > 0 and odd == 0,
+        f"{what} in training mode, over four calls: query 0 attends key 0 alone, so each head's "
+        f"output there is either zero (its weight dropped) or the value scaled by 1/(1-p); "
+        f"{kept} heads were kept so, {dropped} dropped and {odd} neither. Dropout belongs on "
+        "the attention weights (B, H, T, S), after the softmax and before they average the "
+        "values: nn.Dropout(p), which scales the kept ones by 1/(1-p).",
     )
 
 
