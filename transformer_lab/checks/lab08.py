@@ -221,25 +221,52 @@ def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
 # ======================================================================================
 
 
-def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, int, Tensor]:
-    """The worked example in one pass, in eval mode, judged (its mistakes named).
+def judge_attention(
+    got: Tensor, want: Tensor, what: str, rule: str, mistakes: Mapping[str, Tensor] = {}
+) -> None:
+    """``got`` against ``want`` at the spec's tolerance, naming the mistake (hint -> its
+    output) that ``got`` matches, else saying ``rule``."""
+    candidates = [(out, hint) for hint, out in mistakes.items()]
+    compare(got, want, what=what, candidates=candidates, hint=rule, atol=_TOL, rtol=_TOL)
 
-    Returns:
-        ``(module, how messages name it, x, heads, the expected output)``.
-    """
-    x, weights, H = attention_example()
-    module, what = build_attention(cls, 8, 2, weights)
-    want, mistakes = stored("lab08", "CausalSelfAttention example: out")
-    compare(
-        run_attention(module.eval(), x, f"{what} on the worked example"),
-        want,
-        what=f"{what} on the worked example in one pass (the later keys score highest)",
-        candidates=[(w, h) for h, w in mistakes.items()],
-        hint=ATTENTION_RULE,
-        atol=_TOL,
-        rtol=_TOL,
+
+def judge_cached(
+    module: nn.Module,
+    x: Tensor,
+    heads: int,
+    schedule: Sequence[tuple[int, int]],
+    what: str,
+    want: tuple[Tensor, Tensor, Tensor, Mapping[str, Tensor]],
+    capacity: int | None = None,
+) -> None:
+    """``x`` fed to ``module`` in ``schedule``'s pieces through one kit ``KVCache``: ``want``
+    is ``(the one-pass output, keys, values (B, H, T, Dh), hint -> a mistake's output)``; the
+    joined outputs and the cache's contents are judged."""
+    out, keys, values, mistakes = want
+    got, cache = cached_run(module, x, schedule, heads, what, capacity)
+    fed = f"{what} fed {show_schedule(schedule)} through a KV cache of capacity {cache.capacity}"
+    T = keys.shape[2]
+    k = cache.k[0, :, :, :T].detach().to("cpu", torch.float64)  # (B, H, T, Dh)
+    v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
+    expect_true(
+        close(k, keys, atol=_TOL, rtol=_TOL) and close(v, values, atol=_TOL, rtol=_TOL),
+        f"the KV cache filled by {fed} does not hold the keys and values: after the calls it "
+        "must hold every position's key and value, split into heads (B, H, T, Dh): "
+        "kv_cache.store(k, v) with the new tokens' keys and values.",
     )
-    return module, what, x, H, want
+    judge_attention(got, out, f"{fed} (joined outputs)", CACHE_RULE, mistakes)
+
+
+def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, Tensor]:
+    """The worked example in one pass, in eval mode, judged: ``(module, its name, x, output)``."""
+    x, weights, heads = attention_example()
+    module, what = build_attention(cls, 8, heads, weights)
+    want, mistakes = stored("lab08", "CausalSelfAttention example: out")
+    got = run_attention(module.eval(), x, f"{what} on the worked example")
+    judge_attention(
+        got, want, f"{what} on the worked example in one pass", ATTENTION_RULE, mistakes
+    )
+    return module, what, x, want
 
 
 def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
@@ -250,40 +277,13 @@ def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
 def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
     """The worked example in one pass first, then fed in chunks and token by token through a
     KV cache: the same output as in one pass, and the cache holds the keys and values."""
-    module, what, x, H, want = _one_pass(cls)
-    projections = [
-        stored("lab08", f"CausalSelfAttention example: {name}")[0]
-        for name in ("queries", "keys", "values")
-    ]
-    for name in ("chunks", "tokens"):
-        schedule = SCHEDULES[name]
-        _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
-        got, cache = cached_run(module, x, schedule, H, what)
-        judge_cache_contents(cache, f"{what} fed {show_schedule(schedule)}", *projections)
-        compare(
-            got,
-            want,
-            what=f"{what} fed {show_schedule(schedule)} through a KV cache (joined outputs)",
-            candidates=[(w, h) for h, w in mistakes.items()],
-            hint=CACHE_RULE,
-            atol=_TOL,
-            rtol=_TOL,
-        )
-
-
-def judge_cache_contents(
-    cache: KVCache, what: str, queries: Tensor, keys: Tensor, values: Tensor, tol: float = _TOL
-) -> None:
-    """The cache filled by ``what`` must hold the sequence's keys and values ``(B, H, T, Dh)``."""
-    T = keys.shape[2]
-    k = cache.k[0, :, :, :T].detach().to("cpu", torch.float64)  # (B, H, T, Dh)
-    v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
-    expect_true(
-        close(k, keys, atol=tol, rtol=tol) and close(v, values, atol=tol, rtol=tol),
-        f"the KV cache filled by {what} does not hold the keys and values: after the calls it "
-        "must hold every position's key and value, split into heads (B, H, T, Dh): "
-        "kv_cache.store(k, v) with the new tokens' keys and values.",
+    module, what, x, want = _one_pass(cls)
+    keys, values = (
+        stored("lab08", f"CausalSelfAttention example: {n}")[0] for n in ("keys", "values")
     )
+    for name, schedule in SCHEDULES.items():
+        _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
+        judge_cached(module, x, 2, schedule, what, (want, keys, values, mistakes))
 
 
 # ======================================================================================

@@ -19,18 +19,18 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab08
 from transformer_lab.checks import spec as lab_specs
-from transformer_lab.checks._common import compare, expect_close, expect_true, generator, randint
+from transformer_lab.checks._common import compare, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab08 import (
     ATTENTION_RULE,
-    CACHE_RULE,
     SCHEDULES,
     STEP_RULE,
     ScriptedLM,
     attention_example,
     build_attention,
     cached_run,
-    judge_cache_contents,
+    judge_attention,
+    judge_cached,
     judge_calls,
     rising_keys,
     run_attention,
@@ -75,14 +75,10 @@ def _params(weights: dict[str, Tensor], order: str = "qkv") -> hidden03.Params:
     return p
 
 
-def oracle_projections(
-    weights: dict[str, Tensor], x: Tensor, n_heads: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries, keys and values ``(B, H, T, Dh)`` in float64."""
+def oracle_keys_values(weights: dict[str, Tensor], x: Tensor, n_heads: int) -> list[Tensor]:
+    """The keys and values ``(B, H, T, Dh)`` a cache must hold, in float64."""
     p, x64 = _params(weights), x.to("cpu", torch.float64)
-    return tuple(  # type: ignore[return-value]
-        heads_split_as(hidden03.oracle_linear(x64, p, f"{n}_proj"), n_heads) for n in "qkv"
-    )
+    return [heads_split_as(hidden03.oracle_linear(x64, p, f"{n}_proj"), n_heads) for n in "kv"]
 
 
 def _allowed(variant: str, start: int, end: int) -> Tensor:
@@ -228,15 +224,9 @@ def _one_pass(
     """The module's output in one pass, in eval mode, against the oracle's (its mistakes
     named); returns the oracle's."""
     want = oracle_attention(weights, x, heads)
-    compare(
-        run_attention(module.eval(), x, what),
-        want,
-        what=f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)",
-        candidates=[(w, h) for h, w in attention_mistakes(weights, x, heads).items()],
-        hint=ATTENTION_RULE,
-        atol=_TOL,
-        rtol=_TOL,
-    )
+    shown = f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)"
+    mistakes = attention_mistakes(weights, x, heads)
+    judge_attention(run_attention(module.eval(), x, what), want, shown, ATTENTION_RULE, mistakes)
     return want
 
 
@@ -265,21 +255,10 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
         module, weights, x, what, heads = _attention_case(cls, g)
         want = _one_pass(module, weights, x, what, heads)
         T = x.shape[1]
+        keys, values = oracle_keys_values(weights, x, heads)
         for schedule in (_random_schedule(T, g), [(p, p + 1) for p in range(T)]):
-            got, cache = cached_run(module, x, schedule, heads, what, capacity=T + 3)
-            fed = f"{what} fed {show_schedule(schedule)}"
-            judge_cache_contents(cache, fed, *oracle_projections(weights, x, heads))
-            compare(
-                got,
-                want,
-                what=f"{fed} through a KV cache of capacity {T + 3}",
-                candidates=[
-                    (w, h) for h, w in attention_mistakes(weights, x, heads, schedule).items()
-                ],
-                hint=CACHE_RULE,
-                atol=_TOL,
-                rtol=_TOL,
-            )
+            mistakes = attention_mistakes(weights, x, heads, schedule)
+            judge_cached(module, x, heads, schedule, what, (want, keys, values, mistakes), T + 3)
     module, weights, x, what, heads = _attention_case(cls, g)
     module.eval()
     full = oracle_attention(weights, x, heads)
@@ -310,14 +289,9 @@ def hidden_check_causal_self_attention_training(
     g = generator(seed)
     module, weights, x, what, heads = _attention_case(cls, g)
     module.train()
-    expect_close(
-        run_attention(module, x, f"{what} in training mode"),
-        oracle_attention(weights, x, heads),
-        f"{what} in training mode (dropout 0)",
-        hint="With dropout 0, training mode computes what eval mode does.",
-        atol=_TOL,
-        rtol=_TOL,
-    )
+    got = run_attention(module, x, f"{what} in training mode")
+    same = "With dropout 0, training mode computes what eval mode does."
+    judge_attention(got, oracle_attention(weights, x, heads), f"{what} in training mode", same)
     # Gradients with respect to the input and the fused projection, against the oracle's.
     xs = x.clone().requires_grad_(True)
     x64 = x.double().requires_grad_(True)
@@ -332,33 +306,21 @@ def hidden_check_causal_self_attention_training(
     module.zero_grad()
     (out * r).sum().backward()
     (oracle_attention(w64, x64, heads) * r).sum().backward()
-    expect_close(
-        xs.grad,
-        x64.grad,
-        f"the gradient of {what} with respect to x",
-        hint="The forward pass matches the oracle but the gradient does not: avoid in-place "
-        "changes of tensors autograd needs, and keep every step differentiable.",
-        atol=_TOL,
-        rtol=_TOL,
+    hint = (
+        "The forward pass matches the oracle but the gradient does not: avoid in-place "
+        "changes of tensors autograd needs, and keep every step differentiable."
     )
-    expect_close(
-        module.qkv_proj.weight.grad,
-        w64["qkv_proj.weight"].grad,
-        f"the gradient of {what} with respect to qkv_proj.weight",
-        atol=_TOL,
-        rtol=_TOL,
-    )
+    judge_attention(xs.grad, x64.grad, f"the gradient of {what} with respect to x", hint)
+    name = f"the gradient of {what} with respect to qkv_proj.weight"
+    judge_attention(module.qkv_proj.weight.grad, w64["qkv_proj.weight"].grad, name, hint)
 
     module, weights, x, what, heads = _attention_case(cls, g, dropout=0.3)
-    expect_close(
-        run_attention(module.eval(), x, f"{what} in eval mode"),
-        oracle_attention(weights, x, heads),
-        f"{what} in eval mode",
-        hint="Dropout must be off in eval mode: use an nn.Dropout module (or F.dropout(..., "
-        "training=self.training)).",
-        atol=_TOL,
-        rtol=_TOL,
+    off = (
+        "Dropout must be off in eval mode: use an nn.Dropout module (or F.dropout(..., "
+        "training=self.training))."
     )
+    got = run_attention(module.eval(), x, f"{what} in eval mode")
+    judge_attention(got, oracle_attention(weights, x, heads), f"{what} in eval mode", off)
     _dropout_structure(cls, g)
 
 
@@ -860,8 +822,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
         out[f"CausalSelfAttention example, cached {name}: out"] = fixture_entry(
             oracle_attention(weights, x, heads, plan), attention_mistakes(weights, x, heads, plan)
         )
-    q, k, v = oracle_projections(weights, x, heads)
-    out["CausalSelfAttention example: queries"] = fixture_entry(q)
+    k, v = oracle_keys_values(weights, x, heads)
     out["CausalSelfAttention example: keys"] = fixture_entry(k)
     out["CausalSelfAttention example: values"] = fixture_entry(v)
     examples = [
