@@ -517,44 +517,58 @@ check_generate = GREEDY.visible(
 )
 
 
+def sample(
+    fn: Callable[..., Tensor],
+    model: nn.Module,
+    prompt: Tensor,
+    new: int,
+    seed: int,
+    use_cache: bool,
+    **options: Any,
+) -> tuple[Tensor, str]:
+    """The student's tokens at temperature 1 with a generator seeded with ``seed``, and how
+    messages name the call; on a :class:`ScriptedLM` how it was fed is judged too."""
+    shown = "".join(f"{key}={value}, " for key, value in options.items())
+    what = (
+        f"generate(model, idx {tuple(prompt.shape)}, {new}, temperature=1.0, {shown}"
+        f"use_cache={use_cache}, generator=torch.Generator().manual_seed({seed}))"
+    )
+    draws = torch.Generator().manual_seed(seed)
+    options |= {"temperature": 1.0, "use_cache": use_cache, "generator": draws}
+    got = run_generate(fn, model, prompt, new, what, **options)
+    if isinstance(model, ScriptedLM):
+        judge_calls(model.calls, prompt.shape[1], model.config.n_ctx, use_cache, what)
+    return got.cpu(), what
+
+
+def expect_same_both_ways(with_cache: Tensor, without: Tensor, what: str) -> None:
+    """Seeded sampling gives the same tokens with the cache and without."""
+    expect_true(
+        torch.equal(with_cache, without),
+        f"{what} and the same call with use_cache=False gave different tokens "
+        f"({with_cache.tolist()} and {without.tolist()}): the cache must change how fast tokens "
+        "come, never which. Both paths must sample from the same logits in the same order, one "
+        "draw per step.",
+    )
+
+
 def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
-    """Sampling with a seeded generator: the same tokens with the cache and without, and again
-    with the same seed; different ones with another seed."""
+    """Sampling with a seeded generator on the scripted model: the same tokens with the cache
+    and without, and again with the same seed; different ones with another seed."""
+    prompt = torch.tensor([[1, 2], [3, 4], [5, 6]])
 
-    def sample(use_cache: bool, seed: int) -> tuple[Tensor, str]:
-        model = ScriptedLM(n_ctx=8, sharpness=1.0)
-        what = (
-            f"generate(model, idx (3, 2), 12, temperature=1.0, use_cache={use_cache}, "
-            f"generator=torch.Generator().manual_seed({seed})) on a scripted model with n_ctx=8"
-        )
-        got = run_generate(
-            fn,
-            model,
-            torch.tensor([[1, 2], [3, 4], [5, 6]]),
-            12,
-            what,
-            temperature=1.0,
-            use_cache=use_cache,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        judge_calls(model.calls, 2, 8, use_cache, what)
-        return got.cpu(), what
+    def run(use_cache: bool, seed: int) -> tuple[Tensor, str]:
+        return sample(fn, ScriptedLM(n_ctx=8, sharpness=1.0), prompt, 12, seed, use_cache)
 
-    (with_cache, what), (without, _) = sample(True, 0), sample(False, 0)
-    (again, _), (other_seed, _) = sample(True, 0), sample(True, 1)
+    (with_cache, what), (without, _) = run(True, 0), run(False, 0)
+    (again, _), (other_seed, _) = run(True, 0), run(True, 1)
     expect_true(
         torch.equal(with_cache, again),
         f"{what} gave other tokens when run again with a fresh generator of the same seed: pass "
         "generator=generator to the sampling (sample_next(..., generator=generator)), so that "
         "the draws come from it and not from the global random state.",
     )
-    expect_true(
-        torch.equal(with_cache, without),
-        f"{what} and the same call with use_cache=False gave different tokens "
-        f"({with_cache.tolist()} and {without.tolist()}): the cache must change "
-        "how fast tokens come, never which. Both paths must sample from the same logits in the "
-        "same order, one draw per step.",
-    )
+    expect_same_both_ways(with_cache, without, what)
     expect_true(
         not torch.equal(with_cache, other_seed),
         f"{what} gave the same tokens with seeds 0 and 1: at temperature 1 the tokens are "

@@ -29,12 +29,14 @@ from transformer_lab.checks.lab08 import (
     attention_example,
     build_attention,
     cached_run,
+    expect_same_both_ways,
     judge_attention,
     judge_cached,
     judge_calls,
     rising_keys,
     run_attention,
     run_generate,
+    sample,
     show_schedule,
     split_case,
 )
@@ -364,36 +366,36 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
 # ======================================================================================
 
 
+@torch.no_grad()
+def greedy_reference(
+    model: nn.Module, prompt: Tensor, new: int, use_cache: bool = False, variant: str = ""
+) -> Tensor:
+    """Greedy continuation, the window of the last ``n_ctx`` tokens recomputed every step (the
+    cached path reads the same windows). Variants: ``first_position`` (the logits of position
+    0, but a cached one-token step's only position is right), ``one_call`` (the model run once,
+    its first token repeated)."""
+    n_ctx, T = model.config.n_ctx, prompt.shape[1]
+    seq = prompt.clone()
+    for step in range(new):
+        single = use_cache and step > 0 and min(T, n_ctx) + step <= n_ctx  # one cached token
+        pick = 0 if variant == "first_position" and not single else -1
+        nxt = model(seq[:, -n_ctx:])[:, pick].argmax(dim=-1, keepdim=True)
+        seq = torch.cat([seq, seq[:, T : T + 1] if variant == "one_call" and step else nxt], 1)
+    return seq
+
+
 def oracle_generate(
     prompt: Sequence[Sequence[int]],
     n_ctx: int,
     max_new_tokens: int,
     use_cache: bool = False,
-    *,
     variant: str = "",
-    vocab_size: int = 11,
 ) -> list[list[int]]:
-    """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation, in Python ints.
-
-    Each step reads the window of the last ``n_ctx`` tokens from position 0 (the cached path
-    gives the same windows until the cache is full, and falls back to them after). Variants:
-    ``first_position`` (the logits of position 0 used: through the cache, a one-token step's
-    only position is right), ``one_call`` (the model run once, its first token repeated).
-    """
-    rows = []
-    for row in prompt:
-        seq = [int(t) for t in row]
-        held = min(len(seq), n_ctx)  # the cache's positions after the prompt
-        for step in range(max_new_tokens):
-            cached_step = use_cache and step > 0 and held + step <= n_ctx
-            window = seq[-n_ctx:]
-            if variant == "first_position" and not cached_step:  # after the window's first token
-                nxt = (7 * window[0] + 1) % vocab_size
-            else:  # after its last token, at position len(window) - 1
-                nxt = (7 * sum(window) + 3 * (len(window) - 1) + 1) % vocab_size
-            seq.append(seq[len(row)] if variant == "one_call" and step else nxt)
-        rows.append(seq)
-    return rows
+    """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation (or a variant's)."""
+    model = ScriptedLM(n_ctx=n_ctx)
+    return greedy_reference(
+        model, torch.tensor(prompt), max_new_tokens, use_cache, variant
+    ).tolist()
 
 
 GENERATE_MISTAKES = {
@@ -411,7 +413,7 @@ def generate_mistakes(
 ) -> dict[str, list[list[int]]]:
     """Hint -> the tokens a typical wrong greedy loop returns on the scripted model."""
     return {
-        hint: oracle_generate(prompt, n_ctx, max_new_tokens, use_cache, variant=variant)
+        hint: oracle_generate(prompt, n_ctx, max_new_tokens, use_cache, variant)
         for variant, hint in GENERATE_MISTAKES.items()
     }
 
@@ -453,17 +455,6 @@ def _recording(model: nn.Module) -> list[tuple[int, Any, int]]:
     return calls
 
 
-@torch.no_grad()
-def _greedy_reference(model: nn.Module, prompt: Tensor, max_new_tokens: int) -> Tensor:
-    """Greedy continuation by recomputing the window every step (no cache)."""
-    n_ctx = model.config.n_ctx
-    seq = prompt.clone()
-    for _ in range(max_new_tokens):
-        nxt = model(seq[:, -n_ctx:])[:, -1].argmax(dim=-1, keepdim=True)
-        seq = torch.cat([seq, nxt], dim=1)
-    return seq
-
-
 def _expect_tokens(got: Tensor, want: Tensor, what: str) -> None:
     """Generated ids equal to the reference's greedy ones."""
     expect_true(
@@ -481,7 +472,7 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
     B, T = randint(2, 3, g), randint(2, 5, g)
     prompt = torch.randint(0, 13, (B, T), generator=g)
     new = randint(12, 15, g)  # past n_ctx = 10: the cache fills, then the window slides
-    want = _greedy_reference(model, prompt, new)
+    want = greedy_reference(model, prompt, new)
     for use_cache in (True, False):
         calls.clear()
         what = (
@@ -491,39 +482,17 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
         got = run_generate(fn, model, prompt, new, what, temperature=0.0, use_cache=use_cache)
         judge_calls(calls, T, 10, use_cache, what)
         _expect_tokens(got, want, what)
-    for top_k, top_p in ((None, None), (5, None), (None, 0.9)):
-        outs = []
-        draws = {flag: torch.Generator().manual_seed(seed) for flag in (True, False)}
-        for use_cache in (True, False):
-            what = (
-                f"generate(gpt, idx {tuple(prompt.shape)}, {new}, temperature=1.0, "
-                f"top_k={top_k}, top_p={top_p}, use_cache={use_cache}, generator=seeded)"
-            )
-            outs.append(
-                run_generate(
-                    fn,
-                    model,
-                    prompt,
-                    new,
-                    what,
-                    temperature=1.0,
-                    top_k=top_k,
-                    top_p=top_p,
-                    use_cache=use_cache,
-                    generator=draws[use_cache],
-                ).cpu()
-            )
-        expect_true(
-            torch.equal(outs[0], outs[1]),
-            f"{what} and the same call with use_cache=True gave different tokens "
-            f"({outs[0].tolist()} and {outs[1].tolist()}): the cache must give the logits of "
-            "the uncached model, position for position, and both paths sample alike.",
+    for options in ({}, {"top_k": 5}, {"top_p": 0.9}):
+        (first, what), (second, _) = (
+            sample(fn, model, prompt, new, seed, use_cache, **options)
+            for use_cache in (True, False)
         )
+        expect_same_both_ways(first, second, what)
     # A second prompt, short and within the context: an answer that ignores its prompt fails.
     other = torch.randint(0, 13, (1, 3), generator=g)
     what = f"generate(gpt, idx {tuple(other.shape)}, 2, temperature=0) with a GPT of n_ctx=10"
     got = run_generate(fn, model, other, 2, what, temperature=0.0, use_cache=False)
-    _expect_tokens(got, _greedy_reference(model, other, 2), what)
+    _expect_tokens(got, greedy_reference(model, other, 2), what)
 
 
 def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
