@@ -488,7 +488,7 @@ GENERATE_MISTAKES = [
     ({"only_new": True}, list(GENERATE_CHECKS), "has shape", ()),
     ({"generator": False}, ["sampling", "hidden"], "same seed", ("hidden",)),
     ({"greedy": True}, ["sampling", "strategies"], "seeds 0 and 1", ("strategies",)),
-    ({"filters": False}, ["strategies"], "filters remove", ()),
+    ({"filters": False}, ["strategies"], "top_k and top_p to the sampling", ()),
     ({"temperature": False}, ["visible", "hidden", "edges", "strategies"], "temperature", ()),
     ({"window": "short"}, _ALL_BUT_STRATEGIES, "without a cache, with", ()),
     ({"prompt_uncached": True}, _ALL_BUT_STRATEGIES, "model call 1 read", ()),
