@@ -1,11 +1,7 @@
-"""Visible checks of lab 08 (language models): causal self-attention with a KV cache, generation
-with and without the cache, and the arithmetic of scale. No oracle lives here:
-
-* ``CausalSelfAttention`` runs on a worked example made by formula (:func:`attention_example`),
-  in one pass and through a KV cache, against ``fixtures/lab08.json``;
-* ``generate`` runs on :class:`ScriptedLM`, a fake language model whose next token is a known
-  function of what it has read and which records how it is fed;
-* the four scale functions are ordinary parts (:mod:`transformer_lab.checks._generated`).
+"""Visible checks of lab 08 (language models), against ``fixtures/lab08.json`` (no oracle here):
+causal self-attention on a worked example in one pass and through a KV cache, generation on a
+scripted model (:class:`ScriptedLM`) with and without the cache, and the arithmetic of scale
+(ordinary parts, :mod:`transformer_lab.checks._generated`).
 
 Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. (GPT-2), 2019;
 Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope et al.,
@@ -79,16 +75,7 @@ def build_attention(
     dropout: float = 0.0,
 ) -> tuple[nn.Module, str]:
     """The student's ``CausalSelfAttention(d_model, n_heads[, dropout])`` built under the ban,
-    with ``weights`` loaded (``qkv_proj.weight (3D, D)``, ``qkv_proj.bias``,
-    ``out_proj.weight``, ``out_proj.bias``).
-
-    Returns:
-        ``(module, how messages name it)``.
-
-    Raises:
-        AssertionError: the class fails, builds no module, or lacks ``qkv_proj``/``out_proj``
-            (with biases) of the right shapes.
-    """
+    with ``weights`` (``qkv_proj.weight (3D, D)``, ...) loaded: ``(module, its name)``."""
     what = f"CausalSelfAttention({d_model}, {n_heads}" + (
         f", dropout={dropout:g})" if dropout else ")"
     )
@@ -141,11 +128,8 @@ def cached_run(
     what: str,
     capacity: int | None = None,
 ) -> tuple[Tensor, KVCache]:
-    """Feed ``x`` to the module chunk by chunk through one kit ``KVCache``; outputs joined.
-
-    Returns:
-        ``(outputs (B, T, D), the cache)``.
-    """
+    """Feed ``x`` to the module chunk by chunk through one kit ``KVCache``: ``(the outputs
+    joined (B, T, D), the cache)``."""
     B, T, D = x.shape
     cache = KVCache(1, B, n_heads, capacity or T, D // n_heads, dtype=x.dtype)
     outs = []
@@ -259,8 +243,8 @@ def judge_cached(
 
 def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, Tensor]:
     """The worked example in one pass, in eval mode, judged: ``(module, its name, x, output)``."""
-    x, weights, heads = attention_example()
-    module, what = build_attention(cls, 8, heads, weights)
+    x, weights, n_heads = attention_example()
+    module, what = build_attention(cls, 8, n_heads, weights)
     want, mistakes = stored("lab08", "CausalSelfAttention example: out")
     got = run_attention(module.eval(), x, f"{what} on the worked example")
     judge_attention(
@@ -302,19 +286,14 @@ class ScriptedCache:
 
 
 class ScriptedLM(nn.Module):
-    """A fake causal language model, for checking generation loops; the kit GPT's interface.
+    """A fake causal language model with the kit GPT's interface, for checking generation loops.
 
-    ``model(idx)`` reads a window ``idx (B, T <= n_ctx)`` at positions ``0 .. T-1``;
-    ``model(idx, cache)`` reads ``idx`` at the positions after those the cache holds
-    (``cache = model.new_kv_cache(B)``) and stores it. Both return logits ``(B, T, V)``: at
-    position ``p``, with ``s`` the sum of the ids read at positions ``0 .. p``, the scripted next
-    token is ``(7 s + 3 p + 1) mod V``, which scores ``sharpness`` above a smooth background, so
-    feeding a token twice, skipping one or giving it the wrong position changes what follows.
-    With ``table`` set, every position gets those logits instead.
-
-    Like the kit's GPT it raises ``ValueError`` when a window is longer than ``n_ctx`` or the
-    cache would run past it. ``calls`` records each call as ``(T, the cache or None, its length
-    before the call)``.
+    ``model(idx)`` reads ``idx (B, T <= n_ctx)`` at positions ``0 .. T-1``; ``model(idx, cache)``
+    at the positions after those the cache holds. At position ``p``, with ``s`` the sum of the
+    ids read at ``0 .. p``, the next token ``(7 s + 3 p + 1) mod V`` scores ``sharpness`` above a
+    smooth background (or every position gets ``table``'s logits), so feeding a token twice,
+    skipping one or misplacing it changes what follows. Like the kit's GPT it raises
+    ``ValueError`` past ``n_ctx``. ``calls``: ``(T, the cache or None, its length before)``.
     """
 
     def __init__(
@@ -395,11 +374,8 @@ def run_generate(
     what: str,
     **options: Any,
 ) -> Tensor:
-    """The student's ``generate(model, prompt, max_new_tokens, **options)`` under the ban.
-
-    Returns:
-        The output, checked to be integer ``(B, T + max_new_tokens)`` starting with the prompt.
-    """
+    """The student's ``generate(model, prompt, max_new_tokens, **options)`` under the ban,
+    checked to be integer ``(B, T + max_new_tokens)`` starting with the prompt."""
     args = (model, prompt, max_new_tokens)
     in_place = "changed the prompt in place: build the output with torch.cat."
     try:

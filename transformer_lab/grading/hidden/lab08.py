@@ -371,9 +371,9 @@ def oracle_generate(
     variant: str = "",
 ) -> list[list[int]]:
     """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation (or a variant's)."""
-    model = ScriptedLM(n_ctx=n_ctx)
+    scripted = ScriptedLM(n_ctx=n_ctx)
     return greedy_reference(
-        model, torch.tensor(prompt), max_new_tokens, use_cache, variant
+        scripted, torch.tensor(prompt), max_new_tokens, use_cache, variant
     ).tolist()
 
 
@@ -529,7 +529,7 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
         want = torch.softmax(logits, dim=-1)  # the distribution the strategies sample from
         worst = float((drawn - want).abs().max())
         expect_true(
-            worst < 0.04,
+            worst < 0.04 and not bool(((drawn > 0) & (want == 0)).any()),
             f"{what} drew the tokens with frequencies {[round(x, 3) for x in drawn.tolist()]}, "
             f"but the distribution is {[round(x, 3) for x in want.tolist()]}: pass the "
             "temperature, top_k and top_p to the sampling (sample_next(logits, temperature=..., "
