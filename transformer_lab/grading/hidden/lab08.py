@@ -180,12 +180,8 @@ def attention_mistakes(
 def _attention_case(
     cls: Callable[..., nn.Module], g: torch.Generator, dropout: float = 0.0
 ) -> tuple[nn.Module, dict[str, Tensor], Tensor, str, int]:
-    """The student's module at random sizes with random weights (the later keys scoring
-    highest, :func:`~transformer_lab.checks.lab08.rising_keys`) and an input for it.
-
-    Returns:
-        ``(module, its weights, x (B, T, D), how messages name it, n_heads)``.
-    """
+    """The student's module at random sizes with random weights and an input, the later keys
+    scoring highest: ``(module, weights, x (B, T, D), its name, n_heads)``."""
     heads = randint(1, 4, g)
     D, B, T = heads * randint(2, 5, g), randint(1, 3, g), randint(3, 7, g)
     weights = {
@@ -435,11 +431,8 @@ def _recording(model: nn.Module) -> list[tuple[int, Any, int]]:
 
 
 def _expect_tokens(got: Tensor, want: Tensor, what: str) -> None:
-    """Generated ids equal to the reference's greedy ones."""
-    expect_true(
-        torch.equal(got.cpu().long(), want.long()),
-        f"{what} returned {got.tolist()}, expected {want.tolist()}. {STEP_RULE}",
-    )
+    same = torch.equal(got.cpu().long(), want.long())
+    expect_true(same, f"{what} returned {got.tolist()}, expected {want.tolist()}. {STEP_RULE}")
 
 
 def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
@@ -559,9 +552,7 @@ def oracle_gpt_param_count(
 def count_mistakes(
     n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
 ) -> dict[str, int]:
-    """Hint -> the count each typical mistake gives, in the catalogue's order (the generated
-    checks keep those that differ from the right count; two of the same count are told apart
-    by a check's other cases)."""
+    """Hint -> the count each typical mistake gives, in the catalogue's order."""
     L, D, V = n_layers, d_model, vocab_size
     right = oracle_gpt_param_count(L, D, V, n_ctx, bias)
     b = 1 if bias else 0
