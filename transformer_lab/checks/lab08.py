@@ -1,12 +1,7 @@
-"""Visible checks of lab 08 (language models): causal self-attention with a KV cache, generation
-with and without the cache, and the arithmetic of scale. No oracle lives here:
-
-* ``CausalSelfAttention`` runs on a worked example made by formula (:func:`attention_example`),
-  in one pass and through a KV cache, against ``fixtures/lab08.json``;
-* ``generate`` runs on :class:`ScriptedLM`, a fake language model whose next token is a known
-  function of what it has read and which records how it is fed (:class:`SamplingWatch` names
-  where a NaN started before ``torch.multinomial``);
-* the four scale functions are ordinary parts (:mod:`transformer_lab.checks._generated`).
+"""Visible checks of lab 08 (language models), against ``fixtures/lab08.json`` (no oracle here):
+causal self-attention on a worked example in one pass and through a KV cache, generation on a
+scripted model (:class:`ScriptedLM`) with and without the cache, and the arithmetic of scale
+(ordinary parts, :mod:`transformer_lab.checks._generated`).
 
 Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. (GPT-2), 2019;
 Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope et al.,
@@ -15,19 +10,15 @@ Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import operator
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from transformer_lab.attention import KVCache
 from transformer_lab.checks import spec as lab_specs
@@ -45,7 +36,6 @@ from transformer_lab.checks._common import (
     stored,
 )
 from transformer_lab.checks._generated import Given, Ordinary
-from transformer_lab.judge.wire import Reference
 
 __all__ = [
     "check_causal_self_attention",
@@ -85,16 +75,7 @@ def build_attention(
     dropout: float = 0.0,
 ) -> tuple[nn.Module, str]:
     """The student's ``CausalSelfAttention(d_model, n_heads[, dropout])`` built under the ban,
-    with ``weights`` loaded (``qkv_proj.weight (3D, D)``, ``qkv_proj.bias``,
-    ``out_proj.weight``, ``out_proj.bias``).
-
-    Returns:
-        ``(module, how messages name it)``.
-
-    Raises:
-        AssertionError: the class fails, builds no module, or lacks ``qkv_proj``/``out_proj``
-            (with biases) of the right shapes.
-    """
+    with ``weights`` (``qkv_proj.weight (3D, D)``, ...) loaded: ``(module, its name)``."""
     what = f"CausalSelfAttention({d_model}, {n_heads}" + (
         f", dropout={dropout:g})" if dropout else ")"
     )
@@ -147,11 +128,8 @@ def cached_run(
     what: str,
     capacity: int | None = None,
 ) -> tuple[Tensor, KVCache]:
-    """Feed ``x`` to the module chunk by chunk through one kit ``KVCache``; outputs joined.
-
-    Returns:
-        ``(outputs (B, T, D), the cache)``.
-    """
+    """Feed ``x`` to the module chunk by chunk through one kit ``KVCache``: ``(the outputs
+    joined (B, T, D), the cache)``."""
     B, T, D = x.shape
     cache = KVCache(1, B, n_heads, capacity or T, D // n_heads, dtype=x.dtype)
     outs = []
@@ -227,25 +205,52 @@ def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
 # ======================================================================================
 
 
-def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, int, Tensor]:
-    """The worked example in one pass, in eval mode, judged (its mistakes named).
+def judge_attention(
+    got: Tensor, want: Tensor, what: str, rule: str, mistakes: Mapping[str, Tensor] = {}
+) -> None:
+    """``got`` against ``want`` at the spec's tolerance, naming the mistake (hint -> its
+    output) that ``got`` matches, else saying ``rule``."""
+    candidates = [(out, hint) for hint, out in mistakes.items()]
+    compare(got, want, what=what, candidates=candidates, hint=rule, atol=_TOL, rtol=_TOL)
 
-    Returns:
-        ``(module, how messages name it, x, heads, the expected output)``.
-    """
-    x, weights, H = attention_example()
-    module, what = build_attention(cls, 8, 2, weights)
-    want, mistakes = stored("lab08", "CausalSelfAttention example: out")
-    compare(
-        run_attention(module.eval(), x, f"{what} on the worked example"),
-        want,
-        what=f"{what} on the worked example in one pass (the later keys score highest)",
-        candidates=[(w, h) for h, w in mistakes.items()],
-        hint=ATTENTION_RULE,
-        atol=_TOL,
-        rtol=_TOL,
+
+def judge_cached(
+    module: nn.Module,
+    x: Tensor,
+    heads: int,
+    schedule: Sequence[tuple[int, int]],
+    what: str,
+    want: tuple[Tensor, Tensor, Tensor, Mapping[str, Tensor]],
+    capacity: int | None = None,
+) -> None:
+    """``x`` fed to ``module`` in ``schedule``'s pieces through one kit ``KVCache``: ``want``
+    is ``(the one-pass output, keys, values (B, H, T, Dh), hint -> a mistake's output)``; the
+    joined outputs and the cache's contents are judged."""
+    out, keys, values, mistakes = want
+    got, cache = cached_run(module, x, schedule, heads, what, capacity)
+    fed = f"{what} fed {show_schedule(schedule)} through a KV cache of capacity {cache.capacity}"
+    T = keys.shape[2]
+    k = cache.k[0, :, :, :T].detach().to("cpu", torch.float64)  # (B, H, T, Dh)
+    v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
+    expect_true(
+        close(k, keys, atol=_TOL, rtol=_TOL) and close(v, values, atol=_TOL, rtol=_TOL),
+        f"the KV cache filled by {fed} does not hold the keys and values: after the calls it "
+        "must hold every position's key and value, split into heads (B, H, T, Dh): "
+        "kv_cache.store(k, v) with the new tokens' keys and values.",
     )
-    return module, what, x, H, want
+    judge_attention(got, out, f"{fed} (joined outputs)", CACHE_RULE, mistakes)
+
+
+def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, Tensor]:
+    """The worked example in one pass, in eval mode, judged: ``(module, its name, x, output)``."""
+    x, weights, n_heads = attention_example()
+    module, what = build_attention(cls, 8, n_heads, weights)
+    want, mistakes = stored("lab08", "CausalSelfAttention example: out")
+    got = run_attention(module.eval(), x, f"{what} on the worked example")
+    judge_attention(
+        got, want, f"{what} on the worked example in one pass", ATTENTION_RULE, mistakes
+    )
+    return module, what, x, want
 
 
 def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
@@ -256,47 +261,13 @@ def check_causal_self_attention(cls: Callable[..., nn.Module]) -> None:
 def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
     """The worked example in one pass first, then fed in chunks and token by token through a
     KV cache: the same output as in one pass, and the cache holds the keys and values."""
-    module, what, x, H, want = _one_pass(cls)
-    projections = [
-        stored("lab08", f"CausalSelfAttention example: {name}")[0]
-        for name in ("queries", "keys", "values")
-    ]
-    for name in ("chunks", "tokens"):
-        schedule = SCHEDULES[name]
+    module, what, x, want = _one_pass(cls)
+    keys, values = (
+        stored("lab08", f"CausalSelfAttention example: {n}")[0] for n in ("keys", "values")
+    )
+    for name, schedule in SCHEDULES.items():
         _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
-        got, cache = cached_run(module, x, schedule, H, what)
-        judge_cache_contents(cache, f"{what} fed {show_schedule(schedule)}", *projections)
-        compare(
-            got,
-            want,
-            what=f"{what} fed {show_schedule(schedule)} through a KV cache (joined outputs)",
-            candidates=[(w, h) for h, w in mistakes.items()],
-            hint=CACHE_RULE,
-            atol=_TOL,
-            rtol=_TOL,
-        )
-
-
-def judge_cache_contents(
-    cache: KVCache, what: str, queries: Tensor, keys: Tensor, values: Tensor, tol: float = _TOL
-) -> None:
-    """The cache filled by ``what`` must hold the sequence's keys and values ``(B, H, T, Dh)``;
-    a cache holding the values or the queries in their place is named."""
-    T = keys.shape[2]
-    k = cache.k[0, :, :, :T].detach().to("cpu", torch.float64)  # (B, H, T, Dh)
-    v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
-    if close(k, keys, atol=tol, rtol=tol) and close(v, values, atol=tol, rtol=tol):
-        return
-    if close(k, values, atol=tol, rtol=tol) and close(v, keys, atol=tol, rtol=tol):
-        hint = "Your cache holds the values where the keys belong: kv_cache.store(k, v)."
-    elif close(k, queries, atol=tol, rtol=tol):
-        hint = "Your cache holds the queries where the keys belong: kv_cache.store(k, v)."
-    else:
-        hint = (
-            "After the calls the cache must hold every position's key and value, split into "
-            "heads (B, H, T, Dh): kv_cache.store(k, v) with the new tokens' keys and values."
-        )
-    raise AssertionError(f"the KV cache filled by {what} does not hold the keys and values. {hint}")
+        judge_cached(module, x, 2, schedule, what, (want, keys, values, mistakes))
 
 
 # ======================================================================================
@@ -305,41 +276,24 @@ def judge_cache_contents(
 
 
 class ScriptedCache:
-    """What :class:`ScriptedLM` keeps between calls: the tokens it has read.
+    """What :class:`ScriptedLM` keeps between calls: ``tokens (B, n_ctx)``, the ids read so far,
+    and the kit ``KVCache``'s ``length``, ``capacity`` and ``batch_size``."""
 
-    Attributes:
-        tokens: ``(B, n_ctx)`` ids read so far (positions ``0 .. length-1``).
-        length: how many positions are stored (the kit's ``KVCache.length``; ``capacity`` is
-            ``n_ctx``, as the kit's).
-        batch_size: ``B``.
-    """
-
-    def __init__(self, batch_size: int, n_ctx: int, serial: int) -> None:
+    def __init__(self, batch_size: int, n_ctx: int) -> None:
         self.tokens = torch.zeros(batch_size, n_ctx, dtype=torch.long)
-        self.length = 0
+        self.length, self.capacity = 0, n_ctx
         self.batch_size = batch_size
-        self.serial = serial
-
-    @property
-    def capacity(self) -> int:
-        """Most positions the cache can hold (the model's ``n_ctx``)."""
-        return self.tokens.shape[1]
 
 
 class ScriptedLM(nn.Module):
-    """A fake causal language model, for checking generation loops; the kit GPT's interface.
+    """A fake causal language model with the kit GPT's interface, for checking generation loops.
 
-    ``model(idx)`` reads a window ``idx (B, T <= n_ctx)`` at positions ``0 .. T-1``;
-    ``model(idx, cache)`` reads ``idx`` at the positions after those the cache holds
-    (``cache = model.new_kv_cache(B)``) and stores it. Both return logits ``(B, T, V)``: at
-    position ``p``, with ``s`` the sum of the ids read at positions ``0 .. p``, the scripted next
-    token is ``(7 s + 3 p + 1) mod V``, which scores ``sharpness`` above a smooth background, so
-    feeding a token twice, skipping one or giving it the wrong position changes what follows.
-    With ``table`` set, every position gets those logits instead.
-
-    Like the kit's GPT it raises ``ValueError`` when a window is longer than ``n_ctx`` or the
-    cache would run past it. ``calls`` records each call as ``(T, cache serial or None, cache
-    length before the call)``.
+    ``model(idx)`` reads ``idx (B, T <= n_ctx)`` at positions ``0 .. T-1``; ``model(idx, cache)``
+    at the positions after those the cache holds. At position ``p``, with ``s`` the sum of the
+    ids read at ``0 .. p``, the next token ``(7 s + 3 p + 1) mod V`` scores ``sharpness`` above a
+    smooth background (or every position gets ``table``'s logits), so feeding a token twice,
+    skipping one or misplacing it changes what follows. Like the kit's GPT it raises
+    ``ValueError`` past ``n_ctx``. ``calls``: ``(T, the cache or None, its length before)``.
     """
 
     def __init__(
@@ -355,13 +309,11 @@ class ScriptedLM(nn.Module):
         self.sharpness = sharpness
         self.table = table
         self.anchor = nn.Parameter(torch.zeros(()))  # so that .parameters() and .device work
-        self.calls: list[tuple[int, int | None, int]] = []
-        self._caches = 0
+        self.calls: list[tuple[int, ScriptedCache | None, int]] = []
 
     def new_kv_cache(self, batch_size: int) -> ScriptedCache:
         """An empty cache for ``batch_size`` sequences."""
-        self._caches += 1
-        return ScriptedCache(batch_size, self.config.n_ctx, self._caches)
+        return ScriptedCache(batch_size, self.config.n_ctx)
 
     def logits_for(self, tokens: Tensor) -> Tensor:
         """Logits ``(B, T, V)`` of a window read from position 0 (float32)."""
@@ -376,12 +328,6 @@ class ScriptedLM(nn.Module):
         return self.sharpness * torch.cos(angle) + 0.2 * gap.float() / V
 
     def forward(self, idx: Tensor, kv_cache: ScriptedCache | None = None) -> Tensor:
-        if not isinstance(idx, Tensor) or idx.ndim != 2 or idx.is_floating_point():
-            shown = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
-            raise AssertionError(
-                f"your loop called the model with {shown}: it takes token ids (B, T) (integers), "
-                "the sequence so far or, with a cache, only the new tokens."
-            )
         B, T = idx.shape
         n_ctx = self.config.n_ctx
         if kv_cache is None:
@@ -389,7 +335,7 @@ class ScriptedLM(nn.Module):
             if n_ctx < T:
                 raise ValueError(f"sequence length T={T} exceeds n_ctx={n_ctx}")
             return self.logits_for(idx.cpu()) + 0.0 * self.anchor
-        self.calls.append((T, kv_cache.serial, kv_cache.length))
+        self.calls.append((T, kv_cache, kv_cache.length))
         if kv_cache.batch_size != B:
             raise ValueError(f"batch size {B} != KV cache batch size {kv_cache.batch_size}")
         start, end = kv_cache.length, kv_cache.length + T
@@ -400,125 +346,24 @@ class ScriptedLM(nn.Module):
         return self.logits_for(kv_cache.tokens[:, :end])[:, start:end] + 0.0 * self.anchor
 
 
-_GENERATE_HINT = (
+#: How a generation loop feeds the model (said when it fed it otherwise, or the model raised).
+FEED_RULE = (
     "Crop the prompt to its last n_ctx tokens and run it once (with the cache: "
     "model(context, cache)); then, while the cache has room, feed only the newest token "
     "(model(next_token, cache)); once it holds n_ctx positions, and always without the cache, "
     "run the model on the last n_ctx tokens."
 )
-
-
-_MULTINOMIAL = {torch.multinomial, Tensor.multinomial}
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the checks, their bans
-
-
-def _bad(t: Tensor) -> bool:
-    """NaN or +inf anywhere (-inf alone is a removed token, which filters make on purpose)."""
-    return t.is_floating_point() and bool((torch.isnan(t) | torch.isposinf(t)).any())
-
-
-def _caller() -> tuple[str, str]:
-    """The function (and ``file:line``) of the innermost frame outside torch and the checks."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith((_TORCH_DIR, _CHECKS_DIR)):
-            return frame.f_code.co_name, f"{os.path.basename(path)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "?", "?"
-
-
-class SamplingWatch(TorchFunctionMode):
-    """Watches a generation loop's torch operations: where a NaN starts, what is sampled.
-
-    Every operation whose output holds NaN or ``+inf`` while none of its inputs does is
-    remembered (the first one): its name, its number arguments and the function that ran it
-    (``apply_temperature``, the student's sampling step...). Before ``torch.multinomial``
-    draws, the probabilities it is handed are checked (finite, non-negative, each row summing
-    to 1); if they are not, an ``AssertionError`` names the operation and function where
-    the bad value started instead of letting the library call fail. Rows must also sum to 1
-    (within 0.01): a distribution, the softmax, not weights ``torch.multinomial`` renormalises.
-
-    Args:
-        what: the call being watched, for messages.
-        temperature: the temperature it was asked for (quoted in messages).
-    """
-
-    def __init__(self, what: str, temperature: float | None) -> None:
-        super().__init__()
-        self.what, self.temperature = what, temperature
-        self.origin: str | None = None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        if func in _MULTINOMIAL:
-            probs = args[0] if args else kwargs.get("input")
-            if isinstance(probs, Tensor):
-                self._expect_distribution(probs.detach(), _caller()[0])
-        out = func(*args, **kwargs)
-        if self.origin is None and isinstance(out, Tensor) and _bad(out.detach()):
-            inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
-            if not any(_bad(a.detach()) for a in inputs):
-                numbers_in = [repr(a) for a in (*args, *kwargs.values()) if _is_number(a)]
-                name, where = _caller()
-                shown = getattr(func, "__name__", repr(func))
-                extra = f" with {', '.join(numbers_in)}" if numbers_in else ""
-                self.origin = f"`{shown}`{extra} in your function `{name}` ({where})"
-        return out
-
-    def _expect_distribution(self, probs: Tensor, caller: str) -> None:
-        p = probs.double()
-        rows = p.reshape(-1, p.shape[-1]) if p.dim() else p.reshape(1, 1)  # (B, V)
-        finite, signed = bool(torch.isfinite(rows).all()), bool((rows >= 0).all())
-        sums = rows.sum(-1, keepdim=True)  # (B, 1)
-        off = (sums - 1).abs() > _SUM_TOLERANCE
-        if finite and signed and not bool(off.any()):
-            return
-        if not finite:
-            kind = "NaN" if bool(torch.isnan(rows).any()) else "inf"
-        elif not signed:
-            kind = "negative values"
-        else:
-            row_sums = [round(x, 4) for x in sums.flatten().tolist()[:4]]
-            kind = f"rows that do not sum to 1 (row sums {row_sums})"
-        bad_rows = ~torch.isfinite(rows) | (rows < 0) | off
-        row = int(bad_rows.any(-1).float().argmax())
-        shown = [round(x, 4) for x in rows[row].tolist()[:8]]
-        t = "" if self.temperature is None else f" (temperature={self.temperature})"
-        message = (
-            f"{self.what}: the probabilities your function `{caller}` handed to "
-            f"torch.multinomial hold {kind}{t}; row {row} is {shown}. The model's logits were "
-            "finite (this check's model made them), so the problem is in what your code did to "
-            "them before sampling: "
-        )
-        if not finite:
-            start = f"it first became NaN or inf in {self.origin}. " if self.origin else ""
-            hint, recorded = start + _TEMPERATURE_ZERO, _TEMPERATURE_ZERO
-        else:
-            hint = recorded = _LOGITS_SAMPLED
-        note_mistake(recorded)
-        raise AssertionError(message + hint)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Number) and not isinstance(value, bool)
-
-
-_TEMPERATURE_ZERO = (
+#: What sampling at temperature 0 is (said when torch.multinomial got NaN or inf).
+TEMPERATURE_ZERO = (
     "Temperature 0 means greedy decoding: take the argmax of the logits, with no division "
-    "(logits / 0 is inf and its softmax NaN); for t > 0 divide the logits by t, never multiply "
-    "or negate them, then take the softmax."
+    "(logits / 0 is inf and its softmax NaN); for t > 0 divide the logits by t, then take the "
+    "softmax."
 )
-
-_LOGITS_SAMPLED = (
+#: What torch.multinomial samples from (said when it got negative entries at t > 0).
+LOGITS_SAMPLED = (
     "torch.multinomial takes probabilities, the softmax of the scaled (and filtered) logits: "
-    "non-negative, each row summing to 1; not logits, nor exp(logits) unnormalised."
+    "non-negative, each row summing to 1; not logits."
 )
-#: How far a row of probabilities may sum from 1 (float16 softmaxes round to about 1e-3).
-_SUM_TOLERANCE = 1e-2
-
-_MULTINOMIAL_FAILED = "probability tensor contains either `inf`, `nan` or element < 0"
 
 
 def run_generate(
@@ -529,48 +374,24 @@ def run_generate(
     what: str,
     **options: Any,
 ) -> Tensor:
-    """The student's ``generate(model, prompt, max_new_tokens, **options)`` under the ban.
-
-    Returns:
-        The output, checked to be integer ``(B, T + max_new_tokens)`` starting with the prompt.
-    """
-    temperature = options.get("temperature")
+    """The student's ``generate(model, prompt, max_new_tokens, **options)`` under the ban,
+    checked to be integer ``(B, T + max_new_tokens)`` starting with the prompt."""
     args = (model, prompt, max_new_tokens)
     in_place = "changed the prompt in place: build the output with torch.cat."
-    judged = isinstance(fn, Reference)  # the student's operations run in the judge's kernel
     try:
-        with contextlib.nullcontext() if judged else SamplingWatch(what, temperature):
-            got = call_forbidding(fn, args, options, ban=GENERATE_BAN, what=what, in_place=in_place)
+        got = call_forbidding(fn, args, options, ban=GENERATE_BAN, what=what, in_place=in_place)
     except AssertionError as exc:
         message = str(exc)
-        if _MULTINOMIAL_FAILED in message:  # seen only from the outside (the judge's kernel)
-            # At a positive temperature dividing by it keeps the logits finite: what reached
-            # torch.multinomial was no softmax (negative entries); at 0 it is the division.
-            positive = _is_number(temperature) and temperature > 0
-            hint = _LOGITS_SAMPLED if positive else _TEMPERATURE_ZERO
+        if "probability tensor contains either `inf`, `nan` or element < 0" in message:
+            positive = options.get("temperature", 1.0) > 0
+            hint = LOGITS_SAMPLED if positive else TEMPERATURE_ZERO
             note_mistake(hint)
-            raise AssertionError(
-                f"{message} The probabilities your sampling step handed to torch.multinomial "
-                f"were no distribution (temperature={temperature}); the model's logits were "
-                "finite (this check's model made them), so look at what your code does to "
-                f"them before sampling (apply_temperature, the softmax). {hint}"
-            ) from None
+            raise AssertionError(f"{message} {hint}") from None
         if f"{what} raised " in message:
-            raise AssertionError(f"{message} {_GENERATE_HINT}") from None
+            raise AssertionError(f"{message} {FEED_RULE}") from None
         raise
     B, T = prompt.shape
-    if isinstance(got, Tensor) and got.ndim == 2 and got.shape == (B, max_new_tokens):
-        raise AssertionError(
-            f"{what} returned only the {max_new_tokens} new tokens: return the prompt followed "
-            f"by them, (B, T + max_new_tokens) = ({B}, {T + max_new_tokens})."
-        )
-    got = expect_shape(got, (B, None), what)
-    if got.shape[1] != T + max_new_tokens:
-        raise AssertionError(
-            f"{what} returned {got.shape[1]} tokens per sequence, expected the {T} of the prompt "
-            f"and {max_new_tokens} new ones ({T + max_new_tokens}): one new token per step, "
-            "max_new_tokens steps."
-        )
+    got = expect_shape(got, (B, T + max_new_tokens), what)
     expect_true(
         not got.is_floating_point(),
         f"{what} has dtype {got.dtype}: return token ids (integers), as sample_next gives them.",
@@ -583,81 +404,34 @@ def run_generate(
 
 
 def judge_calls(
-    calls: Sequence[tuple[int, int | None, int]],
+    calls: Sequence[tuple[int, Any, int]],
     prompt_len: int,
     n_ctx: int,
-    max_new_tokens: int,
     use_cache: bool,
     what: str,
 ) -> None:
-    """How a generation loop fed the model: the prompt once, then one token per step.
-
-    Call ``i`` is made when the sequence holds ``prompt_len + i`` tokens: without a cache (or
-    once the cache is full) it must read the last ``min(prompt_len + i, n_ctx)`` of them; with a
-    cache, the first call reads the cropped prompt into an empty cache and every later call one
-    token, until the cache holds ``n_ctx`` positions.
-
-    Args:
-        calls: :attr:`ScriptedLM.calls` of the run (``(T, cache id or None, length before)``).
-        prompt_len: ``T`` of the prompt.
-        n_ctx: the model's context.
-        max_new_tokens: the tokens asked for.
-        use_cache: the run's setting.
-        what: the call, for messages.
-    """
-    if max_new_tokens == 0 or not calls:
-        return
-    cached = [c for c in calls if c[1] is not None]
-    if not use_cache and cached:
-        raise AssertionError(
-            f"{what} used a KV cache although use_cache=False: without the cache, each step runs "
-            "the model on the last n_ctx tokens of the sequence (model(idx[:, -n_ctx:]))."
+    """How a loop fed the model (``calls``: ``(T, the cache or None, positions it held)`` each):
+    call ``i``, made when the sequence holds ``prompt_len + i`` tokens, reads one token through
+    the cache in use, or the last ``min(prompt_len + i, n_ctx)`` tokens: into a new cache first
+    with ``use_cache``, without one otherwise, either way once the cache is full."""
+    current, held = None, 0  # the cache in use and the positions it holds
+    for i, (fed, cache, before) in enumerate(calls):
+        window = min(prompt_len + i, n_ctx)
+        if cache is not None and cache is current:
+            right = fed == 1
+        elif use_cache:
+            full = current is not None and held >= n_ctx
+            right = fed == window and (full or (current is None and cache is not None))
+        else:
+            right = fed == window and cache is None
+        if cache is not None:
+            current, held = cache, before + fed
+        how = f"through a cache holding {before}" if cache is not None else "without a cache"
+        expect_true(
+            right,
+            f"{what}: model call {i + 1} read {fed} token(s) {how}, with {prompt_len + i} in the "
+            f"sequence and n_ctx={n_ctx}. {FEED_RULE}",
         )
-    if use_cache and not cached:
-        raise AssertionError(
-            f"{what} never used a KV cache (use_cache=True): it recomputed the whole sequence at "
-            "every step. Make one cache, cache = model.new_kv_cache(B), run the prompt through "
-            "model(context, cache) once, then feed only each new token: model(next_token, cache)."
-        )
-    if use_cache and calls[0][1] is None:
-        raise AssertionError(
-            f"{what} ran the prompt without the cache: the first call runs the (cropped) prompt "
-            "through the empty cache, model(idx[:, -n_ctx:], cache), so that the cache holds "
-            "its keys and values before the first new token comes."
-        )
-    serial, length = None, 0  # the cache in use and the positions it holds
-    for i, (fed, cache_id, before) in enumerate(calls):
-        window = min(prompt_len + i, n_ctx)  # what the model can read at this step
-        if cache_id is not None and cache_id == serial:
-            if fed != 1:
-                raise AssertionError(
-                    f"{what} fed {fed} tokens at once to a cache that already held {before}: the "
-                    "cache has the keys and values of everything before them; feed only the "
-                    "newest token, (B, 1)."
-                )
-            length = before + fed
-            continue
-        if use_cache and serial is not None and length < n_ctx:
-            raise AssertionError(
-                f"{what} made a new, empty cache (or none) during generation while its cache "
-                f"held {length} of n_ctx={n_ctx} positions: the cache is the model's memory of "
-                "the sequence. Make it once, before the loop, and feed each new token through "
-                "it until it is full."
-            )
-        if fed != window:
-            short = fed == window - 1 and window == n_ctx
-            raise AssertionError(
-                f"{what} ran the model on {fed} tokens when the sequence had {prompt_len + i} and "
-                f"the context is n_ctx={n_ctx}: "
-                + (
-                    "your windows hold n_ctx - 1 tokens; crop to the last n_ctx, idx[:, -n_ctx:]."
-                    if short
-                    else f"the model reads the last min(length, n_ctx) = {window} tokens, "
-                    "idx[:, -n_ctx:] (the prompt too, when it is longer than the context)."
-                )
-            )
-        if cache_id is not None:
-            serial, length = cache_id, fed
 
 
 def show_greedy(prompt: Sequence[Sequence[int]], n_ctx: int, new: int, use_cache: bool) -> str:
@@ -685,13 +459,13 @@ def greedy(
         got = run_generate(
             fn, model, torch.tensor(prompt), new, what, temperature=0.0, use_cache=use_cache
         )
-        judge_calls(model.calls, len(prompt[0]), n_ctx, new, use_cache, what)
+        if new:
+            judge_calls(model.calls, len(prompt[0]), n_ctx, use_cache, what)
         runs.append(got.cpu().long().tolist())
     expect_true(
         runs[0] == runs[1],
         f"{what} gave other tokens when run again: temperature=0 means greedy decoding, the "
-        "argmax of the logits at every step (sample_next(logits, temperature=0) does it): pass "
-        "the temperature on.",
+        "argmax of the logits at every step: pass the temperature on.",
     )
     return runs[0]
 
@@ -719,44 +493,58 @@ check_generate = GREEDY.visible(
 )
 
 
+def sample(
+    fn: Callable[..., Tensor],
+    model: nn.Module,
+    prompt: Tensor,
+    new: int,
+    seed: int,
+    use_cache: bool,
+    **options: Any,
+) -> tuple[Tensor, str]:
+    """The student's tokens at temperature 1 with a generator seeded with ``seed``, and how
+    messages name the call; on a :class:`ScriptedLM` how it was fed is judged too."""
+    shown = "".join(f"{key}={value}, " for key, value in options.items())
+    what = (
+        f"generate(model, idx {tuple(prompt.shape)}, {new}, temperature=1.0, {shown}"
+        f"use_cache={use_cache}, generator=torch.Generator().manual_seed({seed}))"
+    )
+    draws = torch.Generator().manual_seed(seed)
+    options |= {"temperature": 1.0, "use_cache": use_cache, "generator": draws}
+    got = run_generate(fn, model, prompt, new, what, **options)
+    if isinstance(model, ScriptedLM):
+        judge_calls(model.calls, prompt.shape[1], model.config.n_ctx, use_cache, what)
+    return got.cpu(), what
+
+
+def expect_same_both_ways(with_cache: Tensor, without: Tensor, what: str) -> None:
+    """Seeded sampling gives the same tokens with the cache and without."""
+    expect_true(
+        torch.equal(with_cache, without),
+        f"{what} and the same call with use_cache=False gave different tokens "
+        f"({with_cache.tolist()} and {without.tolist()}): the cache must change how fast tokens "
+        "come, never which. Both paths must sample from the same logits in the same order, one "
+        "draw per step.",
+    )
+
+
 def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
-    """Sampling with a seeded generator: the same tokens with the cache and without, and again
-    with the same seed; different ones with another seed."""
+    """Sampling with a seeded generator on the scripted model: the same tokens with the cache
+    and without, and again with the same seed; different ones with another seed."""
+    prompt = torch.tensor([[1, 2], [3, 4], [5, 6]])
 
-    def sample(use_cache: bool, seed: int) -> tuple[Tensor, str]:
-        model = ScriptedLM(n_ctx=8, sharpness=1.0)
-        what = (
-            f"generate(model, idx (3, 2), 12, temperature=1.0, use_cache={use_cache}, "
-            f"generator=torch.Generator().manual_seed({seed})) on a scripted model with n_ctx=8"
-        )
-        got = run_generate(
-            fn,
-            model,
-            torch.tensor([[1, 2], [3, 4], [5, 6]]),
-            12,
-            what,
-            temperature=1.0,
-            use_cache=use_cache,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        judge_calls(model.calls, 2, 8, 12, use_cache, what)
-        return got.cpu(), what
+    def run(use_cache: bool, seed: int) -> tuple[Tensor, str]:
+        return sample(fn, ScriptedLM(n_ctx=8, sharpness=1.0), prompt, 12, seed, use_cache)
 
-    (with_cache, what), (without, _) = sample(True, 0), sample(False, 0)
-    (again, _), (other_seed, _) = sample(True, 0), sample(True, 1)
+    (with_cache, what), (without, _) = run(True, 0), run(False, 0)
+    (again, _), (other_seed, _) = run(True, 0), run(True, 1)
     expect_true(
         torch.equal(with_cache, again),
         f"{what} gave other tokens when run again with a fresh generator of the same seed: pass "
         "generator=generator to the sampling (sample_next(..., generator=generator)), so that "
         "the draws come from it and not from the global random state.",
     )
-    expect_true(
-        torch.equal(with_cache, without),
-        f"{what} and the same call with use_cache=False gave different tokens "
-        f"({with_cache.tolist()} and {without.tolist()}): the cache must change "
-        "how fast tokens come, never which. Both paths must sample from the same logits in the "
-        "same order, one draw per step.",
-    )
+    expect_same_both_ways(with_cache, without, what)
     expect_true(
         not torch.equal(with_cache, other_seed),
         f"{what} gave the same tokens with seeds 0 and 1: at temperature 1 the tokens are "
