@@ -450,27 +450,21 @@ class StandInTranslator(nn.Module):
             not tgt_in.is_floating_point(),
             "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
         )
-        if src_padding_mask is None:
-            real = torch.ones_like(real)
-        else:
-            real = real | src_padding_mask.to(real.device)
-        K = len(self.symbols)
-        index = {s: i for i, s in enumerate(self.symbols)}
-        B, T = tgt_in.shape
-        ramp = torch.linspace(0.0, 0.5, c.tgt_vocab_size)  # (V,): ties never happen
-        logits = ramp.expand(B, T, c.tgt_vocab_size).clone()  # (B, T, V)
-        for b in range(B):
-            source = [index.get(int(s), 0) for s in src[b][real[b]]]
-            for t in range(T):
-                prev = index.get(int(tgt_in[b, t]), 0) if t else 0
-                if t < len(source):
-                    token = self.symbols[(source[t] + prev) % K]
-                elif t == len(source):
-                    token = c.eos_id
-                else:
-                    token = self.symbols[t % K]
-                logits[b, t, token] = 4.0
-        return logits
+        mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
+        n = (real | mask.to(real.device)).sum(1, keepdim=True)  # (B, 1): real source tokens
+        symbols = torch.tensor(self.symbols, device=src.device)
+        K, (B, T), S = len(symbols), tgt_in.shape, src.shape[1]
+        index = torch.zeros(c.tgt_vocab_size, dtype=torch.long, device=src.device)
+        index[symbols] = torch.arange(K, device=src.device)  # other ids count as symbol 0
+        source = F.pad(index[src], (0, max(0, T - S)))[:, :T]  # (B, T): the sources are prefixes
+        t = torch.arange(T, device=src.device)[None]  # (1, T)
+        prev = index[tgt_in] * (t > 0)  # (B, T): the token fed at t, 0 at t = 0
+        token = torch.where(t < n, symbols[(source + prev) % K], symbols[t % K].expand(B, T))
+        token = token.masked_fill(t == n, c.eos_id)  # (B, T)
+        ramp = torch.linspace(
+            0.0, 0.5, c.tgt_vocab_size, device=src.device
+        )  # (V,): ties never happen
+        return ramp.expand(B, T, c.tgt_vocab_size).scatter(-1, token[..., None], 4.0)
 
 
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
