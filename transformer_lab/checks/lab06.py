@@ -350,10 +350,10 @@ class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
     ``encode`` returns the source ids, their mask and embeddings as the "memory" (counting its
-    calls); ``decode`` logits that bump an answer known in advance: by default the copy task's,
-    3 above a small network (metrics neither 0 nor 1); ``scripted=True``, ``y_t = symbol((x_t +
-    y_{t-1}) mod K)`` over the real source symbols (padding only where both masks say so), then
-    EOS, 4 above a fixed ramp (a loop that feeds back the wrong token or stops wrongly shows).
+    calls); ``decode`` logits that bump an answer known in advance (:meth:`_answer`): by default
+    the copy task's, 3 above a small network (metrics neither 0 nor 1); ``scripted=True``, one
+    that feeds back the previous token (padding only where both masks say so), 4 above a fixed
+    ramp (a loop that feeds back the wrong token or stops wrongly shows).
     """
 
     def __init__(
@@ -413,12 +413,20 @@ class StandInTranslator(nn.Module):
         tgt_padding_mask: Tensor | None = None,
     ) -> Tensor:
         src, real = memory[..., 0].round().long(), memory[..., 1] > 0.5  # (B, S)
+        expect_true(
+            not tgt_in.is_floating_point(),
+            "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
+        )
+        V = self.config.tgt_vocab_size
         if self.scripted:
-            return self._scripted(tgt_in, src, real, src_padding_mask)
+            mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
+            answer = self._answer(tgt_in, src, real | mask.to(real.device), feedback=True)
+            ramp = torch.linspace(0.0, 0.5, V, device=src.device)  # (V,): ties never happen
+            return ramp.expand(*answer.shape, V).scatter(-1, answer[..., None], 4.0)
         weights = real.to(memory.dtype)[..., None]  # (B, S, 1)
         mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
         logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
-        nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
+        nudge = F.one_hot(self._answer(tgt_in, src, src != self.config.pad_id, feedback=False), V)
         return logits + 3.0 * nudge.to(logits.dtype)
 
     def forward(
@@ -431,40 +439,19 @@ class StandInTranslator(nn.Module):
         memory = self.encode(src, src_padding_mask)
         return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
 
-    def copy_answer(self, src: Tensor, T: int) -> Tensor:
-        """``(B, T)``: the real source symbols, then EOS (repeated over the padding)."""
-        c = self.config
-        n = (src != c.pad_id).sum(dim=1)  # (B,)
-        answer = torch.full((src.shape[0], T), c.eos_id, dtype=torch.long, device=src.device)
-        width = min(T, src.shape[1])
-        answer[:, :width] = src[:, :width]
-        after = torch.arange(T, device=src.device)[None] >= n[:, None]  # (B, T)
-        return answer.masked_fill(after, c.eos_id)
-
-    def _scripted(
-        self, tgt_in: Tensor, src: Tensor, real: Tensor, src_padding_mask: Tensor | None
-    ) -> Tensor:
-        """The scripted logits ``(B, T, V)``: the ramp, and 4 at the script's next token."""
-        c = self.config
-        expect_true(
-            not tgt_in.is_floating_point(),
-            "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
-        )
-        mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
-        n = (real | mask.to(real.device)).sum(1, keepdim=True)  # (B, 1): real source tokens
+    def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor, *, feedback: bool) -> Tensor:
+        """``(B, T)``: ``symbol((x_t + y_{t-1}) mod K)`` over the ``real`` source symbols (a
+        prefix; ``y`` 0 without ``feedback``: a copy), then EOS, then ``symbol(t mod K)``."""
         symbols = torch.tensor(self.symbols, device=src.device)
         K, (B, T), S = len(symbols), tgt_in.shape, src.shape[1]
-        index = torch.zeros(c.tgt_vocab_size, dtype=torch.long, device=src.device)
+        index = torch.zeros(self.config.tgt_vocab_size, dtype=torch.long, device=src.device)
         index[symbols] = torch.arange(K, device=src.device)  # other ids count as symbol 0
-        source = F.pad(index[src], (0, max(0, T - S)))[:, :T]  # (B, T): the sources are prefixes
+        n = real.sum(1, keepdim=True)  # (B, 1): real source tokens
+        source = F.pad(index[src], (0, max(0, T - S)))[:, :T]  # (B, T)
         t = torch.arange(T, device=src.device)[None]  # (1, T)
-        prev = index[tgt_in] * (t > 0)  # (B, T): the token fed at t, 0 at t = 0
+        prev = index[tgt_in] * (t > 0) * feedback  # (B, T): the token fed at t, 0 at t = 0
         token = torch.where(t < n, symbols[(source + prev) % K], symbols[t % K].expand(B, T))
-        token = token.masked_fill(t == n, c.eos_id)  # (B, T)
-        ramp = torch.linspace(
-            0.0, 0.5, c.tgt_vocab_size, device=src.device
-        )  # (V,): ties never happen
-        return ramp.expand(B, T, c.tgt_vocab_size).scatter(-1, token[..., None], 4.0)
+        return token.masked_fill(t == n, self.config.eos_id)
 
 
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
