@@ -1,12 +1,7 @@
-"""Visible checks of lab 06 (training an encoder-decoder), called by the visible test cells.
-
-The student writes a post-norm ``DecoderBlock``, ``shift_right`` and ``sequence_loss`` (teacher
-forcing), the training methods of a ``LightningModule`` (``TranslationModule``), the
-``lightning.Trainer`` call that trains it (``train_translator``) and ``greedy_decode``.
-
-No oracle lives here: the block, the shift, the loss and the decoding loop are ordinary parts
-(:class:`~transformer_lab.checks._generated.Ordinary`) on stored worked examples; the training
-code runs on :class:`StandInTranslator`, the ``Trainer`` call on a probe (:func:`probe_module`).
+"""Visible checks of lab 06 (training an encoder-decoder), called by the visible test cells:
+``DecoderBlock``, ``shift_right``, ``sequence_loss`` and ``greedy_decode`` as ordinary parts on
+stored worked examples; ``TranslationModule`` on :class:`StandInTranslator`; ``train_translator``
+on a probe (:func:`probe_module`).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -49,18 +44,6 @@ from transformer_lab.checks._lightning import (
     parse_optimizers,
 )
 from transformer_lab.judge.mirror import portable
-
-__all__ = [
-    "check_configure_optimizers",
-    "check_decoder_block",
-    "check_greedy_decode",
-    "check_sequence_loss",
-    "check_shift_right",
-    "check_train_translator",
-    "check_trained_translator",
-    "check_training_step",
-    "check_validation_step",
-]
 
 #: The lab's spec (``specs/lab06.toml``): its bans and shared tolerances.
 SPEC = spec.load("06_decoder_training")
@@ -967,3 +950,6 @@ check_greedy_decode = DECODE.visible(
     lengths (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence
     short.""",
 )
+
+
+__all__ = [n for n in dir() if n.startswith("check_")]  # dir(): sorted

@@ -1,9 +1,5 @@
-"""Hidden checks of lab 06 (training an encoder-decoder), their oracles and the visible fixtures.
-
-The oracles are written independently of the kit, in float64 or over Python lists, their
-keywords (or the ``*_mistakes`` beside them) making the typical wrong answers; the hidden checks
-run the student's code on seeded random inputs; :func:`fixtures` computes the visible checks'
-worked examples (``checks/fixtures/lab06.json``).
+"""Hidden checks of lab 06 (training an encoder-decoder), their float64 oracles (whose keywords,
+or the ``*_mistakes`` beside them, make the typical wrong answers) and the visible fixtures.
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, section 3.
@@ -43,21 +39,6 @@ from transformer_lab.checks.lab06 import (
 )
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 from transformer_lab.grading.hidden.lab04 import linear64, random_weights
-
-__all__ = [
-    "fixtures",
-    "hidden_check_decoder_block",
-    "hidden_check_decoder_block_masks",
-    "hidden_check_decoder_block_training",
-    "hidden_check_greedy_decode",
-    "hidden_check_greedy_decode_edges",
-    "hidden_check_sequence_loss",
-    "hidden_check_sequence_loss_numerics",
-    "hidden_check_shift_right",
-    "hidden_check_train_translator",
-    "hidden_check_translation_module",
-    "hidden_check_translator_greedy",
-]
 
 _ATOL = SPEC.tol("float32")  # shared with the visible checks
 
@@ -663,3 +644,6 @@ def fixtures() -> dict[str, dict[str, Any]]:
     decodes = [({}, src, 1, 2, max_len, mask) for max_len in (10, 3)]  # a scripted stand-in
     out |= DECODE.fixtures("check_greedy_decode", decodes)
     return out
+
+
+__all__ = ["fixtures", *(n for n in dir() if n.startswith("hidden_check_"))]  # dir(): sorted
