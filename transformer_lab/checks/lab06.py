@@ -60,24 +60,30 @@ _SUBLAYERS = (
 
 @contextlib.contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's info lines (devices, tips) while a check runs a Trainer."""
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    """Silence Lightning's info lines and warnings (devices, tips) while a check runs a Trainer."""
+    logging.disable(logging.WARNING)
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-def _same_ids(got: Tensor, want: Tensor) -> bool:
-    return got.shape == want.shape and torch.equal(got.double(), want.double())
+        logging.disable(logging.NOTSET)
 
 
 def _as_float64(out: Any) -> Tensor:
     return torch.as_tensor(out, dtype=torch.float64)
+
+
+#: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
+_FLOATS = {
+    "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
+    "output": _as_float64,
+}
+_IDS = {
+    "same": lambda got, want: got.shape == want.shape and torch.equal(got.double(), want.double()),
+    "output": _as_float64,
+    "describe": lambda case: (
+        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
+    ),
+}
 
 
 # ======================================================================================
@@ -185,7 +191,6 @@ BLOCK = Ordinary(
     rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
-    same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     load=lambda sizes, weights, x, memory, self_mask, memory_mask: (
         tuple(sizes),
         {name: torch.tensor(value) for name, value in weights.items()},
@@ -194,7 +199,7 @@ BLOCK = Ordinary(
         _optional_mask(self_mask),
         _optional_mask(memory_mask),
     ),
-    output=_as_float64,
+    **_FLOATS,
 )
 check_decoder_block = BLOCK.visible(
     "check_decoder_block",
@@ -236,13 +241,9 @@ SHIFT = Ordinary(
     "lab06",
     call=_shift_call,
     what=_shift_what,
-    describe=lambda case: (
-        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
-    ),
     rule="Position 0 holds BOS and position t the target of position t - 1.",
-    same=_same_ids,
     load=lambda targets, bos_id: (torch.tensor(targets), bos_id),
-    output=_as_float64,
+    **_IDS,
 )
 check_shift_right = SHIFT.visible(
     "check_shift_right",
@@ -278,13 +279,12 @@ LOSS = Ordinary(
     ),
     rule="The loss is -log softmax(logits)[target] at every position whose target is not "
     "pad_id, summed and divided by the number of such positions.",
-    same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     load=lambda logits, targets, pad_id: (
         torch.tensor(logits, dtype=torch.float32),
         torch.tensor(targets),
         pad_id,
     ),
-    output=_as_float64,
+    **_FLOATS,
 )
 
 
@@ -308,14 +308,14 @@ def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
 
 
 def copy_task_batch(
-    batch_size: int, ids: Mapping[str, int], *, max_src: int = 6, seed: int = 0
+    batch_size: int, config: Any, *, max_src: int = 6, seed: int = 0
 ) -> dict[str, Tensor]:
     """A seq2seq batch (``docs/contracts.md``) of the kit's copy task, whose sources have
-    2..``max_src`` symbols, with the special ids moved to ``ids`` (:func:`stand_in`'s)."""
+    2..``max_src`` symbols, with the special ids moved to a stand-in's (its ``config``)."""
     from transformer_lab.data.synthetic import make_sequence_task
 
-    specials = [ids["pad_id"], ids["bos_id"], ids["eos_id"]]
-    vocab_size = ids["vocab_size"]
+    specials = [config.pad_id, config.bos_id, config.eos_id]
+    vocab_size = config.tgt_vocab_size
     ours = torch.tensor(specials + [i for i in range(vocab_size) if i not in specials])
     batch = make_sequence_task(
         "copy",
@@ -444,19 +444,10 @@ class PortableTranslator(StandInTranslator):
     ``encode_calls`` are counted."""
 
 
-def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[PortableTranslator, dict[str, int]]:
-    """A :class:`PortableTranslator` and the ids of its copy task (BOS and EOS follow
-    ``pad_id``)."""
-    ids = {
-        "vocab_size": vocab_size,
-        "pad_id": pad_id,
-        "bos_id": (pad_id + 1) % vocab_size,
-        "eos_id": (pad_id + 2) % vocab_size,
-    }
-    model = PortableTranslator(
-        vocab_size, pad_id=pad_id, bos_id=ids["bos_id"], eos_id=ids["eos_id"], seed=seed
-    )
-    return model, ids
+def stand_in(vocab_size: int, pad_id: int, seed: int) -> PortableTranslator:
+    """A :class:`PortableTranslator` whose BOS and EOS follow ``pad_id``."""
+    bos_id, eos_id = (pad_id + 1) % vocab_size, (pad_id + 2) % vocab_size
+    return PortableTranslator(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
 
 
 def _module_under_test(
@@ -515,9 +506,9 @@ def training_step_check(
 ) -> None:
     """One ``training_step`` on a stand-in model: value, graph, and what is logged
     (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
-    model, ids = stand_in(vocab_size, pad_id, seed)
+    model = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
-    batch = copy_task_batch(6, ids, seed=seed)
+    batch = copy_task_batch(6, model.config, seed=seed)
     want, candidates = _training_step_candidates(model, batch, pad_id)
     judge_training_step(
         module,
@@ -610,7 +601,7 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
 
     The second run validates other sentences: a metric that is never reset mixes both runs.
     """
-    model, ids = stand_in(vocab_size, pad_id, seed)
+    model = stand_in(vocab_size, pad_id, seed)
     what = _VALIDATE_WHAT
     runs = {}
     for run in ("", " (second run, other sentences)"):
@@ -618,7 +609,7 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
         # Batches of different sizes and sentence lengths, so that per-batch averages differ
         # from the epoch's values.
         runs[run] = [
-            copy_task_batch(size, ids, max_src=longest, seed=first + k)
+            copy_task_batch(size, model.config, max_src=longest, seed=first + k)
             for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
         ]
     # Lightning's loop runs where the student's class lives (the kernel, when judged).
@@ -927,13 +918,9 @@ DECODE = Ordinary(
     "lab06",
     call=_decode_call,
     what=_decode_what,
-    describe=lambda case: (
-        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
-    ),
     rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
-    same=_same_ids,
     load=lambda model, src, bos_id, eos_id, max_len, mask: (
         StandInTranslator(**model, scripted=True),
         torch.tensor(src),
@@ -942,7 +929,7 @@ DECODE = Ordinary(
         max_len,
         _optional_mask(mask),
     ),
-    output=_as_float64,
+    **_IDS,
 )
 check_greedy_decode = DECODE.visible(
     "check_greedy_decode",
