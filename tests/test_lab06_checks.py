@@ -226,7 +226,7 @@ BLOCK_MISTAKES = [
     (BlockDropoutAfterNorm, ["training"], "not after the norm", ()),
     (BlockNoResidualDropout, ["training"], "before it is added back", ()),
     (BlockDropoutInEval, ["training"], "off in eval mode", ()),
-    (BlockDropoutIgnored, ["training"], "dropout ~1 drops every sub-layer's output", ()),
+    (BlockDropoutIgnored, ["training"], "must return norm3(norm2(norm1(x)))", ()),
 ]
 
 

@@ -60,11 +60,13 @@ def oracle_block(
     norms: Sequence[int] = (1, 2, 3),
     pre_norm: bool = False,
     no_residual: str = "",
+    kept: float = 1.0,
 ) -> Tensor:
     """The post-norm decoder block in float64 from ``weights`` (named as the kit's block), with
     its own attention (fully masked rows give zero weights); the keywords make the typical
     wrong blocks (:data:`BLOCK_MISTAKES`): sub-layers in another ``order``, other ``norms``
-    after them, ``pre_norm``, the ``no_residual`` sub-layer without its residual."""
+    after them, ``pre_norm``, the ``no_residual`` sub-layer without its residual; ``kept`` 0 drops
+    every sub-layer's output (dropout ~1)."""
     heads = sizes[1]
 
     def attention(name: str, h: Tensor, source: Tensor, mask: Tensor | None) -> Tensor:
@@ -84,7 +86,7 @@ def oracle_block(
         if pre_norm:
             h = h + sublayer[kind](layer_norm64(h, *norm))
         else:
-            out = sublayer[kind](h)
+            out = kept * sublayer[kind](h)
             h = layer_norm64(out if kind == no_residual else h + out, *norm)
     return h
 
@@ -224,7 +226,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Training mode: without dropout as eval mode; dropout acts in training only, on each
     sub-layer's output before the residual sum (dropout near 1 leaves
-    ``norm3(norm2(norm1(x)))``; a dropout never passed on leaves the block's output)."""
+    ``norm3(norm2(norm1(x)))``, and nothing in eval mode)."""
     g = generator(seed)
     sizes, B, T, S = (16, 4, 32), 2, 5, 7
     weights = random_weights(16, 32, g, "self_attn", "cross_attn")
@@ -233,33 +235,24 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
     TRAINING.judge(cls, [(sizes, weights, x, memory, causal, None)])
 
-    block, what = build_block(cls, sizes, weights, dropout=0.3)
-    block.eval()
-    expect_close(
-        run_block(block, x, memory, causal, None, f"{what} in eval mode"),
-        oracle_block(sizes, weights, x, memory, causal),
-        f"{what} in eval mode",
-        hint="Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
-        "training=self.training)).",
-        atol=_ATOL,
-        rtol=_ATOL,
-    )
-
     block, what = build_block(cls, sizes, weights, dropout=1.0 - 1e-7)  # every output dropped
-    block.train()
-    want = x.double()
-    for i in (1, 2, 3):
-        want = layer_norm64(want, *linear64(weights, f"norm{i}"))
-    compare(
-        run_block(block, x, memory, causal, None, f"{what} in training mode"),
-        want,
-        what=f"{what} in training mode (dropout ~1 drops every sub-layer's output)",
-        hint="With dropout ~1 every sub-layer's output is dropped, so the block must return "
-        "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
-        "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
-        "the feed-forward; not to x, not to the sum, not after the norm.",
-        **SPEC.close_tol("dropout_one"),
-    )
+    hints = {
+        "eval": "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
+        "training=self.training)).",
+        "training": "With dropout ~1 every sub-layer's output is dropped, so the block must "
+        "return norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is "
+        "added back: x = norm1(x + dropout1(self_attn(...))), and likewise for the "
+        "cross-attention and the feed-forward; not to x, not to the sum, not after the norm.",
+    }
+    for mode, hint in hints.items():
+        what_mode = f"{what} in {mode} mode"
+        compare(
+            run_block(block.train(mode == "training"), x, memory, causal, None, what_mode),
+            oracle_block(sizes, weights, x, memory, causal, kept=float(mode == "eval")),
+            what=what_mode,
+            hint=hint,
+            **SPEC.close_tol("dropout_one"),
+        )
 
 
 # ======================================================================================
