@@ -532,25 +532,20 @@ def _validation_expected(
     """Epoch values of val_loss, val_acc and val_exact_match: Lightning averages a logged
     number over the epoch weighted by the batch size; a logged metric object is computed over
     the whole epoch."""
-    sizes, losses = [], []
-    right = real = exact = 0
+    losses, right, exact = [], [], []
     with torch.no_grad():
         for batch in batches:
             masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
             logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
             targets = batch["tgt_out"]
-            losses.append(float(_ce(logits, targets, pad_id)) * targets.shape[0])
-            sizes.append(targets.shape[0])
-            ok = logits.argmax(-1) == targets  # (B, T)
-            keep = targets != pad_id
-            right += int(ok[keep].sum())
-            real += int(keep.sum())
-            exact += int((ok | ~keep).all(-1).sum())
-    rows = sum(sizes)
+            ok, keep = logits.argmax(-1) == targets, targets != pad_id  # (B, T)
+            losses += [float(_ce(logits, targets, pad_id))] * len(targets)
+            right.append(ok[keep])
+            exact.append((ok | ~keep).all(-1))
     return {
-        "val_loss": sum(losses) / rows,
-        "val_acc": right / real,
-        "val_exact_match": exact / rows,
+        "val_loss": sum(losses) / len(losses),
+        "val_acc": float(torch.cat(right).double().mean()),
+        "val_exact_match": float(torch.cat(exact).double().mean()),
     }
 
 
@@ -809,8 +804,7 @@ def trusted_data(datamodule: Any) -> Any:
     from transformer_lab.data import GrammarDataModule
 
     settings = {k: getattr(datamodule, k) for k in _DATA_FIELDS}
-    config = datamodule.config
-    settings |= {k: getattr(config, k) for k in _GRAMMAR_FIELDS}
+    settings |= {k: getattr(datamodule.config, k) for k in _GRAMMAR_FIELDS}
     plain = all(
         isinstance(v, int | float | str) and not isinstance(v, bool) for v in settings.values()
     )
@@ -845,17 +839,12 @@ def check_trained_translator(
         bool(blocks) and all(isinstance(b, block_cls) for b in blocks),
         "the translator must be built from your DecoderBlock (build_translator(DecoderBlock)).",
     )
-    data = datamodule.val_data
-    model.eval()
     device = next(model.parameters()).device
+    data = {k: v.to(device) for k, v in datamodule.val_data.items()}
     with torch.no_grad():
-        logits = model(
-            data["src"].to(device),
-            data["tgt_in"].to(device),
-            src_padding_mask=data["src_padding_mask"].to(device),
-            tgt_padding_mask=data["tgt_padding_mask"].to(device),
-        )
-    right = (logits.argmax(-1).cpu() == data["tgt_out"]) | (data["tgt_out"] == datamodule.pad_id)
+        masks = {k: data[k] for k in ("src_padding_mask", "tgt_padding_mask")}
+        logits = model.eval()(data["src"], data["tgt_in"], **masks)
+    right = (logits.argmax(-1) == data["tgt_out"]) | (data["tgt_out"] == datamodule.pad_id)
     score = float(right.all(dim=-1).float().mean())  # every real target token right
     expect_true(
         score >= min_exact_match,
