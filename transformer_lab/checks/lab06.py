@@ -653,11 +653,8 @@ def optimizers_check(
 def learning_rate_curve(
     cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int
 ) -> list[float]:
-    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``.
-
-    For plotting a schedule: the module is built around a :class:`PortableTranslator` and its
-    optimizer steps without gradients (:func:`~transformer_lab.checks._lightning.learning_rates`).
-    """
+    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``
+    around a stand-in (for plotting a schedule)."""
     module = cls(PortableTranslator(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
     return learning_rates(optimizer, scheduler, total_steps).tolist()
