@@ -140,15 +140,6 @@ TRAINING = Oracle(
 )
 
 
-def _sizes(g: torch.Generator) -> tuple[int, int, int, int, int, int]:
-    heads = randint(1, 4, g)
-    d_model = heads * 2 * randint(2, 4, g)
-    d_ff = 2 * d_model
-    B, T = randint(2, 3, g), randint(2, 6, g)
-    S = T + randint(1, 4, g)
-    return d_model, heads, d_ff, B, T, S
-
-
 def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
     """Causal + target padding ``(B, 1, T, T)`` and source padding ``(B, 1, 1, S)``."""
     t_len = torch.randint(1, T + 1, (B,), generator=g)
@@ -167,7 +158,11 @@ def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
     target padding and source padding masks."""
     cases: list[tuple[Any, ...]] = []
     for _ in range(2):
-        d_model, heads, d_ff, B, T, S = _sizes(g)
+        heads = randint(1, 4, g)
+        d_model = heads * 2 * randint(2, 4, g)
+        d_ff = 2 * d_model
+        B, T = randint(2, 3, g), randint(2, 6, g)
+        S = T + randint(1, 4, g)
         given = (d_model, heads, d_ff), random_weights(d_model, d_ff, g, "self_attn", "cross_attn")
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
