@@ -226,7 +226,7 @@ BLOCK_MISTAKES = [
     (BlockDropoutAfterNorm, ["training"], "not after the norm", ()),
     (BlockNoResidualDropout, ["training"], "before it is added back", ()),
     (BlockDropoutInEval, ["training"], "off in eval mode", ()),
-    (BlockDropoutIgnored, ["training"], "dropout does nothing", ()),
+    (BlockDropoutIgnored, ["training"], "must return norm3(norm2(norm1(x)))", ()),
 ]
 
 
@@ -1320,8 +1320,7 @@ def test_stand_in_models_record_and_refuse_what_they_should() -> None:
         model.decode(torch.tensor([[1.0]]), memory)
     assert model.encode_calls == 1
     tiny = lab06.StandInTranslator(seed=62)
-    ids = {"vocab_size": 10, "pad_id": 0, "bos_id": 1, "eos_id": 2}
-    batch = lab06.copy_task_batch(32, ids, seed=62)
+    batch = lab06.copy_task_batch(32, tiny.config, seed=62)
     masks = (batch["src_padding_mask"], batch["tgt_padding_mask"])
     logits = tiny(batch["src"], batch["tgt_in"], *masks)
     right = logits.argmax(-1) == batch["tgt_out"]

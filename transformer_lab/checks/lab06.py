@@ -1,12 +1,7 @@
-"""Visible checks of lab 06 (training an encoder-decoder), called by the visible test cells.
-
-The student writes a post-norm ``DecoderBlock``, ``shift_right`` and ``sequence_loss`` (teacher
-forcing), the training methods of a ``LightningModule`` (``TranslationModule``), the
-``lightning.Trainer`` call that trains it (``train_translator``) and ``greedy_decode``.
-
-No oracle lives here: the block, the shift, the loss and the decoding loop are ordinary parts
-(:class:`~transformer_lab.checks._generated.Ordinary`) on stored worked examples; the training
-code runs on :class:`StandInTranslator`, the ``Trainer`` call on a probe (:func:`probe_module`).
+"""Visible checks of lab 06 (training an encoder-decoder), called by the visible test cells:
+``DecoderBlock``, ``shift_right``, ``sequence_loss`` and ``greedy_decode`` as ordinary parts on
+stored worked examples; ``TranslationModule`` on :class:`StandInTranslator`; ``train_translator``
+on a probe (:func:`probe_module`).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -50,18 +45,6 @@ from transformer_lab.checks._lightning import (
 )
 from transformer_lab.judge.mirror import portable
 
-__all__ = [
-    "check_configure_optimizers",
-    "check_decoder_block",
-    "check_greedy_decode",
-    "check_sequence_loss",
-    "check_shift_right",
-    "check_train_translator",
-    "check_trained_translator",
-    "check_training_step",
-    "check_validation_step",
-]
-
 #: The lab's spec (``specs/lab06.toml``): its bans and shared tolerances.
 SPEC = spec.load("06_decoder_training")
 BLOCK_BAN = SPEC.ban("block")
@@ -77,24 +60,30 @@ _SUBLAYERS = (
 
 @contextlib.contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's info lines (devices, tips) while a check runs a Trainer."""
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    """Silence Lightning's info lines and warnings (devices, tips) while a check runs a Trainer."""
+    logging.disable(logging.WARNING)
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-def _same_ids(got: Tensor, want: Tensor) -> bool:
-    return got.shape == want.shape and torch.equal(got.double(), want.double())
+        logging.disable(logging.NOTSET)
 
 
 def _as_float64(out: Any) -> Tensor:
     return torch.as_tensor(out, dtype=torch.float64)
+
+
+#: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
+_FLOATS = {
+    "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
+    "output": _as_float64,
+}
+_IDS = {
+    "same": lambda got, want: got.shape == want.shape and torch.equal(got.double(), want.double()),
+    "output": _as_float64,
+    "describe": lambda case: (
+        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
+    ),
+}
 
 
 # ======================================================================================
@@ -202,7 +191,6 @@ BLOCK = Ordinary(
     rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
-    same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     load=lambda sizes, weights, x, memory, self_mask, memory_mask: (
         tuple(sizes),
         {name: torch.tensor(value) for name, value in weights.items()},
@@ -211,7 +199,7 @@ BLOCK = Ordinary(
         _optional_mask(self_mask),
         _optional_mask(memory_mask),
     ),
-    output=_as_float64,
+    **_FLOATS,
 )
 check_decoder_block = BLOCK.visible(
     "check_decoder_block",
@@ -253,13 +241,9 @@ SHIFT = Ordinary(
     "lab06",
     call=_shift_call,
     what=_shift_what,
-    describe=lambda case: (
-        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
-    ),
     rule="Position 0 holds BOS and position t the target of position t - 1.",
-    same=_same_ids,
     load=lambda targets, bos_id: (torch.tensor(targets), bos_id),
-    output=_as_float64,
+    **_IDS,
 )
 check_shift_right = SHIFT.visible(
     "check_shift_right",
@@ -295,13 +279,12 @@ LOSS = Ordinary(
     ),
     rule="The loss is -log softmax(logits)[target] at every position whose target is not "
     "pad_id, summed and divided by the number of such positions.",
-    same=lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     load=lambda logits, targets, pad_id: (
         torch.tensor(logits, dtype=torch.float32),
         torch.tensor(targets),
         pad_id,
     ),
-    output=_as_float64,
+    **_FLOATS,
 )
 
 
@@ -325,14 +308,14 @@ def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
 
 
 def copy_task_batch(
-    batch_size: int, ids: Mapping[str, int], *, max_src: int = 6, seed: int = 0
+    batch_size: int, config: Any, *, max_src: int = 6, seed: int = 0
 ) -> dict[str, Tensor]:
     """A seq2seq batch (``docs/contracts.md``) of the kit's copy task, whose sources have
-    2..``max_src`` symbols, with the special ids moved to ``ids`` (:func:`stand_in`'s)."""
+    2..``max_src`` symbols, with the special ids moved to a stand-in's (its ``config``)."""
     from transformer_lab.data.synthetic import make_sequence_task
 
-    specials = [ids["pad_id"], ids["bos_id"], ids["eos_id"]]
-    vocab_size = ids["vocab_size"]
+    specials = [config.pad_id, config.bos_id, config.eos_id]
+    vocab_size = config.tgt_vocab_size
     ours = torch.tensor(specials + [i for i in range(vocab_size) if i not in specials])
     batch = make_sequence_task(
         "copy",
@@ -350,10 +333,10 @@ class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
     ``encode`` returns the source ids, their mask and embeddings as the "memory" (counting its
-    calls); ``decode`` logits that bump an answer known in advance: by default the copy task's,
-    3 above a small network (metrics neither 0 nor 1); ``scripted=True``, ``y_t = symbol((x_t +
-    y_{t-1}) mod K)`` over the real source symbols (padding only where both masks say so), then
-    EOS, 4 above a fixed ramp (a loop that feeds back the wrong token or stops wrongly shows).
+    calls); ``decode`` logits that bump an answer known in advance (:meth:`_answer`): by default
+    the copy task's, 3 above a small network (metrics neither 0 nor 1); ``scripted=True``, one
+    that feeds back the previous token (padding only where both masks say so), 4 above a fixed
+    ramp (a loop that feeds back the wrong token or stops wrongly shows).
     """
 
     def __init__(
@@ -413,12 +396,20 @@ class StandInTranslator(nn.Module):
         tgt_padding_mask: Tensor | None = None,
     ) -> Tensor:
         src, real = memory[..., 0].round().long(), memory[..., 1] > 0.5  # (B, S)
+        expect_true(
+            not tgt_in.is_floating_point(),
+            "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
+        )
+        V = self.config.tgt_vocab_size
         if self.scripted:
-            return self._scripted(tgt_in, src, real, src_padding_mask)
+            mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
+            answer = self._answer(tgt_in, src, real | mask.to(real.device), feedback=True)
+            ramp = torch.linspace(0.0, 0.5, V, device=src.device)  # (V,): ties never happen
+            return ramp.expand(*answer.shape, V).scatter(-1, answer[..., None], 4.0)
         weights = real.to(memory.dtype)[..., None]  # (B, S, 1)
         mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
         logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
-        nudge = F.one_hot(self.copy_answer(src, tgt_in.shape[1]), logits.shape[-1])
+        nudge = F.one_hot(self._answer(tgt_in, src, src != self.config.pad_id, feedback=False), V)
         return logits + 3.0 * nudge.to(logits.dtype)
 
     def forward(
@@ -431,46 +422,19 @@ class StandInTranslator(nn.Module):
         memory = self.encode(src, src_padding_mask)
         return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
 
-    def copy_answer(self, src: Tensor, T: int) -> Tensor:
-        """``(B, T)``: the real source symbols, then EOS (repeated over the padding)."""
-        c = self.config
-        n = (src != c.pad_id).sum(dim=1)  # (B,)
-        answer = torch.full((src.shape[0], T), c.eos_id, dtype=torch.long, device=src.device)
-        width = min(T, src.shape[1])
-        answer[:, :width] = src[:, :width]
-        after = torch.arange(T, device=src.device)[None] >= n[:, None]  # (B, T)
-        return answer.masked_fill(after, c.eos_id)
-
-    def _scripted(
-        self, tgt_in: Tensor, src: Tensor, real: Tensor, src_padding_mask: Tensor | None
-    ) -> Tensor:
-        """The scripted logits ``(B, T, V)``: the ramp, and 4 at the script's next token."""
-        c = self.config
-        expect_true(
-            not tgt_in.is_floating_point(),
-            "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
-        )
-        if src_padding_mask is None:
-            real = torch.ones_like(real)
-        else:
-            real = real | src_padding_mask.to(real.device)
-        K = len(self.symbols)
-        index = {s: i for i, s in enumerate(self.symbols)}
-        B, T = tgt_in.shape
-        ramp = torch.linspace(0.0, 0.5, c.tgt_vocab_size)  # (V,): ties never happen
-        logits = ramp.expand(B, T, c.tgt_vocab_size).clone()  # (B, T, V)
-        for b in range(B):
-            source = [index.get(int(s), 0) for s in src[b][real[b]]]
-            for t in range(T):
-                prev = index.get(int(tgt_in[b, t]), 0) if t else 0
-                if t < len(source):
-                    token = self.symbols[(source[t] + prev) % K]
-                elif t == len(source):
-                    token = c.eos_id
-                else:
-                    token = self.symbols[t % K]
-                logits[b, t, token] = 4.0
-        return logits
+    def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor, *, feedback: bool) -> Tensor:
+        """``(B, T)``: ``symbol((x_t + y_{t-1}) mod K)`` over the ``real`` source symbols (a
+        prefix; ``y`` 0 without ``feedback``: a copy), then EOS, then ``symbol(t mod K)``."""
+        symbols = torch.tensor(self.symbols, device=src.device)
+        K, (B, T), S = len(symbols), tgt_in.shape, src.shape[1]
+        index = torch.zeros(self.config.tgt_vocab_size, dtype=torch.long, device=src.device)
+        index[symbols] = torch.arange(K, device=src.device)  # other ids count as symbol 0
+        n = real.sum(1, keepdim=True)  # (B, 1): real source tokens
+        source = F.pad(index[src], (0, max(0, T - S)))[:, :T]  # (B, T)
+        t = torch.arange(T, device=src.device)[None]  # (1, T)
+        prev = index[tgt_in] * (t > 0) * feedback  # (B, T): the token fed at t, 0 at t = 0
+        token = torch.where(t < n, symbols[(source + prev) % K], symbols[t % K].expand(B, T))
+        return token.masked_fill(t == n, self.config.eos_id)
 
 
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
@@ -480,19 +444,10 @@ class PortableTranslator(StandInTranslator):
     ``encode_calls`` are counted."""
 
 
-def stand_in(vocab_size: int, pad_id: int, seed: int) -> tuple[PortableTranslator, dict[str, int]]:
-    """A :class:`PortableTranslator` and the ids of its copy task (BOS and EOS follow
-    ``pad_id``)."""
-    ids = {
-        "vocab_size": vocab_size,
-        "pad_id": pad_id,
-        "bos_id": (pad_id + 1) % vocab_size,
-        "eos_id": (pad_id + 2) % vocab_size,
-    }
-    model = PortableTranslator(
-        vocab_size, pad_id=pad_id, bos_id=ids["bos_id"], eos_id=ids["eos_id"], seed=seed
-    )
-    return model, ids
+def stand_in(vocab_size: int, pad_id: int, seed: int) -> PortableTranslator:
+    """A :class:`PortableTranslator` whose BOS and EOS follow ``pad_id``."""
+    bos_id, eos_id = (pad_id + 1) % vocab_size, (pad_id + 2) % vocab_size
+    return PortableTranslator(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
 
 
 def _module_under_test(
@@ -551,9 +506,9 @@ def training_step_check(
 ) -> None:
     """One ``training_step`` on a stand-in model: value, graph, and what is logged
     (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
-    model, ids = stand_in(vocab_size, pad_id, seed)
+    model = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
-    batch = copy_task_batch(6, ids, seed=seed)
+    batch = copy_task_batch(6, model.config, seed=seed)
     want, candidates = _training_step_candidates(model, batch, pad_id)
     judge_training_step(
         module,
@@ -577,25 +532,20 @@ def _validation_expected(
     """Epoch values of val_loss, val_acc and val_exact_match: Lightning averages a logged
     number over the epoch weighted by the batch size; a logged metric object is computed over
     the whole epoch."""
-    sizes, losses = [], []
-    right = real = exact = 0
+    losses, right, exact = [], [], []
     with torch.no_grad():
         for batch in batches:
             masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
             logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
             targets = batch["tgt_out"]
-            losses.append(float(_ce(logits, targets, pad_id)) * targets.shape[0])
-            sizes.append(targets.shape[0])
-            ok = logits.argmax(-1) == targets  # (B, T)
-            keep = targets != pad_id
-            right += int(ok[keep].sum())
-            real += int(keep.sum())
-            exact += int((ok | ~keep).all(-1).sum())
-    rows = sum(sizes)
+            ok, keep = logits.argmax(-1) == targets, targets != pad_id  # (B, T)
+            losses += [float(_ce(logits, targets, pad_id))] * len(targets)
+            right.append(ok[keep])
+            exact.append((ok | ~keep).all(-1))
     return {
-        "val_loss": sum(losses) / rows,
-        "val_acc": right / real,
-        "val_exact_match": exact / rows,
+        "val_loss": sum(losses) / len(losses),
+        "val_acc": float(torch.cat(right).double().mean()),
+        "val_exact_match": float(torch.cat(exact).double().mean()),
     }
 
 
@@ -646,7 +596,7 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
 
     The second run validates other sentences: a metric that is never reset mixes both runs.
     """
-    model, ids = stand_in(vocab_size, pad_id, seed)
+    model = stand_in(vocab_size, pad_id, seed)
     what = _VALIDATE_WHAT
     runs = {}
     for run in ("", " (second run, other sentences)"):
@@ -654,7 +604,7 @@ def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int)
         # Batches of different sizes and sentence lengths, so that per-batch averages differ
         # from the epoch's values.
         runs[run] = [
-            copy_task_batch(size, ids, max_src=longest, seed=first + k)
+            copy_task_batch(size, model.config, max_src=longest, seed=first + k)
             for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
         ]
     # Lightning's loop runs where the student's class lives (the kernel, when judged).
@@ -703,11 +653,8 @@ def optimizers_check(
 def learning_rate_curve(
     cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int
 ) -> list[float]:
-    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``.
-
-    For plotting a schedule: the module is built around a :class:`PortableTranslator` and its
-    optimizer steps without gradients (:func:`~transformer_lab.checks._lightning.learning_rates`).
-    """
+    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``
+    around a stand-in (for plotting a schedule)."""
     module = cls(PortableTranslator(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
     return learning_rates(optimizer, scheduler, total_steps).tolist()
@@ -854,8 +801,7 @@ def trusted_data(datamodule: Any) -> Any:
     from transformer_lab.data import GrammarDataModule
 
     settings = {k: getattr(datamodule, k) for k in _DATA_FIELDS}
-    config = datamodule.config
-    settings |= {k: getattr(config, k) for k in _GRAMMAR_FIELDS}
+    settings |= {k: getattr(datamodule.config, k) for k in _GRAMMAR_FIELDS}
     plain = all(
         isinstance(v, int | float | str) and not isinstance(v, bool) for v in settings.values()
     )
@@ -890,17 +836,12 @@ def check_trained_translator(
         bool(blocks) and all(isinstance(b, block_cls) for b in blocks),
         "the translator must be built from your DecoderBlock (build_translator(DecoderBlock)).",
     )
-    data = datamodule.val_data
-    model.eval()
     device = next(model.parameters()).device
+    data = {k: v.to(device) for k, v in datamodule.val_data.items()}
     with torch.no_grad():
-        logits = model(
-            data["src"].to(device),
-            data["tgt_in"].to(device),
-            src_padding_mask=data["src_padding_mask"].to(device),
-            tgt_padding_mask=data["tgt_padding_mask"].to(device),
-        )
-    right = (logits.argmax(-1).cpu() == data["tgt_out"]) | (data["tgt_out"] == datamodule.pad_id)
+        masks = {k: data[k] for k in ("src_padding_mask", "tgt_padding_mask")}
+        logits = model.eval()(data["src"], data["tgt_in"], **masks)
+    right = (logits.argmax(-1) == data["tgt_out"]) | (data["tgt_out"] == datamodule.pad_id)
     score = float(right.all(dim=-1).float().mean())  # every real target token right
     expect_true(
         score >= min_exact_match,
@@ -963,13 +904,9 @@ DECODE = Ordinary(
     "lab06",
     call=_decode_call,
     what=_decode_what,
-    describe=lambda case: (
-        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
-    ),
     rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
-    same=_same_ids,
     load=lambda model, src, bos_id, eos_id, max_len, mask: (
         StandInTranslator(**model, scripted=True),
         torch.tensor(src),
@@ -978,7 +915,7 @@ DECODE = Ordinary(
         max_len,
         _optional_mask(mask),
     ),
-    output=_as_float64,
+    **_IDS,
 )
 check_greedy_decode = DECODE.visible(
     "check_greedy_decode",
@@ -986,3 +923,6 @@ check_greedy_decode = DECODE.visible(
     lengths (one padded with junk behind its mask), then a ``max_len`` that cuts every sentence
     short.""",
 )
+
+
+__all__ = [n for n in dir() if n.startswith("check_")]  # dir(): sorted

@@ -1,9 +1,5 @@
-"""Hidden checks of lab 06 (training an encoder-decoder), their oracles and the visible fixtures.
-
-The oracles are written independently of the kit, in float64 or over Python lists, their
-keywords (or the ``*_mistakes`` beside them) making the typical wrong answers; the hidden checks
-run the student's code on seeded random inputs; :func:`fixtures` computes the visible checks'
-worked examples (``checks/fixtures/lab06.json``).
+"""Hidden checks of lab 06 (training an encoder-decoder), their float64 oracles (whose keywords,
+or the ``*_mistakes`` beside them, make the typical wrong answers) and the visible fixtures.
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, section 3.
@@ -44,21 +40,6 @@ from transformer_lab.checks.lab06 import (
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 from transformer_lab.grading.hidden.lab04 import linear64, random_weights
 
-__all__ = [
-    "fixtures",
-    "hidden_check_decoder_block",
-    "hidden_check_decoder_block_masks",
-    "hidden_check_decoder_block_training",
-    "hidden_check_greedy_decode",
-    "hidden_check_greedy_decode_edges",
-    "hidden_check_sequence_loss",
-    "hidden_check_sequence_loss_numerics",
-    "hidden_check_shift_right",
-    "hidden_check_train_translator",
-    "hidden_check_translation_module",
-    "hidden_check_translator_greedy",
-]
-
 _ATOL = SPEC.tol("float32")  # shared with the visible checks
 
 
@@ -79,11 +60,13 @@ def oracle_block(
     norms: Sequence[int] = (1, 2, 3),
     pre_norm: bool = False,
     no_residual: str = "",
+    kept: float = 1.0,
 ) -> Tensor:
     """The post-norm decoder block in float64 from ``weights`` (named as the kit's block), with
     its own attention (fully masked rows give zero weights); the keywords make the typical
     wrong blocks (:data:`BLOCK_MISTAKES`): sub-layers in another ``order``, other ``norms``
-    after them, ``pre_norm``, the ``no_residual`` sub-layer without its residual."""
+    after them, ``pre_norm``, the ``no_residual`` sub-layer without its residual; ``kept`` 0 drops
+    every sub-layer's output (dropout ~1)."""
     heads = sizes[1]
 
     def attention(name: str, h: Tensor, source: Tensor, mask: Tensor | None) -> Tensor:
@@ -103,7 +86,7 @@ def oracle_block(
         if pre_norm:
             h = h + sublayer[kind](layer_norm64(h, *norm))
         else:
-            out = sublayer[kind](h)
+            out = kept * sublayer[kind](h)
             h = layer_norm64(out if kind == no_residual else h + out, *norm)
     return h
 
@@ -157,15 +140,6 @@ TRAINING = Oracle(
 )
 
 
-def _sizes(g: torch.Generator) -> tuple[int, int, int, int, int, int]:
-    heads = randint(1, 4, g)
-    d_model = heads * 2 * randint(2, 4, g)
-    d_ff = 2 * d_model
-    B, T = randint(2, 3, g), randint(2, 6, g)
-    S = T + randint(1, 4, g)
-    return d_model, heads, d_ff, B, T, S
-
-
 def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
     """Causal + target padding ``(B, 1, T, T)`` and source padding ``(B, 1, 1, S)``."""
     t_len = torch.randint(1, T + 1, (B,), generator=g)
@@ -184,7 +158,11 @@ def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
     target padding and source padding masks."""
     cases: list[tuple[Any, ...]] = []
     for _ in range(2):
-        d_model, heads, d_ff, B, T, S = _sizes(g)
+        heads = randint(1, 4, g)
+        d_model = heads * 2 * randint(2, 4, g)
+        d_ff = 2 * d_model
+        B, T = randint(2, 3, g), randint(2, 6, g)
+        S = T + randint(1, 4, g)
         given = (d_model, heads, d_ff), random_weights(d_model, d_ff, g, "self_attn", "cross_attn")
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
@@ -243,7 +221,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
     """Training mode: without dropout as eval mode; dropout acts in training only, on each
     sub-layer's output before the residual sum (dropout near 1 leaves
-    ``norm3(norm2(norm1(x)))``)."""
+    ``norm3(norm2(norm1(x)))``, and nothing in eval mode)."""
     g = generator(seed)
     sizes, B, T, S = (16, 4, 32), 2, 5, 7
     weights = random_weights(16, 32, g, "self_attn", "cross_attn")
@@ -252,41 +230,24 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
     TRAINING.judge(cls, [(sizes, weights, x, memory, causal, None)])
 
-    block, what = build_block(cls, sizes, weights, dropout=0.3)
-    block.eval()
-    expect_close(
-        run_block(block, x, memory, causal, None, f"{what} in eval mode"),
-        oracle_block(sizes, weights, x, memory, causal),
-        f"{what} in eval mode",
-        hint="Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
-        "training=self.training)).",
-        atol=_ATOL,
-        rtol=_ATOL,
-    )
-    block.train()
-    first = run_block(block, x, memory, causal, None, f"{what} in training mode")
-    second = run_block(block, x, memory, causal, None, f"{what} in training mode")
-    expect_true(
-        not close(first, second),
-        f"{what} gives the same output twice in training mode: dropout does nothing. Pass "
-        "dropout on (nn.Dropout(dropout) on each sub-layer's output, and to the attentions).",
-    )
-
     block, what = build_block(cls, sizes, weights, dropout=1.0 - 1e-7)  # every output dropped
-    block.train()
-    want = x.double()
-    for i in (1, 2, 3):
-        want = layer_norm64(want, *linear64(weights, f"norm{i}"))
-    compare(
-        run_block(block, x, memory, causal, None, f"{what} in training mode"),
-        want,
-        what=f"{what} in training mode (dropout ~1 drops every sub-layer's output)",
-        hint="With dropout ~1 every sub-layer's output is dropped, so the block must return "
-        "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
-        "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
-        "the feed-forward; not to x, not to the sum, not after the norm.",
-        **SPEC.close_tol("dropout_one"),
-    )
+    hints = {
+        "eval": "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
+        "training=self.training)).",
+        "training": "With dropout ~1 every sub-layer's output is dropped, so the block must "
+        "return norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is "
+        "added back: x = norm1(x + dropout1(self_attn(...))), and likewise for the "
+        "cross-attention and the feed-forward; not to x, not to the sum, not after the norm.",
+    }
+    for mode, hint in hints.items():
+        what_mode = f"{what} in {mode} mode"
+        compare(
+            run_block(block.train(mode == "training"), x, memory, causal, None, what_mode),
+            oracle_block(sizes, weights, x, memory, causal, kept=float(mode == "eval")),
+            what=what_mode,
+            hint=hint,
+            **SPEC.close_tol("dropout_one"),
+        )
 
 
 # ======================================================================================
@@ -671,3 +632,6 @@ def fixtures() -> dict[str, dict[str, Any]]:
     decodes = [({}, src, 1, 2, max_len, mask) for max_len in (10, 3)]  # a scripted stand-in
     out |= DECODE.fixtures("check_greedy_decode", decodes)
     return out
+
+
+__all__ = ["fixtures", *(n for n in dir() if n.startswith("hidden_check_"))]  # dir(): sorted
