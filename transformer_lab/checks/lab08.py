@@ -1,7 +1,4 @@
-"""Visible checks of lab 08 (language models), against ``fixtures/lab08.json`` (no oracle here):
-causal self-attention on a worked example in one pass and through a KV cache, generation on a
-scripted model (:class:`ScriptedLM`) with and without the cache, and the arithmetic of scale
-(ordinary parts, :mod:`transformer_lab.checks._generated`).
+"""Visible checks of lab 08 (language models), against ``fixtures/lab08.json`` (no oracle here).
 
 Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. (GPT-2), 2019;
 Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope et al.,
@@ -163,12 +160,9 @@ def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float
     x = x.clone()
     x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)  # the position ramp
     w, b = weights["qkv_proj.weight"], weights["qkv_proj.bias"]
-    for head in range(n_heads):
-        q_row, k_row = head * Dh, D + head * Dh
-        w[q_row] = 0.0
-        b[q_row] = lift  # every query: a large constant in the head's first feature
-        w[k_row] = 0.0
-        w[k_row, 0] = 1.0  # every key: its position in the head's first feature
+    w[: 2 * D : Dh] = 0.0  # the rows of each head's first query and key feature
+    b[:D:Dh] = lift  # every query: a large constant in the head's first feature
+    w[D : 2 * D : Dh, 0] = 1.0  # every key: its position in the head's first feature
     return x
 
 
@@ -588,8 +582,7 @@ def _scale_part(name: str, kind: Callable[[Any, str], Any], rule: str) -> Ordina
 
     def call(fn: Callable[..., Any], *case: Any) -> Any:
         what = show_call(name, case)
-        args, kwargs = split_case(case)
-        return kind(call_forbidding(fn, args, kwargs, ban=SCALE_BAN, what=what), what)
+        return kind(call_forbidding(fn, *split_case(case), ban=SCALE_BAN, what=what), what)
 
     def describe(case: Case[Given]) -> str:
         shown = "{:,}" if exact else "{:.4g}"

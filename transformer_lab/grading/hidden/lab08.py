@@ -1,8 +1,5 @@
-"""Hidden checks of lab 08 (language models), their oracles and the visible checks' fixtures.
-
-Oracles, written independently of the kit, each with its typical mistakes as variants; the
-hidden checks run the student's code on seeded random sizes and settings.
-"""
+"""Hidden checks of lab 08 (language models), their oracles (written independently of the kit,
+each with its typical mistakes as variants) and the visible checks' fixtures."""
 
 from __future__ import annotations
 
@@ -203,10 +200,7 @@ def _random_schedule(T: int, g: torch.Generator) -> list[tuple[int, int]]:
     """Chunks covering ``0..T``: a prefix, then a piece of at least two, then the rest."""
     first = randint(1, max(1, T - 3), g)
     second = min(T, first + randint(2, 3, g))
-    schedule = [(0, first), (first, second)]
-    for p in range(second, T):
-        schedule.append((p, p + 1))
-    return schedule
+    return [(0, first), (first, second), *((p, p + 1) for p in range(second, T))]
 
 
 def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed: int = 0) -> None:
@@ -352,10 +346,10 @@ def oracle_generate(
     variant: str = "",
 ) -> list[list[int]]:
     """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation (or a variant's)."""
-    scripted = ScriptedLM(n_ctx=n_ctx)
-    return greedy_reference(
-        scripted, torch.tensor(prompt), max_new_tokens, use_cache, variant
-    ).tolist()
+    tokens = greedy_reference(
+        ScriptedLM(n_ctx=n_ctx), torch.tensor(prompt), max_new_tokens, use_cache, variant
+    )
+    return tokens.tolist()
 
 
 GENERATE_MISTAKES = {
@@ -449,8 +443,6 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
 
 
 def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
-    """A prompt exactly n_ctx long, longer prompts, one token, a long run of three contexts,
-    none; each with the cache and without."""
     cases = [
         ([[randint(0, 10, g) for _ in range(6)]], 6, 4),  # prompt fills the context
         ([[randint(0, 10, g) for _ in range(9)] for _ in range(2)], 5, 6),  # longer prompt
