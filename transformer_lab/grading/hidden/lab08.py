@@ -324,10 +324,8 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
 def greedy_reference(
     model: nn.Module, prompt: Tensor, new: int, use_cache: bool = False, variant: str = ""
 ) -> Tensor:
-    """Greedy continuation, the window of the last ``n_ctx`` tokens recomputed every step (the
-    cached path reads the same windows). Variants: ``first_position`` (the logits of position
-    0, but a cached one-token step's only position is right), ``one_call`` (the model run once,
-    its first token repeated)."""
+    """Greedy continuation on the last ``n_ctx`` tokens, or a variant: ``first_position`` (the
+    logits of position 0; a cached one-token step's only one is right), ``one_call``."""
     n_ctx, T = model.config.n_ctx, prompt.shape[1]
     seq = prompt.clone()
     for step in range(new):
