@@ -1,7 +1,4 @@
-"""Visible checks of lab 08 (language models), against ``fixtures/lab08.json`` (no oracle here):
-causal self-attention on a worked example in one pass and through a KV cache, generation on a
-scripted model (:class:`ScriptedLM`) with and without the cache, and the arithmetic of scale
-(ordinary parts, :mod:`transformer_lab.checks._generated`).
+"""Visible checks of lab 08 (language models), against ``fixtures/lab08.json`` (no oracle here).
 
 Reference: Prince, *Understanding Deep Learning*, section 12.7; Radford et al. (GPT-2), 2019;
 Brown et al. (GPT-3), 2020, table 2.1; Kaplan et al. (scaling laws), 2020; Pope et al.,
@@ -36,17 +33,6 @@ from transformer_lab.checks._common import (
     stored,
 )
 from transformer_lab.checks._generated import Given, Ordinary
-
-__all__ = [
-    "check_causal_self_attention",
-    "check_causal_self_attention_cache",
-    "check_generate",
-    "check_generate_sampling",
-    "check_gpt_param_count",
-    "check_gpu_days",
-    "check_kv_cache_bytes",
-    "check_training_flops",
-]
 
 #: The lab's spec (``specs/lab08.toml``): its bans and shared tolerances.
 SPEC = lab_specs.load("08_language_models")
@@ -174,12 +160,9 @@ def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float
     x = x.clone()
     x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)  # the position ramp
     w, b = weights["qkv_proj.weight"], weights["qkv_proj.bias"]
-    for head in range(n_heads):
-        q_row, k_row = head * Dh, D + head * Dh
-        w[q_row] = 0.0
-        b[q_row] = lift  # every query: a large constant in the head's first feature
-        w[k_row] = 0.0
-        w[k_row, 0] = 1.0  # every key: its position in the head's first feature
+    w[: 2 * D : Dh] = 0.0  # the rows of each head's first query and key feature
+    b[:D:Dh] = lift  # every query: a large constant in the head's first feature
+    w[D : 2 * D : Dh, 0] = 1.0  # every key: its position in the head's first feature
     return x
 
 
@@ -275,16 +258,6 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
 # ======================================================================================
 
 
-class ScriptedCache:
-    """What :class:`ScriptedLM` keeps between calls: ``tokens (B, n_ctx)``, the ids read so far,
-    and the kit ``KVCache``'s ``length``, ``capacity`` and ``batch_size``."""
-
-    def __init__(self, batch_size: int, n_ctx: int) -> None:
-        self.tokens = torch.zeros(batch_size, n_ctx, dtype=torch.long)
-        self.length, self.capacity = 0, n_ctx
-        self.batch_size = batch_size
-
-
 class ScriptedLM(nn.Module):
     """A fake causal language model with the kit GPT's interface, for checking generation loops.
 
@@ -309,11 +282,14 @@ class ScriptedLM(nn.Module):
         self.sharpness = sharpness
         self.table = table
         self.anchor = nn.Parameter(torch.zeros(()))  # so that .parameters() and .device work
-        self.calls: list[tuple[int, ScriptedCache | None, int]] = []
+        self.calls: list[tuple[int, Any, int]] = []
 
-    def new_kv_cache(self, batch_size: int) -> ScriptedCache:
-        """An empty cache for ``batch_size`` sequences."""
-        return ScriptedCache(batch_size, self.config.n_ctx)
+    def new_kv_cache(self, batch_size: int) -> SimpleNamespace:
+        """An empty cache for ``batch_size`` sequences: the ids read so far, ``tokens (B, n_ctx)``,
+        and the kit ``KVCache``'s ``length``, ``capacity`` and ``batch_size``."""
+        n_ctx = self.config.n_ctx
+        tokens = torch.zeros(batch_size, n_ctx, dtype=torch.long)
+        return SimpleNamespace(tokens=tokens, length=0, capacity=n_ctx, batch_size=batch_size)
 
     def logits_for(self, tokens: Tensor) -> Tensor:
         """Logits ``(B, T, V)`` of a window read from position 0 (float32)."""
@@ -327,7 +303,7 @@ class ScriptedLM(nn.Module):
         angle = 2.0 * math.pi * gap.float() / V
         return self.sharpness * torch.cos(angle) + 0.2 * gap.float() / V
 
-    def forward(self, idx: Tensor, kv_cache: ScriptedCache | None = None) -> Tensor:
+    def forward(self, idx: Tensor, kv_cache: Any = None) -> Tensor:
         B, T = idx.shape
         n_ctx = self.config.n_ctx
         if kv_cache is None:
@@ -606,8 +582,7 @@ def _scale_part(name: str, kind: Callable[[Any, str], Any], rule: str) -> Ordina
 
     def call(fn: Callable[..., Any], *case: Any) -> Any:
         what = show_call(name, case)
-        args, kwargs = split_case(case)
-        return kind(call_forbidding(fn, args, kwargs, ban=SCALE_BAN, what=what), what)
+        return kind(call_forbidding(fn, *split_case(case), ban=SCALE_BAN, what=what), what)
 
     def describe(case: Case[Given]) -> str:
         shown = "{:,}" if exact else "{:.4g}"
@@ -677,3 +652,5 @@ check_gpu_days = DAYS.visible(
     "check_gpu_days",
     """Worked examples: GPT-3's 3.15e23 FLOPs on an A100 (312 TFLOP/s) at 40%, and a day.""",
 )
+
+__all__ = [n for n in dir() if n.startswith("check_")]  # dir(): sorted

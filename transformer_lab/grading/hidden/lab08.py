@@ -1,13 +1,10 @@
-"""Hidden checks of lab 08 (language models), their oracles and the visible checks' fixtures.
-
-Oracles, written independently of the kit, each with its typical mistakes as variants; the
-hidden checks run the student's code on seeded random sizes and settings.
-"""
+"""Hidden checks of lab 08 (language models), their oracles (written independently of the kit,
+each with its typical mistakes as variants) and the visible checks' fixtures."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,26 +31,11 @@ from transformer_lab.checks.lab08 import (
     run_generate,
     sample,
     show_schedule,
-    split_case,
 )
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden import lab03 as hidden03
 from transformer_lab.grading.hidden import lab07 as hidden07
 from transformer_lab.grading.hidden._attention import distinct_mistakes, heads_split_as
-
-__all__ = [
-    "fixtures",
-    "hidden_check_causal_self_attention",
-    "hidden_check_causal_self_attention_cache",
-    "hidden_check_causal_self_attention_training",
-    "hidden_check_generate",
-    "hidden_check_generate_edges",
-    "hidden_check_generate_strategies",
-    "hidden_check_gpt_param_count",
-    "hidden_check_gpu_days",
-    "hidden_check_kv_cache_bytes",
-    "hidden_check_training_flops",
-]
 
 _TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the visible checks
 
@@ -218,10 +200,7 @@ def _random_schedule(T: int, g: torch.Generator) -> list[tuple[int, int]]:
     """Chunks covering ``0..T``: a prefix, then a piece of at least two, then the rest."""
     first = randint(1, max(1, T - 3), g)
     second = min(T, first + randint(2, 3, g))
-    schedule = [(0, first), (first, second)]
-    for p in range(second, T):
-        schedule.append((p, p + 1))
-    return schedule
+    return [(0, first), (first, second), *((p, p + 1) for p in range(second, T))]
 
 
 def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed: int = 0) -> None:
@@ -345,10 +324,8 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
 def greedy_reference(
     model: nn.Module, prompt: Tensor, new: int, use_cache: bool = False, variant: str = ""
 ) -> Tensor:
-    """Greedy continuation, the window of the last ``n_ctx`` tokens recomputed every step (the
-    cached path reads the same windows). Variants: ``first_position`` (the logits of position
-    0, but a cached one-token step's only position is right), ``one_call`` (the model run once,
-    its first token repeated)."""
+    """Greedy continuation on the last ``n_ctx`` tokens, or a variant: ``first_position`` (the
+    logits of position 0; a cached one-token step's only one is right), ``one_call``."""
     n_ctx, T = model.config.n_ctx, prompt.shape[1]
     seq = prompt.clone()
     for step in range(new):
@@ -367,10 +344,10 @@ def oracle_generate(
     variant: str = "",
 ) -> list[list[int]]:
     """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation (or a variant's)."""
-    scripted = ScriptedLM(n_ctx=n_ctx)
-    return greedy_reference(
-        scripted, torch.tensor(prompt), max_new_tokens, use_cache, variant
-    ).tolist()
+    tokens = greedy_reference(
+        ScriptedLM(n_ctx=n_ctx), torch.tensor(prompt), max_new_tokens, use_cache, variant
+    )
+    return tokens.tolist()
 
 
 GENERATE_MISTAKES = {
@@ -383,17 +360,13 @@ GENERATE_MISTAKES = {
 }
 
 
-def generate_mistakes(
-    prompt: Sequence[Sequence[int]], n_ctx: int, max_new_tokens: int, use_cache: bool = False
-) -> dict[str, list[list[int]]]:
-    """Hint -> the tokens a typical wrong greedy loop returns on the scripted model."""
-    return {
-        hint: oracle_generate(prompt, n_ctx, max_new_tokens, use_cache, variant)
-        for variant, hint in GENERATE_MISTAKES.items()
-    }
-
-
-GREEDY = Oracle(lab08.GREEDY, oracle_generate, generate_mistakes)
+GREEDY = Oracle(
+    lab08.GREEDY,
+    oracle_generate,
+    lambda *case: {
+        hint: oracle_generate(*case, variant=v) for v, hint in GENERATE_MISTAKES.items()
+    },
+)
 
 
 # ======================================================================================
@@ -468,8 +441,6 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
 
 
 def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
-    """A prompt exactly n_ctx long, longer prompts, one token, a long run of three contexts,
-    none; each with the cache and without."""
     cases = [
         ([[randint(0, 10, g) for _ in range(6)]], 6, 4),  # prompt fills the context
         ([[randint(0, 10, g) for _ in range(9)] for _ in range(2)], 5, 6),  # longer prompt
@@ -537,12 +508,12 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
 
 
 def oracle_gpt_param_count(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any] = {}
 ) -> int:
     """GPT-2's parameters, layer by layer: token and position embeddings (the output layer is
     tied to the token embedding), per block two layer norms, the QKV projection (D -> 3D), the
     output projection (D -> D) and the MLP (D -> 4D -> D), and the final layer norm."""
-    D, b = d_model, 1 if bias else 0
+    D, b = d_model, int(options.get("bias", True))
     norm = (1 + b) * D  # gain (and bias)
     attention = D * 3 * D + b * 3 * D + D * D + b * D
     mlp = D * 4 * D + b * 4 * D + 4 * D * D + b * D
@@ -550,12 +521,12 @@ def oracle_gpt_param_count(
 
 
 def count_mistakes(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, bias: bool = True
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any] = {}
 ) -> dict[str, int]:
     """Hint -> the count each typical mistake gives, in the catalogue's order."""
     L, D, V = n_layers, d_model, vocab_size
-    right = oracle_gpt_param_count(L, D, V, n_ctx, bias)
-    b = 1 if bias else 0
+    right = oracle_gpt_param_count(L, D, V, n_ctx, options)
+    b = int(options.get("bias", True))
     ln_bias = (2 * L + 1) * D  # the biases of every layer norm
     linear_bias = L * (3 * D + D + 4 * D + D)
     return {
@@ -606,18 +577,19 @@ def flops_mistakes(n_params: float, n_tokens: float) -> dict[str, float]:
 
 
 def oracle_kv_cache_bytes(
-    n_layers: int, d_model: int, n_ctx: int, batch_size: int = 1, bytes_per_value: int = 2
+    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any] = {}
 ) -> int:
     """A key and a value of width D per layer, position and sequence."""
-    per_position = 2 * d_model * bytes_per_value  # key + value, bytes
-    return n_layers * batch_size * n_ctx * per_position
+    per_position = 2 * d_model * options.get("bytes_per_value", 2)  # key + value, bytes
+    return n_layers * options.get("batch_size", 1) * n_ctx * per_position
 
 
 def kv_mistakes(
-    n_layers: int, d_model: int, n_ctx: int, batch_size: int = 1, bytes_per_value: int = 2
+    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any] = {}
 ) -> dict[str, int]:
-    right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, batch_size, bytes_per_value)
-    L, T, B, b = n_layers, n_ctx, batch_size, bytes_per_value
+    right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, options)
+    L, T = n_layers, n_ctx
+    B, b = options.get("batch_size", 1), options.get("bytes_per_value", 2)
     return {
         "You count the keys only: the cache holds a key AND a value per layer and position "
         "(the factor 2).": right // 2,
@@ -661,19 +633,9 @@ def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> di
 # ======================================================================================
 
 
-def _on_case(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` applied to a case: its positional arguments, then its trailing dict's keywords."""
-
-    def apply(*case: Any) -> Any:
-        positional, keywords = split_case(case)
-        return func(*positional, **keywords)
-
-    return apply
-
-
-COUNT = Oracle(lab08.COUNT, _on_case(oracle_gpt_param_count), _on_case(count_mistakes))
+COUNT = Oracle(lab08.COUNT, oracle_gpt_param_count, count_mistakes)
 FLOPS = Oracle(lab08.FLOPS, oracle_training_flops, flops_mistakes)
-KV = Oracle(lab08.KV, _on_case(oracle_kv_cache_bytes), _on_case(kv_mistakes))
+KV = Oracle(lab08.KV, oracle_kv_cache_bytes, kv_mistakes)
 DAYS = Oracle(lab08.DAYS, oracle_gpu_days, gpu_days_mistakes)
 
 
@@ -776,3 +738,6 @@ def fixtures() -> dict[str, dict[str, Any]]:
     days = [(3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)]
     out |= DAYS.fixtures("check_gpu_days", days)
     return out
+
+
+__all__ = ["fixtures", *(n for n in dir() if n.startswith("hidden_check_"))]  # dir(): sorted
