@@ -1,11 +1,6 @@
-"""Hidden checks of lab 07 (the NLP pipeline and decoding), their oracles and the fixtures.
-
-The oracles follow the rules the notebook states, independent of the kit's tokenizers and
-generation. Each part is an :class:`~transformer_lab.checks._generated.Oracle`: its oracle and its
-catalogue of typical mistakes, hint -> output (most from a ``*_variant`` of the oracle with the
-mistake's flags). :func:`fixtures` stores the visible checks' worked examples.
-
-Reference: Sennrich, Haddow and Birch, ACL 2016; Holtzman et al., ICLR 2020.
+"""Hidden checks of lab 07: per part an :class:`~transformer_lab.checks._generated.Oracle` (the
+oracle, independent of the kit, and its mistakes, most a ``*_variant`` with the mistake's flags);
+:func:`fixtures`, the visible checks' worked examples. Sennrich et al. 2016; Holtzman et al. 2020.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
 
 
 def _catalogue(variant: Callable[..., Any], flags: Mapping[str, Mapping[str, Any]]) -> Any:
-    """The mistakes of an :class:`Oracle`: ``mistakes(*args)`` -> {hint: ``variant(*args,
-    **flags[hint])``}, in the catalogue's order."""
+    """``mistakes(*args)`` -> {hint: ``variant(*args, **flags[hint])``}."""
     return lambda *args: {hint: variant(*args, **kw) for hint, kw in flags.items()}
 
 
@@ -104,9 +98,8 @@ def _random_text(g: torch.Generator, letters: str, length: int) -> str:
 
 
 def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
-    """Random texts over random alphabets (accents, CJK, emoji, tabs, newlines): ``vocab_size``,
-    ``encode`` of the text and of texts with unseen characters, ``decode`` of random ids and of
-    the text's own ids (which give the text back)."""
+    """Random texts over random alphabets (accents, CJK, emoji, tabs): encode (unseen characters
+    too) and decode (random ids, the text's own ids)."""
     g = generator(seed)
     encodes, decodes = [], []
     for _ in range(3):
@@ -124,8 +117,7 @@ def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
 
 
 def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) -> None:
-    """Fitting again replaces the vocabulary; empty texts; repeated characters; a text of one
-    character; decoding every special."""
+    """Fitting again, empty texts, repeated characters, decoding every special."""
     g = generator(seed)
     first = _random_text(g, "abcdefgh", 30)
     second = _random_text(g, "xyz ", 12)
@@ -159,8 +151,7 @@ RIGHT_TO_LEFT = "You merge from the right; merge left to right: 'aaa' gives ['aa
 
 
 def _fuse(symbols: Sequence[str], pair: tuple[str, str], *, how: str = "all") -> tuple[str, ...]:
-    """``symbols`` with ``pair`` merged: every occurrence left to right (``"all"``), only the
-    first (``"first"``), or every occurrence right to left (``"rtl"``)."""
+    """``symbols`` with ``pair`` merged ``"all"`` left to right, ``"first"`` only, or ``"rtl"``."""
     seq = list(symbols)
     scan = range(len(seq) - 2, -1, -1) if how == "rtl" else range(len(seq) - 1)
     taken: list[int] = []  # where the pair is merged: no two occurrences overlap
@@ -209,8 +200,7 @@ def bpe_train_variant(
     weighted: bool = True,
     merge: str = "all",
 ) -> list[tuple[str, str]]:
-    """BPE training with the flags of the typical mistakes (the defaults are the oracle):
-    ``boundary`` ``"text"`` (spaces as symbols) or ``"chain"`` (the words run together)."""
+    """BPE training with the mistakes' flags (the defaults are the oracle)."""
     if boundary == "word":
         corpus = _word_symbols(text, eow=eow)
     else:  # one sequence: the text with its spaces, or the words (and </w>) run together
@@ -267,8 +257,7 @@ def bpe_encode_variant(
     whole_text: bool = False,
     keep_eow: bool = True,
 ) -> list[str]:
-    """BPE encoding with the flags of the typical mistakes (the defaults are the oracle: the
-    earliest-learned pair present first, until none is left)."""
+    """BPE encoding with the mistakes' flags (the defaults are the oracle)."""
     rank: dict[tuple[str, str], int] = {}
     for r, pair in enumerate(merges):
         rank.setdefault(tuple(pair), r)
@@ -362,8 +351,7 @@ def _random_texts(g: torch.Generator) -> list[tuple[str, int]]:
 hidden_check_bpe_train = BPE_TRAIN.hidden(
     "hidden_check_bpe_train",
     _random_texts,
-    """Random texts (small alphabets, so many ties and repeated letters; tabs and newlines
-    between words) against the oracle, 5 to 40 merges.""",
+    """Random texts (small alphabets: many ties; tabs and newlines), 5 to 40 merges.""",
 )
 
 
@@ -376,9 +364,7 @@ def _train_edges(g: torch.Generator) -> list[tuple[str, int]]:
 hidden_check_bpe_train_edges = BPE_TRAIN.hidden(
     "hidden_check_bpe_train_edges",
     _train_edges,
-    """No merges asked, an empty text (or whitespace only), more merges than there are pairs,
-    one-letter words, word frequencies, ties between merged pieces, the lecture's rhyme at 25
-    merges.""",
+    """No merges, empty texts, more merges than pairs, one-letter words, ties, the rhyme.""",
 )
 
 
@@ -394,8 +380,7 @@ def _learned(g: torch.Generator) -> list[tuple[str, list[tuple[str, str]]]]:
 hidden_check_bpe_encode = BPE_ENCODE.hidden(
     "hidden_check_bpe_encode",
     _learned,
-    """Merges learned (by the oracle) on random texts, applied to the texts themselves and to
-    new words of the same letters.""",
+    """Merges learned on random texts, applied to the texts and to new words.""",
 )
 
 
@@ -411,8 +396,7 @@ def _encode_edges(g: torch.Generator) -> list[tuple[str, list[tuple[str, str]]]]
 hidden_check_bpe_encode_edges = BPE_ENCODE.hidden(
     "hidden_check_bpe_encode_edges",
     _encode_edges,
-    """No merges (characters and ``</w>``), an empty text, repeated letters, characters never
-    seen in training, the rhyme's merges on new words.""",
+    """No merges, an empty text, repeated letters, unseen characters, the rhyme's merges.""",
 )
 
 
@@ -514,8 +498,7 @@ def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtyp
 
 
 def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: float) -> None:
-    """``fn(logits, bad)`` (``name``) must raise ValueError: ``bad`` is a temperature <= 0, a
-    k < 1 or a p outside (0, 1]."""
+    """``fn(logits, bad)`` (``name``) must raise ValueError."""
     try:
         call_forbidding(fn, (logits, bad), {}, ban=lab07.DECODING_BAN, what=name)
     except AssertionError as exc:
@@ -528,8 +511,7 @@ def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: 
 
 
 def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random batches (float32 and float64, any leading dims) at temperatures below and above 1;
-    ``-inf`` entries stay ``-inf``; ``t = 1`` changes nothing; ``t <= 0`` raises ValueError."""
+    """Random batches, ``-inf`` entries, ``t = 1``; ``t <= 0`` raises ValueError."""
     g = generator(seed)
     cases = []
     for shape, dtype, t in (
@@ -568,8 +550,7 @@ hidden_check_top_k_filter = TOP_K.hidden(
 
 
 def hidden_check_top_k_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
-    """``k`` equal to and larger than the vocabulary keeps everything; ``k = 1``; ``-inf``
-    already present; a row of equal logits; ``k < 1`` raises ValueError."""
+    """``k`` >= the vocabulary, ``k = 1``, ``-inf``, equal logits; ``k < 1`` raises ValueError."""
     logits = _random_logits(generator(seed), (3, 6), torch.float32)
     logits[0, 2] = -math.inf
     logits[1] = 0.5
@@ -603,15 +584,13 @@ def _nuclei(g: torch.Generator) -> list[tuple[Tensor, float]]:
 hidden_check_top_p_filter = TOP_P.hidden(
     "hidden_check_top_p_filter",
     _nuclei,
-    """Random batches (float32, float64, three dims) at several ``p`` (never closer than 0.01 to
-    a running mass); unsorted rows; rows whose nucleus is one token.""",
+    """Random batches at ``p`` never within 0.01 of a running mass.""",
 )
 
 
 def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Ties at the boundary (lower id first), ``p = 1`` keeps everything (also where float32 sums
-    reach 1 early), a single token, a tiny ``p`` keeps the most likely token, ``-inf`` already
-    present, large logits (1e4), ``p`` outside (0, 1] raises ValueError."""
+    """Ties, ``p = 1``, one token, a tiny ``p``, ``-inf``, large logits; ``p`` outside (0, 1]
+    raises ValueError."""
     tied = torch.log(torch.tensor([[0.2, 0.4, 0.2, 0.2], [0.1, 0.3, 0.3, 0.3]]))  # (2, 4)
     inf = torch.tensor([[1.0, -math.inf, 3.0, 2.0, -math.inf]])
     big = torch.tensor([[1.0e4, 1.0e4 - 1.0, 1.0e4 - 3.0, 9.0e3]])
@@ -646,8 +625,7 @@ def beam_variant(
     final_ties: str = "first",
     bos: bool = True,
 ) -> list[int]:
-    """Beam search on ``step_fn.row`` with the flags of the typical mistakes (the defaults are
-    the oracle; :data:`beam_mistakes` says what each flag gets wrong)."""
+    """Beam search on ``step_fn.row`` with the mistakes' flags (the defaults are the oracle)."""
     rows, eos_id, max_len = step_fn.row, step_fn.eos_id, step_fn.max_len
     # Hypotheses as (seq, logp, score): the score is what the variant ranks by.
     alive: list[tuple[list[int], float, float]] = [([step_fn.bos_id], 0.0, 0.0)]
@@ -752,17 +730,13 @@ _FINAL_TIE_TABLE = {
 
 
 def _separating() -> list[tuple[RandomStepFn, int]]:
-    """Distributions (6 tokens, beam_width 3) on which every two of the catalogue's mistakes
-    return different hypotheses, ties aside (the tables hold those); the third tells a length
-    normalisation at every step from one in the final choice only."""
+    """Distributions on which every two beam mistakes return different hypotheses (ties aside)."""
     seeds = ((90, 6), (75, 6), (135, 8))
     return [(RandomStepFn(6, s, bos_id=0, eos_id=1, max_len=n), 3) for s, n in seeds]
 
 
 def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random next-token distributions (5 to 8 tokens, other BOS/EOS ids) at widths 1 to 5 and
-    several ``max_len``, and two fixed ones that tell the typical mistakes apart, against the
-    oracle."""
+    """Random distributions (other BOS/EOS ids), widths 1 to 5, and the separating ones."""
     g = generator(seed)
     cases = []
     for _ in range(5):
@@ -772,15 +746,11 @@ def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
             vocab, randint(0, 10**6, g), bos_id=bos, eos_id=eos, max_len=randint(3, 7, g)
         )
         cases.append((step_fn, randint(1, 5, g)))
-    # Fixed distributions on which the catalogue's mistakes return different hypotheses
-    # (random ones may let two of them agree everywhere: one diagnosis needs them apart).
     BEAM.judge(fn, [*cases, *_separating()])
 
 
 def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> None:
-    """The stated ties (equal scores: the better-ranked beam's extension first; the final
-    choice: the hypothesis that finished first), ``max_len = 1`` and ``2``, a beam wider than
-    the vocabulary, an immediate EOS, other BOS/EOS ids."""
+    """The stated ties, ``max_len`` 1 and 2, a beam wider than the vocabulary, an immediate EOS."""
     cases: list[tuple[Any, int]] = [(TableStepFn(t), 2) for t in (_TIE_TABLE, _FINAL_TIE_TABLE)]
     g = generator(seed)
     for max_len, width in ((1, 3), (2, 2), (4, 12)):
@@ -790,9 +760,7 @@ def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> Non
         {"table": {"[2]": [0.1, 0.1, 0.0, 0.05, 0.75]}, "default": [0.3, 0.3, 0.0, 0.1, 0.3],
          "bos_id": 2, "eos_id": 4, "max_len": 6}
     )  # fmt: skip
-    # The rules' cases may leave two mistakes alike (adding probabilities, or normalising by
-    # length at every step, with a beam wider than the vocabulary): once one fails, the
-    # separating cases tell them apart (they score nothing here).
+    # Once a case fails, the separating cases (scoring nothing here) tell mistakes apart.
     BEAM.judge(fn, [*cases, (eos_first, 2)], tell_apart=_separating())
 
 
@@ -862,7 +830,7 @@ CHAR_TEXT = "the man ate the fish."
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
-    """The stored worked examples of :mod:`transformer_lab.checks.lab07`, check by check."""
+    """The visible checks' worked examples."""
     row = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0])
     batch = torch.tensor([[1.0, -2.0, 0.0, 4.0], [0.3, 0.2, -0.1, 0.0]])
     tie = torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5, -1.0])
