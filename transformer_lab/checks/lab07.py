@@ -38,11 +38,6 @@ def _describe(case: Case[Any]) -> str:
     return f"{case.what} returned {case.got!r:.300}, expected {case.want!r:.300}."
 
 
-# ======================================================================================
-# CharTokenizer
-# ======================================================================================
-
-
 def _method(tok: Any, name: str, arg: Any, what: str, on_error: str = "") -> Any:
     """``tok.<name>(arg)`` under the tokenizer ban (a missing method raises AttributeError)."""
     return call_forbidding(
@@ -124,11 +119,6 @@ def check_char_tokenizer(cls: Callable[..., Any]) -> None:
     CHAR_DECODE.judge(toks, ids)
 
 
-# ======================================================================================
-# bpe_train and bpe_encode
-# ======================================================================================
-
-
 def run_bpe_train(fn: Callable[..., Any], text: str, num_merges: int) -> list[tuple[str, str]]:
     """The student's ``bpe_train(text, num_merges)`` under the ban, as a list of tuples."""
     what = f"bpe_train({text!r:.40}, {num_merges})"
@@ -186,11 +176,6 @@ check_bpe_encode = BPE_ENCODE.visible(
     "check_bpe_encode",
     """Worked examples: the rhyme's merges on the rhyme and new words; the order of merging.""",
 )
-
-
-# ======================================================================================
-# apply_temperature, top_k_filter, top_p_filter
-# ======================================================================================
 
 
 def same_logits(got: Tensor, want: Tensor) -> bool:
@@ -280,11 +265,6 @@ check_top_p_filter = TOP_P.visible(
     "check_top_p_filter",
     """Worked examples: an unsorted row at ``p = 0.65`` and ``0.45``, a batch, ``p = 1``.""",
 )
-
-
-# ======================================================================================
-# beam_search
-# ======================================================================================
 
 
 class _StepFn:

@@ -31,11 +31,6 @@ def _catalogue(variant: Callable[..., Any], flags: Mapping[str, Mapping[str, Any
     return lambda *args: {hint: variant(*args, **kw) for hint, kw in flags.items()}
 
 
-# ======================================================================================
-# CharTokenizer
-# ======================================================================================
-
-
 def oracle_char_vocab(text: str) -> list[str]:
     """Every token, in id order: the specials, then the distinct characters by code point."""
     distinct = {c: None for c in text}
@@ -129,11 +124,6 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     encodes = [(second, second + "a"), ("aaaa", "aaaa"), ("aaaa", ""), ("aaaa", "ab")]
     CHAR_ENCODE.judge(toks, [*encodes, ("zy x", "")])
     CHAR_DECODE.judge(toks, [("zy x", []), ("zy x", [0, 1, 4, 5, 6, 7, 3, 2])])
-
-
-# ======================================================================================
-# BPE
-# ======================================================================================
 
 
 def _word_symbols(text: str, *, eow: bool = True) -> dict[tuple[str, ...], int]:
@@ -289,20 +279,13 @@ def bpe_encode_variant(
 
 
 def _longest_match(symbols: list[str], merges: Sequence[tuple[str, str]]) -> list[str]:
-    """Greedy longest match against the merged pieces (each a tuple of base symbols)."""
-    spelled: dict[str, tuple[str, ...]] = {}
-    known: set[tuple[str, ...]] = set()
-    for a, b in merges:
-        spelled[a + b] = spelled.get(a, (a,)) + spelled.get(b, (b,))
-        known.add(spelled[a + b])
+    """Greedy longest match against the merged pieces."""
+    known = {a + b for a, b in merges}
     out: list[str] = []
-    i = 0
-    while i < len(symbols):
-        j = next(
-            j for j in range(len(symbols), i, -1) if tuple(symbols[i:j]) in known or j == i + 1
-        )
-        out.append("".join(symbols[i:j]))
-        i = j
+    while symbols:
+        j = next(j for j in range(len(symbols), 0, -1) if "".join(symbols[:j]) in known or j == 1)
+        out.append("".join(symbols[:j]))
+        symbols = symbols[j:]
     return out
 
 
@@ -400,11 +383,6 @@ hidden_check_bpe_encode_edges = BPE_ENCODE.hidden(
 )
 
 
-# ======================================================================================
-# apply_temperature, top_k_filter, top_p_filter
-# ======================================================================================
-
-
 def _float64(logits: Tensor) -> Tensor:
     return logits.detach().to("cpu", torch.float64)
 
@@ -497,6 +475,12 @@ def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtyp
     return (2.0 * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
+def _batches(g: torch.Generator, *shapes: tuple[int, ...]) -> list[Tensor]:
+    """Random logits of the three ``shapes``: float32, float64, float32."""
+    dtypes = (torch.float32, torch.float64, torch.float32)
+    return [_random_logits(g, shape, dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+
+
 def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: float) -> None:
     """``fn(logits, bad)`` (``name``) must raise ValueError."""
     try:
@@ -513,15 +497,9 @@ def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: 
 def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> None:
     """Random batches, ``-inf`` entries, ``t = 1``; ``t <= 0`` raises ValueError."""
     g = generator(seed)
-    cases = []
-    for shape, dtype, t in (
-        ((7,), torch.float32, 0.3),
-        ((3, 11), torch.float64, 1.7),
-        ((2, 3, 6), torch.float32, 0.9),
-    ):
-        logits = _random_logits(g, shape, dtype)
-        logits[..., 1] = -math.inf
-        cases.append((logits, t))
+    cases = list(zip(_batches(g, (7,), (3, 11), (2, 3, 6)), (0.3, 1.7, 0.9), strict=True))
+    for x, _ in cases:
+        x[..., 1] = -math.inf
     logits = _random_logits(g, (2, 5), torch.float32)
     TEMPERATURE.judge(fn, [*cases, (logits, 1.0)])
     for bad in (0.0, -1.0):
@@ -570,15 +548,7 @@ def _safe_p(g: torch.Generator, logits: Tensor) -> float:
 
 
 def _nuclei(g: torch.Generator) -> list[tuple[Tensor, float]]:
-    cases = []
-    for shape, dtype in (
-        ((10,), torch.float32),
-        ((4, 12), torch.float64),
-        ((2, 3, 8), torch.float32),
-    ):
-        logits = _random_logits(g, shape, dtype)
-        cases.append((logits, _safe_p(g, logits)))
-    return cases
+    return [(x, _safe_p(g, x)) for x in _batches(g, (10,), (4, 12), (2, 3, 8))]
 
 
 hidden_check_top_p_filter = TOP_P.hidden(
@@ -606,11 +576,6 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
     TOP_P.judge(fn, cases)
     for bad in (0.0, 1.5):
         _expect_value_error(fn, f"top_p_filter(logits, p={bad})", logits, bad)
-
-
-# ======================================================================================
-# beam_search
-# ======================================================================================
 
 
 def beam_variant(
@@ -762,11 +727,6 @@ def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> Non
     )  # fmt: skip
     # Once a case fails, the separating cases (scoring nothing here) tell mistakes apart.
     BEAM.judge(fn, [*cases, (eos_first, 2)], tell_apart=_separating())
-
-
-# ======================================================================================
-# The visible checks' worked examples
-# ======================================================================================
 
 
 # fmt: off
