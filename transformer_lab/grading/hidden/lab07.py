@@ -316,19 +316,12 @@ def _random_words(g: torch.Generator, letters: str, n_words: int, longest: int =
     vocab = [_random_text(g, letters, randint(1, longest, g)) for _ in range(max(3, n_words // 3))]
     picks = torch.randint(0, len(vocab), (n_words,), generator=g).tolist()
     seps = [" ", " ", " ", "  ", "\n", "\t"]
-    out = []
-    for i in picks:
-        out.append(vocab[i])
-        out.append(seps[randint(0, len(seps) - 1, g)])
-    return "".join(out)
+    return "".join(vocab[i] + seps[randint(0, len(seps) - 1, g)] for i in picks)
 
 
 def _random_texts(g: torch.Generator) -> list[tuple[str, int]]:
-    cases = []
-    for letters in ("abc", "abcde", "lowerstn"):
-        text = _random_words(g, letters, randint(15, 60, g))
-        cases.append((text, randint(5, 40, g)))
-    return cases
+    alphabets = ("abc", "abcde", "lowerstn")
+    return [(_random_words(g, a, randint(15, 60, g)), randint(5, 40, g)) for a in alphabets]
 
 
 hidden_check_bpe_train = BPE_TRAIN.hidden(
@@ -564,8 +557,7 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
     tied = torch.log(torch.tensor([[0.2, 0.4, 0.2, 0.2], [0.1, 0.3, 0.3, 0.3]]))  # (2, 4)
     inf = torch.tensor([[1.0, -math.inf, 3.0, 2.0, -math.inf]])
     big = torch.tensor([[1.0e4, 1.0e4 - 1.0, 1.0e4 - 3.0, 9.0e3]])
-    # In float32 the first token's probability rounds to 1, so a running sum reaches p = 1
-    # before the others: p = 1 must keep them all the same.
+    # In float32 the first probability rounds to 1: p = 1 must keep every token all the same.
     tiny = torch.tensor([[30.0, 10.0, 9.0, 9.0, -1.0]])
     single = torch.tensor([[0.3], [-2.0]])  # one token: always kept
     logits = _random_logits(generator(seed), (3, 7), torch.float32)
@@ -616,19 +608,13 @@ def beam_variant(
         alive = [c for c in ranked if c[0][-1] != eos_id][:beam_width]
         if stop_first and finished:
             return finished[0][0]
-        # The kit's early stop: no live hypothesis can beat the best finished one any more, by
-        # the variant's own score (students who normalise by length at the end usually run to
-        # the end).
+        # The kit's early stop, by the variant's own score (a final normalisation runs to the end).
         early = final == "sum" and final_ties == "first"
         if early and finished and alive and max(c[2] for c in finished) >= alive[0][2]:
             break
     pool = finished if final == "finished" and finished else finished + alive
-
-    def rank(c: tuple[list[int], float, float]) -> float:
-        return c[2] / max(1, len(c[0]) - 1) if final == "mean" else c[2]
-
-    best = max(rank(c) for c in pool)
-    winners = [c for c in pool if rank(c) == best]
+    ranks = [c[2] / max(1, len(c[0]) - 1) if final == "mean" else c[2] for c in pool]
+    winners = [c for c, r in zip(pool, ranks, strict=True) if r == max(ranks)]
     return winners[0 if final_ties == "first" else -1][0][0 if bos else 1 :]
 
 
@@ -664,9 +650,8 @@ BEAM = Oracle(lab07.BEAM, oracle_beam_search, beam_mistakes)
 # Tokens: 0 BOS, 1 EOS, then words 2, 3, 4. No two tokens of a row tie where a beam is cut.
 # fmt: off
 _TIE_TABLE = {
-    # Step 2 ties [0, 2, 3] and [0, 3, 2] exactly (log .4 + log .35 either way) for the second
-    # place of the beam: the extension of the better-ranked hypothesis [0, 2] stays. Had
-    # [0, 3, 2] stayed, it would have won ([0, 3, 2, 1] beats [0, 2, 3, 1]).
+    # Step 2 ties [0, 2, 3] and [0, 3, 2] (log .4 + log .35) for the beam's second place: the
+    # better-ranked [0, 2]'s extension stays (had [0, 3, 2] stayed, it would have won).
     "table": {
         "[0]": [0.0, 0.15, 0.4, 0.35, 0.1],
         "[0, 2]": [0.0, 0.05, 0.1, 0.35, 0.5],
@@ -679,9 +664,8 @@ _TIE_TABLE = {
     "bos_id": 0, "eos_id": 1, "max_len": 5, "widths": [2],
 }
 _FINAL_TIE_TABLE = {
-    # Step 2: the finished [0, 2, 1] and the live [0, 3, 4] score exactly alike (log .5 + log
-    # .3 either way) and [0, 3, 4, 1] ends with probability 1: the hypothesis that finished
-    # first is the answer.
+    # Step 2: the finished [0, 2, 1] ties the live [0, 3, 4] (log .5 + log .3), which ends with
+    # probability 1: the hypothesis that finished first is the answer.
     "table": {
         "[0]": [0.0, 0.15, 0.5, 0.3, 0.05],
         "[0, 2]": [0.0, 0.3, 0.28, 0.22, 0.2],
@@ -732,8 +716,7 @@ def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> Non
 # fmt: off
 LECTURE_TABLE = {
     # Tokens: 0 <bos>, 1 <eos>, 2 "the", 3 "a", 4 "cat", 5 "dog", 6 "sat".
-    # Greedy: the (.5) cat (.35) <eos> (.3) = .0525; beam 2 and 3: a (.4) cat (.85) sat (.9)
-    # <eos> (.85) = .2601.
+    # Greedy: the cat <eos> (.0525); beam 2 and 3: a cat sat <eos> (.2601).
     "table": {
         "[0]":          [0.0, 0.05, 0.5, 0.4, 0.03, 0.02, 0.0],
         "[0, 2]":       [0.0, 0.05, 0.03, 0.02, 0.35, 0.3, 0.25],
@@ -751,8 +734,7 @@ LECTURE_TABLE = {
     "words": ["<bos>", "<eos>", "the", "a", "cat", "dog", "sat"],
 }
 EOS_TABLE = {
-    # Step 2: [0, 2, 1] finishes (.275) while [0, 3, 4] (.315) is still better; it finishes
-    # with .95 and wins (.299).
+    # Step 2: [0, 2, 1] finishes (.275) while [0, 3, 4] (.315) goes on and wins (.299).
     "table": {
         "[0]":       [0.0, 0.06, 0.55, 0.35, 0.04],
         "[0, 2]":    [0.0, 0.5, 0.05, 0.3, 0.15],
@@ -795,6 +777,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
     batch = torch.tensor([[1.0, -2.0, 0.0, 4.0], [0.3, 0.2, -0.1, 0.0]])
     tie = torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5, -1.0])
     unsorted = torch.log(torch.tensor([0.5, 0.1, 0.25, 0.15])) + 0.3
+    tied = torch.log(torch.tensor([0.2, 0.4, 0.2, 0.2]))
+    nuclei = [(unsorted, 0.65), (unsorted, 0.45), (tied, 0.5), (batch, 0.8), (batch, 1.0)]
     rhyme = oracle_bpe_train(RHYME, 20)
     decoded = [1, *oracle_char_encode(CHAR_TEXT, "a hat"), 3, 2]
     return {
@@ -822,16 +806,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
         **TOP_K.fixtures(
             "check_top_k_filter", [(tie, 1), (tie, 2), (tie, 3), (batch, 2), (batch, 4)]
         ),
-        **TOP_P.fixtures(
-            "check_top_p_filter",
-            [
-                (unsorted, 0.65),
-                (unsorted, 0.45),
-                (torch.log(torch.tensor([0.2, 0.4, 0.2, 0.2])), 0.5),
-                (batch, 0.8),
-                (batch, 1.0),
-            ],
-        ),
+        **TOP_P.fixtures("check_top_p_filter", nuclei),
         **BEAM.fixtures("check_beam_search", [(LECTURE_TABLE, width) for width in (1, 2, 3)]),
         **BEAM.fixtures(
             "check_beam_search_eos", [(EOS_TABLE, 2), (MAX_LEN_TABLE, 2), (LENGTH_TABLE, 2)]
