@@ -1,12 +1,6 @@
-"""Visible checks of lab 07 (the NLP pipeline and decoding), called by the visible test cells.
-
-Every part is ordinary (:class:`~transformer_lab.checks._generated.Ordinary`): called under the
-spec's ban on the kit's ``tokenizers`` and ``generation``, judged on worked examples stored in
-``fixtures/lab07.json``. Bespoke: the tokenizer is fitted (``vocab_size`` checked) before its
-methods are called; beam search gets a ``step_fn`` that refuses what a correct search never asks.
-
-Reference: Prince, *Understanding Deep Learning*, 12.5 and 12.7.3; Sennrich et al., ACL 2016;
-Holtzman et al., ICLR 2020.
+"""Visible checks of lab 07 (the NLP pipeline and decoding): every part an
+:class:`~transformer_lab.checks._generated.Ordinary` under the spec's bans, judged on the stored
+worked examples. Prince, *Understanding Deep Learning*, 12.5 and 12.7.3.
 """
 
 from __future__ import annotations
@@ -40,14 +34,8 @@ DECODING_BAN = SPEC.ban("decoding")
 
 
 def _describe(case: Case[Any]) -> str:
-    """A wrong list of ids, pieces or merges (or text): the call, what it returned, what was
-    expected (each cut at 300 characters)."""
+    """The call, what it returned, what was expected (each cut at 300 characters)."""
     return f"{case.what} returned {case.got!r:.300}, expected {case.want!r:.300}."
-
-
-# ======================================================================================
-# CharTokenizer
-# ======================================================================================
 
 
 def _method(tok: Any, name: str, arg: Any, what: str, on_error: str = "") -> Any:
@@ -58,8 +46,7 @@ def _method(tok: Any, name: str, arg: Any, what: str, on_error: str = "") -> Any
 
 
 def expect_vocab_size(tok: Any, text: str, what: str) -> None:
-    """``tok.vocab_size`` (a property or an attribute, read under the ban) after fitting
-    ``text``: an int, the 4 specials and one id per distinct character of ``text``."""
+    """``tok.vocab_size`` after fitting ``text``: an int, 4 + the distinct characters."""
     what += ".vocab_size"
     got = call_forbidding(lambda: tok.vocab_size, (), {}, ban=TOKENIZER_BAN, what=what)
     want = len(SPECIALS) + len(set(text))
@@ -75,9 +62,8 @@ def expect_vocab_size(tok: Any, text: str, what: str) -> None:
 
 
 def fitted_tokenizers(cls: Callable[..., Any], texts: Iterable[str]) -> dict[str, Any]:
-    """``{text: CharTokenizer().fit(text)}`` for each distinct text, under the ban: ``fit`` must
-    return the tokenizer, and its ``vocab_size`` is checked. What :data:`CHAR_ENCODE` and
-    :data:`CHAR_DECODE` call (a case names its text fitted)."""
+    """``{text: CharTokenizer().fit(text)}`` for each distinct text (``fit`` returns the
+    tokenizer; ``vocab_size`` checked)."""
     toks = {}
     for text in dict.fromkeys(texts):
         what = f"CharTokenizer().fit({text!r})"
@@ -125,18 +111,12 @@ CHAR_DECODE = Ordinary(
 
 
 def check_char_tokenizer(cls: Callable[..., Any]) -> None:
-    """The worked example: fit on a sentence, ``vocab_size``, ``encode`` (one unseen character)
-    and ``decode`` (with special ids), against the stored expected results."""
+    """The worked example: fit on a sentence, ``encode`` and ``decode``."""
     texts = CHAR_ENCODE.examples("check_char_tokenizer encode")
     ids = CHAR_DECODE.examples("check_char_tokenizer decode")
     toks = fitted_tokenizers(cls, [example.args[0] for example in texts])
     CHAR_ENCODE.judge(toks, texts)
     CHAR_DECODE.judge(toks, ids)
-
-
-# ======================================================================================
-# bpe_train and bpe_encode
-# ======================================================================================
 
 
 def run_bpe_train(fn: Callable[..., Any], text: str, num_merges: int) -> list[tuple[str, str]]:
@@ -168,8 +148,7 @@ check_bpe_train = BPE_TRAIN.visible(
 )
 check_bpe_train_rules = BPE_TRAIN.visible(
     "check_bpe_train_rules",
-    """The stated rules on tiny texts: overlapping pairs ("aaa"), ties, word frequencies and
-    stopping when no pair is left.""",
+    """The stated rules on tiny texts: overlapping pairs, ties, frequencies, stopping early.""",
 )
 
 
@@ -195,19 +174,12 @@ BPE_ENCODE = Ordinary(
 
 check_bpe_encode = BPE_ENCODE.visible(
     "check_bpe_encode",
-    """Worked examples: the rhyme's merges applied to the rhyme and to words it never saw; three
-    tiny examples where the order of merging changes the pieces.""",
+    """Worked examples: the rhyme's merges on the rhyme and new words; the order of merging.""",
 )
 
 
-# ======================================================================================
-# apply_temperature, top_k_filter, top_p_filter
-# ======================================================================================
-
-
 def same_logits(got: Tensor, want: Tensor) -> bool:
-    """True when ``got`` has ``want``'s shape, ``-inf`` exactly where ``want`` has it and agrees
-    elsewhere (at the spec's ``logits`` tolerance)."""
+    """``got`` has ``want``'s shape and values (``-inf`` too) at the ``logits`` tolerance."""
     tol = SPEC.tol("logits")
     got = got.detach().to("cpu", torch.float64)
     return got.shape == want.shape and torch.allclose(got, want, atol=tol, rtol=tol)
@@ -226,8 +198,7 @@ def _describe_logits(case: Case[Any]) -> str:
 
 
 def _logits_part(name: str, arg_name: str, rule: str) -> Ordinary:
-    """The :class:`Ordinary` of ``name(logits, arg)`` (the temperature or a filter), a case
-    ``(logits, arg)`` (stored: float32 logits); the answer must leave ``logits`` untouched."""
+    """The :class:`Ordinary` of ``name(logits, arg)``, a case ``(logits, arg)``."""
 
     def what(logits: Tensor, arg: float) -> str:
         return f"{name}(logits {tuple(logits.shape)}, {arg_name}={arg})"
@@ -288,24 +259,16 @@ check_apply_temperature = TEMPERATURE.visible(
 )
 check_top_k_filter = TOP_K.visible(
     "check_top_k_filter",
-    """Worked examples: ``k = 1, 2, 3`` on a row with a tie, a batch of rows, ``k`` = the
-    vocabulary size.""",
+    """Worked examples: ``k = 1, 2, 3`` on a row with a tie, a batch, ``k`` = the vocabulary.""",
 )
 check_top_p_filter = TOP_P.visible(
     "check_top_p_filter",
-    """Worked examples: an unsorted row at ``p = 0.65`` and ``0.45`` (the crossing token kept),
-    a batch of rows, ``p = 1``.""",
+    """Worked examples: an unsorted row at ``p = 0.65`` and ``0.45``, a batch, ``p = 1``.""",
 )
 
 
-# ======================================================================================
-# beam_search
-# ======================================================================================
-
-
 class _StepFn:
-    """A stand-in next-token distribution: ``step_fn(prefix) -> (V,)`` log-probabilities
-    (:meth:`row`), refusing the prefixes a correct search never gives it."""
+    """``step_fn(prefix) -> (V,)`` log-probabilities, refusing what a correct search never asks."""
 
     def __init__(self, bos_id: int, eos_id: int, max_len: int) -> None:
         self.bos_id, self.eos_id, self.max_len = bos_id, eos_id, max_len
@@ -335,9 +298,8 @@ class _StepFn:
 
 
 class TableStepFn(_StepFn):
-    """``step_fn(prefix) -> (V,)`` log-probabilities read from a hand-built table, given as it
-    is stored: ``{"table": {"[0, 2]": probabilities (V,)}, "default": the probabilities after
-    every other prefix, "bos_id", "eos_id", "max_len"}`` (prefixes written as JSON lists)."""
+    """Log-probabilities from a stored table: ``{"table": {"[0, 2]": probabilities}, "default",
+    "bos_id", "eos_id", "max_len"}``."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
         super().__init__(spec["bos_id"], spec["eos_id"], spec["max_len"])
@@ -352,10 +314,7 @@ class TableStepFn(_StepFn):
 
 
 class RandomStepFn(_StepFn):
-    """A seeded random next-token distribution for every prefix (the same prefix, the same row).
-
-    EOS becomes likelier as the prefix grows, so hypotheses finish at different lengths.
-    """
+    """A seeded random distribution per prefix; EOS likelier as the prefix grows."""
 
     def __init__(
         self, vocab_size: int, seed: int, *, bos_id: int, eos_id: int, max_len: int
@@ -379,8 +338,7 @@ def sequence_score(step_fn: _StepFn, seq: Sequence[int]) -> float:
 
 
 def table_step_fn(key: str) -> tuple[TableStepFn, dict[str, Any]]:
-    """The stored hand-built table ``key`` (``"beam lecture"``) as a :class:`TableStepFn`, and
-    its spec (``"table"``, ``"max_len"``, ``"words"``, ...)."""
+    """The stored table ``key`` (``"beam lecture"``) as a :class:`TableStepFn`, and its spec."""
     spec, _ = stored_data("lab07", f"{key}: table")
     return TableStepFn(spec), spec
 
@@ -393,8 +351,7 @@ def _beam_what(step_fn: _StepFn, beam_width: int) -> str:
 
 
 def run_beam(fn: Callable[..., Any], step_fn: _StepFn, beam_width: int) -> list[int]:
-    """The student's ``beam_search`` under the ban (at ``step_fn``'s ``max_len``), as a list
-    of ints."""
+    """The student's ``beam_search`` under the ban, as a list of ints."""
     what = _beam_what(step_fn, beam_width)
     args = (step_fn, step_fn.bos_id, step_fn.eos_id, beam_width, step_fn.max_len)
     got = call_forbidding(fn, args, {}, ban=DECODING_BAN, what=what)
@@ -428,14 +385,11 @@ BEAM = Ordinary(
 
 check_beam_search = BEAM.visible(
     "check_beam_search",
-    """The notebook's table at ``beam_width`` 1 (greedy), 2 and 3: the expected hypotheses
-    and their total log-probabilities.""",
+    """The notebook's table at ``beam_width`` 1 (greedy), 2 and 3.""",
 )
 check_beam_search_eos = BEAM.visible(
     "check_beam_search_eos",
-    """Three small tables: an early EOS that is not the answer (a live hypothesis scores better),
-    a best hypothesis still live at ``max_len``, and a short hypothesis that wins by total
-    log-probability (not per token).""",
+    """An early EOS that loses, a winner live at ``max_len``, a short winner by total.""",
 )
 
 

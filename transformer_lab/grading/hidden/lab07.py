@@ -1,11 +1,6 @@
-"""Hidden checks of lab 07 (the NLP pipeline and decoding), their oracles and the fixtures.
-
-The oracles follow the rules the notebook states, independent of the kit's tokenizers and
-generation. Each part is an :class:`~transformer_lab.checks._generated.Oracle`: its oracle and its
-catalogue of typical mistakes, hint -> output (most from a ``*_variant`` of the oracle with the
-mistake's flags). :func:`fixtures` stores the visible checks' worked examples.
-
-Reference: Sennrich, Haddow and Birch, ACL 2016; Holtzman et al., ICLR 2020.
+"""Hidden checks of lab 07: per part an :class:`~transformer_lab.checks._generated.Oracle` (the
+oracle, independent of the kit, and its mistakes, most a ``*_variant`` with the mistake's flags);
+:func:`fixtures`, the visible checks' worked examples. Sennrich et al. 2016; Holtzman et al. 2020.
 """
 
 from __future__ import annotations
@@ -32,14 +27,8 @@ WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
 
 
 def _catalogue(variant: Callable[..., Any], flags: Mapping[str, Mapping[str, Any]]) -> Any:
-    """The mistakes of an :class:`Oracle`: ``mistakes(*args)`` -> {hint: ``variant(*args,
-    **flags[hint])``}, in the catalogue's order."""
+    """``mistakes(*args)`` -> {hint: ``variant(*args, **flags[hint])``}."""
     return lambda *args: {hint: variant(*args, **kw) for hint, kw in flags.items()}
-
-
-# ======================================================================================
-# CharTokenizer
-# ======================================================================================
 
 
 def oracle_char_vocab(text: str) -> list[str]:
@@ -104,9 +93,8 @@ def _random_text(g: torch.Generator, letters: str, length: int) -> str:
 
 
 def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
-    """Random texts over random alphabets (accents, CJK, emoji, tabs, newlines): ``vocab_size``,
-    ``encode`` of the text and of texts with unseen characters, ``decode`` of random ids and of
-    the text's own ids (which give the text back)."""
+    """Random texts over random alphabets (accents, CJK, emoji, tabs): encode (unseen characters
+    too) and decode (random ids, the text's own ids)."""
     g = generator(seed)
     encodes, decodes = [], []
     for _ in range(3):
@@ -124,8 +112,7 @@ def hidden_check_char_tokenizer(cls: Callable[..., Any], seed: int = 0) -> None:
 
 
 def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) -> None:
-    """Fitting again replaces the vocabulary; empty texts; repeated characters; a text of one
-    character; decoding every special."""
+    """Fitting again, empty texts, repeated characters, decoding every special."""
     g = generator(seed)
     first = _random_text(g, "abcdefgh", 30)
     second = _random_text(g, "xyz ", 12)
@@ -137,11 +124,6 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     encodes = [(second, second + "a"), ("aaaa", "aaaa"), ("aaaa", ""), ("aaaa", "ab")]
     CHAR_ENCODE.judge(toks, [*encodes, ("zy x", "")])
     CHAR_DECODE.judge(toks, [("zy x", []), ("zy x", [0, 1, 4, 5, 6, 7, 3, 2])])
-
-
-# ======================================================================================
-# BPE
-# ======================================================================================
 
 
 def _word_symbols(text: str, *, eow: bool = True) -> dict[tuple[str, ...], int]:
@@ -159,8 +141,7 @@ RIGHT_TO_LEFT = "You merge from the right; merge left to right: 'aaa' gives ['aa
 
 
 def _fuse(symbols: Sequence[str], pair: tuple[str, str], *, how: str = "all") -> tuple[str, ...]:
-    """``symbols`` with ``pair`` merged: every occurrence left to right (``"all"``), only the
-    first (``"first"``), or every occurrence right to left (``"rtl"``)."""
+    """``symbols`` with ``pair`` merged ``"all"`` left to right, ``"first"`` only, or ``"rtl"``."""
     seq = list(symbols)
     scan = range(len(seq) - 2, -1, -1) if how == "rtl" else range(len(seq) - 1)
     taken: list[int] = []  # where the pair is merged: no two occurrences overlap
@@ -209,8 +190,7 @@ def bpe_train_variant(
     weighted: bool = True,
     merge: str = "all",
 ) -> list[tuple[str, str]]:
-    """BPE training with the flags of the typical mistakes (the defaults are the oracle):
-    ``boundary`` ``"text"`` (spaces as symbols) or ``"chain"`` (the words run together)."""
+    """BPE training with the mistakes' flags (the defaults are the oracle)."""
     if boundary == "word":
         corpus = _word_symbols(text, eow=eow)
     else:  # one sequence: the text with its spaces, or the words (and </w>) run together
@@ -267,8 +247,7 @@ def bpe_encode_variant(
     whole_text: bool = False,
     keep_eow: bool = True,
 ) -> list[str]:
-    """BPE encoding with the flags of the typical mistakes (the defaults are the oracle: the
-    earliest-learned pair present first, until none is left)."""
+    """BPE encoding with the mistakes' flags (the defaults are the oracle)."""
     rank: dict[tuple[str, str], int] = {}
     for r, pair in enumerate(merges):
         rank.setdefault(tuple(pair), r)
@@ -300,20 +279,13 @@ def bpe_encode_variant(
 
 
 def _longest_match(symbols: list[str], merges: Sequence[tuple[str, str]]) -> list[str]:
-    """Greedy longest match against the merged pieces (each a tuple of base symbols)."""
-    spelled: dict[str, tuple[str, ...]] = {}
-    known: set[tuple[str, ...]] = set()
-    for a, b in merges:
-        spelled[a + b] = spelled.get(a, (a,)) + spelled.get(b, (b,))
-        known.add(spelled[a + b])
+    """Greedy longest match against the merged pieces."""
+    known = {a + b for a, b in merges}
     out: list[str] = []
-    i = 0
-    while i < len(symbols):
-        j = next(
-            j for j in range(len(symbols), i, -1) if tuple(symbols[i:j]) in known or j == i + 1
-        )
-        out.append("".join(symbols[i:j]))
-        i = j
+    while symbols:
+        j = next(j for j in range(len(symbols), 0, -1) if "".join(symbols[:j]) in known or j == 1)
+        out.append("".join(symbols[:j]))
+        symbols = symbols[j:]
     return out
 
 
@@ -344,26 +316,18 @@ def _random_words(g: torch.Generator, letters: str, n_words: int, longest: int =
     vocab = [_random_text(g, letters, randint(1, longest, g)) for _ in range(max(3, n_words // 3))]
     picks = torch.randint(0, len(vocab), (n_words,), generator=g).tolist()
     seps = [" ", " ", " ", "  ", "\n", "\t"]
-    out = []
-    for i in picks:
-        out.append(vocab[i])
-        out.append(seps[randint(0, len(seps) - 1, g)])
-    return "".join(out)
+    return "".join(vocab[i] + seps[randint(0, len(seps) - 1, g)] for i in picks)
 
 
 def _random_texts(g: torch.Generator) -> list[tuple[str, int]]:
-    cases = []
-    for letters in ("abc", "abcde", "lowerstn"):
-        text = _random_words(g, letters, randint(15, 60, g))
-        cases.append((text, randint(5, 40, g)))
-    return cases
+    alphabets = ("abc", "abcde", "lowerstn")
+    return [(_random_words(g, a, randint(15, 60, g)), randint(5, 40, g)) for a in alphabets]
 
 
 hidden_check_bpe_train = BPE_TRAIN.hidden(
     "hidden_check_bpe_train",
     _random_texts,
-    """Random texts (small alphabets, so many ties and repeated letters; tabs and newlines
-    between words) against the oracle, 5 to 40 merges.""",
+    """Random texts (small alphabets: many ties; tabs and newlines), 5 to 40 merges.""",
 )
 
 
@@ -376,9 +340,7 @@ def _train_edges(g: torch.Generator) -> list[tuple[str, int]]:
 hidden_check_bpe_train_edges = BPE_TRAIN.hidden(
     "hidden_check_bpe_train_edges",
     _train_edges,
-    """No merges asked, an empty text (or whitespace only), more merges than there are pairs,
-    one-letter words, word frequencies, ties between merged pieces, the lecture's rhyme at 25
-    merges.""",
+    """No merges, empty texts, more merges than pairs, one-letter words, ties, the rhyme.""",
 )
 
 
@@ -394,8 +356,7 @@ def _learned(g: torch.Generator) -> list[tuple[str, list[tuple[str, str]]]]:
 hidden_check_bpe_encode = BPE_ENCODE.hidden(
     "hidden_check_bpe_encode",
     _learned,
-    """Merges learned (by the oracle) on random texts, applied to the texts themselves and to
-    new words of the same letters.""",
+    """Merges learned on random texts, applied to the texts and to new words.""",
 )
 
 
@@ -411,14 +372,8 @@ def _encode_edges(g: torch.Generator) -> list[tuple[str, list[tuple[str, str]]]]
 hidden_check_bpe_encode_edges = BPE_ENCODE.hidden(
     "hidden_check_bpe_encode_edges",
     _encode_edges,
-    """No merges (characters and ``</w>``), an empty text, repeated letters, characters never
-    seen in training, the rhyme's merges on new words.""",
+    """No merges, an empty text, repeated letters, unseen characters, the rhyme's merges.""",
 )
-
-
-# ======================================================================================
-# apply_temperature, top_k_filter, top_p_filter
-# ======================================================================================
 
 
 def _float64(logits: Tensor) -> Tensor:
@@ -513,9 +468,14 @@ def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtyp
     return (2.0 * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
+def _batches(g: torch.Generator, *shapes: tuple[int, ...]) -> list[Tensor]:
+    """Random logits of the three ``shapes``: float32, float64, float32."""
+    dtypes = (torch.float32, torch.float64, torch.float32)
+    return [_random_logits(g, shape, dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+
+
 def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: float) -> None:
-    """``fn(logits, bad)`` (``name``) must raise ValueError: ``bad`` is a temperature <= 0, a
-    k < 1 or a p outside (0, 1]."""
+    """``fn(logits, bad)`` (``name``) must raise ValueError."""
     try:
         call_forbidding(fn, (logits, bad), {}, ban=lab07.DECODING_BAN, what=name)
     except AssertionError as exc:
@@ -528,18 +488,11 @@ def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: 
 
 
 def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random batches (float32 and float64, any leading dims) at temperatures below and above 1;
-    ``-inf`` entries stay ``-inf``; ``t = 1`` changes nothing; ``t <= 0`` raises ValueError."""
+    """Random batches, ``-inf`` entries, ``t = 1``; ``t <= 0`` raises ValueError."""
     g = generator(seed)
-    cases = []
-    for shape, dtype, t in (
-        ((7,), torch.float32, 0.3),
-        ((3, 11), torch.float64, 1.7),
-        ((2, 3, 6), torch.float32, 0.9),
-    ):
-        logits = _random_logits(g, shape, dtype)
-        logits[..., 1] = -math.inf
-        cases.append((logits, t))
+    cases = list(zip(_batches(g, (7,), (3, 11), (2, 3, 6)), (0.3, 1.7, 0.9), strict=True))
+    for x, _ in cases:
+        x[..., 1] = -math.inf
     logits = _random_logits(g, (2, 5), torch.float32)
     TEMPERATURE.judge(fn, [*cases, (logits, 1.0)])
     for bad in (0.0, -1.0):
@@ -568,8 +521,7 @@ hidden_check_top_k_filter = TOP_K.hidden(
 
 
 def hidden_check_top_k_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
-    """``k`` equal to and larger than the vocabulary keeps everything; ``k = 1``; ``-inf``
-    already present; a row of equal logits; ``k < 1`` raises ValueError."""
+    """``k`` >= the vocabulary, ``k = 1``, ``-inf``, equal logits; ``k < 1`` raises ValueError."""
     logits = _random_logits(generator(seed), (3, 6), torch.float32)
     logits[0, 2] = -math.inf
     logits[1] = 0.5
@@ -589,34 +541,23 @@ def _safe_p(g: torch.Generator, logits: Tensor) -> float:
 
 
 def _nuclei(g: torch.Generator) -> list[tuple[Tensor, float]]:
-    cases = []
-    for shape, dtype in (
-        ((10,), torch.float32),
-        ((4, 12), torch.float64),
-        ((2, 3, 8), torch.float32),
-    ):
-        logits = _random_logits(g, shape, dtype)
-        cases.append((logits, _safe_p(g, logits)))
-    return cases
+    return [(x, _safe_p(g, x)) for x in _batches(g, (10,), (4, 12), (2, 3, 8))]
 
 
 hidden_check_top_p_filter = TOP_P.hidden(
     "hidden_check_top_p_filter",
     _nuclei,
-    """Random batches (float32, float64, three dims) at several ``p`` (never closer than 0.01 to
-    a running mass); unsorted rows; rows whose nucleus is one token.""",
+    """Random batches at ``p`` never within 0.01 of a running mass.""",
 )
 
 
 def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Ties at the boundary (lower id first), ``p = 1`` keeps everything (also where float32 sums
-    reach 1 early), a single token, a tiny ``p`` keeps the most likely token, ``-inf`` already
-    present, large logits (1e4), ``p`` outside (0, 1] raises ValueError."""
+    """Ties, ``p = 1``, one token, a tiny ``p``, ``-inf``, large logits; ``p`` outside (0, 1]
+    raises ValueError."""
     tied = torch.log(torch.tensor([[0.2, 0.4, 0.2, 0.2], [0.1, 0.3, 0.3, 0.3]]))  # (2, 4)
     inf = torch.tensor([[1.0, -math.inf, 3.0, 2.0, -math.inf]])
     big = torch.tensor([[1.0e4, 1.0e4 - 1.0, 1.0e4 - 3.0, 9.0e3]])
-    # In float32 the first token's probability rounds to 1, so a running sum reaches p = 1
-    # before the others: p = 1 must keep them all the same.
+    # In float32 the first probability rounds to 1: p = 1 must keep every token all the same.
     tiny = torch.tensor([[30.0, 10.0, 9.0, 9.0, -1.0]])
     single = torch.tensor([[0.3], [-2.0]])  # one token: always kept
     logits = _random_logits(generator(seed), (3, 7), torch.float32)
@@ -627,11 +568,6 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
     TOP_P.judge(fn, cases)
     for bad in (0.0, 1.5):
         _expect_value_error(fn, f"top_p_filter(logits, p={bad})", logits, bad)
-
-
-# ======================================================================================
-# beam_search
-# ======================================================================================
 
 
 def beam_variant(
@@ -646,8 +582,7 @@ def beam_variant(
     final_ties: str = "first",
     bos: bool = True,
 ) -> list[int]:
-    """Beam search on ``step_fn.row`` with the flags of the typical mistakes (the defaults are
-    the oracle; :data:`beam_mistakes` says what each flag gets wrong)."""
+    """Beam search on ``step_fn.row`` with the mistakes' flags (the defaults are the oracle)."""
     rows, eos_id, max_len = step_fn.row, step_fn.eos_id, step_fn.max_len
     # Hypotheses as (seq, logp, score): the score is what the variant ranks by.
     alive: list[tuple[list[int], float, float]] = [([step_fn.bos_id], 0.0, 0.0)]
@@ -673,19 +608,13 @@ def beam_variant(
         alive = [c for c in ranked if c[0][-1] != eos_id][:beam_width]
         if stop_first and finished:
             return finished[0][0]
-        # The kit's early stop: no live hypothesis can beat the best finished one any more, by
-        # the variant's own score (students who normalise by length at the end usually run to
-        # the end).
+        # The kit's early stop, by the variant's own score (a final normalisation runs to the end).
         early = final == "sum" and final_ties == "first"
         if early and finished and alive and max(c[2] for c in finished) >= alive[0][2]:
             break
     pool = finished if final == "finished" and finished else finished + alive
-
-    def rank(c: tuple[list[int], float, float]) -> float:
-        return c[2] / max(1, len(c[0]) - 1) if final == "mean" else c[2]
-
-    best = max(rank(c) for c in pool)
-    winners = [c for c in pool if rank(c) == best]
+    ranks = [c[2] / max(1, len(c[0]) - 1) if final == "mean" else c[2] for c in pool]
+    winners = [c for c, r in zip(pool, ranks, strict=True) if r == max(ranks)]
     return winners[0 if final_ties == "first" else -1][0][0 if bos else 1 :]
 
 
@@ -721,9 +650,8 @@ BEAM = Oracle(lab07.BEAM, oracle_beam_search, beam_mistakes)
 # Tokens: 0 BOS, 1 EOS, then words 2, 3, 4. No two tokens of a row tie where a beam is cut.
 # fmt: off
 _TIE_TABLE = {
-    # Step 2 ties [0, 2, 3] and [0, 3, 2] exactly (log .4 + log .35 either way) for the second
-    # place of the beam: the extension of the better-ranked hypothesis [0, 2] stays. Had
-    # [0, 3, 2] stayed, it would have won ([0, 3, 2, 1] beats [0, 2, 3, 1]).
+    # Step 2 ties [0, 2, 3] and [0, 3, 2] (log .4 + log .35) for the beam's second place: the
+    # better-ranked [0, 2]'s extension stays (had [0, 3, 2] stayed, it would have won).
     "table": {
         "[0]": [0.0, 0.15, 0.4, 0.35, 0.1],
         "[0, 2]": [0.0, 0.05, 0.1, 0.35, 0.5],
@@ -736,9 +664,8 @@ _TIE_TABLE = {
     "bos_id": 0, "eos_id": 1, "max_len": 5, "widths": [2],
 }
 _FINAL_TIE_TABLE = {
-    # Step 2: the finished [0, 2, 1] and the live [0, 3, 4] score exactly alike (log .5 + log
-    # .3 either way) and [0, 3, 4, 1] ends with probability 1: the hypothesis that finished
-    # first is the answer.
+    # Step 2: the finished [0, 2, 1] ties the live [0, 3, 4] (log .5 + log .3), which ends with
+    # probability 1: the hypothesis that finished first is the answer.
     "table": {
         "[0]": [0.0, 0.15, 0.5, 0.3, 0.05],
         "[0, 2]": [0.0, 0.3, 0.28, 0.22, 0.2],
@@ -752,17 +679,13 @@ _FINAL_TIE_TABLE = {
 
 
 def _separating() -> list[tuple[RandomStepFn, int]]:
-    """Distributions (6 tokens, beam_width 3) on which every two of the catalogue's mistakes
-    return different hypotheses, ties aside (the tables hold those); the third tells a length
-    normalisation at every step from one in the final choice only."""
+    """Distributions on which every two beam mistakes return different hypotheses (ties aside)."""
     seeds = ((90, 6), (75, 6), (135, 8))
     return [(RandomStepFn(6, s, bos_id=0, eos_id=1, max_len=n), 3) for s, n in seeds]
 
 
 def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
-    """Random next-token distributions (5 to 8 tokens, other BOS/EOS ids) at widths 1 to 5 and
-    several ``max_len``, and two fixed ones that tell the typical mistakes apart, against the
-    oracle."""
+    """Random distributions (other BOS/EOS ids), widths 1 to 5, and the separating ones."""
     g = generator(seed)
     cases = []
     for _ in range(5):
@@ -772,15 +695,11 @@ def hidden_check_beam_search(fn: Callable[..., Any], seed: int = 0) -> None:
             vocab, randint(0, 10**6, g), bos_id=bos, eos_id=eos, max_len=randint(3, 7, g)
         )
         cases.append((step_fn, randint(1, 5, g)))
-    # Fixed distributions on which the catalogue's mistakes return different hypotheses
-    # (random ones may let two of them agree everywhere: one diagnosis needs them apart).
     BEAM.judge(fn, [*cases, *_separating()])
 
 
 def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> None:
-    """The stated ties (equal scores: the better-ranked beam's extension first; the final
-    choice: the hypothesis that finished first), ``max_len = 1`` and ``2``, a beam wider than
-    the vocabulary, an immediate EOS, other BOS/EOS ids."""
+    """The stated ties, ``max_len`` 1 and 2, a beam wider than the vocabulary, an immediate EOS."""
     cases: list[tuple[Any, int]] = [(TableStepFn(t), 2) for t in (_TIE_TABLE, _FINAL_TIE_TABLE)]
     g = generator(seed)
     for max_len, width in ((1, 3), (2, 2), (4, 12)):
@@ -790,22 +709,14 @@ def hidden_check_beam_search_rules(fn: Callable[..., Any], seed: int = 0) -> Non
         {"table": {"[2]": [0.1, 0.1, 0.0, 0.05, 0.75]}, "default": [0.3, 0.3, 0.0, 0.1, 0.3],
          "bos_id": 2, "eos_id": 4, "max_len": 6}
     )  # fmt: skip
-    # The rules' cases may leave two mistakes alike (adding probabilities, or normalising by
-    # length at every step, with a beam wider than the vocabulary): once one fails, the
-    # separating cases tell them apart (they score nothing here).
+    # Once a case fails, the separating cases (scoring nothing here) tell mistakes apart.
     BEAM.judge(fn, [*cases, (eos_first, 2)], tell_apart=_separating())
-
-
-# ======================================================================================
-# The visible checks' worked examples
-# ======================================================================================
 
 
 # fmt: off
 LECTURE_TABLE = {
     # Tokens: 0 <bos>, 1 <eos>, 2 "the", 3 "a", 4 "cat", 5 "dog", 6 "sat".
-    # Greedy: the (.5) cat (.35) <eos> (.3) = .0525; beam 2 and 3: a (.4) cat (.85) sat (.9)
-    # <eos> (.85) = .2601.
+    # Greedy: the cat <eos> (.0525); beam 2 and 3: a cat sat <eos> (.2601).
     "table": {
         "[0]":          [0.0, 0.05, 0.5, 0.4, 0.03, 0.02, 0.0],
         "[0, 2]":       [0.0, 0.05, 0.03, 0.02, 0.35, 0.3, 0.25],
@@ -823,8 +734,7 @@ LECTURE_TABLE = {
     "words": ["<bos>", "<eos>", "the", "a", "cat", "dog", "sat"],
 }
 EOS_TABLE = {
-    # Step 2: [0, 2, 1] finishes (.275) while [0, 3, 4] (.315) is still better; it finishes
-    # with .95 and wins (.299).
+    # Step 2: [0, 2, 1] finishes (.275) while [0, 3, 4] (.315) goes on and wins (.299).
     "table": {
         "[0]":       [0.0, 0.06, 0.55, 0.35, 0.04],
         "[0, 2]":    [0.0, 0.5, 0.05, 0.3, 0.15],
@@ -862,11 +772,13 @@ CHAR_TEXT = "the man ate the fish."
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
-    """The stored worked examples of :mod:`transformer_lab.checks.lab07`, check by check."""
+    """The visible checks' worked examples."""
     row = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0])
     batch = torch.tensor([[1.0, -2.0, 0.0, 4.0], [0.3, 0.2, -0.1, 0.0]])
     tie = torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5, -1.0])
     unsorted = torch.log(torch.tensor([0.5, 0.1, 0.25, 0.15])) + 0.3
+    tied = torch.log(torch.tensor([0.2, 0.4, 0.2, 0.2]))
+    nuclei = [(unsorted, 0.65), (unsorted, 0.45), (tied, 0.5), (batch, 0.8), (batch, 1.0)]
     rhyme = oracle_bpe_train(RHYME, 20)
     decoded = [1, *oracle_char_encode(CHAR_TEXT, "a hat"), 3, 2]
     return {
@@ -894,16 +806,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
         **TOP_K.fixtures(
             "check_top_k_filter", [(tie, 1), (tie, 2), (tie, 3), (batch, 2), (batch, 4)]
         ),
-        **TOP_P.fixtures(
-            "check_top_p_filter",
-            [
-                (unsorted, 0.65),
-                (unsorted, 0.45),
-                (torch.log(torch.tensor([0.2, 0.4, 0.2, 0.2])), 0.5),
-                (batch, 0.8),
-                (batch, 1.0),
-            ],
-        ),
+        **TOP_P.fixtures("check_top_p_filter", nuclei),
         **BEAM.fixtures("check_beam_search", [(LECTURE_TABLE, width) for width in (1, 2, 3)]),
         **BEAM.fixtures(
             "check_beam_search_eos", [(EOS_TABLE, 2), (MAX_LEN_TABLE, 2), (LENGTH_TABLE, 2)]
