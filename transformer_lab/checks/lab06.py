@@ -60,7 +60,7 @@ _SUBLAYERS = (
 
 @contextlib.contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's info lines and warnings (devices, tips) while a check runs a Trainer."""
+    """Silence the log lines (Lightning's devices, tips) while a check runs a Trainer."""
     logging.disable(logging.WARNING)
     try:
         yield
@@ -714,16 +714,18 @@ def train_translator_facts(
     """Run ``fn`` on a probe module and data (:func:`probe_module`) with a session of
     ``precision``; what the check judges, as data (the harness the judge runs in the kernel)."""
     import lightning as L
-    from torch.utils.data import TensorDataset
+    from torch.utils.data import DataLoader, TensorDataset
 
     runs = Path(session.runs) / "checks"
     fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
     g = generator(7)
     module = probe_module()()
-    data = L.LightningDataModule.from_datasets(
-        train_dataset=TensorDataset(torch.randn(40, 4, generator=g)),  # 40 steps an epoch
-        val_dataset=TensorDataset(torch.randn(2, 4, generator=g)),
-    )
+    # Loaders without pin_memory (LightningDataModule.from_datasets pins, which warns on a
+    # machine without an accelerator: a correct student would read that warning).
+    train = DataLoader(TensorDataset(torch.randn(40, 4, generator=g)))  # 40 steps an epoch
+    val = DataLoader(TensorDataset(torch.randn(2, 4, generator=g)))
+    data = L.LightningDataModule()
+    data.train_dataloader, data.val_dataloader = lambda: train, lambda: val
     what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
     with _quiet_lightning():
         trainer = call_forbidding(
