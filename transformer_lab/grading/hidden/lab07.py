@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ RHYME = (
 )
 # Sennrich et al.'s example corpus: low x5, lower x2, newest x6, widest x3.
 WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
+_DTYPES = (torch.float32, torch.float64, torch.float32)  # of three random batches of logits
 
 
 def _oracle(part: Ordinary, name: str, oracle: Callable[..., Any]) -> Oracle:
@@ -108,15 +110,6 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     CHAR_DECODE.judge(toks, [("zy x", []), ("zy x", [0, 1, 4, 5, 6, 7, 3, 2])])
 
 
-def _word_symbols(text: str, *, eow: bool = True) -> dict[tuple[str, ...], int]:
-    """Each distinct word as a tuple of symbols (``</w>`` last) -> how often it occurs."""
-    corpus: dict[tuple[str, ...], int] = {}
-    for word in text.split():
-        key = tuple(word) + ((END_OF_WORD,) if eow else ())
-        corpus[key] = corpus.get(key, 0) + 1
-    return corpus
-
-
 def _fuse(symbols: Sequence[str], pair: tuple[str, str], *, how: str = "all") -> tuple[str, ...]:
     """``symbols`` with ``pair`` merged ``"all"`` left to right, ``"first"`` only, or ``"rtl"``."""
     seq = list(symbols)
@@ -168,8 +161,9 @@ def oracle_bpe_train(
     merge: str = "all",
 ) -> list[tuple[str, str]]:
     """BPE training (the options make the mistakes)."""
-    if boundary == "word":
-        corpus = _word_symbols(text, eow=eow)
+    end = (END_OF_WORD,) if eow else ()
+    if boundary == "word":  # each distinct word's symbols (</w> last) -> how often it occurs
+        corpus: dict[tuple[str, ...], int] = Counter((*word, *end) for word in text.split())
     else:  # one sequence: the text with its spaces, or the words (and </w>) run together
         chain = (
             list(text.strip())
@@ -200,21 +194,16 @@ def oracle_bpe_encode(
     keep_eow: bool = True,
 ) -> list[str]:
     """BPE encoding (the options make the mistakes)."""
-    rank: dict[tuple[str, str], int] = {}
-    for r, pair in enumerate(merges):
-        rank.setdefault(tuple(pair), r)
+    rank = {tuple(pair): r for r, pair in reversed(list(enumerate(merges)))}  # the first's rank
     end = [END_OF_WORD] if eow else []
     units = [[*text]] if whole_text else [[*word, *end] for word in text.split()]
     pieces: list[str] = []
     for symbols in units:
         if order == "longest":
             symbols = _longest_match(symbols, merges)
-        elif order == "once":
-            for pair in merges:
-                symbols = list(_fuse(symbols, tuple(pair), how="first"))
-        elif order == "backwards":
-            for pair in reversed(merges):
-                symbols = list(_fuse(symbols, tuple(pair)))
+        elif order != "rank":  # each merge once, in the list's order or reversed
+            for pair in merges if order == "list" else reversed(merges):
+                symbols = list(_fuse(symbols, tuple(pair), how=how))
         else:
             while len(symbols) > 1:
                 adjacent = [(symbols[i], symbols[i + 1]) for i in range(len(symbols) - 1)]
@@ -365,9 +354,8 @@ def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtyp
 
 
 def _batches(g: torch.Generator, *shapes: tuple[int, ...]) -> list[Tensor]:
-    """Random logits of the three ``shapes``: float32, float64, float32."""
-    dtypes = (torch.float32, torch.float64, torch.float32)
-    return [_random_logits(g, shape, dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+    """Random logits of the three ``shapes``, of the three :data:`_DTYPES`."""
+    return [_random_logits(g, shape, dtype) for shape, dtype in zip(shapes, _DTYPES, strict=True)]
 
 
 def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: float) -> None:
@@ -397,13 +385,9 @@ def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> Non
 
 def _tied_rows(g: torch.Generator) -> list[tuple[Tensor, int]]:
     cases = []
-    for shape, dtype in (
-        ((9,), torch.float32),
-        ((4, 13), torch.float64),
-        ((2, 3, 7), torch.float32),
-    ):
+    for shape, dtype in zip(((9,), (4, 13), (2, 3, 7)), _DTYPES, strict=True):
         logits = _random_logits(g, shape, dtype)
-        # Round half the rows to whole numbers, so that ties happen at the k-th value.
+        # Round every other logit to a whole number, so that ties happen at the k-th value.
         logits[..., ::2] = logits[..., ::2].round()
         cases.append((logits, randint(1, shape[-1] - 1, g)))
     return cases
