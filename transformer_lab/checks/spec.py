@@ -10,7 +10,8 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
   later part on the stand-in (issue 24: one mistake costs only its own points);
 * ``mistakes``: the kit's catalogue of typical mistakes of that part (``tests/``), each with
   the test cells it costs: a list of cells, or a record (:class:`Mistake`) that also holds the
-  hint the checks give and the wrong code the tests run, so that they read it from here. A
+  hint the checks give, the wrong code the tests run or the oracle's options that give its
+  wrong output, so that they read it from here. A
   mistake may cost only cells of its own part: that is the rule the spec states and
   ``tests/test_mistake_costs.py`` holds through the judge;
 * ``bans``: the names of the lab's ``[bans.<name>]`` tables that hold while a check runs it;
