@@ -1086,7 +1086,7 @@ def test_stored_examples_keep_only_the_mistakes_that_differ() -> None:
     want = stored["x 0"]["expected"]
     assert stored["x: cases"]["expected"] == [["ab ac", 2]] and want == [["a", "b"], ["a", "c"]]
     assert stored["x 0"]["mistakes"] and want not in stored["x 0"]["mistakes"].values()
-    mistakes = hidden07.bpe_train_mistakes("ab ac", 2)
+    mistakes = hidden07.BPE_TRAIN.mistakes("ab ac", 2)
     assert set(stored["x 0"]["mistakes"]) < set(mistakes)  # counting once agrees here, ...
     with pytest.raises(ValueError, match="oracle"):
         lab07.BPE_TRAIN.judge(student_bpe_train, [_generated.Given(("ab", 1))])

@@ -10,7 +10,8 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
   later part on the stand-in (issue 24: one mistake costs only its own points);
 * ``mistakes``: the kit's catalogue of typical mistakes of that part (``tests/``), each with
   the test cells it costs: a list of cells, or a record (:class:`Mistake`) that also holds the
-  hint the checks give and the wrong code the tests run, so that they read it from here. A
+  hint the checks give, the wrong code the tests run or the oracle's options that give its
+  wrong output, so that they read it from here. A
   mistake may cost only cells of its own part: that is the rule the spec states and
   ``tests/test_mistake_costs.py`` holds through the judge;
 * ``bans``: the names of the lab's ``[bans.<name>]`` tables that hold while a check runs it;
@@ -147,12 +148,16 @@ class Mistake:
             fixtures' too); empty where the checks word it otherwise.
         wrong: Python source defining the wrong answer (one function named after the id's last
             word), for the tests; empty where a test holds it.
+        options: where the mistake's wrong output is the part's oracle run with other keyword
+            options (``{tie = "max"}``), those options: the hidden checks build the output from
+            them; empty where they word it otherwise.
     """
 
     id: str
     cells: tuple[str, ...]
     hint: str = ""
     wrong: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
 
     def wrong_answer(self) -> Any:
         """The function :attr:`wrong` defines (run with ``torch`` imported)."""
@@ -359,15 +364,24 @@ def _part(name: str, body: Any, where: str) -> Part:
 
 
 def _mistake(key: str, body: dict[str, Any], where: str) -> Mistake:
-    """A mistake's record: ``cells`` (required), ``hint`` and ``wrong`` (strings)."""
-    unknown = set(body) - {"cells", "hint", "wrong"}
+    """A mistake's record: ``cells`` (required), ``hint`` and ``wrong`` (strings), ``options``
+    (a table)."""
+    unknown = set(body) - {"cells", "hint", "wrong", "options"}
     if unknown or "cells" not in body:
-        raise SpecError(f"{where} holds cells and, if need be, hint and wrong; not {sorted(body)}")
+        raise SpecError(
+            f"{where} holds cells and, if need be, hint, wrong and options; not {sorted(body)}"
+        )
     for text in ("hint", "wrong"):
         if not isinstance(body.get(text, ""), str):
             raise SpecError(f"{where}.{text} must be a string, not {body[text]!r}")
+    if not isinstance(body.get("options", {}), dict):
+        raise SpecError(f"{where}.options must be a table, not {body['options']!r}")
     return Mistake(
-        key, _strings(body["cells"], f"{where}.cells"), body.get("hint", ""), body.get("wrong", "")
+        key,
+        _strings(body["cells"], f"{where}.cells"),
+        body.get("hint", ""),
+        body.get("wrong", ""),
+        dict(body.get("options", {})),
     )
 
 

@@ -1,11 +1,14 @@
 """Hidden checks of lab 07: per part an :class:`~transformer_lab.checks._generated.Oracle` (the
-oracle, independent of the kit, and its mistakes, most a ``*_variant`` with the mistake's flags);
-:func:`fixtures`, the visible checks' worked examples. Sennrich et al. 2016; Holtzman et al. 2020.
+oracle, independent of the kit, with keyword options; a mistake's output is the oracle run with
+the options its spec record gives); :func:`fixtures`, the visible checks' worked examples.
+Sennrich et al. 2016; Holtzman et al. 2020.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +17,7 @@ from torch import Tensor
 
 from transformer_lab.checks import lab07
 from transformer_lab.checks._common import call_forbidding, generator, randint
-from transformer_lab.checks._generated import Oracle
+from transformer_lab.checks._generated import Oracle, Ordinary
 from transformer_lab.checks.lab07 import END_OF_WORD, SPECIALS, RandomStepFn, TableStepFn
 
 UNK = SPECIALS.index("<unk>")
@@ -24,64 +27,45 @@ RHYME = (
 )
 # Sennrich et al.'s example corpus: low x5, lower x2, newest x6, widest x3.
 WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
+_DTYPES = (torch.float32, torch.float64, torch.float32)  # of three random batches of logits
 
 
-def _catalogue(variant: Callable[..., Any], flags: Mapping[str, Mapping[str, Any]]) -> Any:
-    """``mistakes(*args)`` -> {hint: ``variant(*args, **flags[hint])``}."""
-    return lambda *args: {hint: variant(*args, **kw) for hint, kw in flags.items()}
+def _oracle(part: Ordinary, name: str, oracle: Callable[..., Any]) -> Oracle:
+    """``oracle`` and, as its mistakes, each mistake of the spec's part ``name`` whose record
+    gives options of ``oracle``: {hint: ``oracle(*args, **options)``}, in the spec's order."""
+    keys = set(inspect.signature(oracle).parameters)
+    records = [r for r in lab07.SPEC.parts[name].records.values() if r.options.keys() <= keys]
+    return Oracle(part, oracle, lambda *args: {r.hint: oracle(*args, **r.options) for r in records})
 
 
 def oracle_char_vocab(text: str) -> list[str]:
     """Every token, in id order: the specials, then the distinct characters by code point."""
-    distinct = {c: None for c in text}
-    return list(SPECIALS) + sorted(distinct, key=ord)
+    return list(SPECIALS) + sorted(set(text))
 
 
-def oracle_char_encode(fit_text: str, text: str) -> list[int]:
-    """Ids of ``text`` for a tokenizer fitted on ``fit_text`` (unknown characters -> <unk>)."""
-    index = {token: i for i, token in enumerate(oracle_char_vocab(fit_text))}
-    return [index.get(c, UNK) for c in text]
+def oracle_char_encode(
+    fit_text: str, text: str, *, seen: bool = False, specials: str = "first", drop: bool = False
+) -> list[int]:
+    """Ids of ``text`` for a tokenizer fitted on ``fit_text`` (unknown characters -> <unk>);
+    options: characters in the order first seen, the specials ``"none"`` or ``"last"``, unknown
+    characters dropped."""
+    chars = list(dict.fromkeys(fit_text)) if seen else sorted(set(fit_text))
+    start = 4 if specials == "first" else 0  # "none": no specials; "last": after the characters
+    unk = UNK + len(chars) if specials == "last" else UNK
+    return [chars.index(c) + start if c in chars else unk for c in text if c in chars or not drop]
 
 
-def oracle_char_decode(fit_text: str, ids: Sequence[int]) -> str:
-    """Text of ``ids``: characters as themselves, specials by name."""
+def oracle_char_decode(
+    fit_text: str, ids: Sequence[int], *, drop_specials: bool = False, sep: str = ""
+) -> str:
+    """Text of ``ids``: characters as themselves, specials by name (options: specials dropped,
+    another separator)."""
     vocab = oracle_char_vocab(fit_text)
-    return "".join(vocab[i] for i in ids)
+    return sep.join(vocab[i] for i in ids if i >= 4 or not drop_specials)
 
 
-def char_encode_mistakes(fit_text: str, text: str) -> dict[str, list[int]]:
-    """Hint -> the ids a typical wrong ``encode`` returns."""
-    seen, chars = list(dict.fromkeys(fit_text)), sorted(set(fit_text))
-    return {
-        "Your characters are numbered in the order they first appear; sort them: "
-        "sorted(set(text)).": [seen.index(c) + 4 if c in seen else UNK for c in text],
-        "Your characters start at id 0; ids 0-3 are the specials, the characters start at 4.": [
-            chars.index(c) if c in chars else UNK for c in text
-        ],
-        "Your special tokens come after the characters; they come first (ids 0-3).": [
-            chars.index(c) if c in chars else len(chars) + UNK for c in text
-        ],
-        "Your encode drops characters it has not seen; each becomes <unk> (id 3).": [
-            chars.index(c) + 4 for c in text if c in chars
-        ],
-    }
-
-
-def char_decode_mistakes(fit_text: str, ids: Sequence[int]) -> dict[str, str]:
-    """Hint -> the text a typical wrong ``decode`` returns."""
-    vocab = oracle_char_vocab(fit_text)
-    return {
-        "Your decode loses the special ids: write each as its name, e.g. '<unk>'.": "".join(
-            vocab[i] for i in ids if i >= 4
-        ),
-        "Join the characters with nothing between them, not with spaces.": " ".join(
-            vocab[i] for i in ids
-        ),
-    }
-
-
-CHAR_ENCODE = Oracle(lab07.CHAR_ENCODE, oracle_char_encode, char_encode_mistakes)
-CHAR_DECODE = Oracle(lab07.CHAR_DECODE, oracle_char_decode, char_decode_mistakes)
+CHAR_ENCODE = _oracle(lab07.CHAR_ENCODE, "CharTokenizer", oracle_char_encode)
+CHAR_DECODE = _oracle(lab07.CHAR_DECODE, "CharTokenizer", oracle_char_decode)
 _ALPHABET = (
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'-\néèüßçñΩλ中文😀\t"
 )
@@ -126,20 +110,6 @@ def hidden_check_char_tokenizer_edges(cls: Callable[..., Any], seed: int = 0) ->
     CHAR_DECODE.judge(toks, [("zy x", []), ("zy x", [0, 1, 4, 5, 6, 7, 3, 2])])
 
 
-def _word_symbols(text: str, *, eow: bool = True) -> dict[tuple[str, ...], int]:
-    """Each distinct word as a tuple of symbols (``</w>`` last) -> how often it occurs."""
-    corpus: dict[tuple[str, ...], int] = {}
-    for word in text.split():
-        key = tuple(word) + ((END_OF_WORD,) if eow else ())
-        corpus[key] = corpus.get(key, 0) + 1
-    return corpus
-
-
-#: The hints of the merging mistakes that BPE training and encoding share.
-FIRST_ONLY = "You merge only the first occurrence of the pair in each word; merge every one."
-RIGHT_TO_LEFT = "You merge from the right; merge left to right: 'aaa' gives ['aa', 'a']."
-
-
 def _fuse(symbols: Sequence[str], pair: tuple[str, str], *, how: str = "all") -> tuple[str, ...]:
     """``symbols`` with ``pair`` merged ``"all"`` left to right, ``"first"`` only, or ``"rtl"``."""
     seq = list(symbols)
@@ -179,7 +149,7 @@ _TIE_BREAKS: dict[str, Callable[[list[tuple[str, str]]], tuple[str, str]]] = {
 }
 
 
-def bpe_train_variant(
+def oracle_bpe_train(
     text: str,
     num_merges: int,
     *,
@@ -190,9 +160,10 @@ def bpe_train_variant(
     weighted: bool = True,
     merge: str = "all",
 ) -> list[tuple[str, str]]:
-    """BPE training with the mistakes' flags (the defaults are the oracle)."""
-    if boundary == "word":
-        corpus = _word_symbols(text, eow=eow)
+    """BPE training (the options make the mistakes)."""
+    end = (END_OF_WORD,) if eow else ()
+    if boundary == "word":  # each distinct word's symbols (</w> last) -> how often it occurs
+        corpus: dict[tuple[str, ...], int] = Counter((*word, *end) for word in text.split())
     else:  # one sequence: the text with its spaces, or the words (and </w>) run together
         chain = (
             list(text.strip())
@@ -211,32 +182,7 @@ def bpe_train_variant(
     return merges
 
 
-oracle_bpe_train = bpe_train_variant
-bpe_train_mistakes = _catalogue(
-    bpe_train_variant,
-    {
-        "Your merges cross word boundaries: count pairs inside each word only (text.split()).": {
-            "boundary": "chain"
-        },
-        "Your merges cross word boundaries (spaces are symbols of one long sequence): split the "
-        "text into words.": {"boundary": "text"},
-        "Your ties go to the pair counted first; merge the SMALLEST (left, right) tuple.": {
-            "tie": "first"
-        },
-        "Your ties go to the largest pair; merge the SMALLEST (left, right) tuple.": {"tie": "max"},
-        "Your ties compare the merged strings; compare (left, right) tuples.": {"tie": "concat"},
-        "You count overlapping pairs once: 'aaa' holds the pair (a, a) TWICE.": {"overlap": False},
-        f"Your words do not end with {END_OF_WORD}: add it to every word.": {"eow": False},
-        "You count each distinct word once; weight its pairs by how often the word occurs.": {
-            "weighted": False
-        },
-        FIRST_ONLY: {"merge": "first"},
-        RIGHT_TO_LEFT: {"merge": "rtl"},
-    },
-)
-
-
-def bpe_encode_variant(
+def oracle_bpe_encode(
     text: str,
     merges: Sequence[tuple[str, str]],
     *,
@@ -247,22 +193,17 @@ def bpe_encode_variant(
     whole_text: bool = False,
     keep_eow: bool = True,
 ) -> list[str]:
-    """BPE encoding with the mistakes' flags (the defaults are the oracle)."""
-    rank: dict[tuple[str, str], int] = {}
-    for r, pair in enumerate(merges):
-        rank.setdefault(tuple(pair), r)
+    """BPE encoding (the options make the mistakes)."""
+    rank = {tuple(pair): r for r, pair in reversed(list(enumerate(merges)))}  # the first's rank
     end = [END_OF_WORD] if eow else []
     units = [[*text]] if whole_text else [[*word, *end] for word in text.split()]
     pieces: list[str] = []
     for symbols in units:
         if order == "longest":
             symbols = _longest_match(symbols, merges)
-        elif order == "once":
-            for pair in merges:
-                symbols = list(_fuse(symbols, tuple(pair), how="first"))
-        elif order == "backwards":
-            for pair in reversed(merges):
-                symbols = list(_fuse(symbols, tuple(pair)))
+        elif order != "rank":  # each merge once, in the list's order or reversed
+            for pair in merges if order == "list" else reversed(merges):
+                symbols = list(_fuse(symbols, tuple(pair), how=how))
         else:
             while len(symbols) > 1:
                 adjacent = [(symbols[i], symbols[i + 1]) for i in range(len(symbols) - 1)]
@@ -289,27 +230,8 @@ def _longest_match(symbols: list[str], merges: Sequence[tuple[str, str]]) -> lis
     return out
 
 
-oracle_bpe_encode = bpe_encode_variant
-bpe_encode_mistakes = _catalogue(
-    bpe_encode_variant,
-    {
-        "You applied the merges in reverse order; merge the pair that came EARLIEST in the list "
-        "first.": {"order": "backwards"},
-        "You cut each word into the longest known pieces; replay the merges, earliest first.": {
-            "order": "longest"
-        },
-        FIRST_ONLY: {"order": "once"},
-        RIGHT_TO_LEFT: {"how": "rtl"},
-        "You stop after one merge per word; merge until no pair is left.": {"until_done": False},
-        f"Your words do not end with {END_OF_WORD}: add it before merging.": {"eow": False},
-        "You encode the whole text as one sequence; encode each word.": {"whole_text": True},
-        f"You dropped the {END_OF_WORD} markers; keep them in the pieces.": {"keep_eow": False},
-    },
-)
-
-
-BPE_TRAIN = Oracle(lab07.BPE_TRAIN, oracle_bpe_train, bpe_train_mistakes)
-BPE_ENCODE = Oracle(lab07.BPE_ENCODE, oracle_bpe_encode, bpe_encode_mistakes)
+BPE_TRAIN = _oracle(lab07.BPE_TRAIN, "bpe_train", oracle_bpe_train)
+BPE_ENCODE = _oracle(lab07.BPE_ENCODE, "bpe_encode", oracle_bpe_encode)
 
 
 def _random_words(g: torch.Generator, letters: str, n_words: int, longest: int = 7) -> str:
@@ -380,52 +302,30 @@ def _float64(logits: Tensor) -> Tensor:
     return logits.detach().to("cpu", torch.float64)
 
 
-def oracle_apply_temperature(logits: Tensor, t: float) -> Tensor:
-    """``logits / t`` in float64."""
-    return _float64(logits) / t
+def oracle_apply_temperature(
+    logits: Tensor, t: float, *, times: bool = False, then: str = ""
+) -> Tensor:
+    """``logits / t`` in float64 (options: ``logits * t``; a softmax or log-softmax after)."""
+    x = _float64(logits) * t if times else _float64(logits) / t
+    return getattr(torch, then)(x, dim=-1) if then else x
 
 
-def temperature_mistakes(logits: Tensor, t: float) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``apply_temperature`` returns."""
+def oracle_top_k_filter(
+    logits: Tensor, k: int, *, more: int = 0, smallest: bool = False, fill: float = -math.inf
+) -> Tensor:
+    """Every logit >= the k-th largest of its row kept (ties too), the others ``-inf``
+    (options: ``k + more`` kept, the smallest kept, another ``fill``)."""
     x = _float64(logits)
-    return {
-        "You multiplied by t; DIVIDE the logits by t.": x * t,
-        "You returned probabilities; return the scaled LOGITS, logits / t.": (
-            torch.softmax(x / t, dim=-1)
-        ),
-        "You returned log-probabilities; return logits / t.": torch.log_softmax(x / t, dim=-1),
-    }
+    y = -x if smallest else x
+    kth = y.sort(dim=-1, descending=True).values[..., min(k + more, x.shape[-1]) - 1, None]
+    return x.masked_fill(y < kth, fill)  # kth: (..., 1)
 
 
-def _removed(x: Tensor, k: int) -> Tensor:
-    """Where ``x`` is below the ``k``-th largest value of its row (``k`` capped at the row)."""
-    kth = x.sort(dim=-1, descending=True).values[..., min(k, x.shape[-1]) - 1, None]  # (..., 1)
-    return x < kth
-
-
-def oracle_top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """Every logit >= the k-th largest of its row kept (ties too), the others ``-inf``."""
-    x = _float64(logits)
-    return x.masked_fill(_removed(x, k), -math.inf)
-
-
-def top_k_mistakes(logits: Tensor, k: int) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``top_k_filter`` returns."""
-    x = _float64(logits)
-    return {
-        "You keep k + 1 tokens; keep the k largest.": x.masked_fill(_removed(x, k + 1), -math.inf),
-        "You keep the k SMALLEST logits; keep the k largest.": (
-            x.masked_fill(_removed(-x, k), -math.inf)
-        ),
-        "Removed entries must be -inf, not 0 (exp(0) is no zero probability).": (
-            x.masked_fill(_removed(x, k), 0.0)
-        ),
-    }
-
-
-def top_p_variant(logits: Tensor, p: float, *, how: str = "crossing", ties: str = "low") -> Tensor:
-    """Top-p in float64 with the flags of the typical mistakes (the defaults are the oracle:
-    keep while the mass before is < p, equal probabilities by lower id first)."""
+def oracle_top_p_filter(
+    logits: Tensor, p: float, *, how: str = "crossing", ties: str = "low"
+) -> Tensor:
+    """Top-p in float64: keep while the mass before is < p, equal probabilities by lower id
+    first (the options make the mistakes)."""
     x = _float64(logits)
     if p >= 1.0 and how == "crossing":  # p = 1 keeps every token, whatever the sums round to
         return x.clone()
@@ -444,24 +344,9 @@ def top_p_variant(logits: Tensor, p: float, *, how: str = "crossing", ties: str 
     return x.masked_fill(~keep.scatter(-1, order, keep), -math.inf)
 
 
-oracle_top_p_filter = top_p_variant
-top_p_mistakes = _catalogue(
-    top_p_variant,
-    {
-        "You drop the token that crosses p; keep it: a token stays when the mass BEFORE it is "
-        "< p.": {"how": "drop"},
-        "You cumulate the probabilities in token-id order; sort each row by probability first.": {
-            "how": "unsorted"
-        },
-        "Your ties go to the higher token id; rank equal probabilities LOWEST id first (a "
-        "stable sort).": {"ties": "high"},
-    },
-)
-
-
-TEMPERATURE = Oracle(lab07.TEMPERATURE, oracle_apply_temperature, temperature_mistakes)
-TOP_K = Oracle(lab07.TOP_K, oracle_top_k_filter, top_k_mistakes)
-TOP_P = Oracle(lab07.TOP_P, oracle_top_p_filter, top_p_mistakes)
+TEMPERATURE = _oracle(lab07.TEMPERATURE, "apply_temperature", oracle_apply_temperature)
+TOP_K = _oracle(lab07.TOP_K, "top_k_filter", oracle_top_k_filter)
+TOP_P = _oracle(lab07.TOP_P, "top_p_filter", oracle_top_p_filter)
 
 
 def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
@@ -469,9 +354,8 @@ def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtyp
 
 
 def _batches(g: torch.Generator, *shapes: tuple[int, ...]) -> list[Tensor]:
-    """Random logits of the three ``shapes``: float32, float64, float32."""
-    dtypes = (torch.float32, torch.float64, torch.float32)
-    return [_random_logits(g, shape, dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+    """Random logits of the three ``shapes``, of the three :data:`_DTYPES`."""
+    return [_random_logits(g, shape, dtype) for shape, dtype in zip(shapes, _DTYPES, strict=True)]
 
 
 def _expect_value_error(fn: Callable[..., Any], name: str, logits: Tensor, bad: float) -> None:
@@ -501,13 +385,9 @@ def hidden_check_apply_temperature(fn: Callable[..., Any], seed: int = 0) -> Non
 
 def _tied_rows(g: torch.Generator) -> list[tuple[Tensor, int]]:
     cases = []
-    for shape, dtype in (
-        ((9,), torch.float32),
-        ((4, 13), torch.float64),
-        ((2, 3, 7), torch.float32),
-    ):
+    for shape, dtype in zip(((9,), (4, 13), (2, 3, 7)), _DTYPES, strict=True):
         logits = _random_logits(g, shape, dtype)
-        # Round half the rows to whole numbers, so that ties happen at the k-th value.
+        # Round every other logit to a whole number, so that ties happen at the k-th value.
         logits[..., ::2] = logits[..., ::2].round()
         cases.append((logits, randint(1, shape[-1] - 1, g)))
     return cases
@@ -570,7 +450,7 @@ def hidden_check_top_p_filter_edges(fn: Callable[..., Any], seed: int = 0) -> No
         _expect_value_error(fn, f"top_p_filter(logits, p={bad})", logits, bad)
 
 
-def beam_variant(
+def oracle_beam_search(
     step_fn: TableStepFn | RandomStepFn,
     beam_width: int,
     *,
@@ -582,7 +462,7 @@ def beam_variant(
     final_ties: str = "first",
     bos: bool = True,
 ) -> list[int]:
-    """Beam search on ``step_fn.row`` with the mistakes' flags (the defaults are the oracle)."""
+    """Beam search on ``step_fn.row`` (the options make the mistakes)."""
     rows, eos_id, max_len = step_fn.row, step_fn.eos_id, step_fn.max_len
     # Hypotheses as (seq, logp, score): the score is what the variant ranks by.
     alive: list[tuple[list[int], float, float]] = [([step_fn.bos_id], 0.0, 0.0)]
@@ -618,32 +498,7 @@ def beam_variant(
     return winners[0 if final_ties == "first" else -1][0][0 if bos else 1 :]
 
 
-oracle_beam_search = beam_variant
-beam_mistakes = _catalogue(
-    beam_variant,
-    {
-        "Your scores are not accumulated: rank a hypothesis by the SUM of its tokens' "
-        "log-probabilities.": {"score": "last"},
-        "You add probabilities; add LOG-probabilities (step_fn returns them).": {"score": "prob"},
-        "Each live hypothesis proposes its beam_width most likely next tokens, not only its "
-        "best one.": {"one": True},
-        "You stopped at the first hypothesis that produced EOS; stop when no live hypothesis "
-        "can beat the best finished one.": {"stop_first": True},
-        "You chose by the mean log-probability per token; choose by the TOTAL (no length "
-        "normalisation).": {"final": "mean"},
-        "You normalise by length at every step; rank by the TOTAL.": {"score": "mean"},
-        "You only returned a finished hypothesis; one live at max_len competes too.": {
-            "final": "finished"
-        },
-        "Your ties go the wrong way: among equal scores, the better-ranked hypothesis's "
-        "extension comes first, then the lower token id (a stable sort).": {"ties": "reverse"},
-        "Your final choice takes the last of equally good hypotheses; take the first.": {
-            "final_ties": "last"
-        },
-        "Return the whole hypothesis, starting with BOS.": {"bos": False},
-    },
-)
-BEAM = Oracle(lab07.BEAM, oracle_beam_search, beam_mistakes)
+BEAM = _oracle(lab07.BEAM, "beam_search", oracle_beam_search)
 
 
 # Hand-built tables for the stated rules: {prefix: probabilities}, "default" for the others.
