@@ -60,12 +60,17 @@ _SUBLAYERS = (
 
 @contextlib.contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    """Silence the log lines (Lightning's devices, tips) while a check runs a Trainer."""
-    logging.disable(logging.WARNING)
+    """Silence Lightning's own log lines (devices, tips) while a check runs a Trainer; the
+    student's loggers, and every other, still show their warnings."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logging.disable(logging.NOTSET)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _as_float64(out: Any) -> Tensor:
@@ -86,55 +91,12 @@ _IDS = {
 }
 
 
-# ======================================================================================
-# DecoderBlock
-# ======================================================================================
-
 _CROSS_HINT = (
     "In the cross-attention the queries come from the decoder states x, the keys and values from "
     "memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
     "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
     "cross-attention."
 )
-
-
-def build_block(
-    cls: Callable[..., nn.Module],
-    sizes: Sequence[int],
-    weights: Mapping[str, Tensor],
-    dropout: float = 0.0,
-) -> tuple[nn.Module, str]:
-    """The student's ``cls(d_model, n_heads, d_ff[, dropout])``, built under the ban, with
-    ``weights`` (named as the kit's block) copied into its parameters
-    (:func:`~transformer_lab.checks._common.load_weights`).
-
-    Returns:
-        ``(block, the block's name for messages)``.
-    """
-    d_model, n_heads, d_ff = sizes
-    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
-        f", dropout={dropout:g})" if dropout else ")"
-    )
-    args = (*sizes, dropout) if dropout else tuple(sizes)
-    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what), what)
-    load_weights(block, weights, f"your {what}", _SUBLAYERS)
-    return block, what
-
-
-def run_block(
-    block: nn.Module,
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-    what: str,
-) -> Tensor:
-    """``block(x, memory, self_mask=..., memory_mask=...)`` under the ban: ``(B, T, D)``."""
-    kwargs = {"self_mask": self_mask, "memory_mask": memory_mask}
-    out = call_forbidding(
-        block, (x, memory), kwargs, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT
-    )
-    return expect_shape(out, tuple(x.shape), what)
 
 
 def _block_what(
@@ -144,13 +106,18 @@ def _block_what(
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
+    *,
+    training: bool = False,
+    dropout: float = 0.0,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
-    d_model, n_heads, d_ff = sizes
     masks = "" if self_mask is None else ", self_mask=causal"
     masks += "" if memory_mask is None else ", memory_mask=source padding"
+    sizes = ", ".join(map(str, sizes)) + (f", dropout={dropout:g}" if dropout else "")
+    mode = (" in training mode" if training else " in eval mode") if dropout else ""
     return (
-        f"DecoderBlock({d_model}, {n_heads}, {d_ff})(x {tuple(x.shape)}, "
-        f"memory {tuple(memory.shape)}{masks})"
+        f"DecoderBlock({sizes})(x {tuple(x.shape)}, memory {tuple(memory.shape)}{masks}){mode}"
+        + ("" if dtype == torch.float32 else f" in {dtype}")
     )
 
 
@@ -162,15 +129,29 @@ def block_call(
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
-    *,
-    training: bool = False,
+    **options: Any,
 ) -> Tensor:
-    """One case: the student's block with ``weights``, in eval mode (or ``training``), its
-    output ``(B, T, D)``."""
-    block, _ = build_block(cls, sizes, weights)
-    block.train(training)
-    what = _block_what(sizes, weights, x, memory, self_mask, memory_mask)
-    return run_block(block, x, memory, self_mask, memory_mask, what).detach()
+    """One case: the student's ``cls(d_model, n_heads, d_ff[, dropout])``, built under the ban
+    with ``weights`` (named as the kit's block) loaded
+    (:func:`~transformer_lab.checks._common.load_weights`), run in eval mode (or ``training``)
+    in float32 (or ``dtype``): its output ``(B, T, D)``, in the inputs' dtype."""
+    what = _block_what(sizes, weights, x, memory, self_mask, memory_mask, **options)
+    dropout, dtype = options.get("dropout", 0.0), options.get("dtype", torch.float32)
+    args = (*sizes, dropout) if dropout else tuple(sizes)
+    built = what.partition("(x ")[0]  # DecoderBlock(d_model, n_heads, d_ff[, dropout])
+    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=built), built)
+    load_weights(block, weights, f"your {built}", _SUBLAYERS)
+    block.train(options.get("training", False)).to(dtype)
+    masks = {"self_mask": self_mask, "memory_mask": memory_mask}
+    inputs = (x.to(dtype), memory.to(dtype))
+    out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT)
+    out = expect_shape(out, tuple(x.shape), what)
+    expect_true(
+        out.dtype == dtype,
+        f"{what} turned {dtype} inputs into {out.dtype}: build any tensor inside forward with "
+        "the input's dtype and device.",
+    )
+    return out.detach()
 
 
 def _optional_mask(mask: Any) -> Tensor | None:
@@ -207,10 +188,6 @@ check_decoder_block = BLOCK.visible(
     (2, 5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and a
     memory padding mask.""",
 )
-
-# ======================================================================================
-# shift_right
-# ======================================================================================
 
 
 def _shift_what(targets: Tensor, bos_id: int) -> str:
@@ -252,20 +229,22 @@ check_shift_right = SHIFT.visible(
 )
 
 
-# ======================================================================================
-# sequence_loss
-# ======================================================================================
-
-
 def _loss_what(logits: Tensor, targets: Tensor, pad_id: int) -> str:
     return f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
 
 
 def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
-    """``fn(logits, targets, pad_id)`` under the ban; a scalar tensor."""
+    """``fn(logits, targets, pad_id)`` under the ban, the logits needing gradients: a scalar
+    tensor that keeps its graph (training calls ``loss.backward()``)."""
     what = _loss_what(logits, targets, pad_id)
+    logits = logits.detach().clone().requires_grad_()
     got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=SPEC.ban("loss"), what=what)
-    return expect_shape(got, (), what)
+    expect_true(
+        expect_shape(got, (), what).requires_grad,
+        f"{what} returns a tensor without a graph (no grad_fn): training calls "
+        "loss.backward(). Avoid .item(), .detach(), torch.tensor(...) of a result and argmax.",
+    )
+    return got.detach()
 
 
 #: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``
@@ -287,24 +266,11 @@ LOSS = Ordinary(
     **_FLOATS,
 )
 
-
-def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
+check_sequence_loss = LOSS.visible(
+    "check_sequence_loss",
     """Worked examples: a padded batch with ``pad_id`` 0, then one with ``pad_id`` 5; the loss
-    keeps its graph."""
-    examples = LOSS.examples("check_sequence_loss")
-    LOSS.judge(fn, examples)
-    logits, targets, pad_id = examples[-1].args
-    got = loss_call(fn, logits.clone().requires_grad_(), targets, pad_id)
-    expect_true(
-        got.requires_grad,
-        "sequence_loss returns a tensor without a graph (no grad_fn): training calls "
-        "loss.backward(). Avoid .item(), .detach(), torch.tensor(...) of a result and argmax.",
-    )
-
-
-# ======================================================================================
-# Stand-ins for checking training code
-# ======================================================================================
+    keeps its graph.""",
+)
 
 
 def copy_task_batch(
@@ -628,9 +594,6 @@ def check_validation_step(cls: type) -> None:
     validation_step_check(cls, pad_id=0, vocab_size=10, seed=62)
 
 
-# -------------------------------------------------------------------------- configure_optimizers
-
-
 def optimizers_check(
     cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int, seed: int
 ) -> None:
@@ -663,11 +626,6 @@ def learning_rate_curve(
 def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     """All parameters, stepped per step, and warm-up to ``lr`` then decay (lr 3e-3, 20, 100)."""
     optimizers_check(cls, lr=3e-3, warmup_steps=20, total_steps=100, seed=63)
-
-
-# ======================================================================================
-# train_translator
-# ======================================================================================
 
 
 @functools.cache
@@ -852,11 +810,6 @@ def check_trained_translator(
         "does the loss fall (learning rate, warm-up, all parameters in the optimizer)?",
     )
     return score
-
-
-# ======================================================================================
-# greedy_decode
-# ======================================================================================
 
 
 def _decode_what(

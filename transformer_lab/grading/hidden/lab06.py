@@ -18,8 +18,6 @@ from torch import Tensor, nn
 from transformer_lab.checks import lab06
 from transformer_lab.checks._common import (
     close,
-    compare,
-    expect_close,
     expect_true,
     generator,
     randint,
@@ -29,9 +27,7 @@ from transformer_lab.checks.lab06 import (
     PRECISIONS,
     SPEC,
     StandInTranslator,
-    build_block,
     optimizers_check,
-    run_block,
     train_translator_check,
     training_step_check,
     trusted_data,
@@ -41,11 +37,6 @@ from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64,
 from transformer_lab.grading.hidden.lab04 import linear64, random_weights
 
 _ATOL = SPEC.tol("float32")  # shared with the visible checks
-
-
-# ======================================================================================
-# DecoderBlock: the oracle and its wrong variants
-# ======================================================================================
 
 
 def oracle_block(
@@ -132,11 +123,54 @@ def block_mistakes(
 
 
 BLOCK = Oracle(lab06.BLOCK, oracle_block, block_mistakes)
+
+
+def _block_as(
+    tol: str | None,
+    hint: str | None = None,
+    oracle: Callable[..., Tensor] = oracle_block,
+    **options: Any,
+) -> Oracle:
+    """The block's check with ``options`` of :func:`lab06.block_call` (training, dropout,
+    dtype), at the spec's tolerance ``tol`` (None: float32's); ``hint`` names any failure
+    (no catalogued mistake then: the same check in eval mode, float32, names them)."""
+    part = dataclasses.replace(
+        lab06.BLOCK,
+        call=functools.partial(lab06.block_call, **options),
+        what=functools.partial(lab06._block_what, **options),
+        same=lab06.BLOCK.same if tol is None else lambda a, b: close(a, b, **SPEC.close_tol(tol)),
+        named=None if hint is None else lambda case: hint,
+    )
+    return Oracle(part, oracle, block_mistakes if hint is None else lambda *args: {})
+
+
 #: The same cases with the block in training mode (dropout 0: what eval mode computes).
-TRAINING = Oracle(
-    dataclasses.replace(lab06.BLOCK, call=functools.partial(lab06.block_call, training=True)),
-    oracle_block,
-    block_mistakes,
+TRAINING = _block_as(None, training=True)
+#: In bfloat16 (as under precision="bf16-true"), against float64.
+HALF = _block_as(
+    "half_block",
+    "Masks must fill with the dtype's smallest value (or use boolean masks), not a fixed -1e9, "
+    "and nothing may be computed in another precision.",
+    dtype=torch.bfloat16,
+)
+#: With dropout ~1 (every output dropped) in eval mode (nothing dropped), then in training.
+DROPPED = (
+    _block_as(
+        "dropout_one",
+        "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
+        "training=self.training)).",
+        dropout=1.0 - 1e-7,
+    ),
+    _block_as(
+        "dropout_one",
+        "With dropout ~1 every sub-layer's output is dropped, so the block must return "
+        "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
+        "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
+        "the feed-forward; not to x, not to the sum, not after the norm.",
+        functools.partial(oracle_block, kept=0.0),
+        dropout=1.0 - 1e-7,
+        training=True,
+    ),
 )
 
 
@@ -197,25 +231,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     )
     # bfloat16 (precision="bf16-true"), without the hidden positions: the dtype kept, the
     # values close to float64's, the masks filled within bfloat16's range.
-    block, what = build_block(cls, sizes, weights)
-    memory, memory_mask = memory[:, : S - 2], memory_mask[..., : S - 2]
-    what = f"{what} in torch.bfloat16"
-    low = run_block(
-        block.eval().bfloat16(), x.bfloat16(), memory.bfloat16(), self_mask, memory_mask, what
-    )
-    expect_true(
-        low.dtype == torch.bfloat16,
-        f"{what} turned torch.bfloat16 inputs into {low.dtype}: build any tensor inside forward "
-        "with the input's dtype and device.",
-    )
-    expect_close(
-        low.double(),
-        oracle_block(sizes, weights, x, memory, self_mask, memory_mask),
-        what,
-        hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
-        "fixed -1e9, and nothing may be computed in another precision.",
-        **SPEC.close_tol("half_block"),
-    )
+    HALF.judge(cls, [(sizes, weights, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2])])
 
 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
@@ -230,29 +246,8 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
     TRAINING.judge(cls, [(sizes, weights, x, memory, causal, None)])
 
-    block, what = build_block(cls, sizes, weights, dropout=1.0 - 1e-7)  # every output dropped
-    hints = {
-        "eval": "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
-        "training=self.training)).",
-        "training": "With dropout ~1 every sub-layer's output is dropped, so the block must "
-        "return norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is "
-        "added back: x = norm1(x + dropout1(self_attn(...))), and likewise for the "
-        "cross-attention and the feed-forward; not to x, not to the sum, not after the norm.",
-    }
-    for mode, hint in hints.items():
-        what_mode = f"{what} in {mode} mode"
-        compare(
-            run_block(block.train(mode == "training"), x, memory, causal, None, what_mode),
-            oracle_block(sizes, weights, x, memory, causal, kept=float(mode == "eval")),
-            what=what_mode,
-            hint=hint,
-            **SPEC.close_tol("dropout_one"),
-        )
-
-
-# ======================================================================================
-# shift_right
-# ======================================================================================
+    for dropped in DROPPED:
+        dropped.judge(cls, [(sizes, weights, x, memory, causal, None)])
 
 
 def oracle_shift_right(targets: Tensor, bos_id: int) -> Tensor:
@@ -307,11 +302,6 @@ hidden_check_shift_right = SHIFT.hidden(
     _shift_cases,
     """Random sizes and BOS ids, one-step targets, and the input left unchanged.""",
 )
-
-
-# ======================================================================================
-# sequence_loss
-# ======================================================================================
 
 
 def _nll64(logits: Tensor, targets: Tensor) -> Tensor:
@@ -418,11 +408,6 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
     LARGE_LOGITS.judge(fn, [(logits, targets, pad_id) for logits in large])
 
 
-# ======================================================================================
-# TranslationModule and train_translator
-# ======================================================================================
-
-
 def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
     """Another padding id, vocabulary and schedule."""
     g = generator(seed)
@@ -480,11 +465,6 @@ def hidden_check_translator_greedy(
         f"exactly right, at least {min_exact_match:.0%} expected: train longer or check the "
         "schedule.",
     )
-
-
-# ======================================================================================
-# greedy_decode
-# ======================================================================================
 
 
 @torch.no_grad()
@@ -599,11 +579,6 @@ def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -
         (full, src[:, :3], 1, 2, 6, None),
     ]
     DECODE.judge(fn, cases)
-
-
-# ======================================================================================
-# The visible checks' worked examples
-# ======================================================================================
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
