@@ -316,14 +316,9 @@ class StandInTranslator(nn.Module):
         scripted: bool = False,
     ) -> None:
         super().__init__()
-        self.config = SimpleNamespace(
-            src_vocab_size=vocab_size,
-            tgt_vocab_size=vocab_size,
-            pad_id=pad_id,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            max_len=64,
-        )
+        ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id, "max_len": 64}
+        sizes = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size}
+        self.portable_restore({"config": ids | sizes, "scripted": scripted})
         g, d_model = generator(seed), 8
         self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
@@ -331,7 +326,6 @@ class StandInTranslator(nn.Module):
         with torch.no_grad():
             self.out.weight.copy_(0.6 * torch.randn(vocab_size, d_model, generator=g))
             self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
-        self.portable_restore({"config": vars(self.config), "scripted": scripted})
 
     def portable_state(self) -> dict[str, Any]:
         """What the kernel's copy needs besides the parameters (see ``judge.mirror.portable``)."""
@@ -460,10 +454,8 @@ def _training_step_candidates(
             "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).": _ce(
                 model(src, tgt_in), tgt_out, pad_id
             ),
+            "It matches a loss that ignores id 0 instead of self.pad_id.": _ce(logits, tgt_out, 0),
         }
-        if pad_id != 0:
-            hint = "It matches a loss that ignores id 0 instead of self.pad_id."
-            mistakes[hint] = _ce(logits, tgt_out, 0)
     return _ce(logits, tgt_out, pad_id), [(loss, hint) for hint, loss in mistakes.items()]
 
 

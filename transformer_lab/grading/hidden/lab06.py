@@ -106,19 +106,11 @@ BLOCK_MISTAKES: dict[str, dict[str, Any]] = {
 }
 
 
-def block_mistakes(
-    sizes: Sequence[int],
-    weights: Mapping[str, Tensor],
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong block returns."""
-    masks = {"self_mask": self_mask, "memory_mask": memory_mask}
+def block_mistakes(*case: Any) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong block returns on ``case`` (:func:`oracle_block`'s arguments)."""
+    masks = dict(zip(("self_mask", "memory_mask"), case[4:], strict=True))
     return {
-        hint: oracle_block(sizes, weights, x, memory, **(masks | wrong))
-        for hint, wrong in BLOCK_MISTAKES.items()
+        hint: oracle_block(*case[:4], **(masks | wrong)) for hint, wrong in BLOCK_MISTAKES.items()
     }
 
 
@@ -304,9 +296,10 @@ hidden_check_shift_right = SHIFT.hidden(
 )
 
 
-def _nll64(logits: Tensor, targets: Tensor) -> Tensor:
-    """``-log softmax(logits)[target]`` at each position, in float64 ``(B, T)``."""
-    log_p = torch.log_softmax(logits.double(), dim=-1)  # (B, T, V)
+def _nll64(logits: Tensor, targets: Tensor, dim: int = -1) -> Tensor:
+    """``-log softmax(logits)[target]`` at each position, in float64 ``(B, T)`` (the softmax
+    over the vocabulary, or over ``dim``: a typical mistake)."""
+    log_p = torch.log_softmax(logits.double(), dim=dim)  # (B, T, V)
     return -log_p.gather(-1, targets[..., None]).squeeze(-1)
 
 
@@ -320,7 +313,7 @@ def loss_mistakes(logits: Tensor, targets: Tensor, pad_id: int) -> dict[str, Ten
     nll = _nll64(logits, targets)  # (B, T)
     real = targets != pad_id
     per_sentence = (nll * real).sum(1) / real.sum(1).clamp(min=1)
-    out = {
+    return {
         "It matches the mean over ALL positions: padding counts. Average over the real tokens "
         "only (targets != pad_id).": nll.mean(),
         "It matches the SUM over the real tokens: divide by their number (a mean per token).": (
@@ -333,21 +326,16 @@ def loss_mistakes(logits: Tensor, targets: Tensor, pad_id: int) -> dict[str, Ten
         "It matches the sum over real tokens divided by ALL positions (B * T): divide by the "
         "number of real tokens.": (nll * real).sum() / real.numel(),
         "It matches a softmax over the time axis: the softmax is over the vocabulary, the last "
-        "dimension (dim=-1).": (
-            -torch.log_softmax(logits.double(), dim=1).gather(-1, targets[..., None]).squeeze(-1)
-        )[real].mean(),
+        "dimension (dim=-1).": _nll64(logits, targets, dim=1)[real].mean(),
         "It matches the mean log-probability without the minus sign: the loss is the NEGATIVE "
         "log-likelihood (it must be >= 0).": -(nll[real].mean()),
         "It matches -probability instead of -log-probability: take the log of the softmax.": (
             -torch.exp(-nll)[real].mean()
         ),
+        "It matches a loss that ignores id 0 instead of pad_id: use the pad_id argument.": (
+            nll[targets != 0].mean()
+        ),
     }
-    if pad_id != 0:
-        keep = targets != 0
-        out["It matches a loss that ignores id 0 instead of pad_id: use the pad_id argument."] = (
-            nll[keep].mean()
-        )
-    return out
 
 
 LOSS = Oracle(lab06.LOSS, oracle_sequence_loss, loss_mistakes)
@@ -530,9 +518,8 @@ def greedy_mistakes(
             "use_mask": False
         },
         "Fill finished sentences with model.config.pad_id, not with eos_id.": {"fill": eos_id},
+        "Fill finished sentences with model.config.pad_id, not with 0.": {"fill": 0},
     }
-    if model.config.pad_id != 0:
-        variants["Fill finished sentences with model.config.pad_id, not with 0."] = {"fill": 0}
     return {hint: oracle_greedy_decode(*args, **kw) for hint, kw in variants.items()}
 
 
