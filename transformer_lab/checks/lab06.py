@@ -528,20 +528,19 @@ def validation_runs(
     module = _module_under_test(cls, model, pad_id)
     logged = []
     for batches in runs:
-        trainer = L.Trainer(
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        loader = DataLoader(batches, batch_size=None)
         with _quiet_lightning():
+            trainer = L.Trainer(
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+            )
             results = call_forbidding(
                 trainer.validate,
                 (module,),
-                {"dataloaders": loader, "verbose": False},
+                {"dataloaders": DataLoader(batches, batch_size=None), "verbose": False},
                 ban=MODULE_BAN,
                 what=_VALIDATE_WHAT,
             )

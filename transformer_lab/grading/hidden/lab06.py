@@ -236,10 +236,8 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
-    TRAINING.judge(cls, [(sizes, weights, x, memory, causal, None)])
-
-    for dropped in DROPPED:
-        dropped.judge(cls, [(sizes, weights, x, memory, causal, None)])
+    for oracle in (TRAINING, *DROPPED):
+        oracle.judge(cls, [(sizes, weights, x, memory, causal, None)])
 
 
 def oracle_shift_right(targets: Tensor, bos_id: int) -> Tensor:
