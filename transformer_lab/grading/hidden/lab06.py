@@ -36,8 +36,6 @@ from transformer_lab.checks.lab06 import (
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 from transformer_lab.grading.hidden.lab04 import linear64, random_weights
 
-_ATOL = SPEC.tol("float32")  # shared with the visible checks
-
 
 def oracle_block(
     sizes: Sequence[int],
