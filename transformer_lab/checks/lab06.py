@@ -99,7 +99,7 @@ _CROSS_HINT = (
 )
 
 
-def _block_what(
+def block_what(
     sizes: Sequence[int],
     _weights: Mapping[str, Tensor],
     x: Tensor,
@@ -111,6 +111,7 @@ def _block_what(
     dropout: float = 0.0,
     dtype: torch.dtype = torch.float32,
 ) -> str:
+    """One case's call as a student would write it (with the block's setting), for messages."""
     masks = "" if self_mask is None else ", self_mask=causal"
     masks += "" if memory_mask is None else ", memory_mask=source padding"
     sizes = ", ".join(map(str, sizes)) + (f", dropout={dropout:g}" if dropout else "")
@@ -135,7 +136,7 @@ def block_call(
     with ``weights`` (named as the kit's block) loaded
     (:func:`~transformer_lab.checks._common.load_weights`), run in eval mode (or ``training``)
     in float32 (or ``dtype``): its output ``(B, T, D)``, in the inputs' dtype."""
-    what = _block_what(sizes, weights, x, memory, self_mask, memory_mask, **options)
+    what = block_what(sizes, weights, x, memory, self_mask, memory_mask, **options)
     dropout, dtype = options.get("dropout", 0.0), options.get("dtype", torch.float32)
     args = (*sizes, dropout) if dropout else tuple(sizes)
     built = what.partition("(x ")[0]  # DecoderBlock(d_model, n_heads, d_ff[, dropout])
@@ -164,7 +165,7 @@ def _optional_mask(mask: Any) -> Tensor | None:
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
-    what=_block_what,
+    what=block_what,
     describe=lambda case: (
         f"{case.what} differs from the expected output by up to "
         f"{float((case.got.double() - case.want).abs().max()):.3g}."

@@ -127,7 +127,7 @@ def _block_as(
     part = dataclasses.replace(
         lab06.BLOCK,
         call=functools.partial(lab06.block_call, **options),
-        what=functools.partial(lab06._block_what, **options),
+        what=functools.partial(lab06.block_what, **options),
         same=lab06.BLOCK.same if tol is None else lambda a, b: close(a, b, **SPEC.close_tol(tol)),
         named=None if hint is None else lambda case: hint,
     )
