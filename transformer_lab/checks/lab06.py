@@ -173,13 +173,12 @@ BLOCK = Ordinary(
     rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
-    load=lambda sizes, weights, x, memory, self_mask, memory_mask: (
+    load=lambda sizes, weights, x, memory, *masks: (
         tuple(sizes),
         {name: torch.tensor(value) for name, value in weights.items()},
         torch.tensor(x),
         torch.tensor(memory),
-        _optional_mask(self_mask),
-        _optional_mask(memory_mask),
+        *map(_optional_mask, masks),
     ),
     **_FLOATS,
 )
