@@ -434,9 +434,15 @@ def _ce(logits: Tensor, targets: Tensor, ignore: int = -100) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
 
 
-def _training_step_candidates(
-    model: StandInTranslator, batch: dict[str, Tensor], pad_id: int
-) -> tuple[Tensor, list[tuple[Tensor, str]]]:
+def training_step_check(
+    cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
+) -> None:
+    """One ``training_step`` on a stand-in model: value (typical wrong losses named), graph,
+    and what is logged (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared
+    with lab 04)."""
+    model = stand_in(vocab_size, pad_id, seed)
+    module = _module_under_test(cls, model, pad_id)
+    batch = copy_task_batch(6, model.config, seed=seed)
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
     masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
     with torch.no_grad():
@@ -456,24 +462,12 @@ def _training_step_candidates(
             ),
             "It matches a loss that ignores id 0 instead of self.pad_id.": _ce(logits, tgt_out, 0),
         }
-    return _ce(logits, tgt_out, pad_id), [(loss, hint) for hint, loss in mistakes.items()]
-
-
-def training_step_check(
-    cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
-) -> None:
-    """One ``training_step`` on a stand-in model: value, graph, and what is logged
-    (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
-    model = stand_in(vocab_size, pad_id, seed)
-    module = _module_under_test(cls, model, pad_id)
-    batch = copy_task_batch(6, model.config, seed=seed)
-    want, candidates = _training_step_candidates(model, batch, pad_id)
     judge_training_step(
         module,
         batch,
         ban=MODULE_BAN,
-        expected=want,
-        mistakes=candidates,
+        expected=_ce(logits, tgt_out, pad_id),
+        mistakes=[(loss, hint) for hint, loss in mistakes.items()],
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
     )
