@@ -73,11 +73,8 @@ def _quiet_lightning() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _as_float64(out: Any) -> Tensor:
-    return torch.as_tensor(out, dtype=torch.float64)
-
-
 #: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
+_as_float64 = functools.partial(torch.as_tensor, dtype=torch.float64)
 _FLOATS = {
     "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     "output": _as_float64,

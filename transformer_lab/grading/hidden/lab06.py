@@ -16,12 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab06
-from transformer_lab.checks._common import (
-    close,
-    expect_true,
-    generator,
-    randint,
-)
+from transformer_lab.checks._common import close, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab06 import (
     PRECISIONS,
