@@ -485,11 +485,9 @@ def oracle_greedy_decode(
     return (ys if keep_bos else ys[:, 1:]).double()
 
 
-def greedy_mistakes(
-    model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor | None
-) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``greedy_decode`` returns on ``model``."""
-    args = (model, src, bos_id, eos_id, max_len, mask)
+def greedy_mistakes(*case: Any) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``greedy_decode`` returns on ``case`` (the oracle's
+    ``model, src, bos_id, eos_id, max_len, mask``)."""
     variants = {
         "A sentence that has produced EOS must go on with model.config.pad_id: mask the new "
         "tokens of finished sentences (you let them go on generating).": {"pad_after_eos": False},
@@ -508,10 +506,10 @@ def greedy_mistakes(
         "model.decode(ys, memory, src_padding_mask), or the decoder reads the padding.": {
             "use_mask": False
         },
-        "Fill finished sentences with model.config.pad_id, not with eos_id.": {"fill": eos_id},
+        "Fill finished sentences with model.config.pad_id, not with eos_id.": {"fill": case[3]},
         "Fill finished sentences with model.config.pad_id, not with 0.": {"fill": 0},
     }
-    return {hint: oracle_greedy_decode(*args, **kw) for hint, kw in variants.items()}
+    return {hint: oracle_greedy_decode(*case, **kw) for hint, kw in variants.items()}
 
 
 def _scripted_example(
