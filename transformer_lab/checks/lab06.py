@@ -60,19 +60,21 @@ _SUBLAYERS = (
 
 @contextlib.contextmanager
 def _quiet_lightning() -> Iterator[None]:
-    """Silence the log lines (Lightning's devices, tips) while a check runs a Trainer."""
-    logging.disable(logging.WARNING)
+    """Silence Lightning's own log lines (devices, tips) while a check runs a Trainer; the
+    student's loggers, and every other, still show their warnings."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logging.disable(logging.NOTSET)
-
-
-def _as_float64(out: Any) -> Tensor:
-    return torch.as_tensor(out, dtype=torch.float64)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 #: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
+_as_float64 = functools.partial(torch.as_tensor, dtype=torch.float64)
 _FLOATS = {
     "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     "output": _as_float64,
@@ -86,10 +88,6 @@ _IDS = {
 }
 
 
-# ======================================================================================
-# DecoderBlock
-# ======================================================================================
-
 _CROSS_HINT = (
     "In the cross-attention the queries come from the decoder states x, the keys and values from "
     "memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
@@ -98,59 +96,26 @@ _CROSS_HINT = (
 )
 
 
-def build_block(
-    cls: Callable[..., nn.Module],
-    sizes: Sequence[int],
-    weights: Mapping[str, Tensor],
-    dropout: float = 0.0,
-) -> tuple[nn.Module, str]:
-    """The student's ``cls(d_model, n_heads, d_ff[, dropout])``, built under the ban, with
-    ``weights`` (named as the kit's block) copied into its parameters
-    (:func:`~transformer_lab.checks._common.load_weights`).
-
-    Returns:
-        ``(block, the block's name for messages)``.
-    """
-    d_model, n_heads, d_ff = sizes
-    what = f"DecoderBlock({d_model}, {n_heads}, {d_ff}" + (
-        f", dropout={dropout:g})" if dropout else ")"
-    )
-    args = (*sizes, dropout) if dropout else tuple(sizes)
-    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=what), what)
-    load_weights(block, weights, f"your {what}", _SUBLAYERS)
-    return block, what
-
-
-def run_block(
-    block: nn.Module,
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-    what: str,
-) -> Tensor:
-    """``block(x, memory, self_mask=..., memory_mask=...)`` under the ban: ``(B, T, D)``."""
-    kwargs = {"self_mask": self_mask, "memory_mask": memory_mask}
-    out = call_forbidding(
-        block, (x, memory), kwargs, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT
-    )
-    return expect_shape(out, tuple(x.shape), what)
-
-
-def _block_what(
+def block_what(
     sizes: Sequence[int],
     _weights: Mapping[str, Tensor],
     x: Tensor,
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
+    *,
+    training: bool = False,
+    dropout: float = 0.0,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
-    d_model, n_heads, d_ff = sizes
+    """One case's call as a student would write it (with the block's setting), for messages."""
     masks = "" if self_mask is None else ", self_mask=causal"
     masks += "" if memory_mask is None else ", memory_mask=source padding"
+    sizes = ", ".join(map(str, sizes)) + (f", dropout={dropout:g}" if dropout else "")
+    mode = (" in training mode" if training else " in eval mode") if dropout else ""
     return (
-        f"DecoderBlock({d_model}, {n_heads}, {d_ff})(x {tuple(x.shape)}, "
-        f"memory {tuple(memory.shape)}{masks})"
+        f"DecoderBlock({sizes})(x {tuple(x.shape)}, memory {tuple(memory.shape)}{masks}){mode}"
+        + ("" if dtype == torch.float32 else f" in {dtype}")
     )
 
 
@@ -162,15 +127,29 @@ def block_call(
     memory: Tensor,
     self_mask: Tensor | None,
     memory_mask: Tensor | None,
-    *,
-    training: bool = False,
+    **options: Any,
 ) -> Tensor:
-    """One case: the student's block with ``weights``, in eval mode (or ``training``), its
-    output ``(B, T, D)``."""
-    block, _ = build_block(cls, sizes, weights)
-    block.train(training)
-    what = _block_what(sizes, weights, x, memory, self_mask, memory_mask)
-    return run_block(block, x, memory, self_mask, memory_mask, what).detach()
+    """One case: the student's ``cls(d_model, n_heads, d_ff[, dropout])``, built under the ban
+    with ``weights`` (named as the kit's block) loaded
+    (:func:`~transformer_lab.checks._common.load_weights`), run in eval mode (or ``training``)
+    in float32 (or ``dtype``, which the output must keep): its output ``(B, T, D)``."""
+    what = block_what(sizes, weights, x, memory, self_mask, memory_mask, **options)
+    dropout, dtype = options.get("dropout", 0.0), options.get("dtype", torch.float32)
+    args = (*sizes, dropout) if dropout else tuple(sizes)
+    built = what.partition("(x ")[0]  # DecoderBlock(d_model, n_heads, d_ff[, dropout])
+    block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=built), built)
+    load_weights(block, weights, f"your {built}", _SUBLAYERS)
+    block.train(options.get("training", False)).to(dtype)
+    masks = {"self_mask": self_mask, "memory_mask": memory_mask}
+    inputs = (x.to(dtype), memory.to(dtype))
+    out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT)
+    out = expect_shape(out, tuple(x.shape), what)
+    expect_true(
+        out.dtype == dtype or dtype == torch.float32,  # float32 inputs: any float (as before)
+        f"{what} turned {dtype} inputs into {out.dtype}: build any tensor inside forward with "
+        "the input's dtype and device.",
+    )
+    return out.detach()
 
 
 def _optional_mask(mask: Any) -> Tensor | None:
@@ -183,7 +162,7 @@ def _optional_mask(mask: Any) -> Tensor | None:
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
-    what=_block_what,
+    what=block_what,
     describe=lambda case: (
         f"{case.what} differs from the expected output by up to "
         f"{float((case.got.double() - case.want).abs().max()):.3g}."
@@ -191,13 +170,12 @@ BLOCK = Ordinary(
     rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
-    load=lambda sizes, weights, x, memory, self_mask, memory_mask: (
+    load=lambda sizes, weights, x, memory, *masks: (
         tuple(sizes),
         {name: torch.tensor(value) for name, value in weights.items()},
         torch.tensor(x),
         torch.tensor(memory),
-        _optional_mask(self_mask),
-        _optional_mask(memory_mask),
+        *map(_optional_mask, masks),
     ),
     **_FLOATS,
 )
@@ -207,10 +185,6 @@ check_decoder_block = BLOCK.visible(
     (2, 5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and a
     memory padding mask.""",
 )
-
-# ======================================================================================
-# shift_right
-# ======================================================================================
 
 
 def _shift_what(targets: Tensor, bos_id: int) -> str:
@@ -252,20 +226,22 @@ check_shift_right = SHIFT.visible(
 )
 
 
-# ======================================================================================
-# sequence_loss
-# ======================================================================================
-
-
 def _loss_what(logits: Tensor, targets: Tensor, pad_id: int) -> str:
     return f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
 
 
 def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
-    """``fn(logits, targets, pad_id)`` under the ban; a scalar tensor."""
+    """``fn(logits, targets, pad_id)`` under the ban, the logits needing gradients: a scalar
+    tensor that keeps its graph (training calls ``loss.backward()``)."""
     what = _loss_what(logits, targets, pad_id)
+    logits = logits.detach().clone().requires_grad_()
     got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=SPEC.ban("loss"), what=what)
-    return expect_shape(got, (), what)
+    expect_true(
+        expect_shape(got, (), what).requires_grad,
+        f"{what} returns a tensor without a graph (no grad_fn): training calls "
+        "loss.backward(). Avoid .item(), .detach(), torch.tensor(...) of a result and argmax.",
+    )
+    return got.detach()
 
 
 #: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``
@@ -287,24 +263,11 @@ LOSS = Ordinary(
     **_FLOATS,
 )
 
-
-def check_sequence_loss(fn: Callable[..., Tensor]) -> None:
+check_sequence_loss = LOSS.visible(
+    "check_sequence_loss",
     """Worked examples: a padded batch with ``pad_id`` 0, then one with ``pad_id`` 5; the loss
-    keeps its graph."""
-    examples = LOSS.examples("check_sequence_loss")
-    LOSS.judge(fn, examples)
-    logits, targets, pad_id = examples[-1].args
-    got = loss_call(fn, logits.clone().requires_grad_(), targets, pad_id)
-    expect_true(
-        got.requires_grad,
-        "sequence_loss returns a tensor without a graph (no grad_fn): training calls "
-        "loss.backward(). Avoid .item(), .detach(), torch.tensor(...) of a result and argmax.",
-    )
-
-
-# ======================================================================================
-# Stand-ins for checking training code
-# ======================================================================================
+    keeps its graph.""",
+)
 
 
 def copy_task_batch(
@@ -350,14 +313,9 @@ class StandInTranslator(nn.Module):
         scripted: bool = False,
     ) -> None:
         super().__init__()
-        self.config = SimpleNamespace(
-            src_vocab_size=vocab_size,
-            tgt_vocab_size=vocab_size,
-            pad_id=pad_id,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            max_len=64,
-        )
+        ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id, "max_len": 64}
+        sizes = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size}
+        self.portable_restore({"config": ids | sizes, "scripted": scripted})
         g, d_model = generator(seed), 8
         self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
@@ -365,7 +323,6 @@ class StandInTranslator(nn.Module):
         with torch.no_grad():
             self.out.weight.copy_(0.6 * torch.randn(vocab_size, d_model, generator=g))
             self.out.bias.copy_(0.3 * torch.randn(vocab_size, generator=g))
-        self.portable_restore({"config": vars(self.config), "scripted": scripted})
 
     def portable_state(self) -> dict[str, Any]:
         """What the kernel's copy needs besides the parameters (see ``judge.mirror.portable``)."""
@@ -474,9 +431,15 @@ def _ce(logits: Tensor, targets: Tensor, ignore: int = -100) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
 
 
-def _training_step_candidates(
-    model: StandInTranslator, batch: dict[str, Tensor], pad_id: int
-) -> tuple[Tensor, list[tuple[Tensor, str]]]:
+def training_step_check(
+    cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
+) -> None:
+    """One ``training_step`` on a stand-in model: value (typical wrong losses named), graph,
+    and what is logged (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared
+    with lab 04)."""
+    model = stand_in(vocab_size, pad_id, seed)
+    module = _module_under_test(cls, model, pad_id)
+    batch = copy_task_batch(6, model.config, seed=seed)
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
     masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
     with torch.no_grad():
@@ -494,28 +457,14 @@ def _training_step_candidates(
             "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).": _ce(
                 model(src, tgt_in), tgt_out, pad_id
             ),
+            "It matches a loss that ignores id 0 instead of self.pad_id.": _ce(logits, tgt_out, 0),
         }
-        if pad_id != 0:
-            hint = "It matches a loss that ignores id 0 instead of self.pad_id."
-            mistakes[hint] = _ce(logits, tgt_out, 0)
-    return _ce(logits, tgt_out, pad_id), [(loss, hint) for hint, loss in mistakes.items()]
-
-
-def training_step_check(
-    cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
-) -> None:
-    """One ``training_step`` on a stand-in model: value, graph, and what is logged
-    (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared with lab 04)."""
-    model = stand_in(vocab_size, pad_id, seed)
-    module = _module_under_test(cls, model, pad_id)
-    batch = copy_task_batch(6, model.config, seed=seed)
-    want, candidates = _training_step_candidates(model, batch, pad_id)
     judge_training_step(
         module,
         batch,
         ban=MODULE_BAN,
-        expected=want,
-        mistakes=candidates,
+        expected=_ce(logits, tgt_out, pad_id),
+        mistakes=[(loss, hint) for hint, loss in mistakes.items()],
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
     )
@@ -570,20 +519,19 @@ def validation_runs(
     module = _module_under_test(cls, model, pad_id)
     logged = []
     for batches in runs:
-        trainer = L.Trainer(
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        loader = DataLoader(batches, batch_size=None)
         with _quiet_lightning():
+            trainer = L.Trainer(
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+            )
             results = call_forbidding(
                 trainer.validate,
                 (module,),
-                {"dataloaders": loader, "verbose": False},
+                {"dataloaders": DataLoader(batches, batch_size=None), "verbose": False},
                 ban=MODULE_BAN,
                 what=_VALIDATE_WHAT,
             )
@@ -628,9 +576,6 @@ def check_validation_step(cls: type) -> None:
     validation_step_check(cls, pad_id=0, vocab_size=10, seed=62)
 
 
-# -------------------------------------------------------------------------- configure_optimizers
-
-
 def optimizers_check(
     cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int, seed: int
 ) -> None:
@@ -663,11 +608,6 @@ def learning_rate_curve(
 def check_configure_optimizers(cls: Callable[..., Any]) -> None:
     """All parameters, stepped per step, and warm-up to ``lr`` then decay (lr 3e-3, 20, 100)."""
     optimizers_check(cls, lr=3e-3, warmup_steps=20, total_steps=100, seed=63)
-
-
-# ======================================================================================
-# train_translator
-# ======================================================================================
 
 
 @functools.cache
@@ -852,11 +792,6 @@ def check_trained_translator(
         "does the loss fall (learning rate, warm-up, all parameters in the optimizer)?",
     )
     return score
-
-
-# ======================================================================================
-# greedy_decode
-# ======================================================================================
 
 
 def _decode_what(

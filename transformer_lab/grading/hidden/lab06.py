@@ -16,22 +16,13 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab06
-from transformer_lab.checks._common import (
-    close,
-    compare,
-    expect_close,
-    expect_true,
-    generator,
-    randint,
-)
+from transformer_lab.checks._common import close, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab06 import (
     PRECISIONS,
     SPEC,
     StandInTranslator,
-    build_block,
     optimizers_check,
-    run_block,
     train_translator_check,
     training_step_check,
     trusted_data,
@@ -39,13 +30,6 @@ from transformer_lab.checks.lab06 import (
 )
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 from transformer_lab.grading.hidden.lab04 import linear64, random_weights
-
-_ATOL = SPEC.tol("float32")  # shared with the visible checks
-
-
-# ======================================================================================
-# DecoderBlock: the oracle and its wrong variants
-# ======================================================================================
 
 
 def oracle_block(
@@ -115,28 +99,63 @@ BLOCK_MISTAKES: dict[str, dict[str, Any]] = {
 }
 
 
-def block_mistakes(
-    sizes: Sequence[int],
-    weights: Mapping[str, Tensor],
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong block returns."""
-    masks = {"self_mask": self_mask, "memory_mask": memory_mask}
+def block_mistakes(*case: Any) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong block returns on ``case`` (:func:`oracle_block`'s arguments)."""
+    masks = dict(zip(("self_mask", "memory_mask"), case[4:], strict=True))
     return {
-        hint: oracle_block(sizes, weights, x, memory, **(masks | wrong))
-        for hint, wrong in BLOCK_MISTAKES.items()
+        hint: oracle_block(*case[:4], **(masks | wrong)) for hint, wrong in BLOCK_MISTAKES.items()
     }
 
 
 BLOCK = Oracle(lab06.BLOCK, oracle_block, block_mistakes)
+
+
+def _block_as(
+    tol: str | None,
+    hint: str | None = None,
+    oracle: Callable[..., Tensor] = oracle_block,
+    **options: Any,
+) -> Oracle:
+    """The block's check with ``options`` of :func:`lab06.block_call` (training, dropout,
+    dtype), at the spec's tolerance ``tol`` (None: float32's); ``hint`` names any failure
+    (no catalogued mistake then: the same check in eval mode, float32, names them)."""
+    part = dataclasses.replace(
+        lab06.BLOCK,
+        call=functools.partial(lab06.block_call, **options),
+        what=functools.partial(lab06.block_what, **options),
+        same=lab06.BLOCK.same if tol is None else lambda a, b: close(a, b, **SPEC.close_tol(tol)),
+        named=None if hint is None else lambda case: hint,
+    )
+    return Oracle(part, oracle, block_mistakes if hint is None else lambda *args: {})
+
+
 #: The same cases with the block in training mode (dropout 0: what eval mode computes).
-TRAINING = Oracle(
-    dataclasses.replace(lab06.BLOCK, call=functools.partial(lab06.block_call, training=True)),
-    oracle_block,
-    block_mistakes,
+TRAINING = _block_as(None, training=True)
+#: In bfloat16 (as under precision="bf16-true"), against float64.
+HALF = _block_as(
+    "half_block",
+    "Masks must fill with the dtype's smallest value (or use boolean masks), not a fixed -1e9, "
+    "and nothing may be computed in another precision.",
+    dtype=torch.bfloat16,
+)
+#: With dropout ~1 (every output dropped) in eval mode (nothing dropped), then in training.
+DROPPED = (
+    _block_as(
+        "dropout_one",
+        "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
+        "training=self.training)).",
+        dropout=1.0 - 1e-7,
+    ),
+    _block_as(
+        "dropout_one",
+        "With dropout ~1 every sub-layer's output is dropped, so the block must return "
+        "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
+        "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
+        "the feed-forward; not to x, not to the sum, not after the norm.",
+        functools.partial(oracle_block, kept=0.0),
+        dropout=1.0 - 1e-7,
+        training=True,
+    ),
 )
 
 
@@ -197,25 +216,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     )
     # bfloat16 (precision="bf16-true"), without the hidden positions: the dtype kept, the
     # values close to float64's, the masks filled within bfloat16's range.
-    block, what = build_block(cls, sizes, weights)
-    memory, memory_mask = memory[:, : S - 2], memory_mask[..., : S - 2]
-    what = f"{what} in torch.bfloat16"
-    low = run_block(
-        block.eval().bfloat16(), x.bfloat16(), memory.bfloat16(), self_mask, memory_mask, what
-    )
-    expect_true(
-        low.dtype == torch.bfloat16,
-        f"{what} turned torch.bfloat16 inputs into {low.dtype}: build any tensor inside forward "
-        "with the input's dtype and device.",
-    )
-    expect_close(
-        low.double(),
-        oracle_block(sizes, weights, x, memory, self_mask, memory_mask),
-        what,
-        hint="Masks must fill with the dtype's smallest value (or use boolean masks), not a "
-        "fixed -1e9, and nothing may be computed in another precision.",
-        **SPEC.close_tol("half_block"),
-    )
+    HALF.judge(cls, [(sizes, weights, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2])])
 
 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
@@ -228,31 +229,8 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
-    TRAINING.judge(cls, [(sizes, weights, x, memory, causal, None)])
-
-    block, what = build_block(cls, sizes, weights, dropout=1.0 - 1e-7)  # every output dropped
-    hints = {
-        "eval": "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
-        "training=self.training)).",
-        "training": "With dropout ~1 every sub-layer's output is dropped, so the block must "
-        "return norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is "
-        "added back: x = norm1(x + dropout1(self_attn(...))), and likewise for the "
-        "cross-attention and the feed-forward; not to x, not to the sum, not after the norm.",
-    }
-    for mode, hint in hints.items():
-        what_mode = f"{what} in {mode} mode"
-        compare(
-            run_block(block.train(mode == "training"), x, memory, causal, None, what_mode),
-            oracle_block(sizes, weights, x, memory, causal, kept=float(mode == "eval")),
-            what=what_mode,
-            hint=hint,
-            **SPEC.close_tol("dropout_one"),
-        )
-
-
-# ======================================================================================
-# shift_right
-# ======================================================================================
+    for oracle in (TRAINING, *DROPPED):
+        oracle.judge(cls, [(sizes, weights, x, memory, causal, None)])
 
 
 def oracle_shift_right(targets: Tensor, bos_id: int) -> Tensor:
@@ -309,14 +287,10 @@ hidden_check_shift_right = SHIFT.hidden(
 )
 
 
-# ======================================================================================
-# sequence_loss
-# ======================================================================================
-
-
-def _nll64(logits: Tensor, targets: Tensor) -> Tensor:
-    """``-log softmax(logits)[target]`` at each position, in float64 ``(B, T)``."""
-    log_p = torch.log_softmax(logits.double(), dim=-1)  # (B, T, V)
+def _nll64(logits: Tensor, targets: Tensor, dim: int = -1) -> Tensor:
+    """``-log softmax(logits)[target]`` at each position, in float64 ``(B, T)`` (the softmax
+    over the vocabulary, or over ``dim``: a typical mistake)."""
+    log_p = torch.log_softmax(logits.double(), dim=dim)  # (B, T, V)
     return -log_p.gather(-1, targets[..., None]).squeeze(-1)
 
 
@@ -330,7 +304,7 @@ def loss_mistakes(logits: Tensor, targets: Tensor, pad_id: int) -> dict[str, Ten
     nll = _nll64(logits, targets)  # (B, T)
     real = targets != pad_id
     per_sentence = (nll * real).sum(1) / real.sum(1).clamp(min=1)
-    out = {
+    return {
         "It matches the mean over ALL positions: padding counts. Average over the real tokens "
         "only (targets != pad_id).": nll.mean(),
         "It matches the SUM over the real tokens: divide by their number (a mean per token).": (
@@ -343,21 +317,16 @@ def loss_mistakes(logits: Tensor, targets: Tensor, pad_id: int) -> dict[str, Ten
         "It matches the sum over real tokens divided by ALL positions (B * T): divide by the "
         "number of real tokens.": (nll * real).sum() / real.numel(),
         "It matches a softmax over the time axis: the softmax is over the vocabulary, the last "
-        "dimension (dim=-1).": (
-            -torch.log_softmax(logits.double(), dim=1).gather(-1, targets[..., None]).squeeze(-1)
-        )[real].mean(),
+        "dimension (dim=-1).": _nll64(logits, targets, dim=1)[real].mean(),
         "It matches the mean log-probability without the minus sign: the loss is the NEGATIVE "
         "log-likelihood (it must be >= 0).": -(nll[real].mean()),
         "It matches -probability instead of -log-probability: take the log of the softmax.": (
             -torch.exp(-nll)[real].mean()
         ),
+        "It matches a loss that ignores id 0 instead of pad_id: use the pad_id argument.": (
+            nll[targets != 0].mean()
+        ),
     }
-    if pad_id != 0:
-        keep = targets != 0
-        out["It matches a loss that ignores id 0 instead of pad_id: use the pad_id argument."] = (
-            nll[keep].mean()
-        )
-    return out
 
 
 LOSS = Oracle(lab06.LOSS, oracle_sequence_loss, loss_mistakes)
@@ -416,11 +385,6 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
     base = 4.0 * torch.randn(B, T, V, generator=g)
     large = (base + 1e4, base - 1e4, 60.0 * base)
     LARGE_LOGITS.judge(fn, [(logits, targets, pad_id) for logits in large])
-
-
-# ======================================================================================
-# TranslationModule and train_translator
-# ======================================================================================
 
 
 def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
@@ -482,11 +446,6 @@ def hidden_check_translator_greedy(
     )
 
 
-# ======================================================================================
-# greedy_decode
-# ======================================================================================
-
-
 @torch.no_grad()
 def oracle_greedy_decode(
     model: nn.Module,
@@ -526,11 +485,9 @@ def oracle_greedy_decode(
     return (ys if keep_bos else ys[:, 1:]).double()
 
 
-def greedy_mistakes(
-    model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor | None
-) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``greedy_decode`` returns on ``model``."""
-    args = (model, src, bos_id, eos_id, max_len, mask)
+def greedy_mistakes(*case: Any) -> dict[str, Tensor]:
+    """Hint -> what a typical wrong ``greedy_decode`` returns on ``case`` (the oracle's
+    ``model, src, bos_id, eos_id, max_len, mask``)."""
     variants = {
         "A sentence that has produced EOS must go on with model.config.pad_id: mask the new "
         "tokens of finished sentences (you let them go on generating).": {"pad_after_eos": False},
@@ -549,11 +506,10 @@ def greedy_mistakes(
         "model.decode(ys, memory, src_padding_mask), or the decoder reads the padding.": {
             "use_mask": False
         },
-        "Fill finished sentences with model.config.pad_id, not with eos_id.": {"fill": eos_id},
+        "Fill finished sentences with model.config.pad_id, not with eos_id.": {"fill": case[3]},
+        "Fill finished sentences with model.config.pad_id, not with 0.": {"fill": 0},
     }
-    if model.config.pad_id != 0:
-        variants["Fill finished sentences with model.config.pad_id, not with 0."] = {"fill": 0}
-    return {hint: oracle_greedy_decode(*args, **kw) for hint, kw in variants.items()}
+    return {hint: oracle_greedy_decode(*case, **kw) for hint, kw in variants.items()}
 
 
 def _scripted_example(
@@ -599,11 +555,6 @@ def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -
         (full, src[:, :3], 1, 2, 6, None),
     ]
     DECODE.judge(fn, cases)
-
-
-# ======================================================================================
-# The visible checks' worked examples
-# ======================================================================================
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
