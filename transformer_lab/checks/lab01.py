@@ -19,10 +19,10 @@ from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     call_forbidding,
     close,
+    compare,
     expect_close,
     expect_shape,
     expect_true,
-    note_mistake,
     stored,
 )
 
@@ -63,36 +63,19 @@ def shift(fn: Callable[..., Tensor], offset: int, d_model: int, base: float = 10
     return call_forbidding(fn, (offset, d_model), kwargs, ban=BAN, what=what)
 
 
-def hint_for(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], fallback: str) -> str:
-    """``""`` for a right (or not floating) ``got``; else the hint of the first mistake whose
-    table it reproduces (recorded with ``note_mistake``), else ``fallback``."""
-    if not got.is_floating_point():
-        return ""
-    g = got.detach().to("cpu", torch.float64)
-    if torch.allclose(g, want, atol=_TOL, rtol=_TOL):
-        return ""
-    for hint, wrong in mistakes.items():
-        if g.shape == wrong.shape and torch.allclose(g, wrong, atol=_TOL, rtol=_TOL):
-            note_mistake(hint)
-            return hint
-    return fallback
-
-
 def judge(
     got: object,
     want: Tensor,
     mistakes: Mapping[str, Tensor],
     what: str,
     rule: str,
-    *,
-    atol: float = _TOL,
-    rtol: float = _TOL,
+    **tolerance: float,
 ) -> Tensor:
     """Compare a student's table or matrix with ``want`` (float64); name the mistake it
     reproduces (``mistakes``: hint -> its output), else say the ``rule``. Returns ``got``."""
-    got = expect_shape(got, tuple(want.shape), what)
-    expect_close(got, want, what, hint=hint_for(got, want, mistakes, rule), atol=atol, rtol=rtol)
-    return got
+    candidates = [(wrong, hint) for hint, wrong in mistakes.items()]
+    tolerance = {"atol": _TOL, "rtol": _TOL, **tolerance}
+    return compare(got, want, what=what, candidates=candidates, hint=rule, **tolerance)
 
 
 # --------------------------------------------------------------------------------------
@@ -109,13 +92,9 @@ def check_sinusoidal_encoding_shape(fn: Callable[..., Tensor]) -> None:
         f"{what} has dtype {got.dtype}; the encoding is real-valued. Use a float tensor "
         "(e.g. torch.arange(..., dtype=torch.float32)).",
     )
-    row0 = got[0].detach().to("cpu", torch.float64)
-    want0 = torch.tensor([0.0, 1.0] * 3, dtype=torch.float64)
-    if not torch.allclose(row0, want0, atol=_TOL):
+    if not close(got[0], torch.tensor([0.0, 1.0] * 3), atol=_TOL):
         hint = "Position 0 has every angle 0, so sin columns are 0 and cos columns are 1."
-        expect_close(
-            row0, want0, f"row 0 of {what}", hint=hint_for(got, *stored("lab01", what), hint)
-        )
+        judge(got, *stored("lab01", what), what, hint)
     # A second size, so that a table that ignores its arguments does not pass.
     expect_shape(encode(fn, 3, 2), (3, 2), "sinusoidal_encoding(3, 2)")
 

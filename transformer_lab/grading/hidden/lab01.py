@@ -189,13 +189,7 @@ def shift_mistakes(offset: float, d_model: int, base: float) -> dict[str, Tensor
 
 
 def _expect_encoding(
-    fn: Callable[..., Tensor],
-    seq_len: int,
-    d_model: int,
-    base: float,
-    *,
-    atol: float = SPEC.tol("float32"),
-    rtol: float = SPEC.tol("float32"),
+    fn: Callable[..., Tensor], seq_len: int, d_model: int, base: float, **tolerance: float
 ) -> None:
     judge(
         encode(fn, seq_len, d_model, base),
@@ -203,8 +197,7 @@ def _expect_encoding(
         encoding_mistakes(seq_len, d_model, base),
         call("sinusoidal_encoding", seq_len, d_model, base),
         ENCODING_RULE,
-        atol=atol,
-        rtol=rtol,
+        **tolerance,
     )
 
 
