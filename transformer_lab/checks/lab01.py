@@ -78,11 +78,6 @@ def judge(
     return compare(got, want, what=what, candidates=candidates, hint=rule, **tolerance)
 
 
-# --------------------------------------------------------------------------------------
-# Visible checks
-# --------------------------------------------------------------------------------------
-
-
 def check_sinusoidal_encoding_shape(fn: Callable[..., Tensor]) -> None:
     """Shape, dtype and the first row of ``fn(4, 6)``: position 0 is ``[0, 1, 0, 1, 0, 1]``."""
     what = "sinusoidal_encoding(4, 6)"

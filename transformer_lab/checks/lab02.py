@@ -73,10 +73,6 @@ def example(key: str, *names: str) -> tuple[Tensor, ...]:
     return tuple(out)
 
 
-# --------------------------------------------------------------------------------------
-# softmax
-# --------------------------------------------------------------------------------------
-
 SOFTMAX_HINT = (
     "softmax(x)_i = exp(x_i - m) / sum_j exp(x_j - m) along `dim`, with m the maximum along "
     "`dim` (keepdim=True so it broadcasts)."
@@ -167,10 +163,6 @@ def check_softmax(fn: Callable[..., Tensor]) -> None:
         judge_softmax(call_softmax(fn, x, dim, what), want, mistakes, what, x)
 
 
-# --------------------------------------------------------------------------------------
-# self-attention on one sequence: loop and matrix forms
-# --------------------------------------------------------------------------------------
-
 SA_ARGS = ("X", "W_q", "b_q", "W_k", "b_k", "W_v", "b_v")
 SA_HINT = (
     "Compute Q = X W_q + b_q, K = X W_k + b_k, V = X W_v + b_v; for each query n, weights "
@@ -233,10 +225,6 @@ def check_self_attention_matrix(fn: Callable[..., Tensor]) -> None:
     """Worked examples: one token (its output is its own value), then N=5, D=6, d_k=4, d_v=3."""
     _check_self_attention_values(fn, "self_attention_matrix")
 
-
-# --------------------------------------------------------------------------------------
-# loops or no loops: counting the tensor operations a function performs
-# --------------------------------------------------------------------------------------
 
 # Operations that build, gather or copy tensors without computing scores; the loop form may use
 # them on N x N tensors (e.g. filling a preallocated table, or stacking rows).
@@ -309,11 +297,6 @@ def check_self_attention_matrix_no_loops(fn: Callable[..., Tensor]) -> None:
             f"{len(large)} for N=8: it loops over tokens. Write it with matrix products over "
             "all tokens at once (Q @ K.T, softmax over the last axis, then @ V), no Python loop."
         )
-
-
-# --------------------------------------------------------------------------------------
-# batched scaled dot-product attention with a mask
-# --------------------------------------------------------------------------------------
 
 
 def expect_attention(

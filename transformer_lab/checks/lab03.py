@@ -107,11 +107,6 @@ TOLERANCE: dict[torch.dtype, float] = {
 }
 
 
-# --------------------------------------------------------------------------------------
-# Calling the student's code
-# --------------------------------------------------------------------------------------
-
-
 def run(fn: Callable[..., Any], *args: Any, what: str, on_error: str = "", **kwargs: Any) -> Any:
     """Call the student's ``fn`` under :data:`BAN`; add ``on_error`` to a crash's message."""
     return call_forbidding(fn, args, kwargs, ban=BAN, what=what, on_error=on_error)
@@ -143,11 +138,6 @@ def numbered(*shape: int) -> Tensor:
     10: ``numbered(2, 3, 8)[b, t, d] == 100*b + 10*t + d``): a misplaced entry says whence."""
     axes = torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij")  # each (*shape)
     return sum(10 ** (len(shape) - 1 - i) * a for i, a in enumerate(axes)).float()
-
-
-# --------------------------------------------------------------------------------------
-# split_heads / merge_heads
-# --------------------------------------------------------------------------------------
 
 
 def _dtype(x: Tensor) -> str:
@@ -248,11 +238,6 @@ check_merge_heads = MERGE.visible(
     """A numbered ``(2, 2, 3, 4)`` input (contiguous and not), and the heads of a numbered
     ``(2, 3, 8)`` input merged back into it.""",
 )
-
-
-# --------------------------------------------------------------------------------------
-# MultiHeadAttention
-# --------------------------------------------------------------------------------------
 
 
 def instantiate(cls: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> nn.Module:
@@ -402,11 +387,6 @@ def check_multi_head_attention_mask(cls: Callable[..., Any]) -> None:
         for dtype in (torch.float32, torch.float16):
             judge_example(cls, 8, 2, label=label, dtype=dtype)
     judge_example(cls, 8, 4, label="a (T, S) mask")
-
-
-# --------------------------------------------------------------------------------------
-# load_torch_weights
-# --------------------------------------------------------------------------------------
 
 
 class Projections(nn.Module):

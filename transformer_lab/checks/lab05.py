@@ -42,19 +42,9 @@ ATTENTION_BAN = SPEC.ban("attention")
 DETECTOR_BAN = SPEC.ban("detector")
 
 
-# --------------------------------------------------------------------------------------
-# Calling the student's functions
-# --------------------------------------------------------------------------------------
-
-
 def show_lengths(lengths: Sequence[int] | Tensor) -> str:
     """How ``lengths`` appears in messages: ``[3, 1]`` or ``torch.tensor([3, 1])``."""
     return f"torch.tensor({lengths.tolist()})" if isinstance(lengths, Tensor) else str(lengths)
-
-
-# --------------------------------------------------------------------------------------
-# The masks: ordinary parts (transformer_lab.checks._generated)
-# --------------------------------------------------------------------------------------
 
 
 def _screen_mask(case: Case[Given]) -> None:
@@ -150,11 +140,6 @@ COMBINE = _mask_part(
 )
 
 
-# --------------------------------------------------------------------------------------
-# Judging a leak detector
-# --------------------------------------------------------------------------------------
-
-
 class Probe(NamedTuple):
     """A differentiable map ``(B, T, ...) -> (B, T, ...)`` with known causality (``leaks``: an
     output at ``<= t`` reads an input after ``t``), and what a detector wrong on it is told."""
@@ -235,11 +220,6 @@ def visible_probes() -> list[Probe]:
     ]
 
 
-# --------------------------------------------------------------------------------------
-# Masked attention: run and judge in one call (stored values, or the hidden oracles)
-# --------------------------------------------------------------------------------------
-
-
 def expect_attention(
     fn: Callable[..., Any],
     inputs: tuple[Tensor, Tensor, Tensor, Tensor],
@@ -261,11 +241,6 @@ def expect_attention(
         fn, q, v, masked=True, ban=ATTENTION_BAN, name="masked_attention"
     )
     _attention.judge_attention(result, want, mistakes, what, q, k, v, mask, tol=tol, probe=probe)
-
-
-# --------------------------------------------------------------------------------------
-# The worked examples of masked attention (inputs by formula: exact in float16 too)
-# --------------------------------------------------------------------------------------
 
 
 def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
@@ -296,11 +271,6 @@ def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
         )[:, None]  # (B, 1, T, S)
         return q.float(), k.float(), v.float(), mask, "a (2, 1, 3, 5) mask with an empty row"
     raise KeyError(name)
-
-
-# --------------------------------------------------------------------------------------
-# Visible checks
-# --------------------------------------------------------------------------------------
 
 
 check_causal_mask = CAUSAL.visible(

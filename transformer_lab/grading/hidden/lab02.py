@@ -54,10 +54,6 @@ __all__ = [
     "hidden_check_softmax_stability",
 ]
 
-# --------------------------------------------------------------------------------------
-# Oracles
-# --------------------------------------------------------------------------------------
-
 
 def oracle_softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Reference softmax in float64 (torch's own)."""
@@ -73,11 +69,6 @@ def oracle_self_attention(*args: Tensor) -> Tensor:
     """Reference single-sequence self-attention ``(N, d_v)`` in float64."""
     Q, K, V = _project(args)
     return attend64(Q, K, V, None)[0]
-
-
-# --------------------------------------------------------------------------------------
-# The typical mistakes, as outputs to compare a wrong answer with
-# --------------------------------------------------------------------------------------
 
 
 def softmax_mistakes(x: Tensor, dim: int) -> dict[str, Tensor]:
@@ -156,11 +147,6 @@ def self_attention_mistakes(*args: Tensor) -> dict[str, Tensor]:
     return {hint: pair[0] for hint, pair in shared.items() if pair is not None}
 
 
-# --------------------------------------------------------------------------------------
-# Inputs
-# --------------------------------------------------------------------------------------
-
-
 def adversarial_keys(
     q: Tensor, mask: Tensor, s: int, g: torch.Generator, margin: float = 2.0
 ) -> Tensor:
@@ -193,11 +179,6 @@ def _masked_inputs(
     k = adversarial_keys(q, mask, s, g)
     v = torch.randn(*lead, s, dv, generator=g) * 2
     return q, k, v
-
-
-# --------------------------------------------------------------------------------------
-# Hidden checks
-# --------------------------------------------------------------------------------------
 
 
 def _expect_softmax(fn: Callable[..., Tensor], x: Tensor, dim: int | None, what: str) -> None:
@@ -348,11 +329,6 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
     expect_finite_gradients(
         lambda *qkv: call_attention(fn, *qkv, full, what, ban=lab02.BAN), q, k, v, what
     )
-
-
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
 
 
 def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:

@@ -41,11 +41,6 @@ Params = dict[str, Tensor | None]
 Args, Pair = lab03.Args, lab03.Pair
 
 
-# --------------------------------------------------------------------------------------
-# Oracles, and the typical mistakes as their variants
-# --------------------------------------------------------------------------------------
-
-
 def params_of(module: nn.Module) -> Params:
     """The projections of a module as float64 (``None`` for a missing bias)."""
     held = lab03.projection_tensors(module).items()
@@ -227,11 +222,6 @@ def _expect_mha(
         lab03.expect_train_like_eval(module, args, n_heads, what)
 
 
-# --------------------------------------------------------------------------------------
-# Hidden checks
-# --------------------------------------------------------------------------------------
-
-
 SPLIT = Oracle(lab03.SPLIT, heads_split_as, split_mistakes)
 MERGE = Oracle(lab03.MERGE, lambda x, strided=False: heads_merged_as(x), merge_mistakes)
 
@@ -349,11 +339,6 @@ def hidden_check_load_torch_weights(
     mask = torch.rand(4, 6, generator=g) < 0.7
     call = "your MultiHeadAttention(12, 3) loaded from torch's, with a (T, S) mask"
     _expect_mha(module, (*inputs, mask), 3, call)
-
-
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
 
 
 def _grid(shape: Sequence[int], g: torch.Generator, steps: int) -> Tensor:
