@@ -10,6 +10,7 @@ conventions in ``docs/curriculum.md`` (positions from 0, ``PE[p + k] == PE[p] @ 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import torch
@@ -49,18 +50,15 @@ def call(name: str, a: float, d_model: int, base: float = 10000.0) -> str:
     return f"{name}({a}, {d_model}{f', base={base:g}' * (base != 10000.0)})"
 
 
-def encode(fn: Callable[..., Tensor], seq_len: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The student's ``sinusoidal_encoding(seq_len, d_model[, base])`` under the lab's ban."""
+def run(name: str, fn: Callable[..., Tensor], a: int, d_model: int, base: float = 1e4) -> Tensor:
+    """The student's ``name(a, d_model[, base])`` (the part ``name``) under the lab's ban."""
     kwargs = {} if base == 10000.0 else {"base": base}
-    what = call("sinusoidal_encoding", seq_len, d_model, base)
-    return call_forbidding(fn, (seq_len, d_model), kwargs, ban=BAN, what=what)
+    return call_forbidding(fn, (a, d_model), kwargs, ban=BAN, what=call(name, a, d_model, base))
 
 
-def shift(fn: Callable[..., Tensor], offset: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The student's ``relative_shift_matrix(offset, d_model[, base])`` under the lab's ban."""
-    kwargs = {} if base == 10000.0 else {"base": base}
-    what = call("relative_shift_matrix", offset, d_model, base)
-    return call_forbidding(fn, (offset, d_model), kwargs, ban=BAN, what=what)
+#: The student's ``sinusoidal_encoding(seq_len, ...)`` and ``relative_shift_matrix(offset, ...)``.
+encode = functools.partial(run, "sinusoidal_encoding")
+shift = functools.partial(run, "relative_shift_matrix")
 
 
 def judge(

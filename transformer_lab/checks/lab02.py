@@ -57,13 +57,6 @@ BAN = SPEC.ban("attention")
 _LAB = "lab02"
 
 
-def stored_example(key: str) -> tuple[Tensor, dict[str, Tensor]]:
-    """A stored expected value and the typical mistakes' outputs, in the order of their
-    ``"NN|"`` prefix (JSON sorts the keys)."""
-    want, mistakes = stored(_LAB, key)
-    return want, {hint.partition("|")[2]: t for hint, t in sorted(mistakes.items())}
-
-
 def example(key: str, *names: str) -> tuple[Tensor, ...]:
     """The stored inputs of worked example ``key`` (float32; masks as bool)."""
     out = []
@@ -159,7 +152,7 @@ def judge_softmax(
 def check_softmax(fn: Callable[..., Tensor]) -> None:
     """Worked examples: a vector, a table along each axis, a square table, large logits."""
     for what, (x, dim) in SOFTMAX_EXAMPLES.items():
-        want, mistakes = stored_example(what)
+        want, mistakes = stored(_LAB, what)
         judge_softmax(call_softmax(fn, x, dim, what), want, mistakes, what, x)
 
 
@@ -212,7 +205,7 @@ def _check_self_attention_values(fn: Callable[..., Tensor], name: str) -> None:
     for label in SA_EXAMPLES:
         args = example(f"self_attention {label}", *SA_ARGS)
         what = f"{name} on {label}"
-        want, mistakes = stored_example(f"self_attention on {label}")
+        want, mistakes = stored(_LAB, f"self_attention on {label}")
         judge_self_attention(call_self_attention(fn, args, what), want, mistakes, what)
 
 
@@ -261,10 +254,7 @@ def check_self_attention_loop_uses_loops(fn: Callable[..., Tensor]) -> None:
     Rule (stated in the notebook): the number of tensor operations grows with the number of
     tokens, and no arithmetic operation produces the whole ``N x N`` score table at once.
     """
-    small, large = (
-        _student_ops(fn, 4, "self_attention_loop"),
-        _student_ops(fn, 8, "self_attention_loop"),
-    )
+    small, large = (_student_ops(fn, n, "self_attention_loop") for n in (4, 8))
     if len(large) - len(small) < 4:
         raise AssertionError(
             f"self_attention_loop performs {len(small)} tensor operations for N=4 tokens and "
@@ -287,10 +277,7 @@ def check_self_attention_loop_uses_loops(fn: Callable[..., Tensor]) -> None:
 
 def check_self_attention_matrix_no_loops(fn: Callable[..., Tensor]) -> None:
     """The matrix form performs the same operations whatever ``N`` is."""
-    small, large = (
-        _student_ops(fn, 4, "self_attention_matrix"),
-        _student_ops(fn, 8, "self_attention_matrix"),
-    )
+    small, large = (_student_ops(fn, n, "self_attention_matrix") for n in (4, 8))
     if len(small) != len(large):
         raise AssertionError(
             f"self_attention_matrix performs {len(small)} tensor operations for N=4 tokens but "

@@ -331,12 +331,6 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
     )
 
 
-def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    """A stored example whose hints carry their rank (``"00|hint"``), the order they are tried."""
-    ranked = {f"{i:02d}|{hint}": t for i, (hint, t) in enumerate((mistakes or {}).items())}
-    return fixture_entry(expected, ranked)
-
-
 def _attention_example(key: str, g: torch.Generator) -> dict[str, Tensor]:
     """Inputs (float32; the mask as bool) of the visible attention examples, by name."""
     if "T=S=4" in key:
@@ -370,14 +364,14 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for what, (x, dim) in SOFTMAX_EXAMPLES.items():
         d = -1 if dim is None else dim
-        out[what] = _entry(oracle_softmax(x, d), softmax_mistakes(x, d))
+        out[what] = fixture_entry(oracle_softmax(x, d), softmax_mistakes(x, d))
 
     g = generator(2)
     for label, (n, dv) in SA_EXAMPLES.items():
         args = _self_attention_inputs(n, 6, 4, dv, g)
         for name, t in zip(SA_ARGS, args, strict=True):
-            out[f"self_attention {label}: {name}"] = _entry(t)
-        out[f"self_attention on {label}"] = _entry(
+            out[f"self_attention {label}: {name}"] = fixture_entry(t)
+        out[f"self_attention on {label}"] = fixture_entry(
             oracle_self_attention(*args), self_attention_mistakes(*args)
         )
 
@@ -385,7 +379,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     for what in (*SDPA_EXAMPLES, *SDPA_MASK_EXAMPLES):
         example = _attention_example(what, g)
         for name, t in example.items():
-            out[f"{what}: {name}"] = _entry(t.double())
+            out[f"{what}: {name}"] = fixture_entry(t.double())
         q, k, v = (example[n].to(example_dtype(what)) for n in ("q", "k", "v"))
         mask = example.get("mask")
         out |= pair_entries(what, attend64(q, k, v, mask), attention_mistakes(q, k, v, mask))

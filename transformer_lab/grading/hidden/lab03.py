@@ -211,8 +211,7 @@ def _drawn(
 def _expect_mha(
     module: nn.Module, args: Args, n_heads: int, what: str, train_too: bool = False
 ) -> None:
-    """The student's module on ``args = (query, key, value, mask)`` against the oracle (and in
-    training mode, if asked)."""
+    """The student's module on ``args`` against the oracle (and in training mode, if asked)."""
     p = params_of(module)
     want = oracle_multi_head_attention(p, args, n_heads)
     assert want is not None
@@ -323,8 +322,7 @@ def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int 
 def hidden_check_load_torch_weights(
     fn: Callable[..., Any], cls: Callable[..., Any], seed: int = 0
 ) -> None:
-    """Random sizes, no bias, and the student's own module (``cls``) loaded from torch's,
-    then run."""
+    """Random sizes, no bias, the student's own module (``cls``) loaded from torch's and run."""
     g = generator(seed)
     for bias in (True, False):
         H, dh = randint(1, 4, g), randint(2, 4, g)
