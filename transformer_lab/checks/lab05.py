@@ -244,7 +244,7 @@ def expect_attention(
 
 
 def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
-    """``(q, k, v, mask, description)`` of the worked example ``"causal"`` or ``"padded"``
+    """``(q, k, v, mask, description)`` of the worked example ``"causal"`` (else ``"padded"``)
     (float32): multiples of 1/8 below 4 (exact in float16), the keys' scores growing with their
     position, so that the keys a mask hides (the future, the padding) score highest."""
     if name == "causal":
@@ -255,22 +255,20 @@ def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
         v = 0.5 * ((3 * s + e + b) % 5 - 2)
         mask = torch.ones(5, 5, dtype=torch.bool).tril()  # (T, S)
         return q.float(), k.float(), v.float(), mask, "the causal (5, 5) mask"
-    if name == "padded":
-        b, h, t, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 3, 2)), indexing="ij")
-        q = 0.5 + 0.25 * ((b + h + t + d) % 4)
-        b, h, s, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 2)), indexing="ij")
-        k = 0.5 * (s - 1) + 0.25 * ((h + d) % 2)
-        b, h, s, e = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 4)), indexing="ij")
-        v = 0.5 * ((s + 2 * e + h) % 5) - 1.0
-        mask = torch.tensor(
-            [
-                [[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]],
-                [[1, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]],
-            ],
-            dtype=torch.bool,
-        )[:, None]  # (B, 1, T, S)
-        return q.float(), k.float(), v.float(), mask, "a (2, 1, 3, 5) mask with an empty row"
-    raise KeyError(name)
+    b, h, t, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 3, 2)), indexing="ij")
+    q = 0.5 + 0.25 * ((b + h + t + d) % 4)
+    b, h, s, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 2)), indexing="ij")
+    k = 0.5 * (s - 1) + 0.25 * ((h + d) % 2)
+    b, h, s, e = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 4)), indexing="ij")
+    v = 0.5 * ((s + 2 * e + h) % 5) - 1.0
+    mask = torch.tensor(
+        [
+            [[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]],
+            [[1, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]],
+        ],
+        dtype=torch.bool,
+    )[:, None]  # (B, 1, T, S)
+    return q.float(), k.float(), v.float(), mask, "a (2, 1, 3, 5) mask with an empty row"
 
 
 check_causal_mask = CAUSAL.visible(
