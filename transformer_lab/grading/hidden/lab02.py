@@ -334,17 +334,11 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
 def _attention_example(key: str, g: torch.Generator) -> dict[str, Tensor]:
     """Inputs (float32; the mask as bool) of the visible attention examples, by name."""
     if "T=S=4" in key:
-        return {
-            "q": torch.randn(4, 3, generator=g) * 2,
-            "k": torch.randn(4, 3, generator=g) * 2,
-            "v": torch.randn(4, 5, generator=g),
-        }
+        q, k, v = (torch.randn(4, n, generator=g) * s for n, s in ((3, 2.0), (3, 2.0), (5, 1.0)))
+        return {"q": q, "k": k, "v": v}
     if "(2, 3, 2, 4)" in key:
-        return {
-            "q": torch.randn(2, 3, 2, 4, generator=g),
-            "k": torch.randn(2, 3, 5, 4, generator=g),
-            "v": torch.randn(2, 3, 5, 6, generator=g),
-        }
+        q, k, v = (torch.randn(2, 3, *size, generator=g) for size in ((2, 4), (5, 4), (5, 6)))
+        return {"q": q, "k": k, "v": v}
     if "causal" in key:
         mask = torch.tril(torch.ones(4, 4, dtype=torch.bool))
         q, k, v = _masked_inputs((2,), 4, 4, 6, 3, mask, g)
