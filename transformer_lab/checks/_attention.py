@@ -446,14 +446,9 @@ def expect_finite_gradients(
 
 
 def stored_pair(lab: str, key: str) -> tuple[tuple[Tensor, Tensor], dict[str, Pair]]:
-    """The stored ``(out, weights)`` of ``lab``'s worked example ``key`` and the typical
-    mistakes' pairs, in the catalogue's order (the order :func:`judge_attention` tries them).
-
-    The fixture holds ``"<key> -> output"`` and ``"<key> -> weights"`` (written by the lab's
-    hidden module when the fixtures are built), and keeps the catalogue's
-    order in a ``"NN|"`` prefix of each hint, since JSON sorts the keys.
-    """
+    """The stored ``(out, weights)`` of ``lab``'s worked example ``key`` (``"<key> -> output"``
+    and ``"<key> -> weights"``, written by the lab's hidden module) and the typical mistakes'
+    pairs, in the catalogue's order (the order :func:`judge_attention` tries them)."""
     out, out_mistakes = stored(lab, f"{key} -> output")
     w, w_mistakes = stored(lab, f"{key} -> weights")
-    ranked = sorted(w_mistakes)
-    return (out, w), {h.partition("|")[2]: (out_mistakes[h], w_mistakes[h]) for h in ranked}
+    return (out, w), {h: (out_mistakes[h], w_mistakes[h]) for h in w_mistakes}

@@ -10,6 +10,7 @@ conventions in ``docs/curriculum.md`` (positions from 0, ``PE[p + k] == PE[p] @ 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import torch
@@ -19,10 +20,10 @@ from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     call_forbidding,
     close,
+    compare,
     expect_close,
     expect_shape,
     expect_true,
-    note_mistake,
     stored,
 )
 
@@ -49,33 +50,15 @@ def call(name: str, a: float, d_model: int, base: float = 10000.0) -> str:
     return f"{name}({a}, {d_model}{f', base={base:g}' * (base != 10000.0)})"
 
 
-def encode(fn: Callable[..., Tensor], seq_len: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The student's ``sinusoidal_encoding(seq_len, d_model[, base])`` under the lab's ban."""
+def run(name: str, fn: Callable[..., Tensor], a: int, d_model: int, base: float = 1e4) -> Tensor:
+    """The student's ``name(a, d_model[, base])`` (the part ``name``) under the lab's ban."""
     kwargs = {} if base == 10000.0 else {"base": base}
-    what = call("sinusoidal_encoding", seq_len, d_model, base)
-    return call_forbidding(fn, (seq_len, d_model), kwargs, ban=BAN, what=what)
+    return call_forbidding(fn, (a, d_model), kwargs, ban=BAN, what=call(name, a, d_model, base))
 
 
-def shift(fn: Callable[..., Tensor], offset: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The student's ``relative_shift_matrix(offset, d_model[, base])`` under the lab's ban."""
-    kwargs = {} if base == 10000.0 else {"base": base}
-    what = call("relative_shift_matrix", offset, d_model, base)
-    return call_forbidding(fn, (offset, d_model), kwargs, ban=BAN, what=what)
-
-
-def hint_for(got: Tensor, want: Tensor, mistakes: Mapping[str, Tensor], fallback: str) -> str:
-    """``""`` for a right (or not floating) ``got``; else the hint of the first mistake whose
-    table it reproduces (recorded with ``note_mistake``), else ``fallback``."""
-    if not got.is_floating_point():
-        return ""
-    g = got.detach().to("cpu", torch.float64)
-    if torch.allclose(g, want, atol=_TOL, rtol=_TOL):
-        return ""
-    for hint, wrong in mistakes.items():
-        if g.shape == wrong.shape and torch.allclose(g, wrong, atol=_TOL, rtol=_TOL):
-            note_mistake(hint)
-            return hint
-    return fallback
+#: The student's ``sinusoidal_encoding(seq_len, ...)`` and ``relative_shift_matrix(offset, ...)``.
+encode = functools.partial(run, "sinusoidal_encoding")
+shift = functools.partial(run, "relative_shift_matrix")
 
 
 def judge(
@@ -84,20 +67,13 @@ def judge(
     mistakes: Mapping[str, Tensor],
     what: str,
     rule: str,
-    *,
-    atol: float = _TOL,
-    rtol: float = _TOL,
+    **tolerance: float,
 ) -> Tensor:
     """Compare a student's table or matrix with ``want`` (float64); name the mistake it
     reproduces (``mistakes``: hint -> its output), else say the ``rule``. Returns ``got``."""
-    got = expect_shape(got, tuple(want.shape), what)
-    expect_close(got, want, what, hint=hint_for(got, want, mistakes, rule), atol=atol, rtol=rtol)
-    return got
-
-
-# --------------------------------------------------------------------------------------
-# Visible checks
-# --------------------------------------------------------------------------------------
+    candidates = [(wrong, hint) for hint, wrong in mistakes.items()]
+    tolerance = {"atol": _TOL, "rtol": _TOL, **tolerance}
+    return compare(got, want, what=what, candidates=candidates, hint=rule, **tolerance)
 
 
 def check_sinusoidal_encoding_shape(fn: Callable[..., Tensor]) -> None:
@@ -109,13 +85,9 @@ def check_sinusoidal_encoding_shape(fn: Callable[..., Tensor]) -> None:
         f"{what} has dtype {got.dtype}; the encoding is real-valued. Use a float tensor "
         "(e.g. torch.arange(..., dtype=torch.float32)).",
     )
-    row0 = got[0].detach().to("cpu", torch.float64)
-    want0 = torch.tensor([0.0, 1.0] * 3, dtype=torch.float64)
-    if not torch.allclose(row0, want0, atol=_TOL):
+    if not close(got[0], torch.tensor([0.0, 1.0] * 3), atol=_TOL):
         hint = "Position 0 has every angle 0, so sin columns are 0 and cos columns are 1."
-        expect_close(
-            row0, want0, f"row 0 of {what}", hint=hint_for(got, *stored("lab01", what), hint)
-        )
+        judge(got, *stored("lab01", what), what, hint)
     # A second size, so that a table that ignores its arguments does not pass.
     expect_shape(encode(fn, 3, 2), (3, 2), "sinusoidal_encoding(3, 2)")
 

@@ -57,13 +57,6 @@ BAN = SPEC.ban("attention")
 _LAB = "lab02"
 
 
-def stored_example(key: str) -> tuple[Tensor, dict[str, Tensor]]:
-    """A stored expected value and the typical mistakes' outputs, in the order of their
-    ``"NN|"`` prefix (JSON sorts the keys)."""
-    want, mistakes = stored(_LAB, key)
-    return want, {hint.partition("|")[2]: t for hint, t in sorted(mistakes.items())}
-
-
 def example(key: str, *names: str) -> tuple[Tensor, ...]:
     """The stored inputs of worked example ``key`` (float32; masks as bool)."""
     out = []
@@ -72,10 +65,6 @@ def example(key: str, *names: str) -> tuple[Tensor, ...]:
         out.append(t.bool() if name == "mask" else t.float())
     return tuple(out)
 
-
-# --------------------------------------------------------------------------------------
-# softmax
-# --------------------------------------------------------------------------------------
 
 SOFTMAX_HINT = (
     "softmax(x)_i = exp(x_i - m) / sum_j exp(x_j - m) along `dim`, with m the maximum along "
@@ -163,13 +152,9 @@ def judge_softmax(
 def check_softmax(fn: Callable[..., Tensor]) -> None:
     """Worked examples: a vector, a table along each axis, a square table, large logits."""
     for what, (x, dim) in SOFTMAX_EXAMPLES.items():
-        want, mistakes = stored_example(what)
+        want, mistakes = stored(_LAB, what)
         judge_softmax(call_softmax(fn, x, dim, what), want, mistakes, what, x)
 
-
-# --------------------------------------------------------------------------------------
-# self-attention on one sequence: loop and matrix forms
-# --------------------------------------------------------------------------------------
 
 SA_ARGS = ("X", "W_q", "b_q", "W_k", "b_k", "W_v", "b_v")
 SA_HINT = (
@@ -220,7 +205,7 @@ def _check_self_attention_values(fn: Callable[..., Tensor], name: str) -> None:
     for label in SA_EXAMPLES:
         args = example(f"self_attention {label}", *SA_ARGS)
         what = f"{name} on {label}"
-        want, mistakes = stored_example(f"self_attention on {label}")
+        want, mistakes = stored(_LAB, f"self_attention on {label}")
         judge_self_attention(call_self_attention(fn, args, what), want, mistakes, what)
 
 
@@ -233,10 +218,6 @@ def check_self_attention_matrix(fn: Callable[..., Tensor]) -> None:
     """Worked examples: one token (its output is its own value), then N=5, D=6, d_k=4, d_v=3."""
     _check_self_attention_values(fn, "self_attention_matrix")
 
-
-# --------------------------------------------------------------------------------------
-# loops or no loops: counting the tensor operations a function performs
-# --------------------------------------------------------------------------------------
 
 # Operations that build, gather or copy tensors without computing scores; the loop form may use
 # them on N x N tensors (e.g. filling a preallocated table, or stacking rows).
@@ -273,10 +254,7 @@ def check_self_attention_loop_uses_loops(fn: Callable[..., Tensor]) -> None:
     Rule (stated in the notebook): the number of tensor operations grows with the number of
     tokens, and no arithmetic operation produces the whole ``N x N`` score table at once.
     """
-    small, large = (
-        _student_ops(fn, 4, "self_attention_loop"),
-        _student_ops(fn, 8, "self_attention_loop"),
-    )
+    small, large = (_student_ops(fn, n, "self_attention_loop") for n in (4, 8))
     if len(large) - len(small) < 4:
         raise AssertionError(
             f"self_attention_loop performs {len(small)} tensor operations for N=4 tokens and "
@@ -299,21 +277,13 @@ def check_self_attention_loop_uses_loops(fn: Callable[..., Tensor]) -> None:
 
 def check_self_attention_matrix_no_loops(fn: Callable[..., Tensor]) -> None:
     """The matrix form performs the same operations whatever ``N`` is."""
-    small, large = (
-        _student_ops(fn, 4, "self_attention_matrix"),
-        _student_ops(fn, 8, "self_attention_matrix"),
-    )
+    small, large = (_student_ops(fn, n, "self_attention_matrix") for n in (4, 8))
     if len(small) != len(large):
         raise AssertionError(
             f"self_attention_matrix performs {len(small)} tensor operations for N=4 tokens but "
             f"{len(large)} for N=8: it loops over tokens. Write it with matrix products over "
             "all tokens at once (Q @ K.T, softmax over the last axis, then @ V), no Python loop."
         )
-
-
-# --------------------------------------------------------------------------------------
-# batched scaled dot-product attention with a mask
-# --------------------------------------------------------------------------------------
 
 
 def expect_attention(

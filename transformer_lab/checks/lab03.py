@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -107,33 +107,26 @@ TOLERANCE: dict[torch.dtype, float] = {
 }
 
 
-# --------------------------------------------------------------------------------------
-# Calling the student's code
-# --------------------------------------------------------------------------------------
-
-
 def run(fn: Callable[..., Any], *args: Any, what: str, on_error: str = "", **kwargs: Any) -> Any:
     """Call the student's ``fn`` under :data:`BAN`; add ``on_error`` to a crash's message."""
     return call_forbidding(fn, args, kwargs, ban=BAN, what=what, on_error=on_error)
 
 
-def expect_value_error(
-    fn: Callable[..., Any], args: tuple[Any, ...], names: Sequence[str], what: str
-) -> None:
-    """``fn(*args)`` must raise ``ValueError`` whose message contains every string in ``names``."""
+def expect_value_error(fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> None:
+    """``fn(*args)`` (d_model 10, 4 heads) must raise a ``ValueError`` naming 10 and 4."""
     try:
         run(fn, *args, what=what)
     except AssertionError as exc:
         error = exc.__cause__ or exc  # what the student's code raised (an assert: exc itself)
         if isinstance(exc, ForbiddenCallError) or isinstance(error, NotImplementedError):
             raise
-        if isinstance(error, ValueError) and all(n in str(error) for n in names):
+        if isinstance(error, ValueError) and "10" in str(error) and "4" in str(error):
             return
         got = f"raised {type(error).__name__}({str(error)!r})"
     else:
         got = "returned normally"
     raise AssertionError(
-        f"{what} {got} instead of a ValueError naming {' and '.join(names)}. Check it first: "
+        f"{what} {got} instead of a ValueError naming 10 and 4. Check it first: "
         'raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}").'
     )
 
@@ -143,11 +136,6 @@ def numbered(*shape: int) -> Tensor:
     10: ``numbered(2, 3, 8)[b, t, d] == 100*b + 10*t + d``): a misplaced entry says whence."""
     axes = torch.meshgrid(*(torch.arange(n) for n in shape), indexing="ij")  # each (*shape)
     return sum(10 ** (len(shape) - 1 - i) * a for i, a in enumerate(axes)).float()
-
-
-# --------------------------------------------------------------------------------------
-# split_heads / merge_heads
-# --------------------------------------------------------------------------------------
 
 
 def _dtype(x: Tensor) -> str:
@@ -239,7 +227,7 @@ def check_split_heads_divisible(fn: Callable[..., Tensor]) -> None:
     """A width of 10 cut into 4 heads raises a ``ValueError`` naming 10 and 4; a width of 8
     does not (so an answer that always raises does not pass)."""
     x = torch.zeros(2, 3, 10)
-    expect_value_error(fn, (x, 4), ("10", "4"), "split_heads(x, 4) for x of width d_model=10")
+    expect_value_error(fn, (x, 4), "split_heads(x, 4) for x of width d_model=10")
     run(fn, torch.zeros(2, 3, 8), 4, what="split_heads(x, 4) for x of width d_model=8")
 
 
@@ -248,11 +236,6 @@ check_merge_heads = MERGE.visible(
     """A numbered ``(2, 2, 3, 4)`` input (contiguous and not), and the heads of a numbered
     ``(2, 3, 8)`` input merged back into it.""",
 )
-
-
-# --------------------------------------------------------------------------------------
-# MultiHeadAttention
-# --------------------------------------------------------------------------------------
 
 
 def instantiate(cls: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> nn.Module:
@@ -392,7 +375,7 @@ def check_multi_head_attention(cls: Callable[..., Any]) -> None:
 
 def check_multi_head_attention_divisible(cls: Callable[..., Any]) -> None:
     """``MultiHeadAttention(10, 4)`` raises a ``ValueError`` naming 10 and 4."""
-    expect_value_error(cls, (10, 4), ("10", "4"), "MultiHeadAttention(10, 4)")
+    expect_value_error(cls, (10, 4), "MultiHeadAttention(10, 4)")
 
 
 def check_multi_head_attention_mask(cls: Callable[..., Any]) -> None:
@@ -402,11 +385,6 @@ def check_multi_head_attention_mask(cls: Callable[..., Any]) -> None:
         for dtype in (torch.float32, torch.float16):
             judge_example(cls, 8, 2, label=label, dtype=dtype)
     judge_example(cls, 8, 4, label="a (T, S) mask")
-
-
-# --------------------------------------------------------------------------------------
-# load_torch_weights
-# --------------------------------------------------------------------------------------
 
 
 class Projections(nn.Module):
@@ -426,8 +404,7 @@ class Projections(nn.Module):
 
 @torch.no_grad()
 def randomised(module: nn.Module, g: torch.Generator, scale: float = 1.0) -> nn.Module:
-    """``module`` with random parameters (biases too: torch starts them at zero, which hides a
-    missing one)."""
+    """``module`` with random parameters (biases too: zero biases would hide a missing one)."""
     for p in module.parameters():
         p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(max(p.shape[-1], 1)))
     return module

@@ -45,8 +45,6 @@ IGNORE_INDEX = -100
 
 #: The lab's spec (``specs/lab04.toml``): its bans and shared tolerances.
 SPEC = spec.load("04_transformer_block")
-LAYER_NORM_BAN = SPEC.ban("layer_norm")
-FEED_FORWARD_BAN = SPEC.ban("feed_forward")
 BLOCK_BAN = SPEC.ban("block")
 MODULE_BAN = SPEC.ban("module")
 
@@ -121,7 +119,7 @@ def layer_norm_call(
         fn,
         (x.clone(), weight.clone(), bias.clone()),
         {} if eps == 1e-5 else {"eps": eps},
-        ban=LAYER_NORM_BAN,
+        ban=SPEC.ban("layer_norm"),
         what=what,
         on_error="Keep the statistics' last dimension (keepdim=True) so that they broadcast "
         "against x.",
@@ -176,7 +174,7 @@ def _ff_call(
         ff = expect_module(call_student(cls, x.shape[-1], d_ff, dropout=p, what=what), what)
     layout = "self.linear1 = nn.Linear(d_model, d_ff), self.linear2 = nn.Linear(d_ff, d_model)"
     load_weights(ff, weights, what, layout)  # the layers' names and sizes
-    return run_module(ff, what, x, {}, ban=FEED_FORWARD_BAN, seed=seed)
+    return run_module(ff, what, x, {}, ban=SPEC.ban("feed_forward"), seed=seed)
 
 
 #: ``FeedForward``: a case is ``(d_ff, dropout, weights, x, seed)``, ``seed`` ``None`` in eval

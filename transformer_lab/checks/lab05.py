@@ -42,19 +42,9 @@ ATTENTION_BAN = SPEC.ban("attention")
 DETECTOR_BAN = SPEC.ban("detector")
 
 
-# --------------------------------------------------------------------------------------
-# Calling the student's functions
-# --------------------------------------------------------------------------------------
-
-
 def show_lengths(lengths: Sequence[int] | Tensor) -> str:
     """How ``lengths`` appears in messages: ``[3, 1]`` or ``torch.tensor([3, 1])``."""
     return f"torch.tensor({lengths.tolist()})" if isinstance(lengths, Tensor) else str(lengths)
-
-
-# --------------------------------------------------------------------------------------
-# The masks: ordinary parts (transformer_lab.checks._generated)
-# --------------------------------------------------------------------------------------
 
 
 def _screen_mask(case: Case[Given]) -> None:
@@ -150,11 +140,6 @@ COMBINE = _mask_part(
 )
 
 
-# --------------------------------------------------------------------------------------
-# Judging a leak detector
-# --------------------------------------------------------------------------------------
-
-
 class Probe(NamedTuple):
     """A differentiable map ``(B, T, ...) -> (B, T, ...)`` with known causality (``leaks``: an
     output at ``<= t`` reads an input after ``t``), and what a detector wrong on it is told."""
@@ -235,11 +220,6 @@ def visible_probes() -> list[Probe]:
     ]
 
 
-# --------------------------------------------------------------------------------------
-# Masked attention: run and judge in one call (stored values, or the hidden oracles)
-# --------------------------------------------------------------------------------------
-
-
 def expect_attention(
     fn: Callable[..., Any],
     inputs: tuple[Tensor, Tensor, Tensor, Tensor],
@@ -263,13 +243,8 @@ def expect_attention(
     _attention.judge_attention(result, want, mistakes, what, q, k, v, mask, tol=tol, probe=probe)
 
 
-# --------------------------------------------------------------------------------------
-# The worked examples of masked attention (inputs by formula: exact in float16 too)
-# --------------------------------------------------------------------------------------
-
-
 def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
-    """``(q, k, v, mask, description)`` of the worked example ``"causal"`` or ``"padded"``
+    """``(q, k, v, mask, description)`` of the worked example ``"causal"`` (else ``"padded"``)
     (float32): multiples of 1/8 below 4 (exact in float16), the keys' scores growing with their
     position, so that the keys a mask hides (the future, the padding) score highest."""
     if name == "causal":
@@ -280,27 +255,20 @@ def attention_example(name: str) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
         v = 0.5 * ((3 * s + e + b) % 5 - 2)
         mask = torch.ones(5, 5, dtype=torch.bool).tril()  # (T, S)
         return q.float(), k.float(), v.float(), mask, "the causal (5, 5) mask"
-    if name == "padded":
-        b, h, t, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 3, 2)), indexing="ij")
-        q = 0.5 + 0.25 * ((b + h + t + d) % 4)
-        b, h, s, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 2)), indexing="ij")
-        k = 0.5 * (s - 1) + 0.25 * ((h + d) % 2)
-        b, h, s, e = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 4)), indexing="ij")
-        v = 0.5 * ((s + 2 * e + h) % 5) - 1.0
-        mask = torch.tensor(
-            [
-                [[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]],
-                [[1, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]],
-            ],
-            dtype=torch.bool,
-        )[:, None]  # (B, 1, T, S)
-        return q.float(), k.float(), v.float(), mask, "a (2, 1, 3, 5) mask with an empty row"
-    raise KeyError(name)
-
-
-# --------------------------------------------------------------------------------------
-# Visible checks
-# --------------------------------------------------------------------------------------
+    b, h, t, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 3, 2)), indexing="ij")
+    q = 0.5 + 0.25 * ((b + h + t + d) % 4)
+    b, h, s, d = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 2)), indexing="ij")
+    k = 0.5 * (s - 1) + 0.25 * ((h + d) % 2)
+    b, h, s, e = torch.meshgrid(*(torch.arange(n) for n in (2, 2, 5, 4)), indexing="ij")
+    v = 0.5 * ((s + 2 * e + h) % 5) - 1.0
+    mask = torch.tensor(
+        [
+            [[1, 1, 1, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]],
+            [[1, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]],
+        ],
+        dtype=torch.bool,
+    )[:, None]  # (B, 1, T, S)
+    return q.float(), k.float(), v.float(), mask, "a (2, 1, 3, 5) mask with an empty row"
 
 
 check_causal_mask = CAUSAL.visible(

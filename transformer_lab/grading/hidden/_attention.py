@@ -344,12 +344,10 @@ def pair_entries(
     key: str, want: tuple[Tensor, Tensor], mistakes: Mapping[str, tuple[Tensor, Tensor]]
 ) -> dict[str, dict[str, Any]]:
     """The fixture entries of a worked example of attention, ``"<key> -> output"`` and
-    ``"<key> -> weights"``: the expected ``want = (out, weights)`` and the mistakes' pairs,
-    each hint prefixed with its rank (``"00|hint"``) so that the visible side
-    (:func:`~transformer_lab.checks._attention.stored_pair`) tries them in this order."""
-    ranked = {f"{i:02d}|{hint}": pair for i, (hint, pair) in enumerate(mistakes.items())}
+    ``"<key> -> weights"``: the expected ``want = (out, weights)`` and the mistakes' pairs, in
+    the catalogue's order (the order the visible side tries them)."""
     return {
-        f"{key} -> {name}": fixture_entry(want[i], {h: pair[i] for h, pair in ranked.items()})
+        f"{key} -> {name}": fixture_entry(want[i], {h: pair[i] for h, pair in mistakes.items()})
         for i, name in enumerate(("output", "weights"))
     }
 

@@ -39,11 +39,6 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------
-# Oracles
-# --------------------------------------------------------------------------------------
-
-
 def _angle(p: float, pair: int, d_model: int, base: float) -> float:
     """Angle of position ``p`` in sin/cos pair ``pair``: ``p / base**(2*pair/d_model)``."""
     return p / base ** (2 * pair / d_model)
@@ -89,11 +84,6 @@ def oracle_relative_shift_matrix(offset: float, d_model: int, base: float = 1000
     return _rotations(
         d_model, lambda pair: _angle(offset, pair, d_model, base), lambda pair: 2 * pair
     )
-
-
-# --------------------------------------------------------------------------------------
-# The typical mistakes, as tables to compare a wrong answer with
-# --------------------------------------------------------------------------------------
 
 
 def _table(seq_len: int, d_model: int, freq: Callable[[int], float]) -> Tensor:
@@ -189,13 +179,7 @@ def shift_mistakes(offset: float, d_model: int, base: float) -> dict[str, Tensor
 
 
 def _expect_encoding(
-    fn: Callable[..., Tensor],
-    seq_len: int,
-    d_model: int,
-    base: float,
-    *,
-    atol: float = SPEC.tol("float32"),
-    rtol: float = SPEC.tol("float32"),
+    fn: Callable[..., Tensor], seq_len: int, d_model: int, base: float, **tolerance: float
 ) -> None:
     judge(
         encode(fn, seq_len, d_model, base),
@@ -203,8 +187,7 @@ def _expect_encoding(
         encoding_mistakes(seq_len, d_model, base),
         call("sinusoidal_encoding", seq_len, d_model, base),
         ENCODING_RULE,
-        atol=atol,
-        rtol=rtol,
+        **tolerance,
     )
 
 
@@ -216,11 +199,6 @@ def _expect_shift(fn: Callable[..., Tensor], offset: int, d_model: int, base: fl
         call("relative_shift_matrix", offset, d_model, base),
         SHIFT_RULE,
     )
-
-
-# --------------------------------------------------------------------------------------
-# Hidden checks
-# --------------------------------------------------------------------------------------
 
 
 def hidden_check_sinusoidal_encoding(fn: Callable[..., Tensor], seed: int = 0) -> None:
@@ -298,11 +276,6 @@ def hidden_check_relative_shift_matrix_properties(fn: Callable[..., Tensor], see
     )
     _expect_shift(fn, -a, d_model, 10000.0)
     _expect_shift(fn, 1000, 2, 10000.0)
-
-
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
 
 
 def fixtures() -> dict[str, dict[str, Any]]:

@@ -54,10 +54,6 @@ __all__ = [
     "hidden_check_softmax_stability",
 ]
 
-# --------------------------------------------------------------------------------------
-# Oracles
-# --------------------------------------------------------------------------------------
-
 
 def oracle_softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Reference softmax in float64 (torch's own)."""
@@ -73,11 +69,6 @@ def oracle_self_attention(*args: Tensor) -> Tensor:
     """Reference single-sequence self-attention ``(N, d_v)`` in float64."""
     Q, K, V = _project(args)
     return attend64(Q, K, V, None)[0]
-
-
-# --------------------------------------------------------------------------------------
-# The typical mistakes, as outputs to compare a wrong answer with
-# --------------------------------------------------------------------------------------
 
 
 def softmax_mistakes(x: Tensor, dim: int) -> dict[str, Tensor]:
@@ -156,11 +147,6 @@ def self_attention_mistakes(*args: Tensor) -> dict[str, Tensor]:
     return {hint: pair[0] for hint, pair in shared.items() if pair is not None}
 
 
-# --------------------------------------------------------------------------------------
-# Inputs
-# --------------------------------------------------------------------------------------
-
-
 def adversarial_keys(
     q: Tensor, mask: Tensor, s: int, g: torch.Generator, margin: float = 2.0
 ) -> Tensor:
@@ -193,11 +179,6 @@ def _masked_inputs(
     k = adversarial_keys(q, mask, s, g)
     v = torch.randn(*lead, s, dv, generator=g) * 2
     return q, k, v
-
-
-# --------------------------------------------------------------------------------------
-# Hidden checks
-# --------------------------------------------------------------------------------------
 
 
 def _expect_softmax(fn: Callable[..., Tensor], x: Tensor, dim: int | None, what: str) -> None:
@@ -350,31 +331,14 @@ def hidden_check_scaled_dot_product_attention_mask(fn: Callable[..., Any], seed:
     )
 
 
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
-
-
-def _entry(expected: Tensor, mistakes: dict[str, Tensor] | None = None) -> dict[str, Any]:
-    """A stored example whose hints carry their rank (``"00|hint"``), the order they are tried."""
-    ranked = {f"{i:02d}|{hint}": t for i, (hint, t) in enumerate((mistakes or {}).items())}
-    return fixture_entry(expected, ranked)
-
-
 def _attention_example(key: str, g: torch.Generator) -> dict[str, Tensor]:
     """Inputs (float32; the mask as bool) of the visible attention examples, by name."""
     if "T=S=4" in key:
-        return {
-            "q": torch.randn(4, 3, generator=g) * 2,
-            "k": torch.randn(4, 3, generator=g) * 2,
-            "v": torch.randn(4, 5, generator=g),
-        }
+        q, k, v = (torch.randn(4, n, generator=g) * s for n, s in ((3, 2.0), (3, 2.0), (5, 1.0)))
+        return {"q": q, "k": k, "v": v}
     if "(2, 3, 2, 4)" in key:
-        return {
-            "q": torch.randn(2, 3, 2, 4, generator=g),
-            "k": torch.randn(2, 3, 5, 4, generator=g),
-            "v": torch.randn(2, 3, 5, 6, generator=g),
-        }
+        q, k, v = (torch.randn(2, 3, *size, generator=g) for size in ((2, 4), (5, 4), (5, 6)))
+        return {"q": q, "k": k, "v": v}
     if "causal" in key:
         mask = torch.tril(torch.ones(4, 4, dtype=torch.bool))
         q, k, v = _masked_inputs((2,), 4, 4, 6, 3, mask, g)
@@ -394,14 +358,14 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for what, (x, dim) in SOFTMAX_EXAMPLES.items():
         d = -1 if dim is None else dim
-        out[what] = _entry(oracle_softmax(x, d), softmax_mistakes(x, d))
+        out[what] = fixture_entry(oracle_softmax(x, d), softmax_mistakes(x, d))
 
     g = generator(2)
     for label, (n, dv) in SA_EXAMPLES.items():
         args = _self_attention_inputs(n, 6, 4, dv, g)
         for name, t in zip(SA_ARGS, args, strict=True):
-            out[f"self_attention {label}: {name}"] = _entry(t)
-        out[f"self_attention on {label}"] = _entry(
+            out[f"self_attention {label}: {name}"] = fixture_entry(t)
+        out[f"self_attention on {label}"] = fixture_entry(
             oracle_self_attention(*args), self_attention_mistakes(*args)
         )
 
@@ -409,7 +373,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     for what in (*SDPA_EXAMPLES, *SDPA_MASK_EXAMPLES):
         example = _attention_example(what, g)
         for name, t in example.items():
-            out[f"{what}: {name}"] = _entry(t.double())
+            out[f"{what}: {name}"] = fixture_entry(t.double())
         q, k, v = (example[n].to(example_dtype(what)) for n in ("q", "k", "v"))
         mask = example.get("mask")
         out |= pair_entries(what, attend64(q, k, v, mask), attention_mistakes(q, k, v, mask))

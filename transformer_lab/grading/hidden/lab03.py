@@ -41,11 +41,6 @@ Params = dict[str, Tensor | None]
 Args, Pair = lab03.Args, lab03.Pair
 
 
-# --------------------------------------------------------------------------------------
-# Oracles, and the typical mistakes as their variants
-# --------------------------------------------------------------------------------------
-
-
 def params_of(module: nn.Module) -> Params:
     """The projections of a module as float64 (``None`` for a missing bias)."""
     held = lab03.projection_tensors(module).items()
@@ -216,8 +211,7 @@ def _drawn(
 def _expect_mha(
     module: nn.Module, args: Args, n_heads: int, what: str, train_too: bool = False
 ) -> None:
-    """The student's module on ``args = (query, key, value, mask)`` against the oracle (and in
-    training mode, if asked)."""
+    """The student's module on ``args`` against the oracle (and in training mode, if asked)."""
     p = params_of(module)
     want = oracle_multi_head_attention(p, args, n_heads)
     assert want is not None
@@ -225,11 +219,6 @@ def _expect_mha(
     lab03.judge_mha(got, want, mha_mistakes(p, args, n_heads), what, lab03.TOLERANCE[args[0].dtype])
     if train_too:
         lab03.expect_train_like_eval(module, args, n_heads, what)
-
-
-# --------------------------------------------------------------------------------------
-# Hidden checks
-# --------------------------------------------------------------------------------------
 
 
 SPLIT = Oracle(lab03.SPLIT, heads_split_as, split_mistakes)
@@ -333,8 +322,7 @@ def hidden_check_multi_head_attention_dtypes(cls: Callable[..., Any], seed: int 
 def hidden_check_load_torch_weights(
     fn: Callable[..., Any], cls: Callable[..., Any], seed: int = 0
 ) -> None:
-    """Random sizes, no bias, and the student's own module (``cls``) loaded from torch's,
-    then run."""
+    """Random sizes, no bias, the student's own module (``cls``) loaded from torch's and run."""
     g = generator(seed)
     for bias in (True, False):
         H, dh = randint(1, 4, g), randint(2, 4, g)
@@ -349,11 +337,6 @@ def hidden_check_load_torch_weights(
     mask = torch.rand(4, 6, generator=g) < 0.7
     call = "your MultiHeadAttention(12, 3) loaded from torch's, with a (T, S) mask"
     _expect_mha(module, (*inputs, mask), 3, call)
-
-
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
 
 
 def _grid(shape: Sequence[int], g: torch.Generator, steps: int) -> Tensor:

@@ -448,31 +448,27 @@ def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0
         BLOCK.judge(cls, [c for c in cases if BlockCase(*c).norm_first == norm_first])
 
 
-def oracle_tagging_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over the targets that are not -100, in float64."""
-    logp = torch.log_softmax(logits.detach().double(), dim=-1)  # (B, T, C)
-    real = targets != IGNORE_INDEX
-    picked = logp[real].gather(-1, targets[real][:, None])[:, 0]  # (N,)
-    return -picked.sum() / real.sum()
-
-
 def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of ``model`` on ``batch`` and hint -> a typical wrong one (float64 scalars)."""
+    """The loss of ``model`` on ``batch`` (the mean cross-entropy over the targets that are not
+    -100) and hint -> a typical wrong one (float64 scalars)."""
     tokens, targets = batch["tokens"], batch["targets"]
+    real = targets != IGNORE_INDEX
+
+    def nll(logits: Tensor, labels: Tensor) -> Tensor:  # (B, T): -log p(label), clamped label
+        logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
+        return -logp.gather(-1, labels.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
+
     with torch.no_grad():
         logits, unmasked = model(tokens, batch["padding_mask"]), model(tokens)  # (B, T, C)
-    logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
-    real = targets != IGNORE_INDEX
-    as_class_0 = -logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]  # (B, T)
+    as_class_0 = nll(logits, targets)
     per_token = torch.where(real, as_class_0, torch.zeros_like(as_class_0))
     per_sequence = per_token.sum(1) / real.sum(1).clamp(min=1)  # (B,)
-    from_tokens = -logp.gather(-1, tokens.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
-    return oracle_tagging_loss(logits, targets), {
+    return per_token.sum() / real.sum(), {
         "It matches the mean over every position, padding included: average over the real "
         "tokens only (F.cross_entropy ignores the targets -100).": per_token.mean(),
         "It matches the sum over the real tokens: take their mean.": per_token.sum(),
         "It matches logits computed without the padding mask: pass batch['padding_mask'].": (
-            oracle_tagging_loss(unmasked, targets)
+            (nll(unmasked, targets) * real).sum() / real.sum()
         ),
         "It matches the mean of each sequence's mean loss: average over all real tokens.": (
             per_sequence.mean()
@@ -481,7 +477,7 @@ def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, 
             as_class_0.mean()
         ),
         "It matches the loss against batch['tokens']: the labels are batch['targets'].": (
-            (from_tokens * real).sum() / real.sum()
+            (nll(logits, tokens) * real).sum() / real.sum()
         ),
     }
 

@@ -51,11 +51,6 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------
-# Oracles
-# --------------------------------------------------------------------------------------
-
-
 def oracle_causal_mask(T: int) -> Tensor:
     """``(T, T)`` bool: query ``t`` (row) may attend key ``s`` (column) when ``s <= t``."""
     rows = [[s <= t for s in range(T)] for t in range(T)]
@@ -78,11 +73,6 @@ def oracle_combine_masks(padding: Tensor, causal: Tensor) -> Tensor:
             for s in range(T):
                 out[b, 0, t, s] = bool(padding[b, s]) and bool(causal[t, s])
     return out
-
-
-# --------------------------------------------------------------------------------------
-# The typical mistakes, as what they return
-# --------------------------------------------------------------------------------------
 
 
 def causal_mistakes(T: int) -> dict[str, Tensor]:
@@ -179,11 +169,6 @@ def combine_mistakes(padding: Tensor, causal: Tensor) -> dict[str, Tensor]:
     )
 
 
-# --------------------------------------------------------------------------------------
-# Hidden checks: the masks
-# --------------------------------------------------------------------------------------
-
-
 CAUSAL = Oracle(lab05.CAUSAL, oracle_causal_mask, causal_mistakes)
 PADDING = Oracle(lab05.PADDING, oracle_padding_mask, padding_mistakes)
 COMBINE = Oracle(lab05.COMBINE, oracle_combine_masks, combine_mistakes)
@@ -231,11 +216,6 @@ hidden_check_combine_masks = COMBINE.hidden(
     """Random batches with the causal mask, and a local-window mask the function must use
     (each query sees itself and the 2 keys before it).""",
 )
-
-
-# --------------------------------------------------------------------------------------
-# Hidden checks: masked attention
-# --------------------------------------------------------------------------------------
 
 
 def _expect_attention(fn: Callable[..., Any], *inputs: Any, tol: float = 1e-4) -> None:
@@ -323,10 +303,6 @@ def hidden_check_masked_attention_dtypes(fn: Callable[..., Any], seed: int = 0) 
         lambda *qkv: call_attention(fn, *qkv, mask, what, ban=lab05.ATTENTION_BAN), q, k, v, what
     )
 
-
-# --------------------------------------------------------------------------------------
-# Hidden checks: the leak detector
-# --------------------------------------------------------------------------------------
 
 _SMALL = (
     "The leak here is small (1e-3 of the input), but a leak of any size lets training cheat. "
@@ -444,11 +420,6 @@ def hidden_check_depends_on_future_subtle(fn: Callable[..., Any], seed: int = 0)
         ],
         tokens,
     )
-
-
-# --------------------------------------------------------------------------------------
-# The visible checks' worked examples
-# --------------------------------------------------------------------------------------
 
 
 def fixtures() -> dict[str, dict[str, Any]]:
