@@ -3,6 +3,7 @@ each with its typical mistakes as variants) and the visible checks' fixtures."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -11,22 +12,19 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab08
-from transformer_lab.checks import spec as lab_specs
 from transformer_lab.checks._common import compare, expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle
+from transformer_lab.checks._generated import Oracle, plain
 from transformer_lab.checks.lab08 import (
     ATTENTION_RULE,
     SCHEDULES,
     STEP_RULE,
     ScriptedLM,
-    attention_example,
     build_attention,
     cached_run,
     expect_same_both_ways,
     judge_attention,
     judge_cached,
     judge_calls,
-    rising_keys,
     run_attention,
     run_generate,
     sample,
@@ -36,12 +34,6 @@ from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden import lab03 as hidden03
 from transformer_lab.grading.hidden import lab07 as hidden07
 from transformer_lab.grading.hidden._attention import distinct_mistakes, heads_split_as
-
-_TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the visible checks
-
-# ======================================================================================
-# CausalSelfAttention: the oracle and its wrong variants
-# ======================================================================================
 
 
 def _params(weights: dict[str, Tensor], order: str = "qkv") -> hidden03.Params:
@@ -61,27 +53,17 @@ def oracle_keys_values(weights: dict[str, Tensor], x: Tensor, n_heads: int) -> l
     return [heads_split_as(hidden03.oracle_linear(x64, p, f"{n}_proj"), n_heads) for n in "kv"]
 
 
-def _allowed(variant: str, start: int, end: int) -> Tensor:
+def _allowed(mask: str, start: int, end: int) -> Tensor:
     """Which stored keys ``0 .. end-1`` the queries ``start .. end-1`` may see, ``(T, end)``."""
     rows = torch.arange(start, end)[:, None]  # absolute positions of the queries
     cols = torch.arange(end)[None, :]
-    if variant in ("no_mask", "no_mask_cached"):
+    if mask == "none":
         return torch.ones(end - start, end, dtype=torch.bool)
-    if variant == "offset_ignored":
+    if mask == "offset_ignored":
         return cols <= rows - start  # row i sees keys 0..i: the offset P forgotten
-    if variant == "only_new":
+    if mask == "only_new":
         return (cols >= start) & (cols <= rows)  # the stored past never read
     return cols <= rows
-
-
-#: The variants of :func:`oracle_attention` that are options of lab 03's oracle.
-_OPTIONS: dict[str, dict[str, Any]] = {
-    "after_softmax": {"fill": "after"},
-    "scale_D": {"scale": "model"},
-    "no_transpose": {"split": "no_transpose", "merge": "no_transpose"},
-    "split_no_transpose": {"split": "no_transpose"},
-    "no_out_proj": {"out_proj": False},
-}
 
 
 def oracle_attention(
@@ -90,47 +72,54 @@ def oracle_attention(
     n_heads: int,
     schedule: Sequence[tuple[int, int]] | None = None,
     *,
-    variant: str = "",
+    mask: str = "causal",
+    order: str = "qkv",
+    **options: Any,
 ) -> Tensor:
     """Causal self-attention of ``x (B, T, D)`` in float64, ``(B, T, D)``: lab 03's oracle run
-    on each ``(start, end)`` chunk of ``schedule`` (default one pass), or a typical mistake's
-    ``variant`` (:data:`ATTENTION_MISTAKES`, :data:`CACHE_MISTAKES`)."""
-    p = _params(weights, "kqv" if variant == "kqv_order" else "qkv")
+    on each ``(start, end)`` chunk of ``schedule`` (default one pass); a typical mistake's
+    ``mask`` (:func:`_allowed`), ``order`` of qkv_proj's parts or lab 03's ``options``."""
+    p = _params(weights, order)
     outs = []
     for start, end in schedule or ((0, x.shape[1]),):
         seen = x[:, :end]  # (B, end, D): the keys and values so far
-        args = (seen[:, start:], seen, seen, _allowed(variant, start, end))
-        pair = hidden03.oracle_multi_head_attention(p, args, n_heads, **_OPTIONS.get(variant, {}))
+        args = (seen[:, start:], seen, seen, _allowed(mask, start, end))
+        pair = hidden03.oracle_multi_head_attention(p, args, n_heads, **options)
         assert pair is not None  # a (T, S) mask always broadcasts
         outs.append(pair[0])
     return torch.cat(outs, dim=1)
 
 
-#: The typical wrong attentions (variants of :func:`oracle_attention`), most specific first.
-ATTENTION_MISTAKES: dict[str, str] = {
-    "after_softmax": "Your weights are softmax(scores) with the future zeroed afterwards, so rows "
-    "no longer sum to one. Mask the scores BEFORE the softmax (torch.finfo(dtype).min).",
-    "no_mask": "Your attention ignores the causal mask: query t may attend keys 0..t only (the "
-    "next token is what a language model predicts).",
-    "kqv_order": "Your queries and keys are swapped: qkv_proj's output holds the queries in its "
-    "first d_model columns, then the keys, then the values (the rows of torch's in_proj_weight).",
-    "scale_D": "Your scores are divided by sqrt(d_model); each head's scores are divided by "
-    "sqrt(Dh), the width of one head, Dh = d_model / n_heads.",
-    "no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which "
-    "cuts across tokens: view as (B, T, H, Dh) and then transpose(1, 2).",
-    "split_no_transpose": "Your heads are split with view(B, H, T, Dh), which cuts across tokens "
-    "(merging back with a transpose does not undo it): view as (B, T, H, Dh), transpose(1, 2).",
-    "no_out_proj": "Your output skips out_proj: after merging the heads back to (B, T, D), "
-    "apply self.out_proj.",
+#: The typical wrong attentions, hint -> the options of :func:`oracle_attention` that make it,
+#: most specific first.
+ATTENTION_MISTAKES: dict[str, dict[str, Any]] = {
+    "Your weights are softmax(scores) with the future zeroed afterwards, so rows no longer sum "
+    "to one. Mask the scores BEFORE the softmax (torch.finfo(dtype).min).": {"fill": "after"},
+    "Your attention ignores the causal mask: query t may attend keys 0..t only (the next token "
+    "is what a language model predicts).": {"mask": "none"},
+    "Your queries and keys are swapped: qkv_proj's output holds the queries in its first "
+    "d_model columns, then the keys, then the values (the rows of torch's "
+    "in_proj_weight).": {"order": "kqv"},
+    "Your scores are divided by sqrt(d_model); each head's scores are divided by sqrt(Dh), the "
+    "width of one head, Dh = d_model / n_heads.": {"scale": "model"},
+    "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which cuts across "
+    "tokens: view as (B, T, H, Dh) and then "
+    "transpose(1, 2).": {"split": "no_transpose", "merge": "no_transpose"},
+    "Your heads are split with view(B, H, T, Dh), which cuts across tokens (merging back with a "
+    "transpose does not undo it): view as (B, T, H, Dh), "
+    "transpose(1, 2).": {"split": "no_transpose"},
+    "Your output skips out_proj: after merging the heads back to (B, T, D), apply self.out_proj.": {
+        "out_proj": False
+    },
 }
 #: Mistakes that show only when the input is fed through a KV cache in pieces.
-CACHE_MISTAKES: dict[str, str] = {
-    "offset_ignored": "Through the cache your mask forgets the offset: query P+i of a piece "
-    "starting at P may see every stored key s <= P+i (the last T rows of the (S, S) mask).",
-    "only_new": "Through the cache your attention reads only the new tokens' keys and values: "
-    "attend to what kv_cache.store(k, v) returns, every stored position.",
-    "no_mask_cached": "With a cache your attention uses no mask, right for one new token but not "
-    "for a piece of several: build the (T, S) mask in every case.",
+CACHE_MISTAKES: dict[str, dict[str, Any]] = {
+    "Through the cache your mask forgets the offset: query P+i of a piece starting at P may see "
+    "every stored key s <= P+i (the last T rows of the (S, S) mask).": {"mask": "offset_ignored"},
+    "Through the cache your attention reads only the new tokens' keys and values: attend to "
+    "what kv_cache.store(k, v) returns, every stored position.": {"mask": "only_new"},
+    "With a cache your attention uses no mask, right for one new token but not for a piece of "
+    "several: build the (T, S) mask in every case.": {"mask": "none"},
 }
 
 
@@ -141,22 +130,37 @@ def attention_mistakes(
     schedule: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Tensor]:
     """Hint -> what each typical wrong attention returns on ``x`` (only the distinct ones)."""
-    want = oracle_attention(weights, x, n_heads, schedule)
-    named = dict(CACHE_MISTAKES) if schedule is not None else {}
-    named |= ATTENTION_MISTAKES
-    return distinct_mistakes(
-        want,
-        [
-            (hint, oracle_attention(weights, x, n_heads, schedule, variant=v))
-            for v, hint in named.items()
-        ],
-        tol=1e-6,
-    )
+    run = functools.partial(oracle_attention, weights, x, n_heads, schedule)
+    named = {**(CACHE_MISTAKES if schedule else {}), **ATTENTION_MISTAKES}
+    return distinct_mistakes(run(), [(h, run(**o)) for h, o in named.items()], tol=1e-6)
 
 
-# ======================================================================================
-# CausalSelfAttention: hidden checks
-# ======================================================================================
+def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float) -> Tensor:
+    """Make the later keys score highest (in place on ``weights``; ``x`` is copied): input channel
+    0 becomes the position, which the keys copy into each head's first feature, where every query
+    holds ``lift``: the keys a causal mask hides have the largest raw scores."""
+    D = x.shape[-1]
+    Dh = D // n_heads
+    x = x.clone()
+    x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)  # the position ramp
+    w, b = weights["qkv_proj.weight"], weights["qkv_proj.bias"]
+    w[: 2 * D : Dh] = 0.0  # the rows of each head's first query and key feature
+    b[:D:Dh] = lift  # every query: a large constant in the head's first feature
+    w[D : 2 * D : Dh, 0] = 1.0  # every key: its position in the head's first feature
+    return x
+
+
+def _draw(
+    g: torch.Generator, heads: int, D: int, B: int, T: int
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Random weights and an input ``x (B, T, D)``, the later keys scoring highest."""
+    weights = {
+        "qkv_proj.weight": torch.randn(3 * D, D, generator=g) / math.sqrt(D),
+        "qkv_proj.bias": 0.3 * torch.randn(3 * D, generator=g),
+        "out_proj.weight": torch.randn(D, D, generator=g) / math.sqrt(D),
+        "out_proj.bias": 0.3 * torch.randn(D, generator=g),
+    }
+    return weights, rising_keys(weights, torch.randn(B, T, D, generator=g), heads, 2.0)
 
 
 def _attention_case(
@@ -166,13 +170,7 @@ def _attention_case(
     scoring highest: ``(module, weights, x (B, T, D), its name, n_heads)``."""
     heads = randint(1, 4, g)
     D, B, T = heads * randint(2, 5, g), randint(1, 3, g), randint(3, 7, g)
-    weights = {
-        "qkv_proj.weight": torch.randn(3 * D, D, generator=g) / math.sqrt(D),
-        "qkv_proj.bias": 0.3 * torch.randn(3 * D, generator=g),
-        "out_proj.weight": torch.randn(D, D, generator=g) / math.sqrt(D),
-        "out_proj.bias": 0.3 * torch.randn(D, generator=g),
-    }
-    x = rising_keys(weights, torch.randn(B, T, D, generator=g), heads, 2.0)
+    weights, x = _draw(g, heads, D, B, T)
     module, what = build_attention(cls, D, heads, weights, dropout)
     return module, weights, x, what, heads
 
@@ -315,11 +313,6 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
     )
 
 
-# ======================================================================================
-# generate: the oracle and its wrong variants
-# ======================================================================================
-
-
 @torch.no_grad()
 def greedy_reference(
     model: nn.Module, prompt: Tensor, new: int, use_cache: bool = False, variant: str = ""
@@ -367,11 +360,6 @@ GREEDY = Oracle(
         hint: oracle_generate(*case, variant=v) for v, hint in GENERATE_MISTAKES.items()
     },
 )
-
-
-# ======================================================================================
-# generate: hidden checks
-# ======================================================================================
 
 
 def _kit_gpt(seed: int, vocab_size: int = 13, n_ctx: int = 10) -> nn.Module:
@@ -460,30 +448,18 @@ hidden_check_generate_edges = GREEDY.hidden(
 
 
 def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Temperature, top-k and top-p reach the sampling: the frequencies of 3000 draws."""
-    table = torch.tensor([2.0, 1.4, 1.0, 0.6, 0.1, -0.4, -1.0, -1.6])
-    N = 3000
-    settings = (
-        {"temperature": 1.0},
-        {"temperature": 0.5},
-        {"temperature": 2.0},
-        {"temperature": 1.0, "top_k": 3},
-        {"temperature": 1.0, "top_p": 0.8},
-        {"temperature": 2.0, "top_k": 2},
-    )
-    for i, options in enumerate(settings):
-        model = ScriptedLM(vocab_size=8, n_ctx=4, table=table)
+    """Temperature, top-k and top-p reach the sampling: the frequencies of 3000 draws of the
+    scripted model's first token (a spread distribution over 8)."""
+    N, model = 3000, ScriptedLM(vocab_size=8, n_ctx=4, sharpness=2.0)
+    prompt = torch.zeros(N, 1, dtype=torch.long)
+    table = model.logits_for(prompt[:1])[0, 0]  # (8,): the logits after token 0
+    settings: list[dict[str, Any]] = [{"temperature": t} for t in (1.0, 0.5, 2.0)]
+    settings += [{"temperature": 1.0, "top_k": 3}, {"temperature": 1.0, "top_p": 0.8}]
+    for i, options in enumerate([*settings, {"temperature": 2.0, "top_k": 2}]):
         shown = ", ".join(f"{k}={v}" for k, v in options.items())
         what = f"generate(model, idx ({N}, 1), 1, {shown}, generator=seeded)"
-        got = run_generate(
-            fn,
-            model,
-            torch.zeros(N, 1, dtype=torch.long),
-            1,
-            what,
-            generator=torch.Generator().manual_seed(seed + i),
-            **options,
-        )
+        draws = torch.Generator().manual_seed(seed + i)
+        got = run_generate(fn, model, prompt, 1, what, generator=draws, **options)
         drawn = torch.bincount(got[:, 1].cpu().long(), minlength=8)[:8].double() / N
         logits = hidden07.oracle_apply_temperature(table, options["temperature"])  # lab 07's
         if "top_k" in options:
@@ -502,13 +478,8 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
         )
 
 
-# ======================================================================================
-# Scale: oracles and mistakes
-# ======================================================================================
-
-
 def oracle_gpt_param_count(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any]
 ) -> int:
     """GPT-2's parameters, layer by layer: token and position embeddings (the output layer is
     tied to the token embedding), per block two layer norms, the QKV projection (D -> 3D), the
@@ -521,7 +492,7 @@ def oracle_gpt_param_count(
 
 
 def count_mistakes(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any]
 ) -> dict[str, int]:
     """Hint -> the count each typical mistake gives, in the catalogue's order."""
     L, D, V = n_layers, d_model, vocab_size
@@ -577,7 +548,7 @@ def flops_mistakes(n_params: float, n_tokens: float) -> dict[str, float]:
 
 
 def oracle_kv_cache_bytes(
-    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any]
 ) -> int:
     """A key and a value of width D per layer, position and sequence."""
     per_position = 2 * d_model * options.get("bytes_per_value", 2)  # key + value, bytes
@@ -585,7 +556,7 @@ def oracle_kv_cache_bytes(
 
 
 def kv_mistakes(
-    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any]
 ) -> dict[str, int]:
     right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, options)
     L, T = n_layers, n_ctx
@@ -626,11 +597,6 @@ def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> di
         "Your answer is in minutes: a day has 1,440.": right * 1440,
         "Your answer is in years: multiply by 365.": right / 365,
     }
-
-
-# ======================================================================================
-# Scale: hidden checks, generated (transformer_lab.checks._generated)
-# ======================================================================================
 
 
 COUNT = Oracle(lab08.COUNT, oracle_gpt_param_count, count_mistakes)
@@ -701,15 +667,11 @@ hidden_check_gpu_days = DAYS.hidden(
 )
 
 
-# ======================================================================================
-# The visible checks' worked examples
-# ======================================================================================
-
-
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab08`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
-    x, weights, heads = attention_example()
+    heads, (weights, x) = 2, _draw(generator(8), 2, 8, 2, 5)  # CausalSelfAttention(8, 2)
+    out["CausalSelfAttention example: x, weights"] = fixture_entry(plain([x, weights]))
     want = oracle_attention(weights, x, heads)
     out["CausalSelfAttention example: out"] = fixture_entry(
         want, attention_mistakes(weights, x, heads)
@@ -729,10 +691,10 @@ def fixtures() -> dict[str, dict[str, Any]]:
     cases = [(*case, use_cache) for case in examples for use_cache in (False, True)]
     out |= GREEDY.fixtures("check_generate", cases)
     gpt2 = (12, 768, 50257, 1024)
-    small = [(1, 8, 5, 4), (3, 12, 17, 9, {"bias": False})]
-    out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False}), *small])
+    small = [(1, 8, 5, 4, {}), (3, 12, 17, 9, {"bias": False})]
+    out |= COUNT.fixtures("check_gpt_param_count", [(*gpt2, {}), (*gpt2, {"bias": False}), *small])
     out |= FLOPS.fixtures("check_training_flops", [(175e9, 300e9), (124_439_808, 10e9)])
-    kv = [(96, 12288, 2048), (12, 768, 1024, {"batch_size": 8, "bytes_per_value": 4})]
+    kv = [(96, 12288, 2048, {}), (12, 768, 1024, {"batch_size": 8, "bytes_per_value": 4})]
     kv.append((3, 16, 8, {"batch_size": 2, "bytes_per_value": 4}))
     out |= KV.fixtures("check_kv_cache_bytes", kv)
     days = [(3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)]
