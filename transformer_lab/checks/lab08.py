@@ -76,11 +76,6 @@ def run_attention(module: nn.Module, x: Tensor, what: str, kv_cache: Any = None)
         if "overflow" in str(exc) or "cannot be converted" in str(exc):
             raise AssertionError(f"{exc} {HALF_FILL}") from None
         raise
-    if isinstance(out, tuple | list):
-        raise AssertionError(
-            f"{what} returned a {type(out).__name__}; return only the output (B, T, D) (the "
-            "attention weights stay inside)."
-        )
     out = expect_shape(out, tuple(x.shape), what)
     expect_true(
         out.dtype == x.dtype,
@@ -207,8 +202,7 @@ class ScriptedLM(nn.Module):
     at the positions after those the cache holds. At position ``p``, with ``s`` the sum of the
     ids read at ``0 .. p``, the next token ``(7 s + 3 p + 1) mod V`` scores ``sharpness`` above a
     smooth background, so feeding a token twice, skipping one or misplacing it changes what
-    follows. Like the kit's GPT it raises ``ValueError`` past ``n_ctx``. ``calls``: ``(T, the
-    cache or None, its length before)``.
+    follows. Like the kit's GPT it raises ``ValueError`` past ``n_ctx``.
     """
 
     def __init__(
@@ -222,7 +216,6 @@ class ScriptedLM(nn.Module):
         self.config = SimpleNamespace(vocab_size=vocab_size, n_ctx=n_ctx)
         self.sharpness = sharpness
         self.anchor = nn.Parameter(torch.zeros(()))  # so that .parameters() and .device work
-        self.calls: list[tuple[int, Any, int]] = []
 
     def new_kv_cache(self, batch_size: int) -> SimpleNamespace:
         """An empty cache: the ids read, ``tokens (B, n_ctx)``, and ``KVCache``'s attributes."""
@@ -243,11 +236,9 @@ class ScriptedLM(nn.Module):
         B, T = idx.shape
         n_ctx = self.config.n_ctx
         if kv_cache is None:
-            self.calls.append((T, None, 0))
             if n_ctx < T:
                 raise ValueError(f"sequence length T={T} exceeds n_ctx={n_ctx}")
             return self.logits_for(idx.cpu()) + 0.0 * self.anchor
-        self.calls.append((T, kv_cache, kv_cache.length))
         if kv_cache.batch_size != B:
             raise ValueError(f"batch size {B} != KV cache batch size {kv_cache.batch_size}")
         start, end = kv_cache.length, kv_cache.length + T
@@ -346,12 +337,45 @@ def judge_calls(
         )
 
 
-def show_greedy(prompt: Sequence[Sequence[int]], n_ctx: int, new: int, use_cache: bool) -> str:
-    """How messages name a greedy run of ``generate`` on a :class:`ScriptedLM`."""
+def kit_gpt(seed: int, n_ctx: int) -> nn.Module:
+    """A small GPT of the kit (13 tokens) with random weights of std 0.3 (sharp logits), in
+    eval mode: a model a generation loop must drive like :class:`ScriptedLM`."""
+    from transformer_lab import models
+
+    with torch.random.fork_rng(devices=[]):
+        torch.random.manual_seed(seed)
+        model = models.GPT(
+            models.GPTConfig(vocab_size=13, n_ctx=n_ctx, d_model=16, n_layers=2, n_heads=2)
+        )
+        with torch.no_grad():  # larger weights: sharp logits, tokens that change
+            for parameter in model.parameters():
+                if parameter.ndim == 2:
+                    parameter.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def recording(model: nn.Module) -> list[tuple[int, Any, int]]:
+    """Every call of ``model`` from now on (a forward pre-hook): ``(T, the cache or None,
+    positions it held before)``."""
+    calls: list[tuple[int, Any, int]] = []
+
+    def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        cache = args[1] if len(args) > 1 else kwargs.get("kv_cache")
+        calls.append((int(args[0].shape[1]), cache, 0 if cache is None else int(cache.length)))
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    return calls
+
+
+def show_greedy(
+    prompt: Sequence[Sequence[int]], n_ctx: int, new: int, use_cache: bool, gpt: int | None = None
+) -> str:
+    """How messages name a greedy run of ``generate`` on a :class:`ScriptedLM` (or a kit GPT)."""
+    model = "a scripted model" if gpt is None else f"a GPT (seed {gpt})"
     shape = (len(prompt), len(prompt[0]))
     return (
-        f"generate(model, idx {shape}, {new}, temperature=0, use_cache={use_cache}) on a "
-        f"scripted model with n_ctx={n_ctx}"
+        f"generate(model, idx {shape}, {new}, temperature=0, use_cache={use_cache}) on "
+        f"{model} with n_ctx={n_ctx}"
     )
 
 
@@ -361,18 +385,20 @@ def greedy(
     n_ctx: int,
     new: int,
     use_cache: bool,
+    gpt: int | None = None,
 ) -> list[list[int]]:
-    """The student's greedy tokens on a fresh :class:`ScriptedLM`, its calls judged (run twice:
-    greedy decoding gives the same tokens every time)."""
-    what = show_greedy(prompt, n_ctx, new, use_cache)
+    """The student's greedy tokens on a fresh :class:`ScriptedLM` (or :func:`kit_gpt` with the
+    seed ``gpt``), its calls judged (run twice: greedy decoding gives the same tokens)."""
+    what = show_greedy(prompt, n_ctx, new, use_cache, gpt)
     runs = []
     for _ in range(2):
-        model = ScriptedLM(n_ctx=n_ctx)
+        model = ScriptedLM(n_ctx=n_ctx) if gpt is None else kit_gpt(gpt, n_ctx)
+        calls = recording(model)
         got = run_generate(
             fn, model, torch.tensor(prompt), new, what, temperature=0.0, use_cache=use_cache
         )
         if new:
-            judge_calls(model.calls, len(prompt[0]), n_ctx, use_cache, what)
+            judge_calls(calls, len(prompt[0]), n_ctx, use_cache, what)
         runs.append(got.cpu().long().tolist())
     expect_true(
         runs[0] == runs[1],
@@ -389,7 +415,7 @@ STEP_RULE = (
 )
 
 
-#: Greedy generation on the scripted model; a case ``(prompt, n_ctx, max_new_tokens, use_cache)``.
+#: Greedy generation; a case ``(prompt, n_ctx, max_new_tokens, use_cache[, GPT seed])``.
 GREEDY = Ordinary(
     "lab08",
     call=greedy,
@@ -413,18 +439,17 @@ def sample(
     use_cache: bool,
     **options: Any,
 ) -> tuple[Tensor, str]:
-    """The student's tokens at temperature 1, seeded with ``seed``, and the call as shown (on a
-    :class:`ScriptedLM`, its calls judged)."""
+    """The student's tokens at temperature 1, seeded with ``seed``, its calls judged, and the
+    call as shown."""
     shown = "".join(f"{key}={value}, " for key, value in options.items())
     what = (
         f"generate(model, idx {tuple(prompt.shape)}, {new}, temperature=1.0, {shown}"
         f"use_cache={use_cache}, generator=torch.Generator().manual_seed({seed}))"
     )
-    draws = torch.Generator().manual_seed(seed)
+    draws, calls = torch.Generator().manual_seed(seed), recording(model)
     options |= {"temperature": 1.0, "use_cache": use_cache, "generator": draws}
     got = run_generate(fn, model, prompt, new, what, **options)
-    if isinstance(model, ScriptedLM):
-        judge_calls(model.calls, prompt.shape[1], model.config.n_ctx, use_cache, what)
+    judge_calls(calls, prompt.shape[1], model.config.n_ctx, use_cache, what)
     return got.cpu(), what
 
 

@@ -17,14 +17,12 @@ from transformer_lab.checks._generated import Oracle, plain
 from transformer_lab.checks.lab08 import (
     ATTENTION_RULE,
     SCHEDULES,
-    STEP_RULE,
     ScriptedLM,
     build_attention,
     cached_run,
     expect_same_both_ways,
     judge_attention,
     judge_cached,
-    judge_calls,
     run_attention,
     run_generate,
     sample,
@@ -334,12 +332,13 @@ def oracle_generate(
     n_ctx: int,
     max_new_tokens: int,
     use_cache: bool = False,
+    gpt: int | None = None,
     variant: str = "",
 ) -> list[list[int]]:
-    """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation (or a variant's)."""
-    tokens = greedy_reference(
-        ScriptedLM(n_ctx=n_ctx), torch.tensor(prompt), max_new_tokens, use_cache, variant
-    )
+    """The greedy continuation (or a variant's) on a fresh ``ScriptedLM``, or on
+    ``kit_gpt(gpt, n_ctx)`` where a seed ``gpt`` is given."""
+    model = ScriptedLM(n_ctx=n_ctx) if gpt is None else lab08.kit_gpt(gpt, n_ctx)
+    tokens = greedy_reference(model, torch.tensor(prompt), max_new_tokens, use_cache, variant)
     return tokens.tolist()
 
 
@@ -362,70 +361,22 @@ GREEDY = Oracle(
 )
 
 
-def _kit_gpt(seed: int, vocab_size: int = 13, n_ctx: int = 10) -> nn.Module:
-    """A small GPT of the kit with random weights of std 0.3 (sharp logits), in eval mode."""
-    from transformer_lab import models
-
-    with torch.random.fork_rng(devices=[]):
-        torch.random.manual_seed(seed)
-        model = models.GPT(
-            models.GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, d_model=16, n_layers=2, n_heads=2)
-        )
-        with torch.no_grad():  # larger weights: sharp logits, tokens that change
-            for parameter in model.parameters():
-                if parameter.ndim == 2:
-                    parameter.normal_(0.0, 0.3)
-    return model.eval()
-
-
-def _recording(model: nn.Module) -> list[tuple[int, Any, int]]:
-    """Record every call of ``model`` as :attr:`ScriptedLM.calls` does (a forward pre-hook):
-    ``(T, the cache or None, positions it held before)``."""
-    calls: list[tuple[int, Any, int]] = []
-
-    def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        cache = args[1] if len(args) > 1 else kwargs.get("kv_cache")
-        calls.append((int(args[0].shape[1]), cache, 0 if cache is None else int(cache.length)))
-
-    model.register_forward_pre_hook(record, with_kwargs=True)
-    return calls
-
-
-def _expect_tokens(got: Tensor, want: Tensor, what: str) -> None:
-    same = torch.equal(got.cpu().long(), want.long())
-    expect_true(same, f"{what} returned {got.tolist()}, expected {want.tolist()}. {STEP_RULE}")
-
-
 def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """The kit's GPT (random weights): greedy tokens with and without the cache equal the
-    reference, past the context too; seeded sampling gives the same tokens both ways."""
+    """The kit's GPT (random weights): greedy tokens with and without the cache, past the
+    context too, and for a short prompt; seeded sampling the same tokens both ways."""
     g = generator(seed)
-    model = _kit_gpt(seed)
-    calls = _recording(model)
     B, T = randint(2, 3, g), randint(2, 5, g)
     prompt = torch.randint(0, 13, (B, T), generator=g)
     new = randint(12, 15, g)  # past n_ctx = 10: the cache fills, then the window slides
-    want = greedy_reference(model, prompt, new)
-    for use_cache in (True, False):
-        calls.clear()
-        what = (
-            f"generate(gpt, idx {tuple(prompt.shape)}, {new}, temperature=0, "
-            f"use_cache={use_cache}) with a GPT of n_ctx=10"
-        )
-        got = run_generate(fn, model, prompt, new, what, temperature=0.0, use_cache=use_cache)
-        judge_calls(calls, T, 10, use_cache, what)
-        _expect_tokens(got, want, what)
+    other = torch.randint(0, 13, (1, 3), generator=g).tolist()  # an answer ignoring it fails
+    cases = [(prompt.tolist(), 10, new, use_cache, seed) for use_cache in (True, False)]
+    GREEDY.judge(fn, [*cases, (other, 10, 2, False, seed)])
     for options in ({}, {"top_k": 5}, {"top_p": 0.9}):
         (first, what), (second, _) = (
-            sample(fn, model, prompt, new, seed, use_cache, **options)
+            sample(fn, lab08.kit_gpt(seed, 10), prompt, new, seed, use_cache, **options)
             for use_cache in (True, False)
         )
         expect_same_both_ways(first, second, what)
-    # A second prompt, short and within the context: an answer that ignores its prompt fails.
-    other = torch.randint(0, 13, (1, 3), generator=g)
-    what = f"generate(gpt, idx {tuple(other.shape)}, 2, temperature=0) with a GPT of n_ctx=10"
-    got = run_generate(fn, model, other, 2, what, temperature=0.0, use_cache=False)
-    _expect_tokens(got, greedy_reference(model, other, 2), what)
 
 
 def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
