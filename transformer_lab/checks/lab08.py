@@ -187,9 +187,8 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
     """The worked example in one pass first, then fed in chunks and token by token through a
     KV cache: the same output as in one pass, and the cache holds the keys and values."""
     module, what, x, want = _one_pass(cls)
-    keys, values = (
-        stored("lab08", f"CausalSelfAttention example: {n}")[0] for n in ("keys", "values")
-    )
+    stored_kv = stored_data("lab08", "CausalSelfAttention example: keys, values")[0]
+    keys, values = (torch.tensor(t, dtype=torch.float64) for t in stored_kv)  # (B, H, T, Dh)
     for name, schedule in SCHEDULES.items():
         _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
         judge_cached(module, x, 2, schedule, what, (want, keys, values, mistakes))
@@ -286,8 +285,7 @@ def run_generate(
     except AssertionError as exc:
         message = str(exc)
         if "probability tensor contains either `inf`, `nan` or element < 0" in message:
-            positive = options.get("temperature", 1.0) > 0
-            hint = LOGITS_SAMPLED if positive else TEMPERATURE_ZERO
+            hint = LOGITS_SAMPLED if options.get("temperature", 1.0) > 0 else TEMPERATURE_ZERO
             note_mistake(hint)
             raise AssertionError(f"{message} {hint}") from None
         if f"{what} raised " in message:
@@ -338,8 +336,7 @@ def judge_calls(
 
 
 def kit_gpt(seed: int, n_ctx: int) -> nn.Module:
-    """A small GPT of the kit (13 tokens) with random weights of std 0.3 (sharp logits), in
-    eval mode: a model a generation loop must drive like :class:`ScriptedLM`."""
+    """A small GPT of the kit (13 tokens), random weights of std 0.3 (sharp logits), eval mode."""
     from transformer_lab import models
 
     with torch.random.fork_rng(devices=[]):
@@ -355,8 +352,7 @@ def kit_gpt(seed: int, n_ctx: int) -> nn.Module:
 
 
 def recording(model: nn.Module) -> list[tuple[int, Any, int]]:
-    """Every call of ``model`` from now on (a forward pre-hook): ``(T, the cache or None,
-    positions it held before)``."""
+    """Every call of ``model`` from now on: ``(T, the cache or None, positions it held)``."""
     calls: list[tuple[int, Any, int]] = []
 
     def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -512,14 +508,12 @@ def show_call(name: str, case: Sequence[Any]) -> str:
 
 def whole(got: Any, what: str) -> int:
     """The student's count as an int; a float or another type is refused, saying why."""
-    if isinstance(got, float):
-        raise AssertionError(
-            f"{what} returned the float {got!r}: return an int (counts are whole numbers; "
-            "floats lose digits past 2**53). Use integer arithmetic, or int(...)."
-        )
     one_int = isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point()
     if isinstance(got, bool) or not (isinstance(got, numbers.Integral) or one_int):
-        raise AssertionError(f"{what} should return an int, got {type(got).__name__}.")
+        raise AssertionError(
+            f"{what} returned {got!r:.40}: return an int (counts are whole numbers; floats lose "
+            "digits past 2**53): integer arithmetic, or int(...)."
+        )
     return int(got)
 
 

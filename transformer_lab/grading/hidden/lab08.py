@@ -14,20 +14,6 @@ from torch import Tensor, nn
 from transformer_lab.checks import lab08
 from transformer_lab.checks._common import compare, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle, plain
-from transformer_lab.checks.lab08 import (
-    ATTENTION_RULE,
-    SCHEDULES,
-    ScriptedLM,
-    build_attention,
-    cached_run,
-    expect_same_both_ways,
-    judge_attention,
-    judge_cached,
-    run_attention,
-    run_generate,
-    sample,
-    show_schedule,
-)
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden import lab03 as hidden03
 from transformer_lab.grading.hidden import lab07 as hidden07
@@ -164,12 +150,12 @@ def _draw(
 def _attention_case(
     cls: Callable[..., nn.Module], g: torch.Generator, dropout: float = 0.0
 ) -> tuple[nn.Module, dict[str, Tensor], Tensor, str, int]:
-    """The student's module at random sizes with random weights and an input, the later keys
-    scoring highest: ``(module, weights, x (B, T, D), its name, n_heads)``."""
+    """The student's module at random sizes, :func:`_draw`'s weights loaded, and its input:
+    ``(module, weights, x (B, T, D), its name, n_heads)``."""
     heads = randint(1, 4, g)
     D, B, T = heads * randint(2, 5, g), randint(1, 3, g), randint(3, 7, g)
     weights, x = _draw(g, heads, D, B, T)
-    module, what = build_attention(cls, D, heads, weights, dropout)
+    module, what = lab08.build_attention(cls, D, heads, weights, dropout)
     return module, weights, x, what, heads
 
 
@@ -181,7 +167,9 @@ def _one_pass(
     want = oracle_attention(weights, x, heads)
     shown = f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)"
     mistakes = attention_mistakes(weights, x, heads)
-    judge_attention(run_attention(module.eval(), x, what), want, shown, ATTENTION_RULE, mistakes)
+    lab08.judge_attention(
+        lab08.run_attention(module.eval(), x, what), want, shown, lab08.ATTENTION_RULE, mistakes
+    )
     return want
 
 
@@ -210,21 +198,21 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
         keys, values = oracle_keys_values(weights, x, heads)
         for schedule in (_random_schedule(T, g), [(p, p + 1) for p in range(T)]):
             mistakes = attention_mistakes(weights, x, heads, schedule)
-            judge_cached(module, x, heads, schedule, what, (want, keys, values, mistakes), T + 3)
+            lab08.judge_cached(
+                module, x, heads, schedule, what, (want, keys, values, mistakes), T + 3
+            )
     module, weights, x, what, heads = _attention_case(cls, g)
-    module.eval()
-    full = oracle_attention(weights, x, heads)
-    schedule = _random_schedule(x.shape[1], g)
+    full, schedule = oracle_attention(weights, x, heads), _random_schedule(x.shape[1], g)
     for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 8e-2)):
-        low = module.to(dtype)
         try:
-            got, _ = cached_run(low, x.to(dtype), schedule, heads, f"{what} in {dtype}")
+            low = module.eval().to(dtype)
+            got, _ = lab08.cached_run(low, x.to(dtype), schedule, heads, f"{what} in {dtype}")
         finally:
             module.to(torch.float32)
         compare(
             got.float(),
             full,
-            what=f"{what} in {dtype} fed {show_schedule(schedule)} through a KV cache",
+            what=f"{what} in {dtype} fed {lab08.show_schedule(schedule)} through a KV cache",
             hint="In half precision the output must stay close to float32's: fill masked scores "
             "with torch.finfo(scores.dtype).min and compute in the input's dtype.",
             atol=tol,
@@ -240,16 +228,17 @@ def hidden_check_causal_self_attention_training(
     structure, and scaled by 1/(1-p)."""
     g = generator(seed)
     module, weights, x, what, heads = _attention_case(cls, g)
-    module.train()
-    got = run_attention(module, x, f"{what} in training mode")
+    got = lab08.run_attention(module.train(), x, f"{what} in training mode")
     same = "With dropout 0, training mode computes what eval mode does."
-    judge_attention(got, oracle_attention(weights, x, heads), f"{what} in training mode", same)
+    lab08.judge_attention(
+        got, oracle_attention(weights, x, heads), f"{what} in training mode", same
+    )
     # Gradients with respect to the input and the fused projection, against the oracle's.
     xs = x.clone().requires_grad_(True)
     x64 = x.double().requires_grad_(True)
     w64 = {k: v.double().requires_grad_(True) for k, v in weights.items()}
     r = torch.randn(x.shape, generator=g)
-    out = run_attention(module, xs, f"{what} (backward pass)")
+    out = lab08.run_attention(module, xs, f"{what} (backward pass)")
     expect_true(
         out.requires_grad,
         f"the output of {what} does not depend differentiably on x: no .detach(), .item(), "
@@ -262,17 +251,17 @@ def hidden_check_causal_self_attention_training(
         "The forward pass matches the oracle but the gradient does not: avoid in-place "
         "changes of tensors autograd needs, and keep every step differentiable."
     )
-    judge_attention(xs.grad, x64.grad, f"the gradient of {what} with respect to x", hint)
+    lab08.judge_attention(xs.grad, x64.grad, f"the gradient of {what} with respect to x", hint)
     name = f"the gradient of {what} with respect to qkv_proj.weight"
-    judge_attention(module.qkv_proj.weight.grad, w64["qkv_proj.weight"].grad, name, hint)
+    lab08.judge_attention(module.qkv_proj.weight.grad, w64["qkv_proj.weight"].grad, name, hint)
 
     module, weights, x, what, heads = _attention_case(cls, g, dropout=0.3)
     off = (
         "Dropout must be off in eval mode: use an nn.Dropout module (or F.dropout(..., "
         "training=self.training))."
     )
-    got = run_attention(module.eval(), x, f"{what} in eval mode")
-    judge_attention(got, oracle_attention(weights, x, heads), f"{what} in eval mode", off)
+    got = lab08.run_attention(module.eval(), x, f"{what} in eval mode")
+    lab08.judge_attention(got, oracle_attention(weights, x, heads), f"{what} in eval mode", off)
     _dropout_structure(cls, g)
 
 
@@ -288,13 +277,13 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
         "out_proj.weight": eye,
         "out_proj.bias": torch.zeros(D),
     }
-    module, what = build_attention(cls, D, H, weights, p)
+    module, what = lab08.build_attention(cls, D, H, weights, p)
     module.train()
     x = 1.0 + torch.rand(8, 3, D, generator=g)  # positive: a kept head never looks dropped
     head_x = x[:, 0].reshape(8, H, Dh)  # (B, H, Dh): the value of query 0's only key
     kept = dropped = odd = 0
     for _ in range(4):
-        out = run_attention(module, x, f"{what} in training mode").detach()
+        out = lab08.run_attention(module, x, f"{what} in training mode").detach()
         heads = out[:, 0].reshape(8, H, Dh)  # (B, H, Dh)
         zero = heads.abs().amax(-1) < 1e-6  # (B, H)
         scaled = (heads - head_x / (1 - p)).abs().amax(-1) < 1e-4
@@ -337,7 +326,7 @@ def oracle_generate(
 ) -> list[list[int]]:
     """The greedy continuation (or a variant's) on a fresh ``ScriptedLM``, or on
     ``kit_gpt(gpt, n_ctx)`` where a seed ``gpt`` is given."""
-    model = ScriptedLM(n_ctx=n_ctx) if gpt is None else lab08.kit_gpt(gpt, n_ctx)
+    model = lab08.ScriptedLM(n_ctx=n_ctx) if gpt is None else lab08.kit_gpt(gpt, n_ctx)
     tokens = greedy_reference(model, torch.tensor(prompt), max_new_tokens, use_cache, variant)
     return tokens.tolist()
 
@@ -373,10 +362,10 @@ def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
     GREEDY.judge(fn, [*cases, (other, 10, 2, False, seed)])
     for options in ({}, {"top_k": 5}, {"top_p": 0.9}):
         (first, what), (second, _) = (
-            sample(fn, lab08.kit_gpt(seed, 10), prompt, new, seed, use_cache, **options)
+            lab08.sample(fn, lab08.kit_gpt(seed, 10), prompt, new, seed, use_cache, **options)
             for use_cache in (True, False)
         )
-        expect_same_both_ways(first, second, what)
+        lab08.expect_same_both_ways(first, second, what)
 
 
 def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
@@ -401,7 +390,7 @@ hidden_check_generate_edges = GREEDY.hidden(
 def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """Temperature, top-k and top-p reach the sampling: the frequencies of 3000 draws of the
     scripted model's first token (a spread distribution over 8)."""
-    N, model = 3000, ScriptedLM(vocab_size=8, n_ctx=4, sharpness=2.0)
+    N, model = 3000, lab08.ScriptedLM(vocab_size=8, n_ctx=4, sharpness=2.0)
     prompt = torch.zeros(N, 1, dtype=torch.long)
     table = model.logits_for(prompt[:1])[0, 0]  # (8,): the logits after token 0
     settings: list[dict[str, Any]] = [{"temperature": t} for t in (1.0, 0.5, 2.0)]
@@ -410,7 +399,7 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
         shown = ", ".join(f"{k}={v}" for k, v in options.items())
         what = f"generate(model, idx ({N}, 1), 1, {shown}, generator=seeded)"
         draws = torch.Generator().manual_seed(seed + i)
-        got = run_generate(fn, model, prompt, 1, what, generator=draws, **options)
+        got = lab08.run_generate(fn, model, prompt, 1, what, generator=draws, **options)
         drawn = torch.bincount(got[:, 1].cpu().long(), minlength=8)[:8].double() / N
         logits = hidden07.oracle_apply_temperature(table, options["temperature"])  # lab 07's
         if "top_k" in options:
@@ -604,11 +593,10 @@ hidden_check_kv_cache_bytes = KV.hidden(
 
 
 def _days_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
-    cases = []
-    for peak in (125e12, 312e12, 989e12):
-        flops = float(randint(1, 999, g)) * 10.0 ** randint(18, 24, g)
-        cases.append((flops, peak, randint(20, 70, g) / 100))
-    return cases
+    return [
+        (float(randint(1, 999, g)) * 10.0 ** randint(18, 24, g), peak, randint(20, 70, g) / 100)
+        for peak in (125e12, 312e12, 989e12)
+    ]
 
 
 hidden_check_gpu_days = DAYS.hidden(
@@ -627,13 +615,12 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out["CausalSelfAttention example: out"] = fixture_entry(
         want, attention_mistakes(weights, x, heads)
     )
-    for name, plan in SCHEDULES.items():
+    for name, plan in lab08.SCHEDULES.items():
         out[f"CausalSelfAttention example, cached {name}: out"] = fixture_entry(
             oracle_attention(weights, x, heads, plan), attention_mistakes(weights, x, heads, plan)
         )
-    k, v = oracle_keys_values(weights, x, heads)
-    out["CausalSelfAttention example: keys"] = fixture_entry(k)
-    out["CausalSelfAttention example: values"] = fixture_entry(v)
+    kv = plain(oracle_keys_values(weights, x, heads))
+    out["CausalSelfAttention example: keys, values"] = fixture_entry(kv)
     examples = [
         ([[1, 4, 2], [5, 0, 3]], 12, 6),  # the cache never fills
         ([[2, 7, 1, 8]], 6, 7),  # the cache fills, then the window slides
