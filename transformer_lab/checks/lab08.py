@@ -506,36 +506,27 @@ def show_call(name: str, case: Sequence[Any]) -> str:
     return f"{name}({', '.join(shown)})"
 
 
-def whole(got: Any, what: str) -> int:
-    """The student's count as an int; a float or another type is refused, saying why."""
-    one_int = isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point()
-    if isinstance(got, bool) or not (isinstance(got, numbers.Integral) or one_int):
-        raise AssertionError(
-            f"{what} returned {got!r:.40}: return an int (counts are whole numbers; floats lose "
-            "digits past 2**53): integer arithmetic, or int(...)."
-        )
-    return int(got)
-
-
-def real(got: Any, what: str) -> float:
-    """The student's answer as a float (a one-element tensor too); anything else is refused."""
-    if isinstance(got, Tensor) and got.numel() == 1:
+def number(got: Any, what: str, exact: bool) -> Any:
+    """The student's answer as an int (``exact``: a count) or a float; a one-element tensor is
+    taken, anything else refused."""
+    if isinstance(got, Tensor) and got.numel() == 1 and not (exact and got.is_floating_point()):
         got = got.item()
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise AssertionError(f"{what} should return a number, got {type(got).__name__}.")
-    return float(got)
+    kind = numbers.Integral if exact else numbers.Real
+    if isinstance(got, bool) or not isinstance(got, kind):
+        should = "an int (whole numbers: floats lose digits past 2**53)" if exact else "a number"
+        raise AssertionError(f"{what} returned {got!r:.40}: return {should}.")
+    return int(got) if exact else float(got)
 
 
 def _scale_part(
-    name: str, kind: Callable[[Any, str], Any], rule: str, doc: str
+    name: str, exact: bool, rule: str, doc: str
 ) -> tuple[Ordinary, Callable[[Any], None]]:
     """A scale function's :class:`Ordinary` and visible check ``check_<name>``: called under the
-    ban, its answer an exact int (``kind=whole``) or a float at a relative 1e-6 (``real``)."""
-    exact = kind is whole
+    ban, its answer an int compared exactly (``exact``) or a float at a relative 1e-6."""
 
     def call(fn: Callable[..., Any], *case: Any) -> Any:
         what = show_call(name, case)
-        return kind(call_forbidding(fn, *split_case(case), ban=SCALE_BAN, what=what), what)
+        return number(call_forbidding(fn, *split_case(case), ban=SCALE_BAN, what=what), what, exact)
 
     def describe(case: Case[Given]) -> str:
         shown = "{:,}" if exact else "{:.4g}"
@@ -557,7 +548,7 @@ def _scale_part(
 #: ``gpt_param_count`` of a case ``(n_layers, d_model, vocab_size, n_ctx[, {"bias": ...}])``.
 COUNT, check_gpt_param_count = _scale_part(
     "gpt_param_count",
-    whole,
+    True,
     "Count it layer by layer: the embeddings, per block two layer norms, the attention and the "
     "MLP, and the final layer norm.",
     "GPT-2 small (124,439,808; 124,337,664 without biases) and two small GPTs, one without biases",
@@ -565,14 +556,14 @@ COUNT, check_gpt_param_count = _scale_part(
 #: ``training_flops`` of a case ``(n_params, n_tokens)``.
 FLOPS, check_training_flops = _scale_part(
     "training_flops",
-    real,
+    False,
     "Count the FLOPs of the forward and the backward pass, per parameter and token.",
     "GPT-3 (175e9 parameters, 300e9 tokens) and a small model",
 )
 #: ``kv_cache_bytes`` of a case ``(n_layers, d_model, n_ctx[, {keyword arguments}])``.
 KV, check_kv_cache_bytes = _scale_part(
     "kv_cache_bytes",
-    whole,
+    True,
     "Count it step by step: a key and a value of width d_model per layer, position and "
     "sequence, bytes_per_value bytes each.",
     "GPT-3's full context in float16, GPT-2 small's in float32 with a batch, and a small cache "
@@ -581,7 +572,7 @@ KV, check_kv_cache_bytes = _scale_part(
 #: ``gpu_days`` of a case ``(flops, peak_flops, utilization)``.
 DAYS, check_gpu_days = _scale_part(
     "gpu_days",
-    real,
+    False,
     "Divide the work by the rate the GPU achieves, and turn seconds into days.",
     "GPT-3's 3.15e23 FLOPs on an A100 (312 TFLOP/s) at 40%, and a day",
 )

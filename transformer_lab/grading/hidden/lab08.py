@@ -162,8 +162,7 @@ def _attention_case(
 def _one_pass(
     module: nn.Module, weights: dict[str, Tensor], x: Tensor, what: str, heads: int
 ) -> Tensor:
-    """The module's output in one pass, in eval mode, against the oracle's (its mistakes
-    named); returns the oracle's."""
+    """The module in one pass, in eval mode, judged against the oracle (whose output it returns)."""
     want = oracle_attention(weights, x, heads)
     shown = f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)"
     mistakes = attention_mistakes(weights, x, heads)
@@ -301,21 +300,6 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
 
 
 @torch.no_grad()
-def greedy_reference(
-    model: nn.Module, prompt: Tensor, new: int, use_cache: bool = False, variant: str = ""
-) -> Tensor:
-    """Greedy continuation on the last ``n_ctx`` tokens, or a variant: ``first_position`` (the
-    logits of position 0; a cached one-token step's only one is right), ``one_call``."""
-    n_ctx, T = model.config.n_ctx, prompt.shape[1]
-    seq = prompt.clone()
-    for step in range(new):
-        single = use_cache and step > 0 and min(T, n_ctx) + step <= n_ctx  # one cached token
-        pick = 0 if variant == "first_position" and not single else -1
-        nxt = model(seq[:, -n_ctx:])[:, pick].argmax(dim=-1, keepdim=True)
-        seq = torch.cat([seq, seq[:, T : T + 1] if variant == "one_call" and step else nxt], 1)
-    return seq
-
-
 def oracle_generate(
     prompt: Sequence[Sequence[int]],
     n_ctx: int,
@@ -324,11 +308,17 @@ def oracle_generate(
     gpt: int | None = None,
     variant: str = "",
 ) -> list[list[int]]:
-    """The greedy continuation (or a variant's) on a fresh ``ScriptedLM``, or on
-    ``kit_gpt(gpt, n_ctx)`` where a seed ``gpt`` is given."""
+    """Greedy continuation on the last ``n_ctx`` tokens of a fresh ``ScriptedLM`` (of
+    ``kit_gpt(gpt, n_ctx)`` where a seed ``gpt`` is given), or a variant's: ``first_position``
+    (the logits of position 0; a cached one-token step's only one is right), ``one_call``."""
     model = lab08.ScriptedLM(n_ctx=n_ctx) if gpt is None else lab08.kit_gpt(gpt, n_ctx)
-    tokens = greedy_reference(model, torch.tensor(prompt), max_new_tokens, use_cache, variant)
-    return tokens.tolist()
+    seq, T = torch.tensor(prompt), len(prompt[0])
+    for step in range(max_new_tokens):
+        single = use_cache and step > 0 and min(T, n_ctx) + step <= n_ctx  # one cached token
+        pick = 0 if variant == "first_position" and not single else -1
+        nxt = model(seq[:, -n_ctx:])[:, pick].argmax(dim=-1, keepdim=True)
+        seq = torch.cat([seq, seq[:, T : T + 1] if variant == "one_call" and step else nxt], 1)
+    return seq.tolist()
 
 
 GENERATE_MISTAKES = {
