@@ -279,7 +279,7 @@ ATTENTION_MISTAKES = [
     ({"fill": -1e9}, ["hidden_cache"], "finfo"),
     ({"detach": True}, ["training"], "the gradient does not"),
     ({"no_grad": True}, ["training"], "does not depend differentiably"),
-    ({"tuple": True}, ALL, "return only the output"),
+    ({"tuple": True}, ALL, "should be a torch.Tensor, got tuple"),
 ]  # fmt: skip
 
 

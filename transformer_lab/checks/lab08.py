@@ -31,6 +31,7 @@ from transformer_lab.checks._common import (
     load_weights,
     note_mistake,
     stored,
+    stored_data,
 )
 from transformer_lab.checks._generated import Given, Ordinary
 
@@ -43,9 +44,6 @@ SCALE_BAN = SPEC.ban("scale")
 # A correct float32 attention differs from float64 or torch by ~1e-6.
 _TOL = SPEC.tol("float32")
 
-# ======================================================================================
-# CausalSelfAttention: building, loading weights, running
-# ======================================================================================
 
 _ATTRIBUTES = (
     "qkv_proj = nn.Linear(d_model, 3 * d_model) (output columns: queries, keys, values) and "
@@ -62,10 +60,8 @@ def build_attention(
 ) -> tuple[nn.Module, str]:
     """The student's ``CausalSelfAttention(d_model, n_heads[, dropout])`` built under the ban,
     with ``weights`` (``qkv_proj.weight (3D, D)``, ...) loaded: ``(module, its name)``."""
-    what = f"CausalSelfAttention({d_model}, {n_heads}" + (
-        f", dropout={dropout:g})" if dropout else ")"
-    )
-    args: tuple[Any, ...] = (d_model, n_heads) + ((dropout,) if dropout else ())
+    args: tuple[Any, ...] = (d_model, n_heads, dropout) if dropout else (d_model, n_heads)
+    what = f"CausalSelfAttention({', '.join(map(str, args))})"
     module = expect_module(call_forbidding(cls, args, {}, ban=ATTENTION_BAN, what=what), what)
     load_weights(module, weights, what, _ATTRIBUTES)
     return module, what
@@ -80,11 +76,6 @@ def run_attention(module: nn.Module, x: Tensor, what: str, kv_cache: Any = None)
         if "overflow" in str(exc) or "cannot be converted" in str(exc):
             raise AssertionError(f"{exc} {HALF_FILL}") from None
         raise
-    if isinstance(out, tuple | list):
-        raise AssertionError(
-            f"{what} returned a {type(out).__name__}; return only the output (B, T, D) (the "
-            "attention weights stay inside)."
-        )
     out = expect_shape(out, tuple(x.shape), what)
     expect_true(
         out.dtype == x.dtype,
@@ -120,9 +111,8 @@ def cached_run(
     cache = KVCache(1, B, n_heads, capacity or T, D // n_heads, dtype=x.dtype)
     outs = []
     for start, end in schedule:
-        part = x[:, start:end]
         name = f"{what} on x[:, {start}:{end}] with a cache holding {start} position(s)"
-        outs.append(run_attention(module, part, name, cache.layer(0, slice(start, end))))
+        outs.append(run_attention(module, x[:, start:end], name, cache.layer(0, slice(start, end))))
     return torch.cat(outs, dim=1), cache
 
 
@@ -139,61 +129,12 @@ CACHE_RULE = (
 )
 
 
-def _example_tensor(shape: Sequence[int], a: int, b: int, c: int, scale: float) -> Tensor:
-    """A deterministic tensor with entries ``scale * (((a i + b j) % c) - c // 2)`` by index."""
-    n = math.prod(shape)
-    flat = torch.arange(n, dtype=torch.float64)
-    i, j = flat // shape[-1], flat % shape[-1]
-    values = scale * (((a * i + b * j) % c) - (c // 2))
-    return values.reshape(*shape).float()
-
-
-def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float) -> Tensor:
-    """Make the later keys score highest (in place on ``weights``; ``x`` is copied).
-
-    Input channel 0 becomes the position; the key projection copies it into the first feature
-    of each head, and every query holds ``lift`` there, so the scores grow by ``lift`` per key:
-    the keys a causal mask hides (the future) are those with the largest raw scores.
-    """
-    D = x.shape[-1]
-    Dh = D // n_heads
-    x = x.clone()
-    x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)  # the position ramp
-    w, b = weights["qkv_proj.weight"], weights["qkv_proj.bias"]
-    w[: 2 * D : Dh] = 0.0  # the rows of each head's first query and key feature
-    b[:D:Dh] = lift  # every query: a large constant in the head's first feature
-    w[D : 2 * D : Dh, 0] = 1.0  # every key: its position in the head's first feature
-    return x
-
-
-def attention_example() -> tuple[Tensor, dict[str, Tensor], int]:
-    """The worked example of ``CausalSelfAttention(8, 2)``: ``(x (2, 5, 8), weights, heads)``.
-
-    Every number is a multiple of 1/8 made by formula, with the later keys scoring highest
-    (:func:`rising_keys`, by 1.5 per key).
-    """
-    B, T, D, H = 2, 5, 8, 2
-    weights = {
-        "qkv_proj.weight": _example_tensor((3 * D, D), 3, 5, 7, 0.125),
-        "qkv_proj.bias": _example_tensor((3 * D,), 1, 2, 5, 0.125),
-        "out_proj.weight": _example_tensor((D, D), 1, 2, 5, 0.125),
-        "out_proj.bias": _example_tensor((D,), 1, 1, 3, 0.125),
-    }
-    x = rising_keys(weights, _example_tensor((B, T, D), 3, 5, 5, 0.25), H, 1.5)
-    return x, weights, H
-
-
-# ======================================================================================
-# CausalSelfAttention: visible checks
-# ======================================================================================
-
-
 def judge_attention(
-    got: Tensor, want: Tensor, what: str, rule: str, mistakes: Mapping[str, Tensor] = {}
+    got: Tensor, want: Tensor, what: str, rule: str, mistakes: Mapping[str, Tensor] | None = None
 ) -> None:
     """``got`` against ``want`` at the spec's tolerance, naming the mistake (hint -> its
     output) that ``got`` matches, else saying ``rule``."""
-    candidates = [(out, hint) for hint, out in mistakes.items()]
+    candidates = [(out, hint) for hint, out in (mistakes or {}).items()]
     compare(got, want, what=what, candidates=candidates, hint=rule, atol=_TOL, rtol=_TOL)
 
 
@@ -206,9 +147,9 @@ def judge_cached(
     want: tuple[Tensor, Tensor, Tensor, Mapping[str, Tensor]],
     capacity: int | None = None,
 ) -> None:
-    """``x`` fed to ``module`` in ``schedule``'s pieces through one kit ``KVCache``: ``want``
-    is ``(the one-pass output, keys, values (B, H, T, Dh), hint -> a mistake's output)``; the
-    joined outputs and the cache's contents are judged."""
+    """``x`` fed to ``module`` in ``schedule``'s pieces through one kit ``KVCache``, judged: the
+    joined outputs and the cache's contents against ``want`` (``(the one-pass output, keys,
+    values (B, H, T, Dh), hint -> a mistake's output)``)."""
     out, keys, values, mistakes = want
     got, cache = cached_run(module, x, schedule, heads, what, capacity)
     fed = f"{what} fed {show_schedule(schedule)} through a KV cache of capacity {cache.capacity}"
@@ -226,8 +167,9 @@ def judge_cached(
 
 def _one_pass(cls: Callable[..., nn.Module]) -> tuple[nn.Module, str, Tensor, Tensor]:
     """The worked example in one pass, in eval mode, judged: ``(module, its name, x, output)``."""
-    x, weights, n_heads = attention_example()
-    module, what = build_attention(cls, 8, n_heads, weights)
+    x, weights = stored_data("lab08", "CausalSelfAttention example: x, weights")[0]
+    x, weights = torch.tensor(x), {k: torch.tensor(v) for k, v in weights.items()}
+    module, what = build_attention(cls, 8, 2, weights)
     want, mistakes = stored("lab08", "CausalSelfAttention example: out")
     got = run_attention(module.eval(), x, f"{what} on the worked example")
     judge_attention(
@@ -245,17 +187,11 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
     """The worked example in one pass first, then fed in chunks and token by token through a
     KV cache: the same output as in one pass, and the cache holds the keys and values."""
     module, what, x, want = _one_pass(cls)
-    keys, values = (
-        stored("lab08", f"CausalSelfAttention example: {n}")[0] for n in ("keys", "values")
-    )
+    stored_kv = stored_data("lab08", "CausalSelfAttention example: keys, values")[0]
+    keys, values = (torch.tensor(t, dtype=torch.float64) for t in stored_kv)  # (B, H, T, Dh)
     for name, schedule in SCHEDULES.items():
         _, mistakes = stored("lab08", f"CausalSelfAttention example, cached {name}: out")
         judge_cached(module, x, 2, schedule, what, (want, keys, values, mistakes))
-
-
-# ======================================================================================
-# generate: a scripted language model with a recording cache
-# ======================================================================================
 
 
 class ScriptedLM(nn.Module):
@@ -264,9 +200,8 @@ class ScriptedLM(nn.Module):
     ``model(idx)`` reads ``idx (B, T <= n_ctx)`` at positions ``0 .. T-1``; ``model(idx, cache)``
     at the positions after those the cache holds. At position ``p``, with ``s`` the sum of the
     ids read at ``0 .. p``, the next token ``(7 s + 3 p + 1) mod V`` scores ``sharpness`` above a
-    smooth background (or every position gets ``table``'s logits), so feeding a token twice,
-    skipping one or misplacing it changes what follows. Like the kit's GPT it raises
-    ``ValueError`` past ``n_ctx``. ``calls``: ``(T, the cache or None, its length before)``.
+    smooth background, so feeding a token twice, skipping one or misplacing it changes what
+    follows. Like the kit's GPT it raises ``ValueError`` past ``n_ctx``.
     """
 
     def __init__(
@@ -275,28 +210,21 @@ class ScriptedLM(nn.Module):
         n_ctx: int = 12,
         *,
         sharpness: float = 4.0,
-        table: Tensor | None = None,
     ) -> None:
         super().__init__()
         self.config = SimpleNamespace(vocab_size=vocab_size, n_ctx=n_ctx)
         self.sharpness = sharpness
-        self.table = table
         self.anchor = nn.Parameter(torch.zeros(()))  # so that .parameters() and .device work
-        self.calls: list[tuple[int, Any, int]] = []
 
     def new_kv_cache(self, batch_size: int) -> SimpleNamespace:
-        """An empty cache for ``batch_size`` sequences: the ids read so far, ``tokens (B, n_ctx)``,
-        and the kit ``KVCache``'s ``length``, ``capacity`` and ``batch_size``."""
+        """An empty cache: the ids read, ``tokens (B, n_ctx)``, and ``KVCache``'s attributes."""
         n_ctx = self.config.n_ctx
         tokens = torch.zeros(batch_size, n_ctx, dtype=torch.long)
         return SimpleNamespace(tokens=tokens, length=0, capacity=n_ctx, batch_size=batch_size)
 
     def logits_for(self, tokens: Tensor) -> Tensor:
         """Logits ``(B, T, V)`` of a window read from position 0 (float32)."""
-        B, T = tokens.shape
-        V = self.config.vocab_size
-        if self.table is not None:
-            return self.table.float().expand(B, T, V).clone()
+        T, V = tokens.shape[1], self.config.vocab_size
         sums = tokens.cumsum(dim=1)  # (B, T)
         target = (7 * sums + 3 * torch.arange(T)[None, :] + 1) % V  # (B, T)
         gap = (torch.arange(V)[None, None, :] - target[..., None]) % V  # (B, T, V)
@@ -307,11 +235,9 @@ class ScriptedLM(nn.Module):
         B, T = idx.shape
         n_ctx = self.config.n_ctx
         if kv_cache is None:
-            self.calls.append((T, None, 0))
             if n_ctx < T:
                 raise ValueError(f"sequence length T={T} exceeds n_ctx={n_ctx}")
             return self.logits_for(idx.cpu()) + 0.0 * self.anchor
-        self.calls.append((T, kv_cache, kv_cache.length))
         if kv_cache.batch_size != B:
             raise ValueError(f"batch size {B} != KV cache batch size {kv_cache.batch_size}")
         start, end = kv_cache.length, kv_cache.length + T
@@ -359,8 +285,7 @@ def run_generate(
     except AssertionError as exc:
         message = str(exc)
         if "probability tensor contains either `inf`, `nan` or element < 0" in message:
-            positive = options.get("temperature", 1.0) > 0
-            hint = LOGITS_SAMPLED if positive else TEMPERATURE_ZERO
+            hint = LOGITS_SAMPLED if options.get("temperature", 1.0) > 0 else TEMPERATURE_ZERO
             note_mistake(hint)
             raise AssertionError(f"{message} {hint}") from None
         if f"{what} raised " in message:
@@ -386,10 +311,10 @@ def judge_calls(
     use_cache: bool,
     what: str,
 ) -> None:
-    """How a loop fed the model (``calls``: ``(T, the cache or None, positions it held)`` each):
-    call ``i``, made when the sequence holds ``prompt_len + i`` tokens, reads one token through
-    the cache in use, or the last ``min(prompt_len + i, n_ctx)`` tokens: into a new cache first
-    with ``use_cache``, without one otherwise, either way once the cache is full."""
+    """How a loop fed the model (``calls``: ``(T, the cache or None, positions it held)``): call
+    ``i`` (``prompt_len + i`` tokens so far) reads one token through the cache in use, else the
+    last ``min(prompt_len + i, n_ctx)``: into a new cache (first, or once it is full) with
+    ``use_cache``, else without one."""
     current, held = None, 0  # the cache in use and the positions it holds
     for i, (fed, cache, before) in enumerate(calls):
         window = min(prompt_len + i, n_ctx)
@@ -410,12 +335,43 @@ def judge_calls(
         )
 
 
-def show_greedy(prompt: Sequence[Sequence[int]], n_ctx: int, new: int, use_cache: bool) -> str:
-    """How messages name a greedy run of ``generate`` on a :class:`ScriptedLM`."""
+def kit_gpt(seed: int, n_ctx: int) -> nn.Module:
+    """A small GPT of the kit (13 tokens), random weights of std 0.3 (sharp logits), eval mode."""
+    from transformer_lab import models
+
+    with torch.random.fork_rng(devices=[]):
+        torch.random.manual_seed(seed)
+        model = models.GPT(
+            models.GPTConfig(vocab_size=13, n_ctx=n_ctx, d_model=16, n_layers=2, n_heads=2)
+        )
+        with torch.no_grad():  # larger weights: sharp logits, tokens that change
+            for parameter in model.parameters():
+                if parameter.ndim == 2:
+                    parameter.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def recording(model: nn.Module) -> list[tuple[int, Any, int]]:
+    """Every call of ``model`` from now on: ``(T, the cache or None, positions it held)``."""
+    calls: list[tuple[int, Any, int]] = []
+
+    def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        cache = args[1] if len(args) > 1 else kwargs.get("kv_cache")
+        calls.append((int(args[0].shape[1]), cache, 0 if cache is None else int(cache.length)))
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    return calls
+
+
+def show_greedy(
+    prompt: Sequence[Sequence[int]], n_ctx: int, new: int, use_cache: bool, gpt: int | None = None
+) -> str:
+    """How messages name a greedy run of ``generate`` on a :class:`ScriptedLM` (or a kit GPT)."""
+    model = "a scripted model" if gpt is None else f"a GPT (seed {gpt})"
     shape = (len(prompt), len(prompt[0]))
     return (
-        f"generate(model, idx {shape}, {new}, temperature=0, use_cache={use_cache}) on a "
-        f"scripted model with n_ctx={n_ctx}"
+        f"generate(model, idx {shape}, {new}, temperature=0, use_cache={use_cache}) on "
+        f"{model} with n_ctx={n_ctx}"
     )
 
 
@@ -425,18 +381,20 @@ def greedy(
     n_ctx: int,
     new: int,
     use_cache: bool,
+    gpt: int | None = None,
 ) -> list[list[int]]:
-    """The student's greedy tokens on a fresh :class:`ScriptedLM` (run twice: greedy decoding
-    gives the same tokens every time), after :func:`judge_calls` has judged how it was fed."""
-    what = show_greedy(prompt, n_ctx, new, use_cache)
+    """The student's greedy tokens on a fresh :class:`ScriptedLM` (or :func:`kit_gpt` with the
+    seed ``gpt``), its calls judged (run twice: greedy decoding gives the same tokens)."""
+    what = show_greedy(prompt, n_ctx, new, use_cache, gpt)
     runs = []
     for _ in range(2):
-        model = ScriptedLM(n_ctx=n_ctx)
+        model = ScriptedLM(n_ctx=n_ctx) if gpt is None else kit_gpt(gpt, n_ctx)
+        calls = recording(model)
         got = run_generate(
             fn, model, torch.tensor(prompt), new, what, temperature=0.0, use_cache=use_cache
         )
         if new:
-            judge_calls(model.calls, len(prompt[0]), n_ctx, use_cache, what)
+            judge_calls(calls, len(prompt[0]), n_ctx, use_cache, what)
         runs.append(got.cpu().long().tolist())
     expect_true(
         runs[0] == runs[1],
@@ -453,7 +411,7 @@ STEP_RULE = (
 )
 
 
-#: Greedy generation on the scripted model; a case ``(prompt, n_ctx, max_new_tokens, use_cache)``.
+#: Greedy generation; a case ``(prompt, n_ctx, max_new_tokens, use_cache[, GPT seed])``.
 GREEDY = Ordinary(
     "lab08",
     call=greedy,
@@ -464,8 +422,7 @@ GREEDY = Ordinary(
 
 check_generate = GREEDY.visible(
     "check_generate",
-    """Greedy generation (temperature 0) on the scripted model, with the cache and without: the
-    expected tokens, the prompt fed once, then one token per step.""",
+    "Greedy generation on the scripted model, with the cache and without: tokens and calls.",
 )
 
 
@@ -478,18 +435,17 @@ def sample(
     use_cache: bool,
     **options: Any,
 ) -> tuple[Tensor, str]:
-    """The student's tokens at temperature 1 with a generator seeded with ``seed``, and how
-    messages name the call; on a :class:`ScriptedLM` how it was fed is judged too."""
+    """The student's tokens at temperature 1, seeded with ``seed``, its calls judged, and the
+    call as shown."""
     shown = "".join(f"{key}={value}, " for key, value in options.items())
     what = (
         f"generate(model, idx {tuple(prompt.shape)}, {new}, temperature=1.0, {shown}"
         f"use_cache={use_cache}, generator=torch.Generator().manual_seed({seed}))"
     )
-    draws = torch.Generator().manual_seed(seed)
+    draws, calls = torch.Generator().manual_seed(seed), recording(model)
     options |= {"temperature": 1.0, "use_cache": use_cache, "generator": draws}
     got = run_generate(fn, model, prompt, new, what, **options)
-    if isinstance(model, ScriptedLM):
-        judge_calls(model.calls, prompt.shape[1], model.config.n_ctx, use_cache, what)
+    judge_calls(calls, prompt.shape[1], model.config.n_ctx, use_cache, what)
     return got.cpu(), what
 
 
@@ -528,12 +484,9 @@ def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
     )
 
 
-# ======================================================================================
-# The arithmetic of scale: ordinary parts (transformer_lab.checks._generated)
-# ======================================================================================
-# A case is the call's positional arguments, then (if any) a dict of its keyword arguments:
-# ``(12, 768, 50257, 1024, {"bias": False})``. An argument left out keeps the student's
-# default, which is part of what the first worked examples check.
+# The arithmetic of scale. A case is the call's positional arguments, then (where the function
+# has keyword arguments) a dict of them: ``(12, 768, 50257, 1024, {"bias": False})``. An argument
+# left out keeps the student's default, which is part of what the first worked examples check.
 
 
 def split_case(case: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -553,43 +506,34 @@ def show_call(name: str, case: Sequence[Any]) -> str:
     return f"{name}({', '.join(shown)})"
 
 
-def whole(got: Any, what: str) -> int:
-    """The student's count as an int; a float or another type is refused, saying why."""
-    if isinstance(got, float):
-        raise AssertionError(
-            f"{what} returned the float {got!r}: return an int (counts are whole numbers; "
-            "floats lose digits past 2**53). Use integer arithmetic, or int(...)."
-        )
-    one_int = isinstance(got, Tensor) and got.numel() == 1 and not got.is_floating_point()
-    if isinstance(got, bool) or not (isinstance(got, numbers.Integral) or one_int):
-        raise AssertionError(f"{what} should return an int, got {type(got).__name__}.")
-    return int(got)
-
-
-def real(got: Any, what: str) -> float:
-    """The student's answer as a float (a one-element tensor too); anything else is refused."""
-    if isinstance(got, Tensor) and got.numel() == 1:
+def number(got: Any, what: str, exact: bool) -> Any:
+    """The student's answer as an int (``exact``: a count) or a float; a one-element tensor is
+    taken, anything else refused."""
+    if isinstance(got, Tensor) and got.numel() == 1 and not (exact and got.is_floating_point()):
         got = got.item()
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise AssertionError(f"{what} should return a number, got {type(got).__name__}.")
-    return float(got)
+    kind = numbers.Integral if exact else numbers.Real
+    if isinstance(got, bool) or not isinstance(got, kind):
+        should = "an int (whole numbers: floats lose digits past 2**53)" if exact else "a number"
+        raise AssertionError(f"{what} returned {got!r:.40}: return {should}.")
+    return int(got) if exact else float(got)
 
 
-def _scale_part(name: str, kind: Callable[[Any, str], Any], rule: str) -> Ordinary:
-    """The :class:`Ordinary` of a scale function: called under :data:`SCALE_BAN`, its answer
-    made an exact int (``kind=whole``) or a float compared at a relative 1e-6 (``real``)."""
-    exact = kind is whole
+def _scale_part(
+    name: str, exact: bool, rule: str, doc: str
+) -> tuple[Ordinary, Callable[[Any], None]]:
+    """A scale function's :class:`Ordinary` and visible check ``check_<name>``: called under the
+    ban, its answer an int compared exactly (``exact``) or a float at a relative 1e-6."""
 
     def call(fn: Callable[..., Any], *case: Any) -> Any:
         what = show_call(name, case)
-        return kind(call_forbidding(fn, *split_case(case), ban=SCALE_BAN, what=what), what)
+        return number(call_forbidding(fn, *split_case(case), ban=SCALE_BAN, what=what), what, exact)
 
     def describe(case: Case[Given]) -> str:
         shown = "{:,}" if exact else "{:.4g}"
         got, want = shown.format(case.got), shown.format(case.want)
         return f"{case.what} returned {got}, expected {want}."
 
-    return Ordinary(
+    part = Ordinary(
         "lab08",
         call=call,
         what=lambda *case: show_call(name, case),
@@ -598,59 +542,39 @@ def _scale_part(name: str, kind: Callable[[Any, str], Any], rule: str) -> Ordina
         same=operator.eq if exact else lambda a, b: math.isclose(a, b, rel_tol=1e-6),
         output=int if exact else float,
     )
+    return part, part.visible(f"check_{name}", f"Worked examples: {doc}.")
 
 
 #: ``gpt_param_count`` of a case ``(n_layers, d_model, vocab_size, n_ctx[, {"bias": ...}])``.
-COUNT = _scale_part(
+COUNT, check_gpt_param_count = _scale_part(
     "gpt_param_count",
-    whole,
+    True,
     "Count it layer by layer: the embeddings, per block two layer norms, the attention and the "
     "MLP, and the final layer norm.",
+    "GPT-2 small (124,439,808; 124,337,664 without biases) and two small GPTs, one without biases",
 )
 #: ``training_flops`` of a case ``(n_params, n_tokens)``.
-FLOPS = _scale_part(
+FLOPS, check_training_flops = _scale_part(
     "training_flops",
-    real,
+    False,
     "Count the FLOPs of the forward and the backward pass, per parameter and token.",
+    "GPT-3 (175e9 parameters, 300e9 tokens) and a small model",
 )
 #: ``kv_cache_bytes`` of a case ``(n_layers, d_model, n_ctx[, {keyword arguments}])``.
-KV = _scale_part(
+KV, check_kv_cache_bytes = _scale_part(
     "kv_cache_bytes",
-    whole,
+    True,
     "Count it step by step: a key and a value of width d_model per layer, position and "
     "sequence, bytes_per_value bytes each.",
+    "GPT-3's full context in float16, GPT-2 small's in float32 with a batch, and a small cache "
+    "(3 layers, width 16, 8 positions, a batch of 2, float32)",
 )
 #: ``gpu_days`` of a case ``(flops, peak_flops, utilization)``.
-DAYS = _scale_part(
+DAYS, check_gpu_days = _scale_part(
     "gpu_days",
-    real,
+    False,
     "Divide the work by the rate the GPU achieves, and turn seconds into days.",
-)
-
-
-check_gpt_param_count = COUNT.visible(
-    "check_gpt_param_count",
-    """Worked examples: GPT-2 small (124,439,808; 124,337,664 without biases) and two small
-    GPTs, one without biases.""",
-)
-
-
-check_training_flops = FLOPS.visible(
-    "check_training_flops",
-    """Worked examples: GPT-3 (175e9 parameters, 300e9 tokens) and a small model.""",
-)
-
-
-check_kv_cache_bytes = KV.visible(
-    "check_kv_cache_bytes",
-    """Worked examples: GPT-3's full context in float16, GPT-2 small's in float32 with a batch,
-    and a small cache (3 layers, width 16, 8 positions, a batch of 2, float32).""",
-)
-
-
-check_gpu_days = DAYS.visible(
-    "check_gpu_days",
-    """Worked examples: GPT-3's 3.15e23 FLOPs on an A100 (312 TFLOP/s) at 40%, and a day.""",
+    "GPT-3's 3.15e23 FLOPs on an A100 (312 TFLOP/s) at 40%, and a day",
 )
 
 __all__ = [n for n in dir() if n.startswith("check_")]  # dir(): sorted

@@ -3,6 +3,7 @@ each with its typical mistakes as variants) and the visible checks' fixtures."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -11,37 +12,12 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab08
-from transformer_lab.checks import spec as lab_specs
 from transformer_lab.checks._common import compare, expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle
-from transformer_lab.checks.lab08 import (
-    ATTENTION_RULE,
-    SCHEDULES,
-    STEP_RULE,
-    ScriptedLM,
-    attention_example,
-    build_attention,
-    cached_run,
-    expect_same_both_ways,
-    judge_attention,
-    judge_cached,
-    judge_calls,
-    rising_keys,
-    run_attention,
-    run_generate,
-    sample,
-    show_schedule,
-)
+from transformer_lab.checks._generated import Oracle, plain
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden import lab03 as hidden03
 from transformer_lab.grading.hidden import lab07 as hidden07
 from transformer_lab.grading.hidden._attention import distinct_mistakes, heads_split_as
-
-_TOL = lab_specs.load("08_language_models").tol("float32")  # shared with the visible checks
-
-# ======================================================================================
-# CausalSelfAttention: the oracle and its wrong variants
-# ======================================================================================
 
 
 def _params(weights: dict[str, Tensor], order: str = "qkv") -> hidden03.Params:
@@ -61,27 +37,17 @@ def oracle_keys_values(weights: dict[str, Tensor], x: Tensor, n_heads: int) -> l
     return [heads_split_as(hidden03.oracle_linear(x64, p, f"{n}_proj"), n_heads) for n in "kv"]
 
 
-def _allowed(variant: str, start: int, end: int) -> Tensor:
+def _allowed(mask: str, start: int, end: int) -> Tensor:
     """Which stored keys ``0 .. end-1`` the queries ``start .. end-1`` may see, ``(T, end)``."""
     rows = torch.arange(start, end)[:, None]  # absolute positions of the queries
     cols = torch.arange(end)[None, :]
-    if variant in ("no_mask", "no_mask_cached"):
+    if mask == "none":
         return torch.ones(end - start, end, dtype=torch.bool)
-    if variant == "offset_ignored":
+    if mask == "offset_ignored":
         return cols <= rows - start  # row i sees keys 0..i: the offset P forgotten
-    if variant == "only_new":
+    if mask == "only_new":
         return (cols >= start) & (cols <= rows)  # the stored past never read
     return cols <= rows
-
-
-#: The variants of :func:`oracle_attention` that are options of lab 03's oracle.
-_OPTIONS: dict[str, dict[str, Any]] = {
-    "after_softmax": {"fill": "after"},
-    "scale_D": {"scale": "model"},
-    "no_transpose": {"split": "no_transpose", "merge": "no_transpose"},
-    "split_no_transpose": {"split": "no_transpose"},
-    "no_out_proj": {"out_proj": False},
-}
 
 
 def oracle_attention(
@@ -90,47 +56,54 @@ def oracle_attention(
     n_heads: int,
     schedule: Sequence[tuple[int, int]] | None = None,
     *,
-    variant: str = "",
+    mask: str = "causal",
+    order: str = "qkv",
+    **options: Any,
 ) -> Tensor:
     """Causal self-attention of ``x (B, T, D)`` in float64, ``(B, T, D)``: lab 03's oracle run
-    on each ``(start, end)`` chunk of ``schedule`` (default one pass), or a typical mistake's
-    ``variant`` (:data:`ATTENTION_MISTAKES`, :data:`CACHE_MISTAKES`)."""
-    p = _params(weights, "kqv" if variant == "kqv_order" else "qkv")
+    on each ``(start, end)`` chunk of ``schedule`` (default one pass); a typical mistake's
+    ``mask`` (:func:`_allowed`), ``order`` of qkv_proj's parts or lab 03's ``options``."""
+    p = _params(weights, order)
     outs = []
     for start, end in schedule or ((0, x.shape[1]),):
         seen = x[:, :end]  # (B, end, D): the keys and values so far
-        args = (seen[:, start:], seen, seen, _allowed(variant, start, end))
-        pair = hidden03.oracle_multi_head_attention(p, args, n_heads, **_OPTIONS.get(variant, {}))
+        args = (seen[:, start:], seen, seen, _allowed(mask, start, end))
+        pair = hidden03.oracle_multi_head_attention(p, args, n_heads, **options)
         assert pair is not None  # a (T, S) mask always broadcasts
         outs.append(pair[0])
     return torch.cat(outs, dim=1)
 
 
-#: The typical wrong attentions (variants of :func:`oracle_attention`), most specific first.
-ATTENTION_MISTAKES: dict[str, str] = {
-    "after_softmax": "Your weights are softmax(scores) with the future zeroed afterwards, so rows "
-    "no longer sum to one. Mask the scores BEFORE the softmax (torch.finfo(dtype).min).",
-    "no_mask": "Your attention ignores the causal mask: query t may attend keys 0..t only (the "
-    "next token is what a language model predicts).",
-    "kqv_order": "Your queries and keys are swapped: qkv_proj's output holds the queries in its "
-    "first d_model columns, then the keys, then the values (the rows of torch's in_proj_weight).",
-    "scale_D": "Your scores are divided by sqrt(d_model); each head's scores are divided by "
-    "sqrt(Dh), the width of one head, Dh = d_model / n_heads.",
-    "no_transpose": "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which "
-    "cuts across tokens: view as (B, T, H, Dh) and then transpose(1, 2).",
-    "split_no_transpose": "Your heads are split with view(B, H, T, Dh), which cuts across tokens "
-    "(merging back with a transpose does not undo it): view as (B, T, H, Dh), transpose(1, 2).",
-    "no_out_proj": "Your output skips out_proj: after merging the heads back to (B, T, D), "
-    "apply self.out_proj.",
+#: The typical wrong attentions, hint -> the options of :func:`oracle_attention` that make it,
+#: most specific first.
+ATTENTION_MISTAKES: dict[str, dict[str, Any]] = {
+    "Your weights are softmax(scores) with the future zeroed afterwards, so rows no longer sum "
+    "to one. Mask the scores BEFORE the softmax (torch.finfo(dtype).min).": {"fill": "after"},
+    "Your attention ignores the causal mask: query t may attend keys 0..t only (the next token "
+    "is what a language model predicts).": {"mask": "none"},
+    "Your queries and keys are swapped: qkv_proj's output holds the queries in its first "
+    "d_model columns, then the keys, then the values (the rows of torch's "
+    "in_proj_weight).": {"order": "kqv"},
+    "Your scores are divided by sqrt(d_model); each head's scores are divided by sqrt(Dh), the "
+    "width of one head, Dh = d_model / n_heads.": {"scale": "model"},
+    "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which cuts across "
+    "tokens: view as (B, T, H, Dh) and then "
+    "transpose(1, 2).": {"split": "no_transpose", "merge": "no_transpose"},
+    "Your heads are split with view(B, H, T, Dh), which cuts across tokens (merging back with a "
+    "transpose does not undo it): view as (B, T, H, Dh), "
+    "transpose(1, 2).": {"split": "no_transpose"},
+    "Your output skips out_proj: after merging the heads back to (B, T, D), apply self.out_proj.": {
+        "out_proj": False
+    },
 }
 #: Mistakes that show only when the input is fed through a KV cache in pieces.
-CACHE_MISTAKES: dict[str, str] = {
-    "offset_ignored": "Through the cache your mask forgets the offset: query P+i of a piece "
-    "starting at P may see every stored key s <= P+i (the last T rows of the (S, S) mask).",
-    "only_new": "Through the cache your attention reads only the new tokens' keys and values: "
-    "attend to what kv_cache.store(k, v) returns, every stored position.",
-    "no_mask_cached": "With a cache your attention uses no mask, right for one new token but not "
-    "for a piece of several: build the (T, S) mask in every case.",
+CACHE_MISTAKES: dict[str, dict[str, Any]] = {
+    "Through the cache your mask forgets the offset: query P+i of a piece starting at P may see "
+    "every stored key s <= P+i (the last T rows of the (S, S) mask).": {"mask": "offset_ignored"},
+    "Through the cache your attention reads only the new tokens' keys and values: attend to "
+    "what kv_cache.store(k, v) returns, every stored position.": {"mask": "only_new"},
+    "With a cache your attention uses no mask, right for one new token but not for a piece of "
+    "several: build the (T, S) mask in every case.": {"mask": "none"},
 }
 
 
@@ -141,51 +114,61 @@ def attention_mistakes(
     schedule: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Tensor]:
     """Hint -> what each typical wrong attention returns on ``x`` (only the distinct ones)."""
-    want = oracle_attention(weights, x, n_heads, schedule)
-    named = dict(CACHE_MISTAKES) if schedule is not None else {}
-    named |= ATTENTION_MISTAKES
-    return distinct_mistakes(
-        want,
-        [
-            (hint, oracle_attention(weights, x, n_heads, schedule, variant=v))
-            for v, hint in named.items()
-        ],
-        tol=1e-6,
-    )
+    run = functools.partial(oracle_attention, weights, x, n_heads, schedule)
+    named = {**(CACHE_MISTAKES if schedule else {}), **ATTENTION_MISTAKES}
+    return distinct_mistakes(run(), [(h, run(**o)) for h, o in named.items()], tol=1e-6)
 
 
-# ======================================================================================
-# CausalSelfAttention: hidden checks
-# ======================================================================================
+def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float) -> Tensor:
+    """Make the later keys score highest (in place on ``weights``; ``x`` is copied): input channel
+    0 becomes the position, which the keys copy into each head's first feature, where every query
+    holds ``lift``: the keys a causal mask hides have the largest raw scores."""
+    D = x.shape[-1]
+    Dh = D // n_heads
+    x = x.clone()
+    x[..., 0] = torch.arange(x.shape[1], dtype=x.dtype)  # the position ramp
+    w, b = weights["qkv_proj.weight"], weights["qkv_proj.bias"]
+    w[: 2 * D : Dh] = 0.0  # the rows of each head's first query and key feature
+    b[:D:Dh] = lift  # every query: a large constant in the head's first feature
+    w[D : 2 * D : Dh, 0] = 1.0  # every key: its position in the head's first feature
+    return x
 
 
-def _attention_case(
-    cls: Callable[..., nn.Module], g: torch.Generator, dropout: float = 0.0
-) -> tuple[nn.Module, dict[str, Tensor], Tensor, str, int]:
-    """The student's module at random sizes with random weights and an input, the later keys
-    scoring highest: ``(module, weights, x (B, T, D), its name, n_heads)``."""
-    heads = randint(1, 4, g)
-    D, B, T = heads * randint(2, 5, g), randint(1, 3, g), randint(3, 7, g)
+def _draw(
+    g: torch.Generator, heads: int, D: int, B: int, T: int
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Random weights and an input ``x (B, T, D)``, the later keys scoring highest."""
     weights = {
         "qkv_proj.weight": torch.randn(3 * D, D, generator=g) / math.sqrt(D),
         "qkv_proj.bias": 0.3 * torch.randn(3 * D, generator=g),
         "out_proj.weight": torch.randn(D, D, generator=g) / math.sqrt(D),
         "out_proj.bias": 0.3 * torch.randn(D, generator=g),
     }
-    x = rising_keys(weights, torch.randn(B, T, D, generator=g), heads, 2.0)
-    module, what = build_attention(cls, D, heads, weights, dropout)
+    return weights, rising_keys(weights, torch.randn(B, T, D, generator=g), heads, 2.0)
+
+
+def _attention_case(
+    cls: Callable[..., nn.Module], g: torch.Generator, dropout: float = 0.0
+) -> tuple[nn.Module, dict[str, Tensor], Tensor, str, int]:
+    """The student's module at random sizes, :func:`_draw`'s weights loaded, and its input:
+    ``(module, weights, x (B, T, D), its name, n_heads)``."""
+    heads = randint(1, 4, g)
+    D, B, T = heads * randint(2, 5, g), randint(1, 3, g), randint(3, 7, g)
+    weights, x = _draw(g, heads, D, B, T)
+    module, what = lab08.build_attention(cls, D, heads, weights, dropout)
     return module, weights, x, what, heads
 
 
 def _one_pass(
     module: nn.Module, weights: dict[str, Tensor], x: Tensor, what: str, heads: int
 ) -> Tensor:
-    """The module's output in one pass, in eval mode, against the oracle's (its mistakes
-    named); returns the oracle's."""
+    """The module in one pass, in eval mode, judged against the oracle (whose output it returns)."""
     want = oracle_attention(weights, x, heads)
     shown = f"{what} on x {tuple(x.shape)} in one pass (the later keys score highest)"
     mistakes = attention_mistakes(weights, x, heads)
-    judge_attention(run_attention(module.eval(), x, what), want, shown, ATTENTION_RULE, mistakes)
+    lab08.judge_attention(
+        lab08.run_attention(module.eval(), x, what), want, shown, lab08.ATTENTION_RULE, mistakes
+    )
     return want
 
 
@@ -214,21 +197,21 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
         keys, values = oracle_keys_values(weights, x, heads)
         for schedule in (_random_schedule(T, g), [(p, p + 1) for p in range(T)]):
             mistakes = attention_mistakes(weights, x, heads, schedule)
-            judge_cached(module, x, heads, schedule, what, (want, keys, values, mistakes), T + 3)
+            lab08.judge_cached(
+                module, x, heads, schedule, what, (want, keys, values, mistakes), T + 3
+            )
     module, weights, x, what, heads = _attention_case(cls, g)
-    module.eval()
-    full = oracle_attention(weights, x, heads)
-    schedule = _random_schedule(x.shape[1], g)
+    full, schedule = oracle_attention(weights, x, heads), _random_schedule(x.shape[1], g)
     for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 8e-2)):
-        low = module.to(dtype)
         try:
-            got, _ = cached_run(low, x.to(dtype), schedule, heads, f"{what} in {dtype}")
+            low = module.eval().to(dtype)
+            got, _ = lab08.cached_run(low, x.to(dtype), schedule, heads, f"{what} in {dtype}")
         finally:
             module.to(torch.float32)
         compare(
             got.float(),
             full,
-            what=f"{what} in {dtype} fed {show_schedule(schedule)} through a KV cache",
+            what=f"{what} in {dtype} fed {lab08.show_schedule(schedule)} through a KV cache",
             hint="In half precision the output must stay close to float32's: fill masked scores "
             "with torch.finfo(scores.dtype).min and compute in the input's dtype.",
             atol=tol,
@@ -244,16 +227,17 @@ def hidden_check_causal_self_attention_training(
     structure, and scaled by 1/(1-p)."""
     g = generator(seed)
     module, weights, x, what, heads = _attention_case(cls, g)
-    module.train()
-    got = run_attention(module, x, f"{what} in training mode")
+    got = lab08.run_attention(module.train(), x, f"{what} in training mode")
     same = "With dropout 0, training mode computes what eval mode does."
-    judge_attention(got, oracle_attention(weights, x, heads), f"{what} in training mode", same)
+    lab08.judge_attention(
+        got, oracle_attention(weights, x, heads), f"{what} in training mode", same
+    )
     # Gradients with respect to the input and the fused projection, against the oracle's.
     xs = x.clone().requires_grad_(True)
     x64 = x.double().requires_grad_(True)
     w64 = {k: v.double().requires_grad_(True) for k, v in weights.items()}
     r = torch.randn(x.shape, generator=g)
-    out = run_attention(module, xs, f"{what} (backward pass)")
+    out = lab08.run_attention(module, xs, f"{what} (backward pass)")
     expect_true(
         out.requires_grad,
         f"the output of {what} does not depend differentiably on x: no .detach(), .item(), "
@@ -266,17 +250,17 @@ def hidden_check_causal_self_attention_training(
         "The forward pass matches the oracle but the gradient does not: avoid in-place "
         "changes of tensors autograd needs, and keep every step differentiable."
     )
-    judge_attention(xs.grad, x64.grad, f"the gradient of {what} with respect to x", hint)
+    lab08.judge_attention(xs.grad, x64.grad, f"the gradient of {what} with respect to x", hint)
     name = f"the gradient of {what} with respect to qkv_proj.weight"
-    judge_attention(module.qkv_proj.weight.grad, w64["qkv_proj.weight"].grad, name, hint)
+    lab08.judge_attention(module.qkv_proj.weight.grad, w64["qkv_proj.weight"].grad, name, hint)
 
     module, weights, x, what, heads = _attention_case(cls, g, dropout=0.3)
     off = (
         "Dropout must be off in eval mode: use an nn.Dropout module (or F.dropout(..., "
         "training=self.training))."
     )
-    got = run_attention(module.eval(), x, f"{what} in eval mode")
-    judge_attention(got, oracle_attention(weights, x, heads), f"{what} in eval mode", off)
+    got = lab08.run_attention(module.eval(), x, f"{what} in eval mode")
+    lab08.judge_attention(got, oracle_attention(weights, x, heads), f"{what} in eval mode", off)
     _dropout_structure(cls, g)
 
 
@@ -292,13 +276,13 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
         "out_proj.weight": eye,
         "out_proj.bias": torch.zeros(D),
     }
-    module, what = build_attention(cls, D, H, weights, p)
+    module, what = lab08.build_attention(cls, D, H, weights, p)
     module.train()
     x = 1.0 + torch.rand(8, 3, D, generator=g)  # positive: a kept head never looks dropped
     head_x = x[:, 0].reshape(8, H, Dh)  # (B, H, Dh): the value of query 0's only key
     kept = dropped = odd = 0
     for _ in range(4):
-        out = run_attention(module, x, f"{what} in training mode").detach()
+        out = lab08.run_attention(module, x, f"{what} in training mode").detach()
         heads = out[:, 0].reshape(8, H, Dh)  # (B, H, Dh)
         zero = heads.abs().amax(-1) < 1e-6  # (B, H)
         scaled = (heads - head_x / (1 - p)).abs().amax(-1) < 1e-4
@@ -315,39 +299,26 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
     )
 
 
-# ======================================================================================
-# generate: the oracle and its wrong variants
-# ======================================================================================
-
-
 @torch.no_grad()
-def greedy_reference(
-    model: nn.Module, prompt: Tensor, new: int, use_cache: bool = False, variant: str = ""
-) -> Tensor:
-    """Greedy continuation on the last ``n_ctx`` tokens, or a variant: ``first_position`` (the
-    logits of position 0; a cached one-token step's only one is right), ``one_call``."""
-    n_ctx, T = model.config.n_ctx, prompt.shape[1]
-    seq = prompt.clone()
-    for step in range(new):
-        single = use_cache and step > 0 and min(T, n_ctx) + step <= n_ctx  # one cached token
-        pick = 0 if variant == "first_position" and not single else -1
-        nxt = model(seq[:, -n_ctx:])[:, pick].argmax(dim=-1, keepdim=True)
-        seq = torch.cat([seq, seq[:, T : T + 1] if variant == "one_call" and step else nxt], 1)
-    return seq
-
-
 def oracle_generate(
     prompt: Sequence[Sequence[int]],
     n_ctx: int,
     max_new_tokens: int,
     use_cache: bool = False,
+    gpt: int | None = None,
     variant: str = "",
 ) -> list[list[int]]:
-    """:class:`~transformer_lab.checks.lab08.ScriptedLM`'s greedy continuation (or a variant's)."""
-    tokens = greedy_reference(
-        ScriptedLM(n_ctx=n_ctx), torch.tensor(prompt), max_new_tokens, use_cache, variant
-    )
-    return tokens.tolist()
+    """Greedy continuation on the last ``n_ctx`` tokens of a fresh ``ScriptedLM`` (of
+    ``kit_gpt(gpt, n_ctx)`` where a seed ``gpt`` is given), or a variant's: ``first_position``
+    (the logits of position 0; a cached one-token step's only one is right), ``one_call``."""
+    model = lab08.ScriptedLM(n_ctx=n_ctx) if gpt is None else lab08.kit_gpt(gpt, n_ctx)
+    seq, T = torch.tensor(prompt), len(prompt[0])
+    for step in range(max_new_tokens):
+        single = use_cache and step > 0 and min(T, n_ctx) + step <= n_ctx  # one cached token
+        pick = 0 if variant == "first_position" and not single else -1
+        nxt = model(seq[:, -n_ctx:])[:, pick].argmax(dim=-1, keepdim=True)
+        seq = torch.cat([seq, seq[:, T : T + 1] if variant == "one_call" and step else nxt], 1)
+    return seq.tolist()
 
 
 GENERATE_MISTAKES = {
@@ -369,75 +340,22 @@ GREEDY = Oracle(
 )
 
 
-# ======================================================================================
-# generate: hidden checks
-# ======================================================================================
-
-
-def _kit_gpt(seed: int, vocab_size: int = 13, n_ctx: int = 10) -> nn.Module:
-    """A small GPT of the kit with random weights of std 0.3 (sharp logits), in eval mode."""
-    from transformer_lab import models
-
-    with torch.random.fork_rng(devices=[]):
-        torch.random.manual_seed(seed)
-        model = models.GPT(
-            models.GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, d_model=16, n_layers=2, n_heads=2)
-        )
-        with torch.no_grad():  # larger weights: sharp logits, tokens that change
-            for parameter in model.parameters():
-                if parameter.ndim == 2:
-                    parameter.normal_(0.0, 0.3)
-    return model.eval()
-
-
-def _recording(model: nn.Module) -> list[tuple[int, Any, int]]:
-    """Record every call of ``model`` as :attr:`ScriptedLM.calls` does (a forward pre-hook):
-    ``(T, the cache or None, positions it held before)``."""
-    calls: list[tuple[int, Any, int]] = []
-
-    def record(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        cache = args[1] if len(args) > 1 else kwargs.get("kv_cache")
-        calls.append((int(args[0].shape[1]), cache, 0 if cache is None else int(cache.length)))
-
-    model.register_forward_pre_hook(record, with_kwargs=True)
-    return calls
-
-
-def _expect_tokens(got: Tensor, want: Tensor, what: str) -> None:
-    same = torch.equal(got.cpu().long(), want.long())
-    expect_true(same, f"{what} returned {got.tolist()}, expected {want.tolist()}. {STEP_RULE}")
-
-
 def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """The kit's GPT (random weights): greedy tokens with and without the cache equal the
-    reference, past the context too; seeded sampling gives the same tokens both ways."""
+    """The kit's GPT (random weights): greedy tokens with and without the cache, past the
+    context too, and for a short prompt; seeded sampling the same tokens both ways."""
     g = generator(seed)
-    model = _kit_gpt(seed)
-    calls = _recording(model)
     B, T = randint(2, 3, g), randint(2, 5, g)
     prompt = torch.randint(0, 13, (B, T), generator=g)
     new = randint(12, 15, g)  # past n_ctx = 10: the cache fills, then the window slides
-    want = greedy_reference(model, prompt, new)
-    for use_cache in (True, False):
-        calls.clear()
-        what = (
-            f"generate(gpt, idx {tuple(prompt.shape)}, {new}, temperature=0, "
-            f"use_cache={use_cache}) with a GPT of n_ctx=10"
-        )
-        got = run_generate(fn, model, prompt, new, what, temperature=0.0, use_cache=use_cache)
-        judge_calls(calls, T, 10, use_cache, what)
-        _expect_tokens(got, want, what)
+    other = torch.randint(0, 13, (1, 3), generator=g).tolist()  # an answer ignoring it fails
+    cases = [(prompt.tolist(), 10, new, use_cache, seed) for use_cache in (True, False)]
+    GREEDY.judge(fn, [*cases, (other, 10, 2, False, seed)])
     for options in ({}, {"top_k": 5}, {"top_p": 0.9}):
         (first, what), (second, _) = (
-            sample(fn, model, prompt, new, seed, use_cache, **options)
+            lab08.sample(fn, lab08.kit_gpt(seed, 10), prompt, new, seed, use_cache, **options)
             for use_cache in (True, False)
         )
-        expect_same_both_ways(first, second, what)
-    # A second prompt, short and within the context: an answer that ignores its prompt fails.
-    other = torch.randint(0, 13, (1, 3), generator=g)
-    what = f"generate(gpt, idx {tuple(other.shape)}, 2, temperature=0) with a GPT of n_ctx=10"
-    got = run_generate(fn, model, other, 2, what, temperature=0.0, use_cache=False)
-    _expect_tokens(got, greedy_reference(model, other, 2), what)
+        lab08.expect_same_both_ways(first, second, what)
 
 
 def _edge_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
@@ -460,30 +378,18 @@ hidden_check_generate_edges = GREEDY.hidden(
 
 
 def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -> None:
-    """Temperature, top-k and top-p reach the sampling: the frequencies of 3000 draws."""
-    table = torch.tensor([2.0, 1.4, 1.0, 0.6, 0.1, -0.4, -1.0, -1.6])
-    N = 3000
-    settings = (
-        {"temperature": 1.0},
-        {"temperature": 0.5},
-        {"temperature": 2.0},
-        {"temperature": 1.0, "top_k": 3},
-        {"temperature": 1.0, "top_p": 0.8},
-        {"temperature": 2.0, "top_k": 2},
-    )
-    for i, options in enumerate(settings):
-        model = ScriptedLM(vocab_size=8, n_ctx=4, table=table)
+    """Temperature, top-k and top-p reach the sampling: the frequencies of 3000 draws of the
+    scripted model's first token (a spread distribution over 8)."""
+    N, model = 3000, lab08.ScriptedLM(vocab_size=8, n_ctx=4, sharpness=2.0)
+    prompt = torch.zeros(N, 1, dtype=torch.long)
+    table = model.logits_for(prompt[:1])[0, 0]  # (8,): the logits after token 0
+    settings: list[dict[str, Any]] = [{"temperature": t} for t in (1.0, 0.5, 2.0)]
+    settings += [{"temperature": 1.0, "top_k": 3}, {"temperature": 1.0, "top_p": 0.8}]
+    for i, options in enumerate([*settings, {"temperature": 2.0, "top_k": 2}]):
         shown = ", ".join(f"{k}={v}" for k, v in options.items())
         what = f"generate(model, idx ({N}, 1), 1, {shown}, generator=seeded)"
-        got = run_generate(
-            fn,
-            model,
-            torch.zeros(N, 1, dtype=torch.long),
-            1,
-            what,
-            generator=torch.Generator().manual_seed(seed + i),
-            **options,
-        )
+        draws = torch.Generator().manual_seed(seed + i)
+        got = lab08.run_generate(fn, model, prompt, 1, what, generator=draws, **options)
         drawn = torch.bincount(got[:, 1].cpu().long(), minlength=8)[:8].double() / N
         logits = hidden07.oracle_apply_temperature(table, options["temperature"])  # lab 07's
         if "top_k" in options:
@@ -502,13 +408,8 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
         )
 
 
-# ======================================================================================
-# Scale: oracles and mistakes
-# ======================================================================================
-
-
 def oracle_gpt_param_count(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any]
 ) -> int:
     """GPT-2's parameters, layer by layer: token and position embeddings (the output layer is
     tied to the token embedding), per block two layer norms, the QKV projection (D -> 3D), the
@@ -521,7 +422,7 @@ def oracle_gpt_param_count(
 
 
 def count_mistakes(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any]
 ) -> dict[str, int]:
     """Hint -> the count each typical mistake gives, in the catalogue's order."""
     L, D, V = n_layers, d_model, vocab_size
@@ -577,7 +478,7 @@ def flops_mistakes(n_params: float, n_tokens: float) -> dict[str, float]:
 
 
 def oracle_kv_cache_bytes(
-    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any]
 ) -> int:
     """A key and a value of width D per layer, position and sequence."""
     per_position = 2 * d_model * options.get("bytes_per_value", 2)  # key + value, bytes
@@ -585,7 +486,7 @@ def oracle_kv_cache_bytes(
 
 
 def kv_mistakes(
-    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any] = {}
+    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any]
 ) -> dict[str, int]:
     right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, options)
     L, T = n_layers, n_ctx
@@ -626,11 +527,6 @@ def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> di
         "Your answer is in minutes: a day has 1,440.": right * 1440,
         "Your answer is in years: multiply by 365.": right / 365,
     }
-
-
-# ======================================================================================
-# Scale: hidden checks, generated (transformer_lab.checks._generated)
-# ======================================================================================
 
 
 COUNT = Oracle(lab08.COUNT, oracle_gpt_param_count, count_mistakes)
@@ -687,11 +583,10 @@ hidden_check_kv_cache_bytes = KV.hidden(
 
 
 def _days_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
-    cases = []
-    for peak in (125e12, 312e12, 989e12):
-        flops = float(randint(1, 999, g)) * 10.0 ** randint(18, 24, g)
-        cases.append((flops, peak, randint(20, 70, g) / 100))
-    return cases
+    return [
+        (float(randint(1, 999, g)) * 10.0 ** randint(18, 24, g), peak, randint(20, 70, g) / 100)
+        for peak in (125e12, 312e12, 989e12)
+    ]
 
 
 hidden_check_gpu_days = DAYS.hidden(
@@ -701,26 +596,21 @@ hidden_check_gpu_days = DAYS.hidden(
 )
 
 
-# ======================================================================================
-# The visible checks' worked examples
-# ======================================================================================
-
-
 def fixtures() -> dict[str, dict[str, Any]]:
     """The stored examples of :mod:`transformer_lab.checks.lab08`, keyed by the call."""
     out: dict[str, dict[str, Any]] = {}
-    x, weights, heads = attention_example()
+    heads, (weights, x) = 2, _draw(generator(8), 2, 8, 2, 5)  # CausalSelfAttention(8, 2)
+    out["CausalSelfAttention example: x, weights"] = fixture_entry(plain([x, weights]))
     want = oracle_attention(weights, x, heads)
     out["CausalSelfAttention example: out"] = fixture_entry(
         want, attention_mistakes(weights, x, heads)
     )
-    for name, plan in SCHEDULES.items():
+    for name, plan in lab08.SCHEDULES.items():
         out[f"CausalSelfAttention example, cached {name}: out"] = fixture_entry(
             oracle_attention(weights, x, heads, plan), attention_mistakes(weights, x, heads, plan)
         )
-    k, v = oracle_keys_values(weights, x, heads)
-    out["CausalSelfAttention example: keys"] = fixture_entry(k)
-    out["CausalSelfAttention example: values"] = fixture_entry(v)
+    kv = plain(oracle_keys_values(weights, x, heads))
+    out["CausalSelfAttention example: keys, values"] = fixture_entry(kv)
     examples = [
         ([[1, 4, 2], [5, 0, 3]], 12, 6),  # the cache never fills
         ([[2, 7, 1, 8]], 6, 7),  # the cache fills, then the window slides
@@ -729,10 +619,10 @@ def fixtures() -> dict[str, dict[str, Any]]:
     cases = [(*case, use_cache) for case in examples for use_cache in (False, True)]
     out |= GREEDY.fixtures("check_generate", cases)
     gpt2 = (12, 768, 50257, 1024)
-    small = [(1, 8, 5, 4), (3, 12, 17, 9, {"bias": False})]
-    out |= COUNT.fixtures("check_gpt_param_count", [gpt2, (*gpt2, {"bias": False}), *small])
+    small = [(1, 8, 5, 4, {}), (3, 12, 17, 9, {"bias": False})]
+    out |= COUNT.fixtures("check_gpt_param_count", [(*gpt2, {}), (*gpt2, {"bias": False}), *small])
     out |= FLOPS.fixtures("check_training_flops", [(175e9, 300e9), (124_439_808, 10e9)])
-    kv = [(96, 12288, 2048), (12, 768, 1024, {"batch_size": 8, "bytes_per_value": 4})]
+    kv = [(96, 12288, 2048, {}), (12, 768, 1024, {"batch_size": 8, "bytes_per_value": 4})]
     kv.append((3, 16, 8, {"batch_size": 2, "bytes_per_value": 4}))
     out |= KV.fixtures("check_kv_cache_bytes", kv)
     days = [(3.15e23, 312e12, 0.4), (8.64e18, 1e14, 1.0)]
