@@ -87,6 +87,7 @@ from transformer_lab.grading.course import (
     make_coursedir,
     read_notebook,
     run_converter,
+    scratch_gradebook,
     select_labs,
     write_json,
     write_notebook,
@@ -541,7 +542,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         guarded = not job.use_bwrap  # without the OS sandbox the guard fences, as help
         overrides = _kernel_overrides(job, options, containment, home, run, view, work, plan)
         (work / "judge_plan.json").write_text(json.dumps(judge_plan(source)))  # outside the box
-        db = work / "gradebook.db"
+        db = work / "gradebook.db"  # this submission's own: scratch
         shutil.copyfile(job.template_db, db)
         config = load_config(repo, **overrides)
         coursedir = make_coursedir(
@@ -555,7 +556,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         coursedir.assignment_id, coursedir.student_id = lab, student
 
         # Run it; then nothing it started may outlive it.
-        out = run_converter(GuardedAutograde, coursedir, config, force=True, create_student=True)
+        with scratch_gradebook(db):
+            out = run_converter(
+                GuardedAutograde, coursedir, config, force=True, create_student=True
+            )
         result.containment = f"{containment.kind}, {containment.end()} process(es) ended"
         if not out["success"]:
             result.status = "failed"
@@ -1083,7 +1087,8 @@ def _prepare_lab(repo: Path, course: Path, lab: str, config: Any) -> tuple[Path,
         db_url=f"sqlite:///{template / 'gradebook.db'}",
     )
     tdir.assignment_id, tdir.student_id = lab, "."
-    out = run_converter(GenerateAssignment, tdir, config, force=True)
+    with scratch_gradebook(template / "gradebook.db"):
+        out = run_converter(GenerateAssignment, tdir, config, force=True)
     if not out["success"]:
         raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
     view = work / "views" / lab
