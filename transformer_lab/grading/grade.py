@@ -896,6 +896,30 @@ def warm_judge(repo: str, labs: list[str]) -> None:
             importlib.import_module(f"transformer_lab.grading.hidden.lab{lab[:2]}")
         except Exception:  # the judge imports what it needs itself
             pass
+    if labs:
+        warm_feedback(repo, labs[0])
+
+
+def warm_feedback(repo: str, lab: str) -> None:
+    """Render one feedback page in this (the grader's) process, and read one cell as IPython
+    runs it, before any submission: what they load on first use is then loaded once per run
+    and worker, not in each submission's child (:func:`_run_job` forks one per submission).
+
+    The first page a process renders pays for nbconvert's templates, the Markdown, LaTeX and
+    code highlighters and the HTML sanitiser's tables; the first cell read pays for IPython's
+    input transformers (:func:`~transformer_lab.grading.authorship.transformed`). The page
+    is the lab's own source notebook (trusted), rendered as an ungraded submission and
+    discarded. A failure here leaves that work to each submission, as before.
+    """
+    from transformer_lab.grading.authorship import transformed
+    from transformer_lab.grading.feedback import feedback_notebook, render_html
+
+    try:
+        source = read_notebook(Path(repo) / SOLUTIONS / lab / f"{lab}.ipynb")
+        transformed("%matplotlib inline\nx = 1")
+        render_html(feedback_notebook(source, {}, title=f"lab {lab}", status="graded"))
+    except Exception:  # each submission renders its own page all the same
+        pass
 
 
 def _grade_quietly(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
