@@ -47,6 +47,7 @@ Reference: nbgrader's converters (``GenerateAssignment``, ``Autograde``) and gra
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
 import datetime as dt
 import hashlib
@@ -896,11 +897,10 @@ def warm_judge(repo: str, labs: list[str]) -> None:
             importlib.import_module(f"transformer_lab.grading.hidden.lab{lab[:2]}")
         except Exception:  # the judge imports what it needs itself
             pass
-    if labs:
-        warm_feedback(repo, labs[0])
+    warm_feedback(repo, labs)
 
 
-def warm_feedback(repo: str, lab: str) -> None:
+def warm_feedback(repo: str, labs: list[str]) -> None:
     """Render one feedback page in this (the grader's) process, and read one cell as IPython
     runs it, before any submission: what they load on first use is then loaded once per run
     and worker, not in each submission's child (:func:`_run_job` forks one per submission).
@@ -908,18 +908,21 @@ def warm_feedback(repo: str, lab: str) -> None:
     The first page a process renders pays for nbconvert's templates, the Markdown, LaTeX and
     code highlighters and the HTML sanitiser's tables; the first cell read pays for IPython's
     input transformers (:func:`~transformer_lab.grading.authorship.transformed`). The page
-    is the lab's own source notebook (trusted), rendered as an ungraded submission and
-    discarded. A failure here leaves that work to each submission, as before.
+    is the first of ``labs``' source notebooks that renders (trusted), as an ungraded
+    submission, and is discarded. A failure here leaves that work to each submission.
     """
     from transformer_lab.grading.authorship import transformed
     from transformer_lab.grading.feedback import feedback_notebook, render_html
 
-    try:
-        source = read_notebook(Path(repo) / SOLUTIONS / lab / f"{lab}.ipynb")
+    with contextlib.suppress(Exception):
         transformed("%matplotlib inline\nx = 1")
-        render_html(feedback_notebook(source, {}, title=f"lab {lab}", status="graded"))
-    except Exception:  # each submission renders its own page all the same
-        pass
+    for lab in labs:
+        try:
+            source = read_notebook(Path(repo) / SOLUTIONS / lab / f"{lab}.ipynb")
+            render_html(feedback_notebook(source, {}, title=f"lab {lab}", status="graded"))
+            return
+        except Exception:  # each submission renders its own page all the same
+            continue
 
 
 def _grade_quietly(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
