@@ -2,9 +2,11 @@
 
 One sandboxed run of lab 01, one submission at a time, the attacks first and the controls last:
 
-* ``a_slow``: every call the judge makes sleeps 4 s (the notebook's own calls do not), under
-  the 15 s cell timeout each, so a cell of 6 calls would take 24 s if the timeout were per
-  request: the judged cell's one deadline ends it, and only that answer's cells lose points;
+* ``a_slow``: every call the judge makes in the hidden check's cell of ``sinusoidal_encoding``
+  sleeps 4 s (the notebook's own calls and the other judged cells' do not), under the 15 s cell
+  timeout each, so that cell's calls (more than 3) would each return if the timeout were per call:
+  the judged cell's one deadline ends it, only that cell loses its points, and the cells judged
+  after it (in the same kernel) keep theirs;
 * ``a_deep``: the solution with its metadata lost and 20 cells of 8 KB before its first
   answer (160 KB: what made the repair's similarity quadratic): repaired and graded in full;
 * ``a_many``: more cells than the repair matches: unmatched, with the reason, unread;
@@ -39,16 +41,23 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = "01_positional_encoding"
 TIMEOUT = 15  # seconds per cell: lab 01's training cell takes over 10 s on a loaded machine
 SLEEP = 4  # seconds each of a_slow's judged calls takes
+SLOW_CELL = "test_sinusoidal_encoding_hidden"  # the one judged cell whose calls a_slow stalls
 MAX_BYTES = 16 * 2**20  # the wire's size bound in this run (256 MiB would cost the machine)
 pytestmark = pytest.mark.slow
 
+# Each judged cell's calls come from a serving loop of its own (one ``serve_loop`` frame), the
+# cells in the notebook's order: the ``{ordinal}``-th loop is the slow cell's.
 SLOW = f"""\
     import sys, time
     frame = sys._getframe()
     while frame is not None and frame.f_code.co_name != "serve_loop":
         frame = frame.f_back
     if frame is not None:  # only when the judge calls: the notebook's own cells are fast
-        time.sleep({SLEEP})
+        loops = globals().setdefault("_judged_cells", [])  # kept: no frame id is reused
+        if not any(seen is frame for seen in loops):
+            loops.append(frame)
+        if len(loops) == {{ordinal}}:  # the slow cell's loop (the latest one)
+            time.sleep({SLEEP})
 """
 # The kernel's serving loop rewritten: its first reply is larger than the wire accepts, every
 # later one is millions of nested empty lists.
@@ -81,10 +90,16 @@ def _cell(nb: Any, grade_id: str) -> Any:
 
 def _slow() -> Any:
     nb = _notebook("solutions")
+    # Every judged cell up to the slow one calls sinusoidal_encoding (they are its checks).
+    judged = list(grade.judge_plan(nb))
+    assert judged[: judged.index(SLOW_CELL)] == [
+        f"test_sinusoidal_encoding_{part}" for part in ("shape", "values")
+    ], judged
     cell = _cell(nb, "sinusoidal_encoding")
     head, marker, body = cell.source.partition("    ### BEGIN SOLUTION\n")
     assert marker, "the answer cell's solution marker moved"
-    cell.source = head + marker + SLOW + body
+    slow = SLOW.format(ordinal=judged.index(SLOW_CELL) + 1)
+    cell.source = head + marker + slow + body
     return nb
 
 
@@ -169,12 +184,15 @@ def test_stalling_or_killing_the_grader_costs_only_the_attacker(
     assert results["z_honest"]["auto_score"] == 12.0
     assert results["z_untouched"]["auto_score"] == 0.0
 
-    # Many slow calls: the judged cell's one deadline, not one per call; the other answer's
-    # cells keep their points, and nothing ran out of the submission's budget.
+    # Many slow calls: the judged cell's one deadline, not one per call; every other cell
+    # (before it, after it in the same kernel, the other answer's) keeps its points, and
+    # nothing ran out of the submission's budget.
     slow = results["a_slow"]
     within = f"did not return within {TIMEOUT} s (the time of the whole judged cell"
-    assert within in _message(slow, "test_sinusoidal_encoding_hidden"), slow
-    assert slow["verdicts"]["test_sinusoidal_encoding_hidden"]["score"] == 0.0
+    assert within in _message(slow, SLOW_CELL), slow
+    assert slow["verdicts"][SLOW_CELL]["score"] == 0.0
+    for part in ("shape", "values", "properties"):
+        assert slow["verdicts"][f"test_sinusoidal_encoding_{part}"]["score"] > 0, slow
     for part in ("shape", "values", "hidden", "properties"):
         assert slow["verdicts"][f"test_relative_shift_matrix_{part}"]["score"] > 0, slow
     assert not any("TimeBudgetExceeded" in p for p in slow["problems"]), slow

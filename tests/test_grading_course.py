@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_lab.grading.course import grading_env, write_json
+from transformer_lab.grading.course import grading_env, scratch_gradebook, write_json
 
 
 def test_write_json_replaces_the_record_and_keeps_non_ascii_names(tmp_path: Path) -> None:
@@ -49,3 +49,26 @@ def test_new_gradebooks_record_nbgraders_schema_revision_asked_of_alembic_once(
     for name in ("first", "second", "third"):
         with sqlite3.connect(tmp_path / f"{name}.db") as db:
             assert db.execute("select version_num from alembic_version").fetchall() == [(revision,)]
+
+
+def test_only_a_scratch_gradebook_is_written_without_waiting_for_the_disk(tmp_path: Path) -> None:
+    """nbgrader's connections to a scratch gradebook (a lab's template, a submission's own
+    copy) skip SQLite's sync on commit while the block runs; the course's gradebook, and the
+    scratch one after the block, keep SQLite's default (``synchronous = FULL``, 2)."""
+    from nbgrader.api import Gradebook
+    from sqlalchemy import text
+
+    def synchronous(path: Path) -> int:
+        with Gradebook(f"sqlite:///{path}") as gb:
+            gb.update_or_create_assignment("lab")  # a commit, as nbgrader makes them
+            return gb.db.execute(text("PRAGMA synchronous")).scalar()
+
+    course, scratch = tmp_path / "gradebook.db", tmp_path / "work" / "gradebook.db"
+    scratch.parent.mkdir()
+    with grading_env():
+        with scratch_gradebook(tmp_path / "work" / ".." / "work" / "gradebook.db"):
+            assert synchronous(scratch) == 0
+            assert synchronous(course) == 2
+        assert synchronous(scratch) == 2
+    with sqlite3.connect(scratch) as db:  # what was written unsynced is all there
+        assert db.execute("select name from assignment").fetchall() == [("lab",)]

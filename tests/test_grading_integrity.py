@@ -115,9 +115,14 @@ def _csv(course: Path) -> dict[str, dict[str, str]]:
         return {row["student_id"]: row for row in csv.DictReader(handle)}
 
 
+#: Seconds per cell: lab 01's slowest cell (its training demo) takes a few seconds even on a
+#: loaded machine; ``builtins`` (its kernel stops answering) waits this long once.
+TIMEOUT = 20
+
+
 def _grade(course: Path, *extra: str) -> int:
     args = ["--repo", str(REPO), "grade", "--course", str(course), "--jobs", "2"]
-    return main([*args, "--timeout", "40", "--budget", "150", *extra])
+    return main([*args, "--timeout", str(TIMEOUT), "--budget", "150", *extra])
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,9 @@
 
 Otherwise the first submission a worker grades carries seconds of Lightning and torchmetrics
 imports (lab 06: 4 of its 8 judge seconds), and a benchmark of few copies reads them as
-per-submission cost.
+per-submission cost. It also renders one feedback page and reads one cell as IPython runs it
+(nbconvert's HTML exporter, the page's sanitiser, IPython's input transformers): each
+submission's child, forked from the grader, then finds them loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ def test_warm_judge_imports_the_labs_checks_and_libraries_and_survives_a_missing
         "from transformer_lab.grading.grade import warm_judge\n"
         f"warm_judge({str(REPO)!r}, ['99_no_such_lab', '06_decoder_training'])\n"
         "need = ['lightning', 'torchmetrics', 'transformer_lab.grading.hidden.lab06',\n"
-        "        'transformer_lab.checks.lab06']\n"
+        "        'transformer_lab.checks.lab06', 'nbconvert.exporters.html', 'bs4',\n"
+        "        'IPython.core.inputtransformer2']\n"
         "print([m for m in need if m not in sys.modules])\n"
     )
     done = subprocess.run(

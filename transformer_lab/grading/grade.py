@@ -47,6 +47,7 @@ Reference: nbgrader's converters (``GenerateAssignment``, ``Autograde``) and gra
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
 import datetime as dt
 import hashlib
@@ -87,6 +88,7 @@ from transformer_lab.grading.course import (
     make_coursedir,
     read_notebook,
     run_converter,
+    scratch_gradebook,
     select_labs,
     write_json,
     write_notebook,
@@ -541,7 +543,7 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         guarded = not job.use_bwrap  # without the OS sandbox the guard fences, as help
         overrides = _kernel_overrides(job, options, containment, home, run, view, work, plan)
         (work / "judge_plan.json").write_text(json.dumps(judge_plan(source)))  # outside the box
-        db = work / "gradebook.db"
+        db = work / "gradebook.db"  # this submission's own: scratch
         shutil.copyfile(job.template_db, db)
         config = load_config(repo, **overrides)
         coursedir = make_coursedir(
@@ -555,7 +557,10 @@ def grade_one(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
         coursedir.assignment_id, coursedir.student_id = lab, student
 
         # Run it; then nothing it started may outlive it.
-        out = run_converter(GuardedAutograde, coursedir, config, force=True, create_student=True)
+        with scratch_gradebook(db):
+            out = run_converter(
+                GuardedAutograde, coursedir, config, force=True, create_student=True
+            )
         result.containment = f"{containment.kind}, {containment.end()} process(es) ended"
         if not out["success"]:
             result.status = "failed"
@@ -892,6 +897,32 @@ def warm_judge(repo: str, labs: list[str]) -> None:
             importlib.import_module(f"transformer_lab.grading.hidden.lab{lab[:2]}")
         except Exception:  # the judge imports what it needs itself
             pass
+    warm_feedback(repo, labs)
+
+
+def warm_feedback(repo: str, labs: list[str]) -> None:
+    """Render one feedback page in this (the grader's) process, and read one cell as IPython
+    runs it, before any submission: what they load on first use is then loaded once per run
+    and worker, not in each submission's child (:func:`_run_job` forks one per submission).
+
+    The first page a process renders pays for nbconvert's templates, the Markdown, LaTeX and
+    code highlighters and the HTML sanitiser's tables; the first cell read pays for IPython's
+    input transformers (:func:`~transformer_lab.grading.authorship.transformed`). The page
+    is the first of ``labs``' source notebooks that renders (trusted), as an ungraded
+    submission, and is discarded. A failure here leaves that work to each submission.
+    """
+    from transformer_lab.grading.authorship import transformed
+    from transformer_lab.grading.feedback import feedback_notebook, render_html
+
+    with contextlib.suppress(Exception):
+        transformed("%matplotlib inline\nx = 1")
+    for lab in labs:
+        try:
+            source = read_notebook(Path(repo) / SOLUTIONS / lab / f"{lab}.ipynb")
+            render_html(feedback_notebook(source, {}, title=f"lab {lab}", status="graded"))
+            return
+        except Exception:  # each submission renders its own page all the same
+            continue
 
 
 def _grade_quietly(job: Job) -> tuple[SubmissionResult, dict[str, str]]:
@@ -1083,7 +1114,8 @@ def _prepare_lab(repo: Path, course: Path, lab: str, config: Any) -> tuple[Path,
         db_url=f"sqlite:///{template / 'gradebook.db'}",
     )
     tdir.assignment_id, tdir.student_id = lab, "."
-    out = run_converter(GenerateAssignment, tdir, config, force=True)
+    with scratch_gradebook(template / "gradebook.db"):
+        out = run_converter(GenerateAssignment, tdir, config, force=True)
     if not out["success"]:
         raise GradingError(f"could not record {lab} in the gradebook:\n{out.get('log')}")
     view = work / "views" / lab
