@@ -114,16 +114,12 @@ HALF = _block_as(
 DROPPED = (
     _block_as(
         "dropout_one",
-        "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
-        "training=self.training)).",
+        SPEC.mistake("decoder_block BlockDropoutInEval").hint,
         dropout=1.0 - 1e-7,
     ),
     _block_as(
         "dropout_one",
-        "With dropout ~1 every sub-layer's output is dropped, so the block must return "
-        "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
-        "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
-        "the feed-forward; not to x, not to the sum, not after the norm.",
+        SPEC.mistake("decoder_block BlockDropoutIgnored").hint,  # and dropout elsewhere
         functools.partial(oracle_block, kept=0.0),
         dropout=1.0 - 1e-7,
         training=True,
@@ -297,19 +293,12 @@ hidden_check_sequence_loss = LOSS.hidden(
 )
 
 
-#: What an answer right on ordinary logits but wrong on large or confident ones does.
-LOG_OF_SOFTMAX = (
-    "Adding a constant to every logit changes no probability, yet exp of large logits "
-    "overflows, and a confident softmax underflows to 0 before its log: compute "
-    "log-probabilities directly, as logits - logsumexp(logits, dim=-1) (or log_softmax), not as "
-    "the log of a softmax."
-)
 #: Logits around +-1e4, or confident (60 times larger), at the spec's ``loss`` tolerance.
 LARGE_LOGITS = Oracle(
     dataclasses.replace(
         lab06.LOSS,
         same=lambda got, want: close(got, want, **SPEC.close_tol("loss")),
-        named=lambda case: LOG_OF_SOFTMAX,
+        named=lambda case: SPEC.mistake("sequence_loss loss_log_of_softmax").hint,
     ),
     oracle_sequence_loss,
     LOSS.mistakes,
