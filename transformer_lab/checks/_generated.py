@@ -28,6 +28,8 @@ answer is given (a search's step function: ``load`` builds it from stored data).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -200,6 +202,16 @@ class Oracle:
     part: Ordinary
     oracle: Callable[..., Any]
     mistakes: Callable[..., Mapping[str, Any]]
+
+    @classmethod
+    def of(cls, part: Ordinary, name: str, oracle: Callable[..., Any]) -> Oracle:
+        """``oracle`` and, as its mistakes, each mistake of the lab spec's part ``name`` whose
+        record gives options of ``oracle``: {hint: ``oracle(*args, **options)``}, in the spec's
+        order (a lab's checks module holds its spec as ``SPEC``)."""
+        spec = importlib.import_module(f"transformer_lab.checks.{part.lab}").SPEC.parts[name]
+        keys = set(inspect.signature(oracle).parameters)
+        records = [r for r in spec.records.values() if r.options and r.options.keys() <= keys]
+        return cls(part, oracle, lambda *a: {r.hint: oracle(*a, **r.options) for r in records})
 
     def judge(
         self, answer: Any, cases: Sequence[tuple[Any, ...]], tell_apart: Sequence[Any] = ()

@@ -1,5 +1,6 @@
-"""Hidden checks of lab 06 (training an encoder-decoder), their float64 oracles (whose keywords,
-or the ``*_mistakes`` beside them, make the typical wrong answers) and the visible fixtures.
+"""Hidden checks of lab 06 (training an encoder-decoder), their float64 oracles (a named
+mistake's wrong output is its oracle run with the options its spec record gives) and the
+visible fixtures.
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, section 3.
@@ -44,14 +45,17 @@ def oracle_block(
     norms: Sequence[int] = (1, 2, 3),
     pre_norm: bool = False,
     no_residual: str = "",
+    unmasked: str = "",
     kept: float = 1.0,
 ) -> Tensor:
     """The post-norm decoder block in float64 from ``weights`` (named as the kit's block), with
-    its own attention (fully masked rows give zero weights); the keywords make the typical
-    wrong blocks (:data:`BLOCK_MISTAKES`): sub-layers in another ``order``, other ``norms``
-    after them, ``pre_norm``, the ``no_residual`` sub-layer without its residual; ``kept`` 0 drops
-    every sub-layer's output (dropout ~1)."""
+    its own attention (fully masked rows give zero weights); the options make the typical
+    wrong blocks: sub-layers in another ``order``, other ``norms`` after them, ``pre_norm``, the
+    ``no_residual`` sub-layer without its residual, the ``unmasked`` one without its mask;
+    ``kept`` 0 drops every sub-layer's output (dropout ~1)."""
     heads = sizes[1]
+    if unmasked:
+        self_mask, memory_mask = (None, memory_mask) if unmasked == "sa" else (self_mask, None)
 
     def attention(name: str, h: Tensor, source: Tensor, mask: Tensor | None) -> Tensor:
         projections = tuple(linear64(weights, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
@@ -75,39 +79,7 @@ def oracle_block(
     return h
 
 
-#: Hint -> the keywords of :func:`oracle_block` that make that typical wrong block.
-BLOCK_MISTAKES: dict[str, dict[str, Any]] = {
-    "Your block normalises the input of each sub-layer (pre-norm); this lab's block is post-norm "
-    "('Add & Norm'): norm(x + sublayer(x)) after each sub-layer.": {"pre_norm": True},
-    "Your cross-attention sub-layer has no residual connection: "
-    "norm2(x + cross_attn(x, memory, memory)), not norm2(cross_attn(...)).": {"no_residual": "ca"},
-    "Your block runs the cross-attention before the self-attention: first the decoder's masked "
-    "self-attention, then the cross-attention to memory, then the feed-forward.": {
-        "order": ("ca", "sa", "ff")
-    },
-    "Your block has no cross-attention: between the self-attention and the feed-forward it must "
-    "attend to memory, norm2(x + cross_attn(x, memory, memory)).": {
-        "order": ("sa", "ff"),
-        "norms": (1, 3),
-    },
-    "Your self-attention ignores self_mask, so position t sees the targets after t: "
-    "self_attn(x, x, x, mask=self_mask).": {"self_mask": None},
-    "Your cross-attention ignores memory_mask, so the decoder attends to padding: "
-    "cross_attn(x, memory, memory, mask=memory_mask).": {"memory_mask": None},
-    "Your norm2 and norm3 are swapped: norm2 follows the cross-attention, norm3 the "
-    "feed-forward network (as in torch's TransformerDecoderLayer).": {"norms": (1, 3, 2)},
-}
-
-
-def block_mistakes(*case: Any) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong block returns on ``case`` (:func:`oracle_block`'s arguments)."""
-    masks = dict(zip(("self_mask", "memory_mask"), case[4:], strict=True))
-    return {
-        hint: oracle_block(*case[:4], **(masks | wrong)) for hint, wrong in BLOCK_MISTAKES.items()
-    }
-
-
-BLOCK = Oracle(lab06.BLOCK, oracle_block, block_mistakes)
+BLOCK = Oracle.of(lab06.BLOCK, "DecoderBlock", oracle_block)
 
 
 def _block_as(
@@ -126,7 +98,7 @@ def _block_as(
         same=lab06.BLOCK.same if tol is None else lambda a, b: close(a, b, **SPEC.close_tol(tol)),
         named=None if hint is None else lambda case: hint,
     )
-    return Oracle(part, oracle, block_mistakes if hint is None else lambda *args: {})
+    return Oracle(part, oracle, BLOCK.mistakes if hint is None else lambda *args: {})
 
 
 #: The same cases with the block in training mode (dropout 0: what eval mode computes).
@@ -142,16 +114,12 @@ HALF = _block_as(
 DROPPED = (
     _block_as(
         "dropout_one",
-        "Dropout must be off in eval mode: use nn.Dropout modules (or F.dropout(..., "
-        "training=self.training)).",
+        SPEC.mistake("decoder_block BlockDropoutInEval").hint,
         dropout=1.0 - 1e-7,
     ),
     _block_as(
         "dropout_one",
-        "With dropout ~1 every sub-layer's output is dropped, so the block must return "
-        "norm3(norm2(norm1(x))). Apply dropout to each sub-layer's output, before it is added "
-        "back: x = norm1(x + dropout1(self_attn(...))), and likewise for the cross-attention and "
-        "the feed-forward; not to x, not to the sum, not after the norm.",
+        SPEC.mistake("decoder_block BlockDropoutIgnored").hint,  # and dropout elsewhere
         functools.partial(oracle_block, kept=0.0),
         dropout=1.0 - 1e-7,
         training=True,
@@ -233,42 +201,28 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
         oracle.judge(cls, [(sizes, weights, x, memory, causal, None)])
 
 
-def oracle_shift_right(targets: Tensor, bos_id: int) -> Tensor:
-    """``[bos, t_0, ..., t_{T-2}]`` per row, with Python lists."""
-    rows = [[bos_id, *row[:-1]] for row in targets.tolist()]
-    return torch.tensor(rows, dtype=torch.float64).reshape(targets.shape)
+def oracle_shift_right(
+    targets: Tensor,
+    bos_id: int,
+    *,
+    fill: int | str = "bos",
+    keep: str = "head",
+    at_end: bool = False,
+    dim: int = 1,
+) -> Tensor:
+    """``[bos, t_0, ..., t_{T-2}]`` per row, with Python lists; the options make the typical
+    wrong shifts: another ``fill`` than BOS (an id, or the row's ``"last"`` target), the row's
+    ``"tail"`` kept (its first target dropped), the fill ``at_end``, rows along ``dim`` 0."""
+    rows = []
+    for row in targets.tolist() if dim == 1 else targets.T.tolist():
+        first = bos_id if fill == "bos" else row[-1] if fill == "last" else fill
+        kept = row[:-1] if keep == "head" else row[1:]
+        rows.append([*kept, first] if at_end else [first, *kept])
+    out = torch.tensor(rows, dtype=torch.float64)
+    return (out if dim == 1 else out.T).reshape(targets.shape)
 
 
-def shift_mistakes(targets: Tensor, bos_id: int) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``shift_right`` returns."""
-    t = targets.double()
-    bos = torch.full_like(t[:, :1], float(bos_id))
-    zero = torch.zeros_like(t[:, :1])
-    return {
-        "You shifted LEFT: position t holds the target of position t + 1. The decoder input is "
-        "shifted RIGHT: BOS first, then the targets without their last token.": torch.cat(
-            [t[:, 1:], zero], 1
-        ),
-        "Position 0 must hold bos_id (you put 0 there): the decoder's first input is BOS.": (
-            torch.cat([zero, t[:, :-1]], 1)
-        ),
-        "BOS goes FIRST, and the targets move one step right (you appended BOS at the end).": (
-            torch.cat([t[:, 1:], bos], 1)
-        ),
-        "You dropped the FIRST target; drop the LAST one (nothing is predicted after it).": (
-            torch.cat([bos, t[:, 1:]], 1)
-        ),
-        "torch.roll wraps the last target around to position 0; put bos_id there instead.": (
-            torch.roll(t, 1, dims=1)
-        ),
-        "You shifted along the batch axis (dim 0); shift along time (dim 1).": torch.cat(
-            [torch.full_like(t[:1], float(bos_id)), t[:-1]], 0
-        ),
-        "Use the bos_id argument, not a fixed 1.": torch.cat([torch.ones_like(zero), t[:, :-1]], 1),
-    }
-
-
-SHIFT = Oracle(lab06.SHIFT, oracle_shift_right, shift_mistakes)
+SHIFT = Oracle.of(lab06.SHIFT, "shift_right", oracle_shift_right)
 
 
 def _shift_cases(g: torch.Generator) -> list[tuple[Tensor, int]]:
@@ -287,49 +241,35 @@ hidden_check_shift_right = SHIFT.hidden(
 )
 
 
-def _nll64(logits: Tensor, targets: Tensor, dim: int = -1) -> Tensor:
-    """``-log softmax(logits)[target]`` at each position, in float64 ``(B, T)`` (the softmax
-    over the vocabulary, or over ``dim``: a typical mistake)."""
+def oracle_sequence_loss(
+    logits: Tensor,
+    targets: Tensor,
+    pad_id: int,
+    *,
+    ignore: str = "pad_id",
+    mean: str = "tokens",
+    dim: int = -1,
+    log: bool = True,
+    minus: bool = True,
+) -> Tensor:
+    """The mean of ``-log softmax`` over the real targets (``!= pad_id``), in float64; the
+    options make the typical wrong losses: id ``"zero"`` or ``"nothing"`` ignored, the
+    ``"sum"``, or the mean of ``"sentences"`` or over all ``"positions"``, the softmax over
+    ``dim``, probabilities for their log, no minus sign."""
     log_p = torch.log_softmax(logits.double(), dim=dim)  # (B, T, V)
-    return -log_p.gather(-1, targets[..., None]).squeeze(-1)
+    term = log_p.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
+    term = term if log else term.exp()
+    real = targets != {"pad_id": pad_id, "zero": 0, "nothing": -1}[ignore]  # no id is -1
+    total = {
+        "tokens": lambda: term[real].mean(),
+        "sum": lambda: (term * real).sum(),
+        "sentences": lambda: ((term * real).sum(1) / real.sum(1).clamp(min=1)).mean(),
+        "positions": lambda: (term * real).sum() / real.numel(),
+    }[mean]()
+    return -total if minus else total
 
 
-def oracle_sequence_loss(logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
-    """The mean of ``-log softmax`` over the real targets (``!= pad_id``), in float64."""
-    return _nll64(logits, targets)[targets != pad_id].mean()
-
-
-def loss_mistakes(logits: Tensor, targets: Tensor, pad_id: int) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``sequence_loss`` returns (float64 scalars)."""
-    nll = _nll64(logits, targets)  # (B, T)
-    real = targets != pad_id
-    per_sentence = (nll * real).sum(1) / real.sum(1).clamp(min=1)
-    return {
-        "It matches the mean over ALL positions: padding counts. Average over the real tokens "
-        "only (targets != pad_id).": nll.mean(),
-        "It matches the SUM over the real tokens: divide by their number (a mean per token).": (
-            (nll * real).sum()
-        ),
-        "It matches the mean of per-sentence means: short sentences then weigh as much as long "
-        "ones. Sum over all real tokens of the batch, then divide by their number.": (
-            per_sentence.mean()
-        ),
-        "It matches the sum over real tokens divided by ALL positions (B * T): divide by the "
-        "number of real tokens.": (nll * real).sum() / real.numel(),
-        "It matches a softmax over the time axis: the softmax is over the vocabulary, the last "
-        "dimension (dim=-1).": _nll64(logits, targets, dim=1)[real].mean(),
-        "It matches the mean log-probability without the minus sign: the loss is the NEGATIVE "
-        "log-likelihood (it must be >= 0).": -(nll[real].mean()),
-        "It matches -probability instead of -log-probability: take the log of the softmax.": (
-            -torch.exp(-nll)[real].mean()
-        ),
-        "It matches a loss that ignores id 0 instead of pad_id: use the pad_id argument.": (
-            nll[targets != 0].mean()
-        ),
-    }
-
-
-LOSS = Oracle(lab06.LOSS, oracle_sequence_loss, loss_mistakes)
+LOSS = Oracle.of(lab06.LOSS, "sequence_loss", oracle_sequence_loss)
 
 
 def _loss_cases(g: torch.Generator) -> list[tuple[Tensor, Tensor, int]]:
@@ -353,22 +293,15 @@ hidden_check_sequence_loss = LOSS.hidden(
 )
 
 
-#: What an answer right on ordinary logits but wrong on large or confident ones does.
-LOG_OF_SOFTMAX = (
-    "Adding a constant to every logit changes no probability, yet exp of large logits "
-    "overflows, and a confident softmax underflows to 0 before its log: compute "
-    "log-probabilities directly, as logits - logsumexp(logits, dim=-1) (or log_softmax), not as "
-    "the log of a softmax."
-)
 #: Logits around +-1e4, or confident (60 times larger), at the spec's ``loss`` tolerance.
 LARGE_LOGITS = Oracle(
     dataclasses.replace(
         lab06.LOSS,
         same=lambda got, want: close(got, want, **SPEC.close_tol("loss")),
-        named=lambda case: LOG_OF_SOFTMAX,
+        named=lambda case: SPEC.mistake("sequence_loss loss_log_of_softmax").hint,
     ),
     oracle_sequence_loss,
-    loss_mistakes,
+    LOSS.mistakes,
 )
 
 
@@ -461,11 +394,12 @@ def oracle_greedy_decode(
     keep_bos: bool = True,
     counts_bos: bool = True,
     use_mask: bool = True,
-    fill: int | None = None,
+    fill: int | str = "pad",
 ) -> Tensor:
     """Greedy decoding, batched like a student's loop, finished sentences padded with
-    ``model.config.pad_id``; with an argument changed, a typical wrong loop."""
-    pad_id = model.config.pad_id if fill is None else fill
+    ``model.config.pad_id``; with an option changed, a typical wrong loop (``fill``: ``"eos"``
+    or an id)."""
+    pad_id = {"pad": model.config.pad_id, "eos": eos_id}.get(fill, fill)
     mask = mask if use_mask else None
     memory = model.encode(src, mask)
     B = src.shape[0]
@@ -485,33 +419,6 @@ def oracle_greedy_decode(
     return (ys if keep_bos else ys[:, 1:]).double()
 
 
-def greedy_mistakes(*case: Any) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``greedy_decode`` returns on ``case`` (the oracle's
-    ``model, src, bos_id, eos_id, max_len, mask``)."""
-    variants = {
-        "A sentence that has produced EOS must go on with model.config.pad_id: mask the new "
-        "tokens of finished sentences (you let them go on generating).": {"pad_after_eos": False},
-        "Stop as soon as every sentence has produced EOS (you went on to max_len).": {
-            "stop": "never"
-        },
-        "You stopped when the FIRST sentence produced EOS: go on until EVERY sentence has.": {
-            "stop": "first"
-        },
-        "You read the logits of the FIRST position: the next token is predicted at the last "
-        "position, logits[:, -1].": {"position": 0},
-        "Return the sequences with BOS first (you dropped it).": {"keep_bos": False},
-        "max_len counts BOS: stop when the length, BOS included, reaches max_len (you generated "
-        "max_len new tokens).": {"counts_bos": False},
-        "You ignore src_padding_mask: pass it to model.encode(src, src_padding_mask) and to "
-        "model.decode(ys, memory, src_padding_mask), or the decoder reads the padding.": {
-            "use_mask": False
-        },
-        "Fill finished sentences with model.config.pad_id, not with eos_id.": {"fill": case[3]},
-        "Fill finished sentences with model.config.pad_id, not with 0.": {"fill": 0},
-    }
-    return {hint: oracle_greedy_decode(*case, **kw) for hint, kw in variants.items()}
-
-
 def _scripted_example(
     g: torch.Generator, B: int, S: int, vocab: int, specials: tuple[int, int, int]
 ) -> tuple[StandInTranslator, Tensor, Tensor]:
@@ -524,7 +431,7 @@ def _scripted_example(
     return model, src, mask
 
 
-DECODE = Oracle(lab06.DECODE, oracle_greedy_decode, greedy_mistakes)
+DECODE = Oracle.of(lab06.DECODE, "greedy_decode", oracle_greedy_decode)
 
 
 def hidden_check_greedy_decode(fn: Callable[..., Tensor], seed: int = 0) -> None:
