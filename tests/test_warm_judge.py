@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -35,3 +37,24 @@ def test_warm_judge_imports_the_labs_checks_and_libraries_and_survives_a_missing
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_kernels_font_cache_is_copied_from_a_loaded_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grader that has loaded matplotlib's font manager copies its own font list into the
+    course, starting no Python process for it; one that has not builds it in a fresh process
+    (as every grading test's first run does)."""
+    import matplotlib
+    import matplotlib.font_manager as fm
+
+    from transformer_lab.grading import grade
+
+    name = f"fontlist-v{fm.FontManager.__version__}.json"
+    monkeypatch.setattr(subprocess, "run", None)  # a process started now would fail
+    cache = grade._matplotlib_cache(tmp_path)
+    assert [p.name for p in cache.iterdir()] == [name]
+    assert (cache / name).read_bytes() == Path(matplotlib.get_cachedir(), name).read_bytes()
+    assert fm.json_load(cache / name).ttflist
+    monkeypatch.delitem(sys.modules, "matplotlib.font_manager")
+    assert grade._loaded_font_list() is None
