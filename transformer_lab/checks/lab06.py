@@ -407,21 +407,19 @@ def stand_in(vocab_size: int, pad_id: int, seed: int) -> PortableTranslator:
     return PortableTranslator(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
 
 
+#: The visible checks' hyper-parameters of ``TranslationModule``.
+_HPARAMS = {"lr": 3e-3, "warmup_steps": 20, "total_steps": 100}
+
+
 def _module_under_test(
-    cls: Callable[..., Any],
-    model: nn.Module,
-    pad_id: int,
-    *,
-    lr: float = 3e-3,
-    warmup_steps: int = 20,
-    total_steps: int = 100,
+    cls: Callable[..., Any], model: nn.Module, pad_id: int, **hparams: float
 ) -> Any:
-    what = (
-        f"TranslationModule(model, pad_id={pad_id}, lr={lr:g}, warmup_steps={warmup_steps}, "
-        f"total_steps={total_steps})"
-    )
-    kwargs = {"lr": lr, "warmup_steps": warmup_steps, "total_steps": total_steps}
-    module = call_forbidding(cls, (model, pad_id), kwargs, ban=MODULE_BAN, what=what)
+    """``cls(model, pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the module's ban
+    (``hparams`` over :data:`_HPARAMS`)."""
+    hparams = _HPARAMS | hparams
+    shown = ", ".join(f"{k}={v:g}" for k, v in hparams.items())
+    what = f"TranslationModule(model, pad_id={pad_id}, {shown})"
+    module = call_forbidding(cls, (model, pad_id), hparams, ban=MODULE_BAN, what=what)
     return expect_module(module, what)
 
 
@@ -431,12 +429,11 @@ def _ce(logits: Tensor, targets: Tensor, ignore: int = -100) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
 
 
-def training_step_check(
-    cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
+def check_training_step(
+    cls: Callable[..., Any], *, pad_id: int = 0, vocab_size: int = 10, seed: int = 61
 ) -> None:
-    """One ``training_step`` on a stand-in model: value (typical wrong losses named), graph,
-    and what is logged (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared
-    with lab 04)."""
+    """One ``training_step`` on a stand-in model: the teacher-forced loss (typical wrong losses
+    named), its graph, and what is logged (:func:`judge_training_step`, shared with lab 04)."""
     model = stand_in(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
     batch = copy_task_batch(6, model.config, seed=seed)
@@ -468,11 +465,6 @@ def training_step_check(
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
     )
-
-
-def check_training_step(cls: Callable[..., Any]) -> None:
-    """``training_step`` on a stand-in model: the teacher-forced loss, with its graph, logged."""
-    training_step_check(cls, pad_id=0, vocab_size=10, seed=61)
 
 
 def _validation_expected(
@@ -539,56 +531,53 @@ def validation_runs(
     return logged
 
 
-def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
-    """``validation_step`` through ``Trainer.validate``: the epoch metrics, in two runs.
+def check_validation_step(
+    cls: type, *, pad_id: int = 0, vocab_size: int = 10, seed: int = 62
+) -> None:
+    """``validation_step`` through ``Trainer.validate`` (in the kernel, where ``cls`` lives,
+    when judged): val_loss, val_acc and val_exact_match of the epoch, in two runs.
 
-    The second run validates other sentences: a metric that is never reset mixes both runs.
+    Each run's batches differ in size and sentence length, so that per-batch averages differ
+    from the epoch's values; the second run validates other sentences: a metric that is never
+    reset mixes both runs.
     """
     model = stand_in(vocab_size, pad_id, seed)
-    what = _VALIDATE_WHAT
-    runs = {}
-    for run in ("", " (second run, other sentences)"):
-        first = seed + (10 if run else 0)
-        # Batches of different sizes and sentence lengths, so that per-batch averages differ
-        # from the epoch's values.
-        runs[run] = [
-            copy_task_batch(size, model.config, max_src=longest, seed=first + k)
-            for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
+    sizes = ((8, 6), (6, 2), (3, 5))  # (batch size, longest source)
+    runs = [
+        [
+            copy_task_batch(n, model.config, max_src=s, seed=first + k)
+            for k, (n, s) in enumerate(sizes)
         ]
-    # Lightning's loop runs where the student's class lives (the kernel, when judged).
-    results = run_beside(cls, validation_runs, cls, model, pad_id, list(runs.values()))
-    for (run, batches), got in zip(runs.items(), results, strict=True):
+        for first in (seed, seed + 10)
+    ]
+    results = run_beside(cls, validation_runs, cls, model, pad_id, runs)
+    for run, batches, got in zip(
+        ("", " (second run, other sentences)"), runs, results, strict=True
+    ):
         for name, value in _validation_expected(model, batches, pad_id).items():
             expect_true(
                 name in got,
-                f"{what} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, val_acc "
-                "and val_exact_match (the training cell and the checks read these names).",
+                f"{_VALIDATE_WHAT} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, "
+                "val_acc and val_exact_match (the training cell and the checks read these names).",
             )
             g = float(got[name])
             expect_true(
                 abs(g - value) <= 1e-4 + 1e-4 * abs(value),
-                f"{what}{run}: {name} is {g:.4f}, expected {value:.4f}. {_VALIDATION_RULE}",
+                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. "
+                + _VALIDATION_RULE,
             )
 
 
-def check_validation_step(cls: type) -> None:
-    """``validation_step`` under ``Trainer.validate``: val_loss, val_acc, val_exact_match."""
-    validation_step_check(cls, pad_id=0, vocab_size=10, seed=62)
-
-
-def optimizers_check(
-    cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int, seed: int
-) -> None:
-    """``configure_optimizers`` called directly: every parameter, stepped per step, and the
-    schedule's shape (:func:`judge_configure_optimizers`, shared with lab 04)."""
-    model = PortableTranslator(seed=seed)
-    module = _module_under_test(
-        cls, model, 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps
-    )
+def check_configure_optimizers(cls: Callable[..., Any], seed: int = 63, **hparams: float) -> None:
+    """``configure_optimizers`` called directly (``hparams`` over lr 3e-3, 20 and 100 steps):
+    every parameter, stepped per step, and the schedule's shape, a warm-up to ``lr`` then a
+    decay (:func:`judge_configure_optimizers`, shared with lab 04)."""
+    hparams = _HPARAMS | hparams
+    module = _module_under_test(cls, PortableTranslator(seed=seed), 0, **hparams)
     judge_configure_optimizers(
         module,
         module,
-        Schedule(lr, warmup_steps, total_steps),
+        Schedule(**hparams),
         ban=MODULE_BAN,
         on_error="Use self.lr, self.warmup_steps and self.total_steps "
         "(the module has no Trainer here).",
@@ -603,11 +592,6 @@ def learning_rate_curve(
     module = cls(PortableTranslator(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
     return learning_rates(optimizer, scheduler, total_steps).tolist()
-
-
-def check_configure_optimizers(cls: Callable[..., Any]) -> None:
-    """All parameters, stepped per step, and warm-up to ``lr`` then decay (lr 3e-3, 20, 100)."""
-    optimizers_check(cls, lr=3e-3, warmup_steps=20, total_steps=100, seed=63)
 
 
 @functools.cache
@@ -690,24 +674,15 @@ def train_translator_facts(
     }
 
 
-def train_translator_check(
-    fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
-) -> None:
-    """``fn`` on a probe module (:func:`train_translator_facts`, where ``fn`` lives): the
-    Trainer it returns, its steps, precision, logger and validation."""
-    facts = run_beside(
-        fn,
-        train_translator_facts,
-        fn,
-        session,
-        precision=precision,
-        max_steps=max_steps,
-        name=name,
-    )
+def train_translator_check(fn: Callable[..., Any], session: Any, **run: Any) -> None:
+    """``fn`` on a probe module (:func:`train_translator_facts`, where ``fn`` lives, with the
+    ``run``'s ``precision``, ``max_steps`` and ``name``): the Trainer it returns, its steps,
+    precision, logger and validation."""
+    facts = run_beside(fn, train_translator_facts, fn, session, **run)
     want = {
         "returned": "Trainer",
-        "training steps of the module given": max_steps,
-        "precision": precision,
+        "training steps of the module given": run["max_steps"],
+        "precision": run["precision"],
         "logs in": facts["runs"],  # session.runs/checks/name, as the kernel names it
         "validated during the run": True,
     }

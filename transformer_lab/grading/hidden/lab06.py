@@ -22,11 +22,8 @@ from transformer_lab.checks.lab06 import (
     PRECISIONS,
     SPEC,
     StandInTranslator,
-    optimizers_check,
     train_translator_check,
-    training_step_check,
     trusted_data,
-    validation_step_check,
 )
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 from transformer_lab.grading.hidden.lab04 import linear64, random_weights
@@ -392,11 +389,11 @@ def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
     g = generator(seed)
     vocab_size = 12
     pad_id = randint(3, 9, g)
-    training_step_check(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed)
-    validation_step_check(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed + 1)
+    lab06.check_training_step(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed)
+    lab06.check_validation_step(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed + 1)
     warmup = randint(5, 30, g)
     lr = float(torch.tensor([5e-4, 1e-3, 6e-3])[randint(0, 2, g)])
-    optimizers_check(
+    lab06.check_configure_optimizers(
         cls, lr=lr, warmup_steps=warmup, total_steps=warmup + randint(40, 120, g), seed=seed
     )
 
