@@ -397,14 +397,12 @@ class StandInTranslator(nn.Module):
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
 class PortableTranslator(StandInTranslator):
     """:class:`StandInTranslator` rebuilt as itself in the student's kernel when judged, for the
-    training code; the decoding checks keep theirs on the grader's side, where its
-    ``encode_calls`` are counted."""
+    training code (the decoding checks keep theirs on the grader's side, where its
+    ``encode_calls`` are counted); its BOS and EOS follow ``pad_id``."""
 
-
-def stand_in(vocab_size: int, pad_id: int, seed: int) -> PortableTranslator:
-    """A :class:`PortableTranslator` whose BOS and EOS follow ``pad_id``."""
-    bos_id, eos_id = (pad_id + 1) % vocab_size, (pad_id + 2) % vocab_size
-    return PortableTranslator(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
+    def __init__(self, vocab_size: int = 10, pad_id: int = 0, seed: int = 0) -> None:
+        pad_id, bos_id, eos_id = ((pad_id + k) % vocab_size for k in range(3))
+        super().__init__(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
 
 
 #: The visible checks' hyper-parameters of ``TranslationModule``.
@@ -434,7 +432,7 @@ def check_training_step(
 ) -> None:
     """One ``training_step`` on a stand-in model: the teacher-forced loss (typical wrong losses
     named), its graph, and what is logged (:func:`judge_training_step`, shared with lab 04)."""
-    model = stand_in(vocab_size, pad_id, seed)
+    model = PortableTranslator(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
     batch = copy_task_batch(6, model.config, seed=seed)
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
@@ -541,7 +539,7 @@ def check_validation_step(
     from the epoch's values; the second run validates other sentences: a metric that is never
     reset mixes both runs.
     """
-    model = stand_in(vocab_size, pad_id, seed)
+    model = PortableTranslator(vocab_size, pad_id, seed)
     sizes = ((8, 6), (6, 2), (3, 5))  # (batch size, longest source)
     runs = [
         [
@@ -584,14 +582,12 @@ def check_configure_optimizers(cls: Callable[..., Any], seed: int = 63, **hparam
     )
 
 
-def learning_rate_curve(
-    cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int
-) -> list[float]:
-    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``
-    around a stand-in (for plotting a schedule)."""
-    module = cls(PortableTranslator(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
+def learning_rate_curve(cls: Callable[..., Any], **hparams: float) -> list[float]:
+    """The learning rate of each step under ``cls(stand-in, 0, lr=..., warmup_steps=...,
+    total_steps=...)``'s ``configure_optimizers`` (for plotting a schedule)."""
+    module = cls(PortableTranslator(), 0, **hparams)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
-    return learning_rates(optimizer, scheduler, total_steps).tolist()
+    return learning_rates(optimizer, scheduler, int(hparams["total_steps"])).tolist()
 
 
 @functools.cache
@@ -661,11 +657,9 @@ def train_translator_facts(
         )
     log_dir = getattr(getattr(trainer, "logger", None), "log_dir", None)
     logs = None if log_dir is None else Path(log_dir).resolve().parent
-    if logs is not None and logs.is_relative_to(runs.resolve()):
-        logs = runs / logs.relative_to(runs.resolve())  # as session.runs names it
     return {
         "what": what,
-        "runs": str(runs / name),
+        "runs": str((runs / name).resolve()),
         "returned": type(trainer).__name__,
         "training steps of the module given": int(module.steps),
         "precision": str(getattr(trainer, "precision", None)),
@@ -683,7 +677,7 @@ def train_translator_check(fn: Callable[..., Any], session: Any, **run: Any) -> 
         "returned": "Trainer",
         "training steps of the module given": run["max_steps"],
         "precision": run["precision"],
-        "logs in": facts["runs"],  # session.runs/checks/name, as the kernel names it
+        "logs in": facts["runs"],  # session.runs/checks/name, as the kernel resolves it
         "validated during the run": True,
     }
     for fact, value in want.items():
@@ -739,14 +733,9 @@ def check_trained_translator(
     *,
     min_exact_match: float = 0.9,
 ) -> float:
-    """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right.
-
-    Teacher forcing on the DataModule's validation sentences (never trained on): a sentence
-    counts when every target token is the argmax of the logits.
-
-    Returns:
-        The exact-match accuracy.
-    """
+    """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right
+    (teacher forcing on the DataModule's validation sentences, never trained on: a sentence
+    counts when every target token is the argmax of the logits); returns that accuracy."""
     datamodule = trusted_data(datamodule)  # the grader's own, when judged
     blocks = list(getattr(model, "decoder_blocks", []))
     expect_true(
