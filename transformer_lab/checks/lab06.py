@@ -668,35 +668,32 @@ def train_translator_facts(
     }
 
 
-def train_translator_check(fn: Callable[..., Any], session: Any, **run: Any) -> None:
-    """``fn`` on a probe module (:func:`train_translator_facts`, where ``fn`` lives, with the
-    ``run``'s ``precision``, ``max_steps`` and ``name``): the Trainer it returns, its steps,
-    precision, logger and validation."""
-    facts = run_beside(fn, train_translator_facts, fn, session, **run)
-    want = {
-        "returned": "Trainer",
-        "training steps of the module given": run["max_steps"],
-        "precision": run["precision"],
-        "logs in": facts["runs"],  # session.runs/checks/name, as the kernel resolves it
-        "validated during the run": True,
-    }
-    for fact, value in want.items():
-        expect_true(
-            facts[fact] == value,
-            f"{facts['what']}: {fact} {facts[fact]!r}, expected {value!r}: {_TRAIN_RULE}",
-        )
-
-
-#: The precisions every train_translator check runs in: a precision hard-coded instead of
-#: ``session.precision`` fails each check (its whole cost, the lab's 2 points), whichever it is.
-PRECISIONS = ("bf16-mixed", "32-true")
-
-
-def check_train_translator(fn: Callable[..., Any], session: Any) -> None:
-    """``fn`` trains a stand-in module for ``max_steps`` steps, in ``bf16-mixed`` and in
-    ``32-true``, logging under ``session.runs`` and validating during the run."""
-    for precision in PRECISIONS:
-        train_translator_check(fn, session, precision=precision, max_steps=8, name="check")
+def check_train_translator(
+    fn: Callable[..., Any],
+    session: Any,
+    *,
+    runs: Sequence[tuple[str, int]] = (("bf16-mixed", 8), ("32-true", 8)),
+    name: str = "check",
+) -> None:
+    """``fn`` trains a probe module (:func:`train_translator_facts`, where ``fn`` lives) in each
+    of the ``runs``' precision for its ``max_steps``, logging under ``session.runs`` and
+    validating during the run: the Trainer it returns, its steps, precision, logger and
+    validation. A precision hard-coded instead of ``session.precision`` fails one of the two."""
+    for precision, max_steps in runs:
+        run = {"precision": precision, "max_steps": max_steps, "name": name}
+        facts = run_beside(fn, train_translator_facts, fn, session, **run)
+        want = {
+            "returned": "Trainer",
+            "training steps of the module given": max_steps,
+            "precision": precision,
+            "logs in": facts["runs"],  # session.runs/checks/name, as the kernel resolves it
+            "validated during the run": True,
+        }
+        for fact, value in want.items():
+            expect_true(
+                facts[fact] == value,
+                f"{facts['what']}: {fact} {facts[fact]!r}, expected {value!r}: {_TRAIN_RULE}",
+            )
 
 
 _DATA_FIELDS = ("task", "num_train", "num_val", "batch_size", "seed")
