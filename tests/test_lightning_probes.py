@@ -100,7 +100,7 @@ LABS: dict[str, tuple[type, dict[str, Callable[[Any], None]]]] = {
         t06.Module,
         {
             "visible": lab06.check_configure_optimizers,
-            "hidden": lambda cls: lab06.optimizers_check(
+            "hidden": lambda cls: lab06.check_configure_optimizers(
                 cls, lr=1e-3, warmup_steps=7, total_steps=60, seed=5
             ),
         },

@@ -1,31 +1,12 @@
 """The LightningModule contract labs 04 and 06 share, judged once for both.
 
 Labs 04 (``TaggingModule``) and 06 (``TranslationModule``) both ask for a ``training_step``
-that returns and logs the loss, and a ``configure_optimizers`` with a learning rate that warms
-up and decays step by step. Their checks, visible and hidden, call the judges here, with one
-message each:
-
-* :func:`judge_training_step`: ``training_step(batch, 0)`` called without a Trainer
-  (:func:`run_training_step`, ``self.log`` recorded): the loss is a scalar tensor with its graph
-  and the expected value (a catalogued wrong loss named), logged once as ``train_loss``, and no
-  attribute of the module keeps a graph alive (:func:`graph_holders`);
-* :func:`parse_optimizers` reads what ``configure_optimizers`` returns the ways Lightning
-  accepts it (an optimizer, a dict with ``"optimizer"`` and ``"lr_scheduler"``,
-  ``([optimizer], [scheduler])``, a list of one), with the scheduler's ``interval`` and
-  ``frequency``;
-* :func:`judge_every_parameter`: every trainable parameter of the module is in the optimizer;
-  :func:`judge_adamw`: AdamW, decay on the matrices only, the peak rate;
-* :func:`judge_stepped_per_step`: the scheduler is stepped once per optimizer step (Lightning's
-  default is once per *epoch*, under which a warm-up of N steps lasts N epochs);
-* :func:`learning_rates`: the learning rate step by step, with one rate for all parameter
-  groups (two groups that drift apart follow two schedules, and a check reading group 0 alone
-  would judge only one of them); :func:`judge_schedule`: those rates against the exact ones a
-  lab stores or computes (with its catalogue of wrong schedules), or else by their shape (a
-  linear warm-up to ``lr`` at ``warmup_steps``, then a decay);
-* :func:`judge_configure_optimizers`: the optimizer contract in the order a student meets it.
-
-What differs stays with each lab, as data: the expected loss and its mistakes, lab 04's two
-weight-decay groups and exact warm-up + cosine (its oracle is hidden), lab 06's schedule shape.
+that returns and logs the loss (:func:`judge_training_step`, called without a Trainer, its
+``self.log`` calls recorded) and a ``configure_optimizers`` whose learning rate warms up and
+decays step by step (:func:`judge_configure_optimizers`, what it returns read as Lightning reads
+it by :func:`parse_optimizers`), with one message each. What differs stays with each lab, as
+data: the expected loss and its mistakes, lab 04's two weight-decay groups and exact warm-up +
+cosine (its oracle is hidden), lab 06's schedule shape.
 
 Reference: Lightning's ``LightningModule`` documentation (``training_step``, ``self.log``,
 ``configure_optimizers``: the accepted return values, ``"interval"`` and ``"frequency"``).
@@ -54,19 +35,9 @@ from transformer_lab.checks._common import (
 )
 
 __all__ = [
-    "RETURN_HINT",
-    "LogCall",
-    "OptimizerConfig",
     "Schedule",
-    "graph_holders",
-    "group_rates",
-    "judge_adamw",
     "judge_configure_optimizers",
-    "judge_every_parameter",
-    "judge_logging",
-    "judge_schedule",
     "judge_stepped_per_step",
-    "judge_training_loss",
     "judge_training_step",
     "learning_rates",
     "parse_optimizers",
@@ -318,26 +289,6 @@ def _judge_rates_shape(rates: Tensor, schedule: Schedule) -> None:
     )
 
 
-def judge_schedule(
-    rates: Tensor,
-    schedule: Schedule,
-    *,
-    expected: Tensor | None = None,
-    mistakes: Sequence[tuple[Tensor, str]] = (),
-) -> None:
-    """The learning rates of steps ``0 .. total_steps - 1`` (:func:`learning_rates`).
-
-    Args:
-        expected: the exact rates, where the lab asks for one schedule (stored in the visible
-            fixtures, or the hidden oracle's); ``None`` judges the schedule's shape only.
-        mistakes: ``(rates, hint)`` of the typical wrong schedules, named when matched.
-    """
-    if expected is None:
-        _judge_rates_shape(rates, schedule)
-    else:
-        _judge_exact_rates(rates, schedule, expected, mistakes)
-
-
 def judge_configure_optimizers(
     module: Any,
     model: nn.Module,
@@ -352,7 +303,9 @@ def judge_configure_optimizers(
     """``module.configure_optimizers()`` under ``ban``, read as Lightning reads it and judged in
     the order a student meets the contract: the optimizer (AdamW with two weight-decay groups
     when ``weight_decay`` is given, else any optimizer over every parameter of ``model``), the
-    scheduler stepped per step, then the rates (:func:`judge_schedule`).
+    scheduler stepped per step, then the rates: ``expected`` (the exact rates, stored in the
+    visible fixtures or the hidden oracle's, a catalogued wrong schedule in ``mistakes`` named),
+    or without it the schedule's shape.
 
     Returns:
         The learning rates of the first ``schedule.total_steps`` steps, ``(total_steps,)``.
@@ -369,7 +322,10 @@ def judge_configure_optimizers(
         judge_adamw(optimizer, model, schedule.lr, weight_decay)
     judge_stepped_per_step(interval, frequency)
     rates = learning_rates(optimizer, scheduler, schedule.total_steps)
-    judge_schedule(rates, schedule, expected=expected, mistakes=mistakes)
+    if expected is None:
+        _judge_rates_shape(rates, schedule)
+    else:
+        _judge_exact_rates(rates, schedule, expected, mistakes)
     return rates
 
 
@@ -387,33 +343,26 @@ class LogCall:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-class _LogRecorder:
-    """Stands in for ``LightningModule.log``/``log_dict`` while a check calls ``training_step``."""
-
-    def __init__(self) -> None:
-        self.calls: list[LogCall] = []
-
-    def log(self, name: str, value: Any, *args: Any, **options: Any) -> None:
-        self.calls.append(LogCall(name, value, options))
-
-    def log_dict(self, values: Mapping[str, Any], *args: Any, **options: Any) -> None:
-        for name, value in values.items():
-            self.calls.append(LogCall(name, value, options))
-
-
 def run_training_step(module: Any, batch: dict[str, Tensor], ban: Ban) -> tuple[Any, list[LogCall]]:
     """``module.training_step(batch, 0)`` under ``ban``, without a Trainer; what it returned and
     what it logged."""
-    recorder = _LogRecorder()
+    calls: list[LogCall] = []
+
+    def log(name: str, value: Any, *args: Any, **options: Any) -> None:
+        calls.append(LogCall(name, value, options))
+
+    def log_dict(values: Mapping[str, Any], *args: Any, **options: Any) -> None:
+        calls.extend(LogCall(name, value, options) for name, value in values.items())
+
     module.train()
-    module.log, module.log_dict = recorder.log, recorder.log_dict  # on the instance only
+    module.log, module.log_dict = log, log_dict  # on the instance only
     try:
         out = call_forbidding(module.training_step, (batch, 0), {}, ban=ban, what=STEP)
     finally:
         for name in ("log", "log_dict"):
             with contextlib.suppress(AttributeError):
                 delattr(module, name)
-    return out, recorder.calls
+    return out, calls
 
 
 def graph_holders(module: nn.Module) -> list[str]:

@@ -397,31 +397,27 @@ class StandInTranslator(nn.Module):
 @portable  # rebuilt in the kernel: the student's loss on its logits keeps its graph there
 class PortableTranslator(StandInTranslator):
     """:class:`StandInTranslator` rebuilt as itself in the student's kernel when judged, for the
-    training code; the decoding checks keep theirs on the grader's side, where its
-    ``encode_calls`` are counted."""
+    training code (the decoding checks keep theirs on the grader's side, where its
+    ``encode_calls`` are counted); its BOS and EOS follow ``pad_id``."""
+
+    def __init__(self, vocab_size: int = 10, pad_id: int = 0, seed: int = 0) -> None:
+        pad_id, bos_id, eos_id = ((pad_id + k) % vocab_size for k in range(3))
+        super().__init__(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
 
 
-def stand_in(vocab_size: int, pad_id: int, seed: int) -> PortableTranslator:
-    """A :class:`PortableTranslator` whose BOS and EOS follow ``pad_id``."""
-    bos_id, eos_id = (pad_id + 1) % vocab_size, (pad_id + 2) % vocab_size
-    return PortableTranslator(vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed)
+#: The visible checks' hyper-parameters of ``TranslationModule``.
+_HPARAMS = {"lr": 3e-3, "warmup_steps": 20, "total_steps": 100}
 
 
 def _module_under_test(
-    cls: Callable[..., Any],
-    model: nn.Module,
-    pad_id: int,
-    *,
-    lr: float = 3e-3,
-    warmup_steps: int = 20,
-    total_steps: int = 100,
+    cls: Callable[..., Any], model: nn.Module, pad_id: int, **hparams: float
 ) -> Any:
-    what = (
-        f"TranslationModule(model, pad_id={pad_id}, lr={lr:g}, warmup_steps={warmup_steps}, "
-        f"total_steps={total_steps})"
-    )
-    kwargs = {"lr": lr, "warmup_steps": warmup_steps, "total_steps": total_steps}
-    module = call_forbidding(cls, (model, pad_id), kwargs, ban=MODULE_BAN, what=what)
+    """``cls(model, pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the module's ban
+    (``hparams`` over :data:`_HPARAMS`)."""
+    hparams = _HPARAMS | hparams
+    shown = ", ".join(f"{k}={v:g}" for k, v in hparams.items())
+    what = f"TranslationModule(model, pad_id={pad_id}, {shown})"
+    module = call_forbidding(cls, (model, pad_id), hparams, ban=MODULE_BAN, what=what)
     return expect_module(module, what)
 
 
@@ -431,13 +427,12 @@ def _ce(logits: Tensor, targets: Tensor, ignore: int = -100) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
 
 
-def training_step_check(
-    cls: Callable[..., Any], *, pad_id: int, vocab_size: int, seed: int
+def check_training_step(
+    cls: Callable[..., Any], *, pad_id: int = 0, vocab_size: int = 10, seed: int = 61
 ) -> None:
-    """One ``training_step`` on a stand-in model: value (typical wrong losses named), graph,
-    and what is logged (:func:`~transformer_lab.checks._lightning.judge_training_step`, shared
-    with lab 04)."""
-    model = stand_in(vocab_size, pad_id, seed)
+    """One ``training_step`` on a stand-in model: the teacher-forced loss (typical wrong losses
+    named), its graph, and what is logged (:func:`judge_training_step`, shared with lab 04)."""
+    model = PortableTranslator(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
     batch = copy_task_batch(6, model.config, seed=seed)
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
@@ -468,11 +463,6 @@ def training_step_check(
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
     )
-
-
-def check_training_step(cls: Callable[..., Any]) -> None:
-    """``training_step`` on a stand-in model: the teacher-forced loss, with its graph, logged."""
-    training_step_check(cls, pad_id=0, vocab_size=10, seed=61)
 
 
 def _validation_expected(
@@ -539,75 +529,65 @@ def validation_runs(
     return logged
 
 
-def validation_step_check(cls: type, *, pad_id: int, vocab_size: int, seed: int) -> None:
-    """``validation_step`` through ``Trainer.validate``: the epoch metrics, in two runs.
+def check_validation_step(
+    cls: type, *, pad_id: int = 0, vocab_size: int = 10, seed: int = 62
+) -> None:
+    """``validation_step`` through ``Trainer.validate`` (in the kernel, where ``cls`` lives,
+    when judged): val_loss, val_acc and val_exact_match of the epoch, in two runs.
 
-    The second run validates other sentences: a metric that is never reset mixes both runs.
+    Each run's batches differ in size and sentence length, so that per-batch averages differ
+    from the epoch's values; the second run validates other sentences: a metric that is never
+    reset mixes both runs.
     """
-    model = stand_in(vocab_size, pad_id, seed)
-    what = _VALIDATE_WHAT
-    runs = {}
-    for run in ("", " (second run, other sentences)"):
-        first = seed + (10 if run else 0)
-        # Batches of different sizes and sentence lengths, so that per-batch averages differ
-        # from the epoch's values.
-        runs[run] = [
-            copy_task_batch(size, model.config, max_src=longest, seed=first + k)
-            for k, (size, longest) in enumerate(((8, 6), (6, 2), (3, 5)))
+    model = PortableTranslator(vocab_size, pad_id, seed)
+    sizes = ((8, 6), (6, 2), (3, 5))  # (batch size, longest source)
+    runs = [
+        [
+            copy_task_batch(n, model.config, max_src=s, seed=first + k)
+            for k, (n, s) in enumerate(sizes)
         ]
-    # Lightning's loop runs where the student's class lives (the kernel, when judged).
-    results = run_beside(cls, validation_runs, cls, model, pad_id, list(runs.values()))
-    for (run, batches), got in zip(runs.items(), results, strict=True):
+        for first in (seed, seed + 10)
+    ]
+    results = run_beside(cls, validation_runs, cls, model, pad_id, runs)
+    for run, batches, got in zip(
+        ("", " (second run, other sentences)"), runs, results, strict=True
+    ):
         for name, value in _validation_expected(model, batches, pad_id).items():
             expect_true(
                 name in got,
-                f"{what} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, val_acc "
-                "and val_exact_match (the training cell and the checks read these names).",
+                f"{_VALIDATE_WHAT} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, "
+                "val_acc and val_exact_match (the training cell and the checks read these names).",
             )
             g = float(got[name])
             expect_true(
                 abs(g - value) <= 1e-4 + 1e-4 * abs(value),
-                f"{what}{run}: {name} is {g:.4f}, expected {value:.4f}. {_VALIDATION_RULE}",
+                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. "
+                + _VALIDATION_RULE,
             )
 
 
-def check_validation_step(cls: type) -> None:
-    """``validation_step`` under ``Trainer.validate``: val_loss, val_acc, val_exact_match."""
-    validation_step_check(cls, pad_id=0, vocab_size=10, seed=62)
-
-
-def optimizers_check(
-    cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int, seed: int
-) -> None:
-    """``configure_optimizers`` called directly: every parameter, stepped per step, and the
-    schedule's shape (:func:`judge_configure_optimizers`, shared with lab 04)."""
-    model = PortableTranslator(seed=seed)
-    module = _module_under_test(
-        cls, model, 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps
-    )
+def check_configure_optimizers(cls: Callable[..., Any], seed: int = 63, **hparams: float) -> None:
+    """``configure_optimizers`` called directly (``hparams`` over lr 3e-3, 20 and 100 steps):
+    every parameter, stepped per step, and the schedule's shape, a warm-up to ``lr`` then a
+    decay (:func:`judge_configure_optimizers`, shared with lab 04)."""
+    hparams = _HPARAMS | hparams
+    module = _module_under_test(cls, PortableTranslator(seed=seed), 0, **hparams)
     judge_configure_optimizers(
         module,
         module,
-        Schedule(lr, warmup_steps, total_steps),
+        Schedule(**hparams),
         ban=MODULE_BAN,
         on_error="Use self.lr, self.warmup_steps and self.total_steps "
         "(the module has no Trainer here).",
     )
 
 
-def learning_rate_curve(
-    cls: Callable[..., Any], *, lr: float, warmup_steps: int, total_steps: int
-) -> list[float]:
-    """The learning rate of each step under a ``TranslationModule``'s ``configure_optimizers``
-    around a stand-in (for plotting a schedule)."""
-    module = cls(PortableTranslator(), 0, lr=lr, warmup_steps=warmup_steps, total_steps=total_steps)
+def learning_rate_curve(cls: Callable[..., Any], **hparams: float) -> list[float]:
+    """The learning rate of each step under ``cls(stand-in, 0, lr=..., warmup_steps=...,
+    total_steps=...)``'s ``configure_optimizers`` (for plotting a schedule)."""
+    module = cls(PortableTranslator(), 0, **hparams)
     optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
-    return learning_rates(optimizer, scheduler, total_steps).tolist()
-
-
-def check_configure_optimizers(cls: Callable[..., Any]) -> None:
-    """All parameters, stepped per step, and warm-up to ``lr`` then decay (lr 3e-3, 20, 100)."""
-    optimizers_check(cls, lr=3e-3, warmup_steps=20, total_steps=100, seed=63)
+    return learning_rates(optimizer, scheduler, int(hparams["total_steps"])).tolist()
 
 
 @functools.cache
@@ -677,11 +657,9 @@ def train_translator_facts(
         )
     log_dir = getattr(getattr(trainer, "logger", None), "log_dir", None)
     logs = None if log_dir is None else Path(log_dir).resolve().parent
-    if logs is not None and logs.is_relative_to(runs.resolve()):
-        logs = runs / logs.relative_to(runs.resolve())  # as session.runs names it
     return {
         "what": what,
-        "runs": str(runs / name),
+        "runs": str((runs / name).resolve()),
         "returned": type(trainer).__name__,
         "training steps of the module given": int(module.steps),
         "precision": str(getattr(trainer, "precision", None)),
@@ -690,44 +668,32 @@ def train_translator_facts(
     }
 
 
-def train_translator_check(
-    fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
+def check_train_translator(
+    fn: Callable[..., Any],
+    session: Any,
+    *,
+    runs: Sequence[tuple[str, int]] = (("bf16-mixed", 8), ("32-true", 8)),
+    name: str = "check",
 ) -> None:
-    """``fn`` on a probe module (:func:`train_translator_facts`, where ``fn`` lives): the
-    Trainer it returns, its steps, precision, logger and validation."""
-    facts = run_beside(
-        fn,
-        train_translator_facts,
-        fn,
-        session,
-        precision=precision,
-        max_steps=max_steps,
-        name=name,
-    )
-    want = {
-        "returned": "Trainer",
-        "training steps of the module given": max_steps,
-        "precision": precision,
-        "logs in": facts["runs"],  # session.runs/checks/name, as the kernel names it
-        "validated during the run": True,
-    }
-    for fact, value in want.items():
-        expect_true(
-            facts[fact] == value,
-            f"{facts['what']}: {fact} {facts[fact]!r}, expected {value!r}: {_TRAIN_RULE}",
-        )
-
-
-#: The precisions every train_translator check runs in: a precision hard-coded instead of
-#: ``session.precision`` fails each check (its whole cost, the lab's 2 points), whichever it is.
-PRECISIONS = ("bf16-mixed", "32-true")
-
-
-def check_train_translator(fn: Callable[..., Any], session: Any) -> None:
-    """``fn`` trains a stand-in module for ``max_steps`` steps, in ``bf16-mixed`` and in
-    ``32-true``, logging under ``session.runs`` and validating during the run."""
-    for precision in PRECISIONS:
-        train_translator_check(fn, session, precision=precision, max_steps=8, name="check")
+    """``fn`` trains a probe module (:func:`train_translator_facts`, where ``fn`` lives) in each
+    of the ``runs``' precision for its ``max_steps``, logging under ``session.runs`` and
+    validating during the run: the Trainer it returns, its steps, precision, logger and
+    validation. A precision hard-coded instead of ``session.precision`` fails one of the two."""
+    for precision, max_steps in runs:
+        run = {"precision": precision, "max_steps": max_steps, "name": name}
+        facts = run_beside(fn, train_translator_facts, fn, session, **run)
+        want = {
+            "returned": "Trainer",
+            "training steps of the module given": max_steps,
+            "precision": precision,
+            "logs in": facts["runs"],  # session.runs/checks/name, as the kernel resolves it
+            "validated during the run": True,
+        }
+        for fact, value in want.items():
+            expect_true(
+                facts[fact] == value,
+                f"{facts['what']}: {fact} {facts[fact]!r}, expected {value!r}: {_TRAIN_RULE}",
+            )
 
 
 _DATA_FIELDS = ("task", "num_train", "num_val", "batch_size", "seed")
@@ -764,14 +730,9 @@ def check_trained_translator(
     *,
     min_exact_match: float = 0.9,
 ) -> float:
-    """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right.
-
-    Teacher forcing on the DataModule's validation sentences (never trained on): a sentence
-    counts when every target token is the argmax of the logits.
-
-    Returns:
-        The exact-match accuracy.
-    """
+    """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right
+    (teacher forcing on the DataModule's validation sentences, never trained on: a sentence
+    counts when every target token is the argmax of the logits); returns that accuracy."""
     datamodule = trusted_data(datamodule)  # the grader's own, when judged
     blocks = list(getattr(model, "decoder_blocks", []))
     expect_true(

@@ -20,14 +20,9 @@ from transformer_lab.checks import lab06
 from transformer_lab.checks._common import close, expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab06 import (
-    PRECISIONS,
     SPEC,
     StandInTranslator,
-    optimizers_check,
-    train_translator_check,
-    training_step_check,
     trusted_data,
-    validation_step_check,
 )
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 from transformer_lab.grading.hidden.lab04 import linear64, random_weights
@@ -323,13 +318,12 @@ def hidden_check_sequence_loss_numerics(fn: Callable[..., Tensor], seed: int = 0
 def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
     """Another padding id, vocabulary and schedule."""
     g = generator(seed)
-    vocab_size = 12
     pad_id = randint(3, 9, g)
-    training_step_check(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed)
-    validation_step_check(cls, pad_id=pad_id, vocab_size=vocab_size, seed=seed + 1)
+    lab06.check_training_step(cls, pad_id=pad_id, vocab_size=12, seed=seed)
+    lab06.check_validation_step(cls, pad_id=pad_id, vocab_size=12, seed=seed + 1)
     warmup = randint(5, 30, g)
     lr = float(torch.tensor([5e-4, 1e-3, 6e-3])[randint(0, 2, g)])
-    optimizers_check(
+    lab06.check_configure_optimizers(
         cls, lr=lr, warmup_steps=warmup, total_steps=warmup + randint(40, 120, g), seed=seed
     )
 
@@ -337,11 +331,8 @@ def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
 def hidden_check_train_translator(fn: Callable[..., Any], session: Any, seed: int = 0) -> None:
     """Other numbers of steps and run names, in each precision (a hard-coded one fails)."""
     g = generator(seed)
-    for precision in reversed(PRECISIONS):
-        steps = randint(4, 9, g)
-        train_translator_check(
-            fn, session, precision=precision, max_steps=steps, name=f"hidden_{seed}"
-        )
+    runs = [(precision, randint(4, 9, g)) for precision in ("32-true", "bf16-mixed")]
+    lab06.check_train_translator(fn, session, runs=runs, name=f"hidden_{seed}")
 
 
 def hidden_check_translator_greedy(
