@@ -28,6 +28,7 @@ answer is given (a search's step function: ``load`` builds it from stored data).
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import Case, generator, judge_cases, stored_data
+from transformer_lab.checks.spec import LabSpec
 
-__all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain"]
+__all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain", "record_oracle"]
 
 
 class Given(NamedTuple):
@@ -240,3 +242,11 @@ class Oracle:
             }
             out[f"{check} {i}"] = {"expected": plain(want), "mistakes": differing}
         return out
+
+
+def record_oracle(part: Ordinary, spec: LabSpec, name: str, oracle: Callable[..., Any]) -> Oracle:
+    """``oracle`` and, as its mistakes, each mistake of ``spec``'s part ``name`` whose record
+    gives options of ``oracle``: {hint: ``oracle(*args, **options)``}, in the spec's order."""
+    keys = set(inspect.signature(oracle).parameters)
+    records = [r for r in spec.parts[name].records.values() if r.options.keys() <= keys]
+    return Oracle(part, oracle, lambda *args: {r.hint: oracle(*args, **r.options) for r in records})

@@ -6,7 +6,6 @@ Sennrich et al. 2016; Holtzman et al. 2020.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +16,7 @@ from torch import Tensor
 
 from transformer_lab.checks import lab07
 from transformer_lab.checks._common import call_forbidding, generator, randint
-from transformer_lab.checks._generated import Oracle, Ordinary
+from transformer_lab.checks._generated import record_oracle
 from transformer_lab.checks.lab07 import END_OF_WORD, SPECIALS, RandomStepFn, TableStepFn
 
 UNK = SPECIALS.index("<unk>")
@@ -28,14 +27,6 @@ RHYME = (
 # Sennrich et al.'s example corpus: low x5, lower x2, newest x6, widest x3.
 WORDS = " ".join(["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3)
 _DTYPES = (torch.float32, torch.float64, torch.float32)  # of three random batches of logits
-
-
-def _oracle(part: Ordinary, name: str, oracle: Callable[..., Any]) -> Oracle:
-    """``oracle`` and, as its mistakes, each mistake of the spec's part ``name`` whose record
-    gives options of ``oracle``: {hint: ``oracle(*args, **options)``}, in the spec's order."""
-    keys = set(inspect.signature(oracle).parameters)
-    records = [r for r in lab07.SPEC.parts[name].records.values() if r.options.keys() <= keys]
-    return Oracle(part, oracle, lambda *args: {r.hint: oracle(*args, **r.options) for r in records})
 
 
 def oracle_char_vocab(text: str) -> list[str]:
@@ -64,8 +55,8 @@ def oracle_char_decode(
     return sep.join(vocab[i] for i in ids if i >= 4 or not drop_specials)
 
 
-CHAR_ENCODE = _oracle(lab07.CHAR_ENCODE, "CharTokenizer", oracle_char_encode)
-CHAR_DECODE = _oracle(lab07.CHAR_DECODE, "CharTokenizer", oracle_char_decode)
+CHAR_ENCODE = record_oracle(lab07.CHAR_ENCODE, lab07.SPEC, "CharTokenizer", oracle_char_encode)
+CHAR_DECODE = record_oracle(lab07.CHAR_DECODE, lab07.SPEC, "CharTokenizer", oracle_char_decode)
 _ALPHABET = (
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'-\néèüßçñΩλ中文😀\t"
 )
@@ -230,8 +221,8 @@ def _longest_match(symbols: list[str], merges: Sequence[tuple[str, str]]) -> lis
     return out
 
 
-BPE_TRAIN = _oracle(lab07.BPE_TRAIN, "bpe_train", oracle_bpe_train)
-BPE_ENCODE = _oracle(lab07.BPE_ENCODE, "bpe_encode", oracle_bpe_encode)
+BPE_TRAIN = record_oracle(lab07.BPE_TRAIN, lab07.SPEC, "bpe_train", oracle_bpe_train)
+BPE_ENCODE = record_oracle(lab07.BPE_ENCODE, lab07.SPEC, "bpe_encode", oracle_bpe_encode)
 
 
 def _random_words(g: torch.Generator, letters: str, n_words: int, longest: int = 7) -> str:
@@ -344,9 +335,11 @@ def oracle_top_p_filter(
     return x.masked_fill(~keep.scatter(-1, order, keep), -math.inf)
 
 
-TEMPERATURE = _oracle(lab07.TEMPERATURE, "apply_temperature", oracle_apply_temperature)
-TOP_K = _oracle(lab07.TOP_K, "top_k_filter", oracle_top_k_filter)
-TOP_P = _oracle(lab07.TOP_P, "top_p_filter", oracle_top_p_filter)
+TEMPERATURE = record_oracle(
+    lab07.TEMPERATURE, lab07.SPEC, "apply_temperature", oracle_apply_temperature
+)
+TOP_K = record_oracle(lab07.TOP_K, lab07.SPEC, "top_k_filter", oracle_top_k_filter)
+TOP_P = record_oracle(lab07.TOP_P, lab07.SPEC, "top_p_filter", oracle_top_p_filter)
 
 
 def _random_logits(g: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
@@ -498,7 +491,7 @@ def oracle_beam_search(
     return winners[0 if final_ties == "first" else -1][0][0 if bos else 1 :]
 
 
-BEAM = _oracle(lab07.BEAM, "beam_search", oracle_beam_search)
+BEAM = record_oracle(lab07.BEAM, lab07.SPEC, "beam_search", oracle_beam_search)
 
 
 # Hand-built tables for the stated rules: {prefix: probabilities}, "default" for the others.
