@@ -248,5 +248,7 @@ def record_oracle(part: Ordinary, spec: LabSpec, name: str, oracle: Callable[...
     """``oracle`` and, as its mistakes, each mistake of ``spec``'s part ``name`` whose record
     gives options of ``oracle``: {hint: ``oracle(*args, **options)``}, in the spec's order."""
     keys = set(inspect.signature(oracle).parameters)
-    records = [r for r in spec.parts[name].records.values() if r.options.keys() <= keys]
+    records = [
+        r for r in spec.parts[name].records.values() if r.options and r.options.keys() <= keys
+    ]
     return Oracle(part, oracle, lambda *args: {r.hint: oracle(*args, **r.options) for r in records})
