@@ -256,16 +256,9 @@ FEED_RULE = (
     "run the model on the last n_ctx tokens."
 )
 #: What sampling at temperature 0 is (said when torch.multinomial got NaN or inf).
-TEMPERATURE_ZERO = (
-    "Temperature 0 means greedy decoding: take the argmax of the logits, with no division "
-    "(logits / 0 is inf and its softmax NaN); for t > 0 divide the logits by t, then take the "
-    "softmax."
-)
+TEMPERATURE_ZERO = SPEC.mistake("generate sampling=divide").hint
 #: What torch.multinomial samples from (said when it got negative entries at t > 0).
-LOGITS_SAMPLED = (
-    "torch.multinomial takes probabilities, the softmax of the scaled (and filtered) logits: "
-    "non-negative, each row summing to 1; not logits."
-)
+LOGITS_SAMPLED = SPEC.mistake("generate sampling=logits").hint
 
 
 def run_generate(

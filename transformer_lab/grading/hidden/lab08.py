@@ -1,5 +1,6 @@
 """Hidden checks of lab 08 (language models), their oracles (written independently of the kit,
-each with its typical mistakes as variants) and the visible checks' fixtures."""
+with keyword options: a mistake's output is the oracle run with the options its spec record
+gives) and the visible checks' fixtures."""
 
 from __future__ import annotations
 
@@ -57,13 +58,16 @@ def oracle_attention(
     schedule: Sequence[tuple[int, int]] | None = None,
     *,
     mask: str = "causal",
+    only_cached: bool = False,
     order: str = "qkv",
     **options: Any,
 ) -> Tensor:
     """Causal self-attention of ``x (B, T, D)`` in float64, ``(B, T, D)``: lab 03's oracle run
     on each ``(start, end)`` chunk of ``schedule`` (default one pass); a typical mistake's
-    ``mask`` (:func:`_allowed`), ``order`` of qkv_proj's parts or lab 03's ``options``."""
+    ``mask`` (:func:`_allowed`; ``only_cached``: in pieces only), ``order`` of qkv_proj's parts
+    or lab 03's ``options``."""
     p = _params(weights, order)
+    mask = "causal" if only_cached and not schedule else mask
     outs = []
     for start, end in schedule or ((0, x.shape[1]),):
         seen = x[:, :end]  # (B, end, D): the keys and values so far
@@ -74,49 +78,17 @@ def oracle_attention(
     return torch.cat(outs, dim=1)
 
 
-#: The typical wrong attentions, hint -> the options of :func:`oracle_attention` that make it,
-#: most specific first.
-ATTENTION_MISTAKES: dict[str, dict[str, Any]] = {
-    "Your weights are softmax(scores) with the future zeroed afterwards, so rows no longer sum "
-    "to one. Mask the scores BEFORE the softmax (torch.finfo(dtype).min).": {"fill": "after"},
-    "Your attention ignores the causal mask: query t may attend keys 0..t only (the next token "
-    "is what a language model predicts).": {"mask": "none"},
-    "Your queries and keys are swapped: qkv_proj's output holds the queries in its first "
-    "d_model columns, then the keys, then the values (the rows of torch's "
-    "in_proj_weight).": {"order": "kqv"},
-    "Your scores are divided by sqrt(d_model); each head's scores are divided by sqrt(Dh), the "
-    "width of one head, Dh = d_model / n_heads.": {"scale": "model"},
-    "Your heads are split with view(B, H, T, Dh) straight from (B, T, D), which cuts across "
-    "tokens: view as (B, T, H, Dh) and then "
-    "transpose(1, 2).": {"split": "no_transpose", "merge": "no_transpose"},
-    "Your heads are split with view(B, H, T, Dh), which cuts across tokens (merging back with a "
-    "transpose does not undo it): view as (B, T, H, Dh), "
-    "transpose(1, 2).": {"split": "no_transpose"},
-    "Your output skips out_proj: after merging the heads back to (B, T, D), apply self.out_proj.": {
-        "out_proj": False
-    },
-}
-#: Mistakes that show only when the input is fed through a KV cache in pieces.
-CACHE_MISTAKES: dict[str, dict[str, Any]] = {
-    "Through the cache your mask forgets the offset: query P+i of a piece starting at P may see "
-    "every stored key s <= P+i (the last T rows of the (S, S) mask).": {"mask": "offset_ignored"},
-    "Through the cache your attention reads only the new tokens' keys and values: attend to "
-    "what kv_cache.store(k, v) returns, every stored position.": {"mask": "only_new"},
-    "With a cache your attention uses no mask, right for one new token but not for a piece of "
-    "several: build the (T, S) mask in every case.": {"mask": "none"},
-}
-
-
 def attention_mistakes(
     weights: dict[str, Tensor],
     x: Tensor,
     n_heads: int,
     schedule: Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Tensor]:
-    """Hint -> what each typical wrong attention returns on ``x`` (only the distinct ones)."""
+    """Hint -> what each typical wrong attention returns on ``x`` (only the distinct ones), in
+    the spec's order (the cache's mistakes, then the most specific first)."""
     run = functools.partial(oracle_attention, weights, x, n_heads, schedule)
-    named = {**(CACHE_MISTAKES if schedule else {}), **ATTENTION_MISTAKES}
-    return distinct_mistakes(run(), [(h, run(**o)) for h, o in named.items()], tol=1e-6)
+    records = lab08.SPEC.parts["CausalSelfAttention"].records.values()
+    return distinct_mistakes(run(), [(r.hint, run(**r.options)) for r in records], tol=1e-6)
 
 
 def rising_keys(weights: dict[str, Tensor], x: Tensor, n_heads: int, lift: float) -> Tensor:
@@ -309,8 +281,9 @@ def oracle_generate(
     variant: str = "",
 ) -> list[list[int]]:
     """Greedy continuation on the last ``n_ctx`` tokens of a fresh ``ScriptedLM`` (of
-    ``kit_gpt(gpt, n_ctx)`` where a seed ``gpt`` is given), or a variant's: ``first_position``
-    (the logits of position 0; a cached one-token step's only one is right), ``one_call``."""
+    ``kit_gpt(gpt, n_ctx)`` where a seed ``gpt`` is given), or a mistake's ``variant``:
+    ``first_position`` (the logits of position 0; a cached one-token step's only one is right),
+    ``one_call``."""
     model = lab08.ScriptedLM(n_ctx=n_ctx) if gpt is None else lab08.kit_gpt(gpt, n_ctx)
     seq, T = torch.tensor(prompt), len(prompt[0])
     for step in range(max_new_tokens):
@@ -321,23 +294,7 @@ def oracle_generate(
     return seq.tolist()
 
 
-GENERATE_MISTAKES = {
-    "first_position": "Your next token comes from the logits of the FIRST position: the model "
-    "returns logits (B, T, V) for every position read, and the next token follows the last "
-    "one, logits[:, -1].",
-    "one_call": "Your loop runs the model once and appends the same token every step: after "
-    "each new token, run the model again (with the cache: on that token alone) for the next "
-    "logits.",
-}
-
-
-GREEDY = Oracle(
-    lab08.GREEDY,
-    oracle_generate,
-    lambda *case: {
-        hint: oracle_generate(*case, variant=v) for v, hint in GENERATE_MISTAKES.items()
-    },
-)
+GREEDY = Oracle.of(lab08.GREEDY, "generate", oracle_generate)
 
 
 def hidden_check_generate(fn: Callable[..., Tensor], seed: int = 0) -> None:
@@ -409,130 +366,81 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
 
 
 def oracle_gpt_param_count(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any]
+    n_layers: int,
+    d_model: int,
+    vocab_size: int,
+    n_ctx: int,
+    options: Mapping[str, Any],
+    *,
+    bias: bool | None = None,
+    norm_bias: bool | None = None,
+    norms: int = 2,
+    final_norm: bool = True,
+    positions: str = "n_ctx",
+    tied: bool = True,
+    mask: bool = False,
+    mlp: int = 4,
+    qkv_bias: int = 3,
 ) -> int:
     """GPT-2's parameters, layer by layer: token and position embeddings (the output layer is
     tied to the token embedding), per block two layer norms, the QKV projection (D -> 3D), the
-    output projection (D -> D) and the MLP (D -> 4D -> D), and the final layer norm."""
-    D, b = d_model, int(options.get("bias", True))
-    norm = (1 + b) * D  # gain (and bias)
-    attention = D * 3 * D + b * 3 * D + D * D + b * D
-    mlp = D * 4 * D + b * 4 * D + 4 * D * D + b * D
-    return vocab_size * D + n_ctx * D + n_layers * (2 * norm + attention + mlp) + norm
+    output projection (D -> D) and the MLP (D -> 4D -> D), and the final layer norm. A mistake's
+    options: ``bias`` whatever the call says, the layer norms' ``norm_bias`` so, ``norms`` per
+    block, no ``final_norm``, ``positions`` rows ``"vocab"`` or ``"none"``, an untied output
+    layer, the causal ``mask`` counted, an ``mlp`` of width ``mlp * D``, a QKV bias of width
+    ``qkv_bias * D``."""
+    D = d_model
+    b = int(options.get("bias", True) if bias is None else bias)
+    norm = (1 + (b if norm_bias is None else norm_bias)) * D  # gain (and bias)
+    attention = D * 3 * D + b * qkv_bias * D + D * D + b * D
+    block = norms * norm + attention + 2 * mlp * D * D + b * (mlp + 1) * D + mask * n_ctx**2
+    rows = {"n_ctx": n_ctx, "vocab": vocab_size, "none": 0}[positions]  # of the position table
+    return (2 - tied) * vocab_size * D + rows * D + n_layers * block + final_norm * norm
 
 
-def count_mistakes(
-    n_layers: int, d_model: int, vocab_size: int, n_ctx: int, options: Mapping[str, Any]
-) -> dict[str, int]:
-    """Hint -> the count each typical mistake gives, in the catalogue's order."""
-    L, D, V = n_layers, d_model, vocab_size
-    right = oracle_gpt_param_count(L, D, V, n_ctx, options)
-    b = int(options.get("bias", True))
-    ln_bias = (2 * L + 1) * D  # the biases of every layer norm
-    linear_bias = L * (3 * D + D + 4 * D + D)
-    return {
-        "You count an output layer of its own (V x D): GPT-2 ties it to the token embedding "
-        "(the same matrix), so it adds no parameters.": right + V * D,
-        "Your position table has vocab_size rows: it has one row per position, n_ctx.": right
-        - n_ctx * D
-        + V * D,
-        "You left out the learned position embeddings (n_ctx x D).": right - n_ctx * D,
-        "You left out the final layer norm (ln_f, after the last block).": right - (1 + b) * D,
-        "Your layer norms have only their gains: each has a bias of width D too (with "
-        "bias=True).": right - b * ln_bias,
-        "With bias=False your count still has the layer norms' biases: bias=False drops the "
-        "biases of the linear layers AND of the layer norms.": right + (1 - b) * ln_bias,
-        "With bias=False your count still has every bias: bias=False drops the biases of the "
-        "linear layers and of the layer norms.": right + (1 - b) * (ln_bias + linear_bias),
-        "You count the causal mask: it is a buffer (nanoGPT's attn.bias), not a parameter.": right
-        + L * n_ctx * n_ctx,
-        "Your blocks are 12 L D^2, the rule of thumb: the exact count adds the biases and the "
-        "layer norms.": V * D + n_ctx * D + 12 * L * D * D,
-        "Your MLP has width D: GPT-2's hidden layer is 4 D wide (D -> 4D -> D).": right
-        - L * (6 * D * D + b * 3 * D),
-        "Your blocks have one layer norm: GPT-2's blocks have two (before the attention and "
-        "before the MLP).": right - L * (1 + b) * D,
-        "Your QKV projection's bias has width D: qkv_proj maps D -> 3D, so its bias holds 3D "
-        "numbers (with bias=True).": right - b * L * 2 * D,
-    }
-
-
-def oracle_training_flops(n_params: float, n_tokens: float) -> float:
-    """``6 N D``: 2 per parameter and token forward, 4 backward."""
-    return 6.0 * n_params * n_tokens
-
-
-def flops_mistakes(n_params: float, n_tokens: float) -> dict[str, float]:
+def oracle_training_flops(
+    n_params: float, n_tokens: float, *, factor: int = 6, added: bool = False
+) -> float:
+    """``6 N D``: 2 per parameter and token forward, 4 backward (a mistake's options: another
+    ``factor``, N and D ``added``)."""
     N, D = float(n_params), float(n_tokens)
-    return {
-        "You count the forward pass only (2 N D): the backward pass costs twice as much again, "
-        "6 N D in all.": 2 * N * D,
-        "You count the backward pass only (4 N D): add the forward pass, 6 N D.": 4 * N * D,
-        "You count one operation per parameter and token: a multiply-add is 2 FLOPs, and the "
-        "backward pass doubles it twice: 6 N D.": N * D,
-        "You count multiply-adds (3 N D): a multiply-add is two floating-point operations, "
-        "6 N D.": 3 * N * D,
-        "You count each multiply-add as two twice over (12 N D): 6 N D.": 12 * N * D,
-        "You added N and D: the work is per parameter AND per token, 6 * N * D.": 6 * (N + D),
-    }
+    return factor * (N + D) if added else factor * N * D
 
 
 def oracle_kv_cache_bytes(
-    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any]
+    n_layers: int,
+    d_model: int,
+    n_ctx: int,
+    options: Mapping[str, Any],
+    *,
+    kinds: int = 2,
+    batch_size: int | None = None,
+    bytes_per_value: int | None = None,
+    layers: bool = True,
+    scores: bool = False,
+    bits: bool = False,
 ) -> int:
-    """A key and a value of width D per layer, position and sequence."""
-    per_position = 2 * d_model * options.get("bytes_per_value", 2)  # key + value, bytes
-    return n_layers * options.get("batch_size", 1) * n_ctx * per_position
+    """A key and a value (two ``kinds``) of width D per layer, position and sequence. A
+    mistake's options: other ``kinds``, the ``batch_size`` or ``bytes_per_value`` whatever the
+    call says, one layer, rows of T ``scores``, ``bits``."""
+    B = options.get("batch_size", 1) if batch_size is None else batch_size
+    b = options.get("bytes_per_value", 2) if bytes_per_value is None else bytes_per_value
+    per_position = kinds * (n_ctx if scores else d_model) * b * (8 if bits else 1)
+    return (n_layers if layers else 1) * B * n_ctx * per_position
 
 
-def kv_mistakes(
-    n_layers: int, d_model: int, n_ctx: int, options: Mapping[str, Any]
-) -> dict[str, int]:
-    right = oracle_kv_cache_bytes(n_layers, d_model, n_ctx, options)
-    L, T = n_layers, n_ctx
-    B, b = options.get("batch_size", 1), options.get("bytes_per_value", 2)
-    return {
-        "You count the keys only: the cache holds a key AND a value per layer and position "
-        "(the factor 2).": right // 2,
-        "You count the queries too: only keys and values are cached (a query is used once, by "
-        "its own token).": right // 2 * 3,
-        "You count numbers, not bytes: multiply by bytes_per_value.": right // b,
-        "You count bits: bytes_per_value is in bytes.": right * 8,
-        "You assume 4 bytes per number whatever bytes_per_value says.": right // b * 4,
-        "You left out the batch: every sequence has its own cache.": right // B,
-        "You left out the layers: every block caches its own keys and values.": right // L,
-        "You count a T x T table per layer (the attention scores), not T keys and values of "
-        "width D.": 2 * L * T * T * B * b,
-        "You assume 2 bytes per number whatever bytes_per_value says.": right // b * 2,
-    }
+def oracle_gpu_days(
+    flops: float, peak_flops: float, utilization: float, *, power: int = 1, unit: int = 86400
+) -> float:
+    """Seconds at the achieved rate, in days (a mistake's options: the utilization to another
+    ``power``, another ``unit`` in seconds)."""
+    return flops / (peak_flops * utilization**power) / unit
 
 
-def oracle_gpu_days(flops: float, peak_flops: float, utilization: float) -> float:
-    """Seconds at the achieved rate, in days."""
-    seconds = flops / (peak_flops * utilization)
-    return seconds / (24 * 3600)
-
-
-def gpu_days_mistakes(flops: float, peak_flops: float, utilization: float) -> dict[str, float]:
-    right = oracle_gpu_days(flops, peak_flops, utilization)
-    u = utilization
-    return {
-        "You ignore the utilization: at 40% of its peak a GPU needs 1/0.4 = 2.5 times longer.": (
-            right * u
-        ),
-        "You multiply by the utilization: a GPU that reaches only a share u of its peak needs "
-        "longer, so divide by it.": right * u * u,
-        "Your answer is in hours: divide by 24 more.": right * 24,
-        "Your answer is in seconds: a day has 86,400.": right * 86400,
-        "Your answer is in minutes: a day has 1,440.": right * 1440,
-        "Your answer is in years: multiply by 365.": right / 365,
-    }
-
-
-COUNT = Oracle(lab08.COUNT, oracle_gpt_param_count, count_mistakes)
-FLOPS = Oracle(lab08.FLOPS, oracle_training_flops, flops_mistakes)
-KV = Oracle(lab08.KV, oracle_kv_cache_bytes, kv_mistakes)
-DAYS = Oracle(lab08.DAYS, oracle_gpu_days, gpu_days_mistakes)
+COUNT = Oracle.of(lab08.COUNT, "gpt_param_count", oracle_gpt_param_count)
+FLOPS = Oracle.of(lab08.FLOPS, "training_flops", oracle_training_flops)
+KV = Oracle.of(lab08.KV, "kv_cache_bytes", oracle_kv_cache_bytes)
+DAYS = Oracle.of(lab08.DAYS, "gpu_days", oracle_gpu_days)
 
 
 def _count_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
