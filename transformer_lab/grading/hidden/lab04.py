@@ -29,13 +29,17 @@ from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
 
+def _records(name: str) -> list[tuple[str, dict[str, Any]]]:
+    """(hint, options) of each mistake of the spec's part ``name`` whose record gives options."""
+    return [(r.hint, r.options) for r in SPEC.parts[name].records.values() if r.options]
+
+
 def _oracle(
     part: Ordinary, name: str, oracle: Callable[..., Any], *extra: tuple[str, dict[str, Any]]
 ) -> Oracle:
     """``oracle`` and, as its mistakes, each mistake of the spec's part ``name`` whose record
     gives options (then the ``extra`` (hint, options)): {hint: ``oracle(*args, **options)``}."""
-    named = [(r.hint, r.options) for r in SPEC.parts[name].records.values() if r.options]
-    named += extra
+    named = [*_records(name), *extra]
     return Oracle(part, oracle, lambda *args: {h: oracle(*args, **kw) for h, kw in named})
 
 
@@ -308,7 +312,7 @@ DROPOUT = {
     "It matches dropout applied to the residual sum: drop the sub-layer's output only, x "
     "+ dropout(sublayer(...)).": {"on_sum": True},
 }
-_BLOCK_RECORDS = [(r.hint, r.options) for r in SPEC.parts["EncoderBlock"].records.values()]
+_BLOCK_RECORDS = _records("EncoderBlock")
 
 
 def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
@@ -401,38 +405,33 @@ def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0
         BLOCK.judge(cls, [c for c in cases if BlockCase(*c).norm_first == norm_first])
 
 
-def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of ``model`` on ``batch`` (the mean cross-entropy over the targets that are not
-    -100) and hint -> a typical wrong one (float64 scalars)."""
-    tokens, targets = batch["tokens"], batch["targets"]
-    real = targets != IGNORE_INDEX
-
-    def nll(logits: Tensor, labels: Tensor) -> Tensor:  # (B, T): -log p(label), clamped label
-        logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
-        return -logp.gather(-1, labels.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
-
+def oracle_tagging_loss(
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    *,
+    over: str = "real",
+    unmasked: bool = False,
+    labels: str = "targets",
+) -> Tensor:
+    """The mean cross-entropy of ``model`` on ``batch`` over the targets that are not -100
+    (float64); the options make the mistakes: the mean ``over`` "all" positions, the "sum", each
+    "sequence"'s mean, padding as "class_0"; logits ``unmasked``; the tokens as ``labels``."""
+    real = batch["targets"] != IGNORE_INDEX
     with torch.no_grad():
-        logits, unmasked = model(tokens, batch["padding_mask"]), model(tokens)  # (B, T, C)
-    as_class_0 = nll(logits, targets)
+        logits = model(batch["tokens"], None if unmasked else batch["padding_mask"])  # (B, T, C)
+    logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
+    label = batch[labels].clamp(0, logits.shape[-1] - 1)  # (B, T): padding as class 0
+    as_class_0 = -logp.gather(-1, label[..., None])[..., 0]  # (B, T)
     per_token = torch.where(real, as_class_0, torch.zeros_like(as_class_0))
-    per_sequence = per_token.sum(1) / real.sum(1).clamp(min=1)  # (B,)
-    return per_token.sum() / real.sum(), {
-        "It matches the mean over every position, padding included: average over the real "
-        "tokens only (F.cross_entropy ignores the targets -100).": per_token.mean(),
-        "It matches the sum over the real tokens: take their mean.": per_token.sum(),
-        "It matches logits computed without the padding mask: pass batch['padding_mask'].": (
-            (nll(unmasked, targets) * real).sum() / real.sum()
-        ),
-        "It matches the mean of each sequence's mean loss: average over all real tokens.": (
-            per_sequence.mean()
-        ),
-        "It matches a loss that counts the padded positions as class 0: keep the targets -100.": (
-            as_class_0.mean()
-        ),
-        "It matches the loss against batch['tokens']: the labels are batch['targets'].": (
-            (nll(logits, tokens) * real).sum() / real.sum()
-        ),
-    }
+    means = {"all": per_token.mean(), "sum": per_token.sum(), "class_0": as_class_0.mean()}
+    means["sequence"] = (per_token.sum(1) / real.sum(1).clamp(min=1)).mean()  # (B,) averaged
+    return means.get(over, per_token.sum() / real.sum())
+
+
+def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of ``model`` on ``batch`` and hint -> a typical wrong one (the spec's records)."""
+    named = {h: oracle_tagging_loss(model, batch, **kw) for h, kw in _records("TaggingModule")}
+    return oracle_tagging_loss(model, batch), named
 
 
 def _tagging_batch(g: torch.Generator, vocab: int, lengths: Tensor) -> dict[str, Tensor]:
