@@ -1,7 +1,8 @@
 """Hidden checks of lab 04 (the transformer block): float64 oracles written out from each case's
-weights (:mod:`._blocks`, shared with lab 06), the outputs of the typical mistakes (in training
-mode dropout's masks drawn from the case's seed in the order each placement draws them), the
-drawn cases, and the visible checks' worked examples (:func:`fixtures`).
+weights (:mod:`._blocks`, shared with lab 06) with keyword options: a typical mistake's output is
+the oracle run with the options its spec record gives (in training mode dropout's masks drawn
+from the case's seed in the order each placement draws them); the drawn cases, and the visible
+checks' worked examples (:func:`fixtures`).
 
 Reference: Vaswani et al., "Attention Is All You Need" (2017), sections 3.1, 5.3, 5.4; Xiong et
 al., "On Layer Normalization in the Transformer Architecture" (2020); Loshchilov & Hutter,
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 import torch
@@ -22,61 +22,64 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab04
 from transformer_lab.checks._common import expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle
+from transformer_lab.checks._generated import Oracle, Ordinary
 from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel, values_at
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
-#: Where layer norm takes its statistics (said by the mistakes that take them elsewhere).
-PER_TOKEN = "per token, over the last dimension only (dim=-1, keepdim=True)"
+
+def _records(name: str) -> list[tuple[str, dict[str, Any]]]:
+    """(hint, options) of each mistake of the spec's part ``name`` whose record gives options."""
+    return [(r.hint, r.options) for r in SPEC.parts[name].records.values() if r.options]
 
 
-def layer_norm_mistakes(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``layer_norm`` returns (float64)."""
+def _oracle(
+    part: Ordinary, name: str, oracle: Callable[..., Any], *extra: tuple[str, dict[str, Any]]
+) -> Oracle:
+    """``oracle`` and, as its mistakes, each mistake of the spec's part ``name`` whose record
+    gives options (then the ``extra`` (hint, options)): {hint: ``oracle(*args, **options)``}."""
+    named = [*_records(name), *extra]
+    return Oracle(part, oracle, lambda *args: {h: oracle(*args, **kw) for h, kw in named})
+
+
+def oracle_layer_norm(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float,
+    *,
+    over: str = "token",
+    unbiased: bool = False,
+    eps_outside: bool = False,
+    affine: str = "after",
+) -> Tensor | None:
+    """Layer norm in float64: per token, the biased variance, eps inside the root, then
+    ``weight * x_hat + bias``; the options make the mistakes (statistics ``over`` dim 0 or
+    ``"all"``, ``affine`` ``"none"``, ``"scale"`` or ``"shift_first"``; None where a variance
+    of one feature cannot be unbiased)."""
+    if unbiased and x.shape[-1] == 1:
+        return None
     x, weight, bias = x.double(), weight.double(), bias.double()
-    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-    x_hat = (x - mean) / torch.sqrt(var + eps)
-
-    def normed(mean: Tensor, var: Tensor) -> Tensor:
-        return (x - mean) / torch.sqrt(var + eps) * weight + bias
-
-    out = {
-        "It matches x_hat alone: multiply by weight and add bias at the end.": x_hat,
-        "It matches weight * x_hat without the bias: add bias at the end.": x_hat * weight,
-        "It matches (x_hat + bias) * weight: scale first, then shift.": (x_hat + bias) * weight,
-        "It matches (x - mean) / (sqrt(var) + eps): eps belongs inside the square root.": (
-            (x - mean) / (torch.sqrt(var) + eps) * weight + bias
-        ),
-    }
-    if x.shape[-1] > 1:
-        out[
-            "It matches the unbiased variance (dividing by D - 1): layer norm uses the biased "
-            "variance (torch.var needs correction=0)."
-        ] = normed(mean, x.var(-1, keepdim=True))
-    out[f"It matches the statistics over dim=0: take them {PER_TOKEN}."] = normed(
-        x.mean(0, keepdim=True), x.var(0, unbiased=False, keepdim=True)
-    )
-    out[f"It matches one mean and variance for the whole tensor: take them {PER_TOKEN}."] = normed(
-        x.mean(), x.var(unbiased=False)
-    )
-    return out
+    dims = {"token": -1, "dim0": 0, "all": tuple(range(x.dim()))}[over]
+    mean, var = x.mean(dims, keepdim=True), x.var(dims, correction=int(unbiased), keepdim=True)
+    x_hat = (x - mean) / (var.sqrt() + eps if eps_outside else torch.sqrt(var + eps))
+    scaled = {"after": x_hat * weight + bias, "scale": x_hat * weight, "none": x_hat}
+    return scaled.get(affine, (x_hat + bias) * weight)  # "shift_first"
 
 
-LAYER_NORM = Oracle(lab04.LAYER_NORM, layer_norm64, layer_norm_mistakes)
-RAW_MOMENTS = (
-    "Compute the variance from the centred values, ((x - mean) ** 2).mean(-1): "
-    "mean(x ** 2) - mean(x) ** 2 cancels catastrophically in float32 when the mean is large."
-)
+LAYER_NORM = _oracle(lab04.LAYER_NORM, "layer_norm", oracle_layer_norm)
 #: Features around 1e4 with a spread of 1: float32 keeps three digits of the spread (so the
 #: tolerance is 1e-2), E[x^2] - E[x]^2 keeps none. Judged after the ordinary cases, so that an
 #: answer wrong here alone is named as the cancellation.
-LARGE_MEAN = Oracle(
+LARGE_MEAN = _oracle(
     dataclasses.replace(
-        lab04.LAYER_NORM, named=lambda case: RAW_MOMENTS, **values_at(SPEC.tol("large_mean"))
+        lab04.LAYER_NORM,
+        named=lambda case: SPEC.mistake("layer_norm ln_raw_moments").hint,
+        **values_at(SPEC.tol("large_mean")),
     ),
-    layer_norm64,
-    layer_norm_mistakes,
+    "layer_norm",
+    oracle_layer_norm,
 )
 
 
@@ -146,13 +149,6 @@ def linear64(w: Mapping[str, Tensor], name: str) -> tuple[Tensor, Tensor]:
     return w[f"{name}.weight"].double(), w[f"{name}.bias"].double()
 
 
-#: A module whose dropout never acts (no dropout, or none in training mode).
-EVAL_IN_TRAINING = (
-    "It gives the output of eval mode in training mode: dropout never acts. Apply nn.Dropout "
-    "modules in forward (they act in training mode only)."
-)
-
-
 def _dropout_masks(
     seed: int, shapes: list[tuple[int, ...]], p: float, dtype: torch.dtype, seq_first: bool = False
 ) -> list[Tensor]:
@@ -169,44 +165,42 @@ def _dropout_masks(
 
 
 def oracle_feed_forward(
-    d_ff: int, p: float, w: Mapping[str, Tensor], x: Tensor, seed: Any
+    d_ff: int,
+    p: float,
+    w: Mapping[str, Tensor],
+    x: Tensor,
+    seed: Any,
+    *,
+    act: str = "relu",
+    residual: bool = False,
+    drop: str = "hidden",
+    eval_drops: bool = False,
 ) -> Tensor:
-    """``relu(x W1^T + b1) W2^T + b2`` in float64, the hidden units dropped from ``seed``."""
-    hidden = None
-    if seed is not None:
-        (hidden,) = _dropout_masks(seed, [(*x.shape[:-1], d_ff)], p, x.dtype)
-    return feed_forward64(x, linear64(w, "linear1"), linear64(w, "linear2"), hidden)
+    """``relu(x W1^T + b1) W2^T + b2`` in float64, the hidden units dropped from ``seed``; the
+    options make the mistakes: ``act`` ``"none"``, ``"gelu"`` or ``"end"`` (after linear2), the
+    input added, dropout ``drop`` on ``"none"``, the ``"output"`` or the ``"input"``, dropout
+    in eval mode too (from seed 0, as the check runs eval mode)."""
+    seed = 0 if seed is None and eval_drops else seed
+    mask: Any = 1.0
+    if seed is not None and drop != "none":
+        width = d_ff if drop == "hidden" else x.shape[-1]
+        (mask,) = _dropout_masks(seed, [(*x.shape[:-1], width)], p, x.dtype)
+    (w1, b1), (w2, b2) = linear64(w, "linear1"), linear64(w, "linear2")
+    h = (x.double() * (mask if drop == "input" else 1.0)) @ w1.T + b1  # (..., F)
+    h = {"relu": h.relu(), "gelu": F.gelu(h)}.get(act, h) * (mask if drop == "hidden" else 1.0)
+    out = (h @ w2.T + b2) * (mask if drop == "output" else 1.0)
+    return out.relu() if act == "end" else out + x.double() * residual
 
 
-def feed_forward_mistakes(*case: Any) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong ``FeedForward`` returns (float64)."""
-    d_ff, p, w, x, seed = case
-    first, (w2, b2) = linear64(w, "linear1"), linear64(w, "linear2")
-    pre = x.double() @ first[0].T + first[1]  # (..., F)
-    good, lin = feed_forward64(x, first, (w2, b2)), pre @ w2.T + b2  # lin: no nonlinearity
-    if seed is None:
-        return {
-            "It matches linear2(linear1(x)) with no nonlinearity: apply ReLU between them.": lin,
-            "It matches relu(linear2(linear1(x))): the ReLU goes between the layers.": lin.relu(),
-            "It matches GELU between the layers: this lab uses ReLU.": F.gelu(pre) @ w2.T + b2,
-            "It adds the input x: the residual belongs to the block.": x.double() + good,
-            "It drops units in eval mode too: dropout must switch off in eval mode. Use nn.Dropout "
-            "modules (model.eval() switches them off) or F.dropout(..., training=self.training).": (
-                oracle_feed_forward(d_ff, p, w, x, 0)  # as the check runs eval mode: from seed 0
-            ),
-        }
-    (on_x,) = _dropout_masks(seed, [tuple(x.shape)], p, x.dtype)
-    return {
-        EVAL_IN_TRAINING: good,
-        "It matches dropout on the output of linear2: FeedForward drops its hidden units (d_ff "
-        "wide, after the ReLU).": good * on_x,
-        "It matches dropout on the input x: drop the hidden units (after the ReLU).": (
-            feed_forward64(x * on_x, first, (w2, b2))
-        ),
-    }
-
-
-FEED_FORWARD = Oracle(lab04.FEED_FORWARD, oracle_feed_forward, feed_forward_mistakes)
+FEED_FORWARD = _oracle(
+    lab04.FEED_FORWARD,
+    "FeedForward",
+    oracle_feed_forward,
+    (
+        "It matches dropout on the input x: drop the hidden units (after the ReLU).",
+        {"drop": "input"},
+    ),
+)
 
 
 def _ff_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
@@ -239,130 +233,93 @@ def hidden_check_feed_forward_dropout(cls: Callable[..., nn.Module], seed: int =
     FEED_FORWARD.judge(cls, cases)
 
 
-class _Pieces:
-    """The sub-layers of an encoder block in float64, from a case's weights; ``bessel``: its
-    norms divide by ``D - 1`` (``x.var()``'s default), a typical mistake."""
-
-    def __init__(self, w: Mapping[str, Tensor], n_heads: int, bessel: bool = False) -> None:
-        self.w, self.n_heads, self.bessel = w, n_heads, bessel
-
-    def attention(self, h: Tensor, mask: Tensor | None) -> Tensor:
-        """Multi-head self-attention of ``h (B, T, D)``; fully masked rows give zeros."""
-        layers = tuple(linear64(self.w, f"self_attn.{n}_proj") for n in ("q", "k", "v", "out"))
-        return multi_head64(h, h, h, layers, self.n_heads, mask)
-
-    def feed_forward(self, h: Tensor, hidden_mask: Tensor | None = None) -> Tensor:
-        first, second = linear64(self.w, "ff.linear1"), linear64(self.w, "ff.linear2")
-        return feed_forward64(h, first, second, hidden_mask)
-
-    def norm(self, index: int, h: Tensor) -> Tensor:
-        gain, shift = linear64(self.w, f"norm{index}")
-        k = (h.shape[-1] - 1) / h.shape[-1] if self.bessel else 1.0  # var(D - 1) = var(D) / k
-        return layer_norm64(h, gain * math.sqrt(k), shift, 1e-5 * k)
-
-
 def oracle_encoder_block(
-    *args: Any, at: str | None = None, on_sum: bool = False, bessel: bool = False
+    *args: Any,
+    at: str | None = None,
+    on_sum: bool = False,
+    bessel: bool = False,
+    norm_first: bool | None = None,
+    form: str | None = None,
+    skip: str = "af",
+    swap: bool = False,
+    norms: bool = True,
+    mask: str = "",
+    zero_pad: bool = False,
 ) -> Tensor:
     """The block in float64, post- or pre-norm; in training mode dropout at ``at`` (default:
     torch's layer's "ahf": "a" the attention output, "h" the hidden units, "f" the feed-forward
-    output), its masks drawn from ``seed`` in that order. Typical mistakes: ``on_sum``, dropout
-    on the residual sum; ``bessel``, see :class:`_Pieces`."""
+    output), its masks drawn from ``seed`` in that order. The options make the mistakes (one of
+    blocks whose ``norm_first`` differs gives the right output): dropout ``on_sum`` (of the
+    residual), norms that divide by ``D - 1`` (``bessel``), the ``form`` "post", "pre",
+    "post_normed" (x + norm(sublayer(x))), "pre_normed" (the residual from the normed input) or
+    "pre_final" (a norm at the end), residuals around the sub-layers in ``skip`` only, the norms
+    swapped or none, the ``mask`` "none", "inverted" or its "first_row", padding zeroed."""
     c = BlockCase(*args)
+    if norm_first is not None and norm_first != c.norm_first:
+        return oracle_encoder_block(*c)
     at = ("" if c.seed is None else "ahf") if at is None else at
     B, T, D = c.x.shape
     size = {"a": (B, T, D), "h": (B, T, c.d_ff), "f": (B, T, D)}
     seq_first = c.seq_first and at[:1] == "a" and not on_sum  # else drawn on a contiguous tensor
     masks = iter(_dropout_masks(c.seed or 0, [size[k] for k in at], c.p, c.x.dtype, seq_first))
     d1, hidden, d2 = (next(masks) if k in at else (None if k == "h" else 1.0) for k in "ahf")
-    o, x = _Pieces(c.w, c.n_heads, bessel), c.x.double()
+    x, keys = c.x.double(), c.mask
+    if keys is not None and mask:
+        keys = {"none": None, "inverted": ~keys.bool(), "first_row": keys.bool()[:, :, :1]}[mask]
+    form = form or ("pre" if c.norm_first else "post")
 
-    def add(h: Tensor, sub: Tensor, drop: Any) -> Tensor:
+    def attention(h: Tensor) -> Tensor:  # fully masked rows give zeros
+        layers = tuple(linear64(c.w, f"self_attn.{n}_proj") for n in ("q", "k", "v", "out"))
+        return multi_head64(h, h, h, layers, c.n_heads, keys)
+
+    def ff(h: Tensor, drop: Tensor | None = None) -> Tensor:
+        return feed_forward64(h, linear64(c.w, "ff.linear1"), linear64(c.w, "ff.linear2"), drop)
+
+    def norm(i: int, h: Tensor) -> Tensor:
+        gain, shift = linear64(c.w, f"norm{3 - i if swap else i}")
+        k = (D - 1) / D if bessel else 1.0  # var(D - 1) = var(D) / k
+        return layer_norm64(h, gain * math.sqrt(k), shift, 1e-5 * k) if norms else h
+
+    def add(h: Tensor, sub: Tensor, drop: Any, k: str) -> Tensor:
+        h = h if k in skip else torch.zeros_like(h)
         return drop * (h + sub) if on_sum else h + drop * sub
 
-    if c.norm_first:
-        x = add(x, o.attention(o.norm(1, x), c.mask), d1)
-        return add(x, o.feed_forward(o.norm(2, x), hidden), d2)
-    x = o.norm(1, add(x, o.attention(x, c.mask), d1))
-    return o.norm(2, add(x, o.feed_forward(x, hidden), d2))
+    if form == "post":
+        x = norm(1, add(x, attention(x), d1, "a"))
+        out = norm(2, add(x, ff(x, hidden), d2, "f"))
+    elif form == "post_normed":
+        x = x + norm(1, attention(x))
+        out = x + norm(2, ff(x))
+    elif form == "pre_normed":
+        x = norm(1, x)
+        x = norm(2, x + attention(x))
+        out = x + ff(x)
+    else:  # "pre", "pre_final"
+        x = add(x, attention(norm(1, x)), d1, "a")
+        out = add(x, ff(norm(2, x), hidden), d2, "f")
+        out = norm(2, out) if form == "pre_final" else out
+    return out * c.mask.bool()[:, 0, 0, :, None] if zero_pad and c.mask is not None else out
+
+
+#: The mistakes of training mode (dropout placed elsewhere): hint -> the oracle's options.
+DROPOUT = {
+    SPEC.mistake("feed_forward FFDropoutNeverApplied").hint: {"at": ""},
+    "It matches a block whose FeedForward has no dropout: give it the block's dropout.": {
+        "at": "af"
+    },
+    "It matches a block without dropout on the attention output (dropout1).": {"at": "hf"},
+    "It matches a block without dropout on the feed-forward output (dropout2).": {"at": "ah"},
+    "It matches dropout applied to the residual sum: drop the sub-layer's output only, x "
+    "+ dropout(sublayer(...)).": {"on_sum": True},
+}
+_BLOCK_RECORDS = _records("EncoderBlock")
 
 
 def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
-    """Hint -> what a typical wrong block returns (float64)."""
-    c = BlockCase(*args)
-    if c.seed is not None:
-        return {
-            EVAL_IN_TRAINING: oracle_encoder_block(*c, at=""),
-            "It matches a block whose FeedForward has no dropout: give it the block's dropout.": (
-                oracle_encoder_block(*c, at="af")
-            ),
-            "It matches a block without dropout on the attention output (dropout1).": (
-                oracle_encoder_block(*c, at="hf")
-            ),
-            "It matches a block without dropout on the feed-forward output (dropout2).": (
-                oracle_encoder_block(*c, at="ah")
-            ),
-            "It matches dropout applied to the residual sum: drop the sub-layer's output only, x "
-            "+ dropout(sublayer(...)).": oracle_encoder_block(*c, on_sum=True),
-        }
-    o, mask, norm_first = _Pieces(c.w, c.n_heads), c.mask, c.norm_first
-    x, ff = c.x.double(), o.feed_forward
-    sa, n1, n2 = partial(o.attention, mask=mask), partial(o.norm, 1), partial(o.norm, 2)
-    named: dict[str, Tensor] = {}
-    if mask is not None:
-        keep = mask.bool()[:, 0, 0, :]  # (B, T): the first query row, as the mistake reads it
-        named |= {
-            "It matches the block without the mask: pass mask on to self_attn.": (
-                oracle_encoder_block(*c._replace(mask=None))
-            ),
-            "It matches the inverted mask: in this kit True means 'may attend' (a real token); "
-            "nn.MultiheadAttention's masks want the opposite (~mask).": oracle_encoder_block(
-                *c._replace(mask=~mask.bool())
-            ),
-            "It zeroes the outputs at padded positions: the mask only hides padded keys.": (
-                oracle_encoder_block(*c) * keep[..., None]
-            ),
-        }
-        if mask.shape[-2] > 1:
-            named["It uses only the first query row of the mask: pass on the whole mask."] = (
-                oracle_encoder_block(*c._replace(mask=mask.bool()[:, :, :1, :]))
-            )
-    swapped = "It matches norm1 and norm2 swapped: norm1 belongs to the attention sub-layer."
-    if norm_first:
-        h = x + sa(n1(x))
-        a = n1(x) + sa(n1(x))
-        named |= {
-            "With norm_first=True your block computes post-norm: pre-norm is x + "
-            "sublayer(norm(x)).": oracle_encoder_block(*c._replace(norm_first=False)),
-            "It matches pre-norm without residuals: x = x + sublayer(norm(x)).": ff(n2(sa(n1(x)))),
-            "The residual adds the normalised input: pre-norm keeps the residual path "
-            "un-normalised, x + sublayer(norm(x)).": n2(a) + ff(n2(a)),
-            swapped: (lambda b: b + ff(n1(b)))(x + sa(n2(x))),
-            "It normalises the block's output as well: pre-norm is x + sublayer(norm(x)) only "
-            "(the stack's final norm comes after the last block).": n2(h + ff(n2(h))),
-        }
-    else:
-        a = n1(x + sa(x))
-        named |= {
-            "With norm_first=False your block computes pre-norm: the default is post-norm, "
-            "norm(x + sublayer(x)).": oracle_encoder_block(*c._replace(norm_first=True)),
-            "It matches post-norm without residuals: norm(x + sublayer(x)).": n2(ff(n1(sa(x)))),
-            "The attention sub-layer has no residual: x = norm1(x + self_attn(x)).": (
-                lambda b: n2(b + ff(b))
-            )(n1(sa(x))),
-            "The feed-forward sub-layer has no residual: x = norm2(x + ff(x)).": n2(ff(a)),
-            swapped: (lambda b: n1(b + ff(b)))(n2(x + sa(x))),
-            "It has no layer norm at all: post-norm applies norm1 and norm2 after the residuals.": (
-                lambda b: b + ff(b)
-            )(x + sa(x)),
-            "It normalises the sub-layer's output, then adds x: Add & Norm adds first, "
-            "norm(x + sublayer(x)).": (lambda b: b + n2(ff(b)))(x + n1(sa(x))),
-        }
-    named[
-        "It matches layer norms that divide by D - 1 (Bessel's correction: x.var() is unbiased "
-        "by default): use the biased variance (correction=0)."
-    ] = oracle_encoder_block(*c, bessel=True)
-    return named
+    """Hint -> what a typical wrong block returns (float64): in training mode the dropout
+    mistakes, else the spec's."""
+    named = DROPOUT.items() if BlockCase(*args).seed is not None else _BLOCK_RECORDS
+    return {hint: oracle_encoder_block(*args, **options) for hint, options in named}
 
 
 BLOCK = Oracle(lab04.BLOCK, oracle_encoder_block, encoder_block_mistakes)
@@ -448,38 +405,33 @@ def hidden_check_encoder_block_mask(cls: Callable[..., nn.Module], seed: int = 0
         BLOCK.judge(cls, [c for c in cases if BlockCase(*c).norm_first == norm_first])
 
 
-def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of ``model`` on ``batch`` (the mean cross-entropy over the targets that are not
-    -100) and hint -> a typical wrong one (float64 scalars)."""
-    tokens, targets = batch["tokens"], batch["targets"]
-    real = targets != IGNORE_INDEX
-
-    def nll(logits: Tensor, labels: Tensor) -> Tensor:  # (B, T): -log p(label), clamped label
-        logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
-        return -logp.gather(-1, labels.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0]
-
+def oracle_tagging_loss(
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    *,
+    over: str = "real",
+    unmasked: bool = False,
+    labels: str = "targets",
+) -> Tensor:
+    """The mean cross-entropy of ``model`` on ``batch`` over the targets that are not -100
+    (float64); the options make the mistakes: the mean ``over`` "all" positions, the "sum", each
+    "sequence"'s mean, padding as "class_0"; logits ``unmasked``; the tokens as ``labels``."""
+    real = batch["targets"] != IGNORE_INDEX
     with torch.no_grad():
-        logits, unmasked = model(tokens, batch["padding_mask"]), model(tokens)  # (B, T, C)
-    as_class_0 = nll(logits, targets)
+        logits = model(batch["tokens"], None if unmasked else batch["padding_mask"])  # (B, T, C)
+    logp = torch.log_softmax(logits.double(), dim=-1)  # (B, T, C)
+    label = batch[labels].clamp(0, logits.shape[-1] - 1)  # (B, T): padding as class 0
+    as_class_0 = -logp.gather(-1, label[..., None])[..., 0]  # (B, T)
     per_token = torch.where(real, as_class_0, torch.zeros_like(as_class_0))
-    per_sequence = per_token.sum(1) / real.sum(1).clamp(min=1)  # (B,)
-    return per_token.sum() / real.sum(), {
-        "It matches the mean over every position, padding included: average over the real "
-        "tokens only (F.cross_entropy ignores the targets -100).": per_token.mean(),
-        "It matches the sum over the real tokens: take their mean.": per_token.sum(),
-        "It matches logits computed without the padding mask: pass batch['padding_mask'].": (
-            (nll(unmasked, targets) * real).sum() / real.sum()
-        ),
-        "It matches the mean of each sequence's mean loss: average over all real tokens.": (
-            per_sequence.mean()
-        ),
-        "It matches a loss that counts the padded positions as class 0: keep the targets -100.": (
-            as_class_0.mean()
-        ),
-        "It matches the loss against batch['tokens']: the labels are batch['targets'].": (
-            (nll(logits, tokens) * real).sum() / real.sum()
-        ),
-    }
+    means = {"all": per_token.mean(), "sum": per_token.sum(), "class_0": as_class_0.mean()}
+    means["sequence"] = (per_token.sum(1) / real.sum(1).clamp(min=1)).mean()  # (B,) averaged
+    return means.get(over, per_token.sum() / real.sum())
+
+
+def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of ``model`` on ``batch`` and hint -> a typical wrong one (the spec's records)."""
+    named = {h: oracle_tagging_loss(model, batch, **kw) for h, kw in _records("TaggingModule")}
+    return oracle_tagging_loss(model, batch), named
 
 
 def _tagging_batch(g: torch.Generator, vocab: int, lengths: Tensor) -> dict[str, Tensor]:
