@@ -204,14 +204,22 @@ class Oracle:
     mistakes: Callable[..., Mapping[str, Any]]
 
     @classmethod
-    def of(cls, part: Ordinary, name: str, oracle: Callable[..., Any]) -> Oracle:
+    def of(
+        cls,
+        part: Ordinary,
+        name: str,
+        oracle: Callable[..., Any],
+        *extra: tuple[str, dict[str, Any]],
+    ) -> Oracle:
         """``oracle`` and, as its mistakes, each mistake of the lab spec's part ``name`` whose
-        record gives options of ``oracle``: {hint: ``oracle(*args, **options)``}, in the spec's
-        order (a lab's checks module holds its spec as ``SPEC``)."""
+        record gives options of ``oracle``, in the spec's order, then the ``extra`` (hint,
+        options): {hint: ``oracle(*args, **options)``} (a lab's checks module holds its spec as
+        ``SPEC``)."""
         spec = importlib.import_module(f"transformer_lab.checks.{part.lab}").SPEC.parts[name]
         keys = set(inspect.signature(oracle).parameters)
-        records = [r for r in spec.records.values() if r.options and r.options.keys() <= keys]
-        return cls(part, oracle, lambda *a: {r.hint: oracle(*a, **r.options) for r in records})
+        named = [(r.hint, r.options) for r in spec.records.values() if r.options]
+        named = [(h, kw) for h, kw in named if kw.keys() <= keys] + list(extra)
+        return cls(part, oracle, lambda *a: {h: oracle(*a, **kw) for h, kw in named})
 
     def judge(
         self, answer: Any, cases: Sequence[tuple[Any, ...]], tell_apart: Sequence[Any] = ()

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab04
 from transformer_lab.checks._common import expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle, Ordinary
+from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel, values_at
 from transformer_lab.grading.hidden import fixture_entry
@@ -32,15 +32,6 @@ from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64,
 def _records(name: str) -> list[tuple[str, dict[str, Any]]]:
     """(hint, options) of each mistake of the spec's part ``name`` whose record gives options."""
     return [(r.hint, r.options) for r in SPEC.parts[name].records.values() if r.options]
-
-
-def _oracle(
-    part: Ordinary, name: str, oracle: Callable[..., Any], *extra: tuple[str, dict[str, Any]]
-) -> Oracle:
-    """``oracle`` and, as its mistakes, each mistake of the spec's part ``name`` whose record
-    gives options (then the ``extra`` (hint, options)): {hint: ``oracle(*args, **options)``}."""
-    named = [*_records(name), *extra]
-    return Oracle(part, oracle, lambda *args: {h: oracle(*args, **kw) for h, kw in named})
 
 
 def oracle_layer_norm(
@@ -68,11 +59,11 @@ def oracle_layer_norm(
     return scaled.get(affine, (x_hat + bias) * weight)  # "shift_first"
 
 
-LAYER_NORM = _oracle(lab04.LAYER_NORM, "layer_norm", oracle_layer_norm)
+LAYER_NORM = Oracle.of(lab04.LAYER_NORM, "layer_norm", oracle_layer_norm)
 #: Features around 1e4 with a spread of 1: float32 keeps three digits of the spread (so the
 #: tolerance is 1e-2), E[x^2] - E[x]^2 keeps none. Judged after the ordinary cases, so that an
 #: answer wrong here alone is named as the cancellation.
-LARGE_MEAN = _oracle(
+LARGE_MEAN = Oracle.of(
     dataclasses.replace(
         lab04.LAYER_NORM,
         named=lambda case: SPEC.mistake("layer_norm ln_raw_moments").hint,
@@ -192,7 +183,7 @@ def oracle_feed_forward(
     return out.relu() if act == "end" else out + x.double() * residual
 
 
-FEED_FORWARD = _oracle(
+FEED_FORWARD = Oracle.of(
     lab04.FEED_FORWARD,
     "FeedForward",
     oracle_feed_forward,
