@@ -192,9 +192,8 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
 def hidden_check_causal_self_attention_training(
     cls: Callable[..., nn.Module], seed: int = 0
 ) -> None:
-    """Training mode: without dropout as the oracle (gradients too, by autograd through the
-    float64 oracle); dropout off in eval; dropout on the attention weights, found by its
-    structure, and scaled by 1/(1-p)."""
+    """Training mode: without dropout as the oracle, gradients too; dropout off in eval, and on
+    the attention weights (:func:`_dropout_structure`)."""
     g = generator(seed)
     module, weights, x, what, heads = _attention_case(cls, g)
     training = f"{what} in training mode"
