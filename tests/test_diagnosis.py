@@ -257,7 +257,7 @@ def test_a_multinomial_failure_seen_from_outside_is_blamed_on_the_sampling() -> 
     message = str(info.value)
     assert "Temperature 0 means greedy" in message
     assert "Crop the prompt" not in message
-    assert named_mistakes() == [lab08.TEMPERATURE_ZERO]
+    assert named_mistakes() == [lab08.SPEC.mistake("generate sampling=divide").hint]
 
 
 # --------------------------------------------------------------------------------------

@@ -147,9 +147,8 @@ def judge_cached(
     want: tuple[Tensor, Tensor, Tensor, Mapping[str, Tensor]],
     capacity: int | None = None,
 ) -> None:
-    """``x`` fed to ``module`` in ``schedule``'s pieces through one kit ``KVCache``, judged: the
-    joined outputs and the cache's contents against ``want`` (``(the one-pass output, keys,
-    values (B, H, T, Dh), hint -> a mistake's output)``)."""
+    """:func:`cached_run` judged: the joined outputs and the cache's contents against ``want``
+    (``(the one-pass output, keys, values (B, H, T, Dh), hint -> a mistake's output)``)."""
     out, keys, values, mistakes = want
     got, cache = cached_run(module, x, schedule, heads, what, capacity)
     fed = f"{what} fed {show_schedule(schedule)} through a KV cache of capacity {cache.capacity}"
@@ -158,9 +157,8 @@ def judge_cached(
     v = cache.v[0, :, :, :T].detach().to("cpu", torch.float64)
     expect_true(
         close(k, keys, atol=_TOL, rtol=_TOL) and close(v, values, atol=_TOL, rtol=_TOL),
-        f"the KV cache filled by {fed} does not hold the keys and values: after the calls it "
-        "must hold every position's key and value, split into heads (B, H, T, Dh): "
-        "kv_cache.store(k, v) with the new tokens' keys and values.",
+        f"the KV cache filled by {fed} does not hold the keys and values of every position, "
+        "split into heads (B, H, T, Dh): kv_cache.store(k, v) with the new tokens' k and v.",
     )
     judge_attention(got, out, f"{fed} (joined outputs)", CACHE_RULE, mistakes)
 
@@ -195,22 +193,11 @@ def check_causal_self_attention_cache(cls: Callable[..., nn.Module]) -> None:
 
 
 class ScriptedLM(nn.Module):
-    """A fake causal language model with the kit GPT's interface, for checking generation loops.
+    """A fake causal language model with the kit GPT's interface (and its ``ValueError`` past
+    ``n_ctx``): at position ``p``, with ``s`` the sum of the ids read at ``0 .. p``, the next token
+    ``(7 s + 3 p + 1) mod V`` scores highest, so a token fed twice, skipped or misplaced shows."""
 
-    ``model(idx)`` reads ``idx (B, T <= n_ctx)`` at positions ``0 .. T-1``; ``model(idx, cache)``
-    at the positions after those the cache holds. At position ``p``, with ``s`` the sum of the
-    ids read at ``0 .. p``, the next token ``(7 s + 3 p + 1) mod V`` scores ``sharpness`` above a
-    smooth background, so feeding a token twice, skipping one or misplacing it changes what
-    follows. Like the kit's GPT it raises ``ValueError`` past ``n_ctx``.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int = 11,
-        n_ctx: int = 12,
-        *,
-        sharpness: float = 4.0,
-    ) -> None:
+    def __init__(self, vocab_size: int = 11, n_ctx: int = 12, *, sharpness: float = 4.0) -> None:
         super().__init__()
         self.config = SimpleNamespace(vocab_size=vocab_size, n_ctx=n_ctx)
         self.sharpness = sharpness
@@ -255,10 +242,6 @@ FEED_RULE = (
     "(model(next_token, cache)); once it holds n_ctx positions, and always without the cache, "
     "run the model on the last n_ctx tokens."
 )
-#: What sampling at temperature 0 is (said when torch.multinomial got NaN or inf).
-TEMPERATURE_ZERO = SPEC.mistake("generate sampling=divide").hint
-#: What torch.multinomial samples from (said when it got negative entries at t > 0).
-LOGITS_SAMPLED = SPEC.mistake("generate sampling=logits").hint
 
 
 def run_generate(
@@ -278,7 +261,8 @@ def run_generate(
     except AssertionError as exc:
         message = str(exc)
         if "probability tensor contains either `inf`, `nan` or element < 0" in message:
-            hint = LOGITS_SAMPLED if options.get("temperature", 1.0) > 0 else TEMPERATURE_ZERO
+            sampled = "logits" if options.get("temperature", 1.0) > 0 else "divide"  # at t = 0
+            hint = SPEC.mistake(f"generate sampling={sampled}").hint
             note_mistake(hint)
             raise AssertionError(f"{message} {hint}") from None
         if f"{what} raised " in message:
@@ -304,10 +288,8 @@ def judge_calls(
     use_cache: bool,
     what: str,
 ) -> None:
-    """How a loop fed the model (``calls``: ``(T, the cache or None, positions it held)``): call
-    ``i`` (``prompt_len + i`` tokens so far) reads one token through the cache in use, else the
-    last ``min(prompt_len + i, n_ctx)``: into a new cache (first, or once it is full) with
-    ``use_cache``, else without one."""
+    """How a loop fed the model (``calls``: ``(T, the cache or None, positions it held)``), as
+    :data:`FEED_RULE` says."""
     current, held = None, 0  # the cache in use and the positions it holds
     for i, (fed, cache, before) in enumerate(calls):
         window = min(prompt_len + i, n_ctx)
@@ -368,20 +350,14 @@ def show_greedy(
     )
 
 
-def greedy(
-    fn: Callable[..., Tensor],
-    prompt: Sequence[Sequence[int]],
-    n_ctx: int,
-    new: int,
-    use_cache: bool,
-    gpt: int | None = None,
-) -> list[list[int]]:
-    """The student's greedy tokens on a fresh :class:`ScriptedLM` (or :func:`kit_gpt` with the
-    seed ``gpt``), its calls judged (run twice: greedy decoding gives the same tokens)."""
-    what = show_greedy(prompt, n_ctx, new, use_cache, gpt)
+def greedy(fn: Callable[..., Tensor], *case: Any) -> list[list[int]]:
+    """The student's greedy tokens on :func:`show_greedy`'s model, its calls judged (run twice:
+    greedy decoding gives the same tokens)."""
+    prompt, n_ctx, new, use_cache, *gpt = case
+    what = show_greedy(*case)
     runs = []
     for _ in range(2):
-        model = ScriptedLM(n_ctx=n_ctx) if gpt is None else kit_gpt(gpt, n_ctx)
+        model = kit_gpt(gpt[0], n_ctx) if gpt else ScriptedLM(n_ctx=n_ctx)
         calls = recording(model)
         got = run_generate(
             fn, model, torch.tensor(prompt), new, what, temperature=0.0, use_cache=use_cache
@@ -428,8 +404,7 @@ def sample(
     use_cache: bool,
     **options: Any,
 ) -> tuple[Tensor, str]:
-    """The student's tokens at temperature 1, seeded with ``seed``, its calls judged, and the
-    call as shown."""
+    """The student's tokens at temperature 1, seeded with ``seed``, its calls judged; the call."""
     shown = "".join(f"{key}={value}, " for key, value in options.items())
     what = (
         f"generate(model, idx {tuple(prompt.shape)}, {new}, temperature=1.0, {shown}"
@@ -447,9 +422,8 @@ def expect_same_both_ways(with_cache: Tensor, without: Tensor, what: str) -> Non
     expect_true(
         torch.equal(with_cache, without),
         f"{what} and the same call with use_cache=False gave different tokens "
-        f"({with_cache.tolist()} and {without.tolist()}): the cache must change how fast tokens "
-        "come, never which. Both paths must sample from the same logits in the same order, one "
-        "draw per step.",
+        f"({with_cache.tolist()} and {without.tolist()}): both paths must sample from the same "
+        "logits in the same order, one draw per step.",
     )
 
 
@@ -466,20 +440,16 @@ def check_generate_sampling(fn: Callable[..., Tensor]) -> None:
     expect_true(
         torch.equal(with_cache, again),
         f"{what} gave other tokens when run again with a fresh generator of the same seed: pass "
-        "generator=generator to the sampling (sample_next(..., generator=generator)), so that "
-        "the draws come from it and not from the global random state.",
+        "generator=generator to the sampling (sample_next(..., generator=generator)).",
     )
     expect_same_both_ways(with_cache, without, what)
     expect_true(
         not torch.equal(with_cache, other_seed),
-        f"{what} gave the same tokens with seeds 0 and 1: at temperature 1 the tokens are "
-        "drawn from the softmax of the logits (sample_next), not taken by argmax.",
+        f"{what} gave the same tokens with seeds 0 and 1: at temperature 1, sample (sample_next).",
     )
 
 
-# The arithmetic of scale. A case is the call's positional arguments, then (where the function
-# has keyword arguments) a dict of them: ``(12, 768, 50257, 1024, {"bias": False})``. An argument
-# left out keeps the student's default, which is part of what the first worked examples check.
+# The arithmetic of scale: a case is ``(12, 768, 50257, 1024, {"bias": False})`` (keywords last).
 
 
 def split_case(case: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -542,8 +512,7 @@ def _scale_part(
 COUNT, check_gpt_param_count = _scale_part(
     "gpt_param_count",
     True,
-    "Count it layer by layer: the embeddings, per block two layer norms, the attention and the "
-    "MLP, and the final layer norm.",
+    "Count it layer by layer: embeddings, per block two norms, attention and MLP, a final norm.",
     "GPT-2 small (124,439,808; 124,337,664 without biases) and two small GPTs, one without biases",
 )
 #: ``training_flops`` of a case ``(n_params, n_tokens)``.
@@ -557,10 +526,8 @@ FLOPS, check_training_flops = _scale_part(
 KV, check_kv_cache_bytes = _scale_part(
     "kv_cache_bytes",
     True,
-    "Count it step by step: a key and a value of width d_model per layer, position and "
-    "sequence, bytes_per_value bytes each.",
-    "GPT-3's full context in float16, GPT-2 small's in float32 with a batch, and a small cache "
-    "(3 layers, width 16, 8 positions, a batch of 2, float32)",
+    "Count a key and a value of width d_model per layer, position and sequence, in bytes.",
+    "GPT-3's full context in float16, GPT-2 small's in float32 with a batch, and a small cache",
 )
 #: ``gpu_days`` of a case ``(flops, peak_flops, utilization)``.
 DAYS, check_gpu_days = _scale_part(

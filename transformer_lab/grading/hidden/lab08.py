@@ -1,6 +1,5 @@
-"""Hidden checks of lab 08 (language models), their oracles (written independently of the kit,
-with keyword options: a mistake's output is the oracle run with the options its spec record
-gives) and the visible checks' fixtures."""
+"""Hidden checks of lab 08 (language models), their oracles (independent of the kit; a mistake's
+output is the oracle run with its spec record's options) and the visible checks' fixtures."""
 
 from __future__ import annotations
 
@@ -122,8 +121,7 @@ def _draw(
 def _attention_case(
     cls: Callable[..., nn.Module], g: torch.Generator, dropout: float = 0.0
 ) -> tuple[nn.Module, dict[str, Tensor], Tensor, str, int]:
-    """The student's module at random sizes, :func:`_draw`'s weights loaded, and its input:
-    ``(module, weights, x (B, T, D), its name, n_heads)``."""
+    """The student's module at random sizes with :func:`_draw`'s weights, and its input."""
     heads = randint(1, 4, g)
     D, B, T = heads * randint(2, 5, g), randint(1, 3, g), randint(3, 7, g)
     weights, x = _draw(g, heads, D, B, T)
@@ -194,16 +192,13 @@ def hidden_check_causal_self_attention_cache(cls: Callable[..., nn.Module], seed
 def hidden_check_causal_self_attention_training(
     cls: Callable[..., nn.Module], seed: int = 0
 ) -> None:
-    """Training mode: without dropout as the oracle (gradients too, by autograd through the
-    float64 oracle); dropout off in eval; dropout on the attention weights, found by its
-    structure, and scaled by 1/(1-p)."""
+    """Training mode: without dropout as the oracle, gradients too; dropout off in eval, and on
+    the attention weights (:func:`_dropout_structure`)."""
     g = generator(seed)
     module, weights, x, what, heads = _attention_case(cls, g)
-    got = lab08.run_attention(module.train(), x, f"{what} in training mode")
-    same = "With dropout 0, training mode computes what eval mode does."
-    lab08.judge_attention(
-        got, oracle_attention(weights, x, heads), f"{what} in training mode", same
-    )
+    training = f"{what} in training mode"
+    got = lab08.run_attention(module.train(), x, training)
+    lab08.judge_attention(got, oracle_attention(weights, x, heads), training, lab08.ATTENTION_RULE)
     # Gradients with respect to the input and the fused projection, against the oracle's.
     xs = x.clone().requires_grad_(True)
     x64 = x.double().requires_grad_(True)
@@ -212,25 +207,18 @@ def hidden_check_causal_self_attention_training(
     out = lab08.run_attention(module, xs, f"{what} (backward pass)")
     expect_true(
         out.requires_grad,
-        f"the output of {what} does not depend differentiably on x: no .detach(), .item(), "
-        "torch.no_grad() or tensors rebuilt from Python numbers inside forward.",
+        f"the output of {what} does not depend differentiably on x: no .detach() or no_grad.",
     )
     module.zero_grad()
     (out * r).sum().backward()
     (oracle_attention(w64, x64, heads) * r).sum().backward()
-    hint = (
-        "The forward pass matches the oracle but the gradient does not: avoid in-place "
-        "changes of tensors autograd needs, and keep every step differentiable."
-    )
+    hint = "The output is right but the gradient does not match: no in-place ops autograd needs."
     lab08.judge_attention(xs.grad, x64.grad, f"the gradient of {what} with respect to x", hint)
     name = f"the gradient of {what} with respect to qkv_proj.weight"
     lab08.judge_attention(module.qkv_proj.weight.grad, w64["qkv_proj.weight"].grad, name, hint)
 
     module, weights, x, what, heads = _attention_case(cls, g, dropout=0.3)
-    off = (
-        "Dropout must be off in eval mode: use an nn.Dropout module (or F.dropout(..., "
-        "training=self.training))."
-    )
+    off = "Dropout must be off in eval mode: nn.Dropout (or F.dropout(..., training=...))."
     got = lab08.run_attention(module.eval(), x, f"{what} in eval mode")
     lab08.judge_attention(got, oracle_attention(weights, x, heads), f"{what} in eval mode", off)
     _dropout_structure(cls, g)
@@ -263,11 +251,9 @@ def _dropout_structure(cls: Callable[..., nn.Module], g: torch.Generator) -> Non
         odd += int((~zero & ~scaled).sum())
     expect_true(
         kept > 0 and dropped > 0 and odd == 0,
-        f"{what} in training mode, over four calls: query 0 attends key 0 alone, so each head's "
-        f"output there is either zero (its weight dropped) or the value scaled by 1/(1-p); "
-        f"{kept} heads were kept so, {dropped} dropped and {odd} neither. Dropout belongs on "
-        "the attention weights (B, H, T, S), after the softmax and before they average the "
-        "values: nn.Dropout(p), which scales the kept ones by 1/(1-p).",
+        f"{what} in training mode, four calls: query 0 attends key 0 alone, so each head's output "
+        f"there is zero or the value scaled by 1/(1-p); {kept} kept, {dropped} dropped, {odd} "
+        "neither. Dropout belongs on the attention weights, after the softmax: nn.Dropout(p).",
     )
 
 
@@ -359,9 +345,7 @@ def hidden_check_generate_strategies(fn: Callable[..., Tensor], seed: int = 0) -
             worst < 0.04 and not bool(((drawn > 0) & (want == 0)).any()),
             f"{what} drew the tokens with frequencies {[round(x, 3) for x in drawn.tolist()]}, "
             f"but the distribution is {[round(x, 3) for x in want.tolist()]}: pass the "
-            "temperature, top_k and top_p to the sampling (sample_next(logits, temperature=..., "
-            "top_k=..., top_p=..., generator=...)); the logits are divided by the temperature "
-            "and filtered before the softmax.",
+            "temperature, top_k and top_p to the sampling (sample_next).",
         )
 
 
@@ -382,13 +366,8 @@ def oracle_gpt_param_count(
     mlp: int = 4,
     qkv_bias: int = 3,
 ) -> int:
-    """GPT-2's parameters, layer by layer: token and position embeddings (the output layer is
-    tied to the token embedding), per block two layer norms, the QKV projection (D -> 3D), the
-    output projection (D -> D) and the MLP (D -> 4D -> D), and the final layer norm. A mistake's
-    options: ``bias`` whatever the call says, the layer norms' ``norm_bias`` so, ``norms`` per
-    block, no ``final_norm``, ``positions`` rows ``"vocab"`` or ``"none"``, an untied output
-    layer, the causal ``mask`` counted, an ``mlp`` of width ``mlp * D``, a QKV bias of width
-    ``qkv_bias * D``."""
+    """GPT-2's parameters, layer by layer (the output layer tied to the token embedding); the
+    keywords are a mistake's options (``bias``: whatever the call says)."""
     D = d_model
     b = int(options.get("bias", True) if bias is None else bias)
     norm = (1 + (b if norm_bias is None else norm_bias)) * D  # gain (and bias)
@@ -420,9 +399,8 @@ def oracle_kv_cache_bytes(
     scores: bool = False,
     bits: bool = False,
 ) -> int:
-    """A key and a value (two ``kinds``) of width D per layer, position and sequence. A
-    mistake's options: other ``kinds``, the ``batch_size`` or ``bytes_per_value`` whatever the
-    call says, one layer, rows of T ``scores``, ``bits``."""
+    """A key and a value (two ``kinds``) of width D per layer, position and sequence; the
+    keywords are a mistake's options."""
     B = options.get("batch_size", 1) if batch_size is None else batch_size
     b = options.get("bytes_per_value", 2) if bytes_per_value is None else bytes_per_value
     per_position = kinds * (n_ctx if scores else d_model) * b * (8 if bits else 1)
@@ -509,9 +487,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     heads, (weights, x) = 2, _draw(generator(8), 2, 8, 2, 5)  # CausalSelfAttention(8, 2)
     out["CausalSelfAttention example: x, weights"] = fixture_entry(plain([x, weights]))
-    want = oracle_attention(weights, x, heads)
     out["CausalSelfAttention example: out"] = fixture_entry(
-        want, attention_mistakes(weights, x, heads)
+        oracle_attention(weights, x, heads), attention_mistakes(weights, x, heads)
     )
     for name, plan in lab08.SCHEDULES.items():
         out[f"CausalSelfAttention example, cached {name}: out"] = fixture_entry(
