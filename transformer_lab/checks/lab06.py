@@ -88,14 +88,6 @@ _IDS = {
 }
 
 
-_CROSS_HINT = (
-    "In the cross-attention the queries come from the decoder states x, the keys and values from "
-    "memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
-    "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
-    "cross-attention."
-)
-
-
 def block_what(
     sizes: Sequence[int],
     _weights: Mapping[str, Tensor],
@@ -142,7 +134,13 @@ def block_call(
     block.train(options.get("training", False)).to(dtype)
     masks = {"self_mask": self_mask, "memory_mask": memory_mask}
     inputs = (x.to(dtype), memory.to(dtype))
-    out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT)
+    cross = (
+        "In the cross-attention the queries come from the decoder states x, the keys and values "
+        "from memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
+        "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
+        "cross-attention."
+    )
+    out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=cross)
     out = expect_shape(out, tuple(x.shape), what)
     expect_true(
         out.dtype == dtype or dtype == torch.float32,  # float32 inputs: any float (as before)
@@ -366,8 +364,7 @@ class StandInTranslator(nn.Module):
         src_padding_mask: Tensor | None = None,
         tgt_padding_mask: Tensor | None = None,
     ) -> Tensor:
-        memory = self.encode(src, src_padding_mask)
-        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
+        return self.decode(tgt_in, self.encode(src, src_padding_mask), src_padding_mask)
 
     def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor, *, feedback: bool) -> Tensor:
         """``(B, T)``: ``symbol((x_t + y_{t-1}) mod K)`` over the ``real`` source symbols (a
@@ -738,15 +735,6 @@ def check_trained_translator(
     return score
 
 
-def _decode_what(
-    _model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor | None
-) -> str:
-    return (
-        f"greedy_decode(model, src {tuple(src.shape)}, bos_id={bos_id}, eos_id={eos_id}, "
-        f"max_len={max_len}" + (", src_padding_mask)" if mask is not None else ")")
-    )
-
-
 def _decode_call(
     fn: Callable[..., Tensor],
     model: nn.Module,
@@ -758,7 +746,7 @@ def _decode_call(
 ) -> Tensor:
     """The student's ``greedy_decode`` under the ban: an integer ``(B, L)``, the source encoded
     once (a stand-in counts its ``encode`` calls)."""
-    what = _decode_what(model, src, bos_id, eos_id, max_len, mask)
+    what = DECODE.what(model, src, bos_id, eos_id, max_len, mask)
     kwargs = {} if mask is None else {"src_padding_mask": mask}
     before = getattr(model, "encode_calls", 0)
     got = call_forbidding(
@@ -784,7 +772,10 @@ def _decode_call(
 DECODE = Ordinary(
     "lab06",
     call=_decode_call,
-    what=_decode_what,
+    what=lambda _model, src, bos_id, eos_id, max_len, mask: (
+        f"greedy_decode(model, src {tuple(src.shape)}, bos_id={bos_id}, eos_id={eos_id}, "
+        f"max_len={max_len}" + (", src_padding_mask)" if mask is not None else ")")
+    ),
     rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
