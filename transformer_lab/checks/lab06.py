@@ -88,14 +88,6 @@ _IDS = {
 }
 
 
-_CROSS_HINT = (
-    "In the cross-attention the queries come from the decoder states x, the keys and values from "
-    "memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
-    "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
-    "cross-attention."
-)
-
-
 def block_what(
     sizes: Sequence[int],
     _weights: Mapping[str, Tensor],
@@ -142,7 +134,13 @@ def block_call(
     block.train(options.get("training", False)).to(dtype)
     masks = {"self_mask": self_mask, "memory_mask": memory_mask}
     inputs = (x.to(dtype), memory.to(dtype))
-    out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=_CROSS_HINT)
+    cross = (
+        "In the cross-attention the queries come from the decoder states x, the keys and values "
+        "from memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
+        "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
+        "cross-attention."
+    )
+    out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=cross)
     out = expect_shape(out, tuple(x.shape), what)
     expect_true(
         out.dtype == dtype or dtype == torch.float32,  # float32 inputs: any float (as before)
@@ -150,10 +148,6 @@ def block_call(
         "the input's dtype and device.",
     )
     return out.detach()
-
-
-def _optional_mask(mask: Any) -> Tensor | None:
-    return None if mask is None else torch.tensor(mask)
 
 
 #: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
@@ -175,7 +169,7 @@ BLOCK = Ordinary(
         {name: torch.tensor(value) for name, value in weights.items()},
         torch.tensor(x),
         torch.tensor(memory),
-        *map(_optional_mask, masks),
+        *(None if mask is None else torch.tensor(mask) for mask in masks),
     ),
     **_FLOATS,
 )
@@ -187,13 +181,9 @@ check_decoder_block = BLOCK.visible(
 )
 
 
-def _shift_what(targets: Tensor, bos_id: int) -> str:
-    return f"shift_right({targets.tolist()}, bos_id={bos_id})"
-
-
 def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Tensor:
     """``fn(targets, bos_id)`` under the ban, its input left as it was; an integer ``(B, T)``."""
-    what = _shift_what(targets, bos_id)
+    what = SHIFT.what(targets, bos_id)
     in_place = (
         "changed its input `targets` in place: build a new tensor (torch.cat, or clone first); "
         "the targets are still needed as the loss's labels."
@@ -214,7 +204,7 @@ def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Tens
 SHIFT = Ordinary(
     "lab06",
     call=_shift_call,
-    what=_shift_what,
+    what=lambda targets, bos_id: f"shift_right({targets.tolist()}, bos_id={bos_id})",
     rule="Position 0 holds BOS and position t the target of position t - 1.",
     load=lambda targets, bos_id: (torch.tensor(targets), bos_id),
     **_IDS,
@@ -226,14 +216,10 @@ check_shift_right = SHIFT.visible(
 )
 
 
-def _loss_what(logits: Tensor, targets: Tensor, pad_id: int) -> str:
-    return f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
-
-
 def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id: int) -> Tensor:
     """``fn(logits, targets, pad_id)`` under the ban, the logits needing gradients: a scalar
     tensor that keeps its graph (training calls ``loss.backward()``)."""
-    what = _loss_what(logits, targets, pad_id)
+    what = LOSS.what(logits, targets, pad_id)
     logits = logits.detach().clone().requires_grad_()
     got = call_forbidding(fn, (logits, targets, pad_id), {}, ban=SPEC.ban("loss"), what=what)
     expect_true(
@@ -249,7 +235,9 @@ def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id
 LOSS = Ordinary(
     "lab06",
     call=loss_call,
-    what=_loss_what,
+    what=lambda logits, _targets, pad_id: (
+        f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
+    ),
     describe=lambda case: (
         f"{case.what} returned {float(case.got):.6g}, expected {float(case.want):.6g}."
     ),
@@ -376,8 +364,7 @@ class StandInTranslator(nn.Module):
         src_padding_mask: Tensor | None = None,
         tgt_padding_mask: Tensor | None = None,
     ) -> Tensor:
-        memory = self.encode(src, src_padding_mask)
-        return self.decode(tgt_in, memory, src_padding_mask, tgt_padding_mask)
+        return self.decode(tgt_in, self.encode(src, src_padding_mask), src_padding_mask)
 
     def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor, *, feedback: bool) -> Tensor:
         """``(B, T)``: ``symbol((x_t + y_{t-1}) mod K)`` over the ``real`` source symbols (a
@@ -465,29 +452,6 @@ def check_training_step(
     )
 
 
-def _validation_expected(
-    model: StandInTranslator, batches: Sequence[dict[str, Tensor]], pad_id: int
-) -> dict[str, float]:
-    """Epoch values of val_loss, val_acc and val_exact_match: Lightning averages a logged
-    number over the epoch weighted by the batch size; a logged metric object is computed over
-    the whole epoch."""
-    losses, right, exact = [], [], []
-    with torch.no_grad():
-        for batch in batches:
-            masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
-            logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
-            targets = batch["tgt_out"]
-            ok, keep = logits.argmax(-1) == targets, targets != pad_id  # (B, T)
-            losses += [float(_ce(logits, targets, pad_id))] * len(targets)
-            right.append(ok[keep])
-            exact.append((ok | ~keep).all(-1))
-    return {
-        "val_loss": sum(losses) / len(losses),
-        "val_acc": float(torch.cat(right).double().mean()),
-        "val_exact_match": float(torch.cat(exact).double().mean()),
-    }
-
-
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
 _VALIDATION_RULE = (
     "val_loss is the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
@@ -552,7 +516,23 @@ def check_validation_step(
     for run, batches, got in zip(
         ("", " (second run, other sentences)"), runs, results, strict=True
     ):
-        for name, value in _validation_expected(model, batches, pad_id).items():
+        # Lightning averages a logged number over the epoch weighted by the batch size; a
+        # logged metric object is computed over the whole epoch.
+        losses, right, exact = [], [], []
+        with torch.no_grad():
+            for batch in batches:
+                masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
+                logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
+                ok, keep = logits.argmax(-1) == batch["tgt_out"], batch["tgt_out"] != pad_id
+                losses += [float(_ce(logits, batch["tgt_out"], pad_id))] * len(logits)
+                right.append(ok[keep])
+                exact.append((ok | ~keep).all(-1))
+        expected = {
+            "val_loss": sum(losses) / len(losses),
+            "val_acc": float(torch.cat(right).double().mean()),
+            "val_exact_match": float(torch.cat(exact).double().mean()),
+        }
+        for name, value in expected.items():
             expect_true(
                 name in got,
                 f"{_VALIDATE_WHAT} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, "
@@ -755,15 +735,6 @@ def check_trained_translator(
     return score
 
 
-def _decode_what(
-    _model: nn.Module, src: Tensor, bos_id: int, eos_id: int, max_len: int, mask: Tensor | None
-) -> str:
-    return (
-        f"greedy_decode(model, src {tuple(src.shape)}, bos_id={bos_id}, eos_id={eos_id}, "
-        f"max_len={max_len}" + (", src_padding_mask)" if mask is not None else ")")
-    )
-
-
 def _decode_call(
     fn: Callable[..., Tensor],
     model: nn.Module,
@@ -775,7 +746,7 @@ def _decode_call(
 ) -> Tensor:
     """The student's ``greedy_decode`` under the ban: an integer ``(B, L)``, the source encoded
     once (a stand-in counts its ``encode`` calls)."""
-    what = _decode_what(model, src, bos_id, eos_id, max_len, mask)
+    what = DECODE.what(model, src, bos_id, eos_id, max_len, mask)
     kwargs = {} if mask is None else {"src_padding_mask": mask}
     before = getattr(model, "encode_calls", 0)
     got = call_forbidding(
@@ -801,7 +772,10 @@ def _decode_call(
 DECODE = Ordinary(
     "lab06",
     call=_decode_call,
-    what=_decode_what,
+    what=lambda _model, src, bos_id, eos_id, max_len, mask: (
+        f"greedy_decode(model, src {tuple(src.shape)}, bos_id={bos_id}, eos_id={eos_id}, "
+        f"max_len={max_len}" + (", src_padding_mask)" if mask is not None else ")")
+    ),
     rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
@@ -811,7 +785,7 @@ DECODE = Ordinary(
         bos_id,
         eos_id,
         max_len,
-        _optional_mask(mask),
+        None if mask is None else torch.tensor(mask),
     ),
     **_IDS,
 )
