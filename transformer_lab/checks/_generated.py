@@ -28,7 +28,6 @@ answer is given (a search's step function: ``load`` builds it from stored data).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +38,7 @@ import torch
 from torch import Tensor
 
 from transformer_lab.checks._common import Case, generator, judge_cases, stored_data
+from transformer_lab.checks.spec import all_specs
 
 __all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain"]
 
@@ -213,9 +213,8 @@ class Oracle:
     ) -> Oracle:
         """``oracle`` and, as its mistakes, each mistake of the lab spec's part ``name`` whose
         record gives options of ``oracle``, in the spec's order, then the ``extra`` (hint,
-        options): {hint: ``oracle(*args, **options)``} (a lab's checks module holds its spec as
-        ``SPEC``)."""
-        spec = importlib.import_module(f"transformer_lab.checks.{part.lab}").SPEC.parts[name]
+        options): {hint: ``oracle(*args, **options)``}."""
+        spec = next(s for s in all_specs() if f"lab{s.lab[:2]}" == part.lab).parts[name]
         keys = set(inspect.signature(oracle).parameters)
         named = [(r.hint, r.options) for r in spec.records.values() if r.options]
         named = [(h, kw) for h, kw in named if kw.keys() <= keys] + list(extra)
