@@ -214,10 +214,13 @@ class Oracle:
         """``oracle`` and, as its mistakes, each mistake of the lab spec's part ``name`` whose
         record gives options of ``oracle``, in the spec's order, then the ``extra`` (hint,
         options): {hint: ``oracle(*args, **options)``}."""
-        spec = next(s for s in all_specs() if f"lab{s.lab[:2]}" == part.lab).parts[name]
+        specs = {f"lab{s.lab[:2]}": s for s in all_specs()}
+        if part.lab not in specs or name not in specs[part.lab].parts:
+            raise ValueError(f"no spec part {name!r} of {part.lab!r} to name mistakes from")
         keys = set(inspect.signature(oracle).parameters)
-        named = [(r.hint, r.options) for r in spec.records.values() if r.options]
-        named = [(h, kw) for h, kw in named if kw.keys() <= keys] + list(extra)
+        records = specs[part.lab].parts[name].records.values()
+        named = [(r.hint, r.options) for r in records if r.options and r.options.keys() <= keys]
+        named += extra
         return cls(part, oracle, lambda *a: {h: oracle(*a, **kw) for h, kw in named})
 
     def judge(
