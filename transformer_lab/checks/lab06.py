@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
+    Case,
     call_forbidding,
     close,
     expect_module,
@@ -88,52 +89,48 @@ _IDS = {
 }
 
 
-def block_what(
-    sizes: Sequence[int],
-    _weights: Mapping[str, Tensor],
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-    *,
-    training: bool = False,
-    dropout: float = 0.0,
-    dtype: torch.dtype = torch.float32,
-) -> str:
+class BlockCase(NamedTuple):
+    """One case of the decoder block's checks: what the student's class is judged on, the
+    block's setting last (eval mode, float32, unless given)."""
+
+    sizes: Sequence[int]  # (d_model, n_heads, d_ff)
+    weights: Mapping[str, Tensor]  # named as the kit's block's (self_attn.q_proj.weight, ...)
+    x: Tensor  # (B, T, D)
+    memory: Tensor  # (B, S, D)
+    self_mask: Tensor | None  # (B or 1, 1, T, T), True where a position may be attended to
+    memory_mask: Tensor | None  # (B, 1, 1, S)
+    dropout: float = 0.0
+    training: bool = False
+    dtype: torch.dtype = torch.float32
+
+
+def block_what(*case: Any) -> str:
     """One case's call as a student would write it (with the block's setting), for messages."""
-    masks = "" if self_mask is None else ", self_mask=causal"
-    masks += "" if memory_mask is None else ", memory_mask=source padding"
-    sizes = ", ".join(map(str, sizes)) + (f", dropout={dropout:g}" if dropout else "")
-    mode = (" in training mode" if training else " in eval mode") if dropout else ""
+    c = BlockCase(*case)
+    masks = "" if c.self_mask is None else ", self_mask=causal"
+    masks += "" if c.memory_mask is None else ", memory_mask=source padding"
+    sizes = ", ".join(map(str, c.sizes)) + (f", dropout={c.dropout:g}" if c.dropout else "")
+    mode = (" in training mode" if c.training else " in eval mode") if c.dropout else ""
     return (
-        f"DecoderBlock({sizes})(x {tuple(x.shape)}, memory {tuple(memory.shape)}{masks}){mode}"
-        + ("" if dtype == torch.float32 else f" in {dtype}")
+        f"DecoderBlock({sizes})(x {tuple(c.x.shape)}, memory {tuple(c.memory.shape)}{masks})"
+        + mode
+        + ("" if c.dtype == torch.float32 else f" in {c.dtype}")
     )
 
 
-def block_call(
-    cls: Callable[..., nn.Module],
-    sizes: Sequence[int],
-    weights: Mapping[str, Tensor],
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None,
-    memory_mask: Tensor | None,
-    **options: Any,
-) -> Tensor:
-    """One case: the student's ``cls(d_model, n_heads, d_ff[, dropout])``, built under the ban
-    with ``weights`` (named as the kit's block) loaded
-    (:func:`~transformer_lab.checks._common.load_weights`), run in eval mode (or ``training``)
-    in float32 (or ``dtype``, which the output must keep): its output ``(B, T, D)``."""
-    what = block_what(sizes, weights, x, memory, self_mask, memory_mask, **options)
-    dropout, dtype = options.get("dropout", 0.0), options.get("dtype", torch.float32)
-    args = (*sizes, dropout) if dropout else tuple(sizes)
+def block_call(cls: Callable[..., nn.Module], *case: Any) -> Tensor:
+    """One :class:`BlockCase`: the student's ``cls(d_model, n_heads, d_ff[, dropout])``, built
+    under the ban with the case's weights loaded
+    (:func:`~transformer_lab.checks._common.load_weights`), run in the case's mode and dtype
+    (which the output must keep): its output ``(B, T, D)``."""
+    c, what = BlockCase(*case), block_what(*case)
+    args = (*c.sizes, c.dropout) if c.dropout else tuple(c.sizes)
     built = what.partition("(x ")[0]  # DecoderBlock(d_model, n_heads, d_ff[, dropout])
     block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=built), built)
-    load_weights(block, weights, f"your {built}", _SUBLAYERS)
-    block.train(options.get("training", False)).to(dtype)
-    masks = {"self_mask": self_mask, "memory_mask": memory_mask}
-    inputs = (x.to(dtype), memory.to(dtype))
+    load_weights(block, c.weights, f"your {built}", _SUBLAYERS)
+    block.train(c.training).to(c.dtype)
+    masks = {"self_mask": c.self_mask, "memory_mask": c.memory_mask}
+    inputs = (c.x.to(c.dtype), c.memory.to(c.dtype))
     cross = (
         "In the cross-attention the queries come from the decoder states x, the keys and values "
         "from memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
@@ -141,18 +138,34 @@ def block_call(
         "cross-attention."
     )
     out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=cross)
-    out = expect_shape(out, tuple(x.shape), what)
+    out = expect_shape(out, tuple(c.x.shape), what)
     expect_true(
-        out.dtype == dtype or dtype == torch.float32,  # float32 inputs: any float (as before)
-        f"{what} turned {dtype} inputs into {out.dtype}: build any tensor inside forward with "
+        out.dtype == c.dtype or c.dtype == torch.float32,  # float32 inputs: any float (as before)
+        f"{what} turned {c.dtype} inputs into {out.dtype}: build any tensor inside forward with "
         "the input's dtype and device.",
     )
     return out.detach()
 
 
+def _setting_hint(case: Case[Any]) -> str | None:
+    """What a block that fails only in its case's setting gets wrong: in bfloat16 (as under
+    precision="bf16-true"), or with dropout ~1 (in eval mode nothing is dropped, in training
+    mode every sub-layer's output)."""
+    c = BlockCase(*case.input.args)
+    if c.dtype != torch.float32:
+        return (
+            "Masks must fill with the dtype's smallest value (or use boolean masks), not a fixed "
+            "-1e9, and nothing may be computed in another precision."
+        )
+    if c.dropout:
+        return SPEC.mistake(
+            f"decoder_block BlockDropout{'Ignored' if c.training else 'InEval'}"
+        ).hint
+    return None
+
+
 #: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
-#: is ``(sizes, weights, x, memory, self_mask, memory_mask)``, ``weights`` the block's
-#: parameters, named as the kit's (stored with the case).
+#: is a :class:`BlockCase` (stored: its first six fields).
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
@@ -164,6 +177,7 @@ BLOCK = Ordinary(
     rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
+    named=_setting_hint,
     load=lambda sizes, weights, x, memory, *masks: (
         tuple(sizes),
         {name: torch.tensor(value) for name, value in weights.items()},

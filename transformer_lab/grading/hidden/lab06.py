@@ -9,8 +9,7 @@ Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vasw
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ from transformer_lab.checks._common import close, expect_true, generator, randin
 from transformer_lab.checks._generated import Oracle
 from transformer_lab.checks.lab06 import (
     SPEC,
+    BlockCase,
     StandInTranslator,
     trusted_data,
 )
@@ -29,43 +29,37 @@ from transformer_lab.grading.hidden.lab04 import linear64, random_weights
 
 
 def oracle_block(
-    sizes: Sequence[int],
-    weights: Mapping[str, Tensor],
-    x: Tensor,
-    memory: Tensor,
-    self_mask: Tensor | None = None,
-    memory_mask: Tensor | None = None,
-    *,
+    *args: Any,
     order: Sequence[str] = ("sa", "ca", "ff"),
     norms: Sequence[int] = (1, 2, 3),
     pre_norm: bool = False,
     no_residual: str = "",
     unmasked: str = "",
-    kept: float = 1.0,
 ) -> Tensor:
-    """The post-norm decoder block in float64 from ``weights`` (named as the kit's block), with
-    its own attention (fully masked rows give zero weights); the options make the typical
-    wrong blocks: sub-layers in another ``order``, other ``norms`` after them, ``pre_norm``, the
-    ``no_residual`` sub-layer without its residual, the ``unmasked`` one without its mask;
-    ``kept`` 0 drops every sub-layer's output (dropout ~1)."""
-    heads = sizes[1]
-    if unmasked:
-        self_mask, memory_mask = (None, memory_mask) if unmasked == "sa" else (self_mask, None)
+    """The post-norm decoder block in float64 on a :class:`~lab06.BlockCase` (its weights named
+    as the kit's block's), with its own attention (fully masked rows give zero weights); with
+    dropout (~1) in training mode every sub-layer's output dropped. The options make the
+    typical wrong blocks: sub-layers in another ``order``, other ``norms`` after them,
+    ``pre_norm``, the ``no_residual`` sub-layer without its residual, the ``unmasked`` one
+    without its mask."""
+    c = BlockCase(*args)
+    masks = {"sa": c.self_mask, "ca": c.memory_mask} | {unmasked: None}
+    kept = 0.0 if c.training and c.dropout else 1.0
 
     def attention(name: str, h: Tensor, source: Tensor, mask: Tensor | None) -> Tensor:
-        projections = tuple(linear64(weights, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
-        return multi_head64(h, source, source, projections, heads, mask)
+        projections = tuple(linear64(c.weights, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
+        return multi_head64(h, source, source, projections, c.sizes[1], mask)
 
     sublayer = {
-        "sa": lambda h: attention("self_attn", h, h, self_mask),
-        "ca": lambda h: attention("cross_attn", h, memory.double(), memory_mask),
+        "sa": lambda h: attention("self_attn", h, h, masks["sa"]),
+        "ca": lambda h: attention("cross_attn", h, c.memory.double(), masks["ca"]),
         "ff": lambda h: feed_forward64(
-            h, linear64(weights, "ff.linear1"), linear64(weights, "ff.linear2")
+            h, linear64(c.weights, "ff.linear1"), linear64(c.weights, "ff.linear2")
         ),
     }
-    h = x.double()
+    h = c.x.double()
     for kind, n in zip(order, norms, strict=True):
-        norm = linear64(weights, f"norm{n}")
+        norm = linear64(c.weights, f"norm{n}")
         if pre_norm:
             h = h + sublayer[kind](layer_norm64(h, *norm))
         else:
@@ -75,49 +69,11 @@ def oracle_block(
 
 
 BLOCK = Oracle.of(lab06.BLOCK, "DecoderBlock", oracle_block)
-
-
-def _block_as(
-    tol: str | None,
-    hint: str | None = None,
-    oracle: Callable[..., Tensor] = oracle_block,
-    **options: Any,
-) -> Oracle:
-    """The block's check with ``options`` of :func:`lab06.block_call` (training, dropout,
-    dtype), at the spec's tolerance ``tol`` (None: float32's); ``hint`` names any failure
-    (no catalogued mistake then: the same check in eval mode, float32, names them)."""
-    part = dataclasses.replace(
-        lab06.BLOCK,
-        call=functools.partial(lab06.block_call, **options),
-        what=functools.partial(lab06.block_what, **options),
-        same=lab06.BLOCK.same if tol is None else lambda a, b: close(a, b, **SPEC.close_tol(tol)),
-        named=None if hint is None else lambda case: hint,
-    )
-    return Oracle(part, oracle, BLOCK.mistakes if hint is None else lambda *args: {})
-
-
-#: The same cases with the block in training mode (dropout 0: what eval mode computes).
-TRAINING = _block_as(None, training=True)
-#: In bfloat16 (as under precision="bf16-true"), against float64.
-HALF = _block_as(
-    "half_block",
-    "Masks must fill with the dtype's smallest value (or use boolean masks), not a fixed -1e9, "
-    "and nothing may be computed in another precision.",
-    dtype=torch.bfloat16,
-)
-#: With dropout ~1 (every output dropped) in eval mode (nothing dropped), then in training.
-DROPPED = (
-    _block_as(
-        "dropout_one",
-        SPEC.mistake("decoder_block BlockDropoutInEval").hint,
-        dropout=1.0 - 1e-7,
-    ),
-    _block_as(
-        "dropout_one",
-        SPEC.mistake("decoder_block BlockDropoutIgnored").hint,  # and dropout elsewhere
-        functools.partial(oracle_block, kept=0.0),
-        dropout=1.0 - 1e-7,
-        training=True,
+#: In bfloat16 (as under precision="bf16-true") against float64, at bfloat16's tolerance.
+HALF = dataclasses.replace(
+    BLOCK,
+    part=dataclasses.replace(
+        lab06.BLOCK, same=lambda a, b: close(a, b, **SPEC.close_tol("half_block"))
     ),
 )
 
@@ -179,7 +135,8 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     )
     # bfloat16 (precision="bf16-true"), without the hidden positions: the dtype kept, the
     # values close to float64's, the masks filled within bfloat16's range.
-    HALF.judge(cls, [(sizes, weights, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2])])
+    given = (sizes, weights, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2])
+    HALF.judge(cls, [(*given, 0.0, False, torch.bfloat16)])
 
 
 def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int = 0) -> None:
@@ -192,8 +149,8 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
-    for oracle in (TRAINING, *DROPPED):
-        oracle.judge(cls, [(sizes, weights, x, memory, causal, None)])
+    for setting in ((0.0, True), (1.0 - 1e-7, False), (1.0 - 1e-7, True)):  # dropout, training
+        BLOCK.judge(cls, [(sizes, weights, x, memory, causal, None, *setting)])
 
 
 def oracle_shift_right(
