@@ -190,8 +190,8 @@ BLOCK = Ordinary(
 check_decoder_block = BLOCK.visible(
     "check_decoder_block",
     """Worked examples: ``DecoderBlock(16, 4, 32)`` with stored weights, in eval mode, on ``x
-    (2, 5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and a
-    memory padding mask.""",
+    (2, 5, 16)`` and ``memory (2, 7, 16)``: without masks, then with a causal self-mask and
+    padding masks of the targets and of memory.""",
 )
 
 

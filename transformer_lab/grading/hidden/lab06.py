@@ -418,11 +418,8 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out = SHIFT.fixtures("check_shift_right", shifts)
     g = generator(606)
     x, memory = torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g)
-    memory_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
-    memory_mask[1, ..., 4:] = False  # the second source has 4 real tokens
-    causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]  # (1, 1, T, T)
     layer = (16, 4, 32), random_weights(16, 32, generator(6), "self_attn", "cross_attn")
-    blocks = [(*layer, x, memory, *masks) for masks in ((None, None), (causal, memory_mask))]
+    blocks = [(*layer, x, memory, *masks) for masks in ((None, None), _masks(2, 5, 7, g))]
     out |= BLOCK.fixtures("check_decoder_block", blocks)
     g = generator(6006)
     losses = []
