@@ -268,7 +268,7 @@ def test_the_oracle_agrees_with_the_kit() -> None:
     kit = kit_blocks.DecoderBlock(12, 3, 24).eval()
     load_weights(kit, weights, "the kit's DecoderBlock")
     for masks in ((None, None), hidden06._masks(2, 4, 6, g)):
-        got = hidden06.oracle_block((12, 3, 24), weights, x, memory, *masks).float()
+        got = hidden06.oracle_block(12, 3, 24, weights, x, memory, *masks).float()
         torch.testing.assert_close(kit(x, memory, *masks), got, atol=1e-5, rtol=1e-5)
 
 

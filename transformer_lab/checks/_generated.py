@@ -40,7 +40,7 @@ from torch import Tensor
 from transformer_lab.checks._common import Case, generator, judge_cases, stored_data
 from transformer_lab.checks.spec import all_specs
 
-__all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain"]
+__all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain", "tensors"]
 
 
 class Given(NamedTuple):
@@ -60,6 +60,20 @@ def plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
     return value
+
+
+def tensors(*case: Any) -> tuple[Any, ...]:
+    """A case stored by :func:`plain`, back (an :class:`Ordinary`'s ``load`` for parts that
+    take tensors): lists as float32 (or bool) tensors, dicts of them, anything else as is."""
+    loaded = []
+    for value in case:
+        if isinstance(value, dict):
+            value = dict(zip(value, tensors(*value.values()), strict=True))
+        elif isinstance(value, list):
+            value = torch.tensor(value)
+            value = value if value.dtype == torch.bool else value.float()
+        loaded.append(value)
+    return tuple(loaded)
 
 
 def as_list(got: Any, what: str, item: type | tuple[type, ...], should: str) -> list[Any]:

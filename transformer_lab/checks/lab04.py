@@ -31,7 +31,7 @@ from transformer_lab.checks._common import (
     note_mistake,
     stored,
 )
-from transformer_lab.checks._generated import Given, Ordinary
+from transformer_lab.checks._generated import Given, Ordinary, tensors
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -73,19 +73,9 @@ def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
     return {"same": lambda got, want: close(got, want, atol=atol, rtol=rtol), "describe": describe}
 
 
-def _from_json(value: Any) -> Any:
-    """A case's value stored as JSON, back: lists as float32 (or bool) tensors, dicts of them."""
-    if isinstance(value, dict):
-        return {name: _from_json(item) for name, item in value.items()}
-    if not isinstance(value, list):
-        return value
-    t = torch.tensor(value)
-    return t if t.dtype == torch.bool else t.float()
-
-
 #: What every part here compares: float tensors (float64 when stored), at the spec's tolerance.
 _FLOATS: dict[str, Any] = {
-    "load": lambda *case: tuple(map(_from_json, case)),
+    "load": tensors,
     "output": lambda out: torch.as_tensor(out, dtype=torch.float64),
     **values_at(SPEC.tol("float32")),
 }

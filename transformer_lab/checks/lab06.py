@@ -36,7 +36,7 @@ from transformer_lab.checks._common import (
     load_weights,
     run_beside,
 )
-from transformer_lab.checks._generated import Ordinary
+from transformer_lab.checks._generated import Ordinary, tensors
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -93,7 +93,9 @@ class BlockCase(NamedTuple):
     """One case of the decoder block's checks: what the student's class is judged on, the
     block's setting last (eval mode, float32, unless given)."""
 
-    sizes: Sequence[int]  # (d_model, n_heads, d_ff)
+    d_model: int
+    n_heads: int
+    d_ff: int
     weights: Mapping[str, Tensor]  # named as the kit's block's (self_attn.q_proj.weight, ...)
     x: Tensor  # (B, T, D)
     memory: Tensor  # (B, S, D)
@@ -109,7 +111,7 @@ def block_what(*case: Any) -> str:
     c = BlockCase(*case)
     masks = "" if c.self_mask is None else ", self_mask=causal"
     masks += "" if c.memory_mask is None else ", memory_mask=source padding"
-    sizes = ", ".join(map(str, c.sizes)) + (f", dropout={c.dropout:g}" if c.dropout else "")
+    sizes = ", ".join(map(str, case[:3])) + (f", dropout={c.dropout:g}" if c.dropout else "")
     mode = (" in training mode" if c.training else " in eval mode") if c.dropout else ""
     return (
         f"DecoderBlock({sizes})(x {tuple(c.x.shape)}, memory {tuple(c.memory.shape)}{masks})"
@@ -124,7 +126,7 @@ def block_call(cls: Callable[..., nn.Module], *case: Any) -> Tensor:
     (:func:`~transformer_lab.checks._common.load_weights`), run in the case's mode and dtype
     (which the output must keep): its output ``(B, T, D)``."""
     c, what = BlockCase(*case), block_what(*case)
-    args = (*c.sizes, c.dropout) if c.dropout else tuple(c.sizes)
+    args = (*case[:3], c.dropout) if c.dropout else case[:3]
     built = what.partition("(x ")[0]  # DecoderBlock(d_model, n_heads, d_ff[, dropout])
     block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=built), built)
     load_weights(block, c.weights, f"your {built}", _SUBLAYERS)
@@ -165,7 +167,7 @@ def _setting_hint(case: Case[Any]) -> str | None:
 
 
 #: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
-#: is a :class:`BlockCase` (stored: its first six fields).
+#: is a :class:`BlockCase` (stored: its first eight fields).
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
@@ -178,13 +180,7 @@ BLOCK = Ordinary(
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
     named=_setting_hint,
-    load=lambda sizes, weights, x, memory, *masks: (
-        tuple(sizes),
-        {name: torch.tensor(value) for name, value in weights.items()},
-        torch.tensor(x),
-        torch.tensor(memory),
-        *(None if mask is None else torch.tensor(mask) for mask in masks),
-    ),
+    load=tensors,
     **_FLOATS,
 )
 check_decoder_block = BLOCK.visible(

@@ -48,7 +48,7 @@ def oracle_block(
 
     def attention(name: str, h: Tensor, source: Tensor, mask: Tensor | None) -> Tensor:
         projections = tuple(linear64(c.weights, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
-        return multi_head64(h, source, source, projections, c.sizes[1], mask)
+        return multi_head64(h, source, source, projections, c.n_heads, mask)
 
     sublayer = {
         "sa": lambda h: attention("self_attn", h, h, masks["sa"]),
@@ -101,7 +101,7 @@ def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
         d_ff = 2 * d_model
         B, T = randint(2, 3, g), randint(2, 6, g)
         S = T + randint(1, 4, g)
-        given = (d_model, heads, d_ff), random_weights(d_model, d_ff, g, "self_attn", "cross_attn")
+        given = d_model, heads, d_ff, random_weights(d_model, d_ff, g, "self_attn", "cross_attn")
         x = torch.randn(B, T, d_model, generator=g)
         memory = 2.0 * torch.randn(B, S, d_model, generator=g)
         cases += [(*given, x, memory, None, None), (*given, x, memory, *_masks(B, T, S, g))]
@@ -131,11 +131,11 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     empty = memory_mask.clone()
     empty[1] = False  # the second sentence has no real source token at all (zero weights)
     BLOCK.judge(
-        cls, [(sizes, weights, x, memory, self_mask, mask) for mask in (memory_mask, empty)]
+        cls, [(*sizes, weights, x, memory, self_mask, mask) for mask in (memory_mask, empty)]
     )
     # bfloat16 (precision="bf16-true"), without the hidden positions: the dtype kept, the
     # values close to float64's, the masks filled within bfloat16's range.
-    given = (sizes, weights, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2])
+    given = (*sizes, weights, x, memory[:, : S - 2], self_mask, memory_mask[..., : S - 2])
     HALF.judge(cls, [(*given, 0.0, False, torch.bfloat16)])
 
 
@@ -150,7 +150,7 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     memory = torch.randn(B, S, 16, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
     for setting in ((0.0, True), (1.0 - 1e-7, False), (1.0 - 1e-7, True)):  # dropout, training
-        BLOCK.judge(cls, [(sizes, weights, x, memory, causal, None, *setting)])
+        BLOCK.judge(cls, [(*sizes, weights, x, memory, causal, None, *setting)])
 
 
 def oracle_shift_right(
@@ -418,7 +418,7 @@ def fixtures() -> dict[str, dict[str, Any]]:
     out = SHIFT.fixtures("check_shift_right", shifts)
     g = generator(606)
     x, memory = torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g)
-    layer = (16, 4, 32), random_weights(16, 32, generator(6), "self_attn", "cross_attn")
+    layer = 16, 4, 32, random_weights(16, 32, generator(6), "self_attn", "cross_attn")
     blocks = [(*layer, x, memory, *masks) for masks in ((None, None), _masks(2, 5, 7, g))]
     out |= BLOCK.fixtures("check_decoder_block", blocks)
     g = generator(6006)
