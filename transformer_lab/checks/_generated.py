@@ -31,7 +31,7 @@ from __future__ import annotations
 import inspect
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -236,6 +236,11 @@ class Oracle:
         named = [(r.hint, r.options) for r in records if r.options and r.options.keys() <= keys]
         named += extra
         return cls(part, oracle, lambda *a: {h: oracle(*a, **kw) for h, kw in named})
+
+    def at(self, **changes: Any) -> Oracle:
+        """The same oracle and mistakes for the part with ``changes`` (another ``same``, a fixed
+        ``named``...): a trial of the part at another tolerance, or naming one mistake."""
+        return replace(self, part=replace(self.part, **changes))
 
     def judge(
         self, answer: Any, cases: Sequence[tuple[Any, ...]], tell_apart: Sequence[Any] = ()

@@ -11,7 +11,6 @@ al., "On Layer Normalization in the Transformer Architecture" (2020); Loshchilov
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -63,14 +62,9 @@ LAYER_NORM = Oracle.of(lab04.LAYER_NORM, "layer_norm", oracle_layer_norm)
 #: Features around 1e4 with a spread of 1: float32 keeps three digits of the spread (so the
 #: tolerance is 1e-2), E[x^2] - E[x]^2 keeps none. Judged after the ordinary cases, so that an
 #: answer wrong here alone is named as the cancellation.
-LARGE_MEAN = Oracle.of(
-    dataclasses.replace(
-        lab04.LAYER_NORM,
-        named=lambda case: SPEC.mistake("layer_norm ln_raw_moments").hint,
-        **values_at(SPEC.tol("large_mean")),
-    ),
-    "layer_norm",
-    oracle_layer_norm,
+LARGE_MEAN = LAYER_NORM.at(
+    named=lambda case: SPEC.mistake("layer_norm ln_raw_moments").hint,
+    **values_at(SPEC.tol("large_mean")),
 )
 
 

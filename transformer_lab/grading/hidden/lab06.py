@@ -70,12 +70,7 @@ def oracle_block(
 
 BLOCK = Oracle.of(lab06.BLOCK, "DecoderBlock", oracle_block)
 #: In bfloat16 (as under precision="bf16-true") against float64, at bfloat16's tolerance.
-HALF = dataclasses.replace(
-    BLOCK,
-    part=dataclasses.replace(
-        lab06.BLOCK, same=lambda a, b: close(a, b, **SPEC.close_tol("half_block"))
-    ),
-)
+HALF = BLOCK.at(same=lambda a, b: close(a, b, **SPEC.close_tol("half_block")))
 
 
 def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
