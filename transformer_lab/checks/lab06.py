@@ -262,32 +262,32 @@ def copy_task_batch(
     batch_size: int, config: Any, *, max_src: int = 6, seed: int = 0
 ) -> dict[str, Tensor]:
     """A seq2seq batch (``docs/contracts.md``) of the kit's copy task, whose sources have
-    2..``max_src`` symbols, with the special ids moved to a stand-in's (its ``config``)."""
+    2..``max_src`` symbols, its ids moved up by a stand-in's ``config.pad_id`` (the kit's PAD 0,
+    BOS 1 and EOS 2 become the stand-in's, whose BOS and EOS follow its padding id)."""
     from transformer_lab.data.synthetic import make_sequence_task
 
-    specials = [config.pad_id, config.bos_id, config.eos_id]
-    vocab_size = config.tgt_vocab_size
-    ours = torch.tensor(specials + [i for i in range(vocab_size) if i not in specials])
+    V = config.tgt_vocab_size
     batch = make_sequence_task(
         "copy",
         batch_size,
         seq_len=max_src,
-        num_symbols=vocab_size - 3,
+        num_symbols=V - 3,
         min_len=min(2, max_src),
         format="seq2seq",
         generator=generator(seed),
     )
-    return {k: v if v.dtype == torch.bool else ours[v] for k, v in batch.items()}
+    return {k: v if v.dtype == torch.bool else (v + config.pad_id) % V for k, v in batch.items()}
 
 
 class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
-    ``encode`` returns the source ids, their mask and embeddings as the "memory" (counting its
-    calls); ``decode`` logits that bump an answer known in advance (:meth:`_answer`): by default
-    the copy task's, 3 above a small network (metrics neither 0 nor 1); ``scripted=True``, one
-    that feeds back the previous token (padding only where both masks say so), 4 above a fixed
-    ramp (a loop that feeds back the wrong token or stops wrongly shows).
+    ``encode`` returns the source ids and their mask as the "memory" (counting its calls);
+    ``decode`` logits that put an answer known in advance (:meth:`_answer`) 3 above a small
+    network of the decoder's input: by default the copy task's (metrics neither 0 nor 1);
+    ``scripted=True``, one that feeds back the previous token, above a fixed ramp (a loop that
+    feeds back the wrong token, stops wrongly or samples shows). The source is padding only
+    where both ``encode``'s and ``decode``'s masks say so.
     """
 
     def __init__(
@@ -305,7 +305,6 @@ class StandInTranslator(nn.Module):
         sizes = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size}
         self.portable_restore({"config": ids | sizes, "scripted": scripted})
         g, d_model = generator(seed), 8
-        self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.out = nn.Linear(d_model, vocab_size)
         with torch.no_grad():
@@ -330,8 +329,7 @@ class StandInTranslator(nn.Module):
         real = (
             torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
         )
-        ids = torch.stack([src, real], dim=-1).to(self.src_embed.dtype)  # (B, S, 2)
-        return torch.cat([ids, self.src_embed[src]], dim=-1)  # (B, S, 2 + D)
+        return torch.stack([src, real], dim=-1).to(self.tgt_embed.dtype)  # (B, S, 2)
 
     def decode(
         self,
@@ -345,17 +343,13 @@ class StandInTranslator(nn.Module):
             not tgt_in.is_floating_point(),
             "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
         )
-        V = self.config.tgt_vocab_size
-        if self.scripted:
-            mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
-            answer = self._answer(tgt_in, src, real | mask.to(real.device), feedback=True)
-            ramp = torch.linspace(0.0, 0.5, V, device=src.device)  # (V,): ties never happen
-            return ramp.expand(*answer.shape, V).scatter(-1, answer[..., None], 4.0)
-        weights = real.to(memory.dtype)[..., None]  # (B, S, 1)
-        mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
-        logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
-        nudge = F.one_hot(self._answer(tgt_in, src, src != self.config.pad_id, feedback=False), V)
-        return logits + 3.0 * nudge.to(logits.dtype)
+        mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
+        real = real | mask.to(real.device)  # (B, S): padding where both masks say so
+        logits = self.out(torch.tanh(self.tgt_embed[tgt_in]))  # (B, T, V)
+        if self.scripted:  # ties never happen
+            logits = torch.linspace(0.0, 0.5, logits.shape[-1], device=src.device).expand_as(logits)
+        one_hot = F.one_hot(self._answer(tgt_in, src, real), self.config.tgt_vocab_size)
+        return logits + 3.0 * one_hot.to(logits.dtype)
 
     def forward(
         self,
@@ -366,9 +360,9 @@ class StandInTranslator(nn.Module):
     ) -> Tensor:
         return self.decode(tgt_in, self.encode(src, src_padding_mask), src_padding_mask)
 
-    def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor, *, feedback: bool) -> Tensor:
+    def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor) -> Tensor:
         """``(B, T)``: ``symbol((x_t + y_{t-1}) mod K)`` over the ``real`` source symbols (a
-        prefix; ``y`` 0 without ``feedback``: a copy), then EOS, then ``symbol(t mod K)``."""
+        prefix; ``y`` 0 unless scripted: a copy), then EOS, then ``symbol(t mod K)``."""
         symbols = torch.tensor(self.symbols, device=src.device)
         K, (B, T), S = len(symbols), tgt_in.shape, src.shape[1]
         index = torch.zeros(self.config.tgt_vocab_size, dtype=torch.long, device=src.device)
@@ -376,7 +370,7 @@ class StandInTranslator(nn.Module):
         n = real.sum(1, keepdim=True)  # (B, 1): real source tokens
         source = F.pad(index[src], (0, max(0, T - S)))[:, :T]  # (B, T)
         t = torch.arange(T, device=src.device)[None]  # (1, T)
-        prev = index[tgt_in] * (t > 0) * feedback  # (B, T): the token fed at t, 0 at t = 0
+        prev = index[tgt_in] * (t > 0) * self.scripted  # (B, T): the token fed at t, 0 at t = 0
         token = torch.where(t < n, symbols[(source + prev) % K], symbols[t % K].expand(B, T))
         return token.masked_fill(t == n, self.config.eos_id)
 
@@ -408,10 +402,28 @@ def _module_under_test(
     return expect_module(module, what)
 
 
-def _ce(logits: Tensor, targets: Tensor, ignore: int = -100) -> Tensor:
-    """PyTorch's cross-entropy of ``(B, T, V)`` logits against ``(B, T)`` targets, the
-    ``ignore`` id left out: how the checks know a right (or a typical wrong) loss."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
+def teacher_forced_loss(
+    model: nn.Module,
+    batch: Mapping[str, Tensor],
+    pad_id: int,
+    *,
+    feed: str = "tgt_in",
+    labels: str = "tgt_out",
+    ignore: int | None = None,
+    masks: bool = True,
+) -> Tensor:
+    """PyTorch's cross-entropy of ``model``'s logits on ``batch`` against ``batch["tgt_out"]``,
+    ``pad_id`` ignored: the loss of a right ``training_step``. With an option changed (the
+    spec's records), a typical wrong one: the decoder ``feed`` another key, other ``labels``,
+    another id to ``ignore`` (-100: none), the model called without its ``masks``."""
+    kept = ("src_padding_mask", "tgt_padding_mask") if masks else ()
+    logits = model(batch["src"], batch[feed], **{k: batch[k] for k in kept})  # (B, T, V)
+    ignored = pad_id if ignore is None else ignore
+    return F.cross_entropy(logits.flatten(0, 1), batch[labels].flatten(), ignore_index=ignored)
+
+
+#: (hint, options of :func:`teacher_forced_loss`) of each mistake the loss alone names.
+_LOSS_MISTAKES = [(r.hint, r.options) for r in SPEC.parts["TranslationModule"].records.values()]
 
 
 def check_training_step(
@@ -422,43 +434,21 @@ def check_training_step(
     model = PortableTranslator(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model, pad_id)
     batch = copy_task_batch(6, model.config, seed=seed)
-    src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
-    masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
     with torch.no_grad():
-        logits = model(src, tgt_in, **masks)
-        mistakes = {
-            "It matches the decoder reading batch['tgt_out']: the decoder input is "
-            "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
-            "it must predict.": _ce(model(src, tgt_out, **masks), tgt_out, pad_id),
-            "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
-            "token that follows each decoder input.": _ce(logits, tgt_in, pad_id),
-            "It matches a loss that counts the padding positions: ignore targets equal to "
-            "self.pad_id.": _ce(logits, tgt_out),
-            "It matches a model called without the padding masks: pass "
-            "src_padding_mask=batch['src_padding_mask'] and "
-            "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).": _ce(
-                model(src, tgt_in), tgt_out, pad_id
-            ),
-            "It matches a loss that ignores id 0 instead of self.pad_id.": _ce(logits, tgt_out, 0),
-        }
+        wrong = [(teacher_forced_loss(model, batch, pad_id, **o), h) for h, o in _LOSS_MISTAKES]
+        expected = teacher_forced_loss(model, batch, pad_id)
     judge_training_step(
         module,
         batch,
         ban=MODULE_BAN,
-        expected=_ce(logits, tgt_out, pad_id),
-        mistakes=[(loss, hint) for hint, loss in mistakes.items()],
+        expected=expected,
+        mistakes=wrong,
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
     )
 
 
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
-_VALIDATION_RULE = (
-    "val_loss is the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
-    "val_exact_match compare logits.argmax(dim=-1) with batch['tgt_out'], padding ignored, over "
-    "the whole epoch: log the metric objects of __init__ themselves (self.log('val_acc', "
-    "self.val_acc)), and Lightning computes and resets them once per epoch."
-)
 
 
 @kernel_side
@@ -524,7 +514,7 @@ def check_validation_step(
                 masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
                 logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
                 ok, keep = logits.argmax(-1) == batch["tgt_out"], batch["tgt_out"] != pad_id
-                losses += [float(_ce(logits, batch["tgt_out"], pad_id))] * len(logits)
+                losses += [float(teacher_forced_loss(model, batch, pad_id))] * len(logits)
                 right.append(ok[keep])
                 exact.append((ok | ~keep).all(-1))
         expected = {
@@ -541,8 +531,12 @@ def check_validation_step(
             g = float(got[name])
             expect_true(
                 abs(g - value) <= 1e-4 + 1e-4 * abs(value),
-                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. "
-                + _VALIDATION_RULE,
+                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. val_loss is "
+                "the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
+                "val_exact_match compare logits.argmax(dim=-1) with batch['tgt_out'], padding "
+                "ignored, over the whole epoch: log the metric objects of __init__ themselves "
+                "(self.log('val_acc', self.val_acc)), and Lightning computes and resets them "
+                "once per epoch.",
             )
 
 
