@@ -390,12 +390,10 @@ class PortableTranslator(StandInTranslator):
 _HPARAMS = {"lr": 3e-3, "warmup_steps": 20, "total_steps": 100}
 
 
-def _module_under_test(
-    cls: Callable[..., Any], model: nn.Module, pad_id: int, **hparams: float
-) -> Any:
-    """``cls(model, pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the module's ban
-    (``hparams`` over :data:`_HPARAMS`)."""
-    hparams = _HPARAMS | hparams
+def _module_under_test(cls: Callable[..., Any], model: Any, **hparams: float) -> Any:
+    """``cls(model, model.config.pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the
+    module's ban (``hparams`` over :data:`_HPARAMS`)."""
+    hparams, pad_id = _HPARAMS | hparams, model.config.pad_id
     shown = ", ".join(f"{k}={v:g}" for k, v in hparams.items())
     what = f"TranslationModule(model, pad_id={pad_id}, {shown})"
     module = call_forbidding(cls, (model, pad_id), hparams, ban=MODULE_BAN, what=what)
@@ -403,9 +401,8 @@ def _module_under_test(
 
 
 def teacher_forced_loss(
-    model: nn.Module,
+    model: Any,
     batch: Mapping[str, Tensor],
-    pad_id: int,
     *,
     feed: str = "tgt_in",
     labels: str = "tgt_out",
@@ -413,12 +410,12 @@ def teacher_forced_loss(
     masks: bool = True,
 ) -> Tensor:
     """PyTorch's cross-entropy of ``model``'s logits on ``batch`` against ``batch["tgt_out"]``,
-    ``pad_id`` ignored: the loss of a right ``training_step``. With an option changed (the
-    spec's records), a typical wrong one: the decoder ``feed`` another key, other ``labels``,
-    another id to ``ignore`` (-100: none), the model called without its ``masks``."""
+    ``model.config.pad_id`` ignored: the loss of a right ``training_step``. With an option
+    changed (the spec's records), a typical wrong one: the decoder ``feed`` another key, other
+    ``labels``, another id to ``ignore`` (-100: none), the model called without its ``masks``."""
     kept = ("src_padding_mask", "tgt_padding_mask") if masks else ()
     logits = model(batch["src"], batch[feed], **{k: batch[k] for k in kept})  # (B, T, V)
-    ignored = pad_id if ignore is None else ignore
+    ignored = model.config.pad_id if ignore is None else ignore
     return F.cross_entropy(logits.flatten(0, 1), batch[labels].flatten(), ignore_index=ignored)
 
 
@@ -432,11 +429,11 @@ def check_training_step(
     """One ``training_step`` on a stand-in model: the teacher-forced loss (typical wrong losses
     named), its graph, and what is logged (:func:`judge_training_step`, shared with lab 04)."""
     model = PortableTranslator(vocab_size, pad_id, seed)
-    module = _module_under_test(cls, model, pad_id)
+    module = _module_under_test(cls, model)
     batch = copy_task_batch(6, model.config, seed=seed)
     with torch.no_grad():
-        wrong = [(teacher_forced_loss(model, batch, pad_id, **o), h) for h, o in _LOSS_MISTAKES]
-        expected = teacher_forced_loss(model, batch, pad_id)
+        wrong = [(teacher_forced_loss(model, batch, **o), hint) for hint, o in _LOSS_MISTAKES]
+        expected = teacher_forced_loss(model, batch)
     judge_training_step(
         module,
         batch,
@@ -452,15 +449,13 @@ _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
 
 
 @kernel_side
-def validation_runs(
-    cls: type, model: nn.Module, pad_id: int, runs: list[list[dict[str, Tensor]]]
-) -> list[dict[str, float]]:
-    """``Trainer.validate`` of one ``cls(model, pad_id)`` on each run's batches; the epoch
-    values each run logged, as numbers (the harness the judge runs in the kernel)."""
+def validation_runs(cls: type, model: Any, runs: list[list[dict[str, Tensor]]]) -> list[dict]:
+    """``Trainer.validate`` of one ``cls(model, model.config.pad_id)`` on each run's batches;
+    the epoch values each run logged, as numbers (the harness the judge runs in the kernel)."""
     import lightning as L
     from torch.utils.data import DataLoader
 
-    module = _module_under_test(cls, model, pad_id)
+    module = _module_under_test(cls, model)
     logged = []
     for batches in runs:
         with _quiet_lightning():
@@ -502,7 +497,7 @@ def check_validation_step(
         ]
         for first in (seed, seed + 10)
     ]
-    results = run_beside(cls, validation_runs, cls, model, pad_id, runs)
+    results = run_beside(cls, validation_runs, cls, model, runs)
     for run, batches, got in zip(
         ("", " (second run, other sentences)"), runs, results, strict=True
     ):
@@ -514,7 +509,7 @@ def check_validation_step(
                 masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
                 logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
                 ok, keep = logits.argmax(-1) == batch["tgt_out"], batch["tgt_out"] != pad_id
-                losses += [float(teacher_forced_loss(model, batch, pad_id))] * len(logits)
+                losses += [float(teacher_forced_loss(model, batch))] * len(logits)
                 right.append(ok[keep])
                 exact.append((ok | ~keep).all(-1))
         expected = {
@@ -545,7 +540,7 @@ def check_configure_optimizers(cls: Callable[..., Any], seed: int = 63, **hparam
     every parameter, stepped per step, and the schedule's shape, a warm-up to ``lr`` then a
     decay (:func:`judge_configure_optimizers`, shared with lab 04)."""
     hparams = _HPARAMS | hparams
-    module = _module_under_test(cls, PortableTranslator(seed=seed), 0, **hparams)
+    module = _module_under_test(cls, PortableTranslator(seed=seed), **hparams)
     judge_configure_optimizers(
         module,
         module,
