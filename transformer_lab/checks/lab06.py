@@ -419,10 +419,6 @@ def teacher_forced_loss(
     return F.cross_entropy(logits.flatten(0, 1), batch[labels].flatten(), ignore_index=ignored)
 
 
-#: (hint, options of :func:`teacher_forced_loss`) of each mistake the loss alone names.
-_LOSS_MISTAKES = [(r.hint, r.options) for r in SPEC.parts["TranslationModule"].records.values()]
-
-
 def check_training_step(
     cls: Callable[..., Any], *, pad_id: int = 0, vocab_size: int = 10, seed: int = 61
 ) -> None:
@@ -431,8 +427,9 @@ def check_training_step(
     model = PortableTranslator(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model)
     batch = copy_task_batch(6, model.config, seed=seed)
+    records = SPEC.parts["TranslationModule"].records.values()  # hint + options: a wrong loss
     with torch.no_grad():
-        wrong = [(teacher_forced_loss(model, batch, **o), hint) for hint, o in _LOSS_MISTAKES]
+        wrong = [(teacher_forced_loss(model, batch, **r.options), r.hint) for r in records]
         expected = teacher_forced_loss(model, batch)
     judge_training_step(
         module,
@@ -484,25 +481,20 @@ def check_validation_step(
     """``validation_step`` through ``Trainer.validate`` (in the kernel, where ``cls`` lives,
     when judged): val_loss, val_acc and val_exact_match of the epoch, in two runs.
 
-    Each run's batches differ in size and sentence length, so that per-batch averages differ
-    from the epoch's values; the second run validates other sentences: a metric that is never
-    reset mixes both runs.
+    Lightning averages a logged number over the epoch weighted by the batch size, and computes
+    a logged metric object over the whole epoch; each run's batches differ in size and sentence
+    length, so that per-batch averages differ from those values; the second run validates other
+    sentences, fewer: a metric that is never reset mixes both runs.
     """
     model = PortableTranslator(vocab_size, pad_id, seed)
-    sizes = ((8, 6), (6, 2), (3, 5))  # (batch size, longest source)
+    sizes = ((8, 6), (6, 2), (3, 5), (5, 4))  # (batch size, longest source)
     runs = [
-        [
-            copy_task_batch(n, model.config, max_src=s, seed=first + k)
-            for k, (n, s) in enumerate(sizes)
-        ]
-        for first in (seed, seed + 10)
+        [copy_task_batch(n, model.config, max_src=s, seed=first + n) for n, s in some]
+        for first, some in ((seed, sizes[:3]), (seed + 10, sizes[1:]))
     ]
     results = run_beside(cls, validation_runs, cls, model, runs)
-    for run, batches, got in zip(
-        ("", " (second run, other sentences)"), runs, results, strict=True
-    ):
-        # Lightning averages a logged number over the epoch weighted by the batch size; a
-        # logged metric object is computed over the whole epoch.
+    for i, (batches, got) in enumerate(zip(runs, results, strict=True)):
+        run = " (second run, other sentences)" if i else ""
         losses, right, exact = [], [], []
         with torch.no_grad():
             for batch in batches:
