@@ -272,32 +272,32 @@ def copy_task_batch(
     batch_size: int, config: Any, *, max_src: int = 6, seed: int = 0
 ) -> dict[str, Tensor]:
     """A seq2seq batch (``docs/contracts.md``) of the kit's copy task, whose sources have
-    2..``max_src`` symbols, with the special ids moved to a stand-in's (its ``config``)."""
+    2..``max_src`` symbols, its ids moved up by a stand-in's ``config.pad_id`` (the kit's PAD 0,
+    BOS 1 and EOS 2 become the stand-in's, whose BOS and EOS follow its padding id)."""
     from transformer_lab.data.synthetic import make_sequence_task
 
-    specials = [config.pad_id, config.bos_id, config.eos_id]
-    vocab_size = config.tgt_vocab_size
-    ours = torch.tensor(specials + [i for i in range(vocab_size) if i not in specials])
+    V = config.tgt_vocab_size
     batch = make_sequence_task(
         "copy",
         batch_size,
         seq_len=max_src,
-        num_symbols=vocab_size - 3,
+        num_symbols=V - 3,
         min_len=min(2, max_src),
         format="seq2seq",
         generator=generator(seed),
     )
-    return {k: v if v.dtype == torch.bool else ours[v] for k, v in batch.items()}
+    return {k: v if v.dtype == torch.bool else (v + config.pad_id) % V for k, v in batch.items()}
 
 
 class StandInTranslator(nn.Module):
     """The stand-in encoder-decoder of lab 06's checks, for its training code and decoding loops.
 
-    ``encode`` returns the source ids, their mask and embeddings as the "memory" (counting its
-    calls); ``decode`` logits that bump an answer known in advance (:meth:`_answer`): by default
-    the copy task's, 3 above a small network (metrics neither 0 nor 1); ``scripted=True``, one
-    that feeds back the previous token (padding only where both masks say so), 4 above a fixed
-    ramp (a loop that feeds back the wrong token or stops wrongly shows).
+    ``encode`` returns the source ids and their mask as the "memory" (counting its calls);
+    ``decode`` logits that put an answer known in advance (:meth:`_answer`) 3 above a small
+    network of the decoder's input: by default the copy task's (metrics neither 0 nor 1);
+    ``scripted=True``, one that feeds back the previous token, above a fixed ramp (a loop that
+    feeds back the wrong token, stops wrongly or samples shows). The source is padding only
+    where both ``encode``'s and ``decode``'s masks say so.
     """
 
     def __init__(
@@ -315,7 +315,6 @@ class StandInTranslator(nn.Module):
         sizes = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size}
         self.portable_restore({"config": ids | sizes, "scripted": scripted})
         g, d_model = generator(seed), 8
-        self.src_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.tgt_embed = nn.Parameter(torch.randn(vocab_size, d_model, generator=g))
         self.out = nn.Linear(d_model, vocab_size)
         with torch.no_grad():
@@ -340,8 +339,7 @@ class StandInTranslator(nn.Module):
         real = (
             torch.ones_like(src, dtype=torch.bool) if src_padding_mask is None else src_padding_mask
         )
-        ids = torch.stack([src, real], dim=-1).to(self.src_embed.dtype)  # (B, S, 2)
-        return torch.cat([ids, self.src_embed[src]], dim=-1)  # (B, S, 2 + D)
+        return torch.stack([src, real], dim=-1).to(self.tgt_embed.dtype)  # (B, S, 2)
 
     def decode(
         self,
@@ -355,17 +353,13 @@ class StandInTranslator(nn.Module):
             not tgt_in.is_floating_point(),
             "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
         )
-        V = self.config.tgt_vocab_size
-        if self.scripted:
-            mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
-            answer = self._answer(tgt_in, src, real | mask.to(real.device), feedback=True)
-            ramp = torch.linspace(0.0, 0.5, V, device=src.device)  # (V,): ties never happen
-            return ramp.expand(*answer.shape, V).scatter(-1, answer[..., None], 4.0)
-        weights = real.to(memory.dtype)[..., None]  # (B, S, 1)
-        mean = (memory[..., 2:] * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
-        logits = self.out(torch.tanh(self.tgt_embed[tgt_in] + mean[:, None]))  # (B, T, V)
-        nudge = F.one_hot(self._answer(tgt_in, src, src != self.config.pad_id, feedback=False), V)
-        return logits + 3.0 * nudge.to(logits.dtype)
+        mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
+        real = real | mask.to(real.device)  # (B, S): padding where both masks say so
+        logits = self.out(torch.tanh(self.tgt_embed[tgt_in]))  # (B, T, V)
+        if self.scripted:  # ties never happen
+            logits = torch.linspace(0.0, 0.5, logits.shape[-1], device=src.device).expand_as(logits)
+        one_hot = F.one_hot(self._answer(tgt_in, src, real), self.config.tgt_vocab_size)
+        return logits + 3.0 * one_hot.to(logits.dtype)
 
     def forward(
         self,
@@ -376,9 +370,9 @@ class StandInTranslator(nn.Module):
     ) -> Tensor:
         return self.decode(tgt_in, self.encode(src, src_padding_mask), src_padding_mask)
 
-    def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor, *, feedback: bool) -> Tensor:
+    def _answer(self, tgt_in: Tensor, src: Tensor, real: Tensor) -> Tensor:
         """``(B, T)``: ``symbol((x_t + y_{t-1}) mod K)`` over the ``real`` source symbols (a
-        prefix; ``y`` 0 without ``feedback``: a copy), then EOS, then ``symbol(t mod K)``."""
+        prefix; ``y`` 0 unless scripted: a copy), then EOS, then ``symbol(t mod K)``."""
         symbols = torch.tensor(self.symbols, device=src.device)
         K, (B, T), S = len(symbols), tgt_in.shape, src.shape[1]
         index = torch.zeros(self.config.tgt_vocab_size, dtype=torch.long, device=src.device)
@@ -386,7 +380,7 @@ class StandInTranslator(nn.Module):
         n = real.sum(1, keepdim=True)  # (B, 1): real source tokens
         source = F.pad(index[src], (0, max(0, T - S)))[:, :T]  # (B, T)
         t = torch.arange(T, device=src.device)[None]  # (1, T)
-        prev = index[tgt_in] * (t > 0) * feedback  # (B, T): the token fed at t, 0 at t = 0
+        prev = index[tgt_in] * (t > 0) * self.scripted  # (B, T): the token fed at t, 0 at t = 0
         token = torch.where(t < n, symbols[(source + prev) % K], symbols[t % K].expand(B, T))
         return token.masked_fill(t == n, self.config.eos_id)
 
@@ -406,22 +400,33 @@ class PortableTranslator(StandInTranslator):
 _HPARAMS = {"lr": 3e-3, "warmup_steps": 20, "total_steps": 100}
 
 
-def _module_under_test(
-    cls: Callable[..., Any], model: nn.Module, pad_id: int, **hparams: float
-) -> Any:
-    """``cls(model, pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the module's ban
-    (``hparams`` over :data:`_HPARAMS`)."""
-    hparams = _HPARAMS | hparams
+def _module_under_test(cls: Callable[..., Any], model: Any, **hparams: float) -> Any:
+    """``cls(model, model.config.pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the
+    module's ban (``hparams`` over :data:`_HPARAMS`)."""
+    hparams, pad_id = _HPARAMS | hparams, model.config.pad_id
     shown = ", ".join(f"{k}={v:g}" for k, v in hparams.items())
     what = f"TranslationModule(model, pad_id={pad_id}, {shown})"
     module = call_forbidding(cls, (model, pad_id), hparams, ban=MODULE_BAN, what=what)
     return expect_module(module, what)
 
 
-def _ce(logits: Tensor, targets: Tensor, ignore: int = -100) -> Tensor:
-    """PyTorch's cross-entropy of ``(B, T, V)`` logits against ``(B, T)`` targets, the
-    ``ignore`` id left out: how the checks know a right (or a typical wrong) loss."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
+def teacher_forced_loss(
+    model: Any,
+    batch: Mapping[str, Tensor],
+    *,
+    feed: str = "tgt_in",
+    labels: str = "tgt_out",
+    ignore: int | None = None,
+    masks: bool = True,
+) -> Tensor:
+    """PyTorch's cross-entropy of ``model``'s logits on ``batch`` against ``batch["tgt_out"]``,
+    ``model.config.pad_id`` ignored: the loss of a right ``training_step``. With an option
+    changed (the spec's records), a typical wrong one: the decoder ``feed`` another key, other
+    ``labels``, another id to ``ignore`` (-100: none), the model called without its ``masks``."""
+    kept = ("src_padding_mask", "tgt_padding_mask") if masks else ()
+    logits = model(batch["src"], batch[feed], **{k: batch[k] for k in kept})  # (B, T, V)
+    ignored = model.config.pad_id if ignore is None else ignore
+    return F.cross_entropy(logits.flatten(0, 1), batch[labels].flatten(), ignore_index=ignored)
 
 
 def check_training_step(
@@ -430,57 +435,34 @@ def check_training_step(
     """One ``training_step`` on a stand-in model: the teacher-forced loss (typical wrong losses
     named), its graph, and what is logged (:func:`judge_training_step`, shared with lab 04)."""
     model = PortableTranslator(vocab_size, pad_id, seed)
-    module = _module_under_test(cls, model, pad_id)
+    module = _module_under_test(cls, model)
     batch = copy_task_batch(6, model.config, seed=seed)
-    src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
-    masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
+    records = SPEC.parts["TranslationModule"].records.values()  # hint + options: a wrong loss
     with torch.no_grad():
-        logits = model(src, tgt_in, **masks)
-        mistakes = {
-            "It matches the decoder reading batch['tgt_out']: the decoder input is "
-            "batch['tgt_in'] (BOS + targets shifted right); reading tgt_out it sees the token "
-            "it must predict.": _ce(model(src, tgt_out, **masks), tgt_out, pad_id),
-            "It matches a loss against batch['tgt_in']: the labels are batch['tgt_out'], the "
-            "token that follows each decoder input.": _ce(logits, tgt_in, pad_id),
-            "It matches a loss that counts the padding positions: ignore targets equal to "
-            "self.pad_id.": _ce(logits, tgt_out),
-            "It matches a model called without the padding masks: pass "
-            "src_padding_mask=batch['src_padding_mask'] and "
-            "tgt_padding_mask=batch['tgt_padding_mask'] (self(batch) does).": _ce(
-                model(src, tgt_in), tgt_out, pad_id
-            ),
-            "It matches a loss that ignores id 0 instead of self.pad_id.": _ce(logits, tgt_out, 0),
-        }
+        wrong = [(teacher_forced_loss(model, batch, **r.options), r.hint) for r in records]
+        expected = teacher_forced_loss(model, batch)
     judge_training_step(
         module,
         batch,
         ban=MODULE_BAN,
-        expected=_ce(logits, tgt_out, pad_id),
-        mistakes=[(loss, hint) for hint, loss in mistakes.items()],
+        expected=expected,
+        mistakes=wrong,
         hint="The loss is your sequence_loss of self(batch) against batch['tgt_out'], padding "
         "(self.pad_id) ignored.",
     )
 
 
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
-_VALIDATION_RULE = (
-    "val_loss is the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
-    "val_exact_match compare logits.argmax(dim=-1) with batch['tgt_out'], padding ignored, over "
-    "the whole epoch: log the metric objects of __init__ themselves (self.log('val_acc', "
-    "self.val_acc)), and Lightning computes and resets them once per epoch."
-)
 
 
 @kernel_side
-def validation_runs(
-    cls: type, model: nn.Module, pad_id: int, runs: list[list[dict[str, Tensor]]]
-) -> list[dict[str, float]]:
-    """``Trainer.validate`` of one ``cls(model, pad_id)`` on each run's batches; the epoch
-    values each run logged, as numbers (the harness the judge runs in the kernel)."""
+def validation_runs(cls: type, model: Any, runs: list[list[dict[str, Tensor]]]) -> list[dict]:
+    """``Trainer.validate`` of one ``cls(model, model.config.pad_id)`` on each run's batches;
+    the epoch values each run logged, as numbers (the harness the judge runs in the kernel)."""
     import lightning as L
     from torch.utils.data import DataLoader
 
-    module = _module_under_test(cls, model, pad_id)
+    module = _module_under_test(cls, model)
     logged = []
     for batches in runs:
         with _quiet_lightning():
@@ -509,32 +491,27 @@ def check_validation_step(
     """``validation_step`` through ``Trainer.validate`` (in the kernel, where ``cls`` lives,
     when judged): val_loss, val_acc and val_exact_match of the epoch, in two runs.
 
-    Each run's batches differ in size and sentence length, so that per-batch averages differ
-    from the epoch's values; the second run validates other sentences: a metric that is never
-    reset mixes both runs.
+    Lightning averages a logged number over the epoch weighted by the batch size, and computes
+    a logged metric object over the whole epoch; each run's batches differ in size and sentence
+    length, so that per-batch averages differ from those values; the second run validates other
+    sentences, fewer: a metric that is never reset mixes both runs.
     """
     model = PortableTranslator(vocab_size, pad_id, seed)
-    sizes = ((8, 6), (6, 2), (3, 5))  # (batch size, longest source)
+    sizes = ((8, 6), (6, 2), (3, 5), (5, 4))  # (batch size, longest source)
     runs = [
-        [
-            copy_task_batch(n, model.config, max_src=s, seed=first + k)
-            for k, (n, s) in enumerate(sizes)
-        ]
-        for first in (seed, seed + 10)
+        [copy_task_batch(n, model.config, max_src=s, seed=first + n) for n, s in some]
+        for first, some in ((seed, sizes[:3]), (seed + 10, sizes[1:]))
     ]
-    results = run_beside(cls, validation_runs, cls, model, pad_id, runs)
-    for run, batches, got in zip(
-        ("", " (second run, other sentences)"), runs, results, strict=True
-    ):
-        # Lightning averages a logged number over the epoch weighted by the batch size; a
-        # logged metric object is computed over the whole epoch.
+    results = run_beside(cls, validation_runs, cls, model, runs)
+    for i, (batches, got) in enumerate(zip(runs, results, strict=True)):
+        run = " (second run, other sentences)" if i else ""
         losses, right, exact = [], [], []
         with torch.no_grad():
             for batch in batches:
                 masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
                 logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
                 ok, keep = logits.argmax(-1) == batch["tgt_out"], batch["tgt_out"] != pad_id
-                losses += [float(_ce(logits, batch["tgt_out"], pad_id))] * len(logits)
+                losses += [float(teacher_forced_loss(model, batch))] * len(logits)
                 right.append(ok[keep])
                 exact.append((ok | ~keep).all(-1))
         expected = {
@@ -551,8 +528,12 @@ def check_validation_step(
             g = float(got[name])
             expect_true(
                 abs(g - value) <= 1e-4 + 1e-4 * abs(value),
-                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. "
-                + _VALIDATION_RULE,
+                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. val_loss is "
+                "the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
+                "val_exact_match compare logits.argmax(dim=-1) with batch['tgt_out'], padding "
+                "ignored, over the whole epoch: log the metric objects of __init__ themselves "
+                "(self.log('val_acc', self.val_acc)), and Lightning computes and resets them "
+                "once per epoch.",
             )
 
 
@@ -561,7 +542,7 @@ def check_configure_optimizers(cls: Callable[..., Any], seed: int = 63, **hparam
     every parameter, stepped per step, and the schedule's shape, a warm-up to ``lr`` then a
     decay (:func:`judge_configure_optimizers`, shared with lab 04)."""
     hparams = _HPARAMS | hparams
-    module = _module_under_test(cls, PortableTranslator(seed=seed), 0, **hparams)
+    module = _module_under_test(cls, PortableTranslator(seed=seed), **hparams)
     judge_configure_optimizers(
         module,
         module,
