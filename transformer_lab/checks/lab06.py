@@ -582,24 +582,16 @@ _TRAIN_RULE = (
 def train_translator_facts(
     fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
 ) -> dict[str, Any]:
-    """Run ``fn`` on Lightning's ``BoringModel`` and ``BoringDataModule`` (64 training batches
-    of one example; loaders without pin_memory, which warns without an accelerator) with a
-    session of ``precision``; what the check judges, as data (the harness the judge runs in the
-    kernel)."""
+    """Run ``fn`` on Lightning's ``BoringModel`` and ``BoringDataModule`` (no pin_memory, which
+    warns without an accelerator) with a session of ``precision``; what the check judges, as
+    data (the harness the judge runs in the kernel)."""
     from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel, RandomDataset
     from torch.utils.data import DataLoader
 
-    class Probe(BoringModel):  # its training steps are its global_step (0 unless it was fit)
-        validations = 0
-        val_dataloader = None  # validation data comes from the DataModule only
-
-        def validation_step(self, batch: Tensor, batch_idx: int) -> Any:
-            self.validations += 1
-            return super().validation_step(batch, batch_idx)
-
     runs = Path(session.runs) / "checks"
     fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
-    module, data = Probe(), BoringDataModule()
+    module, data = BoringModel(), BoringDataModule()
+    module.val_dataloader = None  # its own validation data: only the DataModule's may be used
     data.setup("fit")  # a train_translator that reads data.train_dataloader() itself gets one
     data.val_dataloader = lambda: DataLoader(RandomDataset(32, 2))  # not 64: validation is quick
     what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
@@ -616,10 +608,10 @@ def train_translator_facts(
         "what": what,
         "runs": str((runs / name).resolve()),
         "returned": type(trainer).__name__,
-        "training steps of the module given": module.global_step,
+        "training steps of the module given": module.global_step,  # 0 unless it was fit
         "precision": str(getattr(trainer, "precision", None)),
         "logs in": None if log_dir is None else str(Path(log_dir).resolve().parent),
-        "validated during the run": module.validations > 0,
+        "validated during the run": sum(getattr(trainer, "num_val_batches", None) or []) > 0,
     }
 
 
@@ -652,15 +644,12 @@ def check_train_translator(
 
 
 def trusted_data(datamodule: Any) -> Any:
-    """The notebook's ``GrammarDataModule``, rebuilt here from the settings it was built with
-    (its ``hparams``) when it lives in the student's kernel (seen from the grader's judge), so
-    that the held-out sentences and the tokenizers a check uses are the grader's own; locally,
-    ``datamodule`` itself."""
-    if getattr(type(datamodule), "judge_run", None) is None:
-        return datamodule
+    """The notebook's ``GrammarDataModule`` rebuilt from the settings it was built with (its
+    ``hparams``), so that the held-out sentences and the tokenizers a check uses are the
+    grader's own when ``datamodule`` lives in the student's kernel, and the same locally."""
     from transformer_lab.data import GrammarDataModule
 
-    settings = datamodule.hparams.copy()  # a plain dict: it comes back as data
+    settings = datamodule.hparams.copy()  # a plain dict: from the kernel, it comes as data
     expect_true(
         isinstance(settings, dict) and all(type(v) in (int, float, str) for v in settings.values()),
         "`data` is not the notebook's GrammarDataModule (its settings are not numbers): keep "
@@ -681,7 +670,7 @@ def check_trained_translator(
     """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right
     (teacher forcing on the DataModule's validation sentences, never trained on: a sentence
     counts when every target token is the argmax of the logits); returns that accuracy."""
-    datamodule = trusted_data(datamodule)  # the grader's own, when judged
+    datamodule = trusted_data(datamodule)
     blocks = list(getattr(model, "decoder_blocks", []))
     expect_true(
         bool(blocks) and all(isinstance(b, block_cls) for b in blocks),

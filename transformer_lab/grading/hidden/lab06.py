@@ -340,18 +340,12 @@ def hidden_check_translator_greedy(
 ) -> None:
     """Greedy decoding of 200 new sentences (none of the training set's) gets
     ``min_exact_match`` of them exactly right."""
-    from transformer_lab.data import grammar
     from transformer_lab.data.synthetic import draw_disjoint
 
     data = trusted_data(datamodule)
-    draw = functools.partial(
-        grammar.make_grammar_translation,
-        generator=generator(seed),
-        config=data.config,
-        src_tokenizer=data.src_tokenizer,
-        tgt_tokenizer=data.tgt_tokenizer,
+    fresh = draw_disjoint(
+        data.draw(f"check {seed}"), 200, exclude=data.train_data, what="sentences"
     )
-    fresh = draw_disjoint(draw, 200, exclude=data.train_data, what="new sentences")
     src, mask, tgt_out = (fresh[k] for k in ("src", "src_padding_mask", "tgt_out"))
     where = next(model.parameters()).device
     # Batched (the one-sentence oracle is slow for 200 sentences): the right loop's variant.
