@@ -62,16 +62,11 @@ _SUBLAYERS = (
 def _quiet_lightning() -> Iterator[None]:
     """Silence Lightning's own log lines (devices, tips) while a check runs a Trainer; the
     student's loggers, and every other, still show their warnings."""
-    levels = {
-        name: logging.getLogger(name).level for name in ("lightning.pytorch", "lightning.fabric")
-    }
-    for name in levels:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
+    with contextlib.ExitStack() as restore:
+        for logger in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric")):
+            restore.callback(logger.setLevel, logger.level)  # its own level back, come what may
+            logger.setLevel(logging.ERROR)
         yield
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
 
 
 #: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
@@ -622,7 +617,7 @@ def check_train_translator(
     runs: Sequence[tuple[str, int]] = (("bf16-mixed", 8), ("32-true", 8)),
     name: str = "check",
 ) -> None:
-    """``fn`` trains a probe module (:func:`train_translator_facts`, where ``fn`` lives) in each
+    """``fn`` trains a BoringModel (:func:`train_translator_facts`, where ``fn`` lives) in each
     of the ``runs``' precision for its ``max_steps``, logging under ``session.runs`` and
     validating during the run: the Trainer it returns, its steps, precision, logger and
     validation. A precision hard-coded instead of ``session.precision`` fails one of the two."""

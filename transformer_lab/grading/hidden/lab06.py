@@ -343,9 +343,7 @@ def hidden_check_translator_greedy(
     from transformer_lab.data.synthetic import draw_disjoint
 
     data = trusted_data(datamodule)
-    fresh = draw_disjoint(
-        data.draw(f"check {seed}"), 200, exclude=data.train_data, what="sentences"
-    )
+    fresh = draw_disjoint(data.draw(f"check {seed}"), 200, exclude=data.train_data)
     src, mask, tgt_out = (fresh[k] for k in ("src", "src_padding_mask", "tgt_out"))
     where = next(model.parameters()).device
     # Batched (the one-sentence oracle is slow for 200 sentences): the right loop's variant.
