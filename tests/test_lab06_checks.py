@@ -1044,7 +1044,7 @@ def test_correct_train_translators_pass(session, fn) -> None:
 
 #: (a wrong train_translator, the checks that must fail, words their messages must hold)
 TRAIN_MISTAKES = [
-    (train_epochs, ["visible", "hidden"], "training steps of the module given 40"),
+    (train_epochs, ["visible", "hidden"], "training steps of the module given 64"),
     (train_fixed_precision, ["visible", "hidden"], "precision '32-true', expected 'bf16-mixed'"),
     (train_fixed_bf16, ["visible", "hidden"], "precision 'bf16-mixed', expected '32-true'"),
     (train_default_logger, ["visible", "hidden"], "logs in"),

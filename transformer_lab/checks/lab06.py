@@ -1,7 +1,7 @@
 """Visible checks of lab 06 (training an encoder-decoder), called by the visible test cells:
 ``DecoderBlock``, ``shift_right``, ``sequence_loss`` and ``greedy_decode`` as ordinary parts on
 stored worked examples; ``TranslationModule`` on :class:`StandInTranslator`; ``train_translator``
-on a probe (:func:`probe_module`).
+on Lightning's ``BoringModel`` (:func:`train_translator_facts`).
 
 Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vaswani et al.,
 "Attention Is All You Need", 2017, sections 3.1-3.2 and 5.3 (the warm-up schedule).
@@ -63,15 +63,11 @@ _SUBLAYERS = (
 def _quiet_lightning() -> Iterator[None]:
     """Silence Lightning's own log lines (devices, tips) while a check runs a Trainer; the
     student's loggers, and every other, still show their warnings."""
-    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
+    with contextlib.ExitStack() as restore:
+        for logger in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric")):
+            restore.callback(logger.setLevel, logger.level)  # its own level back, come what may
+            logger.setLevel(logging.ERROR)
         yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
 
 
 #: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
@@ -561,36 +557,6 @@ def learning_rate_curve(cls: Callable[..., Any], **hparams: float) -> list[float
     return learning_rates(optimizer, scheduler, int(hparams["total_steps"])).tolist()
 
 
-@functools.cache
-def probe_module() -> type:
-    """A LightningModule for checking a Trainer call: one parameter, learning nothing useful,
-    counting its training steps and validation passes. Built on first use (Lightning imports
-    slowly)."""
-    import lightning as L
-
-    class ProbeModule(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = nn.Parameter(torch.ones(3))
-            self.steps = 0
-            self.validations = 0
-
-        def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
-            self.steps += 1
-            loss = ((self.w - batch[0].mean()) ** 2).sum()
-            self.log("train_loss", loss)
-            return loss
-
-        def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
-            self.validations += 1
-            self.log("val_exact_match", torch.tensor(0.5))
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    return ProbeModule
-
-
 _TRAIN_RULE = (
     "trainer = L.Trainer(max_steps=max_steps, precision=session.precision, "
     "logger=CSVLogger(session.runs, name=name), val_check_interval=max(1, max_steps // 4), "
@@ -602,21 +568,18 @@ _TRAIN_RULE = (
 def train_translator_facts(
     fn: Callable[..., Any], session: Any, *, precision: str, max_steps: int, name: str
 ) -> dict[str, Any]:
-    """Run ``fn`` on a probe module and data (:func:`probe_module`) with a session of
-    ``precision``; what the check judges, as data (the harness the judge runs in the kernel)."""
-    import lightning as L
-    from torch.utils.data import DataLoader, TensorDataset
+    """Run ``fn`` on Lightning's ``BoringModel`` and ``BoringDataModule`` (no pin_memory, which
+    warns without an accelerator) with a session of ``precision``; what the check judges, as
+    data (the harness the judge runs in the kernel)."""
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel, RandomDataset
+    from torch.utils.data import DataLoader
 
     runs = Path(session.runs) / "checks"
     fake = dataclasses.replace(session, precision=precision, runs=runs, profile="grading")
-    g = generator(7)
-    module = probe_module()()
-    # Loaders without pin_memory (LightningDataModule.from_datasets pins, which warns on a
-    # machine without an accelerator: a correct student would read that warning).
-    train = DataLoader(TensorDataset(torch.randn(40, 4, generator=g)))  # 40 steps an epoch
-    val = DataLoader(TensorDataset(torch.randn(2, 4, generator=g)))
-    data = L.LightningDataModule()
-    data.train_dataloader, data.val_dataloader = lambda: train, lambda: val
+    module, data = BoringModel(), BoringDataModule()
+    module.val_dataloader = None  # its own validation data: only the DataModule's may be used
+    data.setup("fit")  # a train_translator that reads data.train_dataloader() itself gets one
+    data.val_dataloader = lambda: DataLoader(RandomDataset(32, 2))  # not 64: validation is quick
     what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
     with _quiet_lightning():
         trainer = call_forbidding(
@@ -627,15 +590,14 @@ def train_translator_facts(
             what=what,
         )
     log_dir = getattr(getattr(trainer, "logger", None), "log_dir", None)
-    logs = None if log_dir is None else Path(log_dir).resolve().parent
     return {
         "what": what,
         "runs": str((runs / name).resolve()),
         "returned": type(trainer).__name__,
-        "training steps of the module given": int(module.steps),
+        "training steps of the module given": module.global_step,  # 0 unless it was fit
         "precision": str(getattr(trainer, "precision", None)),
-        "logs in": None if logs is None else str(logs),
-        "validated during the run": module.validations > 0,
+        "logs in": None if log_dir is None else str(Path(log_dir).resolve().parent),
+        "validated during the run": sum(getattr(trainer, "num_val_batches", None) or []) > 0,
     }
 
 
@@ -646,7 +608,7 @@ def check_train_translator(
     runs: Sequence[tuple[str, int]] = (("bf16-mixed", 8), ("32-true", 8)),
     name: str = "check",
 ) -> None:
-    """``fn`` trains a probe module (:func:`train_translator_facts`, where ``fn`` lives) in each
+    """``fn`` trains a BoringModel (:func:`train_translator_facts`, where ``fn`` lives) in each
     of the ``runs``' precision for its ``max_steps``, logging under ``session.runs`` and
     validating during the run: the Trainer it returns, its steps, precision, logger and
     validation. A precision hard-coded instead of ``session.precision`` fails one of the two."""
@@ -667,25 +629,15 @@ def check_train_translator(
             )
 
 
-_DATA_FIELDS = ("task", "num_train", "num_val", "batch_size", "seed")
-_GRAMMAR_FIELDS = ("adjective_prob", "plural_prob", "indefinite_prob", "present_prob")
-
-
 def trusted_data(datamodule: Any) -> Any:
-    """The notebook's ``GrammarDataModule``, rebuilt here from its settings when it lives in the
-    student's kernel (seen from the grader's judge), so that the held-out sentences and the
-    tokenizers a check uses are the grader's own; locally, ``datamodule`` itself."""
-    if getattr(type(datamodule), "judge_run", None) is None:
-        return datamodule
+    """The notebook's ``GrammarDataModule`` rebuilt from the settings it was built with (its
+    ``hparams``), so that the held-out sentences and the tokenizers a check uses are the
+    grader's own when ``datamodule`` lives in the student's kernel, and the same locally."""
     from transformer_lab.data import GrammarDataModule
 
-    settings = {k: getattr(datamodule, k) for k in _DATA_FIELDS}
-    settings |= {k: getattr(datamodule.config, k) for k in _GRAMMAR_FIELDS}
-    plain = all(
-        isinstance(v, int | float | str) and not isinstance(v, bool) for v in settings.values()
-    )
+    settings = datamodule.hparams.copy()  # a plain dict: from the kernel, it comes as data
     expect_true(
-        plain,
+        isinstance(settings, dict) and all(type(v) in (int, float, str) for v in settings.values()),
         "`data` is not the notebook's GrammarDataModule (its settings are not numbers): keep "
         "the data cell as it is.",
     )
@@ -704,7 +656,7 @@ def check_trained_translator(
     """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right
     (teacher forcing on the DataModule's validation sentences, never trained on: a sentence
     counts when every target token is the argmax of the logits); returns that accuracy."""
-    datamodule = trusted_data(datamodule)  # the grader's own, when judged
+    datamodule = trusted_data(datamodule)
     blocks = list(getattr(model, "decoder_blocks", []))
     expect_true(
         bool(blocks) and all(isinstance(b, block_cls) for b in blocks),

@@ -401,7 +401,9 @@ class GrammarDataModule(_InMemoryDataModule):
         self.train_data = None
         self.val_data = None
 
-    def _draw(self, split: str) -> Callable[[int], dict[str, Tensor]]:
+    def draw(self, split: str) -> Callable[[int], dict[str, Tensor]]:
+        """``draw(k)``: ``k`` more sentences of this grammar and these tokenizers, from the
+        stream of ``split`` (``"train"``, ``"val"``, or any other name: a stream of its own)."""
         generator = split_generator(self.seed, f"grammar-{self.task}-{split}")
         if self.task == "translation":
             return lambda k: grammar.make_grammar_translation(
@@ -419,9 +421,9 @@ class GrammarDataModule(_InMemoryDataModule):
         """Draw the training and validation sentences (idempotent)."""
         if self.train_data is not None:
             return
-        self.train_data = self._draw("train")(self.num_train)
+        self.train_data = self.draw("train")(self.num_train)
         self.val_data = draw_disjoint(
-            self._draw("val"),
+            self.draw("val"),
             self.num_val,
             exclude=self.train_data,
             what=f"validation sentences (task={self.task!r})",
