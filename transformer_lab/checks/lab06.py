@@ -768,7 +768,7 @@ def _decode_call(
         f"{what} encoded the source {calls} times: "
         + _hint("greedy_decode greedy_encodes_every_step"),
     )
-    return _token_ids(got, (src.shape[0], None), what, "Return the argmax's ids as they are.")
+    return _token_ids(got, (src.shape[0], None), what, "Build the sequences from the argmax's ids.")
 
 
 #: ``greedy_decode(model, src, bos_id, eos_id, max_len, src_padding_mask=mask)``: a case is
