@@ -73,7 +73,7 @@ def _quiet_lightning() -> Iterator[None]:
             logger.setLevel(level)
 
 
-#: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
+#: How the block's outputs and the token-id parts (shift, decoding) are compared.
 _as_float64 = functools.partial(torch.as_tensor, dtype=torch.float64)
 _FLOATS = {
     "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),

@@ -280,7 +280,7 @@ def _loss_cases(g: torch.Generator) -> list[tuple[Tensor, Tensor, int]]:
 hidden_check_sequence_loss = LOSS.hidden(
     "hidden_check_sequence_loss",
     _loss_cases,
-    """Random sizes, lengths and padding ids against the loop oracle.""",
+    """Random sizes, lengths and padding ids against the float64 oracle.""",
 )
 
 
