@@ -70,19 +70,37 @@ def _quiet_lightning() -> Iterator[None]:
         yield
 
 
-#: How the float parts (block, loss) and the token-id parts (shift, decoding) are compared.
+#: How the block's outputs and the token-id parts (shift, decoding) are compared.
 _as_float64 = functools.partial(torch.as_tensor, dtype=torch.float64)
 _FLOATS = {
     "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
     "output": _as_float64,
 }
+
+
+def _hint(mistake: str) -> str:
+    """The hint of the spec's record ``mistake`` (where a check raises for it itself)."""
+    return SPEC.mistake(mistake).hint
+
+
 _IDS = {
-    "same": lambda got, want: got.shape == want.shape and torch.equal(got.double(), want.double()),
-    "output": _as_float64,
-    "describe": lambda case: (
-        f"{case.what} returned {case.got.tolist()}, expected {case.want.long().tolist()}."
-    ),
+    "output": lambda ids: torch.as_tensor(ids).long().tolist(),
+    "describe": lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
 }
+
+
+def _tensors(*case: Any) -> tuple[Any, ...]:
+    """A case stored as JSON data, back: its lists as tensors (int64, float32 or bool)."""
+    return tuple(torch.tensor(value) if isinstance(value, list) else value for value in case)
+
+
+def _token_ids(got: Any, shape: Sequence[int | None], what: str, fix: str) -> list[Any]:
+    """``got`` as token ids: an integer tensor of ``shape``, as nested lists."""
+    got = expect_shape(got, shape, what)
+    expect_true(
+        not got.is_floating_point(), f"{what} has dtype {got.dtype}: token ids are integers. {fix}"
+    )
+    return got.tolist()
 
 
 class BlockCase(NamedTuple):
@@ -187,23 +205,14 @@ check_decoder_block = BLOCK.visible(
 )
 
 
-def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> Tensor:
-    """``fn(targets, bos_id)`` under the ban, its input left as it was; an integer ``(B, T)``."""
+def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> list[Any]:
+    """``fn(targets, bos_id)`` under the ban, its input left as it was: token ids ``(B, T)``."""
     what = SHIFT.what(targets, bos_id)
-    in_place = (
-        "changed its input `targets` in place: build a new tensor (torch.cat, or clone first); "
-        "the targets are still needed as the loss's labels."
-    )
+    in_place = f"changed its input `targets` in place. {_hint('shift_right shift_in_place')}"
     got = call_forbidding(
         fn, (targets, bos_id), {}, ban=SPEC.ban("shift"), what=what, in_place=in_place
     )
-    got = expect_shape(got, tuple(targets.shape), what)
-    expect_true(
-        not got.is_floating_point(),
-        f"{what} has dtype {got.dtype}: token ids are integers. Build the BOS column with "
-        "torch.full_like(targets[:, :1], bos_id) (or dtype=targets.dtype).",
-    )
-    return got
+    return _token_ids(got, tuple(targets.shape), what, _hint("shift_right shift_float"))
 
 
 #: ``shift_right(targets, bos_id)``: a case is ``(targets, bos_id)``.
@@ -212,7 +221,7 @@ SHIFT = Ordinary(
     call=_shift_call,
     what=lambda targets, bos_id: f"shift_right({targets.tolist()}, bos_id={bos_id})",
     rule="Position 0 holds BOS and position t the target of position t - 1.",
-    load=lambda targets, bos_id: (torch.tensor(targets), bos_id),
+    load=_tensors,
     **_IDS,
 )
 check_shift_right = SHIFT.visible(
@@ -237,7 +246,8 @@ def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id
 
 
 #: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``
-#: (stored: float32 logits), compared at the spec's float32 tolerance.
+#: (stored: float32 logits), compared at the spec's ``loss`` tolerance; an answer that is not
+#: finite where the right loss is, is a log taken of a softmax (logits +-1e4 or confident).
 LOSS = Ordinary(
     "lab06",
     call=loss_call,
@@ -249,12 +259,12 @@ LOSS = Ordinary(
     ),
     rule="The loss is -log softmax(logits)[target] at every position whose target is not "
     "pad_id, summed and divided by the number of such positions.",
-    load=lambda logits, targets, pad_id: (
-        torch.tensor(logits, dtype=torch.float32),
-        torch.tensor(targets),
-        pad_id,
+    same=lambda got, want: close(got, want, **SPEC.close_tol("loss")),
+    named=lambda case: (
+        None if case.got.isfinite().all() else _hint("sequence_loss loss_log_of_softmax")
     ),
-    **_FLOATS,
+    load=lambda logits, *case: (torch.tensor(logits, dtype=torch.float32), *_tensors(*case)),
+    output=_as_float64,
 )
 
 check_sequence_loss = LOSS.visible(
@@ -686,8 +696,8 @@ def _decode_call(
     eos_id: int,
     max_len: int,
     mask: Tensor | None,
-) -> Tensor:
-    """The student's ``greedy_decode`` under the ban: an integer ``(B, L)``, the source encoded
+) -> list[Any]:
+    """The student's ``greedy_decode`` under the ban: token ids ``(B, L)``, the source encoded
     once (a stand-in counts its ``encode`` calls)."""
     what = DECODE.what(model, src, bos_id, eos_id, max_len, mask)
     kwargs = {} if mask is None else {"src_padding_mask": mask}
@@ -696,17 +706,12 @@ def _decode_call(
         fn, (model, src, bos_id, eos_id, max_len), kwargs, ban=SPEC.ban("decode"), what=what
     )
     calls = getattr(model, "encode_calls", 1) - before
-    got = expect_shape(got, (src.shape[0], None), what)
-    expect_true(
-        not got.is_floating_point(),
-        f"{what} has dtype {got.dtype}: return token ids (integers).",
-    )
     expect_true(
         calls <= 1,
-        f"{what} encoded the source {calls} times: encode it once, before the loop; only the "
-        "decoder runs once per new token.",
+        f"{what} encoded the source {calls} times: "
+        + _hint("greedy_decode greedy_encodes_every_step"),
     )
-    return got
+    return _token_ids(got, (src.shape[0], None), what, "Build the sequences from the argmax's ids.")
 
 
 #: ``greedy_decode(model, src, bos_id, eos_id, max_len, src_padding_mask=mask)``: a case is
@@ -722,14 +727,7 @@ DECODE = Ordinary(
     rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
-    load=lambda model, src, bos_id, eos_id, max_len, mask: (
-        StandInTranslator(**model, scripted=True),
-        torch.tensor(src),
-        bos_id,
-        eos_id,
-        max_len,
-        None if mask is None else torch.tensor(mask),
-    ),
+    load=lambda model, *case: (StandInTranslator(**model, scripted=True), *_tensors(*case)),
     **_IDS,
 )
 check_greedy_decode = DECODE.visible(
