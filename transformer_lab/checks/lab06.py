@@ -645,9 +645,11 @@ def trusted_data(datamodule: Any) -> Any:
     grader's own when ``datamodule`` lives in the student's kernel, and the same locally."""
     from transformer_lab.data import GrammarDataModule
 
-    settings = datamodule.hparams.copy()  # a plain dict: from the kernel, it comes as data
+    settings = getattr(datamodule, "hparams", {}).copy()  # a dict: from the kernel, as data
     expect_true(
-        isinstance(settings, dict) and all(type(v) in (int, float, str) for v in settings.values()),
+        bool(settings)
+        and isinstance(settings, dict)
+        and all(type(v) in (int, float, str) for v in settings.values()),
         "`data` is not the notebook's GrammarDataModule (its settings are not numbers): keep "
         "the data cell as it is.",
     )
