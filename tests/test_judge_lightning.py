@@ -316,6 +316,7 @@ def _trained_translator() -> tuple[torch.nn.Module, Any]:
         ("trained", [], ""),
         ("settings not numbers", ["visible", "greedy"], "keep the data cell"),
         ("no settings", ["visible", "greedy"], "keep the data cell"),
+        ("other settings", ["visible", "greedy"], "keep the data cell"),
     ],
 )
 def test_the_trained_translator_cells_through_the_judge(
@@ -325,7 +326,9 @@ def test_the_trained_translator_cells_through_the_judge(
     ``data`` that is not the notebook's DataModule fails with the data cell named."""
     model, trusted = _trained_translator()
     not_numbers = SimpleNamespace(hparams={"task": "translation", "sentences": ["the dog ran"]})
+    other = SimpleNamespace(hparams={"sentences": 100, "batch_size": 32})
     given = {"trained": trusted, "settings not numbers": not_numbers, "no settings": object()}
+    given["other settings"] = other
     block = _base("06_decoder_training")["DecoderBlock"]
     extra = {"data": given[data], "DecoderBlock": block}
     checks = judged(
