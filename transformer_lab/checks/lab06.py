@@ -407,15 +407,13 @@ class PortableTranslator(StandInTranslator):
 _HPARAMS = {"lr": 3e-3, "warmup_steps": 20, "total_steps": 100}
 
 
-def _module_under_test(
-    cls: Callable[..., Any], model: Any, ban: Ban = MODULE_BAN, **hparams: float
-) -> Any:
-    """``cls(model, model.config.pad_id, lr=..., warmup_steps=..., total_steps=...)`` under
-    ``ban`` (``hparams`` over :data:`_HPARAMS`)."""
+def _module_under_test(cls: Callable[..., Any], model: Any, **hparams: float) -> Any:
+    """``cls(model, model.config.pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the
+    module's ban (``hparams`` over :data:`_HPARAMS`)."""
     hparams, pad_id = _HPARAMS | hparams, model.config.pad_id
     shown = ", ".join(f"{k}={v:g}" for k, v in hparams.items())
     what = f"TranslationModule(model, pad_id={pad_id}, {shown})"
-    module = call_forbidding(cls, (model, pad_id), hparams, ban=ban, what=what)
+    module = call_forbidding(cls, (model, pad_id), hparams, ban=MODULE_BAN, what=what)
     return expect_module(module, what)
 
 
@@ -464,17 +462,14 @@ def check_training_step(
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
 
 
-@kernel_side
-def validation_runs(
-    cls: Callable[..., Any], model: Any, runs: list[list[dict[str, Tensor]]], ban: Ban = MODULE_BAN
+def logged_by_validate(
+    module: Any, runs: list[list[dict[str, Tensor]]], ban: Ban
 ) -> list[dict[str, float]]:
-    """``Trainer.validate`` of one ``cls(model, model.config.pad_id)`` on each run's batches,
-    ``ban`` enforced; the epoch values each run logged, as numbers (the harness the judge runs
-    in the kernel)."""
+    """The epoch values ``Trainer.validate`` of ``module`` logged on each run's batches, as
+    numbers (``ban`` enforced while it runs)."""
     import lightning as L
     from torch.utils.data import DataLoader
 
-    module = _module_under_test(cls, model, ban)
     logged = []
     for batches in runs:
         with _quiet_lightning():
@@ -497,6 +492,13 @@ def validation_runs(
     return logged
 
 
+@kernel_side
+def validation_runs(cls: type, model: Any, runs: list[list[dict[str, Tensor]]]) -> list[dict]:
+    """:func:`logged_by_validate` of one ``cls(model, model.config.pad_id)`` under the module's
+    ban (the harness the judge runs in the kernel)."""
+    return logged_by_validate(_module_under_test(cls, model), runs, MODULE_BAN)
+
+
 def check_validation_step(
     cls: type, *, pad_id: int = 0, vocab_size: int = 10, seed: int = 62
 ) -> None:
@@ -517,9 +519,9 @@ def check_validation_step(
         [copy_task_batch(n, model.config, max_src=s, seed=first + n) for n, s in some]
         for first, some in ((seed, sizes[:3]), (seed + 10, sizes[1:]))
     ]
-    kit = validation_runs(lambda m, *_, **__: Seq2SeqModule(model=m), model, runs, Ban())
+    expected_runs = logged_by_validate(Seq2SeqModule(model=model), runs, Ban())
     results = run_beside(cls, validation_runs, cls, model, runs)
-    for i, (expected, got) in enumerate(zip(kit, results, strict=True)):
+    for i, (expected, got) in enumerate(zip(expected_runs, results, strict=True)):
         run = " (second run, other sentences)" if i else ""
         for name in ("val_loss", "val_acc", "val_exact_match"):
             expect_true(
