@@ -462,14 +462,14 @@ def check_training_step(
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
 
 
-def logged_by_validate(
-    module: Any, runs: list[list[dict[str, Tensor]]], ban: Ban
-) -> list[dict[str, float]]:
-    """The epoch values ``Trainer.validate`` of ``module`` logged on each run's batches, as
-    numbers (``ban`` enforced while it runs)."""
+@kernel_side
+def validation_runs(cls: type, model: Any, runs: list[list[dict[str, Tensor]]]) -> list[dict]:
+    """``Trainer.validate`` of one ``cls(model, model.config.pad_id)`` on each run's batches;
+    the epoch values each run logged, as numbers (the harness the judge runs in the kernel)."""
     import lightning as L
     from torch.utils.data import DataLoader
 
+    module = _module_under_test(cls, model)
     logged = []
     for batches in runs:
         with _quiet_lightning():
@@ -485,51 +485,54 @@ def logged_by_validate(
                 trainer.validate,
                 (module,),
                 {"dataloaders": DataLoader(batches, batch_size=None), "verbose": False},
-                ban=ban,
+                ban=MODULE_BAN,
                 what=_VALIDATE_WHAT,
             )
         logged.append({str(k): float(v) for k, v in dict(results[0]).items()} if results else {})
     return logged
 
 
-@kernel_side
-def validation_runs(cls: type, model: Any, runs: list[list[dict[str, Tensor]]]) -> list[dict]:
-    """:func:`logged_by_validate` of one ``cls(model, model.config.pad_id)`` under the module's
-    ban (the harness the judge runs in the kernel)."""
-    return logged_by_validate(_module_under_test(cls, model), runs, MODULE_BAN)
-
-
 def check_validation_step(
     cls: type, *, pad_id: int = 0, vocab_size: int = 10, seed: int = 62
 ) -> None:
     """``validation_step`` through ``Trainer.validate`` (in the kernel, where ``cls`` lives,
-    when judged): val_loss, val_acc and val_exact_match of the epoch, in two runs, against
-    what the kit's own ``Seq2SeqModule`` logs on the same model and batches.
+    when judged): val_loss, val_acc and val_exact_match of the epoch, in two runs.
 
     Lightning averages a logged number over the epoch weighted by the batch size, and computes
     a logged metric object over the whole epoch; each run's batches differ in size and sentence
     length, so that per-batch averages differ from those values; the second run validates other
     sentences, fewer: a metric that is never reset mixes both runs.
     """
-    from transformer_lab.training.modules import Seq2SeqModule
-
     model = PortableTranslator(vocab_size, pad_id, seed)
     sizes = ((8, 6), (6, 2), (3, 5), (5, 4))  # (batch size, longest source)
     runs = [
         [copy_task_batch(n, model.config, max_src=s, seed=first + n) for n, s in some]
         for first, some in ((seed, sizes[:3]), (seed + 10, sizes[1:]))
     ]
-    expected_runs = logged_by_validate(Seq2SeqModule(model=model), runs, Ban())
     results = run_beside(cls, validation_runs, cls, model, runs)
-    for i, (expected, got) in enumerate(zip(expected_runs, results, strict=True)):
+    for i, (batches, got) in enumerate(zip(runs, results, strict=True)):
         run = " (second run, other sentences)" if i else ""
-        for name in ("val_loss", "val_acc", "val_exact_match"):
+        losses, right, exact = [], [], []
+        with torch.no_grad():
+            for batch in batches:
+                masks = {k: batch[k] for k in ("src_padding_mask", "tgt_padding_mask")}
+                logits = model(batch["src"], batch["tgt_in"], **masks)  # (B, T, V)
+                ok, keep = logits.argmax(-1) == batch["tgt_out"], batch["tgt_out"] != pad_id
+                losses += [float(teacher_forced_loss(model, batch))] * len(logits)
+                right.append(ok[keep])
+                exact.append((ok | ~keep).all(-1))
+        expected = {
+            "val_loss": sum(losses) / len(losses),
+            "val_acc": float(torch.cat(right).double().mean()),
+            "val_exact_match": float(torch.cat(exact).double().mean()),
+        }
+        for name, value in expected.items():
             expect_true(
                 name in got,
                 f"{_VALIDATE_WHAT} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, "
                 "val_acc and val_exact_match (the training cell and the checks read these names).",
             )
-            g, value = float(got[name]), expected[name]
+            g = float(got[name])
             expect_true(
                 abs(g - value) <= 1e-4 + 1e-4 * abs(value),
                 f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. val_loss is "
