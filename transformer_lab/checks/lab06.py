@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -645,11 +646,14 @@ def trusted_data(datamodule: Any) -> Any:
     grader's own when ``datamodule`` lives in the student's kernel, and the same locally."""
     from transformer_lab.data import GrammarDataModule
 
-    settings = datamodule.hparams.copy()  # a plain dict: from the kernel, it comes as data
+    settings = getattr(datamodule, "hparams", {}).copy()  # a dict: from the kernel, as data
+    known = inspect.signature(GrammarDataModule).parameters
     expect_true(
-        isinstance(settings, dict) and all(type(v) in (int, float, str) for v in settings.values()),
-        "`data` is not the notebook's GrammarDataModule (its settings are not numbers): keep "
-        "the data cell as it is.",
+        bool(settings)
+        and isinstance(settings, dict)
+        and all(k in known and type(v) in (int, float, str) for k, v in settings.items()),
+        "`data` is not the notebook's GrammarDataModule (its settings are not the numbers it is "
+        "built with): keep the data cell as it is.",
     )
     rebuilt = GrammarDataModule(**settings)
     rebuilt.setup()
