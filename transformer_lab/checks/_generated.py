@@ -37,10 +37,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from transformer_lab.checks._common import Case, generator, judge_cases, stored_data
+from transformer_lab.checks._common import (
+    Case,
+    close,
+    expect_close,
+    generator,
+    judge_cases,
+    stored_data,
+)
 from transformer_lab.checks.spec import all_specs
 
-__all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain", "tensors"]
+__all__ = ["Given", "Oracle", "Ordinary", "as_list", "floats_at", "plain", "tensors"]
 
 
 class Given(NamedTuple):
@@ -64,16 +71,36 @@ def plain(value: Any) -> Any:
 
 def tensors(*case: Any) -> tuple[Any, ...]:
     """A case stored by :func:`plain`, back (an :class:`Ordinary`'s ``load`` for parts that
-    take tensors): lists as float32 (or bool) tensors, dicts of them, anything else as is."""
+    take tensors): lists as float32, int64 (token ids) or bool tensors, dicts of them, anything
+    else as is."""
     loaded = []
     for value in case:
         if isinstance(value, dict):
             value = dict(zip(value, tensors(*value.values()), strict=True))
         elif isinstance(value, list):
-            value = torch.tensor(value)
-            value = value if value.dtype == torch.bool else value.float()
+            value = torch.tensor(value)  # JSON keeps 1.0 apart from 1: the dtype is the stored one
         loaded.append(value)
     return tuple(loaded)
+
+
+def floats_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
+    """An :class:`Ordinary`'s ``load``, ``output``, ``same`` and ``describe`` for a part whose
+    output is a float tensor: cases stored by :func:`plain`, outputs compared in float64 at
+    ``atol``/``rtol``, a wrong one described by ``expect_close`` (where, and by how much)."""
+
+    def describe(case: Case[Any]) -> str:
+        try:
+            expect_close(case.got, case.want, case.what, atol=atol, rtol=rtol)
+        except AssertionError as exc:
+            return str(exc)
+        return f"{case.what} is within the tolerance."  # never shown: the case failed
+
+    return {
+        "load": tensors,
+        "output": lambda out: torch.as_tensor(out, dtype=torch.float64),
+        "same": lambda got, want: close(got, want, atol=atol, rtol=rtol),
+        "describe": describe,
+    }
 
 
 def as_list(got: Any, what: str, item: type | tuple[type, ...], should: str) -> list[Any]:

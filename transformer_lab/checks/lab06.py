@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -25,9 +24,7 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
-    Case,
     call_forbidding,
-    close,
     expect_module,
     expect_shape,
     expect_true,
@@ -36,7 +33,7 @@ from transformer_lab.checks._common import (
     load_weights,
     run_beside,
 )
-from transformer_lab.checks._generated import Ordinary, tensors
+from transformer_lab.checks._generated import Ordinary, floats_at, tensors
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -50,8 +47,6 @@ from transformer_lab.judge.mirror import portable
 SPEC = spec.load("06_decoder_training")
 BLOCK_BAN = SPEC.ban("block")
 MODULE_BAN = SPEC.ban("module")
-# A correct float32 decoder block differs from torch's by ~1e-6.
-_ATOL = SPEC.tol("float32")
 _SUBLAYERS = (
     "self_attn (MultiHeadAttention), cross_attn (MultiHeadAttention), ff (FeedForward with "
     "linear1 and linear2), norm1 (after self-attention), norm2 (after cross-attention) and "
@@ -70,28 +65,16 @@ def _quiet_lightning() -> Iterator[None]:
         yield
 
 
-#: How the block's outputs and the token-id parts (shift, decoding) are compared.
-_as_float64 = functools.partial(torch.as_tensor, dtype=torch.float64)
-_FLOATS = {
-    "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
-    "output": _as_float64,
-}
-
-
 def _hint(mistake: str) -> str:
     """The hint of the spec's record ``mistake`` (where a check raises for it itself)."""
     return SPEC.mistake(mistake).hint
 
 
+#: How the token-id parts (shift, decoding) are compared.
 _IDS = {
     "output": lambda ids: torch.as_tensor(ids).long().tolist(),
     "describe": lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
 }
-
-
-def _tensors(*case: Any) -> tuple[Any, ...]:
-    """A case stored as JSON data, back: its lists as tensors (int64, float32 or bool)."""
-    return tuple(torch.tensor(value) if isinstance(value, list) else value for value in case)
 
 
 def _token_ids(got: Any, shape: Sequence[int | None], what: str, fix: str) -> list[Any]:
@@ -163,39 +146,16 @@ def block_call(cls: Callable[..., nn.Module], *case: Any) -> Tensor:
     return out.detach()
 
 
-def _setting_hint(case: Case[Any]) -> str | None:
-    """What a block that fails only in its case's setting gets wrong: in bfloat16 (as under
-    precision="bf16-true"), or with dropout ~1 (in eval mode nothing is dropped, in training
-    mode every sub-layer's output)."""
-    c = BlockCase(*case.input.args)
-    if c.dtype != torch.float32:
-        return (
-            "Masks must fill with the dtype's smallest value (or use boolean masks), not a fixed "
-            "-1e9, and nothing may be computed in another precision."
-        )
-    if c.dropout:
-        return SPEC.mistake(
-            f"decoder_block BlockDropout{'Ignored' if c.training else 'InEval'}"
-        ).hint
-    return None
-
-
 #: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
 #: is a :class:`BlockCase` (stored: its first eight fields).
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
     what=block_what,
-    describe=lambda case: (
-        f"{case.what} differs from the expected output by up to "
-        f"{float((case.got.double() - case.want).abs().max()):.3g}."
-    ),
     rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
-    named=_setting_hint,
-    load=tensors,
-    **_FLOATS,
+    **floats_at(SPEC.tol("float32")),
 )
 check_decoder_block = BLOCK.visible(
     "check_decoder_block",
@@ -221,7 +181,7 @@ SHIFT = Ordinary(
     call=_shift_call,
     what=lambda targets, bos_id: f"shift_right({targets.tolist()}, bos_id={bos_id})",
     rule="Position 0 holds BOS and position t the target of position t - 1.",
-    load=_tensors,
+    load=tensors,
     **_IDS,
 )
 check_shift_right = SHIFT.visible(
@@ -254,17 +214,13 @@ LOSS = Ordinary(
     what=lambda logits, _targets, pad_id: (
         f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
     ),
-    describe=lambda case: (
-        f"{case.what} returned {float(case.got):.6g}, expected {float(case.want):.6g}."
-    ),
     rule="The loss is -log softmax(logits)[target] at every position whose target is not "
     "pad_id, summed and divided by the number of such positions.",
-    same=lambda got, want: close(got, want, **SPEC.close_tol("loss")),
     named=lambda case: (
         None if case.got.isfinite().all() else _hint("sequence_loss loss_log_of_softmax")
     ),
-    load=lambda logits, *case: (torch.tensor(logits, dtype=torch.float32), *_tensors(*case)),
-    output=_as_float64,
+    **floats_at(**SPEC.close_tol("loss"))
+    | {"describe": lambda case: f"{case.what} returned {case.got:.6g}, expected {case.want:.6g}."},
 )
 
 check_sequence_loss = LOSS.visible(
@@ -727,7 +683,7 @@ DECODE = Ordinary(
     rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
-    load=lambda model, *case: (StandInTranslator(**model, scripted=True), *_tensors(*case)),
+    load=lambda model, *case: (StandInTranslator(**model, scripted=True), *tensors(*case)),
     **_IDS,
 )
 check_greedy_decode = DECODE.visible(

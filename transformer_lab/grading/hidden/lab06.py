@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab06
-from transformer_lab.checks._common import close, expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle
+from transformer_lab.checks._common import expect_true, generator, randint
+from transformer_lab.checks._generated import Oracle, floats_at
 from transformer_lab.checks.lab06 import (
     SPEC,
     BlockCase,
@@ -69,7 +69,13 @@ def oracle_block(
 
 BLOCK = Oracle.of(lab06.BLOCK, "DecoderBlock", oracle_block)
 #: In bfloat16 (as under precision="bf16-true") against float64, at bfloat16's tolerance.
-HALF = BLOCK.at(same=lambda a, b: close(a, b, **SPEC.close_tol("half_block")))
+HALF = BLOCK.at(
+    **floats_at(**SPEC.close_tol("half_block")),
+    named=lambda _case: (
+        "Masks must fill with the dtype's smallest value (or use boolean masks), "
+        "not a fixed -1e9, and nothing may be computed in another precision."
+    ),
+)
 
 
 def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -143,8 +149,12 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
-    for setting in ((0.0, True), (1.0 - 1e-7, False), (1.0 - 1e-7, True)):  # dropout, training
-        BLOCK.judge(cls, [(*sizes, weights, x, memory, causal, None, *setting)])
+    # (dropout, training mode): the record that names a block wrong in that setting alone
+    trials = {(0.0, True): None, (1.0 - 1e-7, False): "InEval", (1.0 - 1e-7, True): "Ignored"}
+    for setting, mistake in trials.items():
+        hint = mistake and SPEC.mistake(f"decoder_block BlockDropout{mistake}").hint
+        trial = BLOCK.at(named=lambda _case, hint=hint: hint)
+        trial.judge(cls, [(*sizes, weights, x, memory, causal, None, *setting)])
 
 
 def oracle_shift_right(
