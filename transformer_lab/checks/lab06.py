@@ -106,15 +106,13 @@ class BlockCase(NamedTuple):
 def block_what(*case: Any) -> str:
     """One case's call as a student would write it (with the block's setting), for messages."""
     c = BlockCase(*case)
-    masks = "" if c.self_mask is None else ", self_mask=causal"
-    masks += "" if c.memory_mask is None else ", memory_mask=source padding"
     sizes = ", ".join(map(str, case[:3])) + (f", dropout={c.dropout:g}" if c.dropout else "")
-    mode = (" in training mode" if c.training else " in eval mode") if c.dropout else ""
-    return (
-        f"DecoderBlock({sizes})(x {tuple(c.x.shape)}, memory {tuple(c.memory.shape)}{masks})"
-        + mode
-        + ("" if c.dtype == torch.float32 else f" in {c.dtype}")
-    )
+    args = f"x {tuple(c.x.shape)}, memory {tuple(c.memory.shape)}"
+    args += "" if c.self_mask is None else ", self_mask=causal"
+    args += "" if c.memory_mask is None else ", memory_mask=source padding"
+    mode = " in training mode" if c.training else " in eval mode" if c.dropout else ""
+    mode += "" if c.dtype == torch.float32 else f" in {c.dtype}"
+    return f"DecoderBlock({sizes})({args}){mode}"
 
 
 def block_call(cls: Callable[..., nn.Module], *case: Any) -> Tensor:
