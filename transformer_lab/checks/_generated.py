@@ -41,13 +41,15 @@ from transformer_lab.checks._common import (
     Case,
     close,
     expect_close,
+    expect_shape,
+    expect_true,
     generator,
     judge_cases,
     stored_data,
 )
 from transformer_lab.checks.spec import all_specs
 
-__all__ = ["Given", "Oracle", "Ordinary", "as_list", "floats_at", "plain", "tensors"]
+__all__ = ["Given", "Oracle", "Ordinary", "as_list", "floats_at", "plain", "tensors", "token_ids"]
 
 
 class Given(NamedTuple):
@@ -118,6 +120,19 @@ def as_list(got: Any, what: str, item: type | tuple[type, ...], should: str) -> 
     ):
         raise AssertionError(f"{what} returned {got!r:.120}; it should return {should}.")
     return list(got)
+
+
+def token_ids(got: Any, shape: Sequence[int | None], what: str, fix: str) -> Tensor:
+    """``got`` as token ids: an integer tensor of ``shape`` (``None``: any size there).
+
+    Raises:
+        AssertionError: a wrong shape, or ``"{what} has dtype ...: token ids are integers. {fix}"``.
+    """
+    got = expect_shape(got, shape, what)
+    expect_true(
+        not got.is_floating_point(), f"{what} has dtype {got.dtype}: token ids are integers. {fix}"
+    )
+    return got
 
 
 def _as_is(value: Any) -> Any:

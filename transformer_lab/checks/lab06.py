@@ -33,7 +33,7 @@ from transformer_lab.checks._common import (
     load_weights,
     run_beside,
 )
-from transformer_lab.checks._generated import Ordinary, floats_at, tensors
+from transformer_lab.checks._generated import Ordinary, floats_at, tensors, token_ids
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -75,15 +75,6 @@ _IDS = {
     "output": lambda ids: torch.as_tensor(ids).long().tolist(),
     "describe": lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
 }
-
-
-def _token_ids(got: Any, shape: Sequence[int | None], what: str, fix: str) -> list[Any]:
-    """``got`` as token ids: an integer tensor of ``shape``, as nested lists."""
-    got = expect_shape(got, shape, what)
-    expect_true(
-        not got.is_floating_point(), f"{what} has dtype {got.dtype}: token ids are integers. {fix}"
-    )
-    return got.tolist()
 
 
 class BlockCase(NamedTuple):
@@ -170,7 +161,7 @@ def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> list
     got = call_forbidding(
         fn, (targets, bos_id), {}, ban=SPEC.ban("shift"), what=what, in_place=in_place
     )
-    return _token_ids(got, tuple(targets.shape), what, _hint("shift_right shift_float"))
+    return token_ids(got, tuple(targets.shape), what, _hint("shift_right shift_float")).tolist()
 
 
 #: ``shift_right(targets, bos_id)``: a case is ``(targets, bos_id)``.
@@ -203,9 +194,8 @@ def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id
     return got.detach()
 
 
-#: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``
-#: (stored: float32 logits), compared at the spec's ``loss`` tolerance; an answer that is not
-#: finite where the right loss is, is a log taken of a softmax (logits +-1e4 or confident).
+#: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``; an answer
+#: not finite where the right loss is, is a log taken of a softmax (+-1e4 or confident logits).
 LOSS = Ordinary(
     "lab06",
     call=loss_call,
@@ -665,7 +655,8 @@ def _decode_call(
         f"{what} encoded the source {calls} times: "
         + _hint("greedy_decode greedy_encodes_every_step"),
     )
-    return _token_ids(got, (src.shape[0], None), what, "Build the sequences from the argmax's ids.")
+    fix = "Build the sequences from the argmax's ids."
+    return token_ids(got, (src.shape[0], None), what, fix).tolist()
 
 
 #: ``greedy_decode(model, src, bos_id, eos_id, max_len, src_padding_mask=mask)``: a case is

@@ -339,18 +339,16 @@ def oracle_greedy_decode(
     return ys if keep_bos else ys[:, 1:]
 
 
-def _example(
-    g: torch.Generator, B: int, S: int, specials: tuple[int, int, int], **stand_in: Any
-) -> tuple[StandInTranslator, Tensor, Tensor]:
-    """A stand-in (``stand_in``: its vocabulary, seed, mode) with these (PAD, BOS, EOS) ids,
-    ``B`` sources of ``S`` of its symbols and their padding mask of random lengths."""
-    pad_id, bos_id, eos_id = specials
-    model = StandInTranslator(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, **stand_in)
+def _example(g: torch.Generator, B: int, S: int, max_len: int, **stand_in: Any) -> tuple[Any, ...]:
+    """A case of ``greedy_decode``: a stand-in (``stand_in``: its vocabulary, special ids, seed,
+    mode), ``B`` sources of ``S`` of its symbols, its BOS and EOS, ``max_len``, and the sources'
+    padding mask of random lengths."""
+    model = StandInTranslator(**stand_in)
     symbols = torch.tensor(model.symbols)
     src = symbols[torch.randint(0, len(symbols), (B, S), generator=g)]
     lengths = torch.randint(1, S + 1, (B,), generator=g)
     mask = torch.arange(S)[None] < lengths[:, None]  # (B, S); junk symbols stay behind the mask
-    return model, src, mask
+    return model, src, model.config.bos_id, model.config.eos_id, max_len, mask
 
 
 DECODE = Oracle.of(lab06.DECODE, "greedy_decode", oracle_greedy_decode)
@@ -360,17 +358,15 @@ def hidden_check_greedy_decode(fn: Callable[..., Tensor], seed: int = 0) -> None
     """Scripted translators with other special ids and a random neural stand-in, vs the oracle."""
     g = generator(seed)
     cases = []
-    for specials in ((0, 1, 2), (5, 3, 8)):
+    for ids in ({}, {"pad_id": 5, "bos_id": 3, "eos_id": 8}):
         B, S = randint(2, 5, g), randint(3, 6, g)
-        model, src, mask = _example(g, B, S, specials, scripted=True)
-        cases.append((model, src, *specials[1:], S + randint(2, 4, g), mask))
-    model, src, mask = _example(g, 4, 5, (0, 1, 2), vocab_size=9, seed=seed)
-    DECODE.judge(fn, [*cases, (model, src, 1, 2, 8, mask)])
+        cases.append(_example(g, B, S, S + randint(2, 4, g), scripted=True, **ids))
+    DECODE.judge(fn, [*cases, _example(g, 4, 5, 8, vocab_size=9, seed=seed)])
 
 
 def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """``max_len`` of 1 and 2, an immediate EOS, one sentence, no mask, padding id 7."""
-    model, src, mask = _example(generator(seed), 3, 4, (7, 1, 2), scripted=True)
+    model, src, *_, mask = _example(generator(seed), 3, 4, 7, pad_id=7, scripted=True)
     empty = mask.clone()
     empty[1] = False  # a source with no real token: EOS at once
     cases = [
