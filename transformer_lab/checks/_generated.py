@@ -135,6 +135,12 @@ def token_ids(got: Any, shape: Sequence[int | None], what: str, fix: str) -> Ten
     return got
 
 
+def returned(case: Case[Given]) -> str:
+    """A wrong case as most parts describe it: the call, what it returned, what was expected
+    (each cut at 300 characters)."""
+    return f"{case.what} returned {case.got!r:.300}, expected {case.want!r:.300}."
+
+
 def _as_is(value: Any) -> Any:
     return value
 
@@ -159,9 +165,10 @@ class Ordinary:
         call: ``call(answer, *args)`` -> the answer's output on one case, made plain, under the
             part's ban; raises ``AssertionError`` for an output of the wrong kind.
         what: ``what(*args)`` -> the call as the student would write it.
-        describe: a failing :class:`~transformer_lab.checks._common.Case` in the student's
-            terms (``case.input`` is the :class:`Given`), ending with a full stop.
         rule: what a right answer does (or a function of the case shown that says it).
+        describe: a failing :class:`~transformer_lab.checks._common.Case` in the student's
+            terms (``case.input`` is the :class:`Given`), ending with a full stop (by default
+            :func:`returned`).
         same: whether two outputs are the same answer (at the spec's tolerance for floats).
         size: ``size(*args)``: how large a case is (the smallest failing one is shown).
         named, screen: see :func:`~transformer_lab.checks._common.judge_cases`.
@@ -173,8 +180,8 @@ class Ordinary:
     lab: str
     call: Callable[..., Any]
     what: Callable[..., str]
-    describe: Callable[[Case[Given]], str]
     rule: str | Callable[[Case[Given]], str]
+    describe: Callable[[Case[Given]], str] = returned
     same: Callable[[Any, Any], bool] = operator.eq
     size: Callable[..., float] | None = None
     named: Callable[[Case[Given]], str | None] | None = None

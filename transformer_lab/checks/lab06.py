@@ -33,7 +33,7 @@ from transformer_lab.checks._common import (
     load_weights,
     run_beside,
 )
-from transformer_lab.checks._generated import Ordinary, floats_at, tensors, token_ids
+from transformer_lab.checks._generated import Ordinary, floats_at, plain, tensors, token_ids
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -68,13 +68,6 @@ def _quiet_lightning() -> Iterator[None]:
 def _hint(mistake: str) -> str:
     """The hint of the spec's record ``mistake`` (where a check raises for it itself)."""
     return SPEC.mistake(mistake).hint
-
-
-#: How the token-id parts (shift, decoding) are compared.
-_IDS = {
-    "output": lambda ids: torch.as_tensor(ids).long().tolist(),
-    "describe": lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
-}
 
 
 class BlockCase(NamedTuple):
@@ -171,7 +164,7 @@ SHIFT = Ordinary(
     what=lambda targets, bos_id: f"shift_right({targets.tolist()}, bos_id={bos_id})",
     rule="Position 0 holds BOS and position t the target of position t - 1.",
     load=tensors,
-    **_IDS,
+    output=plain,  # token ids as nested lists
 )
 check_shift_right = SHIFT.visible(
     "check_shift_right",
@@ -673,7 +666,7 @@ DECODE = Ordinary(
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
     load=lambda model, *case: (StandInTranslator(**model, scripted=True), *tensors(*case)),
-    **_IDS,
+    output=plain,  # token ids as nested lists
 )
 check_greedy_decode = DECODE.visible(
     "check_greedy_decode",

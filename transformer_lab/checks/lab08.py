@@ -381,7 +381,6 @@ GREEDY = Ordinary(
     "lab08",
     call=greedy,
     what=show_greedy,
-    describe=lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
     rule=STEP_RULE,
 )
 
