@@ -37,10 +37,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from transformer_lab.checks._common import Case, generator, judge_cases, stored_data
+from transformer_lab.checks._common import (
+    Case,
+    close,
+    expect_close,
+    expect_shape,
+    expect_true,
+    generator,
+    judge_cases,
+    stored_data,
+)
 from transformer_lab.checks.spec import all_specs
 
-__all__ = ["Given", "Oracle", "Ordinary", "as_list", "plain", "tensors"]
+__all__ = ["Given", "Oracle", "Ordinary", "as_list", "floats_at", "plain", "tensors", "token_ids"]
 
 
 class Given(NamedTuple):
@@ -64,16 +73,36 @@ def plain(value: Any) -> Any:
 
 def tensors(*case: Any) -> tuple[Any, ...]:
     """A case stored by :func:`plain`, back (an :class:`Ordinary`'s ``load`` for parts that
-    take tensors): lists as float32 (or bool) tensors, dicts of them, anything else as is."""
+    take tensors): lists as float32, int64 (token ids) or bool tensors, dicts of them, anything
+    else as is."""
     loaded = []
     for value in case:
         if isinstance(value, dict):
             value = dict(zip(value, tensors(*value.values()), strict=True))
         elif isinstance(value, list):
-            value = torch.tensor(value)
-            value = value if value.dtype == torch.bool else value.float()
+            value = torch.tensor(value)  # JSON keeps 1.0 apart from 1: the dtype is the stored one
         loaded.append(value)
     return tuple(loaded)
+
+
+def floats_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
+    """An :class:`Ordinary`'s ``load``, ``output``, ``same`` and ``describe`` for a part whose
+    output is a float tensor: cases stored by :func:`plain`, outputs compared in float64 at
+    ``atol``/``rtol``, a wrong one described by ``expect_close`` (where, and by how much)."""
+
+    def describe(case: Case[Any]) -> str:
+        try:
+            expect_close(case.got, case.want, case.what, atol=atol, rtol=rtol)
+        except AssertionError as exc:
+            return str(exc)
+        return f"{case.what} is within the tolerance."  # never shown: the case failed
+
+    return {
+        "load": tensors,
+        "output": lambda out: torch.as_tensor(out, dtype=torch.float64),
+        "same": lambda got, want: close(got, want, atol=atol, rtol=rtol),
+        "describe": describe,
+    }
 
 
 def as_list(got: Any, what: str, item: type | tuple[type, ...], should: str) -> list[Any]:
@@ -91,6 +120,25 @@ def as_list(got: Any, what: str, item: type | tuple[type, ...], should: str) -> 
     ):
         raise AssertionError(f"{what} returned {got!r:.120}; it should return {should}.")
     return list(got)
+
+
+def token_ids(got: Any, shape: Sequence[int | None], what: str, fix: str) -> Tensor:
+    """``got`` as token ids: an integer tensor of ``shape`` (``None``: any size there).
+
+    Raises:
+        AssertionError: a wrong shape, or ``"{what} has dtype ...: token ids are integers. {fix}"``.
+    """
+    got = expect_shape(got, shape, what)
+    expect_true(
+        not got.is_floating_point(), f"{what} has dtype {got.dtype}: token ids are integers. {fix}"
+    )
+    return got
+
+
+def returned(case: Case[Given]) -> str:
+    """A wrong case as most parts describe it: the call, what it returned, what was expected
+    (each cut at 300 characters)."""
+    return f"{case.what} returned {case.got!r:.300}, expected {case.want!r:.300}."
 
 
 def _as_is(value: Any) -> Any:
@@ -117,9 +165,10 @@ class Ordinary:
         call: ``call(answer, *args)`` -> the answer's output on one case, made plain, under the
             part's ban; raises ``AssertionError`` for an output of the wrong kind.
         what: ``what(*args)`` -> the call as the student would write it.
-        describe: a failing :class:`~transformer_lab.checks._common.Case` in the student's
-            terms (``case.input`` is the :class:`Given`), ending with a full stop.
         rule: what a right answer does (or a function of the case shown that says it).
+        describe: a failing :class:`~transformer_lab.checks._common.Case` in the student's
+            terms (``case.input`` is the :class:`Given`), ending with a full stop (by default
+            :func:`returned`).
         same: whether two outputs are the same answer (at the spec's tolerance for floats).
         size: ``size(*args)``: how large a case is (the smallest failing one is shown).
         named, screen: see :func:`~transformer_lab.checks._common.judge_cases`.
@@ -131,8 +180,8 @@ class Ordinary:
     lab: str
     call: Callable[..., Any]
     what: Callable[..., str]
-    describe: Callable[[Case[Given]], str]
     rule: str | Callable[[Case[Given]], str]
+    describe: Callable[[Case[Given]], str] = returned
     same: Callable[[Any, Any], bool] = operator.eq
     size: Callable[..., float] | None = None
     named: Callable[[Case[Given]], str | None] | None = None

@@ -22,8 +22,6 @@ from transformer_lab.checks._common import (
     Case,
     call_forbidding,
     call_student,
-    close,
-    expect_close,
     expect_module,
     expect_shape,
     expect_true,
@@ -31,7 +29,7 @@ from transformer_lab.checks._common import (
     note_mistake,
     stored,
 )
-from transformer_lab.checks._generated import Given, Ordinary, tensors
+from transformer_lab.checks._generated import Given, Ordinary, floats_at
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -60,25 +58,8 @@ def seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
-def values_at(atol: float, rtol: float = 1e-4) -> dict[str, Callable[..., Any]]:
-    """An :class:`Ordinary`'s ``same`` and ``describe`` for float tensors (``expect_close``)."""
-
-    def describe(case: Case[Any]) -> str:
-        try:
-            expect_close(case.got, case.want, case.what, atol=atol, rtol=rtol)
-        except AssertionError as exc:
-            return str(exc)
-        return f"{case.what} is within the tolerance."  # never shown: the case failed
-
-    return {"same": lambda got, want: close(got, want, atol=atol, rtol=rtol), "describe": describe}
-
-
 #: What every part here compares: float tensors (float64 when stored), at the spec's tolerance.
-_FLOATS: dict[str, Any] = {
-    "load": tensors,
-    "output": lambda out: torch.as_tensor(out, dtype=torch.float64),
-    **values_at(SPEC.tol("float32")),
-}
+_FLOATS = floats_at(SPEC.tol("float32"))
 
 
 def _on(call: str, x: Tensor, mode: str = "") -> str:

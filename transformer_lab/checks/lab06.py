@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,9 +25,7 @@ from torch import Tensor, nn
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
     Ban,
-    Case,
     call_forbidding,
-    close,
     expect_module,
     expect_shape,
     expect_true,
@@ -37,7 +34,7 @@ from transformer_lab.checks._common import (
     load_weights,
     run_beside,
 )
-from transformer_lab.checks._generated import Ordinary, tensors
+from transformer_lab.checks._generated import Ordinary, floats_at, plain, tensors, token_ids
 from transformer_lab.checks._lightning import (
     Schedule,
     judge_configure_optimizers,
@@ -51,8 +48,6 @@ from transformer_lab.judge.mirror import portable
 SPEC = spec.load("06_decoder_training")
 BLOCK_BAN = SPEC.ban("block")
 MODULE_BAN = SPEC.ban("module")
-# A correct float32 decoder block differs from torch's by ~1e-6.
-_ATOL = SPEC.tol("float32")
 _SUBLAYERS = (
     "self_attn (MultiHeadAttention), cross_attn (MultiHeadAttention), ff (FeedForward with "
     "linear1 and linear2), norm1 (after self-attention), norm2 (after cross-attention) and "
@@ -71,37 +66,9 @@ def _quiet_lightning() -> Iterator[None]:
         yield
 
 
-#: How the block's outputs and the token-id parts (shift, decoding) are compared.
-_as_float64 = functools.partial(torch.as_tensor, dtype=torch.float64)
-_FLOATS = {
-    "same": lambda got, want: close(got, want, atol=_ATOL, rtol=_ATOL),
-    "output": _as_float64,
-}
-
-
 def _hint(mistake: str) -> str:
     """The hint of the spec's record ``mistake`` (where a check raises for it itself)."""
     return SPEC.mistake(mistake).hint
-
-
-_IDS = {
-    "output": lambda ids: torch.as_tensor(ids).long().tolist(),
-    "describe": lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
-}
-
-
-def _tensors(*case: Any) -> tuple[Any, ...]:
-    """A case stored as JSON data, back: its lists as tensors (int64, float32 or bool)."""
-    return tuple(torch.tensor(value) if isinstance(value, list) else value for value in case)
-
-
-def _token_ids(got: Any, shape: Sequence[int | None], what: str, fix: str) -> list[Any]:
-    """``got`` as token ids: an integer tensor of ``shape``, as nested lists."""
-    got = expect_shape(got, shape, what)
-    expect_true(
-        not got.is_floating_point(), f"{what} has dtype {got.dtype}: token ids are integers. {fix}"
-    )
-    return got.tolist()
 
 
 class BlockCase(NamedTuple):
@@ -124,15 +91,13 @@ class BlockCase(NamedTuple):
 def block_what(*case: Any) -> str:
     """One case's call as a student would write it (with the block's setting), for messages."""
     c = BlockCase(*case)
-    masks = "" if c.self_mask is None else ", self_mask=causal"
-    masks += "" if c.memory_mask is None else ", memory_mask=source padding"
     sizes = ", ".join(map(str, case[:3])) + (f", dropout={c.dropout:g}" if c.dropout else "")
-    mode = (" in training mode" if c.training else " in eval mode") if c.dropout else ""
-    return (
-        f"DecoderBlock({sizes})(x {tuple(c.x.shape)}, memory {tuple(c.memory.shape)}{masks})"
-        + mode
-        + ("" if c.dtype == torch.float32 else f" in {c.dtype}")
-    )
+    args = f"x {tuple(c.x.shape)}, memory {tuple(c.memory.shape)}"
+    args += "" if c.self_mask is None else ", self_mask=causal"
+    args += "" if c.memory_mask is None else ", memory_mask=source padding"
+    mode = " in training mode" if c.training else " in eval mode" if c.dropout else ""
+    mode += "" if c.dtype == torch.float32 else f" in {c.dtype}"
+    return f"DecoderBlock({sizes})({args}){mode}"
 
 
 def block_call(cls: Callable[..., nn.Module], *case: Any) -> Tensor:
@@ -164,39 +129,16 @@ def block_call(cls: Callable[..., nn.Module], *case: Any) -> Tensor:
     return out.detach()
 
 
-def _setting_hint(case: Case[Any]) -> str | None:
-    """What a block that fails only in its case's setting gets wrong: in bfloat16 (as under
-    precision="bf16-true"), or with dropout ~1 (in eval mode nothing is dropped, in training
-    mode every sub-layer's output)."""
-    c = BlockCase(*case.input.args)
-    if c.dtype != torch.float32:
-        return (
-            "Masks must fill with the dtype's smallest value (or use boolean masks), not a fixed "
-            "-1e9, and nothing may be computed in another precision."
-        )
-    if c.dropout:
-        return SPEC.mistake(
-            f"decoder_block BlockDropout{'Ignored' if c.training else 'InEval'}"
-        ).hint
-    return None
-
-
 #: ``DecoderBlock(d_model, n_heads, d_ff)(x, memory, self_mask=..., memory_mask=...)``: a case
 #: is a :class:`BlockCase` (stored: its first eight fields).
 BLOCK = Ordinary(
     "lab06",
     call=block_call,
     what=block_what,
-    describe=lambda case: (
-        f"{case.what} differs from the expected output by up to "
-        f"{float((case.got.double() - case.want).abs().max()):.3g}."
-    ),
     rule="The block is x = norm1(x + self_attn(x, x, x, self_mask)); x = norm2(x + "
     "cross_attn(x, memory, memory, memory_mask)); x = norm3(x + ff(x)). Check which norm "
     "follows which sub-layer.",
-    named=_setting_hint,
-    load=tensors,
-    **_FLOATS,
+    **floats_at(SPEC.tol("float32")),
 )
 check_decoder_block = BLOCK.visible(
     "check_decoder_block",
@@ -213,7 +155,7 @@ def _shift_call(fn: Callable[..., Tensor], targets: Tensor, bos_id: int) -> list
     got = call_forbidding(
         fn, (targets, bos_id), {}, ban=SPEC.ban("shift"), what=what, in_place=in_place
     )
-    return _token_ids(got, tuple(targets.shape), what, _hint("shift_right shift_float"))
+    return token_ids(got, tuple(targets.shape), what, _hint("shift_right shift_float")).tolist()
 
 
 #: ``shift_right(targets, bos_id)``: a case is ``(targets, bos_id)``.
@@ -222,8 +164,8 @@ SHIFT = Ordinary(
     call=_shift_call,
     what=lambda targets, bos_id: f"shift_right({targets.tolist()}, bos_id={bos_id})",
     rule="Position 0 holds BOS and position t the target of position t - 1.",
-    load=_tensors,
-    **_IDS,
+    load=tensors,
+    output=plain,  # token ids as nested lists
 )
 check_shift_right = SHIFT.visible(
     "check_shift_right",
@@ -246,26 +188,21 @@ def loss_call(fn: Callable[..., Tensor], logits: Tensor, targets: Tensor, pad_id
     return got.detach()
 
 
-#: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``
-#: (stored: float32 logits), compared at the spec's ``loss`` tolerance; an answer that is not
-#: finite where the right loss is, is a log taken of a softmax (logits +-1e4 or confident).
+#: ``sequence_loss(logits, targets, pad_id)``: a case is ``(logits, targets, pad_id)``; an answer
+#: not finite where the right loss is, is a log taken of a softmax (+-1e4 or confident logits).
 LOSS = Ordinary(
     "lab06",
     call=loss_call,
     what=lambda logits, _targets, pad_id: (
         f"sequence_loss(logits {tuple(logits.shape)}, targets, pad_id={pad_id})"
     ),
-    describe=lambda case: (
-        f"{case.what} returned {float(case.got):.6g}, expected {float(case.want):.6g}."
-    ),
     rule="The loss is -log softmax(logits)[target] at every position whose target is not "
     "pad_id, summed and divided by the number of such positions.",
-    same=lambda got, want: close(got, want, **SPEC.close_tol("loss")),
     named=lambda case: (
         None if case.got.isfinite().all() else _hint("sequence_loss loss_log_of_softmax")
     ),
-    load=lambda logits, *case: (torch.tensor(logits, dtype=torch.float32), *_tensors(*case)),
-    output=_as_float64,
+    **floats_at(**SPEC.close_tol("loss"))
+    | {"describe": lambda case: f"{case.what} returned {case.got:.6g}, expected {case.want:.6g}."},
 )
 
 check_sequence_loss = LOSS.visible(
@@ -715,7 +652,8 @@ def _decode_call(
         f"{what} encoded the source {calls} times: "
         + _hint("greedy_decode greedy_encodes_every_step"),
     )
-    return _token_ids(got, (src.shape[0], None), what, "Build the sequences from the argmax's ids.")
+    fix = "Build the sequences from the argmax's ids."
+    return token_ids(got, (src.shape[0], None), what, fix).tolist()
 
 
 #: ``greedy_decode(model, src, bos_id, eos_id, max_len, src_padding_mask=mask)``: a case is
@@ -731,8 +669,8 @@ DECODE = Ordinary(
     rule="Start from BOS, append the argmax of the LAST position's logits, fill sentences that "
     "have produced EOS with model.config.pad_id, and stop as soon as every sentence has produced "
     "EOS or the length, BOS included, reaches max_len.",
-    load=lambda model, *case: (StandInTranslator(**model, scripted=True), *_tensors(*case)),
-    **_IDS,
+    load=lambda model, *case: (StandInTranslator(**model, scripted=True), *tensors(*case)),
+    output=plain,  # token ids as nested lists
 )
 check_greedy_decode = DECODE.visible(
     "check_greedy_decode",

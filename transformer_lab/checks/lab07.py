@@ -33,11 +33,6 @@ TOKENIZER_BAN = SPEC.ban("tokenizer")
 DECODING_BAN = SPEC.ban("decoding")
 
 
-def _describe(case: Case[Any]) -> str:
-    """The call, what it returned, what was expected (each cut at 300 characters)."""
-    return f"{case.what} returned {case.got!r:.300}, expected {case.want!r:.300}."
-
-
 def _method(tok: Any, name: str, arg: Any, what: str, on_error: str = "") -> Any:
     """``tok.<name>(arg)`` under the tokenizer ban (a missing method raises AttributeError)."""
     return call_forbidding(
@@ -87,7 +82,6 @@ CHAR_ENCODE = Ordinary(
     "lab07",
     call=lambda toks, fit_text, text: encode_with(toks[fit_text], text),
     what=lambda fit_text, text: f"tokenizer.encode({text!r:.40})",
-    describe=_describe,
     rule=f"Ids 0-3 are the specials {', '.join(SPECIALS)}; the characters fitted follow in "
     "sorted order (sorted(set(text))), from id 4; encode gives one id per character, an "
     "unknown one <unk> (id 3).",
@@ -100,7 +94,6 @@ CHAR_DECODE = Ordinary(
         toks[fit_text], "decode", ids, f"tokenizer.decode({ids})"
     ),
     what=lambda fit_text, ids: f"tokenizer.decode({ids})",
-    describe=_describe,
     rule="decode writes each character id as its character, with nothing between them, and "
     "each special id as its name (for example '<unk>').",
     size=lambda fit_text, ids: len(ids),
@@ -130,7 +123,6 @@ BPE_TRAIN = Ordinary(
     "lab07",
     call=run_bpe_train,
     what=lambda text, num_merges: f"bpe_train({text!r:.40}, {num_merges})",
-    describe=_describe,
     rule="Each step counts every adjacent pair of symbols inside the words (word frequency "
     "included), merges the most frequent pair (ties: the smallest pair) in every word, and "
     "records it; stop after num_merges merges, or earlier when no pair is left.",
@@ -161,7 +153,6 @@ BPE_ENCODE = Ordinary(
     "lab07",
     call=run_bpe_encode,
     what=lambda text, merges: f"bpe_encode({text!r:.40}, merges)",
-    describe=_describe,
     rule=f"Split the text into words, each its characters and {END_OF_WORD}; in each word, "
     "repeatedly merge the adjacent pair that was learned EARLIEST (all its occurrences, left to "
     "right) until no learned pair is left.",

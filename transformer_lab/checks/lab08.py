@@ -33,7 +33,7 @@ from transformer_lab.checks._common import (
     stored,
     stored_data,
 )
-from transformer_lab.checks._generated import Given, Ordinary
+from transformer_lab.checks._generated import Given, Ordinary, token_ids
 
 #: The lab's spec (``specs/lab08.toml``): its bans and shared tolerances.
 SPEC = lab_specs.load("08_language_models")
@@ -269,11 +269,7 @@ def run_generate(
             raise AssertionError(f"{message} {FEED_RULE}") from None
         raise
     B, T = prompt.shape
-    got = expect_shape(got, (B, T + max_new_tokens), what)
-    expect_true(
-        not got.is_floating_point(),
-        f"{what} has dtype {got.dtype}: return token ids (integers), as sample_next gives them.",
-    )
+    got = token_ids(got, (B, T + max_new_tokens), what, "Return them as sample_next gives them.")
     expect_true(
         torch.equal(got[:, :T].cpu(), prompt.cpu()),
         f"{what} does not start with the prompt: return torch.cat([idx, new tokens], dim=1).",
@@ -385,7 +381,6 @@ GREEDY = Ordinary(
     "lab08",
     call=greedy,
     what=show_greedy,
-    describe=lambda case: f"{case.what} returned {case.got}, expected {case.want}.",
     rule=STEP_RULE,
 )
 

@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab04
 from transformer_lab.checks._common import expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle
+from transformer_lab.checks._generated import Oracle, floats_at
 from transformer_lab.checks._lightning import Schedule
-from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel, values_at
+from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel
 from transformer_lab.grading.hidden import fixture_entry
 from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
 
@@ -64,7 +64,7 @@ LAYER_NORM = Oracle.of(lab04.LAYER_NORM, "layer_norm", oracle_layer_norm)
 #: answer wrong here alone is named as the cancellation.
 LARGE_MEAN = LAYER_NORM.at(
     named=lambda case: SPEC.mistake("layer_norm ln_raw_moments").hint,
-    **values_at(SPEC.tol("large_mean")),
+    **floats_at(SPEC.tol("large_mean")),
 )
 
 

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer_lab.checks import lab06
-from transformer_lab.checks._common import close, expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle
+from transformer_lab.checks._common import expect_true, generator, randint
+from transformer_lab.checks._generated import Oracle, floats_at
 from transformer_lab.checks.lab06 import (
     SPEC,
     BlockCase,
@@ -69,7 +69,13 @@ def oracle_block(
 
 BLOCK = Oracle.of(lab06.BLOCK, "DecoderBlock", oracle_block)
 #: In bfloat16 (as under precision="bf16-true") against float64, at bfloat16's tolerance.
-HALF = BLOCK.at(same=lambda a, b: close(a, b, **SPEC.close_tol("half_block")))
+HALF = BLOCK.at(
+    **floats_at(**SPEC.close_tol("half_block")),
+    named=lambda _case: (
+        "Masks must fill with the dtype's smallest value (or use boolean masks), "
+        "not a fixed -1e9, and nothing may be computed in another precision."
+    ),
+)
 
 
 def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -78,16 +84,13 @@ def _masks(B: int, T: int, S: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
     s_len = torch.randint(1, S + 1, (B,), generator=g)
     t_len[0], s_len[0] = T, S
     t_len[1], s_len[1] = max(1, T - 1), S - 1  # some padding in every batch
-    real_t = torch.arange(T)[None] < t_len[:, None]  # (B, T)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    self_mask = real_t[:, None, None, :] & causal[None, None]  # (B, 1, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
+    self_mask = (torch.arange(T) < t_len[:, None])[:, None, None] & causal  # (B, 1, T, T)
     memory_mask = (torch.arange(S)[None] < s_len[:, None])[:, None, None, :]  # (B, 1, 1, S)
     return self_mask, memory_mask
 
 
 def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
-    """Two blocks of random sizes (``T != S``) in eval mode, without masks and with causal &
-    target padding and source padding masks."""
     cases: list[tuple[Any, ...]] = []
     for _ in range(2):
         heads = randint(1, 4, g)
@@ -105,7 +108,8 @@ def _block_cases(g: torch.Generator) -> list[tuple[Any, ...]]:
 hidden_check_decoder_block = BLOCK.hidden(
     "hidden_check_decoder_block",
     _block_cases,
-    """Two blocks of random sizes (``T != S``) in eval mode, with and without masks.""",
+    """Two blocks of random sizes (``T != S``) in eval mode, without masks and with causal &
+    target padding and source padding masks.""",
 )
 
 
@@ -143,8 +147,12 @@ def hidden_check_decoder_block_training(cls: Callable[..., nn.Module], seed: int
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
-    for setting in ((0.0, True), (1.0 - 1e-7, False), (1.0 - 1e-7, True)):  # dropout, training
-        BLOCK.judge(cls, [(*sizes, weights, x, memory, causal, None, *setting)])
+    # (dropout, training mode): the record that names a block wrong in that setting alone
+    trials = {(0.0, True): None, (1.0 - 1e-7, False): "InEval", (1.0 - 1e-7, True): "Ignored"}
+    for setting, mistake in trials.items():
+        hint = mistake and SPEC.mistake(f"decoder_block BlockDropout{mistake}").hint
+        trial = BLOCK.at(named=lambda _case, hint=hint: hint)
+        trial.judge(cls, [(*sizes, weights, x, memory, causal, None, *setting)])
 
 
 def oracle_shift_right(
@@ -236,8 +244,6 @@ hidden_check_sequence_loss = LOSS.hidden(
 
 
 def _large_logits(g: torch.Generator) -> list[tuple[Tensor, Tensor, int]]:
-    """Cases of :func:`_loss_cases` with logits around +1e4, around -1e4, and confident ones
-    (60 times larger)."""
     moves = ((1.0, 1e4), (1.0, -1e4), (60.0, 0.0))  # (scale, shift) of each case's logits
     cases = zip(moves, _loss_cases(g), strict=True)
     return [(a * logits + b, targets, pad_id) for (a, b), (logits, targets, pad_id) in cases]
@@ -305,7 +311,6 @@ def oracle_greedy_decode(
     max_len: int,
     mask: Tensor | None = None,
     *,
-    pad_after_eos: bool = True,
     stop: str = "all",
     position: int = -1,
     keep_bos: bool = True,
@@ -314,8 +319,8 @@ def oracle_greedy_decode(
     fill: int | str = "pad",
 ) -> Tensor:
     """Greedy decoding, batched like a student's loop, finished sentences padded with
-    ``model.config.pad_id``; with an option changed, a typical wrong loop (``fill``: ``"eos"``
-    or an id)."""
+    ``model.config.pad_id``; with an option changed, a typical wrong loop (``fill``: ``"eos"``,
+    an id, or ``"none"``: finished sentences go on)."""
     pad_id = {"pad": model.config.pad_id, "eos": eos_id}.get(fill, fill)
     mask = mask if use_mask else None
     memory = model.encode(src, mask)
@@ -327,23 +332,23 @@ def oracle_greedy_decode(
         if {"all": done.all(), "first": done.any(), "never": False}[stop]:
             break
         nxt = model.decode(ys, memory, mask)[:, position].argmax(-1)
-        if pad_after_eos:
+        if fill != "none":
             nxt = nxt.masked_fill(done, pad_id)
         ys = torch.cat([ys, nxt[:, None]], 1)
         done |= nxt == eos_id
     return ys if keep_bos else ys[:, 1:]
 
 
-def _scripted_example(
-    g: torch.Generator, B: int, S: int, vocab: int, specials: tuple[int, int, int]
-) -> tuple[StandInTranslator, Tensor, Tensor]:
-    pad_id, bos_id, eos_id = specials
-    model = StandInTranslator(vocab, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, scripted=True)
+def _example(g: torch.Generator, B: int, S: int, max_len: int, **stand_in: Any) -> tuple[Any, ...]:
+    """A case of ``greedy_decode``: a stand-in (``stand_in``: its vocabulary, special ids, seed,
+    mode), ``B`` sources of ``S`` of its symbols, its BOS and EOS, ``max_len``, and the sources'
+    padding mask of random lengths."""
+    model = StandInTranslator(**stand_in)
     symbols = torch.tensor(model.symbols)
     src = symbols[torch.randint(0, len(symbols), (B, S), generator=g)]
     lengths = torch.randint(1, S + 1, (B,), generator=g)
     mask = torch.arange(S)[None] < lengths[:, None]  # (B, S); junk symbols stay behind the mask
-    return model, src, mask
+    return model, src, model.config.bos_id, model.config.eos_id, max_len, mask
 
 
 DECODE = Oracle.of(lab06.DECODE, "greedy_decode", oracle_greedy_decode)
@@ -353,19 +358,15 @@ def hidden_check_greedy_decode(fn: Callable[..., Tensor], seed: int = 0) -> None
     """Scripted translators with other special ids and a random neural stand-in, vs the oracle."""
     g = generator(seed)
     cases = []
-    for specials in ((0, 1, 2), (5, 3, 8)):
+    for ids in ({}, {"pad_id": 5, "bos_id": 3, "eos_id": 8}):
         B, S = randint(2, 5, g), randint(3, 6, g)
-        model, src, mask = _scripted_example(g, B, S, 10, specials)
-        cases.append((model, src, *specials[1:], S + randint(2, 4, g), mask))
-    src = torch.randint(3, 9, (4, 5), generator=g)
-    mask = torch.ones_like(src, dtype=torch.bool)
-    mask[2, 3:] = False
-    DECODE.judge(fn, [*cases, (StandInTranslator(9, seed=seed), src, 1, 2, 8, mask)])
+        cases.append(_example(g, B, S, S + randint(2, 4, g), scripted=True, **ids))
+    DECODE.judge(fn, [*cases, _example(g, 4, 5, 8, vocab_size=9, seed=seed)])
 
 
 def hidden_check_greedy_decode_edges(fn: Callable[..., Tensor], seed: int = 0) -> None:
     """``max_len`` of 1 and 2, an immediate EOS, one sentence, no mask, padding id 7."""
-    model, src, mask = _scripted_example(generator(seed), 3, 4, 10, (7, 1, 2))
+    model, src, *_, mask = _example(generator(seed), 3, 4, 7, pad_id=7, scripted=True)
     empty = mask.clone()
     empty[1] = False  # a source with no real token: EOS at once
     cases = [
