@@ -280,36 +280,6 @@ TRAINED_TRANSLATOR_CELLS = {
 }
 
 
-@cache
-def _trained_translator() -> tuple[torch.nn.Module, Any]:
-    """A small translator of the solution's ``DecoderBlock``, trained on the grammar to >= 0.9
-    (as the notebook's training cell does, shorter), and its DataModule."""
-    import lightning as L
-
-    from transformer_lab.data import GrammarDataModule
-    from transformer_lab.models import Seq2SeqConfig, Seq2SeqTransformer
-    from transformer_lab.training.modules import OptimConfig, Seq2SeqModule
-
-    data = GrammarDataModule(num_train=2000, num_val=200)
-    data.setup()
-    torch.manual_seed(0)
-    sizes = {"src_vocab_size": data.src_vocab_size, "tgt_vocab_size": data.tgt_vocab_size}
-    layers = {"n_encoder_layers": 1, "n_decoder_layers": 1}
-    config = Seq2SeqConfig(**sizes, **layers, max_len=data.max_len, d_model=32, d_ff=64)
-    block = _base("06_decoder_training")["DecoderBlock"]
-    model = Seq2SeqTransformer(config, decoder_blocks=[block(32, 4, 64)])
-    trainer = L.Trainer(
-        max_steps=200,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
-    trainer.fit(Seq2SeqModule(model=model, optim=OptimConfig(lr=5e-3, warmup_steps=20)), data)
-    return model, data
-
-
 @pytest.mark.parametrize(
     ("data", "failing", "words"),
     [
@@ -324,7 +294,7 @@ def test_the_trained_translator_cells_through_the_judge(
 ) -> None:
     """The judge rebuilds the DataModule from its settings: a trained translator passes; a
     ``data`` that is not the notebook's DataModule fails with the data cell named."""
-    model, trusted = _trained_translator()
+    model, trusted = t06.trained_translator(_base("06_decoder_training")["DecoderBlock"])
     not_numbers = SimpleNamespace(hparams={"task": "translation", "sentences": ["the dog ran"]})
     other = SimpleNamespace(hparams={"sentences": 100, "batch_size": 32})
     given = {"trained": trusted, "settings not numbers": not_numbers, "no settings": object()}

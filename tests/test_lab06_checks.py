@@ -9,9 +9,11 @@ visible and hidden. Calling the kit's (or PyTorch's) version earns nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -1278,7 +1280,11 @@ def test_decode_oracle_agrees_with_the_kit() -> None:
 # ======================================================================================
 
 
-def test_trained_translator_checks_accept_a_trained_kit_model_and_refuse_an_untrained_one() -> None:
+@functools.cache
+def trained_translator(block: type) -> tuple[nn.Module, Any]:
+    """A small translator of ``block``s (one per side, d_model 32) trained on the grammar for 200
+    steps, as the notebook's training cell does but shorter (>= 0.9 exactly right), and its
+    DataModule; trained once per block class and test process."""
     from transformer_lab.data import GrammarDataModule
     from transformer_lab.models import Seq2SeqConfig, Seq2SeqTransformer
     from transformer_lab.training.modules import OptimConfig, Seq2SeqModule
@@ -1286,20 +1292,10 @@ def test_trained_translator_checks_accept_a_trained_kit_model_and_refuse_an_untr
     dm = GrammarDataModule(num_train=2000, num_val=200, batch_size=64)
     dm.setup()
     torch.manual_seed(0)
-    config = Seq2SeqConfig(
-        src_vocab_size=dm.src_vocab_size,
-        tgt_vocab_size=dm.tgt_vocab_size,
-        max_len=dm.max_len,
-        d_model=32,
-        n_encoder_layers=1,
-        n_decoder_layers=1,
-        d_ff=64,
-    )
-    model = Seq2SeqTransformer(config, decoder_blocks=[Block(32, 4, 64)])
-    with pytest.raises(AssertionError, match="exactly right"):
-        lab06.check_trained_translator(model, dm, Block)
-    with pytest.raises(AssertionError, match="your DecoderBlock"):
-        lab06.check_trained_translator(model, dm, BlockFused)
+    sizes = {"src_vocab_size": dm.src_vocab_size, "tgt_vocab_size": dm.tgt_vocab_size}
+    layers = {"n_encoder_layers": 1, "n_decoder_layers": 1}
+    config = Seq2SeqConfig(**sizes, **layers, max_len=dm.max_len, d_model=32, d_ff=64)
+    model = Seq2SeqTransformer(config, decoder_blocks=[block(32, 4, 64)])
     module = Seq2SeqModule(model=model, optim=OptimConfig(lr=5e-3, warmup_steps=20))
     trainer = L.Trainer(
         max_steps=200,
@@ -1310,6 +1306,18 @@ def test_trained_translator_checks_accept_a_trained_kit_model_and_refuse_an_untr
         limit_val_batches=0,
     )
     trainer.fit(module, datamodule=dm)
+    return model, dm
+
+
+def test_trained_translator_checks_accept_a_trained_kit_model_and_refuse_an_untrained_one() -> None:
+    from transformer_lab.models import Seq2SeqTransformer
+
+    model, dm = trained_translator(Block)
+    untrained = Seq2SeqTransformer(model.config, decoder_blocks=[Block(32, 4, 64)])
+    with pytest.raises(AssertionError, match="exactly right"):
+        lab06.check_trained_translator(untrained, dm, Block)
+    with pytest.raises(AssertionError, match="your DecoderBlock"):
+        lab06.check_trained_translator(untrained, dm, BlockFused)
     assert lab06.check_trained_translator(model, dm, Block) >= 0.9
     hidden06.hidden_check_translator_greedy(model, dm, seed=642)
 
