@@ -1246,7 +1246,7 @@ DECODE_MISTAKES = [
     (greedy_fills_eos, ["visible", "hidden", "edges"], "not with eos_id"),
     (greedy_fills_zero, ["hidden", "edges"], "not with 0"),
     (greedy_feeds_logits, ["visible", "hidden", "edges"], "not the logits"),
-    (greedy_encodes_every_step, ["visible", "hidden", "edges"], "encode it once"),
+    (greedy_encodes_every_step, ["visible", "hidden", "edges"], "Encode the source once"),
 ]
 
 

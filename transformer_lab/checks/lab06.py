@@ -649,7 +649,7 @@ def _decode_call(
     calls = getattr(model, "encode_calls", 1) - before
     expect_true(
         calls <= 1,
-        f"{what} encoded the source {calls} times: "
+        f"{what} encoded the source {calls} times. "
         + _hint("greedy_decode greedy_encodes_every_step"),
     )
     fix = "Build the sequences from the argmax's ids."
