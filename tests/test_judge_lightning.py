@@ -287,6 +287,7 @@ TRAINED_TRANSLATOR_CELLS = {
         ("settings not numbers", ["visible", "greedy"], "keep the data cell"),
         ("no settings", ["visible", "greedy"], "keep the data cell"),
         ("other settings", ["visible", "greedy"], "keep the data cell"),
+        ("settings not a dict", ["visible", "greedy"], "keep the data cell"),
     ],
 )
 def test_the_trained_translator_cells_through_the_judge(
@@ -299,6 +300,7 @@ def test_the_trained_translator_cells_through_the_judge(
     other = SimpleNamespace(hparams={"sentences": 100, "batch_size": 32})
     given = {"trained": trusted, "settings not numbers": not_numbers, "no settings": object()}
     given["other settings"] = other
+    given["settings not a dict"] = SimpleNamespace(hparams=5)
     block = _base("06_decoder_training")["DecoderBlock"]
     extra = {"data": given[data], "DecoderBlock": block}
     checks = judged(

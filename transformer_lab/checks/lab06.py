@@ -583,7 +583,10 @@ def trusted_data(datamodule: Any) -> Any:
     grader's own when ``datamodule`` lives in the student's kernel, and the same locally."""
     from transformer_lab.data import GrammarDataModule
 
-    settings = getattr(datamodule, "hparams", {}).copy()  # a dict: from the kernel, as data
+    try:
+        settings = datamodule.hparams.copy()  # a dict: from the kernel, as data
+    except (AttributeError, TypeError):  # no settings, or settings that are not a dict
+        settings = {}
     known = inspect.signature(GrammarDataModule).parameters
     expect_true(
         bool(settings)
