@@ -27,7 +27,7 @@ from check_support import assert_fails, run_checks
 from judge_support import InProcessKernel, answers_namespace
 
 from transformer_lab.checks import lab04
-from transformer_lab.checks._lightning import run_training_step
+from transformer_lab.checks._lightning import build_module, run_training_step
 from transformer_lab.grading.judge import JudgeSession, judge_cell
 from transformer_lab.lab import Session
 
@@ -122,9 +122,11 @@ def test_the_checks_model_gets_the_gradients_and_the_optimizer_its_parameters(
     namespace = dict(_base("04_transformer_block"))
     session = JudgeSession(InProcessKernel(monkeypatch, namespace), timeout=60)
     model = lab04.ProbeModel()
-    module = lab04.build_module(
+    module = build_module(
         session.lookup("TaggingModule"),
+        "TaggingModule",
         model,
+        ban=lab04.MODULE_BAN,
         lr=0.01,
         weight_decay=0.1,
         warmup_steps=2,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -1024,18 +1023,6 @@ def _train_checks(session):
         "visible": lambda fn: lab06.check_train_translator(fn, session),
         "hidden": lambda fn: hidden06.hidden_check_train_translator(fn, session, seed=641),
     }
-
-
-def test_a_check_running_a_trainer_quiets_lightnings_loggers_only() -> None:
-    """Lightning's device lines and tips are hidden while a check runs a Trainer; a student's
-    own warnings are not (no process-wide logging.disable), and Lightning's level comes back."""
-    before = logging.getLogger("lightning.pytorch").level
-    with lab06._quiet_lightning():
-        assert not logging.getLogger("lightning.pytorch.utilities.rank_zero").isEnabledFor(
-            logging.WARNING
-        )
-        assert logging.getLogger("my_notebook").isEnabledFor(logging.WARNING)
-    assert logging.getLogger("lightning.pytorch").level == before
 
 
 @pytest.mark.parametrize("fn", [train, train_default_validation])

@@ -134,8 +134,8 @@ def _drifting_parts(lab_spec: spec.LabSpec) -> tuple[spec.Part, spec.Part]:
 
 
 def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with() -> None:
-    """A part's points and signature are declared once, in the spec: the notebook's heading and
-    solution cell are held to them, and the first disagreement is named."""
+    """A part's points, signature and attributes are declared once, in the spec: the notebook's
+    heading and solution cell are held to them, and the first disagreement is named."""
     lab = "08_language_models"
     nb = nbformat.read(str(REPO / "solutions" / lab / f"{lab}.ipynb"), as_version=4)
     text = (REPO / "transformer_lab" / "checks" / "specs" / "lab08.toml").read_text()
@@ -165,6 +165,10 @@ def test_the_spec_lint_names_points_and_signatures_the_notebook_disagrees_with()
         "no points": (
             text.replace(head, head.partition("\n")[2]),
             f"{part.name} declares no points (its heading gives {points})",
+        ),
+        "an attribute": (
+            text.replace(f'"{cls.attributes[0]}"', f'"renamed_{cls.attributes[0]}"'),
+            f"{cls.name}'s solution has no attribute renamed_{cls.attributes[0].split()[0]}",
         ),
     }
     for what, (changed, says) in drifted.items():

@@ -1,7 +1,9 @@
-"""The notebooks' trainer (``make_trainer``): device and precision, TF32 on CUDA, no noise."""
+"""The notebooks' trainer (``make_trainer``): device and precision, TF32 on CUDA, no noise; the
+checks' quiet logs (``lightning_logs_off``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -11,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+from transformer_lab.training import trainers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -157,3 +161,15 @@ def test_in_a_notebook_lightnings_progress_is_one_text_line(tmp_path: Path) -> N
     assert len(bar_lines) == 1, bar_lines  # redraws are "\r"-separated states of one line
     assert bar_lines[0].rsplit("\r", 1)[-1].startswith("Epoch 2: 100%")
     assert "Validation" not in out and "Sanity" not in out
+
+
+def test_a_check_running_a_trainer_quiets_lightnings_loggers_only() -> None:
+    """Lightning's device lines and tips are hidden while a check runs a Trainer; a student's
+    own warnings are not (no process-wide logging.disable), and Lightning's level comes back."""
+    before = logging.getLogger("lightning.pytorch").level
+    with trainers.lightning_logs_off():
+        assert not logging.getLogger("lightning.pytorch.utilities.rank_zero").isEnabledFor(
+            logging.WARNING
+        )
+        assert logging.getLogger("my_notebook").isEnabledFor(logging.WARNING)
+    assert logging.getLogger("lightning.pytorch").level == before

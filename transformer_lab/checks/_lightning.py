@@ -1,6 +1,7 @@
 """The LightningModule contract labs 04 and 06 share, judged once for both.
 
-Labs 04 (``TaggingModule``) and 06 (``TranslationModule``) both ask for a ``training_step``
+Labs 04 (``TaggingModule``) and 06 (``TranslationModule``) build the student's module around
+the check's model the same way (:func:`build_module`) and both ask for a ``training_step``
 that returns and logs the loss (:func:`judge_training_step`, called without a Trainer, its
 ``self.log`` calls recorded) and a ``configure_optimizers`` whose learning rate warms up and
 decays step by step (:func:`judge_configure_optimizers`, what it returns read as Lightning reads
@@ -28,6 +29,7 @@ from transformer_lab.checks._common import (
     call_forbidding,
     close,
     compare,
+    expect_module,
     expect_true,
     instance_attributes,
     kernel_side,
@@ -36,6 +38,7 @@ from transformer_lab.checks._common import (
 
 __all__ = [
     "Schedule",
+    "build_module",
     "judge_configure_optimizers",
     "judge_stepped_per_step",
     "judge_training_step",
@@ -86,6 +89,14 @@ def _split(conf: Any, what: str) -> tuple[Any, Any]:
     if isinstance(conf, list | tuple) and len(conf) == 1:
         return _split(conf[0], what) if isinstance(conf[0], Mapping) else (conf[0], None)
     return conf, None
+
+
+def build_module(cls: Any, name: str, *args: Any, ban: Ban, **hparams: Any) -> Any:
+    """``cls(*args, **hparams)`` under ``ban``, ``args`` the check's model first (``name``: the
+    class the notebook asks for, as messages call it): the student's LightningModule."""
+    shown = ["model", *map(repr, args[1:]), *(f"{k}={v!r}" for k, v in hparams.items())]
+    what = f"{name}({', '.join(shown)})"
+    return expect_module(call_forbidding(cls, args, hparams, ban=ban, what=what), what)
 
 
 def parse_optimizers(conf: Any, what: str = WHAT) -> OptimizerConfig:

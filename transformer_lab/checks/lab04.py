@@ -32,6 +32,7 @@ from transformer_lab.checks._common import (
 from transformer_lab.checks._generated import Given, Ordinary, floats_at
 from transformer_lab.checks._lightning import (
     Schedule,
+    build_module,
     judge_configure_optimizers,
     judge_training_step,
     learning_rates,
@@ -143,8 +144,7 @@ def _ff_call(
     what = _ctor("FeedForward", x.shape[-1], d_ff, dropout=p)
     with seeded(0):
         ff = expect_module(call_student(cls, x.shape[-1], d_ff, dropout=p, what=what), what)
-    layout = "self.linear1 = nn.Linear(d_model, d_ff), self.linear2 = nn.Linear(d_ff, d_model)"
-    load_weights(ff, weights, what, layout)  # the layers' names and sizes
+    load_weights(ff, weights, what, SPEC.parts["FeedForward"].layout)  # names and sizes
     return run_module(ff, what, x, {}, ban=SPEC.ban("feed_forward"), seed=seed)
 
 
@@ -190,12 +190,11 @@ def build_block(
     what = _ctor("EncoderBlock", d_model, n_heads, d_ff, **options)
     with seeded(0):
         block = expect_module(call_student(cls, d_model, n_heads, d_ff, what=what, **options), what)
-    missing = [n for n in ("self_attn", "ff", "norm1", "norm2") if not hasattr(block, n)]
+    layers = SPEC.parts["EncoderBlock"]
+    missing = [a.split()[0] for a in layers.attributes if not hasattr(block, a.split()[0])]
     if missing:
         raise AssertionError(
-            f"{what} has no attribute(s) {', '.join(missing)}: the checks read self.self_attn "
-            "(MultiHeadAttention), self.ff (your FeedForward, with linear1 and linear2), "
-            "self.norm1 (the attention sub-layer's norm) and self.norm2 (the feed-forward's)."
+            f"{what} has no attribute(s) {', '.join(missing)}: the checks read {layers.layout}."
         )
     if block.norm1 is block.norm2:
         note_mistake(SHARED_NORM)
@@ -273,19 +272,13 @@ def check_encoder_block_dropout(cls: Callable[..., nn.Module]) -> None:
     _judge_by(BLOCK, cls, ours, lambda *case: BlockCase(*case).seed is not None)
 
 
-def build_module(cls: Callable[..., Any], model: nn.Module, **hparams: Any) -> Any:
-    """``cls(model, **hparams)``: the student's LightningModule around a given model."""
-    shown = ", ".join(f"{k}={v!r}" for k, v in hparams.items())
-    what = f"TaggingModule(model, {shown})"
-    return expect_module(call_student(cls, model, what=what, **hparams), what)
-
-
 def training_step_check(
     cls: Any, model: nn.Module, batch: dict[str, Tensor], loss: tuple[Tensor, Mapping[str, Any]]
 ) -> Tensor:
     """``training_step`` of ``cls(model, ...)`` on ``batch``: the loss (``(expected, {hint:
     wrong loss})``), its graph, what is logged (:func:`judge_training_step`); returns the loss."""
-    module = build_module(cls, model, lr=0.01, weight_decay=0.1, warmup_steps=4, total_steps=12)
+    hparams = {"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 4, "total_steps": 12}
+    module = build_module(cls, "TaggingModule", model, ban=MODULE_BAN, **hparams)
     return judge_training_step(
         module,
         batch,
@@ -336,7 +329,7 @@ def optimizers_check(
     rates})``) stepped per step."""
     hparams = {"lr": schedule.lr, "weight_decay": weight_decay, **schedule._asdict()}
     judge_configure_optimizers(
-        build_module(cls, model, **hparams),
+        build_module(cls, "TaggingModule", model, ban=MODULE_BAN, **hparams),
         model,
         schedule,
         ban=MODULE_BAN,

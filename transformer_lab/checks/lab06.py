@@ -9,11 +9,9 @@ Reference: Prince, *Understanding Deep Learning*, sections 12.7.1 and 12.8; Vasw
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -24,7 +22,6 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import spec
 from transformer_lab.checks._common import (
-    Ban,
     call_forbidding,
     expect_module,
     expect_shape,
@@ -37,33 +34,19 @@ from transformer_lab.checks._common import (
 from transformer_lab.checks._generated import Ordinary, floats_at, plain, tensors, token_ids
 from transformer_lab.checks._lightning import (
     Schedule,
+    build_module,
     judge_configure_optimizers,
     judge_training_step,
     learning_rates,
     parse_optimizers,
 )
 from transformer_lab.judge.mirror import portable
+from transformer_lab.training.trainers import BARE, lightning_logs_off
 
 #: The lab's spec (``specs/lab06.toml``): its bans and shared tolerances.
 SPEC = spec.load("06_decoder_training")
 BLOCK_BAN = SPEC.ban("block")
 MODULE_BAN = SPEC.ban("module")
-_SUBLAYERS = (
-    "self_attn (MultiHeadAttention), cross_attn (MultiHeadAttention), ff (FeedForward with "
-    "linear1 and linear2), norm1 (after self-attention), norm2 (after cross-attention) and "
-    "norm3 (after the feed-forward network)"
-)
-
-
-@contextlib.contextmanager
-def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's own log lines (devices, tips) while a check runs a Trainer; the
-    student's loggers, and every other, still show their warnings."""
-    with contextlib.ExitStack() as restore:
-        for logger in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric")):
-            restore.callback(logger.setLevel, logger.level)  # its own level back, come what may
-            logger.setLevel(logging.ERROR)
-        yield
 
 
 def _hint(mistake: str) -> str:
@@ -109,16 +92,11 @@ def block_call(cls: Callable[..., nn.Module], *case: Any) -> Tensor:
     args = (*case[:3], c.dropout) if c.dropout else case[:3]
     built = what.partition("(x ")[0]  # DecoderBlock(d_model, n_heads, d_ff[, dropout])
     block = expect_module(call_forbidding(cls, args, {}, ban=BLOCK_BAN, what=built), built)
-    load_weights(block, c.weights, f"your {built}", _SUBLAYERS)
+    load_weights(block, c.weights, f"your {built}", SPEC.parts["DecoderBlock"].layout)
     block.train(c.training).to(c.dtype)
     masks = {"self_mask": c.self_mask, "memory_mask": c.memory_mask}
     inputs = (c.x.to(c.dtype), c.memory.to(c.dtype))
-    cross = (
-        "In the cross-attention the queries come from the decoder states x, the keys and values "
-        "from memory: cross_attn(x, memory, memory, mask=memory_mask). The masks go to their own "
-        "attention: self_mask (B, 1, T, T) to the self-attention, memory_mask (B, 1, 1, S) to the "
-        "cross-attention."
-    )
+    cross = " ".join(_hint(f"decoder_block Block{m}") for m in ("KeysFromX", "MasksSwapped"))
     out = call_forbidding(block, inputs, masks, ban=BLOCK_BAN, what=what, on_error=cross)
     out = expect_shape(out, tuple(c.x.shape), what)
     expect_true(
@@ -293,10 +271,7 @@ class StandInTranslator(nn.Module):
         tgt_padding_mask: Tensor | None = None,
     ) -> Tensor:
         src, real = memory[..., 0].round().long(), memory[..., 1] > 0.5  # (B, S)
-        expect_true(
-            not tgt_in.is_floating_point(),
-            "your loop fed the decoder float values: feed token ids (the argmax), not the logits.",
-        )
+        expect_true(not tgt_in.is_floating_point(), _hint("greedy_decode greedy_feeds_logits"))
         mask = torch.ones_like(real) if src_padding_mask is None else src_padding_mask
         real = real | mask.to(real.device)  # (B, S): padding where both masks say so
         logits = self.out(torch.tanh(self.tgt_embed[tgt_in]))  # (B, T, V)
@@ -345,13 +320,9 @@ _HPARAMS = {"lr": 3e-3, "warmup_steps": 20, "total_steps": 100}
 
 
 def _module_under_test(cls: Callable[..., Any], model: Any, **hparams: float) -> Any:
-    """``cls(model, model.config.pad_id, lr=..., warmup_steps=..., total_steps=...)`` under the
-    module's ban (``hparams`` over :data:`_HPARAMS`)."""
-    hparams, pad_id = _HPARAMS | hparams, model.config.pad_id
-    shown = ", ".join(f"{k}={v:g}" for k, v in hparams.items())
-    what = f"TranslationModule(model, pad_id={pad_id}, {shown})"
-    module = call_forbidding(cls, (model, pad_id), hparams, ban=MODULE_BAN, what=what)
-    return expect_module(module, what)
+    """``cls(model, model.config.pad_id, ...)`` (``hparams`` over :data:`_HPARAMS`)."""
+    args = (model, model.config.pad_id)
+    return build_module(cls, "TranslationModule", *args, ban=MODULE_BAN, **_HPARAMS | hparams)
 
 
 def teacher_forced_loss(
@@ -381,8 +352,8 @@ def check_training_step(
     model = PortableTranslator(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model)
     batch = copy_task_batch(6, model.config, seed=seed)
-    records = SPEC.parts["TranslationModule"].records.values()  # hint + options: a wrong loss
-    with torch.no_grad():
+    records = [r for r in SPEC.parts["TranslationModule"].records.values() if r.options]
+    with torch.no_grad():  # the records' options give typical wrong losses
         wrong = [(teacher_forced_loss(model, batch, **r.options), r.hint) for r in records]
         expected = teacher_forced_loss(model, batch)
     judge_training_step(
@@ -397,6 +368,11 @@ def check_training_step(
 
 
 _VALIDATE_WHAT = "validation_step (run by Trainer.validate on a stand-in model)"
+#: What the epoch's values are: the hints of the records that get each wrong, in that order.
+_VALIDATION = " ".join(
+    _hint(f"translation_module Module{m}")
+    for m in ("ValLossPadding", "ExactMatchWithPadding", "NeverReset")
+)
 
 
 @kernel_side
@@ -409,15 +385,8 @@ def validation_runs(cls: type, model: Any, runs: list[list[dict[str, Tensor]]]) 
     module = _module_under_test(cls, model)
     logged = []
     for batches in runs:
-        with _quiet_lightning():
-            trainer = L.Trainer(
-                accelerator="cpu",
-                devices=1,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-            )
+        with lightning_logs_off():
+            trainer = L.Trainer(accelerator="cpu", devices=1, **BARE)
             results = call_forbidding(
                 trainer.validate,
                 (module,),
@@ -466,18 +435,13 @@ def check_validation_step(
         for name, value in expected.items():
             expect_true(
                 name in got,
-                f"{_VALIDATE_WHAT} logged {sorted(got) or 'nothing'}, not '{name}': log val_loss, "
-                "val_acc and val_exact_match (the training cell and the checks read these names).",
+                f"{_VALIDATE_WHAT} logged {sorted(got) or 'nothing'}, not '{name}'. "
+                + _hint("translation_module ModuleNoExactMatch"),
             )
             g = float(got[name])
             expect_true(
                 abs(g - value) <= 1e-4 + 1e-4 * abs(value),
-                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. val_loss is "
-                "the loss of self(batch) against batch['tgt_out'], padding ignored; val_acc and "
-                "val_exact_match compare logits.argmax(dim=-1) with batch['tgt_out'], padding "
-                "ignored, over the whole epoch: log the metric objects of __init__ themselves "
-                "(self.log('val_acc', self.val_acc)), and Lightning computes and resets them "
-                "once per epoch.",
+                f"{_VALIDATE_WHAT}{run}: {name} is {g:.4f}, expected {value:.4f}. {_VALIDATION}",
             )
 
 
@@ -487,22 +451,8 @@ def check_configure_optimizers(cls: Callable[..., Any], seed: int = 63, **hparam
     decay (:func:`judge_configure_optimizers`, shared with lab 04)."""
     hparams = _HPARAMS | hparams
     module = _module_under_test(cls, PortableTranslator(seed=seed), **hparams)
-    judge_configure_optimizers(
-        module,
-        module,
-        Schedule(**hparams),
-        ban=MODULE_BAN,
-        on_error="Use self.lr, self.warmup_steps and self.total_steps "
-        "(the module has no Trainer here).",
-    )
-
-
-def learning_rate_curve(cls: Callable[..., Any], **hparams: float) -> list[float]:
-    """The learning rate of each step under ``cls(stand-in, 0, lr=..., warmup_steps=...,
-    total_steps=...)``'s ``configure_optimizers`` (for plotting a schedule)."""
-    module = cls(PortableTranslator(), 0, **hparams)
-    optimizer, scheduler, _, _ = parse_optimizers(module.configure_optimizers())
-    return learning_rates(optimizer, scheduler, int(hparams["total_steps"])).tolist()
+    fix = _hint("translation_module ModuleUsesTrainer")
+    judge_configure_optimizers(module, module, Schedule(**hparams), ban=MODULE_BAN, on_error=fix)
 
 
 _TRAIN_RULE = (
@@ -529,14 +479,9 @@ def train_translator_facts(
     data.setup("fit")  # a train_translator that reads data.train_dataloader() itself gets one
     data.val_dataloader = lambda: DataLoader(RandomDataset(32, 2))  # not 64: validation is quick
     what = f"train_translator(module, datamodule, max_steps={max_steps}, session, name={name!r})"
-    with _quiet_lightning():
-        trainer = call_forbidding(
-            fn,
-            (module, data),
-            {"max_steps": max_steps, "session": fake, "name": name},
-            ban=Ban(reason="train with lightning.Trainer yourself"),
-            what=what,
-        )
+    given = {"max_steps": max_steps, "session": fake, "name": name}
+    with lightning_logs_off():
+        trainer = call_forbidding(fn, (module, data), given, ban=MODULE_BAN, what=what)
     log_dir = getattr(getattr(trainer, "logger", None), "log_dir", None)
     return {
         "what": what,
@@ -601,11 +546,7 @@ def trusted_data(datamodule: Any) -> Any:
 
 
 def check_trained_translator(
-    model: nn.Module,
-    datamodule: Any,
-    block_cls: type,
-    *,
-    min_exact_match: float = 0.9,
+    model: nn.Module, datamodule: Any, block_cls: type, *, min_exact_match: float = 0.9
 ) -> float:
     """A translator of the student's blocks gets ``min_exact_match`` of held-out sentences right
     (teacher forcing on the DataModule's validation sentences, never trained on: a sentence
@@ -683,4 +624,4 @@ check_greedy_decode = DECODE.visible(
 )
 
 
-__all__ = [n for n in dir() if n.startswith("check_")]  # dir(): sorted
+__all__ = [*(n for n in dir() if n.startswith("check_")), "learning_rates", "parse_optimizers"]

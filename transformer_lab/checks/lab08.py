@@ -45,12 +45,6 @@ SCALE_BAN = SPEC.ban("scale")
 _TOL = SPEC.tol("float32")
 
 
-_ATTRIBUTES = (
-    "qkv_proj = nn.Linear(d_model, 3 * d_model) (output columns: queries, keys, values) and "
-    "out_proj = nn.Linear(d_model, d_model), with their biases (nn.Linear's default)"
-)
-
-
 def build_attention(
     cls: Callable[..., nn.Module],
     d_model: int,
@@ -63,7 +57,7 @@ def build_attention(
     args: tuple[Any, ...] = (d_model, n_heads, dropout) if dropout else (d_model, n_heads)
     what = f"CausalSelfAttention({', '.join(map(str, args))})"
     module = expect_module(call_forbidding(cls, args, {}, ban=ATTENTION_BAN, what=what), what)
-    load_weights(module, weights, what, _ATTRIBUTES)
+    load_weights(module, weights, what, SPEC.parts["CausalSelfAttention"].layout)
     return module, what
 
 

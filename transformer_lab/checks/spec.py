@@ -19,7 +19,9 @@ function or class of the lab (an exercise of its notebook, in the notebook's ord
 * ``signature``: the call as the curriculum writes it (``"name(a, b, c=1, *, d=None)"``; a
   class: its constructor's), and ``methods``,
   a class's methods the same way (``["forward(x, kv_cache=None)"]``); the lint holds the
-  solution cell's ``def``/``class`` to them;
+  solution cell's ``def``/``class`` to them; ``attributes``: the layers of a class that the
+  checks read, each its name and what it holds (``"norm1 (after self-attention)"``): the
+  solution must set them, and a check that cannot load a layer's weights lists them;
 * ``check``: the visible check a passing answer is saved on (:data:`transformer_lab.answers.ANSWERS`
   derives its table from these keys), ``check_<snake_case name>`` unless given; ``saved =
   false`` for a part later labs never use (nothing saved); ``pieces``: the kit's answers the lab
@@ -103,6 +105,9 @@ class Part:
         points: what the exercise is worth (None: not declared, which the lint names).
         signature: the call as the curriculum writes it (a class: its constructor's).
         methods: a class's methods' signatures (``"forward(x, kv_cache=None)"``).
+        attributes: a class's layers the checks read, each its name and then what it holds
+            (``"norm1 (after self-attention)"``): the solution assigns ``self.<name>``, and a
+            check that cannot load its weights lists them (:attr:`layout`).
         check: the visible check a passing answer is saved on (``check_...``).
         saved: whether a passing answer is saved for later labs.
         pieces: kit answer (dotted) -> the visible check that grades it through this part.
@@ -118,10 +123,16 @@ class Part:
     points: int | None = None
     signature: str = ""
     methods: tuple[str, ...] = ()
+    attributes: tuple[str, ...] = ()
     check: str = ""
     saved: bool = True
     pieces: dict[str, str] = field(default_factory=dict)
     replaces: str = ""
+
+    @property
+    def layout(self) -> str:
+        """The layers the checks read, as a message lists them (``self.self_attn (...), ...``)."""
+        return ", ".join(f"self.{attribute}" for attribute in self.attributes)
 
     @property
     def kit_answer(self) -> str | None:
@@ -322,8 +333,8 @@ def _carried(name: str, body: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 PART_KEYS = frozenset(
-    {"kit", "builds_on", "mistakes", "bans", "points", "signature", "methods", "check", "saved",
-     "pieces", "replaces"}
+    {"kit", "builds_on", "mistakes", "bans", "points", "signature", "methods", "attributes",
+     "check", "saved", "pieces", "replaces"}
 )  # fmt: skip
 
 
@@ -359,6 +370,7 @@ def _part(name: str, body: Any, where: str) -> Part:
         records=records,
         signature=signature,
         methods=methods,
+        attributes=_strings(body.get("attributes", []), f"{where}: parts.{name}.attributes"),
         **_carried(name, body, where),
     )
 
@@ -587,7 +599,7 @@ def _lint_part_notebook(part: Part, nb: Any, where: str) -> list[str]:
     """The part's points agree with its exercise heading (and so, by the lab standard,
     :func:`~transformer_lab.grading.standard.lint_lab`, with the nbgrader points of its test
     cells and the intro's table), its signature and methods with the solution cell's ``def``
-    or ``class``."""
+    or ``class``, and the class sets the attributes the checks read."""
     problems = []
     heading = _headings(nb).get(part.name)
     if part.points is None:
@@ -602,6 +614,10 @@ def _lint_part_notebook(part: Part, nb: Any, where: str) -> list[str]:
         return [*problems, f"{where}: {part.name} declares no signature"]
     if node is None:
         return [*problems, f"{where}: no solution cell defines {part.name}"]
+    assigned = {t.attr for t in ast.walk(node) if isinstance(t, ast.Attribute)}
+    for name in (a.split()[0] for a in part.attributes):
+        if name not in assigned:
+            problems.append(f"{where}: {part.name}'s solution has no attribute {name}")
     defined = _defined_signatures(node)
     for signature in (part.signature, *part.methods):
         name, args = signature_arguments(signature, f"{where}: {part.name}")

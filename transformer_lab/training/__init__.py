@@ -9,7 +9,8 @@ What lives here:
 * :mod:`.checkpoints`: what a checkpoint records, finding, checking and loading checkpoints.
 * :mod:`.devices`: which accelerator and precision to use, and ``transformer-lab info``.
 * :mod:`.trainers`: :func:`make_trainer` (the notebooks' ``Trainer``: device, precision, TF32,
-  one line saying which) and :func:`quiet_lightning` (no messages a student cannot act on).
+  one line saying which), :func:`quiet_lightning` (no messages a student cannot act on), and
+  for the checks :func:`lightning_logs_off` and :data:`BARE`.
 * :mod:`.callbacks`: clean ends of runs (``last.ckpt`` where training stopped, Ctrl-C, a
   validation at the last step), the atomic checkpoint writer, and the end-of-fit examples.
 * :mod:`.cli`: ``transformer-lab fit|validate|test|predict`` (Lightning's ``LightningCLI``).
@@ -42,6 +43,8 @@ _EXPORTS = {
     "StopOnInterrupt": "callbacks",
     "ValidateOnLastStep": "callbacks",
     "AtomicCheckpointIO": "callbacks",
+    "BARE": "trainers",
+    "lightning_logs_off": "trainers",
     "make_trainer": "trainers",
     "quiet_lightning": "trainers",
     "use_tensor_cores": "trainers",

@@ -15,6 +15,10 @@ matters:
   advertisement for Lightning's cloud logger, a deprecation inside Lightning
   (``isinstance(treespec, LeafSpec)``, raised by newer torch releases), and the advice to add
   DataLoader workers, which only slows the kit's in-memory datasets down.
+* :func:`lightning_logs_off`: Lightning's own log lines (devices, tips) silenced while a block
+  runs, its levels restored after: for the checks, whose Trainers are theirs, not the student's.
+* :data:`BARE`: the ``Trainer`` options of a run that only computes (no logger, checkpoint,
+  progress bar or model summary), as the checks and the tests build one.
 
 Reference: the Lightning docs, "N-bit precision" and "Warnings"; torch's
 ``set_float32_matmul_precision``.
@@ -22,12 +26,22 @@ Reference: the Lightning docs, "N-bit precision" and "Warnings"; torch's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["make_trainer", "quiet_lightning", "use_tensor_cores"]
+__all__ = ["BARE", "lightning_logs_off", "make_trainer", "quiet_lightning", "use_tensor_cores"]
+
+#: ``Trainer`` options of a run that only computes: nothing logged, saved or printed.
+BARE: dict[str, Any] = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
 
 # Messages (regular expressions matched at the start) that a student can do nothing about.
 _QUIET_WARNINGS = (
@@ -61,6 +75,17 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=message)
     for name in _RANK_ZERO_LOGGERS:
         logging.getLogger(name).addFilter(_DROP_TIPS)  # adding the same filter twice is a no-op
+
+
+@contextlib.contextmanager
+def lightning_logs_off() -> Iterator[None]:
+    """Silence Lightning's own log lines (devices, tips) inside the block; every other logger
+    (a student's own) still shows its warnings, and Lightning's levels come back after."""
+    with contextlib.ExitStack() as restore:
+        for logger in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric")):
+            restore.callback(logger.setLevel, logger.level)  # its own level back, come what may
+            logger.setLevel(logging.ERROR)
+        yield
 
 
 def use_tensor_cores(trainer: Any) -> bool:

@@ -6,7 +6,10 @@ attention (its masked softmax from :mod:`._attention`, so a query with no allowe
 zero output), layer norm (centred values, biased variance) and the position-wise feed-forward
 network. Each lab composes them into its own block (post- or pre-norm, with or without
 cross-attention) and its catalogue of wrong blocks; the pieces are written once here, so that
-the two labs cannot disagree on what a sub-layer computes.
+the two labs cannot disagree on what a sub-layer computes. The blocks' weights are named as
+the kit's (``self_attn.q_proj.weight``, ``ff.linear1.bias``, ``norm1.weight``): both labs draw
+them with :func:`random_weights` and read a layer with :func:`linear64` or an attention with
+:func:`attention64`.
 
 Like every module of this folder, it is refused inside a ban (:mod:`transformer_lab.judge.bans`)
 and left out of the student package.
@@ -14,11 +17,23 @@ and left out of the student package.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
 from torch import Tensor
 
 from transformer_lab.grading.hidden._attention import attend64
 
-__all__ = ["feed_forward64", "layer_norm64", "multi_head64"]
+__all__ = [
+    "attention64",
+    "feed_forward64",
+    "layer_norm64",
+    "linear64",
+    "multi_head64",
+    "random_weights",
+]
 
 #: A linear layer's ``(weight (out, in), bias (out,))``.
 Linear = tuple[Tensor, Tensor]
@@ -66,3 +81,39 @@ def multi_head64(
     q, k, v = heads(query, wq, bq, T), heads(key, wk, bk, S), heads(value, wv, bv, S)
     out, _ = attend64(q, k, v, None if mask is None else mask.bool())  # (B, H, T, Dh)
     return out.transpose(1, 2).reshape(B, T, D) @ wo.T + bo  # (B, T, D)
+
+
+def attention64(
+    w: Mapping[str, Tensor], name: str, query: Tensor, source: Tensor, n_heads: int, mask: Any
+) -> Tensor:
+    """:func:`multi_head64` of the attention ``name`` (``self_attn``, ``cross_attn``) of a
+    block's weights ``w``: ``query`` attends to ``source`` (keys and values) under ``mask``."""
+    projections = tuple(linear64(w, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
+    return multi_head64(query, source, source, projections, n_heads, mask)
+
+
+def random_weights(
+    d_model: int, d_ff: int, g: torch.Generator, *attentions: str, norms: bool = True
+) -> dict[str, Tensor]:
+    """Random float32 weights named as the kit's: of a ``FeedForward(d_model, d_ff)``, or of a
+    block with these ``attentions`` (lab 06's decoder too), ``ff`` and a norm after each sub-layer
+    whose gains and shifts are far from 1 and 0 (a swapped or unused norm shows; 1 and 0 with
+    ``norms=False``)."""
+    w: dict[str, Tensor] = {}
+    prefix = "ff." if attentions else ""
+    layers = {
+        f"{a}.{n}_proj": (d_model, d_model) for a in attentions for n in ("q", "k", "v", "out")
+    }
+    layers |= {f"{prefix}linear1": (d_model, d_ff), f"{prefix}linear2": (d_ff, d_model)}
+    for name, (n_in, n_out) in layers.items():
+        w[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / math.sqrt(n_in)
+        w[f"{name}.bias"] = 0.2 * torch.randn(n_out, generator=g)
+    for i in range(1, len(attentions) + 2) if attentions else ():
+        w[f"norm{i}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g) * norms
+        w[f"norm{i}.bias"] = 0.5 * torch.randn(d_model, generator=g) * norms
+    return w
+
+
+def linear64(w: Mapping[str, Tensor], name: str) -> tuple[Tensor, Tensor]:
+    """The layer ``name``'s ``(weight, bias)`` in a block's weights ``w``, in float64."""
+    return w[f"{name}.weight"].double(), w[f"{name}.bias"].double()

@@ -25,7 +25,13 @@ from transformer_lab.checks._generated import Oracle, floats_at
 from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel
 from transformer_lab.grading.hidden import fixture_entry
-from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
+from transformer_lab.grading.hidden._blocks import (
+    attention64,
+    feed_forward64,
+    layer_norm64,
+    linear64,
+    random_weights,
+)
 
 
 def _records(name: str) -> list[tuple[str, dict[str, Any]]]:
@@ -105,33 +111,6 @@ def hidden_check_layer_norm_numerics(fn: Callable[..., Tensor], seed: int = 0) -
     )
     x = torch.randn(3, 16, generator=g) + 1e4
     LARGE_MEAN.judge(fn, [(x, torch.ones(16), torch.zeros(16), 1e-5)])
-
-
-def random_weights(
-    d_model: int, d_ff: int, g: torch.Generator, *attentions: str, norms: bool = True
-) -> dict[str, Tensor]:
-    """Random float32 weights named as the kit's: of a ``FeedForward(d_model, d_ff)``, or of a
-    block with these ``attentions`` (lab 06's decoder too), ``ff`` and a norm after each sub-layer
-    whose gains and shifts are far from 1 and 0 (a swapped or unused norm shows; 1 and 0 with
-    ``norms=False``)."""
-    w: dict[str, Tensor] = {}
-    prefix = "ff." if attentions else ""
-    layers = {
-        f"{a}.{n}_proj": (d_model, d_model) for a in attentions for n in ("q", "k", "v", "out")
-    }
-    layers |= {f"{prefix}linear1": (d_model, d_ff), f"{prefix}linear2": (d_ff, d_model)}
-    for name, (n_in, n_out) in layers.items():
-        w[f"{name}.weight"] = torch.randn(n_out, n_in, generator=g) / math.sqrt(n_in)
-        w[f"{name}.bias"] = 0.2 * torch.randn(n_out, generator=g)
-    for i in range(1, len(attentions) + 2) if attentions else ():
-        w[f"norm{i}.weight"] = 1.0 + 0.5 * torch.randn(d_model, generator=g) * norms
-        w[f"norm{i}.bias"] = 0.5 * torch.randn(d_model, generator=g) * norms
-    return w
-
-
-def linear64(w: Mapping[str, Tensor], name: str) -> tuple[Tensor, Tensor]:
-    """The layer ``name``'s ``(weight, bias)`` in a block's weights ``w``, in float64."""
-    return w[f"{name}.weight"].double(), w[f"{name}.bias"].double()
 
 
 def _dropout_masks(
@@ -254,8 +233,7 @@ def oracle_encoder_block(
     form = form or ("pre" if c.norm_first else "post")
 
     def attention(h: Tensor) -> Tensor:  # fully masked rows give zeros
-        layers = tuple(linear64(c.w, f"self_attn.{n}_proj") for n in ("q", "k", "v", "out"))
-        return multi_head64(h, h, h, layers, c.n_heads, keys)
+        return attention64(c.w, "self_attn", h, h, c.n_heads, keys)
 
     def ff(h: Tensor, drop: Tensor | None = None) -> Tensor:
         return feed_forward64(h, linear64(c.w, "ff.linear1"), linear64(c.w, "ff.linear2"), drop)

@@ -17,14 +17,14 @@ from torch import Tensor, nn
 from transformer_lab.checks import lab06
 from transformer_lab.checks._common import expect_true, generator, randint
 from transformer_lab.checks._generated import Oracle, floats_at
-from transformer_lab.checks.lab06 import (
-    SPEC,
-    BlockCase,
-    StandInTranslator,
-    trusted_data,
+from transformer_lab.checks.lab06 import SPEC, BlockCase, StandInTranslator, trusted_data
+from transformer_lab.grading.hidden._blocks import (
+    attention64,
+    feed_forward64,
+    layer_norm64,
+    linear64,
+    random_weights,
 )
-from transformer_lab.grading.hidden._blocks import feed_forward64, layer_norm64, multi_head64
-from transformer_lab.grading.hidden.lab04 import linear64, random_weights
 
 
 def oracle_block(
@@ -45,16 +45,11 @@ def oracle_block(
     masks = {"sa": c.self_mask, "ca": c.memory_mask} | {unmasked: None}
     kept = 0.0 if c.training and c.dropout else 1.0
 
-    def attention(name: str, h: Tensor, source: Tensor, mask: Tensor | None) -> Tensor:
-        projections = tuple(linear64(c.weights, f"{name}.{p}_proj") for p in ("q", "k", "v", "out"))
-        return multi_head64(h, source, source, projections, c.n_heads, mask)
-
+    ff = linear64(c.weights, "ff.linear1"), linear64(c.weights, "ff.linear2")
     sublayer = {
-        "sa": lambda h: attention("self_attn", h, h, masks["sa"]),
-        "ca": lambda h: attention("cross_attn", h, c.memory.double(), masks["ca"]),
-        "ff": lambda h: feed_forward64(
-            h, linear64(c.weights, "ff.linear1"), linear64(c.weights, "ff.linear2")
-        ),
+        "sa": lambda h: attention64(c.weights, "self_attn", h, h, c.n_heads, masks["sa"]),
+        "ca": lambda h: attention64(c.weights, "cross_attn", h, c.memory, c.n_heads, masks["ca"]),
+        "ff": lambda h: feed_forward64(h, *ff),
     }
     h = c.x.double()
     for kind, n in zip(order, norms, strict=True):
@@ -121,8 +116,7 @@ def hidden_check_decoder_block_masks(cls: Callable[..., nn.Module], seed: int = 
     x = torch.randn(B, T, 16, generator=g)
     memory = torch.randn(B, S, 16, generator=g)
     self_mask, _ = _masks(B, T, S, g)
-    memory_mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
-    memory_mask[..., S - 2 :] = False
+    memory_mask = torch.arange(S).expand(B, 1, 1, S) < S - 2  # (B, 1, 1, S): the last 2 hidden
     # The hidden memory positions carry values a thousand times larger: their raw scores are the
     # largest (or most negative) of their rows; only masking before the softmax hides them.
     memory[:, S - 2 :] *= 1000.0
@@ -264,7 +258,7 @@ def hidden_check_translation_module(cls: type, seed: int = 0) -> None:
     lab06.check_training_step(cls, pad_id=pad_id, vocab_size=12, seed=seed)
     lab06.check_validation_step(cls, pad_id=pad_id, vocab_size=12, seed=seed + 1)
     warmup = randint(5, 30, g)
-    lr = float(torch.tensor([5e-4, 1e-3, 6e-3])[randint(0, 2, g)])
+    lr = (5e-4, 1e-3, 6e-3)[randint(0, 2, g)]
     lab06.check_configure_optimizers(
         cls, lr=lr, warmup_steps=warmup, total_steps=warmup + randint(40, 120, g), seed=seed
     )
@@ -288,11 +282,10 @@ def hidden_check_translator_greedy(
     fresh = draw_disjoint(data.draw(f"check {seed}"), 200, exclude=data.train_data)
     src, mask, tgt_out = (fresh[k] for k in ("src", "src_padding_mask", "tgt_out"))
     where = next(model.parameters()).device
-    # Batched (the one-sentence oracle is slow for 200 sentences): the right loop's variant.
-    ids = (data.bos_id, data.eos_id, tgt_out.shape[1] + 1)  # BOS, then at most T tokens
-    out = oracle_greedy_decode(model.eval(), src.to(where), *ids, mask.to(where)).long().cpu()
-    missing = tgt_out.shape[1] + 1 - out.shape[1]  # columns after every sentence has ended
-    predicted = nn.functional.pad(out[:, 1:], (0, missing), value=data.pad_id)  # (B, T)
+    # Batched, the right loop run to its end (finished sentences padded), BOS dropped: (B, T).
+    ids = (data.bos_id, data.eos_id, tgt_out.shape[1] + 1)  # BOS, then T tokens
+    out = oracle_greedy_decode(model.eval(), src.to(where), *ids, mask.to(where), stop="never")
+    predicted = out[:, 1:].long().cpu()  # (B, T)
     greedy_score = float((predicted == tgt_out).all(dim=1).float().mean())
     expect_true(
         greedy_score >= min_exact_match,
