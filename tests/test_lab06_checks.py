@@ -771,7 +771,10 @@ class ModuleArgmaxTime(Module):
         self.log("val_acc", self.val_acc)
 
 
-def _with_schedule(factor):
+def _with_schedule(name, factor):
+    """A module whose scheduler multiplies lr by ``factor(self, step, warmup, total)``, named
+    ``name`` (its id in the catalogue of mistakes)."""
+
     class M(Module):
         def configure_optimizers(self):
             optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr)
@@ -784,16 +787,21 @@ def _with_schedule(factor):
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
             }
 
+    M.__name__ = M.__qualname__ = name
     return M
 
 
-ModuleConstant = _with_schedule(lambda self, s, w, n: 1.0)
+ModuleConstant = _with_schedule("ModuleConstant", lambda self, s, w, n: 1.0)
 ModuleDecayOnly = _with_schedule(
-    lambda self, s, w, n: 0.5 * (1 + math.cos(math.pi * min(1.0, s / n)))
+    "ModuleDecayOnly", lambda self, s, w, n: 0.5 * (1 + math.cos(math.pi * min(1.0, s / n)))
 )
-ModuleWarmupOnly = _with_schedule(lambda self, s, w, n: min(1.0, (s + 1) / w))
-ModuleFactorIsLr = _with_schedule(lambda self, s, w, n: self.lr * _factor(s, w, n))
-ModuleWarmup100 = _with_schedule(lambda self, s, w, n: _factor(s, 100, max(n, 101)))
+ModuleWarmupOnly = _with_schedule("ModuleWarmupOnly", lambda self, s, w, n: min(1.0, (s + 1) / w))
+ModuleFactorIsLr = _with_schedule(
+    "ModuleFactorIsLr", lambda self, s, w, n: self.lr * _factor(s, w, n)
+)
+ModuleWarmup100 = _with_schedule(
+    "ModuleWarmup100", lambda self, s, w, n: _factor(s, 100, max(n, 101))
+)
 
 
 class ModuleHardCodedLr(Module):
