@@ -644,6 +644,7 @@ BLOCK_MISTAKES = [
     ("no_dropout1", _TRAINING, "without dropout on the attention output"),
     ("no_dropout2", _TRAINING, "without dropout on the feed-forward output"),
     ("dropout_after_sum", _TRAINING, "dropout applied to the residual sum"),
+    ("no_dropout", _TRAINING, "gives the output of eval mode"),
 ]
 
 
@@ -662,7 +663,6 @@ def test_block_mistakes_fail_with_a_message_naming_them(
     ("mistake", "words"),
     [
         *((m, words) for m, failing, words in BLOCK_MISTAKES if failing == _TRAINING),
-        ("no_dropout", "gives the output of eval mode"),
         ("dropout_always_on", "eval mode"),
     ],
 )
