@@ -116,9 +116,13 @@ def _rows() -> list[Row]:
         out.append(
             (f"lab04 block {mistake}", t04.BLOCK_CHECKS, block, failing, words, ("dropout",))
         )
-    for mistake, failing, words in t04.TRAINING_STEP_MISTAKES:
-        module = t04.module_with(mistake)
-        out.append((f"lab04 training_step {mistake}", t04.TRAIN_CHECKS, module, failing, words, ()))
+    for table, checks, kind in (
+        (t04.TRAINING_STEP_MISTAKES, t04.TRAIN_CHECKS, "training_step"),
+        (t04.OPTIMIZERS_MISTAKES, t04.OPTIM_CHECKS, "configure_optimizers"),
+    ):
+        for mistake, failing, words in table:
+            module = t04.module_with(mistake)
+            out.append((f"lab04 {kind} {mistake}", checks, module, failing, words, ()))
     for table, checks, kind in (
         (t05.CAUSAL_MISTAKES, t05.CAUSAL_CHECKS, "causal"),
         (t05.PADDING_MISTAKES, t05.PADDING_CHECKS, "padding"),

@@ -11,6 +11,7 @@ al., "On Layer Normalization in the Transformer Architecture" (2020); Loshchilov
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,9 +35,12 @@ from transformer_lab.grading.hidden._blocks import (
 )
 
 
-def _records(name: str) -> list[tuple[str, dict[str, Any]]]:
-    """(hint, options) of each mistake of the spec's part ``name`` whose record gives options."""
-    return [(r.hint, r.options) for r in SPEC.parts[name].records.values() if r.options]
+def _records(name: str, oracle: Callable[..., Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(hint, options) of each mistake of the spec's part ``name`` whose record gives options
+    of ``oracle`` (a part judged by several oracles holds the records of each)."""
+    keys = set(inspect.signature(oracle).parameters)
+    records = SPEC.parts[name].records.values()
+    return [(r.hint, r.options) for r in records if r.options and r.options.keys() <= keys]
 
 
 def oracle_layer_norm(
@@ -264,24 +268,23 @@ def oracle_encoder_block(
     return out * c.mask.bool()[:, 0, 0, :, None] if zero_pad and c.mask is not None else out
 
 
-#: The mistakes of training mode (dropout placed elsewhere): hint -> the oracle's options.
-DROPOUT = {
-    SPEC.mistake("feed_forward FFDropoutNeverApplied").hint: {"at": ""},
-    "It matches a block whose FeedForward has no dropout: give it the block's dropout.": {
-        "at": "af"
-    },
-    "It matches a block without dropout on the attention output (dropout1).": {"at": "hf"},
-    "It matches a block without dropout on the feed-forward output (dropout2).": {"at": "ah"},
-    "It matches dropout applied to the residual sum: drop the sub-layer's output only, x "
-    "+ dropout(sublayer(...)).": {"on_sum": True},
-}
-_BLOCK_RECORDS = _records("EncoderBlock")
+#: Options of the block's oracle that place dropout: records giving them are the mistakes of
+#: training mode, the others those of eval mode.
+DROPOUT_OPTIONS = {"at", "on_sum"}
+_BLOCK_RECORDS = _records("EncoderBlock", oracle_encoder_block)
+#: Training mode's mistakes: dropout that never acts (the block then gives eval mode's output:
+#: FeedForward's record words it), then the spec's records that place dropout elsewhere.
+_TRAINING = [
+    (SPEC.mistake("feed_forward FFDropoutNeverApplied").hint, {"at": ""}),
+    *((hint, kw) for hint, kw in _BLOCK_RECORDS if kw.keys() & DROPOUT_OPTIONS),
+]
+_EVAL = [(hint, kw) for hint, kw in _BLOCK_RECORDS if not kw.keys() & DROPOUT_OPTIONS]
 
 
 def encoder_block_mistakes(*args: Any) -> dict[str, Tensor]:
     """Hint -> what a typical wrong block returns (float64): in training mode the dropout
-    mistakes, else the spec's."""
-    named = DROPOUT.items() if BlockCase(*args).seed is not None else _BLOCK_RECORDS
+    mistakes, else the spec's others."""
+    named = _TRAINING if BlockCase(*args).seed is not None else _EVAL
     return {hint: oracle_encoder_block(*args, **options) for hint, options in named}
 
 
@@ -393,7 +396,8 @@ def oracle_tagging_loss(
 
 def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of ``model`` on ``batch`` and hint -> a typical wrong one (the spec's records)."""
-    named = {h: oracle_tagging_loss(model, batch, **kw) for h, kw in _records("TaggingModule")}
+    records = _records("TaggingModule", oracle_tagging_loss)
+    named = {h: oracle_tagging_loss(model, batch, **kw) for h, kw in records}
     return oracle_tagging_loss(model, batch), named
 
 
@@ -429,45 +433,52 @@ def _cosine(lr: float, step: int, start: int, length: int) -> float:
     return lr * 0.5 * (1.0 + math.cos(math.pi * (step - start) / length))
 
 
-def oracle_learning_rates(lr: float, warmup_steps: int, total_steps: int) -> Tensor:
-    """Learning rate of steps ``0 .. total_steps - 1``: linear warm-up, then a cosine to 0."""
+def oracle_learning_rates(
+    lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    *,
+    warmup: str = "linear",
+    decay: str = "cosine",
+) -> Tensor:
+    """Learning rate of steps ``0 .. total_steps - 1`` (float64): a linear warm-up, step ``s``
+    at ``lr * (s + 1) / warmup_steps``, then a cosine from ``lr`` to 0 at ``total_steps``. The
+    options make the mistakes: the ``warmup`` "none" (the cosine from step 0 over every step),
+    "from_zero" (``lr * s / warmup_steps``) or "one_long" (torch's ``LinearLR`` over
+    ``warmup_steps`` iterations, not ``warmup_steps - 1``); the ``decay`` "constant" (``lr``),
+    "linear" or "long_cosine" (a cosine of length ``total_steps``)."""
     w, n = warmup_steps, total_steps
-    rates = [lr * (s + 1) / w if s < w else _cosine(lr, s, w, n - w) for s in range(n)]
-    return torch.tensor(rates, dtype=torch.float64)
+    rises: dict[str, Callable[[int], float]] = {
+        "linear": lambda s: lr * (s + 1) / w,
+        "from_zero": lambda s: lr * s / w,
+        "one_long": lambda s: lr * (1 / w + (1 - 1 / w) * s / w),
+        "none": lambda s: _cosine(lr, s, 0, n),
+    }
+    falls: dict[str, Callable[[int], float]] = {
+        "cosine": lambda s: _cosine(lr, s, w, n - w),
+        "constant": lambda s: lr,
+        "linear": lambda s: lr * (n - s) / (n - w),
+        "long_cosine": lambda s: _cosine(lr, s, w, n),
+    }
+    rise = rises[warmup]
+    fall = rise if warmup == "none" else falls[decay]
+    return torch.tensor([rise(s) if s < w else fall(s) for s in range(n)], dtype=torch.float64)
+
+
+#: The spec's wrong schedules. Those of the warm-up's start and length are tried only where the
+#: warm-up has more than one step: a one-step warm-up one step too long is the right schedule,
+#: and one starting at 0 only zeroes step 0.
+_SCHEDULES = _records("TaggingModule", oracle_learning_rates)
+_LONG_WARMUP_ONLY = ("from_zero", "one_long")
 
 
 def schedule_mistakes(lr: float, warmup_steps: int, total_steps: int) -> dict[str, Tensor]:
     """Hint -> the learning rates a typical wrong schedule gives (float64)."""
-    w, n = warmup_steps, total_steps
-    good = oracle_learning_rates(lr, w, n).tolist()
-
-    def rates(after: Callable[[int], float], warmup: Callable[[int], float] = good.__getitem__):
-        values = [warmup(s) if s < w else after(s) for s in range(n)]
-        return torch.tensor(values, dtype=torch.float64)
-
-    out = {
-        "It has no warm-up: the first steps climb linearly, lr * (step + 1) / warmup_steps.": (
-            rates(lambda s: _cosine(lr, s, 0, n), lambda s: _cosine(lr, s, 0, n))
-        ),
-        "It stays at lr after the warm-up: decay it with a cosine to 0 at total_steps.": rates(
-            lambda s: lr
-        ),
-        "It decays linearly after the warm-up: use a cosine.": rates(
-            lambda s: lr * (n - s) / (n - w)
-        ),
-        "Its cosine is too long: its length is total_steps - warmup_steps (T_max).": rates(
-            lambda s: _cosine(lr, s, w, n)
-        ),
+    return {
+        hint: oracle_learning_rates(lr, warmup_steps, total_steps, **options)
+        for hint, options in _SCHEDULES
+        if warmup_steps > 1 or options.get("warmup") not in _LONG_WARMUP_ONLY
     }
-    if w > 1:
-        out["Its warm-up starts at 0: step s uses lr * (s + 1) / warmup_steps."] = rates(
-            good.__getitem__, lambda s: lr * s / w
-        )
-        out[
-            "Its warm-up is one step too long: LinearLR(start_factor=1 / warmup_steps, "
-            "total_iters=warmup_steps - 1) makes step warmup_steps - 1 use the full lr."
-        ] = rates(good.__getitem__, lambda s: lr * (1 / w + (1 - 1 / w) * s / w))
-    return out
 
 
 def hidden_check_configure_optimizers(cls: Callable[..., Any], seed: int = 0) -> None:
