@@ -11,7 +11,6 @@ al., "On Layer Normalization in the Transformer Architecture" (2020); Loshchilov
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,7 +21,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab04
 from transformer_lab.checks._common import expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle, floats_at
+from transformer_lab.checks._generated import Oracle, floats_at, records_of
 from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel
 from transformer_lab.grading.hidden import fixture_entry
@@ -38,9 +37,7 @@ from transformer_lab.grading.hidden._blocks import (
 def _records(name: str, oracle: Callable[..., Any]) -> list[tuple[str, dict[str, Any]]]:
     """(hint, options) of each mistake of the spec's part ``name`` whose record gives options
     of ``oracle`` (a part judged by several oracles holds the records of each)."""
-    keys = set(inspect.signature(oracle).parameters)
-    records = SPEC.parts[name].records.values()
-    return [(r.hint, r.options) for r in records if r.options and r.options.keys() <= keys]
+    return records_of(SPEC.parts[name].records.values(), oracle)
 
 
 def oracle_layer_norm(
