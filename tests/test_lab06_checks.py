@@ -32,6 +32,7 @@ from transformer_lab.checks import lab06
 from transformer_lab.checks._common import load_weights
 from transformer_lab.grading.hidden import lab06 as hidden06
 from transformer_lab.lab import Session
+from transformer_lab.training.trainers import BARE
 
 # ======================================================================================
 # DecoderBlock
@@ -1292,14 +1293,7 @@ def trained_translator(block: type) -> tuple[nn.Module, Any]:
     config = Seq2SeqConfig(**sizes, **layers, max_len=dm.max_len, d_model=32, d_ff=64)
     model = Seq2SeqTransformer(config, decoder_blocks=[block(32, 4, 64)])
     module = Seq2SeqModule(model=model, optim=OptimConfig(lr=5e-3, warmup_steps=20))
-    trainer = L.Trainer(
-        max_steps=200,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
+    trainer = L.Trainer(max_steps=200, limit_val_batches=0, **BARE)
     trainer.fit(module, datamodule=dm)
     return model, dm
 
