@@ -8,6 +8,7 @@ fails here with the cell and what to change.
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 from pathlib import Path
@@ -123,6 +124,20 @@ def test_the_spec_lint_finds_drift() -> None:
         assert spec.lint_spec(spec.parse(changed), nb, lab), what
     with pytest.raises(spec.SpecError, match="unknown keys"):
         spec.parse(text.replace("[parts.split_heads]", "[parts.split_heads]\npoint = 3"))
+
+
+def test_the_lint_counts_attributes_the_class_assigns_not_those_it_reads() -> None:
+    """A layer the checks read must be set in the solution (``self.norm1 = ...``, in a tuple or
+    annotated too); a class that only calls ``self.norm3(x)`` does not set ``norm3``."""
+    source = (
+        "class Block:\n"
+        "    def __init__(self):\n"
+        "        self.norm1, self.norm2 = 1, 2\n"
+        "        self.ff: int = 3\n"
+        "    def forward(self, x):\n"
+        "        return self.norm3(other.attn(x))\n"
+    )
+    assert spec._self_assigned(ast.parse(source)) == {"norm1", "norm2", "ff"}
 
 
 def _drifting_parts(lab_spec: spec.LabSpec) -> tuple[spec.Part, spec.Part]:

@@ -28,9 +28,8 @@ answer is given (a search's step function: ``load`` builds it from stored data).
 
 from __future__ import annotations
 
-import inspect
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -47,7 +46,7 @@ from transformer_lab.checks._common import (
     judge_cases,
     stored_data,
 )
-from transformer_lab.checks.spec import Mistake, all_specs
+from transformer_lab.checks.spec import all_specs
 
 __all__ = [
     "Given",
@@ -56,19 +55,9 @@ __all__ = [
     "as_list",
     "floats_at",
     "plain",
-    "records_of",
     "tensors",
     "token_ids",
 ]
-
-
-def records_of(
-    records: Iterable[Mistake], oracle: Callable[..., Any]
-) -> list[tuple[str, dict[str, Any]]]:
-    """(hint, options) of each mistake record whose options are keyword options of ``oracle``
-    (a part judged by several oracles holds the records of each), in the spec's order."""
-    keys = set(inspect.signature(oracle).parameters)
-    return [(r.hint, r.options) for r in records if r.options and r.options.keys() <= keys]
 
 
 class Given(NamedTuple):
@@ -299,7 +288,7 @@ class Oracle:
         specs = {f"lab{s.lab[:2]}": s for s in all_specs()}
         if part.lab not in specs or name not in specs[part.lab].parts:
             raise ValueError(f"no spec part {name!r} of {part.lab!r} to name mistakes from")
-        named = [*records_of(specs[part.lab].parts[name].records.values(), oracle), *extra]
+        named = [*specs[part.lab].parts[name].options_for(oracle), *extra]
         return cls(part, oracle, lambda *a: {h: oracle(*a, **kw) for h, kw in named})
 
     def at(self, **changes: Any) -> Oracle:

@@ -191,7 +191,7 @@ def build_block(
     with seeded(0):
         block = expect_module(call_student(cls, d_model, n_heads, d_ff, what=what, **options), what)
     layers = SPEC.parts["EncoderBlock"]
-    missing = [a.split()[0] for a in layers.attributes if not hasattr(block, a.split()[0])]
+    missing = [name for name in layers.attribute_names if not hasattr(block, name)]
     if missing:
         raise AssertionError(
             f"{what} has no attribute(s) {', '.join(missing)}: the checks read {layers.layout}."

@@ -352,9 +352,9 @@ def check_training_step(
     model = PortableTranslator(vocab_size, pad_id, seed)
     module = _module_under_test(cls, model)
     batch = copy_task_batch(6, model.config, seed=seed)
-    records = [r for r in SPEC.parts["TranslationModule"].records.values() if r.options]
+    records = SPEC.parts["TranslationModule"].options_for(teacher_forced_loss)
     with torch.no_grad():  # the records' options give typical wrong losses
-        wrong = [(teacher_forced_loss(model, batch, **r.options), r.hint) for r in records]
+        wrong = [(teacher_forced_loss(model, batch, **kw), hint) for hint, kw in records]
         expected = teacher_forced_loss(model, batch)
     judge_training_step(
         module,

@@ -47,7 +47,9 @@ curriculum's table of graded parts (:func:`costs_table`) read it.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -130,9 +132,21 @@ class Part:
     replaces: str = ""
 
     @property
+    def attribute_names(self) -> tuple[str, ...]:
+        """The names of :attr:`attributes` (``"norm1 (after ...)"`` -> ``"norm1"``)."""
+        return tuple(attribute.split()[0] for attribute in self.attributes)
+
+    @property
     def layout(self) -> str:
         """The layers the checks read, as a message lists them (``self.self_attn (...), ...``)."""
         return ", ".join(f"self.{attribute}" for attribute in self.attributes)
+
+    def options_for(self, oracle: Callable[..., Any]) -> list[tuple[str, dict[str, Any]]]:
+        """(hint, options) of each record whose options are keyword options of ``oracle``, in
+        the spec's order (a part judged by several oracles holds the records of each)."""
+        keys = set(inspect.signature(oracle).parameters)
+        records = self.records.values()
+        return [(r.hint, r.options) for r in records if r.options and r.options.keys() <= keys]
 
     @property
     def kit_answer(self) -> str | None:
@@ -595,6 +609,23 @@ def _defined_signatures(node: ast.FunctionDef | ast.ClassDef) -> dict[str, str]:
     return out
 
 
+def _self_assigned(node: ast.AST) -> set[str]:
+    """The attributes a class's code assigns on ``self`` (``self.norm1 = ...``, also in a tuple
+    or an annotated assignment); reads such as ``self.norm1(x)`` do not count."""
+    targets = [
+        target
+        for n in ast.walk(node)
+        if isinstance(n, ast.Assign | ast.AnnAssign)
+        for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+    ]
+    return {
+        t.attr
+        for target in targets
+        for t in ast.walk(target)
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+
+
 def _lint_part_notebook(part: Part, nb: Any, where: str) -> list[str]:
     """The part's points agree with its exercise heading (and so, by the lab standard,
     :func:`~transformer_lab.grading.standard.lint_lab`, with the nbgrader points of its test
@@ -614,8 +645,8 @@ def _lint_part_notebook(part: Part, nb: Any, where: str) -> list[str]:
         return [*problems, f"{where}: {part.name} declares no signature"]
     if node is None:
         return [*problems, f"{where}: no solution cell defines {part.name}"]
-    assigned = {t.attr for t in ast.walk(node) if isinstance(t, ast.Attribute)}
-    for name in (a.split()[0] for a in part.attributes):
+    assigned = _self_assigned(node)
+    for name in part.attribute_names:
         if name not in assigned:
             problems.append(f"{where}: {part.name}'s solution has no attribute {name}")
     defined = _defined_signatures(node)

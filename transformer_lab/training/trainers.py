@@ -30,18 +30,21 @@ import contextlib
 import logging
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["BARE", "lightning_logs_off", "make_trainer", "quiet_lightning", "use_tensor_cores"]
 
 #: ``Trainer`` options of a run that only computes: nothing logged, saved or printed.
-BARE: dict[str, Any] = {
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-}
+BARE: Mapping[str, Any] = MappingProxyType(
+    {
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+)
 
 # Messages (regular expressions matched at the start) that a student can do nothing about.
 _QUIET_WARNINGS = (

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from transformer_lab.checks import lab04
 from transformer_lab.checks._common import expect_true, generator, randint
-from transformer_lab.checks._generated import Oracle, floats_at, records_of
+from transformer_lab.checks._generated import Oracle, floats_at
 from transformer_lab.checks._lightning import Schedule
 from transformer_lab.checks.lab04 import IGNORE_INDEX, SPEC, BlockCase, ProbeModel
 from transformer_lab.grading.hidden import fixture_entry
@@ -32,12 +32,6 @@ from transformer_lab.grading.hidden._blocks import (
     linear64,
     random_weights,
 )
-
-
-def _records(name: str, oracle: Callable[..., Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(hint, options) of each mistake of the spec's part ``name`` whose record gives options
-    of ``oracle`` (a part judged by several oracles holds the records of each)."""
-    return records_of(SPEC.parts[name].records.values(), oracle)
 
 
 def oracle_layer_norm(
@@ -268,7 +262,7 @@ def oracle_encoder_block(
 #: Options of the block's oracle that place dropout: records giving them are the mistakes of
 #: training mode, the others those of eval mode.
 DROPOUT_OPTIONS = {"at", "on_sum"}
-_BLOCK_RECORDS = _records("EncoderBlock", oracle_encoder_block)
+_BLOCK_RECORDS = SPEC.parts["EncoderBlock"].options_for(oracle_encoder_block)
 #: Training mode's mistakes: dropout that never acts (the block then gives eval mode's output:
 #: FeedForward's record words it), then the spec's records that place dropout elsewhere.
 _TRAINING = [
@@ -393,7 +387,7 @@ def oracle_tagging_loss(
 
 def tagging_losses(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of ``model`` on ``batch`` and hint -> a typical wrong one (the spec's records)."""
-    records = _records("TaggingModule", oracle_tagging_loss)
+    records = SPEC.parts["TaggingModule"].options_for(oracle_tagging_loss)
     named = {h: oracle_tagging_loss(model, batch, **kw) for h, kw in records}
     return oracle_tagging_loss(model, batch), named
 
@@ -465,7 +459,7 @@ def oracle_learning_rates(
 #: The spec's wrong schedules. Those of the warm-up's start and length are tried only where the
 #: warm-up has more than one step: a one-step warm-up one step too long is the right schedule,
 #: and one starting at 0 only zeroes step 0.
-_SCHEDULES = _records("TaggingModule", oracle_learning_rates)
+_SCHEDULES = SPEC.parts["TaggingModule"].options_for(oracle_learning_rates)
 _LONG_WARMUP_ONLY = ("from_zero", "one_long")
 
 
